@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job from a fresh clone: set up, then run `istanbul demo` (extra arguments pass on).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+exec .venv/bin/istanbul kernels check "$@"

@@ -1,0 +1,103 @@
+"""Ladder entries for infra.wgsl: fill, scale, axpy, copy, casts, back-to-back reductions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ladder import KernelCase, Launch, register
+
+FILE = "infra.wgsl"
+EW = 256  # invocations per workgroup of the element-wise kernels
+
+SIZES = {"random": 100_003, "one": 1, "odd": 257, "bench": 1 << 24}
+
+
+def _vector(rng, variant, dtype=np.float32):
+    n = SIZES.get(variant, SIZES["random"])
+    x = rng.standard_normal(n).astype(dtype)
+    if variant == "odd" and n >= 8:  # special values must survive element-wise kernels
+        x[:5] = [np.inf, -np.inf, np.nan, 0.0, -0.0]
+    return x
+
+
+def elementwise(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.float32,
+                dtype_out=np.float32, precision="exact", requires=(), bytes_per=8):
+    """Register an element-wise kernel: inputs x (and y when `inout`), output y."""
+
+    def inputs(rng, variant):
+        inp = {"x": _vector(rng, variant).astype(dtype_in), "alpha": np.float32(alpha)}
+        if inout:
+            inp["y"] = _vector(rng, variant).astype(dtype_out)
+        return inp
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        kern = dev.kernel(FILE, name)
+        params = dev.uniform("IIfI", n, 0, float(inp["alpha"]), 0)
+        y = dev.upload(inp["y"]) if inout else dev.empty(n, dtype_out)
+        x = dev.upload(inp["x"]) if n_inputs else None
+        resources = ([x] if x is not None else []) + [y, params]
+        return Launch(encode=lambda rec: rec.dispatch(kern, resources, -(-n // EW)),
+                      read=lambda: {"y": dev.download(y)})
+
+    register(KernelCase(
+        name=name, family="infra", precision=precision, kernels=[(FILE, name)],
+        inputs=inputs, launch=launch, reference=reference,
+        variants=("random", "one", "odd"), requires=requires,
+        bytes=lambda inp: inp["x"].size * bytes_per,
+        flops=lambda inp: 0.0))
+
+
+def _cast_f32_f16(x):
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(x), x, np.clip(x, -65504.0, 65504.0)).astype(np.float16)
+
+
+elementwise("fill", n_inputs=0, alpha=3.25, bytes_per=4,
+            reference=lambda inp: {"y": np.full(inp["x"].size, inp["alpha"], np.float32)})
+elementwise("scale", n_inputs=1, alpha=-1.75, precision="exact",
+            reference=lambda inp: {"y": (inp["alpha"] * inp["x"]).astype(np.float32)})
+elementwise("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
+            reference=lambda inp: {"y": (inp["alpha"].astype(np.float64) * inp["x"]
+                                         + inp["y"]).astype(np.float32)})
+elementwise("copy", n_inputs=1, reference=lambda inp: {"y": inp["x"].copy()})
+elementwise("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
+            bytes_per=6, reference=lambda inp: {"y": _cast_f32_f16(inp["x"])})
+elementwise("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
+            bytes_per=6, reference=lambda inp: {"y": inp["x"].astype(np.float32)})
+
+
+# ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
+
+ROW_SHAPES = {"random": (37, 1000), "one": (1, 1), "wide": (3, 100_000), "bench": (4096, 4096)}
+
+
+def _rows_inputs(rng, variant):
+    rows, cols = ROW_SHAPES[variant]
+    return {"x": rng.standard_normal((rows, cols)).astype(np.float32)}
+
+
+def _rows_launch(dev, inp, wg=256):
+    rows, cols = inp["x"].shape
+    kern = dev.kernel(FILE, "reduce_rows", {"WG": wg})
+    x = dev.upload(inp["x"])
+    y = dev.empty((rows, 2), np.float32)
+    params = dev.uniform("IIfI", rows, cols, 0.0, 0)
+    return Launch(encode=lambda rec: rec.dispatch(kern, [x, y, params], rows),
+                  read=lambda: {"sum_max": dev.download(y)})
+
+
+def _rows_reference(inp):
+    x = inp["x"].astype(np.float64)
+    return {"sum_max": np.stack([x.sum(1), x.max(1)], axis=1).astype(np.float32)}
+
+
+for wg in (64, 256, 1024):
+    register(KernelCase(
+        name=f"reduce_rows_wg{wg}", family="infra", precision="f32",
+        description="wg_sum then wg_max back to back (the seed's race, fixed)",
+        kernels=[(FILE, "reduce_rows", {"WG": wg})],
+        inputs=_rows_inputs, launch=lambda dev, inp, wg=wg: _rows_launch(dev, inp, wg),
+        reference=_rows_reference, variants=("random", "one", "wide"),
+        thresholds={"min_psnr": 90.0},
+        bytes=lambda inp: inp["x"].nbytes, flops=lambda inp: 2.0 * inp["x"].size))

@@ -1,0 +1,151 @@
+"""`istanbul devices` and `istanbul kernels check|bench|list` (the verification ladder)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .adapters import enumerate_adapters
+
+IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
+                    "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                    "max-compute-workgroups-per-dimension", "max-storage-buffers-per-shader-stage",
+                    "min-storage-buffer-offset-alignment")
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """`--adapter` for every subcommand that opens a GPU device."""
+    parser.add_argument("--adapter", default=None, metavar="A",
+                        help="GPU adapter: index from `istanbul devices` or a name substring "
+                             "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
+                             "software Vulkan)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("devices", help="list GPU adapters with their features and limits")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_devices)
+
+    k = sub.add_parser("kernels", help="the verification ladder: check or benchmark every kernel")
+    ksub = k.add_subparsers(dest="kernels_command", metavar="ACTION", required=True)
+    c = ksub.add_parser("check", help="compile, run, correctness and gradient rungs")
+    c.add_argument("--kernel", action="append", metavar="NAME",
+                   help="kernel name, family or prefix (repeatable; default: all)")
+    c.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    add_device_args(c)
+    c.set_defaults(func=cmd_check)
+    b = ksub.add_parser("bench", help="GPU-timestamp benchmark with roofline fractions")
+    b.add_argument("--kernel", action="append", metavar="NAME")
+    b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")
+    add_device_args(b)
+    b.set_defaults(func=cmd_bench)
+    l_ = ksub.add_parser("list", help="list registered kernels")
+    l_.set_defaults(func=cmd_list)
+
+
+def cmd_devices(args) -> int:
+    from .adapters import NoAdapterError, NO_ADAPTER_HELP
+    adapters = enumerate_adapters()
+    if not adapters:
+        raise NoAdapterError(NO_ADAPTER_HELP)
+    if args.json:
+        print(json.dumps([{"index": i.index, "name": i.name, "type": i.adapter_type,
+                           "backend": i.backend, "driver": i.driver, "features": list(i.features),
+                           "limits": i.limits} for i, _ in adapters], indent=2))
+        return 0
+    for info, _ in adapters:
+        print(info.summary())
+        print("    features: " + ", ".join(info.features))
+        for key in IMPORTANT_LIMITS:
+            print(f"    {key}: {info.limits.get(key)}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from .ladder import load_cases
+    for case in load_cases().values():
+        print(f"{case.name:<34} {case.family:<12} {case.precision:<10} "
+              f"{'grad ' if case.grad else ''}{case.description}")
+    return 0
+
+
+def _select(names):
+    from istanbul.errors import UserFacingError
+    from .ladder import select
+    try:
+        return select(names)
+    except KeyError as exc:
+        raise UserFacingError(exc.args[0]) from None
+
+
+def cmd_check(args) -> int:
+    from .engine import Device
+    from .ladder import check_case, device_record, write_json
+    cases = _select(args.kernel)
+    device = Device(args.adapter)
+    print(f"# kernels check on {device.info.summary()}")
+    results, failed = [], 0
+    for case in cases:
+        for r in check_case(device, case):
+            print(r.line(), flush=True)
+            results.append(r)
+            failed += r.ok is False
+    print(f"# {len(cases)} kernel(s), {failed} failed rung(s)")
+    if args.json:
+        write_json(args.json, {"device": device_record(device),
+                               "results": [r.as_json() for r in results]})
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    from .engine import Device
+    from .ladder import bench_case, device_record, measure_roofline, write_json
+    cases = _select(args.kernel)
+    device = Device(args.adapter)
+    print(f"# kernels bench on {device.info.summary()}")
+    roof = measure_roofline(device)
+    print(f"# roofline: copy {roof.copy_gbs:.1f} GB/s (read+write); FMA TFLOP/s "
+          + ", ".join(f"{k} {v:.2f}" for k, v in roof.fma_tflops.items()))
+    header = f"{'kernel':<34} {'time us':>10} {'GB/s':>9} {'TFLOP/s':>9} {'roofline':>9}  bound"
+    print(header)
+    rows = []
+    for case in cases:
+        row = bench_case(device, case, roof)
+        rows.append(row)
+        if "skipped" in row:
+            print(f"{case.name:<34} skipped: {row['skipped']}")
+        else:
+            print(f"{row['kernel']:<34} {row['us']:>10.1f} {row['gbs']:>9.1f} "
+                  f"{row['tflops']:>9.3f} {row['roofline']:>8.1%}  {row['bound']}", flush=True)
+    payload = {"device": device_record(device),
+               "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops},
+               "kernels": rows}
+    if args.json:
+        write_json(args.json, payload)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(bench_markdown(payload))
+    return 0
+
+
+def bench_markdown(payload: dict) -> str:
+    dev, roof = payload["device"], payload["roofline"]
+    lines = [f"# istanbul kernels bench — {dev['adapter']} ({dev['backend']}, {dev['driver']})", "",
+             f"Roofline measured in the same run: copy {roof['copy_gbs']:.1f} GB/s (read+write); "
+             "FMA ceilings " + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in
+                                          roof["fma_tflops"].items()) + ".", "",
+             "| kernel | time (us) | GB/s | TFLOP/s | roofline | bound |",
+             "|---|---:|---:|---:|---:|---|"]
+    for row in payload["kernels"]:
+        if "skipped" in row:
+            lines.append(f"| {row['kernel']} | skipped: {row['skipped']} | | | | |")
+        else:
+            lines.append(f"| {row['kernel']} | {row['us']:.1f} | {row['gbs']:.1f} | "
+                         f"{row['tflops']:.3f} | {row['roofline']:.1%} | {row['bound']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(1)

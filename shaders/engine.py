@@ -1,0 +1,449 @@
+"""The WGSL engine: one wgpu device, its kernels, buffers, and recorded dispatches.
+
+    dev = Device()                                   # or Device(adapter="1"), Device("H200")
+    scale = dev.kernel("infra.wgsl", "scale")        # compiled once, cached
+    x = dev.upload(np.arange(10, dtype=np.float32))
+    y = dev.empty(10, np.float32)
+    params = dev.uniform("If", 10, 2.0)              # struct layout, padded to 16 bytes
+    with dev.record() as rec:                        # one compute pass, one submit
+        rec.dispatch(scale, [x, y, params], workgroups=1)
+    dev.download(y)                                  # -> numpy
+
+Binding order is the project's convention: read-only inputs first, then read_write outputs,
+then uniforms; binding i of group 0 is the i-th resource in the list. A resource is a `Buffer`
+or a `BufferView` (a sub-range of one, for multi-tensor kernels over one parameter buffer).
+
+Dispatch grids above the device's per-dimension limit (65,535 workgroups) are folded into 2-D;
+kernels recover the linear workgroup index with `workgroup_index()` from 00_shared.wgsl and
+bounds-check it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import wgpu
+
+from . import source
+from .adapters import AdapterInfo, NoAdapterError, choose_adapter
+
+BufferUsage = wgpu.BufferUsage
+
+# Features we ask for whenever the adapter has them.
+WANTED_FEATURES = (
+    "shader-f16",
+    "subgroup",
+    "subgroup-barrier",
+    "timestamp-query",
+    "timestamp-query-inside-passes",
+    "timestamp-query-inside-encoders",
+    "shader-float32-atomic",
+)
+# Features wgpu 0.32 only grants with "experimental features" switched on, which wgpu-native
+# offers no way to do. We ask for them only when ISTANBUL_EXPERIMENTAL=1, and fall back.
+EXPERIMENTAL_FEATURES = ("cooperative-matrix",)
+
+STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
+_serials = itertools.count(1)
+
+
+class ShaderCompileError(RuntimeError):
+    """naga or the driver refused a kernel; the message names the file and kernel."""
+
+
+def fold_grid(workgroups: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
+    """Fold a 1-D workgroup count into (x, y, 1) with x, y <= max_per_dim and x*y >= count.
+
+    The kernel computes `wg.x + wg.y * num_wg.x` and ignores indices >= count.
+    """
+    if workgroups < 1:
+        raise ValueError(f"workgroup count must be >= 1, got {workgroups}")
+    if workgroups <= max_per_dim:
+        return (workgroups, 1, 1)
+    rows = -(-workgroups // max_per_dim)
+    if rows > max_per_dim:
+        raise ValueError(f"{workgroups} workgroups exceed a {max_per_dim}x{max_per_dim} grid")
+    cols = -(-workgroups // rows)
+    return (cols, rows, 1)
+
+
+def _padded_bytes(array) -> np.ndarray:
+    """The array's bytes, zero-padded to a multiple of 4 (wgpu's copy alignment)."""
+    raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if raw.size % 4:
+        raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+    return raw
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A device buffer with an optional numpy view of its contents (dtype and shape)."""
+
+    device: "Device"
+    raw: object
+    nbytes: int
+    dtype: np.dtype | None = None
+    shape: tuple | None = None
+    label: str = ""
+    serial: int = field(default_factory=lambda: next(_serials))
+
+    def view(self, offset_bytes: int, nbytes: int, dtype=None, shape=None) -> "BufferView":
+        return BufferView(self, offset_bytes, nbytes, dtype or self.dtype, shape)
+
+    def elements(self, start: int, count: int, shape=None) -> "BufferView":
+        """A sub-range in elements of this buffer's dtype."""
+        size = np.dtype(self.dtype).itemsize
+        return BufferView(self, start * size, count * size, self.dtype, shape or (count,))
+
+    def write(self, array, offset_bytes: int = 0) -> None:
+        data = _padded_bytes(array)
+        if offset_bytes + data.nbytes > self.nbytes:
+            raise ValueError(f"write of {data.nbytes} bytes at {offset_bytes} overflows "
+                             f"buffer {self.label or self.serial} of {self.nbytes} bytes")
+        self.device.queue.write_buffer(self.raw, offset_bytes, data)
+
+    def read(self) -> np.ndarray:
+        return self.device.download(self)
+
+    def destroy(self) -> None:
+        self.raw.destroy()
+
+
+@dataclass(eq=False)
+class BufferView:
+    """A sub-range of a buffer, bindable on its own (offset aligned to the device's rule)."""
+
+    buffer: Buffer
+    offset: int
+    nbytes: int
+    dtype: np.dtype | None = None
+    shape: tuple | None = None
+
+    def __post_init__(self):
+        align = self.buffer.device.limits.get("min-storage-buffer-offset-alignment", 256)
+        if self.offset % align:
+            raise ValueError(f"sub-range offset {self.offset} is not a multiple of the device's "
+                             f"storage offset alignment {align}")
+        if self.offset < 0 or self.offset + self.nbytes > self.buffer.nbytes:
+            raise ValueError(f"sub-range [{self.offset}, {self.offset + self.nbytes}) lies "
+                             f"outside buffer of {self.buffer.nbytes} bytes")
+
+    def read(self) -> np.ndarray:
+        return self.buffer.device.download(self)
+
+
+class Kernel:
+    """One compiled compute pipeline plus a cache of its bind groups."""
+
+    def __init__(self, device: "Device", file: str, name: str, constants: dict, pipeline):
+        self.device, self.file, self.name, self.constants = device, file, name, constants
+        self.pipeline = pipeline
+        self.layout = pipeline.get_bind_group_layout(0)
+        self._groups: OrderedDict = OrderedDict()
+
+    def __repr__(self) -> str:
+        extra = f" {self.constants}" if self.constants else ""
+        return f"<Kernel {self.file}:{self.name}{extra}>"
+
+    def bind_group(self, resources) -> object:
+        """Bind group for these resources (cached: reusing it costs nothing)."""
+        key = []
+        entries = []
+        for i, res in enumerate(resources):
+            if isinstance(res, BufferView):
+                buf, offset, size = res.buffer, res.offset, res.nbytes
+            elif isinstance(res, Buffer):
+                buf, offset, size = res, 0, res.nbytes
+            else:
+                raise TypeError(f"{self}: binding {i} is {type(res).__name__}, "
+                                "expected Buffer or BufferView")
+            key.append((buf.serial, offset, size))
+            entries.append({"binding": i, "resource": {"buffer": buf.raw, "offset": offset,
+                                                       "size": size}})
+        key = tuple(key)
+        group = self._groups.get(key)
+        if group is None:
+            group = self.device.raw.create_bind_group(layout=self.layout, entries=entries)
+            self._groups[key] = group
+            if len(self._groups) > 4096:
+                self._groups.popitem(last=False)
+        else:
+            self._groups.move_to_end(key)
+        return group
+
+
+class Recorder:
+    """Records dispatches into one command encoder and compute pass; submits on exit.
+
+    With `timing=True` each dispatch gets its own pass with GPU timestamps at its start and
+    end; after the block, `gpu_times` holds (label, seconds) per dispatch.
+    """
+
+    def __init__(self, device: "Device", label: str = "", timing: bool = False):
+        self.device = device
+        self.label = label
+        self.timing = timing and device.has("timestamp-query")
+        self.encoder = device.raw.create_command_encoder(label=label)
+        self._pass = None
+        self._stamps: list[str] = []
+        self._query_set = None
+        self.gpu_times: list[tuple[str, float]] = []
+        self.dispatch_count = 0
+
+    def _compute_pass(self, label: str):
+        if self.timing:
+            self._end_pass()
+            index = 2 * len(self._stamps)
+            self._stamps.append(label)
+            self._pass = self.encoder.begin_compute_pass(
+                label=label, timestamp_writes={"query_set": self._timing_set(),
+                                               "beginning_of_pass_write_index": index,
+                                               "end_of_pass_write_index": index + 1})
+        elif self._pass is None:
+            self._pass = self.encoder.begin_compute_pass(label=self.label)
+        return self._pass
+
+    def _timing_set(self):
+        if self._query_set is None:
+            self._query_set = self.device.raw.create_query_set(type="timestamp", count=4096)
+        if 2 * len(self._stamps) > 4096:
+            raise RuntimeError("more than 2048 timed dispatches in one recording")
+        return self._query_set
+
+    def _end_pass(self):
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
+
+    def dispatch(self, kernel: Kernel, resources, workgroups, label: str = "") -> None:
+        """Dispatch `kernel` over `workgroups` (an int, folded into 2-D if large, or x,y,z)."""
+        if isinstance(workgroups, (int, np.integer)):
+            grid = fold_grid(int(workgroups), self.device.max_workgroups_per_dim)
+        else:
+            grid = tuple(int(g) for g in workgroups) + (1,) * (3 - len(workgroups))
+        cpass = self._compute_pass(label or kernel.name)
+        cpass.set_pipeline(kernel.pipeline)
+        cpass.set_bind_group(0, kernel.bind_group(resources))
+        cpass.dispatch_workgroups(*grid)
+        self.dispatch_count += 1
+
+    def copy(self, src, dst, nbytes: int | None = None) -> None:
+        """Buffer-to-buffer copy (ends the current compute pass)."""
+        self._end_pass()
+        s_buf, s_off = (src.buffer, src.offset) if isinstance(src, BufferView) else (src, 0)
+        d_buf, d_off = (dst.buffer, dst.offset) if isinstance(dst, BufferView) else (dst, 0)
+        size = nbytes if nbytes is not None else min(src.nbytes, dst.nbytes)
+        self.encoder.copy_buffer_to_buffer(s_buf.raw, s_off, d_buf.raw, d_off, size)
+
+    def submit(self) -> None:
+        self._end_pass()
+        resolve = None
+        if self._stamps:
+            n = 2 * len(self._stamps)
+            resolve = self.device.raw.create_buffer(
+                size=8 * n, usage=BufferUsage.QUERY_RESOLVE | BufferUsage.COPY_SRC)
+            self.encoder.resolve_query_set(self._query_set, 0, n, resolve, 0)
+        self.device.queue.submit([self.encoder.finish()])
+        if resolve is not None:
+            ticks = np.frombuffer(self.device.queue.read_buffer(resolve), dtype=np.uint64)
+            period = self.device.timestamp_period_ns
+            for i, label in enumerate(self._stamps):
+                delta = int(ticks[2 * i + 1]) - int(ticks[2 * i])
+                self.gpu_times.append((label, max(delta, 0) * period * 1e-9))
+            resolve.destroy()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.submit()
+
+
+class Device:
+    """A wgpu device with every useful feature and the adapter's maximum limits."""
+
+    def __init__(self, adapter: str | int | None = None):
+        self.info, self._adapter = choose_adapter(adapter)
+        self.raw, self.features, self.refused_features = self._request(self._adapter)
+        self.queue = self.raw.queue
+        self.limits = dict(self.raw.limits)
+        self.max_workgroups_per_dim = int(self.limits.get("max-compute-workgroups-per-dimension",
+                                                          65535))
+        self._kernels: dict = {}
+        # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
+        # (NVIDIA, lavapipe) reports a 1 ns period.
+        self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
+
+    @staticmethod
+    def _request(adapter):
+        have = set(adapter.features)
+        wanted = [f for f in WANTED_FEATURES if f in have]
+        experimental = [f for f in EXPERIMENTAL_FEATURES if f in have]
+        refused = []
+        if experimental and os.environ.get("ISTANBUL_EXPERIMENTAL") == "1":
+            try:
+                dev = adapter.request_device_sync(required_features=wanted + experimental,
+                                                  required_limits=dict(adapter.limits))
+                return dev, frozenset(dev.features), ()
+            except Exception as exc:  # wgpu refuses experimental features: keep going without
+                refused = [f"{f}: {str(exc).splitlines()[0][:200]}" for f in experimental]
+        else:
+            refused = [f"{f}: not requested (wgpu 0.32 requires experimental features; "
+                       "set ISTANBUL_EXPERIMENTAL=1 to try)" for f in experimental]
+        dev = adapter.request_device_sync(required_features=wanted,
+                                          required_limits=dict(adapter.limits))
+        return dev, frozenset(dev.features), tuple(refused)
+
+    def __repr__(self) -> str:
+        return f"<Device {self.info.summary()}>"
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    # ---- kernels -------------------------------------------------------------------------
+
+    def kernel(self, file: str, name: str, constants: dict | None = None) -> Kernel:
+        """The compiled kernel `name` of `shaders/wgsl/<file>` with override `constants`."""
+        constants = dict(constants or {})
+        key = (file, name, tuple(sorted(constants.items())))
+        cached = self._kernels.get(key)
+        if cached is not None:
+            return cached
+        wgsl = source.load_file(file)
+        code = source.compose(self.features, wgsl, name)
+        try:
+            module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
+            pipeline = self.raw.create_compute_pipeline(
+                label=f"{file}:{name}", layout="auto",
+                compute={"module": module, "entry_point": name, "constants": constants})
+        except Exception as exc:
+            raise ShaderCompileError(f"{file}:{name} failed to compile on {self.name}: {exc}") \
+                from exc
+        kernel = Kernel(self, file, name, constants, pipeline)
+        self._kernels[key] = kernel
+        return kernel
+
+    # ---- buffers -------------------------------------------------------------------------
+
+    def buffer(self, nbytes: int, dtype=None, shape=None, label: str = "",
+               usage=STORAGE) -> Buffer:
+        nbytes = max(int(nbytes), 4)
+        nbytes = (nbytes + 3) // 4 * 4  # copies and mapping need 4-byte sizes
+        limit = self.limits.get("max-buffer-size", 1 << 30)
+        if nbytes > limit:
+            raise MemoryError(f"buffer {label!r} of {nbytes} bytes exceeds the device's "
+                              f"max-buffer-size {limit}")
+        raw = self.raw.create_buffer(size=nbytes, usage=usage, label=label)
+        return Buffer(self, raw, nbytes, np.dtype(dtype) if dtype is not None else None,
+                      tuple(shape) if shape is not None else None, label)
+
+    def empty(self, shape, dtype=np.float32, label: str = "") -> Buffer:
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return self.buffer(nbytes, dtype, shape, label)
+
+    def zeros(self, shape, dtype=np.float32, label: str = "") -> Buffer:
+        buf = self.empty(shape, dtype, label)  # wgpu zero-initialises new buffers
+        return buf
+
+    def upload(self, array, label: str = "", dtype=None) -> Buffer:
+        data = np.ascontiguousarray(array if dtype is None else np.asarray(array, dtype=dtype))
+        buf = self.buffer(data.nbytes, data.dtype, data.shape, label)
+        if data.nbytes:
+            self.queue.write_buffer(buf.raw, 0, _padded_bytes(data))
+        return buf
+
+    def zero(self, target) -> None:
+        """Fill a buffer or sub-range with zero bytes."""
+        buf, off = (target.buffer, target.offset) if isinstance(target, BufferView) else (target, 0)
+        encoder = self.raw.create_command_encoder()
+        encoder.clear_buffer(buf.raw, off, target.nbytes)
+        self.queue.submit([encoder.finish()])
+
+    def download(self, target, dtype=None, shape=None) -> np.ndarray:
+        """Copy a buffer or sub-range back into a numpy array (one host round trip)."""
+        if isinstance(target, BufferView):
+            buf, off, size = target.buffer, target.offset, target.nbytes
+        else:
+            buf, off, size = target, 0, target.nbytes
+        dtype = np.dtype(dtype or target.dtype or np.uint8)
+        shape = shape or target.shape
+        raw = self.queue.read_buffer(buf.raw, off, size)
+        array = np.frombuffer(raw, dtype=dtype)
+        if shape is not None:
+            count = int(np.prod(shape, dtype=np.int64))
+            array = array[:count].reshape(shape)
+        return array.copy()
+
+    def uniform(self, fmt: str, *values, label: str = "") -> Buffer:
+        """A uniform buffer from a `struct` format (`I` u32, `i` i32, `f` f32), 16-byte padded."""
+        data = struct.pack("<" + fmt, *values)
+        data += b"\0" * (-len(data) % 16)
+        buf = self.buffer(len(data), label=label or "uniform",
+                          usage=BufferUsage.UNIFORM | BufferUsage.COPY_DST)
+        self.queue.write_buffer(buf.raw, 0, data)
+        return buf
+
+    # ---- recording -----------------------------------------------------------------------
+
+    def record(self, label: str = "", timing: bool = False) -> Recorder:
+        return Recorder(self, label, timing)
+
+    def run(self, kernel: Kernel, resources, workgroups, label: str = "") -> None:
+        """One dispatch, one submit: handy for tests and one-off work."""
+        with self.record(label) as rec:
+            rec.dispatch(kernel, resources, workgroups)
+
+    def sync(self) -> None:
+        """Block until all submitted work has finished."""
+        self.raw._poll_wait()  # wgpuDevicePoll(wait=true): returns once the queue is empty
+
+    def time_gpu(self, encode, repeats: int = 10, warmup: int = 2) -> float:
+        """Median GPU seconds of one call of `encode(recorder)`, timed with timestamps.
+
+        Each repetition is its own pass bracketed by timestamps; falls back to wall time
+        (after a sync) on devices without timestamp queries.
+        """
+        for _ in range(warmup):
+            with self.record() as rec:
+                encode(rec)
+        self.sync()
+        samples = []
+        for _ in range(repeats):
+            if self.has("timestamp-query"):
+                with self.record(timing=True) as rec:
+                    encode(rec)
+                samples.append(sum(t for _, t in rec.gpu_times))
+            else:
+                start = time.perf_counter()
+                with self.record() as rec:
+                    encode(rec)
+                self.sync()
+                samples.append(time.perf_counter() - start)
+        return float(np.median(samples))
+
+
+_default_devices: dict = {}
+
+
+def default_device(adapter: str | int | None = None) -> Device:
+    """A process-wide device per adapter choice (tests and CLIs share one)."""
+    key = adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", "")
+    if key not in _default_devices:
+        _default_devices[key] = Device(adapter)
+    return _default_devices[key]
+
+
+__all__ = ["Buffer", "BufferView", "Device", "Kernel", "NoAdapterError", "Recorder",
+           "ShaderCompileError", "default_device", "fold_grid", "AdapterInfo"]

@@ -1,0 +1,283 @@
+"""The verification ladder (SPEC §5): every kernel climbs the same rungs.
+
+    compile  -> run (shapes, finite) -> correct (vs a slow numpy reference, per variant)
+             -> grad (backward kernels) -> bench (GPU timestamps) -> roofline fraction
+
+A kernel joins the ladder by registering a `KernelCase` in a module of `shaders/cases/`
+(every module there is imported by `load_cases()`):
+
+    register(KernelCase(
+        name="scale", family="infra", precision="f32",
+        kernels=[("infra.wgsl", "scale")],
+        inputs=lambda rng, variant: {"x": ..., "alpha": 1.5},   # variant: "random", "bench", ...
+        launch=scale_launch,          # (device, inputs) -> Launch(encode, read)
+        reference=lambda inp: {"y": inp["alpha"] * inp["x"]},
+        bytes=lambda inp: 8 * inp["x"].size))
+
+`Launch.encode(recorder)` records the kernel's dispatches (what the benchmark times) and
+`Launch.read()` downloads the outputs by the same names as the reference's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pkgutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import metrics as M
+from .engine import Device, Recorder
+
+
+@dataclass
+class Launch:
+    encode: Callable[[Recorder], None]
+    read: Callable[[], dict]
+
+
+@dataclass
+class KernelCase:
+    name: str
+    family: str
+    precision: str  # key of metrics.THRESHOLDS
+    kernels: list  # [(file, kernel) or (file, kernel, constants)] compiled by the compile rung
+    inputs: Callable[[np.random.Generator, str], dict]
+    launch: Callable[[Device, dict], Launch]
+    reference: Callable[[dict], dict]
+    variants: tuple = ("random",)
+    bench_variant: str = "bench"
+    flops: Callable[[dict], float] = lambda inputs: 0.0
+    bytes: Callable[[dict], float] = lambda inputs: 0.0
+    grad: Callable[[Device, np.random.Generator], dict] | None = None
+    requires: tuple = ()  # device features the kernel needs
+    thresholds: dict = field(default_factory=dict)  # overrides of the precision's limits
+    bench_precision: str = "f32"  # which FMA ceiling the roofline uses: f32 or f16
+    description: str = ""
+
+
+_REGISTRY: dict[str, KernelCase] = {}
+
+
+def register(case: KernelCase) -> KernelCase:
+    if case.name in _REGISTRY:
+        raise ValueError(f"kernel case {case.name!r} registered twice")
+    if case.precision not in M.THRESHOLDS:
+        raise ValueError(f"{case.name}: unknown precision {case.precision!r}")
+    _REGISTRY[case.name] = case
+    return case
+
+
+def load_cases() -> dict[str, KernelCase]:
+    """Import every module of shaders/cases (each registers its kernels) and return them all."""
+    from . import cases
+    for module in pkgutil.iter_modules(cases.__path__):
+        importlib.import_module(f"{cases.__name__}.{module.name}")
+    return dict(_REGISTRY)
+
+
+def select(names: list[str] | None) -> list[KernelCase]:
+    """Cases by exact name, family name, or name prefix (all when `names` is empty)."""
+    cases = load_cases()
+    if not names:
+        return list(cases.values())
+    chosen = []
+    for want in names:
+        hit = [c for c in cases.values()
+               if c.name == want or c.family == want or c.name.startswith(want)]
+        if not hit:
+            raise KeyError(f"no kernel case matches {want!r}; known: {', '.join(sorted(cases))}")
+        chosen += [c for c in hit if c not in chosen]
+    return chosen
+
+
+@dataclass
+class RungResult:
+    kernel: str
+    rung: str
+    ok: bool | None  # None: skipped
+    detail: str = ""
+    metrics: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        status = {True: "ok", False: "FAIL", None: "skip"}[self.ok]
+        return f"{self.kernel:<34} {self.rung:<8} {status:<5} {self.detail}"
+
+    def as_json(self) -> dict:
+        clean = {k: (v if not (isinstance(v, float) and not math.isfinite(v)) else str(v))
+                 for k, v in self.metrics.items()}
+        return {"kernel": self.kernel, "rung": self.rung, "ok": self.ok, "detail": self.detail,
+                "metrics": clean}
+
+
+def _missing(device: Device, case: KernelCase) -> list[str]:
+    return [f for f in case.requires if not device.has(f)]
+
+
+def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResult]:
+    """Run the compile, run, correct and grad rungs of one case."""
+    results = []
+    missing = _missing(device, case)
+    if missing:
+        return [RungResult(case.name, "compile", None, f"device lacks {', '.join(missing)}")]
+
+    start = time.perf_counter()
+    try:
+        for spec in case.kernels:
+            file, kernel, constants = (tuple(spec) + ({},))[:3]
+            device.kernel(file, kernel, constants)
+        results.append(RungResult(case.name, "compile", True,
+                                  f"{len(case.kernels)} pipeline(s) in {time.perf_counter() - start:.2f}s"))
+    except Exception as exc:
+        results.append(RungResult(case.name, "compile", False, _short(exc)))
+        return results
+
+    correct_ok, details, worst = True, [], {}
+    for i, variant in enumerate(case.variants):
+        rng = np.random.default_rng(seed + i)
+        try:
+            inputs = case.inputs(rng, variant)
+            launch = case.launch(device, inputs)
+            with device.record(f"{case.name}:{variant}") as rec:
+                launch.encode(rec)
+            outputs = launch.read()
+            expected = case.reference(inputs)
+        except Exception as exc:
+            results.append(RungResult(case.name, "run", False, f"{variant}: {_short(exc)}"))
+            traceback.print_exc()
+            return results
+        if i == 0:
+            problems = []
+            for key, ref in expected.items():
+                out = np.asarray(outputs.get(key))
+                if key not in outputs:
+                    problems.append(f"missing output {key}")
+                elif out.shape != np.asarray(ref).shape:
+                    problems.append(f"{key} shape {out.shape} != {np.asarray(ref).shape}")
+            finite = all(np.isfinite(np.asarray(v, dtype=np.float64)).all()
+                         or not np.isfinite(np.asarray(expected[k], dtype=np.float64)).all()
+                         for k, v in outputs.items() if k in expected)
+            shapes = " ".join(f"{k}{tuple(np.asarray(v).shape)}" for k, v in outputs.items())
+            run_ok = not problems and finite
+            results.append(RungResult(case.name, "run", run_ok,
+                                      "; ".join(problems) or f"{shapes} finite={finite}"))
+            if not run_ok:
+                return results
+        for key, ref in expected.items():
+            m = M.compare(np.asarray(outputs[key]), np.asarray(ref))
+            ok, why = M.passes(m, case.precision, case.thresholds)
+            if not ok:
+                correct_ok = False
+                details.append(f"{variant}/{key}: {why}")
+            if not worst or m.get("psnr", math.inf) < worst.get("psnr", math.inf) or \
+                    m.get("max_abs", 0) > worst.get("max_abs", 0):
+                worst = m
+    summary = "; ".join(details) if details else \
+        f"{len(case.variants)} variant(s) [{case.precision}] {M.format_metrics(worst)}"
+    results.append(RungResult(case.name, "correct", correct_ok, summary, worst))
+
+    if case.grad is None:
+        results.append(RungResult(case.name, "grad", None, "no backward"))
+    else:
+        try:
+            g = case.grad(device, np.random.default_rng(seed + 1000))
+            results.append(RungResult(case.name, "grad", bool(g.get("ok")), g.get("detail", ""),
+                                      {k: v for k, v in g.items() if k not in ("ok", "detail")}))
+        except Exception as exc:
+            results.append(RungResult(case.name, "grad", False, _short(exc)))
+    return results
+
+
+def _short(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+# ---- the roofline ----------------------------------------------------------------------------
+
+@dataclass
+class Roofline:
+    copy_gbs: float  # read+write bytes per second / 1e9
+    fma_tflops: dict  # {"f32": , "vec4f32": , "vec2f16": , "vec4f16": }
+
+    def peak(self, precision: str) -> float:
+        if precision == "f16":
+            return max(self.fma_tflops.get("vec4f16", 0), self.fma_tflops.get("vec2f16", 0)) or \
+                self.peak("f32")
+        return max(self.fma_tflops.get("vec4f32", 0), self.fma_tflops.get("f32", 0))
+
+    def fraction(self, gbs: float, tflops: float, precision: str) -> float:
+        """Achieved / attainable, where attainable = min(peak, intensity * bandwidth)."""
+        if tflops > 0 and gbs > 0:
+            intensity = tflops * 1e12 / (gbs * 1e9)
+            attainable = min(self.peak(precision), intensity * self.copy_gbs * 1e9 / 1e12)
+            return tflops / attainable if attainable else 0.0
+        if tflops > 0:
+            return tflops / self.peak(precision)
+        return gbs / self.copy_gbs if self.copy_gbs else 0.0
+
+
+def measure_roofline(device: Device) -> Roofline:
+    software = device.info.is_software
+    # copy bandwidth: vec4 copy of a buffer well above the last-level cache
+    max_binding = device.limits.get("max-storage-buffer-binding-size", 128 << 20)
+    nbytes = min(16 << 20 if software else 1 << 30, max_binding)
+    n4 = nbytes // 16
+    src = device.empty(n4 * 4, np.float32)
+    dst = device.empty(n4 * 4, np.float32)
+    params = device.uniform("IIfI", n4, 0, 0.0, 0)
+    kern = device.kernel("infra.wgsl", "copy_vec4")
+    seconds = device.time_gpu(lambda rec: rec.dispatch(kern, [src, dst, params], -(-n4 // 256)),
+                              repeats=5 if software else 20)
+    copy_gbs = 2 * n4 * 16 / seconds / 1e9
+    src.destroy(), dst.destroy()
+
+    fma = {}
+    groups = 64 if software else 132 * 64
+    iters = 64 if software else 4096
+    out = device.empty(groups * 256, np.float32)
+    p = device.uniform("IfII", iters, 1.0, 0, 0)
+    for name, width in (("f32", 1), ("vec4f32", 4), ("vec2f16", 2), ("vec4f16", 4)):
+        if "f16" in name and not device.has("shader-f16"):
+            continue
+        k = device.kernel("roofline.wgsl", f"fma_{name}")
+        seconds = device.time_gpu(lambda rec: rec.dispatch(k, [out, p], groups),
+                                  repeats=3 if software else 10)
+        fma[name] = groups * 256 * iters * 8 * 2 * width / seconds / 1e12
+    return Roofline(copy_gbs=copy_gbs, fma_tflops=fma)
+
+
+def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0) -> dict:
+    missing = _missing(device, case)
+    if missing:
+        return {"kernel": case.name, "skipped": f"device lacks {', '.join(missing)}"}
+    inputs = case.inputs(np.random.default_rng(seed), case.bench_variant)
+    launch = case.launch(device, inputs)
+    software = device.info.is_software
+    seconds = device.time_gpu(launch.encode, repeats=3 if software else 20,
+                              warmup=1 if software else 3)
+    nbytes, flops = float(case.bytes(inputs)), float(case.flops(inputs))
+    gbs = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
+    return {"kernel": case.name, "family": case.family, "precision": case.precision,
+            "us": seconds * 1e6, "bytes": nbytes, "flops": flops, "gbs": gbs, "tflops": tflops,
+            "roofline": roof.fraction(gbs, tflops, case.bench_precision),
+            "bound": "compute" if flops and (flops / max(nbytes, 1)) >
+            (roof.peak(case.bench_precision) * 1e12 / (roof.copy_gbs * 1e9)) else "memory"}
+
+
+def device_record(device: Device) -> dict:
+    return {"adapter": device.info.name, "type": device.info.adapter_type,
+            "backend": device.info.backend, "driver": device.info.driver,
+            "features": sorted(device.features)}
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2, default=str)
+        fh.write("\n")

@@ -1,0 +1,111 @@
+"""The verification ladder: infra kernels against their references, and failing rungs fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shaders import ladder
+from shaders.ladder import KernelCase, Launch, check_case, load_cases
+
+
+def infra_cases():
+    return [c for c in load_cases().values() if c.family == "infra"]
+
+
+@pytest.mark.parametrize("name", [c.name for c in infra_cases()])
+def test_infra_kernel_matches_reference(device, name):
+    results = check_case(device, load_cases()[name])
+    failed = [r.line() for r in results if r.ok is False]
+    assert not failed, failed
+    assert any(r.rung == "correct" and r.ok for r in results)
+
+
+@pytest.mark.parametrize("wg", [32, 64, 256, 1024])
+def test_back_to_back_reductions_are_race_free(device, wg):
+    # Many rows with data whose sum and max differ wildly: a race on the shared slots
+    # would hand the max reduction a partial sum (or the reverse).
+    rng = np.random.default_rng(wg)
+    x = rng.standard_normal((200, 3 * wg + 5)).astype(np.float32) * 1000
+    x[:, 7] = 1e6  # max is unmistakable
+    from shaders.cases.infra import _rows_launch
+    for _ in range(5):
+        run = _rows_launch(device, {"x": x}, wg)
+        with device.record() as rec:
+            run.encode(rec)
+        out = run.read()["sum_max"]
+        np.testing.assert_allclose(out[:, 0], x.astype(np.float64).sum(1), rtol=1e-5, atol=1.0)
+        assert np.array_equal(out[:, 1], x.max(1))
+
+
+def _broken_scale_case():
+    from shaders.cases.infra import FILE
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        x, y = dev.upload(inp["x"]), dev.empty(n)
+        p = dev.uniform("IIfI", n, 0, 2.0, 0)
+        k = dev.kernel(FILE, "scale")
+        return Launch(lambda rec: rec.dispatch(k, [x, y, p], -(-n // 256)),
+                      lambda: {"y": dev.download(y)})
+    return KernelCase(name="broken_scale", family="test", precision="f32",
+                      kernels=[(FILE, "scale")],
+                      inputs=lambda rng, v: {"x": rng.standard_normal(1000).astype(np.float32)},
+                      launch=launch, reference=lambda inp: {"y": 2.001 * inp["x"]})
+
+
+def test_a_wrong_kernel_fails_the_correct_rung(device):
+    results = check_case(device, _broken_scale_case())
+    correct = [r for r in results if r.rung == "correct"][0]
+    assert correct.ok is False and "psnr" in correct.detail
+
+
+def test_a_kernel_that_does_not_compile_fails_the_compile_rung(device):
+    case = _broken_scale_case()
+    case.kernels = [("infra.wgsl", "scale", {"NOT_AN_OVERRIDE": 3})]
+    results = check_case(device, case)
+    assert results[0].rung == "compile" and results[0].ok is False
+
+
+def test_missing_feature_skips_with_reason(device):
+    case = _broken_scale_case()
+    case.requires = ("no-such-feature",)
+    (r,) = check_case(device, case)
+    assert r.ok is None and "no-such-feature" in r.detail
+
+
+def test_cli_check_writes_json_and_exit_code(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "check", "--kernel",
+                           "scale", "--kernel", "reduce_rows_wg64", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "scale" in proc.stdout and "correct" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {r["rung"] for r in data["results"]} >= {"compile", "run", "correct"}
+    assert data["device"]["adapter"]
+
+
+def test_cli_check_unknown_kernel_is_an_error():
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "check", "--kernel",
+                           "no_such_kernel"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "no kernel case matches" in proc.stderr
+
+
+def test_metrics_thresholds():
+    from shaders import metrics as M
+    ref = np.linspace(-1, 1, 1000).astype(np.float32)
+    m = M.compare(ref + 1e-7, ref)
+    assert M.passes(m, "f32")[0]
+    assert not M.passes(M.compare(ref + 1e-2, ref), "f32")[0]
+    assert M.passes(M.compare(ref.astype(np.float16).astype(np.float32), ref), "f16")[0]
+    nan_ref = np.array([np.nan, 1.0], np.float32)
+    assert not M.passes(M.compare(np.array([0.0, 1.0], np.float32), nan_ref), "f32")[0]
+    assert M.passes(M.compare(np.array([np.nan, 1.0], np.float32), nan_ref), "f32")[0]
+    ints = np.arange(10)
+    assert not M.passes(M.compare(ints + (ints == 3), ints), "exact")[0]

@@ -1,0 +1,1 @@
+"""Tokenizer: vocabularies, CPU reference, GPU encode/decode, gRPC service."""

@@ -1,0 +1,1 @@
+"""Training: model, kernels orchestration, checkpoints, Redis daemon."""
