@@ -1,0 +1,344 @@
+"""Vocabularies: `.tiktoken` files, Hugging Face `tokenizer.json` byte-level BPE, and our own.
+
+A `Vocabulary` is what every encoder (CPU reference, GPU) needs:
+
+- `ranks`: token bytes -> id. For `.tiktoken` files the id is also the merge priority
+  (tiktoken's rule: merge the adjacent pair whose concatenation has the lowest rank).
+- `merges`: for `tokenizer.json` files, (left bytes, right bytes) -> merge priority (HF's rule:
+  a pair merges only if it is listed; lower index first). None for tiktoken-style files.
+- `pattern`: the pre-tokenizer regex; `pattern_name` is "gpt2", "cl100k" or "o200k" when it is
+  one the GPU pre-tokenizer implements, else None (CPU pre-tokenization).
+- `hf_splits`: for tokenizer.json, the Split regexes of its pre-tokenizer sequence, applied in
+  order (each one subdivides the pieces of the previous one); `pattern` is then unused.
+- `special_tokens`: text -> id.
+
+The project's own trained vocabularies are a `.tiktoken` file plus a sidecar JSON
+(`NAME.tiktoken.json`):
+
+    {"format": "istanbul-vocab", "version": 1, "name": "my", "pattern": "o200k" | "<regex>",
+     "special_tokens": {"<|endoftext|>": 32000}}
+
+`load_vocabulary(spec)` accepts a path or a known name (gpt2, r50k_base, cl100k_base,
+o200k_base), looked up in $ISTANBUL_VOCAB_DIR, then ~/.cache/istanbul/vocab, then tiktoken's
+cache ($TIKTOKEN_CACHE_DIR or the temp dir's data-gym-cache, file named sha1(url)).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from .patterns import KNOWN_VOCABULARIES, PATTERNS, pattern_name_for
+
+SIDECAR_FORMAT = "istanbul-vocab"
+SIDECAR_VERSION = 1
+
+
+class VocabularyError(ValueError):
+    """A vocabulary file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass
+class Vocabulary:
+    name: str
+    ranks: dict  # bytes -> int
+    pattern: str
+    special_tokens: dict = field(default_factory=dict)  # str -> int
+    pattern_name: str | None = None
+    merges: dict | None = None  # (bytes, bytes) -> priority, HF-style vocabularies only
+    hf_splits: list | None = None  # [regex, ...] for HF Split pre-tokenizers
+    source: str = ""
+    explicit_n_vocab: int | None = None
+
+    def __post_init__(self):
+        if self.pattern_name is None and self.hf_splits is None:
+            self.pattern_name = pattern_name_for(self.pattern)
+
+    @property
+    def n_vocab(self) -> int:
+        """One past the largest id (ordinary or special), as tiktoken's `n_vocab`."""
+        top = max(self.ranks.values(), default=-1)
+        top = max([top, *self.special_tokens.values()])
+        return max(top + 1, self.explicit_n_vocab or 0)
+
+    @property
+    def eot_token(self) -> int | None:
+        return self.special_tokens.get("<|endoftext|>")
+
+    @cached_property
+    def decoder(self) -> dict:
+        """id -> bytes for ordinary and special tokens."""
+        table = {i: b for b, i in self.ranks.items()}
+        for text, i in self.special_tokens.items():
+            table[i] = text.encode("utf-8")
+        return table
+
+    @cached_property
+    def content_hash(self) -> str:
+        """sha256 over ranks, merges, pattern and special tokens: the vocabulary's identity.
+
+        Shards and checkpoints record it, so data tokenized with one vocabulary is never
+        trained or decoded with another.
+        """
+        h = hashlib.sha256()
+        for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1]):
+            h.update(rank.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)
+        if self.merges:
+            for (a, b), p in sorted(self.merges.items(), key=lambda kv: kv[1]):
+                h.update(b"M" + p.to_bytes(4, "little") + len(a).to_bytes(2, "little") + a + b)
+        h.update(b"P" + json.dumps(self.hf_splits or self.pattern).encode())
+        h.update(b"S" + json.dumps(sorted(self.special_tokens.items())).encode())
+        return h.hexdigest()
+
+    def describe(self) -> dict:
+        return {"name": self.name, "n_vocab": self.n_vocab, "pattern": self.pattern_name or "custom",
+                "special_tokens": self.special_tokens, "hash": self.content_hash,
+                "source": self.source}
+
+
+# ---- .tiktoken ---------------------------------------------------------------------------------
+
+def parse_tiktoken(data: bytes, origin: str) -> dict:
+    """Parse `base64-token rank` lines into {bytes: rank}, refusing anything ambiguous."""
+    ranks: dict = {}
+    seen_ranks: dict = {}
+    for lineno, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise VocabularyError(f"{origin}:{lineno}: expected 'BASE64 RANK', got {line[:60]!r}")
+        try:
+            token = base64.b64decode(parts[0], validate=True)
+        except (binascii.Error, ValueError):
+            raise VocabularyError(f"{origin}:{lineno}: bad base64 token {parts[0][:40]!r}") from None
+        try:
+            rank = int(parts[1])
+        except ValueError:
+            raise VocabularyError(f"{origin}:{lineno}: rank {parts[1][:20]!r} is not an integer") \
+                from None
+        if rank < 0:
+            raise VocabularyError(f"{origin}:{lineno}: negative rank {rank}")
+        if token in ranks:
+            raise VocabularyError(f"{origin}:{lineno}: token {token!r} appears twice "
+                                  f"(ranks {ranks[token]} and {rank})")
+        if rank in seen_ranks:
+            raise VocabularyError(f"{origin}:{lineno}: rank {rank} appears twice "
+                                  f"(tokens {seen_ranks[rank]!r} and {token!r})")
+        ranks[token] = rank
+        seen_ranks[rank] = token
+    if not ranks:
+        raise VocabularyError(f"{origin}: no tokens")
+    missing = len(ranks) - 1 - max(ranks.values())
+    if missing:
+        holes = sorted(set(range(max(ranks.values()) + 1)) - set(seen_ranks))[:5]
+        raise VocabularyError(f"{origin}: ranks are not contiguous from 0; missing {holes}...")
+    single = {bytes([b]) for b in range(256)}
+    if not single <= ranks.keys():
+        lost = sorted(single - ranks.keys())[:5]
+        raise VocabularyError(f"{origin}: byte-level BPE needs all 256 single-byte tokens; "
+                              f"missing {lost}...")
+    return ranks
+
+
+def write_tiktoken(path: str | Path, ranks: dict) -> None:
+    lines = [base64.b64encode(tok).decode("ascii") + f" {rank}\n"
+             for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    Path(path).write_text("".join(lines), encoding="ascii")
+
+
+def sidecar_path(path: str | Path) -> Path:
+    return Path(str(path) + ".json")
+
+
+def save_vocabulary(vocab: Vocabulary, path: str | Path) -> None:
+    """Write `path` (.tiktoken) and its sidecar atomically (temp files, then rename)."""
+    path = Path(path)
+    side = sidecar_path(path)
+    tmp_tok = path.with_name(path.name + ".tmp")
+    tmp_side = side.with_name(side.name + ".tmp")
+    try:
+        write_tiktoken(tmp_tok, vocab.ranks)
+        meta = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "name": vocab.name,
+                "pattern": vocab.pattern_name or vocab.pattern,
+                "special_tokens": vocab.special_tokens}
+        tmp_side.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp_tok, path)
+        os.replace(tmp_side, side)
+    finally:
+        for tmp in (tmp_tok, tmp_side):
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _resolve_pattern(value: str, origin: str) -> tuple[str, str | None]:
+    if value in PATTERNS:
+        return PATTERNS[value], ("gpt2" if value == "r50k" else value)
+    try:
+        import regex
+        regex.compile(value)
+    except Exception as exc:
+        raise VocabularyError(f"{origin}: pattern {value[:60]!r} is neither a known name "
+                              f"({', '.join(PATTERNS)}) nor a valid regex: {exc}") from None
+    return value, pattern_name_for(value)
+
+
+def load_tiktoken_file(path: Path, pattern: str | None = None,
+                       special_tokens: dict | None = None) -> Vocabulary:
+    ranks = parse_tiktoken(path.read_bytes(), str(path))
+    side = sidecar_path(path)
+    name = path.name.removesuffix(".tiktoken")
+    known = KNOWN_VOCABULARIES.get(name)
+    pat_value = pattern
+    specials = special_tokens
+    if side.is_file():
+        try:
+            meta = json.loads(side.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise VocabularyError(f"{side}: not valid JSON: {exc}") from None
+        if meta.get("format") != SIDECAR_FORMAT:
+            raise VocabularyError(f"{side}: format is {meta.get('format')!r}, expected "
+                                  f"{SIDECAR_FORMAT!r}")
+        name = meta.get("name", name)
+        pat_value = pat_value or meta.get("pattern")
+        if specials is None:
+            specials = meta.get("special_tokens", {})
+    elif known is not None:
+        pat_value = pat_value or known.pattern
+        if specials is None:
+            specials = dict(known.special_tokens)
+    if pat_value is None:
+        raise VocabularyError(f"{path}: no pattern known for this file; give --pattern "
+                              f"({', '.join(PATTERNS)} or a regex) or add a sidecar {side.name}")
+    regex_text, pname = _resolve_pattern(pat_value, str(path))
+    specials = dict(specials or {})
+    for text, i in specials.items():
+        if i in ranks.values() and ranks.get(text.encode()) != i:
+            raise VocabularyError(f"{path}: special token {text!r} id {i} collides with an "
+                                  "ordinary token")
+    return Vocabulary(name=name, ranks=ranks, pattern=regex_text, pattern_name=pname,
+                      special_tokens=specials, source=str(path),
+                      explicit_n_vocab=known.explicit_n_vocab if known else None)
+
+
+# ---- Hugging Face tokenizer.json ---------------------------------------------------------------
+
+def bytes_to_unicode() -> dict:
+    """GPT-2's byte -> printable character map used by HF ByteLevel vocabularies."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def load_hf_tokenizer(path: Path) -> Vocabulary:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise VocabularyError(f"{path}: not a valid tokenizer.json: {exc}") from None
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise VocabularyError(f"{path}: model type {model.get('type')!r}; only byte-level BPE "
+                              "tokenizer.json files are supported")
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+
+    def to_bytes(text: str) -> bytes:
+        try:
+            return bytes(byte_of[c] for c in text)
+        except KeyError as exc:
+            raise VocabularyError(f"{path}: token {text!r} has character {exc.args[0]!r} outside "
+                                  "the ByteLevel alphabet (not a byte-level BPE)") from None
+
+    added = {t["content"] for t in data.get("added_tokens", [])}
+    ranks = {}
+    for text, i in model.get("vocab", {}).items():
+        if text not in added:  # added tokens are matched as whole strings, not BPE tokens
+            ranks[to_bytes(text)] = int(i)
+    merges = {}
+    for priority, item in enumerate(model.get("merges", [])):
+        left, right = item.split(" ", 1) if isinstance(item, str) else item  # both syntaxes
+        merges[(to_bytes(left), to_bytes(right))] = priority
+    splits = []
+    pre = data.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for step in steps:
+        kind = step.get("type")
+        if kind == "Split":
+            pat = step.get("pattern", {})
+            if "Regex" not in pat or step.get("behavior") != "Isolated" or step.get("invert"):
+                raise VocabularyError(f"{path}: unsupported Split pre-tokenizer {step}")
+            splits.append(pat["Regex"])
+        elif kind == "ByteLevel":
+            if step.get("add_prefix_space"):
+                raise VocabularyError(f"{path}: ByteLevel add_prefix_space=true is not supported")
+            if step.get("use_regex", True):
+                splits.append(PATTERNS["gpt2"])  # HF's ByteLevel regex is GPT-2's
+        elif kind is not None:
+            raise VocabularyError(f"{path}: unsupported pre-tokenizer {kind!r}")
+    specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
+    return Vocabulary(name=path.stem, ranks=ranks, pattern=splits[0] if splits else "",
+                      special_tokens=specials, merges=merges, hf_splits=splits,
+                      source=str(path))
+
+
+# ---- lookup by name ----------------------------------------------------------------------------
+
+def search_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("ISTANBUL_VOCAB_DIR"):
+        dirs.append(Path(os.environ["ISTANBUL_VOCAB_DIR"]))
+    dirs.append(Path.home() / ".cache" / "istanbul" / "vocab")
+    return dirs
+
+
+def tiktoken_cache_file(url: str) -> Path:
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+        os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return Path(cache) / hashlib.sha1(url.encode()).hexdigest()
+
+
+def find_known(name: str) -> Path | None:
+    known = KNOWN_VOCABULARIES[name]
+    for d in search_dirs():
+        for candidate in (known.filename, f"{name}.tiktoken"):
+            if (d / candidate).is_file():
+                return d / candidate
+    cached = tiktoken_cache_file(known.url)
+    return cached if cached.is_file() else None
+
+
+def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Vocabulary:
+    """Load a vocabulary from a path (.tiktoken or tokenizer.json) or a known name."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if not path.exists() and text in KNOWN_VOCABULARIES:
+        found = find_known(text)
+        if found is None:
+            where = ", ".join(str(d) for d in search_dirs())
+            raise VocabularyError(
+                f"vocabulary {text!r} not found: put {KNOWN_VOCABULARIES[text].filename} in "
+                f"$ISTANBUL_VOCAB_DIR or one of: {where}, or give its path")
+        known = KNOWN_VOCABULARIES[text]
+        vocab = load_tiktoken_file(found, pattern or known.pattern, dict(known.special_tokens))
+        vocab.name = known.name
+        vocab.explicit_n_vocab = known.explicit_n_vocab
+        return vocab
+    if not path.exists():
+        raise VocabularyError(f"vocabulary {text!r}: no such file, and not a known name "
+                              f"({', '.join(KNOWN_VOCABULARIES)})")
+    if path.suffix == ".json":
+        return load_hf_tokenizer(path)
+    return load_tiktoken_file(path, pattern)
