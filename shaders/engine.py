@@ -277,6 +277,7 @@ class Device:
         self.max_workgroups_per_dim = int(self.limits.get("max-compute-workgroups-per-dimension",
                                                           65535))
         self._kernels: dict = {}
+        self._params: dict = {}
         # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
         # (NVIDIA, lavapipe) reports a 1 ns period.
         self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
@@ -393,6 +394,22 @@ class Device:
         buf = self.buffer(len(data), label=label or "uniform",
                           usage=BufferUsage.UNIFORM | BufferUsage.COPY_DST)
         self.queue.write_buffer(buf.raw, 0, data)
+        return buf
+
+    def params(self, fmt: str, *values) -> Buffer:
+        """Like `uniform`, but cached by value: the same parameters reuse one buffer.
+
+        Training steps dispatch the same kernels with the same shapes every step; caching
+        keeps their bind groups stable and avoids a buffer per dispatch. Never write into
+        a buffer returned here.
+        """
+        key = (fmt, values)
+        buf = self._params.get(key)
+        if buf is None:
+            buf = self.uniform(fmt, *values, label=f"params {fmt}")
+            self._params[key] = buf
+            if len(self._params) > 65536:
+                self._params.pop(next(iter(self._params)))
         return buf
 
     # ---- recording -----------------------------------------------------------------------

@@ -168,3 +168,9 @@ def test_adapter_choice_by_index_and_name(device):
         choose_adapter("99")
     with pytest.raises(NoAdapterError, match="no adapter name contains"):
         choose_adapter("no-such-gpu-name")
+
+
+def test_params_cache_returns_same_buffer_for_same_values(device):
+    a = device.params("IIf", 3, 4, 1.5)
+    assert device.params("IIf", 3, 4, 1.5) is a
+    assert device.params("IIf", 3, 4, 2.5) is not a
