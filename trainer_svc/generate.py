@@ -93,7 +93,7 @@ class Generator:
         k, v = self._rows(self.k, T, kv), self._rows(self.v, T, kv)
         g, u, s = (self._rows(b, T, f) for b in (self.g, self.u, self.s))
         rstd = self.rstd.elements(0, T)
-        ops.embedding(rec, self.ids.elements(0, T), self.w("embed"), x, T, d)
+        ops.embedding(rec, self.ids.elements(0, T), self.w("embed"), x, T, d, cfg.vocab_size)
         for i in range(cfg.n_layers):
             pre = f"layers.{i}."
             ops.rmsnorm(rec, x, self.w(pre + "attn_norm"), h, rstd, T, d, cfg.norm_eps)

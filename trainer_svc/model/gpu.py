@@ -41,6 +41,10 @@ class StepResult:
     skipped: bool
 
 
+def _align64(n: int) -> int:
+    return -(-n // 64) * 64
+
+
 class _LayerActs:
     """Saved activations of one transformer block."""
 
@@ -83,9 +87,15 @@ class GpuModel:
         self.w16 = dev.empty(total, np.float16, label="params f16") if self.mixed else None
         self.stats = dev.empty(STATS_FLOATS, np.float32, label="grad stats")
         # token ids, targets and per-token losses of every micro-batch of a step
-        self.all_ids = dev.empty((grad_accum, n), np.uint32, label="ids")
-        self.all_targets = dev.empty((grad_accum, n), np.uint32, label="targets")
-        self.all_losses = dev.empty((grad_accum, n), np.float32, label="token losses")
+        # (rows padded to 64 elements: each micro-batch's slot is a 256-byte aligned binding)
+        self.stride = _align64(n)
+        self.all_ids = dev.empty((grad_accum, self.stride), np.uint32, label="ids")
+        self.all_targets = dev.empty((grad_accum, self.stride), np.uint32, label="targets")
+        self.all_losses = dev.empty((grad_accum, self.stride), np.float32, label="token losses")
+        self.plan_len = ops.embedding_plan_size(n)
+        self.plan_stride = _align64(self.plan_len)
+        self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
+                                   label="embed plans")
         self.select_micro_batch(0)
         self.layers = [_LayerActs(dev, n, cfg, batch, seq, i) for i in range(cfg.n_layers)]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
@@ -146,17 +156,25 @@ class GpuModel:
 
     def select_micro_batch(self, a: int) -> None:
         """Point ids/targets/losses at micro-batch `a`'s slots (bindable sub-ranges)."""
-        n = self.n
-        self.ids = self.all_ids.elements(a * n, n)
-        self.targets = self.all_targets.elements(a * n, n)
-        self.losses = self.all_losses.elements(a * n, n)
+        n, s = self.n, self.stride
+        self.ids = self.all_ids.elements(a * s, n)
+        self.targets = self.all_targets.elements(a * s, n)
+        self.losses = self.all_losses.elements(a * s, n)
+        self.plan = self.all_plans.elements(a * self.plan_stride, self.plan_len)
 
     def _upload_tokens(self, micro: np.ndarray) -> None:
         """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
-        A = micro.shape[0]
-        self.all_ids.write(np.ascontiguousarray(micro[:, :, :-1], np.uint32).reshape(-1))
-        self.all_targets.write(np.ascontiguousarray(micro[:, :, 1:], np.uint32).reshape(-1))
-        return A
+        A, n = micro.shape[0], self.n
+        ids = np.zeros((A, self.stride), np.uint32)
+        targets = np.zeros((A, self.stride), np.uint32)
+        ids[:, :n] = micro[:, :, :-1].reshape(A, n)
+        targets[:, :n] = micro[:, :, 1:].reshape(A, n)
+        self.all_ids.write(ids)
+        self.all_targets.write(targets)
+        plans = np.zeros((micro.shape[0], self.plan_stride), np.uint32)
+        for a in range(micro.shape[0]):
+            plans[a, :self.plan_len] = ops.embedding_plan(ids[a, :n])
+        self.all_plans.write(plans.reshape(-1))
 
     # ---- recording --------------------------------------------------------------------
 
@@ -165,8 +183,8 @@ class GpuModel:
         cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
             self.cfg.ffn_hidden
         B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        ops.embedding(rec, self.ids, self.w("embed"), self.layers[0].x if self.layers
-                      else self.x_final, n, d)
+        ops.embedding(rec, self.ids, self.p("embed"), self.layers[0].x if self.layers
+                      else self.x_final, n, d, cfg.vocab_size)
         for i, L in enumerate(self.layers):
             pre = f"layers.{i}."
             x_out = self.layers[i + 1].x if i + 1 < len(self.layers) else self.x_final
@@ -231,7 +249,8 @@ class GpuModel:
             ops.linear_dx(rec, self.dv, self.w(pre + "wv"), self.dh, n, d, kv, accumulate=True)
             ops.rmsnorm_backward(rec, L.x, self.p(pre + "attn_norm"), L.rstd, self.dh, self.dx,
                                  self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
-        ops.embedding_backward(rec, self.ids, self.dx, self.g("embed"), n, d, cfg.vocab_size)
+        ops.embedding_backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
+                               cfg.vocab_size)
 
     def record_update(self, rec, *, lr: float, step: int, tc) -> None:
         """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror)."""
@@ -265,15 +284,30 @@ class GpuModel:
                 self.record_backward(rec)
             self.record_update(rec, lr=lr, step=step, tc=tc)
         self.select_micro_batch(0)
-        losses = self.dev.download(self.all_losses)
+        losses = self.dev.download(self.all_losses)[:, :self.n]
         stats = self.dev.download(self.stats)
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
+    def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
+        """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""
+        accum = micro.shape[0]
+        if accum != self.accum:
+            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
+        self._upload_tokens(micro)
+        with self.dev.record("gradients") as rec:
+            ops.fill(rec, self.grads, 0.0, self.layout.total)
+            for a in range(accum):
+                self.select_micro_batch(a)
+                self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
+                self.record_backward(rec)
+        self.select_micro_batch(0)
+        losses = self.dev.download(self.all_losses)[:, :self.n]
+        return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
+
     def eval_loss(self, rows: np.ndarray, tc) -> float:
         """Mean loss of one (B, T+1) batch; weights, gradients and moments untouched."""
-        self.all_ids.write(np.ascontiguousarray(rows[:, :-1], np.uint32).reshape(-1))
-        self.all_targets.write(np.ascontiguousarray(rows[:, 1:], np.uint32).reshape(-1))
+        self._upload_tokens(np.asarray(rows)[None])  # micro-batch slot 0
         self.select_micro_batch(0)
         with self.dev.record("eval") as rec:
             self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc)

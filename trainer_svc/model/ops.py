@@ -65,3 +65,24 @@ def linear_dx(rec, dy, w, dx, M: int, K: int, N: int, *, accumulate: bool = Fals
 
 def linear_dw(rec, dy, x, dw, N: int, K: int, M: int) -> None:
     _family("linear").matmul_tn(rec, dy, x, dw, N, K, M, accumulate=True)
+
+
+# ---- embedding ---------------------------------------------------------------------------------
+
+def embedding(rec, ids, table, out, tokens: int, dim: int, vocab: int) -> None:
+    """out[t] = table[ids[t]] (table: the f32 master rows)."""
+    _family("embedding").forward(rec, ids, table, out, tokens, dim, vocab)
+
+
+def embedding_plan_size(tokens: int) -> int:
+    return _family("embedding").plan_size(tokens)
+
+
+def embedding_plan(ids) -> np.ndarray:
+    """Host-side grouping of token positions by id that the backward needs."""
+    return _family("embedding").backward_plan(ids)
+
+
+def embedding_backward(rec, plan, ids, dout, dtable, tokens: int, dim: int, vocab: int) -> None:
+    """dtable[id] += sum of dout rows with that id (deterministic, no atomics)."""
+    _family("embedding").backward(rec, plan, ids, dout, dtable, tokens, dim, vocab)
