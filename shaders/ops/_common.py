@@ -63,3 +63,41 @@ def dummy(device) -> Buffer:
 
 def workgroup_storage(device) -> int:
     return int(device.limits.get("max-compute-workgroup-storage-size", 16384))
+
+
+_SCRATCH: dict = {}
+
+
+def scratch(device, name: str, nbytes: int, dtype=np.float32):
+    """A device-wide scratch buffer for intermediate results inside one op's dispatches.
+
+    Dispatches of one recording run in order, so ops may share a scratch buffer as long as
+    its contents are consumed by the op's own later dispatch. Grows as needed; old buffers are
+    left to the garbage collector (recorded commands keep what they reference alive).
+    """
+    key = (id(device), name)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.device is not device or buf.nbytes < nbytes:
+        buf = device.buffer(max(int(nbytes), 16), dtype, label=f"scratch {name}")
+        _SCRATCH[key] = buf
+    return buf
+
+
+def row_grid(device, rows: int):
+    """One workgroup per row, folded into 2-D past the per-dimension limit."""
+    from ..engine import fold_grid
+    return fold_grid(int(rows), device.max_workgroups_per_dim)
+
+
+def vec_width(n: int, *views) -> int:
+    """4 when rows of length n can be read as vec4 (n % 4 == 0, 16-byte aligned views)."""
+    if n % 4:
+        return 1
+    if any(getattr(v, "offset", 0) % 16 for v in views):
+        return 1
+    return 4
+
+
+def row_workgroup(elems: int) -> int:
+    """Invocations per workgroup for a one-row-per-workgroup kernel over `elems` elements."""
+    return 64 if elems <= 1024 else 256

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import U32, ceil_div, check, positive
+from ._common import U32, ceil_div, check, positive, vec_width
 from ..engine import fold_grid
 
 FILE = "01_embedding.wgsl"
@@ -53,23 +53,13 @@ def _grid(device, dim_elems: int, rows: int) -> tuple[int, int, int]:
     return (ceil_div(dim_elems, EW), ys, zs)
 
 
-def _vec(dim: int, *buffers) -> int:
-    """4 when every row can be read as vec4 (dim % 4 and 16-byte aligned views), else 1."""
-    if dim % 4:
-        return 1
-    for b in buffers:
-        if getattr(b, "offset", 0) % 16:
-            return 1
-    return 4
-
-
 def forward(rec, ids, table, out, tokens: int, dim: int, vocab: int) -> None:
     """out[t, :] = table[ids[t], :] for t < tokens."""
     positive("embedding.forward", tokens=tokens, dim=dim, vocab=vocab)
     check("embedding.forward", "ids", ids, tokens, (U32,))
     check("embedding.forward", "table", table, vocab * dim)
     check("embedding.forward", "out", out, tokens * dim)
-    width = _vec(dim, table, out)
+    width = vec_width(dim, table, out)
     dev = rec.device
     kern = dev.kernel(FILE, "embedding_forward_vec4" if width == 4 else "embedding_forward")
     params = dev.params("IIII", tokens, dim // width, vocab, 0)
@@ -84,7 +74,7 @@ def backward(rec, plan, ids, dout, dtable, tokens: int, dim: int, vocab: int) ->
     check("embedding.backward", "ids", ids, tokens, (U32,))
     check("embedding.backward", "dout", dout, tokens * dim)
     check("embedding.backward", "dtable", dtable, vocab * dim)
-    width = _vec(dim, dout, dtable)
+    width = vec_width(dim, dout, dtable)
     dev = rec.device
     kern = dev.kernel(FILE, "embedding_backward_vec4" if width == 4 else "embedding_backward")
     params = dev.params("IIII", tokens, dim // width, vocab, 0)
