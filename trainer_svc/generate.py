@@ -74,6 +74,7 @@ class Generator:
         self.x_last = e((1, d), "x last")
         self.logits = e(cfg.vocab_size, "logits")
         self.ids = device.empty(S, np.uint32, label="ids")
+        self.rope_table = ops.rope_table(device, S, cfg.head_dim, cfg.rope_theta)
         self.length = 0  # positions in the cache
 
     def w(self, name: str):
@@ -100,8 +101,8 @@ class Generator:
             ops.linear(rec, h, self.w(pre + "wq"), q, T, d, d)
             ops.linear(rec, h, self.w(pre + "wk"), k, T, kv, d)
             ops.linear(rec, h, self.w(pre + "wv"), v, T, kv, d)
-            ops.rope(rec, q, 1, T, H, hd, cfg.rope_theta, pos0=pos0)
-            ops.rope(rec, k, 1, T, KV, hd, cfg.rope_theta, pos0=pos0)
+            ops.rope(rec, q, self.rope_table, 1, T, H, hd, pos0=pos0)
+            ops.rope(rec, k, self.rope_table, 1, T, KV, hd, pos0=pos0)
             nbytes = T * kv * 4
             rec.copy(k, self.k_cache[i], nbytes, dst_offset=pos0 * kv * 4)
             rec.copy(v, self.v_cache[i], nbytes, dst_offset=pos0 * kv * 4)

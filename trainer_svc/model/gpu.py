@@ -85,6 +85,7 @@ class GpuModel:
         self.m = dev.empty(total, np.float32, label="adam m")
         self.v = dev.empty(total, np.float32, label="adam v")
         self.w16 = dev.empty(total, np.float16, label="params f16") if self.mixed else None
+        self.rope_table = ops.rope_table(dev, seq, cfg.head_dim, cfg.rope_theta)
         self.stats = dev.empty(STATS_FLOATS, np.float32, label="grad stats")
         # token ids, targets and per-token losses of every micro-batch of a step
         # (rows padded to 64 elements: each micro-batch's slot is a 256-byte aligned binding)
@@ -192,8 +193,8 @@ class GpuModel:
             ops.linear(rec, L.h, self.w(pre + "wq"), L.q, n, d, d)
             ops.linear(rec, L.h, self.w(pre + "wk"), L.k, n, kv, d)
             ops.linear(rec, L.h, self.w(pre + "wv"), L.v, n, kv, d)
-            ops.rope(rec, L.q, B, T, H, hd, cfg.rope_theta)
-            ops.rope(rec, L.k, B, T, KV, hd, cfg.rope_theta)
+            ops.rope(rec, L.q, self.rope_table, B, T, H, hd)
+            ops.rope(rec, L.k, self.rope_table, B, T, KV, hd)
             ops.attention(rec, L.q, L.k, L.v, L.a, L.lse, B, T, H, KV, hd)
             ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
             ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
@@ -239,8 +240,8 @@ class GpuModel:
             ops.linear_dx(rec, self.dx, self.w(pre + "wo"), self.da, n, d, d)
             ops.attention_backward(rec, L.q, L.k, L.v, L.a, L.lse, self.da, self.dq, self.dk,
                                    self.dv, B, T, H, KV, hd)
-            ops.rope_backward(rec, self.dq, B, T, H, hd, cfg.rope_theta)
-            ops.rope_backward(rec, self.dk, B, T, KV, hd, cfg.rope_theta)
+            ops.rope_backward(rec, self.dq, self.rope_table, B, T, H, hd)
+            ops.rope_backward(rec, self.dk, self.rope_table, B, T, KV, hd)
             ops.linear_dw(rec, self.dq, L.h, self.g(pre + "wq"), d, d, n)
             ops.linear_dw(rec, self.dk, L.h, self.g(pre + "wk"), kv, d, n)
             ops.linear_dw(rec, self.dv, L.h, self.g(pre + "wv"), kv, d, n)
@@ -274,20 +275,34 @@ class GpuModel:
         accum = micro.shape[0]
         if accum != self.accum:
             raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
-        self._upload_tokens(micro)
-        scale = 1.0 / (self.n * accum)
         with self.dev.record("train step") as rec:
-            ops.fill(rec, self.grads, 0.0, self.layout.total)
-            for a in range(accum):
-                self.select_micro_batch(a)
-                self.record_forward(rec, loss_scale=scale, tc=tc)
-                self.record_backward(rec)
-            self.record_update(rec, lr=lr, step=step, tc=tc)
+            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
         self.select_micro_batch(0)
         losses = self.dev.download(self.all_losses)[:, :self.n]
         stats = self.dev.download(self.stats)
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
+
+    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+        accum = micro.shape[0]
+        self._upload_tokens(micro)
+        scale = 1.0 / (self.n * accum)
+        ops.fill(rec, self.grads, 0.0, self.layout.total)
+        for a in range(accum):
+            self.select_micro_batch(a)
+            self.record_forward(rec, loss_scale=scale, tc=tc)
+            self.record_backward(rec)
+        self.record_update(rec, lr=lr, step=step, tc=tc)
+
+    def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
+        """One training step with a GPU timestamp pair around every dispatch.
+
+        Returns [(kernel label, seconds)]. The step really happens (weights change).
+        """
+        with self.dev.record("profiled step", timing=True) as rec:
+            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
+        self.select_micro_batch(0)
+        return rec.gpu_times
 
     def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
         """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""

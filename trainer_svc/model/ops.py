@@ -86,3 +86,34 @@ def embedding_plan(ids) -> np.ndarray:
 def embedding_backward(rec, plan, ids, dout, dtable, tokens: int, dim: int, vocab: int) -> None:
     """dtable[id] += sum of dout rows with that id (deterministic, no atomics)."""
     _family("embedding").backward(rec, plan, ids, dout, dtable, tokens, dim, vocab)
+
+
+# ---- RMSNorm -----------------------------------------------------------------------------------
+
+def rmsnorm(rec, x, gain, y, rstd, rows: int, d: int, eps: float) -> None:
+    """y = x * rstd * gain with rstd = 1/sqrt(mean(x^2) + eps) saved per row."""
+    _family("rmsnorm").forward(rec, x, gain, y, rstd, rows, d, eps)
+
+
+def rmsnorm_backward(rec, x, gain, rstd, dy, dx, dgain, rows: int, d: int, *,
+                     accumulate_dx: bool) -> None:
+    """dx (=|+=) d/dx; dgain += sum over rows of dy * x * rstd."""
+    _family("rmsnorm").backward(rec, x, gain, dy, rstd, dx, dgain, rows, d,
+                                accumulate_dx=accumulate_dx)
+
+
+# ---- RoPE --------------------------------------------------------------------------------------
+
+def rope_table(device, max_positions: int, head_dim: int, theta: float):
+    """The (cos, sin) table the rope kernels read (computed once in float64 on the host)."""
+    return device.upload(_family("rope").rope_table(max_positions, head_dim, theta),
+                         label="rope table")
+
+
+def rope(rec, x, table, B: int, T: int, H: int, hd: int, *, pos0: int = 0) -> None:
+    """Rotate x[B, T, H, hd] in place (pairs i, i + hd/2) at positions pos0 + t."""
+    _family("rope").forward(rec, x, table, B, T, H, hd, pos_offset=pos0)
+
+
+def rope_backward(rec, dx, table, B: int, T: int, H: int, hd: int) -> None:
+    _family("rope").backward(rec, dx, table, B, T, H, hd)
