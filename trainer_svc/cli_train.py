@@ -149,8 +149,12 @@ def cmd_train(args) -> int:
     trainer = None
     if args.resume:
         found = manager.latest_valid()
+        if found is None and manager.checkpoints():
+            raise UserFacingError(
+                f"--resume: no checkpoint in {args.checkpoints} passes verification (see the "
+                "warnings above); move the run directory aside to start from scratch")
         if found is None:
-            log.info("no valid checkpoint in %s: starting from scratch", args.checkpoints)
+            log.info("no checkpoint in %s yet: starting from scratch", args.checkpoints)
         else:
             try:
                 trainer, state = load_checkpoint(

@@ -16,7 +16,7 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
     h2   = rmsnorm(xa) · ffn_norm
-    g, u = h2 · Wgateᵀ, h2 · Wupᵀ ;  s = silu(g) * u
+    [g|u] = h2 · [Wgate; Wup]ᵀ  (one matmul) ;  s = silu(g) * u
     x_i+1 = xa + s · Wdownᵀ
 then hf = rmsnorm(x_L) · final_norm and logits = hf · Headᵀ (Head = embedding when tied).
 """
@@ -62,8 +62,7 @@ class _LayerActs:
         self.xa = e((n, d), "xa")          # after the attention residual
         self.h2 = e((n, d), "h2")
         self.rstd2 = e(n, "rstd2")
-        self.g = e((n, f), "gate")
-        self.u = e((n, f), "up")
+        self.gu = e((n, 2 * f), "gate|up")  # row r: gate (F values), then up (F values)
         self.s = e((n, f), "act")
 
 
@@ -110,8 +109,7 @@ class GpuModel:
         self.dk = dev.empty((n, kv), np.float32, label="dk")
         self.dv = dev.empty((n, kv), np.float32, label="dv")
         self.da = dev.empty((n, d), np.float32, label="dattn")
-        self.dg = dev.empty((n, f), np.float32, label="dgate")
-        self.du = dev.empty((n, f), np.float32, label="dup")
+        self.dgu = dev.empty((n, 2 * f), np.float32, label="dgate|dup")
         self.ds = dev.empty((n, f), np.float32, label="dact")
 
     # ---- parameter views --------------------------------------------------------------
@@ -130,6 +128,12 @@ class GpuModel:
     def g(self, name: str):
         t = self.layout[name]
         return self.grads.elements(t.offset, t.size, t.shape)
+
+    def w13(self, layer: int, grads: bool = False):
+        """W_gate stacked on W_up: one [2F, d] matrix (weights as read, or its gradient)."""
+        off, size = self.layout.fused_range(f"layers.{layer}.w_gate", f"layers.{layer}.w_up")
+        src = self.grads if grads else (self.w16 if self.mixed else self.params)
+        return src.elements(off, size, (2 * self.cfg.ffn_hidden, self.cfg.d_model))
 
     def head(self) -> str:
         return "embed" if self.cfg.tied_head else "head"
@@ -199,9 +203,8 @@ class GpuModel:
             ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
             ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
                         cfg.norm_eps)
-            ops.linear(rec, L.h2, self.w(pre + "w_gate"), L.g, n, f, d)
-            ops.linear(rec, L.h2, self.w(pre + "w_up"), L.u, n, f, d)
-            ops.swiglu(rec, L.g, L.u, L.s, n * f)
+            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d)
+            ops.swiglu(rec, L.gu, L.s, n, f)
             ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa)
         ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
                     n, d, cfg.norm_eps)
@@ -226,12 +229,9 @@ class GpuModel:
             # FFN: x_out = xa + s · Wdownᵀ ; dx holds d x_out
             ops.linear_dw(rec, self.dx, L.s, self.g(pre + "w_down"), d, f, n)
             ops.linear_dx(rec, self.dx, self.w(pre + "w_down"), self.ds, n, f, d)
-            ops.swiglu_backward(rec, L.g, L.u, self.ds, self.dg, self.du, n * f)
-            ops.linear_dw(rec, self.dg, L.h2, self.g(pre + "w_gate"), f, d, n)
-            ops.linear_dw(rec, self.du, L.h2, self.g(pre + "w_up"), f, d, n)
-            ops.linear_dx(rec, self.dg, self.w(pre + "w_gate"), self.dh, n, d, f)
-            ops.linear_dx(rec, self.du, self.w(pre + "w_up"), self.dh, n, d, f,
-                          accumulate=True)
+            ops.swiglu_backward(rec, L.gu, self.ds, self.dgu, n, f)
+            ops.linear_dw(rec, self.dgu, L.h2, self.w13(i, grads=True), 2 * f, d, n)
+            ops.linear_dx(rec, self.dgu, self.w13(i), self.dh, n, d, 2 * f)
             # dx (= d xa now) += rmsnorm_backward(dh)
             ops.rmsnorm_backward(rec, L.xa, self.p(pre + "ffn_norm"), L.rstd2, self.dh,
                                  self.dx, self.g(pre + "ffn_norm"), n, d, accumulate_dx=True)

@@ -117,3 +117,15 @@ def rope(rec, x, table, B: int, T: int, H: int, hd: int, *, pos0: int = 0) -> No
 
 def rope_backward(rec, dx, table, B: int, T: int, H: int, hd: int) -> None:
     _family("rope").backward(rec, dx, table, B, T, H, hd)
+
+
+# ---- SwiGLU ------------------------------------------------------------------------------------
+
+def swiglu(rec, gate_up, out, rows: int, F: int) -> None:
+    """out[r, c] = silu(g[r, c]) * u[r, c], gate_up row r = [g (F values) | u (F values)]."""
+    _family("activations").swiglu_forward(rec, gate_up, out, rows, F)
+
+
+def swiglu_backward(rec, gate_up, dout, dgate_up, rows: int, F: int) -> None:
+    """dgate_up (laid out like gate_up) from dout."""
+    _family("activations").swiglu_backward(rec, gate_up, dout, dgate_up, rows, F)
