@@ -19,10 +19,6 @@ import importlib
 
 import numpy as np
 
-INFRA = "infra.wgsl"
-EW = 256
-
-
 def _family(name: str):
     """The op module shaders.ops.<name> (kernels branch); a clear error while it is absent."""
     try:
@@ -33,24 +29,19 @@ def _family(name: str):
             "it (merge the kernels branch)") from exc
 
 
-# ---- infrastructure (foundation kernels) ------------------------------------------------------
+# ---- element-wise helpers ---------------------------------------------------------------------
 
 def fill(rec, buf, value: float, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "fill")
-    rec.dispatch(kern, [buf, rec.device.params("IIfI", n, 0, float(value), 0)], -(-n // EW),
-                 label="fill")
+    _family("basic").fill(rec, buf, n, value)
 
 
 def cast_f16(rec, src, dst, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "cast_f32_f16")
-    rec.dispatch(kern, [src, dst, rec.device.params("IIfI", n, 0, 0.0, 0)], -(-n // EW),
-                 label="cast_f32_f16")
+    """dst (f16) = src (f32) clamped to f16's range: the initial weight mirror."""
+    _family("basic").cast_f32_f16(rec, src, dst, n)
 
 
 def copy(rec, src, dst, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "copy")
-    rec.dispatch(kern, [src, dst, rec.device.params("IIfI", n, 0, 0.0, 0)], -(-n // EW),
-                 label="copy")
+    _family("basic").copy(rec, src, dst, n)
 
 
 # ---- matmuls ---------------------------------------------------------------------------------
