@@ -35,3 +35,23 @@ def test_sizes_and_dtypes_are_checked(device):
             basic.fill(rec, device.empty(4), 5)
         with pytest.raises(ValueError, match="dtype float32, expected float16"):
             basic.cast_f32_f16(rec, device.empty(4), device.empty(4), 4)
+
+
+def test_bench_uses_the_software_variant_on_software_adapters(device):
+    from shaders.ladder import KernelCase, Launch, Roofline, bench_case
+    asked = []
+
+    def inputs(rng, variant):
+        asked.append(variant)
+        return {"x": np.ones(256, np.float32)}
+
+    def launch(dev, inp):
+        x, y = dev.upload(inp["x"]), dev.empty(256)
+        return Launch(lambda rec: basic.copy(rec, x, y, 256), lambda: {"y": dev.download(y)})
+
+    case = KernelCase(name="copy_probe", family="test", precision="exact", kernels=[],
+                      inputs=inputs, launch=launch, reference=lambda inp: {"y": inp["x"]},
+                      bench_variant_software="bench_small", bytes=lambda inp: 2048.0)
+    row = bench_case(device, case, Roofline(copy_gbs=1.0, fma_tflops={"f32": 1.0}))
+    want = "bench_small" if device.info.is_software else "bench"
+    assert asked == [want] and row["variant"] == want and row["us"] > 0
