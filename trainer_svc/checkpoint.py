@@ -140,7 +140,7 @@ class CheckpointManager:
             raise
         self._point_latest(final)
         self._prune(keep=final)
-        log.info("checkpoint written: %s", final)
+        log.debug("checkpoint written: %s", final)
         return final
 
     def _write_files(self, tmp: Path, trainer, state: dict, vocab_file) -> None:

@@ -40,6 +40,16 @@ class StepResult:
     skipped: bool
 
 
+def check_binding_sizes(device, sizes: dict) -> None:
+    """A clear error before allocating when a tensor cannot be bound on this device."""
+    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    for what, nbytes in sizes.items():
+        if nbytes > limit:
+            raise ValueError(f"{what} needs {nbytes / 2**20:.0f} MiB in one binding, more than "
+                             f"{device.name}'s limit of {limit / 2**20:.0f} MiB: use a smaller "
+                             "batch or sequence length (or a smaller vocabulary or model)")
+
+
 def _align64(n: int) -> int:
     return -(-n // 64) * 64
 
@@ -77,6 +87,9 @@ class GpuModel:
                                f"{device.name} lacks; use precision='fp32'")
         dev, n, total = device, batch * seq, layout.total
         d, kv, f, V = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, cfg.vocab_size
+        check_binding_sizes(device, {"logits (B*T x vocab)": n * V * 4,
+                                     "parameters": total * 4,
+                                     "FFN activations (B*T x 2F)": n * 2 * f * 4})
         self.n = n
         self.params = dev.empty(total, np.float32, label="params f32")
         self.grads = dev.empty(total, np.float32, label="grads")
