@@ -171,3 +171,18 @@ def test_tensors_beyond_the_binding_limit_are_refused_up_front(device):
     batch = limit // (256 * cfg.vocab_size * 4) + 1
     with pytest.raises(ValueError, match="logits .* more than .* limit"):
         Trainer(cfg, TrainConfig(batch=batch, seq=256), device)
+
+
+def test_odd_shapes_match_pytorch(device):
+    """B*T not a multiple of anything (3 x 17) with accumulation: padded micro-batch slots."""
+    cfg = tiny_config(n_kv_heads=1, vocab=384)
+    tc = TrainConfig(batch=3, seq=17, precision="fp32", grad_accum=2)
+    trainer = Trainer(cfg, tc, device)
+    micro = np.stack(random_batches(np.random.default_rng(9), 2, 3, 17, cfg.vocab_size))
+    loss, grads = trainer.loss_and_gradients(micro)
+    ref_loss, ref_grads = TorchReference(cfg, trainer.export_weights()).loss_and_grads(
+        micro.reshape(6, 18))
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    _check_grads(grads, ref_grads, 2e-4, "3 x 17, accumulation 2")
+    m = trainer.step(micro)
+    assert m.loss == pytest.approx(loss, rel=1e-6) and m.tokens == 2 * 3 * 17
