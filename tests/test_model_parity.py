@@ -19,6 +19,7 @@ import torch
 
 from tests.model_helpers import TRAINING_OPS, requires_ops, byte_vocabulary, random_batches, stdlib_text, tiny_config
 from tests.torch_reference import TorchAdamW, TorchReference
+from trainer_svc.model.gpu import fused_qkv
 from trainer_svc.training import TrainConfig, Trainer
 
 B, T = 2, 32
@@ -55,12 +56,14 @@ def _check_grads(grads, ref_grads, rel_l2, label):
     return max(worst)
 
 
-@pytest.mark.parametrize("precision,tied,accum", [
-    ("fp32", False, 1), ("fp32", True, 2), ("mixed", False, 1), ("mixed", True, 1)])
-def test_loss_and_every_gradient_match_pytorch(device, precision, tied, accum):
+@pytest.mark.parametrize("precision,tied,accum,kv_heads", [
+    ("fp32", False, 1, 2), ("fp32", True, 2, 2), ("mixed", False, 1, 2), ("mixed", True, 1, 2),
+    ("fp32", False, 1, 4), ("mixed", True, 2, 4)])  # 4 kv heads: kv = 64, the fused-qkv path
+def test_loss_and_every_gradient_match_pytorch(device, precision, tied, accum, kv_heads):
     if precision == "mixed" and not device.has("shader-f16"):
         pytest.skip(f"{device.name} lacks shader-f16 (mixed precision needs it)")
-    cfg = tiny_config(tied_head=tied)
+    cfg = tiny_config(tied_head=tied, n_kv_heads=kv_heads)
+    assert fused_qkv(cfg) is (kv_heads == 4)
     tc = TrainConfig(batch=B, seq=T, precision=precision, grad_accum=accum, seed=11)
     trainer = Trainer(cfg, tc, device)
     rng = np.random.default_rng(5)
