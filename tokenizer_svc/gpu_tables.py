@@ -192,7 +192,7 @@ class VocabTables:
 
         if vocab.merges is not None:
             left, right, prio, merged = hf_pairs(vocab)
-            whole = bool(getattr(vocab, "hf_ignore_merges", False))
+            whole = vocab.hf_ignore_merges
         else:
             left, right, prio, merged = tiktoken_pairs(vocab.ranks)
             whole = True

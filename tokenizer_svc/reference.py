@@ -259,7 +259,7 @@ class ReferenceTokenizer:
     def bpe(self, piece: bytes) -> list[int]:
         if self.vocab.merges is not None:
             return bpe_merges(piece, self.vocab.ranks, self.vocab.merges,
-                              getattr(self.vocab, "hf_ignore_merges", False))
+                              self.vocab.hf_ignore_merges)
         return bpe_ranks(piece, self.vocab.ranks)
 
     def split(self, text: str) -> list[str]:
