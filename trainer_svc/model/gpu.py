@@ -339,26 +339,27 @@ class GpuModel:
         One upload, one command buffer, one read-back of losses and gradient statistics.
         """
         accum = micro.shape[0]
-        if accum != self.accum:
-            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
         with self.dev.record("train step") as rec:
             self._record_step(rec, micro, lr=lr, step=step, tc=tc)
-        self.select_micro_batch(0)
         results = self.dev.download(self.results)
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
         stats = results[accum * self.stride:]
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
-    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+    def _record_gradients(self, rec, micro, tc) -> None:
+        """Zero the gradients, then forward + backward of every micro-batch (they add up)."""
         accum = micro.shape[0]
         self._upload_tokens(micro)
-        scale = 1.0 / (self.n * accum)
         ops.fill(rec, self.grads, 0.0, self.layout.total)
         for a in range(accum):
             self.select_micro_batch(a)
-            self.record_forward(rec, loss_scale=scale, tc=tc)
+            self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
             self.record_backward(rec)
+        self.select_micro_batch(0)
+
+    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+        self._record_gradients(rec, micro, tc)
         self.record_update(rec, lr=lr, step=step, tc=tc)
 
     def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
@@ -368,22 +369,13 @@ class GpuModel:
         """
         with self.dev.record("profiled step", timing=True) as rec:
             self._record_step(rec, micro, lr=lr, step=step, tc=tc)
-        self.select_micro_batch(0)
         return rec.gpu_times
 
     def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
         """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""
         accum = micro.shape[0]
-        if accum != self.accum:
-            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
-        self._upload_tokens(micro)
         with self.dev.record("gradients") as rec:
-            ops.fill(rec, self.grads, 0.0, self.layout.total)
-            for a in range(accum):
-                self.select_micro_batch(a)
-                self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
-                self.record_backward(rec)
-        self.select_micro_batch(0)
+            self._record_gradients(rec, micro, tc)
         losses = self.dev.download(self.all_losses).reshape(accum, self.stride)[:, :self.n]
         return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
 
