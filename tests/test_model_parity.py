@@ -189,3 +189,14 @@ def test_odd_shapes_match_pytorch(device):
     _check_grads(grads, ref_grads, 2e-4, "3 x 17, accumulation 2")
     m = trainer.step(micro)
     assert m.loss == pytest.approx(loss, rel=1e-6) and m.tokens == 2 * 3 * 17
+
+
+def test_close_frees_the_trainer(device):
+    batch = random_batches(np.random.default_rng(3), 1, B, T, 512)[0]
+    with Trainer(tiny_config(), TrainConfig(batch=B, seq=T, precision="fp32"), device) as tr:
+        tr.step(batch)
+    with pytest.raises(RuntimeError, match="closed"):
+        tr.step(batch)
+    tr.close()  # idempotent
+    again = Trainer(tiny_config(), TrainConfig(batch=B, seq=T, precision="fp32"), device)
+    assert np.isfinite(again.step(batch).loss)  # the device is fine after the release

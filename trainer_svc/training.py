@@ -128,6 +128,25 @@ class Trainer:
         self.recent_losses: collections.deque = collections.deque(maxlen=100)
         self.rng = np.random.Generator(np.random.PCG64(train_config.seed))
 
+    # ---- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the GPU memory now (a daemon runs job after job in one process)."""
+        if self.model is not None:
+            self.model.release()
+            self.model = None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live_model(self):
+        if self.model is None:
+            raise RuntimeError("this Trainer was closed; load its checkpoint into a new one")
+        return self.model
+
     # ---- training ----------------------------------------------------------------------
 
     def _micro_batches(self, batch) -> np.ndarray:
@@ -151,7 +170,7 @@ class Trainer:
         micro = self._micro_batches(batch)
         start = time.perf_counter()
         lr = tc.lr_at(self.step_count)
-        result = self.model.train_step(micro, lr=lr, step=self.step_count + 1, tc=tc)
+        result = self._live_model().train_step(micro, lr=lr, step=self.step_count + 1, tc=tc)
         seconds = time.perf_counter() - start
         tokens = int(micro.shape[0] * micro.shape[1] * tc.seq)
         skipped = bool(result.skipped) or not math.isfinite(result.loss)
@@ -168,7 +187,7 @@ class Trainer:
 
     def loss_and_gradients(self, batch) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and named f32 gradients of one step's batch, without updating anything."""
-        loss, flat = self.model.gradients(self._micro_batches(batch), self.train_config)
+        loss, flat = self._live_model().gradients(self._micro_batches(batch), self.train_config)
         return loss, self.layout.unpack(flat)
 
     def evaluate(self, batch) -> float:
@@ -182,24 +201,24 @@ class Trainer:
             if micro.shape != (tc.batch, tc.seq + 1):
                 raise ValueError(f"evaluate: batch shape {micro.shape}, expected "
                                  f"({tc.batch}, {tc.seq + 1})")
-            losses.append(self.model.eval_loss(micro.astype(np.uint32), tc))
+            losses.append(self._live_model().eval_loss(micro.astype(np.uint32), tc))
         return float(np.mean(losses))
 
     # ---- state -------------------------------------------------------------------------
 
     def parameters(self) -> np.ndarray:
         """The f32 master weights as one flat array (layout.total elements)."""
-        return self.model.get_parameters()
+        return self._live_model().get_parameters()
 
     def export_weights(self) -> dict[str, np.ndarray]:
         return self.layout.unpack(self.parameters())
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        m, v = self.model.get_moments()
+        m, v = self._live_model().get_moments()
         return {"m": m, "v": v}
 
     def load_optimizer_state(self, m: np.ndarray, v: np.ndarray) -> None:
-        self.model.set_moments(m, v)
+        self._live_model().set_moments(m, v)
 
     def rng_state(self) -> dict:
         return self.rng.bit_generator.state

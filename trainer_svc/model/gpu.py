@@ -156,6 +156,18 @@ class GpuModel:
         self.dgu = dev.empty((n, 2 * f), np.float32, label="dgate|dup")
         self.ds = dev.empty((n, f), np.float32, label="dact")
 
+    def release(self) -> None:
+        """Free every device buffer now (cached bind groups would keep them alive a while)."""
+        seen = set()
+        for value in list(vars(self).values()) + [vars(L) for L in self.layers] + \
+                [vars(L.qkv) for L in self.layers] + [vars(self.dqkv)]:
+            items = value.values() if isinstance(value, dict) else [value]
+            for buf in items:
+                if hasattr(buf, "destroy") and id(buf) not in seen:
+                    seen.add(id(buf))
+                    buf.destroy()
+        self.released = True
+
     # ---- parameter views --------------------------------------------------------------
 
     def p(self, name: str):
