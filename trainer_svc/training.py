@@ -12,7 +12,9 @@ after it: the per-token losses and the gradient statistics. A step whose gradien
 finite leaves weights and moments untouched and comes back with `skipped=True`.
 
 Precision: "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
-weights; master weights, activations, gradients and moments are f32) or "fp32".
+weights; master weights, activations, gradients and moments are f32) or "fp32". With
+`f16_math` (mixed only) the forward matmuls also round their activations to f16 and multiply
+in packed vec4<f16> (f32 accumulation): about twice the FMA rate, f16-level forward accuracy.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class TrainConfig:
     precision: str = "mixed"
     label_smoothing: float = 0.0
     z_loss: float = 0.0
+    f16_math: bool = False          # mixed only: forward matmuls multiply in packed f16
 
     def __post_init__(self):
         problems = []
@@ -67,6 +70,8 @@ class TrainConfig:
             problems.append("warmup, weight_decay, grad_clip must be >= 0 and eps > 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             problems.append("beta1 and beta2 must lie in [0, 1)")
+        if self.f16_math and self.precision != "mixed":
+            problems.append("f16_math needs precision 'mixed'")
         if not (0 <= self.label_smoothing < 1) or self.z_loss < 0:
             problems.append("label_smoothing must lie in [0, 1) and z_loss >= 0")
         if problems:
@@ -120,7 +125,8 @@ class Trainer:
         self.model = GpuModel(model_config, self.layout, device,
                               batch=train_config.batch, seq=train_config.seq,
                               precision=train_config.precision,
-                              grad_accum=train_config.grad_accum)
+                              grad_accum=train_config.grad_accum,
+                              f16_math=train_config.f16_math)
         self.model.set_parameters(parameters)
         self.step_count = 0
         self.tokens_seen = 0

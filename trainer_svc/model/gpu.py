@@ -106,11 +106,15 @@ class _LayerActs:
 
 class GpuModel:
     def __init__(self, cfg: ModelConfig, layout: ParameterLayout, device, *, batch: int,
-                 seq: int, precision: str = "mixed", grad_accum: int = 1):
+                 seq: int, precision: str = "mixed", grad_accum: int = 1,
+                 f16_math: bool = False):
         self.cfg, self.layout, self.dev = cfg, layout, device
         self.batch, self.seq, self.precision = batch, seq, precision
         self.accum = grad_accum
         self.mixed = precision == "mixed"
+        if f16_math and not self.mixed:
+            raise ValueError("f16_math needs precision='mixed' (it multiplies the f16 weights)")
+        self.f16_math = f16_math  # forward matmuls in packed f16 (speed; looser accuracy)
         if self.mixed and not device.has("shader-f16"):
             raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
                                f"{device.name} lacks; use precision='fp32'")
@@ -252,6 +256,7 @@ class GpuModel:
         cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
             self.cfg.ffn_hidden
         B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        fm = {"f16_math": self.f16_math}
         ops.embedding(rec, self.ids, self.p("embed"), self.layers[0].x if self.layers
                       else self.x_final, n, d, cfg.vocab_size)
         for i, L in enumerate(self.layers):
@@ -260,24 +265,26 @@ class GpuModel:
             ops.rmsnorm(rec, L.x, self.p(pre + "attn_norm"), L.h, L.rstd, n, d, cfg.norm_eps)
             qkv = L.qkv
             if qkv.fused is not None:
-                ops.linear(rec, L.h, self.wqkv(i), qkv.fused, n, d + 2 * kv, d)
+                ops.linear(rec, L.h, self.wqkv(i), qkv.fused, n, d + 2 * kv, d, **fm)
             else:
-                ops.linear(rec, L.h, self.w(pre + "wq"), qkv.q, n, d, d)
-                ops.linear(rec, L.h, self.w(pre + "wk"), qkv.k, n, kv, d)
-                ops.linear(rec, L.h, self.w(pre + "wv"), qkv.v, n, kv, d)
+                ops.linear(rec, L.h, self.w(pre + "wq"), qkv.q, n, d, d, **fm)
+                ops.linear(rec, L.h, self.w(pre + "wk"), qkv.k, n, kv, d, **fm)
+                ops.linear(rec, L.h, self.w(pre + "wv"), qkv.v, n, kv, d, **fm)
             ops.rope(rec, qkv.q, self.rope_table, B, T, H, hd, stride=qkv.stride)
             ops.rope(rec, qkv.k, self.rope_table, B, T, KV, hd, stride=qkv.stride)
             ops.attention(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, B, T, H, KV, hd,
                           stride=qkv.stride)
-            ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
+            ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x, **fm)
             ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
                         cfg.norm_eps)
-            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d)
+            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d, **fm)
             ops.swiglu(rec, L.gu, L.s, n, f)
-            ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa)
+            ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
+                       **fm)
         ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
                     n, d, cfg.norm_eps)
-        ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d)
+        ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d,
+                   **fm)
         ops.cross_entropy(rec, self.logits, self.targets, self.losses, self.ce_stats, n,
                           cfg.vocab_size, grad_scale=loss_scale,
                           label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,

@@ -46,8 +46,10 @@ def copy(rec, src, dst, n: int) -> None:
 
 # ---- matmuls ---------------------------------------------------------------------------------
 
-def linear(rec, x, w, y, M: int, N: int, K: int, *, residual=None) -> None:
-    _family("linear").matmul_nt(rec, x, w, y, M, N, K, residual=residual)
+def linear(rec, x, w, y, M: int, N: int, K: int, *, residual=None,
+           f16_math: bool = False) -> None:
+    """`f16_math` (f16 W only): x rounded to f16 too, packed-f16 products, f32 accumulation."""
+    _family("linear").matmul_nt(rec, x, w, y, M, N, K, residual=residual, f16_math=f16_math)
 
 
 def linear_dx(rec, dy, w, dx, M: int, K: int, N: int, *, accumulate: bool = False) -> None:
