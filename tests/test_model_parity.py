@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from tests.model_helpers import TRAINING_OPS, requires_ops, byte_vocabulary, random_batches, stdlib_text, tiny_config
+from tests.model_helpers import (TRAINING_OPS, byte_vocabulary, random_batches, requires_ops,
+                                 stdlib_text, tiny_config)
 from tests.torch_reference import TorchAdamW, TorchReference
 from trainer_svc.model.gpu import fused_qkv
 from trainer_svc.training import TrainConfig, Trainer
