@@ -16,16 +16,15 @@ import numpy as np
 
 from ..ladder import KernelCase, Launch, register
 
-FILE = "bpe_train.wgsl"
-WG = 256
-SELECT_ITEMS = 4096
-NO_CAP = 0xFFFFFFFF
+from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
+    FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
+    S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
+    SELECT_ITEMS, WG)
 
-# state[] words (bpe_train.wgsl S_*; the trainer imports the same numbers)
-S_STATUS, S_MERGES, S_NEXT_ID, S_TARGET, S_NUM_KEYS, S_KEY_CAP, S_N_PIECES, S_N_POSITIONS, \
-    S_LIVE, S_DEAD, S_A, S_B, S_N, S_STAMP, S_CAP, S_NEW_CODES, S_ERRORS, S_HASH_MASK, \
-    S_COMPACT_PIECES, S_COMPACT_POSITIONS = range(20)
-S_WORDS = 32
+STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
+               "key_cap": S_KEY_CAP, "live": S_LIVE, "n": S_N, "n_pieces": S_N_PIECES,
+               "n_positions": S_N_POSITIONS, "next_id": S_NEXT_ID, "num_keys": S_NUM_KEYS,
+               "stamp": S_STAMP, "target": S_TARGET}
 
 
 def pair_hash(a: int, b: int) -> int:
@@ -72,7 +71,7 @@ def _piece_arrays(pieces: list, counts) -> dict:
 def _state(**words) -> np.ndarray:
     state = np.zeros(S_WORDS, np.uint32)
     for name, value in words.items():
-        state[globals()["S_" + name.upper()]] = value
+        state[STATE_WORDS[name]] = value
     return state
 
 
@@ -215,13 +214,17 @@ register(KernelCase(
 # ---- merge: find_and_merge + register_pairs -------------------------------------------------
 
 MERGE_SIZES = {"random": (2000, 10), "runs": (600, 30), "capped": (1500, 10),
-               "bench": (400_000, 8)}
+               "budget": (300, 12), "bench": (400_000, 8)}
+# "budget": a few 3,000-token runs rewritten 300 loop iterations at a time (the software-
+# device path): find_and_merge saves cursors, CONTINUE passes resume them.
+BUDGET_VARIANT = (300, 80)  # (iterations per pass, CONTINUE passes recorded)
 
 
 def _merge_inputs(rng, variant):
     n, mean = MERGE_SIZES[variant]
     vocab = 300  # ids 256..299 stand for earlier merges
-    a, b = (97, 97) if variant == "runs" else (int(rng.integers(vocab)), int(rng.integers(vocab)))
+    a, b = (97, 97) if variant in ("runs", "budget") else \
+        (int(rng.integers(vocab)), int(rng.integers(vocab)))
     pieces = []
     for k in np.maximum(2, rng.poisson(mean, n)):
         if variant == "runs":  # "aaaa..." and "abab..." and mixtures: overlapping occurrences
@@ -233,14 +236,17 @@ def _merge_inputs(rng, variant):
             for j in range(0, int(k) - 1, int(rng.integers(2, 6))):
                 p[j], p[j + 1] = a, b  # plenty of occurrences, some adjacent
             pieces.append([int(v) for v in p])
+    if variant == "budget":
+        pieces[::100] = [[a] * 3001, [a, 98] * 1500, [a, a, 99] * 1000][: len(pieces[::100])]
     counts = rng.integers(1, 1000, size=n).astype(np.uint64)
     counts[::5] += np.uint64(0xFFFFFF00)
     tok_len = np.ones(vocab + 1, np.uint32)
     tok_len[256:vocab] = rng.integers(2, 6, size=vocab - 256)
     tok_len[vocab] = tok_len[a] + tok_len[b]
     cap = 7 if variant == "capped" else NO_CAP
+    budget, passes = BUDGET_VARIANT if variant == "budget" else (NO_CAP, 0)
     return {"pieces": pieces, "counts": counts, "a": a, "b": b, "n": vocab,
-            "tok_len": tok_len, "cap": cap}
+            "tok_len": tok_len, "cap": cap, "budget": budget, "passes": passes}
 
 
 def _fits(tok_len, cap, x, y):
@@ -304,13 +310,14 @@ def _merge_launch(dev, inp):
     codes = 2 * (inp["n"] + 1) + 2
     state = _state(n_positions=n_pos, n_pieces=n_pieces, live=n_pos, a=inp["a"], b=inp["b"],
                    n=inp["n"], stamp=1, cap=inp["cap"], num_keys=n_keys, key_cap=key_cap,
-                   hash_mask=slots_n - 1)
+                   hash_mask=slots_n - 1, budget=inp["budget"])
     keep = _Pristine(dev)
     piece_of = dev.upload(arr["piece_of"])
     tok_len = dev.upload(inp["tok_len"])
     bufs = {"tokens": keep.buffer(arr["tokens"], "tokens"),
             "pieces": keep.buffer(arr["table"], "pieces"),
             "stamps": keep.buffer(np.zeros(n_pieces, np.uint32), "stamps"),
+            "resume": keep.buffer(np.zeros((2 * n_pieces, 4), np.uint32), "resume"),
             "keys": keep.buffer(keys, "keys"), "counts": keep.buffer(counts, "counts"),
             "slots": keep.buffer(slots, "slots"),
             "step": keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
@@ -322,22 +329,27 @@ def _merge_launch(dev, inp):
     pristine_find = dev.upload(np.array(folded(max(1, -(-n_pos // WG))) + (0,), np.uint32))
     pristine_reg = dev.upload(np.array([0, 1, 1, 0], np.uint32))
     k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "register_pairs")
+    k_more = dev.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
     b = bufs
+    merge_resources = [piece_of, b["slots"], b["keys"], tok_len, b["tokens"], b["pieces"],
+                       b["stamps"], b["resume"], b["counts"], b["step"], b["new_codes"],
+                       b["state"], reg_args]
 
     def encode(rec):
         keep.restore(rec)
         rec.copy(pristine_find, find_args, 16)
         rec.copy(pristine_reg, reg_args, 16)
-        rec.dispatch_indirect(k_find, [piece_of, b["slots"], b["keys"], tok_len, b["tokens"],
-                                       b["pieces"], b["stamps"], b["counts"], b["step"],
-                                       b["new_codes"], b["state"], reg_args], find_args)
+        rec.dispatch_indirect(k_find, merge_resources, find_args)
+        for _ in range(inp["passes"]):
+            rec.dispatch(k_more, merge_resources, -(-n_pieces // WG))
         rec.dispatch_indirect(k_reg, [b["new_codes"], b["keys"], b["counts"], b["step"],
                                       b["slots"], b["state"]], reg_args)
 
     def read():
         st = dev.download(b["state"])
-        if st[S_ERRORS]:
-            raise RuntimeError(f"kernel error flags {st[S_ERRORS]}")
+        if st[S_ERRORS] or st[S_PENDING]:
+            raise RuntimeError(f"kernel error flags {st[S_ERRORS]}, {st[S_PENDING]} pieces "
+                               "left unfinished")
         table_out = dev.download(b["pieces"])
         toks = dev.download(b["tokens"])
         new = [toks[s:s + min(n, len(p))] for (s, n, _, _), p in zip(table_out, inp["pieces"])]
@@ -356,8 +368,11 @@ def _merge_launch(dev, inp):
 register(KernelCase(
     name="bpe_train_merge", family="bpe_train", precision="exact",
     description="apply one merge to every piece (overlapping runs) and update pair counts",
-    kernels=[(FILE, "find_and_merge"), (FILE, "register_pairs")], inputs=_merge_inputs,
-    launch=_merge_launch, reference=_merge_reference, variants=("random", "runs", "capped"),
+    inputs=_merge_inputs,
+    kernels=[(FILE, "find_and_merge"), (FILE, "find_and_merge", {"CONTINUE": 1}),
+             (FILE, "register_pairs")],
+    launch=_merge_launch, reference=_merge_reference,
+    variants=("random", "runs", "capped", "budget"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
 
 
@@ -398,18 +413,22 @@ def _compact_launch(dev, inp):
     n_pos, n_pieces = arr["tokens"].size, len(inp["pieces"])
     keep = _Pristine(dev)
     tokens, pieces = dev.upload(arr["tokens"]), dev.upload(arr["table"])
+    piece_of = dev.upload(arr["piece_of"])
     out_tokens = dev.zeros(n_pos, np.uint32)
     out_piece_of = dev.zeros(n_pos, np.uint32)
     out_pieces = dev.zeros((n_pieces, 4), np.uint32)
+    moved = dev.zeros((n_pieces, 2), np.uint32)
     out_stamps = keep.buffer(np.full(n_pieces, 7, np.uint32), "stamps")
     state = keep.buffer(_state(n_pieces=n_pieces, n_positions=n_pos), "state")
-    k1, k2 = dev.kernel(FILE, "compact"), dev.kernel(FILE, "compact_finish")
+    k1, k2, k3 = (dev.kernel(FILE, k) for k in ("compact", "compact_tokens", "compact_finish"))
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch(k1, [tokens, pieces, out_tokens, out_piece_of, out_pieces, out_stamps,
-                          state], max(1, -(-n_pieces // WG)))
-        rec.dispatch(k2, [state], 1)
+        rec.dispatch(k1, [pieces, out_pieces, out_stamps, moved, state],
+                     max(1, -(-n_pieces // WG)))
+        rec.dispatch(k2, [tokens, piece_of, pieces, moved, state, out_tokens, out_piece_of],
+                     max(1, -(-n_pos // WG)))
+        rec.dispatch(k3, [state], 1)
 
     def read():
         st = dev.download(state)
@@ -433,6 +452,7 @@ def _compact_launch(dev, inp):
 register(KernelCase(
     name="bpe_train_compact", family="bpe_train", precision="exact",
     description="drop pieces shorter than two tokens, densely, into the other buffer set",
-    kernels=[(FILE, "compact"), (FILE, "compact_finish")], inputs=_compact_inputs,
+    kernels=[(FILE, "compact"), (FILE, "compact_tokens"), (FILE, "compact_finish")],
+    inputs=_compact_inputs,
     launch=_compact_launch, reference=_compact_reference, variants=("random", "all_dead"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))

@@ -9,6 +9,7 @@
 //                    count (shrinks as merges apply; the tail behind it is stale) and how often
 //                    it occurs in the corpus (64-bit)
 //   stamps[p]        the last merge step that claimed piece p
+//   resume[2p..2p+1] where an unfinished rewrite of piece p continues (software devices)
 //   keys[k]          pair (left, right); counts[2k], counts[2k+1] its 64-bit count (lo, hi),
 //                    updated by atomics with carry: exact for any corpus size
 //                    Byte pairs are keys a*256+b; every other pair is found through `slots`,
@@ -28,9 +29,11 @@
 //   find_and_merge   one invocation per position; the first to see the pair in a piece claims
 //                    the piece and rewrites it, subtracting the pairs it destroys and adding
 //                    the ones it creates                                [indirect: find_args]
+//                    (on software devices also a few CONTINUE passes: see its work budget)
 //   register_pairs   the new pairs (all hold the new token) become keys [indirect: register_args]
-// and, outside the merge loop: count_pairs (initial byte-pair counts), compact and
-// compact_finish (drop pieces that became a single token), rehash (after the key list grew).
+// and, outside the merge loop: count_pairs (initial byte-pair counts), compact,
+// compact_tokens and compact_finish (drop pieces that became a single token), rehash (after
+// the key list grew).
 // A status other than RUNNING makes select_final size the next dispatches to zero, so steps
 // recorded past the end (or past a pause for more key room) do nothing.
 //
@@ -64,6 +67,8 @@ const S_ERRORS: u32 = 16u;
 const S_HASH_MASK: u32 = 17u;
 const S_COMPACT_PIECES: u32 = 18u;
 const S_COMPACT_POSITIONS: u32 = 19u;
+const S_PENDING: u32 = 20u;      // pieces whose rewrite continues in a further pass
+const S_BUDGET: u32 = 21u;       // loop iterations per invocation and pass (NO_CAP: unlimited)
 const S_WORDS: u32 = 32u;
 
 const ST_RUNNING: u32 = 0u;
@@ -221,6 +226,8 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     if (lane == 0u) { sg_best[sg_id] = vec4<u32>(r0.hi, r0.lo, r0.a, r0.b); }
     workgroupBarrier();
     if (lid != 0u) { return; }
+    // The last merge is still being applied (continuation passes): leave everything as it is.
+    if (atomicLoad(&state[S_PENDING]) != 0u) { return; }
     var r = no_best();
     for (var s = 0u; s < num_sg; s++) {
         let v = sg_best[s];
@@ -274,7 +281,17 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
 // with atomicMax(stamps[p], stamp); only the winner touches the piece. Other invocations may
 // read a piece while its owner rewrites it, but then their claim fails; a piece nobody owns
 // is never written, so a claim is only ever won on a real occurrence.
-// Dispatch: indirect, ceil(n_positions / 256) workgroups of 256 (folded into 2-D).
+//
+// Work budget (state[S_BUDGET], NO_CAP = unlimited): llvmpipe silently stops an invocation's
+// loops after 65,535 iterations in all (shaders/NOTES.md), so on software devices an owner
+// stops after `budget` loop iterations, saves its cursor in resume[2p..2p+1] and counts the
+// piece in state[S_PENDING]; the same entry point compiled with CONTINUE = true (one
+// invocation per piece) resumes such pieces. While any piece is pending, select_final and
+// register_pairs wait (do nothing), so extra steps simply finish the merge first.
+// Dispatch: indirect (find_args), ceil(n_positions / 256) workgroups of 256 (folded into
+// 2-D); with CONTINUE: ceil(pieces / 256) workgroups.
+override CONTINUE: bool = false;
+
 @group(0) @binding(0) var<storage, read> piece_of: array<u32>;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
 @group(0) @binding(2) var<storage, read> keys: array<vec2<u32>>;
@@ -282,11 +299,26 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
 @group(0) @binding(4) var<storage, read_write> tokens: array<u32>;
 @group(0) @binding(5) var<storage, read_write> pieces: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> stamps: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> counts: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read_write> step: array<atomic<u32>>;
-@group(0) @binding(9) var<storage, read_write> new_codes: array<u32>;
-@group(0) @binding(10) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(11) var<storage, read_write> register_args: array<atomic<u32>>;
+@group(0) @binding(7) var<storage, read_write> resume: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> counts: array<atomic<u32>>;
+@group(0) @binding(9) var<storage, read_write> step: array<atomic<u32>>;
+@group(0) @binding(10) var<storage, read_write> new_codes: array<u32>;
+@group(0) @binding(11) var<storage, read_write> state: array<atomic<u32>>;
+@group(0) @binding(12) var<storage, read_write> register_args: array<atomic<u32>>;
+
+var<private> work: u32;  // loop iterations so far (entering a loop counts one)
+
+// Where an owner is in its piece: read and write positions, the old token before `r`, the
+// old position of the last replaced occurrence's B, the token last written and whether this
+// merge produced it.
+struct Cursor {
+    r: u32,
+    w: u32,
+    prev_old: u32,
+    prev_b: u32,
+    prev_new: u32,
+    prev_is_n: u32,
+}
 
 fn fits(a: u32, b: u32, cap: u32) -> bool {
     return cap == NO_CAP || tok_len[a] + tok_len[b] <= cap;
@@ -296,7 +328,9 @@ fn key_of(a: u32, b: u32) -> u32 {
     if (a < 256u && b < 256u) { return a * 256u + b; }
     let mask = atomicLoad(&state[S_HASH_MASK]);
     var h = pair_hash(a, b) & mask;
+    work += 1u;
     for (var probe = 0u; probe <= mask; probe++) {
+        work += 1u;
         let slot = slots[h];
         if (slot == 0u) { break; }
         let key = keys[slot - 1u];
@@ -305,12 +339,6 @@ fn key_of(a: u32, b: u32) -> u32 {
     }
     atomicOr(&state[S_ERRORS], ERR_MISSING_PAIR);
     return EMPTY;
-}
-
-fn add_count(k: u32, lo: u32, hi: u32) {
-    let old = atomicAdd(&counts[2u * k], lo);
-    let carry = select(0u, 1u, old + lo < old);
-    if (hi + carry != 0u) { atomicAdd(&counts[2u * k + 1u], hi + carry); }
 }
 
 fn sub_count(k: u32, lo: u32, hi: u32) {
@@ -338,60 +366,89 @@ fn gain_new_pair(a: u32, b: u32, n: u32, lo: u32, hi: u32, cap: u32) {
     }
 }
 
-fn merge_piece(p: u32, pc: vec4<u32>, a: u32, b: u32, n: u32, cap: u32) {
+// Rewrite piece p from cursor c until it ends or the budget is spent (at least one step).
+fn merge_run(pc: vec4<u32>, cur: Cursor, a: u32, b: u32, n: u32, cap: u32,
+             budget: u32) -> Cursor {
+    var c = cur;
     let start = pc.x;
     let end = pc.x + pc.y;
     let lo = pc.z;
     let hi = pc.w;
-    var r = start;             // read position (old sequence)
-    var w = start;             // write position (new sequence), w <= r
-    var prev_old = EMPTY;      // old token at r - 1
-    var prev_b = EMPTY;        // old position of the B of the last replaced occurrence
-    var prev_new = EMPTY;      // the token last written
-    var prev_is_n = false;     // ... and whether this merge produced it
-    while (r < end) {
-        let t = tokens[r];
-        if (r + 1u < end && t == a && tokens[r + 1u] == b) {
-            if (r > start && prev_b + 1u != r) { lose_pair(prev_old, a, lo, hi, cap); }
+    let first = c.r;
+    work += 1u;
+    loop {
+        if (c.r >= end || (c.r != first && work >= budget)) { break; }
+        work += 1u;
+        let t = tokens[c.r];
+        if (c.r + 1u < end && t == a && tokens[c.r + 1u] == b) {
+            if (c.r > start && c.prev_b + 1u != c.r) { lose_pair(c.prev_old, a, lo, hi, cap); }
             lose_pair(a, b, lo, hi, cap);
-            if (r + 2u < end) { lose_pair(b, tokens[r + 2u], lo, hi, cap); }
-            if (w > start) { gain_new_pair(prev_new, n, n, lo, hi, cap); }
-            tokens[w] = n;
-            prev_new = n;
-            prev_is_n = true;
-            prev_b = r + 1u;
-            prev_old = b;
-            r += 2u;
+            if (c.r + 2u < end) { lose_pair(b, tokens[c.r + 2u], lo, hi, cap); }
+            if (c.w > start) { gain_new_pair(c.prev_new, n, n, lo, hi, cap); }
+            tokens[c.w] = n;
+            c.prev_new = n;
+            c.prev_is_n = 1u;
+            c.prev_b = c.r + 1u;
+            c.prev_old = b;
+            c.r += 2u;
         } else {
-            if (prev_is_n) { gain_new_pair(n, t, n, lo, hi, cap); }
-            tokens[w] = t;
-            prev_new = t;
-            prev_is_n = false;
-            prev_old = t;
-            r += 1u;
+            if (c.prev_is_n != 0u) { gain_new_pair(n, t, n, lo, hi, cap); }
+            tokens[c.w] = t;
+            c.prev_new = t;
+            c.prev_is_n = 0u;
+            c.prev_old = t;
+            c.r += 1u;
         }
-        w += 1u;
+        c.w += 1u;
     }
-    let len = w - start;
-    pieces[p] = vec4<u32>(start, len, lo, hi);
+    return c;
+}
+
+// The piece is done (its new length is w - start) or saved for a continuation pass.
+fn settle(p: u32, pc: vec4<u32>, c: Cursor, was_pending: bool) {
+    if (c.r < pc.x + pc.y) {
+        resume[2u * p] = vec4<u32>(c.r, c.w, c.prev_old, c.prev_b);
+        resume[2u * p + 1u] = vec4<u32>(c.prev_new, c.prev_is_n, 1u, 0u);
+        if (!was_pending) { atomicAdd(&state[S_PENDING], 1u); }
+        return;
+    }
+    let len = c.w - pc.x;
+    pieces[p] = vec4<u32>(pc.x, len, pc.z, pc.w);
     atomicSub(&state[S_LIVE], pc.y - len);
     if (len < 2u) { atomicAdd(&state[S_DEAD], 1u); }
+    if (was_pending) {
+        resume[2u * p + 1u] = vec4<u32>(0u);
+        atomicSub(&state[S_PENDING], 1u);
+    }
 }
 
 @compute @workgroup_size(256)
 fn find_and_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let i = workgroup_index(wg, nwg) * WG + lid;
-    if (i + 1u >= atomicLoad(&state[S_N_POSITIONS])) { return; }
     let a = atomicLoad(&state[S_A]);
     let b = atomicLoad(&state[S_B]);
+    let n = atomicLoad(&state[S_N]);
+    let cap = atomicLoad(&state[S_CAP]);
+    let budget = atomicLoad(&state[S_BUDGET]);
+    if (CONTINUE) {  // i is a piece: resume it if it is pending
+        if (i >= atomicLoad(&state[S_N_PIECES]) || resume[2u * i + 1u].z == 0u) { return; }
+        let pc = pieces[i];
+        let r0 = resume[2u * i];
+        let r1 = resume[2u * i + 1u];
+        let c = merge_run(pc, Cursor(r0.x, r0.y, r0.z, r0.w, r1.x, r1.y), a, b, n, cap, budget);
+        settle(i, pc, c, true);
+        return;
+    }
+    if (i + 1u >= atomicLoad(&state[S_N_POSITIONS])) { return; }
     if (tokens[i] != a || tokens[i + 1u] != b) { return; }
     let p = piece_of[i];
     let pc = pieces[p];
     if (i + 1u >= pc.x + pc.y) { return; }  // straddles two pieces, or a stale tail
     let stamp = atomicLoad(&state[S_STAMP]);
     if (atomicMax(&stamps[p], stamp) >= stamp) { return; }  // another invocation owns it
-    merge_piece(p, pc, a, b, atomicLoad(&state[S_N]), atomicLoad(&state[S_CAP]));
+    let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
+    settle(p, pc, c, false);
 }
 
 // --- KERNEL: register_pairs ---
@@ -422,6 +479,7 @@ fn insert_key(k: u32, a: u32, b: u32) {
 @compute @workgroup_size(256)
 fn register_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
+    if (atomicLoad(&state[S_PENDING]) != 0u) { return; }  // the merge is not fully applied yet
     let total = atomicLoad(&state[S_NEW_CODES]);
     let n = atomicLoad(&state[S_N]);
     let stride = nwg.x * nwg.y * WG;
@@ -474,25 +532,26 @@ fn rehash(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
 }
 
 // --- KERNEL: compact ---
-// Copies the pieces that still hold a pair (two or more tokens) into the other buffer set,
-// densely: each subgroup reserves room for its live pieces with one atomic per counter, and
-// every live piece copies its own tokens. Piece order changes; results do not depend on it.
-// compact_finish then makes the new sizes current. Dispatch: ceil(pieces / 256) of 256.
-@group(0) @binding(0) var<storage, read> tokens: array<u32>;
-@group(0) @binding(1) var<storage, read> pieces: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> tokens_out: array<u32>;
-@group(0) @binding(3) var<storage, read_write> piece_of_out: array<u32>;
-@group(0) @binding(4) var<storage, read_write> pieces_out: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> stamps_out: array<atomic<u32>>;
-@group(0) @binding(6) var<storage, read_write> state: array<atomic<u32>>;
+// Moves the pieces that still hold a pair (two or more tokens) into the other buffer set,
+// densely: each subgroup reserves room for its live pieces with one atomic per counter.
+// moved[p] = (new start, new index) of old piece p (EMPTY if dropped) for compact_tokens,
+// which copies the tokens position by position; compact_finish then makes the new sizes
+// current. Piece order changes; training results do not depend on it.
+// Dispatch: ceil(pieces / 256) workgroups of 256.
+@group(0) @binding(0) var<storage, read> pieces: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> pieces_out: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> stamps_out: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read_write> moved: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read_write> state: array<atomic<u32>>;
 
 @compute @workgroup_size(256)
 fn compact(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32,
            @builtin(subgroup_invocation_id) lane: u32) {
     let p = workgroup_index(wg, nwg) * WG + lid;
+    let in_range = p < atomicLoad(&state[S_N_PIECES]);
     var pc = vec4<u32>(0u);
-    if (p < atomicLoad(&state[S_N_PIECES])) { pc = pieces[p]; }
+    if (in_range) { pc = pieces[p]; }
     let live = pc.y >= 2u;
     let len = select(0u, pc.y, live);
     let one = select(0u, 1u, live);
@@ -514,11 +573,34 @@ fn compact(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         let s = base_len + len_before;
         pieces_out[q] = vec4<u32>(s, len, pc.z, pc.w);
         atomicStore(&stamps_out[q], 0u);
-        for (var j = 0u; j < len; j++) {
-            tokens_out[s + j] = tokens[pc.x + j];
-            piece_of_out[s + j] = q;
-        }
+        moved[p] = vec2<u32>(s, q);
+    } else if (in_range) {
+        moved[p] = vec2<u32>(EMPTY, EMPTY);
     }
+}
+
+// --- KERNEL: compact_tokens ---
+// tokens_out / piece_of_out for every live position of a moved piece (see compact).
+// Dispatch: ceil(n_positions / 256) workgroups of 256 (folded into 2-D).
+@group(0) @binding(0) var<storage, read> tokens: array<u32>;
+@group(0) @binding(1) var<storage, read> piece_of: array<u32>;
+@group(0) @binding(2) var<storage, read> pieces: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> moved: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> state: array<u32>;
+@group(0) @binding(5) var<storage, read_write> tokens_out: array<u32>;
+@group(0) @binding(6) var<storage, read_write> piece_of_out: array<u32>;
+
+@compute @workgroup_size(256)
+fn compact_tokens(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let i = workgroup_index(wg, nwg) * WG + lid;
+    if (i >= state[S_N_POSITIONS]) { return; }
+    let p = piece_of[i];
+    let to = moved[p];
+    let pc = pieces[p];
+    if (to.x == EMPTY || i - pc.x >= pc.y) { return; }
+    tokens_out[to.x + i - pc.x] = tokens[i];
+    piece_of_out[to.x + i - pc.x] = to.y;
 }
 
 // --- KERNEL: compact_finish ---

@@ -41,7 +41,7 @@ NO_CAP = 0xFFFFFFFF
 # state[] words and status values: the S_* / ST_* constants of bpe_train.wgsl
 S_STATUS, S_MERGES, S_NEXT_ID, S_TARGET, S_NUM_KEYS, S_KEY_CAP, S_N_PIECES, S_N_POSITIONS, \
     S_LIVE, S_DEAD, S_A, S_B, S_N, S_STAMP, S_CAP, S_NEW_CODES, S_ERRORS, S_HASH_MASK, \
-    S_COMPACT_PIECES, S_COMPACT_POSITIONS = range(20)
+    S_COMPACT_PIECES, S_COMPACT_POSITIONS, S_PENDING, S_BUDGET = range(22)
 S_WORDS = 32
 ST_RUNNING, ST_DONE, ST_EXHAUSTED, ST_PAUSED_KEYS = range(4)
 ERRORS = {1: "a pair to subtract was missing from the hash table",
@@ -69,6 +69,13 @@ class TrainerOptions:
     max_round_merges: int = 512
     compact_below: float = 0.5  # compact when live tokens < this fraction of the positions
     key_room: int | None = None  # initial key capacity beyond the 65,536 byte pairs
+    # Loop iterations an invocation may run per pass (None: unlimited on GPUs, 12,000 on
+    # software Vulkan, whose llvmpipe stops every invocation's loops at 65,535 iterations).
+    work_budget: int | None = None
+    # CONTINUE passes per merge step when the budget is limited (at least 1; None: enough for
+    # the longest piece at ~8 iterations per position, at most 4; steps that find a piece
+    # still pending wait, and their passes finish it)
+    continue_passes: int | None = None
 
 
 class GpuTrainer:
@@ -89,6 +96,7 @@ class GpuTrainer:
         lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
         counts = np.fromiter((pieces[w] for w in words), dtype=np.uint64, count=len(words))
         self.n_positions = int(lens.sum())
+        self.longest = int(lens.max())
         flat = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.uint32)
         table = np.empty((len(words), 4), dtype=np.uint32)
         table[:, 0] = np.concatenate([[0], np.cumsum(lens)[:-1]])
@@ -104,6 +112,18 @@ class GpuTrainer:
                                pieces=device.upload(table, "bpe pieces"),
                                stamps=device.zeros(len(words), np.uint32, "bpe stamps"))]
         self.current = 0
+        self.resume = device.zeros((2 * len(words), 4), np.uint32, "bpe resume cursors")
+        self.moved = device.zeros((len(words), 2), np.uint32, "bpe compaction moves")
+        budget = self.opt.work_budget
+        if budget is None and device.info.is_software:
+            budget = 12_000
+        self.budget = NO_CAP if budget is None else max(1, int(budget))
+        if self.budget == NO_CAP:
+            self.continue_passes = 0
+        elif self.opt.continue_passes is not None:
+            self.continue_passes = max(1, self.opt.continue_passes)
+        else:  # ~8 iterations per position covers the usual lookups; waiting steps do the rest
+            self.continue_passes = min(4, max(1, -(-8 * self.longest // self.budget) - 1))
 
         room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
         self._alloc_keys(N_BYTE_PAIRS + room)
@@ -133,11 +153,13 @@ class GpuTrainer:
         state[S_LIVE] = self.n_positions
         state[S_CAP] = NO_CAP if max_token_bytes is None else max_token_bytes
         state[S_HASH_MASK] = self.hash_slots - 1
+        state[S_BUDGET] = self.budget
         self.state = device.upload(state, "bpe state")
         self._staging_free: list = []
         self.k = {name: device.kernel(FILE, name) for name in
                   ("count_pairs", "select_partial", "select_final", "find_and_merge",
-                   "register_pairs", "rehash", "compact", "compact_finish")}
+                   "register_pairs", "rehash", "compact", "compact_tokens", "compact_finish")}
+        self.k["continue_merge"] = device.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
         self._bind()
 
     # ---- buffers ---------------------------------------------------------------------------
@@ -165,15 +187,17 @@ class GpuTrainer:
         """Bind groups for the current buffers (made once; dispatches reuse them)."""
         s = self.sets[self.current]
         k = self.k
+        merge_resources = [s.piece_of, self.slots, self.keys, self.tok_len, s.tokens, s.pieces,
+                           s.stamps, self.resume, self.counts, self.step, self.new_codes,
+                           self.state, self.register_args]
         self.groups = {
             "select_partial": k["select_partial"].bind_group(
                 [self.keys, self.counts, self.state, self.partials]),
             "select_final": k["select_final"].bind_group(
                 [self.partials, self.tok_len, self.merges, self.state, self.find_args,
                  self.register_args]),
-            "find_and_merge": k["find_and_merge"].bind_group(
-                [s.piece_of, self.slots, self.keys, self.tok_len, s.tokens, s.pieces, s.stamps,
-                 self.counts, self.step, self.new_codes, self.state, self.register_args]),
+            "find_and_merge": k["find_and_merge"].bind_group(merge_resources),
+            "continue_merge": k["continue_merge"].bind_group(merge_resources),
             "register_pairs": k["register_pairs"].bind_group(
                 [self.new_codes, self.keys, self.counts, self.step, self.slots, self.state]),
         }
@@ -202,33 +226,39 @@ class GpuTrainer:
 
     # ---- recording ----------------------------------------------------------------------------
 
-    def _record_compaction(self, rec, pieces_bound: int) -> None:
+    def _record_compaction(self, rec, pieces_bound: int, positions_bound: int) -> None:
         src, dst = self.sets[self.current], self._other_set()
-        rec.dispatch(self.k["compact"], [src.tokens, src.pieces, dst.tokens, dst.piece_of,
-                                         dst.pieces, dst.stamps, self.state],
-                     max(1, -(-pieces_bound // WG)))
+        rec.dispatch(self.k["compact"], [src.pieces, dst.pieces, dst.stamps, self.moved,
+                                         self.state], max(1, -(-pieces_bound // WG)))
+        rec.dispatch(self.k["compact_tokens"], [src.tokens, src.piece_of, src.pieces, self.moved,
+                                                self.state, dst.tokens, dst.piece_of],
+                     max(1, -(-positions_bound // WG)))
         rec.dispatch(self.k["compact_finish"], [self.state], 1)
         self.current = 1 - self.current
         self._bind()
         self.stats["compactions"] += 1
 
-    def _record_steps(self, rec, steps: int) -> None:
+    def _record_steps(self, rec, steps: int, pieces_bound: int) -> None:
         g = self.groups
         k = self.k
         select_groups = -(-self.key_cap // SELECT_ITEMS)
+        continue_groups = max(1, -(-pieces_bound // WG))
         for _ in range(steps):
             rec.dispatch(k["select_partial"], g["select_partial"], select_groups)
             rec.dispatch(k["select_final"], g["select_final"], 1)
             rec.dispatch_indirect(k["find_and_merge"], g["find_and_merge"], self.find_args)
+            for _ in range(self.continue_passes):
+                rec.dispatch(k["continue_merge"], g["continue_merge"], continue_groups)
             rec.dispatch_indirect(k["register_pairs"], g["register_pairs"], self.register_args)
         self.stats["steps_recorded"] += steps
 
-    def _submit_round(self, steps: int, compact_bound: int | None):
+    def _submit_round(self, steps: int, compact: bool, pieces_bound: int,
+                      positions_bound: int):
         staging = self._staging()
         with self.dev.record("bpe merges") as rec:
-            if compact_bound is not None:
-                self._record_compaction(rec, compact_bound)
-            self._record_steps(rec, steps)
+            if compact:
+                self._record_compaction(rec, pieces_bound, positions_bound)
+            self._record_steps(rec, steps, pieces_bound)
             rec.copy(self.state, staging, S_WORDS * 4)
         self.stats["rounds"] += 1
         return staging
@@ -266,41 +296,43 @@ class GpuTrainer:
             rec.dispatch(self.k["count_pairs"], [s.tokens, s.piece_of, s.pieces, self.state,
                                                  self.counts], max(1, -(-self.n_positions // WG)))
         steps = self.opt.round_merges
-        inflight: deque = deque()  # (staging, steps, compacted)
-        known_merges = 0
-        pieces_bound = self.n_pieces
-        compact_next = compaction_pending = False
+        inflight: deque = deque()  # (staging, steps) of submitted rounds, oldest first
+        snap = np.zeros(S_WORDS, np.uint32)  # the state after the last round read back
+        pieces_bound, positions_bound = self.n_pieces, self.n_positions
+        want_compact = False
         last_time = time.perf_counter()
         status = ST_RUNNING
         while True:
-            while len(inflight) < 2 and status == ST_RUNNING:
-                budget = self.n_merges - known_merges - sum(r[1] for r in inflight)
-                if budget <= 0:
-                    break
-                n = min(steps, budget)
-                bound = pieces_bound if compact_next else None
-                inflight.append((self._submit_round(n, bound), n, compact_next))
-                compaction_pending |= compact_next
-                compact_next = False
+            # Keep two rounds in flight. A compaction goes in front of a round only when
+            # nothing is in flight and no piece is mid-rewrite (state[S_PENDING] == 0), so
+            # the snapshot describes exactly what the compaction will see.
+            while status == ST_RUNNING and len(inflight) < 2 and not (want_compact and inflight):
+                remaining = self.n_merges - int(snap[S_MERGES]) - sum(r[1] for r in inflight)
+                if remaining <= 0 and inflight:
+                    break  # enough steps recorded; see how they went first
+                compact = want_compact and not snap[S_PENDING]
+                want_compact &= not compact
+                n = min(steps, remaining) if remaining > 0 else 4
+                inflight.append((self._submit_round(n, compact, pieces_bound, positions_bound),
+                                 n))
             if not inflight:
                 break
-            staging, n, compacted = inflight.popleft()
+            staging, n = inflight.popleft()
             snap = self._read_staging(staging)
             if snap[S_ERRORS]:
                 raise RuntimeError("GPU trainer internal error: " + "; ".join(
                     why for bit, why in ERRORS.items() if snap[S_ERRORS] & bit))
-            known_merges = int(snap[S_MERGES])
             pieces_bound = min(pieces_bound, int(snap[S_N_PIECES]))
-            if compacted:
-                compaction_pending = False
+            positions_bound = min(positions_bound, int(snap[S_N_POSITIONS]))
             if progress is not None:
-                progress(known_merges, N_BYTES + known_merges)
+                progress(int(snap[S_MERGES]), N_BYTES + int(snap[S_MERGES]))
             status = int(snap[S_STATUS])
             if status == ST_PAUSED_KEYS:
                 while inflight:  # they ran paused (no-ops); drain before touching buffers
-                    self._read_staging(inflight.popleft()[0])
+                    snap = self._read_staging(inflight.popleft()[0])
                 self._grow_keys(snap)
                 status = ST_RUNNING
+                snap[S_STATUS] = ST_RUNNING
                 continue
             if status != ST_RUNNING:
                 continue  # drain what is in flight, then leave
@@ -310,8 +342,8 @@ class GpuTrainer:
                 steps = int(min(self.opt.max_round_merges,
                                 max(4, n * self.opt.round_seconds / elapsed)))
             live, positions = int(snap[S_LIVE]), int(snap[S_N_POSITIONS])
-            if not compaction_pending and positions and live < self.opt.compact_below * positions:
-                compact_next = True
+            if positions and live < self.opt.compact_below * positions:
+                want_compact = True
 
         final = self.dev.download(self.state)
         done = int(final[S_MERGES])
