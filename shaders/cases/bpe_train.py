@@ -192,12 +192,13 @@ def _best_launch(dev, inp):
                                target=65_000), "state")
     find_args = dev.zeros(4, np.uint32)
     reg_args = dev.zeros(4, np.uint32)
+    current = dev.zeros(16, np.uint32)
     k1, k2 = dev.kernel(FILE, "select_partial"), dev.kernel(FILE, "select_final")
 
     def encode(rec):
         keep.restore(rec)
         rec.dispatch(k1, [k_buf, c_buf, state, partials], -(-n // SELECT_ITEMS))
-        rec.dispatch(k2, [partials, tok_len, merges, state, find_args, reg_args], 1)
+        rec.dispatch(k2, [partials, tok_len, merges, state, find_args, reg_args, current], 1)
 
     def read():
         m = dev.download(merges)[0]
@@ -316,6 +317,10 @@ def _merge_launch(dev, inp):
     keep = _Pristine(dev)
     piece_of = dev.upload(arr["piece_of"])
     tok_len = dev.upload(inp["tok_len"])
+    current = np.zeros(16, np.uint32)  # what select_final would have written (C_* words)
+    current[:9] = [inp["a"], inp["b"], inp["n"], 1, inp["cap"], inp["budget"], n_pos,
+                   slots_n - 1, n_pieces]
+    current = dev.upload(current)
     bufs = {"tokens": keep.buffer(arr["tokens"], "tokens"),
             "pieces": keep.buffer(arr["table"], "pieces"),
             "stamps": keep.buffer(np.zeros(n_pieces, np.uint32), "stamps"),
@@ -333,9 +338,9 @@ def _merge_launch(dev, inp):
     k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "register_pairs")
     k_more = dev.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
     b = bufs
-    merge_resources = [piece_of, b["slots"], b["keys"], tok_len, b["tokens"], b["pieces"],
-                       b["stamps"], b["resume"], b["counts"], b["step"], b["new_codes"],
-                       b["state"], reg_args]
+    merge_resources = [piece_of, b["slots"], b["keys"], tok_len, current, b["tokens"],
+                       b["pieces"], b["stamps"], b["resume"], b["counts"], b["step"],
+                       b["new_codes"], b["state"], reg_args]
 
     def encode(rec):
         keep.restore(rec)

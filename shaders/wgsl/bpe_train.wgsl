@@ -20,6 +20,8 @@
 //   tok_len[t]       bytes of token t (for --max-token-bytes)
 //   merges[m]        (left, right, count_lo, count_hi) of merge m; its token is 256 + m
 //   state[]          the loop's scalars (S_* below)
+//   current[]        what find_and_merge needs of the merge being applied (C_* below), a
+//                    plain read-only copy written by select_final: no atomics per position
 //   find_args, register_args   indirect dispatch sizes (x, y, z) of find_and_merge and
 //                    register_pairs (two buffers: a dispatch may not write its own)
 //
@@ -70,6 +72,17 @@ const S_COMPACT_POSITIONS: u32 = 19u;
 const S_PENDING: u32 = 20u;      // pieces whose rewrite continues in a further pass
 const S_BUDGET: u32 = 21u;       // loop iterations per invocation and pass (NO_CAP: unlimited)
 const S_WORDS: u32 = 32u;
+
+// current[] words
+const C_A: u32 = 0u;
+const C_B: u32 = 1u;
+const C_N: u32 = 2u;
+const C_STAMP: u32 = 3u;
+const C_CAP: u32 = 4u;
+const C_BUDGET: u32 = 5u;
+const C_N_POSITIONS: u32 = 6u;
+const C_HASH_MASK: u32 = 7u;
+const C_N_PIECES: u32 = 8u;
 
 const ST_RUNNING: u32 = 0u;
 const ST_DONE: u32 = 1u;
@@ -208,6 +221,7 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 @group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
 @group(0) @binding(4) var<storage, read_write> find_args: array<u32>;
 @group(0) @binding(5) var<storage, read_write> register_args: array<u32>;
+@group(0) @binding(6) var<storage, read_write> current: array<u32>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
 
@@ -266,7 +280,17 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     atomicStore(&state[S_MERGES], m + 1u);
     atomicStore(&state[S_NEXT_ID], n + 1u);
     if (n + 1u >= atomicLoad(&state[S_TARGET])) { atomicStore(&state[S_STATUS], ST_DONE); }
-    let grid = folded(ceil_div(atomicLoad(&state[S_N_POSITIONS]), WG));
+    let positions = atomicLoad(&state[S_N_POSITIONS]);
+    current[C_A] = r.a;
+    current[C_B] = r.b;
+    current[C_N] = n;
+    current[C_STAMP] = m + 1u;
+    current[C_CAP] = atomicLoad(&state[S_CAP]);
+    current[C_BUDGET] = atomicLoad(&state[S_BUDGET]);
+    current[C_N_POSITIONS] = positions;
+    current[C_HASH_MASK] = atomicLoad(&state[S_HASH_MASK]);
+    current[C_N_PIECES] = atomicLoad(&state[S_N_PIECES]);
+    let grid = folded(ceil_div(positions, WG));
     find_args[0] = grid.x;
     find_args[1] = grid.y;
 }
@@ -296,15 +320,16 @@ override CONTINUE: bool = false;
 @group(0) @binding(1) var<storage, read> slots: array<u32>;
 @group(0) @binding(2) var<storage, read> keys: array<vec2<u32>>;
 @group(0) @binding(3) var<storage, read> tok_len: array<u32>;
-@group(0) @binding(4) var<storage, read_write> tokens: array<u32>;
-@group(0) @binding(5) var<storage, read_write> pieces: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read_write> stamps: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> resume: array<vec4<u32>>;
-@group(0) @binding(8) var<storage, read_write> counts: array<atomic<u32>>;
-@group(0) @binding(9) var<storage, read_write> step: array<atomic<u32>>;
-@group(0) @binding(10) var<storage, read_write> new_codes: array<u32>;
-@group(0) @binding(11) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(12) var<storage, read_write> register_args: array<atomic<u32>>;
+@group(0) @binding(4) var<storage, read> current: array<u32>;
+@group(0) @binding(5) var<storage, read_write> tokens: array<u32>;
+@group(0) @binding(6) var<storage, read_write> pieces: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read_write> stamps: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> resume: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read_write> counts: array<atomic<u32>>;
+@group(0) @binding(10) var<storage, read_write> step: array<atomic<u32>>;
+@group(0) @binding(11) var<storage, read_write> new_codes: array<u32>;
+@group(0) @binding(12) var<storage, read_write> state: array<atomic<u32>>;
+@group(0) @binding(13) var<storage, read_write> register_args: array<atomic<u32>>;
 
 var<private> work: u32;  // loop iterations so far (entering a loop counts one)
 
@@ -326,7 +351,7 @@ fn fits(a: u32, b: u32, cap: u32) -> bool {
 
 fn key_of(a: u32, b: u32) -> u32 {
     if (a < 256u && b < 256u) { return a * 256u + b; }
-    let mask = atomicLoad(&state[S_HASH_MASK]);
+    let mask = current[C_HASH_MASK];
     var h = pair_hash(a, b) & mask;
     work += 1u;
     for (var probe = 0u; probe <= mask; probe++) {
@@ -426,13 +451,13 @@ fn settle(p: u32, pc: vec4<u32>, c: Cursor, was_pending: bool) {
 fn find_and_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let i = workgroup_index(wg, nwg) * WG + lid;
-    let a = atomicLoad(&state[S_A]);
-    let b = atomicLoad(&state[S_B]);
-    let n = atomicLoad(&state[S_N]);
-    let cap = atomicLoad(&state[S_CAP]);
-    let budget = atomicLoad(&state[S_BUDGET]);
+    let a = current[C_A];
+    let b = current[C_B];
+    let n = current[C_N];
+    let cap = current[C_CAP];
+    let budget = current[C_BUDGET];
     if (CONTINUE) {  // i is a piece: resume it if it is pending
-        if (i >= atomicLoad(&state[S_N_PIECES]) || resume[2u * i + 1u].z == 0u) { return; }
+        if (i >= current[C_N_PIECES] || resume[2u * i + 1u].z == 0u) { return; }
         let pc = pieces[i];
         let r0 = resume[2u * i];
         let r1 = resume[2u * i + 1u];
@@ -440,12 +465,12 @@ fn find_and_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         settle(i, pc, c, true);
         return;
     }
-    if (i + 1u >= atomicLoad(&state[S_N_POSITIONS])) { return; }
+    if (i + 1u >= current[C_N_POSITIONS]) { return; }
     if (tokens[i] != a || tokens[i + 1u] != b) { return; }
     let p = piece_of[i];
     let pc = pieces[p];
     if (i + 1u >= pc.x + pc.y) { return; }  // straddles two pieces, or a stale tail
-    let stamp = atomicLoad(&state[S_STAMP]);
+    let stamp = current[C_STAMP];
     if (atomicMax(&stamps[p], stamp) >= stamp) { return; }  // another invocation owns it
     let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
     settle(p, pc, c, false);

@@ -8,9 +8,10 @@ bpe_train.wgsl. This module is the host side:
 
 - upload the unique pieces (two bytes or more) once, count the byte pairs on the device;
 - record rounds of merge steps (4 dispatches each: select_partial, select_final,
-  find_and_merge, register_pairs) into one submit, with no read-back inside a round: the
-  kernels size each other's dispatches through an indirect-arguments buffer, and steps
-  recorded past the end do nothing;
+  find_and_merge, register_pairs; on software Vulkan also a few CONTINUE passes, see the work
+  budget in bpe_train.wgsl) into one submit, with no read-back inside a round: the kernels
+  size each other's dispatches through indirect-argument buffers, and steps recorded past
+  the end do nothing;
 - keep two rounds in flight and read only the small state block of the older one (copied to
   a mappable buffer at the end of each round): that drives the progress bar and decisions;
 - between rounds, when that state says so: compact the pieces (drop those that became one
@@ -142,6 +143,7 @@ class GpuTrainer:
                                        usage=INDIRECT_STORAGE)
         self.register_args = device.buffer(16, np.uint32, (4,), "bpe register_pairs grid",
                                            usage=INDIRECT_STORAGE)
+        self.current_merge = device.zeros(16, np.uint32, "bpe current merge")
         state = np.zeros(S_WORDS, np.uint32)
         state[S_STATUS] = ST_RUNNING
         state[S_NEXT_ID] = N_BYTES
@@ -187,15 +189,15 @@ class GpuTrainer:
         """Bind groups for the current buffers (made once; dispatches reuse them)."""
         s = self.sets[self.current]
         k = self.k
-        merge_resources = [s.piece_of, self.slots, self.keys, self.tok_len, s.tokens, s.pieces,
-                           s.stamps, self.resume, self.counts, self.step, self.new_codes,
-                           self.state, self.register_args]
+        merge_resources = [s.piece_of, self.slots, self.keys, self.tok_len, self.current_merge,
+                           s.tokens, s.pieces, s.stamps, self.resume, self.counts, self.step,
+                           self.new_codes, self.state, self.register_args]
         self.groups = {
             "select_partial": k["select_partial"].bind_group(
                 [self.keys, self.counts, self.state, self.partials]),
             "select_final": k["select_final"].bind_group(
                 [self.partials, self.tok_len, self.merges, self.state, self.find_args,
-                 self.register_args]),
+                 self.register_args, self.current_merge]),
             "find_and_merge": k["find_and_merge"].bind_group(merge_resources),
             "continue_merge": k["continue_merge"].bind_group(merge_resources),
             "register_pairs": k["register_pairs"].bind_group(
