@@ -170,3 +170,5 @@ def test_custom_regex_with_groups_and_gaps(tmp_path):
     path.write_text("one, two;three " * 50)
     got = count_pieces([path], r"(\w)+", chunk_bytes=SMALL_CHUNK)  # groups; text between dropped
     assert got.pieces == {b"one": 50, b"two": 50, b"three": 50}
+    empty_matches = count_pieces([path], r"\w*", chunk_bytes=SMALL_CHUNK)  # '' is no piece
+    assert empty_matches.pieces == got.pieces

@@ -48,8 +48,8 @@ def register(sub) -> None:
                    help="invalid UTF-8 in a file: stop with an error naming the file and "
                         "offset (default), or keep the bytes as bytes")
     t.add_argument("--trainer", choices=("gpu", "cpu"), default="gpu",
-                   help="gpu (WGSL kernels, default) or cpu (the readable reference; same "
-                        "result, much slower)")
+                   help="gpu (WGSL kernels, default) or cpu (the readable reference: the "
+                        "same merges; far slower than a real GPU)")
     t.add_argument("--workers", type=int, default=None, metavar="W",
                    help="pre-tokenization processes (default: one per CPU core)")
     t.add_argument("--name", default=None, help="vocabulary name (default: the output's stem)")

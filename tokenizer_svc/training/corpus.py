@@ -108,7 +108,8 @@ class Pretokenizer:
             return
         if self._regex.groups == 0:
             found = self._regex.findall(text, concurrent=True)
-            if sum(map(len, found)) == len(text):  # matches tile the text: ends are prefix sums
+            # non-empty matches that tile the text: their ends are prefix sums
+            if sum(map(len, found)) == len(text) and "" not in found:
                 pieces.extend(found)
                 ends.extend(itertools.islice(
                     itertools.accumulate(map(len, found), initial=offset), 1, None))
