@@ -179,6 +179,13 @@ class Kernel:
         return group
 
 
+def _group(kernel: Kernel, resources):
+    """A bind group as given, or the kernel's (cached) group for a list of resources."""
+    if isinstance(resources, wgpu.GPUBindGroup):
+        return resources
+    return kernel.bind_group(list(resources))
+
+
 class Recorder:
     """Records dispatches into one command encoder and compute pass; submits on exit.
 
@@ -234,8 +241,7 @@ class Recorder:
             grid = tuple(int(g) for g in workgroups) + (1,) * (3 - len(workgroups))
         cpass = self._compute_pass(label or kernel.name)
         cpass.set_pipeline(kernel.pipeline)
-        cpass.set_bind_group(0, kernel.bind_group(resources)
-                             if isinstance(resources, (list, tuple)) else resources)
+        cpass.set_bind_group(0, _group(kernel, resources))
         cpass.dispatch_workgroups(*grid)
         self.dispatch_count += 1
 
@@ -250,8 +256,7 @@ class Recorder:
             if isinstance(indirect, BufferView) else (indirect, offset)
         cpass = self._compute_pass(label or kernel.name)
         cpass.set_pipeline(kernel.pipeline)
-        cpass.set_bind_group(0, kernel.bind_group(resources)
-                             if isinstance(resources, (list, tuple)) else resources)
+        cpass.set_bind_group(0, _group(kernel, resources))
         cpass.dispatch_workgroups_indirect(buf.raw, off)
         self.dispatch_count += 1
 

@@ -143,3 +143,23 @@ def test_ladder_entries(device, name):
     results = check_case(device, load_cases()[name])
     assert not [r.line() for r in results if r.ok is False]
     assert any(r.rung == "correct" and r.ok for r in results)
+
+
+def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
+    # the two engine additions the trainer relies on: workgroup counts read from a buffer
+    # when the dispatch runs, and dispatching with a bind group made once
+    import numpy as np
+    from shaders.engine import INDIRECT_STORAGE
+    fill = device.kernel("infra.wgsl", "fill")
+    y = device.zeros(4 * 256, np.float32)
+    params = device.uniform("IIfI", 4 * 256, 0, 2.5, 0)
+    grid = device.buffer(16, np.uint32, (4,), usage=INDIRECT_STORAGE)
+    grid.write(np.array([2, 1, 1, 0], np.uint32))
+    with device.record() as rec:
+        rec.dispatch_indirect(fill, [y, params], grid)
+    out = device.download(y)
+    assert (out[:512] == 2.5).all() and (out[512:] == 0).all()
+    group = fill.bind_group([y, params])
+    with device.record() as rec:
+        rec.dispatch(fill, group, 4)
+    assert (device.download(y) == 2.5).all()
