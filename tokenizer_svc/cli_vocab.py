@@ -90,6 +90,9 @@ def cmd_train(args) -> int:
         device = Device(args.adapter)
         if not args.quiet:
             print(f"device: {device.info.summary()}")
+            if device.info.is_software:
+                print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
+                      "same merges faster here")
     try:
         vocab, report = train_vocabulary(
             args.files, args.size, args.pattern, args.special, args.max_token_bytes,
