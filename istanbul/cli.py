@@ -18,6 +18,7 @@ from shaders.adapters import NoAdapterError
 COMMAND_MODULES = [
     "shaders.cli",           # devices, kernels check/bench/list
     "trainer_svc.cli_train",  # train, generate, export
+    "tokenizer_svc.cli_vocab",  # vocab train
 ]
 
 

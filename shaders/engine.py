@@ -50,6 +50,7 @@ WANTED_FEATURES = (
 EXPERIMENTAL_FEATURES = ("cooperative-matrix",)
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
+INDIRECT_STORAGE = STORAGE | BufferUsage.INDIRECT  # a storage buffer kernels size dispatches with
 _serials = itertools.count(1)
 
 
@@ -178,6 +179,13 @@ class Kernel:
         return group
 
 
+def _group(kernel: Kernel, resources):
+    """A bind group as given, or the kernel's (cached) group for a list of resources."""
+    if isinstance(resources, wgpu.GPUBindGroup):
+        return resources
+    return kernel.bind_group(list(resources))
+
+
 class Recorder:
     """Records dispatches into one command encoder and compute pass; submits on exit.
 
@@ -222,15 +230,34 @@ class Recorder:
             self._pass = None
 
     def dispatch(self, kernel: Kernel, resources, workgroups, label: str = "") -> None:
-        """Dispatch `kernel` over `workgroups` (an int, folded into 2-D if large, or x,y,z)."""
+        """Dispatch `kernel` over `workgroups` (an int, folded into 2-D if large, or x,y,z).
+
+        `resources` is the list of buffers/views, or a bind group made once with
+        `kernel.bind_group(resources)` (hot loops: saves the cache lookup per dispatch).
+        """
         if isinstance(workgroups, (int, np.integer)):
             grid = fold_grid(int(workgroups), self.device.max_workgroups_per_dim)
         else:
             grid = tuple(int(g) for g in workgroups) + (1,) * (3 - len(workgroups))
         cpass = self._compute_pass(label or kernel.name)
         cpass.set_pipeline(kernel.pipeline)
-        cpass.set_bind_group(0, kernel.bind_group(resources))
+        cpass.set_bind_group(0, _group(kernel, resources))
         cpass.dispatch_workgroups(*grid)
+        self.dispatch_count += 1
+
+    def dispatch_indirect(self, kernel: Kernel, resources, indirect, offset: int = 0,
+                          label: str = "") -> None:
+        """Dispatch `kernel` with the workgroup counts (x, y, z: u32) that the GPU reads from
+        `indirect` at byte `offset` when the dispatch runs, so an earlier kernel can size a
+        later one without a host round trip. `indirect` needs INDIRECT usage
+        (`device.buffer(..., usage=INDIRECT_STORAGE)`); each count must stay <= 65,535.
+        """
+        buf, off = (indirect.buffer, indirect.offset + offset) \
+            if isinstance(indirect, BufferView) else (indirect, offset)
+        cpass = self._compute_pass(label or kernel.name)
+        cpass.set_pipeline(kernel.pipeline)
+        cpass.set_bind_group(0, _group(kernel, resources))
+        cpass.dispatch_workgroups_indirect(buf.raw, off)
         self.dispatch_count += 1
 
     def copy(self, src, dst, nbytes: int | None = None, *, src_offset: int = 0,

@@ -1,0 +1,320 @@
+"""BPE vocabulary training: istanbul (WGSL, GPU) next to HF `tokenizers` and rustbpe, same run.
+
+    python bench/vocab_train.py --out bench/results/vocab_train [--size-mb 100] [--merges 32000]
+                                [--pattern o200k] [--workers N] [--adapter A]
+                                [--skip-cpu-reference] [--corpus-dir DIR]
+
+1. Builds a corpus of at least --size-mb MB in OUT/corpus/ (files of 8 MB) from text found on
+   the machine: the Python standard library's sources, then the .py/.pyi/.md/.rst/.txt files of
+   site-packages, then /usr/share/doc (gzip files unpacked). If that is not enough, the text is
+   repeated with its ASCII letters rotated (ROT-k for the k-th repetition) so the repeats still
+   bring new words. About 1 MB of files is kept apart as held-out text.
+2. Times learning --merges merges (vocabulary 256 + merges) from those files, end to end
+   (files -> vocabulary), with the same pattern:
+   - istanbul, GPU: parallel CPU pre-tokenization (--workers processes), then the WGSL
+     trainer; both phases are also reported alone. Device start-up and kernel compilation are
+     done beforehand by a small warm-up training and reported separately.
+   - istanbul, CPU reference (unless --skip-cpu-reference): same pieces, and its merge list
+     must equal the GPU's (reported as a check).
+   - Hugging Face tokenizers BpeTrainer: Split(pattern, isolated) + ByteLevel, all 256 bytes
+     as the initial alphabet, its own parallel file reading (all cores).
+   - rustbpe (karpathy/rustbpe), when importable; otherwise the row says why.
+3. Also reports each result's tokens per byte on the held-out text (lower is better; the
+   trainers differ in tie-breaks and details, so compression should be close, not equal).
+Writes OUT/vocab_train.json and OUT/vocab_train.md and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tokenizer_svc.patterns import PATTERNS  # noqa: E402
+from tokenizer_svc.training import cpu_reference, gpu_trainer  # noqa: E402
+from tokenizer_svc.training.corpus import count_pieces  # noqa: E402
+
+PART_BYTES = 8 << 20
+HELD_OUT_BYTES = 1 << 20
+TEXT_SUFFIXES = (".py", ".pyi", ".md", ".rst", ".txt")
+
+
+# ---- the corpus ---------------------------------------------------------------------------
+
+def source_files():
+    """Text files on this machine, in a fixed order: stdlib, site-packages, /usr/share/doc."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    yield from sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts)
+    for key in ("purelib", "platlib"):
+        root = Path(sysconfig.get_paths()[key])
+        if root.is_dir():
+            yield from sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES)
+        if sysconfig.get_paths()["purelib"] == sysconfig.get_paths()["platlib"]:
+            break
+    doc = Path("/usr/share/doc")
+    if doc.is_dir():
+        yield from sorted(p for p in doc.rglob("*") if p.is_file())
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        if len(data) > 16 << 20 or b"\0" in data[:4096]:
+            return None
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+        return None
+
+
+def rot(text: str, k: int) -> str:
+    """ASCII letters rotated by k (k-th repetition of the corpus: new words, same shape)."""
+    if k % 26 == 0:
+        return text
+    low = "abcdefghijklmnopqrstuvwxyz"
+    table = str.maketrans(low + low.upper(), low[k:] + low[:k] + (low[k:] + low[:k]).upper())
+    return text.translate(table)
+
+
+def build_corpus(out: Path, size_mb: float) -> dict:
+    """Write >= size_mb MB of text to out/part-*.txt and ~1 MB to out/held_out.txt."""
+    out.mkdir(parents=True, exist_ok=True)
+    target = int(size_mb * 1e6)
+    texts, seen, total = [], set(), 0
+    for path in source_files():
+        text = read_text(path)
+        if not text or text in seen:
+            continue
+        seen.add(text)
+        texts.append(text)
+        total += len(text.encode("utf-8"))
+        if total >= target + HELD_OUT_BYTES:
+            break
+    if not texts:
+        raise SystemExit("no text files found to build a corpus from")
+    held, held_bytes = [], 0
+    while texts and held_bytes < min(HELD_OUT_BYTES, total // 20):
+        t = texts.pop()  # the last files read are held out
+        held.append(t)
+        held_bytes += len(t.encode("utf-8"))
+    (out / "held_out.txt").write_text("".join(held), encoding="utf-8")
+    written, part, repetition, buf, buf_bytes = 0, 0, 0, [], 0
+    while written < target:
+        for text in texts:
+            buf.append(rot(text, repetition))
+            size = len(buf[-1].encode("utf-8"))
+            written, buf_bytes = written + size, buf_bytes + size
+            if buf_bytes >= PART_BYTES or written >= target:
+                (out / f"part-{part:04d}.txt").write_text("".join(buf), encoding="utf-8")
+                part, buf, buf_bytes = part + 1, [], 0
+            if written >= target:
+                break
+        repetition += 1
+    if buf:
+        (out / f"part-{part:04d}.txt").write_text("".join(buf), encoding="utf-8")
+    return {"bytes": written, "source_texts": len(texts), "repetitions": repetition,
+            "held_out_bytes": held_bytes}
+
+
+def corpus_files(corpus: Path) -> list[Path]:
+    return sorted(corpus.glob("part-*.txt"))
+
+
+# ---- trainers -----------------------------------------------------------------------------
+
+def tokens_per_byte(ranks: dict, pattern: str, held_out: str) -> float:
+    import tiktoken
+    enc = tiktoken.Encoding("bench", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    return len(enc.encode_ordinary(held_out)) / len(held_out.encode("utf-8"))
+
+
+def run_istanbul(files, args, pattern: str, held_out: str, device) -> tuple[dict, dict, object]:
+    n_tokens = 256 + args.merges
+    t0 = time.perf_counter()
+    corpus = count_pieces(files, pattern, workers=args.workers)
+    t1 = time.perf_counter()
+    result = gpu_trainer.train(corpus.pieces, n_tokens, device=device)
+    t2 = time.perf_counter()
+    row = {"trainer": "istanbul (GPU, WGSL)", "device": device.info.summary(),
+           "seconds": t2 - t0, "pretokenize_seconds": t1 - t0, "merge_seconds": t2 - t1,
+           "merges": len(result.merges), "merges_per_second": len(result.merges) / (t2 - t1),
+           "tokens_per_byte": tokens_per_byte(result.ranks(), pattern, held_out),
+           "details": result.details}
+    return row, corpus.pieces, result
+
+
+def run_cpu_reference(pieces, args, pattern, held_out, gpu_result, pretok_s) -> dict:
+    t0 = time.perf_counter()
+    result = cpu_reference.train(pieces, 256 + args.merges)
+    seconds = time.perf_counter() - t0
+    return {"trainer": "istanbul CPU reference (Python)", "seconds": seconds + pretok_s,
+            "pretokenize_seconds": pretok_s, "merge_seconds": seconds,
+            "merges": len(result.merges), "merges_per_second": len(result.merges) / seconds,
+            "tokens_per_byte": tokens_per_byte(result.ranks(), pattern, held_out),
+            "equal_to_gpu": result.merges == gpu_result.merges}
+
+
+def run_hf(files, args, pattern, held_out) -> dict:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + args.merges, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  min_frequency=0)
+    t0 = time.perf_counter()
+    tok.train([str(f) for f in files], trainer)
+    seconds = time.perf_counter() - t0
+    ids = tok.encode(held_out).ids
+    import tokenizers
+    return {"trainer": f"HF tokenizers {tokenizers.__version__} BpeTrainer", "seconds": seconds,
+            "merges": tok.get_vocab_size() - 256, "merges_per_second": None,
+            "tokens_per_byte": len(ids) / len(held_out.encode("utf-8")),
+            "threads": os.environ.get("RAYON_NUM_THREADS", f"all ({os.cpu_count()})")}
+
+
+def run_rustbpe(files, args, pattern, held_out) -> dict:
+    try:
+        import rustbpe
+    except ImportError as exc:
+        return {"trainer": "rustbpe", "skipped": f"not importable here ({exc}); "
+                "`pip install rustbpe` where a registry is reachable"}
+
+    def lines():
+        for f in files:
+            with open(f, encoding="utf-8") as fh:
+                yield from fh
+    tok = rustbpe.Tokenizer()
+    t0 = time.perf_counter()
+    tok.train_from_iterator(lines(), 256 + args.merges, pattern=pattern)
+    seconds = time.perf_counter() - t0
+    ranks = {bytes(b): r for b, r in tok.get_mergeable_ranks()}
+    return {"trainer": f"rustbpe {getattr(rustbpe, '__version__', '')}".strip(),
+            "seconds": seconds, "merges": len(ranks) - 256,
+            "merges_per_second": None, "tokens_per_byte": tokens_per_byte(ranks, pattern,
+                                                                          held_out),
+            "note": "fed line by line (pieces never span lines)"}
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def markdown(payload: dict) -> str:
+    c, s = payload["corpus"], payload["settings"]
+    lines = [f"# BPE vocabulary training: {s['merges']:,} merges on "
+             f"{c['bytes'] / 1e6:.0f} MB", "",
+             f"Machine: {payload['machine']['cpus']} CPU cores, {payload['machine']['platform']}; "
+             f"GPU: {payload['device']}. Pattern: {s['pattern']}. Corpus: {c['files']} files "
+             f"({c['source_texts']} source texts, {c['repetitions']} repetition(s)); "
+             f"{c.get('unique_pieces', 0):,} unique pieces. Tokens/byte on "
+             f"{c['held_out_bytes'] / 1e6:.1f} MB of held-out text.", "",
+             "| trainer | total s | pre-tokenize s | merges s | merges/s | tokens/byte |",
+             "|---|---:|---:|---:|---:|---:|"]
+
+    def num(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "—"
+    for r in payload["results"]:
+        if "skipped" in r or "error" in r:
+            lines.append(f"| {r['trainer']} | {r.get('skipped') or r.get('error')} | | | | |")
+            continue
+        lines.append(f"| {r['trainer']} | {num(r['seconds'], '.2f')} | "
+                     f"{num(r.get('pretokenize_seconds'), '.2f')} | "
+                     f"{num(r.get('merge_seconds'), '.2f')} | "
+                     f"{num(r.get('merges_per_second'), ',.0f')} | "
+                     f"{num(r.get('tokens_per_byte'), '.4f')} |")
+    lines += ["", f"Checks: {json.dumps(payload['checks'])}. Warm-up (device start, kernel "
+              f"compilation): {payload['warmup_seconds']:.2f}s, not included above."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--size-mb", type=float, default=100.0)
+    parser.add_argument("--merges", type=int, default=32_000)
+    parser.add_argument("--pattern", default="o200k", choices=sorted(PATTERNS))
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--adapter", default=None)
+    parser.add_argument("--corpus-dir", type=Path, default=None,
+                        help="reuse (or build) the corpus here instead of OUT/corpus")
+    parser.add_argument("--skip-cpu-reference", action="store_true")
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pattern = PATTERNS[args.pattern]
+
+    corpus_dir = args.corpus_dir or args.out / "corpus"
+    meta_path = corpus_dir / "meta.json"
+    if meta_path.is_file() and corpus_files(corpus_dir):
+        meta = json.loads(meta_path.read_text())
+        print(f"corpus: reusing {corpus_dir}")
+    else:
+        t = time.perf_counter()
+        meta = build_corpus(corpus_dir, args.size_mb)
+        meta_path.write_text(json.dumps(meta))
+        print(f"corpus: built {meta['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f}s")
+    files = corpus_files(corpus_dir)
+    meta["files"] = len(files)
+    held_out = (corpus_dir / "held_out.txt").read_text(encoding="utf-8")
+
+    from shaders.engine import Device
+    t = time.perf_counter()
+    device = Device(args.adapter)
+    warm = {b"warm up the kernels " * 3: 5, b"and the device": 2, b"abab": 1}
+    gpu_trainer.train(warm, 262, device=device)
+    warmup = time.perf_counter() - t
+    print(f"device: {device.info.summary()} (warm-up {warmup:.2f}s)")
+
+    results, checks = [], {}
+    print("istanbul (GPU) ...", flush=True)
+    row, pieces, gpu_result = run_istanbul(files, args, pattern, held_out, device)
+    results.append(row)
+    meta["unique_pieces"] = len(pieces)
+    print(f"  {row['seconds']:.2f}s ({row['merges_per_second']:,.0f} merges/s)", flush=True)
+    if not args.skip_cpu_reference:
+        print("istanbul CPU reference ...", flush=True)
+        ref = run_cpu_reference(pieces, args, pattern, held_out, gpu_result,
+                                row["pretokenize_seconds"])
+        results.append(ref)
+        checks["gpu_merges_equal_cpu_reference"] = ref.pop("equal_to_gpu")
+        print(f"  {ref['seconds']:.2f}s, equal merges: "
+              f"{checks['gpu_merges_equal_cpu_reference']}", flush=True)
+    if not args.skip_hf:
+        print("HF tokenizers ...", flush=True)
+        try:
+            results.append(run_hf(files, args, pattern, held_out))
+        except Exception as exc:  # report, keep the other rows
+            results.append({"trainer": "HF tokenizers BpeTrainer", "error": repr(exc)[:300]})
+        print(f"  {results[-1].get('seconds', results[-1].get('error'))}", flush=True)
+    print("rustbpe ...", flush=True)
+    try:
+        results.append(run_rustbpe(files, args, pattern, held_out))
+    except Exception as exc:
+        results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
+
+    payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                           "python": platform.python_version()},
+               "device": device.info.summary(), "corpus": meta,
+               "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
+                            "pattern": args.pattern, "workers": args.workers},
+               "warmup_seconds": warmup, "results": results, "checks": checks}
+    (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    table = markdown(payload)
+    (args.out / "vocab_train.md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

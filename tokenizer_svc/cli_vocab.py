@@ -1,0 +1,111 @@
+"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU.
+
+    istanbul vocab train corpus/*.txt --size 32000 --pattern o200k \\
+        --special '<|endoftext|>' -o my.tiktoken
+
+writes `my.tiktoken` (base64 token + rank per line: tiktoken's format) and `my.tiktoken.json`
+(pattern and special tokens), both atomically, only once training has succeeded. The
+semantics (ranks, tie-break, overlapping runs, special ids) are in
+tokenizer_svc/training/merges.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from istanbul.errors import UserFacingError
+
+DESCRIPTION = """\
+Learn a byte-level BPE vocabulary from text files. Ranks 0-255 are the single bytes; each
+merge adds the next rank (most frequent adjacent pair; ties: lowest left rank, then lowest
+right rank); special tokens get the ids after the last merge, in the order given. The result
+loads in tiktoken: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=..., ...).
+Pre-tokenization runs on the CPU (in parallel), pair counting and merging on the GPU.
+"""
+
+
+def register(sub) -> None:
+    from shaders.cli import add_device_args
+    from .patterns import PATTERNS
+
+    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files")
+    vsub = v.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
+    t = vsub.add_parser("train", help="learn a BPE vocabulary (.tiktoken) from text files",
+                        description=DESCRIPTION)
+    t.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files (the corpus)")
+    t.add_argument("--size", type=int, required=True, metavar="N",
+                   help="vocabulary size: 256 byte tokens + merges + special tokens")
+    t.add_argument("--pattern", default="o200k", metavar="P",
+                   help=f"pre-tokenizer: {', '.join(PATTERNS)} (tiktoken's patterns) or a "
+                        "regex (default: o200k)")
+    t.add_argument("--special", action="append", default=[], metavar="TEXT",
+                   help="a special token, e.g. '<|endoftext|>' (repeatable; ids follow the "
+                        "last merge in this order; the corpus is split at them)")
+    t.add_argument("--max-token-bytes", type=int, default=None, metavar="B",
+                   help="never make a token longer than B bytes (default: no limit)")
+    t.add_argument("--invalid-utf8", choices=("error", "keep"), default="error",
+                   help="invalid UTF-8 in a file: stop with an error naming the file and "
+                        "offset (default), or keep the bytes as bytes")
+    t.add_argument("--trainer", choices=("gpu", "cpu"), default="gpu",
+                   help="gpu (WGSL kernels, default) or cpu (the readable reference: the "
+                        "same merges; far slower than a real GPU)")
+    t.add_argument("--workers", type=int, default=None, metavar="W",
+                   help="pre-tokenization processes (default: one per CPU core)")
+    t.add_argument("--name", default=None, help="vocabulary name (default: the output's stem)")
+    t.add_argument("-o", "--output", required=True, metavar="OUT.tiktoken",
+                   help="where to write the vocabulary (and OUT.tiktoken.json beside it)")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_args(t)
+    t.set_defaults(func=cmd_train)
+
+
+def check_output(output: str, files) -> Path:
+    """The output path, refused before any work if it cannot be written."""
+    out = Path(output)
+    if out.is_dir():
+        raise UserFacingError(f"-o {out}: is a directory; give a file name like "
+                              f"{out / 'vocab.tiktoken'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserFacingError(f"-o {out}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK):
+        raise UserFacingError(f"-o {out}: directory {parent} is not writable")
+    resolved = out.resolve()
+    for f in files:
+        if Path(f).resolve() in (resolved, Path(str(resolved) + ".json")):
+            raise UserFacingError(f"-o {out}: would overwrite the input file {f}")
+    return out
+
+
+def cmd_train(args) -> int:
+    from .training import CorpusError, TrainingError, train_vocabulary
+    from .vocab import save_vocabulary, sidecar_path
+
+    out = check_output(args.output, args.files)
+    name = args.name or out.name.removesuffix(".tiktoken")
+    device = None
+    if args.trainer == "gpu":
+        from shaders.engine import Device
+        device = Device(args.adapter)
+        if not args.quiet:
+            print(f"device: {device.info.summary()}")
+            if device.info.is_software:
+                print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
+                      "same merges faster here")
+    try:
+        vocab, report = train_vocabulary(
+            args.files, args.size, args.pattern, args.special, args.max_token_bytes,
+            args.invalid_utf8, args.trainer, device=device, workers=args.workers, name=name,
+            progress=not args.quiet)
+    except (CorpusError, TrainingError) as exc:
+        raise UserFacingError(f"{exc} (no output written)") from None
+    try:
+        save_vocabulary(vocab, out)
+    except OSError as exc:
+        raise UserFacingError(f"-o {out}: cannot write the vocabulary: "
+                              f"{exc.strerror or exc}") from None
+    print(report.summary())
+    print(f"wrote {out} ({vocab.n_vocab:,} ids: {len(vocab.ranks):,} tokens + "
+          f"{len(vocab.special_tokens)} special) and {sidecar_path(out)}")
+    return 0

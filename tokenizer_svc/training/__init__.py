@@ -1,0 +1,114 @@
+"""BPE vocabulary training: corpus files -> a `.tiktoken` vocabulary that tiktoken loads.
+
+    from tokenizer_svc.training import train_vocabulary
+    vocab, report = train_vocabulary(["corpus.txt"], size=32000, pattern="o200k",
+                                     specials=["<|endoftext|>"])
+    save_vocabulary(vocab, "my.tiktoken")          # tokenizer_svc.vocab; + my.tiktoken.json
+
+The modules, in the order data flows through them:
+
+- `corpus`: files -> unique pre-tokenized pieces with counts (streaming, optionally parallel)
+- `merges`: the contract both trainers implement (ranks, tie-break, overlapping runs)
+- `cpu_reference`: the readable trainer
+- `gpu_trainer`: the WGSL trainer (shaders/wgsl/bpe_train.wgsl); same merges, much faster
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..patterns import PATTERNS
+from ..vocab import Vocabulary
+from .corpus import DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, count_pieces
+from .merges import N_BYTES, CorpusExhausted, TrainingError, TrainingResult, check_request
+
+TRAINERS = ("gpu", "cpu")
+
+
+@dataclass
+class TrainingReport:
+    corpus: PieceCounts
+    result: TrainingResult
+    trainer: str
+    pretokenize_seconds: float
+    train_seconds: float
+    details: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        merges = len(self.result.merges)
+        rate = merges / self.train_seconds if self.train_seconds else 0.0
+        where = self.result.details.get("device", "CPU reference")
+        return (f"corpus: {self.corpus.describe()} (pre-tokenized in "
+                f"{self.pretokenize_seconds:.1f}s); learned {merges:,} merges in "
+                f"{self.train_seconds:.1f}s ({rate:,.0f} merges/s) on {where}")
+
+
+def resolve_pattern(pattern: str) -> str:
+    """A pattern name (gpt2, r50k, cl100k, o200k) or a regex -> the regex."""
+    if pattern in PATTERNS:
+        return PATTERNS[pattern]
+    import regex
+    try:
+        regex.compile(pattern)
+    except regex.error as exc:
+        raise CorpusError(f"--pattern {pattern[:80]!r} is neither a known pattern "
+                          f"({', '.join(PATTERNS)}) nor a valid regex: {exc}") from None
+    return pattern
+
+
+def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
+                     max_token_bytes: int | None = None, invalid_utf8: str = "error",
+                     trainer: str = "gpu", device=None, workers: int | None = None,
+                     chunk_bytes: int = DEFAULT_CHUNK_BYTES, name: str = "trained",
+                     progress: bool = False, gpu_options=None) -> tuple[Vocabulary, TrainingReport]:
+    """Train a byte-level BPE vocabulary of `size` ids (ordinary tokens + `specials`).
+
+    Raises CorpusError (unreadable input, invalid UTF-8, bad pattern), TrainingError (a size
+    or limit that cannot work) or CorpusExhausted (too little text for `size`).
+    """
+    if trainer not in TRAINERS:
+        raise TrainingError(f"trainer must be one of {TRAINERS}, got {trainer!r}")
+    specials = list(specials)
+    n_tokens = check_request(size, specials, max_token_bytes)
+    regex_text = resolve_pattern(pattern)
+    t0 = time.perf_counter()
+    corpus = count_pieces(files, regex_text, specials, invalid_utf8, workers, chunk_bytes,
+                          progress)
+    t1 = time.perf_counter()
+    if corpus.bytes_read == 0:
+        raise CorpusError("the corpus is empty: every input file has zero bytes")
+    if not any(len(p) >= 2 for p in corpus.pieces):
+        raise CorpusExhausted(
+            "the corpus has no piece of two or more bytes, so there is no pair to merge "
+            f"({corpus.describe()}); give more text, or a pattern that keeps characters "
+            "together", N_BYTES + len(specials))
+
+    bar = None
+    callback = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=n_tokens - N_BYTES, unit="merge", desc=f"learning merges ({trainer})")
+
+        def callback(merges_done, _tokens):
+            bar.update(merges_done - bar.n)
+    try:
+        if trainer == "gpu":
+            from . import gpu_trainer
+            result = gpu_trainer.train(corpus.pieces, n_tokens, max_token_bytes, len(specials),
+                                       device=device, progress=callback, options=gpu_options)
+        else:
+            from . import cpu_reference
+            result = cpu_reference.train(corpus.pieces, n_tokens, max_token_bytes,
+                                         len(specials), progress=callback)
+    finally:
+        if bar is not None:
+            bar.close()
+    t2 = time.perf_counter()
+    vocab = result.to_vocabulary(name, regex_text, specials)
+    return vocab, TrainingReport(corpus=corpus, result=result, trainer=trainer,
+                                 pretokenize_seconds=t1 - t0, train_seconds=t2 - t1)
+
+
+__all__ = ["CorpusError", "CorpusExhausted", "TrainingError", "TrainingReport",
+           "TrainingResult", "resolve_pattern", "train_vocabulary"]
