@@ -124,10 +124,13 @@ class TokenizerClient:
         self.batch_bytes = batch_bytes
         self.batch_docs = batch_docs
         self.inflight = max(1, inflight)
-        if token_file is not None:
-            token = Path(token_file).read_text(encoding="utf-8").split()[0]
+        if token_file is not None:  # the server's format: the first token in the file
+            from .server.auth import load_tokens
+            token = load_tokens(token_file)[0]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        # Reconnect quickly after a server restart (grpc's default first backoff is 1 s).
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2000)]
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
         opts += list(options or [])

@@ -74,7 +74,7 @@ class BackgroundServer:
                 self.loop.close()
 
     def __enter__(self) -> "BackgroundServer":
-        return self.start()
+        return self if self._thread.is_alive() else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
