@@ -128,7 +128,6 @@ class TokenizerServicer:
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
-        self.special_tokens = frozenset(encoding.special_tokens_set)
 
     def method_handlers(self) -> dict:
         """grpc method handlers for every method of the service descriptor."""
@@ -165,9 +164,10 @@ class TokenizerServicer:
         return doc, nbytes
 
     def _rule(self, policy: pb.SpecialTokenPolicy) -> SpecialRule:
-        return SpecialRule.resolve(self.special_tokens, allow_all=policy.allow_all,
-                                   allowed=policy.allowed, disallow_none=policy.disallow_none,
-                                   disallowed=policy.disallowed)
+        return SpecialRule.from_policy(self.encoding.vocab.special_tokens,
+                                       allow_all=policy.allow_all, allowed=policy.allowed,
+                                       disallow_none=policy.disallow_none,
+                                       disallowed=policy.disallowed)
 
     def _encode_job(self, docs: list, request) -> EncodeJob:
         if request.offsets not in OFFSET_UNITS:
