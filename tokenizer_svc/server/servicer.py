@@ -9,6 +9,7 @@ that does not parse (for example invalid UTF-8 in a `string` field) becomes a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 
@@ -30,6 +31,8 @@ SERVICE_NAME = SERVICE.full_name
 OFFSET_UNITS = {pb.OFFSET_UNIT_NONE: None, pb.OFFSET_UNIT_BYTE: "byte", pb.OFFSET_UNIT_CHAR: "char"}
 DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE_TEXT_REPLACE)
 _END = object()
+# True while the current unary RPC has announced itself to the batcher and not yet submitted.
+_ANNOUNCED = contextvars.ContextVar("announced", default=False)
 
 
 def _utf8_len(text: str) -> int:
@@ -61,12 +64,20 @@ async def _abort_for(exc: Exception, context, method: str):
 def unary(fn):
     @functools.wraps(fn)
     async def method(self, request, context):
+        batcher = self.batcher
+        if batcher is not None:  # tells eager batch closing that a request is on its way
+            batcher.announce()
+            _ANNOUNCED.set(True)
         try:
             return await fn(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
             await _abort_for(exc, context, fn.__name__)
+        finally:
+            if _ANNOUNCED.get():
+                _ANNOUNCED.set(False)
+                batcher.withdraw()
     return method
 
 
@@ -181,8 +192,10 @@ class TokenizerServicer:
     async def _run(self, job, items: int, nbytes: int, context, method: str):
         if isinstance(job, EncodeJob):
             self.metrics.input_bytes.labels(method).inc(nbytes)
+        announced = _ANNOUNCED.get()
+        _ANNOUNCED.set(False)
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
-                                         timeout=context.time_remaining())
+                                         timeout=context.time_remaining(), announced=announced)
 
     def _ids(self, values, what: str) -> np.ndarray:
         checks.check_decode_ids(self.limits, len(values))
