@@ -135,7 +135,8 @@ class TokenizerServer:
             if self._load is not None:
                 self._encoding, self._device = await loop.run_in_executor(self.gpu_thread,
                                                                           self._load)
-            runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds)
+            runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds,
+                                 max_call_bytes=self.config.batching.max_bytes)
         except Exception as exc:
             self.load_error = exc
             log.error("loading the tokenizer failed", exc_info=True,

@@ -22,7 +22,7 @@ from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected)
-from .work import DecodeJob, EncodeJob, SpecialRule
+from .work import DecodeJob, EncodeJob, SpecialRule, utf8_len
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,6 @@ DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE
 _END = object()
 # True while the current unary RPC has announced itself to the batcher and not yet submitted.
 _ANNOUNCED = contextvars.ContextVar("announced", default=False)
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def _as_rejection(exc: BaseException) -> RequestRejected | None:
@@ -170,7 +166,7 @@ class TokenizerServicer:
         if which is None:
             raise _bad(f"{what} has no input: set `text` (UTF-8) or `data` (raw bytes)")
         doc = request.text if which == "text" else bytes(request.data)
-        nbytes = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+        nbytes = utf8_len(doc)
         checks.check_text_bytes(self.limits, nbytes, what)
         return doc, nbytes
 
@@ -246,7 +242,7 @@ class TokenizerServicer:
         checks.check_batch_items(self.limits, len(docs), "documents in the batch")
         nbytes = 0
         for n, doc in enumerate(docs):
-            size = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+            size = utf8_len(doc)
             checks.check_text_bytes(self.limits, size, f"document {n}")
             nbytes += size
         job = self._encode_job(docs, request)

@@ -1,7 +1,8 @@
 """What one batch does with the Encoding, on the GPU thread: jobs in, one result per job out.
 
 Encode jobs are grouped by their allowed special tokens (nearly always one group) and each
-group is ONE `Encoding.encode_batch_flat` call over every document of every job in it. Text
+group is ONE `Encoding.encode_batch_flat` call over every document of every job in it (split
+into calls of at most `max_call_bytes` input bytes when one request alone is larger). Text
 that spells a disallowed special token is refused per job before the call (tiktoken's check
 and message, from tokenizer_svc.reference), so one bad request never fails its neighbours.
 All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
@@ -21,6 +22,13 @@ from ..reference import DisallowedSpecialTokenError, check_disallowed, resolve_s
 from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
 
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,sequence"
+
+
+def utf8_len(doc) -> int:
+    """Bytes of a document: raw bytes, or text as UTF-8 (without encoding ASCII text)."""
+    if isinstance(doc, (bytes, bytearray, memoryview)):
+        return len(doc)
+    return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,10 @@ class BatchRunner:
     """Callable run by the DynamicBatcher on the GPU thread: list of jobs -> list of results
     (a list of EncodedDoc per encode job, a list of bytes per decode job, or an exception)."""
 
-    def __init__(self, encoding, on_encode_seconds: Callable[[float], None] | None = None):
+    def __init__(self, encoding, on_encode_seconds: Callable[[float], None] | None = None,
+                 max_call_bytes: int = 1 << 62):
         self.encoding = encoding
+        self.max_call_bytes = max_call_bytes
         self.special_tokens = frozenset(encoding.special_tokens_set)
         self._on_encode_seconds = on_encode_seconds or (lambda seconds: None)
 
@@ -109,16 +119,30 @@ class BatchRunner:
         start = time.perf_counter()
         for allowed, members in groups.items():
             docs = [doc for k in members for doc in jobs[k].docs]
-            ids, offsets = self.encoding.encode_batch_flat(docs, allowed_special=allowed,
-                                                           disallowed_special=())
-            ids = np.asarray(ids, np.uint32)
+            encoded = []  # per document, in order
+            for chunk in self._chunks(docs):
+                ids, offsets = self.encoding.encode_batch_flat(chunk, allowed_special=allowed,
+                                                               disallowed_special=())
+                ids = np.asarray(ids, np.uint32)
+                encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
             i = 0
             for k in members:
                 job = jobs[k]
-                results[k] = [self._finish(job, ids[offsets[i + n]:offsets[i + n + 1]])
-                              for n in range(len(job.docs))]
+                results[k] = [self._finish(job, ids) for ids in encoded[i:i + len(job.docs)]]
                 i += len(job.docs)
         self._on_encode_seconds(time.perf_counter() - start)
+
+    def _chunks(self, docs: list):
+        """Consecutive runs of documents of at most max_call_bytes (at least one document)."""
+        start, size = 0, 0
+        for n, doc in enumerate(docs):
+            nbytes = utf8_len(doc)
+            if n > start and size + nbytes > self.max_call_bytes:
+                yield docs[start:n]
+                start, size = n, 0
+            size += nbytes
+        if docs:
+            yield docs[start:]
 
     def _finish(self, job: EncodeJob, ids: np.ndarray) -> EncodedDoc:
         count = int(ids.size)
