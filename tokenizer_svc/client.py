@@ -20,7 +20,8 @@ Many documents (what `istanbul prepare` does) take one of two shapes:
     # UNAVAILABLE mid-stream (restart, failover), the stream resumes on a new call with the
     # documents that were sent but not answered: nothing is lost or repeated.
 
-Documents are `str` (text: special tokens follow allowed_special/disallowed_special) or
+Documents are `str` (text; special tokens follow allowed_special/disallowed_special, whose
+defaults here are Encoding.encode_batch_flat's: special-token text is ordinary text) or
 `bytes` (raw bytes, may be invalid UTF-8, always ordinary text).
 
 Every call has a deadline (`timeout`, seconds, covering its retries) and is retried on
@@ -418,7 +419,8 @@ class _ResumableStream:
         self.slots = threading.Semaphore(self.window)
         self.generation = 0
         self.exhausted = False
-        self.call = None
+        self.source_error: BaseException | None = None  # raised to the caller, after the
+        self.call = None                                # documents before it are answered
         self._iterator = self._run()
 
     def __iter__(self):
@@ -444,7 +446,15 @@ class _ResumableStream:
                     return
                 try:
                     doc = next(self.source)
+                    if not isinstance(doc, (str, bytes, bytearray, memoryview)):
+                        raise TypeError(f"tokenize_stream documents are str or bytes, not "
+                                        f"{type(doc).__name__}")
                 except StopIteration:
+                    self.exhausted = True
+                    self.slots.release()
+                    return
+                except Exception as exc:  # grpc would swallow it: keep it for the caller
+                    self.source_error = exc
                     self.exhausted = True
                     self.slots.release()
                     return
@@ -473,6 +483,8 @@ class _ResumableStream:
                         yield np.asarray(reply.ids, np.uint32)
                     with self.lock:
                         if self.exhausted and not self.unanswered:
+                            if self.source_error is not None:
+                                raise self.source_error
                             return
                     # The server ended the stream early without an error: resume.
                 except grpc.RpcError as exc:
