@@ -122,7 +122,9 @@ def free_port() -> int:
 def serve_subprocess(*args: str, env: dict | None = None) -> subprocess.Popen:
     """`python -m tokenizer_svc ARGS` with stderr (the JSON log) captured."""
     full_env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
-                "PYTHONPATH": str(REPO), **(env or {})}
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                            os.environ.get("PYTHONPATH")])),
+                **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "tokenizer_svc", *args], cwd=REPO,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
