@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "shaders.cli",           # devices, kernels check/bench/list
     "trainer_svc.cli_train",  # train, generate, export
     "tokenizer_svc.cli_vocab",  # vocab train
+    "tokenizer_svc.cli",     # encode, decode
+    "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
 ]
 
 

@@ -1,0 +1,188 @@
+"""What one batch does with the Encoding, on the GPU thread: jobs in, one result per job out.
+
+Encode jobs are grouped by their allowed special tokens (nearly always one group) and each
+group is ONE `Encoding.encode_batch_flat` call over every document of every job in it (split
+into calls of at most `max_call_bytes` input bytes when one request alone is larger). Text
+that spells a disallowed special token is refused per job before the call (tiktoken's check
+and message, from tokenizer_svc.reference), so one bad request never fails its neighbours.
+All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
+each decode job is retried alone so that only the guilty one fails.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+import numpy as np
+
+from ..reference import DisallowedSpecialTokenError, check_disallowed, resolve_special
+from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
+
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
+DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
+
+
+def utf8_len(doc) -> int:
+    """Bytes of a document: raw bytes, or text as UTF-8 (without encoding ASCII text)."""
+    if isinstance(doc, (bytes, bytearray, memoryview)):
+        return len(doc)
+    return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class SpecialRule:
+    """Resolved allowed/disallowed special tokens (tiktoken's allowed_special/disallowed_special)."""
+
+    allowed: frozenset
+    disallowed: frozenset
+
+    @classmethod
+    def from_policy(cls, special_tokens: dict, *, allow_all: bool = False, allowed=(),
+                    disallow_none: bool = False, disallowed=()) -> "SpecialRule":
+        """From the fields of a SpecialTokenPolicy message (its zero value is tiktoken's
+        default: nothing allowed, everything disallowed)."""
+        allowed_special = "all" if allow_all else set(allowed)
+        disallowed_special = () if disallow_none else (set(disallowed) if disallowed else "all")
+        return cls(*resolve_special(special_tokens, allowed_special, disallowed_special))
+
+
+@dataclass
+class EncodeJob:
+    docs: list                   # str: text (special tokens apply); bytes: raw, ordinary
+    rule: SpecialRule
+    offsets: str | None = None   # None, "byte" or "char"
+    max_tokens: int = 0          # 0: no truncation
+    keep_end: bool = False       # truncate on the left (keep the last max_tokens)
+
+
+@dataclass
+class EncodedDoc:
+    ids: np.ndarray                # uint32, after truncation
+    offsets: np.ndarray | None     # one per id, when asked for
+    token_count: int               # before truncation
+
+    @property
+    def truncated(self) -> bool:
+        return self.token_count > len(self.ids)
+
+
+@dataclass
+class DecodeJob:
+    seqs: list                     # each an array of ids
+
+
+class BatchRunner:
+    """Callable run by the DynamicBatcher on the GPU thread: list of jobs -> list of results
+    (a list of EncodedDoc per encode job, a list of bytes per decode job, or an exception)."""
+
+    def __init__(self, encoding, on_encode_seconds: Callable[[float], None] | None = None,
+                 max_call_bytes: int = 1 << 62):
+        self.encoding = encoding
+        self.max_call_bytes = max_call_bytes
+        self.special_tokens = frozenset(encoding.special_tokens_set)
+        self._on_encode_seconds = on_encode_seconds or (lambda seconds: None)
+
+    def __call__(self, jobs: list) -> list:
+        results: list = [None] * len(jobs)
+        self._encode(jobs, results)
+        self._decode(jobs, results)
+        return results
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def _refusal(self, job: EncodeJob) -> RequestRejected | None:
+        if not job.rule.disallowed:
+            return None
+        for n, doc in enumerate(job.docs):
+            if isinstance(doc, str):
+                try:
+                    check_disallowed(doc, job.rule.disallowed)
+                except DisallowedSpecialTokenError as exc:
+                    if len(job.docs) == 1:
+                        return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                               DISALLOWED_SPECIAL, str(exc).strip())
+                    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
+                                           f"document {n}: {str(exc).strip()}",
+                                           ((DOCUMENT_METADATA_KEY, str(n)),))
+        return None
+
+    def _encode(self, jobs: list, results: list) -> None:
+        groups: dict = {}  # allowed specials -> indices of the jobs that share them
+        for k, job in enumerate(jobs):
+            if isinstance(job, EncodeJob):
+                refusal = self._refusal(job)
+                if refusal is not None:
+                    results[k] = refusal
+                else:
+                    groups.setdefault(job.rule.allowed & self.special_tokens, []).append(k)
+        if not groups:
+            return
+        start = time.perf_counter()
+        for allowed, members in groups.items():
+            docs = [doc for k in members for doc in jobs[k].docs]
+            encoded = []  # per document, in order
+            for chunk in self._chunks(docs):
+                ids, offsets = self.encoding.encode_batch_flat(chunk, allowed_special=allowed,
+                                                               disallowed_special=())
+                ids = np.asarray(ids, np.uint32)
+                encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
+            i = 0
+            for k in members:
+                job = jobs[k]
+                results[k] = [self._finish(job, ids) for ids in encoded[i:i + len(job.docs)]]
+                i += len(job.docs)
+        self._on_encode_seconds(time.perf_counter() - start)
+
+    def _chunks(self, docs: list):
+        """Consecutive runs of documents of at most max_call_bytes (at least one document)."""
+        start, size = 0, 0
+        for n, doc in enumerate(docs):
+            nbytes = utf8_len(doc)
+            if n > start and size + nbytes > self.max_call_bytes:
+                yield docs[start:n]
+                start, size = n, 0
+            size += nbytes
+        if docs:
+            yield docs[start:]
+
+    def _finish(self, job: EncodeJob, ids: np.ndarray) -> EncodedDoc:
+        count = int(ids.size)
+        offsets = self.encoding.token_offsets(ids, job.offsets) if job.offsets else None
+        if job.max_tokens and count > job.max_tokens:
+            cut = slice(count - job.max_tokens, None) if job.keep_end else slice(0, job.max_tokens)
+            ids = ids[cut]
+            offsets = offsets[cut] if offsets is not None else None
+        return EncodedDoc(ids, offsets, count)
+
+    # ---- decoding -------------------------------------------------------------------------
+
+    def _decode(self, jobs: list, results: list) -> None:
+        members = [k for k, job in enumerate(jobs) if isinstance(job, DecodeJob)]
+        if not members:
+            return
+        seqs = [seq for k in members for seq in jobs[k].seqs]
+        try:
+            decoded = self.encoding.decode_bytes_batch(seqs)
+        except ValueError:  # an invalid id somewhere: find the guilty job(s)
+            for k in members:
+                results[k] = self._decode_one(jobs[k])
+            return
+        i = 0
+        for k in members:
+            results[k] = decoded[i:i + len(jobs[k].seqs)]
+            i += len(jobs[k].seqs)
+
+    def _decode_one(self, job: DecodeJob):
+        try:
+            return self.encoding.decode_bytes_batch(job.seqs)
+        except ValueError as exc:  # InvalidTokenError
+            token, position, seq = (getattr(exc, "token", ""), getattr(exc, "position", ""),
+                                    getattr(exc, "document", ""))
+            message = str(exc)  # the Encoding's own words, as a local decode would say them
+            if len(job.seqs) == 1:
+                message = message.replace(" of document 0", "")
+            return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, INVALID_TOKEN, message,
+                                   ((INVALID_TOKEN_METADATA_KEY, f"{token},{position},{seq}"),))
