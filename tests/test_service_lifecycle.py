@@ -119,7 +119,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(tiny_vocab_path, tiny_
     proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--host", "127.0.0.1", "--port",
                             "0", "--port-file", str(port_file), "--metrics-port",
                             str(metrics_port), "--metrics-host", "127.0.0.1",
-                            "--batch-window-ms", "400", "--batch-always-wait",
+                            "--batch-window-ms", "3000", "--batch-always-wait",  # wide: all 33 must be in flight at once
                             "--shutdown-grace", "60")
     try:
         target = f"127.0.0.1:{_wait_for_file(port_file, proc)}"
