@@ -7,7 +7,10 @@ Everything expensive is cached per process (lru_cache), so test modules can shar
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sysconfig
+import tempfile
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -57,11 +60,12 @@ TRICKY = [
 ]
 
 
-def long_runs() -> list[str]:
-    """Runs of 10k of one kind (the issue's list) plus a few mixed ends."""
-    return [" " * 10_000, "\n" * 10_000, "\r\n" * 5_000, "\t" * 10_000, "7" * 10_000,
-            "a" * 10_000, "x" + " " * 10_000 + "x", "\n" * 5_000 + "q", "1" * 9_999 + "a",
-            " " * 5_000 + "\n" * 5_000 + " " * 5_000]
+def long_runs(n: int = 10_000) -> list[str]:
+    """Runs of n (10k: the issue's list) of one kind, plus a few mixed ends."""
+    h = n // 2
+    return [" " * n, "\n" * n, "\r\n" * h, "\t" * n, "7" * n, "a" * n, "x" + " " * n + "x",
+            "\n" * h + "q", "1" * (n - 1) + "a", " " * h + "\n" * h + " " * h,
+            "ab " * (n // 3), "Aa" * h]
 
 
 @lru_cache(maxsize=1)
@@ -138,10 +142,21 @@ def train_bpe(texts: list[str], pattern: str, n_merges: int) -> dict:
 CUSTOM_PATTERN = r"""[A-Za-z]+|[0-9]{1,2}|\s+|[^\sA-Za-z0-9]+"""
 
 
+_TRAINED_DIR: list = []
+
+
+def trained_dir() -> str:
+    if not _TRAINED_DIR:
+        _TRAINED_DIR.append(tempfile.mkdtemp(prefix="istanbul-trained-"))
+        atexit.register(shutil.rmtree, _TRAINED_DIR[0], True)
+    return _TRAINED_DIR[0]
+
+
 @lru_cache(maxsize=None)
-def trained_vocab_path(pattern_name: str, directory: str) -> Path:
+def trained_vocab_path(pattern_name: str, directory: str | None = None) -> Path:
     """Train a vocabulary with `pattern_name` (gpt2, cl100k, o200k or "custom"), save it as
-    .tiktoken + sidecar in `directory`, return the path (load it with load_vocabulary)."""
+    .tiktoken + sidecar, return the path (load it with load_vocabulary)."""
+    directory = directory or trained_dir()
     pattern = CUSTOM_PATTERN if pattern_name == "custom" else PATTERNS[pattern_name]
     texts = corpus_docs() + MULTILINGUAL * 5
     ranks = train_bpe(texts, pattern if pattern_name == "custom" else pattern, 400)
@@ -152,8 +167,20 @@ def trained_vocab_path(pattern_name: str, directory: str) -> Path:
     return path
 
 
-def load_trained(pattern_name: str, directory: str) -> Vocabulary:
-    return load_vocabulary(trained_vocab_path(pattern_name, directory))
+def load_trained(pattern_name: str) -> Vocabulary:
+    return load_vocabulary(trained_vocab_path(pattern_name))
+
+
+SHARED = ("gpt2", "cl100k_base", "o200k_base")
+TRAINED = ("trained-gpt2", "trained-cl100k", "trained-o200k", "trained-custom")
+
+
+def vocabulary_for(spec: str) -> Vocabulary:
+    """A shared real vocabulary (skips the test when ../shared/vocab is absent) or a trained one."""
+    if spec.startswith("trained-"):
+        return load_trained(spec.removeprefix("trained-"))
+    from tests.conftest import shared_vocab
+    return load_vocabulary(shared_vocab(f"{spec}.tiktoken"))
 
 
 def tiktoken_twin(vocab: Vocabulary):
