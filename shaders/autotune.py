@@ -163,3 +163,126 @@ def entry_from_times(times: dict, flops: float = 0.0) -> dict:
     if flops:
         entry["tflops"] = round(flops / finite[best] / 1e12, 3)
     return entry
+
+
+# ---- matmuls ---------------------------------------------------------------------------------
+
+# The model's Linear shapes, per preset: d_model, kv_dim, ffn_hidden, vocab (padded), tokens
+# per step (B*T). The 124M preset at 8 x 1024 tokens is the training benchmark's shape.
+MODEL_DIMS = {
+    "124m": dict(d=768, kv=768, ffn=2048, vocab=50304, tokens=8 * 1024),
+    "small": dict(d=384, kv=384, ffn=1024, vocab=50304, tokens=8 * 512),
+    "tiny": dict(d=64, kv=32, ffn=192, vocab=384, tokens=2 * 64),   # tests, software Vulkan
+}
+
+
+def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int) -> list[tuple]:
+    """Every (layout, M, N, K, mode) product of one training step of the Llama-style model:
+    q/k/v/o projections, the fused gate|up projection, the down projection, the head."""
+    fwd = {(tokens, d, d), (tokens, kv, d), (tokens, 2 * ffn, d), (tokens, d, ffn),
+           (tokens, vocab, d)}
+    shapes = []
+    for M, N, K in sorted(fwd):
+        shapes.append(("nt", M, N, K, "store"))
+        shapes.append(("nn", M, K, N, "store"))          # dX = dY[M,N] @ W[N,K]
+        shapes.append(("tn", N, K, M, "accumulate"))     # dW[N,K] += dY^T @ X
+    return shapes
+
+
+def _matmul_operands(device, layout, b16, M, N, K, rng):
+    import numpy as np
+    a_shape = (K, M) if layout == "tn" else (M, K)
+    b_shape = (N, K) if layout == "nt" else (K, N)
+    a = device.upload(rng.standard_normal(a_shape, dtype=np.float32))
+    b = device.upload((0.02 * rng.standard_normal(b_shape, dtype=np.float32))
+                      .astype(np.float16 if b16 else np.float32))
+    out = device.zeros((M, N), np.float32)
+    return a, b, out
+
+
+def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store",
+                wide: bool = False, budget_s: float | None = None, rng=None) -> dict:
+    """Time every candidate configuration of matmul kernel `key` (nt, nn, tn, nt_w16,
+    nn_w16, nt_h16) at (M, N, K); the cache entry of the winner (plus every time)."""
+    import numpy as np
+    from .ops import linear
+    layout = key[:2]
+    b16 = key.endswith(("w16", "h16"))
+    f16_math = key.endswith("h16")
+    rng = rng or np.random.default_rng(0)
+    a, b, out = _matmul_operands(device, layout, b16, M, N, K, rng)
+    flops = 2.0 * M * N * K
+    guess_s = flops / (2e11 if device.info.is_software else 1e13)
+    repeats = int(min(10, max(3, 0.1 / max(guess_s, 1e-9))))
+
+    def encode_for(text):
+        cfg = linear.MatmulConfig.parse(text)
+
+        def encode(rec):
+            linear.matmul(rec, a, b, out, M, N, K, layout=layout, f16_math=f16_math,
+                          accumulate=mode == "accumulate", config=cfg)
+        return encode
+
+    candidates = [str(c) for c in linear.candidate_configs(device, key, M, N, K, wide=wide)]
+    times = time_candidates(device, candidates, encode_for, repeats=repeats, warmup=1,
+                            budget_s=budget_s)
+    for buf in (a, b, out):
+        buf.destroy()
+    entry = entry_from_times(times, flops)
+    entry["default"] = str(linear.default_config(device, key, M, N, K))
+    dflt = times.get(entry["default"])
+    if dflt is not None and math.isfinite(dflt):
+        entry["default_us"] = round(dflt * 1e6, 2)
+    return entry
+
+
+def matmul_keys(device) -> list[str]:
+    """The matmul kernel keys worth tuning on this device (the f16 ones need shader-f16 for
+    the f16-math kernel; f16 weights with f32 math run anywhere)."""
+    keys = ["nt", "nn", "tn", "nt_w16", "nn_w16"]
+    if device.has("shader-f16"):
+        keys.append("nt_h16")
+    return keys
+
+
+def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=None,
+               wide: bool = False, budget_s: float | None = None, log=print) -> list[dict]:
+    """Tune every matmul of one training step of `preset`; rows of (op, key, shape, entry)."""
+    if preset not in MODEL_DIMS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_DIMS)}")
+    dims = dict(MODEL_DIMS[preset])
+    if tokens:
+        dims["tokens"] = int(tokens)
+    keys = list(keys or matmul_keys(device))
+    rows = []
+    for layout, M, N, K, mode in linear_shapes(**dims):
+        for key in keys:
+            if key[:2] != layout:
+                continue
+            start = time.perf_counter()
+            entry = tune_matmul(device, key, M, N, K, mode=mode, wide=wide, budget_s=budget_s)
+            rows.append({"op": "matmul", "key": key, "shape": (M, N, K), "entry": entry})
+            log(f"# matmul {key:<7} {shape_key((M, N, K)):<18} best {entry['config']:<22} "
+                f"{entry['us']:>10.1f} us {entry.get('tflops', 0):7.2f} TFLOP/s  (default "
+                f"{entry['default']} {entry.get('default_us', float('nan')):.1f} us; "
+                f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
+    return rows
+
+
+def rows_to_entries(rows) -> dict:
+    return {f"{r['op']}/{r['key']}/{shape_key(r['shape'])}": r["entry"] for r in rows}
+
+
+def markdown_table(device, rows) -> str:
+    lines = [f"# autotune — {device.info.name} ({device.info.backend}, {device.info.driver})",
+             "", "| op | kernel | shape (M x N x K) | best config | us | TFLOP/s | default | "
+             "default us | gain | runner-up |", "|---|---|---|---|---:|---:|---|---:|---:|---|"]
+    for r in rows:
+        e = r["entry"]
+        ranked = [c for c, t in e["candidates"].items() if t is not None]
+        second = f"{ranked[1]} ({e['candidates'][ranked[1]]:.1f})" if len(ranked) > 1 else ""
+        gain = (e.get("default_us") or 0) / e["us"] if e.get("default_us") else float("nan")
+        lines.append(f"| {r['op']} | {r['key']} | {shape_key(r['shape'])} | {e['config']} | "
+                     f"{e['us']:.1f} | {e.get('tflops', 0):.2f} | {e.get('default', '')} | "
+                     f"{e.get('default_us', float('nan')):.1f} | {gain:.2f}x | {second} |")
+    return "\n".join(lines) + "\n"

@@ -99,7 +99,8 @@ class MatmulConfig:
     bm x bn: the workgroup's tile of C; bk: the K-slice staged per step; tm x tn: each
     invocation's register block (4 or 8 each; the workgroup has (bm/tm)*(bn/tn) invocations);
     splits: split-K factor (partials reduced by a second dispatch); fold: k-steps per f16
-    partial sum (f16-math kernel only). Written as "128x128x16-8x8-s1" (+ "-f16").
+    partial sum (f16-math kernel only; 0 = min(16, bk)). Written as "128x128x16-8x8-s1"
+    (+ "-f8" for a fold).
     """
 
     bm: int = 128
@@ -108,11 +109,15 @@ class MatmulConfig:
     tm: int = 8
     tn: int = 8
     splits: int = 1
-    fold: int = 16
+    fold: int = 0
 
     def __str__(self) -> str:
-        return (f"{self.bm}x{self.bn}x{self.bk}-{self.tm}x{self.tn}-s{self.splits}"
-                f"-f{self.fold}")
+        text = f"{self.bm}x{self.bn}x{self.bk}-{self.tm}x{self.tn}-s{self.splits}"
+        return text + (f"-f{self.fold}" if self.fold else "")
+
+    @property
+    def fold_steps(self) -> int:
+        return self.fold or min(16, self.bk)
 
     @classmethod
     def parse(cls, text) -> "MatmulConfig":
@@ -124,7 +129,7 @@ class MatmulConfig:
                              "(e.g. 128x128x16-8x8-s1)")
         bm, bn, bk, tm, tn, splits, fold = m.groups()
         return cls(int(bm), int(bn), int(bk), int(tm), int(tn), int(splits),
-                   int(fold) if fold else 16)
+                   int(fold) if fold else 0)
 
     def with_splits(self, splits: int) -> "MatmulConfig":
         return MatmulConfig(self.bm, self.bn, self.bk, self.tm, self.tn, int(splits), self.fold)
@@ -137,7 +142,7 @@ class MatmulConfig:
         c = {"BM": self.bm, "BN": self.bn, "BK": self.bk, "TM": self.tm, "TN": self.tn,
              "WG": self.invocations}
         if f16_math:
-            c["FOLD"] = self.fold
+            c["FOLD"] = self.fold_steps
         return c
 
     def workgroup_bytes(self, f16_math: bool = False) -> int:
@@ -155,8 +160,8 @@ class MatmulConfig:
             out.append(f"BN {self.bn} is not a multiple of TN {self.tn}")
         if self.bk < 4 or self.bk % 4:
             out.append(f"BK {self.bk} is not a positive multiple of 4")
-        if f16_math and (self.fold < 1 or self.bk % self.fold):
-            out.append(f"FOLD {self.fold} does not divide BK {self.bk}")
+        if f16_math and self.bk % self.fold_steps:
+            out.append(f"FOLD {self.fold_steps} does not divide BK {self.bk}")
         if self.splits < 1:
             out.append("splits must be >= 1")
         if out:
@@ -221,15 +226,73 @@ def default_config(device, key: str, M: int, N: int, K: int) -> MatmulConfig:
     """The configuration used when nothing was tuned: by device class and shape."""
     h16 = key.endswith("h16")
     if device.info.is_software:
-        cfg = MatmulConfig(64, 64, 16, 4, 4, 1, 16)
+        cfg = MatmulConfig(64, 64, 16, 4, 4)
     else:
         bm = 128 if M >= 128 else 64
         bn = 128 if N >= 128 else 64
         cfg = MatmulConfig(bm, bn, 32 if h16 else 16, 8 if bm == 128 else 4,
-                           8 if bn == 128 else 4, 1, 16)
+                           8 if bn == 128 else 4)
     if cfg.problems(device, h16):
-        cfg = MatmulConfig(32, 32, 8, 4, 4, 1, 8)
+        cfg = MatmulConfig(32, 32, 8, 4, 4)
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
+
+
+# Register-block shapes the tuner tries: (BM, BN, TM, TN). 8x8 blocks with 256 invocations
+# are the classic SGEMM shape (64 accumulators, 16 FMAs per workgroup-memory load); 4x4 blocks
+# trade reuse for occupancy; 64x64 with 8x8 blocks runs 64 invocations (many workgroups per
+# multiprocessor); the 256-wide tiles and 32x32 are for the wide sweep and small matrices.
+TILE_SHAPES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4),
+               (64, 64, 8, 8))
+WIDE_TILE_SHAPES = TILE_SHAPES + ((256, 128, 8, 8), (128, 256, 8, 8), (32, 32, 4, 4))
+
+
+def candidate_configs(device, key: str, M: int, N: int, K: int,
+                      wide: bool = False) -> list[MatmulConfig]:
+    """Configurations worth timing for (kernel key, shape) on this device.
+
+    Each register-block shape with slice depths 8 and 16 (16 and 32 for the 64-invocation
+    shape; 16 and 32 for the f16-math kernel, whose stages are half the bytes) and the default
+    split factor for the shape; thin shapes (split by default) also try half and twice that.
+    `wide` (the sweep) adds bigger and smaller tiles, every slice depth and FOLD, and more
+    split factors.
+    """
+    h16 = key.endswith("h16")
+    slots = _resident_slots(device)
+    out: list[MatmulConfig] = []
+    for bm, bn, tm, tn in (WIDE_TILE_SHAPES if wide else TILE_SHAPES):
+        if bm > 2 * max(M, 32) or bn > 2 * max(N, 32):
+            continue   # a tile much larger than the matrix only wastes invocations
+        if (bm, bn) == (32, 32) and ceil_div(M, 64) * ceil_div(N, 64) >= 2 * slots:
+            continue   # small tiles only pay when 64x64 tiles leave the device idle
+        wg = (bm // tm) * (bn // tn)
+        if wide:
+            slices = (8, 16, 32)
+        elif h16:
+            slices = (16, 32)
+        else:
+            slices = (16, 32) if wg <= 64 else (8, 16)
+        for bk in slices:
+            folds = [f for f in (8, 16, 32) if bk % f == 0] if (h16 and wide) else [0]
+            for fold in folds:
+                cfg = MatmulConfig(bm, bn, bk, tm, tn, 1, fold)
+                if cfg.problems(device, h16):
+                    continue
+                base = default_splits(device, cfg, M, N, K)
+                splits = {base}
+                if base > 1:
+                    splits |= {max(1, base // 2), base * 2}
+                if wide:
+                    splits |= {1, 2, 4, 8}
+                for sp in sorted(splits):
+                    if sp > 1 and K // sp < 4 * bk:
+                        continue
+                    out.append(cfg.with_splits(sp))
+    seen, unique = set(), []
+    for cfg in out:
+        if str(cfg) not in seen:
+            seen.add(str(cfg))
+            unique.append(cfg)
+    return unique
 
 
 def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
