@@ -66,18 +66,15 @@ def _read(path: Path) -> dict:
 
 
 def _tables(device) -> list[dict]:
-    ident = id(device)
-    if ident not in _memory:
-        _memory[ident] = [_read(p) for p in cache_paths(device)]
-    return _memory[ident]
+    paths = tuple(cache_paths(device))
+    if paths not in _memory:
+        _memory[paths] = [_read(p) for p in paths]
+    return _memory[paths]
 
 
 def forget(device=None) -> None:
     """Drop the in-memory copy of the cache files (after writing them, or in tests)."""
-    if device is None:
-        _memory.clear()
-    else:
-        _memory.pop(id(device), None)
+    _memory.clear()
 
 
 def lookup(device, op: str, key: str, shape) -> str | None:
