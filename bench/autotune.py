@@ -4,8 +4,8 @@
                              [--key nt --key tn ...] [--budget-s 20] [--adapter A]
 
 Times every candidate configuration of each matmul kernel (nt, nn, tn, their f16-weight
-variants and the packed-f16 forward) at every Linear shape of one training step, with GPU
-timestamps, and stores the fastest per (kernel, shape) in the adapter's cache
+variants and the packed-f16 forward) at every Linear shape of one training step, and every
+tile shape of the tiled attention kernels (forward, dq, dkv), with GPU timestamps, and stores the fastest per (kernel, shape) in the adapter's cache
 ($ISTANBUL_AUTOTUNE_DIR or ~/.cache/istanbul/autotune/<adapter>.json), which the ops consult.
 Writes OUT/autotune.md (winner, default and runner-up per shape), OUT/autotune.json and a
 copy of the cache file: commit that copy as shaders/tuned/<adapter>.json so every checkout
@@ -34,12 +34,14 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds of timing per shape before the rest are skipped")
     ap.add_argument("--no-save", action="store_true", help="leave the user cache alone")
+    ap.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
     ap.add_argument("--adapter", default=None)
     args = ap.parse_args(argv)
     device = Device(args.adapter)
     print(f"# autotune on {device.info.summary()}", flush=True)
     run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key, wide=args.wide,
-               budget_s=args.budget_s, out_dir=args.out, save=not args.no_save)
+               budget_s=args.budget_s, out_dir=args.out, save=not args.no_save,
+               attention=not args.no_attention)
     return 0
 
 

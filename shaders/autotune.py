@@ -135,9 +135,11 @@ def time_candidates(device, candidates, encode_for, repeats: int = 10, warmup: i
     """
     start = time.perf_counter()
     times = {}
+    skipped = 0
     for cand in candidates:
         if budget_s is not None and time.perf_counter() - start > budget_s:
             times[cand] = math.inf
+            skipped += 1
             continue
         try:
             encode = encode_for(cand)
@@ -146,6 +148,9 @@ def time_candidates(device, candidates, encode_for, repeats: int = 10, warmup: i
             times[cand] = math.inf
             print(f"#   {cand}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
                   flush=True)
+    if skipped:
+        print(f"#   time budget of {budget_s:.0f}s spent: {skipped} candidate(s) not timed",
+              flush=True)
     return times
 
 
@@ -170,6 +175,12 @@ MODEL_DIMS = {
     "124m": dict(d=768, kv=768, ffn=2048, vocab=50304, tokens=8 * 1024),
     "small": dict(d=384, kv=384, ffn=1024, vocab=50304, tokens=8 * 512),
     "tiny": dict(d=64, kv=32, ffn=192, vocab=384, tokens=2 * 64),   # tests, software Vulkan
+}
+# attention per preset: batch, seq, heads, kv heads, head dim
+MODEL_ATTENTION = {
+    "124m": dict(B=8, T=1024, H=12, Hkv=12, D=64),
+    "small": dict(B=8, T=512, H=6, Hkv=6, D=64),
+    "tiny": dict(B=2, T=64, H=4, Hkv=2, D=16),
 }
 
 
@@ -233,6 +244,54 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
     return entry
 
 
+# ---- attention ------------------------------------------------------------------------------
+
+def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int, *,
+                   budget_s: float | None = None, rng=None) -> dict:
+    """Time every tile shape of the tiled attention kernel `kernel` (forward, dq, dkv) at
+    this shape; the cache entry of the winner. dq and dkv are timed inside the whole
+    backward (prep + dq + dkv) with the other kernel at its default tiles."""
+    import numpy as np
+    from .ops import attention
+    rng = rng or np.random.default_rng(0)
+    q = device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
+    k = device.upload(rng.standard_normal((B, T, Hkv, D), dtype=np.float32))
+    v = device.upload(rng.standard_normal((B, T, Hkv, D), dtype=np.float32))
+    do = device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
+    o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
+    dq, dk, dv = device.empty((B, T, H, D)), device.empty((B, T, Hkv, D)), \
+        device.empty((B, T, Hkv, D))
+    with device.record() as rec:
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D)
+    defaults = {}
+    for name in ("forward", "dq", "dkv"):
+        with_tiles = attention.choose_tiled(device, name, T, D)
+        defaults[name] = "%dx%d" % with_tiles if with_tiles else None
+
+    def encode_for(text):
+        if kernel == "forward":
+            return lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
+                                                 config=text)
+        pins = {"config_dq": defaults["dq"], "config_dkv": defaults["dkv"]}
+        pins["config_" + kernel] = text
+        return lambda rec: attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H,
+                                              Hkv, D, **pins)
+
+    candidates = ["%dx%d" % t for t in attention.candidate_tiles(device, kernel, D)]
+    times = time_candidates(device, candidates, encode_for, repeats=5, warmup=1,
+                            budget_s=budget_s)
+    for buf in (q, k, v, do, o, lse, dq, dk, dv):
+        buf.destroy()
+    causal = B * H * T * T * D          # multiply-adds of one causal T x T x D product, x2
+    flops = {"forward": 2.0, "dq": 9.0, "dkv": 9.0}[kernel] * causal
+    entry = entry_from_times(times, flops)
+    entry["default"] = defaults[kernel]
+    dflt = times.get(defaults[kernel]) if defaults[kernel] else None
+    if dflt is not None and math.isfinite(dflt):
+        entry["default_us"] = round(dflt * 1e6, 2)
+    return entry
+
+
 def matmul_keys(device) -> list[str]:
     """The matmul kernel keys worth tuning on this device (the f16 ones need shader-f16 for
     the f16-math kernel; f16 weights with f32 math run anywhere)."""
@@ -243,8 +302,10 @@ def matmul_keys(device) -> list[str]:
 
 
 def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=None,
-               wide: bool = False, budget_s: float | None = None, log=print) -> list[dict]:
-    """Tune every matmul of one training step of `preset`; rows of (op, key, shape, entry)."""
+               wide: bool = False, budget_s: float | None = None, log=print,
+               attention: bool = True) -> list[dict]:
+    """Tune every matmul (and the attention kernels) of one training step of `preset`;
+    rows of (op, key, shape, entry)."""
     if preset not in MODEL_DIMS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_DIMS)}")
     dims = dict(MODEL_DIMS[preset])
@@ -263,6 +324,17 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
                 f"{entry['us']:>10.1f} us {entry.get('tflops', 0):7.2f} TFLOP/s  (default "
                 f"{entry['default']} {entry.get('default_us', float('nan')):.1f} us; "
                 f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
+    if attention:
+        a = MODEL_ATTENTION[preset]
+        for kernel in ("forward", "dq", "dkv"):
+            start = time.perf_counter()
+            entry = tune_attention(device, kernel, **a, budget_s=budget_s)
+            rows.append({"op": "attention", "key": kernel, "shape": (a["T"], a["D"]),
+                         "entry": entry})
+            log(f"# attention {kernel:<7} T={a['T']} D={a['D']}: best {entry['config']} "
+                f"{entry['us']:.1f} us (default {entry['default']} "
+                f"{entry.get('default_us', float('nan')):.1f} us; "
+                f"{time.perf_counter() - start:.1f}s)")
     return rows
 
 

@@ -52,6 +52,7 @@ def register(sub) -> None:
                    help="matmul kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16 (repeatable; "
                         "default: all the device supports)")
     t.add_argument("--wide", action="store_true", help="try every configuration (slower)")
+    t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
     t.add_argument("--budget-s", type=float, default=None,
                    help="stop timing a shape's candidates after this many seconds")
     t.add_argument("--out", metavar="DIR", help="also write autotune.json, autotune.md and a "
@@ -156,14 +157,14 @@ def cmd_tune(args) -> int:
     try:
         run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key,
                    wide=args.wide, budget_s=args.budget_s, out_dir=args.out,
-                   save=not args.no_save)
+                   save=not args.no_save, attention=not args.no_attention)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
     return 0
 
 
 def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, budget_s=None,
-               out_dir=None, save=True) -> list:
+               out_dir=None, save=True, attention=True) -> list:
     """Tune, save the adapter's cache, and write the result files (shared by the CLI and
     bench/autotune.py)."""
     import pathlib
@@ -175,7 +176,8 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
         if key not in known:
             raise ValueError(f"unknown or unsupported matmul key {key!r}; this device "
                              f"supports {', '.join(known)}")
-    rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s)
+    rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
+                               attention=attention)
     entries = autotune.rows_to_entries(rows)
     path = autotune.save(device, entries) if save else None
     if path:
