@@ -72,7 +72,7 @@ def test_tuner_times_candidates_and_the_winner_is_correct(device, cache_dir):
 def test_cli_tune_writes_cache_and_table(tmp_path, cache_dir):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "tune", "--preset",
-                           "tiny", "--key", "nn", "--out", str(out)],
+                           "tiny", "--key", "nn", "--no-attention", "--out", str(out)],
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, ISTANBUL_AUTOTUNE_DIR=str(cache_dir)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -89,3 +89,12 @@ def test_cli_tune_rejects_unknown_key(cache_dir):
     proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "tune", "--key", "xx",
                            "--no-save"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "unknown or unsupported matmul key" in proc.stderr
+
+
+def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
+    from shaders.ops import attention
+    entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
+    assert entry["config"] in entry["candidates"]
+    autotune.save(device, {"attention/forward/32x16": entry})
+    rows, cols = attention.choose_tiled(device, "forward", 32, 16)
+    assert "%dx%d" % (rows, cols) == entry["config"]
