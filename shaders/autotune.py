@@ -31,6 +31,7 @@ from pathlib import Path
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 NEAREST_FACTOR = 4.0
 _memory: dict = {}
+_answers: dict = {}   # (cache files, op, key, shape) -> config: ops call lookup every step
 
 
 def adapter_key(device) -> str:
@@ -75,12 +76,20 @@ def _tables(device) -> list[dict]:
 def forget(device=None) -> None:
     """Drop the in-memory copy of the cache files (after writing them, or in tests)."""
     _memory.clear()
+    _answers.clear()
 
 
 def lookup(device, op: str, key: str, shape) -> str | None:
     """The tuned configuration string for (op, key, shape), or None (use the default)."""
     if os.environ.get("ISTANBUL_AUTOTUNE", "1") == "0":
         return None
+    memo = (tuple(cache_paths(device)), op, key, tuple(int(s) for s in shape))
+    if memo not in _answers:
+        _answers[memo] = _lookup(device, op, key, shape)
+    return _answers[memo]
+
+
+def _lookup(device, op: str, key: str, shape) -> str | None:
     prefix = f"{op}/{key}/"
     exact = prefix + shape_key(shape)
     for table in _tables(device):

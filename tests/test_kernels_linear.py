@@ -139,3 +139,35 @@ def test_split_k_partials_never_leak_between_calls(device):
             linear.matmul_tn(rec, a, b, c, M, N, K, config="32x32x8-4x4-s3")
     for (a, b, c), want in zip(bufs, wants):
         np.testing.assert_allclose(device.download(c), want, rtol=1e-5, atol=1e-4)
+
+
+def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
+    if not device.has("shader-f16"):
+        pytest.skip("device lacks shader-f16 (the packed-f16 kernel needs it)")
+    from shaders.engine import Recorder
+    labels = []
+    original = Recorder.dispatch
+
+    def spy(self, kernel, resources, workgroups, label=""):
+        labels.append(label or kernel.name)
+        return original(self, kernel, resources, workgroups, label)
+    monkeypatch.setattr(Recorder, "dispatch", spy)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    w = (0.1 * rng.standard_normal((16, 32))).astype(np.float16)
+    xb, wb, y = device.upload(x), device.upload(w), device.empty((8, 16))
+    for env, want in ((None, "matmul_nt_w16_tiled"), ("1", "matmul_nt_h16_tiled")):
+        if env is None:
+            monkeypatch.delenv("ISTANBUL_F16_MATH", raising=False)
+        else:
+            monkeypatch.setenv("ISTANBUL_F16_MATH", env)
+        labels.clear()
+        with device.record() as rec:
+            linear.matmul_nt(rec, xb, wb, y, 8, 16, 32)
+        assert labels == [want]
+        np.testing.assert_allclose(device.download(y), x.astype(np.float64) @ w.T.astype(
+            np.float64), rtol=2e-2, atol=2e-2)
+    labels.clear()
+    with device.record() as rec:   # an explicit False wins over the switch
+        linear.matmul_nt(rec, xb, wb, y, 8, 16, 32, f16_math=False)
+    assert labels == ["matmul_nt_w16_tiled"]

@@ -16,7 +16,9 @@ f16 weights: pass the f16 mirror view as `b` (dtype float16). matmul_nt/matmul_n
 it as f16 and compute in f32 (only the weight's f16 rounding is lost). `f16_math=True`
 (matmul_nt only) also rounds A to f16 and multiplies in packed vec4<f16> with f32
 accumulation of short f16 partial sums: the mixed-precision forward path, not for gradients
-(their magnitudes fall below f16's range); it needs `shader-f16`.
+(their magnitudes fall below f16's range); it needs `shader-f16`. Left unset (None), it
+follows ISTANBUL_F16_MATH=1 for f16-weight forward products (a switch to benchmark the
+packed path without touching the caller), else False.
 
 Kernels. The fast path (03_linear_tiled*.wgsl) is register-tiled with vec4 loads, two-stage
 workgroup tiles and optional split-K (partials in a scratch buffer, summed in a fixed order by
@@ -38,6 +40,7 @@ kernels of 03_linear.wgsl / 03_linear_h16.wgsl, which take any shape. Every call
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -371,7 +374,8 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
 
 def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: bool = False,
            residual=None, alpha: float = 1.0, lda: int | None = None, ldb: int | None = None,
-           ldc: int | None = None, f16_math: bool = False, tiles=None, config=None) -> None:
+           ldc: int | None = None, f16_math: bool | None = None, tiles=None,
+           config=None) -> None:
     """Record out[M,N] (=, +=) alpha * op(A) @ op(B) (+ residual); see the module docstring."""
     op = f"matmul_{layout}"
     positive(op, M=M, N=N, K=K)
@@ -390,8 +394,11 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     check(op, "out", out, (M - 1) * ldc + N)
     if residual is not None:
         check(op, "residual", residual, (M - 1) * ldc + N)
-    kernel_name(layout, b_dtype, f16_math)  # a clear error for impossible combinations
     dev = rec.device
+    if f16_math is None:
+        f16_math = (os.environ.get("ISTANBUL_F16_MATH") == "1" and layout == "nt"
+                    and b_dtype == F16 and dev.has("shader-f16"))
+    kernel_name(layout, b_dtype, f16_math)  # a clear error for impossible combinations
     mode = MODES["residual"] if residual is not None else MODES["accumulate" if accumulate
                                                               else "store"]
     operands = [a, b, out] + ([residual] if residual is not None else [])
