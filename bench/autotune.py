@@ -1,7 +1,8 @@
 """Tune the tiled kernels at the model's shapes on this machine's GPU and keep the winners.
 
     python bench/autotune.py --out bench/results/h200/autotune [--preset 124m] [--wide]
-                             [--key nt --key tn ...] [--budget-s 20] [--adapter A]
+                             [--key nt --key tn ...] [--budget-s 20] [--total-s 240]
+                             [--no-attention] [--adapter A]
 
 Times every candidate configuration of each matmul kernel (nt, nn, tn, their f16-weight
 variants and the packed-f16 forward) at every Linear shape of one training step, and every
@@ -33,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--wide", action="store_true", help="every configuration (slower)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds of timing per shape before the rest are skipped")
+    ap.add_argument("--total-s", type=float, default=None,
+                    help="seconds for the whole run, shared fairly among the shapes")
     ap.add_argument("--no-save", action="store_true", help="leave the user cache alone")
     ap.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
     ap.add_argument("--adapter", default=None)
@@ -41,7 +44,7 @@ def main(argv=None) -> int:
     print(f"# autotune on {device.info.summary()}", flush=True)
     run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key, wide=args.wide,
                budget_s=args.budget_s, out_dir=args.out, save=not args.no_save,
-               attention=not args.no_attention)
+               attention=not args.no_attention, total_s=args.total_s)
     return 0
 
 

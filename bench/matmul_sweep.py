@@ -152,19 +152,20 @@ def main(argv=None) -> int:
           "Times with GPU timestamps (median). `vs best`: time relative to the fastest. "
           "The general-kernel row is 03_linear.wgsl at its default tiles.", ""]
     results, entries = [], {}
+    matmul_budget = args.budget_s * (1.0 - ATTENTION_SHARE)   # the rest is attention's
     for key, shape, kind, share in setup["jobs"]:
         if "h16" in key and not device.has("shader-f16"):
             continue
         elapsed = time.perf_counter() - start
-        if elapsed > args.budget_s:
+        if elapsed > matmul_budget:
             print(f"# budget spent: skipping matmul {key} {shape}")
             continue
         cands = matmul_candidates(device, key, shape, kind)
-        budget = min(share * args.budget_s * 1.5, args.budget_s - elapsed)
+        budget = min(share * args.budget_s * 1.5, matmul_budget - elapsed)
         t0 = time.perf_counter()
         times = time_matmul(device, key, shape, cands, budget)
         general = None
-        if time.perf_counter() - start < args.budget_s and kind != "folds":
+        if time.perf_counter() - start < matmul_budget and kind != "folds":
             try:
                 general = ("general kernel " + "x".join(map(str, linear.default_tiles(*shape))),
                            general_time(device, key, shape))
@@ -190,14 +191,13 @@ def main(argv=None) -> int:
                         "general_us": general[1] * 1e6 if general else None})
 
     a = setup["attention"]
-    for kernel in ("forward", "dq", "dkv"):
-        elapsed = time.perf_counter() - start
-        if elapsed > args.budget_s * 1.1:
+    for i, kernel in enumerate(("forward", "dq", "dkv")):
+        remaining = args.budget_s - (time.perf_counter() - start)
+        if remaining <= 0:
             print(f"# budget spent: skipping attention {kernel}")
             continue
         t0 = time.perf_counter()
-        entry = autotune.tune_attention(device, kernel, **a,
-                                        budget_s=ATTENTION_SHARE / 3 * args.budget_s * 1.5)
+        entry = autotune.tune_attention(device, kernel, **a, budget_s=remaining / (3 - i))
         times = {c: (t / 1e6 if t is not None else math.inf)
                  for c, t in entry["candidates"].items()}
         flops = entry.get("tflops", 0) * 1e12 * entry["us"] / 1e6

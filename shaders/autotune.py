@@ -240,14 +240,16 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
                           accumulate=mode == "accumulate", config=cfg)
         return encode
 
-    candidates = [str(c) for c in linear.candidate_configs(device, key, M, N, K, wide=wide)]
+    default = str(linear.default_config(device, key, M, N, K))
+    candidates = [default] + [c for c in map(str, linear.candidate_configs(
+        device, key, M, N, K, wide=wide)) if c != default]   # the default is always timed
     times = time_candidates(device, candidates, encode_for, repeats=repeats, warmup=1,
                             budget_s=budget_s)
     for buf in (a, b, out):
         buf.destroy()
     entry = entry_from_times(times, flops)
-    entry["default"] = str(linear.default_config(device, key, M, N, K))
-    dflt = times.get(entry["default"])
+    entry["default"] = default
+    dflt = times.get(default)
     if dflt is not None and math.isfinite(dflt):
         entry["default_us"] = round(dflt * 1e6, 2)
     return entry
@@ -287,6 +289,9 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
                                               Hkv, D, **pins)
 
     candidates = ["%dx%d" % t for t in attention.candidate_tiles(device, kernel, D)]
+    if defaults[kernel] in candidates:   # the default is always timed
+        candidates.remove(defaults[kernel])
+        candidates.insert(0, defaults[kernel])
     times = time_candidates(device, candidates, encode_for, repeats=5, warmup=1,
                             budget_s=budget_s)
     for buf in (q, k, v, do, o, lse, dq, dk, dv):
@@ -312,35 +317,43 @@ def matmul_keys(device) -> list[str]:
 
 def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=None,
                wide: bool = False, budget_s: float | None = None, log=print,
-               attention: bool = True) -> list[dict]:
+               attention: bool = True, total_s: float | None = None) -> list[dict]:
     """Tune every matmul (and the attention kernels) of one training step of `preset`;
-    rows of (op, key, shape, entry)."""
+    rows of (op, key, shape, entry). `budget_s` caps the timing of one shape's candidates,
+    `total_s` the whole run (each shape then gets a fair share of what is left)."""
     if preset not in MODEL_DIMS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_DIMS)}")
     dims = dict(MODEL_DIMS[preset])
     if tokens:
         dims["tokens"] = int(tokens)
     keys = list(keys or matmul_keys(device))
+    jobs = [("matmul", key, (layout, M, N, K, mode))
+            for layout, M, N, K, mode in linear_shapes(**dims)
+            for key in keys if key[:2] == layout]
+    if attention:
+        jobs += [("attention", kernel, None) for kernel in ("forward", "dq", "dkv")]
+    run_start = time.perf_counter()
     rows = []
-    for layout, M, N, K, mode in linear_shapes(**dims):
-        for key in keys:
-            if key[:2] != layout:
-                continue
-            start = time.perf_counter()
-            entry = tune_matmul(device, key, M, N, K, mode=mode, wide=wide, budget_s=budget_s)
+    for i, (op, key, spec) in enumerate(jobs):
+        budget = budget_s
+        if total_s is not None:
+            share = max(total_s - (time.perf_counter() - run_start), 1.0) / (len(jobs) - i)
+            budget = share if budget is None else min(budget, share)
+        start = time.perf_counter()
+        if op == "matmul":
+            layout, M, N, K, mode = spec
+            entry = tune_matmul(device, key, M, N, K, mode=mode, wide=wide, budget_s=budget)
             rows.append({"op": "matmul", "key": key, "shape": (M, N, K), "entry": entry})
             log(f"# matmul {key:<7} {shape_key((M, N, K)):<18} best {entry['config']:<22} "
                 f"{entry['us']:>10.1f} us {entry.get('tflops', 0):7.2f} TFLOP/s  (default "
                 f"{entry['default']} {entry.get('default_us', float('nan')):.1f} us; "
                 f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
-    if attention:
-        a = MODEL_ATTENTION[preset]
-        for kernel in ("forward", "dq", "dkv"):
-            start = time.perf_counter()
-            entry = tune_attention(device, kernel, **a, budget_s=budget_s)
-            rows.append({"op": "attention", "key": kernel, "shape": (a["T"], a["D"]),
+        else:
+            a = MODEL_ATTENTION[preset]
+            entry = tune_attention(device, key, **a, budget_s=budget)
+            rows.append({"op": "attention", "key": key, "shape": (a["T"], a["D"]),
                          "entry": entry})
-            log(f"# attention {kernel:<7} T={a['T']} D={a['D']}: best {entry['config']} "
+            log(f"# attention {key:<7} T={a['T']} D={a['D']}: best {entry['config']} "
                 f"{entry['us']:.1f} us (default {entry['default']} "
                 f"{entry.get('default_us', float('nan')):.1f} us; "
                 f"{time.perf_counter() - start:.1f}s)")

@@ -55,6 +55,8 @@ def register(sub) -> None:
     t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
     t.add_argument("--budget-s", type=float, default=None,
                    help="stop timing a shape's candidates after this many seconds")
+    t.add_argument("--total-s", type=float, default=None,
+                   help="time budget of the whole run, shared fairly among the shapes")
     t.add_argument("--out", metavar="DIR", help="also write autotune.json, autotune.md and a "
                    "copy of the adapter's cache file (to commit as shaders/tuned/) into DIR")
     t.add_argument("--no-save", action="store_true",
@@ -157,14 +159,15 @@ def cmd_tune(args) -> int:
     try:
         run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key,
                    wide=args.wide, budget_s=args.budget_s, out_dir=args.out,
-                   save=not args.no_save, attention=not args.no_attention)
+                   save=not args.no_save, attention=not args.no_attention,
+                   total_s=args.total_s)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
     return 0
 
 
 def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, budget_s=None,
-               out_dir=None, save=True, attention=True) -> list:
+               out_dir=None, save=True, attention=True, total_s=None) -> list:
     """Tune, save the adapter's cache, and write the result files (shared by the CLI and
     bench/autotune.py)."""
     import pathlib
@@ -177,7 +180,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
             raise ValueError(f"unknown or unsupported matmul key {key!r}; this device "
                              f"supports {', '.join(known)}")
     rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
-                               attention=attention)
+                               attention=attention, total_s=total_s)
     entries = autotune.rows_to_entries(rows)
     path = autotune.save(device, entries) if save else None
     if path:
