@@ -47,7 +47,7 @@ def register(sub) -> None:
                         "shapes and cache the fastest per adapter (shaders/autotune.py)")
     t.add_argument("--preset", default="124m", help="model shapes to tune (124m, small, tiny)")
     t.add_argument("--tokens", type=int, default=None,
-                   help="tokens per step (default: the preset's 8 x max_seq)")
+                   help="tokens per step, B*T (default: the preset's, 8 x 1024 for 124m)")
     t.add_argument("--key", action="append", metavar="KEY",
                    help="matmul kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16 (repeatable; "
                         "default: all the device supports)")
