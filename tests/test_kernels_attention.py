@@ -63,3 +63,55 @@ def test_bad_shapes_are_refused(device):
             attention.forward(rec, buf, buf, buf, buf, buf, 1, 1, 1, 1, 520)
         with pytest.raises(ValueError, match="lse holds"):
             attention.forward(rec, buf, buf, buf, buf, device.empty(3), 1, 4, 1, 1, 8)
+
+
+@pytest.mark.parametrize("storage", [32768, 49152])   # lavapipe, H200
+@pytest.mark.parametrize("D", [4, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("kernel", ["forward", "dq", "dkv"])
+def test_tiled_defaults_fit_and_prefer_big_blocks(storage, D, kernel, monkeypatch):
+    monkeypatch.setenv("ISTANBUL_AUTOTUNE", "0")   # the defaults, whatever is cached
+    dev = types.SimpleNamespace(limits={"max-compute-workgroup-storage-size": storage,
+                                        "max-compute-invocations-per-workgroup": 1024})
+    tiles = attention.choose_tiled(dev, kernel, 1024, D)
+    if tiles is None:   # nothing fits: the general kernel runs (D = 128 in 32 KiB)
+        assert D == 128 and storage == 32768
+        assert attention.choose_tiles(dev, D, kernel)
+        return
+    rows, cols = tiles
+    assert not attention.tiled_problems(dev, kernel, rows, cols, D)
+    assert attention.tiled_bytes(kernel, rows, cols, D) <= storage - 1024
+    if D == 64 and storage == 49152:   # the 124M model's head dim on the H200
+        assert tiles == {"forward": (64, 32), "dq": (32, 32), "dkv": (32, 32)}[kernel]
+
+
+def test_tiled_kernels_run_by_default_and_general_ones_otherwise(device, monkeypatch):
+    labels = []
+    from shaders.engine import Recorder
+    original = Recorder.dispatch
+
+    def spy(self, kernel, resources, workgroups, label=""):
+        labels.append(label or kernel.name)
+        return original(self, kernel, resources, workgroups, label)
+    monkeypatch.setattr(Recorder, "dispatch", spy)
+    for D, want in ((16, "attention_forward_tiled"), (6, "attention_forward")):
+        buf = device.empty(2 * 8 * 2 * D)
+        lse = device.empty(2 * 2 * 8)
+        labels.clear()
+        with device.record() as rec:
+            attention.forward(rec, buf, buf, buf, device.empty(2 * 8 * 2 * D), lse,
+                              2, 8, 2, 2, D)
+        assert labels == [want]
+
+
+def test_bad_tiled_configs_are_refused(device):
+    buf = device.empty(4096)
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="ROWSxCOLS"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 16, config="big")
+        with pytest.raises(ValueError, match="column tile dividing"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 16, config="16x12")
+        with pytest.raises(ValueError, match="multiples of 4"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 6, config="16x8")
+        with pytest.raises(ValueError, match="workgroup memory"):
+            attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
+                               64, config_dq="128x64")

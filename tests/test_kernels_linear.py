@@ -74,3 +74,100 @@ def test_bad_operands_are_named(device):
             linear.matmul_nt(rec, a, b, c, 1, 1, 1, tiles=(12, 64, 16))
         with pytest.raises(ValueError, match="workgroup memory"):
             linear.matmul_nt(rec, a, b, c, 1, 1, 1, tiles=(128, 128, 64))
+
+
+def test_ops_pick_the_tiled_kernels_by_default(device):
+    # The shapes the model uses (multiples of 4, contiguous) run the tiled kernels; shapes
+    # that cannot be read as vec4 fall back to the general ones.
+    for layout in ("nt", "nn", "tn"):
+        chosen = linear.plan(device, layout, 64, 96, 128)
+        assert chosen.path == "tiled" and chosen.kernel == f"matmul_{layout}_tiled"
+        assert linear.plan(device, layout, 64, 96, 45).path == ("tiled" if layout == "tn"
+                                                                else "general")
+    assert linear.plan(device, "nt", 64, 96, 128, b_dtype=np.float16).kernel == \
+        "matmul_nt_w16_tiled"
+    assert linear.plan(device, "nt", 64, 96, 128, ldc=98).path == "general"
+    assert linear.plan(device, "nn", 64, 96, 128, tiles=(32, 32, 16)).path == "general"
+
+
+def test_tiled_config_errors_are_clear(device):
+    a, b, c = device.empty(16), device.empty(16), device.empty(16)
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="multiples of 4"):
+            linear.matmul_nt(rec, a, b, c, 3, 4, 3, config="32x32x8-4x4-s1")
+        with pytest.raises(ValueError, match="BMxBNxBK"):
+            linear.matmul_nt(rec, a, b, c, 3, 4, 4, config="big")
+        with pytest.raises(ValueError, match="TM and TN"):
+            linear.matmul_nt(rec, a, b, c, 3, 4, 4, config="32x32x8-2x2-s1")
+        with pytest.raises(ValueError, match="workgroup memory"):
+            linear.matmul_nt(rec, a, b, c, 3, 4, 4, config="256x256x64-8x8-s1")
+        with pytest.raises(ValueError, match="not both"):
+            linear.matmul_nt(rec, a, b, c, 3, 4, 4, config="32x32x8-4x4-s1", tiles=(32, 32, 8))
+
+
+def test_split_k_is_deterministic_and_matches_one_split(device):
+    # dW of a thin shape: four K-splits summed in a fixed order give the same bits every
+    # run, and agree with the unsplit product to f32 rounding.
+    rng = np.random.default_rng(5)
+    M, N, K = 40, 36, 1000
+    dy, x = rng.standard_normal((K, M), np.float32), rng.standard_normal((K, N), np.float32)
+    a, b = device.upload(dy), device.upload(x)
+    outs = []
+    for cfg in ("32x32x16-4x4-s4", "32x32x16-4x4-s4", "32x32x16-4x4-s1"):
+        c = device.upload(np.ones((M, N), np.float32))
+        with device.record() as rec:
+            linear.matmul_tn(rec, a, b, c, M, N, K, accumulate=True, config=cfg)
+        outs.append(device.download(c))
+    assert np.array_equal(outs[0], outs[1])
+    want = 1.0 + dy.astype(np.float64).T @ x
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(outs[2], want, rtol=1e-5, atol=1e-4)
+
+
+def test_split_k_partials_never_leak_between_calls(device):
+    # Two split-K products recorded back to back share the scratch partials buffer: the
+    # second must not see the first's partials (different shapes, same recording).
+    rng = np.random.default_rng(6)
+    shapes = [(24, 20, 600), (8, 12, 256)]
+    bufs, wants = [], []
+    for M, N, K in shapes:
+        A, B = rng.standard_normal((K, M), np.float32), rng.standard_normal((K, N), np.float32)
+        bufs.append((device.upload(A), device.upload(B), device.empty((M, N))))
+        wants.append(A.astype(np.float64).T @ B)
+    with device.record() as rec:
+        for (M, N, K), (a, b, c) in zip(shapes, bufs):
+            linear.matmul_tn(rec, a, b, c, M, N, K, config="32x32x8-4x4-s3")
+    for (a, b, c), want in zip(bufs, wants):
+        np.testing.assert_allclose(device.download(c), want, rtol=1e-5, atol=1e-4)
+
+
+def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
+    if not device.has("shader-f16"):
+        pytest.skip("device lacks shader-f16 (the packed-f16 kernel needs it)")
+    from shaders.engine import Recorder
+    labels = []
+    original = Recorder.dispatch
+
+    def spy(self, kernel, resources, workgroups, label=""):
+        labels.append(label or kernel.name)
+        return original(self, kernel, resources, workgroups, label)
+    monkeypatch.setattr(Recorder, "dispatch", spy)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    w = (0.1 * rng.standard_normal((16, 32))).astype(np.float16)
+    xb, wb, y = device.upload(x), device.upload(w), device.empty((8, 16))
+    for env, want in ((None, "matmul_nt_w16_tiled"), ("1", "matmul_nt_h16_tiled")):
+        if env is None:
+            monkeypatch.delenv("ISTANBUL_F16_MATH", raising=False)
+        else:
+            monkeypatch.setenv("ISTANBUL_F16_MATH", env)
+        labels.clear()
+        with device.record() as rec:
+            linear.matmul_nt(rec, xb, wb, y, 8, 16, 32)
+        assert labels == [want]
+        np.testing.assert_allclose(device.download(y), x.astype(np.float64) @ w.T.astype(
+            np.float64), rtol=2e-2, atol=2e-2)
+    labels.clear()
+    with device.record() as rec:   # an explicit False wins over the switch
+        linear.matmul_nt(rec, xb, wb, y, 8, 16, 32, f16_math=False)
+    assert labels == ["matmul_nt_w16_tiled"]

@@ -5,6 +5,12 @@ q/k/v inside one fused qkv buffer (strided tokens), sequences spanning many tile
 T = 1024 (what lavapipe does quickly), and peaked softmaxes (scores around 150).
 At scores near 1600 the f32 backward still agrees to ~75 dB PSNR: s and lse carry ~1e-4
 absolute rounding there, as they do in any f32 implementation.
+
+The plain cases take the op's default path (the tiled kernels when D and the strides allow
+vec4, the general ones otherwise: odd_dim). The *_tiled cases pin the tiled kernels with
+the op's default tiles on variants whose D is a multiple of 4; the *_tiled_small case pins
+small tiles (many tiles per sequence, query and key tiles of different sizes) so that every
+masking branch runs on small sequences.
 """
 
 from __future__ import annotations
@@ -120,16 +126,31 @@ def _qkv(dev, inp):
     return _parts(dev, inp["qkv"].reshape(-1), offsets), strides
 
 
-def forward_launch(dev, inp, tiles=None):
+def tiled_configs(dev, inp, pinned=None):
+    """{forward, dq, dkv} tiles for the tiled kernels: `pinned`, else the op's defaults."""
+    if pinned is not None:
+        return dict(pinned)
+    T, D = inp["T"], inp["D"]
+    out = {}
+    for kernel in ("forward", "dq", "dkv"):
+        tiles = attention.choose_tiled(dev, kernel, T, D)
+        if tiles is None:
+            raise ValueError(f"no tiled {kernel} kernel fits head dim {D} on {dev.name}")
+        out[kernel] = "%dx%d" % tiles
+    return out
+
+
+def forward_launch(dev, inp, tiles=None, configs=None):
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
+    config = configs["forward"] if configs else None
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
-                                                tiles=tiles, **strides),
+                                                tiles=tiles, config=config, **strides),
                   lambda: {"o": dev.download(o), "lse": dev.download(lse)})
 
 
-def backward_launch(dev, inp, tiles=None):
+def backward_launch(dev, inp, tiles=None, configs=None):
     """Forward then backward (the backward needs the forward's o and lse)."""
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
@@ -141,11 +162,15 @@ def backward_launch(dev, inp, tiles=None):
     else:  # gradients land in one fused [B, T, (H + 2Hkv) D] buffer, like q, k, v
         dq, dk, dv = _parts(dev, np.zeros(inp["qkv"].size, np.float32), offsets)
     tq, tdq, tdkv = tiles or (None, None, None)
+    cf, cdq, cdkv = (configs["forward"], configs["dq"], configs["dkv"]) if configs else \
+        (None, None, None)
 
     def encode(rec):
-        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tiles=tq, **strides)
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tiles=tq, config=cf,
+                          **strides)
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
-                           tiles_dq=tdq, tiles_dkv=tdkv, **strides)
+                           tiles_dq=tdq, tiles_dkv=tdkv, config_dq=cdq, config_dkv=cdkv,
+                           **strides)
 
     def read():
         stride_q = strides.get("q_stride", H * D)
@@ -166,15 +191,16 @@ def torch_attention(q, k, v, H, Hkv):
     return out.transpose(1, 2)
 
 
-def backward_grad(dev, rng, tiles=None):
+def backward_grad(dev, rng, tiles=None, pinned=None, tiled=False):
     inp = make_inputs(rng, "random")
-    got = run_launch(dev, backward_launch(dev, inp, tiles))
+    configs = tiled_configs(dev, inp, pinned) if tiled else None
+    got = run_launch(dev, backward_launch(dev, inp, tiles, configs))
     H, Hkv = inp["H"], inp["Hkv"]
     ref = torch_grads(lambda q, k, v: torch_attention(q, k, v, H, Hkv),
                       {"q": inp["q"], "k": inp["k"], "v": inp["v"]}, inp["do"], ("q", "k", "v"))
 
     def loss(params):
-        out = run_launch(dev, forward_launch(dev, dict(inp, **params)))["o"]
+        out = run_launch(dev, forward_launch(dev, dict(inp, **params), None, configs))["o"]
         return float(np.sum(f64(out) * f64(inp["do"])))
 
     gap = fd_consistency(loss, {"q": inp["q"], "k": inp["k"], "v": inp["v"]},
@@ -223,3 +249,49 @@ register(KernelCase(
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="attention forward+backward with 8-row tiles (many tiles per sequence)"))
+
+
+# ---- the tiled kernels (05_attention_tiled.wgsl), pinned ------------------------------------
+
+VARIANTS_TILED = ("random", "mha", "gqa4", "one", "fused", "peaked", "long")   # D % 4 == 0
+VARIANTS_SMALL = ("random", "mha", "gqa4", "peaked", "long")                   # D in 8..32
+SMALL_CONFIGS = {"forward": "16x8", "dq": "8x8", "dkv": "16x8"}
+
+
+def _tiled_kernels(D):
+    return [(attention.FILE_TILED, attention.TILED_KERNELS[k],
+             attention.tiled_constants(k, 16, 16, D)) for k in ("forward", "dq", "dkv")]
+
+
+register(KernelCase(
+    name="attention_forward_tiled", family="attention", precision="f32",
+    kernels=_tiled_kernels(16)[:1],
+    inputs=make_inputs,
+    launch=lambda dev, inp: forward_launch(dev, inp, None, tiled_configs(dev, inp)),
+    reference=forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    flops=lambda inp: 2.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"]) + 4.0 * inp["B"] * inp["H"] * inp["T"],
+    description="tiled forward: 4x4 score blocks, vec4 tiles, online softmax"))
+
+register(KernelCase(
+    name="attention_backward_tiled", family="attention", precision="f32",
+    kernels=_tiled_kernels(16),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None, tiled_configs(dev, inp)),
+    reference=backward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    grad=lambda dev, rng: backward_grad(dev, rng, tiled=True),
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="tiled forward + prep + dQ + dK/dV (timed together)"))
+
+register(KernelCase(
+    name="attention_backward_tiled_small", family="attention", precision="f32",
+    kernels=[(attention.FILE_TILED, attention.TILED_KERNELS["dq"],
+              attention.tiled_constants("dq", 8, 8, 16))],
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None, SMALL_CONFIGS),
+    reference=backward_reference, variants=VARIANTS_SMALL, bench_variant_software="bench_small",
+    grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True),
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="tiled attention with 16x8 / 8x8 tiles (many tiles, uneven diagonal)"))

@@ -19,10 +19,13 @@ SHAPES = {
     "all_ignored": (5, 16, 16, 2.0, 0.0, 0.0, 1.0),
     "one": (1, 1, 4, 1.0, 0.0, 0.0, 0.0),
     "smooth_z": (25, 77, 80, 4.0, 0.1, 1e-3, 0.2),
+    "wide": (6, 5000, 5004, 3.0, 0.1, 1e-3, 0.2),     # the unrolled first pass, vec4
+    "wide_odd": (4, 4999, 5001, 3.0, 0.0, 0.0, 0.0),  # the unrolled first pass, scalar
     "bench": (8192, 50304, 50304, 3.0, 0.0, 0.0, 0.0),
     "bench_small": (512, 50304, 50304, 3.0, 0.0, 0.0, 0.0),
 }
-VARIANTS = ("random", "vec", "padded", "huge", "ignored", "all_ignored", "one", "smooth_z")
+VARIANTS = ("random", "vec", "padded", "huge", "ignored", "all_ignored", "one", "smooth_z",
+            "wide", "wide_odd")
 
 
 def make_inputs(rng, variant):
@@ -59,7 +62,7 @@ def reference(inp):
             "dlogits": dlogits.astype(np.float32)}
 
 
-def make_launch(dev, inp, grad="inplace"):
+def make_launch(dev, inp, grad="inplace", workgroup=None):
     rows, stride = inp["logits"].shape
     logits, targets = dev.upload(inp["logits"]), dev.upload(inp["targets"])
     losses, stats = dev.empty(rows), dev.empty(4)
@@ -68,7 +71,7 @@ def make_launch(dev, inp, grad="inplace"):
     def encode(rec):
         ce.forward_backward(rec, logits, targets, losses, stats, rows, inp["vocab"],
                             stride=stride, grad=out if grad == "buffer" else grad,
-                            label_smoothing=inp["eps"], z_loss=inp["z"])
+                            label_smoothing=inp["eps"], z_loss=inp["z"], workgroup=workgroup)
 
     def read():
         got = {"losses": dev.download(losses), "stats": dev.download(stats)}
@@ -131,3 +134,12 @@ for name, grad, passes, description in (
         grad=grad_check if grad == "inplace" else None,
         flops=lambda inp, n=passes: 4.0 * n * inp["logits"].size,
         bytes=lambda inp, n=passes: _bytes(inp, n), description=description))
+
+
+register(KernelCase(
+    name="cross_entropy_wg1024", family="cross_entropy", precision="f32",
+    kernels=[(ce.FILE, "ce_rows_vec4", {"WG": 1024})],
+    inputs=make_inputs, launch=lambda dev, inp: make_launch(dev, inp, "inplace", 1024),
+    reference=reference, variants=VARIANTS, bench_variant_software="bench_small",
+    flops=lambda inp: 12.0 * inp["logits"].size, bytes=lambda inp: _bytes(inp, 3),
+    description="cross-entropy with 1024 invocations per row"))

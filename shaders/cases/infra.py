@@ -67,6 +67,65 @@ elementwise("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f
             bytes_per=6, reference=lambda inp: {"y": inp["x"].astype(np.float32)})
 
 
+# ---- the same through shaders/ops/basic.py: vec4 kernels when n % 4 == 0 -------------------
+
+SIZES_OPS = {"random": 100_004, "one": 4, "odd": 260, "ragged": 1_003, "bench": 1 << 24}
+
+
+def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.float32,
+            dtype_out=np.float32, precision="exact", requires=(), bytes_per=8):
+    """Register `name`_op: the basic op over SIZES_OPS (vec4 kernels except `ragged`)."""
+    from ..ops import basic
+
+    def vector(rng, variant, dtype):
+        x = rng.standard_normal(SIZES_OPS[variant]).astype(dtype)
+        if variant == "odd":
+            x[:5] = [np.inf, -np.inf, np.nan, 0.0, -0.0]
+        return x
+
+    def inputs(rng, variant):
+        inp = {"x": vector(rng, variant, dtype_in), "alpha": np.float32(alpha)}
+        if inout:
+            inp["y"] = vector(rng, variant, dtype_out)
+        return inp
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        y = dev.upload(inp["y"]) if inout else dev.empty(n, dtype_out)
+        x = dev.upload(inp["x"])
+        fn = getattr(basic, name)
+        if name == "fill":
+            encode = lambda rec: fn(rec, y, n, float(inp["alpha"]))  # noqa: E731
+        elif name in ("scale", "axpy"):
+            encode = lambda rec: fn(rec, x, y, n, float(inp["alpha"]))  # noqa: E731
+        else:
+            encode = lambda rec: fn(rec, x, y, n)  # noqa: E731
+        return Launch(encode=encode, read=lambda: {"y": dev.download(y)})
+
+    vec = VEC4_KERNELS.get(name, name + "_vec4")
+    register(KernelCase(
+        name=name + "_op", family="infra", precision=precision,
+        kernels=[("infra_vec4.wgsl", vec)], inputs=inputs, launch=launch,
+        reference=reference, variants=("random", "one", "odd", "ragged"), requires=requires,
+        bytes=lambda inp: inp["x"].size * bytes_per, flops=lambda inp: 0.0,
+        description=f"ops.basic.{name}: vec4 kernel, 16 elements per invocation"))
+
+
+VEC4_KERNELS = {"copy": "copy_vec4x4"}
+op_case("fill", n_inputs=0, alpha=3.25, bytes_per=4,
+        reference=lambda inp: {"y": np.full(inp["x"].size, inp["alpha"], np.float32)})
+op_case("scale", n_inputs=1, alpha=-1.75,
+        reference=lambda inp: {"y": (inp["alpha"] * inp["x"]).astype(np.float32)})
+op_case("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
+        reference=lambda inp: {"y": (inp["alpha"].astype(np.float64) * inp["x"]
+                                     + inp["y"]).astype(np.float32)})
+op_case("copy", n_inputs=1, reference=lambda inp: {"y": inp["x"].copy()})
+op_case("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
+        bytes_per=6, reference=lambda inp: {"y": _cast_f32_f16(inp["x"])})
+op_case("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
+        bytes_per=6, reference=lambda inp: {"y": inp["x"].astype(np.float32)})
+
+
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
 
 ROW_SHAPES = {"random": (37, 1000), "one": (1, 1), "wide": (3, 100_000), "bench": (4096, 4096)}

@@ -5,6 +5,13 @@ divides, M=1/K=3 (decode-like), 1x1x1, tile-aligned multi-tile shapes, and strid
 whose padding holds NaN (a kernel reading outside its rows would poison the result) and whose
 output padding must survive untouched. `bench` uses the 124M model's FFN shapes at 8 x 1024
 tokens (`bench_small` on software adapters).
+
+The plain cases (matmul_nt, ...) take whatever path the op picks by default: the general
+kernel for shapes that cannot be read as vec4 (random, odd, one, strided), the tiled kernel
+otherwise (aligned, bench). The *_tiled cases use only vec4-ready shapes (ragged multiples of
+4, padded leading dimensions, a split-K variant whose K splits into uneven BK slices) so the
+tiled kernels face every edge; the cases named after a configuration pin one register-block
+shape or split factor so that each code path of the kernel is checked on every device.
 """
 
 from __future__ import annotations
@@ -24,8 +31,14 @@ SHAPES = {
     "strided": (33, 40, 20),
     "bench": (8192, 3072, 768),
     "bench_small": (1024, 768, 768),
+    # vec4-ready shapes for the tiled kernels
+    "random4": (68, 132, 44),
+    "tiny4": (4, 4, 4),
+    "strided4": (36, 40, 20),
+    "split": (36, 40, 1000),
 }
 VARIANTS = ("random", "odd", "one", "aligned", "strided")
+VARIANTS_TILED = ("random4", "tiny4", "aligned", "strided4", "split")
 
 
 def _shape(layout, variant):
@@ -45,11 +58,16 @@ def _stored(rng, rows, cols, ld, dtype=np.float32):
 
 def make_inputs(layout, mode, b16, rng, variant):
     M, N, K = _shape(layout, variant)
-    pad = variant == "strided"
     a_rows, a_cols = (K, M) if layout == "tn" else (M, K)
     b_rows, b_cols = (N, K) if layout == "nt" else (K, N)
-    lda, ldb, ldc = (a_cols + 7, b_cols + 5, N + 3) if pad else (a_cols, b_cols, N)
+    if variant == "strided":
+        lda, ldb, ldc = a_cols + 7, b_cols + 5, N + 3
+    elif variant == "strided4":   # padded rows that keep 16-byte alignment
+        lda, ldb, ldc = a_cols + 8, b_cols + 4, N + 12
+    else:
+        lda, ldb, ldc = a_cols, b_cols, N
     inp = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, "mode": mode,
+           "variant": variant,
            "alpha": 0.75 if mode != "store" else 1.0,
            "a": _stored(rng, a_rows, a_cols, lda),
            "b": _stored(rng, b_rows, b_cols, ldb, np.float16 if b16 else np.float32)}
@@ -87,30 +105,51 @@ def reference(inp, layout, f16_math=False):
     return {"out": out.astype(np.float32)}
 
 
-def make_launch(dev, inp, layout, f16_math=False, tiles=None):
+def variant_config(dev, inp, layout, b16, f16_math, config):
+    """The tiled configuration a case runs: its own, else the op's choice; the `split`
+    variant forces three K-splits on top of it so split-K runs on every device."""
+    if inp.get("variant") != "split":
+        return config
+    M, N, K = inp["M"], inp["N"], inp["K"]
+    base = linear.MatmulConfig.parse(config) if config is not None else linear.choose_config(
+        dev, layout, np.float16 if b16 else np.float32, f16_math, M, N, K)
+    return base.with_splits(3)
+
+
+def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=False):
     a, b, out = dev.upload(inp["a"]), dev.upload(inp["b"]), dev.upload(inp["out"])
     res = dev.upload(inp["residual"]) if "residual" in inp else None
+    config = variant_config(dev, inp, layout, b16, f16_math, config)
 
     def encode(rec):
         linear.matmul(rec, a, b, out, inp["M"], inp["N"], inp["K"], layout=layout,
                       accumulate=inp["mode"] == "accumulate", residual=res,
                       alpha=inp["alpha"], lda=inp["lda"], ldb=inp["ldb"], ldc=inp["ldc"],
-                      f16_math=f16_math, tiles=tiles)
+                      f16_math=f16_math, tiles=tiles, config=config)
     return Launch(encode, lambda: {"out": dev.download(out)})
 
 
 def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
-              precision="f32", description=""):
-    file, kernel = linear.kernel_name(layout, np.float16 if b16 else np.float32, f16_math)
-    constants = linear.tile_constants(tiles or (64, 64, 16))
+              precision="f32", description="", tiled=False, config=None):
+    b_dtype = np.float16 if b16 else np.float32
+    if tiled:
+        file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math)
+        cfg = linear.MatmulConfig.parse(config or "32x32x8-4x4-s1")
+        kernels = [(file, kernel, cfg.constants(f16_math)),
+                   (linear.FILE_SPLITK, "matmul_splitk_reduce")]
+        variants = VARIANTS_TILED
+    else:
+        file, kernel = linear.kernel_name(layout, b_dtype, f16_math)
+        kernels = [(file, kernel, linear.tile_constants(tiles or (64, 64, 16)))]
+        variants = VARIANTS
     register(KernelCase(
         name=name, family="linear", precision=precision,
-        kernels=[(file, kernel, constants)],
+        kernels=kernels,
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
-        launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles),
+        launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles, config, b16),
         reference=lambda inp: reference(inp, layout, f16_math),
-        variants=VARIANTS, bench_variant_software="bench_small",
-        requires=("shader-f16",) if b16 else (),
+        variants=variants, bench_variant_software="bench_small",
+        requires=("shader-f16",) if f16_math or (b16 and not tiled) else (),
         bench_precision="f16" if f16_math else "f32",
         flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
         bytes=lambda inp: (inp["a"].nbytes + inp["b"].nbytes
@@ -136,6 +175,39 @@ _register("matmul_nt_h16", "nt", b16=True, f16_math=True, precision="f16",
           description="packed-f16 multiplies, f32 accumulation (forward)")
 _register("matmul_nt_h16_accumulate", "nt", "accumulate", b16=True, f16_math=True,
           precision="f16", description="packed-f16 forward, accumulate epilogue")
+
+# the tiled kernels with the op's configuration (tuned, else the device-class default)
+_register("matmul_nt_tiled", "nt", tiled=True, description="tiled C = A @ B^T (forward)")
+_register("matmul_nn_tiled", "nn", tiled=True, description="tiled C = A @ B (dX)")
+_register("matmul_tn_tiled", "tn", tiled=True, description="tiled C = A^T @ B (dW)")
+_register("matmul_tn_tiled_accumulate", "tn", "accumulate", tiled=True,
+          description="tiled dW += alpha dy^T @ x")
+_register("matmul_nn_tiled_accumulate", "nn", "accumulate", tiled=True,
+          description="tiled dX += alpha dy @ W")
+_register("matmul_nt_tiled_residual", "nt", "residual", tiled=True,
+          description="tiled C = R + alpha A @ B^T")
+_register("matmul_nt_w16_tiled", "nt", b16=True, tiled=True,
+          description="tiled forward from f16 weights, f32 math")
+_register("matmul_nn_w16_tiled", "nn", b16=True, tiled=True,
+          description="tiled dX from f16 weights, f32 math")
+_register("matmul_nn_w16_tiled_accumulate", "nn", "accumulate", b16=True, tiled=True,
+          description="tiled dX += dy @ W16")
+_register("matmul_nt_h16_tiled", "nt", b16=True, f16_math=True, tiled=True, precision="f16",
+          description="tiled packed-f16 forward, f32 accumulation")
+_register("matmul_nt_h16_tiled_residual", "nt", "residual", b16=True, f16_math=True,
+          tiled=True, precision="f16", description="tiled packed-f16 forward + residual")
+# one case per register-block shape and split factor (each fits 32 KiB of workgroup memory)
+_register("matmul_nt_tiled_8x8", "nt", tiled=True, config="128x128x8-8x8-s1",
+          description="128x128 tiles, 8x8 per invocation")
+_register("matmul_nn_tiled_8x4", "nn", tiled=True, config="128x64x16-8x4-s1",
+          description="128x64 tiles, 8x4 per invocation")
+_register("matmul_tn_tiled_4x8", "tn", tiled=True, config="64x128x16-4x8-s1",
+          description="64x128 tiles, 4x8 per invocation")
+_register("matmul_tn_tiled_splitk", "tn", "accumulate", tiled=True, config="64x64x16-4x4-s4",
+          description="dW with four K-splits")
+_register("matmul_nt_h16_tiled_8x8", "nt", b16=True, f16_math=True, tiled=True,
+          precision="f16", config="128x128x16-8x8-s1-f8",
+          description="packed-f16 128x128 tiles, f16 partials of 8 terms")
 
 
 # ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------

@@ -1,4 +1,9 @@
-"""Ladder entries for RMSNorm (shaders/ops/rmsnorm.py, 02_rmsnorm.wgsl)."""
+"""Ladder entries for RMSNorm (shaders/ops/rmsnorm.py, 02_rmsnorm*.wgsl).
+
+The plain cases take the op's default path (the rows kernels for n % 4 == 0: random, huge,
+tiny, bench; the general kernels for odd, one, wide); the *_general and *_rows cases force
+one path on every variant it can run.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ EPS = 1e-5
 # cancellation that no f32 implementation (PyTorch's included) resolves.
 SHAPES = {"random": (37, 96, 1.0), "odd": (5, 13, 1.0), "one": (1, 1, 3e-3),
           "wide": (3, 5000, 1.0), "huge": (8, 64, 1e4), "tiny": (4, 20, 1e-20),
-          "bench": (8192, 768, 1.0), "bench_small": (2048, 768, 1.0)}
+          "bench": (8192, 768, 1.0), "bench_small": (2048, 768, 1.0),
+          "rows4": (37, 4096, 1.0), "few": (3, 8, 1.0)}
 VARIANTS = ("random", "odd", "one", "wide", "huge", "tiny")
+VARIANTS_ROWS = ("random", "huge", "tiny", "rows4", "few")   # n % 4 == 0, n <= 4096
 
 
 def make_inputs(rng, variant):
@@ -46,15 +53,15 @@ def backward_reference(inp, accumulate):
     return {"dx": dx.astype(np.float32), "dw": dw.astype(np.float32)}
 
 
-def forward_launch(dev, inp):
+def forward_launch(dev, inp, path=None):
     rows, n = inp["x"].shape
     x, w = dev.upload(inp["x"]), dev.upload(inp["w"])
     y, rstd = dev.empty((rows, n)), dev.empty(rows)
-    return Launch(lambda rec: rmsnorm.forward(rec, x, w, y, rstd, rows, n, EPS),
+    return Launch(lambda rec: rmsnorm.forward(rec, x, w, y, rstd, rows, n, EPS, path=path),
                   lambda: {"y": dev.download(y), "rstd": dev.download(rstd)})
 
 
-def backward_launch(dev, inp, accumulate=False):
+def backward_launch(dev, inp, accumulate=False, path=None):
     rows, n = inp["x"].shape
     rstd_host = forward_reference(inp)["rstd"]
     x, w, dy = dev.upload(inp["x"]), dev.upload(inp["w"]), dev.upload(inp["dy"])
@@ -62,7 +69,7 @@ def backward_launch(dev, inp, accumulate=False):
     dx = dev.upload(inp["dx0"]) if accumulate else dev.empty((rows, n))
     dw = dev.upload(inp["dw0"])
     return Launch(lambda rec: rmsnorm.backward(rec, x, w, dy, rstd, dx, dw, rows, n,
-                                               accumulate_dx=accumulate),
+                                               accumulate_dx=accumulate, path=path),
                   lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
 
 
@@ -71,21 +78,21 @@ def torch_rmsnorm(x, w):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
 
 
-def backward_grad(dev, rng):
+def backward_grad(dev, rng, path=None):
     inp = make_inputs(rng, "random")
     inp["dw0"][:] = 0.0
     rows, n = inp["x"].shape
     # the backward starts from the GPU forward's rstd, as in training
-    fwd = run_launch(dev, forward_launch(dev, inp))
+    fwd = run_launch(dev, forward_launch(dev, inp, path))
     x, w, dy = dev.upload(inp["x"]), dev.upload(inp["w"]), dev.upload(inp["dy"])
     dx, dw = dev.empty((rows, n)), dev.zeros(n)
     with dev.record() as rec:
-        rmsnorm.backward(rec, x, w, dy, dev.upload(fwd["rstd"]), dx, dw, rows, n)
+        rmsnorm.backward(rec, x, w, dy, dev.upload(fwd["rstd"]), dx, dw, rows, n, path=path)
     got = {"x": dev.download(dx), "w": dev.download(dw)}
     ref = torch_grads(torch_rmsnorm, {"x": inp["x"], "w": inp["w"]}, inp["dy"], ("x", "w"))
 
     def loss(params):
-        out = run_launch(dev, forward_launch(dev, dict(inp, **params)))["y"]
+        out = run_launch(dev, forward_launch(dev, dict(inp, **params), path))["y"]
         return float(np.sum(f64(out) * f64(inp["dy"])))
 
     gap = fd_consistency(loss, {"x": inp["x"], "w": inp["w"]}, got, rng)
@@ -115,5 +122,35 @@ for accumulate in (False, True):
         variants=VARIANTS, bench_variant_software="bench_small",
         grad=None if accumulate else backward_grad,
         flops=lambda inp: 10.0 * inp["x"].size,
-        bytes=lambda inp, a=accumulate: (5 + a) * inp["x"].nbytes,
+        bytes=lambda inp, a=accumulate: (3 + a) * inp["x"].nbytes,   # x, dy, dx (+ dx read)
         description="dx (" + ("+=" if accumulate else "=") + ") and dw += of RMSNorm"))
+
+
+# ---- one path forced -------------------------------------------------------------------------
+
+for path, variants, kernels in (
+        ("general", VARIANTS, [(rmsnorm.FILE, "rmsnorm_forward_vec4", {"WG": 64})]),
+        ("rows", VARIANTS_ROWS, [(rmsnorm.FILE_ROWS, "rmsnorm_forward_rows",
+                                  {"WG": 64, "C": 1}),
+                                 (rmsnorm.FILE_ROWS, "rmsnorm_backward_rows",
+                                  {"WG": 64, "C": 1, "RB": 8}),
+                                 (rmsnorm.FILE_ROWS, "rmsnorm_dw_reduce_rows")])):
+    register(KernelCase(
+        name=f"rmsnorm_forward_{path}", family="rmsnorm", precision="f32", kernels=kernels,
+        inputs=make_inputs, launch=lambda dev, inp, p=path: forward_launch(dev, inp, p),
+        reference=forward_reference, variants=variants, bench_variant_software="bench_small",
+        flops=lambda inp: 4.0 * inp["x"].size,
+        bytes=lambda inp: 2 * inp["x"].nbytes + inp["x"].shape[0] * 4,
+        description=f"RMSNorm forward, {path} kernels"))
+    for accumulate in (False, True):
+        register(KernelCase(
+            name=f"rmsnorm_backward_{path}" + ("_accumulate" if accumulate else ""),
+            family="rmsnorm", precision="f32", kernels=kernels,
+            inputs=make_inputs,
+            launch=lambda dev, inp, a=accumulate, p=path: backward_launch(dev, inp, a, p),
+            reference=lambda inp, a=accumulate: backward_reference(inp, a),
+            variants=variants, bench_variant_software="bench_small",
+            grad=None if accumulate else (lambda dev, rng, p=path: backward_grad(dev, rng, p)),
+            flops=lambda inp: 10.0 * inp["x"].size,
+            bytes=lambda inp, a=accumulate: (3 + a) * inp["x"].nbytes,
+            description=f"RMSNorm dx and dw, {path} kernels"))

@@ -20,16 +20,41 @@ fused gradient buffer (then feed it to the fused projection's backward).
 scale defaults to 1/sqrt(D). The backward writes (never accumulates) dq, dk, dv; it runs a
 prep dispatch (dvec = rowsum(do * o) into a scratch buffer), the dQ kernel and the dK/dV
 kernel (which sums the H/Hkv query heads of each kv head itself: deterministic, no atomics).
+
+Kernels. The fast path (05_attention_tiled.wgsl: 4 x 4 score blocks per invocation, vec4
+workgroup tiles) needs D and the token strides to be multiples of 4 and 16-byte-aligned
+views; otherwise, or when no tile fits the device, the general kernels of 05_attention.wgsl
+run. `config="BQxBKV"` (forward), `config_dq`, `config_dkv` pin the tiled kernels' tiles
+(rows x columns: queries x keys; for dK/dV keys x queries); `tiles=...` (the general
+kernels' shapes, see `choose_tiles`) pins the general kernels. Otherwise the tiles come from
+the autotune cache (op "attention", keys forward/dq/dkv, shape T x D) or the largest default
+that fits the device's workgroup memory.
 """
 
 from __future__ import annotations
 
 import math
 
+import re
+
 from ._common import ceil_div, check, grid2d, positive, scratch, workgroup_storage
 
 FILE = "05_attention.wgsl"
+FILE_TILED = "05_attention_tiled.wgsl"
 MAX_COLS, MAX_ROWS = 32, 16
+MAX_DV = 4                 # output vec4s per row and invocation in the tiled kernels
+PREAMBLE_BYTES = 1024      # the preamble's reduction slots may count against the limit
+TILED_KERNELS = {"forward": "attention_forward_tiled", "dq": "attention_backward_dq_tiled",
+                 "dkv": "attention_backward_dkv_tiled"}
+# Preference order of (rows, columns) per tiled kernel when nothing was tuned: the largest
+# score blocks that fit (more reuse of each staged row), then smaller ones.
+TILED_DEFAULTS = {
+    "forward": ((64, 32), (32, 32), (64, 16), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8),
+                (8, 8), (8, 4), (4, 4)),
+    "dq": ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8), (8, 8), (8, 4), (4, 4)),
+    "dkv": ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8), (8, 8), (8, 4), (4, 4)),
+}
+_TILE_RE = re.compile(r"^(\d+)x(\d+)$")
 
 
 def _threads_per_row(D: int) -> int:
@@ -75,6 +100,96 @@ def choose_tiles(device, D: int, kernel: str, tiles=None) -> dict:
                      f"{budget * 4} bytes of workgroup memory")
 
 
+def tiled_bytes(kernel: str, rows: int, cols: int, D: int) -> int:
+    """Workgroup bytes of a tiled kernel with `rows` x `cols` tiles (see the WGSL)."""
+    rs, h4 = D // 4 + 1, D // 4
+    if kernel == "forward":
+        return 16 * (rows * rs + cols * rs + cols * h4 + cols * (rows // 4)
+                     + 2 * (rows // 4) * (cols // 4))
+    if kernel == "dq":
+        return 16 * (2 * rows * rs + 2 * cols * rs + cols * (rows // 4))
+    return 16 * (2 * rows * rs + 2 * cols * rs + 2 * cols * (rows // 4)) + 8 * cols
+
+
+def tiled_problems(device, kernel: str, rows: int, cols: int, D: int) -> list[str]:
+    """Why (rows x cols) tiles of a tiled kernel cannot run for head dim D (empty if they can).
+
+    rows: queries (forward, dq) or keys (dkv) per workgroup; cols: keys (forward, dq) or
+    queries (dkv) per tile. The output block of an invocation covers D / cols vec4s per row.
+    """
+    out = []
+    if D % 4:
+        out.append(f"head dim {D} is not a multiple of 4")
+    if rows < 4 or cols < 4 or rows % 4 or cols % 4:
+        out.append(f"tiles {rows}x{cols} must be multiples of 4")
+    if out:
+        return out
+    if D % cols or D // cols > MAX_DV:
+        out.append(f"head dim {D} needs a column tile dividing it and >= D/{MAX_DV}, "
+                   f"got {cols}")
+    wg = (rows // 4) * (cols // 4)
+    max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
+    if wg > min(max_wg, 1024):
+        out.append(f"{wg} invocations per workgroup (device allows {max_wg})")
+    need = tiled_bytes(kernel, rows, cols, D)
+    limit = workgroup_storage(device) - PREAMBLE_BYTES
+    if need > limit:
+        out.append(f"{need} bytes of workgroup memory (device allows {limit})")
+    return out
+
+
+def tiled_constants(kernel: str, rows: int, cols: int, D: int) -> dict:
+    bq, bkv = (cols, rows) if kernel == "dkv" else (rows, cols)
+    return {"HD": D, "BQ": bq, "BKV": bkv}
+
+
+def parse_tiles(text) -> tuple[int, int]:
+    if isinstance(text, (tuple, list)):
+        return int(text[0]), int(text[1])
+    m = _TILE_RE.match(str(text).strip())
+    if not m:
+        raise ValueError(f"attention tiles {text!r} are not of the form ROWSxCOLS (e.g. 64x32)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def choose_tiled(device, kernel: str, T: int, D: int, config=None):
+    """(rows, cols) of the tiled kernel: pinned, tuned, or the default; None if none fits."""
+    if config is not None:
+        rows, cols = parse_tiles(config)
+        problems = tiled_problems(device, kernel, rows, cols, D)
+        if problems:
+            raise ValueError(f"attention {kernel}: tiles {rows}x{cols}: " + "; ".join(problems))
+        return rows, cols
+    from .. import autotune
+    tuned = autotune.lookup(device, "attention", kernel, (T, D))
+    if tuned is not None:
+        try:
+            rows, cols = parse_tiles(tuned)
+            if not tiled_problems(device, kernel, rows, cols, D):
+                return rows, cols
+        except ValueError:
+            pass
+    for rows, cols in TILED_DEFAULTS[kernel]:
+        if not tiled_problems(device, kernel, rows, cols, D):
+            return rows, cols
+    return None
+
+
+def candidate_tiles(device, kernel: str, D: int) -> list[tuple[int, int]]:
+    """Every (rows, cols) the tuner tries for this kernel and head dim."""
+    out = []
+    for rows in (128, 64, 32, 16, 8):
+        for cols in (64, 32, 16, 8, 4):
+            if not tiled_problems(device, kernel, rows, cols, D):
+                out.append((rows, cols))
+    return out
+
+
+def _vec4_ready(D, strides, *views) -> bool:
+    return (D % 4 == 0 and all(s % 4 == 0 for s in strides)
+            and all(getattr(v, "offset", 0) % 16 == 0 for v in views))
+
+
 def _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride):
     positive(op, B=B, T=T, H=H, Hkv=Hkv, D=D)
     if H % Hkv:
@@ -97,7 +212,8 @@ def _params(dev, B, T, H, Hkv, strides, scale):
 
 def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             scale: float | None = None, q_stride: int | None = None,
-            kv_stride: int | None = None, o_stride: int | None = None, tiles=None) -> None:
+            kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
+            config=None) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
@@ -107,9 +223,23 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     check(op, "o", o, no)
     check(op, "lse", lse, B * H * T)
     dev = rec.device
+    params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
+    tiled = None
+    if tiles is None:
+        if config is not None and not _vec4_ready(D, strides, q, k, v, o):
+            raise ValueError(f"{op}: config {config} needs the tiled kernel, which needs D and "
+                             "the token strides to be multiples of 4 and 16-byte-aligned views")
+        if _vec4_ready(D, strides, q, k, v, o):
+            tiled = choose_tiled(dev, "forward", T, D, config)
+    if tiled is not None:
+        rows, cols = tiled
+        kern = dev.kernel(FILE_TILED, TILED_KERNELS["forward"],
+                          tiled_constants("forward", rows, cols, D))
+        rec.dispatch(kern, [q, k, v, o, lse, params],
+                     grid2d(dev, op, ceil_div(T, rows), B * H), label=TILED_KERNELS["forward"])
+        return
     consts = choose_tiles(dev, D, "forward", tiles)
     kern = dev.kernel(FILE, "attention_forward", consts)
-    params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
     rec.dispatch(kern, [q, k, v, o, lse, params],
                  grid2d(dev, op, ceil_div(T, consts["BQ"]), B * H), label="attention_forward")
 
@@ -117,7 +247,7 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
              *, scale: float | None = None, q_stride: int | None = None,
              kv_stride: int | None = None, o_stride: int | None = None,
-             tiles_dq=None, tiles_dkv=None) -> None:
+             tiles_dq=None, tiles_dkv=None, config_dq=None, config_dkv=None) -> None:
     """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
@@ -131,12 +261,35 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     prep = dev.kernel(FILE, "attention_backward_prep", {"HD": D})
     rec.dispatch(prep, [o, do, dvec, params], ceil_div(B * T * H, 256),
                  label="attention_backward_prep")
-    c_dq = choose_tiles(dev, D, "dq", tiles_dq)
-    rec.dispatch(dev.kernel(FILE, "attention_backward_dq", c_dq),
-                 [q, k, v, do, lse, dvec, dq, params],
-                 grid2d(dev, op, ceil_div(T, c_dq["BQ"]), B * H), label="attention_backward_dq")
-    c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
-    rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),
-                 [q, k, v, do, lse, dvec, dk, dv, params],
-                 grid2d(dev, op, ceil_div(T, c_kv["BKV"]), B * Hkv),
-                 label="attention_backward_dkv")
+    ready = _vec4_ready(D, strides, q, k, v, o, do, dq, dk, dv)
+    for name, pinned in (("dq", config_dq), ("dkv", config_dkv)):
+        if pinned is not None and not ready:
+            raise ValueError(f"{op}: config_{name} {pinned} needs the tiled kernel, which needs "
+                             "D and the token strides to be multiples of 4 and 16-byte-aligned "
+                             "views")
+    t_dq = choose_tiled(dev, "dq", T, D, config_dq) if ready and tiles_dq is None else None
+    if t_dq is not None:
+        rows, cols = t_dq
+        rec.dispatch(dev.kernel(FILE_TILED, TILED_KERNELS["dq"],
+                                tiled_constants("dq", rows, cols, D)),
+                     [q, k, v, do, lse, dvec, dq, params],
+                     grid2d(dev, op, ceil_div(T, rows), B * H), label=TILED_KERNELS["dq"])
+    else:
+        c_dq = choose_tiles(dev, D, "dq", tiles_dq)
+        rec.dispatch(dev.kernel(FILE, "attention_backward_dq", c_dq),
+                     [q, k, v, do, lse, dvec, dq, params],
+                     grid2d(dev, op, ceil_div(T, c_dq["BQ"]), B * H),
+                     label="attention_backward_dq")
+    t_kv = choose_tiled(dev, "dkv", T, D, config_dkv) if ready and tiles_dkv is None else None
+    if t_kv is not None:
+        rows, cols = t_kv
+        rec.dispatch(dev.kernel(FILE_TILED, TILED_KERNELS["dkv"],
+                                tiled_constants("dkv", rows, cols, D)),
+                     [q, k, v, do, lse, dvec, dk, dv, params],
+                     grid2d(dev, op, ceil_div(T, rows), B * Hkv), label=TILED_KERNELS["dkv"])
+    else:
+        c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
+        rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),
+                     [q, k, v, do, lse, dvec, dk, dv, params],
+                     grid2d(dev, op, ceil_div(T, c_kv["BKV"]), B * Hkv),
+                     label="attention_backward_dkv")

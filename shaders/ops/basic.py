@@ -7,7 +7,9 @@
     basic.cast_f32_f16(rec, x, y16, n)          # the initial f16 weight mirror (clamped)
     basic.cast_f16_f32(rec, x16, y, n)
 
-All take Buffers or BufferViews of at least n elements (f32 unless named 16).
+All take Buffers or BufferViews of at least n elements (f32 unless named 16). When n is a
+multiple of 4 and the views are 16-byte aligned (f16: 8-byte) the vec4 kernels of
+infra_vec4.wgsl run (16 elements per invocation); otherwise those of infra.wgsl (one each).
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from __future__ import annotations
 from ._common import F16, F32, ceil_div, check, positive
 
 FILE = "infra.wgsl"
+FILE_VEC4 = "infra_vec4.wgsl"
 EW = 256
+VEC4_PER_INVOCATION = 4
+VEC4_NAMES = {"copy": "copy_vec4x4"}
 
 
 def _run(rec, name, resources, n, alpha=0.0):
     dev = rec.device
+    if n % 4 == 0 and all(getattr(r, "offset", 0) % 16 == 0 for r in resources):
+        vec_name = VEC4_NAMES.get(name, name + "_vec4")
+        params = dev.params("IIfI", n // 4, 0, float(alpha), 0)
+        rec.dispatch(dev.kernel(FILE_VEC4, vec_name), list(resources) + [params],
+                     ceil_div(n // 4, EW * VEC4_PER_INVOCATION), label=vec_name)
+        return
     params = dev.params("IIfI", n, 0, float(alpha), 0)
     rec.dispatch(dev.kernel(FILE, name), list(resources) + [params], ceil_div(n, EW),
                  label=name)

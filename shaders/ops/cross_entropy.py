@@ -28,10 +28,24 @@ IGNORE = 0xFFFFFFFF
 WG = 256
 
 
+def row_workgroup(device, stride: int) -> int:
+    """Invocations per row: 1024 for wide rows on GPUs (fewer rows in flight, so the dlogits
+    pass re-reads each row from the last-level cache), else 256; a tuned value if cached."""
+    from .. import autotune
+    limit = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
+    tuned = autotune.lookup(device, "cross_entropy", "rows", (stride,))
+    if tuned is not None and tuned.isdigit() and 32 <= int(tuned) <= limit:
+        return int(tuned)
+    if device.info.is_software or stride < 16384:
+        return min(WG, limit)
+    return min(1024, limit)
+
+
 def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int, *,
                      stride: int | None = None, grad="inplace", ignore_index: int = IGNORE,
                      label_smoothing: float = 0.0, z_loss: float = 0.0,
-                     grad_scale: float = 1.0, mean_over_valid: bool = True) -> None:
+                     grad_scale: float = 1.0, mean_over_valid: bool = True,
+                     workgroup: int | None = None) -> None:
     """Record ce_count, ce_rows and ce_finalize (see the module docstring)."""
     op = "cross_entropy"
     positive(op, rows=rows, vocab=vocab)
@@ -62,7 +76,8 @@ def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int,
                  label="ce_count")
     vec = stride % 4 == 0 and all(getattr(b, "offset", 0) % 16 == 0 for b in (logits, dlogits))
     name = "ce_rows_vec4" if vec else "ce_rows"
-    rec.dispatch(dev.kernel(FILE, name, consts),
+    row_consts = {"WG": int(workgroup) if workgroup else row_workgroup(dev, stride)}
+    rec.dispatch(dev.kernel(FILE, name, row_consts),
                  [targets, stats, logits, dlogits, losses, params], row_grid(dev, rows),
                  label=name)
     rec.dispatch(dev.kernel(FILE_REDUCE, "ce_finalize", consts), [losses, stats, params], 1,

@@ -1,4 +1,4 @@
-"""The matmul family (03_linear.wgsl, 03_linear_h16.wgsl): every Linear layer's three products.
+"""The matmul family (03_linear*.wgsl): every Linear layer's three products.
 
 All matrices are row-major with a leading dimension `ld*` (elements between consecutive rows,
 default: the row length, i.e. contiguous). With PyTorch's Linear convention, a weight W is
@@ -13,20 +13,41 @@ in-place residual adds `x += attn @ Wo^T`), `residual=R` writes `out = R + alpha
 (out-of-place residual, R laid out like out), `alpha` scales the product.
 
 f16 weights: pass the f16 mirror view as `b` (dtype float16). matmul_nt/matmul_nn then read
-it as f16 and compute in f32 (kernels *_w16: only the weight's f16 rounding is lost).
-`f16_math=True` (matmul_nt only) also rounds A to f16 and multiplies in packed vec4<f16>
-with f32 accumulation per K-slice (kernel matmul_nt_h16): the mixed-precision forward path,
-not for gradients (their magnitudes fall below f16's range). Both need `shader-f16`.
+it as f16 and compute in f32 (only the weight's f16 rounding is lost). `f16_math=True`
+(matmul_nt only) also rounds A to f16 and multiplies in packed vec4<f16> with f32
+accumulation of short f16 partial sums: the mixed-precision forward path, not for gradients
+(their magnitudes fall below f16's range); it needs `shader-f16`. Left unset (None), it
+follows ISTANBUL_F16_MATH=1 for f16-weight forward products (a switch to benchmark the
+packed path without touching the caller), else False.
 
-Tiles: `tiles=(BM, BN, BK)` (BM, BN in {32, 64, 128}, BK >= 1) or None for a choice by
-shape (`default_tiles`); the autotuner of issue 10 will pass its own.
+Kernels. The fast path (03_linear_tiled*.wgsl) is register-tiled with vec4 loads, two-stage
+workgroup tiles and optional split-K (partials in a scratch buffer, summed in a fixed order by
+03_linear_splitk.wgsl: deterministic). It needs every contiguous dimension and leading
+dimension to be a multiple of 4 and 16-byte-aligned operands; anything else runs the general
+kernels of 03_linear.wgsl / 03_linear_h16.wgsl, which take any shape. Every call picks:
+
+    config=MatmulConfig(...) or "128x128x16-8x8-s1"  that tiled configuration (error if the
+                                                       operands cannot use the fast path)
+    tiles=(BM, BN, BK)                                 the general kernel with those tiles
+    neither                                            the fast path with the autotuned config
+                                                       (shaders/autotune.py) or a default
+                                                       per device class; else the general
+                                                       kernel
+
+`plan(...)` tells which kernel and configuration a call would use.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
+from dataclasses import dataclass
+
 import numpy as np
 
-from ._common import F16, F32, ceil_div, check, dummy, grid2d, positive, workgroup_storage
+from ._common import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
+                      workgroup_storage)
 
 FILE = "03_linear.wgsl"
 FILE_H16 = "03_linear_h16.wgsl"
@@ -57,15 +78,304 @@ def kernel_name(layout: str, b_dtype, f16_math: bool = False) -> tuple[str, str]
 
 
 def tile_constants(tiles) -> dict:
+    """Override constants of the general kernels (03_linear*.wgsl) for tiles (BM, BN, BK)."""
     bm, bn, bk = (int(t) for t in tiles)
     if bm % 8 or bn % 8 or bm < 8 or bn < 8 or bk < 1:
         raise ValueError(f"matmul tiles {tiles}: BM and BN must be multiples of 8, BK >= 1")
     return {"BM": bm, "BN": bn, "BK": bk, "WG": (bm // 8) * (bn // 8)}
 
 
+# ---- the fast path: register-tiled kernels ---------------------------------------------------
+
+FILE_TILED = "03_linear_tiled.wgsl"
+FILE_TILED_H16 = "03_linear_tiled_h16.wgsl"
+FILE_SPLITK = "03_linear_splitk.wgsl"
+MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (MAX_LOADS in WGSL)
+PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
+_CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?$")
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One configuration of the tiled kernels (the autotuner's unit of choice).
+
+    bm x bn: the workgroup's tile of C; bk: the K-slice staged per step; tm x tn: each
+    invocation's register block (4 or 8 each; the workgroup has (bm/tm)*(bn/tn) invocations);
+    splits: split-K factor (partials reduced by a second dispatch); fold: k-steps per f16
+    partial sum (f16-math kernel only; 0 = min(16, bk)). Written as "128x128x16-8x8-s1"
+    (+ "-f8" for a fold).
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 16
+    tm: int = 8
+    tn: int = 8
+    splits: int = 1
+    fold: int = 0
+
+    def __str__(self) -> str:
+        text = f"{self.bm}x{self.bn}x{self.bk}-{self.tm}x{self.tn}-s{self.splits}"
+        return text + (f"-f{self.fold}" if self.fold else "")
+
+    @property
+    def fold_steps(self) -> int:
+        return self.fold or min(16, self.bk)
+
+    @classmethod
+    def parse(cls, text) -> "MatmulConfig":
+        if isinstance(text, MatmulConfig):
+            return text
+        m = _CONFIG_RE.match(str(text).strip())
+        if not m:
+            raise ValueError(f"matmul config {text!r} is not of the form BMxBNxBK-TMxTN-sS[-fF] "
+                             "(e.g. 128x128x16-8x8-s1)")
+        bm, bn, bk, tm, tn, splits, fold = m.groups()
+        return cls(int(bm), int(bn), int(bk), int(tm), int(tn), int(splits),
+                   int(fold) if fold else 0)
+
+    def with_splits(self, splits: int) -> "MatmulConfig":
+        return MatmulConfig(self.bm, self.bn, self.bk, self.tm, self.tn, int(splits), self.fold)
+
+    @property
+    def invocations(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def constants(self, f16_math: bool = False) -> dict:
+        c = {"BM": self.bm, "BN": self.bn, "BK": self.bk, "TM": self.tm, "TN": self.tn,
+             "WG": self.invocations}
+        if f16_math:
+            c["FOLD"] = self.fold_steps
+        return c
+
+    def workgroup_bytes(self, f16_math: bool = False) -> int:
+        return 2 * self.bk * (self.bm + 4 + self.bn + 4) * (2 if f16_math else 4)
+
+    def problems(self, device, f16_math: bool = False) -> list[str]:
+        """Why this configuration cannot run on `device` (empty when it can)."""
+        out = []
+        if self.tm not in (4, 8) or self.tn not in (4, 8):
+            out.append("TM and TN must be 4 or 8")
+            return out
+        if self.bm % self.tm:
+            out.append(f"BM {self.bm} is not a multiple of TM {self.tm}")
+        if self.bn % self.tn:
+            out.append(f"BN {self.bn} is not a multiple of TN {self.tn}")
+        if self.bk < 4 or self.bk % 4:
+            out.append(f"BK {self.bk} is not a positive multiple of 4")
+        if f16_math and self.bk % self.fold_steps:
+            out.append(f"FOLD {self.fold_steps} does not divide BK {self.bk}")
+        if self.splits < 1:
+            out.append("splits must be >= 1")
+        if out:
+            return out
+        wg = self.invocations
+        max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
+        if wg > max_wg or wg < 1:
+            out.append(f"{wg} invocations per workgroup (device allows {max_wg})")
+        for side, name in ((self.bm, "A"), (self.bn, "B")):
+            if -(-side * self.bk // 4 // max(wg, 1)) > MAX_LOADS:
+                out.append(f"{name} slice needs more than {MAX_LOADS} vec4 loads per "
+                           "invocation (raise the workgroup size or lower BK)")
+        limit = workgroup_storage(device) - PREAMBLE_BYTES
+        if self.workgroup_bytes(f16_math) > limit:
+            out.append(f"stages {self.workgroup_bytes(f16_math)} bytes of workgroup memory "
+                       f"(device allows {limit} next to the preamble)")
+        return out
+
+
+def tuning_key(layout: str, b_dtype, f16_math: bool) -> str:
+    """The autotune cache's kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16."""
+    if f16_math:
+        return f"{layout}_h16"
+    return f"{layout}_w16" if np.dtype(b_dtype) == F16 else layout
+
+
+def tiled_kernel_name(layout: str, b_dtype, f16_math: bool = False) -> tuple[str, str]:
+    file, name = kernel_name(layout, b_dtype, f16_math)  # validates the combination
+    if f16_math:
+        return FILE_TILED_H16, "matmul_nt_h16_tiled"
+    return FILE_TILED, name + "_tiled"
+
+
+def _resident_slots(device) -> int:
+    """Workgroups the device runs at once, as far as a split-K choice cares (a guess: wgpu
+    does not report the multiprocessor count; 264 = two 256-invocation workgroups on each
+    of an H200's 132 SMs)."""
+    return 16 if device.info.is_software else 264
+
+
+def default_splits(device, cfg: MatmulConfig, M: int, N: int, K: int) -> int:
+    """Split K when the grid of C tiles fills too few waves of the device (thin dW shapes)."""
+    if device.info.is_software:
+        return 1
+    tiles = ceil_div(M, cfg.bm) * ceil_div(N, cfg.bn)
+    slots = _resident_slots(device)
+    best, best_cost = 1, math.inf
+    for s in (1, 2, 3, 4, 6, 8):
+        if s > 1 and K // s < 512:
+            break
+        cost = math.ceil(tiles * s / slots) / s          # waves per unit of work
+        cost *= 1.0 + 0.01 * (s - 1)                      # the partials' round trip
+        if cost < best_cost * 0.97:
+            best, best_cost = s, cost
+    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    while best > 1 and best * M * N * 4 > limit:
+        best -= 1
+    return best
+
+
+def default_config(device, key: str, M: int, N: int, K: int) -> MatmulConfig:
+    """The configuration used when nothing was tuned: by device class and shape."""
+    h16 = key.endswith("h16")
+    if device.info.is_software:
+        cfg = MatmulConfig(64, 64, 16, 4, 4)
+    else:
+        bm = 128 if M >= 128 else 64
+        bn = 128 if N >= 128 else 64
+        cfg = MatmulConfig(bm, bn, 32 if h16 else 16, 8 if bm == 128 else 4,
+                           8 if bn == 128 else 4)
+    if cfg.problems(device, h16):
+        cfg = MatmulConfig(32, 32, 8, 4, 4)
+    return cfg.with_splits(default_splits(device, cfg, M, N, K))
+
+
+# Register-block shapes the tuner tries: (BM, BN, TM, TN). 8x8 blocks with 256 invocations
+# are the classic SGEMM shape (64 accumulators, 16 FMAs per workgroup-memory load); 4x4 blocks
+# trade reuse for occupancy; 64x64 with 8x8 blocks runs 64 invocations (many workgroups per
+# multiprocessor); the 256-wide tiles and 32x32 are for the wide sweep and small matrices.
+TILE_SHAPES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 128, 4, 8), (64, 64, 4, 4),
+               (64, 64, 8, 8))
+WIDE_TILE_SHAPES = TILE_SHAPES + ((256, 128, 8, 8), (128, 256, 8, 8), (32, 32, 4, 4))
+
+
+def candidate_configs(device, key: str, M: int, N: int, K: int,
+                      wide: bool = False) -> list[MatmulConfig]:
+    """Configurations worth timing for (kernel key, shape) on this device.
+
+    Each register-block shape with slice depths 8 and 16 (16 and 32 for the 64-invocation
+    shape; 16 and 32 for the f16-math kernel, whose stages are half the bytes) and the default
+    split factor for the shape; thin shapes (split by default) also try half and twice that.
+    `wide` (the sweep) adds bigger and smaller tiles, every slice depth and FOLD, and more
+    split factors.
+    """
+    h16 = key.endswith("h16")
+    slots = _resident_slots(device)
+    out: list[MatmulConfig] = []
+    for bm, bn, tm, tn in (WIDE_TILE_SHAPES if wide else TILE_SHAPES):
+        if bm > 2 * max(M, 32) or bn > 2 * max(N, 32):
+            continue   # a tile much larger than the matrix only wastes invocations
+        if (bm, bn) == (32, 32) and ceil_div(M, 64) * ceil_div(N, 64) >= 2 * slots:
+            continue   # small tiles only pay when 64x64 tiles leave the device idle
+        wg = (bm // tm) * (bn // tn)
+        if wide:
+            slices = (8, 16, 32)
+        elif h16:
+            slices = (16, 32)
+        else:
+            slices = (16, 32) if wg <= 64 else (8, 16)
+        for bk in slices:
+            folds = [f for f in (8, 16, 32) if bk % f == 0] if (h16 and wide) else [0]
+            for fold in folds:
+                cfg = MatmulConfig(bm, bn, bk, tm, tn, 1, fold)
+                if cfg.problems(device, h16):
+                    continue
+                base = default_splits(device, cfg, M, N, K)
+                splits = {base}
+                if base > 1:
+                    splits |= {max(1, base // 2), base * 2}
+                if wide:
+                    splits |= {1, 2, 4, 8}
+                for sp in sorted(splits):
+                    if sp > 1 and K // sp < 4 * bk:
+                        continue
+                    out.append(cfg.with_splits(sp))
+    seen, unique = set(), []
+    for cfg in out:
+        if str(cfg) not in seen:
+            seen.add(str(cfg))
+            unique.append(cfg)
+    return unique
+
+
+def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
+                  K: int) -> MatmulConfig:
+    """The tuned configuration of this (kernel, shape) on this adapter, else the default."""
+    from .. import autotune
+    key = tuning_key(layout, b_dtype, f16_math)
+    text = autotune.lookup(device, "matmul", key, (M, N, K))
+    if text is not None:
+        try:
+            cfg = MatmulConfig.parse(text)
+            if not cfg.problems(device, f16_math):
+                return cfg
+        except ValueError:
+            pass
+    return default_config(device, key, M, N, K)
+
+
+def _vec4_ready(res, cols: int, ld: int) -> bool:
+    return cols % 4 == 0 and ld % 4 == 0 and getattr(res, "offset", 0) % 16 == 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one matmul call runs: kernel file and name, and its configuration."""
+
+    path: str          # "tiled" or "general"
+    file: str
+    kernel: str
+    config: object     # MatmulConfig (tiled) or (BM, BN, BK) (general)
+
+    def __str__(self) -> str:
+        return f"{self.kernel}[{self.config}]"
+
+
+def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: bool = False,
+         lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
+         operands=(), config=None, tiles=None) -> Plan:
+    """The kernel and configuration `matmul` would run for these shapes and operands."""
+    a_cols = M if layout == "tn" else K
+    b_cols = K if layout == "nt" else N
+    lda = a_cols if lda is None else lda
+    ldb = b_cols if ldb is None else ldb
+    ldc = N if ldc is None else ldc
+    if tiles is not None and config is not None:
+        raise ValueError(f"matmul_{layout}: pass tiles (general kernel) or config (tiled "
+                         "kernel), not both")
+    if tiles is not None:
+        file, name = kernel_name(layout, b_dtype, f16_math)
+        return Plan("general", file, name, tuple(int(t) for t in tiles))
+    a, b, out = (list(operands) + [None] * 3)[:3]
+    extra = list(operands)[3:]
+    ready = (_vec4_ready(a, a_cols, lda) and _vec4_ready(b, b_cols, ldb)
+             and _vec4_ready(out, N, ldc) and all(_vec4_ready(r, N, ldc) for r in extra)
+             and (not f16_math or device.has("shader-f16")))
+    if config is not None:
+        cfg = MatmulConfig.parse(config)
+        if not ready:
+            raise ValueError(f"matmul_{layout}: config {config} needs the tiled kernel, which "
+                             "needs contiguous dimensions and leading dimensions that are "
+                             f"multiples of 4 and 16-byte-aligned operands (shapes M={M} N={N} "
+                             f"K={K}, lda={lda} ldb={ldb} ldc={ldc}); pass tiles= for the "
+                             "general kernel")
+        problems = cfg.problems(device, f16_math)
+        if problems:
+            raise ValueError(f"matmul_{layout}: config {cfg} cannot run on {device.name}: "
+                             + "; ".join(problems))
+    elif ready:
+        cfg = choose_config(device, layout, b_dtype, f16_math, M, N, K)
+    else:
+        file, name = kernel_name(layout, b_dtype, f16_math)
+        return Plan("general", file, name, default_tiles(M, N, K))
+    file, name = tiled_kernel_name(layout, b_dtype, f16_math)
+    return Plan("tiled", file, name, cfg)
+
+
 def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: bool = False,
            residual=None, alpha: float = 1.0, lda: int | None = None, ldb: int | None = None,
-           ldc: int | None = None, f16_math: bool = False, tiles=None) -> None:
+           ldc: int | None = None, f16_math: bool | None = None, tiles=None,
+           config=None) -> None:
     """Record out[M,N] (=, +=) alpha * op(A) @ op(B) (+ residual); see the module docstring."""
     op = f"matmul_{layout}"
     positive(op, M=M, N=N, K=K)
@@ -84,21 +394,61 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     check(op, "out", out, (M - 1) * ldc + N)
     if residual is not None:
         check(op, "residual", residual, (M - 1) * ldc + N)
-    file, name = kernel_name(layout, b_dtype, f16_math)
-    tiles = tiles or default_tiles(M, N, K)
-    constants = tile_constants(tiles)
     dev = rec.device
-    staged = (constants["BM"] + constants["BN"]) * constants["BK"] * (2 if f16_math else 4)
-    if staged > workgroup_storage(dev) - 1024:
-        raise ValueError(f"{op}: tiles {tuple(tiles)} stage {staged} bytes, more than the "
-                         f"device's workgroup memory allows ({workgroup_storage(dev)})")
-    kern = dev.kernel(file, name, constants)
+    if f16_math is None:
+        f16_math = (os.environ.get("ISTANBUL_F16_MATH") == "1" and layout == "nt"
+                    and b_dtype == F16 and dev.has("shader-f16"))
+    kernel_name(layout, b_dtype, f16_math)  # a clear error for impossible combinations
     mode = MODES["residual"] if residual is not None else MODES["accumulate" if accumulate
                                                               else "store"]
-    params = dev.params("IIIIfIII", M, N, K, mode, float(alpha), lda, ldb, ldc)
+    operands = [a, b, out] + ([residual] if residual is not None else [])
+    chosen = plan(dev, layout, M, N, K, b_dtype=b_dtype, f16_math=f16_math, lda=lda, ldb=ldb,
+                  ldc=ldc, operands=operands, config=config, tiles=tiles)
     res = residual if residual is not None else dummy(dev)
+    if chosen.path == "tiled":
+        _record_tiled(rec, chosen, a, b, res, out, M, N, K, mode, float(alpha), lda, ldb, ldc,
+                      f16_math)
+        return
+    constants = tile_constants(chosen.config)
+    staged = (constants["BM"] + constants["BN"]) * constants["BK"] * (2 if f16_math else 4)
+    if staged > workgroup_storage(dev) - 1024:
+        raise ValueError(f"{op}: tiles {tuple(chosen.config)} stage {staged} bytes, more than "
+                         f"the device's workgroup memory allows ({workgroup_storage(dev)})")
+    kern = dev.kernel(chosen.file, chosen.kernel, constants)
+    params = dev.params("IIIIfIII", M, N, K, mode, float(alpha), lda, ldb, ldc)
     grid = grid2d(dev, op, ceil_div(N, constants["BN"]), ceil_div(M, constants["BM"]))
-    rec.dispatch(kern, [a, b, res, out, params], grid, label=name)
+    rec.dispatch(kern, [a, b, res, out, params], grid, label=chosen.kernel)
+
+
+def split_k(cfg: MatmulConfig, K: int) -> tuple[int, int]:
+    """(K per split, number of splits): splits of whole BK slices, none of them empty."""
+    per = ceil_div(ceil_div(K, max(cfg.splits, 1)), cfg.bk) * cfg.bk
+    return per, ceil_div(K, per)
+
+
+def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, ldb, ldc,
+                  f16_math) -> None:
+    dev = rec.device
+    cfg = chosen.config
+    op = chosen.kernel
+    kern = dev.kernel(chosen.file, chosen.kernel, cfg.constants(f16_math))
+    k_split, splits = split_k(cfg, K)
+    grid_xy = grid2d(dev, op, ceil_div(N, cfg.bn), ceil_div(M, cfg.bm))
+    if splits > dev.max_workgroups_per_dim:
+        raise ValueError(f"{op}: {splits} K-splits exceed the device's grid limit")
+    if splits == 1:
+        params = dev.params("IIIIfIIIIIII", M, N, K, mode, alpha, lda, ldb, ldc, k_split, 0, 0, 0)
+        rec.dispatch(kern, [a, b, res, out, params], (grid_xy[0], grid_xy[1], 1),
+                     label=op)
+        return
+    partials = scratch(dev, "matmul_splitk", splits * M * N * 4)
+    params = dev.params("IIIIfIIIIIII", M, N, K, 0, 1.0, lda, ldb, N, k_split, M * N, 0, 0)
+    rec.dispatch(kern, [a, b, dummy(dev), partials, params], (grid_xy[0], grid_xy[1], splits),
+                 label=op)
+    reduce = dev.kernel(FILE_SPLITK, "matmul_splitk_reduce")
+    rparams = dev.params("IIIIfIII", M, N, splits, mode, alpha, ldc, M * N, 0)
+    rec.dispatch(reduce, [partials, res, out, rparams], ceil_div(M * N // 4, 256),
+                 label="matmul_splitk_reduce")
 
 
 def matmul_nn(rec, a, b, out, M, N, K, **kw) -> None:

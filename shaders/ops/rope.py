@@ -11,6 +11,9 @@ PyTorch reference from the same table for bit-level parity.
     rope.forward(rec, q, table, B, T, H, D)              # q rotated in place
     rope.backward(rec, dq, table, B, T, H, D)            # dq <- R^T dq in place
     rope.forward(rec, k_new, table, B, 1, Hkv, D, pos_offset=t)   # decoding at position t
+
+Four pairs per invocation with vec4 loads (rope_vec4) when D % 8 == 0, the token stride is
+a multiple of 4 and the views are 16-byte aligned; one pair per invocation otherwise.
 """
 
 from __future__ import annotations
@@ -42,10 +45,14 @@ def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op):
     check(op, "x", x, (B * T - 1) * token_stride + H * D)
     check(op, "table", table, (pos_offset + T) * D)
     dev = rec.device
-    kern = dev.kernel(FILE, "rope")
+    vec = (D % 8 == 0 and token_stride % 4 == 0
+           and all(getattr(v, "offset", 0) % 16 == 0 for v in (x, table)))
+    kern = dev.kernel(FILE, "rope_vec4" if vec else "rope")
     params = dev.params("IIIIIIfI", B * T, T, H, D // 2, token_stride, int(pos_offset),
                         float(sign), 0)
-    rec.dispatch(kern, [table, x, params], ceil_div(B * T * H * (D // 2), EW), label=op)
+    pairs_per_invocation = 4 if vec else 1
+    rec.dispatch(kern, [table, x, params],
+                 ceil_div(B * T * H * (D // 2) // pairs_per_invocation, EW), label=op)
 
 
 def forward(rec, x, table, B: int, T: int, H: int, D: int, *, token_stride: int | None = None,

@@ -11,9 +11,12 @@
 // (bind a view that starts at the part). table f32[T_max, D/2, 2] holding (cos, sin) pairs
 // (shaders/ops/rope.py: rope_table).
 //
+// rope_vec4 rotates four consecutive pairs per invocation with vec4 loads and stores of x
+// and of the table (needs D % 8 == 0, token_stride % 4 == 0 and 16-byte-aligned views).
+//
 // Bindings (group 0): 0 table (read), 1 x (read_write), 2 Params.
-// Dispatch: ceil(B*T*H*(D/2) / 256) workgroups of 256 (folded into 2-D beyond 65,535);
-// one invocation per rotated pair.
+// Dispatch: ceil(B*T*H*(D/2) / 256) workgroups of 256 (rope_vec4: ceil(B*T*H*(D/8) / 256))
+// folded into 2-D beyond 65,535; one invocation per rotated pair (rope_vec4: per 4 pairs).
 
 const EW: u32 = 256u;
 
@@ -52,4 +55,33 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let b = xs[hi];
     xs[lo] = a * cs.x - b * s;
     xs[hi] = b * cs.x + a * s;
+}
+
+// --- KERNEL: rope_vec4 ---
+@group(0) @binding(0) var<storage, read> table: array<vec4<f32>>;   // (c, s, c, s) per 2 pairs
+@group(0) @binding(1) var<storage, read_write> xs: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(EW)
+fn rope_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let g = workgroup_index(wg, nwg) * EW + lid;
+    let half4 = p.half / 4u;
+    let per_token = p.heads * half4;
+    if (g >= p.tokens * per_token) { return; }
+    let token = g / per_token;
+    let rest = g % per_token;
+    let h = rest / half4;
+    let i4 = rest % half4;
+    let pos = token % p.seq + p.pos_offset;
+    let t0 = table[(pos * p.half) / 2u + 2u * i4];
+    let t1 = table[(pos * p.half) / 2u + 2u * i4 + 1u];
+    let c = vec4<f32>(t0.x, t0.z, t1.x, t1.z);
+    let s = p.sign * vec4<f32>(t0.y, t0.w, t1.y, t1.w);
+    let lo = (token * p.token_stride + h * 2u * p.half) / 4u + i4;
+    let hi = lo + half4;
+    let a = xs[lo];
+    let b = xs[hi];
+    xs[lo] = a * c - b * s;
+    xs[hi] = b * c + a * s;
 }

@@ -18,7 +18,9 @@
 // Bindings (group 0): 0 targets, 1 stats (read), 2 logits (rw; written only in mode 1),
 // 3 dlogits (rw; a dummy unless mode 2), 4 losses (rw), 5 Params.
 // Dispatch: one workgroup of WG per row (folded into 2-D beyond 65,535 rows). stats[0] is
-// written by ce_count in an earlier dispatch of the same pass.
+// written by ce_count in an earlier dispatch of the same pass. The first pass keeps four
+// loads in flight per invocation; a large WG keeps fewer rows in flight, so that the second
+// pass over a row finds it in the last-level cache (the op picks WG per device class).
 
 override WG: u32 = 256u;
 const LOWEST: f32 = -3.402823466e+38;
@@ -62,7 +64,28 @@ fn ce_row(row: u32, lid: u32, sg: Subgroup) {
     var s = 0.0;
     var sx = 0.0;
     if (live && !ignored) {
-        for (var j = lid; j < elems; j += WG) {
+        // four loads in flight per invocation, one rescale per four elements
+        var j = lid;
+        for (; j + 3u * WG < elems; j += 4u * WG) {
+            var v: array<Elem, 4>;
+            var mloc = LOWEST;
+            for (var u = 0u; u < 4u; u++) {
+                let jj = j + u * WG;
+                let in_vocab = lanes(jj) < Idx(p.vocab);
+                v[u] = select(Elem(LOWEST), logits[base + jj], in_vocab);
+                sx += esum(select(Elem(0.0), v[u], in_vocab));
+                mloc = max(mloc, emax(v[u]));
+            }
+            let m_new = max(m, mloc);
+            var part = s * exp(m - m_new);
+            for (var u = 0u; u < 4u; u++) {
+                let in_vocab = lanes(j + u * WG) < Idx(p.vocab);
+                part += esum(select(Elem(0.0), exp(v[u] - m_new), in_vocab));
+            }
+            s = part;
+            m = m_new;
+        }
+        for (; j < elems; j += WG) {
             let in_vocab = lanes(j) < Idx(p.vocab);
             let v = select(Elem(LOWEST), logits[base + j], in_vocab);
             let m_new = max(m, emax(v));

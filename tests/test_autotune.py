@@ -1,0 +1,100 @@
+"""The autotune cache: lookup order, nearest-shape fallback, the tuner and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shaders import autotune
+from shaders.ops import linear
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ISTANBUL_AUTOTUNE_DIR", str(tmp_path))
+    autotune.forget()
+    yield tmp_path
+    autotune.forget()
+
+
+def _write(device, path, entries):
+    autotune.save(device, entries, path / (autotune.adapter_key(device) + ".json"))
+
+
+def test_cached_config_is_used_exactly_and_for_near_shapes(device, cache_dir):
+    default = linear.plan(device, "nt", 256, 256, 256).config
+    tuned = "32x32x8-4x4-s1" if str(default) != "32x32x8-4x4-s1" else "64x64x8-4x4-s1"
+    _write(device, cache_dir, {"matmul/nt/256x256x256": {"config": tuned, "us": 1.0}})
+    assert str(linear.plan(device, "nt", 256, 256, 256).config) == tuned
+    assert str(linear.plan(device, "nt", 300, 200, 256).config) == tuned      # nearest
+    assert str(linear.plan(device, "nt", 8192, 256, 256).config) == str(        # too far
+        linear.default_config(device, "nt", 8192, 256, 256))
+    assert str(linear.plan(device, "nn", 256, 256, 256).config) != tuned or \
+        str(linear.default_config(device, "nn", 256, 256, 256)) == tuned     # other kernel
+    os.environ["ISTANBUL_AUTOTUNE"] = "0"
+    try:
+        assert str(linear.plan(device, "nt", 256, 256, 256).config) == str(default)
+    finally:
+        del os.environ["ISTANBUL_AUTOTUNE"]
+
+
+def test_a_broken_or_impossible_cache_entry_falls_back(device, cache_dir):
+    _write(device, cache_dir, {"matmul/nt/64x64x64": {"config": "1024x1024x64-8x8-s1"},
+                               "matmul/nn/64x64x64": {"config": "garbage"}})
+    assert not linear.plan(device, "nt", 64, 64, 64).config.problems(device)
+    assert not linear.plan(device, "nn", 64, 64, 64).config.problems(device)
+    (cache_dir / (autotune.adapter_key(device) + ".json")).write_text("{not json")
+    autotune.forget()
+    assert linear.plan(device, "nt", 64, 64, 64).path == "tiled"
+
+
+def test_tuner_times_candidates_and_the_winner_is_correct(device, cache_dir):
+    entry = autotune.tune_matmul(device, "tn", 64, 32, 128, mode="accumulate")
+    assert entry["config"] in entry["candidates"] and entry["us"] > 0
+    assert all(t is None or t >= entry["us"] for t in entry["candidates"].values())
+    path = autotune.save(device, {"matmul/tn/64x32x128": entry})
+    assert path.parent == cache_dir
+    assert str(linear.plan(device, "tn", 64, 32, 128).config) == entry["config"]
+    rng = np.random.default_rng(0)
+    dy, x = rng.standard_normal((128, 64), np.float32), rng.standard_normal((128, 32), np.float32)
+    out = device.empty((64, 32))
+    with device.record() as rec:
+        linear.matmul_tn(rec, device.upload(dy), device.upload(x), out, 64, 32, 128)
+    np.testing.assert_allclose(device.download(out), dy.astype(np.float64).T @ x, rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_cli_tune_writes_cache_and_table(tmp_path, cache_dir):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "tune", "--preset",
+                           "tiny", "--key", "nn", "--no-attention", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, ISTANBUL_AUTOTUNE_DIR=str(cache_dir)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = (out / "autotune.md").read_text()
+    assert "| matmul | nn |" in table
+    caches = list(cache_dir.glob("*.json"))
+    assert len(caches) == 1
+    entries = json.loads(caches[0].read_text())["entries"]
+    assert entries and all(k.startswith("matmul/nn/") for k in entries)
+    assert (out / caches[0].name).is_file()
+
+
+def test_cli_tune_rejects_unknown_key(cache_dir):
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "tune", "--key", "xx",
+                           "--no-save"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unknown or unsupported matmul key" in proc.stderr
+
+
+def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
+    from shaders.ops import attention
+    entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
+    assert entry["config"] in entry["candidates"]
+    autotune.save(device, {"attention/forward/32x16": entry})
+    rows, cols = attention.choose_tiled(device, "forward", 32, 16)
+    assert "%dx%d" % (rows, cols) == entry["config"]
