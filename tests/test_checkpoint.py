@@ -1,0 +1,170 @@
+"""Checkpoints: the export format, atomic writes, retention, verification and bad inputs.
+
+These tests need no training step: a Trainer with seeded weights, a fake step count and
+moments written by hand is enough to check that everything round-trips bit for bit.
+"""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from tests.model_helpers import byte_vocabulary, tiny_config
+from trainer_svc.checkpoint import (MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+                                    CheckpointError, CheckpointManager, load_checkpoint,
+                                    sha256_file, verify_checkpoint, vocab_content_hash)
+from trainer_svc.training import TrainConfig, Trainer
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory):
+    return byte_vocabulary(tmp_path_factory.mktemp("vocab") / "bytes.tiktoken", extra=20)
+
+
+def _trainer(device, step=7, seed=3):
+    tr = Trainer(tiny_config(), TrainConfig(batch=2, seq=16, precision="fp32", seed=seed),
+                 device)
+    rng = np.random.default_rng(seed)
+    shapes = {t.name: t.shape for t in tr.layout}  # gaps between tensors stay zero
+    tr.load_optimizer_state(
+        tr.layout.pack({n: rng.standard_normal(s) for n, s in shapes.items()}),
+        tr.layout.pack({n: rng.random(s) for n, s in shapes.items()}))
+    tr.step_count, tr.tokens_seen = step, step * 32
+    tr.recent_losses.extend([5.0, 4.5, 4.25])
+    tr.rng.random(5)
+    return tr
+
+
+def _files(path):
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*")
+            if p.is_file()}
+
+
+def test_save_writes_the_export_format_and_loads_back_exactly(device, tmp_path, vocab_file):
+    tr = _trainer(device)
+    mgr = CheckpointManager(tmp_path / "run", keep_last=3)
+    path = mgr.save(tr, {"data_position": {"epoch": 0, "shard": 1, "offset": 64},
+                         "job": "abc"}, vocab_file=vocab_file)
+    assert path.name == "step_00000007"
+    assert (tmp_path / "run" / "latest").resolve() == path.resolve()
+    assert sorted(p.name for p in path.iterdir()) == sorted(
+        [MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, "vocab"])
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    assert set(manifest["files"]) == {MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+                                      "vocab/bytes.tiktoken", "vocab/bytes.tiktoken.json"}
+    for rel, entry in manifest["files"].items():
+        assert sha256_file(path / rel) == entry["sha256"]
+    with safe_open(str(path / MODEL_FILE), framework="numpy") as fh:
+        meta = fh.metadata()
+    assert meta["format"] == "istanbul-checkpoint" and meta["format_version"] == "1"
+    assert meta["layout_hash"] == tr.layout.hash and meta["step"] == "7"
+    assert json.loads(meta["config"]) == tr.model_config.to_dict()
+    assert meta["vocab_hash"] == vocab_content_hash(vocab_file)
+    weights = load_file(str(path / MODEL_FILE))
+    assert all(w.dtype == np.float32 for w in weights.values())
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run").iterdir())
+
+    loaded, state = load_checkpoint(tmp_path / "run" / "latest", device,
+                                    expected_vocab_hash=vocab_content_hash(vocab_file))
+    np.testing.assert_array_equal(loaded.parameters(), tr.parameters())
+    for key in ("m", "v"):
+        np.testing.assert_array_equal(loaded.optimizer_state()[key], tr.optimizer_state()[key])
+    assert (loaded.step_count, loaded.tokens_seen) == (7, 224)
+    assert list(loaded.recent_losses) == [5.0, 4.5, 4.25]
+    assert loaded.rng.random() == tr.rng.random()
+    assert state["data_position"] == {"epoch": 0, "shard": 1, "offset": 64}
+    assert state["job"] == "abc" and state["vocab_file"].endswith("vocab/bytes.tiktoken")
+    # a run directory resolves to its newest valid checkpoint
+    again, _ = load_checkpoint(tmp_path / "run", device)
+    assert again.step_count == 7
+
+
+def _corrupt(path, how):
+    model = path / MODEL_FILE
+    if how == "truncated":
+        data = model.read_bytes()
+        model.write_bytes(data[: len(data) // 2])
+    elif how == "flipped":
+        data = bytearray(model.read_bytes())
+        data[len(data) - 100] ^= 0x01
+        model.write_bytes(bytes(data))
+    elif how == "no_manifest":
+        (path / MANIFEST_FILE).unlink()
+    elif how == "wrong_layout":
+        # a consistent checkpoint (manifest re-signed) whose layout is not this build's
+        with safe_open(str(model), framework="numpy") as fh:
+            meta = dict(fh.metadata())
+        weights = load_file(str(model))
+        meta["layout_hash"] = "0123456789abcdef"
+        save_file(weights, str(model), metadata=meta)
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+        manifest["files"][MODEL_FILE] = {"sha256": sha256_file(model),
+                                         "bytes": model.stat().st_size}
+        (path / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how,message", [
+    ("truncated", r"model\.safetensors: \d+ bytes, manifest says"),
+    ("flipped", r"model\.safetensors: sha256 does not match"),
+    ("no_manifest", r"MANIFEST\.json: manifest missing"),
+    ("wrong_layout", r"model\.safetensors: layout hash 0123456789abcdef does not match"),
+])
+def test_bad_checkpoints_are_refused_naming_the_file(device, tmp_path, how, message):
+    tr = _trainer(device)
+    path = CheckpointManager(tmp_path / "run").save(tr, {})
+    _corrupt(path, how)
+    before = _files(tmp_path)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path, device)
+    assert _files(tmp_path) == before  # refusing loses and changes nothing
+
+
+def test_other_vocabulary_is_refused(device, tmp_path, vocab_file):
+    path = CheckpointManager(tmp_path / "run").save(_trainer(device), {}, vocab_file=vocab_file)
+    other = byte_vocabulary(tmp_path / "other.tiktoken", extra=30, name="other")
+    with pytest.raises(CheckpointError, match="another vocabulary"):
+        load_checkpoint(path, device, expected_vocab_hash=vocab_content_hash(other))
+
+
+def test_latest_valid_falls_back_and_logs_why(device, tmp_path, caplog):
+    mgr = CheckpointManager(tmp_path / "run", keep_last=5)
+    tr = _trainer(device, step=1)
+    paths = []
+    for step in (1, 2, 3):
+        tr.step_count = step
+        paths.append(mgr.save(tr, {"n": step}))
+    _corrupt(paths[2], "flipped")
+    _corrupt(paths[1], "no_manifest")
+    with caplog.at_level(logging.WARNING):
+        assert mgr.latest_valid() == paths[0]
+    assert "step_00000003" in caplog.text and "sha256" in caplog.text
+    assert "manifest missing" in caplog.text
+    verify_checkpoint(paths[0])
+    # saving the same step again moves the bad one aside instead of destroying it
+    tr.step_count = 3
+    new = mgr.save(tr, {})
+    verify_checkpoint(new)
+    assert any(p.name.startswith("step_00000003.superseded-") for p in mgr.run_dir.iterdir())
+    assert CheckpointManager(tmp_path / "empty").latest_valid() is None
+
+
+def test_retention_keeps_last_k_and_every_mth(device, tmp_path):
+    mgr = CheckpointManager(tmp_path / "run", keep_last=2, keep_every=2)
+    tr = _trainer(device)
+    for step in range(1, 8):
+        tr.step_count = step
+        mgr.save(tr, {})
+    assert [s for s, _ in mgr.checkpoints()] == [2, 4, 6, 7]
+    assert os.readlink(tmp_path / "run" / "latest") == "step_00000007"
+
+
+def test_resolve_errors_are_clear(device, tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "nope", device)
+    (tmp_path / "emptyrun").mkdir()
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        load_checkpoint(tmp_path / "emptyrun", device)

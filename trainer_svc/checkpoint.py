@@ -1,0 +1,356 @@
+"""Checkpoints in the export format (SPEC §8), written atomically and verified on load.
+
+    ROOT/RUN/step_00001000/
+        model.safetensors      fp32 weights by layout name; metadata: format, format_version,
+                               config (JSON), layout_hash (FNV-1a), step, tokens_seen, vocab_hash
+        optimizer.safetensors  AdamW moments m.<name>, v.<name>; metadata: layout_hash, step
+        state.json             data position, RNG, schedule, recent losses, train config, the
+                               caller's dict
+        vocab/<file>           the vocabulary (and its sidecar), when one was given
+        MANIFEST.json          sha256 and size of every other file; written LAST
+    ROOT/RUN/latest -> step_00001000       (symlink, replaced atomically)
+
+    mgr = CheckpointManager("ckpt/run1", keep_last=3, keep_every=1000)
+    path = mgr.save(trainer, {"data_position": stream.position}, vocab_file="my.tiktoken")
+    trainer, state = load_checkpoint(mgr.latest_valid(), device)
+
+A checkpoint is written into a temporary directory next to its final place, every file and
+the directory fsync'ed, then renamed; the `latest` link changes only after that. Loading
+checks the manifest first (present, parseable, every hash), then the format, the layout hash
+against the layout this build derives from the stored config, the tensor names and shapes,
+and the vocabulary when the caller names the one it expects. Anything wrong raises
+CheckpointError naming the file and the problem; nothing is ever overwritten. No pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
+
+from .model.config import ModelConfig
+from .model.layout import ParameterLayout
+
+log = logging.getLogger(__name__)
+
+FORMAT = "istanbul-checkpoint"
+FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+MANIFEST_FILE = "MANIFEST.json"
+VOCAB_DIR = "vocab"
+LATEST = "latest"
+STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the problem."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def vocab_content_hash(vocab_file) -> str:
+    from tokenizer_svc.vocab import load_vocabulary
+    return load_vocabulary(vocab_file).content_hash
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+class CheckpointManager:
+    """Writes, prunes and finds the checkpoints of one run directory."""
+
+    def __init__(self, run_dir, keep_last: int = 3, keep_every: int = 0):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.run_dir = Path(run_dir)
+        self.keep_last = int(keep_last)
+        self.keep_every = int(keep_every)  # steps; a multiple of it is kept forever (0: none)
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, path) of every step directory, oldest first (valid or not)."""
+        if not self.run_dir.is_dir():
+            return []
+        found = []
+        for child in self.run_dir.iterdir():
+            m = STEP_DIR.match(child.name)
+            if m and child.is_dir() and not child.is_symlink():
+                found.append((int(m.group(1)), child))
+        return sorted(found)
+
+    def save(self, trainer, state: dict | None = None, vocab_file=None) -> Path:
+        """Write the trainer's checkpoint at its current step; returns the directory."""
+        state = dict(state or {})
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        step = int(trainer.step_count)
+        final = self.run_dir / step_dir_name(step)
+        tmp = self.run_dir / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir()
+        try:
+            self._write_files(tmp, trainer, state, vocab_file)
+            _fsync_dir(tmp)
+            if final.exists():
+                # A checkpoint at this step exists (a run resumed from an older one after this
+                # one failed verification): keep it aside rather than destroy it.
+                aside = final.with_name(f"{final.name}.superseded-{time.time_ns()}")
+                log.warning("checkpoint %s exists; moving it aside to %s", final, aside.name)
+                os.rename(final, aside)
+            os.rename(tmp, final)
+            _fsync_dir(self.run_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._point_latest(final)
+        self._prune(keep=final)
+        log.info("checkpoint written: %s", final)
+        return final
+
+    def _write_files(self, tmp: Path, trainer, state: dict, vocab_file) -> None:
+        cfg, layout = trainer.model_config, trainer.layout
+        vocab_hash = ""
+        vocab_entry = None
+        if vocab_file is not None:
+            vocab_file = Path(vocab_file)
+            vocab_hash = vocab_content_hash(vocab_file)
+            (tmp / VOCAB_DIR).mkdir()
+            shutil.copyfile(vocab_file, tmp / VOCAB_DIR / vocab_file.name)
+            sidecar = Path(str(vocab_file) + ".json")
+            if sidecar.is_file():
+                shutil.copyfile(sidecar, tmp / VOCAB_DIR / sidecar.name)
+            vocab_entry = {"file": f"{VOCAB_DIR}/{vocab_file.name}", "hash": vocab_hash}
+        meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
+                "config": cfg.to_json(), "layout_hash": layout.hash,
+                "step": str(trainer.step_count), "tokens_seen": str(trainer.tokens_seen),
+                "vocab_hash": vocab_hash}
+        save_file(trainer.export_weights(), str(tmp / MODEL_FILE), metadata=meta)
+        opt = trainer.optimizer_state()
+        moments = {}
+        for prefix in ("m", "v"):
+            for name, value in layout.unpack(opt[prefix]).items():
+                moments[f"{prefix}.{name}"] = value
+        save_file(moments, str(tmp / OPTIMIZER_FILE),
+                  metadata={"format": FORMAT, "layout_hash": layout.hash,
+                            "step": str(trainer.step_count)})
+        tc = trainer.train_config
+        full_state = {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "step": trainer.step_count, "tokens_seen": trainer.tokens_seen,
+            "train_config": tc.to_dict(),
+            "schedule": {"step": trainer.step_count, "next_lr": tc.lr_at(trainer.step_count),
+                         "warmup": tc.warmup, "total_steps": tc.steps},
+            "rng": trainer.rng_state(),
+            "recent_losses": [float(x) for x in trainer.recent_losses],
+            "skipped_steps": trainer.skipped_steps,
+            "vocab": vocab_entry,
+            "data_position": state.pop("data_position", None),
+            "caller": state,
+        }
+        (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=2, sort_keys=True) + "\n",
+                                      encoding="utf-8")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        for path in files:
+            _fsync_file(path)
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "step": trainer.step_count,
+                    "files": {p.relative_to(tmp).as_posix():
+                              {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                              for p in files}}
+        man = tmp / MANIFEST_FILE
+        man.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _fsync_file(man)
+
+    def _point_latest(self, target: Path) -> None:
+        link = self.run_dir / LATEST
+        tmp = self.run_dir / f".{LATEST}.tmp-{os.getpid()}"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(target.name, tmp)
+        os.replace(tmp, link)
+        _fsync_dir(self.run_dir)
+
+    def _prune(self, keep: Path) -> None:
+        ckpts = self.checkpoints()
+        recent = {p for _, p in ckpts[-self.keep_last:]}
+        for step, path in ckpts:
+            if path in recent or path == keep:
+                continue
+            if self.keep_every and step % self.keep_every == 0:
+                continue
+            log.info("retention: removing %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+    def latest_valid(self) -> Path | None:
+        """The newest checkpoint that passes verification, falling back to older ones."""
+        for step, path in reversed(self.checkpoints()):
+            try:
+                verify_checkpoint(path)
+                return path
+            except CheckpointError as exc:
+                log.warning("skipping checkpoint %s: %s", path, exc)
+        return None
+
+
+# ---- reading and verifying ---------------------------------------------------------------------
+
+def resolve(path) -> Path:
+    """A checkpoint directory from a step directory, a `latest` link, or a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint (give a step_XXXXXXXX directory, "
+                              "its run directory, or the run's `latest` link)")
+    path = path.resolve()
+    if path.is_dir() and not (path / MANIFEST_FILE).exists() and \
+            not (path / MODEL_FILE).exists():
+        found = CheckpointManager(path).latest_valid()
+        if found is None:
+            raise CheckpointError(f"{path}: no valid checkpoint in this run directory")
+        return found
+    return path
+
+
+def verify_checkpoint(path) -> dict:
+    """Check the manifest and every file hash; returns the parsed manifest."""
+    path = Path(path)
+    man_path = path / MANIFEST_FILE
+    if not man_path.is_file():
+        raise CheckpointError(f"{man_path}: manifest missing (the checkpoint was never "
+                              "completed or was tampered with)")
+    try:
+        manifest = json.loads(man_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{man_path}: format {manifest.get('format')!r}, expected "
+                                  f"{FORMAT!r}")
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{man_path}: unreadable manifest ({exc})") from None
+    for required in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
+        if required not in files:
+            raise CheckpointError(f"{man_path}: lists no {required}")
+    for rel, entry in files.items():
+        file = path / rel
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in the manifest but missing")
+        size = file.stat().st_size
+        if size != entry.get("bytes"):
+            raise CheckpointError(f"{file}: {size} bytes, manifest says {entry.get('bytes')} "
+                                  "(truncated or replaced)")
+        if sha256_file(file) != entry.get("sha256"):
+            raise CheckpointError(f"{file}: sha256 does not match the manifest (corrupted)")
+    return manifest
+
+
+def read_checkpoint(path, expected_vocab_hash: str | None = None) -> dict:
+    """Verify and read a checkpoint into host arrays: config, params, moments, state."""
+    path = resolve(path)
+    verify_checkpoint(path)
+    model_path = path / MODEL_FILE
+    try:
+        from safetensors import safe_open
+        with safe_open(str(model_path), framework="numpy") as fh:
+            meta = fh.metadata() or {}
+        weights = load_file(str(model_path))
+        moments = load_file(str(path / OPTIMIZER_FILE))
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
+        raise CheckpointError(f"{model_path}: format {meta.get('format')!r} version "
+                              f"{meta.get('format_version')!r}; this build reads {FORMAT!r} "
+                              f"version {FORMAT_VERSION}")
+    try:
+        cfg = ModelConfig.from_json(meta["config"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{model_path}: bad config metadata ({exc})") from None
+    layout = ParameterLayout.for_config(cfg)
+    if meta.get("layout_hash") != layout.hash:
+        raise CheckpointError(f"{model_path}: layout hash {meta.get('layout_hash')} does not "
+                              f"match this build's layout {layout.hash} for its config (written "
+                              "by an incompatible version)")
+    if set(weights) != set(layout.names):
+        missing = sorted(set(layout.names) - set(weights))[:3]
+        extra = sorted(set(weights) - set(layout.names))[:3]
+        raise CheckpointError(f"{model_path}: tensors do not match the layout (missing "
+                              f"{missing}, unexpected {extra})")
+    try:
+        params = layout.pack(weights)
+        m = layout.pack({k[2:]: v for k, v in moments.items() if k.startswith("m.")})
+        v = layout.pack({k[2:]: v for k, v in moments.items() if k.startswith("v.")})
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    vocab_hash = meta.get("vocab_hash", "")
+    if expected_vocab_hash is not None and vocab_hash != expected_vocab_hash:
+        raise CheckpointError(f"{model_path}: trained with vocabulary {vocab_hash[:16] or 'none'}"
+                              f", not the expected {expected_vocab_hash[:16]} (another "
+                              "vocabulary's checkpoint)")
+    vocab = state.get("vocab") or None
+    return {"path": path, "config": cfg, "layout": layout, "params": params, "m": m, "v": v,
+            "state": state, "step": int(meta.get("step", 0)),
+            "tokens_seen": int(meta.get("tokens_seen", 0)), "vocab_hash": vocab_hash,
+            "vocab_file": (path / vocab["file"]) if vocab else None}
+
+
+def load_checkpoint(path, device, *, expected_vocab_hash: str | None = None,
+                    train_config=None):
+    """(Trainer, state) from a checkpoint; the Trainer continues exactly where it stopped.
+
+    `train_config` overrides the stored one (e.g. more steps); batch and seq may change.
+    """
+    from .training import TrainConfig, Trainer
+    ck = read_checkpoint(path, expected_vocab_hash)
+    state = ck["state"]
+    try:
+        tc = train_config or TrainConfig.from_dict(state["train_config"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{ck['path'] / STATE_FILE}: bad train_config ({exc})") from None
+    trainer = Trainer(ck["config"], tc, device, parameters=ck["params"])
+    trainer.load_optimizer_state(ck["m"], ck["v"])
+    trainer.step_count = ck["step"]
+    trainer.tokens_seen = ck["tokens_seen"]
+    trainer.skipped_steps = int(state.get("skipped_steps", 0))
+    trainer.recent_losses.extend(state.get("recent_losses", []))
+    if state.get("rng"):
+        trainer.set_rng_state(state["rng"])
+    out = dict(state.get("caller") or {})
+    out["data_position"] = state.get("data_position")
+    out["checkpoint"] = str(ck["path"])
+    out["vocab_file"] = str(ck["vocab_file"]) if ck["vocab_file"] else None
+    out["vocab_hash"] = ck["vocab_hash"]
+    return trainer, out

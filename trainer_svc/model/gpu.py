@@ -1,0 +1,280 @@
+"""The model on the GPU: buffers for B x T, and the recorded forward, backward and update.
+
+    model = GpuModel(cfg, layout, device, batch=8, seq=128, precision="mixed")
+    model.set_parameters(flat)                       # f32 master weights (+ f16 mirror)
+    out = model.train_step(micro_batches, lr=..., step=1, tc=train_config)   # ONE submit
+
+Everything of one optimizer step goes into one command buffer (trainer_svc/model/ops.py
+records each kernel): per micro-batch the forward pass saving what the backward needs, the
+fused cross-entropy (loss and dlogits), the backward pass accumulating into the f32 gradient
+buffer; then the gradient statistics and AdamW. The host uploads the token ids before and
+reads the per-token losses and the gradient statistics after: nothing in between.
+
+Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual stream):
+    h    = rmsnorm(x_i) · attn_norm         (rstd saved)
+    q, k, v = h · Wqᵀ, h · Wkᵀ, h · Wvᵀ ;  q, k = RoPE(q), RoPE(k)   (rotated q, k saved)
+    a    = causal_attention(q, k, v)        (log-sum-exp saved)
+    xa   = x_i + a · Woᵀ                    (residual-fused matmul)
+    h2   = rmsnorm(xa) · ffn_norm
+    g, u = h2 · Wgateᵀ, h2 · Wupᵀ ;  s = silu(g) * u
+    x_i+1 = xa + s · Wdownᵀ
+then hf = rmsnorm(x_L) · final_norm and logits = hf · Headᵀ (Head = embedding when tied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops
+from .config import ModelConfig
+from .layout import ParameterLayout
+
+STATS_FLOATS = 4  # grad stats: [sum of squares, norm, clip scale, non-finite flag]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+
+
+class _LayerActs:
+    """Saved activations of one transformer block."""
+
+    def __init__(self, dev, n, cfg, batch, seq, i):
+        d, kv, f = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden
+        e = lambda shape, name: dev.empty(shape, np.float32, label=f"L{i}.{name}")  # noqa
+        self.x = e((n, d), "x")            # block input (residual stream)
+        self.h = e((n, d), "h")            # rmsnorm(x)
+        self.rstd = e(n, "rstd")
+        self.q = e((n, d), "q")
+        self.k = e((n, kv), "k")
+        self.v = e((n, kv), "v")
+        self.a = e((n, d), "attn")
+        self.lse = e((batch, cfg.n_heads, seq), "lse")
+        self.xa = e((n, d), "xa")          # after the attention residual
+        self.h2 = e((n, d), "h2")
+        self.rstd2 = e(n, "rstd2")
+        self.g = e((n, f), "gate")
+        self.u = e((n, f), "up")
+        self.s = e((n, f), "act")
+
+
+class GpuModel:
+    def __init__(self, cfg: ModelConfig, layout: ParameterLayout, device, *, batch: int,
+                 seq: int, precision: str = "mixed", grad_accum: int = 1):
+        self.cfg, self.layout, self.dev = cfg, layout, device
+        self.batch, self.seq, self.precision = batch, seq, precision
+        self.accum = grad_accum
+        self.mixed = precision == "mixed"
+        if self.mixed and not device.has("shader-f16"):
+            raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
+                               f"{device.name} lacks; use precision='fp32'")
+        dev, n, total = device, batch * seq, layout.total
+        d, kv, f, V = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, cfg.vocab_size
+        self.n = n
+        self.params = dev.empty(total, np.float32, label="params f32")
+        self.grads = dev.empty(total, np.float32, label="grads")
+        self.m = dev.empty(total, np.float32, label="adam m")
+        self.v = dev.empty(total, np.float32, label="adam v")
+        self.w16 = dev.empty(total, np.float16, label="params f16") if self.mixed else None
+        self.stats = dev.empty(STATS_FLOATS, np.float32, label="grad stats")
+        # token ids, targets and per-token losses of every micro-batch of a step
+        self.all_ids = dev.empty((grad_accum, n), np.uint32, label="ids")
+        self.all_targets = dev.empty((grad_accum, n), np.uint32, label="targets")
+        self.all_losses = dev.empty((grad_accum, n), np.float32, label="token losses")
+        self.select_micro_batch(0)
+        self.layers = [_LayerActs(dev, n, cfg, batch, seq, i) for i in range(cfg.n_layers)]
+        self.x_final = dev.empty((n, d), np.float32, label="x final")
+        self.h_final = dev.empty((n, d), np.float32, label="h final")
+        self.rstd_final = dev.empty(n, np.float32, label="rstd final")
+        self.logits = dev.empty((n, V), np.float32, label="logits")  # dlogits in place
+        # backward scratch, reused by every layer
+        self.dx = dev.empty((n, d), np.float32, label="dx")
+        self.dh = dev.empty((n, d), np.float32, label="dh")
+        self.dq = dev.empty((n, d), np.float32, label="dq")
+        self.dk = dev.empty((n, kv), np.float32, label="dk")
+        self.dv = dev.empty((n, kv), np.float32, label="dv")
+        self.da = dev.empty((n, d), np.float32, label="dattn")
+        self.dg = dev.empty((n, f), np.float32, label="dgate")
+        self.du = dev.empty((n, f), np.float32, label="dup")
+        self.ds = dev.empty((n, f), np.float32, label="dact")
+
+    # ---- parameter views --------------------------------------------------------------
+
+    def p(self, name: str):
+        """f32 master weights of `name` (a bindable sub-range)."""
+        t = self.layout[name]
+        return self.params.elements(t.offset, t.size, t.shape)
+
+    def w(self, name: str):
+        """Weights as the forward/backward matmuls read them: the f16 mirror when mixed."""
+        t = self.layout[name]
+        src = self.w16 if self.mixed else self.params
+        return src.elements(t.offset, t.size, t.shape)
+
+    def g(self, name: str):
+        t = self.layout[name]
+        return self.grads.elements(t.offset, t.size, t.shape)
+
+    def head(self) -> str:
+        return "embed" if self.cfg.tied_head else "head"
+
+    # ---- host transfers ---------------------------------------------------------------
+
+    def set_parameters(self, flat: np.ndarray) -> None:
+        flat = np.ascontiguousarray(flat, np.float32)
+        if flat.shape != (self.layout.total,):
+            raise ValueError(f"parameters: {flat.shape}, expected ({self.layout.total},)")
+        self.params.write(flat)
+        if self.mixed:
+            with self.dev.record("f16 mirror") as rec:
+                ops.cast_f16(rec, self.params, self.w16, self.layout.total)
+
+    def get_parameters(self) -> np.ndarray:
+        return self.dev.download(self.params)
+
+    def get_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.dev.download(self.m), self.dev.download(self.v)
+
+    def set_moments(self, m: np.ndarray, v: np.ndarray) -> None:
+        self.m.write(np.ascontiguousarray(m, np.float32))
+        self.v.write(np.ascontiguousarray(v, np.float32))
+
+    def select_micro_batch(self, a: int) -> None:
+        """Point ids/targets/losses at micro-batch `a`'s slots (bindable sub-ranges)."""
+        n = self.n
+        self.ids = self.all_ids.elements(a * n, n)
+        self.targets = self.all_targets.elements(a * n, n)
+        self.losses = self.all_losses.elements(a * n, n)
+
+    def _upload_tokens(self, micro: np.ndarray) -> None:
+        """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
+        A = micro.shape[0]
+        self.all_ids.write(np.ascontiguousarray(micro[:, :, :-1], np.uint32).reshape(-1))
+        self.all_targets.write(np.ascontiguousarray(micro[:, :, 1:], np.uint32).reshape(-1))
+        return A
+
+    # ---- recording --------------------------------------------------------------------
+
+    def record_forward(self, rec, *, loss_scale: float, tc) -> None:
+        """Forward pass and fused cross-entropy: token losses and dlogits (in `logits`)."""
+        cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
+            self.cfg.ffn_hidden
+        B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        ops.embedding(rec, self.ids, self.w("embed"), self.layers[0].x if self.layers
+                      else self.x_final, n, d)
+        for i, L in enumerate(self.layers):
+            pre = f"layers.{i}."
+            x_out = self.layers[i + 1].x if i + 1 < len(self.layers) else self.x_final
+            ops.rmsnorm(rec, L.x, self.p(pre + "attn_norm"), L.h, L.rstd, n, d, cfg.norm_eps)
+            ops.linear(rec, L.h, self.w(pre + "wq"), L.q, n, d, d)
+            ops.linear(rec, L.h, self.w(pre + "wk"), L.k, n, kv, d)
+            ops.linear(rec, L.h, self.w(pre + "wv"), L.v, n, kv, d)
+            ops.rope(rec, L.q, B, T, H, hd, cfg.rope_theta)
+            ops.rope(rec, L.k, B, T, KV, hd, cfg.rope_theta)
+            ops.attention(rec, L.q, L.k, L.v, L.a, L.lse, B, T, H, KV, hd)
+            ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
+            ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
+                        cfg.norm_eps)
+            ops.linear(rec, L.h2, self.w(pre + "w_gate"), L.g, n, f, d)
+            ops.linear(rec, L.h2, self.w(pre + "w_up"), L.u, n, f, d)
+            ops.swiglu(rec, L.g, L.u, L.s, n * f)
+            ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa)
+        ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
+                    n, d, cfg.norm_eps)
+        ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d)
+        ops.cross_entropy(rec, self.logits, self.targets, self.losses, n, cfg.vocab_size,
+                          scale=loss_scale, label_smoothing=tc.label_smoothing,
+                          z_loss=tc.z_loss)
+
+    def record_backward(self, rec) -> None:
+        """Backward pass from dlogits (in `logits`); gradients accumulate into `grads`."""
+        cfg, n, d, kv, f, V = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
+            self.cfg.ffn_hidden, self.cfg.vocab_size
+        B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        head = self.head()
+        # head: logits = hf · Headᵀ
+        ops.linear_dw(rec, self.logits, self.h_final, self.g(head), V, d, n)
+        ops.linear_dx(rec, self.logits, self.w(head), self.dh, n, d, V)
+        ops.rmsnorm_backward(rec, self.x_final, self.p("final_norm"), self.rstd_final, self.dh,
+                             self.dx, self.g("final_norm"), n, d, accumulate_dx=False)
+        for i in reversed(range(cfg.n_layers)):
+            L, pre = self.layers[i], f"layers.{i}."
+            # FFN: x_out = xa + s · Wdownᵀ ; dx holds d x_out
+            ops.linear_dw(rec, self.dx, L.s, self.g(pre + "w_down"), d, f, n)
+            ops.linear_dx(rec, self.dx, self.w(pre + "w_down"), self.ds, n, f, d)
+            ops.swiglu_backward(rec, L.g, L.u, self.ds, self.dg, self.du, n * f)
+            ops.linear_dw(rec, self.dg, L.h2, self.g(pre + "w_gate"), f, d, n)
+            ops.linear_dw(rec, self.du, L.h2, self.g(pre + "w_up"), f, d, n)
+            ops.linear_dx(rec, self.dg, self.w(pre + "w_gate"), self.dh, n, d, f)
+            ops.linear_dx(rec, self.du, self.w(pre + "w_up"), self.dh, n, d, f,
+                          accumulate=True)
+            # dx (= d xa now) += rmsnorm_backward(dh)
+            ops.rmsnorm_backward(rec, L.xa, self.p(pre + "ffn_norm"), L.rstd2, self.dh,
+                                 self.dx, self.g(pre + "ffn_norm"), n, d, accumulate_dx=True)
+            # attention: xa = x + a · Woᵀ
+            ops.linear_dw(rec, self.dx, L.a, self.g(pre + "wo"), d, d, n)
+            ops.linear_dx(rec, self.dx, self.w(pre + "wo"), self.da, n, d, d)
+            ops.attention_backward(rec, L.q, L.k, L.v, L.a, L.lse, self.da, self.dq, self.dk,
+                                   self.dv, B, T, H, KV, hd)
+            ops.rope_backward(rec, self.dq, B, T, H, hd, cfg.rope_theta)
+            ops.rope_backward(rec, self.dk, B, T, KV, hd, cfg.rope_theta)
+            ops.linear_dw(rec, self.dq, L.h, self.g(pre + "wq"), d, d, n)
+            ops.linear_dw(rec, self.dk, L.h, self.g(pre + "wk"), kv, d, n)
+            ops.linear_dw(rec, self.dv, L.h, self.g(pre + "wv"), kv, d, n)
+            ops.linear_dx(rec, self.dq, self.w(pre + "wq"), self.dh, n, d, d)
+            ops.linear_dx(rec, self.dk, self.w(pre + "wk"), self.dh, n, d, kv, accumulate=True)
+            ops.linear_dx(rec, self.dv, self.w(pre + "wv"), self.dh, n, d, kv, accumulate=True)
+            ops.rmsnorm_backward(rec, L.x, self.p(pre + "attn_norm"), L.rstd, self.dh, self.dx,
+                                 self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
+        ops.embedding_backward(rec, self.ids, self.dx, self.g("embed"), n, d, cfg.vocab_size)
+
+    def record_update(self, rec, *, lr: float, step: int, tc) -> None:
+        """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror)."""
+        ops.grad_stats(rec, self.grads, self.stats, self.layout.total, tc.grad_clip)
+        for (start, end), decay in ((self.layout.decay_range(), tc.weight_decay),
+                                    (self.layout.no_decay_range(), 0.0)):
+            count = end - start
+            ops.adamw(rec, self.params.elements(start, count), self.grads.elements(start, count),
+                      self.m.elements(start, count), self.v.elements(start, count),
+                      self.w16.elements(start, count) if self.mixed else None, self.stats,
+                      count, lr=lr, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
+                      weight_decay=decay, step=step)
+
+    # ---- one optimizer step, one evaluation -------------------------------------------
+
+    def train_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> StepResult:
+        """micro: (A, B, T+1) uint32. Forward+backward per micro-batch, then the update.
+
+        One upload, one command buffer, one read-back of losses and gradient statistics.
+        """
+        accum = micro.shape[0]
+        if accum != self.accum:
+            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
+        self._upload_tokens(micro)
+        scale = 1.0 / (self.n * accum)
+        with self.dev.record("train step") as rec:
+            ops.fill(rec, self.grads, 0.0, self.layout.total)
+            for a in range(accum):
+                self.select_micro_batch(a)
+                self.record_forward(rec, loss_scale=scale, tc=tc)
+                self.record_backward(rec)
+            self.record_update(rec, lr=lr, step=step, tc=tc)
+        self.select_micro_batch(0)
+        losses = self.dev.download(self.all_losses)
+        stats = self.dev.download(self.stats)
+        loss = float(losses.astype(np.float64).mean())
+        return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
+
+    def eval_loss(self, rows: np.ndarray, tc) -> float:
+        """Mean loss of one (B, T+1) batch; weights, gradients and moments untouched."""
+        self.all_ids.write(np.ascontiguousarray(rows[:, :-1], np.uint32).reshape(-1))
+        self.all_targets.write(np.ascontiguousarray(rows[:, 1:], np.uint32).reshape(-1))
+        self.select_micro_batch(0)
+        with self.dev.record("eval") as rec:
+            self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc)
+        return float(self.dev.download(self.losses).astype(np.float64).mean())
