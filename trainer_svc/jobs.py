@@ -19,7 +19,6 @@ never overwrite the state written by the one that took over.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 import uuid
@@ -38,37 +37,46 @@ DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 EVENTS_MAXLEN = 200_000
 
 
-class JobSpecError(ValueError):
+class JobInputError(Exception):
+    """Something wrong with what a job asks for (spec, data, paths, vocabulary, diverging loss):
+    retrying cannot help, so the job fails at once with this message as its error."""
+
+
+class JobSpecError(JobInputError, ValueError):
     """A job spec that does not validate; the message lists every problem."""
 
 
 class JobSpec(BaseModel):
     """What to train. Unknown fields are refused, so a typo never silently becomes a default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(),
+                              allow_inf_nan=False)
 
     dataset: str = Field(description="dataset name given to `istanbul prepare`")
     model: str = Field("tiny", description="model preset (tiny, small, 124m)")
     model_overrides: dict[str, int | float | bool | str] = Field(
         default_factory=dict, description="ModelConfig fields that replace the preset's")
     steps: int = Field(gt=0, le=10**9, description="optimizer steps")
-    batch_size: int = Field(8, gt=0, le=65536, description="sequences per micro-batch")
-    seq_len: int | None = Field(None, gt=0, le=1 << 20,
-                                description="tokens per sequence (default: the model's)")
+    batch: int = Field(8, gt=0, le=65536, description="sequences per micro-batch")
+    seq: int | None = Field(None, gt=0, le=1 << 20,
+                            description="tokens per sequence (default: the model's max_seq)")
     grad_accum: int = Field(1, gt=0, le=4096, description="micro-batches per optimizer step")
-    lr: float = Field(3e-4, gt=0, description="peak learning rate")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (warmup, then cosine)")
     min_lr: float | None = Field(None, ge=0, description="final learning rate (default lr/10)")
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup: int = Field(0, ge=0, description="linear warmup steps")
     weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, ge=0, description="0 disables clipping")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0, description="global-norm clip; 0 disables it")
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    z_loss: float = Field(0.0, ge=0)
     precision: Literal["mixed", "fp32"] = "mixed"
-    seed: int = Field(0, ge=0, lt=2**63)
+    seed: int = Field(1234, ge=0, lt=2**63)
     checkpoint_every: int = Field(100, gt=0, description="steps between checkpoints")
-    keep_last: int = Field(3, ge=1, description="checkpoints kept (newest)")
-    keep_every: int = Field(0, ge=0, description="also keep every M-th step's checkpoint; 0 off")
+    keep_last: int = Field(3, ge=1, description="newest checkpoints kept")
+    keep_every: int = Field(0, ge=0, description="also keep each multiple of this step; 0 off")
     eval_every: int = Field(0, ge=0, description="steps between held-out evaluations; 0 off")
-    eval_batches: int = Field(4, gt=0)
+    eval_batches: int = Field(4, gt=0, description="batches per evaluation")
     max_failures: int | None = Field(None, gt=0, description="default: the daemon's --max-failures")
     vocab_hash: str | None = Field(None, description="expected vocabulary hash (sha256 hex)")
 
@@ -79,11 +87,24 @@ class JobSpec(BaseModel):
             raise ValueError(f"dataset name {value!r} must match {DATASET_RE.pattern}")
         return value
 
-    @field_validator("lr", "min_lr", "weight_decay", "grad_clip")
+    @field_validator("model")
     @classmethod
-    def _finite(cls, value):
-        if value is not None and not math.isfinite(value):
-            raise ValueError("must be a finite number")
+    def _preset(cls, value: str) -> str:
+        from .model.config import PRESETS
+        if value not in PRESETS:
+            raise ValueError(f"unknown model preset {value!r}; choose one of {', '.join(PRESETS)}")
+        return value
+
+    @field_validator("model_overrides")
+    @classmethod
+    def _overrides(cls, value: dict) -> dict:
+        import dataclasses
+        from .model.config import ModelConfig
+        allowed = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(f"unknown model field(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(allowed))}")
         return value
 
     @field_validator("vocab_hash")
@@ -97,8 +118,8 @@ class JobSpec(BaseModel):
     def _consistent(self):
         if self.min_lr is not None and self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps {self.warmup_steps} exceeds steps {self.steps}")
+        if self.warmup > self.steps:
+            raise ValueError(f"warmup {self.warmup} exceeds steps {self.steps}")
         return self
 
     @classmethod
@@ -255,6 +276,7 @@ if ops.dead then
   redis.call('XADD', KEYS[6], '*', unpack(flat))
 end
 if ops.release then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], 'cancel_requested') == '1' then return 2 end
 return 1
 """
 
@@ -290,7 +312,7 @@ class JobQueue:
                total_steps: int | None = None) -> str:
         """Queue a job; returns its id. `dataset_info` (datasets.DatasetInfo) pins the
         vocabulary hash the job will accept from its shards."""
-        job_id = check_job_id(job_id) if job_id else new_job_id()
+        job_id = new_job_id() if job_id is None else check_job_id(job_id)
         self.ensure_group()
         now = time.time()
         vocab_hash = spec.vocab_hash or (dataset_info.vocab_hash if dataset_info else "")
@@ -418,8 +440,11 @@ class JobQueue:
     def fenced(self, job_id: str, owner: str, *, hset: dict | None = None,
                hincr: dict | None = None, events: list | None = None,
                curve: list | None = None, ack: str | None = None, requeue: bool = False,
-               dead: dict | None = None, release: bool = False) -> bool:
-        """Apply writes to a job atomically, only if `owner` still holds its lease."""
+               dead: dict | None = None, release: bool = False) -> int:
+        """Apply writes to a job atomically, only if `owner` still holds its lease.
+
+        Returns 0 when the lease is not ours (nothing written), 1 when written, 2 when
+        written and a cancel has been requested for the job."""
         ops: dict = {}
         if hset:
             ops["hset"] = {k: (v if isinstance(v, str) else json.dumps(v) if isinstance(
@@ -443,7 +468,7 @@ class JobQueue:
             keys=[keys.lease(job_id), keys.job(job_id), keys.job_events(job_id),
                   keys.job_curve(job_id), keys.JOBS_STREAM, keys.DEAD_LETTER],
             args=[owner, json.dumps(ops), keys.JOBS_GROUP, job_id, self.events_maxlen])
-        return bool(ok)
+        return int(ok)
 
 
 event = _event

