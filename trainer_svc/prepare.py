@@ -3,10 +3,10 @@
 Every input file is one document. Documents go through one TokenizeStream call in order
 (raw bytes, special-token text encoded as ordinary text), and the ids are packed by a
 `DatasetWriter`. A file larger than the service's per-document limit is sent in pieces cut
-where the split cannot change the tokens: right after a newline that follows a printable
-ASCII character and precedes an ASCII letter. With the GPT-2, cl100k and o200k patterns no
-pre-token spans such a point (test: tests/test_prepare.py), so the pieces' ids concatenate
-to the whole file's ids. A file with no such point within the limit is cut at a character
+where the split cannot change the tokens (`is_safe_point`: after a line break between
+words, or before a single space between words). With the GPT-2, cl100k and o200k patterns no
+pre-token spans such a point (tests/test_prepare_split.py checks it with tiktoken), so the
+pieces' ids concatenate to the whole file's ids. A file with no such point within the limit is cut at a character
 boundary, and the summary counts those cuts.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from .redis_conn import RedisHandle
 log = logging.getLogger(__name__)
 
 DEFAULT_PIECE_BYTES = 1 << 20
-_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 def expand_inputs(paths: list[str], include: list[str] | None = None) -> list[Path]:
@@ -51,19 +51,63 @@ def expand_inputs(paths: list[str], include: list[str] | None = None) -> list[Pa
     return out
 
 
+def _is_word_char(data: bytes, end: int) -> bool:
+    """Is the character that ends at byte `end` (exclusive) printable ASCII (not space) or a
+    non-ASCII letter or digit?"""
+    start = end - 1
+    while start > 0 and end - start < 4 and (data[start] & 0xC0) == 0x80:
+        start -= 1
+    try:
+        ch = data[start:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if len(ch) != 1:
+        return False
+    if ch.isascii():
+        return 0x21 <= ord(ch) <= 0x7E
+    return unicodedata.category(ch)[0] in "LN"
+
+
+def _char_at(data: bytes, start: int) -> str | None:
+    for size in (1, 2, 3, 4):
+        try:
+            return data[start:start + size].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def is_safe_point(data: bytes, p: int) -> bool:
+    """May a document be cut before byte p without changing its tokens? Two kinds of point:
+    right after a newline that follows a word character and precedes a character that is not
+    whitespace and not '/' (o200k lets punctuation absorb a following newline and slash); and
+    right before a single space between a word character and a character that is not
+    whitespace (the space starts the next pre-token in every pattern)."""
+    if not (2 <= p < len(data) - 1):
+        return False
+    if data[p] == 0x20:
+        after = _char_at(data, p + 1)
+        return after is not None and not after.isspace() and _is_word_char(data, p)
+    if data[p - 1] != 0x0A or not _is_word_char(data, p - 1):
+        return False
+    ch = _char_at(data, p)
+    if ch is None or ch == "/" or ch.isspace():
+        return False
+    return ch.isascii() and 0x21 <= ord(ch) <= 0x7E or unicodedata.category(ch)[0] in "LN"
+
+
 def _safe_cut(data: bytes, start: int, limit: int) -> tuple[int, bool]:
-    """End of the piece starting at `start` (at most `limit` bytes): the last safe point, or
-    a UTF-8 character boundary when there is none. Returns (end, safe)."""
+    """End of the piece starting at `start` (at most `limit` bytes): the last safe point
+    (after a newline if there is one), or a UTF-8 character boundary. Returns (end, safe)."""
     end = min(len(data), start + limit)
     if end == len(data):
         return end, True
-    newline = data.rfind(b"\n", start + 1, end)
-    while newline > start:
-        after = newline + 1
-        before = data[newline - 1]
-        if after < len(data) and data[after] in _LETTERS and 0x21 <= before <= 0x7E:
-            return after, True
-        newline = data.rfind(b"\n", start + 1, newline)
+    for sep, offset in ((b"\n", 1), (b" ", 0)):
+        at = data.rfind(sep, start + 1, end)
+        while at > start:
+            if at + offset < end and is_safe_point(data, at + offset):
+                return at + offset, True
+            at = data.rfind(sep, start + 1, at)
     while end > start + 1 and (data[end] & 0xC0) == 0x80:   # not inside a UTF-8 sequence
         end -= 1
     return end, False
