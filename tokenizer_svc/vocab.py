@@ -54,6 +54,7 @@ class Vocabulary:
     pattern_name: str | None = None
     merges: dict | None = None  # (bytes, bytes) -> priority, HF-style vocabularies only
     hf_splits: list | None = None  # [regex, ...] for HF Split pre-tokenizers
+    hf_ignore_merges: bool = False  # HF BPE `ignore_merges`: a piece in the vocab is one token
     source: str = ""
     explicit_n_vocab: int | None = None
 
@@ -95,6 +96,8 @@ class Vocabulary:
                 h.update(b"M" + p.to_bytes(4, "little") + len(a).to_bytes(2, "little") + a + b)
         h.update(b"P" + json.dumps(self.hf_splits or self.pattern).encode())
         h.update(b"S" + json.dumps(sorted(self.special_tokens.items())).encode())
+        if self.hf_ignore_merges:
+            h.update(b"I")
         return h.hexdigest()
 
     def describe(self) -> dict:
@@ -291,7 +294,7 @@ def load_hf_tokenizer(path: Path) -> Vocabulary:
     specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
     return Vocabulary(name=path.stem, ranks=ranks, pattern=splits[0] if splits else "",
                       special_tokens=specials, merges=merges, hf_splits=splits,
-                      source=str(path))
+                      hf_ignore_merges=bool(model.get("ignore_merges", False)), source=str(path))
 
 
 # ---- lookup by name ----------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+// bpe_decode.wgsl — token ids back to bytes: a length pass, a prefix sum, a gather.
+//
+//   dec_lengths  lens[t] = byte length of token ids[t]; an id outside the table or a hole
+//                (length 0) gives 0 and atomicMin(status[0], t): the first bad position.
+//   (bpe_scan.wgsl turns lens into offs, n_ids + 1 exclusive offsets)
+//   dec_gather   per token t: every output word whose first byte lies in the token's
+//                bytes [offs[t], offs[t+1]) is assembled from this and the following
+//                tokens and written whole (no two invocations write the same word).
+//   dec_total    status[1] = offs[n_ids] (one invocation), so one read brings both values.
+//
+// Bindings (group 0), the same for both kernels:
+//   0 ids     array<u32>         read
+//   1 vocab   array<u32>         read   the encoder's table (tok_info and token bytes)
+//   2 offs    array<u32>         read   n_ids + 1 byte offsets (dec_gather)
+//   3 lens    array<u32>         rw     n_ids (dec_lengths)
+//   4 out     array<u32>         rw     bytes, 4 per word, little-endian (dec_gather)
+//   5 status  array<atomic<u32>> rw     [0] first invalid position (NONE if all valid),
+//                                        [1] total bytes
+//   6 p       uniform Params
+// Dispatch: 256 invocations per workgroup, one per token, ceil(n_ids / 256) workgroups.
+
+const NONE: u32 = 0xffffffffu;
+
+struct Params {
+    n_ids: u32,
+    n_table: u32,
+    info_off: u32,
+    bytes_off: u32,
+    n_out: u32,     // output bytes
+    _a: u32,
+    _b: u32,
+    _c: u32,
+}
+
+fn touch_all() {
+    _ = &ids; _ = &vocab; _ = &offs; _ = &lens; _ = &out; _ = &status; _ = &p;
+}
+
+fn token_byte(t: u32, k: u32) -> u32 {   // byte k of token ids[t]
+    let id = ids[t];
+    let b = vocab[p.info_off + 2u * id] + k;
+    return (vocab[p.bytes_off + (b >> 2u)] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+// --- KERNEL: dec_lengths ---
+@group(0) @binding(0) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read> vocab: array<u32>;
+@group(0) @binding(2) var<storage, read> offs: array<u32>;
+@group(0) @binding(3) var<storage, read_write> lens: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+@group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn dec_lengths(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let t = workgroup_index(wg, nwg) * 256u + lid;
+    if (t >= p.n_ids) { return; }
+    let id = ids[t];
+    var len = 0u;
+    if (id < p.n_table) { len = vocab[p.info_off + 2u * id + 1u]; }
+    if (len == 0u) { atomicMin(&status[0], t); }
+    lens[t] = len;
+}
+
+// --- KERNEL: dec_gather ---
+@group(0) @binding(0) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read> vocab: array<u32>;
+@group(0) @binding(2) var<storage, read> offs: array<u32>;
+@group(0) @binding(3) var<storage, read_write> lens: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+@group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn dec_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let t = workgroup_index(wg, nwg) * 256u + lid;
+    if (t >= p.n_ids) { return; }
+    let lo = offs[t];
+    let hi = offs[t + 1u];
+    // first word whose first byte is inside this token
+    for (var w = (lo + 3u) / 4u; 4u * w < hi; w += 1u) {
+        var word = 0u;
+        var tt = t;
+        var tok_end = hi;
+        for (var k = 0u; k < 4u; k += 1u) {
+            let b = 4u * w + k;
+            if (b >= p.n_out) { break; }
+            while (b >= tok_end) {
+                tt += 1u;
+                tok_end = offs[tt + 1u];
+            }
+            word |= token_byte(tt, b - offs[tt]) << (8u * k);
+        }
+        out[w] = word;
+    }
+}
+
+// --- KERNEL: dec_total ---
+@group(0) @binding(0) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read> vocab: array<u32>;
+@group(0) @binding(2) var<storage, read> offs: array<u32>;
+@group(0) @binding(3) var<storage, read_write> lens: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+@group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+// status[1] = offs[n_ids], the total byte count (one invocation), so one read brings both.
+@compute @workgroup_size(1)
+fn dec_total() {
+    touch_all();
+    atomicStore(&status[1], offs[p.n_ids]);
+}

@@ -1,0 +1,384 @@
+"""`Encoding`: tiktoken's API, computed on the GPU (or by the CPU reference), exact ids.
+
+    from tokenizer_svc.encoding import get_encoding
+    enc = get_encoding("cl100k_base")                  # was: tiktoken.get_encoding(...)
+    enc.encode("hello world")                          # [15339, 1917]
+    enc.encode("<|endoftext|>", allowed_special="all")
+    enc.decode(enc.encode_ordinary("héllo"))           # 'héllo'
+    ids, offsets = enc.encode_batch_flat(["a", b"b\\xff"])   # numpy; doc i = ids[offsets[i]:offsets[i+1]]
+
+`get_encoding(spec, device=None)`: `spec` is a known name (gpt2, r50k_base, cl100k_base,
+o200k_base), a path (.tiktoken, with an optional sidecar; tokenizer.json) or a `Vocabulary`;
+`device` is a `shaders.engine.Device`, None for the process-wide default GPU, or "cpu" for the
+plain-Python reference (slow; for checking and for machines where no Vulkan device exists).
+
+Semantics are tiktoken's (tokenizer_svc/reference.py defines them): special tokens are cut out
+on the CPU (allowed_special / disallowed_special exactly as tiktoken; the default raises
+ValueError on text that spells a special token), the rest is pre-tokenized and merged on the GPU.
+Lone surrogates in `str` input become U+FFFD as in tiktoken. `encode_bytes` accepts any bytes,
+including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import AbstractSet, Collection, Literal, Sequence
+
+import numpy as np
+
+from .reference import (ReferenceTokenizer, check_disallowed, extend_over_space_tokens,
+                        fix_surrogates, resolve_special, split_special)
+from .vocab import Vocabulary, load_vocabulary
+
+
+class InvalidTokenError(ValueError):
+    """A token id that is not in the vocabulary (outside 0..n_vocab-1, or a hole)."""
+
+    def __init__(self, token: int, position: int, vocab_name: str, n_vocab: int,
+                 document: int | None = None):
+        where = f"position {position}" + (f" of document {document}" if document is not None
+                                          else "")
+        super().__init__(f"token id {token} at {where} is not in vocabulary {vocab_name!r} "
+                         f"(ids are 0..{n_vocab - 1}, some of them unassigned); decode only ids "
+                         "produced with this vocabulary")
+        self.token = token
+        self.position = position
+        self.document = document
+
+
+class CpuBackend:
+    """The reference, behind the same interface as gpu_backend.GpuBackend."""
+
+    kind = "cpu"
+
+    def __init__(self, vocab: Vocabulary):
+        self.vocab = vocab
+        self.ref = ReferenceTokenizer(vocab)
+
+    def describe(self) -> str:
+        return "CPU reference (plain Python)"
+
+    def encode_segments(self, segments: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [np.array([t for piece in self.ref.encode_pieces(s.decode("utf-8")) for t in piece],
+                          dtype=np.uint32) for s in segments]
+        return _flatten(parts)
+
+    def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        return _flatten([np.array(self.ref.bpe(p), dtype=np.uint32) for p in pieces])
+
+    def last_piece_length(self, prefix: bytes) -> int:
+        pieces = self.ref.split(prefix.decode("utf-8"))
+        return len(pieces[-1].encode("utf-8")) if pieces else 0
+
+    def decode(self, ids: np.ndarray) -> bytes:
+        from .gpu_decode import InvalidIdError
+        decoder = self.vocab.decoder
+        out = []
+        for pos, i in enumerate(ids.tolist()):
+            token = decoder.get(i)
+            if token is None:
+                raise InvalidIdError(i, pos)
+            out.append(token)
+        return b"".join(out)
+
+
+def _flatten(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([p.size for p in parts], out=offsets[1:])
+    ids = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
+    return ids, offsets
+
+
+class Encoding:
+    """A vocabulary with tiktoken's encode/decode API; GPU-backed unless device="cpu"."""
+
+    def __init__(self, vocab: Vocabulary, device=None):
+        self.vocab = vocab
+        if device == "cpu":
+            self.backend = CpuBackend(vocab)
+        else:
+            from shaders.engine import default_device
+            from .gpu_backend import GpuBackend
+            self.backend = GpuBackend(vocab, device if device is not None else default_device())
+        self._special_ids = frozenset(vocab.special_tokens.values())
+        decoder = vocab.decoder
+        size = max(decoder) + 1
+        self._token_lengths = np.zeros(size, dtype=np.int64)
+        self._token_chars = np.zeros(size, dtype=np.int64)
+        self._token_mid_char = np.zeros(size, dtype=bool)
+        for i, token in decoder.items():
+            self._token_lengths[i] = len(token)
+            self._token_chars[i] = sum(1 for b in token if not 0x80 <= b < 0xC0)
+            self._token_mid_char[i] = bool(token) and 0x80 <= token[0] < 0xC0
+
+    def __repr__(self) -> str:
+        return f"<Encoding {self.name!r} on {self.backend.describe()}>"
+
+    # ---- facts --------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.vocab.name
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    @property
+    def max_token_value(self) -> int:
+        return max([*self.vocab.ranks.values(), *self.vocab.special_tokens.values()])
+
+    @property
+    def eot_token(self) -> int | None:
+        return self.vocab.eot_token
+
+    @property
+    def special_tokens_set(self) -> set[str]:
+        return set(self.vocab.special_tokens)
+
+    def is_special_token(self, token: int) -> bool:
+        return token in self._special_ids
+
+    # ---- encoding -----------------------------------------------------------------------
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode ignoring special tokens (their text is ordinary text)."""
+        ids, _ = self.backend.encode_segments([_utf8(text)])
+        return ids.tolist()
+
+    def encode(self, text: str, *, allowed_special: Literal["all"] | AbstractSet[str] = set(),
+               disallowed_special: Literal["all"] | Collection[str] = "all") -> list[int]:
+        """tiktoken's `encode`: raises ValueError on disallowed special-token text."""
+        ids, _ = self._encode_texts([text], allowed_special, disallowed_special)
+        return ids.tolist()
+
+    def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = 8) -> list[list[int]]:
+        """One GPU batch for all texts (`num_threads` is accepted for tiktoken compatibility)."""
+        ids, offsets = self.backend.encode_segments([_utf8(t) for t in text])
+        return _split(ids, offsets)
+
+    def encode_batch(self, text: Sequence[str], *, num_threads: int = 8,
+                     allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                     disallowed_special: Literal["all"] | Collection[str] = "all") -> list[list[int]]:
+        ids, offsets = self._encode_texts(list(text), allowed_special, disallowed_special)
+        return _split(ids, offsets)
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Encode raw bytes, including invalid UTF-8 (tiktoken's `_encode_bytes` rule)."""
+        ids, _ = self._encode_bytes_many([bytes(data)])
+        return ids.tolist()
+
+    def encode_batch_flat(self, docs: Sequence[str | bytes], *,
+                          allowed_special: Literal["all"] | AbstractSet[str] = frozenset(),
+                          disallowed_special: Literal["all"] | Collection[str] = ()
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """Many documents in one GPU call -> (ids uint32, offsets int64 of len(docs) + 1).
+
+        Document i is ids[offsets[i]:offsets[i+1]]. `str` documents follow `encode` with the
+        given special-token arguments (default: like `encode_ordinary`); `bytes` documents
+        follow `encode_bytes` (raw bytes, special-token text is ordinary text).
+        """
+        docs = list(docs)
+        if all(isinstance(d, str) for d in docs):
+            return self._encode_texts(docs, allowed_special, disallowed_special)
+        if all(isinstance(d, (bytes, bytearray, memoryview)) for d in docs):
+            return self._encode_bytes_many([bytes(d) for d in docs])
+        parts: list = [None] * len(docs)
+        texts = [i for i, d in enumerate(docs) if isinstance(d, str)]
+        raws = [i for i, d in enumerate(docs) if not isinstance(d, str)]
+        for group, (ids, offsets) in ((texts, self._encode_texts(
+                [docs[i] for i in texts], allowed_special, disallowed_special)),
+                (raws, self._encode_bytes_many([bytes(docs[i]) for i in raws]))):
+            for k, i in enumerate(group):
+                parts[i] = ids[offsets[k]:offsets[k + 1]]
+        return _flatten(parts)
+
+    def encode_with_offsets(self, text: str, unit: Literal["byte", "char"] = "byte", *,
+                            allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                            disallowed_special: Literal["all"] | Collection[str] = "all"
+                            ) -> tuple[list[int], list[int]]:
+        """(ids, start offset of each token) in bytes of the UTF-8 text, or in characters.
+
+        Character offsets follow tiktoken's `decode_with_offsets`: a token that starts inside a
+        character (a split multi-byte character) points at that character.
+        """
+        ids, _ = self._encode_texts([text], allowed_special, disallowed_special)
+        return ids.tolist(), self.token_offsets(ids, unit).tolist()
+
+    def token_offsets(self, ids, unit: str = "byte") -> np.ndarray:
+        """Start offset of each token of `ids` (bytes, or characters as tiktoken counts them)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if unit == "byte":
+            lengths = self._token_lengths[ids]
+            return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) \
+                if ids.size else np.zeros(0, np.int64)
+        if unit == "char":
+            if not ids.size:
+                return np.zeros(0, np.int64)
+            chars = self._token_chars[ids]
+            before = np.concatenate([[0], np.cumsum(chars)[:-1]])
+            return np.maximum(0, before - self._token_mid_char[ids]).astype(np.int64)
+        raise ValueError(f"unit must be 'byte' or 'char', got {unit!r}")
+
+    def _encode_texts(self, texts: list[str], allowed_special, disallowed_special):
+        allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
+                                              disallowed_special)
+        if disallowed:
+            for text in texts:
+                check_disallowed(text, disallowed)
+        if not allowed:
+            return self.backend.encode_segments([_utf8(t) for t in texts])
+        segments, layout = [], []  # per text: list of ("seg", index) / ("special", id)
+        for text in texts:
+            plan = []
+            for part, special in split_special(fix_surrogates(text), allowed,
+                                               self.vocab.special_tokens):
+                if special is None:
+                    plan.append((0, len(segments)))
+                    segments.append(part.encode("utf-8"))
+                else:
+                    plan.append((1, special))
+            layout.append(plan)
+        ids, offsets = self.backend.encode_segments(segments)
+        parts = []
+        for plan in layout:
+            pieces = [ids[offsets[v]:offsets[v + 1]] if kind == 0 else
+                      np.array([v], dtype=np.uint32) for kind, v in plan]
+            parts.append(np.concatenate(pieces) if pieces else np.zeros(0, np.uint32))
+        return _flatten(parts)
+
+    def _encode_bytes_many(self, docs: list[bytes]):
+        valid = []
+        for d in docs:
+            try:
+                d.decode("utf-8")
+                valid.append(len(d))
+            except UnicodeDecodeError as exc:
+                valid.append(exc.start)
+        ids, offsets = self.backend.encode_segments([d[:v] for d, v in zip(docs, valid)])
+        if all(v == len(d) for d, v in zip(docs, valid)):
+            return ids, offsets
+        decoder = self.vocab.decoder
+        parts = []
+        for k, (d, v) in enumerate(zip(docs, valid)):
+            toks = ids[offsets[k]:offsets[k + 1]]
+            if v == len(d):
+                parts.append(toks)
+                continue
+            # tiktoken: the last piece (extended over all-space tokens) joins the invalid tail
+            last_len = self.backend.last_piece_length(d[:v])
+            count, covered = 0, 0
+            while covered < last_len:
+                count += 1
+                covered += int(self._token_lengths[toks[toks.size - count]])
+            tokens = toks.tolist()
+            count = extend_over_space_tokens(tokens, count, decoder)
+            keep = len(tokens) - count
+            unstable = b"".join(decoder[t] for t in tokens[keep:]) + d[v:]
+            tail, _ = self.backend.encode_pieces([unstable])
+            parts.append(np.concatenate([toks[:keep], tail]).astype(np.uint32))
+        return _flatten(parts)
+
+    def encode_single_token(self, text_or_bytes: str | bytes) -> int:
+        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else text_or_bytes
+        if data in self.vocab.ranks:
+            return self.vocab.ranks[data]
+        if isinstance(text_or_bytes, str) and text_or_bytes in self.vocab.special_tokens:
+            return self.vocab.special_tokens[text_or_bytes]
+        raise KeyError(data)
+
+    # ---- decoding -----------------------------------------------------------------------
+
+    def decode_bytes(self, tokens: Sequence[int]) -> bytes:
+        """The exact bytes of the tokens (special tokens decode to their text)."""
+        return self._decode(np.asarray(tokens, dtype=np.int64).reshape(-1))
+
+    def decode(self, tokens: Sequence[int], errors: str = "replace") -> str:
+        """Text of the tokens; errors="strict" raises on invalid UTF-8, "replace" (tiktoken's
+        default) substitutes U+FFFD."""
+        return self.decode_bytes(tokens).decode("utf-8", errors=errors)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace",
+                     num_threads: int = 8) -> list[str]:
+        return [b.decode("utf-8", errors=errors) for b in self.decode_bytes_batch(batch)]
+
+    def decode_bytes_batch(self, batch: Sequence[Sequence[int]], *,
+                           num_threads: int = 8) -> list[bytes]:
+        """All documents in one GPU call."""
+        arrays = [np.asarray(b, dtype=np.int64).reshape(-1) for b in batch]
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        counts = np.array([a.size for a in arrays], dtype=np.int64)
+        try:
+            data = self._decode(flat)
+        except InvalidTokenError as exc:
+            doc = int(np.searchsorted(np.cumsum(counts), exc.position, side="right"))
+            start = int(counts[:doc].sum())
+            raise InvalidTokenError(exc.token, exc.position - start, self.name, self.n_vocab,
+                                    document=doc) from None
+        byte_ends = np.concatenate([[0], np.cumsum(self._token_lengths[flat])])
+        bounds = byte_ends[np.concatenate([[0], np.cumsum(counts)])]
+        return [data[bounds[i]:bounds[i + 1]] for i in range(len(arrays))]
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        try:
+            return self.vocab.decoder[int(token)]
+        except KeyError:
+            raise InvalidTokenError(int(token), 0, self.name, self.n_vocab) from None
+
+    def decode_tokens_bytes(self, tokens: Sequence[int]) -> list[bytes]:
+        return [self.decode_single_token_bytes(t) for t in tokens]
+
+    def decode_with_offsets(self, tokens: Sequence[int]) -> tuple[str, list[int]]:
+        """tiktoken's: (strict text, character offset of each token)."""
+        text = self.decode_bytes(tokens).decode("utf-8", errors="strict")
+        return text, self.token_offsets(tokens, "char").tolist()
+
+    def token_byte_values(self) -> list[bytes]:
+        return sorted(self.vocab.ranks)
+
+    def _decode(self, ids: np.ndarray) -> bytes:
+        from .gpu_decode import InvalidIdError
+        try:
+            return self.backend.decode(ids)
+        except InvalidIdError as exc:
+            raise InvalidTokenError(exc.token, exc.position, self.name, self.n_vocab) from None
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return fix_surrogates(text).encode("utf-8")
+
+
+def _split(ids: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    flat = ids.tolist()
+    bounds = offsets.tolist()
+    return [flat[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = int(os.environ.get("ISTANBUL_ENCODING_CACHE", "8"))
+
+
+def get_encoding(spec, device=None) -> Encoding:
+    """An Encoding for a known name, a vocabulary path or a `Vocabulary` (cached per device).
+
+    Raises `tokenizer_svc.vocab.VocabularyError` (a ValueError) for unknown names and bad files.
+    """
+    vocab = spec if isinstance(spec, Vocabulary) else load_vocabulary(spec)
+    dev_key = "cpu" if device == "cpu" else (id(device) if device is not None else "default")
+    key = (vocab.content_hash, vocab.name, dev_key)
+    enc = _CACHE.get(key)
+    if enc is None:
+        enc = Encoding(vocab, device)
+        _CACHE[key] = enc
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return enc
+
+
+__all__ = ["Encoding", "InvalidTokenError", "get_encoding"]

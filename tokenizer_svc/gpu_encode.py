@@ -1,0 +1,283 @@
+"""GPU encoding: documents (valid UTF-8 bytes) -> flat token ids + per-document offsets.
+
+    enc = GpuEncoder(device, VocabTables.build(vocab), pattern="cl100k")
+    ids, offsets = enc.encode_docs(data, starts)     # data: uint8, starts: n_docs + 1 offsets
+    ids, offsets = enc.merge_pieces(data, piece_starts)   # pieces cut on the CPU
+
+One call records, per batch of documents that fits the device's binding limit:
+
+    upload text + document starts
+    bpe_fill_none -> bpe_cuts -> bpe_pretok           (shaders/wgsl/bpe_encode.wgsl)
+    read the counters (long pieces queued, boundary overruns)
+    bpe_merge_long                                     (only if long pieces were queued)
+    scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
+    read the document offsets, then the ids
+
+`profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
+host-side upload and readback wall times) for bench/tokenize.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shaders.engine import Device
+from .gpu_scan import BufferPool, GpuScan
+from .gpu_tables import NONE, VocabTables
+from .unicode_table import BIT_L, BIT_M, load_table
+
+ENCODE_FILE = "bpe_encode.wgsl"
+COMPACT_FILE = "bpe_compact.wgsl"
+PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
+WG = 64
+SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
+SCRATCH_WORDS_PER_BYTE = 4
+
+
+class BoundaryError(RuntimeError):
+    """The GPU pre-tokenizer's segment proof failed (an internal error, never expected)."""
+
+
+@dataclass
+class Profile:
+    upload_s: float = 0.0
+    readback_s: float = 0.0
+    host_s: float = 0.0
+    gpu: dict = field(default_factory=dict)  # dispatch label -> seconds
+    calls: int = 0
+
+    def add_gpu(self, times) -> None:
+        for label, seconds in times:
+            self.gpu[label] = self.gpu.get(label, 0.0) + seconds
+
+
+class GpuEncoder:
+    def __init__(self, device: Device, tables: VocabTables, pattern: str | None,
+                 chunk: int = 128, max_call_bytes: int | None = None):
+        self.device = device
+        self.tables = tables
+        self.pattern = pattern
+        self.chunk = chunk
+        self.pool = BufferPool(device)
+        self.scan = GpuScan(device, self.pool)
+        constants = {"PATTERN": PATTERN_IDS[pattern]} if pattern in PATTERN_IDS else {}
+        k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
+        self.k_fill = k("bpe_fill_none")
+        self.k_cuts = k("bpe_cuts", constants) if constants else None
+        self.k_pretok = k("bpe_pretok", constants) if constants else None
+        self.k_pieces = k("bpe_merge_pieces")
+        self.k_long = k("bpe_merge_long")
+        self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
+        self.vocab_buf = device.upload(tables.vocab_words, label="bpe vocab")
+        self.pairs_buf = device.upload(tables.pairs, label="bpe pairs")
+        self.classes_buf = device.upload(tables.classes, label="unicode classes")
+        binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+        # tok_buf and the scan take 4 bytes per input byte; keep every binding under the limit
+        self.max_call_bytes = max_call_bytes or (binding // 4 - 1024)
+        self.scratch_limit_words = binding // 4
+        self.profile = False
+        self.last_profile = Profile()
+
+    # ---- public ---------------------------------------------------------------------------
+
+    def encode_docs(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece."""
+        if self.k_pretok is None:
+            raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
+                             "the CPU and call merge_pieces")
+        return self._batched(data, starts, pieces=False)
+
+    def merge_pieces(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
+        """BPE each piece [starts[i], starts[i+1]) on the GPU; offsets are per piece."""
+        return self._batched(data, starts, pieces=True)
+
+    # ---- batching -------------------------------------------------------------------------
+
+    def _batched(self, data, starts, pieces: bool):
+        data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        starts = np.asarray(starts, dtype=np.int64)
+        n_docs = starts.size - 1
+        if self.profile:
+            self.last_profile = Profile()
+        if n_docs <= 0:
+            return np.zeros(0, np.uint32), np.zeros(max(n_docs + 1, 1), np.int64)
+        sub_starts, owner_first = self._split_oversize(data, starts, pieces)
+        id_parts, sub_offsets, base = [], [np.zeros(1, np.int64)], 0
+        first = 0
+        n_sub = sub_starts.size - 1
+        while first < n_sub:
+            # as many whole sub-documents as fit one call
+            limit = sub_starts[first] + self.max_call_bytes
+            last = int(np.searchsorted(sub_starts, limit, side="right")) - 1
+            last = max(min(last, n_sub), first + 1)
+            lo, hi = int(sub_starts[first]), int(sub_starts[last])
+            ids, offs = self._call(data[lo:hi], (sub_starts[first:last + 1] - lo), pieces)
+            id_parts.append(ids)
+            sub_offsets.append(offs[1:].astype(np.int64) + base)
+            base += ids.size
+            first = last
+        ids = np.concatenate(id_parts) if len(id_parts) > 1 else id_parts[0]
+        sub_offsets = np.concatenate(sub_offsets)
+        return ids, sub_offsets[owner_first]
+
+    def _split_oversize(self, data, starts, pieces: bool):
+        """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each
+        document's first sub-document, plus the end)."""
+        sizes = np.diff(starts)
+        if sizes.max(initial=0) <= self.max_call_bytes:
+            return starts, np.arange(starts.size)
+        if pieces:
+            raise ValueError(f"a piece of {int(sizes.max())} bytes exceeds the device's limit of "
+                             f"{self.max_call_bytes} bytes per call")
+        subs, owner_first = [], []
+        for d in range(starts.size - 1):
+            owner_first.append(len(subs))
+            lo, hi = int(starts[d]), int(starts[d + 1])
+            subs.append(lo)
+            while hi - lo > self.max_call_bytes:
+                cut = find_cut(data, lo, lo + self.max_call_bytes, self.pattern)
+                if cut is None:
+                    raise ValueError(
+                        f"document {d} has no provable piece boundary in {self.max_call_bytes} "
+                        f"bytes from byte {lo - int(starts[d])} (e.g. one run of whitespace or "
+                        "digits that long); split it before encoding")
+                subs.append(cut)
+                lo = cut
+        owner_first.append(len(subs))
+        subs.append(int(starts[-1]))
+        return np.array(subs, dtype=np.int64), np.array(owner_first, dtype=np.int64)
+
+    # ---- one device call ------------------------------------------------------------------
+
+    def _call(self, data: np.ndarray, starts: np.ndarray, pieces: bool):
+        dev, pool, prof = self.device, self.pool, self.last_profile
+        n = int(data.size)
+        n_docs = int(starts.size - 1)
+        if n == 0:
+            return np.zeros(0, np.uint32), np.zeros(n_docs + 1, np.int64)
+        t0 = time.perf_counter()
+        words = np.zeros(-(-n // 4) * 4, dtype=np.uint8)
+        words[:n] = data
+        text = pool.get("text", words.nbytes)
+        text.write(words)
+        starts_buf = pool.get("starts", 4 * (n_docs + 1))
+        starts_buf.write(starts.astype(np.uint32))
+        n_chunks = -(-n // self.chunk)
+        cuts = pool.get("cuts", 4 * n_chunks)
+        tok_buf = pool.get("tok_buf", 4 * n)
+        longs = pool.get("longs", 16 * (n // (SHORT_MAX + 1) + 1))
+        counters = pool.get("counters", 16)
+        counters.write(np.zeros(4, np.uint32))
+        scratch = pool.get("scratch_dummy", 16)
+        lay = self.tables.layout
+        n_items = n_docs if pieces else n_docs
+        params = dev.params("IIIIIIIIIIII", n, n_items, n_chunks, self.chunk,
+                            lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"],
+                            lay["pair_mask"], lay["max_tok_len"], int(self.tables.whole_piece), 0)
+        prof.upload_s += time.perf_counter() - t0
+
+        def binds(scratch_buf):
+            return [text, starts_buf, self.classes_buf, self.vocab_buf, self.pairs_buf, cuts,
+                    tok_buf, longs, scratch_buf, counters, params]
+
+        with dev.record("bpe encode", timing=self.profile) as rec:
+            rec.dispatch(self.k_fill, binds(scratch), -(-n // WG), "fill")
+            if pieces:
+                rec.dispatch(self.k_pieces, binds(scratch), -(-n_docs // WG), "merge_pieces")
+            else:
+                rec.dispatch(self.k_cuts, binds(scratch), -(-n_chunks // WG), "cuts")
+                rec.dispatch(self.k_pretok, binds(scratch), -(-n_chunks // WG), "pretok_merge")
+        prof.add_gpu(rec.gpu_times)
+        t0 = time.perf_counter()
+        n_long, long_bytes, overruns, _ = dev.download(counters.view(0, 16), np.uint32)
+        prof.readback_s += time.perf_counter() - t0
+        if overruns:
+            raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
+                                "a piece boundary proof failed (internal error; please report "
+                                "the input)")
+        if n_long:
+            self._merge_long(binds, longs, counters, int(n_long), int(long_bytes))
+
+        excl = pool.get("excl", 4 * (n + 1))
+        ids_buf = pool.get("ids", 4 * n)
+        doc_off = pool.get("doc_off", 4 * (n_docs + 1))
+        cparams = dev.params("IIII", n, n_docs, 0, 0)
+        with dev.record("bpe compact", timing=self.profile) as rec:
+            self.scan.record(rec, tok_buf, n, excl, mode=1)
+            rec.dispatch(self.k_compact, [tok_buf, excl, starts_buf, ids_buf, doc_off, cparams],
+                         -(-max(n, n_docs + 1) // 256), "compact")
+        prof.add_gpu(rec.gpu_times)
+        t0 = time.perf_counter()
+        offsets = dev.download(doc_off.view(0, 4 * (n_docs + 1)), np.uint32).astype(np.int64)
+        total = int(offsets[-1])
+        ids = dev.download(ids_buf.view(0, 4 * total), np.uint32) if total else \
+            np.zeros(0, np.uint32)
+        prof.readback_s += time.perf_counter() - t0
+        prof.calls += 1
+        return ids, offsets
+
+    def _merge_long(self, binds, longs, counters, n_long: int, long_bytes: int) -> None:
+        """Heap BPE of the queued long pieces, in rounds that fit the scratch binding."""
+        dev = self.device
+        need = SCRATCH_WORDS_PER_BYTE * long_bytes
+        if need <= self.scratch_limit_words:
+            scratch = self.pool.get("scratch", 4 * need)
+            with dev.record("bpe long", timing=self.profile) as rec:
+                rec.dispatch(self.k_long, binds(scratch), -(-n_long // WG), "merge_long")
+            self.last_profile.add_gpu(rec.gpu_times)
+            return
+        # Too much at once: re-queue the pieces in rounds with scratch bases assigned here.
+        queue = dev.download(longs.view(0, 16 * n_long), np.uint32).reshape(-1, 4).copy()
+        room = self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE
+        if int(queue[:, 1].max()) > room:
+            raise ValueError(f"a single pre-tokenized piece of {int(queue[:, 1].max())} bytes "
+                             f"exceeds the device's long-piece work space ({room} bytes)")
+        scratch = self.pool.get("scratch", 4 * self.scratch_limit_words)
+        i = 0
+        while i < n_long:
+            sizes = np.cumsum(queue[i:, 1].astype(np.int64))
+            j = i + max(int(np.searchsorted(sizes, room, side="right")), 1)
+            batch = queue[i:j].copy()
+            batch[:, 2] = np.concatenate([[0], np.cumsum(batch[:-1, 1])])
+            longs.write(batch)
+            counters.write(np.array([j - i], np.uint32))
+            with dev.record("bpe long", timing=self.profile) as rec:
+                rec.dispatch(self.k_long, binds(scratch), -(-(j - i) // WG), "merge_long")
+            self.last_profile.add_gpu(rec.gpu_times)
+            i = j
+
+
+def find_cut(data: np.ndarray, lo: int, hi: int, pattern: str) -> int | None:
+    """The last provable piece boundary in (lo, hi] (same rule as `is_cut` in
+    bpe_encode.wgsl), or None. Used to split documents larger than one device call."""
+    classes = load_table().class_bytes
+    pos = hi
+    while pos > lo + 1:
+        while pos > lo and (data[pos] & 0xC0) == 0x80:
+            pos -= 1
+        cur = _char(data, pos)
+        prev_start = pos - 1
+        while prev_start > lo and (data[prev_start] & 0xC0) == 0x80:
+            prev_start -= 1
+        prev = _char(data, prev_start)
+        if classes[prev] & BIT_L:
+            cls = classes[cur]
+            if pattern == "o200k":
+                if not cls & (BIT_L | BIT_M) and cur != 0x27:
+                    return pos
+            elif not cls & BIT_L:
+                return pos
+        pos = prev_start
+    return None
+
+
+def _char(data: np.ndarray, i: int) -> int:
+    b0 = int(data[i])
+    n = 1 if b0 < 0x80 else 2 if b0 < 0xE0 else 3 if b0 < 0xF0 else 4
+    return ord(bytes(data[i:i + n]).decode("utf-8"))
+
+
+__all__ = ["BoundaryError", "GpuEncoder", "NONE", "Profile", "find_cut"]

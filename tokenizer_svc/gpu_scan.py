@@ -1,0 +1,66 @@
+"""Device-wide exclusive prefix sums (shaders/wgsl/bpe_scan.wgsl) and a small buffer pool.
+
+    scan = GpuScan(device, pool)
+    with device.record() as rec:
+        scan.record(rec, src, n, dst, mode=1)    # dst[0..n] = exclusive sums, dst[n] = total
+
+mode 0 sums the values, mode 1 counts the entries that are not NONE (token starts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shaders.engine import Buffer, Device
+
+SCAN_FILE = "bpe_scan.wgsl"
+BLOCK = 1024
+
+
+class BufferPool:
+    """Named device buffers that grow (by powers of two) and are otherwise reused, so repeated
+    calls bind the same buffers and hit the kernels' bind-group caches."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self._buffers: dict[str, Buffer] = {}
+
+    def get(self, name: str, nbytes: int) -> Buffer:
+        nbytes = max(int(nbytes), 16)
+        buf = self._buffers.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            if buf is not None:
+                buf.destroy()
+            size = 1 << (nbytes - 1).bit_length()
+            if size > self.device.limits.get("max-storage-buffer-binding-size", 1 << 27):
+                size = -(-nbytes // 16) * 16  # near the binding limit: exactly what is asked
+            buf = self.device.buffer(size, np.uint32, label=name)
+            self._buffers[name] = buf
+        return buf
+
+    def release(self) -> None:
+        for buf in self._buffers.values():
+            buf.destroy()
+        self._buffers.clear()
+
+
+class GpuScan:
+    def __init__(self, device: Device, pool: BufferPool):
+        self.device = device
+        self.pool = pool
+        self.blocks = {m: device.kernel(SCAN_FILE, "scan_blocks", {"MODE": m}) for m in (0, 1)}
+        self.add = device.kernel(SCAN_FILE, "scan_add")
+
+    def record(self, rec, src: Buffer, n_src: int, dst: Buffer, mode: int = 0,
+               level: int = 0) -> None:
+        """Record an exclusive scan of n_src values of `src` into dst[0..n_src] (n_src + 1)."""
+        n_out = n_src + 1
+        blocks = -(-n_out // BLOCK)
+        sums = self.pool.get(f"scan_sums{level}", 4 * blocks)
+        params = self.device.params("IIII", n_src, n_out, 0, 0)
+        rec.dispatch(self.blocks[mode], [src, dst, sums, params], blocks)
+        if blocks > 1:
+            scanned = self.pool.get(f"scan_offs{level}", 4 * (blocks + 1))
+            self.record(rec, sums, blocks, scanned, 0, level + 1)
+            dummy = self.pool.get("scan_dummy", 16)
+            rec.dispatch(self.add, [dummy, dst, scanned, params], blocks)

@@ -1,0 +1,318 @@
+"""The CPU reference tokenizer: plain, slow, readable. It defines what the GPU must produce.
+
+    ref = ReferenceTokenizer(load_vocabulary("cl100k_base"))
+    ref.encode_ordinary("hello world")          # -> [15339, 1917]
+    ref.encode("<|endoftext|>", allowed_special="all")
+
+Encoding is two steps, exactly as tiktoken does them:
+
+1. **Pre-tokenize** (`split`): cut the text into pieces with the vocabulary's regex. For the
+   three built-in patterns (gpt2/r50k, cl100k, o200k) the regex is rewritten first
+   (`exact_pattern`): every `\\p{..}` and `\\s` becomes an explicit character class read out of
+   tiktoken itself (`unicode_table`). Python's `regex` module ships a newer Unicode version than
+   tiktoken's Rust regex crate (tens of thousands of code points are letters for one and not the
+   other), so asking `regex` what a letter is would disagree with tiktoken; the explicit classes
+   make the reference agree with tiktoken on every code point. Any other pattern (a vocabulary
+   trained with a custom regex) is used as written, i.e. with the `regex` module's Unicode
+   tables; for such patterns tiktoken itself would use its own tables and may differ on
+   code points assigned in recent Unicode versions.
+   Hugging Face `tokenizer.json` vocabularies apply their Split regexes one after the other,
+   keeping both matches and the text between them ("Isolated"), then ByteLevel.
+2. **BPE** (`bpe`) within each piece: start from single bytes and repeatedly merge the adjacent
+   pair with the lowest priority, the leftmost one among equals. For `.tiktoken` vocabularies a
+   pair's priority is the rank of its concatenation (if that is a token); first, a piece that is
+   itself a token is that token (tiktoken's whole-piece shortcut). For tokenizer.json
+   vocabularies only the listed merges apply, priority = position in the merge list.
+
+Special tokens follow tiktoken: `split_special` cuts the text at allowed special tokens (the
+leftmost occurrence first; at one position the longest special wins), and each ordinary
+stretch in between is pre-tokenized on its own (so `$` in a pattern matches at its end).
+
+`encode_bytes` takes raw bytes with invalid UTF-8 and reproduces tiktoken's `_encode_bytes`:
+the valid UTF-8 prefix is encoded normally; its last piece (extended backwards over tokens
+made only of spaces, newlines and tabs) is joined with the remaining bytes, and that one
+string of bytes is a single BPE piece.
+"""
+
+from __future__ import annotations
+
+import regex
+
+from .unicode_table import load_table
+from .vocab import Vocabulary
+
+NO_PRIORITY = float("inf")
+
+
+# ---- special tokens -----------------------------------------------------------------------------
+
+class DisallowedSpecialTokenError(ValueError):
+    """Text that spells a special token which the caller did not allow (tiktoken's ValueError)."""
+
+
+def disallowed_message(token: str) -> str:
+    """tiktoken's wording, so callers that match on it keep working."""
+    return (f"Encountered text corresponding to disallowed special token {token!r}.\n"
+            "If you want this text to be encoded as a special token, "
+            f"pass it to `allowed_special`, e.g. `allowed_special={{{token!r}, ...}}`.\n"
+            f"If you want this text to be encoded as normal text, disable the check for this "
+            f"token by passing `disallowed_special=(enc.special_tokens_set - {{{token!r}}})`.\n"
+            "To disable this check for all special tokens, pass `disallowed_special=()`.\n")
+
+
+def resolve_special(special_tokens: dict, allowed_special, disallowed_special) -> tuple:
+    """tiktoken's argument rules -> (allowed frozenset, disallowed frozenset)."""
+    everything = frozenset(special_tokens)
+    if allowed_special == "all":
+        allowed = everything
+    else:
+        allowed = frozenset(allowed_special)
+    if disallowed_special == "all":
+        disallowed = everything - allowed
+    else:
+        disallowed = frozenset(disallowed_special)
+    return allowed, disallowed
+
+
+def special_regex(tokens) -> regex.Pattern | None:
+    """Alternation of the given specials, longest first (at one position the longest wins)."""
+    if not tokens:
+        return None
+    ordered = sorted(tokens, key=lambda t: (-len(t), t))
+    return regex.compile("|".join(regex.escape(t) for t in ordered))
+
+
+def check_disallowed(text: str, disallowed) -> None:
+    """Raise tiktoken's ValueError if `text` contains a disallowed special token."""
+    pat = special_regex(disallowed)
+    if pat is not None:
+        found = pat.search(text)
+        if found:
+            raise DisallowedSpecialTokenError(disallowed_message(found.group()))
+
+
+def split_special(text: str, allowed, special_tokens: dict) -> list[tuple[str, int | None]]:
+    """[(text, None) for ordinary stretches, (text, id) for allowed special tokens], in order.
+
+    Ordinary stretches may be empty; each one is pre-tokenized on its own, as in tiktoken.
+    """
+    pat = special_regex(allowed)
+    if pat is None:
+        return [(text, None)]
+    out, start = [], 0
+    for found in pat.finditer(text):
+        out.append((text[start:found.start()], None))
+        out.append((found.group(), special_tokens[found.group()]))
+        start = found.end()
+    out.append((text[start:], None))
+    return out
+
+
+def fix_surrogates(text: str) -> str:
+    """tiktoken's repair for lone surrogates: they become U+FFFD (pairs are joined)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+# ---- pre-tokenization -----------------------------------------------------------------------
+
+def exact_pattern(pattern: str) -> str:
+    """Rewrite a pattern so every `\\p{X}` / `\\s` / `\\S` is the explicit class tiktoken uses.
+
+    Handles what the three built-in patterns contain: the escapes above inside and outside
+    `[...]` classes (no nested classes). Raises ValueError on a construct it cannot rewrite
+    exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
+    """
+    table = load_table()
+    names = {"L": "L", "Lu": "Lu", "Ll": "Ll", "Lt": "Lt", "Lm": "Lm", "Lo": "Lo", "M": "M",
+             "N": "N"}
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            nxt = pattern[i + 1]
+            if nxt in "pP":
+                close = pattern.index("}", i)
+                name = pattern[i + 3:close]
+                if nxt == "P" or name not in names:
+                    raise ValueError(f"cannot rewrite {pattern[i:close + 1]!r} exactly")
+                body = table.regex_class_body(names[name])
+                out.append(body if in_class else f"[{body}]")
+                i = close + 1
+                continue
+            if nxt == "s":
+                body = table.regex_class_body("S")
+                out.append(body if in_class else f"[{body}]")
+                i += 2
+                continue
+            if nxt == "S":
+                if in_class:
+                    raise ValueError("cannot rewrite \\S inside a character class")
+                out.append(f"[^{table.regex_class_body('S')}]")
+                i += 2
+                continue
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            i += 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
+    """Hugging Face `Split(behavior="Isolated")`: matches and the gaps between them."""
+    out = []
+    for piece in pieces:
+        start = 0
+        for found in pat.finditer(piece):
+            if found.start() == found.end():
+                continue
+            if found.start() > start:
+                out.append(piece[start:found.start()])
+            out.append(found.group())
+            start = found.end()
+        if start < len(piece):
+            out.append(piece[start:])
+    return out
+
+
+class PreTokenizer:
+    """The vocabulary's pre-tokenization rule as a function text -> pieces."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.vocab = vocab
+        if vocab.hf_splits is not None:
+            self.hf = [regex.compile(p) for p in vocab.hf_splits]
+            self.pattern = None
+        else:
+            self.hf = None
+            source = exact_pattern(vocab.pattern) if vocab.pattern_name else vocab.pattern
+            self.pattern = regex.compile(source)
+
+    def split(self, text: str) -> list[str]:
+        if self.hf is not None:
+            pieces = [text] if text else []
+            for pat in self.hf:
+                pieces = hf_isolated_split(pieces, pat)
+            return pieces
+        # Like tiktoken's find_iter: text that no alternative matches is skipped.
+        return [m.group() for m in self.pattern.finditer(text) if m.end() > m.start()]
+
+
+# ---- BPE ------------------------------------------------------------------------------------
+
+def bpe_ranks(piece: bytes, ranks: dict) -> list[int]:
+    """tiktoken's rule: whole-piece shortcut, then merge the lowest-ranked adjacent pair
+    (by the rank of the concatenation), leftmost first, until no pair is a token."""
+    if piece in ranks:
+        return [ranks[piece]]
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best, best_rank = -1, NO_PRIORITY
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1], NO_PRIORITY)
+            if rank < best_rank:
+                best, best_rank = i, rank
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return [ranks[p] for p in parts]
+
+
+def bpe_merges(piece: bytes, ranks: dict, merges: dict, ignore_merges: bool = False) -> list[int]:
+    """Hugging Face's rule: only listed merges apply, lowest list index first, leftmost first."""
+    if ignore_merges and piece in ranks:
+        return [ranks[piece]]
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best, best_prio = -1, NO_PRIORITY
+        for i in range(len(parts) - 1):
+            prio = merges.get((parts[i], parts[i + 1]), NO_PRIORITY)
+            if prio < best_prio:
+                best, best_prio = i, prio
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+    return [ranks[p] for p in parts]
+
+
+class ReferenceTokenizer:
+    """Plain-Python encode/decode for one vocabulary (the semantics the GPU must match)."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.vocab = vocab
+        self.pre = PreTokenizer(vocab)
+
+    def bpe(self, piece: bytes) -> list[int]:
+        if self.vocab.merges is not None:
+            return bpe_merges(piece, self.vocab.ranks, self.vocab.merges,
+                              self.vocab.hf_ignore_merges)
+        return bpe_ranks(piece, self.vocab.ranks)
+
+    def split(self, text: str) -> list[str]:
+        return self.pre.split(text)
+
+    def encode_pieces(self, text: str) -> list[list[int]]:
+        """Token ids per piece (what `encode_ordinary` concatenates)."""
+        return [self.bpe(p.encode("utf-8")) for p in self.split(text)]
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        text = fix_surrogates(text)
+        return [t for piece in self.encode_pieces(text) for t in piece]
+
+    def encode(self, text: str, *, allowed_special=frozenset(), disallowed_special="all"):
+        allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
+                                              disallowed_special)
+        check_disallowed(text, disallowed)
+        text = fix_surrogates(text)
+        out = []
+        for part, special in split_special(text, allowed, self.vocab.special_tokens):
+            if special is not None:
+                out.append(special)
+            else:
+                out.extend(t for piece in self.encode_pieces(part) for t in piece)
+        return out
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        try:
+            return self.encode_ordinary(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            valid = exc.start
+        pieces = self.encode_pieces(data[:valid].decode("utf-8"))
+        tokens = [t for piece in pieces for t in piece]
+        last = len(pieces[-1]) if pieces else 0
+        last = extend_over_space_tokens(tokens, last, self.vocab.decoder)
+        unstable = self.decode_bytes(tokens[len(tokens) - last:]) + data[valid:]
+        del tokens[len(tokens) - last:]
+        if unstable:
+            tokens.extend(bpe_ranks(unstable, self.vocab.ranks) if self.vocab.merges is None
+                          else self.bpe(unstable))
+        return tokens
+
+    def decode_bytes(self, ids) -> bytes:
+        decoder = self.vocab.decoder
+        return b"".join(decoder[int(i)] for i in ids)
+
+
+def extend_over_space_tokens(tokens: list[int], last: int, decoder: dict) -> int:
+    """tiktoken's `_increase_last_piece_token_len`: if the last piece starts with a token of
+    only spaces/newlines/tabs, count the all-space tokens before it into the last piece."""
+    def all_space(token: int) -> bool:
+        return all(b in b" \n\t" for b in decoder.get(token, b"x"))
+    if last > 0 and all_space(tokens[len(tokens) - last]):
+        while last < len(tokens) and all_space(tokens[len(tokens) - last - 1]):
+            last += 1
+    return last
