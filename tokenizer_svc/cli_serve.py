@@ -1,0 +1,199 @@
+"""`istanbul serve` (also `python -m tokenizer_svc`): run the gRPC tokenizer service.
+
+    istanbul serve --vocab o200k_base --port 50051 [--adapter 0] [--metrics-port 9090]
+
+The port is bound at once and answers health checks with NOT_SERVING while the GPU device
+and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, no new
+requests, in-flight requests finish (up to --shutdown-grace seconds), exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import signal
+import sys
+from pathlib import Path
+
+from istanbul.errors import UserFacingError
+
+from .server.config import BatchingConfig, Limits, ServerConfig
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]i?[bB]?|[bB])?\s*$")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def size(text: str) -> int:
+    """'4096', '64KiB', '16M', '1G' -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (examples: 4096, 64KiB, 16MiB)")
+    unit = (m.group(2) or "")[:1].lower()
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    d_limits, d_batch, d_cfg = Limits(), BatchingConfig(), ServerConfig()
+    p.add_argument("--vocab", required=True, metavar="V",
+                   help="vocabulary: a known name (gpt2, r50k_base, cl100k_base, o200k_base; "
+                        "looked up in $ISTANBUL_VOCAB_DIR) or a .tiktoken / tokenizer.json path")
+    p.add_argument("--host", default=d_cfg.host, help=f"address to bind (default {d_cfg.host})")
+    p.add_argument("--port", type=int, default=d_cfg.port,
+                   help=f"gRPC port (default {d_cfg.port}; 0: any free port, see --port-file)")
+    p.add_argument("--port-file", type=Path, metavar="PATH",
+                   help="write the bound port to PATH once listening")
+    p.add_argument("--adapter", default=None, metavar="A",
+                   help="GPU adapter: index from `istanbul devices` or a name substring "
+                        "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
+                        "software Vulkan)")
+    b = p.add_argument_group("dynamic batching")
+    b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
+                   help="how long the first request of a batch waits for others "
+                        f"(default {d_batch.window_s * 1e3:g})")
+    b.add_argument("--batch-max-docs", type=int, default=d_batch.max_items,
+                   help=f"documents per GPU call (default {d_batch.max_items})")
+    b.add_argument("--batch-max-bytes", type=size, default=d_batch.max_bytes,
+                   help=f"input bytes per GPU call (default {d_batch.max_bytes >> 20} MiB)")
+    b.add_argument("--no-batching", action="store_true",
+                   help="one GPU call per request, no waiting (for comparison)")
+    lim = p.add_argument_group("limits (sizes accept KiB/MiB/GiB)")
+    lim.add_argument("--max-message-bytes", type=size, default=d_limits.max_message_bytes,
+                     help="one request message; larger: RESOURCE_EXHAUSTED "
+                          f"(default {d_limits.max_message_bytes >> 20} MiB)")
+    lim.add_argument("--max-text-bytes", type=size, default=d_limits.max_text_bytes,
+                     help="one document; larger: INVALID_ARGUMENT "
+                          f"(default {d_limits.max_text_bytes >> 20} MiB)")
+    lim.add_argument("--max-batch-items", type=int, default=d_limits.max_batch_items,
+                     help="documents/sequences in one batch request; more: INVALID_ARGUMENT "
+                          f"(default {d_limits.max_batch_items})")
+    lim.add_argument("--max-decode-ids", type=int, default=d_limits.max_decode_ids,
+                     help=f"ids in one detokenize request (default {d_limits.max_decode_ids})")
+    lim.add_argument("--max-queued-bytes", type=size, default=d_limits.max_queued_bytes,
+                     help="input bytes accepted and not yet answered, server-wide; more: "
+                          f"RESOURCE_EXHAUSTED (default {d_limits.max_queued_bytes >> 20} MiB)")
+    lim.add_argument("--max-stream-inflight", type=int, default=d_limits.max_stream_inflight,
+                     help="requests of one stream in progress at once "
+                          f"(default {d_limits.max_stream_inflight})")
+    sec = p.add_argument_group("security")
+    sec.add_argument("--auth-token-file", type=Path, metavar="PATH",
+                     help="require 'authorization: Bearer <token>' with a token from PATH (one "
+                          "per line); health checks stay open")
+    sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this "
+                     "certificate chain (needs --tls-key)")
+    sec.add_argument("--tls-key", type=Path, metavar="PEM", help="private key for --tls-cert")
+    ops = p.add_argument_group("operations")
+    ops.add_argument("--metrics-port", type=int, default=None,
+                     help="serve Prometheus metrics on http://HOST:PORT/metrics")
+    ops.add_argument("--metrics-host", default=d_cfg.metrics_host,
+                     help=f"address for the metrics endpoint (default {d_cfg.metrics_host})")
+    ops.add_argument("--shutdown-grace", type=float, default=d_cfg.shutdown_grace_s,
+                     help="seconds in-flight requests get to finish on SIGTERM "
+                          f"(default {d_cfg.shutdown_grace_s:g})")
+    ops.add_argument("--drain-delay", type=float, default=d_cfg.drain_delay_s,
+                     help="seconds to report NOT_SERVING before refusing new requests on "
+                          "SIGTERM, so load balancers move away first (default 0)")
+    ops.add_argument("--log-format", choices=("json", "text"), default="json",
+                     help="log lines as JSON objects (default) or text")
+
+
+def config_from_args(args) -> ServerConfig:
+    from .server.auth import load_tokens
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UserFacingError("--tls-cert and --tls-key go together; give both")
+    tls = {}
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None:
+            try:
+                tls[flag] = path.read_bytes()
+            except OSError as exc:
+                raise UserFacingError(f"{flag} {path}: cannot read it ({exc.strerror})") from None
+    try:
+        limits = Limits(max_message_bytes=args.max_message_bytes,
+                        max_text_bytes=args.max_text_bytes,
+                        max_batch_items=args.max_batch_items, max_decode_ids=args.max_decode_ids,
+                        max_queued_bytes=args.max_queued_bytes,
+                        max_stream_inflight=args.max_stream_inflight)
+        batching = BatchingConfig(enabled=not args.no_batching,
+                                  window_s=args.batch_window_ms / 1e3,
+                                  max_items=args.batch_max_docs, max_bytes=args.batch_max_bytes)
+    except ValueError as exc:
+        raise UserFacingError(str(exc)) from None
+    return ServerConfig(
+        host=args.host, port=args.port, limits=limits, batching=batching,
+        auth_tokens=load_tokens(args.auth_token_file) if args.auth_token_file else (),
+        tls_cert=tls.get("--tls-cert"), tls_key=tls.get("--tls-key"),
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay)
+
+
+def cmd_serve(args) -> int:
+    from .server.logs import setup_logging
+    setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
+                  else logging.INFO)
+    config = config_from_args(args)
+    return asyncio.run(_serve(config, args.vocab, args.adapter, args.port_file))
+
+
+async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None) -> int:
+    from .server.app import TokenizerServer
+
+    def load():
+        from shaders.engine import Device
+        from .encoding import get_encoding
+        device = Device(adapter)
+        return get_encoding(vocab, device=device), device
+
+    server = TokenizerServer(config, load=load)
+    loop = asyncio.get_running_loop()
+    draining = []
+
+    def on_signal(signum):
+        logging.getLogger("tokenizer_svc.server").info(
+            "signal", extra={"data": {"signal": signal.Signals(signum).name}})
+        if not draining:
+            draining.append(loop.create_task(server.drain()))
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        port = await server.start()
+    except OSError as exc:
+        raise UserFacingError(f"cannot listen on {config.address}: {exc}") from None
+    if port_file is not None:
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(port_file)
+    await server.wait_stopped()
+    if draining:
+        await draining[0]
+    if server.load_error is not None:
+        await server.drain(grace_s=0)
+        raise UserFacingError(f"could not load vocabulary {vocab!r} on the GPU: "
+                              f"{server.load_error}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the gRPC tokenizer service on this machine's GPU",
+                       description="Run the gRPC tokenizer service "
+                       "(istanbul.tokenizer.v1.Tokenizer) with dynamic GPU batching, health, "
+                       "reflection and Prometheus metrics. SIGTERM drains it gracefully.")
+    add_serve_arguments(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tokenizer_svc`: the same as `istanbul serve`."""
+    parser = argparse.ArgumentParser(prog="python -m tokenizer_svc",
+                                     description="Run the gRPC tokenizer service (same as "
+                                                 "`istanbul serve`).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_serve(args)
+    except UserFacingError as exc:
+        print(f"python -m tokenizer_svc: error: {exc}", file=sys.stderr)
+        return 1

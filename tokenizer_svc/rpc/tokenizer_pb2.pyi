@@ -1,0 +1,237 @@
+# Post-processed by tokenizer_svc.rpc.generate (grpcio-tools 1.85.1): version gates removed, relative import.
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OffsetUnit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OFFSET_UNIT_NONE: _ClassVar[OffsetUnit]
+    OFFSET_UNIT_BYTE: _ClassVar[OffsetUnit]
+    OFFSET_UNIT_CHAR: _ClassVar[OffsetUnit]
+
+class TruncationSide(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUNCATION_SIDE_RIGHT: _ClassVar[TruncationSide]
+    TRUNCATION_SIDE_LEFT: _ClassVar[TruncationSide]
+
+class DecodeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECODE_MODE_BYTES: _ClassVar[DecodeMode]
+    DECODE_MODE_TEXT_STRICT: _ClassVar[DecodeMode]
+    DECODE_MODE_TEXT_REPLACE: _ClassVar[DecodeMode]
+OFFSET_UNIT_NONE: OffsetUnit
+OFFSET_UNIT_BYTE: OffsetUnit
+OFFSET_UNIT_CHAR: OffsetUnit
+TRUNCATION_SIDE_RIGHT: TruncationSide
+TRUNCATION_SIDE_LEFT: TruncationSide
+DECODE_MODE_BYTES: DecodeMode
+DECODE_MODE_TEXT_STRICT: DecodeMode
+DECODE_MODE_TEXT_REPLACE: DecodeMode
+
+class SpecialTokenPolicy(_message.Message):
+    __slots__ = ("allow_all", "allowed", "disallow_none", "disallowed")
+    ALLOW_ALL_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    DISALLOW_NONE_FIELD_NUMBER: _ClassVar[int]
+    DISALLOWED_FIELD_NUMBER: _ClassVar[int]
+    allow_all: bool
+    allowed: _containers.RepeatedScalarFieldContainer[str]
+    disallow_none: bool
+    disallowed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allow_all: _Optional[bool] = ..., allowed: _Optional[_Iterable[str]] = ..., disallow_none: _Optional[bool] = ..., disallowed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Truncation(_message.Message):
+    __slots__ = ("max_tokens", "side")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIDE_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    side: TruncationSide
+    def __init__(self, max_tokens: _Optional[int] = ..., side: _Optional[_Union[TruncationSide, str]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text", "data", "special", "offsets", "truncation", "id")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    data: bytes
+    special: SpecialTokenPolicy
+    offsets: OffsetUnit
+    truncation: Truncation
+    id: str
+    def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("ids", "offsets", "token_count", "truncated", "id")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    token_count: int
+    truncated: bool
+    id: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_count: _Optional[int] = ..., truncated: _Optional[bool] = ..., id: _Optional[str] = ...) -> None: ...
+
+class TokenizeBatchRequest(_message.Message):
+    __slots__ = ("texts", "data", "special", "offsets", "truncation")
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    data: _containers.RepeatedScalarFieldContainer[bytes]
+    special: SpecialTokenPolicy
+    offsets: OffsetUnit
+    truncation: Truncation
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., data: _Optional[_Iterable[bytes]] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ...) -> None: ...
+
+class TokenizeBatchResponse(_message.Message):
+    __slots__ = ("ids", "doc_offsets", "offsets", "token_counts")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    DOC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    doc_offsets: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    token_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., doc_offsets: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CountTokensRequest(_message.Message):
+    __slots__ = ("text", "data", "special")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    data: bytes
+    special: SpecialTokenPolicy
+    def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ...) -> None: ...
+
+class CountTokensResponse(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("ids", "mode", "id")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    mode: DecodeMode
+    id: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ..., id: _Optional[str] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("data", "text", "id")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    text: str
+    id: str
+    def __init__(self, data: _Optional[bytes] = ..., text: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
+
+class DetokenizeBatchRequest(_message.Message):
+    __slots__ = ("ids", "seq_offsets", "mode")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    seq_offsets: _containers.RepeatedScalarFieldContainer[int]
+    mode: DecodeMode
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., seq_offsets: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ...) -> None: ...
+
+class DetokenizeBatchResponse(_message.Message):
+    __slots__ = ("data", "texts")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    data: _containers.RepeatedScalarFieldContainer[bytes]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, data: _Optional[_Iterable[bytes]] = ..., texts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_message_bytes", "max_text_bytes", "max_batch_items", "max_decode_ids", "max_queued_bytes", "max_stream_inflight")
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DECODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    max_message_bytes: int
+    max_text_bytes: int
+    max_batch_items: int
+    max_decode_ids: int
+    max_queued_bytes: int
+    max_stream_inflight: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_text_bytes: _Optional[int] = ..., max_batch_items: _Optional[int] = ..., max_decode_ids: _Optional[int] = ..., max_queued_bytes: _Optional[int] = ..., max_stream_inflight: _Optional[int] = ...) -> None: ...
+
+class Batching(_message.Message):
+    __slots__ = ("window_ms", "max_items", "max_bytes")
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    window_ms: float
+    max_items: int
+    max_bytes: int
+    def __init__(self, window_ms: _Optional[float] = ..., max_items: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class Adapter(_message.Message):
+    __slots__ = ("name", "type", "backend", "driver")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    backend: str
+    driver: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., backend: _Optional[str] = ..., driver: _Optional[str] = ...) -> None: ...
+
+class GetInfoResponse(_message.Message):
+    __slots__ = ("vocabulary_name", "vocabulary_hash", "n_vocab", "special_tokens", "eot_token", "pattern", "limits", "batching", "adapter", "server_version")
+    class SpecialTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    VOCABULARY_NAME_FIELD_NUMBER: _ClassVar[int]
+    VOCABULARY_HASH_FIELD_NUMBER: _ClassVar[int]
+    N_VOCAB_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EOT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    vocabulary_name: str
+    vocabulary_hash: str
+    n_vocab: int
+    special_tokens: _containers.ScalarMap[str, int]
+    eot_token: int
+    pattern: str
+    limits: Limits
+    batching: Batching
+    adapter: Adapter
+    server_version: str
+    def __init__(self, vocabulary_name: _Optional[str] = ..., vocabulary_hash: _Optional[str] = ..., n_vocab: _Optional[int] = ..., special_tokens: _Optional[_Mapping[str, int]] = ..., eot_token: _Optional[int] = ..., pattern: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., adapter: _Optional[_Union[Adapter, _Mapping]] = ..., server_version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,20 @@
+"""The gRPC tokenizer service (istanbul.tokenizer.v1.Tokenizer) on the server's own GPU device.
+
+One concept per module:
+
+- `config`: every setting (`ServerConfig`, `Limits`, `BatchingConfig`) with its default;
+- `errors`: `RequestRejected`, the one way a request fails with a status and a reason;
+- `limits`: the per-request limit checks;
+- `batcher`: the dynamic batcher (coalesces concurrent requests into one GPU call);
+- `work`: what one batch does with the Encoding (`BatchRunner`);
+- `servicer`: the RPCs (protobuf in, jobs to the batcher, protobuf out);
+- `auth`, `metrics`, `logs`: bearer tokens, Prometheus, JSON logs;
+- `app`: `TokenizerServer`, the lifecycle (bind, load, health, drain, stop);
+- `background`: a server on a thread of its own, for tests and embedded use.
+"""
+
+from .app import TokenizerServer
+from .background import BackgroundServer
+from .config import BatchingConfig, Limits, ServerConfig
+
+__all__ = ["BackgroundServer", "BatchingConfig", "Limits", "ServerConfig", "TokenizerServer"]

@@ -1,0 +1,216 @@
+"""`TokenizerServer`: the service's lifecycle on a grpc.aio server.
+
+    start()   bind the port (health NOT_SERVING), start /metrics, then load the Encoding on the
+              GPU thread; once it is ready the batcher starts and health turns SERVING
+    drain()   health NOT_SERVING, wait drain_delay_s (load balancers notice), stop accepting new
+              RPCs, let in-flight ones finish (up to shutdown_grace_s), finish the batcher
+
+All GPU work (loading and every batch) runs on one worker thread, the GPU thread, so the
+device is only ever used from one thread and the event loop never blocks on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from ..rpc import tokenizer_pb2 as pb
+from .auth import BearerAuthInterceptor
+from .batcher import DynamicBatcher
+from .config import ServerConfig
+from .limits import queue_full
+from .metrics import ServiceMetrics, TelemetryInterceptor
+from .servicer import SERVICE_NAME, TokenizerServicer
+from .work import BatchRunner
+
+log = logging.getLogger("tokenizer_svc.server")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def server_version() -> str:
+    try:
+        from istanbul import __version__
+        return __version__
+    except ImportError:
+        return "unknown"
+
+
+def adapter_info(device) -> pb.Adapter:
+    info = getattr(device, "info", None)
+    if info is None:
+        return pb.Adapter(name="unknown")
+    return pb.Adapter(name=info.name, type=info.adapter_type, backend=info.backend,
+                      driver=info.driver)
+
+
+class TokenizerServer:
+    """The gRPC tokenizer service.
+
+    Give either `encoding` (ready now) or `load` (a callable returning `(encoding, device)`,
+    run on the GPU thread after the port is bound, so that health can say NOT_SERVING
+    while it runs). `device` is the wgpu device of `encoding`, for GetInfo.
+    """
+
+    def __init__(self, config: ServerConfig, *, encoding=None, device=None,
+                 load: Callable[[], tuple] | None = None):
+        if (encoding is None) == (load is None):
+            raise ValueError("give exactly one of encoding= and load=")
+        self.config = config
+        self._encoding, self._device, self._load = encoding, device, load
+        self.metrics = ServiceMetrics()
+        self.servicer = TokenizerServicer(config)
+        self.health = HealthServicer()
+        self.gpu_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu")
+        self.batcher: DynamicBatcher | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self.ready: asyncio.Event | None = None  # created in start(), on the server's loop
+        self.load_error: BaseException | None = None
+        self._server: grpc.aio.Server | None = None
+        self._loader: asyncio.Task | None = None
+        self._stopped: asyncio.Event | None = None
+        self._draining = False
+
+    # ---- start ----------------------------------------------------------------------------
+
+    def _grpc_options(self) -> list:
+        limit = self.config.limits.max_message_bytes
+        # grpc's own limit sits above ours, so our deserializer answers with the clearer
+        # message; responses may be larger than requests (ids and offsets).
+        wire = min(2 * limit + (1 << 20), 2**31 - 1)
+        return [("grpc.max_receive_message_length", wire),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0)]
+
+    async def start(self) -> int:
+        """Bind and start serving (NOT_SERVING until the Encoding is ready); returns the port."""
+        cfg = self.config
+        self.ready = asyncio.Event()
+        self._stopped = asyncio.Event()
+        interceptors = [TelemetryInterceptor(self.metrics)]
+        if cfg.auth_tokens:
+            interceptors.append(BearerAuthInterceptor(cfg.auth_tokens))
+        server = grpc.aio.server(interceptors=interceptors, options=self._grpc_options())
+        handlers = self.servicer.method_handlers()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                              handlers),))
+        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, NOT_SERVING)
+        if cfg.tls_cert is not None:
+            creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+            self.port = server.add_secure_port(cfg.address, creds)
+        else:
+            self.port = server.add_insecure_port(cfg.address)
+        if not self.port:
+            raise OSError(f"could not bind {cfg.address}")
+        await server.start()
+        self._server = server
+        if cfg.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(cfg.metrics_host, cfg.metrics_port)
+        log.info("listening", extra={"data": {
+            "address": f"{cfg.host}:{self.port}", "tls": cfg.tls_cert is not None,
+            "auth": bool(cfg.auth_tokens), "metrics_port": self.metrics_port}})
+        self._loader = asyncio.get_running_loop().create_task(self._become_ready())
+        return self.port
+
+    async def _become_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        try:
+            if self._load is not None:
+                self._encoding, self._device = await loop.run_in_executor(self.gpu_thread,
+                                                                          self._load)
+            runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds)
+        except Exception as exc:
+            self.load_error = exc
+            log.error("loading the tokenizer failed", exc_info=True,
+                      extra={"data": {"error": str(exc)}})
+            self._stopped.set()
+            return
+        b = self.config.batching
+        self.batcher = DynamicBatcher(
+            runner, self.gpu_thread, window_s=b.effective_window_s,
+            max_items=b.effective_max_items, max_bytes=b.max_bytes,
+            max_queued_bytes=self.config.limits.max_queued_bytes,
+            reject_queue_full=lambda queued, nbytes: queue_full(self.config.limits, queued,
+                                                                nbytes),
+            observer=self.metrics)
+        self.batcher.start()
+        self.servicer.attach(self._encoding, self.batcher, self._info(), self.metrics)
+        if self._draining:
+            return
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, SERVING)
+        self.metrics.ready.set(1)
+        self.ready.set()
+        vocab = self._encoding.vocab
+        log.info("serving", extra={"data": {
+            "vocabulary": self._encoding.name, "vocabulary_hash": vocab.content_hash,
+            "n_vocab": self._encoding.n_vocab, "adapter": adapter_info(self._device).name,
+            "load_seconds": round(time.perf_counter() - start, 3)}})
+
+    def _info(self) -> pb.GetInfoResponse:
+        enc, cfg = self._encoding, self.config
+        limits, b = cfg.limits, cfg.batching
+        info = pb.GetInfoResponse(
+            vocabulary_name=enc.name, vocabulary_hash=enc.vocab.content_hash,
+            n_vocab=enc.n_vocab, special_tokens=dict(enc.vocab.special_tokens),
+            pattern=enc.vocab.pattern_name or "custom",
+            limits=pb.Limits(max_message_bytes=limits.max_message_bytes,
+                             max_text_bytes=limits.max_text_bytes,
+                             max_batch_items=limits.max_batch_items,
+                             max_decode_ids=limits.max_decode_ids,
+                             max_queued_bytes=limits.max_queued_bytes,
+                             max_stream_inflight=limits.max_stream_inflight),
+            batching=pb.Batching(window_ms=b.effective_window_s * 1e3,
+                                 max_items=b.effective_max_items, max_bytes=b.max_bytes),
+            adapter=adapter_info(self._device or getattr(enc, "device", None)),
+            server_version=server_version())
+        if enc.eot_token is not None:
+            info.eot_token = enc.eot_token
+        return info
+
+    # ---- stop -----------------------------------------------------------------------------
+
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, stop accepting, finish in-flight RPCs, stop."""
+        if self._draining:
+            await self._stopped.wait()
+            return
+        self._draining = True
+        grace = self.config.shutdown_grace_s if grace_s is None else grace_s
+        log.info("draining", extra={"data": {"grace_s": grace,
+                                             "drain_delay_s": self.config.drain_delay_s}})
+        self.metrics.ready.set(0)
+        await self.health.enter_graceful_shutdown()
+        if self.config.drain_delay_s > 0:
+            await asyncio.sleep(self.config.drain_delay_s)
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
+        if self.batcher is not None:
+            await self.batcher.close()
+        self.metrics.stop_http()
+        self.gpu_thread.shutdown(wait=True)
+        log.info("stopped", extra={"data": {"batches": self.batcher.batches_run
+                                            if self.batcher else 0}})
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

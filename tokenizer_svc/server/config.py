@@ -1,0 +1,73 @@
+"""Every server setting with its default; `istanbul serve` flags map onto these one to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request and server-wide limits (GetInfo reports them)."""
+
+    max_message_bytes: int = 64 * MiB     # one request message (RESOURCE_EXHAUSTED)
+    max_text_bytes: int = 16 * MiB        # one document's UTF-8 bytes (INVALID_ARGUMENT)
+    max_batch_items: int = 65536          # documents or sequences in a batch request
+    max_decode_ids: int = 16 * MiB        # ids in one detokenize request or batch
+    max_queued_bytes: int = 512 * MiB     # input bytes accepted but not yet answered, server-wide
+    max_stream_inflight: int = 256        # requests of one stream in progress at once
+
+    def __post_init__(self):
+        for name, value in self.__dict__.items():
+            if int(value) < 1:
+                raise ValueError(f"limit {name} must be at least 1, got {value}")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching: the first request waits up to `window_s` for others to join it.
+
+    `enabled=False` gives every request its own GPU call at once (the benchmark's baseline).
+    """
+
+    enabled: bool = True
+    window_s: float = 0.002
+    max_items: int = 1024                 # documents in one GPU call
+    max_bytes: int = 16 * MiB             # input bytes in one GPU call
+
+    def __post_init__(self):
+        if self.window_s < 0 or self.max_items < 1 or self.max_bytes < 1:
+            raise ValueError(f"invalid batching settings {self}")
+
+    @property
+    def effective_window_s(self) -> float:
+        return self.window_s if self.enabled else 0.0
+
+    @property
+    def effective_max_items(self) -> int:
+        return self.max_items if self.enabled else 1
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 50051                     # 0: any free port (TokenizerServer.port tells which)
+    limits: Limits = field(default_factory=Limits)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    auth_tokens: tuple = ()               # accepted bearer tokens; empty: no authentication
+    tls_cert: bytes | None = None         # PEM certificate chain and key: serve TLS
+    tls_key: bytes | None = None
+    metrics_port: int | None = None       # Prometheus /metrics on this HTTP port (0: any free)
+    metrics_host: str = "0.0.0.0"
+    shutdown_grace_s: float = 30.0        # in-flight requests get this long to finish on SIGTERM
+    drain_delay_s: float = 0.0            # NOT_SERVING this long before refusing new requests
+
+    def __post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key")
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"

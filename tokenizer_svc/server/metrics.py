@@ -1,0 +1,217 @@
+"""Prometheus metrics of the service and the interceptor that records every RPC.
+
+Each server has its own registry (several servers may share a process in tests), served on
+`--metrics-port` at /metrics. Names:
+
+    istanbul_tokenizer_requests_total{method,code}      RPCs finished, by status code
+    istanbul_tokenizer_errors_total{method,code}        the same, non-OK only
+    istanbul_tokenizer_request_seconds{method}          RPC latency (histogram)
+    istanbul_tokenizer_inflight_requests                RPCs in progress
+    istanbul_tokenizer_input_bytes_total{method}        text/bytes received for tokenizing
+    istanbul_tokenizer_tokens_total{direction}          ids produced (encode) or consumed (decode)
+    istanbul_tokenizer_batch_documents                  documents per GPU batch (histogram)
+    istanbul_tokenizer_batch_requests                   requests per GPU batch (histogram)
+    istanbul_tokenizer_batch_bytes                      input bytes per GPU batch (histogram)
+    istanbul_tokenizer_batch_seconds                    wall time of a whole batch (histogram)
+    istanbul_tokenizer_gpu_seconds                      time inside Encoding.encode_batch_flat
+                                                        (upload, kernels, download; histogram)
+    istanbul_tokenizer_queue_wait_seconds               time from arrival to batch start
+    istanbul_tokenizer_dropped_total{reason}            requests dropped before the GPU call
+                                                        (cancelled, deadline, queue_full)
+    istanbul_tokenizer_queued_bytes                     input bytes accepted, not yet answered
+    istanbul_tokenizer_ready                            1 once the device and vocabulary are ready
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .batcher import BatchObserver
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+COUNT_BUCKETS = tuple(float(1 << k) for k in range(0, 17))
+BYTE_BUCKETS = tuple(float(1 << k) for k in range(6, 31, 2))
+
+access_log = logging.getLogger("tokenizer_svc.access")
+
+
+def method_name(full_method: str) -> str:
+    """'/istanbul.tokenizer.v1.Tokenizer/Tokenize' -> 'Tokenize' (health/reflection keep service)."""
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    if service.startswith("istanbul."):
+        return method
+    return f"{service.rsplit('.', 1)[-1]}/{method}"
+
+
+class ServiceMetrics(BatchObserver):
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("istanbul_tokenizer_requests", "RPCs finished, by method and "
+                                "status code", ["method", "code"], registry=r)
+        self.errors = Counter("istanbul_tokenizer_errors", "RPCs that ended with a non-OK status",
+                              ["method", "code"], registry=r)
+        self.latency = Histogram("istanbul_tokenizer_request_seconds", "RPC latency", ["method"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.inflight = Gauge("istanbul_tokenizer_inflight_requests", "RPCs in progress",
+                              registry=r)
+        self.input_bytes = Counter("istanbul_tokenizer_input_bytes", "bytes received for "
+                                   "tokenizing", ["method"], registry=r)
+        self.tokens = Counter("istanbul_tokenizer_tokens", "ids produced (encode) or consumed "
+                              "(decode)", ["direction"], registry=r)
+        self.batch_documents = Histogram("istanbul_tokenizer_batch_documents", "documents per "
+                                         "GPU batch", buckets=COUNT_BUCKETS, registry=r)
+        self.batch_requests = Histogram("istanbul_tokenizer_batch_requests", "requests per GPU "
+                                        "batch", buckets=COUNT_BUCKETS, registry=r)
+        self.batch_bytes = Histogram("istanbul_tokenizer_batch_bytes", "input bytes per GPU batch",
+                                     buckets=BYTE_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("istanbul_tokenizer_batch_seconds", "wall time of one "
+                                       "batch on the GPU thread", buckets=LATENCY_BUCKETS,
+                                       registry=r)
+        self.gpu_seconds = Histogram("istanbul_tokenizer_gpu_seconds", "time inside "
+                                     "Encoding.encode_batch_flat (upload, kernels, download)",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("istanbul_tokenizer_queue_wait_seconds", "time from arrival "
+                                    "to the start of the request's batch",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.dropped_requests = Counter("istanbul_tokenizer_dropped", "requests dropped before "
+                                        "the GPU call", ["reason"], registry=r)
+        self.queued = Gauge("istanbul_tokenizer_queued_bytes", "input bytes accepted and not yet "
+                            "answered", registry=r)
+        self.ready = Gauge("istanbul_tokenizer_ready", "1 once the device and vocabulary are "
+                           "ready, 0 while starting or draining", registry=r)
+        self._http = None
+
+    # ---- BatchObserver --------------------------------------------------------------------
+
+    def batch_done(self, items: int, nbytes: int, requests: int, seconds: float) -> None:
+        self.batch_documents.observe(items)
+        self.batch_requests.observe(requests)
+        self.batch_bytes.observe(nbytes)
+        self.batch_seconds.observe(seconds)
+
+    def request_waited(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+
+    def dropped(self, reason: str) -> None:
+        self.dropped_requests.labels(reason).inc()
+
+    def queued_bytes(self, nbytes: int) -> None:
+        self.queued.set(nbytes)
+
+    def encode_seconds(self, seconds: float) -> None:
+        self.gpu_seconds.observe(seconds)
+
+    # ---- HTTP endpoint --------------------------------------------------------------------
+
+    def serve_http(self, host: str, port: int) -> int:
+        """Start /metrics on host:port (0: any free port); returns the bound port."""
+        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_port
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+
+
+def _status_of(context, exc: BaseException | None) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError):  # the client went away or its deadline passed
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    if code is not None:
+        return code if isinstance(code, grpc.StatusCode) else _CODES.get(code, grpc.StatusCode.UNKNOWN)
+    return grpc.StatusCode.UNKNOWN if exc is not None else grpc.StatusCode.OK
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class TelemetryInterceptor(grpc.aio.ServerInterceptor):
+    """Counts, times and access-logs every RPC (including ones other interceptors refuse)."""
+
+    def __init__(self, metrics: ServiceMetrics):
+        self.metrics = metrics
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = method_name(details.method)
+        metrics = self.metrics
+
+        def finish(context, start, exc):
+            code = _status_of(context, exc)
+            seconds = time.perf_counter() - start
+            metrics.inflight.dec()
+            metrics.requests.labels(method, code.name).inc()
+            metrics.latency.labels(method).observe(seconds)
+            if code != grpc.StatusCode.OK:
+                metrics.errors.labels(method, code.name).inc()
+            if access_log.isEnabledFor(logging.DEBUG) or code not in _QUIET_CODES:
+                level = logging.DEBUG if code in _QUIET_CODES else logging.INFO
+                access_log.log(level, "rpc", extra={"data": {
+                    "method": method, "code": code.name, "ms": round(seconds * 1e3, 3),
+                    "peer": context.peer(), "details": context.details() or None}})
+
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary_unary(request, context):
+                start, exc = time.perf_counter(), None
+                metrics.inflight.inc()
+                try:
+                    return await inner(request, context)
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    finish(context, start, exc)
+            return handler._replace(unary_unary=unary_unary)
+
+        kind = ("stream_stream" if handler.stream_stream else
+                "unary_stream" if handler.unary_stream else "stream_unary")
+        inner = getattr(handler, kind)
+
+        if kind == "stream_unary":
+            async def wrapped(request, context):
+                start, exc = time.perf_counter(), None
+                metrics.inflight.inc()
+                try:
+                    return await inner(request, context)
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    finish(context, start, exc)
+        else:
+            async def wrapped(request, context):
+                start, exc = time.perf_counter(), None
+                metrics.inflight.inc()
+                try:
+                    result = inner(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for response in result:
+                            yield response
+                    else:
+                        await result
+                except BaseException as e:
+                    exc = e
+                    raise
+                finally:
+                    finish(context, start, exc)
+        return handler._replace(**{kind: wrapped})
+
+
+_QUIET_CODES = (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.NOT_FOUND)

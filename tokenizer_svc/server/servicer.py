@@ -1,0 +1,370 @@
+"""The RPCs of istanbul.tokenizer.v1.Tokenizer: protobuf in, jobs to the batcher, protobuf out.
+
+Requests are parsed by tolerant deserializers: a message over `max_message_bytes` or one
+that does not parse (for example invalid UTF-8 in a `string` field) becomes a
+`RequestRejected` that the method answers with a clear status, instead of grpc's generic
+"exception deserializing request" INTERNAL error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from ..rpc import tokenizer_pb2 as pb
+from . import limits as checks
+from .batcher import BatcherClosed, DeadlineExpired
+from .config import ServerConfig
+from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected)
+from .work import DecodeJob, EncodeJob, SpecialRule
+
+log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Tokenizer"]
+SERVICE_NAME = SERVICE.full_name
+OFFSET_UNITS = {pb.OFFSET_UNIT_NONE: None, pb.OFFSET_UNIT_BYTE: "byte", pb.OFFSET_UNIT_CHAR: "char"}
+DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE_TEXT_REPLACE)
+_END = object()
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _as_rejection(exc: BaseException) -> RequestRejected | None:
+    if isinstance(exc, RequestRejected):
+        return exc
+    if isinstance(exc, DeadlineExpired):
+        return RequestRejected(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline",
+                               "the deadline passed while the request waited for the GPU")
+    if isinstance(exc, BatcherClosed):
+        return RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                               "the server is shutting down; retry (another replica)")
+    return None
+
+
+async def _abort_for(exc: Exception, context, method: str):
+    rejection = _as_rejection(exc)
+    if rejection is None:
+        log.exception("internal error in %s", method)
+        rejection = RequestRejected(grpc.StatusCode.INTERNAL, "internal",
+                                    f"internal error: {type(exc).__name__}: {exc}")
+    await context.abort(rejection.code, rejection.message,
+                        trailing_metadata=rejection.trailing_metadata())
+
+
+def unary(fn):
+    @functools.wraps(fn)
+    async def method(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, fn.__name__)
+    return method
+
+
+def streaming(fn):
+    @functools.wraps(fn)
+    async def method(self, request_iterator, context):
+        try:
+            async for response in fn(self, request_iterator, context):
+                yield response
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, fn.__name__)
+    return method
+
+
+def tolerant_deserializer(message_cls, limits):
+    """FromString that returns a RequestRejected instead of raising (see module doc)."""
+    type_name = message_cls.DESCRIPTOR.name
+
+    def deserialize(raw: bytes):
+        try:
+            checks.check_message_size(limits, len(raw), type_name)
+        except RequestRejected as exc:
+            return exc
+        try:
+            return message_cls.FromString(raw)
+        except DecodeError as exc:
+            if "UTF-8" in str(exc):
+                return RequestRejected(
+                    grpc.StatusCode.INVALID_ARGUMENT, INVALID_UTF8,
+                    f"the {type_name} holds invalid UTF-8 in a string field (text); "
+                    "send raw bytes in the `data` field instead")
+            return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED,
+                                   f"the request is not a valid {type_name} message: {exc}")
+    return deserialize
+
+
+def _parsed(request):
+    if isinstance(request, RequestRejected):
+        raise request
+    return request
+
+
+def _bad(message: str) -> RequestRejected:
+    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT, message)
+
+
+class TokenizerServicer:
+    """Implements every method of the service; `attach` makes it ready."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.limits = config.limits
+        self.encoding = None
+        self.batcher = None
+        self.info: pb.GetInfoResponse | None = None
+        self.metrics = None
+
+    def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
+        self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
+        self.special_tokens = frozenset(encoding.special_tokens_set)
+
+    def method_handlers(self) -> dict:
+        """grpc method handlers for every method of the service descriptor."""
+        handlers = {}
+        for method in SERVICE.methods:
+            request_cls = getattr(pb, method.input_type.name)
+            response_cls = getattr(pb, method.output_type.name)
+            make = {(False, False): grpc.unary_unary_rpc_method_handler,
+                    (False, True): grpc.unary_stream_rpc_method_handler,
+                    (True, False): grpc.stream_unary_rpc_method_handler,
+                    (True, True): grpc.stream_stream_rpc_method_handler}[
+                (method.client_streaming, method.server_streaming)]
+            handlers[method.name] = make(getattr(self, method.name),
+                                         request_deserializer=tolerant_deserializer(request_cls,
+                                                                                    self.limits),
+                                         response_serializer=response_cls.SerializeToString)
+        return handlers
+
+    # ---- shared parsing -------------------------------------------------------------------
+
+    def _ready(self):
+        if self.batcher is None:
+            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                                  "the server is starting (loading the GPU device and the "
+                                  "vocabulary); retry shortly")
+
+    def _doc(self, request, what: str):
+        which = request.WhichOneof("input")
+        if which is None:
+            raise _bad(f"{what} has no input: set `text` (UTF-8) or `data` (raw bytes)")
+        doc = request.text if which == "text" else bytes(request.data)
+        nbytes = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+        checks.check_text_bytes(self.limits, nbytes, what)
+        return doc, nbytes
+
+    def _rule(self, policy: pb.SpecialTokenPolicy) -> SpecialRule:
+        return SpecialRule.resolve(self.special_tokens, allow_all=policy.allow_all,
+                                   allowed=policy.allowed, disallow_none=policy.disallow_none,
+                                   disallowed=policy.disallowed)
+
+    def _encode_job(self, docs: list, request) -> EncodeJob:
+        if request.offsets not in OFFSET_UNITS:
+            raise _bad(f"offsets: unknown OffsetUnit value {request.offsets}")
+        if request.truncation.side not in (pb.TRUNCATION_SIDE_RIGHT, pb.TRUNCATION_SIDE_LEFT):
+            raise _bad(f"truncation.side: unknown TruncationSide value {request.truncation.side}")
+        return EncodeJob(docs, self._rule(request.special), OFFSET_UNITS[request.offsets],
+                         request.truncation.max_tokens,
+                         request.truncation.side == pb.TRUNCATION_SIDE_LEFT)
+
+    async def _run(self, job, items: int, nbytes: int, context, method: str):
+        if isinstance(job, EncodeJob):
+            self.metrics.input_bytes.labels(method).inc(nbytes)
+        return await self.batcher.submit(job, items=items, nbytes=nbytes,
+                                         timeout=context.time_remaining())
+
+    def _ids(self, values, what: str) -> np.ndarray:
+        checks.check_decode_ids(self.limits, len(values))
+        return np.asarray(values, dtype=np.uint32)
+
+    @staticmethod
+    def _decoded(data: bytes, mode: int, what: str):
+        if mode not in DECODE_MODES:
+            raise _bad(f"mode: unknown DecodeMode value {mode}")
+        if mode == pb.DECODE_MODE_BYTES:
+            return {"data": data}
+        if mode == pb.DECODE_MODE_TEXT_REPLACE:
+            return {"text": data.decode("utf-8", "replace")}
+        try:
+            return {"text": data.decode("utf-8")}
+        except UnicodeDecodeError as exc:
+            raise RequestRejected(
+                grpc.StatusCode.INVALID_ARGUMENT, INVALID_UTF8,
+                f"{what} decodes to bytes that are not valid UTF-8 (at byte {exc.start}: "
+                f"{exc.reason}); ask for DECODE_MODE_BYTES or DECODE_MODE_TEXT_REPLACE") from None
+
+    # ---- tokenize -------------------------------------------------------------------------
+
+    async def _tokenize_one(self, request, context, what: str, method: str) -> pb.TokenizeResponse:
+        request = _parsed(request)
+        self._ready()
+        doc, nbytes = self._doc(request, what)
+        job = self._encode_job([doc], request)
+        [result] = await self._run(job, 1, nbytes, context, method)
+        self.metrics.tokens.labels("encode").inc(result.ids.size)
+        return pb.TokenizeResponse(
+            ids=result.ids.tolist(),
+            offsets=result.offsets.tolist() if result.offsets is not None else (),
+            token_count=result.token_count, truncated=result.truncated, id=request.id)
+
+    @unary
+    async def Tokenize(self, request, context):
+        return await self._tokenize_one(request, context, "the text", "Tokenize")
+
+    @unary
+    async def TokenizeBatch(self, request, context):
+        request = _parsed(request)
+        self._ready()
+        if request.texts and request.data:
+            raise _bad("TokenizeBatchRequest has both `texts` and `data`; send one kind per "
+                       "request")
+        docs = list(request.texts) if request.texts else [bytes(d) for d in request.data]
+        checks.check_batch_items(self.limits, len(docs), "documents in the batch")
+        nbytes = 0
+        for n, doc in enumerate(docs):
+            size = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+            checks.check_text_bytes(self.limits, size, f"document {n}")
+            nbytes += size
+        job = self._encode_job(docs, request)
+        results = await self._run(job, max(len(docs), 1), nbytes, context, "TokenizeBatch") \
+            if docs else []
+        counts = np.array([r.ids.size for r in results], np.int64)
+        doc_offsets = np.zeros(len(results) + 1, np.int64)
+        np.cumsum(counts, out=doc_offsets[1:])
+        ids = np.concatenate([r.ids for r in results]) if results else np.zeros(0, np.uint32)
+        self.metrics.tokens.labels("encode").inc(ids.size)
+        response = pb.TokenizeBatchResponse(ids=ids.tolist(), doc_offsets=doc_offsets.tolist(),
+                                            token_counts=[r.token_count for r in results])
+        if job.offsets and results:
+            response.offsets.extend(np.concatenate([r.offsets for r in results]).tolist())
+        return response
+
+    @streaming
+    async def TokenizeStream(self, request_iterator, context):
+        async for response in self._pipelined(
+                request_iterator, lambda request, n: self._tokenize_one(
+                    request, context, "the text", "TokenizeStream"), context):
+            yield response
+
+    @unary
+    async def CountTokens(self, request, context):
+        request = _parsed(request)
+        self._ready()
+        doc, nbytes = self._doc(request, "the text")
+        job = EncodeJob([doc], self._rule(request.special))
+        [result] = await self._run(job, 1, nbytes, context, "CountTokens")
+        return pb.CountTokensResponse(count=result.token_count)
+
+    # ---- detokenize -----------------------------------------------------------------------
+
+    async def _detokenize_one(self, request, context, what: str) -> pb.DetokenizeResponse:
+        request = _parsed(request)
+        self._ready()
+        ids = self._ids(request.ids, what)
+        if request.mode not in DECODE_MODES:
+            raise _bad(f"mode: unknown DecodeMode value {request.mode}")
+        result = await self._run(DecodeJob([ids]), 1, 4 * ids.size, context, "Detokenize")
+        self.metrics.tokens.labels("decode").inc(ids.size)
+        return pb.DetokenizeResponse(id=request.id, **self._decoded(result[0], request.mode, what))
+
+    @unary
+    async def Detokenize(self, request, context):
+        return await self._detokenize_one(request, context, "the request")
+
+    @unary
+    async def DetokenizeBatch(self, request, context):
+        request = _parsed(request)
+        self._ready()
+        ids = self._ids(request.ids, "the batch")
+        bounds = np.asarray(request.seq_offsets, dtype=np.int64)
+        if bounds.size == 0 and ids.size == 0:
+            return pb.DetokenizeBatchResponse()
+        if (bounds.size < 1 or bounds[0] != 0 or bounds[-1] != ids.size
+                or np.any(np.diff(bounds) < 0)):
+            raise _bad(f"seq_offsets must be n+1 non-decreasing positions from 0 to len(ids) "
+                       f"({ids.size}); got {bounds[:8].tolist()}{'...' if bounds.size > 8 else ''}")
+        checks.check_batch_items(self.limits, bounds.size - 1, "sequences in the batch")
+        if request.mode not in DECODE_MODES:
+            raise _bad(f"mode: unknown DecodeMode value {request.mode}")
+        seqs = [ids[bounds[k]:bounds[k + 1]] for k in range(bounds.size - 1)]
+        result = await self._run(DecodeJob(seqs), len(seqs), 4 * ids.size, context,
+                                 "DetokenizeBatch")
+        self.metrics.tokens.labels("decode").inc(ids.size)
+        if request.mode == pb.DECODE_MODE_BYTES:
+            return pb.DetokenizeBatchResponse(data=result)
+        return pb.DetokenizeBatchResponse(
+            texts=[self._decoded(data, request.mode, f"sequence {n}")["text"]
+                   for n, data in enumerate(result)])
+
+    @streaming
+    async def DetokenizeStream(self, request_iterator, context):
+        async for response in self._pipelined(
+                request_iterator,
+                lambda request, n: self._detokenize_one(request, context, "the request"), context):
+            yield response
+
+    # ---- info -----------------------------------------------------------------------------
+
+    @unary
+    async def GetInfo(self, request, context):
+        _parsed(request)
+        self._ready()
+        return self.info
+
+    # ---- streams --------------------------------------------------------------------------
+
+    async def _pipelined(self, request_iterator, handle, context):
+        """Results of `handle(request, index)` in request order, up to max_stream_inflight
+        requests in progress at once (so one stream's requests share GPU batches). A failed
+        request ends the stream; its status message starts with "stream request N"."""
+        queue: asyncio.Queue = asyncio.Queue(self.limits.max_stream_inflight)
+
+        async def numbered(request, index):
+            try:
+                return await handle(request, index)
+            except Exception as exc:
+                rejection = _as_rejection(exc)
+                if rejection is None:
+                    raise
+                raise rejection.with_prefix(f"stream request {index}") from None
+
+        async def read():
+            try:
+                index = 0
+                async for request in request_iterator:
+                    await queue.put(asyncio.ensure_future(numbered(request, index)))
+                    index += 1
+                await queue.put(_END)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await queue.put(exc)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield await item
+        finally:
+            reader.cancel()
+            while not queue.empty():
+                item = queue.get_nowait()
+                if isinstance(item, asyncio.Future):
+                    item.cancel()
+                    if item.done() and not item.cancelled():
+                        item.exception()  # retrieved: no "never retrieved" warning
