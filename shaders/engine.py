@@ -233,13 +233,20 @@ class Recorder:
         cpass.dispatch_workgroups(*grid)
         self.dispatch_count += 1
 
-    def copy(self, src, dst, nbytes: int | None = None) -> None:
-        """Buffer-to-buffer copy (ends the current compute pass)."""
+    def copy(self, src, dst, nbytes: int | None = None, *, src_offset: int = 0,
+             dst_offset: int = 0) -> None:
+        """Buffer-to-buffer copy (ends the current compute pass).
+
+        `src_offset`/`dst_offset` are extra byte offsets (multiples of 4, no binding
+        alignment needed), e.g. to append a row to a KV cache.
+        """
         self._end_pass()
         s_buf, s_off = (src.buffer, src.offset) if isinstance(src, BufferView) else (src, 0)
         d_buf, d_off = (dst.buffer, dst.offset) if isinstance(dst, BufferView) else (dst, 0)
-        size = nbytes if nbytes is not None else min(src.nbytes, dst.nbytes)
-        self.encoder.copy_buffer_to_buffer(s_buf.raw, s_off, d_buf.raw, d_off, size)
+        size = nbytes if nbytes is not None else min(src.nbytes - src_offset,
+                                                     dst.nbytes - dst_offset)
+        self.encoder.copy_buffer_to_buffer(s_buf.raw, s_off + src_offset, d_buf.raw,
+                                           d_off + dst_offset, size)
 
     def submit(self) -> None:
         self._end_pass()

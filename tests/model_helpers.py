@@ -34,3 +34,20 @@ def byte_vocabulary(path: Path, extra: int = 0, name: str = "bytes") -> Path:
 
 def random_batches(rng, n: int, batch: int, seq: int, vocab: int) -> list[np.ndarray]:
     return [rng.integers(0, vocab, size=(batch, seq + 1), dtype=np.uint32) for _ in range(n)]
+
+
+def stdlib_text(max_bytes: int = 200_000) -> str:
+    """Real text: sources of the Python standard library (fixed files, in a fixed order)."""
+    import sysconfig
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, size = [], 0
+    for name in ("textwrap.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py",
+                 "shlex.py", "difflib.py", "argparse.py"):
+        path = root / name
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            parts.append(text)
+            size += len(text)
+        if size >= max_bytes:
+            break
+    return "\n".join(parts)[:max_bytes]

@@ -7,10 +7,11 @@ start from identical weights:
     loss, grads = ref.loss_and_grads(batch)          # batch: (B, T+1) token ids
     ref.greedy(prompt_ids, n)                        # generation by full recomputation
 
-`weights_f16=True` emulates the mixed-precision forward pass: every matrix the GPU reads from
-its f16 mirror is rounded to f16 first (the gradients are then taken with respect to the
-rounded weights, exactly what the GPU's fp32 backward sees). Runs on CPU in the tests and on
-CUDA in bench/train.py.
+`weights_f16=True` emulates mixed precision: every matmul reads its weight matrix rounded to
+f16 (the GPU's f16 mirror), through a straight-through rounding so the gradients land on the
+f32 master weights unrounded, exactly as the GPU's f32 backward computes them. The embedding
+lookup reads the f32 table (the head matmul of a tied model reads its f16 rounding). Runs on
+CPU in the tests and on CUDA in bench/train.py.
 
 RoPE pairs dimension i with i + head_dim/2 ("rotate half"), as Hugging Face's Llama does.
 """
@@ -23,12 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-F16_WEIGHTS = ("embed", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "head")
-
-
-def reads_f16(name: str) -> bool:
-    """Whether the mixed-precision forward reads this tensor from the f16 mirror."""
-    return name.split(".")[-1] in F16_WEIGHTS
 
 
 def rope_tables(cfg, seq: int, device="cpu", offset: int = 0):
@@ -56,15 +51,21 @@ class TorchReference:
                  weights_f16: bool = False):
         self.cfg = cfg
         self.device = device
+        self.weights_f16 = weights_f16
         self.params = {}
         for name, value in params.items():
             t = torch.as_tensor(np.asarray(value, np.float32))
-            if weights_f16 and reads_f16(name):
-                t = t.half().float()
             self.params[name] = t.to(device=device, dtype=dtype).requires_grad_(True)
 
+    def mat(self, name: str):
+        """A weight matrix as the matmuls read it (straight-through f16 rounding if mixed)."""
+        w = self.params[name]
+        if not self.weights_f16:
+            return w
+        return w + (w.detach().half().to(w.dtype) - w.detach())
+
     def head_weight(self):
-        return self.params["embed"] if self.cfg.tied_head else self.params["head"]
+        return self.mat("embed" if self.cfg.tied_head else "head")
 
     def forward(self, idx, autocast_dtype=None):
         """Logits (B, T, V) for token ids idx (B, T)."""
@@ -74,7 +75,8 @@ class TorchReference:
         cos, sin = rope_tables(cfg, T, self.device)
         x = p["embed"][idx]
         for i in range(cfg.n_layers):
-            w = lambda n: p[f"layers.{i}.{n}"]  # noqa: E731
+            w = lambda n: self.mat(f"layers.{i}.{n}") if n.startswith("w") \
+                else p[f"layers.{i}.{n}"]  # noqa: E731
             h = rms_norm(x, w("attn_norm"), cfg.norm_eps)
             with torch.autocast(device_type=str(self.device).split(":")[0],
                                 dtype=autocast_dtype or torch.bfloat16,

@@ -166,6 +166,11 @@ class Trainer:
                            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
                            skipped=skipped)
 
+    def loss_and_gradients(self, batch) -> tuple[float, dict[str, np.ndarray]]:
+        """Loss and named f32 gradients of one step's batch, without updating anything."""
+        loss, flat = self.model.gradients(self._micro_batches(batch), self.train_config)
+        return loss, self.layout.unpack(flat)
+
     def evaluate(self, batch) -> float:
         """Mean loss over a batch (B, T+1) or (n, B, T+1) without touching the weights."""
         arr = np.asarray(batch)

@@ -52,6 +52,10 @@ class ModelConfig:
                                 f"{self.n_heads}")
             elif self.head_dim % 2:
                 problems.append(f"head_dim {self.head_dim} must be even for RoPE")
+            if (self.ffn_hidden * self.d_model) % 128:
+                problems.append(f"ffn_hidden x d_model = {self.ffn_hidden * self.d_model} must "
+                                "be a multiple of 128 (W_gate and W_up sit back to back in "
+                                "the parameter buffer as one [2F, d] matrix)")
             if self.n_heads % self.n_kv_heads:
                 problems.append(f"n_heads {self.n_heads} is not a multiple of n_kv_heads "
                                 f"{self.n_kv_heads}")

@@ -16,7 +16,7 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
     h2   = rmsnorm(xa) · ffn_norm
-    g, u = h2 · Wgateᵀ, h2 · Wupᵀ ;  s = silu(g) * u
+    [g|u] = h2 · [Wgate; Wup]ᵀ  (one matmul) ;  s = silu(g) * u
     x_i+1 = xa + s · Wdownᵀ
 then hf = rmsnorm(x_L) · final_norm and logits = hf · Headᵀ (Head = embedding when tied).
 """
@@ -41,6 +41,10 @@ class StepResult:
     skipped: bool
 
 
+def _align64(n: int) -> int:
+    return -(-n // 64) * 64
+
+
 class _LayerActs:
     """Saved activations of one transformer block."""
 
@@ -58,8 +62,7 @@ class _LayerActs:
         self.xa = e((n, d), "xa")          # after the attention residual
         self.h2 = e((n, d), "h2")
         self.rstd2 = e(n, "rstd2")
-        self.g = e((n, f), "gate")
-        self.u = e((n, f), "up")
+        self.gu = e((n, 2 * f), "gate|up")  # row r: gate (F values), then up (F values)
         self.s = e((n, f), "act")
 
 
@@ -81,11 +84,18 @@ class GpuModel:
         self.m = dev.empty(total, np.float32, label="adam m")
         self.v = dev.empty(total, np.float32, label="adam v")
         self.w16 = dev.empty(total, np.float16, label="params f16") if self.mixed else None
+        self.rope_table = ops.rope_table(dev, seq, cfg.head_dim, cfg.rope_theta)
         self.stats = dev.empty(STATS_FLOATS, np.float32, label="grad stats")
         # token ids, targets and per-token losses of every micro-batch of a step
-        self.all_ids = dev.empty((grad_accum, n), np.uint32, label="ids")
-        self.all_targets = dev.empty((grad_accum, n), np.uint32, label="targets")
-        self.all_losses = dev.empty((grad_accum, n), np.float32, label="token losses")
+        # (rows padded to 64 elements: each micro-batch's slot is a 256-byte aligned binding)
+        self.stride = _align64(n)
+        self.all_ids = dev.empty((grad_accum, self.stride), np.uint32, label="ids")
+        self.all_targets = dev.empty((grad_accum, self.stride), np.uint32, label="targets")
+        self.all_losses = dev.empty((grad_accum, self.stride), np.float32, label="token losses")
+        self.plan_len = ops.embedding_plan_size(n)
+        self.plan_stride = _align64(self.plan_len)
+        self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
+                                   label="embed plans")
         self.select_micro_batch(0)
         self.layers = [_LayerActs(dev, n, cfg, batch, seq, i) for i in range(cfg.n_layers)]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
@@ -99,8 +109,7 @@ class GpuModel:
         self.dk = dev.empty((n, kv), np.float32, label="dk")
         self.dv = dev.empty((n, kv), np.float32, label="dv")
         self.da = dev.empty((n, d), np.float32, label="dattn")
-        self.dg = dev.empty((n, f), np.float32, label="dgate")
-        self.du = dev.empty((n, f), np.float32, label="dup")
+        self.dgu = dev.empty((n, 2 * f), np.float32, label="dgate|dup")
         self.ds = dev.empty((n, f), np.float32, label="dact")
 
     # ---- parameter views --------------------------------------------------------------
@@ -119,6 +128,12 @@ class GpuModel:
     def g(self, name: str):
         t = self.layout[name]
         return self.grads.elements(t.offset, t.size, t.shape)
+
+    def w13(self, layer: int, grads: bool = False):
+        """W_gate stacked on W_up: one [2F, d] matrix (weights as read, or its gradient)."""
+        off, size = self.layout.fused_range(f"layers.{layer}.w_gate", f"layers.{layer}.w_up")
+        src = self.grads if grads else (self.w16 if self.mixed else self.params)
+        return src.elements(off, size, (2 * self.cfg.ffn_hidden, self.cfg.d_model))
 
     def head(self) -> str:
         return "embed" if self.cfg.tied_head else "head"
@@ -146,17 +161,25 @@ class GpuModel:
 
     def select_micro_batch(self, a: int) -> None:
         """Point ids/targets/losses at micro-batch `a`'s slots (bindable sub-ranges)."""
-        n = self.n
-        self.ids = self.all_ids.elements(a * n, n)
-        self.targets = self.all_targets.elements(a * n, n)
-        self.losses = self.all_losses.elements(a * n, n)
+        n, s = self.n, self.stride
+        self.ids = self.all_ids.elements(a * s, n)
+        self.targets = self.all_targets.elements(a * s, n)
+        self.losses = self.all_losses.elements(a * s, n)
+        self.plan = self.all_plans.elements(a * self.plan_stride, self.plan_len)
 
     def _upload_tokens(self, micro: np.ndarray) -> None:
         """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
-        A = micro.shape[0]
-        self.all_ids.write(np.ascontiguousarray(micro[:, :, :-1], np.uint32).reshape(-1))
-        self.all_targets.write(np.ascontiguousarray(micro[:, :, 1:], np.uint32).reshape(-1))
-        return A
+        A, n = micro.shape[0], self.n
+        ids = np.zeros((A, self.stride), np.uint32)
+        targets = np.zeros((A, self.stride), np.uint32)
+        ids[:, :n] = micro[:, :, :-1].reshape(A, n)
+        targets[:, :n] = micro[:, :, 1:].reshape(A, n)
+        self.all_ids.write(ids)
+        self.all_targets.write(targets)
+        plans = np.zeros((micro.shape[0], self.plan_stride), np.uint32)
+        for a in range(micro.shape[0]):
+            plans[a, :self.plan_len] = ops.embedding_plan(ids[a, :n])
+        self.all_plans.write(plans.reshape(-1))
 
     # ---- recording --------------------------------------------------------------------
 
@@ -165,8 +188,8 @@ class GpuModel:
         cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
             self.cfg.ffn_hidden
         B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        ops.embedding(rec, self.ids, self.w("embed"), self.layers[0].x if self.layers
-                      else self.x_final, n, d)
+        ops.embedding(rec, self.ids, self.p("embed"), self.layers[0].x if self.layers
+                      else self.x_final, n, d, cfg.vocab_size)
         for i, L in enumerate(self.layers):
             pre = f"layers.{i}."
             x_out = self.layers[i + 1].x if i + 1 < len(self.layers) else self.x_final
@@ -174,15 +197,14 @@ class GpuModel:
             ops.linear(rec, L.h, self.w(pre + "wq"), L.q, n, d, d)
             ops.linear(rec, L.h, self.w(pre + "wk"), L.k, n, kv, d)
             ops.linear(rec, L.h, self.w(pre + "wv"), L.v, n, kv, d)
-            ops.rope(rec, L.q, B, T, H, hd, cfg.rope_theta)
-            ops.rope(rec, L.k, B, T, KV, hd, cfg.rope_theta)
+            ops.rope(rec, L.q, self.rope_table, B, T, H, hd)
+            ops.rope(rec, L.k, self.rope_table, B, T, KV, hd)
             ops.attention(rec, L.q, L.k, L.v, L.a, L.lse, B, T, H, KV, hd)
             ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
             ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
                         cfg.norm_eps)
-            ops.linear(rec, L.h2, self.w(pre + "w_gate"), L.g, n, f, d)
-            ops.linear(rec, L.h2, self.w(pre + "w_up"), L.u, n, f, d)
-            ops.swiglu(rec, L.g, L.u, L.s, n * f)
+            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d)
+            ops.swiglu(rec, L.gu, L.s, n, f)
             ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa)
         ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
                     n, d, cfg.norm_eps)
@@ -207,12 +229,9 @@ class GpuModel:
             # FFN: x_out = xa + s · Wdownᵀ ; dx holds d x_out
             ops.linear_dw(rec, self.dx, L.s, self.g(pre + "w_down"), d, f, n)
             ops.linear_dx(rec, self.dx, self.w(pre + "w_down"), self.ds, n, f, d)
-            ops.swiglu_backward(rec, L.g, L.u, self.ds, self.dg, self.du, n * f)
-            ops.linear_dw(rec, self.dg, L.h2, self.g(pre + "w_gate"), f, d, n)
-            ops.linear_dw(rec, self.du, L.h2, self.g(pre + "w_up"), f, d, n)
-            ops.linear_dx(rec, self.dg, self.w(pre + "w_gate"), self.dh, n, d, f)
-            ops.linear_dx(rec, self.du, self.w(pre + "w_up"), self.dh, n, d, f,
-                          accumulate=True)
+            ops.swiglu_backward(rec, L.gu, self.ds, self.dgu, n, f)
+            ops.linear_dw(rec, self.dgu, L.h2, self.w13(i, grads=True), 2 * f, d, n)
+            ops.linear_dx(rec, self.dgu, self.w13(i), self.dh, n, d, 2 * f)
             # dx (= d xa now) += rmsnorm_backward(dh)
             ops.rmsnorm_backward(rec, L.xa, self.p(pre + "ffn_norm"), L.rstd2, self.dh,
                                  self.dx, self.g(pre + "ffn_norm"), n, d, accumulate_dx=True)
@@ -221,8 +240,8 @@ class GpuModel:
             ops.linear_dx(rec, self.dx, self.w(pre + "wo"), self.da, n, d, d)
             ops.attention_backward(rec, L.q, L.k, L.v, L.a, L.lse, self.da, self.dq, self.dk,
                                    self.dv, B, T, H, KV, hd)
-            ops.rope_backward(rec, self.dq, B, T, H, hd, cfg.rope_theta)
-            ops.rope_backward(rec, self.dk, B, T, KV, hd, cfg.rope_theta)
+            ops.rope_backward(rec, self.dq, self.rope_table, B, T, H, hd)
+            ops.rope_backward(rec, self.dk, self.rope_table, B, T, KV, hd)
             ops.linear_dw(rec, self.dq, L.h, self.g(pre + "wq"), d, d, n)
             ops.linear_dw(rec, self.dk, L.h, self.g(pre + "wk"), kv, d, n)
             ops.linear_dw(rec, self.dv, L.h, self.g(pre + "wv"), kv, d, n)
@@ -231,7 +250,8 @@ class GpuModel:
             ops.linear_dx(rec, self.dv, self.w(pre + "wv"), self.dh, n, d, kv, accumulate=True)
             ops.rmsnorm_backward(rec, L.x, self.p(pre + "attn_norm"), L.rstd, self.dh, self.dx,
                                  self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
-        ops.embedding_backward(rec, self.ids, self.dx, self.g("embed"), n, d, cfg.vocab_size)
+        ops.embedding_backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
+                               cfg.vocab_size)
 
     def record_update(self, rec, *, lr: float, step: int, tc) -> None:
         """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror)."""
@@ -255,25 +275,54 @@ class GpuModel:
         accum = micro.shape[0]
         if accum != self.accum:
             raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
-        self._upload_tokens(micro)
-        scale = 1.0 / (self.n * accum)
         with self.dev.record("train step") as rec:
-            ops.fill(rec, self.grads, 0.0, self.layout.total)
-            for a in range(accum):
-                self.select_micro_batch(a)
-                self.record_forward(rec, loss_scale=scale, tc=tc)
-                self.record_backward(rec)
-            self.record_update(rec, lr=lr, step=step, tc=tc)
+            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
         self.select_micro_batch(0)
-        losses = self.dev.download(self.all_losses)
+        losses = self.dev.download(self.all_losses)[:, :self.n]
         stats = self.dev.download(self.stats)
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
+    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+        accum = micro.shape[0]
+        self._upload_tokens(micro)
+        scale = 1.0 / (self.n * accum)
+        ops.fill(rec, self.grads, 0.0, self.layout.total)
+        for a in range(accum):
+            self.select_micro_batch(a)
+            self.record_forward(rec, loss_scale=scale, tc=tc)
+            self.record_backward(rec)
+        self.record_update(rec, lr=lr, step=step, tc=tc)
+
+    def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
+        """One training step with a GPU timestamp pair around every dispatch.
+
+        Returns [(kernel label, seconds)]. The step really happens (weights change).
+        """
+        with self.dev.record("profiled step", timing=True) as rec:
+            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
+        self.select_micro_batch(0)
+        return rec.gpu_times
+
+    def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
+        """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""
+        accum = micro.shape[0]
+        if accum != self.accum:
+            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
+        self._upload_tokens(micro)
+        with self.dev.record("gradients") as rec:
+            ops.fill(rec, self.grads, 0.0, self.layout.total)
+            for a in range(accum):
+                self.select_micro_batch(a)
+                self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
+                self.record_backward(rec)
+        self.select_micro_batch(0)
+        losses = self.dev.download(self.all_losses)[:, :self.n]
+        return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
+
     def eval_loss(self, rows: np.ndarray, tc) -> float:
         """Mean loss of one (B, T+1) batch; weights, gradients and moments untouched."""
-        self.all_ids.write(np.ascontiguousarray(rows[:, :-1], np.uint32).reshape(-1))
-        self.all_targets.write(np.ascontiguousarray(rows[:, 1:], np.uint32).reshape(-1))
+        self._upload_tokens(np.asarray(rows)[None])  # micro-batch slot 0
         self.select_micro_batch(0)
         with self.dev.record("eval") as rec:
             self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc)

@@ -15,7 +15,9 @@ Order: first every weight-decayed matrix (embedding, projections, head), then th
 gains, so AdamW runs as two dispatches (decay / no decay) over two contiguous ranges.
 
 Matrices are stored (out_features, in_features), row-major, like torch.nn.Linear and
-Hugging Face Llama: a projection is y = x · Wᵀ (the NT matmul).
+Hugging Face Llama: a projection is y = x · Wᵀ (the NT matmul). Each layer's W_gate and W_up
+are adjacent (the config guarantees F*d is a multiple of the alignment), so the two FFN input
+projections run as ONE matmul with the stacked [2F, d] matrix (`fused_range`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,13 @@ class ParameterLayout:
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.tensors]
+
+    def fused_range(self, first: str, second: str) -> tuple[int, int]:
+        """(offset, size) of two adjacent tensors as one stacked matrix (rows of both)."""
+        a, b = self[first], self[second]
+        if a.end != b.offset or a.shape[1:] != b.shape[1:]:
+            raise ValueError(f"{first} and {second} are not adjacent with equal row length")
+        return a.offset, a.size + b.size
 
     def decay_range(self) -> tuple[int, int]:
         """[start, end) in elements of the weight-decayed block (aligned at both ends)."""

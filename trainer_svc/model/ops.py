@@ -65,3 +65,67 @@ def linear_dx(rec, dy, w, dx, M: int, K: int, N: int, *, accumulate: bool = Fals
 
 def linear_dw(rec, dy, x, dw, N: int, K: int, M: int) -> None:
     _family("linear").matmul_tn(rec, dy, x, dw, N, K, M, accumulate=True)
+
+
+# ---- embedding ---------------------------------------------------------------------------------
+
+def embedding(rec, ids, table, out, tokens: int, dim: int, vocab: int) -> None:
+    """out[t] = table[ids[t]] (table: the f32 master rows)."""
+    _family("embedding").forward(rec, ids, table, out, tokens, dim, vocab)
+
+
+def embedding_plan_size(tokens: int) -> int:
+    return _family("embedding").plan_size(tokens)
+
+
+def embedding_plan(ids) -> np.ndarray:
+    """Host-side grouping of token positions by id that the backward needs."""
+    return _family("embedding").backward_plan(ids)
+
+
+def embedding_backward(rec, plan, ids, dout, dtable, tokens: int, dim: int, vocab: int) -> None:
+    """dtable[id] += sum of dout rows with that id (deterministic, no atomics)."""
+    _family("embedding").backward(rec, plan, ids, dout, dtable, tokens, dim, vocab)
+
+
+# ---- RMSNorm -----------------------------------------------------------------------------------
+
+def rmsnorm(rec, x, gain, y, rstd, rows: int, d: int, eps: float) -> None:
+    """y = x * rstd * gain with rstd = 1/sqrt(mean(x^2) + eps) saved per row."""
+    _family("rmsnorm").forward(rec, x, gain, y, rstd, rows, d, eps)
+
+
+def rmsnorm_backward(rec, x, gain, rstd, dy, dx, dgain, rows: int, d: int, *,
+                     accumulate_dx: bool) -> None:
+    """dx (=|+=) d/dx; dgain += sum over rows of dy * x * rstd."""
+    _family("rmsnorm").backward(rec, x, gain, dy, rstd, dx, dgain, rows, d,
+                                accumulate_dx=accumulate_dx)
+
+
+# ---- RoPE --------------------------------------------------------------------------------------
+
+def rope_table(device, max_positions: int, head_dim: int, theta: float):
+    """The (cos, sin) table the rope kernels read (computed once in float64 on the host)."""
+    return device.upload(_family("rope").rope_table(max_positions, head_dim, theta),
+                         label="rope table")
+
+
+def rope(rec, x, table, B: int, T: int, H: int, hd: int, *, pos0: int = 0) -> None:
+    """Rotate x[B, T, H, hd] in place (pairs i, i + hd/2) at positions pos0 + t."""
+    _family("rope").forward(rec, x, table, B, T, H, hd, pos_offset=pos0)
+
+
+def rope_backward(rec, dx, table, B: int, T: int, H: int, hd: int) -> None:
+    _family("rope").backward(rec, dx, table, B, T, H, hd)
+
+
+# ---- SwiGLU ------------------------------------------------------------------------------------
+
+def swiglu(rec, gate_up, out, rows: int, F: int) -> None:
+    """out[r, c] = silu(g[r, c]) * u[r, c], gate_up row r = [g (F values) | u (F values)]."""
+    _family("activations").swiglu_forward(rec, gate_up, out, rows, F)
+
+
+def swiglu_backward(rec, gate_up, dout, dgate_up, rows: int, F: int) -> None:
+    """dgate_up (laid out like gate_up) from dout."""
+    _family("activations").swiglu_backward(rec, gate_up, dout, dgate_up, rows, F)

@@ -1,0 +1,199 @@
+"""Ladder entries for the matmul family (shaders/ops/linear.py, 03_linear*.wgsl).
+
+Each case runs the same op function the model uses. Variants: ragged shapes that no tile
+divides, M=1/K=3 (decode-like), 1x1x1, tile-aligned multi-tile shapes, and strided operands
+whose padding holds NaN (a kernel reading outside its rows would poison the result) and whose
+output padding must survive untouched. `bench` uses the 124M model's FFN shapes at 8 x 1024
+tokens (`bench_small` on software adapters).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ladder import KernelCase, Launch, register
+from ..ops import linear
+from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+
+# (M, N, K) per variant for the forward (NT) orientation; others permute (see _shape).
+SHAPES = {
+    "random": (67, 129, 45),
+    "odd": (1, 129, 3),
+    "one": (1, 1, 1),
+    "aligned": (128, 256, 64),
+    "strided": (33, 40, 20),
+    "bench": (8192, 3072, 768),
+    "bench_small": (1024, 768, 768),
+}
+VARIANTS = ("random", "odd", "one", "aligned", "strided")
+
+
+def _shape(layout, variant):
+    """(M, N, K) of the product for a layout: the FFN up-projection's fwd, dX and dW."""
+    m, n, k = SHAPES[variant]
+    if variant.startswith("bench"):
+        return {"nt": (m, n, k), "nn": (m, k, n), "tn": (n, k, m)}[layout]
+    return m, n, k
+
+
+def _stored(rng, rows, cols, ld, dtype=np.float32):
+    """A rows x cols matrix stored with leading dimension ld; padding holds NaN."""
+    full = np.full((rows, ld), np.nan, dtype=np.float32)
+    full[:, :cols] = rng.standard_normal((rows, cols))
+    return full.astype(dtype)
+
+
+def make_inputs(layout, mode, b16, rng, variant):
+    M, N, K = _shape(layout, variant)
+    pad = variant == "strided"
+    a_rows, a_cols = (K, M) if layout == "tn" else (M, K)
+    b_rows, b_cols = (N, K) if layout == "nt" else (K, N)
+    lda, ldb, ldc = (a_cols + 7, b_cols + 5, N + 3) if pad else (a_cols, b_cols, N)
+    inp = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, "mode": mode,
+           "alpha": 0.75 if mode != "store" else 1.0,
+           "a": _stored(rng, a_rows, a_cols, lda),
+           "b": _stored(rng, b_rows, b_cols, ldb, np.float16 if b16 else np.float32)}
+    out = np.full((M, ldc), -7.0, np.float32)  # sentinel in the padding must survive
+    out[:, :N] = rng.standard_normal((M, N)) if mode == "accumulate" else 0.0
+    inp["out"] = out
+    if mode == "residual":
+        res = np.full((M, ldc), 123.0, np.float32)
+        res[:, :N] = rng.standard_normal((M, N))
+        inp["residual"] = res
+    return inp
+
+
+def logical(inp, layout, f16_math=False):
+    """The float64 product op(A) @ op(B) of the logical (unpadded) matrices."""
+    M, N, K = inp["M"], inp["N"], inp["K"]
+    a, b = f64(inp["a"]), f64(inp["b"])
+    if f16_math:
+        a = f64(np.clip(inp["a"], -65504, 65504).astype(np.float16))
+    A = a[:K, :M].T if layout == "tn" else a[:M, :K]
+    B = b[:N, :K].T if layout == "nt" else b[:K, :N]
+    return A @ B
+
+
+def reference(inp, layout, f16_math=False):
+    N = inp["N"]
+    prod = inp["alpha"] * logical(inp, layout, f16_math)
+    out = f64(inp["out"]).copy()
+    if inp["mode"] == "accumulate":
+        out[:, :N] += prod
+    elif inp["mode"] == "residual":
+        out[:, :N] = f64(inp["residual"])[:, :N] + prod
+    else:
+        out[:, :N] = prod
+    return {"out": out.astype(np.float32)}
+
+
+def make_launch(dev, inp, layout, f16_math=False, tiles=None):
+    a, b, out = dev.upload(inp["a"]), dev.upload(inp["b"]), dev.upload(inp["out"])
+    res = dev.upload(inp["residual"]) if "residual" in inp else None
+
+    def encode(rec):
+        linear.matmul(rec, a, b, out, inp["M"], inp["N"], inp["K"], layout=layout,
+                      accumulate=inp["mode"] == "accumulate", residual=res,
+                      alpha=inp["alpha"], lda=inp["lda"], ldb=inp["ldb"], ldc=inp["ldc"],
+                      f16_math=f16_math, tiles=tiles)
+    return Launch(encode, lambda: {"out": dev.download(out)})
+
+
+def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
+              precision="f32", description=""):
+    file, kernel = linear.kernel_name(layout, np.float16 if b16 else np.float32, f16_math)
+    constants = linear.tile_constants(tiles or (64, 64, 16))
+    register(KernelCase(
+        name=name, family="linear", precision=precision,
+        kernels=[(file, kernel, constants)],
+        inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
+        launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles),
+        reference=lambda inp: reference(inp, layout, f16_math),
+        variants=VARIANTS, bench_variant_software="bench_small",
+        requires=("shader-f16",) if b16 else (),
+        bench_precision="f16" if b16 else "f32",
+        flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
+        bytes=lambda inp: (inp["a"].nbytes + inp["b"].nbytes
+                           + inp["out"].nbytes * (2 if mode != "store" else 1)
+                           + (inp["residual"].nbytes if mode == "residual" else 0)),
+        description=description))
+
+
+_register("matmul_nt", "nt", description="C = A @ B^T (Linear forward)")
+_register("matmul_nn", "nn", description="C = A @ B (Linear dX)")
+_register("matmul_tn", "tn", description="C = A^T @ B (Linear dW)")
+_register("matmul_nt_accumulate", "nt", "accumulate", description="C += alpha A @ B^T")
+_register("matmul_tn_accumulate", "tn", "accumulate", description="dW += alpha dy^T @ x")
+_register("matmul_nn_accumulate", "nn", "accumulate", description="dX += alpha dy @ W")
+_register("matmul_nt_residual", "nt", "residual", description="C = R + alpha A @ B^T")
+_register("matmul_nt_t128", "nt", tiles=(128, 128, 8), description="128x128x8 tiles")
+_register("matmul_nn_t32", "nn", tiles=(32, 32, 32), description="32x32x32 tiles")
+_register("matmul_nt_w16", "nt", b16=True, description="f16 weights, f32 math")
+_register("matmul_nn_w16", "nn", b16=True, description="dX from f16 weights, f32 math")
+_register("matmul_nt_w16_residual", "nt", "residual", b16=True,
+          description="f16 weights, residual epilogue")
+_register("matmul_nt_h16", "nt", b16=True, f16_math=True, precision="f16",
+          description="packed-f16 multiplies, f32 accumulation (forward)")
+_register("matmul_nt_h16_accumulate", "nt", "accumulate", b16=True, f16_math=True,
+          precision="f16", description="packed-f16 forward, accumulate epilogue")
+
+
+# ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------
+
+LB_SHAPES = {"random": (37, 19, 23), "odd": (1, 3, 129), "bench": (8192, 768, 3072),
+             "bench_small": (1024, 768, 768)}
+
+
+def _lb_inputs(rng, variant):
+    tokens, d_in, d_out = LB_SHAPES[variant]
+    return {"x": rng.standard_normal((tokens, d_in)).astype(np.float32),
+            "w": (rng.standard_normal((d_out, d_in)) * 0.1).astype(np.float32),
+            "dy": rng.standard_normal((tokens, d_out)).astype(np.float32),
+            "dw0": rng.standard_normal((d_out, d_in)).astype(np.float32)}
+
+
+def _lb_launch(dev, inp):
+    tokens, d_in = inp["x"].shape
+    d_out = inp["w"].shape[0]
+    x, w, dy = dev.upload(inp["x"]), dev.upload(inp["w"]), dev.upload(inp["dy"])
+    dx, dw = dev.empty((tokens, d_in)), dev.upload(inp["dw0"])
+    return Launch(lambda rec: linear.linear_backward(rec, dy, x, w, dx, dw, tokens, d_in, d_out),
+                  lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
+
+
+def _lb_reference(inp):
+    dy, w, x = f64(inp["dy"]), f64(inp["w"]), f64(inp["x"])
+    return {"dx": (dy @ w).astype(np.float32), "dw": (inp["dw0"] + dy.T @ x).astype(np.float32)}
+
+
+def _lb_grad(dev, rng):
+    inp = _lb_inputs(rng, "random")
+    inp["dw0"][:] = 0.0
+    tokens, d_in = inp["x"].shape
+    d_out = inp["w"].shape[0]
+    got = run_launch(dev, _lb_launch(dev, inp))
+    ref = torch_grads(lambda x, w: x @ w.T, {"x": inp["x"], "w": inp["w"]}, inp["dy"],
+                      ("x", "w"))
+
+    def loss(params):
+        y = dev.empty((tokens, d_out))
+        x, w = dev.upload(params["x"]), dev.upload(params["w"])
+        with dev.record() as rec:
+            linear.matmul_nt(rec, x, w, y, tokens, d_out, d_in)
+        return float(np.sum(f64(dev.download(y)) * f64(inp["dy"])))
+
+    gap = fd_consistency(loss, {"x": inp["x"], "w": inp["w"]},
+                         {"x": got["dx"], "w": got["dw"]}, rng)
+    return grad_report({"dx": (got["dx"], ref["x"]), "dw": (got["dw"], ref["w"])}, "f32", gap)
+
+
+register(KernelCase(
+    name="linear_backward", family="linear", precision="f32",
+    kernels=[(linear.FILE, "matmul_nn", linear.tile_constants((32, 32, 16))),
+             (linear.FILE, "matmul_tn", linear.tile_constants((32, 32, 16)))],
+    inputs=_lb_inputs, launch=_lb_launch, reference=_lb_reference,
+    variants=("random", "odd"), bench_variant_software="bench_small", grad=_lb_grad,
+    flops=lambda inp: 4.0 * inp["x"].shape[0] * inp["x"].shape[1] * inp["w"].shape[0],
+    bytes=lambda inp: 2 * (inp["x"].nbytes + inp["w"].nbytes + inp["dy"].nbytes)
+    + 2 * inp["dw0"].nbytes,
+    description="dX = dy @ W and dW += dy^T @ x (matmul_nn + matmul_tn)"))

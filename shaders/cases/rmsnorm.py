@@ -1,0 +1,119 @@
+"""Ladder entries for RMSNorm (shaders/ops/rmsnorm.py, 02_rmsnorm.wgsl)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ladder import KernelCase, Launch, register
+from ..ops import rmsnorm
+from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+
+EPS = 1e-5
+# (rows, n, scale of x): "huge" 1e4-sized inputs, "tiny" inputs whose squares underflow.
+# "one" (n = 1) is scaled so x^2 ~ eps: for |x| >> sqrt(eps), dx = rstd*g*eps/(x^2+eps) is a
+# cancellation that no f32 implementation (PyTorch's included) resolves.
+SHAPES = {"random": (37, 96, 1.0), "odd": (5, 13, 1.0), "one": (1, 1, 3e-3),
+          "wide": (3, 5000, 1.0), "huge": (8, 64, 1e4), "tiny": (4, 20, 1e-20),
+          "bench": (8192, 768, 1.0), "bench_small": (2048, 768, 1.0)}
+VARIANTS = ("random", "odd", "one", "wide", "huge", "tiny")
+
+
+def make_inputs(rng, variant):
+    rows, n, scale = SHAPES[variant]
+    return {"x": (rng.standard_normal((rows, n)) * scale).astype(np.float32),
+            "w": (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32),
+            "dy": rng.standard_normal((rows, n)).astype(np.float32),
+            "dx0": rng.standard_normal((rows, n)).astype(np.float32),
+            "dw0": rng.standard_normal(n).astype(np.float32)}
+
+
+def forward_reference(inp):
+    x = f64(inp["x"])
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=1) + EPS)
+    return {"y": (x * rstd[:, None] * f64(inp["w"])).astype(np.float32),
+            "rstd": rstd.astype(np.float32)}
+
+
+def backward_reference(inp, accumulate):
+    x, w, dy = f64(inp["x"]), f64(inp["w"]), f64(inp["dy"])
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=1) + EPS)[:, None]
+    xhat = x * rstd
+    g = dy * w
+    dx = rstd * (g - xhat * np.mean(g * xhat, axis=1, keepdims=True))
+    if accumulate:
+        dx = dx + f64(inp["dx0"])
+    dw = f64(inp["dw0"]) + np.sum(dy * xhat, axis=0)
+    return {"dx": dx.astype(np.float32), "dw": dw.astype(np.float32)}
+
+
+def forward_launch(dev, inp):
+    rows, n = inp["x"].shape
+    x, w = dev.upload(inp["x"]), dev.upload(inp["w"])
+    y, rstd = dev.empty((rows, n)), dev.empty(rows)
+    return Launch(lambda rec: rmsnorm.forward(rec, x, w, y, rstd, rows, n, EPS),
+                  lambda: {"y": dev.download(y), "rstd": dev.download(rstd)})
+
+
+def backward_launch(dev, inp, accumulate=False):
+    rows, n = inp["x"].shape
+    rstd_host = forward_reference(inp)["rstd"]
+    x, w, dy = dev.upload(inp["x"]), dev.upload(inp["w"]), dev.upload(inp["dy"])
+    rstd = dev.upload(rstd_host)
+    dx = dev.upload(inp["dx0"]) if accumulate else dev.empty((rows, n))
+    dw = dev.upload(inp["dw0"])
+    return Launch(lambda rec: rmsnorm.backward(rec, x, w, dy, rstd, dx, dw, rows, n,
+                                               accumulate_dx=accumulate),
+                  lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
+
+
+def torch_rmsnorm(x, w):
+    import torch
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
+
+
+def backward_grad(dev, rng):
+    inp = make_inputs(rng, "random")
+    inp["dw0"][:] = 0.0
+    rows, n = inp["x"].shape
+    # the backward starts from the GPU forward's rstd, as in training
+    fwd = run_launch(dev, forward_launch(dev, inp))
+    x, w, dy = dev.upload(inp["x"]), dev.upload(inp["w"]), dev.upload(inp["dy"])
+    dx, dw = dev.empty((rows, n)), dev.zeros(n)
+    with dev.record() as rec:
+        rmsnorm.backward(rec, x, w, dy, dev.upload(fwd["rstd"]), dx, dw, rows, n)
+    got = {"x": dev.download(dx), "w": dev.download(dw)}
+    ref = torch_grads(torch_rmsnorm, {"x": inp["x"], "w": inp["w"]}, inp["dy"], ("x", "w"))
+
+    def loss(params):
+        out = run_launch(dev, forward_launch(dev, dict(inp, **params)))["y"]
+        return float(np.sum(f64(out) * f64(inp["dy"])))
+
+    gap = fd_consistency(loss, {"x": inp["x"], "w": inp["w"]}, got, rng)
+    return grad_report({"dx": (got["x"], ref["x"]), "dw": (got["w"], ref["w"])}, "f32", gap)
+
+
+register(KernelCase(
+    name="rmsnorm_forward", family="rmsnorm", precision="f32",
+    kernels=[(rmsnorm.FILE, "rmsnorm_forward", {"WG": 64}),
+             (rmsnorm.FILE, "rmsnorm_forward_vec4", {"WG": 64})],
+    inputs=make_inputs, launch=forward_launch, reference=forward_reference,
+    variants=VARIANTS, bench_variant_software="bench_small",
+    flops=lambda inp: 4.0 * inp["x"].size,
+    bytes=lambda inp: 2 * inp["x"].nbytes + inp["x"].shape[0] * 4,
+    description="y = x * rsqrt(mean(x^2) + eps) * w, saves rstd"))
+
+for accumulate in (False, True):
+    register(KernelCase(
+        name="rmsnorm_backward" + ("_accumulate" if accumulate else ""), family="rmsnorm",
+        precision="f32",
+        kernels=[(rmsnorm.FILE, "rmsnorm_backward", {"WG": 64}),
+                 (rmsnorm.FILE, "rmsnorm_backward_vec4", {"WG": 64}),
+                 (rmsnorm.FILE, "rmsnorm_dw_partial"), (rmsnorm.FILE, "rmsnorm_dw_reduce")],
+        inputs=make_inputs,
+        launch=lambda dev, inp, a=accumulate: backward_launch(dev, inp, a),
+        reference=lambda inp, a=accumulate: backward_reference(inp, a),
+        variants=VARIANTS, bench_variant_software="bench_small",
+        grad=None if accumulate else backward_grad,
+        flops=lambda inp: 10.0 * inp["x"].size,
+        bytes=lambda inp, a=accumulate: (5 + a) * inp["x"].nbytes,
+        description="dx (" + ("+=" if accumulate else "=") + ") and dw += of RMSNorm"))

@@ -1,0 +1,84 @@
+"""Ladder entries for RoPE (shaders/ops/rope.py, 04_rope.wgsl)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ladder import KernelCase, Launch, register
+from ..ops import rope
+from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+
+# (B, T, H, D, parts, pos_offset): parts > 1 puts x inside a fused [.., parts*H*D] row
+# (the rest must stay untouched); pos_offset shifts positions as in decoding.
+SHAPES = {"random": (2, 7, 3, 8, 1, 0), "odd": (1, 1, 1, 2, 1, 0), "fused": (2, 5, 2, 6, 3, 0),
+          "offset": (3, 3, 2, 4, 1, 100), "long": (1, 600, 1, 16, 1, 0),
+          "bench": (8, 1024, 12, 64, 1, 0), "bench_small": (8, 1024, 12, 64, 1, 0)}
+VARIANTS = ("random", "odd", "fused", "offset", "long")
+
+
+def make_inputs(rng, variant):
+    B, T, H, D, parts, offset = SHAPES[variant]
+    return {"B": B, "T": T, "H": H, "D": D, "offset": offset, "stride": parts * H * D,
+            "x": rng.standard_normal((B, T, parts * H * D)).astype(np.float32),
+            "table": rope.rope_table(offset + T + 3, D)}
+
+
+def rotate(inp, x, sign):
+    """float64 rotate-half of the first H*D columns of x[B, T, stride]."""
+    B, T, H, D, off = inp["B"], inp["T"], inp["H"], inp["D"], inp["offset"]
+    out = f64(x).copy()
+    tab = f64(inp["table"])[off:off + T]                      # [T, D/2, 2]
+    c, s = tab[None, :, None, :, 0], sign * tab[None, :, None, :, 1]
+    q = out[:, :, :H * D].reshape(B, T, H, D)
+    lo, hi = q[..., :D // 2].copy(), q[..., D // 2:].copy()
+    q[..., :D // 2] = lo * c - hi * s
+    q[..., D // 2:] = hi * c + lo * s
+    out[:, :, :H * D] = q.reshape(B, T, H * D)
+    return out
+
+
+def make_launch(dev, inp, sign):
+    x, table = dev.upload(inp["x"]), dev.upload(inp["table"])
+    fn = rope.forward if sign > 0 else rope.backward
+    return Launch(lambda rec: fn(rec, x, table, inp["B"], inp["T"], inp["H"], inp["D"],
+                                 token_stride=inp["stride"], pos_offset=inp["offset"]),
+                  lambda: {"x": dev.download(x)})
+
+
+def backward_grad(dev, rng):
+    inp = make_inputs(rng, "fused")
+    dy = rng.standard_normal(inp["x"].shape).astype(np.float32)
+    got = run_launch(dev, make_launch(dev, dict(inp, x=dy), -1.0))["x"]
+    import torch
+    B, T, H, D = inp["B"], inp["T"], inp["H"], inp["D"]
+    tab = torch.tensor(f64(inp["table"])[:T])
+
+    def forward(x):
+        q = x[:, :, :H * D].reshape(B, T, H, D)
+        c, s = tab[None, :, None, :, 0], tab[None, :, None, :, 1]
+        lo, hi = q[..., :D // 2], q[..., D // 2:]
+        rot = torch.cat([lo * c - hi * s, hi * c + lo * s], -1).reshape(B, T, H * D)
+        return torch.cat([rot, x[:, :, H * D:]], -1)
+
+    ref = torch_grads(forward, {"x": inp["x"]}, dy, ("x",))["x"]
+
+    def loss(params):
+        out = run_launch(dev, make_launch(dev, dict(inp, x=params["x"]), 1.0))["x"]
+        return float(np.sum(f64(out) * f64(dy)))
+
+    gap = fd_consistency(loss, {"x": inp["x"]}, {"x": got}, rng)
+    return grad_report({"dx": (got, ref)}, "f32", gap)
+
+
+for direction, sign in (("forward", 1.0), ("backward", -1.0)):
+    register(KernelCase(
+        name=f"rope_{direction}", family="rope", precision="f32",
+        kernels=[(rope.FILE, "rope")],
+        inputs=make_inputs, launch=lambda dev, inp, s=sign: make_launch(dev, inp, s),
+        reference=lambda inp, s=sign: {"x": rotate(inp, inp["x"], s).astype(np.float32)},
+        variants=VARIANTS, bench_variant_software="bench_small",
+        grad=backward_grad if sign < 0 else None,
+        flops=lambda inp: 3.0 * inp["B"] * inp["T"] * inp["H"] * inp["D"],
+        bytes=lambda inp: 2 * 4 * inp["B"] * inp["T"] * inp["H"] * inp["D"]
+        + 4 * inp["T"] * inp["D"],
+        description=f"rotate-half RoPE {direction}, in place"))

@@ -1,0 +1,103 @@
+"""Helpers shared by the op modules: size checks with clear errors, grids, dummy bindings."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine import Buffer, BufferView
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+U32 = np.dtype(np.uint32)
+
+
+def dtype_of(res) -> np.dtype:
+    """The element type a Buffer/BufferView was created with (float32 when unknown)."""
+    if not isinstance(res, (Buffer, BufferView)):
+        raise TypeError(f"expected a Buffer or BufferView, got {type(res).__name__}")
+    return np.dtype(res.dtype) if res.dtype is not None else F32
+
+
+def check(op: str, name: str, res, count: int, dtypes=(F32,)) -> np.dtype:
+    """Raise a ValueError naming the op and operand unless `res` holds >= count elements."""
+    dtype = dtype_of(res)
+    allowed = tuple(np.dtype(d) for d in dtypes)
+    if dtype not in allowed:
+        raise ValueError(f"{op}: {name} has dtype {dtype}, expected "
+                         f"{' or '.join(str(d) for d in allowed)}")
+    have = res.nbytes // dtype.itemsize
+    if have < count:
+        raise ValueError(f"{op}: {name} holds {have} {dtype} elements, the shapes need {count}")
+    return dtype
+
+
+def positive(op: str, **dims) -> None:
+    for key, value in dims.items():
+        if int(value) < 1:
+            raise ValueError(f"{op}: {key} must be >= 1, got {value}")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def grid2d(device, op: str, x: int, y: int) -> tuple[int, int, int]:
+    limit = device.max_workgroups_per_dim
+    if x > limit or y > limit:
+        raise ValueError(f"{op}: grid {x}x{y} exceeds the device's {limit} workgroups per "
+                         "dimension; split the call")
+    return (int(x), int(y), 1)
+
+
+_DUMMIES: dict = {}
+
+
+def dummy(device) -> Buffer:
+    """A 16-byte buffer bound where a kernel's optional operand is unused."""
+    buf = _DUMMIES.get(id(device))
+    if buf is None or buf.device is not device:
+        buf = device.zeros(4, np.float32, label="unused operand")
+        _DUMMIES[id(device)] = buf
+    return buf
+
+
+def workgroup_storage(device) -> int:
+    return int(device.limits.get("max-compute-workgroup-storage-size", 16384))
+
+
+_SCRATCH: dict = {}
+
+
+def scratch(device, name: str, nbytes: int, dtype=np.float32):
+    """A device-wide scratch buffer for intermediate results inside one op's dispatches.
+
+    Dispatches of one recording run in order, so ops may share a scratch buffer as long as
+    its contents are consumed by the op's own later dispatch. Grows as needed; old buffers are
+    left to the garbage collector (recorded commands keep what they reference alive).
+    """
+    key = (id(device), name)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.device is not device or buf.nbytes < nbytes:
+        buf = device.buffer(max(int(nbytes), 16), dtype, label=f"scratch {name}")
+        _SCRATCH[key] = buf
+    return buf
+
+
+def row_grid(device, rows: int):
+    """One workgroup per row, folded into 2-D past the per-dimension limit."""
+    from ..engine import fold_grid
+    return fold_grid(int(rows), device.max_workgroups_per_dim)
+
+
+def vec_width(n: int, *views) -> int:
+    """4 when rows of length n can be read as vec4 (n % 4 == 0, 16-byte aligned views)."""
+    if n % 4:
+        return 1
+    if any(getattr(v, "offset", 0) % 16 for v in views):
+        return 1
+    return 4
+
+
+def row_workgroup(elems: int) -> int:
+    """Invocations per workgroup for a one-row-per-workgroup kernel over `elems` elements."""
+    return 64 if elems <= 1024 else 256
