@@ -94,6 +94,7 @@ class Progress:
         self.curve: list = []
         self.cancel_requested = False
         self._last_flush = 0.0
+        self._retry_at = 0.0        # after a failed write, training does not wait on Redis
 
     def add(self, hset: dict | None = None, ev: list | None = None, curve=None) -> None:
         if hset:
@@ -107,13 +108,16 @@ class Progress:
         """True when everything buffered reached Redis. Raises LeaseLost."""
         if not (self.hset or self.events or self.curve):
             return True
-        if not force and time.monotonic() - self._last_flush < self.every_s:
+        now = time.monotonic()
+        if not force and (now - self._last_flush < self.every_s or now < self._retry_at):
             return False
         try:
             reply = self.queue.fenced(self.job_id, self.owner, hset=self.hset,
                                       events=list(self.events), curve=self.curve)
         except REDIS_DOWN as exc:
-            log.warning("job %s: progress kept locally, Redis unreachable (%s)", self.job_id, exc)
+            log.warning("job %s: progress kept locally (%d events), Redis unreachable (%s)",
+                        self.job_id, len(self.events), exc)
+            self._retry_at = time.monotonic() + 2.0
             return False
         if not reply:
             raise LeaseLost("the lease was gone when writing progress")
@@ -370,6 +374,7 @@ class JobAttempt:
             raise JobInputError(f"the job's workers stopped {failures} times without finishing "
                                 f"(limit {limit}); last: {rec.raw.get('last_error', '')}")
         job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
         run = self._open(spec, job_dir)
         return self._train(spec, run)
 
