@@ -51,3 +51,20 @@ def stdlib_text(max_bytes: int = 200_000) -> str:
         if size >= max_bytes:
             break
     return "\n".join(parts)[:max_bytes]
+
+
+def requires_ops(*families: str):
+    """Skip (with the reason) while a kernel family the model needs is not in the build.
+
+    The kernels land family by family from the kernels branch; once all are merged nothing
+    here skips.
+    """
+    import importlib.util
+    import pytest
+    missing = [f for f in families if importlib.util.find_spec(f"shaders.ops.{f}") is None]
+    return pytest.mark.skipif(bool(missing), reason="kernel families not in this build yet: "
+                              + ", ".join(f"shaders/ops/{m}.py" for m in missing))
+
+
+FORWARD_OPS = ("linear", "embedding", "rmsnorm", "rope", "activations", "attention")
+TRAINING_OPS = FORWARD_OPS + ("cross_entropy", "optimizer")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.model_helpers import tiny_config
+from tests.model_helpers import FORWARD_OPS, requires_ops, tiny_config
 from tests.torch_reference import TorchReference
 from trainer_svc.generate import GenerationError, Generator, sample
 from trainer_svc.model import ParameterLayout
@@ -37,6 +37,7 @@ def _weights(cfg, seed=3, scale=6.0):
     return flat, layout
 
 
+@requires_ops(*FORWARD_OPS)
 @pytest.mark.parametrize("tied", [False, True])
 def test_greedy_tokens_equal_the_reference(device, tied):
     cfg = tiny_config(tied_head=tied)
@@ -57,6 +58,7 @@ def test_greedy_tokens_equal_the_reference(device, tied):
         np.testing.assert_allclose(logits, full[i], atol=2e-4)
 
 
+@requires_ops(*FORWARD_OPS)
 def test_stop_tokens_seed_and_limits(device):
     cfg = tiny_config()
     flat, _ = _weights(cfg)

@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.model_helpers import byte_vocabulary, random_batches, stdlib_text, tiny_config
+from tests.model_helpers import TRAINING_OPS, requires_ops, byte_vocabulary, random_batches, stdlib_text, tiny_config
 from tests.torch_reference import TorchAdamW, TorchReference
 from trainer_svc.training import TrainConfig, Trainer
 
 B, T = 2, 32
+
+
+pytestmark = requires_ops(*TRAINING_OPS)
 
 
 @pytest.fixture(scope="module")

@@ -119,7 +119,7 @@ class TorchReference:
         loss.backward()
         grads = {n: t.grad.detach().cpu().numpy().astype(np.float32)
                  for n, t in self.params.items()}
-        return float(loss), grads
+        return float(loss.detach()), grads
 
     @torch.no_grad()
     def greedy(self, prompt, n_new: int, stop=()):

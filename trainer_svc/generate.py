@@ -75,6 +75,11 @@ class Generator:
         self.logits = e(cfg.vocab_size, "logits")
         self.ids = device.empty(S, np.uint32, label="ids")
         self.rope_table = ops.rope_table(device, S, cfg.head_dim, cfg.rope_theta)
+        # without a single-query decode kernel, decoding reruns causal attention over the
+        # cache and needs the past queries as well (per layer, since q differs per layer)
+        self.q_cache = None if ops.has_attention_decode() else \
+            [e((S, d), f"q cache {i}") for i in range(cfg.n_layers)]
+        self.a_ctx = None if self.q_cache is None else e((S, d), "attn ctx")
         self.length = 0  # positions in the cache
 
     def w(self, name: str):
@@ -108,9 +113,22 @@ class Generator:
             rec.copy(v, self.v_cache[i], nbytes, dst_offset=pos0 * kv * 4)
             if T > 1:  # prefill: batched causal attention over the prompt (pos0 == 0)
                 ops.attention(rec, q, k, v, a, self.lse.elements(0, H * T), 1, T, H, KV, hd)
-            else:
+            elif self.q_cache is None:
                 ops.attention_decode(rec, q, self.k_cache[i], self.v_cache[i], a, pos0 + 1,
                                      H, KV, hd)
+            else:
+                # no single-query kernel in this build: causal attention over the cached
+                # positions (queries cached too), keeping the last row
+                n_ctx = pos0 + 1
+                rec.copy(q, self.q_cache[i], d * 4, dst_offset=pos0 * d * 4)
+                ops.attention(rec, self._rows(self.q_cache[i], n_ctx, d),
+                              self._rows(self.k_cache[i], n_ctx, kv),
+                              self._rows(self.v_cache[i], n_ctx, kv),
+                              self._rows(self.a_ctx, n_ctx, d),
+                              self.lse.elements(0, H * n_ctx), 1, n_ctx, H, KV, hd)
+                rec.copy(self.a_ctx, a, d * 4, src_offset=pos0 * d * 4)
+            if T > 1 and self.q_cache is not None:
+                rec.copy(q, self.q_cache[i], T * d * 4)
             ops.linear(rec, a, self.w(pre + "wo"), x2, T, d, d, residual=x)
             ops.rmsnorm(rec, x2, self.w(pre + "ffn_norm"), h, rstd, T, d, cfg.norm_eps)
             off, size = self.layout.fused_range(pre + "w_gate", pre + "w_up")

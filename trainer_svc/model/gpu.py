@@ -85,13 +85,16 @@ class GpuModel:
         self.v = dev.empty(total, np.float32, label="adam v")
         self.w16 = dev.empty(total, np.float16, label="params f16") if self.mixed else None
         self.rope_table = ops.rope_table(dev, seq, cfg.head_dim, cfg.rope_theta)
-        self.stats = dev.empty(STATS_FLOATS, np.float32, label="grad stats")
         # token ids, targets and per-token losses of every micro-batch of a step
         # (rows padded to 64 elements: each micro-batch's slot is a 256-byte aligned binding)
         self.stride = _align64(n)
         self.all_ids = dev.empty((grad_accum, self.stride), np.uint32, label="ids")
         self.all_targets = dev.empty((grad_accum, self.stride), np.uint32, label="targets")
-        self.all_losses = dev.empty((grad_accum, self.stride), np.float32, label="token losses")
+        # per-token losses of every micro-batch, then the gradient statistics: the one
+        # buffer the host reads after a step
+        self.results = dev.empty(grad_accum * self.stride + 64, np.float32, label="results")
+        self.all_losses = self.results.elements(0, grad_accum * self.stride)
+        self.stats = self.results.elements(grad_accum * self.stride, STATS_FLOATS)
         self.plan_len = ops.embedding_plan_size(n)
         self.plan_stride = _align64(self.plan_len)
         self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
@@ -164,7 +167,7 @@ class GpuModel:
         n, s = self.n, self.stride
         self.ids = self.all_ids.elements(a * s, n)
         self.targets = self.all_targets.elements(a * s, n)
-        self.losses = self.all_losses.elements(a * s, n)
+        self.losses = self.results.elements(a * s, n)
         self.plan = self.all_plans.elements(a * self.plan_stride, self.plan_len)
 
     def _upload_tokens(self, micro: np.ndarray) -> None:
@@ -278,8 +281,9 @@ class GpuModel:
         with self.dev.record("train step") as rec:
             self._record_step(rec, micro, lr=lr, step=step, tc=tc)
         self.select_micro_batch(0)
-        losses = self.dev.download(self.all_losses)[:, :self.n]
-        stats = self.dev.download(self.stats)
+        results = self.dev.download(self.results)
+        losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
+        stats = results[accum * self.stride:]
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
@@ -317,7 +321,7 @@ class GpuModel:
                 self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
                 self.record_backward(rec)
         self.select_micro_batch(0)
-        losses = self.dev.download(self.all_losses)[:, :self.n]
+        losses = self.dev.download(self.all_losses).reshape(accum, self.stride)[:, :self.n]
         return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
 
     def eval_loss(self, rows: np.ndarray, tc) -> float:

@@ -129,3 +129,26 @@ def swiglu(rec, gate_up, out, rows: int, F: int) -> None:
 def swiglu_backward(rec, gate_up, dout, dgate_up, rows: int, F: int) -> None:
     """dgate_up (laid out like gate_up) from dout."""
     _family("activations").swiglu_backward(rec, gate_up, dout, dgate_up, rows, F)
+
+
+# ---- attention ---------------------------------------------------------------------------------
+
+def attention(rec, q, k, v, out, lse, B: int, T: int, H: int, KV: int, hd: int) -> None:
+    """Causal GQA attention: q [B,T,H,hd], k/v [B,T,KV,hd] -> out [B,T,H,hd], lse [B,H,T]."""
+    _family("attention").forward(rec, q, k, v, out, lse, B, T, H, KV, hd)
+
+
+def attention_backward(rec, q, k, v, out, lse, dout, dq, dk, dv, B: int, T: int, H: int,
+                       KV: int, hd: int) -> None:
+    """dq, dk, dv (written, not accumulated) from dout and the forward's saved tensors."""
+    _family("attention").backward(rec, q, k, v, out, dout, lse, dq, dk, dv, B, T, H, KV, hd)
+
+
+def has_attention_decode() -> bool:
+    return hasattr(_family("attention"), "decode")
+
+
+def attention_decode(rec, q, k_cache, v_cache, out, n_ctx: int, H: int, KV: int,
+                     hd: int) -> None:
+    """One query row [H, hd] against the first n_ctx rows of a KV cache [S, KV, hd]."""
+    _family("attention").decode(rec, q, k_cache, v_cache, out, n_ctx, H, KV, hd)
