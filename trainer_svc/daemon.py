@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import redis
 
 from . import datasets
-from .jobs import FINAL_STATES, JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
+from .jobs import JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
 from .lease import Heartbeat, Lease, lease_holder, owner_token
 from .metrics import DaemonMetrics
 from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
@@ -54,6 +55,10 @@ class LeaseLost(Exception):
 
 class Interrupted(Exception):
     """SIGTERM: checkpoint, hand the job back to the queue, exit."""
+
+
+class TooManyFailures(Exception):
+    """The job has failed (or killed its workers) max_failures times: dead-letter it."""
 
 
 @dataclass
@@ -189,14 +194,19 @@ class Daemon:
 
     def poll_once(self) -> bool:
         """Run at most one job; True when one was run (to any outcome)."""
-        self.queue.ensure_group()
         ttl_ms = int(self.config.lease_ttl_s * 1000)
-        for entry_id, job_id in self.queue.autoclaim(self.consumer, ttl_ms):
-            if self._take(entry_id, job_id, reclaimed=True):
-                return True
-        for entry_id, job_id in self.queue.read_new(self.consumer, self.config.poll_ms):
-            if self._take(entry_id, job_id, reclaimed=False):
-                return True
+        try:
+            for entry_id, job_id in self.queue.autoclaim(self.consumer, ttl_ms):
+                if self._take(entry_id, job_id, reclaimed=True):
+                    return True
+            for entry_id, job_id in self.queue.read_new(self.consumer, self.config.poll_ms):
+                if self._take(entry_id, job_id, reclaimed=False):
+                    return True
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # First start, or Redis lost its data: (re)create the stream and the group.
+            self.queue.ensure_group()
         return False
 
     def _take(self, entry_id: str, job_id: str | None, reclaimed: bool) -> bool:
@@ -260,6 +270,8 @@ class JobAttempt:
                         self.job_id, self.heartbeat.lost_reason or exc)
         except Interrupted:
             self._requeue("the daemon was stopped (SIGTERM); re-queued", failed=False)
+        except TooManyFailures as exc:
+            self._fail(str(exc), permanent=False)
         except JobInputError as exc:
             self._fail(str(exc), permanent=True)
         except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
@@ -371,8 +383,8 @@ class JobAttempt:
         spec = JobSpec.parse(rec.spec_json, origin=f"job {self.job_id} spec")
         limit = spec.max_failures or self.config.max_failures
         if takeover and failures >= limit:
-            raise JobInputError(f"the job's workers stopped {failures} times without finishing "
-                                f"(limit {limit}); last: {rec.raw.get('last_error', '')}")
+            raise TooManyFailures(f"the job's workers stopped {failures} times without "
+                                  f"finishing (limit {limit}); last: {rec.raw.get('last_error')}")
         job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
         run = self._open(spec, job_dir)
@@ -385,12 +397,13 @@ class JobAttempt:
             info = datasets.get_dataset(handle, spec.dataset)
         except datasets.DatasetError as exc:
             raise JobInputError(str(exc)) from None
-        vocab_hash = self.record.raw.get("vocab_hash") or spec.vocab_hash or info.vocab_hash
-        if info.vocab_hash != vocab_hash:
+        expected = self.record.raw.get("vocab_hash") or spec.vocab_hash or ""
+        if not info.vocab_hash.startswith(expected):
             raise JobInputError(
                 f"dataset {spec.dataset!r} was tokenized with vocabulary {info.vocab_hash[:16]}, "
-                f"but the job expects {vocab_hash[:16]}; prepare the data with the job's "
+                f"but the job expects {expected[:16]}; prepare the data with the job's "
                 "vocabulary or resubmit")
+        vocab_hash = info.vocab_hash
         shards = []
         for index in range(info.shards):
             try:

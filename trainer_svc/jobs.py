@@ -281,6 +281,19 @@ return 1
 """
 
 
+def _redis_value(value) -> str:
+    """A hash field value: floats keep full precision, lists and dicts become JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def _event(kind: str, **data) -> list:
     data.setdefault("ts", time.time())
     return [kind, json.dumps(data, default=str)]
@@ -315,7 +328,7 @@ class JobQueue:
         job_id = new_job_id() if job_id is None else check_job_id(job_id)
         self.ensure_group()
         now = time.time()
-        vocab_hash = spec.vocab_hash or (dataset_info.vocab_hash if dataset_info else "")
+        vocab_hash = dataset_info.vocab_hash if dataset_info else (spec.vocab_hash or "")
         fields = {"id": job_id, "spec": spec.to_json(), "state": "queued", "dataset": spec.dataset,
                   "model": spec.model, "total_steps": str(total_steps or spec.steps),
                   "step": "0", "tokens": "0", "attempts": "0", "failures": "0",
@@ -447,9 +460,7 @@ class JobQueue:
         written and a cancel has been requested for the job."""
         ops: dict = {}
         if hset:
-            ops["hset"] = {k: (v if isinstance(v, str) else json.dumps(v) if isinstance(
-                v, (list, dict)) else repr(v) if isinstance(v, float) else str(v))
-                for k, v in hset.items()}
+            ops["hset"] = {k: _redis_value(v) for k, v in hset.items()}
         if hincr:
             ops["hincr"] = hincr
         if events:
