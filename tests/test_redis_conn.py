@@ -101,3 +101,19 @@ def test_tls_url(tmp_path):
         h.close()
     finally:
         srv.stop()
+
+
+def test_embedded_server_is_started_again_after_it_died(tmp_path, monkeypatch):
+    import os
+    import signal
+    import time
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    h = connect(data_dir=tmp_path / "data")
+    h.text.set("survives", "yes")
+    time.sleep(1.5)                                   # the append-only file syncs every second
+    assert not h.revive()                             # alive: nothing to do
+    os.kill(h._keepalive[0].pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert h.revive()
+    assert h.text.get("survives") == "yes"
+    h.close()

