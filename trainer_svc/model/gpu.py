@@ -105,6 +105,7 @@ class GpuModel:
         self.h_final = dev.empty((n, d), np.float32, label="h final")
         self.rstd_final = dev.empty(n, np.float32, label="rstd final")
         self.logits = dev.empty((n, V), np.float32, label="logits")  # dlogits in place
+        self.ce_stats = dev.empty(4, np.float32, label="cross-entropy stats")
         # backward scratch, reused by every layer
         self.dx = dev.empty((n, d), np.float32, label="dx")
         self.dh = dev.empty((n, d), np.float32, label="dh")
@@ -186,7 +187,7 @@ class GpuModel:
 
     # ---- recording --------------------------------------------------------------------
 
-    def record_forward(self, rec, *, loss_scale: float, tc) -> None:
+    def record_forward(self, rec, *, loss_scale: float, tc, with_grad: bool = True) -> None:
         """Forward pass and fused cross-entropy: token losses and dlogits (in `logits`)."""
         cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
             self.cfg.ffn_hidden
@@ -212,9 +213,10 @@ class GpuModel:
         ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
                     n, d, cfg.norm_eps)
         ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d)
-        ops.cross_entropy(rec, self.logits, self.targets, self.losses, n, cfg.vocab_size,
-                          scale=loss_scale, label_smoothing=tc.label_smoothing,
-                          z_loss=tc.z_loss)
+        ops.cross_entropy(rec, self.logits, self.targets, self.losses, self.ce_stats, n,
+                          cfg.vocab_size, grad_scale=loss_scale,
+                          label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
+                          with_grad=with_grad)
 
     def record_backward(self, rec) -> None:
         """Backward pass from dlogits (in `logits`); gradients accumulate into `grads`."""
@@ -329,5 +331,5 @@ class GpuModel:
         self._upload_tokens(np.asarray(rows)[None])  # micro-batch slot 0
         self.select_micro_batch(0)
         with self.dev.record("eval") as rec:
-            self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc)
+            self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc, with_grad=False)
         return float(self.dev.download(self.losses).astype(np.float64).mean())

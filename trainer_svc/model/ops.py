@@ -152,3 +152,19 @@ def attention_decode(rec, q, k_cache, v_cache, out, n_ctx: int, H: int, KV: int,
                      hd: int) -> None:
     """One query row [H, hd] against the first n_ctx rows of a KV cache [S, KV, hd]."""
     _family("attention").decode(rec, q, k_cache, v_cache, out, n_ctx, H, KV, hd)
+
+
+# ---- cross-entropy -----------------------------------------------------------------------------
+
+def cross_entropy(rec, logits, targets, losses, stats, rows: int, vocab: int, *,
+                  grad_scale: float, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  with_grad: bool = True) -> None:
+    """Per-token losses; logits are overwritten in place by grad_scale * d(sum of losses).
+
+    Loss per token: (1 - eps) * nll + eps * (lse - mean(logits)) + z * lse^2 over all
+    `vocab` columns. stats (4 floats) receives (rows, loss sum, mean, 0).
+    """
+    _family("cross_entropy").forward_backward(
+        rec, logits, targets, losses, stats, rows, vocab, grad="inplace" if with_grad
+        else "none", label_smoothing=label_smoothing, z_loss=z_loss, grad_scale=grad_scale,
+        mean_over_valid=False)

@@ -1,0 +1,65 @@
+"""Causal GQA attention on the real device: ladder cases, tile choice, bad input."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from shaders.ladder import check_case, load_cases
+from shaders.ops import attention
+
+
+@pytest.mark.parametrize("name", [c.name for c in load_cases().values()
+                                  if c.family == "attention"])
+def test_attention_case_climbs_the_ladder(device, name):
+    results = check_case(device, load_cases()[name])
+    failed = [r.line() for r in results if r.ok is False]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("storage", [32768, 49152])   # lavapipe, H200
+@pytest.mark.parametrize("D", [4, 6, 16, 64, 128, 256])
+@pytest.mark.parametrize("kernel", ["forward", "dq", "dkv"])
+def test_tiles_fit_workgroup_memory_and_thread_limits(storage, D, kernel):
+    dev = types.SimpleNamespace(limits={"max-compute-workgroup-storage-size": storage,
+                                        "max-compute-invocations-per-workgroup": 1024})
+    c = attention.choose_tiles(dev, D, kernel)
+    rows = c["BKV"] if kernel == "dkv" else c["BQ"]
+    other = c["BQ"] if kernel == "dkv" else c["BKV"]
+    tpr = c["WG"] // rows
+    assert c["HD"] == D and D % tpr == 0 and D // tpr <= attention.MAX_COLS
+    assert other % tpr == 0 and other // tpr <= attention.MAX_ROWS and c["WG"] <= 256
+    assert attention._floats(kernel, rows, other, D) * 4 <= storage - 1024
+
+
+def test_future_keys_do_not_leak_into_the_past(device):
+    # Changing the last token's k and v must not change any earlier output.
+    rng = np.random.default_rng(11)
+    B, T, H, Hkv, D = 1, 45, 2, 1, 16
+    q = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    k = rng.standard_normal((B, T, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((B, T, Hkv, D)).astype(np.float32)
+    outs = []
+    for _ in range(2):
+        o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
+        with device.record() as rec:
+            attention.forward(rec, device.upload(q), device.upload(k), device.upload(v), o, lse,
+                              B, T, H, Hkv, D)
+        outs.append(device.download(o))
+        k[:, -1] += 5.0
+        v[:, -1] -= 3.0
+    assert np.array_equal(outs[0][:, :-1], outs[1][:, :-1])
+    assert not np.allclose(outs[0][:, -1], outs[1][:, -1])
+
+
+def test_bad_shapes_are_refused(device):
+    buf = device.empty(4096)
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="not a multiple of Hkv"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 2, 3, 2, 8)
+        with pytest.raises(ValueError, match="head dim 520 is too large"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 1, 1, 1, 520)
+        with pytest.raises(ValueError, match="lse holds"):
+            attention.forward(rec, buf, buf, buf, buf, device.empty(3), 1, 4, 1, 1, 8)
