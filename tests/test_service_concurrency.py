@@ -50,7 +50,7 @@ def test_64_concurrent_clients_get_their_own_results(tiny_encoding, device):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_batching_on_coalesces_and_off_does_not(tiny_encoding, device, enabled):
-    config = BatchingConfig(enabled=enabled, window_s=0.5)
+    config = BatchingConfig(enabled=enabled, window_s=0.5, eager=False)
     with start_server(tiny_encoding, device, batching=config) as server:
         channel, stub = stub_for(server.target)
         replies = _together(16, lambda k: stub.Tokenize(pb.TokenizeRequest(text=f"doc {k}"),
@@ -66,7 +66,7 @@ def test_batching_on_coalesces_and_off_does_not(tiny_encoding, device, enabled):
 
 
 def test_batch_limits_split_batches(tiny_encoding, device):
-    config = BatchingConfig(window_s=0.5, max_items=4)
+    config = BatchingConfig(window_s=0.5, max_items=4, eager=False)
     with start_server(tiny_encoding, device, batching=config) as server:
         channel, stub = stub_for(server.target)
         _together(12, lambda k: stub.Tokenize(pb.TokenizeRequest(text=f"doc {k}"), timeout=60))
@@ -80,7 +80,8 @@ def test_batch_limits_split_batches(tiny_encoding, device):
 @pytest.fixture
 def slow_window(tiny_encoding, device):
     """A server whose batches wait 1 s for company: time to expire or cancel requests."""
-    with start_server(tiny_encoding, device, batching=BatchingConfig(window_s=1.0)) as server:
+    with start_server(tiny_encoding, device,
+                      batching=BatchingConfig(window_s=1.0, eager=False)) as server:
         channel, stub = stub_for(server.target)
         yield server, stub
         channel.close()
@@ -115,7 +116,7 @@ def test_cancelled_request_leaves_the_batch(slow_window, tiny_encoding):
 
 
 def test_full_queue_is_resource_exhausted_and_the_client_retries(tiny_encoding, device):
-    with start_server(tiny_encoding, device, batching=BatchingConfig(window_s=1.0),
+    with start_server(tiny_encoding, device, batching=BatchingConfig(window_s=1.0, eager=False),
                       limits=Limits(max_queued_bytes=1000)) as server:
         channel, stub = stub_for(server.target)
         first = stub.Tokenize.future(pb.TokenizeRequest(text="a" * 800), timeout=60)
@@ -130,4 +131,25 @@ def test_full_queue_is_resource_exhausted_and_the_client_retries(tiny_encoding, 
             assert client.encode("b" * 400) == list(tiny_encoding.encode("b" * 400))
         assert list(first.result().ids) == list(tiny_encoding.encode("a" * 800))
         assert list(second.result().ids) == list(tiny_encoding.encode("c" * 100))
+        channel.close()
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_eager_closing_spares_a_lone_request_the_window(tiny_encoding, device, eager):
+    with start_server(tiny_encoding, device,
+                      batching=BatchingConfig(window_s=1.0, eager=eager)) as server:
+        channel, stub = stub_for(server.target)
+        stub.Tokenize(pb.TokenizeRequest(text="warm"), timeout=60)
+        start = time.perf_counter()
+        reply = stub.Tokenize(pb.TokenizeRequest(text="alone"), timeout=60)
+        seconds = time.perf_counter() - start
+        assert list(reply.ids) == list(tiny_encoding.encode("alone"))
+        if eager:
+            assert seconds < 0.5, f"a lone request waited {seconds:.3f} s"
+        else:
+            assert seconds >= 1.0
+        # A request that fails validation withdraws and does not hold a batch open.
+        with pytest.raises(grpc.RpcError):
+            stub.Tokenize(pb.TokenizeRequest(), timeout=60)
+        assert server.server.batcher._announced == 0
         channel.close()

@@ -76,11 +76,14 @@ def test_health_not_serving_until_ready_and_while_draining(tiny_vocab_path, devi
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
         # Draining: NOT_SERVING at once, requests still answered during the drain delay.
         stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 5})
+        drain_started = time.monotonic()
         stopper.start()
         time.sleep(0.3)
         assert _health(channel) == "NOT_SERVING"
         assert list(stub.Tokenize(pb.TokenizeRequest(text="late"), timeout=10).ids)
         stopper.join(30)
+        # The open Watch stream ended with NOT_SERVING instead of holding the 5 s grace.
+        assert time.monotonic() - drain_started < 4
     finally:
         gate.set()
         server.stop()
@@ -116,7 +119,8 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(tiny_vocab_path, tiny_
     proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--host", "127.0.0.1", "--port",
                             "0", "--port-file", str(port_file), "--metrics-port",
                             str(metrics_port), "--metrics-host", "127.0.0.1",
-                            "--batch-window-ms", "400", "--shutdown-grace", "60")
+                            "--batch-window-ms", "400", "--batch-always-wait",
+                            "--shutdown-grace", "60")
     try:
         target = f"127.0.0.1:{_wait_for_file(port_file, proc)}"
         with TokenizerClient(target) as client:

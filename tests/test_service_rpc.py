@@ -213,7 +213,8 @@ def test_detokenize_returns_exact_bytes_and_text(client, stub, tiny_encoding):
     assert client.decode(broken, errors="replace") == tiny_encoding.decode(broken,
                                                                            errors="replace")
     with pytest.raises(UnicodeDecodeError):
-        client.decode(broken)
+        client.decode(broken, errors="strict")
+    assert client.decode(broken) == tiny_encoding.decode(broken)  # tiktoken's default: replace
     strict = pb.DetokenizeRequest(ids=broken, mode=pb.DECODE_MODE_TEXT_STRICT)
     with pytest.raises(grpc.RpcError) as info:
         stub.Detokenize(strict, timeout=30)
@@ -358,3 +359,28 @@ def test_requests_at_the_limits_pass(limited, tiny_encoding):
     assert list(reply.ids) == list(tiny_encoding.encode("é" * 500))
     assert len(limited.TokenizeBatch(pb.TokenizeBatchRequest(texts=["a"] * 4),
                                      timeout=30).doc_offsets) == 5
+
+
+# ---- a real vocabulary -------------------------------------------------------------------------
+
+def test_real_gpt2_vocabulary_through_the_service(device):
+    """gpt2 from ../shared/vocab: the service equals the in-process Encoding and tiktoken."""
+    import tiktoken
+    from tests.conftest import shared_vocab
+    from tokenizer_svc.encoding import get_encoding
+    encoding = get_encoding(str(shared_vocab("gpt2.tiktoken")), device=device)
+    vocab = encoding.vocab
+    reference = tiktoken.Encoding("gpt2", pat_str=vocab.pattern, mergeable_ranks=vocab.ranks,
+                                  special_tokens=vocab.special_tokens)
+    texts = TEXTS + ["Türkçe metin: Iğdır'da ılık bir öğleden sonra, şöyle böyle 123456789.",
+                     "<|endoftext|> mid <|endoftext|>"]
+    with start_server(encoding, device) as server, TokenizerClient(server.target) as client:
+        assert client.n_vocab == 50257 and client.eot_token == 50256
+        for text in texts:
+            want = reference.encode(text, allowed_special="all")
+            assert client.encode(text, allowed_special="all") == want
+            assert list(encoding.encode(text, allowed_special="all")) == want
+        ids, offsets = client.encode_batch_flat(texts)
+        for k, text in enumerate(texts):
+            assert ids[offsets[k]:offsets[k + 1]].tolist() == reference.encode_ordinary(text)
+        assert client.decode_batch([reference.encode_ordinary(t) for t in texts]) == texts

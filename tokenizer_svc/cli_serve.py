@@ -56,6 +56,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"documents per GPU call (default {d_batch.max_items})")
     b.add_argument("--batch-max-bytes", type=size, default=d_batch.max_bytes,
                    help=f"input bytes per GPU call (default {d_batch.max_bytes >> 20} MiB)")
+    b.add_argument("--batch-always-wait", action="store_true",
+                   help="always wait out the window (default: a batch closes early when no "
+                        "other request is on its way, so a lone client pays no window)")
     b.add_argument("--no-batching", action="store_true",
                    help="one GPU call per request, no waiting (for comparison)")
     lim = p.add_argument_group("limits (sizes accept KiB/MiB/GiB)")
@@ -117,6 +120,7 @@ def config_from_args(args) -> ServerConfig:
                         max_stream_inflight=args.max_stream_inflight)
         batching = BatchingConfig(enabled=not args.no_batching,
                                   window_s=args.batch_window_ms / 1e3,
+                                  eager=not args.batch_always_wait,
                                   max_items=args.batch_max_docs, max_bytes=args.batch_max_bytes)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None

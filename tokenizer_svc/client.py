@@ -43,10 +43,12 @@ from typing import Iterable, Iterator
 import grpc
 import numpy as np
 
+from .encoding import InvalidTokenError as LocalInvalidTokenError
 from .rpc import tokenizer_pb2 as pb
 from .rpc import tokenizer_pb2_grpc as pb_grpc
 
 ERROR_METADATA_KEY = "istanbul-error"   # the server's machine-readable reason (server/errors.py)
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,sequence" (server/work.py)
 RETRY_REASONS = ("limit:max_queued_bytes",)  # RESOURCE_EXHAUSTED that is worth retrying
 
 
@@ -55,7 +57,7 @@ class ServiceError(Exception):
 
     def __init__(self, code: grpc.StatusCode, details: str, reason: str = "", target: str = ""):
         where = f" ({target})" if target else ""
-        super().__init__(f"tokenizer service{where}: {code.name}: {details}")
+        Exception.__init__(self, f"tokenizer service{where}: {code.name}: {details}")
         self.code, self.details, self.reason = code, details, reason
 
 
@@ -63,8 +65,17 @@ class RequestError(ServiceError, ValueError):
     """The server refused the request as sent (INVALID_ARGUMENT): fix the input."""
 
 
-class InvalidTokenError(RequestError):
-    """An id outside the vocabulary (the local Encoding raises a ValueError for it too)."""
+class InvalidTokenError(RequestError, LocalInvalidTokenError):
+    """An id outside the vocabulary; also an `encoding.InvalidTokenError`, so code that
+    catches the local Encoding's error catches this one. `token`, `position` and `document`
+    (the sequence, for batches) say which id."""
+
+    def __init__(self, code, details, reason="", target="", trailer=""):
+        super().__init__(code, details, reason, target)
+        token, position, document = (trailer.split(",") + ["", "", ""])[:3]
+        self.token = int(token) if token.isdigit() else None
+        self.position = int(position) if position.isdigit() else None
+        self.document = int(document) if document.isdigit() else None
 
 
 def _fix_surrogates(text: str) -> str:
@@ -155,10 +166,12 @@ class TokenizerClient:
 
     def _error(self, exc: grpc.RpcError) -> ServiceError:
         code = exc.code() or grpc.StatusCode.UNKNOWN
-        reason = dict(exc.trailing_metadata() or ()).get(ERROR_METADATA_KEY, "")
+        trailers = dict(exc.trailing_metadata() or ())
+        reason = trailers.get(ERROR_METADATA_KEY, "")
         details = exc.details() or ""
         if reason == "invalid-token":
-            return InvalidTokenError(code, details, reason, self.target)
+            return InvalidTokenError(code, details, reason, self.target,
+                                     trailers.get(INVALID_TOKEN_METADATA_KEY, ""))
         if reason == "disallowed-special":
             return RequestError(code, details, reason, self.target)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -321,11 +334,12 @@ class TokenizerClient:
         return pb.TokenizeBatchRequest(texts=[_fix_surrogates(d) for d in docs], special=policy)
 
     def encode_batch_flat(self, docs: list, *, allowed_special=frozenset(),
-                          disallowed_special="all") -> tuple[np.ndarray, np.ndarray]:
+                          disallowed_special=()) -> tuple[np.ndarray, np.ndarray]:
         """Many documents -> (ids np.uint32, offsets np.int64 with n+1 entries).
 
-        Document i is ids[offsets[i]:offsets[i+1]]. `str` documents follow the special-token
-        arguments (tiktoken's defaults); `bytes` documents are raw and ordinary.
+        Document i is ids[offsets[i]:offsets[i+1]]. As `Encoding.encode_batch_flat`: `str`
+        documents follow the special-token arguments (default: special-token text is ordinary
+        text, like encode_ordinary); `bytes` documents are raw (encode_bytes).
         """
         docs = list(docs)
         policy = special_policy(allowed_special, disallowed_special)
@@ -357,8 +371,9 @@ class TokenizerClient:
         return ids, offsets
 
     def tokenize_stream(self, docs: Iterable, *, allowed_special=frozenset(),
-                        disallowed_special="all", window: int = 256) -> Iterator[np.ndarray]:
-        """Ids (np.uint32) per document, in order, over one TokenizeStream call.
+                        disallowed_special=(), window: int = 256) -> Iterator[np.ndarray]:
+        """Ids (np.uint32) per document, in order, over one TokenizeStream call (special-token
+        defaults as encode_batch_flat: ordinary text).
 
         Up to `window` documents are in flight. On UNAVAILABLE the stream resumes on a new
         call that first re-sends the unanswered documents (each document is answered exactly
@@ -373,9 +388,10 @@ class TokenizerClient:
         request = pb.DetokenizeRequest(ids=list(map(int, tokens)), mode=pb.DECODE_MODE_BYTES)
         return self._call(self.stub.Detokenize, request).data
 
-    def decode(self, tokens, errors: str = "strict") -> str:
-        """Ids to text; errors="strict" raises UnicodeDecodeError on invalid UTF-8, "replace"
-        substitutes U+FFFD (the exact bytes come back and are decoded here)."""
+    def decode(self, tokens, errors: str = "replace") -> str:
+        """Ids to text; errors="replace" (tiktoken's default) substitutes U+FFFD for invalid
+        UTF-8, "strict" raises UnicodeDecodeError (the exact bytes come back and are decoded
+        here, so the result is the local Encoding's)."""
         return self.decode_bytes(tokens).decode("utf-8", errors)
 
     def decode_bytes_batch(self, batch) -> list[bytes]:
@@ -387,7 +403,7 @@ class TokenizerClient:
                                             mode=pb.DECODE_MODE_BYTES)
         return list(self._call(self.stub.DetokenizeBatch, request).data)
 
-    def decode_batch(self, batch, errors: str = "strict") -> list[str]:
+    def decode_batch(self, batch, *, errors: str = "replace") -> list[str]:
         return [data.decode("utf-8", errors) for data in self.decode_bytes_batch(batch)]
 
 

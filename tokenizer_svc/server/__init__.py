@@ -8,7 +8,7 @@ One concept per module:
 - `batcher`: the dynamic batcher (coalesces concurrent requests into one GPU call);
 - `work`: what one batch does with the Encoding (`BatchRunner`);
 - `servicer`: the RPCs (protobuf in, jobs to the batcher, protobuf out);
-- `auth`, `metrics`, `logs`: bearer tokens, Prometheus, JSON logs;
+- `auth`, `metrics`, `logs`, `health`: bearer tokens, Prometheus, JSON logs, grpc.health.v1;
 - `app`: `TokenizerServer`, the lifecycle (bind, load, health, drain, stop);
 - `background`: a server on a thread of its own, for tests and embedded use.
 """

@@ -19,13 +19,13 @@ from typing import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from ..rpc import tokenizer_pb2 as pb
 from .auth import BearerAuthInterceptor
 from .batcher import DynamicBatcher
 from .config import ServerConfig
+from .health import HealthServicer
 from .limits import queue_full
 from .metrics import ServiceMetrics, TelemetryInterceptor
 from .servicer import SERVICE_NAME, TokenizerServicer
@@ -135,7 +135,8 @@ class TokenizerServer:
             if self._load is not None:
                 self._encoding, self._device = await loop.run_in_executor(self.gpu_thread,
                                                                           self._load)
-            runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds)
+            runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds,
+                                 max_call_bytes=self.config.batching.max_bytes)
         except Exception as exc:
             self.load_error = exc
             log.error("loading the tokenizer failed", exc_info=True,
@@ -149,7 +150,7 @@ class TokenizerServer:
             max_queued_bytes=self.config.limits.max_queued_bytes,
             reject_queue_full=lambda queued, nbytes: queue_full(self.config.limits, queued,
                                                                 nbytes),
-            observer=self.metrics)
+            observer=self.metrics, eager=b.eager)
         self.batcher.start()
         self.servicer.attach(self._encoding, self.batcher, self._info(), self.metrics)
         if self._draining:

@@ -7,6 +7,12 @@ The batch function runs on a worker thread (the GPU thread), so the event loop k
 accepting requests while the GPU works; those requests form the next batch. Requests that
 were cancelled or whose deadline passed while they waited are dropped before the GPU call.
 
+Eager closing (on by default): a batch also closes before its window ends when no other
+request is on its way, that is when every announced request (an RPC that has arrived and
+will submit; see `announce`) has already been submitted. A lone client then pays no window,
+while concurrent clients still share GPU calls: whatever queues while the GPU is busy forms
+the next batch.
+
 The batch function receives a list of payloads and returns one result per payload, in order;
 a result that is an exception instance fails only its own request.
 """
@@ -55,7 +61,7 @@ class DynamicBatcher:
     def __init__(self, run_batch: Callable[[list], list], executor: concurrent.futures.Executor,
                  *, window_s: float, max_items: int, max_bytes: int, max_queued_bytes: int,
                  reject_queue_full: Callable[[int, int], Exception],
-                 observer: BatchObserver | None = None):
+                 observer: BatchObserver | None = None, eager: bool = True):
         self._run_batch = run_batch
         self._executor = executor
         self.window_s = window_s
@@ -63,9 +69,11 @@ class DynamicBatcher:
         self.max_bytes = max_bytes
         self.max_queued_bytes = max_queued_bytes
         self._reject_queue_full = reject_queue_full
+        self.eager = eager
+        self._announced = 0        # requests that arrived and have not submitted yet
         self._observer = observer or BatchObserver()
         self._queue: collections.deque[_Pending] = collections.deque()
-        self._queued_items = 0
+        self._waiting_items = 0
         self._queued_bytes = 0     # waiting + running: what the server holds for callers
         self._waiting_bytes = 0    # waiting only: what decides whether a batch is full
         self._wakeup = asyncio.Event()
@@ -87,12 +95,24 @@ class DynamicBatcher:
 
     # ---- submitting -----------------------------------------------------------------------
 
+    def announce(self) -> None:
+        """A request has arrived and will submit (or `withdraw`) soon: eager closing waits."""
+        self._announced += 1
+
+    def withdraw(self) -> None:
+        """An announced request will not submit after all (it failed validation)."""
+        self._announced -= 1
+        self._wakeup.set()
+
     async def submit(self, payload, *, items: int, nbytes: int,
-                     timeout: float | None = None) -> Any:
+                     timeout: float | None = None, announced: bool = False) -> Any:
         """Queue `payload` (`items` documents, `nbytes` input bytes) and await its result.
 
-        Cancelling the awaiting task cancels the request; it then leaves the batch.
+        `announced`: this request was announced (it now counts as arrived). Cancelling the
+        awaiting task cancels the request; it then leaves the batch.
         """
+        if announced:
+            self._announced -= 1
         if self._closing:
             raise BatcherClosed("the server is shutting down")
         if self._queued_bytes and self._queued_bytes + nbytes > self.max_queued_bytes:
@@ -101,7 +121,7 @@ class DynamicBatcher:
         future = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + timeout if timeout is not None else None
         self._queue.append(_Pending(payload, items, nbytes, deadline, future))
-        self._queued_items += items
+        self._waiting_items += items
         self._queued_bytes += nbytes
         self._waiting_bytes += nbytes
         self._observer.queued_bytes(self._queued_bytes)
@@ -111,7 +131,10 @@ class DynamicBatcher:
     # ---- forming and running batches ------------------------------------------------------
 
     def _full(self) -> bool:
-        return self._queued_items >= self.max_items or self._waiting_bytes >= self.max_bytes
+        return self._waiting_items >= self.max_items or self._waiting_bytes >= self.max_bytes
+
+    def _nobody_coming(self) -> bool:
+        return self.eager and self._announced <= 0
 
     async def _collect(self) -> None:
         while True:
@@ -124,7 +147,7 @@ class DynamicBatcher:
             # The oldest request waits out its window unless the batch fills first. Requests
             # that queued while the GPU was busy have usually waited long enough already.
             close_at = self._queue[0].enqueued + self.window_s
-            while not self._full() and not self._closing:
+            while not (self._full() or self._closing or self._nobody_coming()):
                 remaining = close_at - time.monotonic()
                 if remaining <= 0:
                     break
@@ -145,7 +168,7 @@ class DynamicBatcher:
             taken.append(head)
             items += head.items
             nbytes += head.nbytes
-        self._queued_items -= items
+        self._waiting_items -= items
         self._waiting_bytes -= nbytes
         return taken
 

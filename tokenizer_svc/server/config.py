@@ -28,11 +28,13 @@ class Limits:
 class BatchingConfig:
     """Dynamic batching: the first request waits up to `window_s` for others to join it.
 
+    `eager`: close a batch early when no other request is on its way (see batcher.py).
     `enabled=False` gives every request its own GPU call at once (the benchmark's baseline).
     """
 
     enabled: bool = True
     window_s: float = 0.002
+    eager: bool = True
     max_items: int = 1024                 # documents in one GPU call
     max_bytes: int = 16 * MiB             # input bytes in one GPU call
 

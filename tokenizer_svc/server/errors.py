@@ -27,14 +27,17 @@ def limit_reason(limit_name: str) -> str:
 class RequestRejected(Exception):
     """Raised (or returned by a deserializer) to answer a request with `code` and `message`."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str):
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str,
+                 extra_metadata: tuple = ()):
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.extra_metadata = extra_metadata  # more (key, value) trailers, e.g. the bad id
 
     def with_prefix(self, prefix: str) -> "RequestRejected":
-        return RequestRejected(self.code, self.reason, f"{prefix}: {self.message}")
+        return RequestRejected(self.code, self.reason, f"{prefix}: {self.message}",
+                               self.extra_metadata)
 
     def trailing_metadata(self) -> tuple:
-        return ((ERROR_METADATA_KEY, self.reason),)
+        return ((ERROR_METADATA_KEY, self.reason), *self.extra_metadata)

@@ -9,6 +9,7 @@ that does not parse (for example invalid UTF-8 in a `string` field) becomes a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 
@@ -21,7 +22,7 @@ from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected)
-from .work import DecodeJob, EncodeJob, SpecialRule
+from .work import DecodeJob, EncodeJob, SpecialRule, utf8_len
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,8 @@ SERVICE_NAME = SERVICE.full_name
 OFFSET_UNITS = {pb.OFFSET_UNIT_NONE: None, pb.OFFSET_UNIT_BYTE: "byte", pb.OFFSET_UNIT_CHAR: "char"}
 DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE_TEXT_REPLACE)
 _END = object()
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
+# True while the current unary RPC has announced itself to the batcher and not yet submitted.
+_ANNOUNCED = contextvars.ContextVar("announced", default=False)
 
 
 def _as_rejection(exc: BaseException) -> RequestRejected | None:
@@ -61,12 +60,20 @@ async def _abort_for(exc: Exception, context, method: str):
 def unary(fn):
     @functools.wraps(fn)
     async def method(self, request, context):
+        batcher = self.batcher
+        if batcher is not None:  # tells eager batch closing that a request is on its way
+            batcher.announce()
+            _ANNOUNCED.set(True)
         try:
             return await fn(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
             await _abort_for(exc, context, fn.__name__)
+        finally:
+            if _ANNOUNCED.get():
+                _ANNOUNCED.set(False)
+                batcher.withdraw()
     return method
 
 
@@ -128,7 +135,6 @@ class TokenizerServicer:
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
-        self.special_tokens = frozenset(encoding.special_tokens_set)
 
     def method_handlers(self) -> dict:
         """grpc method handlers for every method of the service descriptor."""
@@ -160,14 +166,15 @@ class TokenizerServicer:
         if which is None:
             raise _bad(f"{what} has no input: set `text` (UTF-8) or `data` (raw bytes)")
         doc = request.text if which == "text" else bytes(request.data)
-        nbytes = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+        nbytes = utf8_len(doc)
         checks.check_text_bytes(self.limits, nbytes, what)
         return doc, nbytes
 
     def _rule(self, policy: pb.SpecialTokenPolicy) -> SpecialRule:
-        return SpecialRule.resolve(self.special_tokens, allow_all=policy.allow_all,
-                                   allowed=policy.allowed, disallow_none=policy.disallow_none,
-                                   disallowed=policy.disallowed)
+        return SpecialRule.from_policy(self.encoding.vocab.special_tokens,
+                                       allow_all=policy.allow_all, allowed=policy.allowed,
+                                       disallow_none=policy.disallow_none,
+                                       disallowed=policy.disallowed)
 
     def _encode_job(self, docs: list, request) -> EncodeJob:
         if request.offsets not in OFFSET_UNITS:
@@ -181,8 +188,10 @@ class TokenizerServicer:
     async def _run(self, job, items: int, nbytes: int, context, method: str):
         if isinstance(job, EncodeJob):
             self.metrics.input_bytes.labels(method).inc(nbytes)
+        announced = _ANNOUNCED.get()
+        _ANNOUNCED.set(False)
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
-                                         timeout=context.time_remaining())
+                                         timeout=context.time_remaining(), announced=announced)
 
     def _ids(self, values, what: str) -> np.ndarray:
         checks.check_decode_ids(self.limits, len(values))
@@ -233,7 +242,7 @@ class TokenizerServicer:
         checks.check_batch_items(self.limits, len(docs), "documents in the batch")
         nbytes = 0
         for n, doc in enumerate(docs):
-            size = len(doc) if isinstance(doc, bytes) else _utf8_len(doc)
+            size = utf8_len(doc)
             checks.check_text_bytes(self.limits, size, f"document {n}")
             nbytes += size
         job = self._encode_job(docs, request)
