@@ -207,3 +207,21 @@ def _scrape(port: int, needle: str) -> str | None:
         if line.startswith(needle) and float(line.split()[-1]) > 0:
             return text
     return None
+
+
+def test_idle_daemon_exits_on_sigterm_and_bad_redis_is_a_clear_error(redis_server, daemons,
+                                                                    tmp_path):
+    import subprocess
+    import sys
+    from .redis_helpers import REPO, istanbul_env
+    idle = daemons()
+    wait_for(lambda: "trainer " in idle.output() and "checkpoints in" in idle.output(), 120,
+             what="the daemon to start")
+    idle.signal(signal.SIGTERM)
+    assert idle.wait(20) == 0
+    assert "stopped after 0 job(s)" in idle.output()
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    out = subprocess.run([sys.executable, "-m", "trainer_svc", "--checkpoints",
+                          str(tmp_path / "c"), "--redis", dead], cwd=REPO, env=istanbul_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "cannot reach Redis at redis://127.0.0.1" in out.stderr
