@@ -393,10 +393,11 @@ def cmd_status(args) -> int:
 
 def cmd_watch(args) -> int:
     from tqdm import tqdm
+    from . import keys
     from .jobs import JobQueue
     from .redis_conn import REDIS_DOWN, Backoff
     queue = JobQueue(_connect(args))
-    last = queue.r.xrevrange(f"istanbul:job:{args.job}:events", count=1)
+    last = queue.r.xrevrange(keys.job_events(args.job), count=1)
     after = last[0][0] if last else "0-0"
     record = _get_job(queue, args.job)
     bar = tqdm(total=record.get_int("total_steps") or None, initial=record.get_int("step"),
