@@ -54,6 +54,9 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                         "taken over after this long (default 30; renewed every S/3)")
     p.add_argument("--max-failures", type=int, default=3, metavar="N",
                    help="a job that fails N times goes to the dead-letter stream (default 3)")
+    p.add_argument("--max-worker-errors", type=int, default=5, metavar="N",
+                   help="exit with code 3 after N jobs in a row failed with unexpected errors "
+                        "(a broken GPU or disk), leaving the jobs to other workers (default 5)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="P",
                    help="serve Prometheus metrics on this port (0: any free port; default off)")
     p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
@@ -485,12 +488,17 @@ def run_trainer(args) -> int:
         raise UserFacingError("--max-failures must be at least 1")
     if args.lease_ttl <= 0.3:
         raise UserFacingError("--lease-ttl must be more than 0.3 seconds")
+    try:
+        args.checkpoints.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserFacingError(f"--checkpoints {args.checkpoints}: {exc.strerror}") from None
     handle = _connect(args)
     device = Device(args.adapter)
     log.info("GPU: %s", device.name if hasattr(device, "name") else device)
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
-                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs)
+                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs,
+                          max_worker_errors=args.max_worker_errors)
     metrics = DaemonMetrics(JobQueue(handle))
     if args.metrics_port is not None:
         port = metrics.serve(args.metrics_port, args.metrics_addr)

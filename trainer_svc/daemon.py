@@ -71,6 +71,7 @@ class DaemonConfig:
     max_skipped_steps: int = 5          # consecutive non-finite-gradient steps before failing
     exit_when_idle: bool = False        # stop once no job is waiting (tests, demo)
     max_jobs: int | None = None         # stop after this many jobs (tests)
+    max_worker_errors: int = 5          # consecutive unexplained job errors: this worker is sick
     consumer: str = field(default_factory=owner_token)
 
 
@@ -142,6 +143,7 @@ class Daemon:
         self.metrics = metrics or DaemonMetrics(self.queue)
         self.stop_event = threading.Event()
         self.jobs_run = 0
+        self.worker_errors = 0              # consecutive attempts that ended in an unexpected error
         self.consumer = config.consumer
         config.checkpoint_root.mkdir(parents=True, exist_ok=True)
 
@@ -182,6 +184,11 @@ class Daemon:
                 continue
             if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
                 break
+            if self.worker_errors >= self.config.max_worker_errors:
+                log.error("%d jobs in a row failed with unexpected errors; this worker (its GPU, "
+                          "disk or installation) looks broken, so it stops taking jobs and "
+                          "leaves them to other workers", self.worker_errors)
+                return 3
             if not ran and self.config.exit_when_idle and self._queue_idle():
                 log.info("no job waiting; exiting (--exit-when-idle)")
                 break
@@ -235,7 +242,9 @@ class Daemon:
             lease.release()
             return False
         self.jobs_run += 1
-        JobAttempt(self, entry_id, record, lease, reclaimed).run()
+        attempt = JobAttempt(self, entry_id, record, lease, reclaimed)
+        attempt.run()
+        self.worker_errors = self.worker_errors + 1 if attempt.unexpected_error else 0
         return True
 
 
@@ -252,7 +261,7 @@ class JobAttempt:
         self.attempt = record.get_int("attempts") + 1
         self.progress = Progress(self.queue, self.job_id, self.owner, self.config.publish_every_s)
         self.heartbeat = Heartbeat(lease, on_beat=[self._touch_entry])
-        self.run_state = None
+        self.unexpected_error = False
 
     def _touch_entry(self) -> None:
         self.queue.touch(self.owner, self.entry_id)
@@ -276,6 +285,7 @@ class JobAttempt:
             self._fail(str(exc), permanent=True)
         except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
             log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
+            self.unexpected_error = True
             failures = self.record.get_int("failures") + 1
             limit = self._max_failures()
             message = f"{type(exc).__name__}: {exc}"
