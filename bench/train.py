@@ -83,21 +83,23 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
         import torch
     except ImportError:
         return [{"engine": "pytorch", "skipped": "torch is not installed"}]
-    if not torch.cuda.is_available():
+    device = args.torch_device
+    if device == "cuda" and not torch.cuda.is_available():
         return [{"engine": "pytorch", "skipped": f"torch {torch.__version__} has no CUDA "
                                                  "device here (CPU build or no GPU)"}]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     from tests.torch_reference import TorchReference
     seq = args.seq or cfg.max_seq
     out = []
     for mode in ("fp32", "tf32", "bf16"):
         torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
         torch.backends.cudnn.allow_tf32 = mode != "fp32"
-        ref = TorchReference(cfg, trainer_params, device="cuda")
+        ref = TorchReference(cfg, trainer_params, device=device)
         opt = torch.optim.AdamW(list(ref.params.values()), lr=3e-4, betas=(0.9, 0.95),
                                 weight_decay=0.1)
         rng = np.random.default_rng(0)
         batch = torch.as_tensor(rng.integers(0, GPT2_VOCAB, size=(args.batch, seq + 1)),
-                                device="cuda")
+                                device=device)
         autocast = torch.bfloat16 if mode == "bf16" else None
 
         def step():
@@ -110,7 +112,7 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
 
         for _ in range(args.warmup):
             step()
-        torch.cuda.synchronize()
+        sync()
         times = []
         for _ in range(args.steps):
             start = time.perf_counter()
@@ -122,9 +124,11 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
         out.append({"engine": "pytorch", "mode": mode, "batch": args.batch, "seq": seq,
                     "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
                     "tflops": cfg.flops_per_token(seq) * tokens / step_s / 1e12,
-                    "final_loss": float(loss), "device": torch.cuda.get_device_name()})
+                    "final_loss": float(loss),
+                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"})
         del ref, opt
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return out
 
 
@@ -164,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="mixed,fp32")
     ap.add_argument("--adapter", default=None)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--torch-device", default="cuda",
+                    help="where PyTorch runs: cuda (the comparison) or cpu (a smoke test)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

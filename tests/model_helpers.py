@@ -66,5 +66,6 @@ def requires_ops(*families: str):
                               + ", ".join(f"shaders/ops/{m}.py" for m in missing))
 
 
-FORWARD_OPS = ("linear", "embedding", "rmsnorm", "rope", "activations", "attention")
-TRAINING_OPS = FORWARD_OPS + ("cross_entropy", "optimizer")
+FORWARD_OPS = ("linear", "embedding", "rmsnorm", "rope", "activations", "attention",
+               "decode", "basic")
+TRAINING_OPS = FORWARD_OPS + ("cross_entropy", "optim")

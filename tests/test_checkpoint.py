@@ -78,6 +78,10 @@ def test_save_writes_the_export_format_and_loads_back_exactly(device, tmp_path, 
     assert loaded.rng.random() == tr.rng.random()
     assert state["data_position"] == {"epoch": 0, "shard": 1, "offset": 64}
     assert state["job"] == "abc" and state["vocab_file"].endswith("vocab/bytes.tiktoken")
+    assert state["vocab_hash"] == vocab_content_hash(vocab_file)
+    # the caller's own keys come back untouched, even where they share a name with ours
+    path2 = CheckpointManager(tmp_path / "run2").save(tr, {"vocab_hash": "mine"})
+    assert load_checkpoint(path2, device)[1]["vocab_hash"] == "mine"
     # a run directory resolves to its newest valid checkpoint
     again, _ = load_checkpoint(tmp_path / "run", device)
     assert again.step_count == 7

@@ -72,3 +72,5 @@ def test_bad_operands_are_named(device):
             linear.matmul_nt(rec, device.empty(4, np.uint32), b, c, 1, 1, 1)
         with pytest.raises(ValueError, match="multiples of 8"):
             linear.matmul_nt(rec, a, b, c, 1, 1, 1, tiles=(12, 64, 16))
+        with pytest.raises(ValueError, match="workgroup memory"):
+            linear.matmul_nt(rec, a, b, c, 1, 1, 1, tiles=(128, 128, 64))

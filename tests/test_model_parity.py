@@ -7,7 +7,7 @@ Stated tolerances (tiny configs, d=64, 2 layers, GQA 4/2 heads, vocab 512, B=2, 
   the GPU's f16 mirror holds); against the pure-fp32 reference, loss within 1e-3 relative and
   gradients within 2e-2 relative L2 error (the f16 rounding of the weights).
 - 100 AdamW steps on real text (Python standard-library sources) from the same initial
-  weights: every step's loss within 2e-3 absolute of PyTorch's (fp32).
+  weights: every step's loss within 5e-4 absolute of PyTorch's (fp32; measured 9e-7 on lavapipe).
 - a tiny model overfits one batch to loss < 0.05.
 """
 
@@ -94,7 +94,7 @@ def test_label_smoothing_and_z_loss_match_pytorch(device):
 
 def test_tiny_model_overfits_one_batch(device):
     cfg = tiny_config()
-    tc = TrainConfig(batch=B, seq=T, steps=150, lr=1e-2, min_lr=1e-3, warmup=10,
+    tc = TrainConfig(batch=B, seq=T, steps=80, lr=1e-2, min_lr=1e-3, warmup=10,
                      weight_decay=0.0, precision="mixed" if device.has("shader-f16") else
                      "fp32", seed=2)
     trainer = Trainer(cfg, tc, device)
@@ -105,6 +105,7 @@ def test_tiny_model_overfits_one_batch(device):
         assert not m.skipped
         first = first or m.loss
     assert first > 4.0
+    print(f"overfit: {first:.4f} -> {m.loss:.5f}")
     assert m.loss < 0.05, f"loss after {tc.steps} steps on one batch: {m.loss}"
     assert trainer.evaluate(batch) < 0.05
 
@@ -128,10 +129,11 @@ def test_100_steps_on_real_text_follow_pytorch(device, stdlib_tokens):
             p.grad = None
         loss.backward()
         norm = opt.step({n: p.grad for n, p in ref.params.items()}, tc.lr_at(step))
-        torch_losses.append(float(loss))
+        torch_losses.append(float(loss.detach()))
         assert m.grad_norm == pytest.approx(norm, rel=1e-3), f"step {step}"
     diffs = np.abs(np.array(gpu) - np.array(torch_losses))
-    assert diffs.max() < 2e-3, f"loss curves diverge: max |diff| {diffs.max():.2e} at step " \
+    print(f"100 steps: max |loss diff| {diffs.max():.2e}, first {gpu[0]:.4f}, last {gpu[-1]:.4f}")
+    assert diffs.max() < 5e-4, f"loss curves diverge: max |diff| {diffs.max():.2e} at step " \
                                f"{int(diffs.argmax())}"
     assert np.mean(gpu[-10:]) < np.mean(gpu[:10]) - 1.0  # it learned something
 
@@ -160,3 +162,27 @@ def test_bad_batches_are_refused(device):
         trainer.step(np.full((B, T + 1), 600, np.uint32))
     with pytest.raises(ValueError, match="grad_accum"):
         trainer.step(np.zeros((3, B, T + 1), np.uint32))
+
+
+def test_tensors_beyond_the_binding_limit_are_refused_up_front(device):
+    from trainer_svc.model import ModelConfig
+    cfg = ModelConfig.preset("tiny", 50257)
+    limit = int(device.limits["max-storage-buffer-binding-size"])
+    batch = limit // (256 * cfg.vocab_size * 4) + 1
+    with pytest.raises(ValueError, match="logits .* more than .* limit"):
+        Trainer(cfg, TrainConfig(batch=batch, seq=256), device)
+
+
+def test_odd_shapes_match_pytorch(device):
+    """B*T not a multiple of anything (3 x 17) with accumulation: padded micro-batch slots."""
+    cfg = tiny_config(n_kv_heads=1, vocab=384)
+    tc = TrainConfig(batch=3, seq=17, precision="fp32", grad_accum=2)
+    trainer = Trainer(cfg, tc, device)
+    micro = np.stack(random_batches(np.random.default_rng(9), 2, 3, 17, cfg.vocab_size))
+    loss, grads = trainer.loss_and_gradients(micro)
+    ref_loss, ref_grads = TorchReference(cfg, trainer.export_weights()).loss_and_grads(
+        micro.reshape(6, 18))
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    _check_grads(grads, ref_grads, 2e-4, "3 x 17, accumulation 2")
+    m = trainer.step(micro)
+    assert m.loss == pytest.approx(loss, rel=1e-6) and m.tokens == 2 * 3 * 17

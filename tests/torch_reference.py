@@ -18,6 +18,7 @@ RoPE pairs dimension i with i + head_dim/2 ("rotate half"), as Hugging Face's Ll
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 
 
+@functools.lru_cache(maxsize=16)
 def rope_tables(cfg, seq: int, device="cpu", offset: int = 0):
     hd = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd))
@@ -72,7 +74,7 @@ class TorchReference:
         cfg, p = self.cfg, self.params
         B, T = idx.shape
         H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        cos, sin = rope_tables(cfg, T, self.device)
+        cos, sin = rope_tables(cfg, T, str(self.device))
         x = p["embed"][idx]
         for i in range(cfg.n_layers):
             w = lambda n: self.mat(f"layers.{i}.{n}") if n.startswith("w") \
@@ -106,7 +108,9 @@ class TorchReference:
             return h @ self.head_weight().T
 
     def loss(self, batch, *, label_smoothing=0.0, z_loss=0.0, autocast_dtype=None):
-        batch = torch.as_tensor(np.asarray(batch, np.int64), device=self.device)
+        if not isinstance(batch, torch.Tensor):
+            batch = torch.as_tensor(np.asarray(batch, np.int64))
+        batch = batch.to(device=self.device, dtype=torch.int64)
         idx, targets = batch[:, :-1], batch[:, 1:]
         logits = self.forward(idx, autocast_dtype).float()
         return token_loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),

@@ -140,7 +140,7 @@ class CheckpointManager:
             raise
         self._point_latest(final)
         self._prune(keep=final)
-        log.info("checkpoint written: %s", final)
+        log.debug("checkpoint written: %s", final)
         return final
 
     def _write_files(self, tmp: Path, trainer, state: dict, vocab_file) -> None:
@@ -348,9 +348,10 @@ def load_checkpoint(path, device, *, expected_vocab_hash: str | None = None,
     trainer.recent_losses.extend(state.get("recent_losses", []))
     if state.get("rng"):
         trainer.set_rng_state(state["rng"])
+    # the caller's dict as saved, plus where things are (never overriding the caller's keys)
     out = dict(state.get("caller") or {})
     out["data_position"] = state.get("data_position")
-    out["checkpoint"] = str(ck["path"])
-    out["vocab_file"] = str(ck["vocab_file"]) if ck["vocab_file"] else None
-    out["vocab_hash"] = ck["vocab_hash"]
+    out.setdefault("checkpoint", str(ck["path"]))
+    out.setdefault("vocab_file", str(ck["vocab_file"]) if ck["vocab_file"] else None)
+    out.setdefault("vocab_hash", ck["vocab_hash"])
     return trainer, out

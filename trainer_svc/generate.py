@@ -9,8 +9,8 @@ All model arithmetic runs on the GPU in f32 (the checkpoint's master weights). E
 keeps K and V of every position so far in a cache of max_seq rows (rows = positions,
 columns = kv heads x head_dim, K after RoPE). Prefill runs the batched causal attention over
 the prompt and writes its K/V rows into the cache; each decode step computes q/k/v of one
-token at its position, appends k/v to the cache (a buffer copy, so any row offset works), and
-runs single-query attention over the cache. Only the last position's logits come back to the
+token at its position, appends k/v to the cache, and runs single-query attention over the
+cache (split into chunks of positions and combined: flash-decoding). Only the last position's logits come back to the
 host, where sampling happens: greedy when temperature == 0, else softmax(logits / T) limited
 to the top-k ids and to the smallest set whose probability reaches top-p, drawn from a PCG64
 generator seeded with `seed` (same seed, same text). Ids at or past the tokenizer's size
@@ -75,11 +75,6 @@ class Generator:
         self.logits = e(cfg.vocab_size, "logits")
         self.ids = device.empty(S, np.uint32, label="ids")
         self.rope_table = ops.rope_table(device, S, cfg.head_dim, cfg.rope_theta)
-        # without a single-query decode kernel, decoding reruns causal attention over the
-        # cache and needs the past queries as well (per layer, since q differs per layer)
-        self.q_cache = None if ops.has_attention_decode() else \
-            [e((S, d), f"q cache {i}") for i in range(cfg.n_layers)]
-        self.a_ctx = None if self.q_cache is None else e((S, d), "attn ctx")
         self.length = 0  # positions in the cache
 
     def w(self, name: str):
@@ -108,27 +103,13 @@ class Generator:
             ops.linear(rec, h, self.w(pre + "wv"), v, T, kv, d)
             ops.rope(rec, q, self.rope_table, 1, T, H, hd, pos0=pos0)
             ops.rope(rec, k, self.rope_table, 1, T, KV, hd, pos0=pos0)
-            nbytes = T * kv * 4
-            rec.copy(k, self.k_cache[i], nbytes, dst_offset=pos0 * kv * 4)
-            rec.copy(v, self.v_cache[i], nbytes, dst_offset=pos0 * kv * 4)
+            ops.kv_cache_write(rec, k, v, self.k_cache[i], self.v_cache[i], T, KV, hd,
+                               pos=pos0, t_max=self.max_seq)
             if T > 1:  # prefill: batched causal attention over the prompt (pos0 == 0)
                 ops.attention(rec, q, k, v, a, self.lse.elements(0, H * T), 1, T, H, KV, hd)
-            elif self.q_cache is None:
-                ops.attention_decode(rec, q, self.k_cache[i], self.v_cache[i], a, pos0 + 1,
-                                     H, KV, hd)
-            else:
-                # no single-query kernel in this build: causal attention over the cached
-                # positions (queries cached too), keeping the last row
-                n_ctx = pos0 + 1
-                rec.copy(q, self.q_cache[i], d * 4, dst_offset=pos0 * d * 4)
-                ops.attention(rec, self._rows(self.q_cache[i], n_ctx, d),
-                              self._rows(self.k_cache[i], n_ctx, kv),
-                              self._rows(self.v_cache[i], n_ctx, kv),
-                              self._rows(self.a_ctx, n_ctx, d),
-                              self.lse.elements(0, H * n_ctx), 1, n_ctx, H, KV, hd)
-                rec.copy(self.a_ctx, a, d * 4, src_offset=pos0 * d * 4)
-            if T > 1 and self.q_cache is not None:
-                rec.copy(q, self.q_cache[i], T * d * 4)
+            else:      # decode: the new token's query against every cached position
+                ops.attention_decode(rec, q, self.k_cache[i], self.v_cache[i], a, H, KV, hd,
+                                     n_ctx=pos0 + 1, t_max=self.max_seq)
             ops.linear(rec, a, self.w(pre + "wo"), x2, T, d, d, residual=x)
             ops.rmsnorm(rec, x2, self.w(pre + "ffn_norm"), h, rstd, T, d, cfg.norm_eps)
             off, size = self.layout.fused_range(pre + "w_gate", pre + "w_up")

@@ -28,7 +28,7 @@ SHAPES = {
     "peaked": (1, 40, 2, 1, 16, False, 12.0),
     "long": (1, 1024, 1, 1, 16, False, 1.0),
     "bench": (8, 1024, 12, 12, 64, False, 1.0),
-    "bench_small": (1, 1024, 4, 4, 64, False, 1.0),
+    "bench_small": (1, 512, 4, 4, 64, False, 1.0),
 }
 VARIANTS = ("random", "mha", "gqa4", "one", "odd_dim", "fused", "peaked", "long")
 

@@ -111,7 +111,7 @@ def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
         reference=lambda inp: reference(inp, layout, f16_math),
         variants=VARIANTS, bench_variant_software="bench_small",
         requires=("shader-f16",) if b16 else (),
-        bench_precision="f16" if b16 else "f32",
+        bench_precision="f16" if f16_math else "f32",
         flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
         bytes=lambda inp: (inp["a"].nbytes + inp["b"].nbytes
                            + inp["out"].nbytes * (2 if mode != "store" else 1)

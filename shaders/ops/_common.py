@@ -11,6 +11,20 @@ F16 = np.dtype(np.float16)
 U32 = np.dtype(np.uint32)
 
 
+def elements_view(buf, start: int, count: int):
+    """buf.elements(start, count), with the byte size rounded up to a multiple of 4.
+
+    WebGPU binds storage ranges in multiples of 4 bytes: an odd count of f16 elements needs
+    its range padded by one element (buffers are padded to 4 bytes, so the padding exists);
+    kernels never touch elements past their count.
+    """
+    itemsize = np.dtype(buf.dtype).itemsize
+    nbytes = -(-count * itemsize // 4) * 4
+    if start * itemsize + nbytes > buf.nbytes:
+        nbytes = count * itemsize
+    return BufferView(buf, start * itemsize, nbytes, buf.dtype, (count,))
+
+
 def dtype_of(res) -> np.dtype:
     """The element type a Buffer/BufferView was created with (float32 when unknown)."""
     if not isinstance(res, (Buffer, BufferView)):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import F16, F32, ceil_div, check, dummy, grid2d, positive
+from ._common import F16, F32, ceil_div, check, dummy, grid2d, positive, workgroup_storage
 
 FILE = "03_linear.wgsl"
 FILE_H16 = "03_linear_h16.wgsl"
@@ -88,6 +88,10 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     tiles = tiles or default_tiles(M, N, K)
     constants = tile_constants(tiles)
     dev = rec.device
+    staged = (constants["BM"] + constants["BN"]) * constants["BK"] * (2 if f16_math else 4)
+    if staged > workgroup_storage(dev) - 1024:
+        raise ValueError(f"{op}: tiles {tuple(tiles)} stage {staged} bytes, more than the "
+                         f"device's workgroup memory allows ({workgroup_storage(dev)})")
     kern = dev.kernel(file, name, constants)
     mode = MODES["residual"] if residual is not None else MODES["accumulate" if accumulate
                                                               else "store"]

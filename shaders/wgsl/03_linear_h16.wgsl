@@ -4,9 +4,10 @@
 //                   +-65504), B f16 (the f16 weight mirror); products and partial sums of one
 //                   K-slice (BK terms) in vec4<f16>, then added into f32 accumulators.
 //
-// Accuracy: about f16 rounding of both operands plus BK-term f16 partial sums (PSNR ~60 dB on
-// unit-scale data): for the forward pass of mixed precision, never for gradients, whose
-// magnitudes can fall below f16's range.
+// Accuracy: f16 rounding of both operands plus BK-term f16 partial sums: ~75 dB PSNR against
+// the exact product (measured on lavapipe, unit-normal x, 0.02-scale W, K = 45..3072). For the
+// forward pass of mixed precision, never for gradients, whose magnitudes can fall below
+// f16's range. |A| above 65504 is clamped.
 // Layout, epilogue modes, bindings and dispatch are those of 03_linear.wgsl:
 // Bindings (group 0): 0 A f32 (read), 1 B f16 (read), 2 R f32 (read; dummy unless mode 2),
 // 3 C f32 (read_write), 4 Params (uniform).

@@ -31,7 +31,6 @@ from . import ops
 from .config import ModelConfig
 from .layout import ParameterLayout
 
-STATS_FLOATS = 4  # grad stats: [sum of squares, norm, clip scale, non-finite flag]
 
 
 @dataclass
@@ -39,6 +38,16 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool
+
+
+def check_binding_sizes(device, sizes: dict) -> None:
+    """A clear error before allocating when a tensor cannot be bound on this device."""
+    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    for what, nbytes in sizes.items():
+        if nbytes > limit:
+            raise ValueError(f"{what} needs {nbytes / 2**20:.0f} MiB in one binding, more than "
+                             f"{device.name}'s limit of {limit / 2**20:.0f} MiB: use a smaller "
+                             "batch or sequence length (or a smaller vocabulary or model)")
 
 
 def _align64(n: int) -> int:
@@ -78,6 +87,9 @@ class GpuModel:
                                f"{device.name} lacks; use precision='fp32'")
         dev, n, total = device, batch * seq, layout.total
         d, kv, f, V = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, cfg.vocab_size
+        check_binding_sizes(device, {"logits (B*T x vocab)": n * V * 4,
+                                     "parameters": total * 4,
+                                     "FFN activations (B*T x 2F)": n * 2 * f * 4})
         self.n = n
         self.params = dev.empty(total, np.float32, label="params f32")
         self.grads = dev.empty(total, np.float32, label="grads")
@@ -94,7 +106,8 @@ class GpuModel:
         # buffer the host reads after a step
         self.results = dev.empty(grad_accum * self.stride + 64, np.float32, label="results")
         self.all_losses = self.results.elements(0, grad_accum * self.stride)
-        self.stats = self.results.elements(grad_accum * self.stride, STATS_FLOATS)
+        self.stats = self.results.elements(grad_accum * self.stride, ops.STATS_FLOATS)
+        self.hyper = dev.empty(8, np.float32, label="adamw hyper")  # written each step
         self.plan_len = ops.embedding_plan_size(n)
         self.plan_stride = _align64(self.plan_len)
         self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
@@ -259,16 +272,17 @@ class GpuModel:
                                cfg.vocab_size)
 
     def record_update(self, rec, *, lr: float, step: int, tc) -> None:
-        """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror)."""
-        ops.grad_stats(rec, self.grads, self.stats, self.layout.total, tc.grad_clip)
-        for (start, end), decay in ((self.layout.decay_range(), tc.weight_decay),
-                                    (self.layout.no_decay_range(), 0.0)):
-            count = end - start
-            ops.adamw(rec, self.params.elements(start, count), self.grads.elements(start, count),
-                      self.m.elements(start, count), self.v.elements(start, count),
-                      self.w16.elements(start, count) if self.mixed else None, self.stats,
-                      count, lr=lr, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
-                      weight_decay=decay, step=step)
+        """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror).
+
+        The step's hyper-parameters (lr, bias corrections) go up by a queue write before the
+        submit, so the recorded dispatches and their bind groups are the same every step.
+        """
+        self.hyper.write(ops.adamw_hyper(lr, step=step, beta1=tc.beta1, beta2=tc.beta2,
+                                         eps=tc.eps, weight_decay=tc.weight_decay))
+        ops.grad_stats(rec, self.grads, self.stats, max_norm=tc.grad_clip)
+        (d0, d1), (n0, n1) = self.layout.decay_range(), self.layout.no_decay_range()
+        ops.adamw(rec, self.params, self.grads, self.m, self.v, self.hyper, self.stats,
+                  [(d0, d1 - d0, True), (n0, n1 - n0, False)], mirror=self.w16)
 
     # ---- one optimizer step, one evaluation -------------------------------------------
 

@@ -19,10 +19,6 @@ import importlib
 
 import numpy as np
 
-INFRA = "infra.wgsl"
-EW = 256
-
-
 def _family(name: str):
     """The op module shaders.ops.<name> (kernels branch); a clear error while it is absent."""
     try:
@@ -33,24 +29,19 @@ def _family(name: str):
             "it (merge the kernels branch)") from exc
 
 
-# ---- infrastructure (foundation kernels) ------------------------------------------------------
+# ---- element-wise helpers ---------------------------------------------------------------------
 
 def fill(rec, buf, value: float, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "fill")
-    rec.dispatch(kern, [buf, rec.device.params("IIfI", n, 0, float(value), 0)], -(-n // EW),
-                 label="fill")
+    _family("basic").fill(rec, buf, n, value)
 
 
 def cast_f16(rec, src, dst, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "cast_f32_f16")
-    rec.dispatch(kern, [src, dst, rec.device.params("IIfI", n, 0, 0.0, 0)], -(-n // EW),
-                 label="cast_f32_f16")
+    """dst (f16) = src (f32) clamped to f16's range: the initial weight mirror."""
+    _family("basic").cast_f32_f16(rec, src, dst, n)
 
 
 def copy(rec, src, dst, n: int) -> None:
-    kern = rec.device.kernel(INFRA, "copy")
-    rec.dispatch(kern, [src, dst, rec.device.params("IIfI", n, 0, 0.0, 0)], -(-n // EW),
-                 label="copy")
+    _family("basic").copy(rec, src, dst, n)
 
 
 # ---- matmuls ---------------------------------------------------------------------------------
@@ -144,14 +135,18 @@ def attention_backward(rec, q, k, v, out, lse, dout, dq, dk, dv, B: int, T: int,
     _family("attention").backward(rec, q, k, v, out, dout, lse, dq, dk, dv, B, T, H, KV, hd)
 
 
-def has_attention_decode() -> bool:
-    return hasattr(_family("attention"), "decode")
+def kv_cache_write(rec, k, v, k_cache, v_cache, T: int, KV: int, hd: int, *, pos: int,
+                   t_max: int) -> None:
+    """Rows pos..pos+T-1 of the caches [t_max, KV, hd] = the new k, v [T, KV, hd]."""
+    _family("decode").cache_write(rec, k, v, k_cache, v_cache, 1, T, KV, hd, pos=pos,
+                                  t_max=t_max)
 
 
-def attention_decode(rec, q, k_cache, v_cache, out, n_ctx: int, H: int, KV: int,
-                     hd: int) -> None:
-    """One query row [H, hd] against the first n_ctx rows of a KV cache [S, KV, hd]."""
-    _family("attention").decode(rec, q, k_cache, v_cache, out, n_ctx, H, KV, hd)
+def attention_decode(rec, q, k_cache, v_cache, out, H: int, KV: int, hd: int, *, n_ctx: int,
+                     t_max: int) -> None:
+    """One query [H, hd] against the first n_ctx positions of the caches (flash-decoding)."""
+    _family("decode").attention(rec, q, k_cache, v_cache, out, 1, H, KV, hd, n_ctx=n_ctx,
+                                t_max=t_max)
 
 
 # ---- cross-entropy -----------------------------------------------------------------------------
@@ -168,3 +163,31 @@ def cross_entropy(rec, logits, targets, losses, stats, rows: int, vocab: int, *,
         rec, logits, targets, losses, stats, rows, vocab, grad="inplace" if with_grad
         else "none", label_smoothing=label_smoothing, z_loss=z_loss, grad_scale=grad_scale,
         mean_over_valid=False)
+
+
+# ---- optimizer ---------------------------------------------------------------------------------
+
+STATS_FLOATS = 8  # (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0)
+
+
+def grad_stats(rec, grads, stats, *, max_norm: float) -> None:
+    """Global L2 norm of the gradients, clip = min(1, max_norm/(norm + 1e-6)), NaN/Inf flag."""
+    _family("optim").grad_stats(rec, grads, stats, max_norm=max_norm)
+
+
+def adamw_hyper(lr: float, *, step: int, beta1: float, beta2: float, eps: float,
+                weight_decay: float) -> np.ndarray:
+    """The 8 floats the AdamW kernel reads for this step (written by the host each step)."""
+    return _family("optim").adamw_hyper(lr, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                                        weight_decay=weight_decay)
+
+
+def adamw(rec, params, grads, m, v, hyper, stats, ranges, *, mirror=None) -> None:
+    """AdamW over [(start, count, decay)] ranges of the one-buffer layout, gradients scaled
+    by the clip factor; params, m, v (and the f16 mirror) untouched when the flag is set:
+
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        p = p (1 - lr wd [decay]) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
+    """
+    _family("optim").adamw_ranges(rec, params, grads, m, v, hyper, stats, ranges,
+                                  mirror=mirror)

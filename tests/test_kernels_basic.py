@@ -1,0 +1,57 @@
+"""The element-wise op wrappers (infra kernels) record into one pass with size checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shaders.ops import basic
+
+
+def test_helpers_compose_in_one_recording(device):
+    rng = np.random.default_rng(0)
+    n = 1000
+    x = rng.standard_normal(n).astype(np.float32)
+    xb, y, z, h = device.upload(x), device.upload(np.ones(n, np.float32)), device.empty(n), \
+        device.empty(n, np.float16)
+    with device.record() as rec:
+        basic.axpy(rec, xb, y, n, 2.0)          # y = 1 + 2x
+        basic.scale(rec, y, z, n, 0.5)          # z = 0.5 + x
+        basic.cast_f32_f16(rec, z, h, n)
+        basic.fill(rec, y, n // 2, 0.0)         # first half zeroed
+        basic.copy(rec, xb, y, 3)
+    np.testing.assert_allclose(device.download(z), 0.5 + x.astype(np.float64), rtol=1e-6,
+                               atol=1e-6)
+    assert np.array_equal(device.download(h), device.download(z).astype(np.float16))
+    out = device.download(y)
+    assert np.array_equal(out[:3], x[:3]) and not out[3:n // 2].any()
+    np.testing.assert_allclose(out[n // 2:], 1 + 2 * x[n // 2:].astype(np.float64), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_sizes_and_dtypes_are_checked(device):
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="fill: y holds 4"):
+            basic.fill(rec, device.empty(4), 5)
+        with pytest.raises(ValueError, match="dtype float32, expected float16"):
+            basic.cast_f32_f16(rec, device.empty(4), device.empty(4), 4)
+
+
+def test_bench_uses_the_software_variant_on_software_adapters(device):
+    from shaders.ladder import KernelCase, Launch, Roofline, bench_case
+    asked = []
+
+    def inputs(rng, variant):
+        asked.append(variant)
+        return {"x": np.ones(256, np.float32)}
+
+    def launch(dev, inp):
+        x, y = dev.upload(inp["x"]), dev.empty(256)
+        return Launch(lambda rec: basic.copy(rec, x, y, 256), lambda: {"y": dev.download(y)})
+
+    case = KernelCase(name="copy_probe", family="test", precision="exact", kernels=[],
+                      inputs=inputs, launch=launch, reference=lambda inp: {"y": inp["x"]},
+                      bench_variant_software="bench_small", bytes=lambda inp: 2048.0)
+    row = bench_case(device, case, Roofline(copy_gbs=1.0, fma_tflops={"f32": 1.0}))
+    want = "bench_small" if device.info.is_software else "bench"
+    assert asked == [want] and row["variant"] == want and row["us"] > 0
