@@ -116,8 +116,11 @@ def test_every_bad_input_fails_its_job_and_the_daemon_goes_on(handle, vocab, dev
     # A model config that cannot be built for this vocabulary.
     jobs["model"] = submit(handle, "good", steps=2, model_overrides={"n_heads": 3})
 
-    # Diverging training: NaN loss.
-    jobs["nan"] = submit(handle, "good", steps=6, lr=1e30, warmup=0, grad_clip=0.0)
+    # Diverging training: a NaN loss (fp32, absurd learning rate, no clipping), and steps
+    # whose gradients stay non-finite (every update skipped).
+    jobs["nan"] = submit(handle, "good", steps=6, lr=1e10, warmup=0, grad_clip=0.0,
+                         precision="fp32")
+    jobs["inf-grads"] = submit(handle, "good", steps=12, lr=1e30, warmup=0, grad_clip=0.0)
 
     # A queued job cancelled before any daemon saw it, and a good job last.
     jobs["cancelled"] = submit(handle, "good", steps=2)
@@ -138,7 +141,9 @@ def test_every_bad_input_fails_its_job_and_the_daemon_goes_on(handle, vocab, dev
     failed_with(queue, jobs["link"], "outside the checkpoint root")
     failed_with(queue, jobs["missing"], "no dataset 'gone'", "istanbul prepare")
     failed_with(queue, jobs["model"], "d_model 64 is not divisible by n_heads 3")
-    nan = failed_with(queue, jobs["nan"], "not finite", "Lower lr")
+    nan = failed_with(queue, jobs["nan"], "loss is nan (not finite) at step 2", "diverged",
+                      "Lower lr")
+    failed_with(queue, jobs["inf-grads"], "the run diverged", "non-finite gradients")
     assert queue.get(jobs["cancelled"]).state == "cancelled"
     assert not (tmp_path / "escape").exists() and not any((tmp_path / "outside").iterdir())
     assert int(nan["failures"]) == 1                      # bad input: no retries

@@ -469,8 +469,10 @@ class JobAttempt:
                                            grad_norm=_finite_or_none(metrics.grad_norm)))
                 if skipped_in_a_row > self.config.max_skipped_steps:
                     raise JobInputError(
-                        f"{skipped_in_a_row} steps in a row had non-finite gradients "
-                        f"(at step {run.step_count + 1}); lower lr or enable grad_clip")
+                        f"the run diverged: {skipped_in_a_row} steps in a row had non-finite "
+                        f"gradients (at step {run.step_count + 1}, learning rate "
+                        f"{metrics.lr:.3g}; those updates were skipped). Lower lr, raise "
+                        "warmup or enable grad_clip and resubmit")
                 continue
             skipped_in_a_row = 0
             ema_seconds = metrics.seconds if ema_seconds is None else \
