@@ -108,3 +108,25 @@ def test_prepare_submit_train_checkpoints_done(service, vocab_path, tmp_path, ca
     code, _, err = run_cli(capsys, "submit", "--dataset", "docs", "--steps", "3", "--seq",
                            "999", *store)
     assert code == 1 and "exceeds the model's max_seq" in err
+
+
+def test_bench_end_to_end_script_passes_its_checks_at_tiny_size(vocab_path, tmp_path):
+    """bench/daemon_e2e.py is what runs on the H200; here at the tiny size on this machine."""
+    import sys
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for k, text in enumerate(training_texts()):
+        (docs / f"{k}.txt").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "bench/daemon_e2e.py", "--out", str(out), "--vocab", str(vocab_path),
+         "--model", "tiny", "--steps", "24", "--batch", "4", "--seq", "32",
+         "--checkpoint-every", "10", "--kill-at", "13", "--lease-ttl", "2", "--corpus",
+         str(docs), "--include", "*.txt", "--timeout", "500"],
+        cwd=REPO, env=istanbul_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(summary["checks"].values()), summary["checks"]
+    assert summary["resumed_from_step"] == 10 and summary["attempts"] == 2
+    assert summary["recomputed_steps"] >= 3 and summary["max_recomputed_loss_rel_diff"] < 1e-6
+    assert len(json.loads((out / "loss_curve.json").read_text())) == 24

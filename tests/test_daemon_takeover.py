@@ -108,6 +108,8 @@ def test_kill_9_mid_job_second_daemon_takes_over_without_skipping_or_duplicating
     # Steps after the checkpoint were recomputed identically (same data, same RNG): the loss
     # curve continues as if nothing had happened.
     overlap = sorted(set(first_steps) & set(second_steps))
+    assert overlap == list(range(checkpoint_step + 1, max(first_steps) + 1))
+    assert overlap or killed_at % 10 == 0
     for step in overlap:
         assert math.isclose(first_steps[step], second_steps[step], rel_tol=1e-5), step
     curve = queue.loss_curve(job)
