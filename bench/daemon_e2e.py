@@ -203,9 +203,11 @@ def check(queue: JobQueue, job: str, args, killed_at, timings) -> dict:
         "done": rec.state == "done",
         "all_steps_in_curve": sorted(curve) == list(range(1, args.steps + 1)),
         "finite_losses": all(math.isfinite(v) for v in curve.values()),
+        # The newest checkpoint daemon A wrote (one may land after its last progress write).
         "takeover_resumed_from_checkpoint": (not killed_at) or (
-            resumed_step is not None and resumed_step == args.checkpoint_every *
-            (killed_at // args.checkpoint_every)),
+            resumed_step is not None and resumed_step % args.checkpoint_every == 0 and
+            args.checkpoint_every * (killed_at // args.checkpoint_every) <= resumed_step
+            <= killed_at + 1),
         "recomputed_steps_match": all(d < 1e-4 for d in overlap_diffs),
         "final_checkpoint_verifies": ckpt_ok is True,
         "loss_decreased": len(curve) > 20 and

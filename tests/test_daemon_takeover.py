@@ -98,7 +98,10 @@ def test_kill_9_mid_job_second_daemon_takes_over_without_skipping_or_duplicating
     resumed = [d for _, k, d in queue.events(job) if k == "resumed"]
     assert len(resumed) == 1
     checkpoint_step = resumed[0]["step"]
-    assert checkpoint_step == 10 * (killed_at // 10) and checkpoint_step >= 10
+    # The newest checkpoint the first daemon wrote (it may have written one more after its
+    # last progress reached Redis).
+    assert checkpoint_step % 10 == 0 and 10 <= 10 * (killed_at // 10) <= checkpoint_step \
+        <= killed_at + 1
     assert Path(resumed[0]["checkpoint"]).name == f"step_{checkpoint_step:08d}"
     # The second run starts right after the checkpoint and goes to the end ...
     assert sorted(second_steps) == list(range(checkpoint_step + 1, 41))
@@ -150,10 +153,10 @@ def test_redis_restarts_mid_job_are_survived(handle, daemons, redis_server):
     job = submit(handle, "text", job_id="restarts", steps=40, checkpoint_every=5)
     ttl = 4.0   # renewed every 1.3 s, so a 1 s outage ends before the lease can expire
     daemon = daemons("--exit-when-idle", ttl=str(ttl))
-    wait_for(lambda: step_of(queue, job) >= 6, 240, what="step 6")
+    wait_for(lambda: step_of(queue, job) >= 5, 240, what="step 5")
     # A short restart (shorter than the lease): the daemon keeps training and catches up.
     redis_server.restart(down_s=1.0, kill=True)
-    wait_for(lambda: step_of(queue, job) >= 20, 240, what="step 20 after the first restart")
+    wait_for(lambda: step_of(queue, job) >= 12, 240, what="step 12 after the first restart")
     # A long outage (longer than the lease): the daemon must give the job up, then take it
     # back from its last checkpoint once Redis is back.
     redis_server.stop(kill=True)
@@ -165,7 +168,7 @@ def test_redis_restarts_mid_job_are_survived(handle, daemons, redis_server):
     curve = queue.loss_curve(job)
     assert sorted(curve) == list(range(1, 41))
     runs = progress_by_attempt(queue, job)
-    assert 1 in runs and sorted(runs[max(runs)])[-1] == 40
+    assert len(runs) == 2 and rec.get_int("attempts") == 2    # given up once, taken back once
     covered = set().union(*(set(r) for r in runs.values()))
     assert covered == set(range(1, 41))
     assert "lost the lease" in daemon.output()
@@ -173,15 +176,19 @@ def test_redis_restarts_mid_job_are_survived(handle, daemons, redis_server):
 
 def test_two_daemons_four_jobs_each_runs_exactly_once(handle, daemons, tmp_path):
     queue = JobQueue(handle)
+    port = free_port()
+    a = daemons("--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    b = daemons()
+    for d in (a, b):   # both polling before the jobs arrive, so both get some
+        wait_for(lambda: "checkpoints in" in d.output(), 120, what="a daemon to start")
     jobs = [submit(handle, "text", job_id=f"job{k}", steps=8, checkpoint_every=4, seed=k)
             for k in range(4)]
-    port = free_port()
-    a = daemons("--exit-when-idle", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
-    b = daemons("--exit-when-idle")
     scraped = wait_for(lambda: _scrape(port, "istanbul_trainer_steps_total"), 240,
                        what="metrics with steps")
-    assert a.wait(300) == 0, a.output()
-    assert b.wait(300) == 0, b.output()
+    wait_for(lambda: all(queue.get(j).state == "done" for j in jobs), 300, what="all jobs done")
+    for d in (a, b):
+        d.signal(signal.SIGTERM)
+        assert d.wait(60) == 0, d.output()
     owners = set()
     for job in jobs:
         rec = queue.get(job)
