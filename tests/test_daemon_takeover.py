@@ -181,8 +181,8 @@ def test_two_daemons_four_jobs_each_runs_exactly_once(handle, daemons, tmp_path)
     b = daemons()
     for d in (a, b):   # both polling before the jobs arrive, so both get some
         wait_for(lambda: "checkpoints in" in d.output(), 120, what="a daemon to start")
-    jobs = [submit(handle, "text", job_id=f"job{k}", steps=8, checkpoint_every=4, seed=k)
-            for k in range(4)]
+    jobs = [submit(handle, "text", job_id=f"job{k}", steps=8, checkpoint_every=4, seed=k,
+                   grad_accum=1 + k % 2) for k in range(4)]
     scraped = wait_for(lambda: _scrape(port, "istanbul_trainer_steps_total"), 240,
                        what="metrics with steps")
     wait_for(lambda: all(queue.get(j).state == "done" for j in jobs), 300, what="all jobs done")
@@ -201,9 +201,31 @@ def test_two_daemons_four_jobs_each_runs_exactly_once(handle, daemons, tmp_path)
         assert sorted(p.name for p in (tmp_path / "ckpt" / job).glob("step_*")) == \
             ["step_00000004", "step_00000008"]
     assert len(owners) == 2, "both daemons should have taken jobs"
+    assert queue.get("job1").get_int("tokens") == 8 * 2 * 4 * 32     # 2 micro-batches a step
     assert "istanbul_trainer_queue_depth" in scraped
+    assert "istanbul_trainer_tokens_total" in scraped
     assert "istanbul_trainer_step_seconds_bucket" in scraped
     assert 'istanbul_trainer_jobs{state=' in scraped
+
+
+def test_cancel_a_running_job_then_the_daemon_goes_on(handle, daemons, redis_server, capsys,
+                                                      tmp_path):
+    from istanbul.cli import main
+    queue = JobQueue(handle)
+    long_job = submit(handle, "text", job_id="long", steps=500, checkpoint_every=1000)
+    daemon = daemons("--exit-when-idle")
+    wait_for(lambda: step_of(queue, long_job) >= 3, 240, what="step 3")
+    next_job = submit(handle, "text", job_id="next", steps=3)
+    assert main(["cancel", long_job, "--wait", "--redis", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "cancel requested" in out and "long: cancelled" in out
+    assert daemon.wait(300) == 0, daemon.output()
+    rec = queue.get(long_job)
+    stopped = rec.get_int("step")
+    assert rec.state == "cancelled" and 3 <= stopped < 500
+    assert Path(rec.raw["checkpoint"]).name == f"step_{stopped:08d}"   # progress kept
+    verify_checkpoint(tmp_path / "ckpt" / long_job / f"step_{stopped:08d}")
+    assert queue.get(next_job).state == "done"
 
 
 def _scrape(port: int, needle: str) -> str | None:
