@@ -494,7 +494,7 @@ def run_trainer(args) -> int:
         raise UserFacingError(f"--checkpoints {args.checkpoints}: {exc.strerror}") from None
     handle = _connect(args)
     device = Device(args.adapter)
-    log.info("GPU: %s", device.name if hasattr(device, "name") else device)
+    log.info("GPU: %s", device.name)
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
                           exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs,

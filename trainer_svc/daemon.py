@@ -48,6 +48,8 @@ from .shards import ShardError
 
 log = logging.getLogger(__name__)
 
+LOG_EVERY_S = 30.0   # a progress line in the daemon's log (Redis has every step)
+
 
 class LeaseLost(Exception):
     """This worker no longer owns the job: stop touching it (another worker may have it)."""
@@ -262,6 +264,7 @@ class JobAttempt:
         self.progress = Progress(self.queue, self.job_id, self.owner, self.config.publish_every_s)
         self.heartbeat = Heartbeat(lease, on_beat=[self._touch_entry])
         self.unexpected_error = False
+        self._last_log = time.monotonic()
 
     def _touch_entry(self) -> None:
         self.queue.touch(self.owner, self.entry_id)
@@ -279,6 +282,10 @@ class JobAttempt:
                         self.job_id, self.heartbeat.lost_reason or exc)
         except Interrupted:
             self._requeue("the daemon was stopped (SIGTERM); re-queued", failed=False)
+        except REDIS_DOWN as exc:  # not the job's fault: hand it back once Redis answers
+            log.warning("job %s: Redis unreachable while preparing the job (%s)", self.job_id,
+                        exc)
+            self._requeue(f"Redis was unreachable ({exc}); re-queued", failed=False)
         except TooManyFailures as exc:
             self._fail(str(exc), permanent=False)
         except JobInputError as exc:
@@ -383,6 +390,8 @@ class JobAttempt:
             self.progress.add(ev=event("takeover", previous_owner=rec.raw.get("owner"),
                                        reason=reason, attempt=self.attempt))
             self.record.raw["failures"] = str(failures)
+        log.info("job %s: attempt %d%s", self.job_id, self.attempt,
+                 " (taking over from a worker that stopped)" if takeover else "")
         self.progress.add(hset=start, ev=event("started", owner=self.owner, attempt=self.attempt,
                                                  takeover=takeover))
         self.progress.flush(force=True)
@@ -525,6 +534,10 @@ class JobAttempt:
     def _report(self, run, metrics, total: int, ema_seconds: float) -> None:
         step = run.step_count
         eta = (total - step) * ema_seconds
+        if time.monotonic() - self._last_log >= LOG_EVERY_S or step == total:
+            self._last_log = time.monotonic()
+            log.info("job %s: step %d/%d loss %.4f %.0f tok/s ETA %.0f s", self.job_id, step,
+                     total, metrics.loss, metrics.tokens_per_s, eta)
         self.metrics.observe_step(self.job_id, metrics)
         self.progress.add(
             hset={"step": step, "loss": float(metrics.loss), "lr": float(metrics.lr),
