@@ -10,8 +10,9 @@ read-back per step), then one step recorded with GPU timestamps around every dis
 by kernel: each kernel's share of the step. PyTorch eager runs the same model
 (tests/torch_reference.py: same architecture, same weights) with torch.optim.AdamW in fp32
 with TF32 off, with TF32 on, and under bf16 autocast, when CUDA torch is present (otherwise
-the rows say why they are missing). Writes OUT/train.json and OUT/train.md and prints the
-table.
+the rows say why they are missing). istanbul runs in fp32, in mixed precision (f16 weight
+mirror, f32 arithmetic) and in mixed precision with packed-f16 forward matmuls. Writes
+OUT/train.json and OUT/train.md and prints the table.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
 GPT2_VOCAB = 50257
 
 
-def istanbul_run(device, cfg, args, precision: str) -> dict:
+def istanbul_run(device, cfg, args, mode: str) -> dict:
+    """mode: "fp32", "mixed" (f16 weights, f32 math) or "mixed+f16" (packed-f16 forward)."""
     tc = TrainConfig(batch=args.batch, seq=args.seq or cfg.max_seq, steps=10_000, lr=3e-4,
-                     min_lr=3e-5, warmup=10, precision=precision, seed=0)
+                     min_lr=3e-5, warmup=10, precision="fp32" if mode == "fp32" else "mixed",
+                     f16_math=mode == "mixed+f16", seed=0)
     trainer = Trainer(cfg, tc, device)
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, GPT2_VOCAB, size=(tc.batch, tc.seq + 1), dtype=np.uint32)
@@ -55,7 +58,8 @@ def istanbul_run(device, cfg, args, precision: str) -> dict:
     step_s = statistics.median(times)
     tokens = tc.batch * tc.seq
     shares = kernel_shares(trainer, batches[0])
-    return {"engine": "istanbul", "mode": precision, "batch": tc.batch, "seq": tc.seq,
+    trainer.close()
+    return {"engine": "istanbul", "mode": mode, "batch": tc.batch, "seq": tc.seq,
             "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "tflops": cfg.flops_per_token(tc.seq) * tokens / step_s / 1e12,
             "final_loss": losses[-1], "kernel_shares": shares}
@@ -165,7 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=0, help="0: each preset's max_seq")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--precision", default="mixed,fp32")
+    ap.add_argument("--precision", default="fp32,mixed,mixed+f16",
+                    help="istanbul modes: fp32, mixed (f16 weights), mixed+f16 (packed-f16 "
+                         "forward matmuls)")
     ap.add_argument("--adapter", default=None)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--torch-device", default="cuda",
@@ -183,7 +189,7 @@ def main(argv=None) -> int:
         rows = []
         params = None
         for precision in args.precision.split(","):
-            if precision == "mixed" and not device.has("shader-f16"):
+            if precision != "fp32" and not device.has("shader-f16"):
                 rows.append({"engine": "istanbul", "skipped": "no shader-f16 for mixed"})
                 continue
             print(f"{name}: istanbul {precision} ...", flush=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from istanbul.cli import main
-from tests.model_helpers import TRAINING_OPS, requires_ops, byte_vocabulary, stdlib_text
+from tests.model_helpers import TRAINING_OPS, byte_vocabulary, requires_ops, stdlib_text
 from trainer_svc.shards import encode_shard
 from trainer_svc.text import load_codec
 
@@ -65,6 +65,10 @@ def test_train_from_a_shard_file(corpus, tmp_path, capsys):
     assert main(["train", "--data", str(shard), "--vocab", str(vocab), "--model", "tiny",
                  "--steps", "3", "--batch", "2", "--seq", "16", "--log-every", "1"]) == 0
     assert len(re.findall(r"loss=", capsys.readouterr().out)) == 3
+    # without --vocab the model's vocabulary comes from the largest id in the shards
+    assert main(["train", "--data", str(shard), "--model", "tiny", "--steps", "1", "--batch",
+                 "1", "--seq", "8", "--precision", "fp32"]) == 0
+    assert "loss=" in capsys.readouterr().out
 
 
 def test_bad_inputs_exit_non_zero_with_clear_errors(corpus, tmp_path, capsys):

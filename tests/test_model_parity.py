@@ -8,6 +8,9 @@ Stated tolerances (tiny configs, d=64, 2 layers, GQA 4/2 heads, vocab 512, B=2, 
   gradients within 2e-2 relative L2 error (the f16 rounding of the weights).
 - 100 AdamW steps on real text (Python standard-library sources) from the same initial
   weights: every step's loss within 5e-4 absolute of PyTorch's (fp32; measured 9e-7 on lavapipe).
+- mixed with f16_math (forward matmuls in packed f16, activations rounded to f16): loss within
+  1e-4 relative and gradients within 1e-2 relative L2 error of the f16-weight reference
+  (measured 2e-6 and 1.2e-3 on lavapipe).
 - a tiny model overfits one batch to loss < 0.05.
 """
 
@@ -15,10 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from tests.model_helpers import TRAINING_OPS, requires_ops, byte_vocabulary, random_batches, stdlib_text, tiny_config
+from tests.model_helpers import (TRAINING_OPS, byte_vocabulary, random_batches, requires_ops,
+                                 stdlib_text, tiny_config)
 from tests.torch_reference import TorchAdamW, TorchReference
+from trainer_svc.model.gpu import fused_qkv
 from trainer_svc.training import TrainConfig, Trainer
 
 B, T = 2, 32
@@ -55,12 +59,14 @@ def _check_grads(grads, ref_grads, rel_l2, label):
     return max(worst)
 
 
-@pytest.mark.parametrize("precision,tied,accum", [
-    ("fp32", False, 1), ("fp32", True, 2), ("mixed", False, 1), ("mixed", True, 1)])
-def test_loss_and_every_gradient_match_pytorch(device, precision, tied, accum):
+@pytest.mark.parametrize("precision,tied,accum,kv_heads", [
+    ("fp32", False, 1, 2), ("fp32", True, 2, 2), ("mixed", False, 1, 2), ("mixed", True, 1, 2),
+    ("fp32", False, 1, 4), ("mixed", True, 2, 4)])  # 4 kv heads: kv = 64, the fused-qkv path
+def test_loss_and_every_gradient_match_pytorch(device, precision, tied, accum, kv_heads):
     if precision == "mixed" and not device.has("shader-f16"):
         pytest.skip(f"{device.name} lacks shader-f16 (mixed precision needs it)")
-    cfg = tiny_config(tied_head=tied)
+    cfg = tiny_config(tied_head=tied, n_kv_heads=kv_heads)
+    assert fused_qkv(cfg) is (kv_heads == 4)
     tc = TrainConfig(batch=B, seq=T, precision=precision, grad_accum=accum, seed=11)
     trainer = Trainer(cfg, tc, device)
     rng = np.random.default_rng(5)
@@ -186,3 +192,34 @@ def test_odd_shapes_match_pytorch(device):
     _check_grads(grads, ref_grads, 2e-4, "3 x 17, accumulation 2")
     m = trainer.step(micro)
     assert m.loss == pytest.approx(loss, rel=1e-6) and m.tokens == 2 * 3 * 17
+
+
+def test_close_frees_the_trainer(device):
+    batch = random_batches(np.random.default_rng(3), 1, B, T, 512)[0]
+    with Trainer(tiny_config(), TrainConfig(batch=B, seq=T, precision="fp32"), device) as tr:
+        tr.step(batch)
+    with pytest.raises(RuntimeError, match="closed"):
+        tr.step(batch)
+    tr.close()  # idempotent
+    again = Trainer(tiny_config(), TrainConfig(batch=B, seq=T, precision="fp32"), device)
+    assert np.isfinite(again.step(batch).loss)  # the device is fine after the release
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_f16_math_forward_stays_close_and_trains(device, kv_heads):
+    if not device.has("shader-f16"):
+        pytest.skip(f"{device.name} lacks shader-f16 (f16 math needs it)")
+    cfg = tiny_config(n_kv_heads=kv_heads)
+    tc = TrainConfig(batch=B, seq=T, precision="mixed", f16_math=True, lr=1e-2, warmup=2,
+                     steps=20)
+    trainer = Trainer(cfg, tc, device)
+    batch = random_batches(np.random.default_rng(5), 1, B, T, 128)[0]
+    loss, grads = trainer.loss_and_gradients(batch)
+    ref_loss, ref_grads = TorchReference(cfg, trainer.export_weights(),
+                                         weights_f16=True).loss_and_grads(batch)
+    assert loss == pytest.approx(ref_loss, rel=1e-4)
+    _check_grads(grads, ref_grads, 1e-2, "f16 math")
+    losses = [trainer.step(batch).loss for _ in range(tc.steps)]
+    assert losses[-1] < losses[0] - 2.0
+    with pytest.raises(ValueError, match="f16_math needs precision"):
+        TrainConfig(precision="fp32", f16_math=True)

@@ -33,7 +33,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 

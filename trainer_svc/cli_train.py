@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
@@ -46,7 +45,12 @@ def register(sub) -> None:
     t.add_argument("--min-lr", type=float, default=None, help="final learning rate (lr/10)")
     t.add_argument("--warmup", type=int, default=None, help="warmup steps (5%% of --steps)")
     t.add_argument("--weight-decay", type=float, default=0.1)
-    t.add_argument("--precision", choices=("mixed", "fp32"), default="mixed")
+    t.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
+                   help="mixed: f16 weight mirror in the matmuls, f32 master weights and "
+                        "gradients; fp32: f32 throughout")
+    t.add_argument("--f16-math", action="store_true",
+                   help="mixed only: forward matmuls multiply in packed f16 (faster on GPUs, "
+                        "f16-level forward accuracy)")
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--log-every", type=int, default=10, metavar="N",
                    help="print a line every N steps")
@@ -134,14 +138,14 @@ def cmd_train(args) -> int:
                          min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
                          warmup=args.warmup if args.warmup is not None else args.steps // 20,
                          weight_decay=args.weight_decay, grad_accum=args.grad_accum,
-                         seed=args.seed, precision=args.precision)
+                         seed=args.seed, precision=args.precision, f16_math=args.f16_math)
         cfg = ModelConfig.preset(args.model, n_vocab)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
     device = default_device(args.adapter)
     if tc.precision == "mixed" and not device.has("shader-f16"):
         log.warning("%s lacks shader-f16: training in fp32", device.name)
-        tc = TrainConfig(**{**tc.to_dict(), "precision": "fp32"})
+        tc = TrainConfig(**{**tc.to_dict(), "precision": "fp32", "f16_math": False})
 
     manager = CheckpointManager(args.checkpoints, keep_last=args.keep_last) \
         if args.checkpoints else None

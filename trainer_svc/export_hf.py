@@ -7,7 +7,8 @@ Weights are renamed to Hugging Face's Llama names and written as fp32 safetensor
 architecture matches exactly (RMSNorm in f32, SwiGLU MLP, RoPE pairing i with i + head_dim/2,
 no biases), so LlamaForCausalLM gives the same logits as istanbul for the same ids. The
 vocabulary goes along as `tokenizer.json` (byte-level BPE built from the ranks with the
-`tokenizers` library: merges recovered from the rank order) plus the original file.
+`tokenizers` library: every two-token split of a token is a merge ranked like the token)
+plus the original file.
 """
 
 from __future__ import annotations
@@ -103,21 +104,16 @@ def tokenizer_json(vocab):
         return "".join(byte_map[b] for b in token)
 
     ranks = vocab.ranks
+    # tiktoken merges the adjacent pair whose concatenation has the lowest rank, whichever
+    # split produced it; so every split of a token into two tokens is a merge, with the
+    # token's own rank as its priority (as transformers' tiktoken converter does)
     merges = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) < 2:
-            continue
-        # tiktoken merges the pair with the lowest-rank result; the token's own merge is the
-        # split whose halves both exist, choosing the lowest max-rank of the halves
-        best = None
+    for token, rank in ranks.items():
         for cut in range(1, len(token)):
             a, b = token[:cut], token[cut:]
-            if a in ranks and b in ranks and ranks[a] < rank and ranks[b] < rank:
-                key = (max(ranks[a], ranks[b]), ranks[a])
-                if best is None or key < best[0]:
-                    best = (key, a, b)
-        if best is not None:
-            merges.append((text(best[1]), text(best[2])))
+            if a in ranks and b in ranks:
+                merges.append((rank, ranks[a], ranks[b], text(a), text(b)))
+    merges = [(a, b) for *_, a, b in sorted(merges)]
     model = models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges,
                        ignore_merges=True)
     tok = Tokenizer(model)

@@ -10,11 +10,11 @@ keeps K and V of every position so far in a cache of max_seq rows (rows = positi
 columns = kv heads x head_dim, K after RoPE). Prefill runs the batched causal attention over
 the prompt and writes its K/V rows into the cache; each decode step computes q/k/v of one
 token at its position, appends k/v to the cache, and runs single-query attention over the
-cache (split into chunks of positions and combined: flash-decoding). Only the last position's logits come back to the
-host, where sampling happens: greedy when temperature == 0, else softmax(logits / T) limited
-to the top-k ids and to the smallest set whose probability reaches top-p, drawn from a PCG64
-generator seeded with `seed` (same seed, same text). Ids at or past the tokenizer's size
-(vocabulary padding) are never produced.
+cache (split into chunks of positions and combined: flash-decoding). Only the last
+position's logits come back to the host, where sampling happens: greedy when temperature ==
+0, else softmax(logits / T) limited to the top-k ids and to the smallest set whose
+probability reaches top-p, drawn from a PCG64 generator seeded with `seed` (same seed, same
+text). Ids at or past the tokenizer's size (vocabulary padding) are never produced.
 """
 
 from __future__ import annotations

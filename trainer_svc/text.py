@@ -54,7 +54,7 @@ class TextCodec:
 def _make_encoder(vocab: Vocabulary, spec: str):
     try:
         from tokenizer_svc.encoding import get_encoding  # the project's tokenizer, once built
-        enc = get_encoding(spec)
+        enc = get_encoding(vocab)
         return lambda text: list(enc.encode_ordinary(text))
     except ImportError:
         pass

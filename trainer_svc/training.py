@@ -12,7 +12,9 @@ after it: the per-token losses and the gradient statistics. A step whose gradien
 finite leaves weights and moments untouched and comes back with `skipped=True`.
 
 Precision: "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
-weights; master weights, activations, gradients and moments are f32) or "fp32".
+weights; master weights, activations, gradients and moments are f32) or "fp32". With
+`f16_math` (mixed only) the forward matmuls also round their activations to f16 and multiply
+in packed vec4<f16> (f32 accumulation): about twice the FMA rate, f16-level forward accuracy.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class TrainConfig:
     precision: str = "mixed"
     label_smoothing: float = 0.0
     z_loss: float = 0.0
+    f16_math: bool = False          # mixed only: forward matmuls multiply in packed f16
 
     def __post_init__(self):
         problems = []
@@ -67,6 +70,8 @@ class TrainConfig:
             problems.append("warmup, weight_decay, grad_clip must be >= 0 and eps > 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             problems.append("beta1 and beta2 must lie in [0, 1)")
+        if self.f16_math and self.precision != "mixed":
+            problems.append("f16_math needs precision 'mixed'")
         if not (0 <= self.label_smoothing < 1) or self.z_loss < 0:
             problems.append("label_smoothing must lie in [0, 1) and z_loss >= 0")
         if problems:
@@ -120,13 +125,33 @@ class Trainer:
         self.model = GpuModel(model_config, self.layout, device,
                               batch=train_config.batch, seq=train_config.seq,
                               precision=train_config.precision,
-                              grad_accum=train_config.grad_accum)
+                              grad_accum=train_config.grad_accum,
+                              f16_math=train_config.f16_math)
         self.model.set_parameters(parameters)
         self.step_count = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.recent_losses: collections.deque = collections.deque(maxlen=100)
         self.rng = np.random.Generator(np.random.PCG64(train_config.seed))
+
+    # ---- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the GPU memory now (a daemon runs job after job in one process)."""
+        if self.model is not None:
+            self.model.release()
+            self.model = None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live_model(self):
+        if self.model is None:
+            raise RuntimeError("this Trainer was closed; load its checkpoint into a new one")
+        return self.model
 
     # ---- training ----------------------------------------------------------------------
 
@@ -151,7 +176,7 @@ class Trainer:
         micro = self._micro_batches(batch)
         start = time.perf_counter()
         lr = tc.lr_at(self.step_count)
-        result = self.model.train_step(micro, lr=lr, step=self.step_count + 1, tc=tc)
+        result = self._live_model().train_step(micro, lr=lr, step=self.step_count + 1, tc=tc)
         seconds = time.perf_counter() - start
         tokens = int(micro.shape[0] * micro.shape[1] * tc.seq)
         skipped = bool(result.skipped) or not math.isfinite(result.loss)
@@ -168,7 +193,7 @@ class Trainer:
 
     def loss_and_gradients(self, batch) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and named f32 gradients of one step's batch, without updating anything."""
-        loss, flat = self.model.gradients(self._micro_batches(batch), self.train_config)
+        loss, flat = self._live_model().gradients(self._micro_batches(batch), self.train_config)
         return loss, self.layout.unpack(flat)
 
     def evaluate(self, batch) -> float:
@@ -182,24 +207,24 @@ class Trainer:
             if micro.shape != (tc.batch, tc.seq + 1):
                 raise ValueError(f"evaluate: batch shape {micro.shape}, expected "
                                  f"({tc.batch}, {tc.seq + 1})")
-            losses.append(self.model.eval_loss(micro.astype(np.uint32), tc))
+            losses.append(self._live_model().eval_loss(micro.astype(np.uint32), tc))
         return float(np.mean(losses))
 
     # ---- state -------------------------------------------------------------------------
 
     def parameters(self) -> np.ndarray:
         """The f32 master weights as one flat array (layout.total elements)."""
-        return self.model.get_parameters()
+        return self._live_model().get_parameters()
 
     def export_weights(self) -> dict[str, np.ndarray]:
         return self.layout.unpack(self.parameters())
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        m, v = self.model.get_moments()
+        m, v = self._live_model().get_moments()
         return {"m": m, "v": v}
 
     def load_optimizer_state(self, m: np.ndarray, v: np.ndarray) -> None:
-        self.model.set_moments(m, v)
+        self._live_model().set_moments(m, v)
 
     def rng_state(self) -> dict:
         return self.rng.bit_generator.state

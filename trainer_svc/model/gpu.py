@@ -12,7 +12,8 @@ reads the per-token losses and the gradient statistics after: nothing in between
 
 Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual stream):
     h    = rmsnorm(x_i) · attn_norm         (rstd saved)
-    q, k, v = h · Wqᵀ, h · Wkᵀ, h · Wvᵀ ;  q, k = RoPE(q), RoPE(k)   (rotated q, k saved)
+    [q|k|v] = h · [Wq; Wk; Wv]ᵀ ;  q, k = RoPE(q), RoPE(k)   (rotated q, k saved)
+                 (one matmul into one buffer when d and kv are multiples of 64, else three)
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
     h2   = rmsnorm(xa) · ffn_norm
@@ -54,6 +55,36 @@ def _align64(n: int) -> int:
     return -(-n // 64) * 64
 
 
+def fused_qkv(cfg: ModelConfig) -> bool:
+    """Whether q, k and v come from ONE matmul into one [rows, d + 2kv] buffer.
+
+    The k and v parts are then bound as views starting at columns d and d + kv, which must
+    sit on 256-byte boundaries: d and kv multiples of 64 (true for the small and 124m presets).
+    """
+    return cfg.d_model % 64 == 0 and cfg.kv_dim % 64 == 0
+
+
+class _QKV:
+    """q, k, v as separate [rows, d] / [rows, kv] buffers, or as parts of one fused buffer."""
+
+    def __init__(self, dev, n, cfg, label):
+        d, kv = cfg.d_model, cfg.kv_dim
+        if fused_qkv(cfg):
+            width = d + 2 * kv
+            self.fused = dev.empty((n, width), np.float32, label=f"{label} qkv")
+            total = n * width
+            self.q = self.fused.elements(0, total)
+            self.k = self.fused.elements(d, total - d)
+            self.v = self.fused.elements(d + kv, total - d - kv)
+            self.stride = width
+        else:
+            self.fused = None
+            self.q = dev.empty((n, d), np.float32, label=f"{label} q")
+            self.k = dev.empty((n, kv), np.float32, label=f"{label} k")
+            self.v = dev.empty((n, kv), np.float32, label=f"{label} v")
+            self.stride = None
+
+
 class _LayerActs:
     """Saved activations of one transformer block."""
 
@@ -63,9 +94,7 @@ class _LayerActs:
         self.x = e((n, d), "x")            # block input (residual stream)
         self.h = e((n, d), "h")            # rmsnorm(x)
         self.rstd = e(n, "rstd")
-        self.q = e((n, d), "q")
-        self.k = e((n, kv), "k")
-        self.v = e((n, kv), "v")
+        self.qkv = _QKV(dev, n, cfg, f"L{i}")  # after RoPE (q, k rotated in place)
         self.a = e((n, d), "attn")
         self.lse = e((batch, cfg.n_heads, seq), "lse")
         self.xa = e((n, d), "xa")          # after the attention residual
@@ -77,11 +106,15 @@ class _LayerActs:
 
 class GpuModel:
     def __init__(self, cfg: ModelConfig, layout: ParameterLayout, device, *, batch: int,
-                 seq: int, precision: str = "mixed", grad_accum: int = 1):
+                 seq: int, precision: str = "mixed", grad_accum: int = 1,
+                 f16_math: bool = False):
         self.cfg, self.layout, self.dev = cfg, layout, device
         self.batch, self.seq, self.precision = batch, seq, precision
         self.accum = grad_accum
         self.mixed = precision == "mixed"
+        if f16_math and not self.mixed:
+            raise ValueError("f16_math needs precision='mixed' (it multiplies the f16 weights)")
+        self.f16_math = f16_math  # forward matmuls in packed f16 (speed; looser accuracy)
         if self.mixed and not device.has("shader-f16"):
             raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
                                f"{device.name} lacks; use precision='fp32'")
@@ -122,12 +155,22 @@ class GpuModel:
         # backward scratch, reused by every layer
         self.dx = dev.empty((n, d), np.float32, label="dx")
         self.dh = dev.empty((n, d), np.float32, label="dh")
-        self.dq = dev.empty((n, d), np.float32, label="dq")
-        self.dk = dev.empty((n, kv), np.float32, label="dk")
-        self.dv = dev.empty((n, kv), np.float32, label="dv")
+        self.dqkv = _QKV(dev, n, cfg, "d")
         self.da = dev.empty((n, d), np.float32, label="dattn")
         self.dgu = dev.empty((n, 2 * f), np.float32, label="dgate|dup")
         self.ds = dev.empty((n, f), np.float32, label="dact")
+
+    def release(self) -> None:
+        """Free every device buffer now (cached bind groups would keep them alive a while)."""
+        seen = set()
+        for value in list(vars(self).values()) + [vars(L) for L in self.layers] + \
+                [vars(L.qkv) for L in self.layers] + [vars(self.dqkv)]:
+            items = value.values() if isinstance(value, dict) else [value]
+            for buf in items:
+                if hasattr(buf, "destroy") and id(buf) not in seen:
+                    seen.add(id(buf))
+                    buf.destroy()
+        self.released = True
 
     # ---- parameter views --------------------------------------------------------------
 
@@ -151,6 +194,14 @@ class GpuModel:
         off, size = self.layout.fused_range(f"layers.{layer}.w_gate", f"layers.{layer}.w_up")
         src = self.grads if grads else (self.w16 if self.mixed else self.params)
         return src.elements(off, size, (2 * self.cfg.ffn_hidden, self.cfg.d_model))
+
+    def wqkv(self, layer: int, grads: bool = False):
+        """Wq, Wk, Wv stacked as one [d + 2kv, d] matrix (adjacent in the layout)."""
+        pre = f"layers.{layer}."
+        off, size = self.layout.fused_range(pre + "wq", pre + "wk", pre + "wv")
+        src = self.grads if grads else (self.w16 if self.mixed else self.params)
+        return src.elements(off, size, (self.cfg.d_model + 2 * self.cfg.kv_dim,
+                                        self.cfg.d_model))
 
     def head(self) -> str:
         return "embed" if self.cfg.tied_head else "head"
@@ -205,27 +256,35 @@ class GpuModel:
         cfg, n, d, kv, f = self.cfg, self.n, self.cfg.d_model, self.cfg.kv_dim, \
             self.cfg.ffn_hidden
         B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        fm = {"f16_math": self.f16_math}
         ops.embedding(rec, self.ids, self.p("embed"), self.layers[0].x if self.layers
                       else self.x_final, n, d, cfg.vocab_size)
         for i, L in enumerate(self.layers):
             pre = f"layers.{i}."
             x_out = self.layers[i + 1].x if i + 1 < len(self.layers) else self.x_final
             ops.rmsnorm(rec, L.x, self.p(pre + "attn_norm"), L.h, L.rstd, n, d, cfg.norm_eps)
-            ops.linear(rec, L.h, self.w(pre + "wq"), L.q, n, d, d)
-            ops.linear(rec, L.h, self.w(pre + "wk"), L.k, n, kv, d)
-            ops.linear(rec, L.h, self.w(pre + "wv"), L.v, n, kv, d)
-            ops.rope(rec, L.q, self.rope_table, B, T, H, hd)
-            ops.rope(rec, L.k, self.rope_table, B, T, KV, hd)
-            ops.attention(rec, L.q, L.k, L.v, L.a, L.lse, B, T, H, KV, hd)
-            ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x)
+            qkv = L.qkv
+            if qkv.fused is not None:
+                ops.linear(rec, L.h, self.wqkv(i), qkv.fused, n, d + 2 * kv, d, **fm)
+            else:
+                ops.linear(rec, L.h, self.w(pre + "wq"), qkv.q, n, d, d, **fm)
+                ops.linear(rec, L.h, self.w(pre + "wk"), qkv.k, n, kv, d, **fm)
+                ops.linear(rec, L.h, self.w(pre + "wv"), qkv.v, n, kv, d, **fm)
+            ops.rope(rec, qkv.q, self.rope_table, B, T, H, hd, stride=qkv.stride)
+            ops.rope(rec, qkv.k, self.rope_table, B, T, KV, hd, stride=qkv.stride)
+            ops.attention(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, B, T, H, KV, hd,
+                          stride=qkv.stride)
+            ops.linear(rec, L.a, self.w(pre + "wo"), L.xa, n, d, d, residual=L.x, **fm)
             ops.rmsnorm(rec, L.xa, self.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
                         cfg.norm_eps)
-            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d)
+            ops.linear(rec, L.h2, self.w13(i), L.gu, n, 2 * f, d, **fm)
             ops.swiglu(rec, L.gu, L.s, n, f)
-            ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa)
+            ops.linear(rec, L.s, self.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
+                       **fm)
         ops.rmsnorm(rec, self.x_final, self.p("final_norm"), self.h_final, self.rstd_final,
                     n, d, cfg.norm_eps)
-        ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d)
+        ops.linear(rec, self.h_final, self.w(self.head()), self.logits, n, cfg.vocab_size, d,
+                   **fm)
         ops.cross_entropy(rec, self.logits, self.targets, self.losses, self.ce_stats, n,
                           cfg.vocab_size, grad_scale=loss_scale,
                           label_smoothing=tc.label_smoothing, z_loss=tc.z_loss,
@@ -256,16 +315,23 @@ class GpuModel:
             # attention: xa = x + a · Woᵀ
             ops.linear_dw(rec, self.dx, L.a, self.g(pre + "wo"), d, d, n)
             ops.linear_dx(rec, self.dx, self.w(pre + "wo"), self.da, n, d, d)
-            ops.attention_backward(rec, L.q, L.k, L.v, L.a, L.lse, self.da, self.dq, self.dk,
-                                   self.dv, B, T, H, KV, hd)
-            ops.rope_backward(rec, self.dq, self.rope_table, B, T, H, hd)
-            ops.rope_backward(rec, self.dk, self.rope_table, B, T, KV, hd)
-            ops.linear_dw(rec, self.dq, L.h, self.g(pre + "wq"), d, d, n)
-            ops.linear_dw(rec, self.dk, L.h, self.g(pre + "wk"), kv, d, n)
-            ops.linear_dw(rec, self.dv, L.h, self.g(pre + "wv"), kv, d, n)
-            ops.linear_dx(rec, self.dq, self.w(pre + "wq"), self.dh, n, d, d)
-            ops.linear_dx(rec, self.dk, self.w(pre + "wk"), self.dh, n, d, kv, accumulate=True)
-            ops.linear_dx(rec, self.dv, self.w(pre + "wv"), self.dh, n, d, kv, accumulate=True)
+            qkv, dqkv = L.qkv, self.dqkv
+            ops.attention_backward(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, self.da, dqkv.q,
+                                   dqkv.k, dqkv.v, B, T, H, KV, hd, stride=qkv.stride)
+            ops.rope_backward(rec, dqkv.q, self.rope_table, B, T, H, hd, stride=dqkv.stride)
+            ops.rope_backward(rec, dqkv.k, self.rope_table, B, T, KV, hd, stride=dqkv.stride)
+            if dqkv.fused is not None:
+                ops.linear_dw(rec, dqkv.fused, L.h, self.wqkv(i, grads=True), d + 2 * kv, d, n)
+                ops.linear_dx(rec, dqkv.fused, self.wqkv(i), self.dh, n, d, d + 2 * kv)
+            else:
+                ops.linear_dw(rec, dqkv.q, L.h, self.g(pre + "wq"), d, d, n)
+                ops.linear_dw(rec, dqkv.k, L.h, self.g(pre + "wk"), kv, d, n)
+                ops.linear_dw(rec, dqkv.v, L.h, self.g(pre + "wv"), kv, d, n)
+                ops.linear_dx(rec, dqkv.q, self.w(pre + "wq"), self.dh, n, d, d)
+                ops.linear_dx(rec, dqkv.k, self.w(pre + "wk"), self.dh, n, d, kv,
+                              accumulate=True)
+                ops.linear_dx(rec, dqkv.v, self.w(pre + "wv"), self.dh, n, d, kv,
+                              accumulate=True)
             ops.rmsnorm_backward(rec, L.x, self.p(pre + "attn_norm"), L.rstd, self.dh, self.dx,
                                  self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
         ops.embedding_backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
@@ -292,26 +358,27 @@ class GpuModel:
         One upload, one command buffer, one read-back of losses and gradient statistics.
         """
         accum = micro.shape[0]
-        if accum != self.accum:
-            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
         with self.dev.record("train step") as rec:
             self._record_step(rec, micro, lr=lr, step=step, tc=tc)
-        self.select_micro_batch(0)
         results = self.dev.download(self.results)
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
         stats = results[accum * self.stride:]
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
-    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+    def _record_gradients(self, rec, micro, tc) -> None:
+        """Zero the gradients, then forward + backward of every micro-batch (they add up)."""
         accum = micro.shape[0]
         self._upload_tokens(micro)
-        scale = 1.0 / (self.n * accum)
         ops.fill(rec, self.grads, 0.0, self.layout.total)
         for a in range(accum):
             self.select_micro_batch(a)
-            self.record_forward(rec, loss_scale=scale, tc=tc)
+            self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
             self.record_backward(rec)
+        self.select_micro_batch(0)
+
+    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
+        self._record_gradients(rec, micro, tc)
         self.record_update(rec, lr=lr, step=step, tc=tc)
 
     def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
@@ -321,22 +388,13 @@ class GpuModel:
         """
         with self.dev.record("profiled step", timing=True) as rec:
             self._record_step(rec, micro, lr=lr, step=step, tc=tc)
-        self.select_micro_batch(0)
         return rec.gpu_times
 
     def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
         """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""
         accum = micro.shape[0]
-        if accum != self.accum:
-            raise ValueError(f"{accum} micro-batches, the model was built for {self.accum}")
-        self._upload_tokens(micro)
         with self.dev.record("gradients") as rec:
-            ops.fill(rec, self.grads, 0.0, self.layout.total)
-            for a in range(accum):
-                self.select_micro_batch(a)
-                self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
-                self.record_backward(rec)
-        self.select_micro_batch(0)
+            self._record_gradients(rec, micro, tc)
         losses = self.dev.download(self.all_losses).reshape(accum, self.stride)[:, :self.n]
         return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
 

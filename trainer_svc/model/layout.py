@@ -109,12 +109,13 @@ class ParameterLayout:
     def names(self) -> list[str]:
         return [t.name for t in self.tensors]
 
-    def fused_range(self, first: str, second: str) -> tuple[int, int]:
-        """(offset, size) of two adjacent tensors as one stacked matrix (rows of both)."""
-        a, b = self[first], self[second]
-        if a.end != b.offset or a.shape[1:] != b.shape[1:]:
-            raise ValueError(f"{first} and {second} are not adjacent with equal row length")
-        return a.offset, a.size + b.size
+    def fused_range(self, *names: str) -> tuple[int, int]:
+        """(offset, size) of adjacent tensors as one stacked matrix (the rows of all)."""
+        parts = [self[n] for n in names]
+        for a, b in zip(parts, parts[1:]):
+            if a.end != b.offset or a.shape[1:] != b.shape[1:]:
+                raise ValueError(f"{a.name} and {b.name} are not adjacent with equal row length")
+        return parts[0].offset, sum(t.size for t in parts)
 
     def decay_range(self) -> tuple[int, int]:
         """[start, end) in elements of the weight-decayed block (aligned at both ends)."""

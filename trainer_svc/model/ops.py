@@ -46,8 +46,10 @@ def copy(rec, src, dst, n: int) -> None:
 
 # ---- matmuls ---------------------------------------------------------------------------------
 
-def linear(rec, x, w, y, M: int, N: int, K: int, *, residual=None) -> None:
-    _family("linear").matmul_nt(rec, x, w, y, M, N, K, residual=residual)
+def linear(rec, x, w, y, M: int, N: int, K: int, *, residual=None,
+           f16_math: bool = False) -> None:
+    """`f16_math` (f16 W only): x rounded to f16 too, packed-f16 products, f32 accumulation."""
+    _family("linear").matmul_nt(rec, x, w, y, M, N, K, residual=residual, f16_math=f16_math)
 
 
 def linear_dx(rec, dy, w, dx, M: int, K: int, N: int, *, accumulate: bool = False) -> None:
@@ -101,13 +103,18 @@ def rope_table(device, max_positions: int, head_dim: int, theta: float):
                          label="rope table")
 
 
-def rope(rec, x, table, B: int, T: int, H: int, hd: int, *, pos0: int = 0) -> None:
-    """Rotate x[B, T, H, hd] in place (pairs i, i + hd/2) at positions pos0 + t."""
-    _family("rope").forward(rec, x, table, B, T, H, hd, pos_offset=pos0)
+def rope(rec, x, table, B: int, T: int, H: int, hd: int, *, pos0: int = 0,
+         stride: int | None = None) -> None:
+    """Rotate x[B, T, H, hd] in place (pairs i, i + hd/2) at positions pos0 + t.
+
+    `stride`: elements between tokens when x is the q or k part of a fused qkv buffer.
+    """
+    _family("rope").forward(rec, x, table, B, T, H, hd, pos_offset=pos0, token_stride=stride)
 
 
-def rope_backward(rec, dx, table, B: int, T: int, H: int, hd: int) -> None:
-    _family("rope").backward(rec, dx, table, B, T, H, hd)
+def rope_backward(rec, dx, table, B: int, T: int, H: int, hd: int, *,
+                  stride: int | None = None) -> None:
+    _family("rope").backward(rec, dx, table, B, T, H, hd, token_stride=stride)
 
 
 # ---- SwiGLU ------------------------------------------------------------------------------------
@@ -124,15 +131,21 @@ def swiglu_backward(rec, gate_up, dout, dgate_up, rows: int, F: int) -> None:
 
 # ---- attention ---------------------------------------------------------------------------------
 
-def attention(rec, q, k, v, out, lse, B: int, T: int, H: int, KV: int, hd: int) -> None:
-    """Causal GQA attention: q [B,T,H,hd], k/v [B,T,KV,hd] -> out [B,T,H,hd], lse [B,H,T]."""
-    _family("attention").forward(rec, q, k, v, out, lse, B, T, H, KV, hd)
+def attention(rec, q, k, v, out, lse, B: int, T: int, H: int, KV: int, hd: int, *,
+              stride: int | None = None) -> None:
+    """Causal GQA attention: q [B,T,H,hd], k/v [B,T,KV,hd] -> out [B,T,H,hd], lse [B,H,T].
+
+    `stride`: token stride of q, k and v when they are parts of one fused qkv buffer.
+    """
+    _family("attention").forward(rec, q, k, v, out, lse, B, T, H, KV, hd, q_stride=stride,
+                                 kv_stride=stride)
 
 
 def attention_backward(rec, q, k, v, out, lse, dout, dq, dk, dv, B: int, T: int, H: int,
-                       KV: int, hd: int) -> None:
+                       KV: int, hd: int, *, stride: int | None = None) -> None:
     """dq, dk, dv (written, not accumulated) from dout and the forward's saved tensors."""
-    _family("attention").backward(rec, q, k, v, out, dout, lse, dq, dk, dv, B, T, H, KV, hd)
+    _family("attention").backward(rec, q, k, v, out, dout, lse, dq, dk, dv, B, T, H, KV, hd,
+                                  q_stride=stride, kv_stride=stride)
 
 
 def kv_cache_write(rec, k, v, k_cache, v_cache, T: int, KV: int, hd: int, *, pos: int,

@@ -1,0 +1,23 @@
+"""The exported tokenizer.json encodes exactly like tiktoken does with the same ranks."""
+
+import glob
+import sysconfig
+
+import tiktoken
+
+from tests.conftest import shared_vocab
+from tokenizer_svc.vocab import load_vocabulary
+from trainer_svc.export_hf import tokenizer_json
+
+
+def test_gpt2_ranks_become_an_identical_hf_tokenizer():
+    vocab = load_vocabulary(shared_vocab("gpt2.tiktoken"))
+    enc = tiktoken.Encoding(name="gpt2-test", pat_str=vocab.pattern,
+                            mergeable_ranks=vocab.ranks, special_tokens=vocab.special_tokens)
+    tok = tokenizer_json(vocab)
+    files = sorted(glob.glob(sysconfig.get_paths()["stdlib"] + "/*.py"))[:12]
+    text = "".join(open(f, encoding="utf-8").read() for f in files)
+    text += " Steven J. Bethard héllo wörld 日本語 🤖  \n\n\t x"
+    assert tok.encode(text, add_special_tokens=False).ids == enc.encode_ordinary(text)
+    assert tok.decode(enc.encode_ordinary(text)) == text
+    assert tok.token_to_id("<|endoftext|>") == 50256
