@@ -35,6 +35,13 @@ PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
 WG = 64
 SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
 SCRATCH_WORDS_PER_BYTE = 4
+STATE_WORDS = 4  # per long piece, before its arrays (bpe_encode.wgsl)
+# Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
+# SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
+# heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
+# diverge may add up; a lone lane (the _sg kernel) may not.
+PRETOK_BUDGET_SOFTWARE = 4000
+LONG_BUDGET_SOFTWARE = 8000
 
 
 class BoundaryError(RuntimeError):
@@ -70,6 +77,12 @@ class GpuEncoder:
         self.k_pretok = k("bpe_pretok", constants) if constants else None
         self.k_pieces = k("bpe_merge_pieces")
         self.k_long = k("bpe_merge_long")
+        # llvmpipe ends every loop of an invocation after 65,535 iterations in total
+        # (shaders/NOTES.md): there the kernels work in budgeted rounds; GPUs run unbounded.
+        software = device.info.is_software
+        self.budget = PRETOK_BUDGET_SOFTWARE if software else NONE
+        self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
+        self.long_budget = LONG_BUDGET_SOFTWARE
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
         self.vocab_buf = device.upload(tables.vocab_words, label="bpe vocab")
         self.pairs_buf = device.upload(tables.pairs, label="bpe pairs")
@@ -77,7 +90,7 @@ class GpuEncoder:
         binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
         # tok_buf and the scan take 4 bytes per input byte; keep every binding under the limit
         self.max_call_bytes = max_call_bytes or (binding // 4 - 1024)
-        self.scratch_limit_words = binding // 4
+        self.scratch_limit_words = binding // 4 - 16
         self.profile = False
         self.last_profile = Profile()
 
@@ -166,40 +179,47 @@ class GpuEncoder:
         starts_buf = pool.get("starts", 4 * (n_docs + 1))
         starts_buf.write(starts.astype(np.uint32))
         n_chunks = -(-n // self.chunk)
-        cuts = pool.get("cuts", 4 * n_chunks)
+        cuts = pool.get("cuts", 16 * n_chunks)
         tok_buf = pool.get("tok_buf", 4 * n)
         longs = pool.get("longs", 16 * (n // (SHORT_MAX + 1) + 1))
-        counters = pool.get("counters", 16)
-        counters.write(np.zeros(4, np.uint32))
+        counters = pool.get("counters", 32)
+        counters.write(np.zeros(8, np.uint32))
         scratch = pool.get("scratch_dummy", 16)
         lay = self.tables.layout
-        n_items = n_docs if pieces else n_docs
-        params = dev.params("IIIIIIIIIIII", n, n_items, n_chunks, self.chunk,
-                            lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"],
-                            lay["pair_mask"], lay["max_tok_len"], int(self.tables.whole_piece), 0)
         prof.upload_s += time.perf_counter() - t0
 
-        def binds(scratch_buf):
+        def binds(scratch_buf, budget):
+            params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, self.chunk,
+                                lay["info_off"], lay["bytes_off"], lay["piece_off"],
+                                lay["piece_mask"], lay["pair_mask"], lay["max_tok_len"],
+                                int(self.tables.whole_piece), budget)
             return [text, starts_buf, self.classes_buf, self.vocab_buf, self.pairs_buf, cuts,
                     tok_buf, longs, scratch_buf, counters, params]
 
         with dev.record("bpe encode", timing=self.profile) as rec:
-            rec.dispatch(self.k_fill, binds(scratch), -(-n // WG), "fill")
+            rec.dispatch(self.k_fill, binds(scratch, self.budget), -(-n // WG), "fill")
             if pieces:
-                rec.dispatch(self.k_pieces, binds(scratch), -(-n_docs // WG), "merge_pieces")
+                rec.dispatch(self.k_pieces, binds(scratch, self.budget), -(-n_docs // WG),
+                             "merge_pieces")
             else:
-                rec.dispatch(self.k_cuts, binds(scratch), -(-n_chunks // WG), "cuts")
-                rec.dispatch(self.k_pretok, binds(scratch), -(-n_chunks // WG), "pretok_merge")
+                rec.dispatch(self.k_cuts, binds(scratch, self.budget), -(-n_chunks // WG), "cuts")
+                rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
+                             "pretok_merge")
         prof.add_gpu(rec.gpu_times)
-        t0 = time.perf_counter()
-        n_long, long_bytes, overruns, _ = dev.download(counters.view(0, 16), np.uint32)
-        prof.readback_s += time.perf_counter() - t0
+        n_long, long_words, overruns, unfinished = self._counters(counters)
+        while unfinished:  # only with a finite budget (llvmpipe): resume the segments
+            counters.write(np.zeros(1, np.uint32), offset_bytes=12)
+            with dev.record("bpe pretok resume", timing=self.profile) as rec:
+                rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
+                             "pretok_merge")
+            prof.add_gpu(rec.gpu_times)
+            n_long, long_words, overruns, unfinished = self._counters(counters)
         if overruns:
             raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
                                 "a piece boundary proof failed (internal error; please report "
                                 "the input)")
         if n_long:
-            self._merge_long(binds, longs, counters, int(n_long), int(long_bytes))
+            self._merge_long(binds, longs, counters, n_long, long_words)
 
         excl = pool.get("excl", 4 * (n + 1))
         ids_buf = pool.get("ids", 4 * n)
@@ -219,35 +239,52 @@ class GpuEncoder:
         prof.calls += 1
         return ids, offsets
 
-    def _merge_long(self, binds, longs, counters, n_long: int, long_bytes: int) -> None:
-        """Heap BPE of the queued long pieces, in rounds that fit the scratch binding."""
-        dev = self.device
-        need = SCRATCH_WORDS_PER_BYTE * long_bytes
-        if need <= self.scratch_limit_words:
-            scratch = self.pool.get("scratch", 4 * need)
-            with dev.record("bpe long", timing=self.profile) as rec:
-                rec.dispatch(self.k_long, binds(scratch), -(-n_long // WG), "merge_long")
-            self.last_profile.add_gpu(rec.gpu_times)
+    def _counters(self, counters) -> tuple[int, int, int, int]:
+        t0 = time.perf_counter()
+        values = self.device.download(counters.view(0, 16), np.uint32)
+        self.last_profile.readback_s += time.perf_counter() - t0
+        return tuple(int(v) for v in values)
+
+    def _merge_long(self, binds, longs, counters, n_long: int, long_words: int) -> None:
+        """Heap BPE of the queued long pieces (resumed until done when the budget is finite),
+        in rounds that fit the scratch binding."""
+        if long_words <= self.scratch_limit_words:
+            scratch = self.pool.get("scratch", 4 * long_words)
+            self._run_long(binds, scratch, counters, n_long)
             return
-        # Too much at once: re-queue the pieces in rounds with scratch bases assigned here.
+        # Too much at once: re-queue the pieces in groups with scratch bases assigned here.
+        dev = self.device
         queue = dev.download(longs.view(0, 16 * n_long), np.uint32).reshape(-1, 4).copy()
-        room = self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE
-        if int(queue[:, 1].max()) > room:
+        need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * queue[:, 1].astype(np.int64)
+        if int(need.max()) > self.scratch_limit_words:
             raise ValueError(f"a single pre-tokenized piece of {int(queue[:, 1].max())} bytes "
-                             f"exceeds the device's long-piece work space ({room} bytes)")
+                             "exceeds the device's long-piece work space "
+                             f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
         scratch = self.pool.get("scratch", 4 * self.scratch_limit_words)
         i = 0
         while i < n_long:
-            sizes = np.cumsum(queue[i:, 1].astype(np.int64))
-            j = i + max(int(np.searchsorted(sizes, room, side="right")), 1)
+            j = i + max(int(np.searchsorted(np.cumsum(need[i:]), self.scratch_limit_words,
+                                            side="right")), 1)
             batch = queue[i:j].copy()
-            batch[:, 2] = np.concatenate([[0], np.cumsum(batch[:-1, 1])])
+            batch[:, 2] = np.concatenate([[0], np.cumsum(need[i:j - 1])])
+            batch[:, 3] = 0  # LONG_NEW
             longs.write(batch)
             counters.write(np.array([j - i], np.uint32))
-            with dev.record("bpe long", timing=self.profile) as rec:
-                rec.dispatch(self.k_long, binds(scratch), -(-(j - i) // WG), "merge_long")
-            self.last_profile.add_gpu(rec.gpu_times)
+            self._run_long(binds, scratch, counters, j - i)
             i = j
+
+    def _run_long(self, binds, scratch, counters, n_long: int) -> None:
+        dev = self.device
+        kernel, budget = self.k_long, self.budget
+        if self.k_long_sg is not None:
+            kernel, budget = self.k_long_sg, self.long_budget
+        while True:
+            counters.write(np.zeros(1, np.uint32), offset_bytes=12)
+            with dev.record("bpe long", timing=self.profile) as rec:
+                rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG), "merge_long")
+            self.last_profile.add_gpu(rec.gpu_times)
+            if not self._counters(counters)[3]:
+                return
 
 
 def find_cut(data: np.ndarray, lo: int, hi: int, pattern: str) -> int | None:

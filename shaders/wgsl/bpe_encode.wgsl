@@ -4,47 +4,81 @@
 // bpe_compact.wgsl then compacts it into ids. The reference is tokenizer_svc/reference.py.
 //
 //   bpe_fill_none     tok_buf[i] = NONE for i < n_bytes                     (one per byte)
-//   bpe_cuts          cuts[c] = first provable piece boundary in chunk c, or NONE   (one per chunk)
-//   bpe_pretok        per chunk with a cut: pre-tokenize [cut, next cut) with the PATTERN's
-//                     rules, BPE every piece of <= SHORT_MAX bytes, queue longer ones (one per chunk)
-//   bpe_merge_pieces  per piece made on the CPU ([starts[i], starts[i+1])): BPE or queue
-//   bpe_merge_long    per queued long piece: BPE with a binary heap in `scratch` (grid-stride)
+//   bpe_cuts          per chunk of `chunk` bytes: its first provable piece boundary (or NONE)
+//                     and a summary of its characters for skipping long runs  (one per chunk)
+//   bpe_pretok        per chunk with a boundary: pre-tokenize [boundary, next boundary) with
+//                     the PATTERN's rules, BPE each piece of <= SHORT_MAX bytes in registers,
+//                     queue longer ones                                       (one per chunk)
+//   bpe_merge_pieces  per piece cut on the CPU ([starts[i], starts[i+1])): BPE or queue
+//   bpe_merge_long    per queued long piece: BPE with a binary heap in `scratch` (grid-stride;
+//   bpe_merge_long_sg   the _sg variant uses only lane 0 of each subgroup, see `budget`)
 //
 // Bindings (group 0), the same for every kernel of this file (each kernel calls touch_all()):
-//   0 text      array<u32>        read   input bytes, 4 per word, little-endian
-//   1 starts    array<u32>        read   document starts, n_starts + 1 entries (last = n_bytes);
-//                                        for bpe_merge_pieces: piece starts
-//   2 classes   array<u32>        read   Unicode classes: stage 1 (4352 words), then stage 2
-//   3 vocab     array<u32>        read   byte_tok[256] | tok_info (offset, length) per id |
+//   0 text      array<u32>         read  input bytes, 4 per word, little-endian
+//   1 starts    array<u32>         read  document starts, n_starts + 1 entries (last =
+//                                        n_bytes); for bpe_merge_pieces: piece starts
+//   2 classes   array<u32>         read  Unicode classes: stage 1 (4352 words), then stage 2
+//   3 vocab     array<u32>         read  byte_tok[256] | tok_info (offset, length) per id |
 //                                        token bytes | piece slots (FNV-1a hash, id)
-//   4 pairs     array<vec4<u32>>  read   (left, right) -> (priority, merged id) hash table
-//   5 cuts      array<u32>        rw     one per chunk
-//   6 tok_buf   array<u32>        rw     one per input byte
-//   7 longs     array<vec4<u32>>  rw     queued long pieces: (start, length, scratch base, 0)
-//   8 scratch   array<u32>        rw     4 words per byte of queued long pieces
-//   9 counters  array<atomic<u32>> rw    [0] long pieces, [1] long bytes, [2] boundary overruns
+//   4 pairs     array<vec4<u32>>   read  (left, right) -> (priority, merged id) hash table
+//   5 cuts      array<vec4<u32>>   rw    per chunk: (boundary, resume position, summary0,
+//                                        summary1), see bpe_cuts
+//   6 tok_buf   array<u32>         rw    one per input byte
+//   7 longs     array<vec4<u32>>   rw    queued long pieces: (start, length, scratch base,
+//                                        LONG_NEW / LONG_STARTED / LONG_FINISHED)
+//   8 scratch   array<u32>         rw    per long piece: state (4 words), then prev, pri,
+//                                        heap slots, heap index (length words each)
+//   9 counters  array<atomic<u32>> rw    [0] long pieces, [1] scratch words, [2] boundary
+//                                        overruns, [3] unfinished (resume needed)
 //  10 p         uniform Params
 // Dispatch: workgroups of 64 invocations, one invocation per byte / chunk / piece as listed,
-// over ceil(count / 64) workgroups (folded into 2-D by the engine when large).
+// ceil(count / 64) workgroups (folded into 2-D by the engine when large).
+//
+// Work budget: llvmpipe silently ends all loops of an invocation after 65,535 iterations in
+// total, where entering a loop counts too (shaders/NOTES.md). Every loop here adds one to
+// `work` when entered and one per iteration (an underestimate still: structurised early
+// returns cost extra, hence the driver's margins); bpe_pretok and bpe_merge_long
+// stop between two pieces / merges once `work` exceeds p.budget, save where they are (cuts.y,
+// the long piece's state words) and count themselves in counters[3]; the driver dispatches
+// again until nothing is unfinished. On real GPUs the budget is unlimited: one dispatch.
 //
 // Why chunks can be processed independently: a segment starts only at a position p that is
 // provably the start of a piece, so the pieces found from p on are the ones a sequential
-// matcher from the document start would find (no pattern looks behind). `is_cut` proves it:
-// the code point before p is a letter (\p{L}) and the code point at p is not a letter (gpt2,
-// cl100k), resp. neither a letter, a mark nor an apostrophe (o200k). Every alternative that
-// can contain a letter — gpt2 ` ?\p{L}++` and the contractions; cl100k
-// `[^\r\n\p{L}\p{N}]?+\p{L}++` and the contractions; o200k's two letter alternatives
-// `P?[Lu Lt Lm Lo M]*[Ll Lm Lo M]+C?` / `P?[..]+[..]*C?`, where C starts with an apostrophe —
-// can only continue past a letter with a letter (resp. a letter, a mark or `'`), and no other
-// alternative contains a letter at all (letters, digits, whitespace are disjoint classes). So
-// the piece containing the letter before p ends exactly at p. Document starts are cuts too.
-// A segment's invocation checks that its last piece ends exactly at the next cut and counts
-// an overrun otherwise (the driver treats any overrun as an internal error).
+// matcher from the document start would find (none of the patterns looks behind). `is_cut`
+// holds a proof for each rule (prev = code point before p, cur = at p, nxt = after cur):
+//  L  prev is a letter; cur is not a letter (gpt2, cl100k), resp. not a letter, mark or `'`
+//     (o200k). Every alternative that can contain a letter — gpt2 ` ?\p{L}++` and the
+//     contractions; cl100k `[^\r\n\p{L}\p{N}]?+\p{L}++` and the contractions; o200k's
+//     `P?[Lu Lt Lm Lo M]*[Ll Lm Lo M]+C?` / `P?[..]+[..]*C?` whose suffix C starts with `'` —
+//     continues past a letter only with a letter (resp. letter, mark, `'`); no other
+//     alternative contains a letter. So the piece containing prev ends exactly at p.
+//  D  prev is a digit, cur is not: digits only occur in digit pieces (` ?\p{N}++` or
+//     `\p{N}{1,3}` groups tiling the run from its start), which end with the run.
+//  O  prev is "other" ([^\s\p{L}\p{N}], not `'`), cur is a digit or a whitespace other than
+//     \r \n: prev's piece is a run of others (+ [\r\n]* in cl100k, + [\r\n/]* in o200k) or
+//     (o200k) a letter piece ending in a mark; neither can take cur. A piece that starts
+//     with prev as the optional prefix needs a letter at p.
+//  NL prev is \r or \n, cur is not whitespace (nor `/` for o200k): prev's piece is
+//     whitespace only, or (cl100k, o200k) others + [\r\n]* / [\r\n/]*, which stop at cur.
+//  W  prev and cur are whitespace, cur is not \r \n, nxt is not whitespace and not the end:
+//     cur is the last character of a run of >= 2. From any position x before cur in the run
+//     no alternative can end after cur (` ?X`/prefix forms need a non-space after x; the
+//     \r\n forms end after the run's last \r/\n, which lies before cur; `\s+(?!\S)` ends
+//     exactly at cur), and pieces from x end at cur or earlier, so one ends at cur.
+// Document starts are boundaries too. tests/test_tokenizer_gpu.py checks the rules against
+// the reference on every code point; a segment's invocation also checks that its last piece
+// ends exactly at the next boundary and counts an overrun otherwise (the driver raises).
+//
+// Long runs: bpe_cuts records per chunk the AND and OR of its characters' classes, the offset
+// of its first and last character, of its last \r/\n and the end of its last "lower" (o200k)
+// character; a run scan that reaches a chunk's first character and finds the whole chunk in
+// the run jumps over it (run scans are O(run / chunk + chunk)).
 
 const NONE: u32 = 0xffffffffu;
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged in registers
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
+const STATE_WORDS: u32 = 4u;  // per long piece: phase, position, heap size, unused
 
 // Unicode class bits (tokenizer_svc/unicode_table.py BIT_*), plus END for "no character".
 const CL_L: u32 = 1u;
@@ -55,13 +89,25 @@ const CL_UP: u32 = 16u;   // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
 const CL_LO: u32 = 32u;   // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
 const CL_END: u32 = 128u;
 
+// Long-piece phases (scratch state word 0).
+const PH_START: u32 = 0u;
+const PH_INIT: u32 = 1u;
+const PH_PAIRS: u32 = 2u;
+const PH_HEAPIFY: u32 = 3u;
+const PH_MERGE: u32 = 4u;
+const PH_DONE: u32 = 5u;
+// longs[i].w
+const LONG_NEW: u32 = 0u;       // queued; its state words are not initialised yet
+const LONG_STARTED: u32 = 2u;
+const LONG_FINISHED: u32 = 1u;
+
 override PATTERN: u32 = 0u;   // 0 gpt2/r50k, 1 cl100k, 2 o200k
 
 struct Params {
     n_bytes: u32,
     n_starts: u32,     // documents (or pieces for bpe_merge_pieces)
     n_chunks: u32,
-    chunk: u32,        // bytes per chunk
+    chunk: u32,        // bytes per chunk (<= 255)
     info_off: u32,     // word offsets into `vocab`
     bytes_off: u32,
     piece_off: u32,
@@ -69,7 +115,7 @@ struct Params {
     pair_mask: u32,
     max_tok_len: u32,
     whole_piece: u32,  // 1: a piece that is itself a token is that token (tiktoken)
-    _pad: u32,
+    budget: u32,       // loop iterations per invocation and dispatch (NONE: unlimited)
 }
 
 struct Ch {
@@ -82,13 +128,10 @@ struct WsRun {
     stop: u32,      // first byte after the run
     last: u32,      // start of the run's last character
     crlf_end: u32,  // one past the run's last \r or \n, NONE if none
-    count: u32,     // characters in the run
+    count: u32,     // characters in the run (only compared with 2)
 }
 
-var<private> heap_size: u32;
-var<private> h_pri: u32;   // word offsets of the current long piece's arrays in `scratch`
-var<private> h_heap: u32;
-var<private> h_idx: u32;
+var<private> work: u32;
 
 fn touch_all() {
     _ = &text; _ = &starts; _ = &classes; _ = &vocab; _ = &pairs;
@@ -136,7 +179,9 @@ fn ch_at(i: u32, end: u32) -> Ch {
 // The code point that ends just before byte i (i > start of its document).
 fn ch_before(i: u32) -> Ch {
     var j = i - 1u;
+    work += 1u;
     for (var k = 0u; k < 3u; k += 1u) {
+        work += 1u;
         if ((byte_at(j) & 0xc0u) != 0x80u || j == 0u) {
             break;
         }
@@ -149,9 +194,34 @@ fn is_other(c: Ch) -> bool {   // [^\s\p{L}\p{N}], and not the end
     return (c.cls & (CL_L | CL_N | CL_S | CL_END)) == 0u;
 }
 
+fn is_crlf(cp: u32) -> bool {
+    return cp == 10u || cp == 13u;
+}
+
+// If i is the first character of its chunk, the chunk ends before `end` and all its
+// characters have a bit of `all` (resp. none of the bits of `none`), the position after the
+// chunk's last character; else NONE.
+fn chunk_jump(i: u32, end: u32, all: u32, none: u32) -> u32 {
+    let c = i / p.chunk;
+    let next_chunk = (c + 1u) * p.chunk;
+    if (next_chunk >= end) { return NONE; }
+    let info = cuts[c];
+    if (i != c * p.chunk + ((info.z >> 8u) & 0xffu)) { return NONE; }
+    if (all != 0u && (info.z & all) == 0u) { return NONE; }
+    if (none != 0u && ((info.w >> 8u) & none) != 0u) { return NONE; }
+    return next_chunk + ((cuts[c + 1u].z >> 8u) & 0xffu);
+}
+
 fn run_while(i0: u32, end: u32, mask: u32) -> u32 {   // end of the run of chars in `mask`
     var i = i0;
+    work += 1u;
     loop {
+        work += 1u;
+        let jump = chunk_jump(i, end, mask, 0u);
+        if (jump != NONE) {
+            i = jump;
+            continue;
+        }
         let c = ch_at(i, end);
         if ((c.cls & mask) == 0u) { break; }
         i += c.len;
@@ -161,7 +231,14 @@ fn run_while(i0: u32, end: u32, mask: u32) -> u32 {   // end of the run of chars
 
 fn run_other(i0: u32, end: u32) -> u32 {
     var i = i0;
+    work += 1u;
     loop {
+        work += 1u;
+        let jump = chunk_jump(i, end, 0u, CL_L | CL_N | CL_S);
+        if (jump != NONE) {
+            i = jump;
+            continue;
+        }
         let c = ch_at(i, end);
         if (!is_other(c)) { break; }
         i += c.len;
@@ -171,7 +248,9 @@ fn run_other(i0: u32, end: u32) -> u32 {
 
 fn run_bytes(i0: u32, end: u32, slash: bool) -> u32 {   // [\r\n]* or [\r\n/]*
     var i = i0;
+    work += 1u;
     loop {
+        work += 1u;
         if (i >= end) { break; }
         let b = byte_at(i);
         if (b != 10u && b != 13u && !(slash && b == 47u)) { break; }
@@ -183,11 +262,24 @@ fn run_bytes(i0: u32, end: u32, slash: bool) -> u32 {   // [\r\n]* or [\r\n/]*
 fn ws_run(p0: u32, end: u32) -> WsRun {
     var r = WsRun(p0, p0, NONE, 0u);
     var i = p0;
+    work += 1u;
     loop {
+        work += 1u;
+        let jump = chunk_jump(i, end, CL_S, 0u);
+        if (jump != NONE) {
+            let c = i / p.chunk;
+            let info = cuts[c].z;
+            r.last = c * p.chunk + ((info >> 16u) & 0xffu);
+            let crlf = (info >> 24u) & 0xffu;
+            if (crlf != 0u) { r.crlf_end = c * p.chunk + crlf; }
+            r.count += 2u;
+            i = jump;
+            continue;
+        }
         let c = ch_at(i, end);
         if ((c.cls & CL_S) == 0u) { break; }
         r.last = i;
-        if (c.cp == 10u || c.cp == 13u) { r.crlf_end = i + 1u; }
+        if (is_crlf(c.cp)) { r.crlf_end = i + 1u; }
         r.count += 1u;
         i += c.len;
     }
@@ -201,7 +293,7 @@ fn ci(cp: u32, lower: u32) -> bool {
     return cp == lower || cp == lower - 32u || (lower == 115u && cp == 0x17fu);
 }
 
-// ---- the three patterns: each returns the end of the piece that starts at p ---------------
+// ---- the three patterns: each returns the end of the piece that starts at p0 ---------------
 
 // '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s
 fn match_gpt2(p0: u32, end: u32) -> u32 {
@@ -249,14 +341,16 @@ fn match_cl100k(p0: u32, end: u32) -> u32 {
         }
     }
     if ((c0.cls & CL_L) != 0u) { return run_while(p0, end, CL_L); }
-    if (c0.cp != 10u && c0.cp != 13u && (c0.cls & CL_N) == 0u) {
+    if (!is_crlf(c0.cp) && (c0.cls & CL_N) == 0u) {
         // possessive optional prefix: taken, then at least one letter must follow
         let c1 = ch_at(p0 + c0.len, end);
         if ((c1.cls & CL_L) != 0u) { return run_while(p0 + c0.len, end, CL_L); }
     }
     if ((c0.cls & CL_N) != 0u) {
         var i = p0 + c0.len;
+        work += 1u;
         for (var k = 0u; k < 2u; k += 1u) {
+            work += 1u;
             let c = ch_at(i, end);
             if ((c.cls & CL_N) == 0u) { break; }
             i += c.len;
@@ -301,7 +395,17 @@ fn o200k_suffix(e: u32, end: u32) -> u32 {
 fn o200k_lower_run(s: u32, end: u32) -> u32 {
     var i = s;
     var last_lo_end = NONE;   // end of the last char of the UP run that is also LO
+    work += 1u;
     loop {
+        work += 1u;
+        let jump = chunk_jump(i, end, CL_UP, 0u);
+        if (jump != NONE) {
+            let c = i / p.chunk;
+            let lo_end = cuts[c].w & 0xffu;
+            if (lo_end != 0xffu) { last_lo_end = c * p.chunk + lo_end; }
+            i = jump;
+            continue;
+        }
         let c = ch_at(i, end);
         if ((c.cls & CL_UP) == 0u) { break; }
         if ((c.cls & CL_LO) != 0u) { last_lo_end = i + c.len; }
@@ -328,7 +432,7 @@ fn o200k_upper_run(s: u32, end: u32) -> u32 {
 // ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 fn match_o200k(p0: u32, end: u32) -> u32 {
     let c0 = ch_at(p0, end);
-    if (c0.cp != 10u && c0.cp != 13u && (c0.cls & (CL_L | CL_N)) == 0u) {
+    if (!is_crlf(c0.cp) && (c0.cls & (CL_L | CL_N)) == 0u) {
         // the optional prefix, tried taken first, then empty (only a mark can start a run)
         let s1 = p0 + c0.len;
         let e1 = o200k_lower_run(s1, end);
@@ -343,7 +447,9 @@ fn match_o200k(p0: u32, end: u32) -> u32 {
     }
     if ((c0.cls & CL_N) != 0u) {
         var i = p0 + c0.len;
+        work += 1u;
         for (var k = 0u; k < 2u; k += 1u) {
+            work += 1u;
             let c = ch_at(i, end);
             if ((c.cls & CL_N) == 0u) { break; }
             i += c.len;
@@ -372,19 +478,36 @@ fn match_piece(p0: u32, end: u32) -> u32 {
     return match_gpt2(p0, end);
 }
 
-fn is_cut(prev: Ch, cur: Ch) -> bool {
-    if ((prev.cls & CL_L) == 0u) { return false; }
-    if (PATTERN == 2u) {
-        return (cur.cls & (CL_L | CL_M | CL_END)) == 0u && cur.cp != 39u;
+// Is the position where `cur` starts provably the start of a piece? (rules in the header;
+// mirrored by tokenizer_svc/gpu_encode.py:cut_rule)
+fn is_cut(prev: Ch, cur: Ch, at: u32, end: u32) -> bool {
+    if ((cur.cls & CL_END) != 0u || (prev.cls & CL_END) != 0u) { return false; }
+    if ((prev.cls & CL_L) != 0u) {                                              // L
+        if (PATTERN == 2u) { return (cur.cls & (CL_L | CL_M)) == 0u && cur.cp != 39u; }
+        return (cur.cls & CL_L) == 0u;
     }
-    return (cur.cls & (CL_L | CL_END)) == 0u;
+    if ((prev.cls & CL_N) != 0u) { return (cur.cls & CL_N) == 0u; }             // D
+    let cur_plain_space = (cur.cls & CL_S) != 0u && !is_crlf(cur.cp);
+    if (is_other(prev)) {                                                       // O
+        return prev.cp != 39u && ((cur.cls & CL_N) != 0u || cur_plain_space);
+    }
+    if (is_crlf(prev.cp)) {                                                     // NL
+        if ((cur.cls & CL_S) == 0u && !(PATTERN == 2u && cur.cp == 47u)) { return true; }
+    }
+    if (cur_plain_space) {                                                      // W
+        let nxt = ch_at(at + cur.len, end);
+        return (nxt.cls & (CL_S | CL_END)) == 0u;
+    }
+    return false;
 }
 
 // Index of the document containing byte x: the last d < n_starts with starts[d] <= x.
 fn doc_of(x: u32) -> u32 {
     var lo = 0u;
     var hi = p.n_starts;   // starts[hi] = n_bytes > x
+    work += 1u;
     while (hi - lo > 1u) {
+        work += 1u;
         let mid = (lo + hi) / 2u;
         if (starts[mid] <= x) { lo = mid; } else { hi = mid; }
     }
@@ -412,7 +535,9 @@ fn pair_hash(a: u32, b: u32) -> u32 {
 // (priority, merged id) of the pair, or (NONE, NONE) if it never merges.
 fn pair_lookup(a: u32, b: u32) -> vec2<u32> {
     var slot = pair_hash(a, b) & p.pair_mask;
+    work += 1u;
     loop {
+        work += 1u;
         let e = pairs[slot];
         if (e.x == a && e.y == b) { return e.zw; }
         if (e.x == NONE) { return vec2<u32>(NONE, NONE); }
@@ -424,18 +549,24 @@ fn pair_lookup(a: u32, b: u32) -> vec2<u32> {
 // The id of the token whose bytes are text[s, s+n), or NONE.
 fn lookup_piece(s: u32, n: u32) -> u32 {
     var h = 2166136261u;
+    work += 1u;
     for (var k = 0u; k < n; k += 1u) {
+        work += 1u;
         h = (h ^ byte_at(s + k)) * 16777619u;
     }
     var slot = h & p.piece_mask;
+    work += 1u;
     loop {
+        work += 1u;
         let base = p.piece_off + 2u * slot;
         let id = vocab[base + 1u];
         if (id == NONE) { return NONE; }
         if (vocab[base] == h && tok_len(id) == n) {
             let off = vocab[p.info_off + 2u * id];
             var same = true;
+            work += 1u;
             for (var k = 0u; k < n; k += 1u) {
+                work += 1u;
                 if (arena_byte(off + k) != byte_at(s + k)) {
                     same = false;
                     break;
@@ -466,19 +597,27 @@ fn bpe_short(s: u32, n: u32) {
     var ids: array<u32, SHORT_MAX>;
     var pri: array<u32, SHORT_MAX>;
     var mrg: array<u32, SHORT_MAX>;
+    work += 1u;
     for (var k = 0u; k < n; k += 1u) {
+        work += 1u;
         ids[k] = vocab[byte_at(s + k)];
     }
+    work += 1u;
     for (var k = 0u; k + 1u < n; k += 1u) {
+        work += 1u;
         let pm = pair_lookup(ids[k], ids[k + 1u]);
         pri[k] = pm.x;
         mrg[k] = pm.y;
     }
     var m = n;
+    work += 1u;
     loop {
+        work += 1u;
         var best = NONE;
         var best_pri = NONE;
+        work += 1u;
         for (var k = 0u; k + 1u < m; k += 1u) {
+            work += 1u;
             if (pri[k] < best_pri) {
                 best_pri = pri[k];
                 best = k;
@@ -486,7 +625,9 @@ fn bpe_short(s: u32, n: u32) {
         }
         if (best == NONE) { break; }
         ids[best] = mrg[best];
+        work += 1u;
         for (var k = best + 1u; k + 1u < m; k += 1u) {
+            work += 1u;
             ids[k] = ids[k + 1u];
             pri[k] = pri[k + 1u];
             mrg[k] = mrg[k + 1u];
@@ -504,7 +645,9 @@ fn bpe_short(s: u32, n: u32) {
         }
     }
     var pos = s;
+    work += 1u;
     for (var k = 0u; k < m; k += 1u) {
+        work += 1u;
         tok_buf[pos] = ids[k];
         pos += tok_len(ids[k]);
     }
@@ -516,138 +659,196 @@ fn encode_piece(s: u32, n: u32) {
         return;
     }
     let slot = atomicAdd(&counters[0], 1u);
-    let base = atomicAdd(&counters[1], n);
-    longs[slot] = vec4<u32>(s, n, base, 0u);
+    let base = atomicAdd(&counters[1], STATE_WORDS + 4u * n);
+    longs[slot] = vec4<u32>(s, n, base, LONG_NEW);
 }
 
 // Indexed binary min-heap of part starts keyed by (priority of the pair starting there, start).
-fn heap_less(a: u32, b: u32) -> bool {
-    let pa = scratch[h_pri + a];
-    let pb = scratch[h_pri + b];
+// Its arrays live in `scratch` at the word offsets in Heap; the size is passed explicitly.
+struct Heap {
+    pri: u32,    // priority of the pair starting at each part (NONE: none)
+    slots: u32,  // heap order: part starts
+    idx: u32,    // slot of each part start in the heap (NONE: not in it)
+}
+
+fn heap_less(h: Heap, a: u32, b: u32) -> bool {
+    let pa = scratch[h.pri + a];
+    let pb = scratch[h.pri + b];
     return pa < pb || (pa == pb && a < b);
 }
 
-fn heap_put(slot: u32, pos: u32) {
-    scratch[h_heap + slot] = pos;
-    scratch[h_idx + pos] = slot;
+fn heap_put(h: Heap, slot: u32, pos: u32) {
+    scratch[h.slots + slot] = pos;
+    scratch[h.idx + pos] = slot;
 }
 
-fn sift_up(slot0: u32) {
+fn sift_up(h: Heap, slot0: u32) {
     var slot = slot0;
-    let pos = scratch[h_heap + slot];
+    let pos = scratch[h.slots + slot];
+    work += 1u;
     loop {
+        work += 1u;
         if (slot == 0u) { break; }
         let parent = (slot - 1u) / 2u;
-        let other = scratch[h_heap + parent];
-        if (!heap_less(pos, other)) { break; }
-        heap_put(slot, other);
+        let other = scratch[h.slots + parent];
+        if (!heap_less(h, pos, other)) { break; }
+        heap_put(h, slot, other);
         slot = parent;
     }
-    heap_put(slot, pos);
+    heap_put(h, slot, pos);
 }
 
-fn sift_down(slot0: u32) {
+fn sift_down(h: Heap, size: u32, slot0: u32) {
     var slot = slot0;
-    let pos = scratch[h_heap + slot];
+    let pos = scratch[h.slots + slot];
+    work += 1u;
     loop {
+        work += 1u;
         let left = 2u * slot + 1u;
-        if (left >= heap_size) { break; }
+        if (left >= size) { break; }
         var child = left;
         let right = left + 1u;
-        if (right < heap_size && heap_less(scratch[h_heap + right], scratch[h_heap + left])) {
+        if (right < size && heap_less(h, scratch[h.slots + right], scratch[h.slots + left])) {
             child = right;
         }
-        let other = scratch[h_heap + child];
-        if (!heap_less(other, pos)) { break; }
-        heap_put(slot, other);
+        let other = scratch[h.slots + child];
+        if (!heap_less(h, other, pos)) { break; }
+        heap_put(h, slot, other);
         slot = child;
     }
-    heap_put(slot, pos);
+    heap_put(h, slot, pos);
 }
 
-// Set the priority of the pair starting at part `pos` (NONE: no pair) and fix the heap.
-fn heap_set(pos: u32, pri: u32) {
-    let slot = scratch[h_idx + pos];
-    let old = scratch[h_pri + pos];
-    scratch[h_pri + pos] = pri;
+// Set the priority of the pair starting at part `pos` (NONE: no pair), fix the heap,
+// return its new size.
+fn heap_set(h: Heap, size: u32, pos: u32, pri: u32) -> u32 {
+    let slot = scratch[h.idx + pos];
+    let old = scratch[h.pri + pos];
+    scratch[h.pri + pos] = pri;
     if (slot == NONE) {
-        if (pri == NONE) { return; }
-        heap_put(heap_size, pos);
-        heap_size += 1u;
-        sift_up(heap_size - 1u);
-        return;
+        if (pri == NONE) { return size; }
+        heap_put(h, size, pos);
+        sift_up(h, size);
+        return size + 1u;
     }
     if (pri == NONE) {
-        scratch[h_idx + pos] = NONE;
-        heap_size -= 1u;
-        if (slot < heap_size) {
-            let moved = scratch[h_heap + heap_size];
-            heap_put(slot, moved);
-            sift_up(slot);
-            sift_down(scratch[h_idx + moved]);
+        scratch[h.idx + pos] = NONE;
+        let last = size - 1u;
+        if (slot < last) {
+            let moved = scratch[h.slots + last];
+            heap_put(h, slot, moved);
+            sift_up(h, slot);
+            sift_down(h, last, scratch[h.idx + moved]);
         }
-        return;
+        return last;
     }
-    if (pri < old) { sift_up(slot); } else { sift_down(slot); }
+    if (pri < old) { sift_up(h, slot); } else { sift_down(h, size, slot); }
+    return size;
 }
 
-// The same rule as bpe_short for a piece of any length, in O(n log n): parts are linked
-// through the token lengths (next) and `prev`; tok_buf holds the part ids in place.
-fn bpe_long(s: u32, n: u32, base: u32) {
-    if (p.whole_piece != 0u && n <= p.max_tok_len) {
-        let whole = lookup_piece(s, n);
-        if (whole != NONE) {
-            tok_buf[s] = whole;
-            return;
-        }
-    }
-    let h_prev = 4u * base;
-    h_pri = h_prev + n;
-    h_heap = h_pri + n;
-    h_idx = h_heap + n;
-    for (var k = 0u; k < n; k += 1u) {
-        tok_buf[s + k] = vocab[byte_at(s + k)];
-        scratch[h_prev + k] = k - 1u;   // NONE for k = 0
-        scratch[h_idx + k] = NONE;
-    }
-    heap_size = 0u;
-    for (var k = 0u; k < n; k += 1u) {
-        var pri = NONE;
-        if (k + 1u < n) { pri = pair_lookup(tok_buf[s + k], tok_buf[s + k + 1u]).x; }
-        scratch[h_pri + k] = pri;
-        if (pri != NONE) {
-            heap_put(heap_size, k);
-            heap_size += 1u;
-        }
-    }
-    if (heap_size > 1u) {
-        var k = heap_size / 2u;
-        loop {
-            k -= 1u;
-            sift_down(k);
-            if (k == 0u) { break; }
-        }
-    }
+// The same rule as bpe_short for a piece of any length, in O(n log n), resumable: parts are
+// linked through the token lengths (next) and `prev`; tok_buf holds the part ids in place.
+// Returns true when the piece is finished.
+fn bpe_long(s: u32, n: u32, base: u32) -> bool {
+    let prev = base + STATE_WORDS;
+    let h = Heap(prev + n, prev + 2u * n, prev + 3u * n);
+    var phase = scratch[base];
+    var k = scratch[base + 1u];
+    var size = scratch[base + 2u];
+    work += 1u;
     loop {
-        if (heap_size == 0u) { break; }
-        let i = scratch[h_heap];
-        let ti = tok_buf[s + i];
-        let j = i + tok_len(ti);
-        let tj = tok_buf[s + j];
-        let merged = pair_lookup(ti, tj).y;
-        tok_buf[s + i] = merged;
-        tok_buf[s + j] = NONE;
-        heap_set(j, NONE);
-        let k = j + tok_len(tj);
-        if (k < n) {
-            scratch[h_prev + k] = i;
-            heap_set(i, pair_lookup(merged, tok_buf[s + k]).x);
-        } else {
-            heap_set(i, NONE);
+        if (phase == PH_DONE || work >= p.budget) { break; }
+        if (phase == PH_START) {
+            phase = PH_INIT;
+            k = 0u;
+            if (p.whole_piece != 0u && n <= p.max_tok_len) {
+                let whole = lookup_piece(s, n);
+                if (whole != NONE) {
+                    tok_buf[s] = whole;
+                    phase = PH_DONE;
+                }
+            }
+        } else if (phase == PH_INIT) {
+            work += 1u;
+            tok_buf[s + k] = vocab[byte_at(s + k)];
+            scratch[prev + k] = k - 1u;   // NONE for k = 0
+            scratch[h.idx + k] = NONE;
+            k += 1u;
+            if (k == n) {
+                phase = PH_PAIRS;
+                k = 0u;
+                size = 0u;
+            }
+        } else if (phase == PH_PAIRS) {
+            work += 1u;
+            var pri = NONE;
+            if (k + 1u < n) { pri = pair_lookup(tok_buf[s + k], tok_buf[s + k + 1u]).x; }
+            scratch[h.pri + k] = pri;
+            if (pri != NONE) {
+                heap_put(h, size, k);
+                size += 1u;
+            }
+            k += 1u;
+            if (k == n) {
+                phase = PH_HEAPIFY;
+                k = size / 2u;   // sift down slots k-1 .. 0
+            }
+        } else if (phase == PH_HEAPIFY) {
+            if (k == 0u) {
+                phase = PH_MERGE;
+            } else {
+                k -= 1u;
+                sift_down(h, size, k);
+            }
+        } else {   // PH_MERGE: one merge of the lowest (priority, start) pair
+            if (size == 0u) {
+                phase = PH_DONE;
+                continue;
+            }
+            let i = scratch[h.slots];
+            let ti = tok_buf[s + i];
+            let j = i + tok_len(ti);
+            let tj = tok_buf[s + j];
+            let merged = pair_lookup(ti, tj).y;
+            tok_buf[s + i] = merged;
+            tok_buf[s + j] = NONE;
+            size = heap_set(h, size, j, NONE);
+            let nk = j + tok_len(tj);
+            if (nk < n) {
+                scratch[prev + nk] = i;
+                size = heap_set(h, size, i, pair_lookup(merged, tok_buf[s + nk]).x);
+            } else {
+                size = heap_set(h, size, i, NONE);
+            }
+            let l = scratch[prev + i];
+            if (l != NONE) {
+                size = heap_set(h, size, l, pair_lookup(tok_buf[s + l], merged).x);
+            }
         }
-        let l = scratch[h_prev + i];
-        if (l != NONE) {
-            heap_set(l, pair_lookup(tok_buf[s + l], merged).x);
+    }
+    scratch[base] = phase;
+    scratch[base + 1u] = k;
+    scratch[base + 2u] = size;
+    return phase == PH_DONE;
+}
+
+fn merge_long_from(first: u32, stride: u32) {
+    work = 0u;
+    let total = atomicLoad(&counters[0]);
+    work += 1u;
+    for (var i = first; i < total; i += stride) {
+        let piece = longs[i];
+        if (piece.w == LONG_FINISHED) { continue; }   // in an earlier dispatch
+        if (piece.w == LONG_NEW) {
+            scratch[piece.z] = PH_START;
+            scratch[piece.z + 1u] = 0u;
+            scratch[piece.z + 2u] = 0u;
+            longs[i].w = LONG_STARTED;
+        }
+        if (bpe_long(piece.x, piece.y, piece.z)) {
+            longs[i].w = LONG_FINISHED;
+        } else {
+            atomicAdd(&counters[3], 1u);
         }
     }
 }
@@ -658,7 +859,7 @@ fn bpe_long(s: u32, n: u32, base: u32) {
 @group(0) @binding(2) var<storage, read> classes: array<u32>;
 @group(0) @binding(3) var<storage, read> vocab: array<u32>;
 @group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> cuts: array<u32>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
 @group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
@@ -679,45 +880,59 @@ fn bpe_fill_none(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 @group(0) @binding(2) var<storage, read> classes: array<u32>;
 @group(0) @binding(3) var<storage, read> vocab: array<u32>;
 @group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> cuts: array<u32>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
 @group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
 @group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
 @group(0) @binding(10) var<uniform> p: Params;
 
+// cuts[c] = (first boundary in the chunk or NONE, the same (bpe_pretok's resume position),
+//            summary0 = AND of classes | first char offset << 8 | last char offset << 16 |
+//                       (offset of its last \r/\n + 1, 0 if none) << 24,
+//            summary1 = end offset of its last CL_LO char (255 if none) | OR of classes << 8)
 @compute @workgroup_size(64)
 fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     touch_all();
     let c = linear_index(wg, nwg, lid);
     if (c >= p.n_chunks) { return; }
-    let hi = min((c + 1u) * p.chunk, p.n_bytes);
-    var i = c * p.chunk;
+    let lo = c * p.chunk;
+    let hi = min(lo + p.chunk, p.n_bytes);
+    var i = lo;
+    work += 1u;
     while (i < hi && (byte_at(i) & 0xc0u) == 0x80u) { i += 1u; }
-    if (i >= hi) {
-        cuts[c] = NONE;
-        return;
-    }
-    var d = doc_of(i);
-    var prev = Ch(NONE, 0u, CL_END);
-    if (starts[d] < i) { prev = ch_before(i); }
-    loop {
-        if (i >= hi) { break; }
-        while (starts[d + 1u] <= i) { d += 1u; }
-        if (starts[d] == i) {
-            cuts[c] = i;
-            return;
+    var and_mask = 0xffu;
+    var or_mask = 0u;
+    let first = i - lo;
+    var last = 0u;
+    var crlf = 0u;
+    var lo_end = 0xffu;
+    var cut = NONE;
+    if (i < hi) {
+        var d = doc_of(i);
+        var prev = Ch(NONE, 0u, CL_END);
+        if (starts[d] < i) { prev = ch_before(i); }
+        work += 1u;
+        loop {
+            if (i >= hi) { break; }
+            work += 1u;
+            while (starts[d + 1u] <= i) { d += 1u; }
+            let cur = ch_at(i, starts[d + 1u]);
+            if (cut == NONE && (starts[d] == i || is_cut(prev, cur, i, starts[d + 1u]))) {
+                cut = i;
+            }
+            and_mask &= cur.cls;
+            or_mask |= cur.cls;
+            last = i - lo;
+            if (is_crlf(cur.cp)) { crlf = i - lo + 1u; }
+            if ((cur.cls & CL_LO) != 0u) { lo_end = i - lo + cur.len; }
+            prev = cur;
+            i += cur.len;
         }
-        let cur = ch_at(i, starts[d + 1u]);
-        if (is_cut(prev, cur)) {
-            cuts[c] = i;
-            return;
-        }
-        prev = cur;
-        i += cur.len;
     }
-    cuts[c] = NONE;
+    cuts[c] = vec4<u32>(cut, cut, (and_mask & 0xffu) | (first << 8u) | (last << 16u) | (crlf << 24u),
+                        lo_end | (or_mask << 8u));
 }
 
 // --- KERNEL: bpe_pretok ---
@@ -726,7 +941,7 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 @group(0) @binding(2) var<storage, read> classes: array<u32>;
 @group(0) @binding(3) var<storage, read> vocab: array<u32>;
 @group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> cuts: array<u32>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
 @group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
@@ -737,23 +952,39 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     touch_all();
+    work = 0u;
     let c = linear_index(wg, nwg, lid);
     if (c >= p.n_chunks) { return; }
-    let first = cuts[c];
-    if (first == NONE) { return; }
+    let resume = cuts[c].y;
+    if (resume == NONE) { return; }   // no boundary in this chunk, or segment finished
     var j = c + 1u;
-    while (j < p.n_chunks && cuts[j] == NONE) { j += 1u; }
+    work += 1u;
+    while (j < p.n_chunks && cuts[j].x == NONE) {
+        work += 1u;
+        j += 1u;
+    }
     var seg_end = p.n_bytes;
-    if (j < p.n_chunks) { seg_end = cuts[j]; }
-    var d = doc_of(first);
-    var pos = first;
+    if (j < p.n_chunks) { seg_end = cuts[j].x; }
+    var d = doc_of(resume);
+    var pos = resume;
+    work += 1u;
     loop {
         if (pos >= seg_end) { break; }
-        while (starts[d + 1u] <= pos) { d += 1u; }
+        if (work >= p.budget) {
+            cuts[c].y = pos;
+            atomicAdd(&counters[3], 1u);
+            return;
+        }
+        work += 1u;
+        while (starts[d + 1u] <= pos) {
+            work += 1u;
+            d += 1u;
+        }
         let e = match_piece(pos, starts[d + 1u]);
         encode_piece(pos, e - pos);
         pos = e;
     }
+    cuts[c].y = NONE;
     if (pos != seg_end) { atomicAdd(&counters[2], 1u); }
 }
 
@@ -763,7 +994,7 @@ fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 @group(0) @binding(2) var<storage, read> classes: array<u32>;
 @group(0) @binding(3) var<storage, read> vocab: array<u32>;
 @group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> cuts: array<u32>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
 @group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
@@ -787,7 +1018,7 @@ fn bpe_merge_pieces(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 @group(0) @binding(2) var<storage, read> classes: array<u32>;
 @group(0) @binding(3) var<storage, read> vocab: array<u32>;
 @group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> cuts: array<u32>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
 @group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
@@ -798,10 +1029,30 @@ fn bpe_merge_pieces(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 fn bpe_merge_long(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     touch_all();
-    let total = atomicLoad(&counters[0]);
-    let stride = nwg.x * nwg.y * WG;
-    for (var i = linear_index(wg, nwg, lid); i < total; i += stride) {
-        let piece = longs[i];
-        bpe_long(piece.x, piece.y, piece.z);
-    }
+    merge_long_from(linear_index(wg, nwg, lid), nwg.x * nwg.y * WG);
+}
+
+// --- KERNEL: bpe_merge_long_sg ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// One piece per subgroup (its lane 0): on llvmpipe a subgroup shares one loop limiter, so a
+// lone active lane may spend the whole budget.
+@compute @workgroup_size(64)
+fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(subgroup_invocation_id) lane: u32,
+                     @builtin(subgroup_id) sg_id: u32,
+                     @builtin(num_subgroups) sg_count: u32) {
+    touch_all();
+    if (lane != 0u) { return; }
+    merge_long_from(workgroup_index(wg, nwg) * sg_count + sg_id, nwg.x * nwg.y * sg_count);
 }

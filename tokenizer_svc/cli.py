@@ -1,0 +1,157 @@
+"""`istanbul encode` and `istanbul decode`: text <-> token ids on the GPU, from the shell.
+
+    echo "hello world" | istanbul encode --vocab cl100k_base          # [15339, 1917, 198]
+    istanbul encode --vocab o200k_base --jsonl < docs.jsonl          # one JSON string per line in,
+                                                                     # one JSON array per line out
+    echo "[15339, 1917]" | istanbul decode --vocab cl100k_base       # hello world
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from istanbul.errors import UserFacingError
+from shaders.cli import add_device_args
+
+SPECIAL_HELP = ("what to do with text that spells a special token: 'raise' (tiktoken's default: "
+                "an error), 'allow' (encode it as the special token), 'text' (encode it as "
+                "ordinary text)")
+
+
+def register(sub) -> None:
+    e = sub.add_parser("encode", help="text on stdin -> JSON arrays of token ids on stdout")
+    e.add_argument("--vocab", required=True, metavar="V",
+                   help="vocabulary: a path (.tiktoken with optional sidecar, tokenizer.json) or "
+                        "a known name (gpt2, r50k_base, cl100k_base, o200k_base)")
+    e.add_argument("--pattern", metavar="P",
+                   help="pre-tokenizer for a .tiktoken file without a sidecar: gpt2, r50k, "
+                        "cl100k, o200k or a regex")
+    e.add_argument("--jsonl", action="store_true",
+                   help="stdin has one JSON string per line (a document each); print one JSON "
+                        "array per line (default: all of stdin is one document)")
+    e.add_argument("--special", choices=("raise", "allow", "text"), default="raise",
+                   help=SPECIAL_HELP)
+    e.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
+    add_device_args(e)
+    e.set_defaults(func=cmd_encode)
+
+    d = sub.add_parser("decode", help="JSON arrays of token ids on stdin -> text on stdout")
+    d.add_argument("--vocab", required=True, metavar="V", help="vocabulary (as for encode)")
+    d.add_argument("--pattern", metavar="P",
+                   help="pre-tokenizer of a .tiktoken file without a sidecar (needed to load it)")
+    d.add_argument("--jsonl", action="store_true",
+                   help="stdin has one JSON array per line; print one JSON string per line "
+                        "(default: stdin is one JSON array, the text is written as is)")
+    d.add_argument("--errors", choices=("strict", "replace"), default="replace",
+                   help="bytes that are not valid UTF-8: 'replace' with U+FFFD (default, as "
+                        "tiktoken) or 'strict' (an error)")
+    d.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
+    add_device_args(d)
+    d.set_defaults(func=cmd_decode)
+
+
+def _encoding(args):
+    from .encoding import get_encoding
+    from .vocab import VocabularyError, load_vocabulary
+    try:
+        vocab = load_vocabulary(args.vocab, pattern=args.pattern)
+    except VocabularyError as exc:
+        raise UserFacingError(str(exc)) from None
+    if args.cpu:
+        return get_encoding(vocab, device="cpu")
+    from shaders.engine import default_device
+    return get_encoding(vocab, device=default_device(args.adapter))
+
+
+def _special_args(policy: str) -> dict:
+    if policy == "allow":
+        return {"allowed_special": "all", "disallowed_special": ()}
+    if policy == "text":
+        return {"allowed_special": set(), "disallowed_special": ()}
+    return {"allowed_special": set(), "disallowed_special": "all"}
+
+
+def cmd_encode(args) -> int:
+    from .reference import DisallowedSpecialTokenError
+    enc = _encoding(args)
+    raw = sys.stdin.buffer.read()
+    special = _special_args(args.special)
+    try:
+        if args.jsonl:
+            docs = []
+            for lineno, line in enumerate(raw.decode("utf-8", errors="strict").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserFacingError(f"stdin line {lineno}: not JSON ({exc.msg}); --jsonl "
+                                          "expects one JSON string per line") from None
+                if not isinstance(doc, str):
+                    raise UserFacingError(f"stdin line {lineno}: expected a JSON string, got "
+                                          f"{type(doc).__name__}")
+                docs.append(doc)
+            ids, offsets = enc.encode_batch_flat(docs, **special)
+            out = sys.stdout
+            flat = ids.tolist()
+            for i in range(len(docs)):
+                out.write(json.dumps(flat[offsets[i]:offsets[i + 1]]) + "\n")
+            return 0
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            ids = enc.encode_bytes(raw)  # raw bytes: special-token text is ordinary text
+        else:
+            ids = enc.encode(text, **special)
+    except UnicodeDecodeError as exc:
+        raise UserFacingError(f"stdin is not valid UTF-8 at byte {exc.start}; --jsonl input "
+                              "must be UTF-8 JSON") from None
+    except DisallowedSpecialTokenError as exc:
+        first = str(exc).splitlines()[0]
+        raise UserFacingError(f"{first} Pass --special allow or --special text.") from None
+    sys.stdout.write(json.dumps(ids) + "\n")
+    return 0
+
+
+def _parse_ids(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                              for v in value):
+        raise UserFacingError(f"{where}: expected a JSON array of integers")
+    return value
+
+
+def cmd_decode(args) -> int:
+    from .encoding import InvalidTokenError
+    enc = _encoding(args)
+    text = sys.stdin.read()
+    try:
+        if args.jsonl:
+            batch = []
+            for lineno, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    batch.append(_parse_ids(json.loads(line), f"stdin line {lineno}"))
+                except json.JSONDecodeError as exc:
+                    raise UserFacingError(f"stdin line {lineno}: not JSON ({exc.msg})") from None
+            for doc in enc.decode_batch(batch, errors=args.errors):
+                sys.stdout.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            return 0
+        try:
+            ids = _parse_ids(json.loads(text), "stdin")
+        except json.JSONDecodeError as exc:
+            raise UserFacingError(f"stdin: not JSON ({exc.msg}); expected one array of ids") \
+                from None
+        data = enc.decode_bytes(ids)
+        if args.errors == "strict":
+            data.decode("utf-8")
+        sys.stdout.buffer.write(data if args.errors == "strict" else
+                                data.decode("utf-8", errors="replace").encode("utf-8"))
+        sys.stdout.flush()
+    except InvalidTokenError as exc:
+        raise UserFacingError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise UserFacingError(f"the tokens decode to bytes that are not valid UTF-8 at byte "
+                              f"{exc.start}; use --errors replace") from None
+    return 0
