@@ -41,7 +41,7 @@ DEFAULT_SIZES = (100, 1024, 65536)
 
 def default_vocab() -> str:
     for directory in (os.environ.get("ISTANBUL_VOCAB_DIR"), os.environ.get("ISTANBUL_SHARED_VOCAB"),
-                      REPO.parent / "shared" / "vocab"):
+                      REPO.parent / "shared" / "vocab", REPO / "shared" / "vocab"):
         if directory and (Path(directory) / "gpt2.tiktoken").is_file():
             return str(Path(directory) / "gpt2.tiktoken")
     return "gpt2"  # a known name: load_vocabulary searches its usual places
@@ -271,12 +271,25 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def preflight() -> None:
+    """Fail early, naming the packages the server needs that this Python lacks."""
+    import importlib.util
+    needed = {"grpc": "grpcio", "google.protobuf": "protobuf", "grpc_health": "grpcio-health-checking",
+              "grpc_reflection": "grpcio-reflection", "prometheus_client": "prometheus-client",
+              "wgpu": "wgpu", "regex": "regex", "numpy": "numpy"}
+    missing = [pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SystemExit(f"bench/service.py: missing packages: {', '.join(missing)} (install "
+                         "them, e.g. from carried wheels)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="directory for service.json and "
                    "service.md")
     p.add_argument("--vocab", default=default_vocab(), help="vocabulary path or known name "
-                   "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR or ../shared/vocab)")
+                   "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR, ../shared/vocab or "
+                   "shared/vocab)")
     p.add_argument("--adapter", default=None, help="GPU adapter for the server")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
@@ -291,6 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--corpus", nargs="*", default=[], help="text files to cut texts from "
                    "(default: the Python standard library's sources)")
     args = p.parse_args(argv)
+    preflight()
     clients = [int(x) for x in args.clients.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]

@@ -384,3 +384,17 @@ def test_real_gpt2_vocabulary_through_the_service(device):
         for k, text in enumerate(texts):
             assert ids[offsets[k]:offsets[k + 1]].tolist() == reference.encode_ordinary(text)
         assert client.decode_batch([reference.encode_ordinary(t) for t in texts]) == texts
+
+
+def test_client_stream_raises_the_source_error_after_answering_what_came_before(client):
+    def documents():
+        yield "first"
+        yield "second"
+        raise OSError("disk on fire")
+
+    stream = client.tokenize_stream(documents(), window=4)
+    assert len(next(stream)) > 0 and len(next(stream)) > 0
+    with pytest.raises(OSError, match="disk on fire"):
+        next(stream)
+    with pytest.raises(TypeError, match="str or bytes"):
+        list(client.tokenize_stream(["ok", 42]))

@@ -4,7 +4,8 @@
 
 The port is bound at once and answers health checks with NOT_SERVING while the GPU device
 and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, no new
-requests, in-flight requests finish (up to --shutdown-grace seconds), exit 0.
+requests, in-flight requests finish (up to --shutdown-grace seconds), exit 0; a second signal
+exits at once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import sys
@@ -154,10 +156,13 @@ async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | No
     draining = []
 
     def on_signal(signum):
-        logging.getLogger("tokenizer_svc.server").info(
-            "signal", extra={"data": {"signal": signal.Signals(signum).name}})
+        log = logging.getLogger("tokenizer_svc.server")
+        log.info("signal", extra={"data": {"signal": signal.Signals(signum).name}})
         if not draining:
             draining.append(loop.create_task(server.drain()))
+        else:  # a second signal while draining: stop now, in-flight requests or not
+            log.warning("second signal: exiting without finishing in-flight requests")
+            os._exit(1)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)

@@ -20,7 +20,8 @@ Many documents (what `istanbul prepare` does) take one of two shapes:
     # UNAVAILABLE mid-stream (restart, failover), the stream resumes on a new call with the
     # documents that were sent but not answered: nothing is lost or repeated.
 
-Documents are `str` (text: special tokens follow allowed_special/disallowed_special) or
+Documents are `str` (text; special tokens follow allowed_special/disallowed_special, whose
+defaults here are Encoding.encode_batch_flat's: special-token text is ordinary text) or
 `bytes` (raw bytes, may be invalid UTF-8, always ordinary text).
 
 Every call has a deadline (`timeout`, seconds, covering its retries) and is retried on
@@ -418,7 +419,8 @@ class _ResumableStream:
         self.slots = threading.Semaphore(self.window)
         self.generation = 0
         self.exhausted = False
-        self.call = None
+        self.source_error: BaseException | None = None  # raised to the caller, after the
+        self.call = None                                # documents before it are answered
         self._iterator = self._run()
 
     def __iter__(self):
@@ -444,7 +446,15 @@ class _ResumableStream:
                     return
                 try:
                     doc = next(self.source)
+                    if not isinstance(doc, (str, bytes, bytearray, memoryview)):
+                        raise TypeError(f"tokenize_stream documents are str or bytes, not "
+                                        f"{type(doc).__name__}")
                 except StopIteration:
+                    self.exhausted = True
+                    self.slots.release()
+                    return
+                except Exception as exc:  # grpc would swallow it: keep it for the caller
+                    self.source_error = exc
                     self.exhausted = True
                     self.slots.release()
                     return
@@ -473,6 +483,8 @@ class _ResumableStream:
                         yield np.asarray(reply.ids, np.uint32)
                     with self.lock:
                         if self.exhausted and not self.unanswered:
+                            if self.source_error is not None:
+                                raise self.source_error
                             return
                     # The server ended the stream early without an error: resume.
                 except grpc.RpcError as exc:
@@ -487,3 +499,43 @@ class _ResumableStream:
                 self.generation += 1  # stops the request iterator of the last call
             if self.call is not None:
                 self.call.cancel()
+
+
+# ---- command-line glue: `istanbul encode/decode --server HOST:PORT` ----------------------------
+
+def add_server_arguments(parser) -> None:
+    """The options that point a command at a running tokenizer service instead of --vocab."""
+    parser.add_argument("--server", metavar="HOST:PORT",
+                        help="use the tokenizer service at HOST:PORT instead of a local "
+                             "vocabulary (same output as --vocab with the server's vocabulary)")
+    parser.add_argument("--server-token-file", metavar="PATH",
+                        help="bearer token for a server started with --auth-token-file")
+    parser.add_argument("--server-tls", action="store_true", help="connect with TLS")
+    parser.add_argument("--server-ca", metavar="PEM",
+                        help="CA certificate(s) to trust for --server-tls (default: system roots)")
+
+
+def client_from_args(args, startup_timeout: float = 120.0) -> TokenizerClient:
+    """A connected client for `--server`, checked with GetInfo.
+
+    A server that is still loading is waited for (up to `startup_timeout` seconds); one that
+    cannot be reached fails at once with a UserFacingError.
+    """
+    from istanbul.errors import UserFacingError
+    client = TokenizerClient(args.server, token_file=args.server_token_file,
+                             tls=args.server_tls, root_certificates=args.server_ca, timeout=60,
+                             retries=2)
+    deadline = time.monotonic() + startup_timeout
+    while True:
+        try:
+            client.info()
+            client.retries = 8  # reachable: ride out restarts from now on
+            return client
+        except ServiceError as exc:
+            if exc.reason == "not-ready" and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            client.close()
+            raise UserFacingError(f"--server {args.server}: {exc.details or exc.code.name} "
+                                  f"({exc.code.name}); is `istanbul serve` running there?") \
+                from None

@@ -86,7 +86,8 @@ class TokenizerServer:
     def _grpc_options(self) -> list:
         limit = self.config.limits.max_message_bytes
         # grpc's own limit sits above ours, so our deserializer answers with the clearer
-        # message; responses may be larger than requests (ids and offsets).
+        # message; responses may be larger than requests (ids and offsets). Without
+        # SO_REUSEPORT a second server on a taken port fails instead of sharing it silently.
         wire = min(2 * limit + (1 << 20), 2**31 - 1)
         return [("grpc.max_receive_message_length", wire),
                 ("grpc.max_send_message_length", -1),

@@ -137,7 +137,11 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class TelemetryInterceptor(grpc.aio.ServerInterceptor):
-    """Counts, times and access-logs every RPC (including ones other interceptors refuse)."""
+    """Counts, times and access-logs every RPC (including ones other interceptors refuse).
+
+    The peer is read when the RPC starts: after a shutdown has cancelled a call, asking its
+    context for the peer reaches into a freed call and crashes the process.
+    """
 
     def __init__(self, metrics: ServiceMetrics):
         self.metrics = metrics
@@ -149,7 +153,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
         method = method_name(details.method)
         metrics = self.metrics
 
-        def finish(context, start, exc):
+        def finish(context, start, peer, exc):
             code = _status_of(context, exc)
             seconds = time.perf_counter() - start
             metrics.inflight.dec()
@@ -161,13 +165,13 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                 level = logging.DEBUG if code in _QUIET_CODES else logging.INFO
                 access_log.log(level, "rpc", extra={"data": {
                     "method": method, "code": code.name, "ms": round(seconds * 1e3, 3),
-                    "peer": context.peer(), "details": context.details() or None}})
+                    "peer": peer, "details": context.details() or None}})
 
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary_unary(request, context):
-                start, exc = time.perf_counter(), None
+                start, exc, peer = time.perf_counter(), None, context.peer()
                 metrics.inflight.inc()
                 try:
                     return await inner(request, context)
@@ -175,7 +179,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                     exc = e
                     raise
                 finally:
-                    finish(context, start, exc)
+                    finish(context, start, peer, exc)
             return handler._replace(unary_unary=unary_unary)
 
         kind = ("stream_stream" if handler.stream_stream else
@@ -184,7 +188,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
 
         if kind == "stream_unary":
             async def wrapped(request, context):
-                start, exc = time.perf_counter(), None
+                start, exc, peer = time.perf_counter(), None, context.peer()
                 metrics.inflight.inc()
                 try:
                     return await inner(request, context)
@@ -192,10 +196,10 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                     exc = e
                     raise
                 finally:
-                    finish(context, start, exc)
+                    finish(context, start, peer, exc)
         else:
             async def wrapped(request, context):
-                start, exc = time.perf_counter(), None
+                start, exc, peer = time.perf_counter(), None, context.peer()
                 metrics.inflight.inc()
                 try:
                     result = inner(request, context)
@@ -208,7 +212,7 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                     exc = e
                     raise
                 finally:
-                    finish(context, start, exc)
+                    finish(context, start, peer, exc)
         return handler._replace(**{kind: wrapped})
 
 

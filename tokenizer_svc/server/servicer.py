@@ -61,6 +61,12 @@ def unary(fn):
     @functools.wraps(fn)
     async def method(self, request, context):
         batcher = self.batcher
+
+        def withdraw():
+            if _ANNOUNCED.get():
+                _ANNOUNCED.set(False)
+                batcher.withdraw()
+
         if batcher is not None:  # tells eager batch closing that a request is on its way
             batcher.announce()
             _ANNOUNCED.set(True)
@@ -69,11 +75,10 @@ def unary(fn):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            withdraw()  # before the caller hears of the failure
             await _abort_for(exc, context, fn.__name__)
         finally:
-            if _ANNOUNCED.get():
-                _ANNOUNCED.set(False)
-                batcher.withdraw()
+            withdraw()
     return method
 
 
@@ -105,8 +110,8 @@ def tolerant_deserializer(message_cls, limits):
             if "UTF-8" in str(exc):
                 return RequestRejected(
                     grpc.StatusCode.INVALID_ARGUMENT, INVALID_UTF8,
-                    f"the {type_name} holds invalid UTF-8 in a string field (text); "
-                    "send raw bytes in the `data` field instead")
+                    f"the {type_name} holds invalid UTF-8 in a string field (`text` must be "
+                    "valid UTF-8); send raw bytes in the `data` field instead")
             return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED,
                                    f"the request is not a valid {type_name} message: {exc}")
     return deserialize
