@@ -183,13 +183,21 @@ def cmd_prepare(args) -> int:
     files = expand_inputs(args.files, args.include)
     handle = _connect(args)
     client = TokenizerClient(args.tokenizer, token_file=args.token_file, tls=args.tls,
-                             root_certificates=args.ca_file)
+                             root_certificates=args.ca_file, retries=2)
     try:
-        try:
-            info = client.info()
-        except ServiceError as exc:
-            raise UserFacingError(f"tokenizer service at {args.tokenizer}: {exc}; is "
-                                  "`istanbul serve` running there?") from None
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                info = client.info()
+                break
+            except ServiceError as exc:
+                if exc.reason == "not-ready" and time.monotonic() < deadline:
+                    time.sleep(0.2)             # still loading its vocabulary on the GPU
+                    continue
+                raise UserFacingError(f"tokenizer service at {args.tokenizer}: "
+                                      f"{exc.details or exc.code.name} ({exc.code.name}); is "
+                                      "`istanbul serve` running there?") from None
+        client.retries = 8                      # reachable: ride out restarts from now on
         vocab_files = vocabulary_files_for(args.vocab, info.vocabulary_hash) if args.vocab \
             else None
         result = prepare_dataset(handle, client, files, args.dataset,
