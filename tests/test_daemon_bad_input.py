@@ -156,6 +156,25 @@ def test_every_bad_input_fails_its_job_and_the_daemon_goes_on(handle, vocab, dev
     assert info.tokens > 0
 
 
+def test_a_checkpoint_of_another_spec_is_never_resumed(handle, vocab, device, tmp_path):
+    _, voc = vocab
+    queue = JobQueue(handle)
+    make_dataset(handle, "good", voc)
+    root = tmp_path / "ckpt"
+    submit(handle, "good", job_id="reused", steps=2, checkpoint_every=1)
+    run_daemon(handle, root, device)
+    assert queue.get("reused").state == "done"
+    # Redis forgot the job (flushed); someone submits a different job under the same id.
+    for key in (keys.job("reused"), keys.job_events("reused"), keys.job_curve("reused")):
+        handle.text.delete(key)
+    submit(handle, "good", job_id="reused", steps=4, seed=99)
+    run_daemon(handle, root, device)
+    failed_with(queue, "reused", "was written by another job, vocabulary or spec",
+                "submit under another job id")
+    assert sorted(p.name for p in (root / "reused").glob("step_*")) == \
+        ["step_00000001", "step_00000002"]          # nothing overwritten
+
+
 def test_repeated_failures_go_to_the_dead_letter_stream(handle, vocab, device, tmp_path):
     _, voc = vocab
     queue = JobQueue(handle)

@@ -31,8 +31,9 @@ from .training import StepMetrics, TrainConfig, Trainer
 log = logging.getLogger(__name__)
 
 # Spec fields that do not change what is computed: a checkpoint written under one value
-# resumes under another.
-RESUMABLE_FIELDS = {"steps", "checkpoint_every", "keep_last", "keep_every", "eval_every",
+# resumes under another. (`steps` sets the learning-rate schedule; whether eval is on decides
+# which shards are held out: both matter.)
+RESUMABLE_FIELDS = {"checkpoint_every", "keep_last", "keep_every", "eval_every",
                     "eval_batches", "max_failures"}
 
 
@@ -68,6 +69,7 @@ def check_spec(spec: JobSpec, n_vocab: int) -> None:
 def spec_fingerprint(spec: JobSpec) -> str:
     """Identifies what a spec computes, so a checkpoint is never resumed under another one."""
     fields = {k: v for k, v in json.loads(spec.to_json()).items() if k not in RESUMABLE_FIELDS}
+    fields["eval_split"] = spec.eval_every > 0
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
