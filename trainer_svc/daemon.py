@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -73,7 +74,6 @@ class DaemonConfig:
     max_skipped_steps: int = 5          # consecutive non-finite-gradient steps before failing
     exit_when_idle: bool = False        # stop once no job is waiting (tests, demo)
     max_jobs: int | None = None         # stop after this many jobs (tests)
-    max_worker_errors: int = 5          # consecutive unexplained job errors: this worker is sick
     consumer: str = field(default_factory=owner_token)
 
 
@@ -145,7 +145,7 @@ class Daemon:
         self.metrics = metrics or DaemonMetrics(self.queue)
         self.stop_event = threading.Event()
         self.jobs_run = 0
-        self.worker_errors = 0              # consecutive attempts that ended in an unexpected error
+        self.sick = ""                      # why this worker stopped taking jobs
         self.consumer = config.consumer
         config.checkpoint_root.mkdir(parents=True, exist_ok=True)
 
@@ -186,10 +186,9 @@ class Daemon:
                 continue
             if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
                 break
-            if self.worker_errors >= self.config.max_worker_errors:
-                log.error("%d jobs in a row failed with unexpected errors; this worker (its GPU, "
-                          "disk or installation) looks broken, so it stops taking jobs and "
-                          "leaves them to other workers", self.worker_errors)
+            if self.sick:
+                log.error("this worker is broken (%s): it stops taking jobs and leaves them to "
+                          "other workers", self.sick)
                 return 3
             if not ran and self.config.exit_when_idle and self._queue_idle():
                 log.info("no job waiting; exiting (--exit-when-idle)")
@@ -246,8 +245,32 @@ class Daemon:
         self.jobs_run += 1
         attempt = JobAttempt(self, entry_id, record, lease, reclaimed)
         attempt.run()
-        self.worker_errors = self.worker_errors + 1 if attempt.unexpected_error else 0
+        if attempt.unexpected_error:
+            # The job's fault, or this worker's? A worker whose disk or GPU fails a simple
+            # check would fail every job it touches: better to stop.
+            self.sick = self.self_check() or ""
         return True
+
+    def self_check(self) -> str | None:
+        """What is wrong with this worker (None when its disk and GPU work)."""
+        probe = self.config.checkpoint_root / f".probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"istanbul")
+            ok = probe.read_bytes() == b"istanbul"
+            probe.unlink()
+            if not ok:
+                return f"checkpoint root {self.config.checkpoint_root} returned other bytes"
+        except OSError as exc:
+            return f"checkpoint root {self.config.checkpoint_root} is not writable ({exc})"
+        if self.device is not None:
+            try:
+                data = np.arange(1024, dtype=np.float32)
+                back = self.device.download(self.device.upload(data))
+                if not np.array_equal(np.asarray(back).ravel()[:1024], data):
+                    return "the GPU returned other data than was uploaded"
+            except Exception as exc:  # a lost device raises whatever wgpu raises
+                return f"the GPU does not work ({type(exc).__name__}: {exc})"
+        return None
 
 
 class JobAttempt:
