@@ -1,0 +1,74 @@
+"""The Unicode class table agrees with tiktoken's own regex engine, code point by code point.
+
+The table is committed (tokenizer_svc/data/unicode_classes.json); these tests probe the
+installed tiktoken again. If tiktoken moves to a new Unicode version they fail, and
+`python scripts/gen_unicode_table.py` regenerates the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import regex
+
+from tokenizer_svc import unicode_table as U
+from tokenizer_svc.reference import PreTokenizer, ReferenceTokenizer
+
+from .tokenizer_support import SHARED, TRAINED, tiktoken_twin, vocabulary_for
+
+
+@pytest.fixture(scope="module")
+def everything():
+    return U.all_code_points_text()
+
+
+@pytest.mark.parametrize("name", U.CLASSES)
+def test_class_matches_tiktoken_on_every_code_point(name, everything):
+    probed = np.zeros(U.MAX_CP, dtype=bool)
+    probed[sorted(U.probe_tiktoken(U.PROBE_PATTERNS[name], everything))] = True
+    table = U.load_table().members(name)
+    differ = np.flatnonzero(probed != table)
+    assert differ.size == 0, (f"{name}: {differ.size} code points differ from tiktoken, first "
+                              f"{[hex(c) for c in differ[:10]]}; run scripts/gen_unicode_table.py")
+
+
+def test_contraction_case_folds_match_tiktoken(everything):
+    table = U.load_table()
+    for letter in U.CONTRACTION_LETTERS:
+        assert sorted(U.probe_tiktoken(f"(?i:{letter})", everything)) == table.case_folds[letter]
+    # bpe_encode.wgsl's `ci` hard-codes: the ASCII pair, and U+017F for s. Nothing else.
+    for letter, folds in table.case_folds.items():
+        expected = {ord(letter), ord(letter.upper())} | ({0x17F} if letter == "s" else set())
+        assert set(folds) == expected
+
+
+def test_gpu_class_bytes_and_two_level_table():
+    table = U.load_table()
+    cb = table.class_bytes
+    m = {n: table.members(n) for n in U.CLASSES}
+    assert np.array_equal(m["L"], m["Lu"] | m["Ll"] | m["Lt"] | m["Lm"] | m["Lo"])
+    assert not (m["L"] & m["N"]).any() and not (m["L"] & m["S"]).any()
+    assert not (m["N"] & m["S"]).any() and not (m["M"] & (m["L"] | m["N"] | m["S"])).any()
+    assert np.array_equal((cb & U.BIT_UP) != 0, m["Lu"] | m["Lt"] | m["Lm"] | m["Lo"] | m["M"])
+    assert np.array_equal((cb & U.BIT_LO) != 0, m["Ll"] | m["Lm"] | m["Lo"] | m["M"])
+    stage1, stage2 = table.two_level()
+    cps = np.arange(U.MAX_CP)
+    words = stage2[stage1[cps >> 8].astype(np.int64) * 64 + ((cps & 255) >> 2)]
+    rebuilt = (words >> ((cps & 3) * 8).astype(np.uint32)) & 0xFF
+    assert np.array_equal(rebuilt.astype(np.uint8), cb)
+
+
+@pytest.mark.parametrize("spec", SHARED + TRAINED[:3])
+def test_reference_follows_tiktoken_where_regex_module_does_not(spec, everything):
+    """Python's `regex` has a newer Unicode: letters for it are not for tiktoken. The reference
+    rewrites the classes, so it agrees with tiktoken; the raw `regex` pattern would not."""
+    table = U.load_table()
+    letters = table.members("L")
+    regex_letters = {ord(c) for c in regex.findall(r"\p{L}", everything)}
+    disagree = [c for c in sorted(regex_letters) if not letters[c]][::50]
+    assert disagree, "regex and tiktoken agree everywhere: this test no longer tests anything"
+    text = " ".join(f"a{chr(c)}b {chr(c)}x" for c in disagree)
+    vocab = vocabulary_for(spec)
+    assert ReferenceTokenizer(vocab).encode_ordinary(text) == \
+        tiktoken_twin(vocab).encode_ordinary(text)
+    assert PreTokenizer(vocab).split(text) != regex.findall(vocab.pattern, text)
