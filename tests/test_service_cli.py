@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from istanbul.errors import UserFacingError
-from tokenizer_svc.client import add_server_arguments, client_from_args
+from tokenizer_svc.server_option import add_server_arguments, client_from_args
 from tests.service_support import (TEXTS, free_port, server, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 
@@ -33,3 +34,56 @@ def test_unreachable_server_is_a_clear_user_error():
     args = _parse("--server", f"127.0.0.1:{free_port()}")
     with pytest.raises(UserFacingError, match=r"--server 127\.0\.0\.1:\d+: .*istanbul serve"):
         client_from_args(args)
+
+
+# ---- `istanbul encode/decode --server` against `--vocab` ---------------------------------------
+
+def _cli(monkeypatch, argv: list[str], stdin: bytes) -> tuple[int, bytes, str]:
+    """Run `istanbul ARGV` in this process with bytes on stdin; (exit code, stdout, stderr)."""
+    import io
+    import sys
+    from istanbul.cli import main
+    out = io.BytesIO()
+    stdout = io.TextIOWrapper(out, encoding="utf-8", newline="")
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    code = main(argv)
+    stdout.flush()
+    return code, out.getvalue(), stderr.getvalue()
+
+
+SPECIAL = "before <|endoftext|> after <|fim|>"
+CASES = [
+    (["encode"], "\n".join(TEXTS).encode()),
+    (["encode", "--special", "allow"], SPECIAL.encode()),
+    (["encode", "--special", "text"], SPECIAL.encode()),
+    (["encode"], SPECIAL.encode()),                                    # refused: same error
+    (["encode"], b"raw \xff\xfe bytes"),                               # invalid UTF-8 stdin
+    (["encode", "--jsonl"], "\n".join(json.dumps(t) for t in TEXTS).encode()),
+    (["encode", "--jsonl", "--special", "allow"],
+     "\n".join(json.dumps(t) for t in ["a", SPECIAL, "b"]).encode()),
+    (["encode", "--jsonl"], "\n".join(json.dumps(t) for t in ["a", "b", SPECIAL]).encode()),
+    (["decode"], b"[1, 2, 3, 100, 200]"),
+    (["decode", "--errors", "strict"], b"[255]"),                      # refused: not UTF-8
+    (["decode"], b"[255, 254]"),
+    (["decode"], b"[1, 2, 999999]"),                                   # refused: invalid id
+    (["decode", "--jsonl"], b"[1, 2]\n[3, 999999]\n"),
+]
+
+
+@pytest.mark.parametrize("argv, stdin", CASES)
+def test_server_output_is_identical_to_the_local_vocabulary(monkeypatch, server,
+                                                            tiny_vocab_path, argv, stdin):
+    local = _cli(monkeypatch, [*argv, "--vocab", str(tiny_vocab_path)], stdin)
+    remote = _cli(monkeypatch, [*argv, "--server", server.target], stdin)
+    assert remote == local
+    assert local[0] in (0, 1)
+    if local[0]:
+        assert "error:" in local[2] and "Traceback" not in local[2]
+
+
+def test_encode_needs_a_vocabulary_or_a_server(monkeypatch):
+    code, _, err = _cli(monkeypatch, ["encode"], b"hi")
+    assert code == 1 and "--vocab" in err and "--server" in err

@@ -246,7 +246,7 @@ def test_invalid_ids_are_refused_naming_the_id(client, stub, tiny_encoding):
         stub.DetokenizeBatch(pb.DetokenizeBatchRequest(ids=[1, 2, too_big], seq_offsets=[0, 2, 3]),
                              timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert reason_of(info.value) == "invalid-token" and "sequence 1" in info.value.details()
+    assert reason_of(info.value) == "invalid-token" and "document 1" in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         stub.DetokenizeBatch(pb.DetokenizeBatchRequest(ids=[1, 2, 3], seq_offsets=[0, 5, 3]),
                              timeout=30)

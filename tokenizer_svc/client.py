@@ -45,11 +45,13 @@ import grpc
 import numpy as np
 
 from .encoding import InvalidTokenError as LocalInvalidTokenError
+from .reference import DisallowedSpecialTokenError
 from .rpc import tokenizer_pb2 as pb
 from .rpc import tokenizer_pb2_grpc as pb_grpc
 
 ERROR_METADATA_KEY = "istanbul-error"   # the server's machine-readable reason (server/errors.py)
-INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,sequence" (server/work.py)
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document" (server/work.py)
+DOCUMENT_METADATA_KEY = "istanbul-document"  # the failed document of a batch request
 RETRY_REASONS = ("limit:max_queued_bytes",)  # RESOURCE_EXHAUSTED that is worth retrying
 
 
@@ -68,8 +70,8 @@ class RequestError(ServiceError, ValueError):
 
 class InvalidTokenError(RequestError, LocalInvalidTokenError):
     """An id outside the vocabulary; also an `encoding.InvalidTokenError`, so code that
-    catches the local Encoding's error catches this one. `token`, `position` and `document`
-    (the sequence, for batches) say which id."""
+    catches the local Encoding's error catches this one, and its text is the local one.
+    `token`, `position` and `document` (for batches) say which id."""
 
     def __init__(self, code, details, reason="", target="", trailer=""):
         super().__init__(code, details, reason, target)
@@ -77,6 +79,25 @@ class InvalidTokenError(RequestError, LocalInvalidTokenError):
         self.token = int(token) if token.isdigit() else None
         self.position = int(position) if position.isdigit() else None
         self.document = int(document) if document.isdigit() else None
+
+    def __str__(self) -> str:
+        return self.details
+
+
+class DisallowedSpecialError(RequestError, DisallowedSpecialTokenError):
+    """Text that spells a special token the call did not allow (tiktoken's ValueError); also
+    a `reference.DisallowedSpecialTokenError`, with the local text. `document` says which
+    document of a batch, counted over the whole call."""
+
+    def __init__(self, code, details, reason="", target="", document: int | None = None):
+        super().__init__(code, details, reason, target)
+        self.document = document
+        prefix = f"document {document}: "
+        self.message = details[len(prefix):] if document is not None and \
+            details.startswith(prefix) else details
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _fix_surrogates(text: str) -> str:
@@ -174,7 +195,9 @@ class TokenizerClient:
             return InvalidTokenError(code, details, reason, self.target,
                                      trailers.get(INVALID_TOKEN_METADATA_KEY, ""))
         if reason == "disallowed-special":
-            return RequestError(code, details, reason, self.target)
+            document = trailers.get(DOCUMENT_METADATA_KEY)
+            return DisallowedSpecialError(code, details, reason, self.target,
+                                          int(document) if document is not None else None)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return RequestError(code, details, reason, self.target)
         return ServiceError(code, details, reason, self.target)
@@ -313,20 +336,20 @@ class TokenizerClient:
         return self.encode_batch(texts, disallowed_special=())
 
     def _batches(self, docs: list, policy):
-        """TokenizeBatch requests of at most batch_docs documents / ~batch_bytes bytes, one
-        kind (text or bytes) each, in document order."""
+        """(first document's index, TokenizeBatch request) of at most batch_docs documents /
+        ~batch_bytes bytes, one kind (text or bytes) each, in document order."""
         start, size, kind = 0, 0, None
         for k, doc in enumerate(docs):
             doc_kind = isinstance(doc, (bytes, bytearray, memoryview))
             doc_size = len(doc)
             if k > start and (doc_kind != kind or k - start >= self.batch_docs
                               or size + doc_size > self.batch_bytes):
-                yield self._batch_request(docs[start:k], kind, policy)
+                yield start, self._batch_request(docs[start:k], kind, policy)
                 start, size = k, 0
             kind = doc_kind
             size += doc_size
         if start < len(docs):
-            yield self._batch_request(docs[start:], kind, policy)
+            yield start, self._batch_request(docs[start:], kind, policy)
 
     @staticmethod
     def _batch_request(docs: list, raw: bool, policy) -> pb.TokenizeBatchRequest:
@@ -348,20 +371,24 @@ class TokenizerClient:
         parts: list = []
         counts: list = []
 
-        def collect(request, future):
+        def collect(first, request, future):
             try:
-                reply = future.result()
-            except grpc.RpcError as exc:
-                if not self._retryable(exc):
-                    raise self._error(exc) from None
-                reply = self._call(self.stub.TokenizeBatch, request)
+                try:
+                    reply = future.result()
+                except grpc.RpcError as exc:
+                    if not self._retryable(exc):
+                        raise self._error(exc) from None
+                    reply = self._call(self.stub.TokenizeBatch, request)
+            except DisallowedSpecialError as exc:  # count the document over the whole call
+                exc.document = first + (exc.document or 0)
+                raise
             parts.append(np.asarray(reply.ids, np.uint32))
             counts.append(np.diff(np.asarray(reply.doc_offsets, np.int64)))
 
-        for request in self._batches(docs, policy):
+        for first, request in self._batches(docs, policy):
             if len(pending) >= self.inflight:
                 collect(*pending.popleft())
-            pending.append((request, self.stub.TokenizeBatch.future(
+            pending.append((first, request, self.stub.TokenizeBatch.future(
                 request, timeout=self.timeout, metadata=self._metadata)))
         while pending:
             collect(*pending.popleft())
@@ -500,42 +527,3 @@ class _ResumableStream:
             if self.call is not None:
                 self.call.cancel()
 
-
-# ---- command-line glue: `istanbul encode/decode --server HOST:PORT` ----------------------------
-
-def add_server_arguments(parser) -> None:
-    """The options that point a command at a running tokenizer service instead of --vocab."""
-    parser.add_argument("--server", metavar="HOST:PORT",
-                        help="use the tokenizer service at HOST:PORT instead of a local "
-                             "vocabulary (same output as --vocab with the server's vocabulary)")
-    parser.add_argument("--server-token-file", metavar="PATH",
-                        help="bearer token for a server started with --auth-token-file")
-    parser.add_argument("--server-tls", action="store_true", help="connect with TLS")
-    parser.add_argument("--server-ca", metavar="PEM",
-                        help="CA certificate(s) to trust for --server-tls (default: system roots)")
-
-
-def client_from_args(args, startup_timeout: float = 120.0) -> TokenizerClient:
-    """A connected client for `--server`, checked with GetInfo.
-
-    A server that is still loading is waited for (up to `startup_timeout` seconds); one that
-    cannot be reached fails at once with a UserFacingError.
-    """
-    from istanbul.errors import UserFacingError
-    client = TokenizerClient(args.server, token_file=args.server_token_file,
-                             tls=args.server_tls, root_certificates=args.server_ca, timeout=60,
-                             retries=2)
-    deadline = time.monotonic() + startup_timeout
-    while True:
-        try:
-            client.info()
-            client.retries = 8  # reachable: ride out restarts from now on
-            return client
-        except ServiceError as exc:
-            if exc.reason == "not-ready" and time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            client.close()
-            raise UserFacingError(f"--server {args.server}: {exc.details or exc.code.name} "
-                                  f"({exc.code.name}); is `istanbul serve` running there?") \
-                from None

@@ -21,7 +21,8 @@ import numpy as np
 from ..reference import DisallowedSpecialTokenError, check_disallowed, resolve_special
 from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
 
-INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,sequence"
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
+DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
 
 
 def utf8_len(doc) -> int:
@@ -100,9 +101,12 @@ class BatchRunner:
                 try:
                     check_disallowed(doc, job.rule.disallowed)
                 except DisallowedSpecialTokenError as exc:
-                    where = f"document {n}: " if len(job.docs) > 1 else ""
+                    if len(job.docs) == 1:
+                        return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                               DISALLOWED_SPECIAL, str(exc).strip())
                     return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
-                                           where + str(exc).strip())
+                                           f"document {n}: {str(exc).strip()}",
+                                           ((DOCUMENT_METADATA_KEY, str(n)),))
         return None
 
     def _encode(self, jobs: list, results: list) -> None:
@@ -177,10 +181,8 @@ class BatchRunner:
         except ValueError as exc:  # InvalidTokenError
             token, position, seq = (getattr(exc, "token", ""), getattr(exc, "position", ""),
                                     getattr(exc, "document", ""))
-            message = str(exc)
+            message = str(exc)  # the Encoding's own words, as a local decode would say them
             if len(job.seqs) == 1:
                 message = message.replace(" of document 0", "")
-            else:
-                message = message.replace(" of document ", " of sequence ")
             return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, INVALID_TOKEN, message,
                                    ((INVALID_TOKEN_METADATA_KEY, f"{token},{position},{seq}"),))
