@@ -108,6 +108,20 @@ def test_prepare_submit_train_checkpoints_done(service, vocab_path, tmp_path, ca
     code, _, err = run_cli(capsys, "submit", "--dataset", "docs", "--steps", "3", "--seq",
                            "999", *store)
     assert code == 1 and "exceeds the model's max_seq" in err
+    stop_embedded(data)
+
+
+def stop_embedded(data_dir: Path) -> None:
+    """The CLI calls above left the embedded server to this process's exit; stop it now."""
+    import redis
+    from trainer_svc.redis_conn import connect
+    handle = connect(data_dir=data_dir)
+    path = handle.binary.connection_pool.connection_kwargs["path"]
+    handle.close()
+    try:
+        redis.Redis(unix_socket_path=path).shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass                                             # already stopped by close()
 
 
 def test_bench_end_to_end_script_passes_its_checks_at_tiny_size(vocab_path, tmp_path):

