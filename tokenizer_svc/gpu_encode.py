@@ -41,7 +41,7 @@ STATE_WORDS = 4  # per long piece, before its arrays (bpe_encode.wgsl)
 # heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
 # diverge may add up; a lone lane (the _sg kernel) may not.
 PRETOK_BUDGET_SOFTWARE = 4000
-LONG_BUDGET_SOFTWARE = 8000
+LONG_BUDGET_SOFTWARE = 6000
 
 
 class BoundaryError(RuntimeError):

@@ -757,6 +757,7 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
     var size = scratch[base + 2u];
     work += 1u;
     loop {
+        work += 1u;
         if (phase == PH_DONE || work >= p.budget) { break; }
         if (phase == PH_START) {
             phase = PH_INIT;

@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Encode/decode throughput: istanbul on the GPU vs the exact CPU tokenizers, same machine.
+
+    python bench/tokenize.py --out bench/results/h200 [--mb 64] [--vocab gpt2,cl100k_base,o200k_base]
+                             [--vocab-dir DIR] [--repeats 3] [--adapter A]
+
+Corpus (>= --mb MB of real text, built from what the machine has, no network): the Python
+standard library's sources and text files, then other installed packages' sources, plus
+multilingual text (the stdlib's CJK test files and, when present, ../shared/seeds). The
+composition is written into the results.
+
+For each vocabulary every implementation is first checked for ids identical to tiktoken's on
+the whole corpus, then timed (best of --repeats, wall clock, whole batch):
+  istanbul   Encoding.encode_batch_flat / decode_bytes_batch on the GPU (one batch)
+  tiktoken   encode_ordinary_batch / decode_bytes_batch with num_threads = all cores
+  peers      gigatoken, toktok-rs, bpe-openai, tokie: only if importable (skipped with a note)
+istanbul's time is also split by phase: upload (host -> device), GPU kernels per phase (GPU
+timestamps), readback (device -> host, including waiting for the GPU).
+
+Writes DIR/tokenize.json and DIR/tokenize.md and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PEERS = ("gigatoken", "toktok", "bpe_openai", "tokie")
+
+
+# ---- corpus ---------------------------------------------------------------------------------
+
+def build_corpus(megabytes: float) -> tuple[list[str], dict]:
+    target = int(megabytes * (1 << 20))
+    docs, sources, total = [], {}, 0
+
+    def add(path: Path, source: str) -> bool:
+        nonlocal total
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            return False
+        if not text:
+            return False
+        docs.append(text)
+        size = len(text.encode("utf-8"))
+        total += size
+        sources[source] = sources.get(source, 0) + size
+        return True
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    multilingual = sorted(stdlib.glob("test/cjkencodings/*utf-8*")) + \
+        sorted(stdlib.glob("test/cjkencodings/*utf8*"))
+    seeds = REPO.parent / "shared" / "seeds"
+    if seeds.is_dir():
+        multilingual += sorted(seeds.glob("*.txt"))
+    for path in multilingual:
+        add(path, "multilingual")
+    roots = [("stdlib", stdlib)] + [("site-packages", Path(p)) for p in
+                                    {sysconfig.get_paths()["purelib"],
+                                     sysconfig.get_paths()["platlib"]}]
+    for source, root in roots:
+        for path in sorted(root.rglob("*")):
+            if total >= target:
+                break
+            if path.suffix in (".py", ".txt", ".rst", ".md", ".pyi") and path.is_file():
+                add(path, source)
+    non_ascii = sum(sum(1 for c in d if ord(c) > 127) for d in docs[:2000])
+    info = {"documents": len(docs), "bytes": total, "bytes_by_source": sources,
+            "non_ascii_chars_in_first_2000_docs": non_ascii}
+    return docs, info
+
+
+# ---- implementations ------------------------------------------------------------------------
+
+def tiktoken_encoding(vocab):
+    import tiktoken
+    return tiktoken.Encoding(vocab.name, pat_str=vocab.pattern, mergeable_ranks=vocab.ranks,
+                             special_tokens=vocab.special_tokens)
+
+
+def peer_encoder(name: str, vocab, path: Path):
+    """(encode(docs) -> list[list[int]], decode(batch) -> list[bytes] | None) or a reason."""
+    cores = os.cpu_count() or 1
+    try:
+        if name == "gigatoken":
+            import gigatoken as gt
+            tok = gt.Tokenizer.from_tiktoken(str(path), special_tokens=vocab.special_tokens)
+            return (lambda docs: tok.encode_batch_list(docs)), None
+        if name == "toktok":
+            import toktok
+            tok = toktok._encoding(vocab.name)
+            return (lambda docs: [list(x) for x in tok.encode_batch(
+                [d.encode() for d in docs], 0, False)]), None
+        if name == "bpe_openai":
+            import bpe_openai
+            enc = bpe_openai.get_encoding(vocab.name)
+            return (lambda docs: enc.encode_ordinary_batch(docs, num_threads=cores)), \
+                (lambda batch: enc.decode_bytes_batch(batch, num_threads=cores))
+        if name == "tokie":
+            import tokie
+            tok = tokie.Tokenizer.from_file(str(path))
+            return (lambda docs: [e.ids for e in tok.encode_batch(docs,
+                                                                   add_special_tokens=False)]), None
+    except Exception as exc:  # a peer that is absent or cannot load this vocabulary
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return "unknown peer"
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int, args) -> dict:
+    from shaders.engine import default_device
+    from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.vocab import load_vocabulary
+
+    path = None
+    if vocab_dir is not None and (vocab_dir / f"{name}.tiktoken").is_file():
+        path = vocab_dir / f"{name}.tiktoken"
+    vocab = load_vocabulary(path or name)
+    path = Path(vocab.source)
+    device = default_device(args.adapter)
+    mb = nbytes / 1e6
+    rows, notes = [], []
+    tik = tiktoken_encoding(vocab)
+    cores = os.cpu_count() or 1
+    want = tik.encode_ordinary_batch(docs, num_threads=cores)
+    flat_want = np.fromiter((t for w in want for t in w), dtype=np.uint32)
+
+    # istanbul
+    enc = get_encoding(vocab, device=device)
+    ids, offsets = enc.encode_batch_flat(docs)  # warm-up: compile, allocate
+    exact = bool(np.array_equal(ids, flat_want)) and offsets.tolist() == \
+        np.cumsum([0] + [len(w) for w in want]).tolist()
+    enc_s = best_of(lambda: enc.encode_batch_flat(docs), args.repeats)
+    batch = [ids[offsets[i]:offsets[i + 1]] for i in range(len(docs))]
+    decoded = enc.decode_bytes_batch(batch)
+    dec_exact = decoded == [d.encode() for d in docs]
+    dec_s = best_of(lambda: enc.decode_bytes_batch(batch), args.repeats)
+    rows.append({"impl": "istanbul (GPU)", "exact": exact and dec_exact,
+                 "encode_MBps": mb / enc_s, "decode_MBps": mb / dec_s,
+                 "encode_s": enc_s, "decode_s": dec_s})
+
+    # where istanbul's time goes (one profiled run: per-dispatch timestamps)
+    encoder = enc.backend.encoder
+    encoder.profile = True
+    start = time.perf_counter()
+    enc.encode_batch_flat(docs)
+    wall = time.perf_counter() - start
+    encoder.profile = False
+    prof = encoder.last_profile
+    phases = {"upload": prof.upload_s, "readback+wait": prof.readback_s,
+              **{f"gpu:{k}": v for k, v in prof.gpu.items()}}
+    phases["rest of wall (submits, host work, GPU wait)"] = max(0.0, wall - prof.upload_s - prof.readback_s)
+
+    # tiktoken
+    tk_enc = best_of(lambda: tik.encode_ordinary_batch(docs, num_threads=cores), args.repeats)
+    tk_dec = best_of(lambda: tik.decode_bytes_batch(want, num_threads=cores), args.repeats)
+    rows.append({"impl": f"tiktoken ({cores} threads)", "exact": True,
+                 "encode_MBps": mb / tk_enc, "decode_MBps": mb / tk_dec,
+                 "encode_s": tk_enc, "decode_s": tk_dec})
+
+    for peer in PEERS:
+        got = peer_encoder(peer, vocab, path)
+        if isinstance(got, str):
+            notes.append(f"{peer}: skipped ({got})")
+            continue
+        encode, decode = got
+        try:
+            out = encode(docs)
+            peer_exact = [list(map(int, o)) for o in out] == want
+            p_enc = best_of(lambda: encode(docs), args.repeats)
+            row = {"impl": peer, "exact": peer_exact, "encode_MBps": mb / p_enc,
+                   "encode_s": p_enc}
+            if decode is not None:
+                p_dec = best_of(lambda: decode(want), args.repeats)
+                row.update(decode_MBps=mb / p_dec, decode_s=p_dec)
+            rows.append(row)
+        except Exception as exc:
+            notes.append(f"{peer}: failed ({type(exc).__name__}: {str(exc)[:160]})")
+    exact_peers = [r for r in rows[1:] if r["exact"]]
+    fastest = max(exact_peers, key=lambda r: r["encode_MBps"])
+    return {"vocab": name, "tokens": int(flat_want.size), "rows": rows, "notes": notes,
+            "istanbul_phases_s": phases, "istanbul_profiled_wall_s": wall,
+            "fastest_exact_peer": fastest["impl"],
+            "speedup_vs_fastest_exact_peer": rows[0]["encode_MBps"] / fastest["encode_MBps"],
+            "target_speedup": 2.0}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Tokenizer benchmark — {result['device']}", "",
+             f"Corpus: {result['corpus']['bytes'] / 1e6:.1f} MB in "
+             f"{result['corpus']['documents']} documents "
+             f"({', '.join(f'{k} {v / 1e6:.1f} MB' for k, v in result['corpus']['bytes_by_source'].items())}); "
+             f"{result['cpu_cores']} CPU cores.", ""]
+    for v in result["vocabs"]:
+        lines += [f"## {v['vocab']} ({v['tokens']:,} tokens)", "",
+                  "| implementation | exact ids | encode MB/s | decode MB/s |", "|---|---|---|---|"]
+        for r in v["rows"]:
+            dec = f"{r['decode_MBps']:.0f}" if "decode_MBps" in r else "—"
+            lines.append(f"| {r['impl']} | {'yes' if r['exact'] else 'NO'} | "
+                         f"{r['encode_MBps']:.0f} | {dec} |")
+        lines += ["", f"istanbul vs fastest exact peer ({v['fastest_exact_peer']}): "
+                      f"{v['speedup_vs_fastest_exact_peer']:.2f}x (target 2x)", "",
+                  "istanbul encode, one profiled run (GPU timestamps per phase):", "",
+                  "| phase | ms |", "|---|---|"]
+        for k, s in v["istanbul_phases_s"].items():
+            lines.append(f"| {k} | {s * 1e3:.1f} |")
+        lines += [""] + [f"- {n}" for n in v["notes"]] + [""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory for tokenize.json / tokenize.md")
+    parser.add_argument("--mb", type=float, default=64.0, help="corpus size in MB (default 64)")
+    parser.add_argument("--vocab", default="gpt2,cl100k_base,o200k_base")
+    parser.add_argument("--vocab-dir", default=os.environ.get("ISTANBUL_VOCAB_DIR") or
+                        str(REPO.parent / "shared" / "vocab"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--adapter", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+    from shaders.engine import default_device
+    device = default_device(args.adapter)
+    docs, corpus = build_corpus(args.mb)
+    print(f"corpus: {corpus['bytes'] / 1e6:.1f} MB, {corpus['documents']} documents; "
+          f"device: {device.name}", flush=True)
+    vocab_dir = Path(args.vocab_dir) if args.vocab_dir else None
+    result = {"device": device.name, "cpu_cores": os.cpu_count(), "python": platform.python_version(),
+              "corpus": corpus, "vocabs": []}
+    for name in args.vocab.split(","):
+        res = bench_vocab(name.strip(), vocab_dir, docs, corpus["bytes"], args)
+        result["vocabs"].append(res)
+        for r in res["rows"]:
+            print(f"{name:<12} {r['impl']:<24} exact={r['exact']!s:<5} "
+                  f"encode {r['encode_MBps']:8.1f} MB/s  "
+                  f"decode {r.get('decode_MBps', float('nan')):8.1f} MB/s", flush=True)
+        for n in res["notes"]:
+            print(f"{name:<12} {n}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenize.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "tokenize.md").write_text(markdown(result), encoding="utf-8")
+    print(f"wrote {out / 'tokenize.json'} and {out / 'tokenize.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

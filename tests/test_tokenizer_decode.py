@@ -1,0 +1,72 @@
+"""GPU decoding: exact bytes, strict/replace text, clear errors for ids outside the vocabulary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenizer_svc.encoding import InvalidTokenError, get_encoding
+
+from .tokenizer_support import MULTILINGUAL, SHARED, TRAINED, corpus_docs, tiktoken_twin, vocabulary_for
+
+
+@pytest.fixture(scope="module", params=SHARED + TRAINED[:1])
+def pair(request, device):
+    vocab = vocabulary_for(request.param)
+    return get_encoding(vocab, device=device), tiktoken_twin(vocab)
+
+
+def test_every_token_decodes_to_its_bytes(pair):
+    enc, tik = pair
+    ids = sorted(enc.vocab.decoder)
+    rng = np.random.default_rng(0)
+    shuffled = rng.permutation(ids).tolist()
+    assert enc.decode_bytes(shuffled) == tik.decode_bytes(shuffled)
+    assert enc.decode_bytes([]) == b""
+
+
+def test_decode_batch_and_text_modes(pair):
+    enc, tik = pair
+    docs = corpus_docs()[:20] + MULTILINGUAL
+    batch = [tik.encode_ordinary(d) for d in docs] + [[]]
+    assert enc.decode_batch(batch) == docs + [""]
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs] + [b""]
+    broken = tik.encode_ordinary("日本")[:1] or [0]
+    raw = tik.decode_bytes(broken)
+    if raw.decode("utf-8", errors="replace") != raw.decode("utf-8", errors="ignore"):
+        assert enc.decode(broken) == raw.decode("utf-8", errors="replace") == tik.decode(broken)
+        with pytest.raises(UnicodeDecodeError):
+            enc.decode(broken, errors="strict")
+    single = tik.encode_ordinary("é")
+    assert enc.decode(single, errors="strict") == "é"
+
+
+def test_invalid_ids_name_the_id_and_position(pair):
+    enc, _ = pair
+    for bad in (enc.n_vocab, 10**9, -1):
+        with pytest.raises(InvalidTokenError) as err:
+            enc.decode([1, 2, 3, bad, 4])
+        assert err.value.token == bad and err.value.position == 3
+        assert str(bad) in str(err.value) and "position 3" in str(err.value)
+        assert isinstance(err.value, ValueError)
+    with pytest.raises(InvalidTokenError) as err:
+        enc.decode_batch([[1], [2, 3], [4, enc.n_vocab + 5]])
+    assert err.value.document == 2 and err.value.position == 1
+
+
+def test_holes_in_the_id_space_are_invalid(device):
+    from tests.conftest import shared_vocab
+    from tokenizer_svc.vocab import load_vocabulary
+    enc = get_encoding(load_vocabulary(shared_vocab("cl100k_base.tiktoken")), device=device)
+    assert 100261 not in enc.vocab.decoder  # between <|fim_suffix|> and <|endofprompt|>
+    with pytest.raises(InvalidTokenError, match="100261"):
+        enc.decode_bytes([100257, 100261])
+    assert enc.decode([100257, 100276]) == "<|endoftext|><|endofprompt|>"
+
+
+def test_large_decode_matches(device):
+    vocab = vocabulary_for("trained-o200k")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, len(vocab.ranks), 300_000).tolist()
+    assert enc.decode_bytes(ids) == tik.decode_bytes(ids)

@@ -1,0 +1,190 @@
+"""GPU encoding is exactly tiktoken's: real wgpu device (lavapipe in CI), real vocabularies
+(../shared/vocab, skipped when absent) and vocabularies trained here (always)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tokenizer_svc.encoding import Encoding, get_encoding
+from tokenizer_svc.gpu_encode import GpuEncoder
+from tokenizer_svc.reference import fix_surrogates
+from tokenizer_svc.unicode_table import all_code_points_text
+
+from .tokenizer_support import (MULTILINGUAL, SHARED, TRAINED, TRICKY, corpus_docs, long_runs,
+                                megabyte_document, tiktoken_twin, vocabulary_for)
+
+VOCABS = SHARED + TRAINED
+TRICKY_CHARS = list("'sSſlLvVrReEdDmMtT \t\r\n0123456789/!?.ʕªǅ\u0301\u00a0\u3000日üß") + \
+    ["\u200d", "👍", "\U0001F3FD", "\u2028", "\x85"]
+CHARS = st.one_of(st.characters(), st.sampled_from(TRICKY_CHARS))
+DOCS = st.lists(st.text(alphabet=CHARS, max_size=48), min_size=1, max_size=8)
+HYPO = settings(max_examples=20, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module", params=VOCABS)
+def pair(request, device):
+    vocab = vocabulary_for(request.param)
+    return get_encoding(vocab, device=device), tiktoken_twin(vocab)
+
+
+def test_gpu_runs_the_pre_tokenizer_where_it_can(pair):
+    enc, _ = pair
+    assert isinstance(enc, Encoding) and enc.backend.kind == "gpu"
+    assert enc.backend.on_gpu_pretok == (enc.vocab.pattern_name is not None)
+
+
+def test_tricky_multilingual_and_corpus(pair):
+    enc, tik = pair
+    docs = TRICKY + MULTILINGUAL + corpus_docs()
+    assert enc.encode_ordinary_batch(docs) == tik.encode_ordinary_batch(docs)
+
+
+def test_runs_of_ten_thousand(pair):
+    enc, tik = pair
+    docs = long_runs(10_000)
+    got = enc.encode_ordinary_batch(docs)
+    for doc, ids in zip(docs, got):
+        assert ids == tik.encode_ordinary(doc), repr(doc[:20])
+
+
+def test_one_megabyte_document(pair):
+    enc, tik = pair
+    doc = megabyte_document()
+    assert enc.encode_ordinary(doc) == tik.encode_ordinary(doc)
+
+
+def test_every_code_point(pair):
+    """All of Unicode in order, 128 code points per document (long runs of one class stay
+    bounded, so tiktoken's quadratic BPE stays fast)."""
+    enc, tik = pair
+    everything = all_code_points_text()
+    docs = [everything[i:i + 128] for i in range(0, len(everything), 128)]
+    if enc.vocab.name.startswith("trained") and enc.vocab.pattern_name != "o200k":
+        docs = docs[::4]  # the trained gpt2/cl100k twins see a quarter; o200k sees everything
+    ids, offsets = enc.encode_batch_flat(docs)
+    want = tik.encode_ordinary_batch(docs)
+    assert offsets.tolist() == np.cumsum([0] + [len(w) for w in want]).tolist()
+    assert ids.tolist() == [t for w in want for t in w]
+
+
+@HYPO
+@given(docs=DOCS)
+def test_hypothesis_unicode_text(pair, docs):
+    enc, tik = pair
+    ids, offsets = enc.encode_batch_flat(docs)
+    want = tik.encode_ordinary_batch(docs)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    assert [enc.decode(w) for w in want] == [tik.decode(w) for w in want]
+
+
+@HYPO
+@given(docs=st.lists(st.binary(max_size=48), min_size=1, max_size=8))
+def test_hypothesis_raw_bytes_and_round_trip(pair, docs):
+    enc, tik = pair
+    ids, offsets = enc.encode_batch_flat(docs)
+    parts = [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))]
+    assert parts == [tik._encode_bytes(d) for d in docs]
+    assert enc.decode_bytes_batch(parts) == docs
+
+
+@HYPO
+@given(text=st.text(alphabet=CHARS, max_size=80))
+def test_round_trip_text(pair, text):
+    enc, _ = pair
+    fixed = fix_surrogates(text)  # lone surrogates become U+FFFD, as in tiktoken
+    assert enc.decode(enc.encode_ordinary(text), errors="strict") == fixed
+
+
+def test_special_tokens(pair):
+    enc, tik = pair
+    text = "x<|endoftext|>y <|endoftext|>\n\n<|endoftext|><|endoftext|>"
+    for kwargs in ({"allowed_special": "all"}, {"disallowed_special": ()},
+                   {"allowed_special": {"<|endoftext|>"}, "disallowed_special": ()}):
+        assert enc.encode(text, **kwargs) == tik.encode(text, **kwargs)
+        assert enc.encode_batch([text, "a", ""], **kwargs) == tik.encode_batch([text, "a", ""], **kwargs)
+    with pytest.raises(ValueError, match="disallowed special token"):
+        enc.encode(text)
+    assert enc.encode_ordinary(text) == tik.encode_ordinary(text)
+    assert enc.eot_token == tik.eot_token and enc.special_tokens_set == tik.special_tokens_set
+    assert enc.n_vocab == tik.n_vocab and enc.max_token_value == tik.max_token_value
+
+
+def test_offsets_match_tiktoken(pair):
+    enc, tik = pair
+    text = "héllo wörld 日本語 👩‍💻 don't\n  x"
+    ids, chars = enc.encode_with_offsets(text, unit="char")
+    assert (ids, chars) == (tik.encode_ordinary(text), tik.decode_with_offsets(ids)[1])
+    _, byte_offsets = enc.encode_with_offsets(text, unit="byte")
+    data = text.encode()
+    for start, end, token in zip(byte_offsets, byte_offsets[1:] + [len(data)], ids):
+        assert data[start:end] == tik.decode_single_token_bytes(token)
+
+
+@pytest.mark.parametrize("chunk", [4, 7, 32])
+def test_small_chunks_stress_segment_boundaries(pair, device, chunk):
+    """Tiny chunks: many more segments, cuts and run skips; same ids."""
+    enc, tik = pair
+    if not enc.backend.on_gpu_pretok:
+        pytest.skip("custom pattern: pre-tokenized on the CPU")
+    small = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name, chunk=chunk)
+    docs = TRICKY + MULTILINGUAL + corpus_docs()[:10] + [r[:700] for r in long_runs()]
+    data = [d.encode() for d in docs]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+    ids, offsets = small.encode_docs(b"".join(data), starts)
+    want = tik.encode_ordinary_batch(docs)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+
+
+def test_hundred_thousand_one_character_documents(device):
+    vocab = vocabulary_for("trained-o200k")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    alphabet = "ab c\n1'ſ日👍\u0301 \t"
+    docs = [alphabet[i % len(alphabet)] for i in range(100_000)]
+    ids, offsets = enc.encode_batch_flat(docs)
+    assert offsets.size == 100_001
+    assert ids.tolist() == [t for d in docs for t in tik.encode_ordinary(d)]
+
+
+def test_documents_larger_than_one_call_are_split_at_boundaries(device):
+    vocab = vocabulary_for("trained-cl100k")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    small = GpuEncoder(device, enc.backend.tables, "cl100k", max_call_bytes=3000)
+    docs = [megabyte_document()[:40_000], "tail doc", "日本語、" * 1500]
+    data = [d.encode() for d in docs]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+    ids, offsets = small.encode_docs(b"".join(data), starts)
+    want = tik.encode_ordinary_batch(docs)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    with pytest.raises(ValueError, match="no provable piece boundary"):
+        small.encode_docs(b" " * 5000, np.array([0, 5000]))
+
+
+def test_long_pieces_in_scratch_rounds(device):
+    vocab = vocabulary_for("trained-gpt2")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    small = GpuEncoder(device, enc.backend.tables, "gpt2")
+    small.scratch_limit_words = 4 * 700 + 64   # forces several rounds of long pieces
+    docs = ["a" * 650, "b" * 300 + " " + "c" * 200, "x" * 66, "日本" * 100]
+    data = [d.encode() for d in docs]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+    ids, offsets = small.encode_docs(b"".join(data), starts)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        tik.encode_ordinary_batch(docs)
+
+
+def test_hundred_kilobyte_word(device):
+    vocab = vocabulary_for("trained-o200k")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    word = ("tokenizer" * 12_000)[:100_000]
+    assert enc.encode_ordinary(word) == tik.encode_ordinary(word)
+
+
+def test_cpu_and_gpu_backends_agree(device):
+    vocab = vocabulary_for("trained-custom")
+    cpu, gpu = get_encoding(vocab, device="cpu"), get_encoding(vocab, device=device)
+    docs = TRICKY + MULTILINGUAL
+    assert cpu.encode_ordinary_batch(docs) == gpu.encode_ordinary_batch(docs)
+    assert cpu.encode_bytes(b"ab\xffcd") == gpu.encode_bytes(b"ab\xffcd")
