@@ -18,7 +18,7 @@ from shaders.adapters import NoAdapterError
 COMMAND_MODULES = [
     "shaders.cli",           # devices, kernels check/bench/list
     "tokenizer_svc.cli",     # encode, decode
-    "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service)
+    "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
     "trainer_svc.cli_train",  # train, generate, export
     "trainer_svc.cli_jobs",  # prepare, datasets, submit, jobs, status, watch, cancel, trainer
 ]

@@ -1,14 +1,13 @@
 """Shared pieces of the service tests (tests/test_service_*.py).
 
-A tiny byte-level BPE vocabulary is trained here from a small multilingual sample, so the
-service tests never depend on ../shared; the real Encoding runs it on the session's wgpu
-device. Servers are real grpc.aio servers on loopback ports; clients are the real client.
+A tiny byte-level BPE vocabulary is trained here (with tests.tokenizer_support's trainer)
+from a small multilingual sample, so the service tests never depend on ../shared; the real
+Encoding runs it on the session's wgpu device. Servers are real grpc.aio servers on loopback ports; clients are the real client.
 Import the fixtures into a test module by name (`from tests.service_support import ...`).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import socket
@@ -17,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import regex
 
+from tests.tokenizer_support import MULTILINGUAL, TRICKY, train_bpe
 from tokenizer_svc.patterns import GPT2_PATTERN
 from tokenizer_svc.vocab import Vocabulary, save_vocabulary
 
@@ -50,41 +49,13 @@ TEXTS = [
     "a" * 300,
     " " * 50 + "x",
     "def f(x):\n    return x ** 2  # square\n",
+    MULTILINGUAL[12], MULTILINGUAL[13], MULTILINGUAL[14],  # emoji ZWJ, combining, contractions
+    TRICKY[26], TRICKY[28],  # whitespace and newline mixes
 ]
 
 
-def train_ranks(text: str, merges: int) -> dict:
-    """A deterministic byte-level BPE (GPT-2 pre-tokenization; ties go to the smallest pair)."""
-    words = collections.Counter(tuple(bytes([b]) for b in piece.encode())
-                                for piece in regex.findall(GPT2_PATTERN, text))
-    ranks = {bytes([b]): b for b in range(256)}
-    for _ in range(merges):
-        pairs = collections.Counter()
-        for word, count in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += count
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merged = best[0] + best[1]
-        ranks.setdefault(merged, len(ranks))
-        updated = collections.Counter()
-        for word, count in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            updated[tuple(out)] += count
-        words = updated
-    return ranks
-
-
 def write_tiny_vocabulary(directory: Path) -> Path:
-    ranks = train_ranks(SAMPLE * 3, merges=300)
+    ranks = train_bpe([SAMPLE] * 3 + MULTILINGUAL, GPT2_PATTERN, 300)
     specials = {text: len(ranks) + k for k, text in enumerate(SPECIALS)}
     path = Path(directory) / "tiny.tiktoken"
     save_vocabulary(Vocabulary(name="tiny", ranks=ranks, pattern=GPT2_PATTERN,
@@ -151,7 +122,9 @@ def free_port() -> int:
 def serve_subprocess(*args: str, env: dict | None = None) -> subprocess.Popen:
     """`python -m tokenizer_svc ARGS` with stderr (the JSON log) captured."""
     full_env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
-                "PYTHONPATH": str(REPO), **(env or {})}
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                            os.environ.get("PYTHONPATH")])),
+                **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "tokenizer_svc", *args], cwd=REPO,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

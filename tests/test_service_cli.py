@@ -87,3 +87,14 @@ def test_server_output_is_identical_to_the_local_vocabulary(monkeypatch, server,
 def test_encode_needs_a_vocabulary_or_a_server(monkeypatch):
     code, _, err = _cli(monkeypatch, ["encode"], b"hi")
     assert code == 1 and "--vocab" in err and "--server" in err
+
+
+def test_health_command_for_container_healthchecks(monkeypatch, server):
+    code, out, _ = _cli(monkeypatch, ["health", server.target], b"")
+    assert code == 0 and out.decode().strip() == f"{server.target}: SERVING"
+    code, _, err = _cli(monkeypatch, ["health", server.target, "--service", "no.such.Service"],
+                        b"")
+    assert code == 1 and "NOT_FOUND" in err
+    code, _, err = _cli(monkeypatch, ["health", f"127.0.0.1:{free_port()}", "--timeout", "1"],
+                        b"")
+    assert code == 1 and ("UNAVAILABLE" in err or "DEADLINE_EXCEEDED" in err)

@@ -1,6 +1,8 @@
-"""`istanbul serve` (also `python -m tokenizer_svc`): run the gRPC tokenizer service.
+"""`istanbul serve` (also `python -m tokenizer_svc`): run the gRPC tokenizer service;
+`istanbul health HOST:PORT`: probe one (exit 0 if SERVING; for container healthchecks).
 
     istanbul serve --vocab o200k_base --port 50051 [--adapter 0] [--metrics-port 9090]
+    istanbul health 127.0.0.1:50051
 
 The port is bound at once and answers health checks with NOT_SERVING while the GPU device
 and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, no new
@@ -191,6 +193,39 @@ def register(sub) -> None:
                        "reflection and Prometheus metrics. SIGTERM drains it gracefully.")
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
+
+    h = sub.add_parser("health", help="probe a tokenizer service's gRPC health (container "
+                       "healthchecks): exit 0 if SERVING, else 1")
+    h.add_argument("target", metavar="HOST:PORT", help="the service to probe")
+    h.add_argument("--service", default="",
+                   help="service name to check (default: the whole server)")
+    h.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    h.add_argument("--tls", action="store_true", help="connect with TLS")
+    h.add_argument("--ca", type=Path, metavar="PEM",
+                   help="CA certificate(s) to trust with --tls (default: system roots)")
+    h.set_defaults(func=cmd_health)
+
+
+def cmd_health(args) -> int:
+    """grpc.health.v1 Check: print the status; 0 if SERVING (health needs no auth token)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    if args.tls or args.ca:
+        roots = args.ca.read_bytes() if args.ca else None
+        channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(roots))
+    else:
+        channel = grpc.insecure_channel(args.target)
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"{args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def main(argv: list[str] | None = None) -> int:
