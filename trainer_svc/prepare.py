@@ -6,8 +6,8 @@ Every input file is one document. Documents go through one TokenizeStream call i
 where the split cannot change the tokens (`is_safe_point`: after a line break between
 words, or before a single space between words). With the GPT-2, cl100k and o200k patterns no
 pre-token spans such a point (tests/test_prepare_split.py checks it with tiktoken), so the
-pieces' ids concatenate to the whole file's ids. A file with no such point within the limit is cut at a character
-boundary, and the summary counts those cuts.
+pieces' ids concatenate to the whole file's ids. A file with no such point within the limit
+is cut at a character boundary, and the summary counts those cuts.
 """
 
 from __future__ import annotations
