@@ -17,10 +17,11 @@ from shaders.adapters import NoAdapterError
 
 COMMAND_MODULES = [
     "shaders.cli",           # devices, kernels check/bench/list
-    "trainer_svc.cli_train",  # train, generate, export
     "tokenizer_svc.cli_vocab",  # vocab train
     "tokenizer_svc.cli",     # encode, decode
     "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
+    "trainer_svc.cli_jobs",  # prepare, datasets, submit, jobs, status, watch, cancel, trainer
+    "trainer_svc.cli_train",  # train, generate, export
 ]
 
 

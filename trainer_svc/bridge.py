@@ -1,0 +1,173 @@
+"""The one place where the daemon meets the training core (model, Trainer, TokenStream,
+checkpoints). Everything here is about one job's run; nothing here knows about Redis.
+
+    run = open_run(spec, job_id, shards, job_dir, device, n_vocab=..., vocab_hash=...)
+    while run.step_count < spec.steps:
+        metrics = run.train_step()          # next batch from the stored data position
+        if run.step_count % spec.checkpoint_every == 0:
+            run.save()                      # weights, optimizer, data position, RNG
+
+`open_run` resumes from the newest valid checkpoint in the job's directory (older ones are the
+fallback), or initialises from the spec's seed. Because the checkpoint holds the data position
+and the RNG state, the steps after it are recomputed exactly as the first time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from .data import DataError, TokenStream
+from .jobs import JobInputError, JobSpec
+from .model.config import ModelConfig
+from .training import StepMetrics, TrainConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+# Spec fields that do not change what is computed: a checkpoint written under one value
+# resumes under another. (`steps` sets the learning-rate schedule; whether eval is on decides
+# which shards are held out: both matter.)
+RESUMABLE_FIELDS = {"checkpoint_every", "keep_last", "keep_every", "eval_every",
+                    "eval_batches", "max_failures"}
+
+
+def model_config_for(spec: JobSpec, n_vocab: int) -> ModelConfig:
+    try:
+        return ModelConfig.preset(spec.model, n_vocab, **spec.model_overrides)
+    except (ValueError, TypeError) as exc:
+        raise JobInputError(f"model {spec.model!r} with overrides {spec.model_overrides}: "
+                            f"{exc}") from None
+
+
+def train_config_for(spec: JobSpec, model: ModelConfig) -> TrainConfig:
+    seq = spec.seq or model.max_seq
+    if seq > model.max_seq:
+        raise JobInputError(f"seq {seq} exceeds the model's max_seq {model.max_seq}; lower "
+                            "--seq or raise model_overrides.max_seq")
+    try:
+        return TrainConfig(batch=spec.batch, seq=seq, steps=spec.steps, lr=spec.lr,
+                           min_lr=spec.lr / 10 if spec.min_lr is None else spec.min_lr,
+                           warmup=spec.warmup, weight_decay=spec.weight_decay,
+                           beta1=spec.beta1, beta2=spec.beta2, grad_clip=spec.grad_clip,
+                           grad_accum=spec.grad_accum, seed=spec.seed, precision=spec.precision,
+                           label_smoothing=spec.label_smoothing, z_loss=spec.z_loss)
+    except ValueError as exc:
+        raise JobInputError(str(exc)) from None
+
+
+def check_spec(spec: JobSpec, n_vocab: int) -> None:
+    """Everything about a spec that can be checked before the job runs (used by submit)."""
+    train_config_for(spec, model_config_for(spec, n_vocab))
+
+
+def spec_fingerprint(spec: JobSpec) -> str:
+    """Identifies what a spec computes, so a checkpoint is never resumed under another one."""
+    fields = {k: v for k, v in json.loads(spec.to_json()).items() if k not in RESUMABLE_FIELDS}
+    fields["eval_split"] = spec.eval_every > 0
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def split_eval(shards: list[np.ndarray], seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold out data for evaluation: the last 1/20 of the shards (at least one) when there are
+    several, else the last tenth of the only shard (but at least one window)."""
+    if len(shards) >= 2:
+        n_eval = max(1, len(shards) // 20)
+        return shards[:-n_eval], shards[-n_eval:]
+    only = shards[0]
+    cut = only.size - max(only.size // 10, seq + 1)
+    if cut < seq + 1:
+        raise JobInputError(f"the dataset's {only.size} tokens are too few to hold out an "
+                            f"evaluation split at seq {seq}; set eval_every = 0 or add data")
+    return [only[:cut]], [only[cut:]]
+
+
+@dataclass
+class TrainingRun:
+    """One job's Trainer, data stream and checkpoint directory."""
+    spec: JobSpec
+    job_id: str
+    trainer: Trainer
+    stream: TokenStream
+    manager: CheckpointManager
+    vocab_hash: str
+    vocab_file: Path | None
+    eval_batches: np.ndarray | None
+    resumed_from: Path | None
+
+    @property
+    def step_count(self) -> int:
+        return self.trainer.step_count
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.trainer.tokens_seen
+
+    @property
+    def position(self) -> dict:
+        return self.stream.position
+
+    def train_step(self) -> StepMetrics:
+        """The next optimizer step on the next batch (all micro-batches of it)."""
+        batch = self.stream.next_accumulated(self.trainer.train_config.grad_accum)
+        return self.trainer.step(batch)
+
+    def evaluate(self) -> float | None:
+        if self.eval_batches is None:
+            return None
+        return self.trainer.evaluate(self.eval_batches)
+
+    def save(self) -> Path:
+        state = {"data_position": self.stream.position, "job_id": self.job_id,
+                 "vocab_hash": self.vocab_hash, "spec_fingerprint": spec_fingerprint(self.spec),
+                 "spec": json.loads(self.spec.to_json())}
+        return self.manager.save(self.trainer, state, vocab_file=self.vocab_file)
+
+    def checkpoint_paths(self) -> list[str]:
+        return [str(path) for _, path in self.manager.checkpoints()]
+
+
+def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path, device, *,
+             n_vocab: int, vocab_hash: str, vocab_file: Path | None = None) -> TrainingRun:
+    """Resume the job from its newest valid checkpoint, or start it."""
+    model = model_config_for(spec, n_vocab)
+    train_config = train_config_for(spec, model)
+    train_shards, eval_shards = (split_eval(shards, train_config.seq) if spec.eval_every
+                                 else (shards, []))
+    manager = CheckpointManager(job_dir, keep_last=spec.keep_last, keep_every=spec.keep_every)
+    latest = manager.latest_valid()
+    position = None
+    if latest is not None:
+        try:
+            trainer, state = load_checkpoint(latest, device, train_config=train_config)
+        except CheckpointError as exc:
+            raise JobInputError(f"cannot resume from {latest}: {exc}") from None
+        if state.get("job_id") != job_id or state.get("vocab_hash") != vocab_hash or \
+                state.get("spec_fingerprint") != spec_fingerprint(spec):
+            raise JobInputError(
+                f"checkpoint {latest} was written by another job, vocabulary or spec "
+                f"(job {state.get('job_id')!r}, vocabulary {str(state.get('vocab_hash'))[:16]}); "
+                f"move it out of {job_dir} or submit under another job id")
+        if trainer.model_config != model:
+            raise JobInputError(f"checkpoint {latest} holds model {trainer.model_config}, the "
+                                f"spec asks for {model}")
+        position = state.get("data_position")
+        log.info("job %s: resuming from %s (step %d)", job_id, latest, trainer.step_count)
+    else:
+        trainer = Trainer(model, train_config, device)
+    try:
+        stream = TokenStream(train_shards, train_config.batch, train_config.seq,
+                             position=position)
+        eval_batches = None
+        if eval_shards:
+            evals = TokenStream(eval_shards, train_config.batch, train_config.seq)
+            eval_batches = np.stack([evals.next_batch() for _ in range(spec.eval_batches)])
+    except DataError as exc:
+        raise JobInputError(f"dataset: {exc}") from None
+    return TrainingRun(spec, job_id, trainer, stream, manager, vocab_hash, vocab_file,
+                       eval_batches, latest)

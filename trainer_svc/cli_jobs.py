@@ -1,0 +1,520 @@
+"""Datasets, jobs and the daemon from the command line.
+
+    istanbul prepare FILES... --tokenizer HOST:PORT --dataset NAME     # text -> shards in Redis
+    istanbul datasets
+    istanbul submit --dataset NAME --model tiny --steps 1000 [...]    # or --spec job.toml
+    istanbul jobs | status JOB [--json] | watch JOB | cancel JOB
+    istanbul trainer --checkpoints ROOT [--adapter A]                 # the daemon
+
+Every command takes --redis URL (else $REDIS_URL, else the embedded server in --data-dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from istanbul.errors import UserFacingError
+
+log = logging.getLogger(__name__)
+
+FINAL = ("done", "failed", "cancelled")
+
+
+def add_redis_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis", metavar="URL", default=None,
+                   help="Redis URL, e.g. redis://:PASSWORD@host:6379/0 or rediss://... for TLS "
+                        "(default: $REDIS_URL, else an embedded Redis server in --data-dir)")
+    p.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
+                   help="the embedded Redis server's data directory (default: $ISTANBUL_DATA/"
+                        "redis, else ~/.local/share/istanbul/redis)")
+
+
+def _connect(args):
+    from .redis_conn import connect
+    return connect(args.redis, data_dir=args.data_dir)
+
+
+def add_trainer_args(p: argparse.ArgumentParser) -> None:
+    """The daemon's options (shared by `istanbul trainer` and `python -m trainer_svc`)."""
+    p.add_argument("--checkpoints", required=True, type=Path, metavar="ROOT",
+                   help="checkpoint root: job JOB writes ROOT/JOB/step_XXXXXXXX/")
+    add_redis_args(p)
+    p.add_argument("--adapter", default=None, metavar="A",
+                   help="GPU adapter: index from `istanbul devices` or a name substring "
+                        "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
+                        "software Vulkan)")
+    p.add_argument("--lease-ttl", type=float, default=30.0, metavar="S",
+                   help="seconds a job's lease lives without renewal; a dead worker's job is "
+                        "taken over after this long (default 30; renewed every S/3)")
+    p.add_argument("--max-failures", type=int, default=3, metavar="N",
+                   help="a job that fails N times goes to the dead-letter stream (default 3)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                   help="serve Prometheus metrics on this port (0: any free port; default off)")
+    p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
+                   help="address for the metrics server (default 0.0.0.0)")
+    p.add_argument("--publish-every", type=float, default=0.0, metavar="S",
+                   help="write progress to Redis at most every S seconds (default 0: every "
+                        "step)")
+    p.add_argument("--exit-when-idle", action="store_true",
+                   help="exit once no job is queued or running (scripts, the demo)")
+    p.add_argument("--max-jobs", type=int, default=None, metavar="N",
+                   help="exit after running N jobs")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("prepare", help="tokenize files through the tokenizer service into a "
+                                       "dataset of shards in Redis")
+    p.add_argument("files", nargs="+", metavar="FILES",
+                   help="input files (each one a document) or directories (searched "
+                        "recursively)")
+    p.add_argument("--tokenizer", required=True, metavar="HOST:PORT",
+                   help="the gRPC tokenizer service (`istanbul serve`)")
+    p.add_argument("--dataset", required=True, metavar="NAME", help="dataset name")
+    p.add_argument("--include", action="append", metavar="GLOB",
+                   help="only files under directories that match GLOB, e.g. '*.py' "
+                        "(repeatable; default: all files)")
+    p.add_argument("--shard-tokens", type=int, default=1 << 20, metavar="N",
+                   help="tokens per shard (default 1048576)")
+    p.add_argument("--replace", action="store_true", help="overwrite an existing dataset")
+    p.add_argument("--vocab", metavar="V",
+                   help="also store the vocabulary file (path or known name) with the dataset, "
+                        "so checkpoints carry it; must be the service's vocabulary")
+    p.add_argument("--eot", metavar="TOKEN",
+                   help="special token that separates documents (default <|endoftext|>)")
+    p.add_argument("--token-file", type=Path, metavar="PATH",
+                   help="bearer token for a service started with --auth-token-file")
+    p.add_argument("--tls", action="store_true", help="connect to the service over TLS")
+    p.add_argument("--ca-file", type=Path, metavar="PEM", help="CA certificate for --tls")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("datasets", help="list the datasets in Redis")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_datasets)
+
+    p = sub.add_parser("submit", help="queue a training job; prints its id",
+                       description="Queue a training job. Give the spec as flags or as a TOML "
+                                   "file (--spec; its keys are the flag names with '_', e.g. "
+                                   "checkpoint_every, and a [model_overrides] table); flags "
+                                   "override the file.")
+    p.add_argument("--spec", type=Path, metavar="FILE.toml", help="job spec file")
+    p.add_argument("--id", dest="job_id", metavar="JOB",
+                   help="job id (default: generated; letters, digits, '_', '.', '-')")
+    p.add_argument("--dataset", metavar="NAME")
+    p.add_argument("--model", metavar="PRESET", help="tiny, small or 124m (default tiny)")
+    p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
+                   help="override a model config field, e.g. d_model=128 (repeatable)")
+    p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
+    for flag, typ, text in (
+            ("--batch", int, "sequences per micro-batch (default 8)"),
+            ("--seq", int, "tokens per sequence (default: the model's max_seq)"),
+            ("--grad-accum", int, "micro-batches per step (default 1)"),
+            ("--lr", float, "peak learning rate (default 1e-3)"),
+            ("--min-lr", float, "final learning rate of the cosine (default lr/10)"),
+            ("--warmup", int, "linear warmup steps (default 0)"),
+            ("--weight-decay", float, "AdamW weight decay (default 0.1)"),
+            ("--grad-clip", float, "global gradient-norm clip, 0 off (default 1.0)"),
+            ("--seed", int, "initialisation seed (default 1234)"),
+            ("--checkpoint-every", int, "steps between checkpoints (default 100)"),
+            ("--keep-last", int, "newest checkpoints kept (default 3)"),
+            ("--keep-every", int, "also keep every multiple of this step (default 0: off)"),
+            ("--eval-every", int, "steps between held-out evaluations (default 0: off)"),
+            ("--eval-batches", int, "batches per evaluation (default 4)"),
+            ("--max-failures", int, "dead-letter after N failures (default: the daemon's)")):
+        p.add_argument(flag, type=typ, metavar="N" if typ is int else "X", help=text)
+    p.add_argument("--precision", choices=("mixed", "fp32"), help="default mixed")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list jobs, newest first")
+    p.add_argument("--state", choices=("queued", "running", "done", "failed", "cancelled"))
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--dead-letter", action="store_true", help="list the dead-letter stream")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("status", help="a job's state, progress, checkpoints and error")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--events", type=int, default=0, metavar="N",
+                   help="also show the last N events")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("watch", help="live progress bar of a job (step, loss, tokens/s, ETA); "
+                                     "exits 0 when it is done, 1 when it failed or was "
+                                     "cancelled")
+    p.add_argument("job", metavar="JOB")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_watch)
+
+    p = sub.add_parser("cancel", help="cancel a job (a running one stops at its next step "
+                                      "after a checkpoint)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--wait", action="store_true", help="wait until the job has stopped")
+    add_redis_args(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("trainer", help="run a training daemon: take jobs from Redis, train "
+                                       "them on the GPU, write checkpoints",
+                       description="Run a training daemon until SIGTERM/SIGINT (checkpoint, "
+                                   "re-queue the job, exit 0). Exits 3 when its own disk or GPU "
+                                   "fails a self-check after a job error, leaving the jobs to "
+                                   "other workers.")
+    add_trainer_args(p)
+    p.set_defaults(func=cmd_trainer)
+
+
+# ---- prepare / datasets ---------------------------------------------------------------------
+
+def cmd_prepare(args) -> int:
+    from tokenizer_svc.client import ServiceError, TokenizerClient
+    from .datasets import DatasetError
+    from .prepare import expand_inputs, prepare_dataset, vocabulary_files_for
+
+    files = expand_inputs(args.files, args.include)
+    handle = _connect(args)
+    client = TokenizerClient(args.tokenizer, token_file=args.token_file, tls=args.tls,
+                             root_certificates=args.ca_file, retries=2)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                info = client.info()
+                break
+            except ServiceError as exc:
+                if exc.reason == "not-ready" and time.monotonic() < deadline:
+                    time.sleep(0.2)             # still loading its vocabulary on the GPU
+                    continue
+                raise UserFacingError(f"tokenizer service at {args.tokenizer}: "
+                                      f"{exc.details or exc.code.name} ({exc.code.name}); is "
+                                      "`istanbul serve` running there?") from None
+        client.retries = 8                      # reachable: ride out restarts from now on
+        vocab_files = vocabulary_files_for(args.vocab, info.vocabulary_hash) if args.vocab \
+            else None
+        result = prepare_dataset(handle, client, files, args.dataset,
+                                 shard_tokens=args.shard_tokens, replace=args.replace,
+                                 vocab_files=vocab_files, eot=args.eot,
+                                 progress=not args.no_progress)
+    except (DatasetError, ServiceError) as exc:
+        raise UserFacingError(str(exc)) from None
+    finally:
+        client.close()
+    ds = result.info
+    print(f"dataset {ds.name}: {ds.tokens:,} tokens in {ds.shards} shard(s) from "
+          f"{ds.documents} document(s) ({result.bytes:,} bytes); vocabulary {ds.vocab_name} "
+          f"({ds.n_vocab} ids, hash {ds.vocab_hash[:16]})")
+    if result.empty_files:
+        print(f"  skipped {result.empty_files} empty file(s)")
+    if result.unsafe_cuts:
+        print(f"  warning: {result.unsafe_cuts} cut(s) inside long lines may tokenize "
+              "differently from whole files")
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    from .datasets import list_datasets
+    found = list_datasets(_connect(args))
+    if args.json:
+        print(json.dumps([d.to_dict() for d in found], indent=2))
+        return 0
+    if not found:
+        print("no datasets (create one with `istanbul prepare`)")
+    for d in found:
+        print(f"{d.name:<24} {d.state:<9} {d.tokens:>14,} tokens {d.shards:>5} shards  "
+              f"vocab {d.vocab_name or '?'} ({d.n_vocab}, {d.vocab_hash[:12]})")
+    return 0
+
+
+# ---- submit ---------------------------------------------------------------------------------
+
+def _parse_scalar(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+SPEC_FLAGS = ("dataset", "model", "steps", "batch", "seq", "grad_accum", "lr", "min_lr",
+              "warmup", "weight_decay", "grad_clip", "seed", "precision", "checkpoint_every",
+              "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures")
+
+
+def build_spec_dict(args) -> dict:
+    data: dict = {}
+    if args.spec:
+        try:
+            data = tomllib.loads(args.spec.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UserFacingError(f"--spec {args.spec}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UserFacingError(f"--spec {args.spec}: not valid TOML: {exc}") from None
+    for name in SPEC_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            data[name] = value
+    for item in args.model_set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserFacingError(f"--model-set {item!r}: expected FIELD=VALUE")
+        data.setdefault("model_overrides", {})[key.strip()] = _parse_scalar(value.strip())
+    return data
+
+
+def cmd_submit(args) -> int:
+    from .bridge import check_spec
+    from .datasets import DatasetError, get_dataset
+    from .jobs import JobInputError, JobQueue, JobSpec
+
+    origin = f"--spec {args.spec}" if args.spec else "job spec"
+    data = build_spec_dict(args)
+    try:
+        spec = JobSpec.parse(data, origin=origin)
+    except JobInputError as exc:
+        raise UserFacingError(str(exc)) from None
+    handle = _connect(args)
+    try:
+        info = get_dataset(handle, spec.dataset)
+    except DatasetError as exc:
+        raise UserFacingError(str(exc)) from None
+    if spec.vocab_hash and not info.vocab_hash.startswith(spec.vocab_hash):
+        raise UserFacingError(f"dataset {info.name!r} was tokenized with vocabulary "
+                              f"{info.vocab_hash[:16]}, the spec expects {spec.vocab_hash[:16]}")
+    try:
+        check_spec(spec, info.n_vocab)
+    except JobInputError as exc:
+        raise UserFacingError(f"{origin}: {exc}") from None
+    seq = spec.seq or _model_max_seq(spec, info.n_vocab)
+    longest = min(info.shard_tokens, info.tokens) if info.shards > 1 else info.tokens
+    if longest < seq + 1:
+        raise UserFacingError(f"dataset {info.name!r} has no shard of seq+1 = {seq + 1} tokens "
+                              f"(largest {longest}); use a smaller --seq or more data")
+    try:
+        job_id = JobQueue(handle).submit(spec, args.job_id, dataset_info=info)
+    except JobInputError as exc:
+        raise UserFacingError(str(exc)) from None
+    print(job_id)
+    return 0
+
+
+def _model_max_seq(spec, n_vocab: int) -> int:
+    from .bridge import model_config_for
+    return model_config_for(spec, n_vocab).max_seq
+
+
+# ---- jobs / status / watch / cancel -----------------------------------------------------------
+
+def _fmt_duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def _get_job(queue, job_id: str):
+    record = queue.get(job_id)
+    if record is None:
+        raise UserFacingError(f"no job {job_id!r} (list them with `istanbul jobs`)")
+    return record
+
+
+def cmd_jobs(args) -> int:
+    from .jobs import JobQueue
+    queue = JobQueue(_connect(args))
+    if args.dead_letter:
+        dead = queue.dead_letters(args.limit)
+        if args.json:
+            print(json.dumps(dead, indent=2))
+        elif not dead:
+            print("the dead-letter stream is empty")
+        for entry in dead:
+            print(f"{entry.get('job', '?'):<28} {entry.get('reason', ''):<18} "
+                  f"failures={entry.get('failures', '?')}  {entry.get('error', '')}")
+        return 0
+    records = queue.list_jobs(args.limit, args.state)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+        return 0
+    if not records:
+        print("no jobs" + (f" in state {args.state}" if args.state else ""))
+        return 0
+    print(f"{'JOB':<28} {'STATE':<10} {'STEP':>13} {'LOSS':>8}  {'DATASET':<14} {'MODEL':<6} "
+          "OWNER")
+    for r in records:
+        loss = r.get_float("loss")
+        print(f"{r.id:<28} {r.state:<10} {r.get_int('step'):>6}/{r.get_int('total_steps'):<6} "
+              f"{(f'{loss:.4f}' if loss is not None else '-'):>8}  {r.raw.get('dataset', ''):<14} "
+              f"{r.raw.get('model', ''):<6} {r.raw.get('owner', '') or '-'}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .jobs import JobQueue
+    queue = JobQueue(_connect(args))
+    record = _get_job(queue, args.job)
+    data = record.to_dict()
+    if args.events:
+        data["events"] = [{"id": i, "type": t, **d}
+                          for i, t, d in queue.events(args.job)[-args.events:]]
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    step, total = data["step"], data["total_steps"] or 1
+    line = f"job {data['id']}: {data['state']}  step {step}/{total} ({100 * step / total:.1f}%)"
+    if data["loss"] is not None:
+        line += f"  loss {data['loss']:.4f}"
+    if data["state"] == "running":
+        line += f"  {data['tokens_per_s'] or 0:,.0f} tok/s  ETA {_fmt_duration(data['eta_s'])}"
+    print(line)
+    print(f"  dataset {data['dataset']}  model {data['model']}  tokens {data['tokens']:,}  "
+          f"attempts {data['attempts']}  failures {data['failures']}"
+          + (f"  owner {data['owner']}" if data["owner"] else ""))
+    if data["eval_loss"] is not None:
+        print(f"  eval loss {data['eval_loss']:.4f}")
+    if data["checkpoints"]:
+        print(f"  checkpoints ({len(data['checkpoints'])}): latest {data['checkpoint']}")
+    if data["cancel_requested"] and data["state"] == "running":
+        print("  cancel requested")
+    if data["error"]:
+        print(f"  error: {data['error']}")
+    elif data["last_error"]:
+        print(f"  last error: {data['last_error']}")
+    for event in data.get("events", []):
+        print(f"  event {event['type']}: " + json.dumps(
+            {k: v for k, v in event.items() if k not in ("id", "type")}, default=str))
+    return 0
+
+
+def cmd_watch(args) -> int:
+    from tqdm import tqdm
+    from . import keys
+    from .jobs import JobQueue
+    from .redis_conn import REDIS_DOWN, Backoff
+    queue = JobQueue(_connect(args))
+    last = queue.r.xrevrange(keys.job_events(args.job), count=1)
+    after = last[0][0] if last else "0-0"
+    record = _get_job(queue, args.job)
+    bar = tqdm(total=record.get_int("total_steps") or None, initial=record.get_int("step"),
+               unit="step", desc=args.job, dynamic_ncols=True)
+    state = record.state
+    backoff = Backoff()
+
+    def postfix(loss, tps, st):
+        parts = {"state": st}
+        if loss is not None:
+            parts["loss"] = f"{loss:.4f}"
+        if tps:
+            parts["tok/s"] = f"{tps:,.0f}"
+        bar.set_postfix(parts, refresh=True)
+
+    postfix(record.get_float("loss"), record.get_float("tokens_per_s"), state)
+    try:
+        while state not in FINAL:
+            try:
+                events = queue.events(args.job, after=after, block_ms=1000)
+                backoff.reset()
+            except REDIS_DOWN:
+                bar.set_postfix({"state": "Redis unreachable, retrying"}, refresh=True)
+                backoff.sleep()
+                continue
+            for event_id, kind, data in events:
+                after = event_id
+                if kind == "progress":
+                    bar.n = int(data.get("step", bar.n))
+                    postfix(data.get("loss"), data.get("tokens_per_s"), "running")
+                elif kind in ("resumed",):
+                    bar.n = int(data.get("step", bar.n))
+                    bar.refresh()
+                elif kind in FINAL:
+                    state = kind
+                elif kind in ("requeued", "takeover", "started"):
+                    postfix(None, None, kind)
+            if not events:
+                state = (queue.get(args.job) or record).state
+        record = queue.get(args.job) or record
+        bar.n = record.get_int("step")
+        postfix(record.get_float("loss"), None, record.state)
+    finally:
+        bar.close()
+    if record.state == "done":
+        print(f"job {args.job} done: {record.get_int('step')} steps, loss "
+              f"{record.get_float('loss') or float('nan'):.4f}, checkpoint "
+              f"{record.raw.get('checkpoint', '-')}")
+        return 0
+    print(f"job {args.job} {record.state}" +
+          (f": {record.raw['error']}" if record.raw.get("error") else ""), file=sys.stderr)
+    return 1
+
+
+def cmd_cancel(args) -> int:
+    from .jobs import JobQueue
+    queue = JobQueue(_connect(args))
+    try:
+        result = queue.cancel(args.job)
+    except KeyError:
+        raise UserFacingError(f"no job {args.job!r} (list them with `istanbul jobs`)") from None
+    if result == "cancel_requested":
+        print(f"job {args.job}: cancel requested; its daemon stops it after the current step")
+        if args.wait:
+            while (rec := queue.get(args.job)) is not None and rec.state not in FINAL:
+                time.sleep(0.5)
+            print(f"job {args.job}: {rec.state if rec else 'gone'}")
+    elif result == "cancelled":
+        print(f"job {args.job}: cancelled")
+    else:
+        print(f"job {args.job} had already finished ({result})")
+    return 0
+
+
+# ---- the daemon -----------------------------------------------------------------------------
+
+def run_trainer(args) -> int:
+    """Connect, open the GPU, serve metrics, run the daemon until SIGTERM."""
+    from shaders.engine import Device
+    from .daemon import Daemon, DaemonConfig
+    from .jobs import JobQueue
+    from .metrics import DaemonMetrics
+
+    if args.max_failures < 1:
+        raise UserFacingError("--max-failures must be at least 1")
+    if args.lease_ttl <= 0.3:
+        raise UserFacingError("--lease-ttl must be more than 0.3 seconds")
+    try:
+        args.checkpoints.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserFacingError(f"--checkpoints {args.checkpoints}: {exc.strerror}") from None
+    handle = _connect(args)
+    device = Device(args.adapter)
+    log.info("GPU: %s", device.name)
+    config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
+                          max_failures=args.max_failures, publish_every_s=args.publish_every,
+                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs)
+    metrics = DaemonMetrics(JobQueue(handle))
+    if args.metrics_port is not None:
+        port = metrics.serve(args.metrics_port, args.metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", args.metrics_addr, port)
+    daemon = Daemon(handle, config, device=device, metrics=metrics)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
+def cmd_trainer(args) -> int:
+    return run_trainer(args)

@@ -1,0 +1,581 @@
+"""The training daemon: claim a job, own it through a lease, train it, report, repeat.
+
+    daemon = Daemon(connect(url), DaemonConfig(checkpoint_root=Path("ckpt")))
+    daemon.run()                                   # until SIGTERM / SIGINT
+
+One loop iteration:
+ 1. take over an orphan: XAUTOCLAIM pending entries idle for a lease TTL (their worker stopped
+    renewing); run one only if its lease is gone;
+ 2. else read a new entry (XREADGROUP, blocking up to a second);
+ 3. acquire the job's lease (SET NX PX) — without it the job is not touched — and start the
+    heartbeat, which renews the lease, keeps the entry's idle time at zero and notices cancels;
+ 4. validate the job (spec, checkpoint path inside ROOT, dataset, shards, vocabulary), resume
+    from the newest valid checkpoint in ROOT/JOB/ or initialise, and train: every step's
+    progress goes to the job hash and its events stream (buffered while Redis is away), a
+    checkpoint every `checkpoint_every` steps and at the end;
+ 5. finish through one fenced Lua call that writes the final state, acknowledges the entry and
+    releases the lease together: done; cancelled; failed (bad input at once, other errors after
+    `max_failures`) with a dead-letter entry; or re-queued (SIGTERM, or a failure below the
+    limit) as a new stream entry.
+
+Guarantees: an entry is acknowledged only together with a final state or a re-queue, so a job
+is never lost; only the lease holder trains or writes, so a job never runs twice at once; a
+taken-over job resumes from its last checkpoint's step and data position, so no step is skipped
+and the ones after that checkpoint are recomputed identically. Errors in a job never stop the
+daemon; a Redis outage is waited out with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from . import datasets
+from .jobs import JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
+from .lease import Heartbeat, Lease, lease_holder, owner_token
+from .metrics import DaemonMetrics
+from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
+from .shards import ShardError
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 30.0   # a progress line in the daemon's log (Redis has every step)
+
+
+class LeaseLost(Exception):
+    """This worker no longer owns the job: stop touching it (another worker may have it)."""
+
+
+class Interrupted(Exception):
+    """SIGTERM: checkpoint, hand the job back to the queue, exit."""
+
+
+class TooManyFailures(Exception):
+    """The job has failed (or killed its workers) max_failures times: dead-letter it."""
+
+
+@dataclass
+class DaemonConfig:
+    checkpoint_root: Path
+    lease_ttl_s: float = 30.0
+    max_failures: int = 3
+    poll_ms: int = 1000
+    publish_every_s: float = 0.0        # 0: progress to Redis after every step
+    max_skipped_steps: int = 5          # consecutive non-finite-gradient steps before failing
+    exit_when_idle: bool = False        # stop once no job is waiting (tests, demo)
+    max_jobs: int | None = None         # stop after this many jobs (tests)
+    consumer: str = field(default_factory=owner_token)
+
+
+def resolve_job_dir(root: Path, job_id: str) -> Path:
+    """ROOT/JOB, refusing any job id or link that would put checkpoints outside ROOT."""
+    try:
+        check_job_id(job_id)
+    except JobInputError as exc:
+        raise JobInputError(f"checkpoint path for job {job_id!r} would escape the checkpoint "
+                            f"root {root}: {exc}") from None
+    root = root.resolve()
+    target = (root / job_id).resolve()
+    if target.parent != root:
+        raise JobInputError(f"checkpoint path {root / job_id} resolves to {target}, outside the "
+                            f"checkpoint root {root}; remove that link")
+    return target
+
+
+class Progress:
+    """Writes a job's progress through the fenced script, buffering while Redis is away."""
+
+    def __init__(self, queue: JobQueue, job_id: str, owner: str, every_s: float):
+        self.queue, self.job_id, self.owner, self.every_s = queue, job_id, owner, every_s
+        self.hset: dict = {}
+        self.events: deque = deque()
+        self.curve: list = []
+        self.cancel_requested = False
+        self._last_flush = 0.0
+        self._retry_at = 0.0        # after a failed write, training does not wait on Redis
+
+    def add(self, hset: dict | None = None, ev: list | None = None, curve=None) -> None:
+        if hset:
+            self.hset.update(hset)
+        if ev:
+            self.events.append(ev)
+        if curve:
+            self.curve.extend(curve)
+
+    def flush(self, force: bool = False) -> bool:
+        """True when everything buffered reached Redis. Raises LeaseLost."""
+        if not (self.hset or self.events or self.curve):
+            return True
+        now = time.monotonic()
+        if not force and (now - self._last_flush < self.every_s or now < self._retry_at):
+            return False
+        try:
+            reply = self.queue.fenced(self.job_id, self.owner, hset=self.hset,
+                                      events=list(self.events), curve=self.curve)
+        except REDIS_DOWN as exc:
+            log.warning("job %s: progress kept locally (%d events), Redis unreachable (%s)",
+                        self.job_id, len(self.events), exc)
+            self._retry_at = time.monotonic() + 2.0
+            return False
+        if not reply:
+            raise LeaseLost("the lease was gone when writing progress")
+        self.cancel_requested = self.cancel_requested or reply == 2
+        self.hset, self.curve = {}, []
+        self.events.clear()
+        self._last_flush = time.monotonic()
+        return True
+
+
+class Daemon:
+    def __init__(self, handle: RedisHandle, config: DaemonConfig, device=None,
+                 metrics: DaemonMetrics | None = None):
+        self.handle, self.config = handle, config
+        self.queue = JobQueue(handle)
+        self.device = device
+        self.metrics = metrics or DaemonMetrics(self.queue)
+        self.stop_event = threading.Event()
+        self.jobs_run = 0
+        self.sick = ""                      # why this worker stopped taking jobs
+        self.consumer = config.consumer
+        config.checkpoint_root.mkdir(parents=True, exist_ok=True)
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def on_signal(signum, _frame):
+            if not self.stop_event.is_set():
+                log.info("%s: finishing the current step, checkpointing and exiting",
+                         signal.Signals(signum).name)
+            self.stop_event.set()
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def run(self) -> int:
+        """Serve jobs until stopped; returns the exit code."""
+        log.info("trainer %s: checkpoints in %s, Redis %s", self.consumer,
+                 self.config.checkpoint_root, self.handle.location)
+        backoff = Backoff()
+        while not self.stop_event.is_set():
+            try:
+                ran = self.poll_once()
+                backoff.reset()
+                self.metrics.redis_up.set(1)
+            except REDIS_DOWN as exc:
+                self.metrics.redis_up.set(0)
+                delay = backoff.next_delay()
+                log.warning("Redis unreachable (%s); retrying in %.1f s", exc, delay)
+                self.stop_event.wait(delay)
+                try:
+                    self.handle.revive()
+                except Exception as revive_exc:  # the embedded server could not start (yet)
+                    log.warning("could not restart the embedded Redis: %s", revive_exc)
+                continue
+            except Exception:  # never let one bad iteration end the daemon
+                log.exception("unexpected error in the daemon loop; continuing")
+                self.stop_event.wait(1.0)
+                continue
+            if self.config.max_jobs is not None and self.jobs_run >= self.config.max_jobs:
+                break
+            if self.sick:
+                log.error("this worker is broken (%s): it stops taking jobs and leaves them to "
+                          "other workers", self.sick)
+                return 3
+            if not ran and self.config.exit_when_idle and self._queue_idle():
+                log.info("no job waiting; exiting (--exit-when-idle)")
+                break
+        log.info("trainer %s stopped after %d job(s)", self.consumer, self.jobs_run)
+        return 0
+
+    def _queue_idle(self) -> bool:
+        counts = self.queue.counts_by_state()
+        return counts.get("queued", 0) == 0 and counts.get("running", 0) == 0
+
+    def poll_once(self) -> bool:
+        """Run at most one job; True when one was run (to any outcome)."""
+        ttl_ms = int(self.config.lease_ttl_s * 1000)
+        try:
+            for entry_id, job_id in self.queue.autoclaim(self.consumer, ttl_ms):
+                if self._take(entry_id, job_id, reclaimed=True):
+                    return True
+            for entry_id, job_id in self.queue.read_new(self.consumer, self.config.poll_ms):
+                if self._take(entry_id, job_id, reclaimed=False):
+                    return True
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # First start, or Redis lost its data: (re)create the stream and the group.
+            self.queue.ensure_group()
+        return False
+
+    def _take(self, entry_id: str, job_id: str | None, reclaimed: bool) -> bool:
+        if not job_id:
+            log.warning("stream entry %s names no job; acknowledging it", entry_id)
+            self.queue.ack(entry_id)
+            return False
+        if reclaimed and lease_holder(self.handle, job_id):
+            # Its worker is alive (the entry only looked idle); leave the job alone.
+            return False
+        lease = Lease(self.handle, job_id, self.consumer, self.config.lease_ttl_s)
+        if not lease.acquire():
+            # Another worker holds the lease. The entry stays pending; if that worker dies,
+            # XAUTOCLAIM brings the entry back once the lease has expired.
+            return False
+        record = self.queue.get(job_id)
+        if record is None:
+            log.warning("stream entry %s names job %r that has no hash; dropping it",
+                        entry_id, job_id)
+            self.queue.ack(entry_id)
+            lease.release()
+            return False
+        if record.final or record.raw.get("entry", entry_id) != entry_id:
+            # Finished already, or a stale duplicate of a re-queued job.
+            self.queue.ack(entry_id)
+            lease.release()
+            return False
+        self.jobs_run += 1
+        attempt = JobAttempt(self, entry_id, record, lease, reclaimed)
+        attempt.run()
+        if attempt.unexpected_error:
+            # The job's fault, or this worker's? A worker whose disk or GPU fails a simple
+            # check would fail every job it touches: better to stop.
+            self.sick = self.self_check() or ""
+        return True
+
+    def self_check(self) -> str | None:
+        """What is wrong with this worker (None when its disk and GPU work)."""
+        probe = self.config.checkpoint_root / f".probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"istanbul")
+            ok = probe.read_bytes() == b"istanbul"
+            probe.unlink()
+            if not ok:
+                return f"checkpoint root {self.config.checkpoint_root} returned other bytes"
+        except OSError as exc:
+            return f"checkpoint root {self.config.checkpoint_root} is not writable ({exc})"
+        if self.device is not None:
+            try:
+                data = np.arange(1024, dtype=np.float32)
+                back = self.device.download(self.device.upload(data))
+                if not np.array_equal(np.asarray(back).ravel()[:1024], data):
+                    return "the GPU returned other data than was uploaded"
+            except Exception as exc:  # a lost device raises whatever wgpu raises
+                return f"the GPU does not work ({type(exc).__name__}: {exc})"
+        return None
+
+
+class JobAttempt:
+    """One worker's attempt at one job, from lease to final state."""
+
+    def __init__(self, daemon: Daemon, entry_id: str, record: JobRecord, lease: Lease,
+                 reclaimed: bool):
+        self.daemon, self.entry_id, self.record, self.lease = daemon, entry_id, record, lease
+        self.queue, self.config, self.metrics = daemon.queue, daemon.config, daemon.metrics
+        self.job_id = record.id
+        self.owner = daemon.consumer
+        self.reclaimed = reclaimed
+        self.attempt = record.get_int("attempts") + 1
+        self.progress = Progress(self.queue, self.job_id, self.owner, self.config.publish_every_s)
+        self.heartbeat = Heartbeat(lease, on_beat=[self._touch_entry])
+        self.unexpected_error = False
+        self._last_log = time.monotonic()
+
+    def _touch_entry(self) -> None:
+        self.queue.touch(self.owner, self.entry_id)
+
+    # ---- outcome handling --------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.heartbeat.start()
+        try:
+            outcome = self._attempt()
+            log.info("job %s: %s", self.job_id, outcome)
+        except LeaseLost as exc:
+            self.metrics.lease_lost.inc()
+            log.warning("job %s: stopped, lease lost (%s); not touching it any more",
+                        self.job_id, self.heartbeat.lost_reason or exc)
+        except Interrupted:
+            self._requeue("the daemon was stopped (SIGTERM); re-queued", failed=False)
+        except REDIS_DOWN as exc:  # not the job's fault: hand it back once Redis answers
+            log.warning("job %s: Redis unreachable while preparing the job (%s)", self.job_id,
+                        exc)
+            self._requeue(f"Redis was unreachable ({exc}); re-queued", failed=False)
+        except TooManyFailures as exc:
+            self._fail(str(exc), permanent=False)
+        except JobInputError as exc:
+            self._fail(str(exc), permanent=True)
+        except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
+            log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
+            self.unexpected_error = True
+            failures = self.record.get_int("failures") + 1
+            limit = self._max_failures()
+            message = f"{type(exc).__name__}: {exc}"
+            if failures >= limit:
+                self._fail(f"failed {failures} times (limit {limit}); last error: {message}",
+                           permanent=False, failures=failures)
+            else:
+                self._requeue(f"attempt {self.attempt} failed ({message}); retrying",
+                              failed=True, failures=failures)
+        finally:
+            self.heartbeat.stop()
+            self.metrics.forget_job(self.job_id)
+
+    def _max_failures(self) -> int:
+        try:
+            spec = JobSpec.parse(self.record.spec_json)
+            return spec.max_failures or self.config.max_failures
+        except JobInputError:
+            return self.config.max_failures
+
+    def _final_write(self, **ops) -> bool:
+        """A fenced write that must happen: waits out a Redis outage while the lease holds."""
+        backoff = Backoff()
+        while True:
+            if self.heartbeat.lost.is_set():
+                raise LeaseLost(self.heartbeat.lost_reason)
+            try:
+                self.progress.flush(force=True)
+                if self.queue.fenced(self.job_id, self.owner, **ops):
+                    return True
+                raise LeaseLost("the lease was gone when writing the final state")
+            except REDIS_DOWN as exc:
+                log.warning("job %s: waiting for Redis to write the final state (%s)",
+                            self.job_id, exc)
+                backoff.sleep()
+
+    def _finish(self, state: str, message: str, extra: dict | None = None) -> None:
+        now = time.time()
+        hset = {"state": state, "finished_at": now, "updated_at": now, "owner": "",
+                **(extra or {})}
+        try:
+            self._final_write(hset=hset, events=[event(state, message=message,
+                                                       attempt=self.attempt, **(extra or {}))],
+                              ack=self.entry_id, release=True)
+        except LeaseLost as exc:
+            log.warning("job %s: could not record %s: %s", self.job_id, state, exc)
+            return
+        self.metrics.finished.labels(outcome=state).inc()
+
+    def _fail(self, error: str, permanent: bool, failures: int | None = None) -> None:
+        log.error("job %s failed: %s", self.job_id, error)
+        failures = failures if failures is not None else self.record.get_int("failures") + 1
+        now = time.time()
+        try:
+            self._final_write(
+                hset={"state": "failed", "error": error, "failures": failures, "owner": "",
+                      "finished_at": now, "updated_at": now},
+                events=[event("failed", error=error, attempt=self.attempt, permanent=permanent)],
+                dead={"job": self.job_id, "error": error, "failures": failures,
+                      "reason": "bad input" if permanent else "too many failures",
+                      "at": now},
+                ack=self.entry_id, release=True)
+        except LeaseLost as exc:
+            log.warning("job %s: could not record the failure: %s", self.job_id, exc)
+            return
+        self.metrics.finished.labels(outcome="failed").inc()
+
+    def _requeue(self, reason: str, failed: bool, failures: int | None = None) -> None:
+        hset = {"state": "queued", "owner": "", "updated_at": time.time()}
+        if failed:
+            hset.update(failures=failures, last_error=reason)
+        try:
+            self._final_write(hset=hset, events=[event("requeued", reason=reason,
+                                                       attempt=self.attempt)],
+                              ack=self.entry_id, requeue=True, release=True)
+        except LeaseLost as exc:
+            log.warning("job %s: could not re-queue: %s", self.job_id, exc)
+            return
+        self.metrics.finished.labels(outcome="requeued").inc()
+
+    # ---- the attempt ---------------------------------------------------------------------------
+
+    def _attempt(self) -> str:
+        rec = self.record
+        takeover = self.reclaimed and rec.state == "running"
+        failures = rec.get_int("failures")
+        start = {"state": "running", "owner": self.owner, "attempts": self.attempt,
+                 "started_at": time.time(), "updated_at": time.time(), "error": ""}
+        if takeover:
+            failures += 1
+            self.metrics.takeovers.inc()
+            reason = (f"worker {rec.raw.get('owner') or '?'} stopped while running the job "
+                      f"(its lease expired)")
+            start.update(failures=failures, last_error=reason)
+            self.progress.add(ev=event("takeover", previous_owner=rec.raw.get("owner"),
+                                       reason=reason, attempt=self.attempt))
+            self.record.raw["failures"] = str(failures)
+        log.info("job %s: attempt %d%s", self.job_id, self.attempt,
+                 " (taking over from a worker that stopped)" if takeover else "")
+        self.progress.add(hset=start, ev=event("started", owner=self.owner, attempt=self.attempt,
+                                                 takeover=takeover))
+        self.progress.flush(force=True)
+        if rec.raw.get("cancel_requested") == "1" or self.progress.cancel_requested:
+            self._finish("cancelled", "cancelled before it started")
+            return "cancelled before start"
+
+        spec = JobSpec.parse(rec.spec_json, origin=f"job {self.job_id} spec")
+        limit = spec.max_failures or self.config.max_failures
+        if takeover and failures >= limit:
+            raise TooManyFailures(f"the job's workers stopped {failures} times without "
+                                  f"finishing (limit {limit}); last: {rec.raw.get('last_error')}")
+        job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
+        job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
+        run = self._open(spec, job_dir)
+        return self._train(spec, run)
+
+    def _open(self, spec: JobSpec, job_dir: Path):
+        from .bridge import open_run   # the training core loads only when a job needs it
+        handle = self.daemon.handle
+        try:
+            info = datasets.get_dataset(handle, spec.dataset)
+        except datasets.DatasetError as exc:
+            raise JobInputError(str(exc)) from None
+        expected = self.record.raw.get("vocab_hash") or spec.vocab_hash or ""
+        if not info.vocab_hash.startswith(expected):
+            raise JobInputError(
+                f"dataset {spec.dataset!r} was tokenized with vocabulary {info.vocab_hash[:16]}, "
+                f"but the job expects {expected[:16]}; prepare the data with the job's "
+                "vocabulary or resubmit")
+        vocab_hash = info.vocab_hash
+        shards = []
+        for index in range(info.shards):
+            try:
+                shards.append(datasets.load_shard(handle, info, index, n_vocab=info.n_vocab,
+                                                  vocab_hash=vocab_hash))
+            except ShardError as exc:
+                raise JobInputError(f"bad shard: {exc}") from None
+            if self.heartbeat.lost.is_set():
+                raise LeaseLost(self.heartbeat.lost_reason)
+        vocab_file = self._vocab_file(spec.dataset, info, job_dir)
+        run = open_run(spec, self.job_id, shards, job_dir, self.daemon.device,
+                       n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file)
+        if run.resumed_from is not None:
+            self.progress.add(ev=event("resumed", checkpoint=str(run.resumed_from),
+                                       step=run.step_count, attempt=self.attempt))
+        return run
+
+    def _vocab_file(self, name: str, info, job_dir: Path) -> Path | None:
+        """Write the dataset's vocabulary next to the checkpoints (they copy it in)."""
+        if not info.vocab_files:
+            return None
+        files = datasets.vocabulary_files(self.daemon.handle, name)
+        target = job_dir / "vocab"
+        target.mkdir(parents=True, exist_ok=True)
+        for file_name, data in files.items():
+            if "/" in file_name or file_name.startswith("."):
+                raise JobInputError(f"dataset {name!r}: vocabulary file name {file_name!r} "
+                                    "is not a plain file name")
+            (target / file_name).write_bytes(data)
+        main = min(files, key=len)
+        return target / main
+
+    def _train(self, spec: JobSpec, run) -> str:
+        total = spec.steps
+        ema_seconds = None
+        skipped_in_a_row = 0
+        last_saved = run.step_count if run.resumed_from is not None else -1
+        self.progress.add(hset={"total_steps": total, "step": run.step_count,
+                                "tokens": run.tokens_seen})
+        while run.step_count < total:
+            if self._check_stop(run, last_saved):
+                return f"cancelled at step {run.step_count}"
+            metrics = run.train_step()
+            if not math.isfinite(metrics.loss):
+                raise JobInputError(
+                    f"loss is {metrics.loss} (not finite) at step {run.step_count + 1} with "
+                    f"learning rate {metrics.lr:.3g}; the run diverged. Lower lr or raise "
+                    f"warmup and resubmit; the last good checkpoint is "
+                    f"{run.checkpoint_paths()[-1] if run.checkpoint_paths() else 'none'}")
+            if metrics.skipped:
+                skipped_in_a_row += 1
+                self.progress.add(ev=event("skipped", step=run.step_count + 1,
+                                           grad_norm=_finite_or_none(metrics.grad_norm)))
+                if skipped_in_a_row > self.config.max_skipped_steps:
+                    raise JobInputError(
+                        f"the run diverged: {skipped_in_a_row} steps in a row had non-finite "
+                        f"gradients (at step {run.step_count + 1}, learning rate "
+                        f"{metrics.lr:.3g}; those updates were skipped). Lower lr, raise "
+                        "warmup or enable grad_clip and resubmit")
+                continue
+            skipped_in_a_row = 0
+            ema_seconds = metrics.seconds if ema_seconds is None else \
+                0.9 * ema_seconds + 0.1 * metrics.seconds
+            self._report(run, metrics, total, ema_seconds)
+            if spec.eval_every and run.step_count % spec.eval_every == 0:
+                eval_loss = run.evaluate()
+                self.progress.add(hset={"eval_loss": eval_loss},
+                                  ev=event("eval", step=run.step_count, loss=eval_loss,
+                                           attempt=self.attempt))
+            if run.step_count % spec.checkpoint_every == 0 and run.step_count < total:
+                self._checkpoint(run)
+                last_saved = run.step_count
+            self.progress.flush()
+            if self.heartbeat.lost.is_set():
+                raise LeaseLost(self.heartbeat.lost_reason)
+        if last_saved != run.step_count:
+            self._checkpoint(run)
+        self._finish("done", f"trained {total} steps",
+                     {"step": run.step_count, "tokens": run.tokens_seen})
+        return f"done at step {run.step_count}"
+
+    def _check_stop(self, run, last_saved: int) -> bool:
+        """Raise for a lost lease or SIGTERM; True when the job was cancelled (and recorded)."""
+        if self.heartbeat.lost.is_set():
+            raise LeaseLost(self.heartbeat.lost_reason)
+        if self.daemon.stop_event.is_set():
+            if run.step_count != last_saved and run.step_count > 0:
+                self._checkpoint(run)
+            raise Interrupted()
+        if self.progress.cancel_requested:
+            if run.step_count != last_saved and run.step_count > 0:
+                self._checkpoint(run)
+            self._finish("cancelled", f"cancelled at step {run.step_count}",
+                         {"step": run.step_count})
+            return True
+        return False
+
+    def _checkpoint(self, run) -> None:
+        # Confirm the lease right before writing, so a worker that lost it writes nothing.
+        if not self.heartbeat.beat() and self.heartbeat.lost.is_set():
+            raise LeaseLost(self.heartbeat.lost_reason)
+        path = run.save()
+        paths = run.checkpoint_paths()
+        self.progress.add(hset={"checkpoint": str(path), "checkpoints": paths},
+                          ev=event("checkpoint", step=run.step_count, path=str(path),
+                                   attempt=self.attempt))
+        self.progress.flush(force=True)
+
+    def _report(self, run, metrics, total: int, ema_seconds: float) -> None:
+        step = run.step_count
+        eta = (total - step) * ema_seconds
+        if time.monotonic() - self._last_log >= LOG_EVERY_S or step == total:
+            self._last_log = time.monotonic()
+            log.info("job %s: step %d/%d loss %.4f %.0f tok/s ETA %.0f s", self.job_id, step,
+                     total, metrics.loss, metrics.tokens_per_s, eta)
+        self.metrics.observe_step(self.job_id, metrics)
+        self.progress.add(
+            hset={"step": step, "loss": float(metrics.loss), "lr": float(metrics.lr),
+                  "grad_norm": _finite_or_none(metrics.grad_norm) or 0.0,
+                  "tokens": run.tokens_seen, "tokens_per_s": float(metrics.tokens_per_s),
+                  "step_seconds": float(metrics.seconds), "eta_s": float(eta),
+                  "updated_at": time.time()},
+            ev=event("progress", step=step, loss=float(metrics.loss), lr=float(metrics.lr),
+                     grad_norm=_finite_or_none(metrics.grad_norm),
+                     tokens_per_s=float(metrics.tokens_per_s), seconds=float(metrics.seconds),
+                     tokens=run.tokens_seen, eta_s=float(eta), attempt=self.attempt,
+                     owner=self.owner),
+            curve=[step, float(metrics.loss)])
+
+
+def _finite_or_none(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
