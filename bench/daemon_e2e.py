@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Not bench/ itself on the path: bench/tokenize.py would shadow the standard library's module.
+# Not bench/ itself on the path: a script there named like a standard-library module would shadow it.
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(REPO))

@@ -14,7 +14,7 @@ One call records, per batch of documents that fits the device's binding limit:
     read the document offsets, then the ids
 
 `profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
-host-side upload and readback wall times) for bench/tokenize.py.
+host-side upload and readback wall times) for bench/tokenize_bench.py.
 """
 
 from __future__ import annotations

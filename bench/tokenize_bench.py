@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Encode/decode throughput: istanbul on the GPU vs the exact CPU tokenizers, same machine.
 
-    python bench/tokenize.py --out bench/results/h200 [--mb 64] [--vocab gpt2,cl100k_base,o200k_base]
+    python bench/tokenize_bench.py --out bench/results/h200 [--mb 64] [--vocab gpt2,cl100k_base,o200k_base]
                              [--vocab-dir DIR] [--repeats 3] [--adapter A]
 
 Corpus (>= --mb MB of real text, built from what the machine has, no network): the Python
