@@ -171,7 +171,12 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
             if not run_ok:
                 return results
         for key, ref in expected.items():
-            m = M.compare(np.asarray(outputs[key]), np.asarray(ref))
+            out, ref = np.asarray(outputs.get(key)), np.asarray(ref)
+            if key not in outputs or out.shape != ref.shape:
+                correct_ok = False
+                details.append(f"{variant}/{key}: shape {out.shape} != reference {ref.shape}")
+                continue
+            m = M.compare(out, ref)
             ok, why = M.passes(m, case.precision, case.thresholds)
             if not ok:
                 correct_ok = False

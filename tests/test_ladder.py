@@ -109,3 +109,14 @@ def test_metrics_thresholds():
     assert M.passes(M.compare(np.array([np.nan, 1.0], np.float32), nan_ref), "f32")[0]
     ints = np.arange(10)
     assert not M.passes(M.compare(ints + (ints == 3), ints), "exact")[0]
+
+
+def test_a_later_variant_with_the_wrong_shape_fails_the_correct_rung(device):
+    case = _broken_scale_case()
+    case.variants = ("random", "short")
+    case.inputs = lambda rng, v: {"x": rng.standard_normal(1000).astype(np.float32), "v": v}
+    # the second variant's reference is one element short: the rung must fail, not crash
+    case.reference = lambda inp: {"y": 2.0 * (inp["x"] if inp["v"] == "random" else inp["x"][:-1])}
+    results = check_case(device, case)
+    correct = [r for r in results if r.rung == "correct"][0]
+    assert correct.ok is False and "short/y: shape" in correct.detail

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU verification and benchmark suite in one command, for a machine with a real GPU.
+#
+#   bench/run_all.sh OUTDIR [STEP ...]
+#
+# Steps (default: all, in this order):
+#   devices   istanbul devices --json
+#   check     istanbul kernels check (every kernel: compile, run, correct, grad)
+#   tune      the matmul/attention autotuner at the model's shapes (cache -> OUTDIR/tuned)
+#   kbench    istanbul kernels bench with roofline fractions (uses the tuned cache)
+#   train     bench/train.py: 124m and small, istanbul vs PyTorch eager, same run
+#   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
+#             generation) on this GPU
+#   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
+#   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer)
+#   service   bench/service.py (gRPC throughput and latency, batching on/off)
+#   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
+#             followed by `istanbul generate` from the job's final checkpoint
+#
+# Each step runs under its own time limit (LIMIT_<step> seconds overrides the default) and
+# writes OUTDIR/<step>.log; a failing or timed-out step does not stop the others. The real
+# vocabularies are looked up in $ISTANBUL_VOCAB_DIR (default: ../shared/vocab).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: bench/run_all.sh OUTDIR [STEP ...]}"
+shift
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(devices check tune kbench train tests tokenize vtrain service e2e)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+py=${PYTHON:-python3}
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" PYTHONUNBUFFERED=1
+export ISTANBUL_VOCAB_DIR="${ISTANBUL_VOCAB_DIR:-$(cd .. && pwd)/shared/vocab}"
+export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
+export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
+
+declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=200 [train]=200 [tests]=240
+                  [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240)
+
+run_step() {
+    local step=$1
+    case $step in
+        devices) $py -m istanbul devices --json > "$out/devices.json" ;;
+        check) $py -m istanbul kernels check --json "$out/kernels_check.json" ;;
+        tune) $py bench/autotune.py --out "$out/autotune" --total-s $((limit[tune] - 40)) ;;
+        kbench) $py -m istanbul kernels bench --json "$out/kernels_bench.json" \
+                    --markdown "$out/kernels_bench.md" ;;
+        train) $py bench/train.py --out "$out/train" --models 124m,small --steps 5 --warmup 2 ;;
+        tests) $py -m pytest -q -p no:cacheprovider tests/test_engine.py \
+                   tests/test_tokenizer_gpu.py tests/test_tokenizer_decode.py \
+                   tests/test_tokenizer_hf.py tests/test_tokenizer_ladder.py \
+                   tests/test_vocab_train_gpu.py tests/test_model_parity.py \
+                   tests/test_resume.py tests/test_generate.py ;;
+        tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
+                      --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
+        vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus ;;
+        service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
+                     --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
+        e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \
+                 --model small --steps 300 --kill-at 120 --checkpoint-every 50 &&
+             latest=$(find "$out/e2e" -maxdepth 4 -name latest | head -1) &&
+             $py -m istanbul generate --checkpoint "$latest" --prompt "def main(" \
+                 --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1 ;;
+        *) echo "unknown step $step" >&2; return 2 ;;
+    esac
+}
+
+for step in "${steps[@]}"; do
+    var="LIMIT_$step"
+    seconds=${!var:-${limit[$step]:-300}}
+    start=$(date +%s)
+    echo "== $step (limit ${seconds}s)"
+    timeout --kill-after=10 "$seconds" bash -c "$(declare -f run_step); $(declare -p out py limit); run_step $step" \
+        > "$out/$step.log" 2>&1
+    rc=$?
+    echo "   rc=$rc in $(( $(date +%s) - start ))s; last lines:"
+    tail -n 4 "$out/$step.log" | sed 's/^/   | /'
+done
