@@ -14,6 +14,7 @@
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer)
 #   service   bench/service.py (gRPC throughput and latency, batching on/off)
+#   probe     bench/matmul_probe.py (loops over private arrays vs unrolled register blocks)
 #   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
 #             followed by `istanbul generate` from the job's final checkpoint
 #
@@ -35,7 +36,7 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=200 [train]=200 [tests]=240
-                  [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240)
+                  [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1
@@ -57,10 +58,11 @@ run_step() {
         service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
                      --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
         e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \
-                 --model small --steps 300 --kill-at 120 --checkpoint-every 50 &&
+                 --model tiny --steps 200 --kill-at 80 --checkpoint-every 40 &&
              latest=$(find "$out/e2e" -maxdepth 4 -name latest | head -1) &&
              $py -m istanbul generate --checkpoint "$latest" --prompt "def main(" \
                  --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1 ;;
+        probe) $py bench/matmul_probe.py --out "$out/probe" ;;
         *) echo "unknown step $step" >&2; return 2 ;;
     esac
 }

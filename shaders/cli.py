@@ -133,7 +133,10 @@ def cmd_bench(args) -> int:
     print(header)
     rows = []
     for case in cases:
-        row = bench_case(device, case, roof)
+        try:
+            row = bench_case(device, case, roof)
+        except Exception as exc:  # one broken case must not hide the others' numbers
+            row = {"kernel": case.name, "skipped": f"error: {type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
         if "skipped" in row:
             print(f"{case.name:<34} skipped: {row['skipped']}")

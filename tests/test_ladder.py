@@ -107,6 +107,10 @@ def test_metrics_thresholds():
     nan_ref = np.array([np.nan, 1.0], np.float32)
     assert not M.passes(M.compare(np.array([0.0, 1.0], np.float32), nan_ref), "f32")[0]
     assert M.passes(M.compare(np.array([np.nan, 1.0], np.float32), nan_ref), "f32")[0]
+    zero = np.zeros(5, np.float32)  # an all-zero reference: absolute closeness decides
+    assert M.passes(M.compare(zero + 3e-7, zero), "f32")[0]
+    assert not M.passes(M.compare(zero + 1e-3, zero), "f32")[0]
+    assert M.passes(M.compare(zero, zero), "f32")[0]
     ints = np.arange(10)
     assert not M.passes(M.compare(ints + (ints == 3), ints), "exact")[0]
 
