@@ -241,6 +241,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# Tokenizer service benchmark",
         "",
+        *([] if report.get("complete", True) else
+          ["**Partial**: the run was stopped before every cell was measured.", ""]),
         f"Server: `python -m tokenizer_svc` on **{info['adapter']}** ({info['adapter_type']}), "
         f"vocabulary **{info['vocabulary']}** (n_vocab {info['n_vocab']}); host "
         f"{report['host']['cpus']} CPUs, Python {report['host']['python']}. Closed-loop "
@@ -353,6 +355,7 @@ def main(argv=None) -> int:
                                 verified += 1
                         del cell["samples"]
                         report["cells"].append(cell)
+                        write_report(args.out, report, final=False)  # a time limit keeps what ran
                         print(f"batching {mode:3} clients {n:4} text {size:6} B: "
                               f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
                               f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
@@ -362,10 +365,15 @@ def main(argv=None) -> int:
                 if code != 0:
                     print(f"warning: server exited with {code}", file=sys.stderr)
     report["verified_replies"] = verified if reference is not None else None
-    (args.out / "service.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "service.md").write_text(markdown(report))
+    write_report(args.out, report, final=True)
     print(f"wrote {args.out / 'service.json'} and {args.out / 'service.md'}")
     return 0
+
+
+def write_report(out: Path, report: dict, final: bool) -> None:
+    report["complete"] = final
+    (out / "service.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "service.md").write_text(markdown(report))
 
 
 if __name__ == "__main__":
