@@ -321,7 +321,8 @@ register(KernelCase(
     launch=lambda dev, inp: forward_launch(dev, inp, None, tiled_configs(dev, inp, None, "reg")),
     reference=forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
     flops=lambda inp: 2.0 * _units(inp),
-    bytes=lambda inp: _bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"]) + 4.0 * inp["B"] * inp["H"] * inp["T"],
+    bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
+                       + 4.0 * inp["B"] * inp["H"] * inp["T"]),
     description="named-register forward: 4x4 score blocks, vec4 tiles, online softmax"))
 
 register(KernelCase(

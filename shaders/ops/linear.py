@@ -29,9 +29,10 @@ register blocks are named variables with every FMA written out, and "loop"
 keeps the latter in local memory (~16x slower on the H200, bench/matmul_probe.py). A config
 ending in "-loop" (e.g. "128x128x16-8x8-s1-loop") selects the loop kernels for one call;
 ISTANBUL_LOOP_KERNELS=1 makes the default, tuned (unless the entry names an implementation)
-and tuner-candidate configurations loop ones (to compare the two in a whole step). It needs every contiguous dimension and leading
-dimension to be a multiple of 4 and 16-byte-aligned operands; anything else runs the general
-kernels of 03_linear.wgsl / 03_linear_h16.wgsl, which take any shape. Every call picks:
+and tuner-candidate configurations loop ones (to compare the two in a whole step). The fast
+path needs every contiguous dimension and leading dimension to be a multiple of 4 and
+16-byte-aligned operands; anything else runs the general kernels of 03_linear.wgsl /
+03_linear_h16.wgsl, which take any shape. Every call picks:
 
     config=MatmulConfig(...) or "128x128x16-8x8-s1"  that tiled configuration (error if the
                                                        operands cannot use the fast path)
@@ -103,7 +104,8 @@ IMPLS = ("reg", "loop")   # named-register kernels (default), private-array loop
 FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (MAX_LOADS in WGSL)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
-_CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop))?$")
+_CONFIG_RE = re.compile(
+    r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop))?$")
 
 
 @dataclass(frozen=True)
