@@ -76,16 +76,20 @@ def test_bad_operands_are_named(device):
             linear.matmul_nt(rec, a, b, c, 1, 1, 1, tiles=(128, 128, 64))
 
 
-def test_ops_pick_the_tiled_kernels_by_default(device):
-    # The shapes the model uses (multiples of 4, contiguous) run the tiled kernels; shapes
-    # that cannot be read as vec4 fall back to the general ones.
+def test_ops_pick_the_tiled_kernels_by_default(device, monkeypatch):
+    # The shapes the model uses (multiples of 4, contiguous) run the fast path in its
+    # named-register implementation; shapes that cannot be read as vec4 fall back to the
+    # general kernels.
+    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
     for layout in ("nt", "nn", "tn"):
         chosen = linear.plan(device, layout, 64, 96, 128)
-        assert chosen.path == "tiled" and chosen.kernel == f"matmul_{layout}_tiled"
+        block = f"{chosen.config.tm}x{chosen.config.tn}"
+        assert chosen.path == "tiled" and chosen.kernel == f"matmul_{layout}_reg_{block}"
+        assert chosen.file == linear.FILE_REG
         assert linear.plan(device, layout, 64, 96, 45).path == ("tiled" if layout == "tn"
                                                                 else "general")
-    assert linear.plan(device, "nt", 64, 96, 128, b_dtype=np.float16).kernel == \
-        "matmul_nt_w16_tiled"
+    assert linear.plan(device, "nt", 64, 96, 128, b_dtype=np.float16).kernel.startswith(
+        "matmul_nt_w16_reg_")
     assert linear.plan(device, "nt", 64, 96, 128, ldc=98).path == "general"
     assert linear.plan(device, "nn", 64, 96, 128, tiles=(32, 32, 16)).path == "general"
 
@@ -156,7 +160,9 @@ def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
     x = rng.standard_normal((8, 32)).astype(np.float32)
     w = (0.1 * rng.standard_normal((16, 32))).astype(np.float16)
     xb, wb, y = device.upload(x), device.upload(w), device.empty((8, 16))
-    for env, want in ((None, "matmul_nt_w16_tiled"), ("1", "matmul_nt_h16_tiled")):
+    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
+    block = str(linear.plan(device, "nt", 8, 16, 32).config).split("-")[1]
+    for env, want in ((None, f"matmul_nt_w16_reg_{block}"), ("1", f"matmul_nt_h16_reg_{block}")):
         if env is None:
             monkeypatch.delenv("ISTANBUL_F16_MATH", raising=False)
         else:
@@ -170,4 +176,4 @@ def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
     labels.clear()
     with device.record() as rec:   # an explicit False wins over the switch
         linear.matmul_nt(rec, xb, wb, y, 8, 16, 32, f16_math=False)
-    assert labels == ["matmul_nt_w16_tiled"]
+    assert labels == [f"matmul_nt_w16_reg_{block}"]

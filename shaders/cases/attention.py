@@ -6,11 +6,14 @@ T = 1024 (what lavapipe does quickly), and peaked softmaxes (scores around 150).
 At scores near 1600 the f32 backward still agrees to ~75 dB PSNR: s and lse carry ~1e-4
 absolute rounding there, as they do in any f32 implementation.
 
-The plain cases take the op's default path (the tiled kernels when D and the strides allow
-vec4, the general ones otherwise: odd_dim). The *_tiled cases pin the tiled kernels with
-the op's default tiles on variants whose D is a multiple of 4; the *_tiled_small case pins
+The plain cases take the op's default path (the fast path when D and the strides allow
+vec4, the general kernels otherwise: odd_dim). The fast path has two implementations of one
+tiling: the *_reg cases pin the named-register kernels (05_attention_reg.wgsl, the default),
+the *_tiled cases the private-array loop kernels (05_attention_tiled.wgsl, "-loop" configs),
+with the op's default tiles on variants whose D is a multiple of 4; the *_small cases pin
 small tiles (many tiles per sequence, query and key tiles of different sizes) so that every
-masking branch runs on small sequences.
+masking branch runs on small sequences, and *_reg_wide pins tiles whose output blocks are
+D/4 vec4 columns wide (every DV branch of the reg kernels).
 """
 
 from __future__ import annotations
@@ -129,17 +132,19 @@ def _qkv(dev, inp):
     return _parts(dev, inp["qkv"].reshape(-1), offsets), strides
 
 
-def tiled_configs(dev, inp, pinned=None):
-    """{forward, dq, dkv} tiles for the tiled kernels: `pinned`, else the op's defaults."""
+def tiled_configs(dev, inp, pinned=None, impl="loop"):
+    """{forward, dq, dkv} configs of the fast path in implementation `impl` ("reg" or
+    "loop"): `pinned` tiles, else the op's defaults."""
+    suffix = "-loop" if impl == "loop" else "-reg"
     if pinned is not None:
-        return dict(pinned)
+        return {k: v + suffix for k, v in pinned.items()}
     T, D = inp["T"], inp["D"]
     out = {}
     for kernel in ("forward", "dq", "dkv"):
         tiles = attention.choose_tiled(dev, kernel, T, D)
         if tiles is None:
             raise ValueError(f"no tiled {kernel} kernel fits head dim {D} on {dev.name}")
-        out[kernel] = "%dx%d" % tiles
+        out[kernel] = "%dx%d" % tiles + suffix
     return out
 
 
@@ -194,9 +199,9 @@ def torch_attention(q, k, v, H, Hkv):
     return out.transpose(1, 2)
 
 
-def backward_grad(dev, rng, tiles=None, pinned=None, tiled=False):
+def backward_grad(dev, rng, tiles=None, pinned=None, tiled=False, impl="loop"):
     inp = make_inputs(rng, "random")
-    configs = tiled_configs(dev, inp, pinned) if tiled else None
+    configs = tiled_configs(dev, inp, pinned, impl) if tiled else None
     got = run_launch(dev, backward_launch(dev, inp, tiles, configs))
     H, Hkv = inp["H"], inp["Hkv"]
     ref = torch_grads(lambda q, k, v: torch_attention(q, k, v, H, Hkv),
@@ -292,10 +297,69 @@ register(KernelCase(
     kernels=[(attention.FILE_TILED, attention.TILED_KERNELS["dq"],
               attention.tiled_constants("dq", 8, 8, 16))],
     inputs=make_inputs,
-    launch=lambda dev, inp: backward_launch(dev, inp, None, SMALL_CONFIGS),
+    launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                            tiled_configs(dev, inp, SMALL_CONFIGS, "loop")),
     reference=backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
     bench_variant_software="bench_small_d32",
     grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True),
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="tiled attention with 16x8 / 8x8 tiles (many tiles, uneven diagonal)"))
+
+
+# ---- the named-register kernels (05_attention_reg.wgsl), pinned ------------------------------
+
+def _reg_kernels(D, rows=16, cols=16):
+    return [(attention.FILE_REG, attention.REG_KERNELS[k],
+             attention.tiled_constants(k, rows, cols, D)) for k in ("forward", "dq", "dkv")]
+
+
+register(KernelCase(
+    name="attention_forward_reg", family="attention", precision="f32",
+    kernels=_reg_kernels(16)[:1],
+    inputs=make_inputs,
+    launch=lambda dev, inp: forward_launch(dev, inp, None, tiled_configs(dev, inp, None, "reg")),
+    reference=forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    flops=lambda inp: 2.0 * _units(inp),
+    bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
+                       + 4.0 * inp["B"] * inp["H"] * inp["T"]),
+    description="named-register forward: 4x4 score blocks, vec4 tiles, online softmax"))
+
+register(KernelCase(
+    name="attention_backward_reg", family="attention", precision="f32",
+    kernels=_reg_kernels(16),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None, tiled_configs(dev, inp, None, "reg")),
+    reference=backward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    grad=lambda dev, rng: backward_grad(dev, rng, tiled=True, impl="reg"),
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="named-register forward + prep + dQ + dK/dV (timed together)"))
+
+register(KernelCase(
+    name="attention_backward_reg_small", family="attention", precision="f32",
+    kernels=_reg_kernels(16, 8, 8),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                            tiled_configs(dev, inp, SMALL_CONFIGS, "reg")),
+    reference=backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
+    bench_variant_software="bench_small_d32",
+    grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True, impl="reg"),
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="named-register attention with 16x8 / 8x8 tiles (many tiles, uneven diagonal)"))
+
+# column tiles of D/4 (D 16: 4 columns): the output blocks are 4 vec4s wide (DV = 4)
+WIDE_CONFIGS = {"forward": "16x4", "dq": "8x4", "dkv": "8x4"}
+register(KernelCase(
+    name="attention_backward_reg_wide", family="attention", precision="f32",
+    kernels=_reg_kernels(16, 8, 4),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                            tiled_configs(dev, inp, WIDE_CONFIGS, "reg")),
+    reference=backward_reference, variants=("random", "peaked", "mha"),
+    bench_variant="long", bench_variant_software="long",
+    grad=lambda dev, rng: backward_grad(dev, rng, pinned=WIDE_CONFIGS, tiled=True, impl="reg"),
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="named-register attention, 4-column tiles: 4 output vec4s per row"))

@@ -7,11 +7,14 @@ output padding must survive untouched. `bench` uses the 124M model's FFN shapes 
 tokens (`bench_small` on software adapters).
 
 The plain cases (matmul_nt, ...) take whatever path the op picks by default: the general
-kernel for shapes that cannot be read as vec4 (random, odd, one, strided), the tiled kernel
-otherwise (aligned, bench). The *_tiled cases use only vec4-ready shapes (ragged multiples of
-4, padded leading dimensions, a split-K variant whose K splits into uneven BK slices) so the
-tiled kernels face every edge; the cases named after a configuration pin one register-block
-shape or split factor so that each code path of the kernel is checked on every device.
+kernel for shapes that cannot be read as vec4 (random, odd, one, strided), the fast path
+otherwise (aligned, bench). The fast path has two implementations of one tiling: the *_reg
+cases run the named-register kernels (03_linear_reg*.wgsl, the default), the *_tiled cases
+the private-array loop kernels (03_linear_tiled*.wgsl, "-loop" configs, kept to compare).
+Both use only vec4-ready shapes (ragged multiples of 4, padded leading dimensions, a split-K
+variant whose K splits into uneven BK slices) so the kernels face every edge; the cases named
+after a configuration pin one register-block shape, slice depth or split factor so that each
+code path (every register block, all eight prefetch registers) is checked on every device.
 """
 
 from __future__ import annotations
@@ -105,21 +108,25 @@ def reference(inp, layout, f16_math=False):
     return {"out": out.astype(np.float32)}
 
 
-def variant_config(dev, inp, layout, b16, f16_math, config):
-    """The tiled configuration a case runs: its own, else the op's choice; the `split`
-    variant forces three K-splits on top of it so split-K runs on every device."""
-    if inp.get("variant") != "split":
+def variant_config(dev, inp, layout, b16, f16_math, config, impl=None):
+    """The fast-path configuration a case runs: its own, else the op's choice, in
+    implementation `impl` (None: whatever that gives); the `split` variant forces three
+    K-splits on top of it so split-K runs on every device."""
+    if impl is None and inp.get("variant") != "split":
         return config
     M, N, K = inp["M"], inp["N"], inp["K"]
     base = linear.MatmulConfig.parse(config) if config is not None else linear.choose_config(
         dev, layout, np.float16 if b16 else np.float32, f16_math, M, N, K)
-    return base.with_splits(3)
+    if impl is not None:
+        base = base.with_impl(impl)
+    return base.with_splits(3) if inp.get("variant") == "split" else base
 
 
-def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=False):
+def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=False,
+                impl=None):
     a, b, out = dev.upload(inp["a"]), dev.upload(inp["b"]), dev.upload(inp["out"])
     res = dev.upload(inp["residual"]) if "residual" in inp else None
-    config = variant_config(dev, inp, layout, b16, f16_math, config)
+    config = variant_config(dev, inp, layout, b16, f16_math, config, impl)
 
     def encode(rec):
         linear.matmul(rec, a, b, out, inp["M"], inp["N"], inp["K"], layout=layout,
@@ -130,11 +137,13 @@ def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=F
 
 
 def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
-              precision="f32", description="", tiled=False, config=None):
+              precision="f32", description="", impl=None, config=None):
+    """impl None: the op's default path; "reg" / "loop": that fast-path implementation with
+    `config` (None: the op's configuration)."""
     b_dtype = np.float16 if b16 else np.float32
-    if tiled:
-        file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math)
-        cfg = linear.MatmulConfig.parse(config or "32x32x8-4x4-s1")
+    if impl is not None:
+        cfg = linear.MatmulConfig.parse(config or "32x32x8-4x4-s1").with_impl(impl)
+        file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math, cfg)
         kernels = [(file, kernel, cfg.constants(f16_math)),
                    (linear.FILE_SPLITK, "matmul_splitk_reduce")]
         variants = VARIANTS_TILED
@@ -146,10 +155,11 @@ def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
         name=name, family="linear", precision=precision,
         kernels=kernels,
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
-        launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles, config, b16),
+        launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles, config, b16,
+                                            impl),
         reference=lambda inp: reference(inp, layout, f16_math),
         variants=variants, bench_variant_software="bench_small",
-        requires=("shader-f16",) if f16_math or (b16 and not tiled) else (),
+        requires=("shader-f16",) if f16_math or (b16 and impl is None) else (),
         bench_precision="f16" if f16_math else "f32",
         flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
         bytes=lambda inp: (inp["a"].nbytes + inp["b"].nbytes
@@ -176,38 +186,53 @@ _register("matmul_nt_h16", "nt", b16=True, f16_math=True, precision="f16",
 _register("matmul_nt_h16_accumulate", "nt", "accumulate", b16=True, f16_math=True,
           precision="f16", description="packed-f16 forward, accumulate epilogue")
 
-# the tiled kernels with the op's configuration (tuned, else the device-class default)
-_register("matmul_nt_tiled", "nt", tiled=True, description="tiled C = A @ B^T (forward)")
-_register("matmul_nn_tiled", "nn", tiled=True, description="tiled C = A @ B (dX)")
-_register("matmul_tn_tiled", "tn", tiled=True, description="tiled C = A^T @ B (dW)")
-_register("matmul_tn_tiled_accumulate", "tn", "accumulate", tiled=True,
-          description="tiled dW += alpha dy^T @ x")
-_register("matmul_nn_tiled_accumulate", "nn", "accumulate", tiled=True,
-          description="tiled dX += alpha dy @ W")
-_register("matmul_nt_tiled_residual", "nt", "residual", tiled=True,
-          description="tiled C = R + alpha A @ B^T")
-_register("matmul_nt_w16_tiled", "nt", b16=True, tiled=True,
-          description="tiled forward from f16 weights, f32 math")
-_register("matmul_nn_w16_tiled", "nn", b16=True, tiled=True,
-          description="tiled dX from f16 weights, f32 math")
-_register("matmul_nn_w16_tiled_accumulate", "nn", "accumulate", b16=True, tiled=True,
-          description="tiled dX += dy @ W16")
-_register("matmul_nt_h16_tiled", "nt", b16=True, f16_math=True, tiled=True, precision="f16",
-          description="tiled packed-f16 forward, f32 accumulation")
-_register("matmul_nt_h16_tiled_residual", "nt", "residual", b16=True, f16_math=True,
-          tiled=True, precision="f16", description="tiled packed-f16 forward + residual")
-# one case per register-block shape and split factor (each fits 32 KiB of workgroup memory)
-_register("matmul_nt_tiled_8x8", "nt", tiled=True, config="128x128x8-8x8-s1",
-          description="128x128 tiles, 8x8 per invocation")
-_register("matmul_nn_tiled_8x4", "nn", tiled=True, config="128x64x16-8x4-s1",
-          description="128x64 tiles, 8x4 per invocation")
-_register("matmul_tn_tiled_4x8", "tn", tiled=True, config="64x128x16-4x8-s1",
-          description="64x128 tiles, 4x8 per invocation")
-_register("matmul_tn_tiled_splitk", "tn", "accumulate", tiled=True, config="64x64x16-4x4-s4",
-          description="dW with four K-splits")
-_register("matmul_nt_h16_tiled_8x8", "nt", b16=True, f16_math=True, tiled=True,
-          precision="f16", config="128x128x16-8x8-s1-f8",
-          description="packed-f16 128x128 tiles, f16 partials of 8 terms")
+# The fast path in both implementations, with the op's configuration (tuned, else the
+# device-class default) or a pinned one. (suffix, layout, mode, b16, f16_math, config, what)
+FAST_CASES = (
+    ("", "nt", "store", False, False, None, "C = A @ B^T (forward)"),
+    ("", "nn", "store", False, False, None, "C = A @ B (dX)"),
+    ("", "tn", "store", False, False, None, "C = A^T @ B (dW)"),
+    ("_accumulate", "tn", "accumulate", False, False, None, "dW += alpha dy^T @ x"),
+    ("_accumulate", "nn", "accumulate", False, False, None, "dX += alpha dy @ W"),
+    ("_residual", "nt", "residual", False, False, None, "C = R + alpha A @ B^T"),
+    ("", "nt_w16", "store", True, False, None, "forward from f16 weights, f32 math"),
+    ("", "nn_w16", "store", True, False, None, "dX from f16 weights, f32 math"),
+    ("_accumulate", "nn_w16", "accumulate", True, False, None, "dX += dy @ W16"),
+    ("", "nt_h16", "store", True, True, None, "packed-f16 forward, f32 accumulation"),
+    ("_residual", "nt_h16", "residual", True, True, None, "packed-f16 forward + residual"),
+    # one case per register-block shape, slice depth and split factor (each fits 32 KiB)
+    ("_8x8", "nt", "store", False, False, "128x128x8-8x8-s1", "128x128 tiles, 8x8 blocks"),
+    ("_8x4", "nn", "store", False, False, "128x64x16-8x4-s1", "128x64 tiles, 8x4 blocks"),
+    ("_4x8", "tn", "store", False, False, "64x128x16-4x8-s1", "64x128 tiles, 4x8 blocks"),
+    ("_splitk", "tn", "accumulate", False, False, "64x64x16-4x4-s4", "dW with four K-splits"),
+    ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-f8",
+     "packed-f16 128x128 tiles, f16 partials of 8 terms"),
+)
+# the named-register kernels only: 64 invocations with 8x8 blocks (4 loads per operand and
+# slice) and a deep slice (8 prefetch registers for B, 4 for A)
+REG_ONLY_CASES = (
+    ("_64wg", "nn", "accumulate", False, False, "64x64x16-8x8-s1",
+     "64x64 tiles, 8x8 blocks, 64 invocations"),
+    ("_deep", "nt", "store", False, False, "32x64x32-4x8-s1",
+     "BK 32 with 64 invocations: every prefetch register"),
+    ("_deep", "nt_w16", "residual", True, False, "32x64x32-4x8-s1",
+     "f16 weights, BK 32, residual epilogue"),
+)
+
+
+def _register_fast(impl, cases):
+    for suffix, key, mode, b16, f16_math, config, what in cases:
+        layout = key[:2]
+        name = f"matmul_{key}_{'tiled' if impl == 'loop' else 'reg'}{suffix}"
+        if config is not None and impl == "loop" and config.endswith("-loop") is False:
+            config = config + "-loop"
+        _register(name, layout, mode, b16=b16, f16_math=f16_math, impl=impl, config=config,
+                  precision="f16" if f16_math else "f32",
+                  description=f"{'named-register' if impl == 'reg' else 'loop'} kernel: {what}")
+
+
+_register_fast("reg", FAST_CASES + REG_ONLY_CASES)
+_register_fast("loop", FAST_CASES)
 
 
 # ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------
