@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-exec .venv/bin/istanbul kernels check "$@"
+exec .venv/bin/istanbul demo "$@"
