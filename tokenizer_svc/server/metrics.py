@@ -167,26 +167,12 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                     "method": method, "code": code.name, "ms": round(seconds * 1e3, 3),
                     "peer": peer, "details": context.details() or None}})
 
-        if handler.unary_unary:
-            inner = handler.unary_unary
-
-            async def unary_unary(request, context):
-                start, exc, peer = time.perf_counter(), None, context.peer()
-                metrics.inflight.inc()
-                try:
-                    return await inner(request, context)
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    finish(context, start, peer, exc)
-            return handler._replace(unary_unary=unary_unary)
-
-        kind = ("stream_stream" if handler.stream_stream else
+        kind = ("unary_unary" if handler.unary_unary else
+                "stream_stream" if handler.stream_stream else
                 "unary_stream" if handler.unary_stream else "stream_unary")
         inner = getattr(handler, kind)
 
-        if kind == "stream_unary":
+        if kind in ("unary_unary", "stream_unary"):  # one response: await it
             async def wrapped(request, context):
                 start, exc, peer = time.perf_counter(), None, context.peer()
                 metrics.inflight.inc()
