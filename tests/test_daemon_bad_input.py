@@ -12,26 +12,9 @@ import pytest
 from trainer_svc import keys
 from trainer_svc.daemon import Daemon, DaemonConfig, resolve_job_dir
 from trainer_svc.jobs import JobInputError, JobQueue
-from trainer_svc.redis_conn import connect
 from trainer_svc.shards import encode_shard
 
 from .daemon_helpers import TINY_SPEC, make_dataset, submit, tiny_vocabulary
-from .redis_helpers import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def handle(redis_server):
-    h = connect(redis_server.url)
-    h.text.flushdb()
-    yield h
-    h.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,11 @@ from trainer_svc.jobs import JobQueue
 from trainer_svc.redis_conn import connect
 
 from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
-from .redis_helpers import RedisServer, free_port
+from .redis_helpers import free_port
 
 pytestmark = pytest.mark.slow
 
 TTL = "2"   # lease seconds: a dead worker's job is taken over within ~2 TTL
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,27 +7,10 @@ import pytest
 
 from trainer_svc import datasets, keys
 from trainer_svc.datasets import DatasetError, DatasetWriter
-from trainer_svc.redis_conn import connect
 from trainer_svc.shards import HEADER_SIZE, ShardError, read_header, vocab_hash_prefix
 
-from .redis_helpers import RedisServer
 
 VHASH = "0123456789abcdef" * 4
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def handle(server):
-    h = connect(server.url)
-    h.text.flushdb()
-    yield h
-    h.close()
 
 
 def write(handle, name="web", docs=None, shard_tokens=7, n_vocab=100, eot=99, **kw):

@@ -15,21 +15,6 @@ from trainer_svc.redis_conn import connect
 from .redis_helpers import RedisServer
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def handle(server):
-    h = connect(server.url)
-    h.text.flushdb()
-    yield h
-    h.close()
-
-
 def spec(**kw) -> JobSpec:
     return JobSpec(**{"dataset": "d", "model": "tiny", "steps": 10, **kw})
 

@@ -11,7 +11,7 @@ from istanbul.cli import main
 from trainer_svc import datasets
 from trainer_svc.redis_conn import connect
 
-from .redis_helpers import RedisServer, free_port
+from .redis_helpers import free_port
 from .service_support import start_server, write_tiny_vocabulary
 
 SAMPLES = [
@@ -21,13 +21,6 @@ SAMPLES = [
     "",                                                                   # empty: skipped
     "ünicode: ğüşöçı ĞÜŞÖÇİ 🙂 日本語\n",
 ]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -324,6 +324,35 @@ fn match_gpt2(p0: u32, end: u32) -> u32 {
     return p0 + c0.len;                          // \s
 }
 
+// \p{N}{1,3} from a digit c0 at p0 (cl100k, o200k).
+fn digit_group(p0: u32, c0: Ch, end: u32) -> u32 {
+    var i = p0 + c0.len;
+    work += 1u;
+    for (var k = 0u; k < 2u; k += 1u) {
+        work += 1u;
+        let c = ch_at(i, end);
+        if ((c.cls & CL_N) == 0u) { break; }
+        i += c.len;
+    }
+    return i;
+}
+
+// ` ?[^\s\p{L}\p{N}]+` then `[\r\n]*` (cl100k) or `[\r\n/]*` (o200k, `slash`), from c0 at
+// p0; NONE when neither c0 nor a space followed by one starts such a run.
+fn other_run(p0: u32, c0: Ch, end: u32, slash: bool) -> u32 {
+    var q = p0;
+    var c = c0;
+    if (c0.cp == 32u) {
+        let c1 = ch_at(p0 + 1u, end);
+        if (is_other(c1)) {
+            q = p0 + 1u;
+            c = c1;
+        }
+    }
+    if (is_other(c)) { return run_bytes(run_other(q, end), end, slash); }
+    return NONE;
+}
+
 // '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|
 // \s++$|\s*[\r\n]|\s+(?!\S)|\s
 fn match_cl100k(p0: u32, end: u32) -> u32 {
@@ -346,27 +375,9 @@ fn match_cl100k(p0: u32, end: u32) -> u32 {
         let c1 = ch_at(p0 + c0.len, end);
         if ((c1.cls & CL_L) != 0u) { return run_while(p0 + c0.len, end, CL_L); }
     }
-    if ((c0.cls & CL_N) != 0u) {
-        var i = p0 + c0.len;
-        work += 1u;
-        for (var k = 0u; k < 2u; k += 1u) {
-            work += 1u;
-            let c = ch_at(i, end);
-            if ((c.cls & CL_N) == 0u) { break; }
-            i += c.len;
-        }
-        return i;
-    }
-    var q = p0;
-    var c = c0;
-    if (c0.cp == 32u) {
-        let c1 = ch_at(p0 + 1u, end);
-        if (is_other(c1)) {
-            q = p0 + 1u;
-            c = c1;
-        }
-    }
-    if (is_other(c)) { return run_bytes(run_other(q, end), end, false); }
+    if ((c0.cls & CL_N) != 0u) { return digit_group(p0, c0, end); }
+    let other = other_run(p0, c0, end, false);
+    if (other != NONE) { return other; }
     let w = ws_run(p0, end);
     if (w.stop == end) { return end; }                 // \s++$
     if (w.crlf_end != NONE) { return w.crlf_end; }     // \s*[\r\n]
@@ -445,27 +456,9 @@ fn match_o200k(p0: u32, end: u32) -> u32 {
         if (e1 != NONE) { return e1; }
         return o200k_upper_run(p0, end);
     }
-    if ((c0.cls & CL_N) != 0u) {
-        var i = p0 + c0.len;
-        work += 1u;
-        for (var k = 0u; k < 2u; k += 1u) {
-            work += 1u;
-            let c = ch_at(i, end);
-            if ((c.cls & CL_N) == 0u) { break; }
-            i += c.len;
-        }
-        return i;
-    }
-    var q = p0;
-    var c = c0;
-    if (c0.cp == 32u) {
-        let c1 = ch_at(p0 + 1u, end);
-        if (is_other(c1)) {
-            q = p0 + 1u;
-            c = c1;
-        }
-    }
-    if (is_other(c)) { return run_bytes(run_other(q, end), end, true); }
+    if ((c0.cls & CL_N) != 0u) { return digit_group(p0, c0, end); }
+    let other = other_run(p0, c0, end, true);
+    if (other != NONE) { return other; }
     let w = ws_run(p0, end);
     if (w.crlf_end != NONE) { return w.crlf_end; }          // \s*[\r\n]+
     if (w.stop == end || w.count < 2u) { return w.stop; }   // \s+(?!\S) at the end; \s+
