@@ -2,7 +2,7 @@
 
     python bench/autotune.py --out bench/results/h200/autotune [--preset 124m] [--wide]
                              [--key nt --key tn ...] [--budget-s 20] [--total-s 240]
-                             [--no-attention] [--adapter A]
+                             [--no-attention | --no-matmul] [--adapter A]
 
 Times every candidate configuration of each matmul kernel (nt, nn, tn, their f16-weight
 variants and the packed-f16 forward) at every Linear shape of one training step, and every
@@ -38,13 +38,15 @@ def main(argv=None) -> int:
                     help="seconds for the whole run, shared fairly among the shapes")
     ap.add_argument("--no-save", action="store_true", help="leave the user cache alone")
     ap.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
+    ap.add_argument("--no-matmul", action="store_true", help="tune the attention kernels only")
     ap.add_argument("--adapter", default=None)
     args = ap.parse_args(argv)
     device = Device(args.adapter)
     print(f"# autotune on {device.info.summary()}", flush=True)
     run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key, wide=args.wide,
                budget_s=args.budget_s, out_dir=args.out, save=not args.no_save,
-               attention=not args.no_attention, total_s=args.total_s)
+               attention=not args.no_attention, total_s=args.total_s,
+               matmul=not args.no_matmul)
     return 0
 
 

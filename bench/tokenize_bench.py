@@ -96,7 +96,11 @@ def peer_encoder(name: str, vocab, path: Path):
     try:
         if name == "gigatoken":
             import gigatoken as gt
-            tok = gt.Tokenizer.from_tiktoken(str(path), special_tokens=vocab.special_tokens)
+            # gpt2.tiktoken is r50k_base's rank file under another name: say which split rule
+            scheme = {"gpt2": "gpt2", "r50k_base": "gpt2", "cl100k_base": "cl100k",
+                      "o200k_base": "o200k"}.get(vocab.name)
+            tok = gt.Tokenizer.from_tiktoken(str(path), pretokenizer=scheme,
+                                             special_tokens=vocab.special_tokens)
             # encode_batch (awkward array: flat ids + offsets) is gigatoken's fast batch path,
             # the same shape of result as istanbul's encode_batch_flat; lists would time
             # Python object creation instead of tokenization.

@@ -317,8 +317,10 @@ def matmul_keys(device) -> list[str]:
 
 def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=None,
                wide: bool = False, budget_s: float | None = None, log=print,
-               attention: bool = True, total_s: float | None = None) -> list[dict]:
-    """Tune every matmul (and the attention kernels) of one training step of `preset`;
+               attention: bool = True, total_s: float | None = None,
+               matmul: bool = True) -> list[dict]:
+    """Tune every matmul (unless `matmul` is False) and the attention kernels (unless
+    `attention` is False) of one training step of `preset`;
     rows of (op, key, shape, entry). `budget_s` caps the timing of one shape's candidates,
     `total_s` the whole run (each shape then gets a fair share of what is left)."""
     if preset not in MODEL_DIMS:
@@ -329,7 +331,7 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
     keys = list(keys or matmul_keys(device))
     jobs = [("matmul", key, (layout, M, N, K, mode))
             for layout, M, N, K, mode in linear_shapes(**dims)
-            for key in keys if key[:2] == layout]
+            for key in keys if key[:2] == layout] if matmul else []
     if attention:
         jobs += [("attention", kernel, None) for kernel in ("forward", "dq", "dkv")]
     run_start = time.perf_counter()

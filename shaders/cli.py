@@ -53,6 +53,7 @@ def register(sub) -> None:
                         "default: all the device supports)")
     t.add_argument("--wide", action="store_true", help="try every configuration (slower)")
     t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
+    t.add_argument("--no-matmul", action="store_true", help="tune the attention kernels only")
     t.add_argument("--budget-s", type=float, default=None,
                    help="stop timing a shape's candidates after this many seconds")
     t.add_argument("--total-s", type=float, default=None,
@@ -163,6 +164,7 @@ def cmd_tune(args) -> int:
         run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key,
                    wide=args.wide, budget_s=args.budget_s, out_dir=args.out,
                    save=not args.no_save, attention=not args.no_attention,
+                   matmul=not args.no_matmul,
                    total_s=args.total_s)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
@@ -170,7 +172,7 @@ def cmd_tune(args) -> int:
 
 
 def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, budget_s=None,
-               out_dir=None, save=True, attention=True, total_s=None) -> list:
+               out_dir=None, save=True, attention=True, total_s=None, matmul=True) -> list:
     """Tune, save the adapter's cache, and write the result files (shared by the CLI and
     bench/autotune.py)."""
     import pathlib
@@ -183,7 +185,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
             raise ValueError(f"unknown or unsupported matmul key {key!r}; this device "
                              f"supports {', '.join(known)}")
     rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
-                               attention=attention, total_s=total_s)
+                               attention=attention, total_s=total_s, matmul=matmul)
     entries = autotune.rows_to_entries(rows)
     path = autotune.save(device, entries) if save else None
     if path:
