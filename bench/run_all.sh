@@ -44,7 +44,7 @@ run_step() {
         devices) $py -m istanbul devices --json > "$out/devices.json" ;;
         check) $py -m istanbul kernels check --json "$out/kernels_check.json" ;;
         tune) $py bench/autotune.py --out "$out/autotune" --total-s $((limit[tune] - 40)) ;;
-        kbench) $py -m istanbul kernels bench --json "$out/kernels_bench.json" \
+        kbench) $py -m istanbul kernels bench --repeats "${KBENCH_REPEATS:-5}" --json "$out/kernels_bench.json" \
                     --markdown "$out/kernels_bench.md" ;;
         train) $py bench/train.py --out "$out/train" --models 124m,small --steps 5 --warmup 2 ;;
         tests) $py -m pytest -q -p no:cacheprovider tests/test_engine.py \

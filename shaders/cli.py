@@ -39,6 +39,8 @@ def register(sub) -> None:
     b.add_argument("--kernel", action="append", metavar="NAME")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     b.add_argument("--markdown", metavar="PATH", help="also write the table as markdown")
+    b.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="timed runs per kernel (median; default 20 on GPUs, 3 on software)")
     add_device_args(b)
     b.set_defaults(func=cmd_bench)
     l_ = ksub.add_parser("list", help="list registered kernels")
@@ -133,9 +135,20 @@ def cmd_bench(args) -> int:
     header = f"{'kernel':<34} {'time us':>10} {'GB/s':>9} {'TFLOP/s':>9} {'roofline':>9}  bound"
     print(header)
     rows = []
+
+    def write_outputs():   # after every kernel: an interrupted run still leaves its table
+        payload = {"device": device_record(device),
+                   "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops},
+                   "kernels": rows}
+        if args.json:
+            write_json(args.json, payload)
+        if args.markdown:
+            with open(args.markdown, "w", encoding="utf-8") as fh:
+                fh.write(bench_markdown(payload))
+
     for case in cases:
         try:
-            row = bench_case(device, case, roof)
+            row = bench_case(device, case, roof, repeats=args.repeats)
         except Exception as exc:  # one broken case must not hide the others' numbers
             row = {"kernel": case.name, "skipped": f"error: {type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
@@ -144,14 +157,8 @@ def cmd_bench(args) -> int:
         else:
             print(f"{row['kernel']:<34} {row['us']:>10.1f} {row['gbs']:>9.1f} "
                   f"{row['tflops']:>9.3f} {row['roofline']:>8.1%}  {row['bound']}", flush=True)
-    payload = {"device": device_record(device),
-               "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops},
-               "kernels": rows}
-    if args.json:
-        write_json(args.json, payload)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(bench_markdown(payload))
+        write_outputs()
+    write_outputs()
     return 0
 
 

@@ -275,6 +275,16 @@ class Recorder:
         self.encoder.copy_buffer_to_buffer(s_buf.raw, s_off + src_offset, d_buf.raw,
                                            d_off + dst_offset, size)
 
+    def finish(self):
+        """The recorded commands as a command buffer, not submitted (`Device.submit` it later,
+        once). Buffer writes made before that submit are visible to it, so a caller can record
+        the next piece of work while the GPU is busy and supply its inputs afterwards."""
+        if self.timing:
+            raise RuntimeError("a timed recording resolves its timestamps on submit(); "
+                               "finish() is for untimed recordings")
+        self._end_pass()
+        return self.encoder.finish()
+
     def submit(self) -> None:
         self._end_pass()
         resolve = None
@@ -450,6 +460,10 @@ class Device:
 
     def record(self, label: str = "", timing: bool = False) -> Recorder:
         return Recorder(self, label, timing)
+
+    def submit(self, command_buffer) -> None:
+        """Submit a command buffer from `Recorder.finish()`."""
+        self.queue.submit([command_buffer])
 
     def run(self, kernel: Kernel, resources, workgroups, label: str = "") -> None:
         """One dispatch, one submit: handy for tests and one-off work."""

@@ -259,7 +259,8 @@ def measure_roofline(device: Device) -> Roofline:
     return Roofline(copy_gbs=copy_gbs, fma_tflops=fma)
 
 
-def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0) -> dict:
+def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0,
+               repeats: int | None = None) -> dict:
     missing = _missing(device, case)
     if missing:
         return {"kernel": case.name, "skipped": f"device lacks {', '.join(missing)}"}
@@ -268,8 +269,10 @@ def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0) 
         else case.bench_variant
     inputs = case.inputs(np.random.default_rng(seed), variant)
     launch = case.launch(device, inputs)
-    seconds = device.time_gpu(launch.encode, repeats=3 if software else 20,
-                              warmup=1 if software else 3)
+    if repeats is None:
+        repeats = 3 if software else 20
+    seconds = device.time_gpu(launch.encode, repeats=max(1, repeats),
+                              warmup=1 if software else min(3, repeats))
     nbytes, flops = float(case.bytes(inputs)), float(case.flops(inputs))
     gbs = nbytes / seconds / 1e9 if seconds > 0 else 0.0
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0

@@ -144,6 +144,35 @@ def test_100_steps_on_real_text_follow_pytorch(device, stdlib_tokens):
     assert np.mean(gpu[-10:]) < np.mean(gpu[:10]) - 1.0  # it learned something
 
 
+def test_the_prerecorded_next_step_matches_a_fresh_recording(device):
+    """Each step's command buffer is recorded during the previous step; with a changing lr,
+    interleaved evaluations and gradient read-outs, the run is bit-identical to one that
+    records every step from scratch."""
+    cfg = tiny_config()
+    tc = TrainConfig(batch=B, seq=T, steps=6, lr=3e-3, min_lr=3e-4, warmup=3,
+                     precision="fp32", seed=4)
+    batches = random_batches(np.random.default_rng(11), 6, B, T, cfg.vocab_size)
+    runs = []
+    for prerecord in (True, False):
+        trainer = Trainer(cfg, tc, device)
+        losses, evals = [], []
+        for i, batch in enumerate(batches):
+            if not prerecord:
+                trainer.model._next_step = None
+            losses.append(trainer.step(batch).loss)
+            if prerecord:
+                assert trainer.model._next_step is not None
+            if i == 2:   # other work between steps writes the token slots and records
+                evals.append(trainer.evaluate(batches[0]))
+                evals.append(trainer.loss_and_gradients(batches[1])[0])
+        runs.append((losses, evals, trainer.parameters(), trainer.optimizer_state()["v"]))
+        trainer.close()
+    (l1, e1, p1, v1), (l2, e2, p2, v2) = runs
+    assert l1 == l2 and e1 == e2
+    np.testing.assert_array_equal(p1, p2)
+    np.testing.assert_array_equal(v1, v2)
+
+
 def test_non_finite_gradients_skip_the_update(device):
     cfg = tiny_config()
     tc = TrainConfig(batch=B, seq=T, precision="fp32")

@@ -146,6 +146,7 @@ class GpuModel:
         self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
                                    label="embed plans")
         self.select_micro_batch(0)
+        self._next_step = None   # (key, command buffer) recorded during the previous step
         self.layers = [_LayerActs(dev, n, cfg, batch, seq, i) for i in range(cfg.n_layers)]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
         self.h_final = dev.empty((n, d), np.float32, label="h final")
@@ -162,6 +163,7 @@ class GpuModel:
 
     def release(self) -> None:
         """Free every device buffer now (cached bind groups would keep them alive a while)."""
+        self._next_step = None
         seen = set()
         for value in list(vars(self).values()) + [vars(L) for L in self.layers] + \
                 [vars(L.qkv) for L in self.layers] + [vars(self.dqkv)]:
@@ -337,14 +339,15 @@ class GpuModel:
         ops.embedding_backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
                                cfg.vocab_size)
 
-    def record_update(self, rec, *, lr: float, step: int, tc) -> None:
-        """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror).
-
-        The step's hyper-parameters (lr, bias corrections) go up by a queue write before the
-        submit, so the recorded dispatches and their bind groups are the same every step.
-        """
+    def write_hyper(self, *, lr: float, step: int, tc) -> None:
+        """The step's AdamW hyper-parameters (lr, bias corrections): a queue write before the
+        step's submit, so the recorded dispatches are the same every step."""
         self.hyper.write(ops.adamw_hyper(lr, step=step, beta1=tc.beta1, beta2=tc.beta2,
                                          eps=tc.eps, weight_decay=tc.weight_decay))
+
+    def record_update(self, rec, *, tc) -> None:
+        """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror),
+        reading the hyper-parameters `write_hyper` put into `self.hyper`."""
         ops.grad_stats(rec, self.grads, self.stats, max_norm=tc.grad_clip)
         (d0, d1), (n0, n1) = self.layout.decay_range(), self.layout.no_decay_range()
         ops.adamw(rec, self.params, self.grads, self.m, self.v, self.hyper, self.stats,
@@ -355,21 +358,38 @@ class GpuModel:
     def train_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> StepResult:
         """micro: (A, B, T+1) uint32. Forward+backward per micro-batch, then the update.
 
-        One upload, one command buffer, one read-back of losses and gradient statistics.
+        One upload, one submit, one read-back of losses and gradient statistics. A step's
+        commands never change (its inputs, tokens and hyper-parameters, are buffer writes),
+        so the next step's command buffer is recorded while the GPU runs this one: the
+        host's ~450 dispatch calls leave the step's critical path.
         """
         accum = micro.shape[0]
-        with self.dev.record("train step") as rec:
-            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
+        self._upload_tokens(micro)
+        self.write_hyper(lr=lr, step=step, tc=tc)
+        key = (accum, repr(tc))
+        commands = None
+        if self._next_step is not None and self._next_step[0] == key:
+            commands = self._next_step[1]
+        self._next_step = None
+        if commands is None:
+            commands = self._record_step_commands(accum, tc)
+        self.dev.submit(commands)
+        self._next_step = (key, self._record_step_commands(accum, tc))
         results = self.dev.download(self.results)
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
         stats = results[accum * self.stride:]
         loss = float(losses.astype(np.float64).mean())
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
 
-    def _record_gradients(self, rec, micro, tc) -> None:
-        """Zero the gradients, then forward + backward of every micro-batch (they add up)."""
-        accum = micro.shape[0]
-        self._upload_tokens(micro)
+    def _record_step_commands(self, accum: int, tc):
+        rec = self.dev.record("train step")
+        self._record_gradients(rec, accum, tc)
+        self.record_update(rec, tc=tc)
+        return rec.finish()
+
+    def _record_gradients(self, rec, accum: int, tc) -> None:
+        """Zero the gradients, then forward + backward of every micro-batch (they add up);
+        the tokens are already uploaded."""
         ops.fill(rec, self.grads, 0.0, self.layout.total)
         for a in range(accum):
             self.select_micro_batch(a)
@@ -377,24 +397,24 @@ class GpuModel:
             self.record_backward(rec)
         self.select_micro_batch(0)
 
-    def _record_step(self, rec, micro, *, lr: float, step: int, tc) -> None:
-        self._record_gradients(rec, micro, tc)
-        self.record_update(rec, lr=lr, step=step, tc=tc)
-
     def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
         """One training step with a GPU timestamp pair around every dispatch.
 
         Returns [(kernel label, seconds)]. The step really happens (weights change).
         """
+        self._upload_tokens(micro)
+        self.write_hyper(lr=lr, step=step, tc=tc)
         with self.dev.record("profiled step", timing=True) as rec:
-            self._record_step(rec, micro, lr=lr, step=step, tc=tc)
+            self._record_gradients(rec, micro.shape[0], tc)
+            self.record_update(rec, tc=tc)
         return rec.gpu_times
 
     def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
         """Mean loss and the flat f32 gradient of micro-batches (A, B, T+1); no update."""
         accum = micro.shape[0]
+        self._upload_tokens(micro)
         with self.dev.record("gradients") as rec:
-            self._record_gradients(rec, micro, tc)
+            self._record_gradients(rec, accum, tc)
         losses = self.dev.download(self.all_losses).reshape(accum, self.stride)[:, :self.n]
         return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
 
