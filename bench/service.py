@@ -6,7 +6,8 @@ For batching on and off, it starts the real server (`python -m tokenizer_svc`, i
 device) and drives it with closed-loop clients (each sends Tokenize, waits for the reply,
 sends the next) for every combination of 1, 16, 64 and 256 clients and 100 B, 1 KB and 64 KB
 texts. Clients are asyncio tasks, each with its own gRPC connection, spread over several
-processes so that the load generator is not the bottleneck. Per cell it reports requests/s,
+processes (started once, reused by every cell) so that the load generator is not the
+bottleneck. Per cell it reports requests/s,
 MB/s, tokens/s, latency p50/p95/p99 and, from the server's Prometheus metrics, the mean number
 of requests per GPU call and the GPU thread's busy fraction. Writes service.json and
 service.md into --out. Texts are cut from real text (--corpus files, default the Python
@@ -75,12 +76,24 @@ def make_texts(corpus: bytes, size: int, count: int, seed: int) -> list[str]:
 
 # ---- the load generator (runs in worker processes) -----------------------------------------
 
-def _worker(target: str, n_clients: int, texts: list[str], start_at: float, warmup: float,
-            duration: float, seed: int, out) -> None:
-    out.send(asyncio.run(_drive(target, n_clients, texts, start_at, warmup, duration, seed)))
+def _worker(conn) -> None:
+    """A load-generator process kept for the whole run: per cell it opens its clients'
+    connections, reports ready, waits for the common start time, drives, and sends back
+    its measurements (spawning processes per cell cost seconds of Python start-up each)."""
+    texts_by_size: dict = {}
+    while True:
+        msg = conn.recv()
+        if msg[0] == "texts":
+            texts_by_size[msg[1]] = msg[2]
+        elif msg[0] == "cell":
+            _, target, n_clients, size, warmup, duration, seed = msg
+            conn.send(asyncio.run(_drive(conn, target, n_clients, texts_by_size[size], warmup,
+                                         duration, seed)))
+        else:
+            return
 
 
-async def _drive(target, n_clients, texts, start_at, warmup, duration, seed) -> dict:
+async def _drive(conn, target, n_clients, texts, warmup, duration, seed) -> dict:
     import grpc
     from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc as pb_grpc
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
@@ -90,6 +103,8 @@ async def _drive(target, n_clients, texts, start_at, warmup, duration, seed) -> 
     sizes = [len(t.encode()) for t in texts]
     latencies, nbytes, tokens, errors, samples = [], 0, 0, {}, []
     await asyncio.gather(*(c.channel_ready() for c in channels))
+    conn.send("ready")
+    start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     begin = time.perf_counter()
     measure_from, measure_to = begin + warmup, begin + warmup + duration
@@ -124,23 +139,44 @@ async def _drive(target, n_clients, texts, start_at, warmup, duration, seed) -> 
             "samples": samples}
 
 
-def run_cell(target: str, clients: int, texts: list[str], processes: int, warmup: float,
-             duration: float) -> dict:
-    ctx = mp.get_context("spawn")
-    procs = max(1, min(processes, clients))
-    shares = [clients // procs + (1 if k < clients % procs else 0) for k in range(procs)]
-    start_at = time.time() + 1.5 + 0.02 * clients  # time for every worker to connect
-    workers = []
-    for k, share in enumerate(shares):
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker, args=(target, share, texts, start_at, warmup,
-                                                 duration, k, child), daemon=True)
-        proc.start()
-        workers.append((proc, parent))
-    results = []
-    for proc, parent in workers:
-        results.append(parent.recv())
-        proc.join()
+class LoadGenerator:
+    """`processes` worker processes that drive the closed-loop clients of every cell."""
+
+    def __init__(self, processes: int, texts: dict):
+        ctx = mp.get_context("spawn")
+        self.workers = []
+        for _ in range(max(1, processes)):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+            proc.start()
+            self.workers.append((proc, parent))
+        for _, conn in self.workers:
+            for size, batch in texts.items():
+                conn.send(("texts", size, batch))
+
+    def run_cell(self, target: str, clients: int, size: int, warmup: float,
+                 duration: float) -> dict:
+        workers = self.workers[:max(1, min(len(self.workers), clients))]
+        n = len(workers)
+        shares = [clients // n + (1 if k < clients % n else 0) for k in range(n)]
+        for k, ((_, conn), share) in enumerate(zip(workers, shares)):
+            conn.send(("cell", target, share, size, warmup, duration, k))
+        for _, conn in workers:   # every client connected: start together
+            if conn.recv() != "ready":
+                raise RuntimeError("load generator out of step")
+        start_at = time.time() + 0.05
+        for _, conn in workers:
+            conn.send(start_at)
+        results = [conn.recv() for _, conn in workers]
+        return summarize(results, duration)
+
+    def close(self) -> None:
+        for proc, conn in self.workers:
+            conn.send(("stop",))
+            proc.join(10)
+
+
+def summarize(results: list[dict], duration: float) -> dict:
     latencies = sorted(x for r in results for x in r["latencies"])
     errors: dict = {}
     for r in results:
@@ -322,6 +358,7 @@ def main(argv=None) -> int:
                        "platform": platform.platform()},
               "cells": []}
     verified = 0
+    load = LoadGenerator(args.processes, texts)
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
             server = Server(args.vocab, args.adapter, mode == "on", args.window_ms, Path(tmp),
@@ -337,8 +374,8 @@ def main(argv=None) -> int:
                     for n in clients:
                         before = server.metrics()
                         wall = time.perf_counter()
-                        cell = run_cell(server.target, n, texts[size], args.processes,
-                                        args.warmup, args.duration)
+                        cell = load.run_cell(server.target, n, size, args.warmup,
+                                             args.duration)
                         wall = time.perf_counter() - wall
                         after = server.metrics()
                         delta = {k: after[k] - before[k] for k in after}
@@ -364,6 +401,7 @@ def main(argv=None) -> int:
                 code = server.stop()
                 if code != 0:
                     print(f"warning: server exited with {code}", file=sys.stderr)
+    load.close()
     report["verified_replies"] = verified if reference is not None else None
     write_report(args.out, report, final=True)
     print(f"wrote {args.out / 'service.json'} and {args.out / 'service.md'}")
