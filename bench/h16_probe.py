@@ -1,0 +1,184 @@
+"""Probe: what limits packed-f16 matmul blocks from WGSL on this GPU?
+
+    python bench/h16_probe.py [--out DIR] [--adapter A]
+
+The f32 register-blocked matmuls run near the f32 FMA ceiling, but the packed-f16 forward
+matmul (03_linear_reg_h16.wgsl) is slower than them although vec4<f16> FMAs have twice the
+throughput. Each kernel here runs one invocation's inner block for `iters` k-steps with
+operands from workgroup memory (as in the matmuls) and no global traffic, and reports
+TFLOP/s (2 flops per multiply-add):
+
+    f32_8x8          16 vec4<f32> accumulators (the f32 kernel's block; the reference)
+    h16_splat_fold   the h16 kernel's block: fma(vec4<f16>(a.x), b, h) into 16 vec4<f16>
+                     partials, added into 16 vec4<f32> accumulators every 16 k-steps
+    h16_splat_only   the same without the f32 fold (pure f16 accumulation: upper bound)
+    h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
+                     into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
+    h16_splat_regs   h16_splat_only with operands in registers (no workgroup loads)
+
+Needs shader-f16. Writes DIR/h16_probe.json when --out is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from shaders.engine import Device, Kernel  # noqa: E402
+
+C = "xyzw"
+HEADER = """\
+struct Params { iters: u32, _a: u32, _b: u32, _c: u32 }
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<uniform> p: Params;
+var<workgroup> As: array<vec4<f32>, 16u * 33u>;
+var<workgroup> Bs: array<vec4<f32>, 16u * 33u>;
+var<workgroup> Ah: array<vec4<f16>, 16u * 33u>;
+var<workgroup> Bh: array<vec4<f16>, 16u * 33u>;
+
+fn fill_f32(lid: u32) {
+    for (var i = lid; i < 16u * 33u; i += 256u) {
+        As[i] = vec4<f32>(f32(i) * 1e-3, 0.5, 0.25, 0.125);
+        Bs[i] = vec4<f32>(0.999, 1e-4, f32(i) * 1e-4, 0.5);
+    }
+    workgroupBarrier();
+}
+
+fn fill_f16(lid: u32) {
+    for (var i = lid; i < 16u * 33u; i += 256u) {
+        Ah[i] = vec4<f16>(f16(f32(i % 64u) * 1e-3), 0.5h, 0.25h, 0.125h);
+        Bh[i] = vec4<f16>(0.999h, 1e-4h, f16(f32(i % 64u) * 1e-4), 0.5h);
+    }
+    workgroupBarrier();
+}
+"""
+
+
+def _kernel(name: str, fill: str, body: list[str]) -> str:
+    lines = ["@compute @workgroup_size(256)",
+             f"fn {name}(@builtin(global_invocation_id) gid: vec3<u32>, "
+             "@builtin(local_invocation_index) lid: u32) {",
+             f"    {fill}(lid);", "    let tx = lid % 16u;", "    let ty = lid / 16u;"]
+    lines += ["    " + line for line in body]
+    return "\n".join(lines) + "\n}\n"
+
+
+def _splat_fmas(vec: str, acc: str) -> list[str]:
+    """16 vec4 FMAs of the 8x8 block: rows from a0/a1 (splatted), columns b0/b1."""
+    out = []
+    for g in range(2):
+        for r in range(4):
+            for h in range(2):
+                i = (g * 4 + r) * 2 + h
+                out.append(f"{acc}{i} = fma({vec}(a{g}.{C[r]}), b{h}, {acc}{i});")
+    return out
+
+
+def _sum_out(names: list[str], typ: str) -> list[str]:
+    return [f"let s = {' + '.join(names)};",
+            f"out[gid.x] = f32(s.x) + f32(s.y)" + (" + f32(s.z) + f32(s.w);" if typ == 4
+                                                   else ";")]
+
+
+def kernels() -> str:
+    parts = [HEADER]
+    loads32 = ["let kk = it % 16u;",
+               "let a0 = As[kk * 33u + ty]; let a1 = As[kk * 33u + ty + 16u];",
+               "let b0 = Bs[kk * 33u + tx]; let b1 = Bs[kk * 33u + tx + 16u];"]
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it++) {"]
+    body += ["    " + s for s in loads32 + _splat_fmas("vec4<f32>", "c")] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("f32_8x8", "fill_f32", body))
+
+    loads16 = ["let a0 = Ah[kk * 33u + ty]; let a1 = Ah[kk * 33u + ty + 16u];",
+               "let b0 = Bh[kk * 33u + tx]; let b1 = Bh[kk * 33u + tx + 16u];"]
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["    for (var kk = 0u; kk < 16u; kk++) {"]
+    body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_splat_fold", "fill_f16", body))
+
+    body = [f"var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it++) {", "    let kk = it % 16u;"]
+    body += ["    " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["}"]
+    body += _sum_out([f"vec4<f32>(h{i})" for i in range(16)], 4)
+    parts.append(_kernel("h16_splat_only", "fill_f16", body))
+
+    # k-pair: Ah[kp][i] holds rows (2i, 2i+1) x k-pair kp as (r0k0, r0k1, r1k0, r1k1); an
+    # 8x4 block needs four row-pair loads (8 rows) and two column-pair loads (4 columns).
+    body = [f"var c{r}{c} = vec2<f32>();" for r in range(8) for c in range(4)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{r}{c} = vec2<f16>();" for r in range(8) for c in range(4)]
+    body += ["    for (var kk = 0u; kk < 16u; kk += 2u) {"]
+    body += [f"        let ra{g} = Ah[kk * 33u + ty + {4 * g}u];" for g in range(4)]
+    body += [f"        let cb{g} = Bh[kk * 33u + tx + {8 * g}u];" for g in range(2)]
+    for r in range(8):
+        a = f"ra{r // 2}.{'xy' if r % 2 == 0 else 'zw'}"
+        for c in range(4):
+            b = f"cb{c // 2}.{'xy' if c % 2 == 0 else 'zw'}"
+            body.append(f"        h{r}{c} = fma({a}, {b}, h{r}{c});")
+    body += ["    }"]
+    body += [f"    c{r}{c} += vec2<f32>(h{r}{c});" for r in range(8) for c in range(4)] + ["}"]
+    body += _sum_out([f"c{r}{c}" for r in range(8) for c in range(4)], 2)
+    parts.append(_kernel("h16_pair_fold", "fill_f16", body))
+
+    body = [f"var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["var a0 = Ah[ty]; var a1 = Ah[ty + 16u]; var b0 = Bh[tx]; var b1 = Bh[tx + 16u];",
+             "for (var it = 0u; it < p.iters; it++) {"]
+    body += ["    " + s for s in _splat_fmas("vec4<f16>", "h")]
+    body += ["    a0 = a0.yzwx; b1 = b1.wxyz;", "}"]
+    body += _sum_out([f"vec4<f32>(h{i})" for i in range(16)], 4)
+    parts.append(_kernel("h16_splat_regs", "fill_f16", body))
+    return "\n".join(parts)
+
+
+# multiply-adds per invocation and k-step
+MACS = {"f32_8x8": 64, "h16_splat_fold": 64, "h16_splat_only": 64, "h16_pair_fold": 32,
+        "h16_splat_regs": 64}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--adapter")
+    args = ap.parse_args(argv)
+    dev = Device(args.adapter)
+    if not dev.has("shader-f16"):
+        print(f"{dev.info.name} lacks shader-f16: nothing to probe")
+        return 0
+    module = dev.raw.create_shader_module(code="enable f16;\n" + kernels())
+    software = dev.info.is_software
+    groups, iters = (8, 256) if software else (132 * 16, 8192)
+    out = dev.empty(groups * 256)
+    params = dev.uniform("IIII", iters, 0, 0, 0)
+    rows = {}
+    print(f"# {dev.info.summary()}: {groups} workgroups x 256 invocations x {iters} k-steps")
+    for name, macs in MACS.items():
+        pipe = dev.raw.create_compute_pipeline(layout="auto",
+                                               compute={"module": module, "entry_point": name})
+        kern = Kernel(dev, "h16 probe", name, {}, pipe)
+        seconds = dev.time_gpu(lambda rec: rec.dispatch(kern, [out, params], groups),
+                               repeats=5, warmup=1)
+        flops = groups * 256 * iters * macs * 2
+        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12}
+        print(f"{name:<16} {seconds * 1e6:10.1f} us {flops / seconds / 1e12:8.2f} TFLOP/s",
+              flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "h16_probe.json").write_text(json.dumps(
+            {"adapter": dev.info.name, "iters": iters, "groups": groups, "rows": rows},
+            indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
