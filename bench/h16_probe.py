@@ -81,7 +81,7 @@ def _splat_fmas(vec: str, acc: str) -> list[str]:
 
 def _sum_out(names: list[str], typ: str) -> list[str]:
     return [f"let s = {' + '.join(names)};",
-            f"out[gid.x] = f32(s.x) + f32(s.y)" + (" + f32(s.z) + f32(s.w);" if typ == 4
+            "out[gid.x] = f32(s.x) + f32(s.y)" + (" + f32(s.z) + f32(s.w);" if typ == 4
                                                    else ";")]
 
 
