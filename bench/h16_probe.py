@@ -11,6 +11,8 @@ TFLOP/s (2 flops per multiply-add):
     f32_8x8          16 vec4<f32> accumulators (the f32 kernel's block; the reference)
     h16_splat_fold   the h16 kernel's block: fma(vec4<f16>(a.x), b, h) into 16 vec4<f16>
                      partials, added into 16 vec4<f32> accumulators every 16 k-steps
+    h16_splat_fold32 / h16_splat_fold64   the fold every 32 / 64 k-steps
+    h16_two_level    16-step f16 partials summed into f16 sums, those into f32 every 64
     h16_splat_only   the same without the f32 fold (pure f16 accumulation: upper bound)
     h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
                      into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
@@ -107,6 +109,29 @@ def kernels() -> str:
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("h16_splat_fold", "fill_f16", body))
 
+    for fold in (32, 64):   # fewer conversions, longer f16 partial sums
+        body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+        body += [f"for (var it = 0u; it < p.iters; it += {fold}u) {{"]
+        body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+        body += [f"    for (var k2 = 0u; k2 < {fold}u; k2++) {{", "        let kk = k2 % 16u;"]
+        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+        body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
+        body += _sum_out([f"c{i}" for i in range(16)], 4)
+        parts.append(_kernel(f"h16_splat_fold{fold}", "fill_f16", body))
+
+    # two levels: 16-step f16 partials h added into f16 sums g, g into f32 every 64 steps
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 64u) {"]
+    body += [f"    var g{i} = vec4<f16>();" for i in range(16)]
+    body += ["    for (var k1 = 0u; k1 < 64u; k1 += 16u) {"]
+    body += [f"        var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["        for (var kk = 0u; kk < 16u; kk++) {"]
+    body += ["            " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["        }"]
+    body += [f"        g{i} += h{i};" for i in range(16)] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(g{i});" for i in range(16)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_two_level", "fill_f16", body))
+
     body = [f"var h{i} = vec4<f16>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it++) {", "    let kk = it % 16u;"]
     body += ["    " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["}"]
@@ -142,8 +167,8 @@ def kernels() -> str:
 
 
 # multiply-adds per invocation and k-step
-MACS = {"f32_8x8": 64, "h16_splat_fold": 64, "h16_splat_only": 64, "h16_pair_fold": 32,
-        "h16_splat_regs": 64}
+MACS = {"f32_8x8": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64, "h16_splat_fold64": 64,
+        "h16_two_level": 64, "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
 
 
 def main(argv=None) -> int:
