@@ -386,6 +386,250 @@ def linear_h16() -> str:
     return "".join(parts).rstrip() + "\n"
 
 
+# ---- packed-f16 k-pair ("dot") matmul -----------------------------------------------------
+
+LINEAR_DOT_DOC = f"""\
+// 03_linear_reg_h16_dot.wgsl — {GENERATED}
+//
+// Packed-f16 forward matmul, k-pair ("dot") formulation: a second packed-f16 path of
+// shaders/ops/linear.py next to 03_linear_reg_h16.wgsl (config suffix "-dot", e.g.
+// "128x64x32-8x4-s1-f64-dot"; the autotuner offers both).
+//
+//   matmul_nt_h16_dot_*   C[M,N] = alpha * A[M,K] @ B[N,K]^T, A f32 rounded to f16 when staged
+//                         (clamped to +-65504), B the f16 weight mirror. Needs shader-f16.
+//                         Forward activations only, never gradients.
+//
+// Where 03_linear_reg_h16 multiplies a splat of one f16 of A by a vec4<f16> of B (one k per
+// FMA), every FMA here is vec2<f16> x vec2<f16> over two consecutive k: the A operand holds
+// k and k+1 of one row, the B operand the same k of one column, so no operand is splatted
+// and each HFMA2 does two useful multiply-adds. Each output element has a vec2<f16> partial
+// d<i> (its .x sums the even k, .y the odd k); every FOLD k the two halves of every partial
+// are converted and added into the f32 accumulators c<j> (vec4<f32> per row and 4 columns,
+// the same register block and C layout as 03_linear_reg.wgsl), and the partials restart at 0.
+// So each f16 sum has FOLD / 2 terms (FOLD 32 = the rounding of the splat kernel's FOLD 16).
+// FOLD may be smaller than BK (several folds per slice) or a multiple of BK (a partial spans
+// slices; FSTEP = min(FOLD, BK) k are multiplied between fold checks).
+//
+// Staging ("k-pair layout"): K advances in slices of BK; a stage holds BK/2 k-pair rows of two
+// planes of S = BM/4 + 1 (BN/4 + 1) vec4<f16>; element (kp, plane, q) holds rows
+// 4q + 2*plane (.xy = k 2kp, 2kp+1) and 4q + 2*plane + 1 (.zw). One 8-byte load therefore
+// gives the k-pair of two rows; an invocation's 4 consecutive rows are two loads from the
+// two planes (neighbouring invocations read neighbouring 8-byte elements: no bank conflicts).
+// Same bytes as the splat kernel: 2 stages x BK x (BM + 4 + BN + 4) x 2.
+// One kernel per register block TM x TN in {{8x8, 8x4, 4x8, 4x4}} (suffix _TMxTN), with
+// TM x TN vec2<f16> partials and TM x TN / 4 vec4<f32> accumulators per invocation; rows
+// 4*ty + r (+ BM/2 for TM 8), columns 4*tx + c (+ BN/2 for TN 8), as 03_linear_reg.wgsl.
+//
+// Layout: row-major with leading dimensions lda, ldb, ldc (elements); K, every leading
+// dimension and N multiples of 4, operands 16-byte aligned (8-byte for f16 B); the op checks.
+// Epilogue `mode`: 0 store, 1 accumulate (C += alpha*AB), 2 residual (C = R + alpha*AB).
+// Split-K: workgroup z takes the K range [z*k_split, min(K, (z+1)*k_split)) (k_split a
+// multiple of BK) and writes partial z at z*c_split (then matmul_splitk_reduce).
+// Bindings (group 0): 0 A (read, vec4<f32>), 1 B (read, vec4<f16>), 2 R (read, vec4<f32>;
+// dummy unless mode 2), 3 C (read_write, vec4<f32>), 4 Params (uniform).
+// Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of WG = (BM/TM)*(BN/TN).
+// Overrides: BM (multiple of TM), BN (multiple of TN), BK (multiple of 4), WG, FOLD (even;
+// divides BK or is a multiple of it), FSTEP = min(FOLD, BK); at most 8 vec4 loads per
+// invocation per operand and slice (prefetch registers pa0..pa7, pb0..pb7).
+
+override BM: u32 = 128u;
+override BN: u32 = 128u;
+override BK: u32 = 32u;
+override WG: u32 = 256u;
+override FOLD: u32 = 32u;
+override FSTEP: u32 = 32u;                 // min(FOLD, BK): k per fold check
+override SA: u32 = BM / 4u + 1u;           // vec4<f16> per plane of a k-pair row of As
+override SB: u32 = BN / 4u + 1u;
+override LA: u32 = (BM * BK / 4u + WG - 1u) / WG;   // vec4 loads of A per invocation, slice
+override LB: u32 = (BN * BK / 4u + WG - 1u) / WG;
+
+"""
+
+LINEAR_DOT_HELPERS = """\
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+@group(0) @binding(4) var<uniform> p: Params;
+var<workgroup> As: array<vec4<f16>, 2u * BK * SA>;   // 2 stages x BK/2 k-pairs x 2 planes
+var<workgroup> Bs: array<vec4<f16>, 2u * BK * SB>;
+
+// Global vec4 slot t of this invocation's share of the slice starting at k0: row i / (BK/4)
+// of the tile, k0 + 4 (i % (BK/4)) .. + 3; zero outside. A is rounded to f16 here (clamped
+// to f16's range first: no inf).
+fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
+    let i = lid + t * WG;
+    if (i >= BM * BK / 4u) { return vec4<f16>(); }
+    let m = m0 + i / (BK / 4u);
+    let k = k0 + 4u * (i % (BK / 4u));
+    if (m < p.m && k < k_end) {
+        let v = a_in[m * (p.lda / 4u) + k / 4u];
+        return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+    }
+    return vec4<f16>();
+}
+
+fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
+    let i = lid + t * WG;
+    if (i >= BN * BK / 4u) { return vec4<f16>(); }
+    let n = n0 + i / (BK / 4u);
+    let k = k0 + 4u * (i % (BK / 4u));
+    if (n < p.n && k < k_end) { return b_in[n * (p.ldb / 4u) + k / 4u]; }
+    return vec4<f16>();
+}
+
+// Store slot t (4 consecutive k of tile row r) into stage `stage` in the k-pair layout:
+// k-pair rows kp and kp + 1, plane (r / 2) % 2, element r / 4, components 2 (r % 2) + 0/1.
+fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
+    let i = lid + t * WG;
+    if (i >= BM * BK / 4u) { return; }
+    let r = i / (BK / 4u);
+    let kp = 2u * (i % (BK / 4u));
+    let e = stage * BK * SA + kp * 2u * SA + ((r / 2u) % 2u) * SA + r / 4u;
+    let c = 2u * (r % 2u);
+    As[e][c] = v.x;
+    As[e][c + 1u] = v.y;
+    As[e + 2u * SA][c] = v.z;
+    As[e + 2u * SA][c + 1u] = v.w;
+}
+
+fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
+    let i = lid + t * WG;
+    if (i >= BN * BK / 4u) { return; }
+    let r = i / (BK / 4u);
+    let kp = 2u * (i % (BK / 4u));
+    let e = stage * BK * SB + kp * 2u * SB + ((r / 2u) % 2u) * SB + r / 4u;
+    let c = 2u * (r % 2u);
+    Bs[e][c] = v.x;
+    Bs[e][c + 1u] = v.y;
+    Bs[e + 2u * SB][c] = v.z;
+    Bs[e + 2u * SB][c + 1u] = v.w;
+}
+
+fn store_c4(row: u32, col: u32, split: u32, v: vec4<f32>) {
+    if (row < p.m && col < p.n) {
+        let i = (split * p.c_split + row * p.ldc + col) / 4u;
+        let scaled = p.alpha * v;
+        if (p.mode == 1u) {
+            c_out[i] = c_out[i] + scaled;
+        } else if (p.mode == 2u) {
+            c_out[i] = residual[i] + scaled;
+        } else {
+            c_out[i] = scaled;
+        }
+    }
+}
+"""
+
+
+def _dot_fold(tm: int, tn: int) -> list[str]:
+    """Add both halves of every vec2<f16> partial into the f32 accumulators."""
+    gm, gn = tm // 4, tn // 4
+    out = []
+    for j in range(gm * 4 * gn):
+        d = [f"d{4 * j + c}" for c in range(4)]
+        xs = ", ".join(f"{v}.x" for v in d)
+        ys = ", ".join(f"{v}.y" for v in d)
+        out.append(f"c{j} += vec4<f32>(vec4<f16>({xs})) + vec4<f32>(vec4<f16>({ys}));")
+    return out
+
+
+def _linear_dot_body(tm: int, tn: int) -> str:
+    gm, gn = tm // 4, tn // 4
+    name = f"dot_body_{tm}x{tn}"
+    nacc = tm * tn
+    lines = [f"// One workgroup's BM x BN tile with {tm}x{tn} blocks per invocation.",
+             f"fn {name}(wg: vec3<u32>, lid: u32) {{",
+             f"    let tx = lid % (BN / {tn}u);",
+             f"    let ty = lid / (BN / {tn}u);",
+             "    let m0 = wg.y * BM;",
+             "    let n0 = wg.x * BN;",
+             "    let k_begin = wg.z * p.k_split;",
+             "    let k_end = min(p.k, k_begin + p.k_split);",
+             "    let slices = (k_end - k_begin + BK - 1u) / BK;"]
+    body = [f"// c<j>, j = (4g + r) * {gn} + h: f32 sums of row 4ty + r (+ BM/2 for g = 1) and the",
+            "// 4 columns 4tx (+ BN/2 for h = 1); d<4j + c>: the f16 partial of column c of c<j>"]
+    body += [f"var c{j} = vec4<f32>();" for j in range(nacc // 4)]
+    body += [f"var d{i} = vec2<f16>();" for i in range(nacc)]
+    body += [f"var pa{t} = vec4<f16>();" for t in range(MAX_LOADS)]
+    body += [f"var pb{t} = vec4<f16>();" for t in range(MAX_LOADS)]
+    body += _prefetch("a", "LA", "k_begin")
+    body += _prefetch("b", "LB", "k_begin")
+    body += _stash("a", "LA", "0u") + _stash("b", "LB", "0u")
+    body += ["workgroupBarrier();", "",
+             "var kf = 0u;   // k multiplied into the f16 partials since the last fold",
+             "for (var s = 0u; s < slices; s++) {",
+             "    let stage = s % 2u;",
+             "    let more = s + 1u < slices;",
+             "    if (more) {   // the next slice's loads land while the FMAs below run",
+             "        let k_next = k_begin + (s + 1u) * BK;"]
+    body += _indent(_prefetch("a", "LA", "k_next") + _prefetch("b", "LB", "k_next"), 2)
+    body += ["    }",
+             "    var ai = stage * BK * SA + ty;",
+             "    var bi = stage * BK * SB + tx;",
+             "    for (var k1 = 0u; k1 < BK; k1 += FSTEP) {",
+             "        for (var kk = 0u; kk < FSTEP; kk += 2u) {"]
+    step = []
+    for g in range(gm):
+        off = "" if g == 0 else f" + BM / {tm}u"
+        step += [f"let a{g}0 = As[ai{off}];       // rows 4ty+0 (.xy), 4ty+1 (.zw); k, k+1"
+                 if g == 0 else f"let a{g}0 = As[ai{off}];",
+                 f"let a{g}1 = As[ai + SA{off}];  // rows 4ty+2, 4ty+3"
+                 if g == 0 else f"let a{g}1 = As[ai + SA{off}];"]
+    for h in range(gn):
+        off = "" if h == 0 else f" + BN / {tn}u"
+        step += [f"let b{h}0 = Bs[bi{off}];", f"let b{h}1 = Bs[bi + SB{off}];"]
+    half = ("xy", "zw")
+    for g in range(gm):
+        for r in range(4):
+            for h in range(gn):
+                for c in range(4):
+                    j = (g * 4 + r) * gn + h
+                    i = 4 * j + c
+                    a = f"a{g}{r // 2}.{half[r % 2]}"
+                    b = f"b{h}{c // 2}.{half[c % 2]}"
+                    step.append(f"d{i} = fma({a}, {b}, d{i});")
+    step += ["ai += 2u * SA;", "bi += 2u * SB;"]
+    body += _indent(step, 3)
+    body += ["        }",
+             "        kf += FSTEP;",
+             "        if (kf >= FOLD) {   // uniform: every invocation folds at the same k",
+             "            kf = 0u;"]
+    body += _indent(_dot_fold(tm, tn) + [f"d{i} = vec2<f16>();" for i in range(nacc)], 3)
+    body += ["        }", "    }"]
+    body += ["    if (more) {   // the other stage was last read before the previous barrier"]
+    body += _indent(_stash("a", "LA", "1u - stage") + _stash("b", "LB", "1u - stage"), 2)
+    body += ["    }", "    workgroupBarrier();", "}",
+             "// the partials of a last fold that ended before FOLD k (zeros if none)"]
+    body += _dot_fold(tm, tn)
+    body += ["", "let row0 = m0 + 4u * ty;", "let col0 = n0 + 4u * tx;"]
+    for g in range(gm):
+        for r in range(4):
+            for h in range(gn):
+                j = (g * 4 + r) * gn + h
+                row = "row0" + (" + BM / 2u" if g else "") + (f" + {r}u" if r else "")
+                col = "col0" + (" + BN / 2u" if h else "")
+                body.append(f"store_c4({row}, {col}, wg.z, c{j});")
+    lines += _indent(body)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def linear_h16_dot() -> str:
+    parts = [LINEAR_DOT_DOC, PARAMS, "\n", LINEAR_DOT_HELPERS]
+    for tm, tn in BLOCKS:
+        parts += ["\n", _linear_dot_body(tm, tn)]
+    parts.append("\n")
+    for tm, tn in BLOCKS:
+        name = f"matmul_nt_h16_dot_{tm}x{tn}"
+        parts.append(f"// --- KERNEL: {name} ---\n"
+                     "@compute @workgroup_size(WG)\n"
+                     f"fn {name}(@builtin(workgroup_id) wg: vec3<u32>,\n"
+                     "          @builtin(local_invocation_index) lid: u32) {\n"
+                     f"    dot_body_{tm}x{tn}(wg, lid);\n}}\n\n")
+    return "".join(parts).rstrip() + "\n"
+
+
 # ---- attention ----------------------------------------------------------------------------
 
 ATTENTION_HEADER = f"""\
@@ -763,7 +1007,7 @@ def attention() -> str:
 
 
 OUTPUTS = {"03_linear_reg.wgsl": linear_f32, "03_linear_reg_h16.wgsl": linear_h16,
-           "05_attention_reg.wgsl": attention}
+           "03_linear_reg_h16_dot.wgsl": linear_h16_dot, "05_attention_reg.wgsl": attention}
 
 
 def stale_files(directory: Path = WGSL_DIR) -> list[str]:

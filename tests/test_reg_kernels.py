@@ -150,3 +150,84 @@ def test_attention_runs_reg_kernels_by_default_and_loop_on_request(device, label
     assert attention.tiled_kernel("forward") == (attention.FILE_TILED,
                                                  "attention_forward_tiled")
     assert attention.tiled_kernel("dq", "32x32-reg")[0] == attention.FILE_REG
+
+
+# ---- the k-pair ("dot") packed-f16 kernels (03_linear_reg_h16_dot.wgsl) ------------------
+
+def test_dot_configs_parse_and_name_a_kernel_for_every_block():
+    from shaders.source import load_file
+    dot = set(load_file(linear.FILE_REG_H16_DOT).kernels)
+    for tm in (4, 8):
+        for tn in (4, 8):
+            text = f"64x64x32-{tm}x{tn}-s1-dot"
+            cfg = linear.MatmulConfig.parse(text)
+            assert cfg.impl == "dot" and str(cfg) == text
+            file, name = linear.tiled_kernel_name("nt", np.float16, True, cfg)
+            assert (file, name) == (linear.FILE_REG_H16_DOT, f"matmul_nt_h16_dot_{tm}x{tn}")
+            assert name in dot
+    cfg = linear.MatmulConfig.parse("128x64x32-8x4-s2-f64-dot")
+    assert linear.MatmulConfig.parse(str(cfg)) == cfg and cfg.splits == 2
+    assert cfg.constants(True) == {"BM": 128, "BN": 64, "BK": 32, "WG": 256, "FOLD": 64,
+                                   "FSTEP": 32}
+    assert linear.MatmulConfig.parse("64x64x32-4x4-s1-f8-dot").constants(True)["FSTEP"] == 8
+    # default FOLD: 32 (16 products per f16 lane, as the splat kernel's default 16)
+    assert linear.MatmulConfig.parse("64x64x16-4x4-s1-dot").fold_steps == 32
+    assert linear.MatmulConfig.parse("64x64x64-4x4-s1-dot").fold_steps == 32
+    assert linear.MatmulConfig.parse("64x64x48-4x4-s1-dot").fold_steps == 48
+    assert linear.MatmulConfig.parse("64x64x16-4x4-s1").fold_steps == 16   # splat unchanged
+
+
+def test_dot_config_errors_are_clear(device):
+    for text in ("64x64x32-4x4-s1-f24-dot", "64x64x32-4x4-s1-f6-dot", "64x64x16-4x4-s1-f40-dot",
+                 "64x64x12-4x4-s1-f3-dot"):
+        problems = linear.MatmulConfig.parse(text).problems(device, True)
+        assert problems and "must be even and divide BK" in problems[0], (text, problems)
+    assert "packed-f16 forward only" in linear.MatmulConfig.parse(
+        "64x64x32-4x4-s1-dot").problems(device, False)[0]
+    with pytest.raises(ValueError, match="BMxBNxBK"):
+        linear.MatmulConfig.parse("64x64x32-4x4-s1-fast")
+    with pytest.raises(ValueError, match="packed-f16 forward only"):
+        linear.tiled_kernel_name("nt", np.float32, False, "64x64x32-4x4-s1-dot")
+    with pytest.raises(ValueError, match="packed-f16 forward only"):   # f32 math asked
+        linear.plan(device, "nt", 64, 64, 64, b_dtype=np.float16, config="64x64x32-4x4-s1-dot")
+    if device.has("shader-f16"):
+        with pytest.raises(ValueError, match="FOLD 24"):
+            linear.plan(device, "nt", 64, 64, 64, b_dtype=np.float16, f16_math=True,
+                        config="64x64x32-4x4-s1-f24-dot")
+    a, b, c = device.empty(64 * 64), device.empty(64 * 64, np.float16), device.empty(64 * 64)
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="packed-f16 forward only"):
+            linear.matmul_tn(rec, a, c, c, 64, 64, 64, config="64x64x16-4x4-s1-dot")
+        with pytest.raises(ValueError, match="packed-f16 forward only"):
+            linear.matmul_nt(rec, a, b, c, 64, 64, 64, f16_math=False,
+                             config="64x64x16-4x4-s1-dot")
+
+
+def test_dot_kernels_agree_with_float64_and_the_splat_kernel(device, labels):
+    if not device.has("shader-f16"):
+        pytest.skip("device lacks shader-f16 (the packed-f16 kernels need it)")
+    # ragged M and N, K = 200 (no BK divides it), accumulate with alpha; folds within a
+    # slice, equal to it and spanning slices; split-K
+    rng = np.random.default_rng(7)
+    M, N, K = 36, 44, 200
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K)).astype(np.float16)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    want = c0 + 0.5 * a.astype(np.float16).astype(np.float64) @ b.astype(np.float64).T
+    ab, bb = device.upload(a), device.upload(b)
+    got = {}
+    for cfg in ("32x32x8-4x4-s2-dot", "32x32x16-8x8-s1-f8-dot", "32x32x16-8x4-s1-f16-dot",
+                "32x32x16-4x8-s3-f64-dot", "32x32x16-4x4-s1"):
+        c = device.upload(c0)
+        labels.clear()
+        with device.record() as rec:
+            linear.matmul_nt(rec, ab, bb, c, M, N, K, accumulate=True, alpha=0.5,
+                             f16_math=True, config=cfg)
+        block = cfg.split("-")[1]
+        kind = "dot" if cfg.endswith("-dot") else "reg"
+        assert labels[0] == f"matmul_nt_h16_{kind}_{block}"
+        got[cfg] = device.download(c)
+        err = np.abs(got[cfg] - want).max()
+        assert err < 2e-3 * np.abs(want).max(), (cfg, err)
+    np.testing.assert_allclose(got["32x32x8-4x4-s2-dot"], got["32x32x16-4x4-s1"],
+                               atol=4e-3 * np.abs(want).max())

@@ -10,7 +10,8 @@ The plain cases (matmul_nt, ...) take whatever path the op picks by default: the
 kernel for shapes that cannot be read as vec4 (random, odd, one, strided), the fast path
 otherwise (aligned, bench). The fast path has two implementations of one tiling: the *_reg
 cases run the named-register kernels (03_linear_reg*.wgsl, the default), the *_tiled cases
-the private-array loop kernels (03_linear_tiled*.wgsl, "-loop" configs, kept to compare).
+the private-array loop kernels (03_linear_tiled*.wgsl, "-loop" configs, kept to compare);
+the *_dot cases the k-pair packed-f16 kernels (03_linear_reg_h16_dot.wgsl, "-dot" configs).
 Both use only vec4-ready shapes (ragged multiples of 4, padded leading dimensions, a split-K
 variant whose K splits into uneven BK slices) so the kernels face every edge; the cases named
 after a configuration pin one register-block shape, slice depth or split factor so that each
@@ -220,19 +221,44 @@ REG_ONLY_CASES = (
 )
 
 
+# the k-pair ("dot") packed-f16 kernels (03_linear_reg_h16_dot.wgsl, "-dot" configs): the
+# op's tiles with the default FOLD 32 (a FOLD that spans slices on software Vulkan's BK 16),
+# then one case per register block pinning FOLD = BK, FOLD spanning two slices (and every A
+# prefetch register), several folds per slice, and split-K; the `split` variant of every
+# case runs three K-splits on top.
+DOT_CASES = (
+    ("", "nt_h16", "store", True, True, None, "packed-f16 k-pair forward, FOLD 32"),
+    ("_residual", "nt_h16", "residual", True, True, None, "k-pair forward + residual"),
+    ("_accumulate", "nt_h16", "accumulate", True, True, None, "k-pair forward, C += alpha AB"),
+    ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-f16-dot",
+     "128x128 tiles, 8x8 blocks, FOLD = BK 16"),
+    ("_8x4", "nt_h16", "store", True, True, "128x64x32-8x4-s1-f64-dot",
+     "8x4 blocks, FOLD 64 spanning two BK-32 slices, eight A prefetch registers"),
+    ("_4x8", "nt_h16", "residual", True, True, "64x128x32-4x8-s1-f8-dot",
+     "4x8 blocks, four folds of 8 per slice, residual epilogue"),
+    ("_splitk", "nt_h16", "accumulate", True, True, "64x64x16-4x4-s4-f128-dot",
+     "4x4 blocks, four K-splits, FOLD 128 (f16 sums of 64 products)"),
+)
+
+
+KIND_WORDS = {"reg": "named-register", "loop": "loop", "dot": "k-pair"}
+
+
 def _register_fast(impl, cases):
     for suffix, key, mode, b16, f16_math, config, what in cases:
         layout = key[:2]
-        name = f"matmul_{key}_{'tiled' if impl == 'loop' else 'reg'}{suffix}"
+        kind = {"loop": "tiled", "reg": "reg", "dot": "dot"}[impl]
+        name = f"matmul_{key}_{kind}{suffix}"
         if config is not None and impl == "loop" and config.endswith("-loop") is False:
             config = config + "-loop"
         _register(name, layout, mode, b16=b16, f16_math=f16_math, impl=impl, config=config,
                   precision="f16" if f16_math else "f32",
-                  description=f"{'named-register' if impl == 'reg' else 'loop'} kernel: {what}")
+                  description=f"{KIND_WORDS[impl]} kernel: {what}")
 
 
 _register_fast("reg", FAST_CASES + REG_ONLY_CASES)
 _register_fast("loop", FAST_CASES)
+_register_fast("dot", DOT_CASES)
 
 
 # ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------

@@ -18,7 +18,13 @@ it as f16 and compute in f32 (only the weight's f16 rounding is lost). `f16_math
 accumulation of short f16 partial sums: the mixed-precision forward path, not for gradients
 (their magnitudes fall below f16's range); it needs `shader-f16`. Left unset (None), it
 follows ISTANBUL_F16_MATH=1 for f16-weight forward products (a switch to benchmark the
-packed path without touching the caller), else False.
+packed path without touching the caller), else False. The packed path has two formulations:
+the splat kernels (03_linear_reg_h16.wgsl: one f16 of A splatted times a vec4<f16> of B) and
+the k-pair "dot" kernels (03_linear_reg_h16_dot.wgsl, configs ending in "-dot", e.g.
+"128x64x32-8x4-s1-f64-dot": a vec2<f16> of A over two consecutive k times the same two k of
+B, no splat, a vec2<f16> partial per output element). Both are autotuner candidates for the
+nt_h16 key; the default stays the splat kernel until the tuner says otherwise. A "-dot"
+config without f16_math (or with an impossible FOLD) is a ValueError.
 
 Kernels. The fast path is register-tiled with vec4 loads, two-stage workgroup tiles and
 optional split-K (partials in a scratch buffer, summed in a fixed order by
@@ -100,12 +106,15 @@ FILE_TILED = "03_linear_tiled.wgsl"
 FILE_TILED_H16 = "03_linear_tiled_h16.wgsl"
 FILE_REG = "03_linear_reg.wgsl"
 FILE_REG_H16 = "03_linear_reg_h16.wgsl"
-IMPLS = ("reg", "loop")   # named-register kernels (default), private-array loop kernels
+FILE_REG_H16_DOT = "03_linear_reg_h16_dot.wgsl"
+# named-register kernels (default), private-array loop kernels, and the k-pair ("dot")
+# packed-f16 kernels (f16_math only; named registers too)
+IMPLS = ("reg", "loop", "dot")
 FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (MAX_LOADS in WGSL)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
 _CONFIG_RE = re.compile(
-    r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop))?$")
+    r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop|dot))?$")
 
 
 @dataclass(frozen=True)
@@ -114,10 +123,12 @@ class MatmulConfig:
 
     bm x bn: the workgroup's tile of C; bk: the K-slice staged per step; tm x tn: each
     invocation's register block (4 or 8 each; the workgroup has (bm/tm)*(bn/tn) invocations);
-    splits: split-K factor (partials reduced by a second dispatch); fold: k-steps per f16
-    partial sum (f16-math kernel only; 0 = min(16, bk)); impl: "reg" (03_linear_reg*.wgsl)
-    or "loop" (03_linear_tiled*.wgsl). Written as "128x128x16-8x8-s1" (+ "-f8" for a fold,
-    + "-loop" for the loop kernels).
+    splits: split-K factor (partials reduced by a second dispatch); fold: k per f16 partial
+    sum (f16-math kernels only; 0 = the default, see fold_steps); impl: "reg"
+    (03_linear_reg*.wgsl), "loop" (03_linear_tiled*.wgsl) or "dot" (03_linear_reg_h16_dot.wgsl:
+    the k-pair packed-f16 kernels, f16_math only). Written as "128x128x16-8x8-s1" (+ "-f8"
+    for a fold, + "-loop" for the loop kernels, + "-dot" for the k-pair kernels, e.g.
+    "128x64x32-8x4-s1-f64-dot").
     """
 
     bm: int = 128
@@ -132,11 +143,20 @@ class MatmulConfig:
     def __str__(self) -> str:
         text = f"{self.bm}x{self.bn}x{self.bk}-{self.tm}x{self.tn}-s{self.splits}"
         text += f"-f{self.fold}" if self.fold else ""
-        return text + ("-loop" if self.impl == "loop" else "")
+        return text + (f"-{self.impl}" if self.impl != "reg" else "")
 
     @property
     def fold_steps(self) -> int:
-        return self.fold or min(16, self.bk)
+        """k per f16 partial. Splat kernels (reg, loop): every f16 lane sums FOLD products,
+        default min(16, BK), FOLD must divide BK. Dot kernels: each half of a vec2<f16>
+        partial sums FOLD/2 products, default 32 (the splat default's rounding) where that
+        divides BK or is a multiple of it, else BK; FOLD must be even and divide BK or be a
+        multiple of it (a partial then spans slices)."""
+        if self.fold:
+            return self.fold
+        if self.impl == "dot":
+            return 32 if (32 % self.bk == 0 or self.bk % 32 == 0) else self.bk
+        return min(16, self.bk)
 
     @classmethod
     def parse(cls, text) -> "MatmulConfig":
@@ -144,7 +164,8 @@ class MatmulConfig:
             return text
         m = _CONFIG_RE.match(str(text).strip())
         if not m:
-            raise ValueError(f"matmul config {text!r} is not of the form BMxBNxBK-TMxTN-sS[-fF] "
+            raise ValueError(f"matmul config {text!r} is not of the form "
+                             "BMxBNxBK-TMxTN-sS[-fF][-reg|-loop|-dot] "
                              "(e.g. 128x128x16-8x8-s1)")
         bm, bn, bk, tm, tn, splits, fold, impl = m.groups()
         return cls(int(bm), int(bn), int(bk), int(tm), int(tn), int(splits),
@@ -168,6 +189,8 @@ class MatmulConfig:
             c.update(TM=self.tm, TN=self.tn)
         if f16_math:
             c["FOLD"] = self.fold_steps
+            if self.impl == "dot":
+                c["FSTEP"] = min(self.fold_steps, self.bk)
         return c
 
     def workgroup_bytes(self, f16_math: bool = False) -> int:
@@ -188,7 +211,15 @@ class MatmulConfig:
             out.append(f"BN {self.bn} is not a multiple of TN {self.tn}")
         if self.bk < 4 or self.bk % 4:
             out.append(f"BK {self.bk} is not a positive multiple of 4")
-        if f16_math and self.bk % self.fold_steps:
+        if self.impl == "dot" and not f16_math:
+            out.append("the dot kernels (\"-dot\") compute the packed-f16 forward only "
+                       "(f16_math=True, layout nt, f16 B)")
+        elif self.impl == "dot" and self.bk % 4 == 0 and self.bk >= 4:
+            f = self.fold_steps
+            if f < 2 or f % 2 or (self.bk % f and f % self.bk):
+                out.append(f"FOLD {f} of a dot kernel must be even and divide BK {self.bk} "
+                           "or be a multiple of it")
+        elif f16_math and self.bk % self.fold_steps:
             out.append(f"FOLD {self.fold_steps} does not divide BK {self.bk}")
         if self.splits < 1:
             out.append("splits must be >= 1")
@@ -222,6 +253,11 @@ def tiled_kernel_name(layout: str, b_dtype, f16_math: bool = False,
     kernels with the default 8x8 block; a "-loop" config names the 03_linear_tiled kernel)."""
     file, name = kernel_name(layout, b_dtype, f16_math)  # validates the combination
     cfg = MatmulConfig.parse(config) if config is not None else MatmulConfig()
+    if cfg.impl == "dot":
+        if not f16_math:
+            raise ValueError(f"matmul config {cfg}: the dot kernels compute the packed-f16 "
+                             "forward only (f16_math=True, layout nt, f16 B)")
+        return FILE_REG_H16_DOT, f"matmul_nt_h16_dot_{cfg.tm}x{cfg.tn}"
     if cfg.impl == "loop":
         if f16_math:
             return FILE_TILED_H16, "matmul_nt_h16_tiled"
@@ -296,8 +332,10 @@ def candidate_configs(device, key: str, M: int, N: int, K: int,
     Each register-block shape with slice depths 8 and 16 (16 and 32 for the 64-invocation
     shape; 16 and 32 for the f16-math kernel, whose stages are half the bytes) and the default
     split factor for the shape; thin shapes (split by default) also try half and twice that.
-    `wide` (the sweep) adds bigger and smaller tiles, every slice depth and FOLD, and more
-    split factors.
+    The f16-math key (nt_h16) also tries the splat kernel with FOLD 32 at BK 32 and, unless
+    ISTANBUL_LOOP_KERNELS=1, the k-pair "dot" kernels with FOLD 32 and 64 (each f16 lane
+    sums 16 / 32 products). `wide` (the sweep) adds bigger and smaller tiles, every slice
+    depth and FOLD (dot: up to 128), and more split factors.
     """
     h16 = key.endswith("h16")
     slots = _resident_slots(device)
@@ -315,9 +353,17 @@ def candidate_configs(device, key: str, M: int, N: int, K: int,
         else:
             slices = (16, 32) if wg <= 64 else (8, 16)
         for bk in slices:
-            folds = [f for f in (8, 16, 32) if bk % f == 0] if (h16 and wide) else [0]
-            for fold in folds:
-                cfg = MatmulConfig(bm, bn, bk, tm, tn, 1, fold, default_impl())
+            impl = default_impl()
+            if not h16:
+                kinds = [(impl, 0)]
+            elif wide:
+                kinds = [(impl, f) for f in (8, 16, 32) if bk % f == 0]
+            else:
+                kinds = [(impl, 0)] + ([(impl, 32)] if bk % 32 == 0 else [])
+            if h16 and impl == "reg":
+                kinds += [("dot", f) for f in ((16, 32, 64, 128) if wide else (32, 64))]
+            for impl, fold in kinds:
+                cfg = MatmulConfig(bm, bn, bk, tm, tn, 1, fold, impl)
                 if cfg.problems(device, h16):
                     continue
                 base = default_splits(device, cfg, M, N, K)
@@ -347,7 +393,7 @@ def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
     if text is not None:
         try:
             cfg = MatmulConfig.parse(text)
-            if not text.endswith(("-reg", "-loop")):
+            if not text.endswith(("-reg", "-loop", "-dot")):
                 cfg = cfg.with_impl(default_impl())
             if not cfg.problems(device, f16_math):
                 return cfg
