@@ -13,6 +13,7 @@ TFLOP/s (2 flops per multiply-add):
                      partials, added into 16 vec4<f32> accumulators every 16 k-steps
     h16_splat_fold32 / h16_splat_fold64   the fold every 32 / 64 k-steps
     h16_two_level    16-step f16 partials summed into f16 sums, those into f32 every 64
+    h16_swizzle_fold h16_splat_fold with the splat written as a .xxxx swizzle
     h16_splat_only   the same without the f32 fold (pure f16 accumulation: upper bound)
     h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
                      into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
@@ -70,14 +71,16 @@ def _kernel(name: str, fill: str, body: list[str]) -> str:
     return "\n".join(lines) + "\n}\n"
 
 
-def _splat_fmas(vec: str, acc: str) -> list[str]:
-    """16 vec4 FMAs of the 8x8 block: rows from a0/a1 (splatted), columns b0/b1."""
+def _splat_fmas(vec: str, acc: str, swizzle: bool = False) -> list[str]:
+    """16 vec4 FMAs of the 8x8 block: rows from a0/a1 (splatted: a constructor, or with
+    `swizzle` a .xxxx swizzle), columns b0/b1."""
     out = []
     for g in range(2):
         for r in range(4):
             for h in range(2):
                 i = (g * 4 + r) * 2 + h
-                out.append(f"{acc}{i} = fma({vec}(a{g}.{C[r]}), b{h}, {acc}{i});")
+                a = f"a{g}.{C[r] * 4}" if swizzle else f"{vec}(a{g}.{C[r]})"
+                out.append(f"{acc}{i} = fma({a}, b{h}, {acc}{i});")
     return out
 
 
@@ -132,6 +135,15 @@ def kernels() -> str:
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("h16_two_level", "fill_f16", body))
 
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["    for (var kk = 0u; kk < 16u; kk++) {"]
+    body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h", True)] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_swizzle_fold", "fill_f16", body))
+
     body = [f"var h{i} = vec4<f16>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it++) {", "    let kk = it % 16u;"]
     body += ["    " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["}"]
@@ -168,7 +180,7 @@ def kernels() -> str:
 
 # multiply-adds per invocation and k-step
 MACS = {"f32_8x8": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64, "h16_splat_fold64": 64,
-        "h16_two_level": 64, "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
+        "h16_two_level": 64, "h16_swizzle_fold": 64, "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
 
 
 def main(argv=None) -> int:
