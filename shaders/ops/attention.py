@@ -62,7 +62,14 @@ TILED_DEFAULTS = {
 }
 REG_KERNELS = {"forward": "attention_forward_reg", "dq": "attention_backward_dq_reg",
                "dkv": "attention_backward_dkv_reg"}
-_TILE_RE = re.compile(r"^(\d+)x(\d+)(?:-(reg|loop))?$")
+# Implementations of the fast path, named by a config's suffix ("64x32-db"): "reg" (the
+# default), "loop" (05_attention_tiled.wgsl), and the staged variants of the reg kernels,
+# "pf" (the next tile's global loads prefetched into registers during this tile's math) and
+# "db" (pf with two workgroup stages: one barrier fewer per tile, more workgroup memory).
+IMPLS = ("reg", "loop", "pf", "db")
+STAGED = ("pf", "db")
+MAX_PF = 16                # prefetch registers per staged operand in the pf/db kernels
+_TILE_RE = re.compile(r"^(\d+)x(\d+)(?:-(reg|loop|pf|db))?$")
 
 
 def _threads_per_row(D: int) -> int:
@@ -108,24 +115,31 @@ def choose_tiles(device, D: int, kernel: str, tiles=None) -> dict:
                      f"{budget * 4} bytes of workgroup memory")
 
 
-def tiled_bytes(kernel: str, rows: int, cols: int, D: int) -> int:
-    """Workgroup bytes of a tiled kernel with `rows` x `cols` tiles (see the WGSL)."""
+def tiled_bytes(kernel: str, rows: int, cols: int, D: int, impl: str = "reg") -> int:
+    """Workgroup bytes of a tiled kernel with `rows` x `cols` tiles (see the WGSL); impl
+    "db" holds a second stage of the per-tile operands (and, for dK/dV, statistics)."""
     rs, h4 = D // 4 + 1, D // 4
+    db = impl == "db"
     if kernel == "forward":
-        return 16 * (rows * rs + cols * rs + cols * h4 + cols * (rows // 4)
-                     + 2 * (rows // 4) * (cols // 4))
+        return 16 * (rows * rs + (cols * rs + cols * h4) * (2 if db else 1)
+                     + cols * (rows // 4) + 2 * (rows // 4) * (cols // 4))
     if kernel == "dq":
-        return 16 * (2 * rows * rs + 2 * cols * rs + cols * (rows // 4))
-    return 16 * (2 * rows * rs + 2 * cols * rs + 2 * cols * (rows // 4)) + 8 * cols
+        return 16 * (2 * rows * rs + 2 * cols * rs * (2 if db else 1) + cols * (rows // 4))
+    return (16 * (2 * rows * rs + 2 * cols * rs * (2 if db else 1) + 2 * cols * (rows // 4))
+            + 8 * cols * (2 if db else 1))
 
 
-def tiled_problems(device, kernel: str, rows: int, cols: int, D: int) -> list[str]:
+def tiled_problems(device, kernel: str, rows: int, cols: int, D: int,
+                   impl: str = "reg") -> list[str]:
     """Why (rows x cols) tiles of a tiled kernel cannot run for head dim D (empty if they can).
 
     rows: queries (forward, dq) or keys (dkv) per workgroup; cols: keys (forward, dq) or
     queries (dkv) per tile. The output block of an invocation covers D / cols vec4s per row.
+    impl: "reg", "loop", "pf" or "db" (see IMPLS).
     """
     out = []
+    if impl not in IMPLS:
+        return [f"unknown implementation {impl!r} (one of {', '.join(IMPLS)})"]
     if D % 4:
         out.append(f"head dim {D} is not a multiple of 4")
     if rows < 4 or cols < 4 or rows % 4 or cols % 4:
@@ -139,7 +153,12 @@ def tiled_problems(device, kernel: str, rows: int, cols: int, D: int) -> list[st
     max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
     if wg > min(max_wg, 1024):
         out.append(f"{wg} invocations per workgroup (device allows {max_wg})")
-    need = tiled_bytes(kernel, rows, cols, D)
+    if impl in STAGED:
+        loads = -(-cols * (D // 4) // wg)   # vec4s of each staged operand per invocation
+        if loads > MAX_PF:
+            out.append(f"{loads} prefetch registers per operand (the {impl} kernels have "
+                       f"{MAX_PF})")
+    need = tiled_bytes(kernel, rows, cols, D, impl)
     limit = workgroup_storage(device) - PREAMBLE_BYTES
     if need > limit:
         out.append(f"{need} bytes of workgroup memory (device allows {limit})")
@@ -151,62 +170,109 @@ def tiled_constants(kernel: str, rows: int, cols: int, D: int) -> dict:
     return {"HD": D, "BQ": bq, "BKV": bkv}
 
 
-def parse_tiles(text) -> tuple[int, int]:
+def parse_config(text) -> tuple[int, int, str | None]:
+    """(rows, cols, impl or None) of "ROWSxCOLS[-reg|-loop|-pf|-db]" (or a (rows, cols) pair)."""
     if isinstance(text, (tuple, list)):
-        return int(text[0]), int(text[1])
+        return int(text[0]), int(text[1]), None
     m = _TILE_RE.match(str(text).strip())
     if not m:
-        raise ValueError(f"attention tiles {text!r} are not of the form ROWSxCOLS[-loop] "
-                         "(e.g. 64x32)")
-    return int(m.group(1)), int(m.group(2))
+        raise ValueError(f"attention config {text!r} is not of the form "
+                         "ROWSxCOLS[-reg|-loop|-pf|-db] (e.g. 64x32, 64x32-pf, 32x16-db)")
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def parse_tiles(text) -> tuple[int, int]:
+    rows, cols, _ = parse_config(text)
+    return rows, cols
+
+
+def default_impl() -> str:
+    """What an unpinned config without a suffix runs: ISTANBUL_LOOP_KERNELS=1 -> loop."""
+    return "loop" if os.environ.get("ISTANBUL_LOOP_KERNELS") == "1" else "reg"
 
 
 def tiled_impl(config=None) -> str:
-    """"reg" or "loop": what a pinned config names, else ISTANBUL_LOOP_KERNELS=1 -> loop."""
+    """"reg", "loop", "pf" or "db": what a config names, else `default_impl()`."""
     if isinstance(config, str):
         m = _TILE_RE.match(config.strip())
         if m and m.group(3):
             return m.group(3)
-    return "loop" if os.environ.get("ISTANBUL_LOOP_KERNELS") == "1" else "reg"
+    return default_impl()
 
 
 def tiled_kernel(kernel: str, config=None) -> tuple[str, str]:
     """(file, entry point) of the fast path's `kernel` (forward, dq, dkv) for a config."""
-    if tiled_impl(config) == "loop":
+    return impl_kernel(kernel, tiled_impl(config))
+
+
+def impl_kernel(kernel: str, impl: str) -> tuple[str, str]:
+    """(file, entry point) of the fast path's `kernel` in implementation `impl`."""
+    if impl == "loop":
         return FILE_TILED, TILED_KERNELS[kernel]
+    if impl in STAGED:
+        return FILE_REG, f"{REG_KERNELS[kernel]}_{impl}"
+    if impl != "reg":
+        raise ValueError(f"attention: unknown implementation {impl!r} (one of {IMPLS})")
     return FILE_REG, REG_KERNELS[kernel]
 
 
-def choose_tiled(device, kernel: str, T: int, D: int, config=None):
-    """(rows, cols) of the tiled kernel: pinned, tuned, or the default; None if none fits."""
+def format_config(rows: int, cols: int, impl: str | None = None) -> str:
+    return f"{rows}x{cols}" + (f"-{impl}" if impl and impl != "reg" else "")
+
+
+def choose_config(device, kernel: str, T: int, D: int, config=None):
+    """(rows, cols, impl) of the tiled kernel: pinned, tuned, or the default; None if none
+    fits. A pinned config that is malformed or does not fit raises ValueError; a tuned one
+    is skipped then. A config without a suffix runs `default_impl()`."""
     if config is not None:
-        rows, cols = parse_tiles(config)
-        problems = tiled_problems(device, kernel, rows, cols, D)
+        rows, cols, impl = parse_config(config)
+        impl = impl or default_impl()
+        problems = tiled_problems(device, kernel, rows, cols, D, impl)
         if problems:
-            raise ValueError(f"attention {kernel}: tiles {rows}x{cols}: " + "; ".join(problems))
-        return rows, cols
+            raise ValueError(f"attention {kernel}: config {format_config(rows, cols, impl)}: "
+                             + "; ".join(problems))
+        return rows, cols, impl
     from .. import autotune
     tuned = autotune.lookup(device, "attention", kernel, (T, D))
     if tuned is not None:
         try:
-            rows, cols = parse_tiles(tuned)
-            if not tiled_problems(device, kernel, rows, cols, D):
-                return rows, cols
+            rows, cols, impl = parse_config(tuned)
+            impl = impl or default_impl()
+            if not tiled_problems(device, kernel, rows, cols, D, impl):
+                return rows, cols, impl
         except ValueError:
             pass
     for rows, cols in TILED_DEFAULTS[kernel]:
         if not tiled_problems(device, kernel, rows, cols, D):
-            return rows, cols
+            return rows, cols, default_impl()
     return None
 
 
+def choose_tiled(device, kernel: str, T: int, D: int, config=None):
+    """(rows, cols) of the tiled kernel: pinned, tuned, or the default; None if none fits."""
+    chosen = choose_config(device, kernel, T, D, config)
+    return None if chosen is None else chosen[:2]
+
+
 def candidate_tiles(device, kernel: str, D: int) -> list[tuple[int, int]]:
-    """Every (rows, cols) the tuner tries for this kernel and head dim."""
+    """Every (rows, cols) of the reg kernels the tuner tries for this kernel and head dim."""
     out = []
     for rows in (128, 64, 32, 16, 8):
         for cols in (64, 32, 16, 8, 4):
             if not tiled_problems(device, kernel, rows, cols, D):
                 out.append((rows, cols))
+    return out
+
+
+def candidate_configs(device, kernel: str, D: int) -> list[str]:
+    """Every config string the tuner times: each fitting tile shape of the reg kernels, then
+    the pf and db variants of the shapes they fit ("64x32", ..., "64x32-pf", "32x16-db")."""
+    out = [format_config(r, c) for r, c in candidate_tiles(device, kernel, D)]
+    for impl in STAGED:
+        for rows in (128, 64, 32, 16, 8):
+            for cols in (64, 32, 16, 8, 4):
+                if not tiled_problems(device, kernel, rows, cols, D, impl):
+                    out.append(format_config(rows, cols, impl))
     return out
 
 
@@ -255,10 +321,10 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             raise ValueError(f"{op}: config {config} needs the tiled kernel, which needs D and "
                              "the token strides to be multiples of 4 and 16-byte-aligned views")
         if _vec4_ready(D, strides, q, k, v, o):
-            tiled = choose_tiled(dev, "forward", T, D, config)
+            tiled = choose_config(dev, "forward", T, D, config)
     if tiled is not None:
-        rows, cols = tiled
-        file, name = tiled_kernel("forward", config)
+        rows, cols, impl = tiled
+        file, name = impl_kernel("forward", impl)
         kern = dev.kernel(file, name, tiled_constants("forward", rows, cols, D))
         rec.dispatch(kern, [q, k, v, o, lse, params],
                      grid2d(dev, op, ceil_div(T, rows), B * H), label=name)
@@ -292,10 +358,10 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
             raise ValueError(f"{op}: config_{name} {pinned} needs the tiled kernel, which needs "
                              "D and the token strides to be multiples of 4 and 16-byte-aligned "
                              "views")
-    t_dq = choose_tiled(dev, "dq", T, D, config_dq) if ready and tiles_dq is None else None
+    t_dq = choose_config(dev, "dq", T, D, config_dq) if ready and tiles_dq is None else None
     if t_dq is not None:
-        rows, cols = t_dq
-        file, name = tiled_kernel("dq", config_dq)
+        rows, cols, impl = t_dq
+        file, name = impl_kernel("dq", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dq", rows, cols, D)),
                      [q, k, v, do, lse, dvec, dq, params],
                      grid2d(dev, op, ceil_div(T, rows), B * H), label=name)
@@ -305,10 +371,10 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
                      [q, k, v, do, lse, dvec, dq, params],
                      grid2d(dev, op, ceil_div(T, c_dq["BQ"]), B * H),
                      label="attention_backward_dq")
-    t_kv = choose_tiled(dev, "dkv", T, D, config_dkv) if ready and tiles_dkv is None else None
+    t_kv = choose_config(dev, "dkv", T, D, config_dkv) if ready and tiles_dkv is None else None
     if t_kv is not None:
-        rows, cols = t_kv
-        file, name = tiled_kernel("dkv", config_dkv)
+        rows, cols, impl = t_kv
+        file, name = impl_kernel("dkv", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dkv", rows, cols, D)),
                      [q, k, v, do, lse, dvec, dk, dv, params],
                      grid2d(dev, op, ceil_div(T, rows), B * Hkv), label=name)
