@@ -404,6 +404,22 @@ ATTENTION_HEADER = f"""\
 //   attention_backward_dkv_reg  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                               the H/Hkv query heads sharing the kv head (no atomics)
 //
+// Staged variants of each (entry points attention_forward_reg_pf, attention_backward_dq_reg_pf,
+// attention_backward_dkv_reg_pf and the same with _db; configs "ROWSxCOLS-pf" / "-db"): the
+// same tiling, sums and summation order (bit-identical results), but the per-tile operands
+// (forward and dq: the key tile's k and v; dkv: the query tile's q, do, lse, dvec) of the NEXT
+// tile are loaded from global memory into named prefetch registers (pk0.., pv0.., pq0..,
+// pd0.., sl0.., sd0..; PL <= 16 / SL <= 4 of them live, selected by constant branches) before this
+// tile's math and written to workgroup memory after it, so the load latency hides behind the
+// math instead of stalling every tile.
+//   *_reg_pf   one stage: the store waits for a barrier after the math (as many barriers as
+//              the reg kernel; same workgroup memory)
+//   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
+//              no extra barrier, one barrier per tile fewer than the reg kernel; the staged
+//              operands take twice the workgroup memory (the op's tiled_bytes counts it)
+// dkv flattens its (query head, query tile) loops into one step index so that the prefetch
+// also crosses query heads.
+//
 // Layouts: those of 05_attention.wgsl, read and written as vec4 (D and the token strides
 // multiples of 4, views 16-byte aligned; the op checks and falls back otherwise).
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
@@ -1113,7 +1129,8 @@ def _attention_dkv_staged(db: bool) -> str:
               "    let pn = pts[n * TK + tk];", "    let dn = dsts[n * TK + tk];"]
     for j in range(MAX_DV):
         col = [f"let dc{j} = dos[qb + n * RS + {_off('tq', 'TQ', j)}];",
-               f"let qc{j} = qs[qb + n * RS + {_off('tq', 'TQ', j)}];   // pre-scaled: dk = scale ds q"]
+               f"let qc{j} = qs[qb + n * RS + {_off('tq', 'TQ', j)}];"
+               "   // pre-scaled: dk = scale ds q"]
         for i in range(4):
             c = COMP[i]
             col += [f"dv{i}{j} = fma(vec4<f32>(pn.{c}), dc{j}, dv{i}{j});",
@@ -1159,7 +1176,7 @@ var<workgroup> qs: array<vec4<f32>, {st}BQ * RS>;
 var<workgroup> dos: array<vec4<f32>, {st}BQ * RS>;
 var<workgroup> pts: array<vec4<f32>, BQ * TK>;      // p^T in the [query][tk] block order
 var<workgroup> dsts: array<vec4<f32>, BQ * TK>;     // ds^T
-var<workgroup> stats: array<f32, {st}2u * BQ>;{'' if db else '      '}       // per stage: lse * log2(e), dvec
+var<workgroup> stats: array<f32, {st}2u * BQ>;   // per stage: lse * log2(e), dvec
 
 // Prefetch slot t of the query tile at q0 of head hq (zero past the sequence).
 fn fetch_q(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {{
