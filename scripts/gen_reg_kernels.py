@@ -932,9 +932,9 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {{
-""" + "\n".join(_indent(L)) + "\n}\n\n")
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
 
 
 def _attention_dq_staged(db: bool) -> str:
@@ -1050,9 +1050,9 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {{
-""" + "\n".join(_indent(L)) + "\n}\n\n")
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
 
 
 def _attention_dkv_staged(db: bool) -> str:
@@ -1217,9 +1217,9 @@ fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {{
 
 @compute @workgroup_size(WG)
 fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {{
-""" + "\n".join(_indent(L)) + "\n}\n\n")
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
 
 
 def attention() -> str:

@@ -1169,8 +1169,8 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
 
 @compute @workgroup_size(WG)
 fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
     let tk = lid % TK;
     let tq = lid / TK;
     let q0 = (nwg.x - 1u - wg.x) * BQ;
@@ -1565,8 +1565,8 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32) {
     let tk = lid % TK;
     let tq = lid / TK;
     let q0 = (nwg.x - 1u - wg.x) * BQ;
@@ -2061,8 +2061,8 @@ fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                                 @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
     let k0 = wg.x * BKV;
@@ -2603,8 +2603,8 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
 
 @compute @workgroup_size(WG)
 fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
     let tk = lid % TK;
     let tq = lid / TK;
     let q0 = (nwg.x - 1u - wg.x) * BQ;
@@ -2999,8 +2999,8 @@ fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32) {
     let tk = lid % TK;
     let tq = lid / TK;
     let q0 = (nwg.x - 1u - wg.x) * BQ;
@@ -3495,8 +3495,8 @@ fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+                                 @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
     let k0 = wg.x * BKV;
