@@ -415,8 +415,10 @@ ATTENTION_HEADER = f"""\
 //   *_reg_pf   one stage: the store waits for a barrier after the math (as many barriers as
 //              the reg kernel; same workgroup memory)
 //   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
-//              no extra barrier, one barrier per tile fewer than the reg kernel; the staged
-//              operands take twice the workgroup memory (the op's tiled_bytes counts it)
+//              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
+//              between its two softmax barriers, whose first one every reader of the other
+//              stage has passed: 2 instead of 4); the staged operands take twice the
+//              workgroup memory (the op's tiled_bytes counts it)
 // dkv flattens its (query head, query tile) loops into one step index so that the prefetch
 // also crosses query heads.
 //
@@ -867,8 +869,14 @@ def _attention_forward_staged(db: bool) -> str:
     for j in range(4):
         inner += [f"let p{j} = exp2(vec4<f32>(s0{j}, s1{j}, s2{j}, s3{j}) - m_new);",
                   f"ps[({_off('tk', 'TK', j)}) * TQ + tq] = p{j};"]
-    inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;",
-              "workgroupBarrier();",
+    inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;"]
+    if db:
+        # Every reader of the other stage (the previous tile's scores and p v) passed the
+        # barrier above; the barrier below publishes the store before the next tile's scores.
+        inner += ["if (more) {   // the other stage's last readers are past the barrier above"]
+        inner += _indent(_pf_stash(("pk", "pv"), "1u - stage"))
+        inner += ["}"]
+    inner += ["workgroupBarrier();",
               "var tile_sum = vec4<f32>();",
               "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
               "let alpha = exp2(m - m_new);",
@@ -881,9 +889,9 @@ def _attention_forward_staged(db: bool) -> str:
         col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
         inner += _indent(_dv_guard(j, col))
     inner += ["}"]
-    inner += _staged_tail(db, ("pk", "pv"), "1u - stage" if db else "0u",
-                          "ks/vs of that stage were last read before this tile's first barrier"
-                          if db else "nobody reads ks/vs until the barrier below")
+    if not db:   # (db stored the next tile above: two barriers per tile, not four)
+        inner += _staged_tail(db, ("pk", "pv"), "0u",
+                              "nobody reads ks/vs until the barrier below")
     L += _indent(inner) + ["}"]
     for i in range(4):
         blk = [f"let inv = 1.0 / l.{COMP[i]};", f"let base = o_row(b, qi, h);"]

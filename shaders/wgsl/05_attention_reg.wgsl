@@ -24,8 +24,10 @@
 //   *_reg_pf   one stage: the store waits for a barrier after the math (as many barriers as
 //              the reg kernel; same workgroup memory)
 //   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
-//              no extra barrier, one barrier per tile fewer than the reg kernel; the staged
-//              operands take twice the workgroup memory (the op's tiled_bytes counts it)
+//              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
+//              between its two softmax barriers, whose first one every reader of the other
+//              stage has passed: 2 instead of 4); the staged operands take twice the
+//              workgroup memory (the op's tiled_bytes counts it)
 // dkv flattens its (query head, query tile) loops into one step index so that the prefetch
 // also crosses query heads.
 //
@@ -2813,6 +2815,24 @@ fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
         let p3 = exp2(vec4<f32>(s03, s13, s23, s33) - m_new);
         ps[(tk + 3u * TK) * TQ + tq] = p3;
         red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;
+        if (more) {   // the other stage's last readers are past the barrier above
+            if (PL > 0u) { stash(0u, lid, 1u - stage, pk0, pv0); }
+            if (PL > 1u) { stash(1u, lid, 1u - stage, pk1, pv1); }
+            if (PL > 2u) { stash(2u, lid, 1u - stage, pk2, pv2); }
+            if (PL > 3u) { stash(3u, lid, 1u - stage, pk3, pv3); }
+            if (PL > 4u) { stash(4u, lid, 1u - stage, pk4, pv4); }
+            if (PL > 5u) { stash(5u, lid, 1u - stage, pk5, pv5); }
+            if (PL > 6u) { stash(6u, lid, 1u - stage, pk6, pv6); }
+            if (PL > 7u) { stash(7u, lid, 1u - stage, pk7, pv7); }
+            if (PL > 8u) { stash(8u, lid, 1u - stage, pk8, pv8); }
+            if (PL > 9u) { stash(9u, lid, 1u - stage, pk9, pv9); }
+            if (PL > 10u) { stash(10u, lid, 1u - stage, pk10, pv10); }
+            if (PL > 11u) { stash(11u, lid, 1u - stage, pk11, pv11); }
+            if (PL > 12u) { stash(12u, lid, 1u - stage, pk12, pv12); }
+            if (PL > 13u) { stash(13u, lid, 1u - stage, pk13, pv13); }
+            if (PL > 14u) { stash(14u, lid, 1u - stage, pk14, pv14); }
+            if (PL > 15u) { stash(15u, lid, 1u - stage, pk15, pv15); }
+        }
         workgroupBarrier();
         var tile_sum = vec4<f32>();
         for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
@@ -2864,25 +2884,6 @@ fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
                 o33 = fma(vec4<f32>(pn.w), vc3, o33);
             }
         }
-        if (more) {   // ks/vs of that stage were last read before this tile's first barrier
-            if (PL > 0u) { stash(0u, lid, 1u - stage, pk0, pv0); }
-            if (PL > 1u) { stash(1u, lid, 1u - stage, pk1, pv1); }
-            if (PL > 2u) { stash(2u, lid, 1u - stage, pk2, pv2); }
-            if (PL > 3u) { stash(3u, lid, 1u - stage, pk3, pv3); }
-            if (PL > 4u) { stash(4u, lid, 1u - stage, pk4, pv4); }
-            if (PL > 5u) { stash(5u, lid, 1u - stage, pk5, pv5); }
-            if (PL > 6u) { stash(6u, lid, 1u - stage, pk6, pv6); }
-            if (PL > 7u) { stash(7u, lid, 1u - stage, pk7, pv7); }
-            if (PL > 8u) { stash(8u, lid, 1u - stage, pk8, pv8); }
-            if (PL > 9u) { stash(9u, lid, 1u - stage, pk9, pv9); }
-            if (PL > 10u) { stash(10u, lid, 1u - stage, pk10, pv10); }
-            if (PL > 11u) { stash(11u, lid, 1u - stage, pk11, pv11); }
-            if (PL > 12u) { stash(12u, lid, 1u - stage, pk12, pv12); }
-            if (PL > 13u) { stash(13u, lid, 1u - stage, pk13, pv13); }
-            if (PL > 14u) { stash(14u, lid, 1u - stage, pk14, pv14); }
-            if (PL > 15u) { stash(15u, lid, 1u - stage, pk15, pv15); }
-        }
-        workgroupBarrier();
     }
     {
         let qi = q0 + tq;
