@@ -412,8 +412,9 @@ ATTENTION_HEADER = f"""\
 // pd0.., sl0.., sd0..; PL <= 16 / SL <= 4 of them live, selected by constant branches) before this
 // tile's math and written to workgroup memory after it, so the load latency hides behind the
 // math instead of stalling every tile.
-//   *_reg_pf   one stage: the store waits for a barrier after the math (as many barriers as
-//              the reg kernel; same workgroup memory)
+//   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
+//              the math (as many barriers as the reg kernel); the forward stores k and v
+//              between its two softmax barriers (2 per tile instead of 4; see its section)
 //   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
 //              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
 //              between its two softmax barriers, whose first one every reader of the other
@@ -820,6 +821,14 @@ STAGED_NOTE = {
 }
 
 
+FORWARD_PF_NOTE = """\
+register prefetch (pf) in one stage: k of the next tile is
+// loaded into named registers at the start of a tile and stored between the two softmax
+// barriers (the scores that read ks are done by then); v of a tile is loaded after the
+// previous tile's second barrier and stored between this tile's two barriers (the previous
+// p v that read vs is done by then): two barriers per tile instead of four, no extra memory"""
+
+
 def _attention_forward_staged(db: bool) -> str:
     sfx = "db" if db else "pf"
     name = f"attention_forward_reg_{sfx}"
@@ -837,7 +846,10 @@ def _attention_forward_staged(db: bool) -> str:
           "let tiles = (kv_end + BKV - 1u) / BKV;"]
     L += _pf_decls(("pk", "pv"))
     L += _pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, 0u")
-    L += _pf_stash(("pk", "pv"), "0u")
+    if db:
+        L += _pf_stash(("pk", "pv"), "0u")
+    else:   # v of tile 0 waits in pv until tile 0 stores it (see below)
+        L += _pf_stash(("pk",), "0u", fn="stash_k")
     L += ["workgroupBarrier();   // qs and the first key tile are staged",
           "for (var it = 0u; it < tiles; it++) {",
           "    let kv0 = it * BKV;",
@@ -846,7 +858,10 @@ def _attention_forward_staged(db: bool) -> str:
           "    let vb = stage * BKV * H4;",
           "    let more = it + 1u < tiles;",
           "    if (more) {   // the next tile's loads land while the math below runs"]
-    L += _indent(_pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, kv0 + BKV"), 2)
+    if db:
+        L += _indent(_pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, kv0 + BKV"), 2)
+    else:
+        L += _indent(_pf_fetch(("pk",), ("load_k",), "b, hk, kv0 + BKV"), 2)
     L += ["    }", ""]
     inner = ["// s<i><j>: row tq + TQ*i, key tk + TK*j"]
     inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
@@ -876,8 +891,20 @@ def _attention_forward_staged(db: bool) -> str:
         inner += ["if (more) {   // the other stage's last readers are past the barrier above"]
         inner += _indent(_pf_stash(("pk", "pv"), "1u - stage"))
         inner += ["}"]
-    inner += ["workgroupBarrier();",
-              "var tile_sum = vec4<f32>();",
+    else:
+        # One stage: ks was last read by this tile's scores, vs by the previous tile's p v,
+        # both before the barrier above; the barrier below publishes this tile's v (held in
+        # pv since the previous tile) and the next tile's k.
+        inner += ["// the readers of ks (these scores) and vs (the previous p v) are past the",
+                  "// barrier above: store this tile's v and the next tile's k"]
+        inner += _pf_stash(("pv",), "0u", fn="stash_v")
+        inner += ["if (more) {"] + _indent(_pf_stash(("pk",), "0u", fn="stash_k")) + ["}"]
+    inner += ["workgroupBarrier();"]
+    if not db:
+        inner += ["if (more) {   // the next tile's v lands during p v and the next scores"]
+        inner += _indent(_pf_fetch(("pv",), ("load_v",), "b, hk, kv0 + BKV"))
+        inner += ["}"]
+    inner += ["var tile_sum = vec4<f32>();",
               "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
               "let alpha = exp2(m - m_new);",
               "l = l * alpha + tile_sum;",
@@ -889,10 +916,7 @@ def _attention_forward_staged(db: bool) -> str:
         col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
         inner += _indent(_dv_guard(j, col))
     inner += ["}"]
-    if not db:   # (db stored the next tile above: two barriers per tile, not four)
-        inner += _staged_tail(db, ("pk", "pv"), "0u",
-                              "nobody reads ks/vs until the barrier below")
-    L += _indent(inner) + ["}"]
+    L += _indent(inner) + ["}"]   # (both store mid-tile: two barriers per tile, not four)
     for i in range(4):
         blk = [f"let inv = 1.0 / l.{COMP[i]};", f"let base = o_row(b, qi, h);"]
         for j in range(MAX_DV):
@@ -904,7 +928,7 @@ def _attention_forward_staged(db: bool) -> str:
     st = "2u * " if db else ""
     return (f"""\
 // --- KERNEL: {name} ---
-// attention_forward_reg with {STAGED_NOTE[db]}.
+// attention_forward_reg with {STAGED_NOTE[db] if db else FORWARD_PF_NOTE}.
 @group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
@@ -931,11 +955,17 @@ fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {{
 }}
 fn load_k(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return k_in[g]; }}
 fn load_v(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return v_in[g]; }}
-fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {{
     let i = lid + t * WG;
-    if (i >= BKV * H4) {{ return; }}
-    ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv;
-    vs[stage * BKV * H4 + i] = vv;
+    if (i < BKV * H4) {{ ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }}
+}}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {{
+    let i = lid + t * WG;
+    if (i < BKV * H4) {{ vs[stage * BKV * H4 + i] = vv; }}
+}}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
 }}
 
 @compute @workgroup_size(WG)

@@ -30,7 +30,7 @@ scripts/gen_reg_kernels.py; the default), whose blocks are named variables, and 
 memory by NVIDIA's compiler), and two staged variants of "reg" in 05_attention_reg.wgsl
 with the same sums in the same order: "pf" (the next tile's global loads go to named
 registers before this tile's math and into workgroup memory after it: load latency hidden,
-same workgroup memory) and "db" (pf with two workgroup stages: fewer barriers per tile,
+same workgroup memory; the forward also needs 2 barriers per tile instead of 4) and "db" (pf with two workgroup stages: fewer barriers per tile,
 twice the staged operands' memory, so only smaller tiles fit 48 KiB). `config="BQxBKV"`
 (forward), `config_dq`, `config_dkv` pin the fast path's tiles (rows x columns: queries x
 keys; for dK/dV keys x queries), a suffix its implementation: "64x32" / "64x32-reg",

@@ -21,8 +21,9 @@
 // pd0.., sl0.., sd0..; PL <= 16 / SL <= 4 of them live, selected by constant branches) before this
 // tile's math and written to workgroup memory after it, so the load latency hides behind the
 // math instead of stalling every tile.
-//   *_reg_pf   one stage: the store waits for a barrier after the math (as many barriers as
-//              the reg kernel; same workgroup memory)
+//   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
+//              the math (as many barriers as the reg kernel); the forward stores k and v
+//              between its two softmax barriers (2 per tile instead of 4; see its section)
 //   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
 //              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
 //              between its two softmax barriers, whose first one every reader of the other
@@ -1134,8 +1135,11 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_forward_reg_pf ---
-// attention_forward_reg with register prefetch (pf): the next tile's global loads are issued into named
-// registers before this tile's math and stored into the single stage after it.
+// attention_forward_reg with register prefetch (pf) in one stage: k of the next tile is
+// loaded into named registers at the start of a tile and stored between the two softmax
+// barriers (the scores that read ks are done by then); v of a tile is loaded after the
+// previous tile's second barrier and stored between this tile's two barriers (the previous
+// p v that read vs is done by then): two barriers per tile instead of four, no extra memory.
 @group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
@@ -1162,11 +1166,17 @@ fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
 }
 fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
 fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
-fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {
     let i = lid + t * WG;
-    if (i >= BKV * H4) { return; }
-    ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv;
-    vs[stage * BKV * H4 + i] = vv;
+    if (i < BKV * H4) { ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }
+}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { vs[stage * BKV * H4 + i] = vv; }
+}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
 }
 
 @compute @workgroup_size(WG)
@@ -1257,22 +1267,22 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
     if (PL > 13u) { let g = slot_index(13u, lid, b, hk, 0u); pk13 = load_k(g); pv13 = load_v(g); }
     if (PL > 14u) { let g = slot_index(14u, lid, b, hk, 0u); pk14 = load_k(g); pv14 = load_v(g); }
     if (PL > 15u) { let g = slot_index(15u, lid, b, hk, 0u); pk15 = load_k(g); pv15 = load_v(g); }
-    if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
-    if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
-    if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
-    if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
-    if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
-    if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
-    if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
-    if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
-    if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
-    if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
-    if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
-    if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
-    if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
-    if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
-    if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
-    if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
+    if (PL > 0u) { stash_k(0u, lid, 0u, pk0); }
+    if (PL > 1u) { stash_k(1u, lid, 0u, pk1); }
+    if (PL > 2u) { stash_k(2u, lid, 0u, pk2); }
+    if (PL > 3u) { stash_k(3u, lid, 0u, pk3); }
+    if (PL > 4u) { stash_k(4u, lid, 0u, pk4); }
+    if (PL > 5u) { stash_k(5u, lid, 0u, pk5); }
+    if (PL > 6u) { stash_k(6u, lid, 0u, pk6); }
+    if (PL > 7u) { stash_k(7u, lid, 0u, pk7); }
+    if (PL > 8u) { stash_k(8u, lid, 0u, pk8); }
+    if (PL > 9u) { stash_k(9u, lid, 0u, pk9); }
+    if (PL > 10u) { stash_k(10u, lid, 0u, pk10); }
+    if (PL > 11u) { stash_k(11u, lid, 0u, pk11); }
+    if (PL > 12u) { stash_k(12u, lid, 0u, pk12); }
+    if (PL > 13u) { stash_k(13u, lid, 0u, pk13); }
+    if (PL > 14u) { stash_k(14u, lid, 0u, pk14); }
+    if (PL > 15u) { stash_k(15u, lid, 0u, pk15); }
     workgroupBarrier();   // qs and the first key tile are staged
     for (var it = 0u; it < tiles; it++) {
         let kv0 = it * BKV;
@@ -1281,22 +1291,22 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         let vb = stage * BKV * H4;
         let more = it + 1u < tiles;
         if (more) {   // the next tile's loads land while the math below runs
-            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); pv0 = load_v(g); }
-            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); pv1 = load_v(g); }
-            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); pv2 = load_v(g); }
-            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); pv3 = load_v(g); }
-            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); pv4 = load_v(g); }
-            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); pv5 = load_v(g); }
-            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); pv6 = load_v(g); }
-            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); pv7 = load_v(g); }
-            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); pv8 = load_v(g); }
-            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); pv9 = load_v(g); }
-            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); pv10 = load_v(g); }
-            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); pv11 = load_v(g); }
-            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); pv12 = load_v(g); }
-            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); pv13 = load_v(g); }
-            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); pv14 = load_v(g); }
-            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); pv15 = load_v(g); }
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); }
         }
 
         // s<i><j>: row tq + TQ*i, key tk + TK*j
@@ -1381,7 +1391,61 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         let p3 = exp2(vec4<f32>(s03, s13, s23, s33) - m_new);
         ps[(tk + 3u * TK) * TQ + tq] = p3;
         red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;
+        // the readers of ks (these scores) and vs (the previous p v) are past the
+        // barrier above: store this tile's v and the next tile's k
+        if (PL > 0u) { stash_v(0u, lid, 0u, pv0); }
+        if (PL > 1u) { stash_v(1u, lid, 0u, pv1); }
+        if (PL > 2u) { stash_v(2u, lid, 0u, pv2); }
+        if (PL > 3u) { stash_v(3u, lid, 0u, pv3); }
+        if (PL > 4u) { stash_v(4u, lid, 0u, pv4); }
+        if (PL > 5u) { stash_v(5u, lid, 0u, pv5); }
+        if (PL > 6u) { stash_v(6u, lid, 0u, pv6); }
+        if (PL > 7u) { stash_v(7u, lid, 0u, pv7); }
+        if (PL > 8u) { stash_v(8u, lid, 0u, pv8); }
+        if (PL > 9u) { stash_v(9u, lid, 0u, pv9); }
+        if (PL > 10u) { stash_v(10u, lid, 0u, pv10); }
+        if (PL > 11u) { stash_v(11u, lid, 0u, pv11); }
+        if (PL > 12u) { stash_v(12u, lid, 0u, pv12); }
+        if (PL > 13u) { stash_v(13u, lid, 0u, pv13); }
+        if (PL > 14u) { stash_v(14u, lid, 0u, pv14); }
+        if (PL > 15u) { stash_v(15u, lid, 0u, pv15); }
+        if (more) {
+            if (PL > 0u) { stash_k(0u, lid, 0u, pk0); }
+            if (PL > 1u) { stash_k(1u, lid, 0u, pk1); }
+            if (PL > 2u) { stash_k(2u, lid, 0u, pk2); }
+            if (PL > 3u) { stash_k(3u, lid, 0u, pk3); }
+            if (PL > 4u) { stash_k(4u, lid, 0u, pk4); }
+            if (PL > 5u) { stash_k(5u, lid, 0u, pk5); }
+            if (PL > 6u) { stash_k(6u, lid, 0u, pk6); }
+            if (PL > 7u) { stash_k(7u, lid, 0u, pk7); }
+            if (PL > 8u) { stash_k(8u, lid, 0u, pk8); }
+            if (PL > 9u) { stash_k(9u, lid, 0u, pk9); }
+            if (PL > 10u) { stash_k(10u, lid, 0u, pk10); }
+            if (PL > 11u) { stash_k(11u, lid, 0u, pk11); }
+            if (PL > 12u) { stash_k(12u, lid, 0u, pk12); }
+            if (PL > 13u) { stash_k(13u, lid, 0u, pk13); }
+            if (PL > 14u) { stash_k(14u, lid, 0u, pk14); }
+            if (PL > 15u) { stash_k(15u, lid, 0u, pk15); }
+        }
         workgroupBarrier();
+        if (more) {   // the next tile's v lands during p v and the next scores
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pv0 = load_v(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pv1 = load_v(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pv2 = load_v(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pv3 = load_v(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pv4 = load_v(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pv5 = load_v(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pv6 = load_v(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pv7 = load_v(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pv8 = load_v(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pv9 = load_v(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pv10 = load_v(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pv11 = load_v(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pv12 = load_v(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pv13 = load_v(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pv14 = load_v(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pv15 = load_v(g); }
+        }
         var tile_sum = vec4<f32>();
         for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
         let alpha = exp2(m - m_new);
@@ -1432,26 +1496,6 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
                 o33 = fma(vec4<f32>(pn.w), vc3, o33);
             }
         }
-        workgroupBarrier();   // pf: every read of the single stage is done
-        if (more) {   // nobody reads ks/vs until the barrier below
-            if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
-            if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
-            if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
-            if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
-            if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
-            if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
-            if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
-            if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
-            if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
-            if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
-            if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
-            if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
-            if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
-            if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
-            if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
-            if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
-        }
-        workgroupBarrier();
     }
     {
         let qi = q0 + tq;
@@ -2596,11 +2640,17 @@ fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
 }
 fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
 fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
-fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {
     let i = lid + t * WG;
-    if (i >= BKV * H4) { return; }
-    ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv;
-    vs[stage * BKV * H4 + i] = vv;
+    if (i < BKV * H4) { ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }
+}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { vs[stage * BKV * H4 + i] = vv; }
+}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
 }
 
 @compute @workgroup_size(WG)
