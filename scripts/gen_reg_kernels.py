@@ -415,7 +415,8 @@ ATTENTION_HEADER = f"""\
 //   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
 //              the math (as many barriers as the reg kernel); the forward stores k and v
 //              between its two softmax barriers (2 per tile instead of 4; see its section)
-//   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
+//   *_reg_db   two stages (tile it uses stage it % 2; dq: of ks only, vs is read by the
+//              scores alone and keeps one stage): the store goes to the other stage with
 //              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
 //              between its two softmax barriers, whose first one every reader of the other
 //              stage has passed: 2 instead of 4); the staged operands take twice the
@@ -1016,8 +1017,8 @@ def _attention_dq_staged(db: bool) -> str:
         r = f"({_off('tq', 'TQ', i)}) * RS + d4"
         inner += [f"    let qr{i} = qs[{r}];", f"    let dr{i} = dos[{r}];"]
     for j in range(4):
-        r = f"kb + ({_off('tk', 'TK', j)}) * RS + d4"
-        inner += [f"    let kc{j} = ks[{r}];", f"    let vc{j} = vs[{r}];"]
+        r = f"({_off('tk', 'TK', j)}) * RS + d4"
+        inner += [f"    let kc{j} = ks[kb + {r}];", f"    let vc{j} = vs[{r}];"]
     for i, j in IJ:
         inner += [f"    s{i}{j} += dot(qr{i}, kc{j});", f"    dp{i}{j} += dot(dr{i}, vc{j});"]
     inner += ["}", "let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;"]
@@ -1066,7 +1067,7 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
 var<workgroup> dos: array<vec4<f32>, BQ * RS>;
 var<workgroup> ks: array<vec4<f32>, {st}BKV * RS>;
-var<workgroup> vs: array<vec4<f32>, {st}BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
 var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
 
 // Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
@@ -1081,9 +1082,9 @@ fn load_v(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} retur
 fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
     let i = lid + t * WG;
     if (i >= BKV * H4) {{ return; }}
-    let j = stage * BKV * RS + (i / H4) * RS + i % H4;
-    ks[j] = kv;
-    vs[j] = vv;
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
 }}
 
 @compute @workgroup_size(WG)

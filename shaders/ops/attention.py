@@ -130,8 +130,8 @@ def tiled_bytes(kernel: str, rows: int, cols: int, D: int, impl: str = "reg") ->
     if kernel == "forward":
         return 16 * (rows * rs + (cols * rs + cols * h4) * (2 if db else 1)
                      + cols * (rows // 4) + 2 * (rows // 4) * (cols // 4))
-    if kernel == "dq":
-        return 16 * (2 * rows * rs + 2 * cols * rs * (2 if db else 1) + cols * (rows // 4))
+    if kernel == "dq":   # db: a second stage of k only (v is read by the scores alone)
+        return 16 * (2 * rows * rs + (3 if db else 2) * cols * rs + cols * (rows // 4))
     return (16 * (2 * rows * rs + 2 * cols * rs * (2 if db else 1) + 2 * cols * (rows // 4))
             + 8 * cols * (2 if db else 1))
 

@@ -24,7 +24,8 @@
 //   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
 //              the math (as many barriers as the reg kernel); the forward stores k and v
 //              between its two softmax barriers (2 per tile instead of 4; see its section)
-//   *_reg_db   two stages (tile it uses stage it % 2): the store goes to the other stage with
+//   *_reg_db   two stages (tile it uses stage it % 2; dq: of ks only, vs is read by the
+//              scores alone and keeps one stage): the store goes to the other stage with
 //              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
 //              between its two softmax barriers, whose first one every reader of the other
 //              stage has passed: 2 instead of 4); the staged operands take twice the
@@ -1589,7 +1590,7 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
 var<workgroup> dos: array<vec4<f32>, BQ * RS>;
 var<workgroup> ks: array<vec4<f32>, BKV * RS>;
-var<workgroup> vs: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
 var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
 
 // Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
@@ -1604,9 +1605,9 @@ fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v
 fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
     let i = lid + t * WG;
     if (i >= BKV * H4) { return; }
-    let j = stage * BKV * RS + (i / H4) * RS + i % H4;
-    ks[j] = kv;
-    vs[j] = vv;
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
 }
 
 @compute @workgroup_size(WG)
@@ -1812,13 +1813,13 @@ fn attention_backward_dq_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
             let qr3 = qs[(tq + 3u * TQ) * RS + d4];
             let dr3 = dos[(tq + 3u * TQ) * RS + d4];
             let kc0 = ks[kb + (tk) * RS + d4];
-            let vc0 = vs[kb + (tk) * RS + d4];
+            let vc0 = vs[(tk) * RS + d4];
             let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let vc1 = vs[kb + (tk + TK) * RS + d4];
+            let vc1 = vs[(tk + TK) * RS + d4];
             let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let vc2 = vs[kb + (tk + 2u * TK) * RS + d4];
+            let vc2 = vs[(tk + 2u * TK) * RS + d4];
             let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            let vc3 = vs[kb + (tk + 3u * TK) * RS + d4];
+            let vc3 = vs[(tk + 3u * TK) * RS + d4];
             s00 += dot(qr0, kc0);
             dp00 += dot(dr0, vc0);
             s01 += dot(qr0, kc1);
@@ -3028,7 +3029,7 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
 var<workgroup> dos: array<vec4<f32>, BQ * RS>;
 var<workgroup> ks: array<vec4<f32>, 2u * BKV * RS>;
-var<workgroup> vs: array<vec4<f32>, 2u * BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
 var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
 
 // Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
@@ -3043,9 +3044,9 @@ fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v
 fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
     let i = lid + t * WG;
     if (i >= BKV * H4) { return; }
-    let j = stage * BKV * RS + (i / H4) * RS + i % H4;
-    ks[j] = kv;
-    vs[j] = vv;
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
 }
 
 @compute @workgroup_size(WG)
@@ -3251,13 +3252,13 @@ fn attention_backward_dq_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
             let qr3 = qs[(tq + 3u * TQ) * RS + d4];
             let dr3 = dos[(tq + 3u * TQ) * RS + d4];
             let kc0 = ks[kb + (tk) * RS + d4];
-            let vc0 = vs[kb + (tk) * RS + d4];
+            let vc0 = vs[(tk) * RS + d4];
             let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let vc1 = vs[kb + (tk + TK) * RS + d4];
+            let vc1 = vs[(tk + TK) * RS + d4];
             let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let vc2 = vs[kb + (tk + 2u * TK) * RS + d4];
+            let vc2 = vs[(tk + 2u * TK) * RS + d4];
             let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            let vc3 = vs[kb + (tk + 3u * TK) * RS + d4];
+            let vc3 = vs[(tk + 3u * TK) * RS + d4];
             s00 += dot(qr0, kc0);
             dp00 += dot(dr0, vc0);
             s01 += dot(qr0, kc1);
