@@ -261,8 +261,9 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
                    budget_s: float | None = None, rng=None) -> dict:
     """Time every tile shape of the tiled attention kernel `kernel` (forward, dq, dkv) at
     this shape, in the reg implementation and the staged ones that fit ("-pf", "-db"; see
-    ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed inside the whole
-    backward (prep + dq + dkv) with the other kernel at its default tiles."""
+    ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed
+    inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
+    tuned) config."""
     import numpy as np
     from .ops import attention
     rng = rng or np.random.default_rng(0)

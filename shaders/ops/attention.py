@@ -30,14 +30,15 @@ scripts/gen_reg_kernels.py; the default), whose blocks are named variables, and 
 memory by NVIDIA's compiler), and two staged variants of "reg" in 05_attention_reg.wgsl
 with the same sums in the same order: "pf" (the next tile's global loads go to named
 registers before this tile's math and into workgroup memory after it: load latency hidden,
-same workgroup memory; the forward also needs 2 barriers per tile instead of 4) and "db" (pf with two workgroup stages: fewer barriers per tile,
-twice the staged operands' memory, so only smaller tiles fit 48 KiB). `config="BQxBKV"`
-(forward), `config_dq`, `config_dkv` pin the fast path's tiles (rows x columns: queries x
-keys; for dK/dV keys x queries), a suffix its implementation: "64x32" / "64x32-reg",
-"64x32-loop", "64x32-pf", "32x16-db" (see candidate_configs; a malformed config, or one that
-does not fit the device, raises ValueError). Tuned entries may name any of them; the tuner
-times the reg tiles and every pf / db variant that fits. ISTANBUL_LOOP_KERNELS=1 makes every
-call whose config has no suffix use the loop kernels. `tiles=...` (the general kernels' shapes, see
+same workgroup memory; the forward also needs 2 barriers per tile instead of 4) and "db"
+(pf with two workgroup stages: fewer barriers per tile, up to twice the staged operands'
+memory, so only smaller tiles fit 48 KiB). `config="BQxBKV"` (forward), `config_dq`,
+`config_dkv` pin the fast path's tiles (rows x columns: queries x keys; for dK/dV keys x
+queries), a suffix its implementation: "64x32" / "64x32-reg", "64x32-loop", "64x32-pf",
+"32x16-db" (see candidate_configs; a malformed config, or one that does not fit the device,
+raises ValueError). Tuned entries may name any of them; the tuner times the reg tiles and
+every pf / db variant that fits. ISTANBUL_LOOP_KERNELS=1 makes every call whose config has
+no suffix use the loop kernels. `tiles=...` (the general kernels' shapes, see
 `choose_tiles`) pins the general kernels. Otherwise the tiles come from
 the autotune cache (op "attention", keys forward/dq/dkv, shape T x D) or the largest default
 that fits the device's workgroup memory.
@@ -72,7 +73,7 @@ REG_KERNELS = {"forward": "attention_forward_reg", "dq": "attention_backward_dq_
 # Implementations of the fast path, named by a config's suffix ("64x32-db"): "reg" (the
 # default), "loop" (05_attention_tiled.wgsl), and the staged variants of the reg kernels,
 # "pf" (the next tile's global loads prefetched into registers during this tile's math) and
-# "db" (pf with two workgroup stages: one barrier fewer per tile, more workgroup memory).
+# "db" (pf with two workgroup stages: fewer barriers per tile, more workgroup memory).
 IMPLS = ("reg", "loop", "pf", "db")
 STAGED = ("pf", "db")
 MAX_PF = 16                # prefetch registers per staged operand in the pf/db kernels
