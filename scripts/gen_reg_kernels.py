@@ -648,6 +648,26 @@ ATTENTION_HEADER = f"""\
 //   attention_backward_dkv_reg  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                               the H/Hkv query heads sharing the kv head (no atomics)
 //
+// Staged variants of each (entry points attention_forward_reg_pf, attention_backward_dq_reg_pf,
+// attention_backward_dkv_reg_pf and the same with _db; configs "ROWSxCOLS-pf" / "-db"): the
+// same tiling, sums and summation order (bit-identical results), but the per-tile operands
+// (forward and dq: the key tile's k and v; dkv: the query tile's q, do, lse, dvec) of the NEXT
+// tile are loaded from global memory into named prefetch registers (pk0.., pv0.., pq0..,
+// pd0.., sl0.., sd0..; PL <= 16 / SL <= 4 of them live, selected by constant branches) before this
+// tile's math and written to workgroup memory after it, so the load latency hides behind the
+// math instead of stalling every tile.
+//   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
+//              the math (as many barriers as the reg kernel); the forward stores k and v
+//              between its two softmax barriers (2 per tile instead of 4; see its section)
+//   *_reg_db   two stages (tile it uses stage it % 2; dq: of ks only, vs is read by the
+//              scores alone and keeps one stage): the store goes to the other stage with
+//              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
+//              between its two softmax barriers, whose first one every reader of the other
+//              stage has passed: 2 instead of 4); the staged operands take twice the
+//              workgroup memory (the op's tiled_bytes counts it)
+// dkv flattens its (query head, query tile) loops into one step index so that the prefetch
+// also crosses query heads.
+//
 // Layouts: those of 05_attention.wgsl, read and written as vec4 (D and the token strides
 // multiples of 4, views 16-byte aligned; the op checks and falls back otherwise).
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
@@ -1001,8 +1021,495 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
 """ + "\n".join(_indent(L)) + "\n}\n\n")
 
 
+# ---- attention, staged variants ("-pf": register prefetch, "-db": + two stages) ------------
+
+MAX_PF = 16                                  # prefetch registers per staged operand
+MAX_SL = 4                                   # prefetch registers per statistic (dkv)
+
+
+def _pf_decls(names, typ="vec4<f32>()", n=MAX_PF) -> list[str]:
+    return [f"var {nm}{t} = {typ};" for nm in names for t in range(n)]
+
+
+def _pf_fetch(regs, loads, origin: str, bound: str = "PL", n: int = MAX_PF) -> list[str]:
+    """Guarded loads of the next tile into the named prefetch registers (PL of them live)."""
+    out = []
+    for t in range(n):
+        body = " ".join(f"{r}{t} = {ld}(g);" for r, ld in zip(regs, loads))
+        out.append(f"if ({bound} > {t}u) {{ let g = slot_index({t}u, lid, {origin}); {body} }}")
+    return out
+
+
+def _pf_stash(regs, stage: str, bound: str = "PL", fn: str = "stash", n: int = MAX_PF):
+    args = ", ".join(f"{r}{{t}}" for r in regs)
+    return [f"if ({bound} > {t}u) {{ {fn}({t}u, lid, {stage}, {args.format(t=t)}); }}"
+            for t in range(n)]
+
+
+def _staged_tail(db: bool, regs, stage_next: str, fetched: str) -> list[str]:
+    """End of a tile: (pf) wait for every reader, store the prefetched tile, wait again."""
+    out = []
+    if not db:
+        out.append("workgroupBarrier();   // pf: every read of the single stage is done")
+    out += ["if (more) {   // " + fetched]
+    out += _indent(_pf_stash(regs, stage_next))
+    out += ["}", "workgroupBarrier();"]
+    return out
+
+
+STAGED_NOTE = {
+    False: "register prefetch (pf): the next tile's global loads are issued into named\n"
+           "// registers before this tile's math and stored into the single stage after it",
+    True: "register prefetch + two stages (db): the next tile's global loads are issued into\n"
+          "// named registers before this tile's math and stored into the other stage after it,\n"
+          "// so a tile needs one barrier fewer than the reg kernel",
+}
+
+
+FORWARD_PF_NOTE = """\
+register prefetch (pf) in one stage: k of the next tile is
+// loaded into named registers at the start of a tile and stored between the two softmax
+// barriers (the scores that read ks are done by then); v of a tile is loaded after the
+// previous tile's second barrier and stored between this tile's two barriers (the previous
+// p v that read vs is done by then): two barriers per tile instead of four, no extra memory"""
+
+
+def _attention_forward_staged(db: bool) -> str:
+    sfx = "db" if db else "pf"
+    name = f"attention_forward_reg_{sfx}"
+    L = ["let tk = lid % TK;", "let tq = lid / TK;",
+         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
+         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+         "let qscale = p.scale * LOG2E;", "",
+         "for (var i = lid; i < BQ * H4; i += WG) {",
+         "    let r = i / H4;", "    let d4 = i % H4;", "    var v = vec4<f32>();",
+         "    if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + d4] * qscale; }",
+         "    qs[r * RS + d4] = v;", "}", "",
+         "var m = vec4<f32>(MASKED);", "var l = vec4<f32>();"]
+    L += _zero_vars("o")
+    L += ["let kv_end = min(p.seq, q0 + BQ);",
+          "let tiles = (kv_end + BKV - 1u) / BKV;"]
+    L += _pf_decls(("pk", "pv"))
+    L += _pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, 0u")
+    if db:
+        L += _pf_stash(("pk", "pv"), "0u")
+    else:   # v of tile 0 waits in pv until tile 0 stores it (see below)
+        L += _pf_stash(("pk",), "0u", fn="stash_k")
+    L += ["workgroupBarrier();   // qs and the first key tile are staged",
+          "for (var it = 0u; it < tiles; it++) {",
+          "    let kv0 = it * BKV;",
+          f"    let stage = {'it % 2u' if db else '0u'};",
+          "    let kb = stage * BKV * RS;",
+          "    let vb = stage * BKV * H4;",
+          "    let more = it + 1u < tiles;",
+          "    if (more) {   // the next tile's loads land while the math below runs"]
+    if db:
+        L += _indent(_pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, kv0 + BKV"), 2)
+    else:
+        L += _indent(_pf_fetch(("pk",), ("load_k",), "b, hk, kv0 + BKV"), 2)
+    L += ["    }", ""]
+    inner = ["// s<i><j>: row tq + TQ*i, key tk + TK*j"]
+    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    inner += [f"    let qr{i} = qs[({_off('tq', 'TQ', i)}) * RS + d4];" for i in range(4)]
+    inner += [f"    let kc{j} = ks[kb + ({_off('tk', 'TK', j)}) * RS + d4];" for j in range(4)]
+    inner += [f"    s{i}{j} += dot(qr{i}, kc{j});" for i, j in IJ]
+    inner += ["}",
+              "if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask"]
+    inner += [f"    let key{j} = {_off('kv0 + tk', 'TK', j)};" for j in range(4)]
+    inner += [f"    let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
+    inner += [f"    if (key{j} > row{i} || key{j} >= p.seq) {{ s{i}{j} = MASKED; }}"
+              for i, j in IJ]
+    inner += ["}",
+              "red_max[tk * TQ + tq] = vec4<f32>("
+              + ", ".join(f"max(max(s{i}0, s{i}1), max(s{i}2, s{i}3))" for i in range(4)) + ");",
+              "workgroupBarrier();",
+              "var m_new = m;",
+              "for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }"]
+    for j in range(4):
+        inner += [f"let p{j} = exp2(vec4<f32>(s0{j}, s1{j}, s2{j}, s3{j}) - m_new);",
+                  f"ps[({_off('tk', 'TK', j)}) * TQ + tq] = p{j};"]
+    inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;"]
+    if db:
+        # Every reader of the other stage (the previous tile's scores and p v) passed the
+        # barrier above; the barrier below publishes the store before the next tile's scores.
+        inner += ["if (more) {   // the other stage's last readers are past the barrier above"]
+        inner += _indent(_pf_stash(("pk", "pv"), "1u - stage"))
+        inner += ["}"]
+    else:
+        # One stage: ks was last read by this tile's scores, vs by the previous tile's p v,
+        # both before the barrier above; the barrier below publishes this tile's v (held in
+        # pv since the previous tile) and the next tile's k.
+        inner += ["// the readers of ks (these scores) and vs (the previous p v) are past the",
+                  "// barrier above: store this tile's v and the next tile's k"]
+        inner += _pf_stash(("pv",), "0u", fn="stash_v")
+        inner += ["if (more) {"] + _indent(_pf_stash(("pk",), "0u", fn="stash_k")) + ["}"]
+    inner += ["workgroupBarrier();"]
+    if not db:
+        inner += ["if (more) {   // the next tile's v lands during p v and the next scores"]
+        inner += _indent(_pf_fetch(("pv",), ("load_v",), "b, hk, kv0 + BKV"))
+        inner += ["}"]
+    inner += ["var tile_sum = vec4<f32>();",
+              "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
+              "let alpha = exp2(m - m_new);",
+              "l = l * alpha + tile_sum;",
+              "m = m_new;"]
+    inner += [f"o{i}{j} *= alpha.{COMP[i]};" for i, j in IJ]
+    inner += ["for (var n = 0u; n < BKV; n++) {", "    let pn = ps[n * TQ + tq];"]
+    for j in range(MAX_DV):
+        col = [f"let vc{j} = vs[vb + n * H4 + {_off('tk', 'TK', j)}];"]
+        col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
+        inner += _indent(_dv_guard(j, col))
+    inner += ["}"]
+    L += _indent(inner) + ["}"]   # (both store mid-tile: two barriers per tile, not four)
+    for i in range(4):
+        blk = [f"let inv = 1.0 / l.{COMP[i]};", f"let base = o_row(b, qi, h);"]
+        for j in range(MAX_DV):
+            blk += _dv_guard(j, [f"o_out[base + {_off('tk', 'TK', j)}] = o{i}{j} * inv;"])
+        blk += [f"if (tk == 0u) {{ lse_out[stat_index(b, h, qi)] = "
+                f"(m.{COMP[i]} + log2(l.{COMP[i]})) * LN2; }}"]
+        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {"]
+        L += _indent(blk, 2) + ["    }", "}"]
+    st = "2u * " if db else ""
+    return (f"""\
+// --- KERNEL: {name} ---
+// attention_forward_reg with {STAGED_NOTE[db] if db else FORWARD_PF_NOTE}.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, {st}BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, {st}BKV * H4>;
+var<workgroup> ps: array<vec4<f32>, BKV * TQ>;      // [key][tq] -> the 4 rows of tq
+var<workgroup> red_max: array<vec4<f32>, TK * TQ>;  // [tk][tq] partial row maxima
+var<workgroup> red_sum: array<vec4<f32>, TK * TQ>;
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {{
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) {{ return kv_row(b, kv0 + n, hk) + i % H4; }}
+    return NONE;
+}}
+fn load_k(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return k_in[g]; }}
+fn load_v(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return v_in[g]; }}
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {{
+    let i = lid + t * WG;
+    if (i < BKV * H4) {{ ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }}
+}}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {{
+    let i = lid + t * WG;
+    if (i < BKV * H4) {{ vs[stage * BKV * H4 + i] = vv; }}
+}}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
+
+
+def _attention_dq_staged(db: bool) -> str:
+    sfx = "db" if db else "pf"
+    name = f"attention_backward_dq_reg_{sfx}"
+    L = ["let tk = lid % TK;", "let tq = lid / TK;",
+         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
+         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+         "let qscale = p.scale * LOG2E;", "",
+         "for (var i = lid; i < BQ * H4; i += WG) {",
+         "    let r = i / H4;", "    let d4 = i % H4;",
+         "    var qv = vec4<f32>();", "    var dov = vec4<f32>();",
+         "    if (q0 + r < p.seq) {",
+         "        qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;",
+         "        dov = do_in[o_row(b, q0 + r, h) + d4];", "    }",
+         "    qs[r * RS + d4] = qv;", "    dos[r * RS + d4] = dov;", "}",
+         "var lse2 = vec4<f32>();", "var dvec = vec4<f32>();"]
+    for i in range(4):
+        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {",
+              f"        lse2.{COMP[i]} = lse_in[stat_index(b, h, qi)] * LOG2E;",
+              f"        dvec.{COMP[i]} = dvec_in[stat_index(b, h, qi)];", "    }", "}"]
+    L += _zero_vars("a")
+    L += ["let kv_end = min(p.seq, q0 + BQ);",
+          "let tiles = (kv_end + BKV - 1u) / BKV;"]
+    L += _pf_decls(("pk", "pv"))
+    L += _pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, 0u")
+    L += _pf_stash(("pk", "pv"), "0u")
+    L += ["workgroupBarrier();   // qs, dos and the first key tile are staged",
+          "for (var it = 0u; it < tiles; it++) {",
+          "    let kv0 = it * BKV;",
+          f"    let kb = {'(it % 2u)' if db else '0u'} * BKV * RS;",
+          "    let more = it + 1u < tiles;",
+          "    if (more) {   // the next tile's loads land while the math below runs"]
+    L += _indent(_pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, kv0 + BKV"), 2)
+    L += ["    }", ""]
+    inner = ["// s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j"]
+    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
+    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    for i in range(4):
+        r = f"({_off('tq', 'TQ', i)}) * RS + d4"
+        inner += [f"    let qr{i} = qs[{r}];", f"    let dr{i} = dos[{r}];"]
+    for j in range(4):
+        r = f"({_off('tk', 'TK', j)}) * RS + d4"
+        inner += [f"    let kc{j} = ks[kb + {r}];", f"    let vc{j} = vs[{r}];"]
+    for i, j in IJ:
+        inner += [f"    s{i}{j} += dot(qr{i}, kc{j});", f"    dp{i}{j} += dot(dr{i}, vc{j});"]
+    inner += ["}", "let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;"]
+    inner += [f"let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
+    for j in range(4):
+        inner += ["{", f"    let key = {_off('kv0 + tk', 'TK', j)};", "    var ds = vec4<f32>();"]
+        for i in range(4):
+            c = COMP[i]
+            inner += [f"    if (!masking || (key <= row{i} && key < p.seq && row{i} < p.seq)) {{",
+                      f"        ds.{c} = exp2(s{i}{j} - lse2.{c}) * (dp{i}{j} - dvec.{c});",
+                      "    }"]
+        inner += [f"    dss[({_off('tk', 'TK', j)}) * TQ + tq] = ds;", "}"]
+    inner += ["workgroupBarrier();",
+              "for (var n = 0u; n < BKV; n++) {", "    let dn = dss[n * TQ + tq];"]
+    for j in range(MAX_DV):
+        col = [f"let kc{j} = ks[kb + n * RS + {_off('tk', 'TK', j)}];"]
+        col += [f"a{i}{j} = fma(vec4<f32>(dn.{COMP[i]}), kc{j}, a{i}{j});" for i in range(4)]
+        inner += _indent(_dv_guard(j, col))
+    inner += ["}"]
+    inner += _staged_tail(db, ("pk", "pv"), "1u - (it % 2u)" if db else "0u",
+                          "ks/vs of that stage were last read before this tile's first barrier"
+                          if db else "nobody reads ks/vs until the barrier below")
+    L += _indent(inner) + ["}"]
+    for i in range(4):
+        blk = ["let base = q_row(b, qi, h);"]
+        for j in range(MAX_DV):
+            blk += _dv_guard(j, [f"dq_out[base + {_off('tk', 'TK', j)}] = a{i}{j} * p.scale;"])
+        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {"]
+        L += _indent(blk, 2) + ["    }", "}"]
+    st = "2u * " if db else ""
+    return (f"""\
+// --- KERNEL: {name} ---
+// attention_backward_dq_reg with {STAGED_NOTE[db]}.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(7) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, {st}BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
+var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {{
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) {{ return kv_row(b, kv0 + n, hk) + i % H4; }}
+    return NONE;
+}}
+fn load_k(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return k_in[g]; }}
+fn load_v(g: u32) -> vec4<f32> {{ if (g == NONE) {{ return vec4<f32>(); }} return v_in[g]; }}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {{
+    let i = lid + t * WG;
+    if (i >= BKV * H4) {{ return; }}
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
+
+
+def _attention_dkv_staged(db: bool) -> str:
+    sfx = "db" if db else "pf"
+    name = f"attention_backward_dkv_reg_{sfx}"
+
+    def fetch(origin):
+        out = [f"if (PL > {t}u) {{ pq{t} = fetch_q({t}u, lid, {origin}); "
+               f"pd{t} = fetch_do({t}u, lid, {origin}); }}" for t in range(MAX_PF)]
+        out += [f"if (SL > {t}u) {{ sl{t} = fetch_lse({t}u, lid, {origin}); "
+                f"sd{t} = fetch_dvec({t}u, lid, {origin}); }}" for t in range(MAX_SL)]
+        return out
+
+    def stash(stage):
+        return (_pf_stash(("pq", "pd"), stage)
+                + _pf_stash(("sl", "sd"), stage, "SL", "stash_stats", MAX_SL))
+
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
+         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
+         "let group = p.heads / p.kv_heads;", "",
+         "for (var i = lid; i < BKV * H4; i += WG) {",
+         "    let n = i / H4;", "    let d4 = i % H4;",
+         "    var kv = vec4<f32>();", "    var vv = vec4<f32>();",
+         "    if (k0 + n < p.seq) {",
+         "        let g = kv_row(b, k0 + n, hk) + d4;",
+         "        kv = k_in[g];", "        vv = v_in[g];", "    }",
+         "    ks[n * RS + d4] = kv;", "    vs[n * RS + d4] = vv;", "}"]
+    L += _zero_vars("dk") + _zero_vars("dv")
+    L += [f"let key{i} = {_off('k0 + tk', 'TK', i)};" for i in range(4)]
+    L += ["let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys",
+          "let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head",
+          "let total = group * nq;           // (head, query tile) steps, head-major"]
+    L += _pf_decls(("pq", "pd")) + _pf_decls(("sl", "sd"), "0.0", MAX_SL)
+    L += fetch("b, hk * group, q_first") + stash("0u")
+    L += ["workgroupBarrier();   // ks, vs and the first query tile are staged",
+          "for (var it = 0u; it < total; it++) {",
+          "    let q0 = q_first + (it % nq) * BQ;",
+          f"    let stage = {'it % 2u' if db else '0u'};",
+          "    let qb = stage * BQ * RS;",
+          "    let sb = stage * 2u * BQ;",
+          "    let more = it + 1u < total;",
+          "    if (more) {   // the next tile's loads land while the math below runs",
+          "        let hn = hk * group + (it + 1u) / nq;",
+          "        let qn = q_first + ((it + 1u) % nq) * BQ;"]
+    L += _indent(fetch("b, hn, qn"), 2)
+    L += ["    }", ""]
+    inner = ["// s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j"]
+    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
+    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    for i in range(4):
+        r = f"({_off('tk', 'TK', i)}) * RS + d4"
+        inner += [f"    let kr{i} = ks[{r}];", f"    let vr{i} = vs[{r}];"]
+    for j in range(4):
+        r = f"qb + ({_off('tq', 'TQ', j)}) * RS + d4"
+        inner += [f"    let qc{j} = qs[{r}];", f"    let dc{j} = dos[{r}];"]
+    for i, j in IJ:
+        inner += [f"    s{i}{j} += dot(kr{i}, qc{j});", f"    dp{i}{j} += dot(vr{i}, dc{j});"]
+    inner += ["}", "let masking = q0 < k0 + BKV || q0 + BQ > p.seq;"]
+    for j in range(4):
+        inner += ["{", f"    let qj = {_off('q0 + tq', 'TQ', j)};",
+                  f"    let lse2 = stats[sb + {_off('tq', 'TQ', j)}];",
+                  f"    let dvq = stats[sb + BQ + {_off('tq', 'TQ', j)}];",
+                  "    var pt = vec4<f32>();", "    var dst = vec4<f32>();"]
+        for i in range(4):
+            c = COMP[i]
+            inner += [f"    if (!masking || (key{i} <= qj && qj < p.seq && key{i} < p.seq)) {{",
+                      f"        pt.{c} = exp2(fma(s{i}{j}, LOG2E, -lse2));",
+                      f"        dst.{c} = pt.{c} * (dp{i}{j} - dvq);", "    }"]
+        inner += [f"    pts[({_off('tq', 'TQ', j)}) * TK + tk] = pt;",
+                  f"    dsts[({_off('tq', 'TQ', j)}) * TK + tk] = dst;", "}"]
+    inner += ["workgroupBarrier();",
+              "for (var n = 0u; n < BQ; n++) {",
+              "    let pn = pts[n * TK + tk];", "    let dn = dsts[n * TK + tk];"]
+    for j in range(MAX_DV):
+        col = [f"let dc{j} = dos[qb + n * RS + {_off('tq', 'TQ', j)}];",
+               f"let qc{j} = qs[qb + n * RS + {_off('tq', 'TQ', j)}];"
+               "   // pre-scaled: dk = scale ds q"]
+        for i in range(4):
+            c = COMP[i]
+            col += [f"dv{i}{j} = fma(vec4<f32>(pn.{c}), dc{j}, dv{i}{j});",
+                    f"dk{i}{j} = fma(vec4<f32>(dn.{c}), qc{j}, dk{i}{j});"]
+        inner += _indent(_dv_guard(j, col))
+    inner += ["}"]
+    if not db:
+        inner.append("workgroupBarrier();   // pf: every read of the single stage is done")
+    inner += ["if (more) {   // " + ("qs/dos/stats of that stage were last read before this "
+                                     "tile's first barrier" if db else
+                                     "nobody reads qs/dos/stats until the barrier below")]
+    inner += _indent(stash("1u - stage" if db else "0u"))
+    inner += ["}", "workgroupBarrier();"]
+    L += _indent(inner) + ["}"]
+    for i in range(4):
+        blk = [f"let base = kv_row(b, key{i}, hk);"]
+        for j in range(MAX_DV):
+            blk += _dv_guard(j, [f"dk_out[base + {_off('tq', 'TQ', j)}] = dk{i}{j};",
+                                 f"dv_out[base + {_off('tq', 'TQ', j)}] = dv{i}{j};"])
+        L += [f"if (key{i} < p.seq) {{"] + _indent(blk) + ["}"]
+    st = "2u * " if db else ""
+    return (f"""\
+// --- KERNEL: {name} ---
+// attention_backward_dkv_reg with {STAGED_NOTE[db]}.
+// The (query head, query tile) loop is flattened into one step index, so the prefetch
+// crosses head boundaries too.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
+@group(0) @binding(8) var<uniform> p: Params;
+
+override DV: u32 = HD / BQ;                         // output vec4s per row and invocation
+override PL: u32 = (BQ * H4 + WG - 1u) / WG;        // prefetch registers in use per operand
+override SL: u32 = (BQ + WG - 1u) / WG;             // ... per statistic (lse, dvec)
+var<workgroup> ks: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;
+var<workgroup> qs: array<vec4<f32>, {st}BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, {st}BQ * RS>;
+var<workgroup> pts: array<vec4<f32>, BQ * TK>;      // p^T in the [query][tk] block order
+var<workgroup> dsts: array<vec4<f32>, BQ * TK>;     // ds^T
+var<workgroup> stats: array<f32, {st}2u * BQ>;   // per stage: lse * log2(e), dvec
+
+// Prefetch slot t of the query tile at q0 of head hq (zero past the sequence).
+fn fetch_q(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {{
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) {{ return q_in[q_row(b, q0 + r, hq) + i % H4] * p.scale; }}
+    return vec4<f32>();
+}}
+fn fetch_do(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {{
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) {{ return do_in[o_row(b, q0 + r, hq) + i % H4]; }}
+    return vec4<f32>();
+}}
+fn fetch_lse(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {{
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) {{ return lse_in[stat_index(b, hq, q0 + i)] * LOG2E; }}
+    return 0.0;
+}}
+fn fetch_dvec(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {{
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) {{ return dvec_in[stat_index(b, hq, q0 + i)]; }}
+    return 0.0;
+}}
+fn stash(t: u32, lid: u32, stage: u32, qv: vec4<f32>, dov: vec4<f32>) {{
+    let i = lid + t * WG;
+    if (i >= BQ * H4) {{ return; }}
+    let j = stage * BQ * RS + (i / H4) * RS + i % H4;
+    qs[j] = qv;
+    dos[j] = dov;
+}}
+fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {{
+    let i = lid + t * WG;
+    if (i >= BQ) {{ return; }}
+    stats[stage * 2u * BQ + i] = lse2;
+    stats[stage * 2u * BQ + BQ + i] = dvv;
+}}
+
+@compute @workgroup_size(WG)
+fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
+{{pad}}@builtin(num_workgroups) nwg: vec3<u32>,
+{{pad}}@builtin(local_invocation_index) lid: u32) {{
+""".replace("{pad}", " " * (len(name) + 4)) + "\n".join(_indent(L)) + "\n}\n\n")
+
+
 def attention() -> str:
     text = ATTENTION_HEADER + _attention_forward() + _attention_dq() + _attention_dkv()
+    for db in (False, True):
+        text += (_attention_forward_staged(db) + _attention_dq_staged(db)
+                 + _attention_dkv_staged(db))
     return text.rstrip() + "\n"
 
 

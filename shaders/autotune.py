@@ -260,8 +260,10 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
 def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int, *,
                    budget_s: float | None = None, rng=None) -> dict:
     """Time every tile shape of the tiled attention kernel `kernel` (forward, dq, dkv) at
-    this shape; the cache entry of the winner. dq and dkv are timed inside the whole
-    backward (prep + dq + dkv) with the other kernel at its default tiles."""
+    this shape, in the reg implementation and the staged ones that fit ("-pf", "-db"; see
+    ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed
+    inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
+    tuned) config."""
     import numpy as np
     from .ops import attention
     rng = rng or np.random.default_rng(0)
@@ -276,8 +278,8 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
         attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D)
     defaults = {}
     for name in ("forward", "dq", "dkv"):
-        with_tiles = attention.choose_tiled(device, name, T, D)
-        defaults[name] = "%dx%d" % with_tiles if with_tiles else None
+        chosen = attention.choose_config(device, name, T, D)
+        defaults[name] = attention.format_config(*chosen) if chosen else None
 
     def encode_for(text):
         if kernel == "forward":
@@ -288,7 +290,7 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
         return lambda rec: attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H,
                                               Hkv, D, **pins)
 
-    candidates = ["%dx%d" % t for t in attention.candidate_tiles(device, kernel, D)]
+    candidates = attention.candidate_configs(device, kernel, D)   # reg, then -pf / -db
     if defaults[kernel] in candidates:   # the default is always timed
         candidates.remove(defaults[kernel])
         candidates.insert(0, defaults[kernel])

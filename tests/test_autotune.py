@@ -96,8 +96,10 @@ def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
     entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
     assert entry["config"] in entry["candidates"]
     autotune.save(device, {"attention/forward/32x16": entry})
-    rows, cols = attention.choose_tiled(device, "forward", 32, 16)
-    assert "%dx%d" % (rows, cols) == entry["config"]
+    rows, cols, impl = attention.choose_config(device, "forward", 32, 16)
+    assert attention.format_config(rows, cols, impl) == entry["config"]
+    assert any(c.endswith("-pf") for c in entry["candidates"])   # staged variants are timed
+    assert any(c.endswith("-db") for c in entry["candidates"])
 
 
 def test_tuner_offers_dot_kernels_for_f16_math_and_the_cache_keeps_them(device, cache_dir,

@@ -116,3 +116,10 @@ def test_bad_tiled_configs_are_refused(device):
         with pytest.raises(ValueError, match="workgroup memory"):
             attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
                                64, config_dq="128x64")
+        with pytest.raises(ValueError, match="ROWSxCOLS"):   # unknown implementation
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 16, config="16x8-fast")
+        with pytest.raises(ValueError, match="workgroup memory"):   # the second stage
+            attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
+                               64, config_dq="64x16-db")
+        with pytest.raises(ValueError, match="prefetch registers"):
+            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 64, config="8x32-pf")

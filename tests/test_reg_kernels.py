@@ -231,3 +231,87 @@ def test_dot_kernels_agree_with_float64_and_the_splat_kernel(device, labels):
         assert err < 2e-3 * np.abs(want).max(), (cfg, err)
     np.testing.assert_allclose(got["32x32x8-4x4-s2-dot"], got["32x32x16-4x4-s1"],
                                atol=4e-3 * np.abs(want).max())
+
+
+def _attention_run(device, inputs, dims, pins, strides=None):
+    B, T, H, Hkv, D = dims
+    qb, kb, vb, dob = inputs
+    width = (strides or {}).get("q_stride")
+    o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
+    # with fused strides dq/dk/dv have the token stride of the fused buffer too
+    dq, dk, dv = (device.upload(np.zeros((B, T, width or heads * D), np.float32))
+                  for heads in (H, Hkv, Hkv))
+    with device.record() as rec:
+        attention.forward(rec, qb, kb, vb, o, lse, B, T, H, Hkv, D, config=pins[0],
+                          **(strides or {}))
+        attention.backward(rec, qb, kb, vb, o, dob, lse, dq, dk, dv, B, T, H, Hkv, D,
+                           config_dq=pins[1], config_dkv=pins[2], **(strides or {}))
+    return [device.download(x) for x in (o, lse, dq, dk, dv)]
+
+
+# (tiles of forward, dq, dkv; head dim): D 32 with 8x8 tiles uses all 16 prefetch registers
+# per operand (and two statistics registers in dK/dV), 8x4 at D 16 four output vec4s per row
+@pytest.mark.parametrize("tiles,D", [(("16x8", "8x8", "16x8"), 16), (("8x4", "8x4", "8x4"), 16),
+                                     (("16x16", "16x16", "16x16"), 16),
+                                     (("8x8", "8x8", "8x8"), 32)])
+def test_staged_attention_kernels_equal_the_reg_kernels(device, labels, tiles, D):
+    # pf / db change where the next tile waits, not the arithmetic: the same sums in the
+    # same order, so the outputs are bit-identical to the reg kernels' (odd T, GQA 3,
+    # fused-qkv strides, several query heads per kv head crossing tile boundaries).
+    rng = np.random.default_rng(7)
+    B, T, H, Hkv = 2, 45, 6, 2
+    width = (H + 2 * Hkv) * D
+    qkv = rng.standard_normal((B, T, width)).astype(np.float32)
+    do = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    flat = device.upload(qkv.reshape(-1))
+    n = qkv.size
+    views = (flat.elements(0, n), flat.elements(H * D, n - H * D),
+             flat.elements((H + Hkv) * D, n - (H + Hkv) * D), device.upload(do))
+    strides = {"q_stride": width, "kv_stride": width}
+    got = {}
+    for impl in ("reg", "pf", "db"):
+        labels.clear()
+        got[impl] = _attention_run(device, views, (B, T, H, Hkv, D),
+                                   [t + "-" + impl for t in tiles], strides)
+        fast = [name for name in labels if name != "attention_backward_prep"]
+        suffix = "" if impl == "reg" else "_" + impl
+        assert fast == [f"attention_forward_reg{suffix}", f"attention_backward_dq_reg{suffix}",
+                        f"attention_backward_dkv_reg{suffix}"]
+    for impl in ("pf", "db"):
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got["reg"], got[impl]):
+            assert np.array_equal(a, b), (impl, name, float(np.abs(a - b).max()))
+
+
+def test_staged_attention_configs_parse_fit_and_are_tuner_candidates(monkeypatch):
+    import types
+    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
+    h200 = types.SimpleNamespace(limits={"max-compute-workgroup-storage-size": 49152,
+                                         "max-compute-invocations-per-workgroup": 1024})
+    assert attention.parse_config("64x32-db") == (64, 32, "db")
+    assert attention.parse_config("64x32") == (64, 32, None)
+    assert attention.tiled_kernel("dq", "64x16-pf") == (attention.FILE_REG,
+                                                        "attention_backward_dq_reg_pf")
+    with pytest.raises(ValueError, match="ROWSxCOLS"):
+        attention.parse_config("64x32-fast")
+    for kernel in ("forward", "dq", "dkv"):
+        cands = attention.candidate_configs(h200, kernel, 64)
+        assert any(c.endswith("-pf") for c in cands) and any(c.endswith("-db") for c in cands)
+        for c in cands:
+            rows, cols, impl = attention.parse_config(c)
+            impl = impl or "reg"
+            assert not attention.tiled_problems(h200, kernel, rows, cols, 64, impl)
+            assert attention.tiled_bytes(kernel, rows, cols, 64, impl) <= 49152 - 1024
+            # the second stage costs memory: db never fits where reg does not
+            assert attention.tiled_bytes(kernel, rows, cols, 64, "db") >= \
+                attention.tiled_bytes(kernel, rows, cols, 64)
+        # the tuned H200 tiles have pf variants (same memory); their db variants do not fit
+        tuned = {"forward": "64x32", "dq": "64x16", "dkv": "32x32"}[kernel]
+        assert tuned + "-pf" in cands and tuned + "-db" not in cands
+        with pytest.raises(ValueError, match="workgroup memory"):
+            attention.choose_config(h200, kernel, 1024, 64, tuned + "-db")
+    # a tuned entry naming a staged variant selects it (an unfitting one is skipped)
+    from shaders import autotune
+    monkeypatch.setattr(autotune, "lookup", lambda *a, **k: "32x16-db")
+    assert attention.choose_config(h200, "forward", 1024, 64) == (32, 16, "db")
+    monkeypatch.setattr(autotune, "lookup", lambda *a, **k: "64x32-db")
+    assert attention.choose_config(h200, "forward", 1024, 64)[2] == "reg"

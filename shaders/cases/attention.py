@@ -13,7 +13,10 @@ the *_tiled cases the private-array loop kernels (05_attention_tiled.wgsl, "-loo
 with the op's default tiles on variants whose D is a multiple of 4; the *_small cases pin
 small tiles (many tiles per sequence, query and key tiles of different sizes) so that every
 masking branch runs on small sequences, and *_reg_wide pins tiles whose output blocks are
-D/4 vec4 columns wide (every DV branch of the reg kernels).
+D/4 vec4 columns wide (every DV branch of the reg kernels). The *_pf and *_db cases pin the
+staged variants of the reg kernels ("-pf": register prefetch of the next tile; "-db": the
+same with two workgroup stages) at default, small and wide tiles (the wide dK/dV tiles have
+2 invocations for 4 queries: two statistics prefetch registers per invocation).
 """
 
 from __future__ import annotations
@@ -133,15 +136,21 @@ def _qkv(dev, inp):
 
 
 def tiled_configs(dev, inp, pinned=None, impl="loop"):
-    """{forward, dq, dkv} configs of the fast path in implementation `impl` ("reg" or
-    "loop"): `pinned` tiles, else the op's defaults."""
-    suffix = "-loop" if impl == "loop" else "-reg"
+    """{forward, dq, dkv} configs of the fast path in implementation `impl` ("reg", "loop",
+    "pf" or "db"): `pinned` tiles, else the op's defaults (for "db", the first default tile
+    shape whose two stages fit the device)."""
+    suffix = "-" + impl
     if pinned is not None:
         return {k: v + suffix for k, v in pinned.items()}
     T, D = inp["T"], inp["D"]
     out = {}
     for kernel in ("forward", "dq", "dkv"):
-        tiles = attention.choose_tiled(dev, kernel, T, D)
+        if impl in attention.STAGED:
+            fits = [t for t in attention.TILED_DEFAULTS[kernel]
+                    if not attention.tiled_problems(dev, kernel, *t, D, impl)]
+            tiles = fits[0] if fits else None
+        else:
+            tiles = attention.choose_tiled(dev, kernel, T, D)
         if tiles is None:
             raise ValueError(f"no tiled {kernel} kernel fits head dim {D} on {dev.name}")
         out[kernel] = "%dx%d" % tiles + suffix
@@ -363,3 +372,71 @@ register(KernelCase(
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="named-register attention, 4-column tiles: 4 output vec4s per row"))
+
+
+# ---- the staged reg kernels ("-pf", "-db" configs), pinned ---------------------------------
+
+def _staged_kernels(impl, D, rows=16, cols=16):
+    return [(attention.FILE_REG, attention.impl_kernel(k, impl)[1],
+             attention.tiled_constants(k, rows, cols, D)) for k in ("forward", "dq", "dkv")]
+
+
+def _register_staged(impl):
+    what = {"pf": "register-prefetched", "db": "register-prefetched two-stage"}[impl]
+    register(KernelCase(
+        name=f"attention_forward_{impl}", family="attention", precision="f32",
+        kernels=_staged_kernels(impl, 16)[:1],
+        inputs=make_inputs,
+        launch=lambda dev, inp: forward_launch(dev, inp, None,
+                                               tiled_configs(dev, inp, None, impl)),
+        reference=forward_reference, variants=VARIANTS_TILED,
+        bench_variant_software="bench_small",
+        flops=lambda inp: 2.0 * _units(inp),
+        bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
+                           + 4.0 * inp["B"] * inp["H"] * inp["T"]),
+        description=f"{what} forward (-{impl}): next key tile loaded during this tile's math"))
+
+    register(KernelCase(
+        name=f"attention_backward_{impl}", family="attention", precision="f32",
+        kernels=_staged_kernels(impl, 16),
+        inputs=make_inputs,
+        launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                                tiled_configs(dev, inp, None, impl)),
+        reference=backward_reference, variants=VARIANTS_TILED,
+        bench_variant_software="bench_small",
+        grad=lambda dev, rng: backward_grad(dev, rng, tiled=True, impl=impl),
+        flops=lambda inp: 9.0 * _units(inp),
+        bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+        description=f"{what} forward + prep + dQ + dK/dV (-{impl}, timed together)"))
+
+    register(KernelCase(
+        name=f"attention_backward_{impl}_small", family="attention", precision="f32",
+        kernels=_staged_kernels(impl, 16, 8, 8),
+        inputs=make_inputs,
+        launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                                tiled_configs(dev, inp, SMALL_CONFIGS, impl)),
+        reference=backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
+        bench_variant_software="bench_small_d32",
+        grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True,
+                                            impl=impl),
+        flops=lambda inp: 9.0 * _units(inp),
+        bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+        description=f"{what} attention (-{impl}) with 16x8 / 8x8 tiles (many tiles)"))
+
+    register(KernelCase(
+        name=f"attention_backward_{impl}_wide", family="attention", precision="f32",
+        kernels=_staged_kernels(impl, 16, 8, 4),
+        inputs=make_inputs,
+        launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                                tiled_configs(dev, inp, WIDE_CONFIGS, impl)),
+        reference=backward_reference, variants=("random", "peaked", "mha"),
+        bench_variant="long", bench_variant_software="long",
+        grad=lambda dev, rng: backward_grad(dev, rng, pinned=WIDE_CONFIGS, tiled=True,
+                                            impl=impl),
+        flops=lambda inp: 9.0 * _units(inp),
+        bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+        description=f"{what} attention (-{impl}), 4-column tiles: 4 output vec4s per row"))
+
+
+for _impl in attention.STAGED:
+    _register_staged(_impl)

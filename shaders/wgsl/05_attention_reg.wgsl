@@ -13,6 +13,26 @@
 //   attention_backward_dkv_reg  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                               the H/Hkv query heads sharing the kv head (no atomics)
 //
+// Staged variants of each (entry points attention_forward_reg_pf, attention_backward_dq_reg_pf,
+// attention_backward_dkv_reg_pf and the same with _db; configs "ROWSxCOLS-pf" / "-db"): the
+// same tiling, sums and summation order (bit-identical results), but the per-tile operands
+// (forward and dq: the key tile's k and v; dkv: the query tile's q, do, lse, dvec) of the NEXT
+// tile are loaded from global memory into named prefetch registers (pk0.., pv0.., pq0..,
+// pd0.., sl0.., sd0..; PL <= 16 / SL <= 4 of them live, selected by constant branches) before this
+// tile's math and written to workgroup memory after it, so the load latency hides behind the
+// math instead of stalling every tile.
+//   *_reg_pf   one stage, same workgroup memory: dq and dkv store after a barrier that ends
+//              the math (as many barriers as the reg kernel); the forward stores k and v
+//              between its two softmax barriers (2 per tile instead of 4; see its section)
+//   *_reg_db   two stages (tile it uses stage it % 2; dq: of ks only, vs is read by the
+//              scores alone and keeps one stage): the store goes to the other stage with
+//              no extra barrier (dq, dkv: 2 barriers per tile instead of 3; the forward stores
+//              between its two softmax barriers, whose first one every reader of the other
+//              stage has passed: 2 instead of 4); the staged operands take twice the
+//              workgroup memory (the op's tiled_bytes counts it)
+// dkv flattens its (query head, query tile) loops into one step index so that the prefetch
+// also crosses query heads.
+//
 // Layouts: those of 05_attention.wgsl, read and written as vec4 (D and the token strides
 // multiples of 4, views 16-byte aligned; the op checks and falls back otherwise).
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
@@ -1044,6 +1064,2920 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
                 }
             }
         }
+    }
+    if (key0 < p.seq) {
+        let base = kv_row(b, key0, hk);
+        dk_out[base + tq] = dk00;
+        dv_out[base + tq] = dv00;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk01;
+            dv_out[base + tq + TQ] = dv01;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk02;
+            dv_out[base + tq + 2u * TQ] = dv02;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk03;
+            dv_out[base + tq + 3u * TQ] = dv03;
+        }
+    }
+    if (key1 < p.seq) {
+        let base = kv_row(b, key1, hk);
+        dk_out[base + tq] = dk10;
+        dv_out[base + tq] = dv10;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk11;
+            dv_out[base + tq + TQ] = dv11;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk12;
+            dv_out[base + tq + 2u * TQ] = dv12;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk13;
+            dv_out[base + tq + 3u * TQ] = dv13;
+        }
+    }
+    if (key2 < p.seq) {
+        let base = kv_row(b, key2, hk);
+        dk_out[base + tq] = dk20;
+        dv_out[base + tq] = dv20;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk21;
+            dv_out[base + tq + TQ] = dv21;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk22;
+            dv_out[base + tq + 2u * TQ] = dv22;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk23;
+            dv_out[base + tq + 3u * TQ] = dv23;
+        }
+    }
+    if (key3 < p.seq) {
+        let base = kv_row(b, key3, hk);
+        dk_out[base + tq] = dk30;
+        dv_out[base + tq] = dv30;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk31;
+            dv_out[base + tq + TQ] = dv31;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk32;
+            dv_out[base + tq + 2u * TQ] = dv32;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk33;
+            dv_out[base + tq + 3u * TQ] = dv33;
+        }
+    }
+}
+
+// --- KERNEL: attention_forward_reg_pf ---
+// attention_forward_reg with register prefetch (pf) in one stage: k of the next tile is
+// loaded into named registers at the start of a tile and stored between the two softmax
+// barriers (the scores that read ks are done by then); v of a tile is loaded after the
+// previous tile's second barrier and stored between this tile's two barriers (the previous
+// p v that read vs is done by then): two barriers per tile instead of four, no extra memory.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * H4>;
+var<workgroup> ps: array<vec4<f32>, BKV * TQ>;      // [key][tq] -> the 4 rows of tq
+var<workgroup> red_max: array<vec4<f32>, TK * TQ>;  // [tk][tq] partial row maxima
+var<workgroup> red_sum: array<vec4<f32>, TK * TQ>;
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }
+}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { vs[stage * BKV * H4 + i] = vv; }
+}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
+}
+
+@compute @workgroup_size(WG)
+fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let tk = lid % TK;
+    let tq = lid / TK;
+    let q0 = (nwg.x - 1u - wg.x) * BQ;
+    let b = wg.y / p.heads;
+    let h = wg.y % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qscale = p.scale * LOG2E;
+
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let r = i / H4;
+        let d4 = i % H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + d4] * qscale; }
+        qs[r * RS + d4] = v;
+    }
+
+    var m = vec4<f32>(MASKED);
+    var l = vec4<f32>();
+    var o00 = vec4<f32>();
+    var o01 = vec4<f32>();
+    var o02 = vec4<f32>();
+    var o03 = vec4<f32>();
+    var o10 = vec4<f32>();
+    var o11 = vec4<f32>();
+    var o12 = vec4<f32>();
+    var o13 = vec4<f32>();
+    var o20 = vec4<f32>();
+    var o21 = vec4<f32>();
+    var o22 = vec4<f32>();
+    var o23 = vec4<f32>();
+    var o30 = vec4<f32>();
+    var o31 = vec4<f32>();
+    var o32 = vec4<f32>();
+    var o33 = vec4<f32>();
+    let kv_end = min(p.seq, q0 + BQ);
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk0 = vec4<f32>();
+    var pk1 = vec4<f32>();
+    var pk2 = vec4<f32>();
+    var pk3 = vec4<f32>();
+    var pk4 = vec4<f32>();
+    var pk5 = vec4<f32>();
+    var pk6 = vec4<f32>();
+    var pk7 = vec4<f32>();
+    var pk8 = vec4<f32>();
+    var pk9 = vec4<f32>();
+    var pk10 = vec4<f32>();
+    var pk11 = vec4<f32>();
+    var pk12 = vec4<f32>();
+    var pk13 = vec4<f32>();
+    var pk14 = vec4<f32>();
+    var pk15 = vec4<f32>();
+    var pv0 = vec4<f32>();
+    var pv1 = vec4<f32>();
+    var pv2 = vec4<f32>();
+    var pv3 = vec4<f32>();
+    var pv4 = vec4<f32>();
+    var pv5 = vec4<f32>();
+    var pv6 = vec4<f32>();
+    var pv7 = vec4<f32>();
+    var pv8 = vec4<f32>();
+    var pv9 = vec4<f32>();
+    var pv10 = vec4<f32>();
+    var pv11 = vec4<f32>();
+    var pv12 = vec4<f32>();
+    var pv13 = vec4<f32>();
+    var pv14 = vec4<f32>();
+    var pv15 = vec4<f32>();
+    if (PL > 0u) { let g = slot_index(0u, lid, b, hk, 0u); pk0 = load_k(g); pv0 = load_v(g); }
+    if (PL > 1u) { let g = slot_index(1u, lid, b, hk, 0u); pk1 = load_k(g); pv1 = load_v(g); }
+    if (PL > 2u) { let g = slot_index(2u, lid, b, hk, 0u); pk2 = load_k(g); pv2 = load_v(g); }
+    if (PL > 3u) { let g = slot_index(3u, lid, b, hk, 0u); pk3 = load_k(g); pv3 = load_v(g); }
+    if (PL > 4u) { let g = slot_index(4u, lid, b, hk, 0u); pk4 = load_k(g); pv4 = load_v(g); }
+    if (PL > 5u) { let g = slot_index(5u, lid, b, hk, 0u); pk5 = load_k(g); pv5 = load_v(g); }
+    if (PL > 6u) { let g = slot_index(6u, lid, b, hk, 0u); pk6 = load_k(g); pv6 = load_v(g); }
+    if (PL > 7u) { let g = slot_index(7u, lid, b, hk, 0u); pk7 = load_k(g); pv7 = load_v(g); }
+    if (PL > 8u) { let g = slot_index(8u, lid, b, hk, 0u); pk8 = load_k(g); pv8 = load_v(g); }
+    if (PL > 9u) { let g = slot_index(9u, lid, b, hk, 0u); pk9 = load_k(g); pv9 = load_v(g); }
+    if (PL > 10u) { let g = slot_index(10u, lid, b, hk, 0u); pk10 = load_k(g); pv10 = load_v(g); }
+    if (PL > 11u) { let g = slot_index(11u, lid, b, hk, 0u); pk11 = load_k(g); pv11 = load_v(g); }
+    if (PL > 12u) { let g = slot_index(12u, lid, b, hk, 0u); pk12 = load_k(g); pv12 = load_v(g); }
+    if (PL > 13u) { let g = slot_index(13u, lid, b, hk, 0u); pk13 = load_k(g); pv13 = load_v(g); }
+    if (PL > 14u) { let g = slot_index(14u, lid, b, hk, 0u); pk14 = load_k(g); pv14 = load_v(g); }
+    if (PL > 15u) { let g = slot_index(15u, lid, b, hk, 0u); pk15 = load_k(g); pv15 = load_v(g); }
+    if (PL > 0u) { stash_k(0u, lid, 0u, pk0); }
+    if (PL > 1u) { stash_k(1u, lid, 0u, pk1); }
+    if (PL > 2u) { stash_k(2u, lid, 0u, pk2); }
+    if (PL > 3u) { stash_k(3u, lid, 0u, pk3); }
+    if (PL > 4u) { stash_k(4u, lid, 0u, pk4); }
+    if (PL > 5u) { stash_k(5u, lid, 0u, pk5); }
+    if (PL > 6u) { stash_k(6u, lid, 0u, pk6); }
+    if (PL > 7u) { stash_k(7u, lid, 0u, pk7); }
+    if (PL > 8u) { stash_k(8u, lid, 0u, pk8); }
+    if (PL > 9u) { stash_k(9u, lid, 0u, pk9); }
+    if (PL > 10u) { stash_k(10u, lid, 0u, pk10); }
+    if (PL > 11u) { stash_k(11u, lid, 0u, pk11); }
+    if (PL > 12u) { stash_k(12u, lid, 0u, pk12); }
+    if (PL > 13u) { stash_k(13u, lid, 0u, pk13); }
+    if (PL > 14u) { stash_k(14u, lid, 0u, pk14); }
+    if (PL > 15u) { stash_k(15u, lid, 0u, pk15); }
+    workgroupBarrier();   // qs and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let stage = 0u;
+        let kb = stage * BKV * RS;
+        let vb = stage * BKV * H4;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's loads land while the math below runs
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); }
+        }
+
+        // s<i><j>: row tq + TQ*i, key tk + TK*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let qr0 = qs[(tq) * RS + d4];
+            let qr1 = qs[(tq + TQ) * RS + d4];
+            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+            let kc0 = ks[kb + (tk) * RS + d4];
+            let kc1 = ks[kb + (tk + TK) * RS + d4];
+            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+            s00 += dot(qr0, kc0);
+            s01 += dot(qr0, kc1);
+            s02 += dot(qr0, kc2);
+            s03 += dot(qr0, kc3);
+            s10 += dot(qr1, kc0);
+            s11 += dot(qr1, kc1);
+            s12 += dot(qr1, kc2);
+            s13 += dot(qr1, kc3);
+            s20 += dot(qr2, kc0);
+            s21 += dot(qr2, kc1);
+            s22 += dot(qr2, kc2);
+            s23 += dot(qr2, kc3);
+            s30 += dot(qr3, kc0);
+            s31 += dot(qr3, kc1);
+            s32 += dot(qr3, kc2);
+            s33 += dot(qr3, kc3);
+        }
+        if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
+            let key0 = kv0 + tk;
+            let key1 = kv0 + tk + TK;
+            let key2 = kv0 + tk + 2u * TK;
+            let key3 = kv0 + tk + 3u * TK;
+            let row0 = q0 + tq;
+            let row1 = q0 + tq + TQ;
+            let row2 = q0 + tq + 2u * TQ;
+            let row3 = q0 + tq + 3u * TQ;
+            if (key0 > row0 || key0 >= p.seq) { s00 = MASKED; }
+            if (key1 > row0 || key1 >= p.seq) { s01 = MASKED; }
+            if (key2 > row0 || key2 >= p.seq) { s02 = MASKED; }
+            if (key3 > row0 || key3 >= p.seq) { s03 = MASKED; }
+            if (key0 > row1 || key0 >= p.seq) { s10 = MASKED; }
+            if (key1 > row1 || key1 >= p.seq) { s11 = MASKED; }
+            if (key2 > row1 || key2 >= p.seq) { s12 = MASKED; }
+            if (key3 > row1 || key3 >= p.seq) { s13 = MASKED; }
+            if (key0 > row2 || key0 >= p.seq) { s20 = MASKED; }
+            if (key1 > row2 || key1 >= p.seq) { s21 = MASKED; }
+            if (key2 > row2 || key2 >= p.seq) { s22 = MASKED; }
+            if (key3 > row2 || key3 >= p.seq) { s23 = MASKED; }
+            if (key0 > row3 || key0 >= p.seq) { s30 = MASKED; }
+            if (key1 > row3 || key1 >= p.seq) { s31 = MASKED; }
+            if (key2 > row3 || key2 >= p.seq) { s32 = MASKED; }
+            if (key3 > row3 || key3 >= p.seq) { s33 = MASKED; }
+        }
+        red_max[tk * TQ + tq] = vec4<f32>(max(max(s00, s01), max(s02, s03)), max(max(s10, s11), max(s12, s13)), max(max(s20, s21), max(s22, s23)), max(max(s30, s31), max(s32, s33)));
+        workgroupBarrier();
+        var m_new = m;
+        for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }
+        let p0 = exp2(vec4<f32>(s00, s10, s20, s30) - m_new);
+        ps[(tk) * TQ + tq] = p0;
+        let p1 = exp2(vec4<f32>(s01, s11, s21, s31) - m_new);
+        ps[(tk + TK) * TQ + tq] = p1;
+        let p2 = exp2(vec4<f32>(s02, s12, s22, s32) - m_new);
+        ps[(tk + 2u * TK) * TQ + tq] = p2;
+        let p3 = exp2(vec4<f32>(s03, s13, s23, s33) - m_new);
+        ps[(tk + 3u * TK) * TQ + tq] = p3;
+        red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;
+        // the readers of ks (these scores) and vs (the previous p v) are past the
+        // barrier above: store this tile's v and the next tile's k
+        if (PL > 0u) { stash_v(0u, lid, 0u, pv0); }
+        if (PL > 1u) { stash_v(1u, lid, 0u, pv1); }
+        if (PL > 2u) { stash_v(2u, lid, 0u, pv2); }
+        if (PL > 3u) { stash_v(3u, lid, 0u, pv3); }
+        if (PL > 4u) { stash_v(4u, lid, 0u, pv4); }
+        if (PL > 5u) { stash_v(5u, lid, 0u, pv5); }
+        if (PL > 6u) { stash_v(6u, lid, 0u, pv6); }
+        if (PL > 7u) { stash_v(7u, lid, 0u, pv7); }
+        if (PL > 8u) { stash_v(8u, lid, 0u, pv8); }
+        if (PL > 9u) { stash_v(9u, lid, 0u, pv9); }
+        if (PL > 10u) { stash_v(10u, lid, 0u, pv10); }
+        if (PL > 11u) { stash_v(11u, lid, 0u, pv11); }
+        if (PL > 12u) { stash_v(12u, lid, 0u, pv12); }
+        if (PL > 13u) { stash_v(13u, lid, 0u, pv13); }
+        if (PL > 14u) { stash_v(14u, lid, 0u, pv14); }
+        if (PL > 15u) { stash_v(15u, lid, 0u, pv15); }
+        if (more) {
+            if (PL > 0u) { stash_k(0u, lid, 0u, pk0); }
+            if (PL > 1u) { stash_k(1u, lid, 0u, pk1); }
+            if (PL > 2u) { stash_k(2u, lid, 0u, pk2); }
+            if (PL > 3u) { stash_k(3u, lid, 0u, pk3); }
+            if (PL > 4u) { stash_k(4u, lid, 0u, pk4); }
+            if (PL > 5u) { stash_k(5u, lid, 0u, pk5); }
+            if (PL > 6u) { stash_k(6u, lid, 0u, pk6); }
+            if (PL > 7u) { stash_k(7u, lid, 0u, pk7); }
+            if (PL > 8u) { stash_k(8u, lid, 0u, pk8); }
+            if (PL > 9u) { stash_k(9u, lid, 0u, pk9); }
+            if (PL > 10u) { stash_k(10u, lid, 0u, pk10); }
+            if (PL > 11u) { stash_k(11u, lid, 0u, pk11); }
+            if (PL > 12u) { stash_k(12u, lid, 0u, pk12); }
+            if (PL > 13u) { stash_k(13u, lid, 0u, pk13); }
+            if (PL > 14u) { stash_k(14u, lid, 0u, pk14); }
+            if (PL > 15u) { stash_k(15u, lid, 0u, pk15); }
+        }
+        workgroupBarrier();
+        if (more) {   // the next tile's v lands during p v and the next scores
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pv0 = load_v(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pv1 = load_v(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pv2 = load_v(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pv3 = load_v(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pv4 = load_v(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pv5 = load_v(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pv6 = load_v(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pv7 = load_v(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pv8 = load_v(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pv9 = load_v(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pv10 = load_v(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pv11 = load_v(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pv12 = load_v(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pv13 = load_v(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pv14 = load_v(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pv15 = load_v(g); }
+        }
+        var tile_sum = vec4<f32>();
+        for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
+        let alpha = exp2(m - m_new);
+        l = l * alpha + tile_sum;
+        m = m_new;
+        o00 *= alpha.x;
+        o01 *= alpha.x;
+        o02 *= alpha.x;
+        o03 *= alpha.x;
+        o10 *= alpha.y;
+        o11 *= alpha.y;
+        o12 *= alpha.y;
+        o13 *= alpha.y;
+        o20 *= alpha.z;
+        o21 *= alpha.z;
+        o22 *= alpha.z;
+        o23 *= alpha.z;
+        o30 *= alpha.w;
+        o31 *= alpha.w;
+        o32 *= alpha.w;
+        o33 *= alpha.w;
+        for (var n = 0u; n < BKV; n++) {
+            let pn = ps[n * TQ + tq];
+            let vc0 = vs[vb + n * H4 + tk];
+            o00 = fma(vec4<f32>(pn.x), vc0, o00);
+            o10 = fma(vec4<f32>(pn.y), vc0, o10);
+            o20 = fma(vec4<f32>(pn.z), vc0, o20);
+            o30 = fma(vec4<f32>(pn.w), vc0, o30);
+            if (DV > 1u) {
+                let vc1 = vs[vb + n * H4 + tk + TK];
+                o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                o31 = fma(vec4<f32>(pn.w), vc1, o31);
+            }
+            if (DV > 2u) {
+                let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                o32 = fma(vec4<f32>(pn.w), vc2, o32);
+            }
+            if (DV > 3u) {
+                let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                o33 = fma(vec4<f32>(pn.w), vc3, o33);
+            }
+        }
+    }
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.x;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o00 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o01 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o02 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o03 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.x + log2(l.x)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.y;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o10 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o11 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o12 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o13 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.y + log2(l.y)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.z;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o20 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o21 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o22 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o23 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.z + log2(l.z)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.w;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o30 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o31 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o32 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o33 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.w + log2(l.w)) * LN2; }
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dq_reg_pf ---
+// attention_backward_dq_reg with register prefetch (pf): the next tile's global loads are issued into named
+// registers before this tile's math and stored into the single stage after it.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(7) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
+var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BKV * H4) { return; }
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dq_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32) {
+    let tk = lid % TK;
+    let tq = lid / TK;
+    let q0 = (nwg.x - 1u - wg.x) * BQ;
+    let b = wg.y / p.heads;
+    let h = wg.y % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qscale = p.scale * LOG2E;
+
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let r = i / H4;
+        let d4 = i % H4;
+        var qv = vec4<f32>();
+        var dov = vec4<f32>();
+        if (q0 + r < p.seq) {
+            qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;
+            dov = do_in[o_row(b, q0 + r, h) + d4];
+        }
+        qs[r * RS + d4] = qv;
+        dos[r * RS + d4] = dov;
+    }
+    var lse2 = vec4<f32>();
+    var dvec = vec4<f32>();
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            lse2.x = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.x = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            lse2.y = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.y = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            lse2.z = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.z = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            lse2.w = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.w = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    var a00 = vec4<f32>();
+    var a01 = vec4<f32>();
+    var a02 = vec4<f32>();
+    var a03 = vec4<f32>();
+    var a10 = vec4<f32>();
+    var a11 = vec4<f32>();
+    var a12 = vec4<f32>();
+    var a13 = vec4<f32>();
+    var a20 = vec4<f32>();
+    var a21 = vec4<f32>();
+    var a22 = vec4<f32>();
+    var a23 = vec4<f32>();
+    var a30 = vec4<f32>();
+    var a31 = vec4<f32>();
+    var a32 = vec4<f32>();
+    var a33 = vec4<f32>();
+    let kv_end = min(p.seq, q0 + BQ);
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk0 = vec4<f32>();
+    var pk1 = vec4<f32>();
+    var pk2 = vec4<f32>();
+    var pk3 = vec4<f32>();
+    var pk4 = vec4<f32>();
+    var pk5 = vec4<f32>();
+    var pk6 = vec4<f32>();
+    var pk7 = vec4<f32>();
+    var pk8 = vec4<f32>();
+    var pk9 = vec4<f32>();
+    var pk10 = vec4<f32>();
+    var pk11 = vec4<f32>();
+    var pk12 = vec4<f32>();
+    var pk13 = vec4<f32>();
+    var pk14 = vec4<f32>();
+    var pk15 = vec4<f32>();
+    var pv0 = vec4<f32>();
+    var pv1 = vec4<f32>();
+    var pv2 = vec4<f32>();
+    var pv3 = vec4<f32>();
+    var pv4 = vec4<f32>();
+    var pv5 = vec4<f32>();
+    var pv6 = vec4<f32>();
+    var pv7 = vec4<f32>();
+    var pv8 = vec4<f32>();
+    var pv9 = vec4<f32>();
+    var pv10 = vec4<f32>();
+    var pv11 = vec4<f32>();
+    var pv12 = vec4<f32>();
+    var pv13 = vec4<f32>();
+    var pv14 = vec4<f32>();
+    var pv15 = vec4<f32>();
+    if (PL > 0u) { let g = slot_index(0u, lid, b, hk, 0u); pk0 = load_k(g); pv0 = load_v(g); }
+    if (PL > 1u) { let g = slot_index(1u, lid, b, hk, 0u); pk1 = load_k(g); pv1 = load_v(g); }
+    if (PL > 2u) { let g = slot_index(2u, lid, b, hk, 0u); pk2 = load_k(g); pv2 = load_v(g); }
+    if (PL > 3u) { let g = slot_index(3u, lid, b, hk, 0u); pk3 = load_k(g); pv3 = load_v(g); }
+    if (PL > 4u) { let g = slot_index(4u, lid, b, hk, 0u); pk4 = load_k(g); pv4 = load_v(g); }
+    if (PL > 5u) { let g = slot_index(5u, lid, b, hk, 0u); pk5 = load_k(g); pv5 = load_v(g); }
+    if (PL > 6u) { let g = slot_index(6u, lid, b, hk, 0u); pk6 = load_k(g); pv6 = load_v(g); }
+    if (PL > 7u) { let g = slot_index(7u, lid, b, hk, 0u); pk7 = load_k(g); pv7 = load_v(g); }
+    if (PL > 8u) { let g = slot_index(8u, lid, b, hk, 0u); pk8 = load_k(g); pv8 = load_v(g); }
+    if (PL > 9u) { let g = slot_index(9u, lid, b, hk, 0u); pk9 = load_k(g); pv9 = load_v(g); }
+    if (PL > 10u) { let g = slot_index(10u, lid, b, hk, 0u); pk10 = load_k(g); pv10 = load_v(g); }
+    if (PL > 11u) { let g = slot_index(11u, lid, b, hk, 0u); pk11 = load_k(g); pv11 = load_v(g); }
+    if (PL > 12u) { let g = slot_index(12u, lid, b, hk, 0u); pk12 = load_k(g); pv12 = load_v(g); }
+    if (PL > 13u) { let g = slot_index(13u, lid, b, hk, 0u); pk13 = load_k(g); pv13 = load_v(g); }
+    if (PL > 14u) { let g = slot_index(14u, lid, b, hk, 0u); pk14 = load_k(g); pv14 = load_v(g); }
+    if (PL > 15u) { let g = slot_index(15u, lid, b, hk, 0u); pk15 = load_k(g); pv15 = load_v(g); }
+    if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
+    if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
+    if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
+    if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
+    if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
+    if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
+    if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
+    if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
+    if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
+    if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
+    if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
+    if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
+    if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
+    if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
+    if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
+    if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
+    workgroupBarrier();   // qs, dos and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let kb = 0u * BKV * RS;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's loads land while the math below runs
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); pv0 = load_v(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); pv1 = load_v(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); pv2 = load_v(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); pv3 = load_v(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); pv4 = load_v(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); pv5 = load_v(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); pv6 = load_v(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); pv7 = load_v(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); pv8 = load_v(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); pv9 = load_v(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); pv10 = load_v(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); pv11 = load_v(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); pv12 = load_v(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); pv13 = load_v(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); pv14 = load_v(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); pv15 = load_v(g); }
+        }
+
+        // s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        var dp00 = 0.0;
+        var dp01 = 0.0;
+        var dp02 = 0.0;
+        var dp03 = 0.0;
+        var dp10 = 0.0;
+        var dp11 = 0.0;
+        var dp12 = 0.0;
+        var dp13 = 0.0;
+        var dp20 = 0.0;
+        var dp21 = 0.0;
+        var dp22 = 0.0;
+        var dp23 = 0.0;
+        var dp30 = 0.0;
+        var dp31 = 0.0;
+        var dp32 = 0.0;
+        var dp33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let qr0 = qs[(tq) * RS + d4];
+            let dr0 = dos[(tq) * RS + d4];
+            let qr1 = qs[(tq + TQ) * RS + d4];
+            let dr1 = dos[(tq + TQ) * RS + d4];
+            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+            let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+            let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+            let kc0 = ks[kb + (tk) * RS + d4];
+            let vc0 = vs[(tk) * RS + d4];
+            let kc1 = ks[kb + (tk + TK) * RS + d4];
+            let vc1 = vs[(tk + TK) * RS + d4];
+            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+            let vc2 = vs[(tk + 2u * TK) * RS + d4];
+            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+            let vc3 = vs[(tk + 3u * TK) * RS + d4];
+            s00 += dot(qr0, kc0);
+            dp00 += dot(dr0, vc0);
+            s01 += dot(qr0, kc1);
+            dp01 += dot(dr0, vc1);
+            s02 += dot(qr0, kc2);
+            dp02 += dot(dr0, vc2);
+            s03 += dot(qr0, kc3);
+            dp03 += dot(dr0, vc3);
+            s10 += dot(qr1, kc0);
+            dp10 += dot(dr1, vc0);
+            s11 += dot(qr1, kc1);
+            dp11 += dot(dr1, vc1);
+            s12 += dot(qr1, kc2);
+            dp12 += dot(dr1, vc2);
+            s13 += dot(qr1, kc3);
+            dp13 += dot(dr1, vc3);
+            s20 += dot(qr2, kc0);
+            dp20 += dot(dr2, vc0);
+            s21 += dot(qr2, kc1);
+            dp21 += dot(dr2, vc1);
+            s22 += dot(qr2, kc2);
+            dp22 += dot(dr2, vc2);
+            s23 += dot(qr2, kc3);
+            dp23 += dot(dr2, vc3);
+            s30 += dot(qr3, kc0);
+            dp30 += dot(dr3, vc0);
+            s31 += dot(qr3, kc1);
+            dp31 += dot(dr3, vc1);
+            s32 += dot(qr3, kc2);
+            dp32 += dot(dr3, vc2);
+            s33 += dot(qr3, kc3);
+            dp33 += dot(dr3, vc3);
+        }
+        let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
+        let row0 = q0 + tq;
+        let row1 = q0 + tq + TQ;
+        let row2 = q0 + tq + 2u * TQ;
+        let row3 = q0 + tq + 3u * TQ;
+        {
+            let key = kv0 + tk;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s00 - lse2.x) * (dp00 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s10 - lse2.y) * (dp10 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s20 - lse2.z) * (dp20 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s30 - lse2.w) * (dp30 - dvec.w);
+            }
+            dss[(tk) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s01 - lse2.x) * (dp01 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s11 - lse2.y) * (dp11 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s21 - lse2.z) * (dp21 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s31 - lse2.w) * (dp31 - dvec.w);
+            }
+            dss[(tk + TK) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + 2u * TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s02 - lse2.x) * (dp02 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s12 - lse2.y) * (dp12 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s22 - lse2.z) * (dp22 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s32 - lse2.w) * (dp32 - dvec.w);
+            }
+            dss[(tk + 2u * TK) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + 3u * TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s03 - lse2.x) * (dp03 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s13 - lse2.y) * (dp13 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s23 - lse2.z) * (dp23 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s33 - lse2.w) * (dp33 - dvec.w);
+            }
+            dss[(tk + 3u * TK) * TQ + tq] = ds;
+        }
+        workgroupBarrier();
+        for (var n = 0u; n < BKV; n++) {
+            let dn = dss[n * TQ + tq];
+            let kc0 = ks[kb + n * RS + tk];
+            a00 = fma(vec4<f32>(dn.x), kc0, a00);
+            a10 = fma(vec4<f32>(dn.y), kc0, a10);
+            a20 = fma(vec4<f32>(dn.z), kc0, a20);
+            a30 = fma(vec4<f32>(dn.w), kc0, a30);
+            if (DV > 1u) {
+                let kc1 = ks[kb + n * RS + tk + TK];
+                a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                a31 = fma(vec4<f32>(dn.w), kc1, a31);
+            }
+            if (DV > 2u) {
+                let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                a32 = fma(vec4<f32>(dn.w), kc2, a32);
+            }
+            if (DV > 3u) {
+                let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                a33 = fma(vec4<f32>(dn.w), kc3, a33);
+            }
+        }
+        workgroupBarrier();   // pf: every read of the single stage is done
+        if (more) {   // nobody reads ks/vs until the barrier below
+            if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
+            if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
+            if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
+            if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
+            if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
+            if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
+            if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
+            if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
+            if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
+            if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
+            if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
+            if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
+            if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
+            if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
+            if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
+            if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
+        }
+        workgroupBarrier();
+    }
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a00 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a01 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a02 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a03 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a10 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a11 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a12 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a13 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a20 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a21 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a22 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a23 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a30 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a31 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a32 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a33 * p.scale;
+            }
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dkv_reg_pf ---
+// attention_backward_dkv_reg with register prefetch (pf): the next tile's global loads are issued into named
+// registers before this tile's math and stored into the single stage after it.
+// The (query head, query tile) loop is flattened into one step index, so the prefetch
+// crosses head boundaries too.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
+@group(0) @binding(8) var<uniform> p: Params;
+
+override DV: u32 = HD / BQ;                         // output vec4s per row and invocation
+override PL: u32 = (BQ * H4 + WG - 1u) / WG;        // prefetch registers in use per operand
+override SL: u32 = (BQ + WG - 1u) / WG;             // ... per statistic (lse, dvec)
+var<workgroup> ks: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, BQ * RS>;
+var<workgroup> pts: array<vec4<f32>, BQ * TK>;      // p^T in the [query][tk] block order
+var<workgroup> dsts: array<vec4<f32>, BQ * TK>;     // ds^T
+var<workgroup> stats: array<f32, 2u * BQ>;   // per stage: lse * log2(e), dvec
+
+// Prefetch slot t of the query tile at q0 of head hq (zero past the sequence).
+fn fetch_q(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return q_in[q_row(b, q0 + r, hq) + i % H4] * p.scale; }
+    return vec4<f32>();
+}
+fn fetch_do(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return do_in[o_row(b, q0 + r, hq) + i % H4]; }
+    return vec4<f32>();
+}
+fn fetch_lse(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return lse_in[stat_index(b, hq, q0 + i)] * LOG2E; }
+    return 0.0;
+}
+fn fetch_dvec(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return dvec_in[stat_index(b, hq, q0 + i)]; }
+    return 0.0;
+}
+fn stash(t: u32, lid: u32, stage: u32, qv: vec4<f32>, dov: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BQ * H4) { return; }
+    let j = stage * BQ * RS + (i / H4) * RS + i % H4;
+    qs[j] = qv;
+    dos[j] = dov;
+}
+fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {
+    let i = lid + t * WG;
+    if (i >= BQ) { return; }
+    stats[stage * 2u * BQ + i] = lse2;
+    stats[stage * 2u * BQ + BQ + i] = dvv;
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dkv_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
+                                 @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32) {
+    let tq = lid % TQ;
+    let tk = lid / TQ;
+    let k0 = wg.x * BKV;
+    let b = wg.y / p.kv_heads;
+    let hk = wg.y % p.kv_heads;
+    let group = p.heads / p.kv_heads;
+
+    for (var i = lid; i < BKV * H4; i += WG) {
+        let n = i / H4;
+        let d4 = i % H4;
+        var kv = vec4<f32>();
+        var vv = vec4<f32>();
+        if (k0 + n < p.seq) {
+            let g = kv_row(b, k0 + n, hk) + d4;
+            kv = k_in[g];
+            vv = v_in[g];
+        }
+        ks[n * RS + d4] = kv;
+        vs[n * RS + d4] = vv;
+    }
+    var dk00 = vec4<f32>();
+    var dk01 = vec4<f32>();
+    var dk02 = vec4<f32>();
+    var dk03 = vec4<f32>();
+    var dk10 = vec4<f32>();
+    var dk11 = vec4<f32>();
+    var dk12 = vec4<f32>();
+    var dk13 = vec4<f32>();
+    var dk20 = vec4<f32>();
+    var dk21 = vec4<f32>();
+    var dk22 = vec4<f32>();
+    var dk23 = vec4<f32>();
+    var dk30 = vec4<f32>();
+    var dk31 = vec4<f32>();
+    var dk32 = vec4<f32>();
+    var dk33 = vec4<f32>();
+    var dv00 = vec4<f32>();
+    var dv01 = vec4<f32>();
+    var dv02 = vec4<f32>();
+    var dv03 = vec4<f32>();
+    var dv10 = vec4<f32>();
+    var dv11 = vec4<f32>();
+    var dv12 = vec4<f32>();
+    var dv13 = vec4<f32>();
+    var dv20 = vec4<f32>();
+    var dv21 = vec4<f32>();
+    var dv22 = vec4<f32>();
+    var dv23 = vec4<f32>();
+    var dv30 = vec4<f32>();
+    var dv31 = vec4<f32>();
+    var dv32 = vec4<f32>();
+    var dv33 = vec4<f32>();
+    let key0 = k0 + tk;
+    let key1 = k0 + tk + TK;
+    let key2 = k0 + tk + 2u * TK;
+    let key3 = k0 + tk + 3u * TK;
+    let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys
+    let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head
+    let total = group * nq;           // (head, query tile) steps, head-major
+    var pq0 = vec4<f32>();
+    var pq1 = vec4<f32>();
+    var pq2 = vec4<f32>();
+    var pq3 = vec4<f32>();
+    var pq4 = vec4<f32>();
+    var pq5 = vec4<f32>();
+    var pq6 = vec4<f32>();
+    var pq7 = vec4<f32>();
+    var pq8 = vec4<f32>();
+    var pq9 = vec4<f32>();
+    var pq10 = vec4<f32>();
+    var pq11 = vec4<f32>();
+    var pq12 = vec4<f32>();
+    var pq13 = vec4<f32>();
+    var pq14 = vec4<f32>();
+    var pq15 = vec4<f32>();
+    var pd0 = vec4<f32>();
+    var pd1 = vec4<f32>();
+    var pd2 = vec4<f32>();
+    var pd3 = vec4<f32>();
+    var pd4 = vec4<f32>();
+    var pd5 = vec4<f32>();
+    var pd6 = vec4<f32>();
+    var pd7 = vec4<f32>();
+    var pd8 = vec4<f32>();
+    var pd9 = vec4<f32>();
+    var pd10 = vec4<f32>();
+    var pd11 = vec4<f32>();
+    var pd12 = vec4<f32>();
+    var pd13 = vec4<f32>();
+    var pd14 = vec4<f32>();
+    var pd15 = vec4<f32>();
+    var sl0 = 0.0;
+    var sl1 = 0.0;
+    var sl2 = 0.0;
+    var sl3 = 0.0;
+    var sd0 = 0.0;
+    var sd1 = 0.0;
+    var sd2 = 0.0;
+    var sd3 = 0.0;
+    if (PL > 0u) { pq0 = fetch_q(0u, lid, b, hk * group, q_first); pd0 = fetch_do(0u, lid, b, hk * group, q_first); }
+    if (PL > 1u) { pq1 = fetch_q(1u, lid, b, hk * group, q_first); pd1 = fetch_do(1u, lid, b, hk * group, q_first); }
+    if (PL > 2u) { pq2 = fetch_q(2u, lid, b, hk * group, q_first); pd2 = fetch_do(2u, lid, b, hk * group, q_first); }
+    if (PL > 3u) { pq3 = fetch_q(3u, lid, b, hk * group, q_first); pd3 = fetch_do(3u, lid, b, hk * group, q_first); }
+    if (PL > 4u) { pq4 = fetch_q(4u, lid, b, hk * group, q_first); pd4 = fetch_do(4u, lid, b, hk * group, q_first); }
+    if (PL > 5u) { pq5 = fetch_q(5u, lid, b, hk * group, q_first); pd5 = fetch_do(5u, lid, b, hk * group, q_first); }
+    if (PL > 6u) { pq6 = fetch_q(6u, lid, b, hk * group, q_first); pd6 = fetch_do(6u, lid, b, hk * group, q_first); }
+    if (PL > 7u) { pq7 = fetch_q(7u, lid, b, hk * group, q_first); pd7 = fetch_do(7u, lid, b, hk * group, q_first); }
+    if (PL > 8u) { pq8 = fetch_q(8u, lid, b, hk * group, q_first); pd8 = fetch_do(8u, lid, b, hk * group, q_first); }
+    if (PL > 9u) { pq9 = fetch_q(9u, lid, b, hk * group, q_first); pd9 = fetch_do(9u, lid, b, hk * group, q_first); }
+    if (PL > 10u) { pq10 = fetch_q(10u, lid, b, hk * group, q_first); pd10 = fetch_do(10u, lid, b, hk * group, q_first); }
+    if (PL > 11u) { pq11 = fetch_q(11u, lid, b, hk * group, q_first); pd11 = fetch_do(11u, lid, b, hk * group, q_first); }
+    if (PL > 12u) { pq12 = fetch_q(12u, lid, b, hk * group, q_first); pd12 = fetch_do(12u, lid, b, hk * group, q_first); }
+    if (PL > 13u) { pq13 = fetch_q(13u, lid, b, hk * group, q_first); pd13 = fetch_do(13u, lid, b, hk * group, q_first); }
+    if (PL > 14u) { pq14 = fetch_q(14u, lid, b, hk * group, q_first); pd14 = fetch_do(14u, lid, b, hk * group, q_first); }
+    if (PL > 15u) { pq15 = fetch_q(15u, lid, b, hk * group, q_first); pd15 = fetch_do(15u, lid, b, hk * group, q_first); }
+    if (SL > 0u) { sl0 = fetch_lse(0u, lid, b, hk * group, q_first); sd0 = fetch_dvec(0u, lid, b, hk * group, q_first); }
+    if (SL > 1u) { sl1 = fetch_lse(1u, lid, b, hk * group, q_first); sd1 = fetch_dvec(1u, lid, b, hk * group, q_first); }
+    if (SL > 2u) { sl2 = fetch_lse(2u, lid, b, hk * group, q_first); sd2 = fetch_dvec(2u, lid, b, hk * group, q_first); }
+    if (SL > 3u) { sl3 = fetch_lse(3u, lid, b, hk * group, q_first); sd3 = fetch_dvec(3u, lid, b, hk * group, q_first); }
+    if (PL > 0u) { stash(0u, lid, 0u, pq0, pd0); }
+    if (PL > 1u) { stash(1u, lid, 0u, pq1, pd1); }
+    if (PL > 2u) { stash(2u, lid, 0u, pq2, pd2); }
+    if (PL > 3u) { stash(3u, lid, 0u, pq3, pd3); }
+    if (PL > 4u) { stash(4u, lid, 0u, pq4, pd4); }
+    if (PL > 5u) { stash(5u, lid, 0u, pq5, pd5); }
+    if (PL > 6u) { stash(6u, lid, 0u, pq6, pd6); }
+    if (PL > 7u) { stash(7u, lid, 0u, pq7, pd7); }
+    if (PL > 8u) { stash(8u, lid, 0u, pq8, pd8); }
+    if (PL > 9u) { stash(9u, lid, 0u, pq9, pd9); }
+    if (PL > 10u) { stash(10u, lid, 0u, pq10, pd10); }
+    if (PL > 11u) { stash(11u, lid, 0u, pq11, pd11); }
+    if (PL > 12u) { stash(12u, lid, 0u, pq12, pd12); }
+    if (PL > 13u) { stash(13u, lid, 0u, pq13, pd13); }
+    if (PL > 14u) { stash(14u, lid, 0u, pq14, pd14); }
+    if (PL > 15u) { stash(15u, lid, 0u, pq15, pd15); }
+    if (SL > 0u) { stash_stats(0u, lid, 0u, sl0, sd0); }
+    if (SL > 1u) { stash_stats(1u, lid, 0u, sl1, sd1); }
+    if (SL > 2u) { stash_stats(2u, lid, 0u, sl2, sd2); }
+    if (SL > 3u) { stash_stats(3u, lid, 0u, sl3, sd3); }
+    workgroupBarrier();   // ks, vs and the first query tile are staged
+    for (var it = 0u; it < total; it++) {
+        let q0 = q_first + (it % nq) * BQ;
+        let stage = 0u;
+        let qb = stage * BQ * RS;
+        let sb = stage * 2u * BQ;
+        let more = it + 1u < total;
+        if (more) {   // the next tile's loads land while the math below runs
+            let hn = hk * group + (it + 1u) / nq;
+            let qn = q_first + ((it + 1u) % nq) * BQ;
+            if (PL > 0u) { pq0 = fetch_q(0u, lid, b, hn, qn); pd0 = fetch_do(0u, lid, b, hn, qn); }
+            if (PL > 1u) { pq1 = fetch_q(1u, lid, b, hn, qn); pd1 = fetch_do(1u, lid, b, hn, qn); }
+            if (PL > 2u) { pq2 = fetch_q(2u, lid, b, hn, qn); pd2 = fetch_do(2u, lid, b, hn, qn); }
+            if (PL > 3u) { pq3 = fetch_q(3u, lid, b, hn, qn); pd3 = fetch_do(3u, lid, b, hn, qn); }
+            if (PL > 4u) { pq4 = fetch_q(4u, lid, b, hn, qn); pd4 = fetch_do(4u, lid, b, hn, qn); }
+            if (PL > 5u) { pq5 = fetch_q(5u, lid, b, hn, qn); pd5 = fetch_do(5u, lid, b, hn, qn); }
+            if (PL > 6u) { pq6 = fetch_q(6u, lid, b, hn, qn); pd6 = fetch_do(6u, lid, b, hn, qn); }
+            if (PL > 7u) { pq7 = fetch_q(7u, lid, b, hn, qn); pd7 = fetch_do(7u, lid, b, hn, qn); }
+            if (PL > 8u) { pq8 = fetch_q(8u, lid, b, hn, qn); pd8 = fetch_do(8u, lid, b, hn, qn); }
+            if (PL > 9u) { pq9 = fetch_q(9u, lid, b, hn, qn); pd9 = fetch_do(9u, lid, b, hn, qn); }
+            if (PL > 10u) { pq10 = fetch_q(10u, lid, b, hn, qn); pd10 = fetch_do(10u, lid, b, hn, qn); }
+            if (PL > 11u) { pq11 = fetch_q(11u, lid, b, hn, qn); pd11 = fetch_do(11u, lid, b, hn, qn); }
+            if (PL > 12u) { pq12 = fetch_q(12u, lid, b, hn, qn); pd12 = fetch_do(12u, lid, b, hn, qn); }
+            if (PL > 13u) { pq13 = fetch_q(13u, lid, b, hn, qn); pd13 = fetch_do(13u, lid, b, hn, qn); }
+            if (PL > 14u) { pq14 = fetch_q(14u, lid, b, hn, qn); pd14 = fetch_do(14u, lid, b, hn, qn); }
+            if (PL > 15u) { pq15 = fetch_q(15u, lid, b, hn, qn); pd15 = fetch_do(15u, lid, b, hn, qn); }
+            if (SL > 0u) { sl0 = fetch_lse(0u, lid, b, hn, qn); sd0 = fetch_dvec(0u, lid, b, hn, qn); }
+            if (SL > 1u) { sl1 = fetch_lse(1u, lid, b, hn, qn); sd1 = fetch_dvec(1u, lid, b, hn, qn); }
+            if (SL > 2u) { sl2 = fetch_lse(2u, lid, b, hn, qn); sd2 = fetch_dvec(2u, lid, b, hn, qn); }
+            if (SL > 3u) { sl3 = fetch_lse(3u, lid, b, hn, qn); sd3 = fetch_dvec(3u, lid, b, hn, qn); }
+        }
+
+        // s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        var dp00 = 0.0;
+        var dp01 = 0.0;
+        var dp02 = 0.0;
+        var dp03 = 0.0;
+        var dp10 = 0.0;
+        var dp11 = 0.0;
+        var dp12 = 0.0;
+        var dp13 = 0.0;
+        var dp20 = 0.0;
+        var dp21 = 0.0;
+        var dp22 = 0.0;
+        var dp23 = 0.0;
+        var dp30 = 0.0;
+        var dp31 = 0.0;
+        var dp32 = 0.0;
+        var dp33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let kr0 = ks[(tk) * RS + d4];
+            let vr0 = vs[(tk) * RS + d4];
+            let kr1 = ks[(tk + TK) * RS + d4];
+            let vr1 = vs[(tk + TK) * RS + d4];
+            let kr2 = ks[(tk + 2u * TK) * RS + d4];
+            let vr2 = vs[(tk + 2u * TK) * RS + d4];
+            let kr3 = ks[(tk + 3u * TK) * RS + d4];
+            let vr3 = vs[(tk + 3u * TK) * RS + d4];
+            let qc0 = qs[qb + (tq) * RS + d4];
+            let dc0 = dos[qb + (tq) * RS + d4];
+            let qc1 = qs[qb + (tq + TQ) * RS + d4];
+            let dc1 = dos[qb + (tq + TQ) * RS + d4];
+            let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+            let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+            let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+            let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+            s00 += dot(kr0, qc0);
+            dp00 += dot(vr0, dc0);
+            s01 += dot(kr0, qc1);
+            dp01 += dot(vr0, dc1);
+            s02 += dot(kr0, qc2);
+            dp02 += dot(vr0, dc2);
+            s03 += dot(kr0, qc3);
+            dp03 += dot(vr0, dc3);
+            s10 += dot(kr1, qc0);
+            dp10 += dot(vr1, dc0);
+            s11 += dot(kr1, qc1);
+            dp11 += dot(vr1, dc1);
+            s12 += dot(kr1, qc2);
+            dp12 += dot(vr1, dc2);
+            s13 += dot(kr1, qc3);
+            dp13 += dot(vr1, dc3);
+            s20 += dot(kr2, qc0);
+            dp20 += dot(vr2, dc0);
+            s21 += dot(kr2, qc1);
+            dp21 += dot(vr2, dc1);
+            s22 += dot(kr2, qc2);
+            dp22 += dot(vr2, dc2);
+            s23 += dot(kr2, qc3);
+            dp23 += dot(vr2, dc3);
+            s30 += dot(kr3, qc0);
+            dp30 += dot(vr3, dc0);
+            s31 += dot(kr3, qc1);
+            dp31 += dot(vr3, dc1);
+            s32 += dot(kr3, qc2);
+            dp32 += dot(vr3, dc2);
+            s33 += dot(kr3, qc3);
+            dp33 += dot(vr3, dc3);
+        }
+        let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
+        {
+            let qj = q0 + tq;
+            let lse2 = stats[sb + tq];
+            let dvq = stats[sb + BQ + tq];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s00, LOG2E, -lse2));
+                dst.x = pt.x * (dp00 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s10, LOG2E, -lse2));
+                dst.y = pt.y * (dp10 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s20, LOG2E, -lse2));
+                dst.z = pt.z * (dp20 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s30, LOG2E, -lse2));
+                dst.w = pt.w * (dp30 - dvq);
+            }
+            pts[(tq) * TK + tk] = pt;
+            dsts[(tq) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + TQ;
+            let lse2 = stats[sb + tq + TQ];
+            let dvq = stats[sb + BQ + tq + TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s01, LOG2E, -lse2));
+                dst.x = pt.x * (dp01 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s11, LOG2E, -lse2));
+                dst.y = pt.y * (dp11 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s21, LOG2E, -lse2));
+                dst.z = pt.z * (dp21 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s31, LOG2E, -lse2));
+                dst.w = pt.w * (dp31 - dvq);
+            }
+            pts[(tq + TQ) * TK + tk] = pt;
+            dsts[(tq + TQ) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + 2u * TQ;
+            let lse2 = stats[sb + tq + 2u * TQ];
+            let dvq = stats[sb + BQ + tq + 2u * TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s02, LOG2E, -lse2));
+                dst.x = pt.x * (dp02 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s12, LOG2E, -lse2));
+                dst.y = pt.y * (dp12 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s22, LOG2E, -lse2));
+                dst.z = pt.z * (dp22 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s32, LOG2E, -lse2));
+                dst.w = pt.w * (dp32 - dvq);
+            }
+            pts[(tq + 2u * TQ) * TK + tk] = pt;
+            dsts[(tq + 2u * TQ) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + 3u * TQ;
+            let lse2 = stats[sb + tq + 3u * TQ];
+            let dvq = stats[sb + BQ + tq + 3u * TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s03, LOG2E, -lse2));
+                dst.x = pt.x * (dp03 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s13, LOG2E, -lse2));
+                dst.y = pt.y * (dp13 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s23, LOG2E, -lse2));
+                dst.z = pt.z * (dp23 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s33, LOG2E, -lse2));
+                dst.w = pt.w * (dp33 - dvq);
+            }
+            pts[(tq + 3u * TQ) * TK + tk] = pt;
+            dsts[(tq + 3u * TQ) * TK + tk] = dst;
+        }
+        workgroupBarrier();
+        for (var n = 0u; n < BQ; n++) {
+            let pn = pts[n * TK + tk];
+            let dn = dsts[n * TK + tk];
+            let dc0 = dos[qb + n * RS + tq];
+            let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+            dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+            dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+            dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+            dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+            dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+            dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+            dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+            dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+            if (DV > 1u) {
+                let dc1 = dos[qb + n * RS + tq + TQ];
+                let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+            }
+            if (DV > 2u) {
+                let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+            }
+            if (DV > 3u) {
+                let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+            }
+        }
+        workgroupBarrier();   // pf: every read of the single stage is done
+        if (more) {   // nobody reads qs/dos/stats until the barrier below
+            if (PL > 0u) { stash(0u, lid, 0u, pq0, pd0); }
+            if (PL > 1u) { stash(1u, lid, 0u, pq1, pd1); }
+            if (PL > 2u) { stash(2u, lid, 0u, pq2, pd2); }
+            if (PL > 3u) { stash(3u, lid, 0u, pq3, pd3); }
+            if (PL > 4u) { stash(4u, lid, 0u, pq4, pd4); }
+            if (PL > 5u) { stash(5u, lid, 0u, pq5, pd5); }
+            if (PL > 6u) { stash(6u, lid, 0u, pq6, pd6); }
+            if (PL > 7u) { stash(7u, lid, 0u, pq7, pd7); }
+            if (PL > 8u) { stash(8u, lid, 0u, pq8, pd8); }
+            if (PL > 9u) { stash(9u, lid, 0u, pq9, pd9); }
+            if (PL > 10u) { stash(10u, lid, 0u, pq10, pd10); }
+            if (PL > 11u) { stash(11u, lid, 0u, pq11, pd11); }
+            if (PL > 12u) { stash(12u, lid, 0u, pq12, pd12); }
+            if (PL > 13u) { stash(13u, lid, 0u, pq13, pd13); }
+            if (PL > 14u) { stash(14u, lid, 0u, pq14, pd14); }
+            if (PL > 15u) { stash(15u, lid, 0u, pq15, pd15); }
+            if (SL > 0u) { stash_stats(0u, lid, 0u, sl0, sd0); }
+            if (SL > 1u) { stash_stats(1u, lid, 0u, sl1, sd1); }
+            if (SL > 2u) { stash_stats(2u, lid, 0u, sl2, sd2); }
+            if (SL > 3u) { stash_stats(3u, lid, 0u, sl3, sd3); }
+        }
+        workgroupBarrier();
+    }
+    if (key0 < p.seq) {
+        let base = kv_row(b, key0, hk);
+        dk_out[base + tq] = dk00;
+        dv_out[base + tq] = dv00;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk01;
+            dv_out[base + tq + TQ] = dv01;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk02;
+            dv_out[base + tq + 2u * TQ] = dv02;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk03;
+            dv_out[base + tq + 3u * TQ] = dv03;
+        }
+    }
+    if (key1 < p.seq) {
+        let base = kv_row(b, key1, hk);
+        dk_out[base + tq] = dk10;
+        dv_out[base + tq] = dv10;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk11;
+            dv_out[base + tq + TQ] = dv11;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk12;
+            dv_out[base + tq + 2u * TQ] = dv12;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk13;
+            dv_out[base + tq + 3u * TQ] = dv13;
+        }
+    }
+    if (key2 < p.seq) {
+        let base = kv_row(b, key2, hk);
+        dk_out[base + tq] = dk20;
+        dv_out[base + tq] = dv20;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk21;
+            dv_out[base + tq + TQ] = dv21;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk22;
+            dv_out[base + tq + 2u * TQ] = dv22;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk23;
+            dv_out[base + tq + 3u * TQ] = dv23;
+        }
+    }
+    if (key3 < p.seq) {
+        let base = kv_row(b, key3, hk);
+        dk_out[base + tq] = dk30;
+        dv_out[base + tq] = dv30;
+        if (DV > 1u) {
+            dk_out[base + tq + TQ] = dk31;
+            dv_out[base + tq + TQ] = dv31;
+        }
+        if (DV > 2u) {
+            dk_out[base + tq + 2u * TQ] = dk32;
+            dv_out[base + tq + 2u * TQ] = dv32;
+        }
+        if (DV > 3u) {
+            dk_out[base + tq + 3u * TQ] = dk33;
+            dv_out[base + tq + 3u * TQ] = dv33;
+        }
+    }
+}
+
+// --- KERNEL: attention_forward_reg_db ---
+// attention_forward_reg with register prefetch + two stages (db): the next tile's global loads are issued into
+// named registers before this tile's math and stored into the other stage after it,
+// so a tile needs one barrier fewer than the reg kernel.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, 2u * BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, 2u * BKV * H4>;
+var<workgroup> ps: array<vec4<f32>, BKV * TQ>;      // [key][tq] -> the 4 rows of tq
+var<workgroup> red_max: array<vec4<f32>, TK * TQ>;  // [tk][tq] partial row maxima
+var<workgroup> red_sum: array<vec4<f32>, TK * TQ>;
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }
+}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { vs[stage * BKV * H4 + i] = vv; }
+}
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    stash_k(t, lid, stage, kv);
+    stash_v(t, lid, stage, vv);
+}
+
+@compute @workgroup_size(WG)
+fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let tk = lid % TK;
+    let tq = lid / TK;
+    let q0 = (nwg.x - 1u - wg.x) * BQ;
+    let b = wg.y / p.heads;
+    let h = wg.y % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qscale = p.scale * LOG2E;
+
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let r = i / H4;
+        let d4 = i % H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + d4] * qscale; }
+        qs[r * RS + d4] = v;
+    }
+
+    var m = vec4<f32>(MASKED);
+    var l = vec4<f32>();
+    var o00 = vec4<f32>();
+    var o01 = vec4<f32>();
+    var o02 = vec4<f32>();
+    var o03 = vec4<f32>();
+    var o10 = vec4<f32>();
+    var o11 = vec4<f32>();
+    var o12 = vec4<f32>();
+    var o13 = vec4<f32>();
+    var o20 = vec4<f32>();
+    var o21 = vec4<f32>();
+    var o22 = vec4<f32>();
+    var o23 = vec4<f32>();
+    var o30 = vec4<f32>();
+    var o31 = vec4<f32>();
+    var o32 = vec4<f32>();
+    var o33 = vec4<f32>();
+    let kv_end = min(p.seq, q0 + BQ);
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk0 = vec4<f32>();
+    var pk1 = vec4<f32>();
+    var pk2 = vec4<f32>();
+    var pk3 = vec4<f32>();
+    var pk4 = vec4<f32>();
+    var pk5 = vec4<f32>();
+    var pk6 = vec4<f32>();
+    var pk7 = vec4<f32>();
+    var pk8 = vec4<f32>();
+    var pk9 = vec4<f32>();
+    var pk10 = vec4<f32>();
+    var pk11 = vec4<f32>();
+    var pk12 = vec4<f32>();
+    var pk13 = vec4<f32>();
+    var pk14 = vec4<f32>();
+    var pk15 = vec4<f32>();
+    var pv0 = vec4<f32>();
+    var pv1 = vec4<f32>();
+    var pv2 = vec4<f32>();
+    var pv3 = vec4<f32>();
+    var pv4 = vec4<f32>();
+    var pv5 = vec4<f32>();
+    var pv6 = vec4<f32>();
+    var pv7 = vec4<f32>();
+    var pv8 = vec4<f32>();
+    var pv9 = vec4<f32>();
+    var pv10 = vec4<f32>();
+    var pv11 = vec4<f32>();
+    var pv12 = vec4<f32>();
+    var pv13 = vec4<f32>();
+    var pv14 = vec4<f32>();
+    var pv15 = vec4<f32>();
+    if (PL > 0u) { let g = slot_index(0u, lid, b, hk, 0u); pk0 = load_k(g); pv0 = load_v(g); }
+    if (PL > 1u) { let g = slot_index(1u, lid, b, hk, 0u); pk1 = load_k(g); pv1 = load_v(g); }
+    if (PL > 2u) { let g = slot_index(2u, lid, b, hk, 0u); pk2 = load_k(g); pv2 = load_v(g); }
+    if (PL > 3u) { let g = slot_index(3u, lid, b, hk, 0u); pk3 = load_k(g); pv3 = load_v(g); }
+    if (PL > 4u) { let g = slot_index(4u, lid, b, hk, 0u); pk4 = load_k(g); pv4 = load_v(g); }
+    if (PL > 5u) { let g = slot_index(5u, lid, b, hk, 0u); pk5 = load_k(g); pv5 = load_v(g); }
+    if (PL > 6u) { let g = slot_index(6u, lid, b, hk, 0u); pk6 = load_k(g); pv6 = load_v(g); }
+    if (PL > 7u) { let g = slot_index(7u, lid, b, hk, 0u); pk7 = load_k(g); pv7 = load_v(g); }
+    if (PL > 8u) { let g = slot_index(8u, lid, b, hk, 0u); pk8 = load_k(g); pv8 = load_v(g); }
+    if (PL > 9u) { let g = slot_index(9u, lid, b, hk, 0u); pk9 = load_k(g); pv9 = load_v(g); }
+    if (PL > 10u) { let g = slot_index(10u, lid, b, hk, 0u); pk10 = load_k(g); pv10 = load_v(g); }
+    if (PL > 11u) { let g = slot_index(11u, lid, b, hk, 0u); pk11 = load_k(g); pv11 = load_v(g); }
+    if (PL > 12u) { let g = slot_index(12u, lid, b, hk, 0u); pk12 = load_k(g); pv12 = load_v(g); }
+    if (PL > 13u) { let g = slot_index(13u, lid, b, hk, 0u); pk13 = load_k(g); pv13 = load_v(g); }
+    if (PL > 14u) { let g = slot_index(14u, lid, b, hk, 0u); pk14 = load_k(g); pv14 = load_v(g); }
+    if (PL > 15u) { let g = slot_index(15u, lid, b, hk, 0u); pk15 = load_k(g); pv15 = load_v(g); }
+    if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
+    if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
+    if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
+    if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
+    if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
+    if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
+    if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
+    if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
+    if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
+    if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
+    if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
+    if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
+    if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
+    if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
+    if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
+    if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
+    workgroupBarrier();   // qs and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let stage = it % 2u;
+        let kb = stage * BKV * RS;
+        let vb = stage * BKV * H4;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's loads land while the math below runs
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); pv0 = load_v(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); pv1 = load_v(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); pv2 = load_v(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); pv3 = load_v(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); pv4 = load_v(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); pv5 = load_v(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); pv6 = load_v(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); pv7 = load_v(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); pv8 = load_v(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); pv9 = load_v(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); pv10 = load_v(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); pv11 = load_v(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); pv12 = load_v(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); pv13 = load_v(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); pv14 = load_v(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); pv15 = load_v(g); }
+        }
+
+        // s<i><j>: row tq + TQ*i, key tk + TK*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let qr0 = qs[(tq) * RS + d4];
+            let qr1 = qs[(tq + TQ) * RS + d4];
+            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+            let kc0 = ks[kb + (tk) * RS + d4];
+            let kc1 = ks[kb + (tk + TK) * RS + d4];
+            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+            s00 += dot(qr0, kc0);
+            s01 += dot(qr0, kc1);
+            s02 += dot(qr0, kc2);
+            s03 += dot(qr0, kc3);
+            s10 += dot(qr1, kc0);
+            s11 += dot(qr1, kc1);
+            s12 += dot(qr1, kc2);
+            s13 += dot(qr1, kc3);
+            s20 += dot(qr2, kc0);
+            s21 += dot(qr2, kc1);
+            s22 += dot(qr2, kc2);
+            s23 += dot(qr2, kc3);
+            s30 += dot(qr3, kc0);
+            s31 += dot(qr3, kc1);
+            s32 += dot(qr3, kc2);
+            s33 += dot(qr3, kc3);
+        }
+        if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
+            let key0 = kv0 + tk;
+            let key1 = kv0 + tk + TK;
+            let key2 = kv0 + tk + 2u * TK;
+            let key3 = kv0 + tk + 3u * TK;
+            let row0 = q0 + tq;
+            let row1 = q0 + tq + TQ;
+            let row2 = q0 + tq + 2u * TQ;
+            let row3 = q0 + tq + 3u * TQ;
+            if (key0 > row0 || key0 >= p.seq) { s00 = MASKED; }
+            if (key1 > row0 || key1 >= p.seq) { s01 = MASKED; }
+            if (key2 > row0 || key2 >= p.seq) { s02 = MASKED; }
+            if (key3 > row0 || key3 >= p.seq) { s03 = MASKED; }
+            if (key0 > row1 || key0 >= p.seq) { s10 = MASKED; }
+            if (key1 > row1 || key1 >= p.seq) { s11 = MASKED; }
+            if (key2 > row1 || key2 >= p.seq) { s12 = MASKED; }
+            if (key3 > row1 || key3 >= p.seq) { s13 = MASKED; }
+            if (key0 > row2 || key0 >= p.seq) { s20 = MASKED; }
+            if (key1 > row2 || key1 >= p.seq) { s21 = MASKED; }
+            if (key2 > row2 || key2 >= p.seq) { s22 = MASKED; }
+            if (key3 > row2 || key3 >= p.seq) { s23 = MASKED; }
+            if (key0 > row3 || key0 >= p.seq) { s30 = MASKED; }
+            if (key1 > row3 || key1 >= p.seq) { s31 = MASKED; }
+            if (key2 > row3 || key2 >= p.seq) { s32 = MASKED; }
+            if (key3 > row3 || key3 >= p.seq) { s33 = MASKED; }
+        }
+        red_max[tk * TQ + tq] = vec4<f32>(max(max(s00, s01), max(s02, s03)), max(max(s10, s11), max(s12, s13)), max(max(s20, s21), max(s22, s23)), max(max(s30, s31), max(s32, s33)));
+        workgroupBarrier();
+        var m_new = m;
+        for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }
+        let p0 = exp2(vec4<f32>(s00, s10, s20, s30) - m_new);
+        ps[(tk) * TQ + tq] = p0;
+        let p1 = exp2(vec4<f32>(s01, s11, s21, s31) - m_new);
+        ps[(tk + TK) * TQ + tq] = p1;
+        let p2 = exp2(vec4<f32>(s02, s12, s22, s32) - m_new);
+        ps[(tk + 2u * TK) * TQ + tq] = p2;
+        let p3 = exp2(vec4<f32>(s03, s13, s23, s33) - m_new);
+        ps[(tk + 3u * TK) * TQ + tq] = p3;
+        red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;
+        if (more) {   // the other stage's last readers are past the barrier above
+            if (PL > 0u) { stash(0u, lid, 1u - stage, pk0, pv0); }
+            if (PL > 1u) { stash(1u, lid, 1u - stage, pk1, pv1); }
+            if (PL > 2u) { stash(2u, lid, 1u - stage, pk2, pv2); }
+            if (PL > 3u) { stash(3u, lid, 1u - stage, pk3, pv3); }
+            if (PL > 4u) { stash(4u, lid, 1u - stage, pk4, pv4); }
+            if (PL > 5u) { stash(5u, lid, 1u - stage, pk5, pv5); }
+            if (PL > 6u) { stash(6u, lid, 1u - stage, pk6, pv6); }
+            if (PL > 7u) { stash(7u, lid, 1u - stage, pk7, pv7); }
+            if (PL > 8u) { stash(8u, lid, 1u - stage, pk8, pv8); }
+            if (PL > 9u) { stash(9u, lid, 1u - stage, pk9, pv9); }
+            if (PL > 10u) { stash(10u, lid, 1u - stage, pk10, pv10); }
+            if (PL > 11u) { stash(11u, lid, 1u - stage, pk11, pv11); }
+            if (PL > 12u) { stash(12u, lid, 1u - stage, pk12, pv12); }
+            if (PL > 13u) { stash(13u, lid, 1u - stage, pk13, pv13); }
+            if (PL > 14u) { stash(14u, lid, 1u - stage, pk14, pv14); }
+            if (PL > 15u) { stash(15u, lid, 1u - stage, pk15, pv15); }
+        }
+        workgroupBarrier();
+        var tile_sum = vec4<f32>();
+        for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
+        let alpha = exp2(m - m_new);
+        l = l * alpha + tile_sum;
+        m = m_new;
+        o00 *= alpha.x;
+        o01 *= alpha.x;
+        o02 *= alpha.x;
+        o03 *= alpha.x;
+        o10 *= alpha.y;
+        o11 *= alpha.y;
+        o12 *= alpha.y;
+        o13 *= alpha.y;
+        o20 *= alpha.z;
+        o21 *= alpha.z;
+        o22 *= alpha.z;
+        o23 *= alpha.z;
+        o30 *= alpha.w;
+        o31 *= alpha.w;
+        o32 *= alpha.w;
+        o33 *= alpha.w;
+        for (var n = 0u; n < BKV; n++) {
+            let pn = ps[n * TQ + tq];
+            let vc0 = vs[vb + n * H4 + tk];
+            o00 = fma(vec4<f32>(pn.x), vc0, o00);
+            o10 = fma(vec4<f32>(pn.y), vc0, o10);
+            o20 = fma(vec4<f32>(pn.z), vc0, o20);
+            o30 = fma(vec4<f32>(pn.w), vc0, o30);
+            if (DV > 1u) {
+                let vc1 = vs[vb + n * H4 + tk + TK];
+                o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                o31 = fma(vec4<f32>(pn.w), vc1, o31);
+            }
+            if (DV > 2u) {
+                let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                o32 = fma(vec4<f32>(pn.w), vc2, o32);
+            }
+            if (DV > 3u) {
+                let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                o33 = fma(vec4<f32>(pn.w), vc3, o33);
+            }
+        }
+    }
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.x;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o00 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o01 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o02 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o03 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.x + log2(l.x)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.y;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o10 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o11 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o12 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o13 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.y + log2(l.y)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.z;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o20 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o21 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o22 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o23 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.z + log2(l.z)) * LN2; }
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            let inv = 1.0 / l.w;
+            let base = o_row(b, qi, h);
+            o_out[base + tk] = o30 * inv;
+            if (DV > 1u) {
+                o_out[base + tk + TK] = o31 * inv;
+            }
+            if (DV > 2u) {
+                o_out[base + tk + 2u * TK] = o32 * inv;
+            }
+            if (DV > 3u) {
+                o_out[base + tk + 3u * TK] = o33 * inv;
+            }
+            if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m.w + log2(l.w)) * LN2; }
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dq_reg_db ---
+// attention_backward_dq_reg with register prefetch + two stages (db): the next tile's global loads are issued into
+// named registers before this tile's math and stored into the other stage after it,
+// so a tile needs one barrier fewer than the reg kernel.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(7) var<uniform> p: Params;
+
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
+var<workgroup> qs: array<vec4<f32>, BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, BQ * RS>;
+var<workgroup> ks: array<vec4<f32>, 2u * BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;     // one stage: read by the scores only
+var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BKV * H4) { return; }
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;   // the scores, its only readers, are done before the barrier that ends them
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dq_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32) {
+    let tk = lid % TK;
+    let tq = lid / TK;
+    let q0 = (nwg.x - 1u - wg.x) * BQ;
+    let b = wg.y / p.heads;
+    let h = wg.y % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qscale = p.scale * LOG2E;
+
+    for (var i = lid; i < BQ * H4; i += WG) {
+        let r = i / H4;
+        let d4 = i % H4;
+        var qv = vec4<f32>();
+        var dov = vec4<f32>();
+        if (q0 + r < p.seq) {
+            qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;
+            dov = do_in[o_row(b, q0 + r, h) + d4];
+        }
+        qs[r * RS + d4] = qv;
+        dos[r * RS + d4] = dov;
+    }
+    var lse2 = vec4<f32>();
+    var dvec = vec4<f32>();
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            lse2.x = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.x = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            lse2.y = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.y = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            lse2.z = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.z = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            lse2.w = lse_in[stat_index(b, h, qi)] * LOG2E;
+            dvec.w = dvec_in[stat_index(b, h, qi)];
+        }
+    }
+    var a00 = vec4<f32>();
+    var a01 = vec4<f32>();
+    var a02 = vec4<f32>();
+    var a03 = vec4<f32>();
+    var a10 = vec4<f32>();
+    var a11 = vec4<f32>();
+    var a12 = vec4<f32>();
+    var a13 = vec4<f32>();
+    var a20 = vec4<f32>();
+    var a21 = vec4<f32>();
+    var a22 = vec4<f32>();
+    var a23 = vec4<f32>();
+    var a30 = vec4<f32>();
+    var a31 = vec4<f32>();
+    var a32 = vec4<f32>();
+    var a33 = vec4<f32>();
+    let kv_end = min(p.seq, q0 + BQ);
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk0 = vec4<f32>();
+    var pk1 = vec4<f32>();
+    var pk2 = vec4<f32>();
+    var pk3 = vec4<f32>();
+    var pk4 = vec4<f32>();
+    var pk5 = vec4<f32>();
+    var pk6 = vec4<f32>();
+    var pk7 = vec4<f32>();
+    var pk8 = vec4<f32>();
+    var pk9 = vec4<f32>();
+    var pk10 = vec4<f32>();
+    var pk11 = vec4<f32>();
+    var pk12 = vec4<f32>();
+    var pk13 = vec4<f32>();
+    var pk14 = vec4<f32>();
+    var pk15 = vec4<f32>();
+    var pv0 = vec4<f32>();
+    var pv1 = vec4<f32>();
+    var pv2 = vec4<f32>();
+    var pv3 = vec4<f32>();
+    var pv4 = vec4<f32>();
+    var pv5 = vec4<f32>();
+    var pv6 = vec4<f32>();
+    var pv7 = vec4<f32>();
+    var pv8 = vec4<f32>();
+    var pv9 = vec4<f32>();
+    var pv10 = vec4<f32>();
+    var pv11 = vec4<f32>();
+    var pv12 = vec4<f32>();
+    var pv13 = vec4<f32>();
+    var pv14 = vec4<f32>();
+    var pv15 = vec4<f32>();
+    if (PL > 0u) { let g = slot_index(0u, lid, b, hk, 0u); pk0 = load_k(g); pv0 = load_v(g); }
+    if (PL > 1u) { let g = slot_index(1u, lid, b, hk, 0u); pk1 = load_k(g); pv1 = load_v(g); }
+    if (PL > 2u) { let g = slot_index(2u, lid, b, hk, 0u); pk2 = load_k(g); pv2 = load_v(g); }
+    if (PL > 3u) { let g = slot_index(3u, lid, b, hk, 0u); pk3 = load_k(g); pv3 = load_v(g); }
+    if (PL > 4u) { let g = slot_index(4u, lid, b, hk, 0u); pk4 = load_k(g); pv4 = load_v(g); }
+    if (PL > 5u) { let g = slot_index(5u, lid, b, hk, 0u); pk5 = load_k(g); pv5 = load_v(g); }
+    if (PL > 6u) { let g = slot_index(6u, lid, b, hk, 0u); pk6 = load_k(g); pv6 = load_v(g); }
+    if (PL > 7u) { let g = slot_index(7u, lid, b, hk, 0u); pk7 = load_k(g); pv7 = load_v(g); }
+    if (PL > 8u) { let g = slot_index(8u, lid, b, hk, 0u); pk8 = load_k(g); pv8 = load_v(g); }
+    if (PL > 9u) { let g = slot_index(9u, lid, b, hk, 0u); pk9 = load_k(g); pv9 = load_v(g); }
+    if (PL > 10u) { let g = slot_index(10u, lid, b, hk, 0u); pk10 = load_k(g); pv10 = load_v(g); }
+    if (PL > 11u) { let g = slot_index(11u, lid, b, hk, 0u); pk11 = load_k(g); pv11 = load_v(g); }
+    if (PL > 12u) { let g = slot_index(12u, lid, b, hk, 0u); pk12 = load_k(g); pv12 = load_v(g); }
+    if (PL > 13u) { let g = slot_index(13u, lid, b, hk, 0u); pk13 = load_k(g); pv13 = load_v(g); }
+    if (PL > 14u) { let g = slot_index(14u, lid, b, hk, 0u); pk14 = load_k(g); pv14 = load_v(g); }
+    if (PL > 15u) { let g = slot_index(15u, lid, b, hk, 0u); pk15 = load_k(g); pv15 = load_v(g); }
+    if (PL > 0u) { stash(0u, lid, 0u, pk0, pv0); }
+    if (PL > 1u) { stash(1u, lid, 0u, pk1, pv1); }
+    if (PL > 2u) { stash(2u, lid, 0u, pk2, pv2); }
+    if (PL > 3u) { stash(3u, lid, 0u, pk3, pv3); }
+    if (PL > 4u) { stash(4u, lid, 0u, pk4, pv4); }
+    if (PL > 5u) { stash(5u, lid, 0u, pk5, pv5); }
+    if (PL > 6u) { stash(6u, lid, 0u, pk6, pv6); }
+    if (PL > 7u) { stash(7u, lid, 0u, pk7, pv7); }
+    if (PL > 8u) { stash(8u, lid, 0u, pk8, pv8); }
+    if (PL > 9u) { stash(9u, lid, 0u, pk9, pv9); }
+    if (PL > 10u) { stash(10u, lid, 0u, pk10, pv10); }
+    if (PL > 11u) { stash(11u, lid, 0u, pk11, pv11); }
+    if (PL > 12u) { stash(12u, lid, 0u, pk12, pv12); }
+    if (PL > 13u) { stash(13u, lid, 0u, pk13, pv13); }
+    if (PL > 14u) { stash(14u, lid, 0u, pk14, pv14); }
+    if (PL > 15u) { stash(15u, lid, 0u, pk15, pv15); }
+    workgroupBarrier();   // qs, dos and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let kb = (it % 2u) * BKV * RS;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's loads land while the math below runs
+            if (PL > 0u) { let g = slot_index(0u, lid, b, hk, kv0 + BKV); pk0 = load_k(g); pv0 = load_v(g); }
+            if (PL > 1u) { let g = slot_index(1u, lid, b, hk, kv0 + BKV); pk1 = load_k(g); pv1 = load_v(g); }
+            if (PL > 2u) { let g = slot_index(2u, lid, b, hk, kv0 + BKV); pk2 = load_k(g); pv2 = load_v(g); }
+            if (PL > 3u) { let g = slot_index(3u, lid, b, hk, kv0 + BKV); pk3 = load_k(g); pv3 = load_v(g); }
+            if (PL > 4u) { let g = slot_index(4u, lid, b, hk, kv0 + BKV); pk4 = load_k(g); pv4 = load_v(g); }
+            if (PL > 5u) { let g = slot_index(5u, lid, b, hk, kv0 + BKV); pk5 = load_k(g); pv5 = load_v(g); }
+            if (PL > 6u) { let g = slot_index(6u, lid, b, hk, kv0 + BKV); pk6 = load_k(g); pv6 = load_v(g); }
+            if (PL > 7u) { let g = slot_index(7u, lid, b, hk, kv0 + BKV); pk7 = load_k(g); pv7 = load_v(g); }
+            if (PL > 8u) { let g = slot_index(8u, lid, b, hk, kv0 + BKV); pk8 = load_k(g); pv8 = load_v(g); }
+            if (PL > 9u) { let g = slot_index(9u, lid, b, hk, kv0 + BKV); pk9 = load_k(g); pv9 = load_v(g); }
+            if (PL > 10u) { let g = slot_index(10u, lid, b, hk, kv0 + BKV); pk10 = load_k(g); pv10 = load_v(g); }
+            if (PL > 11u) { let g = slot_index(11u, lid, b, hk, kv0 + BKV); pk11 = load_k(g); pv11 = load_v(g); }
+            if (PL > 12u) { let g = slot_index(12u, lid, b, hk, kv0 + BKV); pk12 = load_k(g); pv12 = load_v(g); }
+            if (PL > 13u) { let g = slot_index(13u, lid, b, hk, kv0 + BKV); pk13 = load_k(g); pv13 = load_v(g); }
+            if (PL > 14u) { let g = slot_index(14u, lid, b, hk, kv0 + BKV); pk14 = load_k(g); pv14 = load_v(g); }
+            if (PL > 15u) { let g = slot_index(15u, lid, b, hk, kv0 + BKV); pk15 = load_k(g); pv15 = load_v(g); }
+        }
+
+        // s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        var dp00 = 0.0;
+        var dp01 = 0.0;
+        var dp02 = 0.0;
+        var dp03 = 0.0;
+        var dp10 = 0.0;
+        var dp11 = 0.0;
+        var dp12 = 0.0;
+        var dp13 = 0.0;
+        var dp20 = 0.0;
+        var dp21 = 0.0;
+        var dp22 = 0.0;
+        var dp23 = 0.0;
+        var dp30 = 0.0;
+        var dp31 = 0.0;
+        var dp32 = 0.0;
+        var dp33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let qr0 = qs[(tq) * RS + d4];
+            let dr0 = dos[(tq) * RS + d4];
+            let qr1 = qs[(tq + TQ) * RS + d4];
+            let dr1 = dos[(tq + TQ) * RS + d4];
+            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+            let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+            let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+            let kc0 = ks[kb + (tk) * RS + d4];
+            let vc0 = vs[(tk) * RS + d4];
+            let kc1 = ks[kb + (tk + TK) * RS + d4];
+            let vc1 = vs[(tk + TK) * RS + d4];
+            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+            let vc2 = vs[(tk + 2u * TK) * RS + d4];
+            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+            let vc3 = vs[(tk + 3u * TK) * RS + d4];
+            s00 += dot(qr0, kc0);
+            dp00 += dot(dr0, vc0);
+            s01 += dot(qr0, kc1);
+            dp01 += dot(dr0, vc1);
+            s02 += dot(qr0, kc2);
+            dp02 += dot(dr0, vc2);
+            s03 += dot(qr0, kc3);
+            dp03 += dot(dr0, vc3);
+            s10 += dot(qr1, kc0);
+            dp10 += dot(dr1, vc0);
+            s11 += dot(qr1, kc1);
+            dp11 += dot(dr1, vc1);
+            s12 += dot(qr1, kc2);
+            dp12 += dot(dr1, vc2);
+            s13 += dot(qr1, kc3);
+            dp13 += dot(dr1, vc3);
+            s20 += dot(qr2, kc0);
+            dp20 += dot(dr2, vc0);
+            s21 += dot(qr2, kc1);
+            dp21 += dot(dr2, vc1);
+            s22 += dot(qr2, kc2);
+            dp22 += dot(dr2, vc2);
+            s23 += dot(qr2, kc3);
+            dp23 += dot(dr2, vc3);
+            s30 += dot(qr3, kc0);
+            dp30 += dot(dr3, vc0);
+            s31 += dot(qr3, kc1);
+            dp31 += dot(dr3, vc1);
+            s32 += dot(qr3, kc2);
+            dp32 += dot(dr3, vc2);
+            s33 += dot(qr3, kc3);
+            dp33 += dot(dr3, vc3);
+        }
+        let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
+        let row0 = q0 + tq;
+        let row1 = q0 + tq + TQ;
+        let row2 = q0 + tq + 2u * TQ;
+        let row3 = q0 + tq + 3u * TQ;
+        {
+            let key = kv0 + tk;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s00 - lse2.x) * (dp00 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s10 - lse2.y) * (dp10 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s20 - lse2.z) * (dp20 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s30 - lse2.w) * (dp30 - dvec.w);
+            }
+            dss[(tk) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s01 - lse2.x) * (dp01 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s11 - lse2.y) * (dp11 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s21 - lse2.z) * (dp21 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s31 - lse2.w) * (dp31 - dvec.w);
+            }
+            dss[(tk + TK) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + 2u * TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s02 - lse2.x) * (dp02 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s12 - lse2.y) * (dp12 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s22 - lse2.z) * (dp22 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s32 - lse2.w) * (dp32 - dvec.w);
+            }
+            dss[(tk + 2u * TK) * TQ + tq] = ds;
+        }
+        {
+            let key = kv0 + tk + 3u * TK;
+            var ds = vec4<f32>();
+            if (!masking || (key <= row0 && key < p.seq && row0 < p.seq)) {
+                ds.x = exp2(s03 - lse2.x) * (dp03 - dvec.x);
+            }
+            if (!masking || (key <= row1 && key < p.seq && row1 < p.seq)) {
+                ds.y = exp2(s13 - lse2.y) * (dp13 - dvec.y);
+            }
+            if (!masking || (key <= row2 && key < p.seq && row2 < p.seq)) {
+                ds.z = exp2(s23 - lse2.z) * (dp23 - dvec.z);
+            }
+            if (!masking || (key <= row3 && key < p.seq && row3 < p.seq)) {
+                ds.w = exp2(s33 - lse2.w) * (dp33 - dvec.w);
+            }
+            dss[(tk + 3u * TK) * TQ + tq] = ds;
+        }
+        workgroupBarrier();
+        for (var n = 0u; n < BKV; n++) {
+            let dn = dss[n * TQ + tq];
+            let kc0 = ks[kb + n * RS + tk];
+            a00 = fma(vec4<f32>(dn.x), kc0, a00);
+            a10 = fma(vec4<f32>(dn.y), kc0, a10);
+            a20 = fma(vec4<f32>(dn.z), kc0, a20);
+            a30 = fma(vec4<f32>(dn.w), kc0, a30);
+            if (DV > 1u) {
+                let kc1 = ks[kb + n * RS + tk + TK];
+                a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                a31 = fma(vec4<f32>(dn.w), kc1, a31);
+            }
+            if (DV > 2u) {
+                let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                a32 = fma(vec4<f32>(dn.w), kc2, a32);
+            }
+            if (DV > 3u) {
+                let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                a33 = fma(vec4<f32>(dn.w), kc3, a33);
+            }
+        }
+        if (more) {   // ks/vs of that stage were last read before this tile's first barrier
+            if (PL > 0u) { stash(0u, lid, 1u - (it % 2u), pk0, pv0); }
+            if (PL > 1u) { stash(1u, lid, 1u - (it % 2u), pk1, pv1); }
+            if (PL > 2u) { stash(2u, lid, 1u - (it % 2u), pk2, pv2); }
+            if (PL > 3u) { stash(3u, lid, 1u - (it % 2u), pk3, pv3); }
+            if (PL > 4u) { stash(4u, lid, 1u - (it % 2u), pk4, pv4); }
+            if (PL > 5u) { stash(5u, lid, 1u - (it % 2u), pk5, pv5); }
+            if (PL > 6u) { stash(6u, lid, 1u - (it % 2u), pk6, pv6); }
+            if (PL > 7u) { stash(7u, lid, 1u - (it % 2u), pk7, pv7); }
+            if (PL > 8u) { stash(8u, lid, 1u - (it % 2u), pk8, pv8); }
+            if (PL > 9u) { stash(9u, lid, 1u - (it % 2u), pk9, pv9); }
+            if (PL > 10u) { stash(10u, lid, 1u - (it % 2u), pk10, pv10); }
+            if (PL > 11u) { stash(11u, lid, 1u - (it % 2u), pk11, pv11); }
+            if (PL > 12u) { stash(12u, lid, 1u - (it % 2u), pk12, pv12); }
+            if (PL > 13u) { stash(13u, lid, 1u - (it % 2u), pk13, pv13); }
+            if (PL > 14u) { stash(14u, lid, 1u - (it % 2u), pk14, pv14); }
+            if (PL > 15u) { stash(15u, lid, 1u - (it % 2u), pk15, pv15); }
+        }
+        workgroupBarrier();
+    }
+    {
+        let qi = q0 + tq;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a00 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a01 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a02 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a03 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a10 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a11 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a12 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a13 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + 2u * TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a20 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a21 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a22 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a23 * p.scale;
+            }
+        }
+    }
+    {
+        let qi = q0 + tq + 3u * TQ;
+        if (qi < p.seq) {
+            let base = q_row(b, qi, h);
+            dq_out[base + tk] = a30 * p.scale;
+            if (DV > 1u) {
+                dq_out[base + tk + TK] = a31 * p.scale;
+            }
+            if (DV > 2u) {
+                dq_out[base + tk + 2u * TK] = a32 * p.scale;
+            }
+            if (DV > 3u) {
+                dq_out[base + tk + 3u * TK] = a33 * p.scale;
+            }
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dkv_reg_db ---
+// attention_backward_dkv_reg with register prefetch + two stages (db): the next tile's global loads are issued into
+// named registers before this tile's math and stored into the other stage after it,
+// so a tile needs one barrier fewer than the reg kernel.
+// The (query head, query tile) loop is flattened into one step index, so the prefetch
+// crosses head boundaries too.
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
+@group(0) @binding(8) var<uniform> p: Params;
+
+override DV: u32 = HD / BQ;                         // output vec4s per row and invocation
+override PL: u32 = (BQ * H4 + WG - 1u) / WG;        // prefetch registers in use per operand
+override SL: u32 = (BQ + WG - 1u) / WG;             // ... per statistic (lse, dvec)
+var<workgroup> ks: array<vec4<f32>, BKV * RS>;
+var<workgroup> vs: array<vec4<f32>, BKV * RS>;
+var<workgroup> qs: array<vec4<f32>, 2u * BQ * RS>;
+var<workgroup> dos: array<vec4<f32>, 2u * BQ * RS>;
+var<workgroup> pts: array<vec4<f32>, BQ * TK>;      // p^T in the [query][tk] block order
+var<workgroup> dsts: array<vec4<f32>, BQ * TK>;     // ds^T
+var<workgroup> stats: array<f32, 2u * 2u * BQ>;   // per stage: lse * log2(e), dvec
+
+// Prefetch slot t of the query tile at q0 of head hq (zero past the sequence).
+fn fetch_q(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return q_in[q_row(b, q0 + r, hq) + i % H4] * p.scale; }
+    return vec4<f32>();
+}
+fn fetch_do(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return do_in[o_row(b, q0 + r, hq) + i % H4]; }
+    return vec4<f32>();
+}
+fn fetch_lse(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return lse_in[stat_index(b, hq, q0 + i)] * LOG2E; }
+    return 0.0;
+}
+fn fetch_dvec(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return dvec_in[stat_index(b, hq, q0 + i)]; }
+    return 0.0;
+}
+fn stash(t: u32, lid: u32, stage: u32, qv: vec4<f32>, dov: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BQ * H4) { return; }
+    let j = stage * BQ * RS + (i / H4) * RS + i % H4;
+    qs[j] = qv;
+    dos[j] = dov;
+}
+fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {
+    let i = lid + t * WG;
+    if (i >= BQ) { return; }
+    stats[stage * 2u * BQ + i] = lse2;
+    stats[stage * 2u * BQ + BQ + i] = dvv;
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dkv_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
+                                 @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32) {
+    let tq = lid % TQ;
+    let tk = lid / TQ;
+    let k0 = wg.x * BKV;
+    let b = wg.y / p.kv_heads;
+    let hk = wg.y % p.kv_heads;
+    let group = p.heads / p.kv_heads;
+
+    for (var i = lid; i < BKV * H4; i += WG) {
+        let n = i / H4;
+        let d4 = i % H4;
+        var kv = vec4<f32>();
+        var vv = vec4<f32>();
+        if (k0 + n < p.seq) {
+            let g = kv_row(b, k0 + n, hk) + d4;
+            kv = k_in[g];
+            vv = v_in[g];
+        }
+        ks[n * RS + d4] = kv;
+        vs[n * RS + d4] = vv;
+    }
+    var dk00 = vec4<f32>();
+    var dk01 = vec4<f32>();
+    var dk02 = vec4<f32>();
+    var dk03 = vec4<f32>();
+    var dk10 = vec4<f32>();
+    var dk11 = vec4<f32>();
+    var dk12 = vec4<f32>();
+    var dk13 = vec4<f32>();
+    var dk20 = vec4<f32>();
+    var dk21 = vec4<f32>();
+    var dk22 = vec4<f32>();
+    var dk23 = vec4<f32>();
+    var dk30 = vec4<f32>();
+    var dk31 = vec4<f32>();
+    var dk32 = vec4<f32>();
+    var dk33 = vec4<f32>();
+    var dv00 = vec4<f32>();
+    var dv01 = vec4<f32>();
+    var dv02 = vec4<f32>();
+    var dv03 = vec4<f32>();
+    var dv10 = vec4<f32>();
+    var dv11 = vec4<f32>();
+    var dv12 = vec4<f32>();
+    var dv13 = vec4<f32>();
+    var dv20 = vec4<f32>();
+    var dv21 = vec4<f32>();
+    var dv22 = vec4<f32>();
+    var dv23 = vec4<f32>();
+    var dv30 = vec4<f32>();
+    var dv31 = vec4<f32>();
+    var dv32 = vec4<f32>();
+    var dv33 = vec4<f32>();
+    let key0 = k0 + tk;
+    let key1 = k0 + tk + TK;
+    let key2 = k0 + tk + 2u * TK;
+    let key3 = k0 + tk + 3u * TK;
+    let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys
+    let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head
+    let total = group * nq;           // (head, query tile) steps, head-major
+    var pq0 = vec4<f32>();
+    var pq1 = vec4<f32>();
+    var pq2 = vec4<f32>();
+    var pq3 = vec4<f32>();
+    var pq4 = vec4<f32>();
+    var pq5 = vec4<f32>();
+    var pq6 = vec4<f32>();
+    var pq7 = vec4<f32>();
+    var pq8 = vec4<f32>();
+    var pq9 = vec4<f32>();
+    var pq10 = vec4<f32>();
+    var pq11 = vec4<f32>();
+    var pq12 = vec4<f32>();
+    var pq13 = vec4<f32>();
+    var pq14 = vec4<f32>();
+    var pq15 = vec4<f32>();
+    var pd0 = vec4<f32>();
+    var pd1 = vec4<f32>();
+    var pd2 = vec4<f32>();
+    var pd3 = vec4<f32>();
+    var pd4 = vec4<f32>();
+    var pd5 = vec4<f32>();
+    var pd6 = vec4<f32>();
+    var pd7 = vec4<f32>();
+    var pd8 = vec4<f32>();
+    var pd9 = vec4<f32>();
+    var pd10 = vec4<f32>();
+    var pd11 = vec4<f32>();
+    var pd12 = vec4<f32>();
+    var pd13 = vec4<f32>();
+    var pd14 = vec4<f32>();
+    var pd15 = vec4<f32>();
+    var sl0 = 0.0;
+    var sl1 = 0.0;
+    var sl2 = 0.0;
+    var sl3 = 0.0;
+    var sd0 = 0.0;
+    var sd1 = 0.0;
+    var sd2 = 0.0;
+    var sd3 = 0.0;
+    if (PL > 0u) { pq0 = fetch_q(0u, lid, b, hk * group, q_first); pd0 = fetch_do(0u, lid, b, hk * group, q_first); }
+    if (PL > 1u) { pq1 = fetch_q(1u, lid, b, hk * group, q_first); pd1 = fetch_do(1u, lid, b, hk * group, q_first); }
+    if (PL > 2u) { pq2 = fetch_q(2u, lid, b, hk * group, q_first); pd2 = fetch_do(2u, lid, b, hk * group, q_first); }
+    if (PL > 3u) { pq3 = fetch_q(3u, lid, b, hk * group, q_first); pd3 = fetch_do(3u, lid, b, hk * group, q_first); }
+    if (PL > 4u) { pq4 = fetch_q(4u, lid, b, hk * group, q_first); pd4 = fetch_do(4u, lid, b, hk * group, q_first); }
+    if (PL > 5u) { pq5 = fetch_q(5u, lid, b, hk * group, q_first); pd5 = fetch_do(5u, lid, b, hk * group, q_first); }
+    if (PL > 6u) { pq6 = fetch_q(6u, lid, b, hk * group, q_first); pd6 = fetch_do(6u, lid, b, hk * group, q_first); }
+    if (PL > 7u) { pq7 = fetch_q(7u, lid, b, hk * group, q_first); pd7 = fetch_do(7u, lid, b, hk * group, q_first); }
+    if (PL > 8u) { pq8 = fetch_q(8u, lid, b, hk * group, q_first); pd8 = fetch_do(8u, lid, b, hk * group, q_first); }
+    if (PL > 9u) { pq9 = fetch_q(9u, lid, b, hk * group, q_first); pd9 = fetch_do(9u, lid, b, hk * group, q_first); }
+    if (PL > 10u) { pq10 = fetch_q(10u, lid, b, hk * group, q_first); pd10 = fetch_do(10u, lid, b, hk * group, q_first); }
+    if (PL > 11u) { pq11 = fetch_q(11u, lid, b, hk * group, q_first); pd11 = fetch_do(11u, lid, b, hk * group, q_first); }
+    if (PL > 12u) { pq12 = fetch_q(12u, lid, b, hk * group, q_first); pd12 = fetch_do(12u, lid, b, hk * group, q_first); }
+    if (PL > 13u) { pq13 = fetch_q(13u, lid, b, hk * group, q_first); pd13 = fetch_do(13u, lid, b, hk * group, q_first); }
+    if (PL > 14u) { pq14 = fetch_q(14u, lid, b, hk * group, q_first); pd14 = fetch_do(14u, lid, b, hk * group, q_first); }
+    if (PL > 15u) { pq15 = fetch_q(15u, lid, b, hk * group, q_first); pd15 = fetch_do(15u, lid, b, hk * group, q_first); }
+    if (SL > 0u) { sl0 = fetch_lse(0u, lid, b, hk * group, q_first); sd0 = fetch_dvec(0u, lid, b, hk * group, q_first); }
+    if (SL > 1u) { sl1 = fetch_lse(1u, lid, b, hk * group, q_first); sd1 = fetch_dvec(1u, lid, b, hk * group, q_first); }
+    if (SL > 2u) { sl2 = fetch_lse(2u, lid, b, hk * group, q_first); sd2 = fetch_dvec(2u, lid, b, hk * group, q_first); }
+    if (SL > 3u) { sl3 = fetch_lse(3u, lid, b, hk * group, q_first); sd3 = fetch_dvec(3u, lid, b, hk * group, q_first); }
+    if (PL > 0u) { stash(0u, lid, 0u, pq0, pd0); }
+    if (PL > 1u) { stash(1u, lid, 0u, pq1, pd1); }
+    if (PL > 2u) { stash(2u, lid, 0u, pq2, pd2); }
+    if (PL > 3u) { stash(3u, lid, 0u, pq3, pd3); }
+    if (PL > 4u) { stash(4u, lid, 0u, pq4, pd4); }
+    if (PL > 5u) { stash(5u, lid, 0u, pq5, pd5); }
+    if (PL > 6u) { stash(6u, lid, 0u, pq6, pd6); }
+    if (PL > 7u) { stash(7u, lid, 0u, pq7, pd7); }
+    if (PL > 8u) { stash(8u, lid, 0u, pq8, pd8); }
+    if (PL > 9u) { stash(9u, lid, 0u, pq9, pd9); }
+    if (PL > 10u) { stash(10u, lid, 0u, pq10, pd10); }
+    if (PL > 11u) { stash(11u, lid, 0u, pq11, pd11); }
+    if (PL > 12u) { stash(12u, lid, 0u, pq12, pd12); }
+    if (PL > 13u) { stash(13u, lid, 0u, pq13, pd13); }
+    if (PL > 14u) { stash(14u, lid, 0u, pq14, pd14); }
+    if (PL > 15u) { stash(15u, lid, 0u, pq15, pd15); }
+    if (SL > 0u) { stash_stats(0u, lid, 0u, sl0, sd0); }
+    if (SL > 1u) { stash_stats(1u, lid, 0u, sl1, sd1); }
+    if (SL > 2u) { stash_stats(2u, lid, 0u, sl2, sd2); }
+    if (SL > 3u) { stash_stats(3u, lid, 0u, sl3, sd3); }
+    workgroupBarrier();   // ks, vs and the first query tile are staged
+    for (var it = 0u; it < total; it++) {
+        let q0 = q_first + (it % nq) * BQ;
+        let stage = it % 2u;
+        let qb = stage * BQ * RS;
+        let sb = stage * 2u * BQ;
+        let more = it + 1u < total;
+        if (more) {   // the next tile's loads land while the math below runs
+            let hn = hk * group + (it + 1u) / nq;
+            let qn = q_first + ((it + 1u) % nq) * BQ;
+            if (PL > 0u) { pq0 = fetch_q(0u, lid, b, hn, qn); pd0 = fetch_do(0u, lid, b, hn, qn); }
+            if (PL > 1u) { pq1 = fetch_q(1u, lid, b, hn, qn); pd1 = fetch_do(1u, lid, b, hn, qn); }
+            if (PL > 2u) { pq2 = fetch_q(2u, lid, b, hn, qn); pd2 = fetch_do(2u, lid, b, hn, qn); }
+            if (PL > 3u) { pq3 = fetch_q(3u, lid, b, hn, qn); pd3 = fetch_do(3u, lid, b, hn, qn); }
+            if (PL > 4u) { pq4 = fetch_q(4u, lid, b, hn, qn); pd4 = fetch_do(4u, lid, b, hn, qn); }
+            if (PL > 5u) { pq5 = fetch_q(5u, lid, b, hn, qn); pd5 = fetch_do(5u, lid, b, hn, qn); }
+            if (PL > 6u) { pq6 = fetch_q(6u, lid, b, hn, qn); pd6 = fetch_do(6u, lid, b, hn, qn); }
+            if (PL > 7u) { pq7 = fetch_q(7u, lid, b, hn, qn); pd7 = fetch_do(7u, lid, b, hn, qn); }
+            if (PL > 8u) { pq8 = fetch_q(8u, lid, b, hn, qn); pd8 = fetch_do(8u, lid, b, hn, qn); }
+            if (PL > 9u) { pq9 = fetch_q(9u, lid, b, hn, qn); pd9 = fetch_do(9u, lid, b, hn, qn); }
+            if (PL > 10u) { pq10 = fetch_q(10u, lid, b, hn, qn); pd10 = fetch_do(10u, lid, b, hn, qn); }
+            if (PL > 11u) { pq11 = fetch_q(11u, lid, b, hn, qn); pd11 = fetch_do(11u, lid, b, hn, qn); }
+            if (PL > 12u) { pq12 = fetch_q(12u, lid, b, hn, qn); pd12 = fetch_do(12u, lid, b, hn, qn); }
+            if (PL > 13u) { pq13 = fetch_q(13u, lid, b, hn, qn); pd13 = fetch_do(13u, lid, b, hn, qn); }
+            if (PL > 14u) { pq14 = fetch_q(14u, lid, b, hn, qn); pd14 = fetch_do(14u, lid, b, hn, qn); }
+            if (PL > 15u) { pq15 = fetch_q(15u, lid, b, hn, qn); pd15 = fetch_do(15u, lid, b, hn, qn); }
+            if (SL > 0u) { sl0 = fetch_lse(0u, lid, b, hn, qn); sd0 = fetch_dvec(0u, lid, b, hn, qn); }
+            if (SL > 1u) { sl1 = fetch_lse(1u, lid, b, hn, qn); sd1 = fetch_dvec(1u, lid, b, hn, qn); }
+            if (SL > 2u) { sl2 = fetch_lse(2u, lid, b, hn, qn); sd2 = fetch_dvec(2u, lid, b, hn, qn); }
+            if (SL > 3u) { sl3 = fetch_lse(3u, lid, b, hn, qn); sd3 = fetch_dvec(3u, lid, b, hn, qn); }
+        }
+
+        // s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j
+        var s00 = 0.0;
+        var s01 = 0.0;
+        var s02 = 0.0;
+        var s03 = 0.0;
+        var s10 = 0.0;
+        var s11 = 0.0;
+        var s12 = 0.0;
+        var s13 = 0.0;
+        var s20 = 0.0;
+        var s21 = 0.0;
+        var s22 = 0.0;
+        var s23 = 0.0;
+        var s30 = 0.0;
+        var s31 = 0.0;
+        var s32 = 0.0;
+        var s33 = 0.0;
+        var dp00 = 0.0;
+        var dp01 = 0.0;
+        var dp02 = 0.0;
+        var dp03 = 0.0;
+        var dp10 = 0.0;
+        var dp11 = 0.0;
+        var dp12 = 0.0;
+        var dp13 = 0.0;
+        var dp20 = 0.0;
+        var dp21 = 0.0;
+        var dp22 = 0.0;
+        var dp23 = 0.0;
+        var dp30 = 0.0;
+        var dp31 = 0.0;
+        var dp32 = 0.0;
+        var dp33 = 0.0;
+        for (var d4 = 0u; d4 < H4; d4++) {
+            let kr0 = ks[(tk) * RS + d4];
+            let vr0 = vs[(tk) * RS + d4];
+            let kr1 = ks[(tk + TK) * RS + d4];
+            let vr1 = vs[(tk + TK) * RS + d4];
+            let kr2 = ks[(tk + 2u * TK) * RS + d4];
+            let vr2 = vs[(tk + 2u * TK) * RS + d4];
+            let kr3 = ks[(tk + 3u * TK) * RS + d4];
+            let vr3 = vs[(tk + 3u * TK) * RS + d4];
+            let qc0 = qs[qb + (tq) * RS + d4];
+            let dc0 = dos[qb + (tq) * RS + d4];
+            let qc1 = qs[qb + (tq + TQ) * RS + d4];
+            let dc1 = dos[qb + (tq + TQ) * RS + d4];
+            let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+            let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+            let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+            let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+            s00 += dot(kr0, qc0);
+            dp00 += dot(vr0, dc0);
+            s01 += dot(kr0, qc1);
+            dp01 += dot(vr0, dc1);
+            s02 += dot(kr0, qc2);
+            dp02 += dot(vr0, dc2);
+            s03 += dot(kr0, qc3);
+            dp03 += dot(vr0, dc3);
+            s10 += dot(kr1, qc0);
+            dp10 += dot(vr1, dc0);
+            s11 += dot(kr1, qc1);
+            dp11 += dot(vr1, dc1);
+            s12 += dot(kr1, qc2);
+            dp12 += dot(vr1, dc2);
+            s13 += dot(kr1, qc3);
+            dp13 += dot(vr1, dc3);
+            s20 += dot(kr2, qc0);
+            dp20 += dot(vr2, dc0);
+            s21 += dot(kr2, qc1);
+            dp21 += dot(vr2, dc1);
+            s22 += dot(kr2, qc2);
+            dp22 += dot(vr2, dc2);
+            s23 += dot(kr2, qc3);
+            dp23 += dot(vr2, dc3);
+            s30 += dot(kr3, qc0);
+            dp30 += dot(vr3, dc0);
+            s31 += dot(kr3, qc1);
+            dp31 += dot(vr3, dc1);
+            s32 += dot(kr3, qc2);
+            dp32 += dot(vr3, dc2);
+            s33 += dot(kr3, qc3);
+            dp33 += dot(vr3, dc3);
+        }
+        let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
+        {
+            let qj = q0 + tq;
+            let lse2 = stats[sb + tq];
+            let dvq = stats[sb + BQ + tq];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s00, LOG2E, -lse2));
+                dst.x = pt.x * (dp00 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s10, LOG2E, -lse2));
+                dst.y = pt.y * (dp10 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s20, LOG2E, -lse2));
+                dst.z = pt.z * (dp20 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s30, LOG2E, -lse2));
+                dst.w = pt.w * (dp30 - dvq);
+            }
+            pts[(tq) * TK + tk] = pt;
+            dsts[(tq) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + TQ;
+            let lse2 = stats[sb + tq + TQ];
+            let dvq = stats[sb + BQ + tq + TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s01, LOG2E, -lse2));
+                dst.x = pt.x * (dp01 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s11, LOG2E, -lse2));
+                dst.y = pt.y * (dp11 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s21, LOG2E, -lse2));
+                dst.z = pt.z * (dp21 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s31, LOG2E, -lse2));
+                dst.w = pt.w * (dp31 - dvq);
+            }
+            pts[(tq + TQ) * TK + tk] = pt;
+            dsts[(tq + TQ) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + 2u * TQ;
+            let lse2 = stats[sb + tq + 2u * TQ];
+            let dvq = stats[sb + BQ + tq + 2u * TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s02, LOG2E, -lse2));
+                dst.x = pt.x * (dp02 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s12, LOG2E, -lse2));
+                dst.y = pt.y * (dp12 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s22, LOG2E, -lse2));
+                dst.z = pt.z * (dp22 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s32, LOG2E, -lse2));
+                dst.w = pt.w * (dp32 - dvq);
+            }
+            pts[(tq + 2u * TQ) * TK + tk] = pt;
+            dsts[(tq + 2u * TQ) * TK + tk] = dst;
+        }
+        {
+            let qj = q0 + tq + 3u * TQ;
+            let lse2 = stats[sb + tq + 3u * TQ];
+            let dvq = stats[sb + BQ + tq + 3u * TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            if (!masking || (key0 <= qj && qj < p.seq && key0 < p.seq)) {
+                pt.x = exp2(fma(s03, LOG2E, -lse2));
+                dst.x = pt.x * (dp03 - dvq);
+            }
+            if (!masking || (key1 <= qj && qj < p.seq && key1 < p.seq)) {
+                pt.y = exp2(fma(s13, LOG2E, -lse2));
+                dst.y = pt.y * (dp13 - dvq);
+            }
+            if (!masking || (key2 <= qj && qj < p.seq && key2 < p.seq)) {
+                pt.z = exp2(fma(s23, LOG2E, -lse2));
+                dst.z = pt.z * (dp23 - dvq);
+            }
+            if (!masking || (key3 <= qj && qj < p.seq && key3 < p.seq)) {
+                pt.w = exp2(fma(s33, LOG2E, -lse2));
+                dst.w = pt.w * (dp33 - dvq);
+            }
+            pts[(tq + 3u * TQ) * TK + tk] = pt;
+            dsts[(tq + 3u * TQ) * TK + tk] = dst;
+        }
+        workgroupBarrier();
+        for (var n = 0u; n < BQ; n++) {
+            let pn = pts[n * TK + tk];
+            let dn = dsts[n * TK + tk];
+            let dc0 = dos[qb + n * RS + tq];
+            let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+            dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+            dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+            dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+            dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+            dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+            dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+            dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+            dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+            if (DV > 1u) {
+                let dc1 = dos[qb + n * RS + tq + TQ];
+                let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+            }
+            if (DV > 2u) {
+                let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+            }
+            if (DV > 3u) {
+                let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+            }
+        }
+        if (more) {   // qs/dos/stats of that stage were last read before this tile's first barrier
+            if (PL > 0u) { stash(0u, lid, 1u - stage, pq0, pd0); }
+            if (PL > 1u) { stash(1u, lid, 1u - stage, pq1, pd1); }
+            if (PL > 2u) { stash(2u, lid, 1u - stage, pq2, pd2); }
+            if (PL > 3u) { stash(3u, lid, 1u - stage, pq3, pd3); }
+            if (PL > 4u) { stash(4u, lid, 1u - stage, pq4, pd4); }
+            if (PL > 5u) { stash(5u, lid, 1u - stage, pq5, pd5); }
+            if (PL > 6u) { stash(6u, lid, 1u - stage, pq6, pd6); }
+            if (PL > 7u) { stash(7u, lid, 1u - stage, pq7, pd7); }
+            if (PL > 8u) { stash(8u, lid, 1u - stage, pq8, pd8); }
+            if (PL > 9u) { stash(9u, lid, 1u - stage, pq9, pd9); }
+            if (PL > 10u) { stash(10u, lid, 1u - stage, pq10, pd10); }
+            if (PL > 11u) { stash(11u, lid, 1u - stage, pq11, pd11); }
+            if (PL > 12u) { stash(12u, lid, 1u - stage, pq12, pd12); }
+            if (PL > 13u) { stash(13u, lid, 1u - stage, pq13, pd13); }
+            if (PL > 14u) { stash(14u, lid, 1u - stage, pq14, pd14); }
+            if (PL > 15u) { stash(15u, lid, 1u - stage, pq15, pd15); }
+            if (SL > 0u) { stash_stats(0u, lid, 1u - stage, sl0, sd0); }
+            if (SL > 1u) { stash_stats(1u, lid, 1u - stage, sl1, sd1); }
+            if (SL > 2u) { stash_stats(2u, lid, 1u - stage, sl2, sd2); }
+            if (SL > 3u) { stash_stats(3u, lid, 1u - stage, sl3, sd3); }
+        }
+        workgroupBarrier();
     }
     if (key0 < p.seq) {
         let base = kv_row(b, key0, hk);
