@@ -14,6 +14,9 @@ TFLOP/s (2 flops per multiply-add):
     h16_splat_fold32 / h16_splat_fold64   the fold every 32 / 64 k-steps
     h16_two_level    16-step f16 partials summed into f16 sums, those into f32 every 64
     h16_swizzle_fold h16_splat_fold with the splat written as a .xxxx swizzle
+    h16_branch_fold  the fold as `if (k % 16 == 15)` inside a single k loop
+    h16_runtime_fold the nested loops with a runtime inner trip count (not unrollable)
+    f32_nested       f32_8x8 written with the nested loops of the fold kernels
     h16_splat_only   the same without the f32 fold (pure f16 accumulation: upper bound)
     h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
                      into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
@@ -122,6 +125,35 @@ def kernels() -> str:
         body += _sum_out([f"c{i}" for i in range(16)], 4)
         parts.append(_kernel(f"h16_splat_fold{fold}", "fill_f16", body))
 
+    # the fold as a branch inside one loop (no nested constant-trip loop to unroll)
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += [f"var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it++) {", "    let kk = it % 16u;"]
+    body += ["    " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")]
+    body += ["    if (kk == 15u) {"]
+    body += [f"        c{i} += vec4<f32>(h{i});" for i in range(16)]
+    body += [f"        h{i} = vec4<f16>();" for i in range(16)] + ["    }", "}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_branch_fold", "fill_f16", body))
+
+    # nested loops whose inner trip count is a runtime value (p._a = 16): not unrolled
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += p._a) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["    for (var kk = 0u; kk < p._a; kk++) {"]
+    body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_runtime_fold", "fill_f16", body))
+
+    # the f32 block in the same nested shape (does nesting alone cost?)
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += ["    for (var kk = 0u; kk < 16u; kk++) {"]
+    body += ["        " + s for s in loads32[1:] + _splat_fmas("vec4<f32>", "c")] + ["    }", "}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("f32_nested", "fill_f32", body))
+
     # two levels: 16-step f16 partials h added into f16 sums g, g into f32 every 64 steps
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it += 64u) {"]
@@ -179,7 +211,7 @@ def kernels() -> str:
 
 
 # multiply-adds per invocation and k-step
-MACS = {"f32_8x8": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64, "h16_splat_fold64": 64,
+MACS = {"f32_8x8": 64, "f32_nested": 64, "h16_branch_fold": 64, "h16_runtime_fold": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64, "h16_splat_fold64": 64,
         "h16_two_level": 64, "h16_swizzle_fold": 64, "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
 
 
@@ -196,7 +228,7 @@ def main(argv=None) -> int:
     software = dev.info.is_software
     groups, iters = (8, 256) if software else (132 * 16, 8192)
     out = dev.empty(groups * 256)
-    params = dev.uniform("IIII", iters, 0, 0, 0)
+    params = dev.uniform("IIII", iters, 16, 0, 0)
     rows = {}
     print(f"# {dev.info.summary()}: {groups} workgroups x 256 invocations x {iters} k-steps")
     for name, macs in MACS.items():
