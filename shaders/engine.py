@@ -497,6 +497,8 @@ class Device:
             runs += 1
             if min_warmup_s:
                 self.sync()
+                if runs == 1:   # the first run may have compiled pipelines: not GPU time
+                    start = time.perf_counter()
         self.sync()
         samples = []
         for _ in range(repeats):
