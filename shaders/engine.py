@@ -322,7 +322,6 @@ class Device:
                                                           65535))
         self._kernels: dict = {}
         self._params: dict = {}
-        self._warm_until = 0.0   # time_gpu: the GPU counts as clocked up until then
         # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
         # (NVIDIA, lavapipe) reports a 1 ns period.
         self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
@@ -480,16 +479,14 @@ class Device:
         """Median GPU seconds of one call of `encode(recorder)`, timed with timestamps.
 
         Each repetition is its own pass bracketed by timestamps; falls back to wall time
-        (after a sync) on devices without timestamp queries. A GPU that sat idle runs at
-        low clocks for a while: unless the previous timing ended moments ago, the warm-up
-        keeps running `encode` for at least `min_warmup_s` (default 0.25 s on hardware
-        GPUs, 0 on software adapters). Measured on the H200: the same matmul timed 1.2 ms
-        after a busy stretch and 5-7 ms after a few seconds of host work with 3 warm-ups.
+        (after a sync) on devices without timestamp queries. The warm-up runs `encode` at
+        least `warmup` times and, after the first run (which may compile pipelines), for at
+        least `min_warmup_s` (default 0.25 s on hardware GPUs, 0 on software adapters): on
+        the H200 the same matmul timed 1.2 ms in isolation and 4.6-6.6 ms right after a
+        stretch of memory-bound kernels with 3 warm-up runs (shaders/NOTES.md).
         """
         if min_warmup_s is None:
             min_warmup_s = 0.0 if self.info.is_software else 0.25
-        if time.perf_counter() < self._warm_until:
-            min_warmup_s = 0.0
         start, runs = time.perf_counter(), 0
         while runs < warmup or (time.perf_counter() - start < min_warmup_s and runs < 10_000):
             with self.record() as rec:
@@ -512,7 +509,6 @@ class Device:
                     encode(rec)
                 self.sync()
                 samples.append(time.perf_counter() - start)
-        self._warm_until = time.perf_counter() + 0.5
         return float(np.median(samples))
 
 
