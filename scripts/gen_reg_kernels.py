@@ -278,8 +278,8 @@ def _linear_body(tm: int, tn: int, h16: bool) -> str:
              "let row0 = m0 + 4u * ty;",
              "let col0 = n0 + 4u * tx;"]
     for g, r, h, i in acc:
-        row = "row0" + (f" + BM / 2u" if g else "") + (f" + {r}u" if r else "")
-        col = "col0" + (f" + BN / 2u" if h else "")
+        row = "row0" + (" + BM / 2u" if g else "") + (f" + {r}u" if r else "")
+        col = "col0" + (" + BN / 2u" if h else "")
         body.append(f"store_c4({row}, {col}, wg.z, c{i});")
     lines += _indent(body)
     lines.append("}")
@@ -373,17 +373,25 @@ def linear_h16() -> str:
              "fn load_b4(row: u32, c4: u32) -> vec4<f16> "
              "{ return b_in[row * (p.ldb / 4u) + c4]; }\n\n",
              _linear_helpers("f16")]
+    parts += _bodies_and_entry_points("matmul_nt_h16_reg", "reg_body",
+                                      lambda tm, tn: _linear_body(tm, tn, True))
+    return "".join(parts).rstrip() + "\n"
+
+
+def _bodies_and_entry_points(kernel: str, body: str, make_body) -> list[str]:
+    """Every register block's shared body, then one entry point per block calling it."""
+    parts = []
     for tm, tn in BLOCKS:
-        parts += ["\n", _linear_body(tm, tn, True)]
+        parts += ["\n", make_body(tm, tn)]
     parts.append("\n")
     for tm, tn in BLOCKS:
-        name = f"matmul_nt_h16_reg_{tm}x{tn}"
+        name = f"{kernel}_{tm}x{tn}"
         parts.append(f"// --- KERNEL: {name} ---\n"
                      "@compute @workgroup_size(WG)\n"
                      f"fn {name}(@builtin(workgroup_id) wg: vec3<u32>,\n"
                      "          @builtin(local_invocation_index) lid: u32) {\n"
-                     f"    reg_body_{tm}x{tn}(wg, lid);\n}}\n\n")
-    return "".join(parts).rstrip() + "\n"
+                     f"    {body}_{tm}x{tn}(wg, lid);\n}}\n\n")
+    return parts
 
 
 # ---- packed-f16 k-pair ("dot") matmul -----------------------------------------------------
@@ -617,16 +625,7 @@ def _linear_dot_body(tm: int, tn: int) -> str:
 
 def linear_h16_dot() -> str:
     parts = [LINEAR_DOT_DOC, PARAMS, "\n", LINEAR_DOT_HELPERS]
-    for tm, tn in BLOCKS:
-        parts += ["\n", _linear_dot_body(tm, tn)]
-    parts.append("\n")
-    for tm, tn in BLOCKS:
-        name = f"matmul_nt_h16_dot_{tm}x{tn}"
-        parts.append(f"// --- KERNEL: {name} ---\n"
-                     "@compute @workgroup_size(WG)\n"
-                     f"fn {name}(@builtin(workgroup_id) wg: vec3<u32>,\n"
-                     "          @builtin(local_invocation_index) lid: u32) {\n"
-                     f"    dot_body_{tm}x{tn}(wg, lid);\n}}\n\n")
+    parts += _bodies_and_entry_points("matmul_nt_h16_dot", "dot_body", _linear_dot_body)
     return "".join(parts).rstrip() + "\n"
 
 
@@ -735,6 +734,160 @@ def _dv_guard(j: int, lines: list[str]) -> list[str]:
     return [f"if (DV > {j}u) {{"] + _indent(lines) + ["}"]
 
 
+def _forward_tile_scores(kb: str = "") -> list[str]:
+    """A forward tile's scores (masked on the diagonal and last tiles), the new row maxima
+    through red_max, and p = exp2(s - m_new) into ps. `kb`: offset of the staged ks."""
+    L = ["// s<i><j>: row tq + TQ*i, key tk + TK*j"]
+    L += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    L += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    L += [f"    let qr{i} = qs[({_off('tq', 'TQ', i)}) * RS + d4];" for i in range(4)]
+    L += [f"    let kc{j} = ks[{kb}({_off('tk', 'TK', j)}) * RS + d4];" for j in range(4)]
+    L += [f"    s{i}{j} += dot(qr{i}, kc{j});" for i, j in IJ]
+    L += ["}", "if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask"]
+    L += [f"    let key{j} = {_off('kv0 + tk', 'TK', j)};" for j in range(4)]
+    L += [f"    let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
+    L += [f"    if (key{j} > row{i} || key{j} >= p.seq) {{ s{i}{j} = MASKED; }}"
+          for i, j in IJ]
+    L += ["}",
+          "red_max[tk * TQ + tq] = vec4<f32>("
+          + ", ".join(f"max(max(s{i}0, s{i}1), max(s{i}2, s{i}3))" for i in range(4)) + ");",
+          "workgroupBarrier();",
+          "var m_new = m;",
+          "for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }"]
+    for j in range(4):
+        L += [f"let p{j} = exp2(vec4<f32>(s0{j}, s1{j}, s2{j}, s3{j}) - m_new);",
+              f"ps[({_off('tk', 'TK', j)}) * TQ + tq] = p{j};"]
+    return L
+
+
+def _forward_tile_accumulate(vb: str = "") -> list[str]:
+    """After the barrier that publishes red_sum and ps: the running row sum and maximum, o
+    rescaled, o += p v. `vb`: offset of the staged vs."""
+    L = ["var tile_sum = vec4<f32>();",
+         "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
+         "let alpha = exp2(m - m_new);",
+         "l = l * alpha + tile_sum;",
+         "m = m_new;"]
+    L += [f"o{i}{j} *= alpha.{COMP[i]};" for i, j in IJ]
+    L += ["for (var n = 0u; n < BKV; n++) {", "    let pn = ps[n * TQ + tq];"]
+    for j in range(MAX_DV):
+        col = [f"let vc{j} = vs[{vb}n * H4 + {_off('tk', 'TK', j)}];"]
+        col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
+        L += _indent(_dv_guard(j, col))
+    return L + ["}"]
+
+
+def _dq_prologue() -> list[str]:
+    """dQ kernels: the workgroup's query rows and dO rows staged (q pre-scaled by
+    scale * log2 e), each invocation's lse (base 2) and dvec, zeroed accumulators."""
+    L = ["let tk = lid % TK;", "let tq = lid / TK;",
+         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
+         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+         "let qscale = p.scale * LOG2E;", "",
+         "for (var i = lid; i < BQ * H4; i += WG) {",
+         "    let r = i / H4;", "    let d4 = i % H4;",
+         "    var qv = vec4<f32>();", "    var dov = vec4<f32>();",
+         "    if (q0 + r < p.seq) {",
+         "        qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;",
+         "        dov = do_in[o_row(b, q0 + r, h) + d4];", "    }",
+         "    qs[r * RS + d4] = qv;", "    dos[r * RS + d4] = dov;", "}",
+         "var lse2 = vec4<f32>();", "var dvec = vec4<f32>();"]
+    for i in range(4):
+        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {",
+              f"        lse2.{COMP[i]} = lse_in[stat_index(b, h, qi)] * LOG2E;",
+              f"        dvec.{COMP[i]} = dvec_in[stat_index(b, h, qi)];", "    }", "}"]
+    L += _zero_vars("a")
+    return L
+
+
+def _dq_tile_scores(kb: str = "") -> list[str]:
+    """S and dP of a dQ tile, then ds = p (dp - dvec), masked, into dss. `kb`: offset of
+    the staged ks."""
+    L = ["// s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j"]
+    L += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    L += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
+    L += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    for i in range(4):
+        r = f"({_off('tq', 'TQ', i)}) * RS + d4"
+        L += [f"    let qr{i} = qs[{r}];", f"    let dr{i} = dos[{r}];"]
+    for j in range(4):
+        r = f"({_off('tk', 'TK', j)}) * RS + d4"
+        L += [f"    let kc{j} = ks[{kb}{r}];", f"    let vc{j} = vs[{r}];"]
+    for i, j in IJ:
+        L += [f"    s{i}{j} += dot(qr{i}, kc{j});", f"    dp{i}{j} += dot(dr{i}, vc{j});"]
+    L += ["}", "let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;"]
+    L += [f"let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
+    for j in range(4):
+        L += ["{", f"    let key = {_off('kv0 + tk', 'TK', j)};", "    var ds = vec4<f32>();"]
+        for i in range(4):
+            c = COMP[i]
+            L += [f"    if (!masking || (key <= row{i} && key < p.seq && row{i} < p.seq)) {{",
+                  f"        ds.{c} = exp2(s{i}{j} - lse2.{c}) * (dp{i}{j} - dvec.{c});",
+                  "    }"]
+        L += [f"    dss[({_off('tk', 'TK', j)}) * TQ + tq] = ds;", "}"]
+    return L
+
+
+def _dq_tile_accumulate(kb: str = "") -> list[str]:
+    """The barrier that publishes dss, then dq += ds k. `kb`: offset of the staged ks."""
+    L = ["workgroupBarrier();",
+         "for (var n = 0u; n < BKV; n++) {", "    let dn = dss[n * TQ + tq];"]
+    for j in range(MAX_DV):
+        col = [f"let kc{j} = ks[{kb}n * RS + {_off('tk', 'TK', j)}];"]
+        col += [f"a{i}{j} = fma(vec4<f32>(dn.{COMP[i]}), kc{j}, a{i}{j});" for i in range(4)]
+        L += _indent(_dv_guard(j, col))
+    return L + ["}"]
+
+
+def _dkv_tile_scores(qb: str = "", sb: str = "") -> list[str]:
+    """S^T and dP^T of a dK/dV tile, then p^T and ds^T, masked, into pts and dsts. `qb`:
+    offset of the staged qs/dos, `sb`: of the staged statistics."""
+    L = ["// s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j"]
+    L += [f"var s{i}{j} = 0.0;" for i, j in IJ]
+    L += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
+    L += ["for (var d4 = 0u; d4 < H4; d4++) {"]
+    for i in range(4):
+        r = f"({_off('tk', 'TK', i)}) * RS + d4"
+        L += [f"    let kr{i} = ks[{r}];", f"    let vr{i} = vs[{r}];"]
+    for j in range(4):
+        r = f"{qb}({_off('tq', 'TQ', j)}) * RS + d4"
+        L += [f"    let qc{j} = qs[{r}];", f"    let dc{j} = dos[{r}];"]
+    for i, j in IJ:
+        L += [f"    s{i}{j} += dot(kr{i}, qc{j});", f"    dp{i}{j} += dot(vr{i}, dc{j});"]
+    L += ["}", "let masking = q0 < k0 + BKV || q0 + BQ > p.seq;"]
+    for j in range(4):
+        L += ["{", f"    let qj = {_off('q0 + tq', 'TQ', j)};",
+              f"    let lse2 = stats[{sb}{_off('tq', 'TQ', j)}];",
+              f"    let dvq = stats[{sb}BQ + {_off('tq', 'TQ', j)}];",
+              "    var pt = vec4<f32>();", "    var dst = vec4<f32>();"]
+        for i in range(4):
+            c = COMP[i]
+            L += [f"    if (!masking || (key{i} <= qj && qj < p.seq && key{i} < p.seq)) {{",
+                  f"        pt.{c} = exp2(fma(s{i}{j}, LOG2E, -lse2));",
+                  f"        dst.{c} = pt.{c} * (dp{i}{j} - dvq);", "    }"]
+        L += [f"    pts[({_off('tq', 'TQ', j)}) * TK + tk] = pt;",
+              f"    dsts[({_off('tq', 'TQ', j)}) * TK + tk] = dst;", "}"]
+    return L
+
+
+def _dkv_tile_accumulate(qb: str = "") -> list[str]:
+    """The barrier that publishes pts/dsts, then dv += p^T do and dk += ds^T q. `qb`: offset
+    of the staged qs/dos."""
+    L = ["workgroupBarrier();",
+         "for (var n = 0u; n < BQ; n++) {",
+         "    let pn = pts[n * TK + tk];", "    let dn = dsts[n * TK + tk];"]
+    for j in range(MAX_DV):
+        col = [f"let dc{j} = dos[{qb}n * RS + {_off('tq', 'TQ', j)}];",
+               f"let qc{j} = qs[{qb}n * RS + {_off('tq', 'TQ', j)}];"
+               "   // pre-scaled: dk = scale ds q"]
+        for i in range(4):
+            c = COMP[i]
+            col += [f"dv{i}{j} = fma(vec4<f32>(pn.{c}), dc{j}, dv{i}{j});",
+                    f"dk{i}{j} = fma(vec4<f32>(dn.{c}), qc{j}, dk{i}{j});"]
+        L += _indent(_dv_guard(j, col))
+    return L + ["}"]
+
+
 def _attention_forward() -> str:
     L = []
     L += ["let tk = lid % TK;", "let tq = lid / TK;",
@@ -758,44 +911,12 @@ def _attention_forward() -> str:
           "            kv = k_in[g];", "            vv = v_in[g];", "        }",
           "        ks[n * RS + d4] = kv;", "        vs[n * H4 + d4] = vv;", "    }",
           "    workgroupBarrier();", ""]
-    inner = ["// s<i><j>: row tq + TQ*i, key tk + TK*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    inner += [f"    let qr{i} = qs[({_off('tq', 'TQ', i)}) * RS + d4];" for i in range(4)]
-    inner += [f"    let kc{j} = ks[({_off('tk', 'TK', j)}) * RS + d4];" for j in range(4)]
-    inner += [f"    s{i}{j} += dot(qr{i}, kc{j});" for i, j in IJ]
-    inner += ["}",
-              "if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask"]
-    inner += [f"    let key{j} = {_off('kv0 + tk', 'TK', j)};" for j in range(4)]
-    inner += [f"    let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
-    inner += [f"    if (key{j} > row{i} || key{j} >= p.seq) {{ s{i}{j} = MASKED; }}"
-              for i, j in IJ]
-    inner += ["}",
-              "red_max[tk * TQ + tq] = vec4<f32>("
-              + ", ".join(f"max(max(s{i}0, s{i}1), max(s{i}2, s{i}3))" for i in range(4)) + ");",
-              "workgroupBarrier();",
-              "var m_new = m;",
-              "for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }"]
-    for j in range(4):
-        inner += [f"let p{j} = exp2(vec4<f32>(s0{j}, s1{j}, s2{j}, s3{j}) - m_new);",
-                  f"ps[({_off('tk', 'TK', j)}) * TQ + tq] = p{j};"]
-    inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;",
-              "workgroupBarrier();",
-              "var tile_sum = vec4<f32>();",
-              "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
-              "let alpha = exp2(m - m_new);",
-              "l = l * alpha + tile_sum;",
-              "m = m_new;"]
-    inner += [f"o{i}{j} *= alpha.{COMP[i]};" for i, j in IJ]
-    inner += ["for (var n = 0u; n < BKV; n++) {", "    let pn = ps[n * TQ + tq];"]
-    for j in range(MAX_DV):
-        col = [f"let vc{j} = vs[n * H4 + {_off('tk', 'TK', j)}];"]
-        col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner = _forward_tile_scores()
+    inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;", "workgroupBarrier();"]
+    inner += _forward_tile_accumulate()
     L += _indent(inner) + ["}"]
     for i in range(4):
-        blk = [f"let inv = 1.0 / l.{COMP[i]};", f"let base = o_row(b, qi, h);"]
+        blk = [f"let inv = 1.0 / l.{COMP[i]};", "let base = o_row(b, qi, h);"]
         for j in range(MAX_DV):
             blk += _dv_guard(j, [f"o_out[base + {_off('tk', 'TK', j)}] = o{i}{j} * inv;"])
         blk += [f"if (tk == 0u) {{ lse_out[stat_index(b, h, qi)] = "
@@ -827,23 +948,7 @@ fn attention_forward_reg(@builtin(workgroup_id) wg: vec3<u32>,
 
 
 def _attention_dq() -> str:
-    L = ["let tk = lid % TK;", "let tq = lid / TK;",
-         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
-         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
-         "let qscale = p.scale * LOG2E;", "",
-         "for (var i = lid; i < BQ * H4; i += WG) {",
-         "    let r = i / H4;", "    let d4 = i % H4;",
-         "    var qv = vec4<f32>();", "    var dov = vec4<f32>();",
-         "    if (q0 + r < p.seq) {",
-         "        qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;",
-         "        dov = do_in[o_row(b, q0 + r, h) + d4];", "    }",
-         "    qs[r * RS + d4] = qv;", "    dos[r * RS + d4] = dov;", "}",
-         "var lse2 = vec4<f32>();", "var dvec = vec4<f32>();"]
-    for i in range(4):
-        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {",
-              f"        lse2.{COMP[i]} = lse_in[stat_index(b, h, qi)] * LOG2E;",
-              f"        dvec.{COMP[i]} = dvec_in[stat_index(b, h, qi)];", "    }", "}"]
-    L += _zero_vars("a")
+    L = _dq_prologue()
     L += ["let kv_end = min(p.seq, q0 + BQ);",
           "for (var kv0 = 0u; kv0 < kv_end; kv0 += BKV) {",
           "    workgroupBarrier();",
@@ -855,35 +960,8 @@ def _attention_dq() -> str:
           "            kv = k_in[g];", "            vv = v_in[g];", "        }",
           "        ks[n * RS + d4] = kv;", "        vs[n * RS + d4] = vv;", "    }",
           "    workgroupBarrier();", ""]
-    inner = ["// s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    for i in range(4):
-        r = f"({_off('tq', 'TQ', i)}) * RS + d4"
-        inner += [f"    let qr{i} = qs[{r}];", f"    let dr{i} = dos[{r}];"]
-    for j in range(4):
-        r = f"({_off('tk', 'TK', j)}) * RS + d4"
-        inner += [f"    let kc{j} = ks[{r}];", f"    let vc{j} = vs[{r}];"]
-    for i, j in IJ:
-        inner += [f"    s{i}{j} += dot(qr{i}, kc{j});", f"    dp{i}{j} += dot(dr{i}, vc{j});"]
-    inner += ["}", "let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;"]
-    inner += [f"let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
-    for j in range(4):
-        inner += ["{", f"    let key = {_off('kv0 + tk', 'TK', j)};", "    var ds = vec4<f32>();"]
-        for i in range(4):
-            c = COMP[i]
-            inner += [f"    if (!masking || (key <= row{i} && key < p.seq && row{i} < p.seq)) {{",
-                      f"        ds.{c} = exp2(s{i}{j} - lse2.{c}) * (dp{i}{j} - dvec.{c});",
-                      "    }"]
-        inner += [f"    dss[({_off('tk', 'TK', j)}) * TQ + tq] = ds;", "}"]
-    inner += ["workgroupBarrier();",
-              "for (var n = 0u; n < BKV; n++) {", "    let dn = dss[n * TQ + tq];"]
-    for j in range(MAX_DV):
-        col = [f"let kc{j} = ks[n * RS + {_off('tk', 'TK', j)}];"]
-        col += [f"a{i}{j} = fma(vec4<f32>(dn.{COMP[i]}), kc{j}, a{i}{j});" for i in range(4)]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner = _dq_tile_scores()
+    inner += _dq_tile_accumulate()
     L += _indent(inner) + ["}"]
     for i in range(4):
         blk = ["let base = q_row(b, qi, h);"]
@@ -947,43 +1025,8 @@ def _attention_dkv() -> str:
           "                dvv = dvec_in[stat_index(b, hq, q0 + i)];", "            }",
           "            stats[i] = lse2;", "            stats[BQ + i] = dvv;", "        }",
           "        workgroupBarrier();", ""]
-    inner = ["// s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    for i in range(4):
-        r = f"({_off('tk', 'TK', i)}) * RS + d4"
-        inner += [f"    let kr{i} = ks[{r}];", f"    let vr{i} = vs[{r}];"]
-    for j in range(4):
-        r = f"({_off('tq', 'TQ', j)}) * RS + d4"
-        inner += [f"    let qc{j} = qs[{r}];", f"    let dc{j} = dos[{r}];"]
-    for i, j in IJ:
-        inner += [f"    s{i}{j} += dot(kr{i}, qc{j});", f"    dp{i}{j} += dot(vr{i}, dc{j});"]
-    inner += ["}", "let masking = q0 < k0 + BKV || q0 + BQ > p.seq;"]
-    for j in range(4):
-        inner += ["{", f"    let qj = {_off('q0 + tq', 'TQ', j)};",
-                  f"    let lse2 = stats[{_off('tq', 'TQ', j)}];",
-                  f"    let dvq = stats[BQ + {_off('tq', 'TQ', j)}];",
-                  "    var pt = vec4<f32>();", "    var dst = vec4<f32>();"]
-        for i in range(4):
-            c = COMP[i]
-            inner += [f"    if (!masking || (key{i} <= qj && qj < p.seq && key{i} < p.seq)) {{",
-                      f"        pt.{c} = exp2(fma(s{i}{j}, LOG2E, -lse2));",
-                      f"        dst.{c} = pt.{c} * (dp{i}{j} - dvq);", "    }"]
-        inner += [f"    pts[({_off('tq', 'TQ', j)}) * TK + tk] = pt;",
-                  f"    dsts[({_off('tq', 'TQ', j)}) * TK + tk] = dst;", "}"]
-    inner += ["workgroupBarrier();",
-              "for (var n = 0u; n < BQ; n++) {",
-              "    let pn = pts[n * TK + tk];", "    let dn = dsts[n * TK + tk];"]
-    for j in range(MAX_DV):
-        col = [f"let dc{j} = dos[n * RS + {_off('tq', 'TQ', j)}];",
-               f"let qc{j} = qs[n * RS + {_off('tq', 'TQ', j)}];   // pre-scaled: dk = scale ds q"]
-        for i in range(4):
-            c = COMP[i]
-            col += [f"dv{i}{j} = fma(vec4<f32>(pn.{c}), dc{j}, dv{i}{j});",
-                    f"dk{i}{j} = fma(vec4<f32>(dn.{c}), qc{j}, dk{i}{j});"]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner = _dkv_tile_scores()
+    inner += _dkv_tile_accumulate()
     L += _indent(inner, 2) + ["    }", "}"]
     for i in range(4):
         blk = [f"let base = kv_row(b, key{i}, hk);"]
@@ -1108,27 +1151,7 @@ def _attention_forward_staged(db: bool) -> str:
     else:
         L += _indent(_pf_fetch(("pk",), ("load_k",), "b, hk, kv0 + BKV"), 2)
     L += ["    }", ""]
-    inner = ["// s<i><j>: row tq + TQ*i, key tk + TK*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    inner += [f"    let qr{i} = qs[({_off('tq', 'TQ', i)}) * RS + d4];" for i in range(4)]
-    inner += [f"    let kc{j} = ks[kb + ({_off('tk', 'TK', j)}) * RS + d4];" for j in range(4)]
-    inner += [f"    s{i}{j} += dot(qr{i}, kc{j});" for i, j in IJ]
-    inner += ["}",
-              "if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask"]
-    inner += [f"    let key{j} = {_off('kv0 + tk', 'TK', j)};" for j in range(4)]
-    inner += [f"    let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
-    inner += [f"    if (key{j} > row{i} || key{j} >= p.seq) {{ s{i}{j} = MASKED; }}"
-              for i, j in IJ]
-    inner += ["}",
-              "red_max[tk * TQ + tq] = vec4<f32>("
-              + ", ".join(f"max(max(s{i}0, s{i}1), max(s{i}2, s{i}3))" for i in range(4)) + ");",
-              "workgroupBarrier();",
-              "var m_new = m;",
-              "for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }"]
-    for j in range(4):
-        inner += [f"let p{j} = exp2(vec4<f32>(s0{j}, s1{j}, s2{j}, s3{j}) - m_new);",
-                  f"ps[({_off('tk', 'TK', j)}) * TQ + tq] = p{j};"]
+    inner = _forward_tile_scores("kb + ")
     inner += ["red_sum[tk * TQ + tq] = p0 + p1 + p2 + p3;"]
     if db:
         # Every reader of the other stage (the previous tile's scores and p v) passed the
@@ -1149,21 +1172,10 @@ def _attention_forward_staged(db: bool) -> str:
         inner += ["if (more) {   // the next tile's v lands during p v and the next scores"]
         inner += _indent(_pf_fetch(("pv",), ("load_v",), "b, hk, kv0 + BKV"))
         inner += ["}"]
-    inner += ["var tile_sum = vec4<f32>();",
-              "for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }",
-              "let alpha = exp2(m - m_new);",
-              "l = l * alpha + tile_sum;",
-              "m = m_new;"]
-    inner += [f"o{i}{j} *= alpha.{COMP[i]};" for i, j in IJ]
-    inner += ["for (var n = 0u; n < BKV; n++) {", "    let pn = ps[n * TQ + tq];"]
-    for j in range(MAX_DV):
-        col = [f"let vc{j} = vs[vb + n * H4 + {_off('tk', 'TK', j)}];"]
-        col += [f"o{i}{j} = fma(vec4<f32>(pn.{COMP[i]}), vc{j}, o{i}{j});" for i in range(4)]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner += _forward_tile_accumulate("vb + ")
     L += _indent(inner) + ["}"]   # (both store mid-tile: two barriers per tile, not four)
     for i in range(4):
-        blk = [f"let inv = 1.0 / l.{COMP[i]};", f"let base = o_row(b, qi, h);"]
+        blk = [f"let inv = 1.0 / l.{COMP[i]};", "let base = o_row(b, qi, h);"]
         for j in range(MAX_DV):
             blk += _dv_guard(j, [f"o_out[base + {_off('tk', 'TK', j)}] = o{i}{j} * inv;"])
         blk += [f"if (tk == 0u) {{ lse_out[stat_index(b, h, qi)] = "
@@ -1223,23 +1235,7 @@ fn {name}(@builtin(workgroup_id) wg: vec3<u32>,
 def _attention_dq_staged(db: bool) -> str:
     sfx = "db" if db else "pf"
     name = f"attention_backward_dq_reg_{sfx}"
-    L = ["let tk = lid % TK;", "let tq = lid / TK;",
-         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
-         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
-         "let qscale = p.scale * LOG2E;", "",
-         "for (var i = lid; i < BQ * H4; i += WG) {",
-         "    let r = i / H4;", "    let d4 = i % H4;",
-         "    var qv = vec4<f32>();", "    var dov = vec4<f32>();",
-         "    if (q0 + r < p.seq) {",
-         "        qv = q_in[q_row(b, q0 + r, h) + d4] * qscale;",
-         "        dov = do_in[o_row(b, q0 + r, h) + d4];", "    }",
-         "    qs[r * RS + d4] = qv;", "    dos[r * RS + d4] = dov;", "}",
-         "var lse2 = vec4<f32>();", "var dvec = vec4<f32>();"]
-    for i in range(4):
-        L += ["{", f"    let qi = {_off('q0 + tq', 'TQ', i)};", "    if (qi < p.seq) {",
-              f"        lse2.{COMP[i]} = lse_in[stat_index(b, h, qi)] * LOG2E;",
-              f"        dvec.{COMP[i]} = dvec_in[stat_index(b, h, qi)];", "    }", "}"]
-    L += _zero_vars("a")
+    L = _dq_prologue()
     L += ["let kv_end = min(p.seq, q0 + BQ);",
           "let tiles = (kv_end + BKV - 1u) / BKV;"]
     L += _pf_decls(("pk", "pv"))
@@ -1253,35 +1249,8 @@ def _attention_dq_staged(db: bool) -> str:
           "    if (more) {   // the next tile's loads land while the math below runs"]
     L += _indent(_pf_fetch(("pk", "pv"), ("load_k", "load_v"), "b, hk, kv0 + BKV"), 2)
     L += ["    }", ""]
-    inner = ["// s<i><j>, dp<i><j>: row tq + TQ*i, key tk + TK*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    for i in range(4):
-        r = f"({_off('tq', 'TQ', i)}) * RS + d4"
-        inner += [f"    let qr{i} = qs[{r}];", f"    let dr{i} = dos[{r}];"]
-    for j in range(4):
-        r = f"({_off('tk', 'TK', j)}) * RS + d4"
-        inner += [f"    let kc{j} = ks[kb + {r}];", f"    let vc{j} = vs[{r}];"]
-    for i, j in IJ:
-        inner += [f"    s{i}{j} += dot(qr{i}, kc{j});", f"    dp{i}{j} += dot(dr{i}, vc{j});"]
-    inner += ["}", "let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;"]
-    inner += [f"let row{i} = {_off('q0 + tq', 'TQ', i)};" for i in range(4)]
-    for j in range(4):
-        inner += ["{", f"    let key = {_off('kv0 + tk', 'TK', j)};", "    var ds = vec4<f32>();"]
-        for i in range(4):
-            c = COMP[i]
-            inner += [f"    if (!masking || (key <= row{i} && key < p.seq && row{i} < p.seq)) {{",
-                      f"        ds.{c} = exp2(s{i}{j} - lse2.{c}) * (dp{i}{j} - dvec.{c});",
-                      "    }"]
-        inner += [f"    dss[({_off('tk', 'TK', j)}) * TQ + tq] = ds;", "}"]
-    inner += ["workgroupBarrier();",
-              "for (var n = 0u; n < BKV; n++) {", "    let dn = dss[n * TQ + tq];"]
-    for j in range(MAX_DV):
-        col = [f"let kc{j} = ks[kb + n * RS + {_off('tk', 'TK', j)}];"]
-        col += [f"a{i}{j} = fma(vec4<f32>(dn.{COMP[i]}), kc{j}, a{i}{j});" for i in range(4)]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner = _dq_tile_scores("kb + ")
+    inner += _dq_tile_accumulate("kb + ")
     inner += _staged_tail(db, ("pk", "pv"), "1u - (it % 2u)" if db else "0u",
                           "ks/vs of that stage were last read before this tile's first barrier"
                           if db else "nobody reads ks/vs until the barrier below")
@@ -1382,44 +1351,8 @@ def _attention_dkv_staged(db: bool) -> str:
           "        let qn = q_first + ((it + 1u) % nq) * BQ;"]
     L += _indent(fetch("b, hn, qn"), 2)
     L += ["    }", ""]
-    inner = ["// s<i><j>, dp<i><j>: key tk + TK*i, query tq + TQ*j"]
-    inner += [f"var s{i}{j} = 0.0;" for i, j in IJ]
-    inner += [f"var dp{i}{j} = 0.0;" for i, j in IJ]
-    inner += ["for (var d4 = 0u; d4 < H4; d4++) {"]
-    for i in range(4):
-        r = f"({_off('tk', 'TK', i)}) * RS + d4"
-        inner += [f"    let kr{i} = ks[{r}];", f"    let vr{i} = vs[{r}];"]
-    for j in range(4):
-        r = f"qb + ({_off('tq', 'TQ', j)}) * RS + d4"
-        inner += [f"    let qc{j} = qs[{r}];", f"    let dc{j} = dos[{r}];"]
-    for i, j in IJ:
-        inner += [f"    s{i}{j} += dot(kr{i}, qc{j});", f"    dp{i}{j} += dot(vr{i}, dc{j});"]
-    inner += ["}", "let masking = q0 < k0 + BKV || q0 + BQ > p.seq;"]
-    for j in range(4):
-        inner += ["{", f"    let qj = {_off('q0 + tq', 'TQ', j)};",
-                  f"    let lse2 = stats[sb + {_off('tq', 'TQ', j)}];",
-                  f"    let dvq = stats[sb + BQ + {_off('tq', 'TQ', j)}];",
-                  "    var pt = vec4<f32>();", "    var dst = vec4<f32>();"]
-        for i in range(4):
-            c = COMP[i]
-            inner += [f"    if (!masking || (key{i} <= qj && qj < p.seq && key{i} < p.seq)) {{",
-                      f"        pt.{c} = exp2(fma(s{i}{j}, LOG2E, -lse2));",
-                      f"        dst.{c} = pt.{c} * (dp{i}{j} - dvq);", "    }"]
-        inner += [f"    pts[({_off('tq', 'TQ', j)}) * TK + tk] = pt;",
-                  f"    dsts[({_off('tq', 'TQ', j)}) * TK + tk] = dst;", "}"]
-    inner += ["workgroupBarrier();",
-              "for (var n = 0u; n < BQ; n++) {",
-              "    let pn = pts[n * TK + tk];", "    let dn = dsts[n * TK + tk];"]
-    for j in range(MAX_DV):
-        col = [f"let dc{j} = dos[qb + n * RS + {_off('tq', 'TQ', j)}];",
-               f"let qc{j} = qs[qb + n * RS + {_off('tq', 'TQ', j)}];"
-               "   // pre-scaled: dk = scale ds q"]
-        for i in range(4):
-            c = COMP[i]
-            col += [f"dv{i}{j} = fma(vec4<f32>(pn.{c}), dc{j}, dv{i}{j});",
-                    f"dk{i}{j} = fma(vec4<f32>(dn.{c}), qc{j}, dk{i}{j});"]
-        inner += _indent(_dv_guard(j, col))
-    inner += ["}"]
+    inner = _dkv_tile_scores("qb + ", "sb + ")
+    inner += _dkv_tile_accumulate("qb + ")
     if not db:
         inner.append("workgroupBarrier();   // pf: every read of the single stage is done")
     inner += ["if (more) {   // " + ("qs/dos/stats of that stage were last read before this "
