@@ -35,7 +35,7 @@ export ISTANBUL_VOCAB_DIR="${ISTANBUL_VOCAB_DIR:-$(cd .. && pwd)/shared/vocab}"
 export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
-declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=200 [train]=200 [tests]=240
+declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [tests]=240
                   [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240 [probe]=60)
 
 run_step() {
