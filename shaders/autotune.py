@@ -152,10 +152,12 @@ def time_candidates(device, candidates, encode_for, repeats: int = 10, warmup: i
             continue
         try:
             encode = encode_for(cand)
-            # candidates run back to back on the same buffers: after the first one (warmed
-            # up for time_gpu's minimum), the counted warm-up runs suffice
+            # candidates run back to back on the same buffers: the first one warms the GPU
+            # up for a second (after host work the H200 ran matmuls several times slower for
+            # a few seconds; shaders/NOTES.md), then the counted warm-up runs suffice
             times[cand] = device.time_gpu(encode, repeats=repeats, warmup=warmup,
-                                          min_warmup_s=0.0 if i else None)
+                                          min_warmup_s=0.0 if i or device.info.is_software
+                                          else 1.0)
         except Exception as exc:  # a config the device refuses is simply not a winner
             times[cand] = math.inf
             print(f"#   {cand}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
