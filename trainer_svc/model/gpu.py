@@ -367,13 +367,9 @@ class GpuModel:
         self._upload_tokens(micro)
         self.write_hyper(lr=lr, step=step, tc=tc)
         key = (accum, repr(tc))
-        commands = None
-        if self._next_step is not None and self._next_step[0] == key:
-            commands = self._next_step[1]
-        self._next_step = None
-        if commands is None:
-            commands = self._record_step_commands(accum, tc)
-        self.dev.submit(commands)
+        pending, self._next_step = self._next_step, None
+        fresh = pending is None or pending[0] != key
+        self.dev.submit(self._record_step_commands(accum, tc) if fresh else pending[1])
         self._next_step = (key, self._record_step_commands(accum, tc))
         results = self.dev.download(self.results)
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
@@ -383,9 +379,12 @@ class GpuModel:
 
     def _record_step_commands(self, accum: int, tc):
         rec = self.dev.record("train step")
+        self._record_step(rec, accum, tc)
+        return rec.finish()
+
+    def _record_step(self, rec, accum: int, tc) -> None:
         self._record_gradients(rec, accum, tc)
         self.record_update(rec, tc=tc)
-        return rec.finish()
 
     def _record_gradients(self, rec, accum: int, tc) -> None:
         """Zero the gradients, then forward + backward of every micro-batch (they add up);
@@ -405,8 +404,7 @@ class GpuModel:
         self._upload_tokens(micro)
         self.write_hyper(lr=lr, step=step, tc=tc)
         with self.dev.record("profiled step", timing=True) as rec:
-            self._record_gradients(rec, micro.shape[0], tc)
-            self.record_update(rec, tc=tc)
+            self._record_step(rec, micro.shape[0], tc)
         return rec.gpu_times
 
     def gradients(self, micro: np.ndarray, tc) -> tuple[float, np.ndarray]:
