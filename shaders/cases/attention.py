@@ -316,76 +316,26 @@ register(KernelCase(
     description="tiled attention with 16x8 / 8x8 tiles (many tiles, uneven diagonal)"))
 
 
-# ---- the named-register kernels (05_attention_reg.wgsl), pinned ------------------------------
-
-def _reg_kernels(D, rows=16, cols=16):
-    return [(attention.FILE_REG, attention.REG_KERNELS[k],
-             attention.tiled_constants(k, rows, cols, D)) for k in ("forward", "dq", "dkv")]
-
-
-register(KernelCase(
-    name="attention_forward_reg", family="attention", precision="f32",
-    kernels=_reg_kernels(16)[:1],
-    inputs=make_inputs,
-    launch=lambda dev, inp: forward_launch(dev, inp, None, tiled_configs(dev, inp, None, "reg")),
-    reference=forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
-    flops=lambda inp: 2.0 * _units(inp),
-    bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
-                       + 4.0 * inp["B"] * inp["H"] * inp["T"]),
-    description="named-register forward: 4x4 score blocks, vec4 tiles, online softmax"))
-
-register(KernelCase(
-    name="attention_backward_reg", family="attention", precision="f32",
-    kernels=_reg_kernels(16),
-    inputs=make_inputs,
-    launch=lambda dev, inp: backward_launch(dev, inp, None, tiled_configs(dev, inp, None, "reg")),
-    reference=backward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
-    grad=lambda dev, rng: backward_grad(dev, rng, tiled=True, impl="reg"),
-    flops=lambda inp: 9.0 * _units(inp),
-    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
-    description="named-register forward + prep + dQ + dK/dV (timed together)"))
-
-register(KernelCase(
-    name="attention_backward_reg_small", family="attention", precision="f32",
-    kernels=_reg_kernels(16, 8, 8),
-    inputs=make_inputs,
-    launch=lambda dev, inp: backward_launch(dev, inp, None,
-                                            tiled_configs(dev, inp, SMALL_CONFIGS, "reg")),
-    reference=backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
-    bench_variant_software="bench_small_d32",
-    grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True, impl="reg"),
-    flops=lambda inp: 9.0 * _units(inp),
-    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
-    description="named-register attention with 16x8 / 8x8 tiles (many tiles, uneven diagonal)"))
+# ---- the named-register kernels (05_attention_reg.wgsl), pinned: "reg" and its staged
+# variants "-pf" / "-db" (the same sums in the same order) ---------------------------------
 
 # column tiles of D/4 (D 16: 4 columns): the output blocks are 4 vec4s wide (DV = 4)
 WIDE_CONFIGS = {"forward": "16x4", "dq": "8x4", "dkv": "8x4"}
-register(KernelCase(
-    name="attention_backward_reg_wide", family="attention", precision="f32",
-    kernels=_reg_kernels(16, 8, 4),
-    inputs=make_inputs,
-    launch=lambda dev, inp: backward_launch(dev, inp, None,
-                                            tiled_configs(dev, inp, WIDE_CONFIGS, "reg")),
-    reference=backward_reference, variants=("random", "peaked", "mha"),
-    bench_variant="long", bench_variant_software="long",
-    grad=lambda dev, rng: backward_grad(dev, rng, pinned=WIDE_CONFIGS, tiled=True, impl="reg"),
-    flops=lambda inp: 9.0 * _units(inp),
-    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
-    description="named-register attention, 4-column tiles: 4 output vec4s per row"))
 
 
-# ---- the staged reg kernels ("-pf", "-db" configs), pinned ---------------------------------
-
-def _staged_kernels(impl, D, rows=16, cols=16):
+def _reg_kernels(impl, D, rows=16, cols=16):
     return [(attention.FILE_REG, attention.impl_kernel(k, impl)[1],
              attention.tiled_constants(k, rows, cols, D)) for k in ("forward", "dq", "dkv")]
 
 
-def _register_staged(impl):
-    what = {"pf": "register-prefetched", "db": "register-prefetched two-stage"}[impl]
+def _register_reg(impl):
+    what = {"reg": "named-register", "pf": "register-prefetched",
+            "db": "register-prefetched two-stage"}[impl]
+    how = (": 4x4 score blocks, vec4 tiles, online softmax" if impl == "reg" else
+           f" (-{impl}): next key tile loaded during this tile's math")
     register(KernelCase(
         name=f"attention_forward_{impl}", family="attention", precision="f32",
-        kernels=_staged_kernels(impl, 16)[:1],
+        kernels=_reg_kernels(impl, 16)[:1],
         inputs=make_inputs,
         launch=lambda dev, inp: forward_launch(dev, inp, None,
                                                tiled_configs(dev, inp, None, impl)),
@@ -394,11 +344,11 @@ def _register_staged(impl):
         flops=lambda inp: 2.0 * _units(inp),
         bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
                            + 4.0 * inp["B"] * inp["H"] * inp["T"]),
-        description=f"{what} forward (-{impl}): next key tile loaded during this tile's math"))
+        description=f"{what} forward{how}"))
 
     register(KernelCase(
         name=f"attention_backward_{impl}", family="attention", precision="f32",
-        kernels=_staged_kernels(impl, 16),
+        kernels=_reg_kernels(impl, 16),
         inputs=make_inputs,
         launch=lambda dev, inp: backward_launch(dev, inp, None,
                                                 tiled_configs(dev, inp, None, impl)),
@@ -411,7 +361,7 @@ def _register_staged(impl):
 
     register(KernelCase(
         name=f"attention_backward_{impl}_small", family="attention", precision="f32",
-        kernels=_staged_kernels(impl, 16, 8, 8),
+        kernels=_reg_kernels(impl, 16, 8, 8),
         inputs=make_inputs,
         launch=lambda dev, inp: backward_launch(dev, inp, None,
                                                 tiled_configs(dev, inp, SMALL_CONFIGS, impl)),
@@ -425,7 +375,7 @@ def _register_staged(impl):
 
     register(KernelCase(
         name=f"attention_backward_{impl}_wide", family="attention", precision="f32",
-        kernels=_staged_kernels(impl, 16, 8, 4),
+        kernels=_reg_kernels(impl, 16, 8, 4),
         inputs=make_inputs,
         launch=lambda dev, inp: backward_launch(dev, inp, None,
                                                 tiled_configs(dev, inp, WIDE_CONFIGS, impl)),
@@ -438,5 +388,5 @@ def _register_staged(impl):
         description=f"{what} attention (-{impl}), 4-column tiles: 4 output vec4s per row"))
 
 
-for _impl in attention.STAGED:
-    _register_staged(_impl)
+for _impl in ("reg",) + attention.STAGED:
+    _register_reg(_impl)
