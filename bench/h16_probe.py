@@ -21,6 +21,9 @@ TFLOP/s (2 flops per multiply-add):
     h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
                      into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
     h16_splat_regs   h16_splat_only with operands in registers (no workgroup loads)
+    h16_unrolled_fold  h16_splat_fold with the 16 k-steps written out (no inner loop)
+    h16_stagger_fold half of the partials folded every 8 k-steps (conversions overlap FMAs)
+    h16_fold_8x4     h16_splat_fold with an 8x4 block (half the registers)
 
 Needs shader-f16. Writes DIR/h16_probe.json when --out is given.
 """
@@ -200,6 +203,44 @@ def kernels() -> str:
     body += _sum_out([f"c{r}{c}" for r in range(8) for c in range(4)], 2)
     parts.append(_kernel("h16_pair_fold", "fill_f16", body))
 
+    # the 16 k-steps of a fold written out (constant kk, no inner loop for the compiler)
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+    for kk in range(16):
+        body += ["    {", f"        let kk = {kk}u;"]
+        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_unrolled_fold", "fill_f16", body))
+
+    # staggered fold: half of the partials folded (and restarted) every 8 k-steps, so the
+    # conversions of one half overlap the other half's FMAs
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += [f"var h{i} = vec4<f16>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    for half in range(2):
+        body += ["    for (var k8 = 0u; k8 < 8u; k8++) {", f"        let kk = k8 + {8 * half}u;"]
+        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+        part = range(8) if half == 0 else range(8, 16)
+        body += [f"    c{i} += vec4<f32>(h{i}); h{i} = vec4<f16>();" for i in part]
+    body += ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_stagger_fold", "fill_f16", body))
+
+    # 8x4 block (8 vec4 partials, 8 vec4 f32 accumulators: half the registers)
+    body = [f"var c{i} = vec4<f32>();" for i in range(8)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(8)]
+    body += ["    for (var kk = 0u; kk < 16u; kk++) {",
+             "        let a0 = Ah[kk * 33u + ty]; let a1 = Ah[kk * 33u + ty + 16u];",
+             "        let b0 = Bh[kk * 33u + tx];"]
+    body += [f"        h{g * 4 + r} = fma(vec4<f16>(a{g}.{C[r]}), b0, h{g * 4 + r});"
+             for g in range(2) for r in range(4)] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(8)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(8)], 4)
+    parts.append(_kernel("h16_fold_8x4", "fill_f16", body))
+
     body = [f"var h{i} = vec4<f16>();" for i in range(16)]
     body += ["var a0 = Ah[ty]; var a1 = Ah[ty + 16u]; var b0 = Bh[tx]; var b1 = Bh[tx + 16u];",
              "for (var it = 0u; it < p.iters; it++) {"]
@@ -211,8 +252,11 @@ def kernels() -> str:
 
 
 # multiply-adds per invocation and k-step
-MACS = {"f32_8x8": 64, "f32_nested": 64, "h16_branch_fold": 64, "h16_runtime_fold": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64, "h16_splat_fold64": 64,
-        "h16_two_level": 64, "h16_swizzle_fold": 64, "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
+MACS = {"f32_8x8": 64, "f32_nested": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64,
+        "h16_splat_fold64": 64, "h16_branch_fold": 64, "h16_runtime_fold": 64,
+        "h16_unrolled_fold": 64, "h16_stagger_fold": 64,
+        "h16_fold_8x4": 32, "h16_two_level": 64, "h16_swizzle_fold": 64,
+        "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
 
 
 def main(argv=None) -> int:

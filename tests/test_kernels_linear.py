@@ -162,7 +162,10 @@ def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
     xb, wb, y = device.upload(x), device.upload(w), device.empty((8, 16))
     monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
     block = str(linear.plan(device, "nt", 8, 16, 32).config).split("-")[1]
-    for env, want in ((None, f"matmul_nt_w16_reg_{block}"), ("1", f"matmul_nt_h16_reg_{block}")):
+    h16_kernel = linear.plan(device, "nt", 8, 16, 32, b_dtype=np.float16, f16_math=True,
+                             operands=(xb, wb, y)).kernel
+    assert h16_kernel.startswith("matmul_nt_h16_reg_") and "_f" in h16_kernel
+    for env, want in ((None, f"matmul_nt_w16_reg_{block}"), ("1", h16_kernel)):
         if env is None:
             monkeypatch.delenv("ISTANBUL_F16_MATH", raising=False)
         else:

@@ -177,6 +177,27 @@ def test_dot_configs_parse_and_name_a_kernel_for_every_block():
     assert linear.MatmulConfig.parse("64x64x16-4x4-s1").fold_steps == 16   # splat unchanged
 
 
+def test_splat_reg_kernels_have_one_entry_point_per_fold(device):
+    """The splat reg kernels write their FOLD k-steps out, so FOLD picks the entry point (no
+    FOLD override) and only the generated folds exist; the loop kernels take any FOLD."""
+    from shaders.source import load_file
+    kernels = load_file(linear.FILE_REG_H16).kernels
+    for fold in linear.REG_H16_FOLDS:
+        cfg = linear.MatmulConfig.parse(f"64x64x32-8x4-s1-f{fold}")
+        assert "FOLD" not in cfg.constants(True)
+        file, name = linear.tiled_kernel_name("nt", np.float16, True, cfg)
+        assert (file, name) == (linear.FILE_REG_H16, f"matmul_nt_h16_reg_8x4_f{fold}")
+        assert name in kernels
+    default = linear.MatmulConfig.parse("64x64x8-4x4-s1")
+    assert linear.tiled_kernel_name("nt", np.float16, True, default)[1].endswith("_f8")
+    four = linear.MatmulConfig.parse("64x64x16-4x4-s1-f4")
+    assert "must be one of 8, 16, 32" in four.problems(device, True)[0]
+    with pytest.raises(ValueError, match="must be one of 8, 16, 32"):
+        linear.tiled_kernel_name("nt", np.float16, True, four)
+    loop = linear.MatmulConfig.parse("64x64x16-4x4-s1-f4-loop")
+    assert not loop.problems(device, True) and loop.constants(True)["FOLD"] == 4
+
+
 def test_dot_config_errors_are_clear(device):
     for text in ("64x64x32-4x4-s1-f24-dot", "64x64x32-4x4-s1-f6-dot", "64x64x16-4x4-s1-f40-dot",
                  "64x64x12-4x4-s1-f3-dot"):
@@ -224,8 +245,9 @@ def test_dot_kernels_agree_with_float64_and_the_splat_kernel(device, labels):
             linear.matmul_nt(rec, ab, bb, c, M, N, K, accumulate=True, alpha=0.5,
                              f16_math=True, config=cfg)
         block = cfg.split("-")[1]
-        kind = "dot" if cfg.endswith("-dot") else "reg"
-        assert labels[0] == f"matmul_nt_h16_{kind}_{block}"
+        want_kernel = (f"matmul_nt_h16_dot_{block}" if cfg.endswith("-dot")
+                       else f"matmul_nt_h16_reg_{block}_f16")
+        assert labels[0] == want_kernel
         got[cfg] = device.download(c)
         err = np.abs(got[cfg] - want).max()
         assert err < 2e-3 * np.abs(want).max(), (cfg, err)

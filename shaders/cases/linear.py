@@ -208,6 +208,8 @@ FAST_CASES = (
     ("_splitk", "tn", "accumulate", False, False, "64x64x16-4x4-s4", "dW with four K-splits"),
     ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-f8",
      "packed-f16 128x128 tiles, f16 partials of 8 terms"),
+    ("_8x4", "nt_h16", "accumulate", True, True, "128x64x32-8x4-s1-f32",
+     "packed-f16 8x4 blocks, f16 partials of 32 terms"),
 )
 # the named-register kernels only: 64 invocations with 8x8 blocks (4 loads per operand and
 # slice) and a deep slice (8 prefetch registers for B, 4 for A)

@@ -112,6 +112,7 @@ FILE_REG_H16_DOT = "03_linear_reg_h16_dot.wgsl"
 IMPLS = ("reg", "loop", "dot")
 FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (MAX_LOADS in WGSL)
+REG_H16_FOLDS = (8, 16, 32)   # FOLDs of the splat reg kernels (one entry point each; H16_FOLDS)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
 _CONFIG_RE = re.compile(
     r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop|dot))?$")
@@ -187,7 +188,7 @@ class MatmulConfig:
         c = {"BM": self.bm, "BN": self.bn, "BK": self.bk, "WG": self.invocations}
         if self.impl == "loop":   # the reg kernels fix the register block per entry point
             c.update(TM=self.tm, TN=self.tn)
-        if f16_math:
+        if f16_math and self.impl != "reg":   # the reg kernels fix FOLD per entry point
             c["FOLD"] = self.fold_steps
             if self.impl == "dot":
                 c["FSTEP"] = min(self.fold_steps, self.bk)
@@ -221,6 +222,9 @@ class MatmulConfig:
                            "or be a multiple of it")
         elif f16_math and self.bk % self.fold_steps:
             out.append(f"FOLD {self.fold_steps} does not divide BK {self.bk}")
+        elif f16_math and self.impl == "reg" and self.fold_steps not in REG_H16_FOLDS:
+            out.append(f"FOLD {self.fold_steps} of a reg kernel must be one of "
+                       f"{', '.join(map(str, REG_H16_FOLDS))} (use -loop for others)")
         if self.splits < 1:
             out.append("splits must be >= 1")
         if out:
@@ -264,7 +268,11 @@ def tiled_kernel_name(layout: str, b_dtype, f16_math: bool = False,
         return FILE_TILED, name + "_tiled"
     block = f"{cfg.tm}x{cfg.tn}"
     if f16_math:
-        return FILE_REG_H16, f"matmul_nt_h16_reg_{block}"
+        fold = cfg.fold_steps
+        if fold not in REG_H16_FOLDS:
+            raise ValueError(f"matmul config {cfg}: FOLD {fold} of a reg kernel must be one of "
+                             f"{', '.join(map(str, REG_H16_FOLDS))}")
+        return FILE_REG_H16, f"matmul_nt_h16_reg_{block}_f{fold}"
     return FILE_REG, f"{name}_reg_{block}"
 
 

@@ -9,22 +9,25 @@
 // rows and BN/2 (TN 8) columns apart, so neighbouring invocations read neighbouring vec4s of
 // the staged tiles and write neighbouring vec4s of C.
 //
-//   matmul_nt_h16_reg_*   C[M,N] = alpha * A[M,K] @ B[N,K]^T, A f32 rounded to f16 when staged
-//                         (clamped to +-65504), B the f16 weight mirror; products of FOLD
-//                         consecutive k summed in vec4<f16> registers, then added into f32
-//                         accumulators (accuracy: see 03_linear_tiled_h16.wgsl). Needs
-//                         shader-f16. Forward activations only, never gradients.
+//   matmul_nt_h16_reg_TMxTN_fF   C[M,N] = alpha * A[M,K] @ B[N,K]^T, A f32 rounded to f16
+//                         when staged (clamped to +-65504), B the f16 weight mirror; products
+//                         of F in {8, 16, 32} consecutive k summed in vec4<f16> registers,
+//                         then added into f32 accumulators (accuracy: see
+//                         03_linear_tiled_h16.wgsl). The F k-steps are written out: as a
+//                         nested loop NVIDIA's compiler ran them at ~28 instead of ~50 TFLOP/s
+//                         on the H200 (bench/h16_probe.py, h16_splat_fold vs
+//                         h16_unrolled_fold). Needs shader-f16. Forward activations only,
+//                         never gradients. Each kernel section holds its own body.
 //
 // Layout, epilogue modes, split-K and dispatch as 03_linear_reg.wgsl.
 // Bindings (group 0): 0 A (read, vec4<f32>), 1 B (read, vec4<f16>), 2 R (read, vec4<f32>;
 // dummy unless mode 2), 3 C (read_write, vec4<f32>), 4 Params (uniform).
-// Overrides: BM, BN, BK, WG as 03_linear_reg.wgsl, FOLD (k-steps per f16 partial; divides BK).
+// Overrides: BM, BN, BK, WG as 03_linear_reg.wgsl; F divides BK.
 
 override BM: u32 = 128u;
 override BN: u32 = 128u;
 override BK: u32 = 32u;
 override WG: u32 = 256u;
-override FOLD: u32 = 16u;
 override SA: u32 = (BM + 4u) / 4u;       // vec4s per k-row of As (padded by 4 floats)
 override SB: u32 = (BN + 4u) / 4u;
 override LA: u32 = (BM * BK / 4u + WG - 1u) / WG;   // vec4 loads of A per invocation, slice
@@ -141,8 +144,9 @@ fn store_c4(row: u32, col: u32, split: u32, v: vec4<f32>) {
     }
 }
 
+// --- KERNEL: matmul_nt_h16_reg_8x8_f8 ---
 // One workgroup's BM x BN tile with 8x8 blocks per invocation.
-fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
+fn reg_body_8x8_f8(wg: vec3<u32>, lid: u32) {
     let tx = lid % (BN / 8u);
     let ty = lid / (BN / 8u);
     let m0 = wg.y * BM;
@@ -240,9 +244,9 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var k1 = 0u; k1 < BK; k1 += FOLD) {
-            // f16 partial sums of FOLD k-steps (a `var` with an initializer is
-            // reset on every iteration; see NOTES.md)
+        for (var k1 = 0u; k1 < BK; k1 += 8u) {
+            // f16 partial sums of 8 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
             var h0 = vec4<f16>();
             var h1 = vec4<f16>();
             var h2 = vec4<f16>();
@@ -259,7 +263,7 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
             var h13 = vec4<f16>();
             var h14 = vec4<f16>();
             var h15 = vec4<f16>();
-            for (var kk = 0u; kk < FOLD; kk++) {
+            {
                 let a0 = As[ai];
                 let a1 = As[ai + BM / 8u];
                 let b0 = Bs[bi];
@@ -280,9 +284,163 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
                 h13 = fma(vec4<f16>(a1.z), b1, h13);
                 h14 = fma(vec4<f16>(a1.w), b0, h14);
                 h15 = fma(vec4<f16>(a1.w), b1, h15);
-                ai += SA;
-                bi += SB;
             }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
             c0 += vec4<f32>(h0);
             c1 += vec4<f32>(h1);
             c2 += vec4<f32>(h2);
@@ -341,8 +499,1441 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
     store_c4(row0 + BM / 2u + 3u, col0 + BN / 2u, wg.z, c15);
 }
 
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x8_f8(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x8_f8(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_8x8_f16 ---
+// One workgroup's BM x BN tile with 8x8 blocks per invocation.
+fn reg_body_8x8_f16(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 8u);
+    let ty = lid / (BN / 8u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var c8 = vec4<f32>();
+    var c9 = vec4<f32>();
+    var c10 = vec4<f32>();
+    var c11 = vec4<f32>();
+    var c12 = vec4<f32>();
+    var c13 = vec4<f32>();
+    var c14 = vec4<f32>();
+    var c15 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 16u) {
+            // f16 partial sums of 16 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            var h8 = vec4<f16>();
+            var h9 = vec4<f16>();
+            var h10 = vec4<f16>();
+            var h11 = vec4<f16>();
+            var h12 = vec4<f16>();
+            var h13 = vec4<f16>();
+            var h14 = vec4<f16>();
+            var h15 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let a1 = As[ai + 8u * SA + BM / 8u];
+                let b0 = Bs[bi + 8u * SB];
+                let b1 = Bs[bi + 8u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let a1 = As[ai + 9u * SA + BM / 8u];
+                let b0 = Bs[bi + 9u * SB];
+                let b1 = Bs[bi + 9u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let a1 = As[ai + 10u * SA + BM / 8u];
+                let b0 = Bs[bi + 10u * SB];
+                let b1 = Bs[bi + 10u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let a1 = As[ai + 11u * SA + BM / 8u];
+                let b0 = Bs[bi + 11u * SB];
+                let b1 = Bs[bi + 11u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let a1 = As[ai + 12u * SA + BM / 8u];
+                let b0 = Bs[bi + 12u * SB];
+                let b1 = Bs[bi + 12u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let a1 = As[ai + 13u * SA + BM / 8u];
+                let b0 = Bs[bi + 13u * SB];
+                let b1 = Bs[bi + 13u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let a1 = As[ai + 14u * SA + BM / 8u];
+                let b0 = Bs[bi + 14u * SB];
+                let b1 = Bs[bi + 14u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let a1 = As[ai + 15u * SA + BM / 8u];
+                let b0 = Bs[bi + 15u * SB];
+                let b1 = Bs[bi + 15u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            ai += 16u * SA;
+            bi += 16u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+            c8 += vec4<f32>(h8);
+            c9 += vec4<f32>(h9);
+            c10 += vec4<f32>(h10);
+            c11 += vec4<f32>(h11);
+            c12 += vec4<f32>(h12);
+            c13 += vec4<f32>(h13);
+            c14 += vec4<f32>(h14);
+            c15 += vec4<f32>(h15);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0, col0 + BN / 2u, wg.z, c1);
+    store_c4(row0 + 1u, col0, wg.z, c2);
+    store_c4(row0 + 1u, col0 + BN / 2u, wg.z, c3);
+    store_c4(row0 + 2u, col0, wg.z, c4);
+    store_c4(row0 + 2u, col0 + BN / 2u, wg.z, c5);
+    store_c4(row0 + 3u, col0, wg.z, c6);
+    store_c4(row0 + 3u, col0 + BN / 2u, wg.z, c7);
+    store_c4(row0 + BM / 2u, col0, wg.z, c8);
+    store_c4(row0 + BM / 2u, col0 + BN / 2u, wg.z, c9);
+    store_c4(row0 + BM / 2u + 1u, col0, wg.z, c10);
+    store_c4(row0 + BM / 2u + 1u, col0 + BN / 2u, wg.z, c11);
+    store_c4(row0 + BM / 2u + 2u, col0, wg.z, c12);
+    store_c4(row0 + BM / 2u + 2u, col0 + BN / 2u, wg.z, c13);
+    store_c4(row0 + BM / 2u + 3u, col0, wg.z, c14);
+    store_c4(row0 + BM / 2u + 3u, col0 + BN / 2u, wg.z, c15);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x8_f16(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x8_f16(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_8x8_f32 ---
+// One workgroup's BM x BN tile with 8x8 blocks per invocation.
+fn reg_body_8x8_f32(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 8u);
+    let ty = lid / (BN / 8u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var c8 = vec4<f32>();
+    var c9 = vec4<f32>();
+    var c10 = vec4<f32>();
+    var c11 = vec4<f32>();
+    var c12 = vec4<f32>();
+    var c13 = vec4<f32>();
+    var c14 = vec4<f32>();
+    var c15 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 32u) {
+            // f16 partial sums of 32 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            var h8 = vec4<f16>();
+            var h9 = vec4<f16>();
+            var h10 = vec4<f16>();
+            var h11 = vec4<f16>();
+            var h12 = vec4<f16>();
+            var h13 = vec4<f16>();
+            var h14 = vec4<f16>();
+            var h15 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let a1 = As[ai + 8u * SA + BM / 8u];
+                let b0 = Bs[bi + 8u * SB];
+                let b1 = Bs[bi + 8u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let a1 = As[ai + 9u * SA + BM / 8u];
+                let b0 = Bs[bi + 9u * SB];
+                let b1 = Bs[bi + 9u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let a1 = As[ai + 10u * SA + BM / 8u];
+                let b0 = Bs[bi + 10u * SB];
+                let b1 = Bs[bi + 10u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let a1 = As[ai + 11u * SA + BM / 8u];
+                let b0 = Bs[bi + 11u * SB];
+                let b1 = Bs[bi + 11u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let a1 = As[ai + 12u * SA + BM / 8u];
+                let b0 = Bs[bi + 12u * SB];
+                let b1 = Bs[bi + 12u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let a1 = As[ai + 13u * SA + BM / 8u];
+                let b0 = Bs[bi + 13u * SB];
+                let b1 = Bs[bi + 13u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let a1 = As[ai + 14u * SA + BM / 8u];
+                let b0 = Bs[bi + 14u * SB];
+                let b1 = Bs[bi + 14u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let a1 = As[ai + 15u * SA + BM / 8u];
+                let b0 = Bs[bi + 15u * SB];
+                let b1 = Bs[bi + 15u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 16u * SA];
+                let a1 = As[ai + 16u * SA + BM / 8u];
+                let b0 = Bs[bi + 16u * SB];
+                let b1 = Bs[bi + 16u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 17u * SA];
+                let a1 = As[ai + 17u * SA + BM / 8u];
+                let b0 = Bs[bi + 17u * SB];
+                let b1 = Bs[bi + 17u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 18u * SA];
+                let a1 = As[ai + 18u * SA + BM / 8u];
+                let b0 = Bs[bi + 18u * SB];
+                let b1 = Bs[bi + 18u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 19u * SA];
+                let a1 = As[ai + 19u * SA + BM / 8u];
+                let b0 = Bs[bi + 19u * SB];
+                let b1 = Bs[bi + 19u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 20u * SA];
+                let a1 = As[ai + 20u * SA + BM / 8u];
+                let b0 = Bs[bi + 20u * SB];
+                let b1 = Bs[bi + 20u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 21u * SA];
+                let a1 = As[ai + 21u * SA + BM / 8u];
+                let b0 = Bs[bi + 21u * SB];
+                let b1 = Bs[bi + 21u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 22u * SA];
+                let a1 = As[ai + 22u * SA + BM / 8u];
+                let b0 = Bs[bi + 22u * SB];
+                let b1 = Bs[bi + 22u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 23u * SA];
+                let a1 = As[ai + 23u * SA + BM / 8u];
+                let b0 = Bs[bi + 23u * SB];
+                let b1 = Bs[bi + 23u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 24u * SA];
+                let a1 = As[ai + 24u * SA + BM / 8u];
+                let b0 = Bs[bi + 24u * SB];
+                let b1 = Bs[bi + 24u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 25u * SA];
+                let a1 = As[ai + 25u * SA + BM / 8u];
+                let b0 = Bs[bi + 25u * SB];
+                let b1 = Bs[bi + 25u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 26u * SA];
+                let a1 = As[ai + 26u * SA + BM / 8u];
+                let b0 = Bs[bi + 26u * SB];
+                let b1 = Bs[bi + 26u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 27u * SA];
+                let a1 = As[ai + 27u * SA + BM / 8u];
+                let b0 = Bs[bi + 27u * SB];
+                let b1 = Bs[bi + 27u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 28u * SA];
+                let a1 = As[ai + 28u * SA + BM / 8u];
+                let b0 = Bs[bi + 28u * SB];
+                let b1 = Bs[bi + 28u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 29u * SA];
+                let a1 = As[ai + 29u * SA + BM / 8u];
+                let b0 = Bs[bi + 29u * SB];
+                let b1 = Bs[bi + 29u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 30u * SA];
+                let a1 = As[ai + 30u * SA + BM / 8u];
+                let b0 = Bs[bi + 30u * SB];
+                let b1 = Bs[bi + 30u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            {
+                let a0 = As[ai + 31u * SA];
+                let a1 = As[ai + 31u * SA + BM / 8u];
+                let b0 = Bs[bi + 31u * SB];
+                let b1 = Bs[bi + 31u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+                h8 = fma(vec4<f16>(a1.x), b0, h8);
+                h9 = fma(vec4<f16>(a1.x), b1, h9);
+                h10 = fma(vec4<f16>(a1.y), b0, h10);
+                h11 = fma(vec4<f16>(a1.y), b1, h11);
+                h12 = fma(vec4<f16>(a1.z), b0, h12);
+                h13 = fma(vec4<f16>(a1.z), b1, h13);
+                h14 = fma(vec4<f16>(a1.w), b0, h14);
+                h15 = fma(vec4<f16>(a1.w), b1, h15);
+            }
+            ai += 32u * SA;
+            bi += 32u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+            c8 += vec4<f32>(h8);
+            c9 += vec4<f32>(h9);
+            c10 += vec4<f32>(h10);
+            c11 += vec4<f32>(h11);
+            c12 += vec4<f32>(h12);
+            c13 += vec4<f32>(h13);
+            c14 += vec4<f32>(h14);
+            c15 += vec4<f32>(h15);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0, col0 + BN / 2u, wg.z, c1);
+    store_c4(row0 + 1u, col0, wg.z, c2);
+    store_c4(row0 + 1u, col0 + BN / 2u, wg.z, c3);
+    store_c4(row0 + 2u, col0, wg.z, c4);
+    store_c4(row0 + 2u, col0 + BN / 2u, wg.z, c5);
+    store_c4(row0 + 3u, col0, wg.z, c6);
+    store_c4(row0 + 3u, col0 + BN / 2u, wg.z, c7);
+    store_c4(row0 + BM / 2u, col0, wg.z, c8);
+    store_c4(row0 + BM / 2u, col0 + BN / 2u, wg.z, c9);
+    store_c4(row0 + BM / 2u + 1u, col0, wg.z, c10);
+    store_c4(row0 + BM / 2u + 1u, col0 + BN / 2u, wg.z, c11);
+    store_c4(row0 + BM / 2u + 2u, col0, wg.z, c12);
+    store_c4(row0 + BM / 2u + 2u, col0 + BN / 2u, wg.z, c13);
+    store_c4(row0 + BM / 2u + 3u, col0, wg.z, c14);
+    store_c4(row0 + BM / 2u + 3u, col0 + BN / 2u, wg.z, c15);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x8_f32(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x8_f32(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_8x4_f8 ---
 // One workgroup's BM x BN tile with 8x4 blocks per invocation.
-fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
+fn reg_body_8x4_f8(wg: vec3<u32>, lid: u32) {
     let tx = lid % (BN / 4u);
     let ty = lid / (BN / 4u);
     let m0 = wg.y * BM;
@@ -432,9 +2023,9 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var k1 = 0u; k1 < BK; k1 += FOLD) {
-            // f16 partial sums of FOLD k-steps (a `var` with an initializer is
-            // reset on every iteration; see NOTES.md)
+        for (var k1 = 0u; k1 < BK; k1 += 8u) {
+            // f16 partial sums of 8 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
             var h0 = vec4<f16>();
             var h1 = vec4<f16>();
             var h2 = vec4<f16>();
@@ -443,7 +2034,7 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
             var h5 = vec4<f16>();
             var h6 = vec4<f16>();
             var h7 = vec4<f16>();
-            for (var kk = 0u; kk < FOLD; kk++) {
+            {
                 let a0 = As[ai];
                 let a1 = As[ai + BM / 8u];
                 let b0 = Bs[bi];
@@ -455,9 +2046,100 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
                 h5 = fma(vec4<f16>(a1.y), b0, h5);
                 h6 = fma(vec4<f16>(a1.z), b0, h6);
                 h7 = fma(vec4<f16>(a1.w), b0, h7);
-                ai += SA;
-                bi += SB;
             }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
             c0 += vec4<f32>(h0);
             c1 += vec4<f32>(h1);
             c2 += vec4<f32>(h2);
@@ -500,8 +2182,945 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
     store_c4(row0 + BM / 2u + 3u, col0, wg.z, c7);
 }
 
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x4_f8(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x4_f8(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_8x4_f16 ---
+// One workgroup's BM x BN tile with 8x4 blocks per invocation.
+fn reg_body_8x4_f16(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 4u);
+    let ty = lid / (BN / 4u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 16u) {
+            // f16 partial sums of 16 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let a1 = As[ai + 8u * SA + BM / 8u];
+                let b0 = Bs[bi + 8u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let a1 = As[ai + 9u * SA + BM / 8u];
+                let b0 = Bs[bi + 9u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let a1 = As[ai + 10u * SA + BM / 8u];
+                let b0 = Bs[bi + 10u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let a1 = As[ai + 11u * SA + BM / 8u];
+                let b0 = Bs[bi + 11u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let a1 = As[ai + 12u * SA + BM / 8u];
+                let b0 = Bs[bi + 12u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let a1 = As[ai + 13u * SA + BM / 8u];
+                let b0 = Bs[bi + 13u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let a1 = As[ai + 14u * SA + BM / 8u];
+                let b0 = Bs[bi + 14u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let a1 = As[ai + 15u * SA + BM / 8u];
+                let b0 = Bs[bi + 15u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            ai += 16u * SA;
+            bi += 16u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0 + 1u, col0, wg.z, c1);
+    store_c4(row0 + 2u, col0, wg.z, c2);
+    store_c4(row0 + 3u, col0, wg.z, c3);
+    store_c4(row0 + BM / 2u, col0, wg.z, c4);
+    store_c4(row0 + BM / 2u + 1u, col0, wg.z, c5);
+    store_c4(row0 + BM / 2u + 2u, col0, wg.z, c6);
+    store_c4(row0 + BM / 2u + 3u, col0, wg.z, c7);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x4_f16(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x4_f16(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_8x4_f32 ---
+// One workgroup's BM x BN tile with 8x4 blocks per invocation.
+fn reg_body_8x4_f32(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 4u);
+    let ty = lid / (BN / 4u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 32u) {
+            // f16 partial sums of 32 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let a1 = As[ai + 8u * SA + BM / 8u];
+                let b0 = Bs[bi + 8u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let a1 = As[ai + 9u * SA + BM / 8u];
+                let b0 = Bs[bi + 9u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let a1 = As[ai + 10u * SA + BM / 8u];
+                let b0 = Bs[bi + 10u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let a1 = As[ai + 11u * SA + BM / 8u];
+                let b0 = Bs[bi + 11u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let a1 = As[ai + 12u * SA + BM / 8u];
+                let b0 = Bs[bi + 12u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let a1 = As[ai + 13u * SA + BM / 8u];
+                let b0 = Bs[bi + 13u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let a1 = As[ai + 14u * SA + BM / 8u];
+                let b0 = Bs[bi + 14u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let a1 = As[ai + 15u * SA + BM / 8u];
+                let b0 = Bs[bi + 15u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 16u * SA];
+                let a1 = As[ai + 16u * SA + BM / 8u];
+                let b0 = Bs[bi + 16u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 17u * SA];
+                let a1 = As[ai + 17u * SA + BM / 8u];
+                let b0 = Bs[bi + 17u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 18u * SA];
+                let a1 = As[ai + 18u * SA + BM / 8u];
+                let b0 = Bs[bi + 18u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 19u * SA];
+                let a1 = As[ai + 19u * SA + BM / 8u];
+                let b0 = Bs[bi + 19u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 20u * SA];
+                let a1 = As[ai + 20u * SA + BM / 8u];
+                let b0 = Bs[bi + 20u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 21u * SA];
+                let a1 = As[ai + 21u * SA + BM / 8u];
+                let b0 = Bs[bi + 21u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 22u * SA];
+                let a1 = As[ai + 22u * SA + BM / 8u];
+                let b0 = Bs[bi + 22u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 23u * SA];
+                let a1 = As[ai + 23u * SA + BM / 8u];
+                let b0 = Bs[bi + 23u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 24u * SA];
+                let a1 = As[ai + 24u * SA + BM / 8u];
+                let b0 = Bs[bi + 24u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 25u * SA];
+                let a1 = As[ai + 25u * SA + BM / 8u];
+                let b0 = Bs[bi + 25u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 26u * SA];
+                let a1 = As[ai + 26u * SA + BM / 8u];
+                let b0 = Bs[bi + 26u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 27u * SA];
+                let a1 = As[ai + 27u * SA + BM / 8u];
+                let b0 = Bs[bi + 27u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 28u * SA];
+                let a1 = As[ai + 28u * SA + BM / 8u];
+                let b0 = Bs[bi + 28u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 29u * SA];
+                let a1 = As[ai + 29u * SA + BM / 8u];
+                let b0 = Bs[bi + 29u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 30u * SA];
+                let a1 = As[ai + 30u * SA + BM / 8u];
+                let b0 = Bs[bi + 30u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            {
+                let a0 = As[ai + 31u * SA];
+                let a1 = As[ai + 31u * SA + BM / 8u];
+                let b0 = Bs[bi + 31u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+                h4 = fma(vec4<f16>(a1.x), b0, h4);
+                h5 = fma(vec4<f16>(a1.y), b0, h5);
+                h6 = fma(vec4<f16>(a1.z), b0, h6);
+                h7 = fma(vec4<f16>(a1.w), b0, h7);
+            }
+            ai += 32u * SA;
+            bi += 32u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0 + 1u, col0, wg.z, c1);
+    store_c4(row0 + 2u, col0, wg.z, c2);
+    store_c4(row0 + 3u, col0, wg.z, c3);
+    store_c4(row0 + BM / 2u, col0, wg.z, c4);
+    store_c4(row0 + BM / 2u + 1u, col0, wg.z, c5);
+    store_c4(row0 + BM / 2u + 2u, col0, wg.z, c6);
+    store_c4(row0 + BM / 2u + 3u, col0, wg.z, c7);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_8x4_f32(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_8x4_f32(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_4x8_f8 ---
 // One workgroup's BM x BN tile with 4x8 blocks per invocation.
-fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
+fn reg_body_4x8_f8(wg: vec3<u32>, lid: u32) {
     let tx = lid % (BN / 8u);
     let ty = lid / (BN / 8u);
     let m0 = wg.y * BM;
@@ -591,9 +3210,9 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var k1 = 0u; k1 < BK; k1 += FOLD) {
-            // f16 partial sums of FOLD k-steps (a `var` with an initializer is
-            // reset on every iteration; see NOTES.md)
+        for (var k1 = 0u; k1 < BK; k1 += 8u) {
+            // f16 partial sums of 8 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
             var h0 = vec4<f16>();
             var h1 = vec4<f16>();
             var h2 = vec4<f16>();
@@ -602,7 +3221,7 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
             var h5 = vec4<f16>();
             var h6 = vec4<f16>();
             var h7 = vec4<f16>();
-            for (var kk = 0u; kk < FOLD; kk++) {
+            {
                 let a0 = As[ai];
                 let b0 = Bs[bi];
                 let b1 = Bs[bi + BN / 8u];
@@ -614,9 +3233,100 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
                 h5 = fma(vec4<f16>(a0.z), b1, h5);
                 h6 = fma(vec4<f16>(a0.w), b0, h6);
                 h7 = fma(vec4<f16>(a0.w), b1, h7);
-                ai += SA;
-                bi += SB;
             }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
             c0 += vec4<f32>(h0);
             c1 += vec4<f32>(h1);
             c2 += vec4<f32>(h2);
@@ -659,8 +3369,945 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
     store_c4(row0 + 3u, col0 + BN / 2u, wg.z, c7);
 }
 
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_4x8_f8(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_4x8_f8(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_4x8_f16 ---
+// One workgroup's BM x BN tile with 4x8 blocks per invocation.
+fn reg_body_4x8_f16(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 8u);
+    let ty = lid / (BN / 8u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 16u) {
+            // f16 partial sums of 16 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let b0 = Bs[bi + 8u * SB];
+                let b1 = Bs[bi + 8u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let b0 = Bs[bi + 9u * SB];
+                let b1 = Bs[bi + 9u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let b0 = Bs[bi + 10u * SB];
+                let b1 = Bs[bi + 10u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let b0 = Bs[bi + 11u * SB];
+                let b1 = Bs[bi + 11u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let b0 = Bs[bi + 12u * SB];
+                let b1 = Bs[bi + 12u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let b0 = Bs[bi + 13u * SB];
+                let b1 = Bs[bi + 13u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let b0 = Bs[bi + 14u * SB];
+                let b1 = Bs[bi + 14u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let b0 = Bs[bi + 15u * SB];
+                let b1 = Bs[bi + 15u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            ai += 16u * SA;
+            bi += 16u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0, col0 + BN / 2u, wg.z, c1);
+    store_c4(row0 + 1u, col0, wg.z, c2);
+    store_c4(row0 + 1u, col0 + BN / 2u, wg.z, c3);
+    store_c4(row0 + 2u, col0, wg.z, c4);
+    store_c4(row0 + 2u, col0 + BN / 2u, wg.z, c5);
+    store_c4(row0 + 3u, col0, wg.z, c6);
+    store_c4(row0 + 3u, col0 + BN / 2u, wg.z, c7);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_4x8_f16(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_4x8_f16(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_4x8_f32 ---
+// One workgroup's BM x BN tile with 4x8 blocks per invocation.
+fn reg_body_4x8_f32(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 8u);
+    let ty = lid / (BN / 8u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var c4 = vec4<f32>();
+    var c5 = vec4<f32>();
+    var c6 = vec4<f32>();
+    var c7 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 32u) {
+            // f16 partial sums of 32 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            var h4 = vec4<f16>();
+            var h5 = vec4<f16>();
+            var h6 = vec4<f16>();
+            var h7 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let b0 = Bs[bi + 8u * SB];
+                let b1 = Bs[bi + 8u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let b0 = Bs[bi + 9u * SB];
+                let b1 = Bs[bi + 9u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let b0 = Bs[bi + 10u * SB];
+                let b1 = Bs[bi + 10u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let b0 = Bs[bi + 11u * SB];
+                let b1 = Bs[bi + 11u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let b0 = Bs[bi + 12u * SB];
+                let b1 = Bs[bi + 12u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let b0 = Bs[bi + 13u * SB];
+                let b1 = Bs[bi + 13u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let b0 = Bs[bi + 14u * SB];
+                let b1 = Bs[bi + 14u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let b0 = Bs[bi + 15u * SB];
+                let b1 = Bs[bi + 15u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 16u * SA];
+                let b0 = Bs[bi + 16u * SB];
+                let b1 = Bs[bi + 16u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 17u * SA];
+                let b0 = Bs[bi + 17u * SB];
+                let b1 = Bs[bi + 17u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 18u * SA];
+                let b0 = Bs[bi + 18u * SB];
+                let b1 = Bs[bi + 18u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 19u * SA];
+                let b0 = Bs[bi + 19u * SB];
+                let b1 = Bs[bi + 19u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 20u * SA];
+                let b0 = Bs[bi + 20u * SB];
+                let b1 = Bs[bi + 20u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 21u * SA];
+                let b0 = Bs[bi + 21u * SB];
+                let b1 = Bs[bi + 21u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 22u * SA];
+                let b0 = Bs[bi + 22u * SB];
+                let b1 = Bs[bi + 22u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 23u * SA];
+                let b0 = Bs[bi + 23u * SB];
+                let b1 = Bs[bi + 23u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 24u * SA];
+                let b0 = Bs[bi + 24u * SB];
+                let b1 = Bs[bi + 24u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 25u * SA];
+                let b0 = Bs[bi + 25u * SB];
+                let b1 = Bs[bi + 25u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 26u * SA];
+                let b0 = Bs[bi + 26u * SB];
+                let b1 = Bs[bi + 26u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 27u * SA];
+                let b0 = Bs[bi + 27u * SB];
+                let b1 = Bs[bi + 27u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 28u * SA];
+                let b0 = Bs[bi + 28u * SB];
+                let b1 = Bs[bi + 28u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 29u * SA];
+                let b0 = Bs[bi + 29u * SB];
+                let b1 = Bs[bi + 29u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 30u * SA];
+                let b0 = Bs[bi + 30u * SB];
+                let b1 = Bs[bi + 30u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            {
+                let a0 = As[ai + 31u * SA];
+                let b0 = Bs[bi + 31u * SB];
+                let b1 = Bs[bi + 31u * SB + BN / 8u];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.x), b1, h1);
+                h2 = fma(vec4<f16>(a0.y), b0, h2);
+                h3 = fma(vec4<f16>(a0.y), b1, h3);
+                h4 = fma(vec4<f16>(a0.z), b0, h4);
+                h5 = fma(vec4<f16>(a0.z), b1, h5);
+                h6 = fma(vec4<f16>(a0.w), b0, h6);
+                h7 = fma(vec4<f16>(a0.w), b1, h7);
+            }
+            ai += 32u * SA;
+            bi += 32u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+            c4 += vec4<f32>(h4);
+            c5 += vec4<f32>(h5);
+            c6 += vec4<f32>(h6);
+            c7 += vec4<f32>(h7);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0, col0 + BN / 2u, wg.z, c1);
+    store_c4(row0 + 1u, col0, wg.z, c2);
+    store_c4(row0 + 1u, col0 + BN / 2u, wg.z, c3);
+    store_c4(row0 + 2u, col0, wg.z, c4);
+    store_c4(row0 + 2u, col0 + BN / 2u, wg.z, c5);
+    store_c4(row0 + 3u, col0, wg.z, c6);
+    store_c4(row0 + 3u, col0 + BN / 2u, wg.z, c7);
+}
+
+@compute @workgroup_size(WG)
+fn matmul_nt_h16_reg_4x8_f32(@builtin(workgroup_id) wg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    reg_body_4x8_f32(wg, lid);
+}
+
+// --- KERNEL: matmul_nt_h16_reg_4x4_f8 ---
 // One workgroup's BM x BN tile with 4x4 blocks per invocation.
-fn reg_body_4x4(wg: vec3<u32>, lid: u32) {
+fn reg_body_4x4_f8(wg: vec3<u32>, lid: u32) {
     let tx = lid % (BN / 4u);
     let ty = lid / (BN / 4u);
     let m0 = wg.y * BM;
@@ -746,23 +4393,79 @@ fn reg_body_4x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var k1 = 0u; k1 < BK; k1 += FOLD) {
-            // f16 partial sums of FOLD k-steps (a `var` with an initializer is
-            // reset on every iteration; see NOTES.md)
+        for (var k1 = 0u; k1 < BK; k1 += 8u) {
+            // f16 partial sums of 8 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
             var h0 = vec4<f16>();
             var h1 = vec4<f16>();
             var h2 = vec4<f16>();
             var h3 = vec4<f16>();
-            for (var kk = 0u; kk < FOLD; kk++) {
+            {
                 let a0 = As[ai];
                 let b0 = Bs[bi];
                 h0 = fma(vec4<f16>(a0.x), b0, h0);
                 h1 = fma(vec4<f16>(a0.y), b0, h1);
                 h2 = fma(vec4<f16>(a0.z), b0, h2);
                 h3 = fma(vec4<f16>(a0.w), b0, h3);
-                ai += SA;
-                bi += SB;
             }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
             c0 += vec4<f32>(h0);
             c1 += vec4<f32>(h1);
             c2 += vec4<f32>(h2);
@@ -797,30 +4500,666 @@ fn reg_body_4x4(wg: vec3<u32>, lid: u32) {
     store_c4(row0 + 3u, col0, wg.z, c3);
 }
 
-// --- KERNEL: matmul_nt_h16_reg_8x8 ---
 @compute @workgroup_size(WG)
-fn matmul_nt_h16_reg_8x8(@builtin(workgroup_id) wg: vec3<u32>,
+fn matmul_nt_h16_reg_4x4_f8(@builtin(workgroup_id) wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    reg_body_8x8(wg, lid);
+    reg_body_4x4_f8(wg, lid);
 }
 
-// --- KERNEL: matmul_nt_h16_reg_8x4 ---
-@compute @workgroup_size(WG)
-fn matmul_nt_h16_reg_8x4(@builtin(workgroup_id) wg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    reg_body_8x4(wg, lid);
+// --- KERNEL: matmul_nt_h16_reg_4x4_f16 ---
+// One workgroup's BM x BN tile with 4x4 blocks per invocation.
+fn reg_body_4x4_f16(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 4u);
+    let ty = lid / (BN / 4u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 16u) {
+            // f16 partial sums of 16 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let b0 = Bs[bi + 8u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let b0 = Bs[bi + 9u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let b0 = Bs[bi + 10u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let b0 = Bs[bi + 11u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let b0 = Bs[bi + 12u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let b0 = Bs[bi + 13u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let b0 = Bs[bi + 14u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let b0 = Bs[bi + 15u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            ai += 16u * SA;
+            bi += 16u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0 + 1u, col0, wg.z, c1);
+    store_c4(row0 + 2u, col0, wg.z, c2);
+    store_c4(row0 + 3u, col0, wg.z, c3);
 }
 
-// --- KERNEL: matmul_nt_h16_reg_4x8 ---
 @compute @workgroup_size(WG)
-fn matmul_nt_h16_reg_4x8(@builtin(workgroup_id) wg: vec3<u32>,
+fn matmul_nt_h16_reg_4x4_f16(@builtin(workgroup_id) wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    reg_body_4x8(wg, lid);
+    reg_body_4x4_f16(wg, lid);
 }
 
-// --- KERNEL: matmul_nt_h16_reg_4x4 ---
+// --- KERNEL: matmul_nt_h16_reg_4x4_f32 ---
+// One workgroup's BM x BN tile with 4x4 blocks per invocation.
+fn reg_body_4x4_f32(wg: vec3<u32>, lid: u32) {
+    let tx = lid % (BN / 4u);
+    let ty = lid / (BN / 4u);
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let k_begin = wg.z * p.k_split;
+    let k_end = min(p.k, k_begin + p.k_split);
+    let slices = (k_end - k_begin + BK - 1u) / BK;
+    var c0 = vec4<f32>();
+    var c1 = vec4<f32>();
+    var c2 = vec4<f32>();
+    var c3 = vec4<f32>();
+    var pa0 = vec4<f16>();
+    var pa1 = vec4<f16>();
+    var pa2 = vec4<f16>();
+    var pa3 = vec4<f16>();
+    var pa4 = vec4<f16>();
+    var pa5 = vec4<f16>();
+    var pa6 = vec4<f16>();
+    var pa7 = vec4<f16>();
+    var pb0 = vec4<f16>();
+    var pb1 = vec4<f16>();
+    var pb2 = vec4<f16>();
+    var pb3 = vec4<f16>();
+    var pb4 = vec4<f16>();
+    var pb5 = vec4<f16>();
+    var pb6 = vec4<f16>();
+    var pb7 = vec4<f16>();
+    if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_begin, k_end); }
+    if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_begin, k_end); }
+    if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_begin, k_end); }
+    if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_begin, k_end); }
+    if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_begin, k_end); }
+    if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_begin, k_end); }
+    if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_begin, k_end); }
+    if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_begin, k_end); }
+    if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_begin, k_end); }
+    if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_begin, k_end); }
+    if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_begin, k_end); }
+    if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_begin, k_end); }
+    if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_begin, k_end); }
+    if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_begin, k_end); }
+    if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_begin, k_end); }
+    if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_begin, k_end); }
+    if (LA > 0u) { stash_a(0u, lid, 0u, pa0); }
+    if (LA > 1u) { stash_a(1u, lid, 0u, pa1); }
+    if (LA > 2u) { stash_a(2u, lid, 0u, pa2); }
+    if (LA > 3u) { stash_a(3u, lid, 0u, pa3); }
+    if (LA > 4u) { stash_a(4u, lid, 0u, pa4); }
+    if (LA > 5u) { stash_a(5u, lid, 0u, pa5); }
+    if (LA > 6u) { stash_a(6u, lid, 0u, pa6); }
+    if (LA > 7u) { stash_a(7u, lid, 0u, pa7); }
+    if (LB > 0u) { stash_b(0u, lid, 0u, pb0); }
+    if (LB > 1u) { stash_b(1u, lid, 0u, pb1); }
+    if (LB > 2u) { stash_b(2u, lid, 0u, pb2); }
+    if (LB > 3u) { stash_b(3u, lid, 0u, pb3); }
+    if (LB > 4u) { stash_b(4u, lid, 0u, pb4); }
+    if (LB > 5u) { stash_b(5u, lid, 0u, pb5); }
+    if (LB > 6u) { stash_b(6u, lid, 0u, pb6); }
+    if (LB > 7u) { stash_b(7u, lid, 0u, pb7); }
+    workgroupBarrier();
+
+    for (var s = 0u; s < slices; s++) {
+        let stage = s % 2u;
+        let more = s + 1u < slices;
+        if (more) {   // the next slice's loads land while the FMAs below run
+            let k_next = k_begin + (s + 1u) * BK;
+            if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
+            if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
+            if (LA > 2u) { pa2 = fetch_a(2u, lid, m0, k_next, k_end); }
+            if (LA > 3u) { pa3 = fetch_a(3u, lid, m0, k_next, k_end); }
+            if (LA > 4u) { pa4 = fetch_a(4u, lid, m0, k_next, k_end); }
+            if (LA > 5u) { pa5 = fetch_a(5u, lid, m0, k_next, k_end); }
+            if (LA > 6u) { pa6 = fetch_a(6u, lid, m0, k_next, k_end); }
+            if (LA > 7u) { pa7 = fetch_a(7u, lid, m0, k_next, k_end); }
+            if (LB > 0u) { pb0 = fetch_b(0u, lid, n0, k_next, k_end); }
+            if (LB > 1u) { pb1 = fetch_b(1u, lid, n0, k_next, k_end); }
+            if (LB > 2u) { pb2 = fetch_b(2u, lid, n0, k_next, k_end); }
+            if (LB > 3u) { pb3 = fetch_b(3u, lid, n0, k_next, k_end); }
+            if (LB > 4u) { pb4 = fetch_b(4u, lid, n0, k_next, k_end); }
+            if (LB > 5u) { pb5 = fetch_b(5u, lid, n0, k_next, k_end); }
+            if (LB > 6u) { pb6 = fetch_b(6u, lid, n0, k_next, k_end); }
+            if (LB > 7u) { pb7 = fetch_b(7u, lid, n0, k_next, k_end); }
+        }
+        var ai = stage * BK * SA + ty;
+        var bi = stage * BK * SB + tx;
+        for (var k1 = 0u; k1 < BK; k1 += 32u) {
+            // f16 partial sums of 32 k-steps, written out: NVIDIA's compiler
+            // runs them as a nested loop at half the speed (bench/h16_probe.py)
+            var h0 = vec4<f16>();
+            var h1 = vec4<f16>();
+            var h2 = vec4<f16>();
+            var h3 = vec4<f16>();
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 8u * SA];
+                let b0 = Bs[bi + 8u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 9u * SA];
+                let b0 = Bs[bi + 9u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 10u * SA];
+                let b0 = Bs[bi + 10u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 11u * SA];
+                let b0 = Bs[bi + 11u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 12u * SA];
+                let b0 = Bs[bi + 12u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 13u * SA];
+                let b0 = Bs[bi + 13u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 14u * SA];
+                let b0 = Bs[bi + 14u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 15u * SA];
+                let b0 = Bs[bi + 15u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 16u * SA];
+                let b0 = Bs[bi + 16u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 17u * SA];
+                let b0 = Bs[bi + 17u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 18u * SA];
+                let b0 = Bs[bi + 18u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 19u * SA];
+                let b0 = Bs[bi + 19u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 20u * SA];
+                let b0 = Bs[bi + 20u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 21u * SA];
+                let b0 = Bs[bi + 21u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 22u * SA];
+                let b0 = Bs[bi + 22u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 23u * SA];
+                let b0 = Bs[bi + 23u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 24u * SA];
+                let b0 = Bs[bi + 24u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 25u * SA];
+                let b0 = Bs[bi + 25u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 26u * SA];
+                let b0 = Bs[bi + 26u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 27u * SA];
+                let b0 = Bs[bi + 27u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 28u * SA];
+                let b0 = Bs[bi + 28u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 29u * SA];
+                let b0 = Bs[bi + 29u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 30u * SA];
+                let b0 = Bs[bi + 30u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            {
+                let a0 = As[ai + 31u * SA];
+                let b0 = Bs[bi + 31u * SB];
+                h0 = fma(vec4<f16>(a0.x), b0, h0);
+                h1 = fma(vec4<f16>(a0.y), b0, h1);
+                h2 = fma(vec4<f16>(a0.z), b0, h2);
+                h3 = fma(vec4<f16>(a0.w), b0, h3);
+            }
+            ai += 32u * SA;
+            bi += 32u * SB;
+            c0 += vec4<f32>(h0);
+            c1 += vec4<f32>(h1);
+            c2 += vec4<f32>(h2);
+            c3 += vec4<f32>(h3);
+        }
+        if (more) {   // the other stage was last read before the previous barrier
+            if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
+            if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
+            if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
+            if (LA > 3u) { stash_a(3u, lid, 1u - stage, pa3); }
+            if (LA > 4u) { stash_a(4u, lid, 1u - stage, pa4); }
+            if (LA > 5u) { stash_a(5u, lid, 1u - stage, pa5); }
+            if (LA > 6u) { stash_a(6u, lid, 1u - stage, pa6); }
+            if (LA > 7u) { stash_a(7u, lid, 1u - stage, pa7); }
+            if (LB > 0u) { stash_b(0u, lid, 1u - stage, pb0); }
+            if (LB > 1u) { stash_b(1u, lid, 1u - stage, pb1); }
+            if (LB > 2u) { stash_b(2u, lid, 1u - stage, pb2); }
+            if (LB > 3u) { stash_b(3u, lid, 1u - stage, pb3); }
+            if (LB > 4u) { stash_b(4u, lid, 1u - stage, pb4); }
+            if (LB > 5u) { stash_b(5u, lid, 1u - stage, pb5); }
+            if (LB > 6u) { stash_b(6u, lid, 1u - stage, pb6); }
+            if (LB > 7u) { stash_b(7u, lid, 1u - stage, pb7); }
+        }
+        workgroupBarrier();
+    }
+
+    let row0 = m0 + 4u * ty;
+    let col0 = n0 + 4u * tx;
+    store_c4(row0, col0, wg.z, c0);
+    store_c4(row0 + 1u, col0, wg.z, c1);
+    store_c4(row0 + 2u, col0, wg.z, c2);
+    store_c4(row0 + 3u, col0, wg.z, c3);
+}
+
 @compute @workgroup_size(WG)
-fn matmul_nt_h16_reg_4x4(@builtin(workgroup_id) wg: vec3<u32>,
+fn matmul_nt_h16_reg_4x4_f32(@builtin(workgroup_id) wg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-    reg_body_4x4(wg, lid);
+    reg_body_4x4_f32(wg, lid);
 }
