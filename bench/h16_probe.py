@@ -17,11 +17,14 @@ TFLOP/s (2 flops per multiply-add):
     h16_branch_fold  the fold as `if (k % 16 == 15)` inside a single k loop
     h16_runtime_fold the nested loops with a runtime inner trip count (not unrollable)
     f32_nested       f32_8x8 written with the nested loops of the fold kernels
+    f32_unrolled     f32_8x8 with 16 k-steps written out
     h16_splat_only   the same without the f32 fold (pure f16 accumulation: upper bound)
     h16_pair_fold    k-pair form, 8x4 block: per two k-steps fma(vec2 a_row, vec2 b_col)
                      into 32 vec2<f16> partials (no splats), folded into 32 f32 every 16
     h16_splat_regs   h16_splat_only with operands in registers (no workgroup loads)
     h16_unrolled_fold  h16_splat_fold with the 16 k-steps written out (no inner loop)
+    h16_unrolled_pressure  h16_unrolled_fold with 8 more vec4<f32> live (prefetch registers)
+    h16_half_block   rows 0-3 then 4-7 of the block per 16 k-steps: 8 f16 partials live
     h16_stagger_fold half of the partials folded every 8 k-steps (conversions overlap FMAs)
     h16_fold_8x4     h16_splat_fold with an 8x4 block (half the registers)
 
@@ -157,6 +160,16 @@ def kernels() -> str:
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("f32_nested", "fill_f32", body))
 
+    # the f32 block with 16 k-steps written out (does the f32 matmul gain from it too?)
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    for kk in range(16):
+        body += ["    {", f"        let kk = {kk}u;"]
+        body += ["        " + s for s in loads32[1:] + _splat_fmas("vec4<f32>", "c")] + ["    }"]
+    body += ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("f32_unrolled", "fill_f32", body))
+
     # two levels: 16-step f16 partials h added into f16 sums g, g into f32 every 64 steps
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it += 64u) {"]
@@ -214,6 +227,37 @@ def kernels() -> str:
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("h16_unrolled_fold", "fill_f16", body))
 
+    # the unrolled fold with 8 more vec4<f32> live across the loop (the real kernel's
+    # prefetch registers): does register pressure alone undo the unrolling's gain?
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += [f"var x{i} = vec4<f32>(f32(lid + {i}u));" for i in range(8)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
+    for kk in range(16):
+        body += ["    {", f"        let kk = {kk}u;"]
+        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)]
+    body += [f"    x{i} = x{i} * 0.999 + c{i};" for i in range(8)] + ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)] + [f"x{i}" for i in range(8)], 4)
+    parts.append(_kernel("h16_unrolled_pressure", "fill_f16", body))
+
+    # half-block order: rows 0-3 of the block for 16 k-steps, folded, then rows 4-7: only
+    # 8 f16 partials live (b0, b1 loaded twice per k-step)
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
+    for g in range(2):
+        body += ["    {"] + [f"        var h{i} = vec4<f16>();" for i in range(8)]
+        for kk in range(16):
+            body += ["        {", f"            let a = Ah[{kk}u * 33u + ty{' + 16u' if g else ''}];",
+                     f"            let b0 = Bh[{kk}u * 33u + tx]; let b1 = Bh[{kk}u * 33u + tx + 16u];"]
+            body += [f"            h{r * 2 + h} = fma(vec4<f16>(a.{C[r]}), b{h}, h{r * 2 + h});"
+                     for r in range(4) for h in range(2)]
+            body += ["        }"]
+        body += [f"        c{g * 8 + i} += vec4<f32>(h{i});" for i in range(8)] + ["    }"]
+    body += ["}"]
+    body += _sum_out([f"c{i}" for i in range(16)], 4)
+    parts.append(_kernel("h16_half_block", "fill_f16", body))
+
     # staggered fold: half of the partials folded (and restarted) every 8 k-steps, so the
     # conversions of one half overlap the other half's FMAs
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
@@ -252,9 +296,10 @@ def kernels() -> str:
 
 
 # multiply-adds per invocation and k-step
-MACS = {"f32_8x8": 64, "f32_nested": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64,
+MACS = {"f32_8x8": 64, "f32_nested": 64, "f32_unrolled": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64,
         "h16_splat_fold64": 64, "h16_branch_fold": 64, "h16_runtime_fold": 64,
-        "h16_unrolled_fold": 64, "h16_stagger_fold": 64,
+        "h16_unrolled_fold": 64, "h16_unrolled_pressure": 64, "h16_half_block": 64,
+        "h16_stagger_fold": 64,
         "h16_fold_8x4": 32, "h16_two_level": 64, "h16_swizzle_fold": 64,
         "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
 
