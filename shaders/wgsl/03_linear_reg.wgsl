@@ -238,7 +238,191 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var kk = 0u; kk < BK; kk++) {
+        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
+        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
+        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        var kk = 0u;
+        for (; kk + 8u <= BK; kk += 8u) {
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+                c8 = fma(vec4<f32>(a1.x), b0, c8);
+                c9 = fma(vec4<f32>(a1.x), b1, c9);
+                c10 = fma(vec4<f32>(a1.y), b0, c10);
+                c11 = fma(vec4<f32>(a1.y), b1, c11);
+                c12 = fma(vec4<f32>(a1.z), b0, c12);
+                c13 = fma(vec4<f32>(a1.z), b1, c13);
+                c14 = fma(vec4<f32>(a1.w), b0, c14);
+                c15 = fma(vec4<f32>(a1.w), b1, c15);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
+        }
+        for (; kk < BK; kk++) {
             let a0 = As[ai];
             let a1 = As[ai + BM / 8u];
             let b0 = Bs[bi];
@@ -394,7 +578,119 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var kk = 0u; kk < BK; kk++) {
+        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
+        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
+        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        var kk = 0u;
+        for (; kk + 8u <= BK; kk += 8u) {
+            {
+                let a0 = As[ai];
+                let a1 = As[ai + BM / 8u];
+                let b0 = Bs[bi];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let a1 = As[ai + SA + BM / 8u];
+                let b0 = Bs[bi + SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let a1 = As[ai + 2u * SA + BM / 8u];
+                let b0 = Bs[bi + 2u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let a1 = As[ai + 3u * SA + BM / 8u];
+                let b0 = Bs[bi + 3u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let a1 = As[ai + 4u * SA + BM / 8u];
+                let b0 = Bs[bi + 4u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let a1 = As[ai + 5u * SA + BM / 8u];
+                let b0 = Bs[bi + 5u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let a1 = As[ai + 6u * SA + BM / 8u];
+                let b0 = Bs[bi + 6u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let a1 = As[ai + 7u * SA + BM / 8u];
+                let b0 = Bs[bi + 7u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+                c4 = fma(vec4<f32>(a1.x), b0, c4);
+                c5 = fma(vec4<f32>(a1.y), b0, c5);
+                c6 = fma(vec4<f32>(a1.z), b0, c6);
+                c7 = fma(vec4<f32>(a1.w), b0, c7);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
+        }
+        for (; kk < BK; kk++) {
             let a0 = As[ai];
             let a1 = As[ai + BM / 8u];
             let b0 = Bs[bi];
@@ -533,7 +829,119 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var kk = 0u; kk < BK; kk++) {
+        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
+        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
+        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        var kk = 0u;
+        for (; kk + 8u <= BK; kk += 8u) {
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                let b1 = Bs[bi + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                let b1 = Bs[bi + SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                let b1 = Bs[bi + 2u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                let b1 = Bs[bi + 3u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                let b1 = Bs[bi + 4u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                let b1 = Bs[bi + 5u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                let b1 = Bs[bi + 6u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                let b1 = Bs[bi + 7u * SB + BN / 8u];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.x), b1, c1);
+                c2 = fma(vec4<f32>(a0.y), b0, c2);
+                c3 = fma(vec4<f32>(a0.y), b1, c3);
+                c4 = fma(vec4<f32>(a0.z), b0, c4);
+                c5 = fma(vec4<f32>(a0.z), b1, c5);
+                c6 = fma(vec4<f32>(a0.w), b0, c6);
+                c7 = fma(vec4<f32>(a0.w), b1, c7);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
+        }
+        for (; kk < BK; kk++) {
             let a0 = As[ai];
             let b0 = Bs[bi];
             let b1 = Bs[bi + BN / 8u];
@@ -668,7 +1076,79 @@ fn reg_body_4x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        for (var kk = 0u; kk < BK; kk++) {
+        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
+        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
+        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        var kk = 0u;
+        for (; kk + 8u <= BK; kk += 8u) {
+            {
+                let a0 = As[ai];
+                let b0 = Bs[bi];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + SA];
+                let b0 = Bs[bi + SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 2u * SA];
+                let b0 = Bs[bi + 2u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 3u * SA];
+                let b0 = Bs[bi + 3u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 4u * SA];
+                let b0 = Bs[bi + 4u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 5u * SA];
+                let b0 = Bs[bi + 5u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 6u * SA];
+                let b0 = Bs[bi + 6u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            {
+                let a0 = As[ai + 7u * SA];
+                let b0 = Bs[bi + 7u * SB];
+                c0 = fma(vec4<f32>(a0.x), b0, c0);
+                c1 = fma(vec4<f32>(a0.y), b0, c1);
+                c2 = fma(vec4<f32>(a0.z), b0, c2);
+                c3 = fma(vec4<f32>(a0.w), b0, c3);
+            }
+            ai += 8u * SA;
+            bi += 8u * SB;
+        }
+        for (; kk < BK; kk++) {
             let a0 = As[ai];
             let b0 = Bs[bi];
             c0 = fma(vec4<f32>(a0.x), b0, c0);

@@ -169,31 +169,140 @@ fn attention_forward_reg(@builtin(workgroup_id) wg: vec3<u32>,
         var s31 = 0.0;
         var s32 = 0.0;
         var s33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[(tk) * RS + d4];
-            let kc1 = ks[(tk + TK) * RS + d4];
-            let kc2 = ks[(tk + 2u * TK) * RS + d4];
-            let kc3 = ks[(tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            s01 += dot(qr0, kc1);
-            s02 += dot(qr0, kc2);
-            s03 += dot(qr0, kc3);
-            s10 += dot(qr1, kc0);
-            s11 += dot(qr1, kc1);
-            s12 += dot(qr1, kc2);
-            s13 += dot(qr1, kc3);
-            s20 += dot(qr2, kc0);
-            s21 += dot(qr2, kc1);
-            s22 += dot(qr2, kc2);
-            s23 += dot(qr2, kc3);
-            s30 += dot(qr3, kc0);
-            s31 += dot(qr3, kc1);
-            s32 += dot(qr3, kc2);
-            s33 += dot(qr3, kc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[(tk) * RS + d4];
+                    let kc1 = ks[(tk + TK) * RS + d4];
+                    let kc2 = ks[(tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[(tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[(tk) * RS + d4];
+                let kc1 = ks[(tk + TK) * RS + d4];
+                let kc2 = ks[(tk + 2u * TK) * RS + d4];
+                let kc3 = ks[(tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                s01 += dot(qr0, kc1);
+                s02 += dot(qr0, kc2);
+                s03 += dot(qr0, kc3);
+                s10 += dot(qr1, kc0);
+                s11 += dot(qr1, kc1);
+                s12 += dot(qr1, kc2);
+                s13 += dot(qr1, kc3);
+                s20 += dot(qr2, kc0);
+                s21 += dot(qr2, kc1);
+                s22 += dot(qr2, kc2);
+                s23 += dot(qr2, kc3);
+                s30 += dot(qr3, kc0);
+                s31 += dot(qr3, kc1);
+                s32 += dot(qr3, kc2);
+                s33 += dot(qr3, kc3);
+            }
         }
         if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
             let key0 = kv0 + tk;
@@ -256,33 +365,154 @@ fn attention_forward_reg(@builtin(workgroup_id) wg: vec3<u32>,
         o31 *= alpha.w;
         o32 *= alpha.w;
         o33 *= alpha.w;
-        for (var n = 0u; n < BKV; n++) {
-            let pn = ps[n * TQ + tq];
-            let vc0 = vs[n * H4 + tk];
-            o00 = fma(vec4<f32>(pn.x), vc0, o00);
-            o10 = fma(vec4<f32>(pn.y), vc0, o10);
-            o20 = fma(vec4<f32>(pn.z), vc0, o20);
-            o30 = fma(vec4<f32>(pn.w), vc0, o30);
-            if (DV > 1u) {
-                let vc1 = vs[n * H4 + tk + TK];
-                o01 = fma(vec4<f32>(pn.x), vc1, o01);
-                o11 = fma(vec4<f32>(pn.y), vc1, o11);
-                o21 = fma(vec4<f32>(pn.z), vc1, o21);
-                o31 = fma(vec4<f32>(pn.w), vc1, o31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let pn = ps[n * TQ + tq];
+                    let vc0 = vs[n * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[n * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[n * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[n * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 1u) * TQ + tq];
+                    let vc0 = vs[(n + 1u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[(n + 1u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[(n + 1u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[(n + 1u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 2u) * TQ + tq];
+                    let vc0 = vs[(n + 2u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[(n + 2u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[(n + 2u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[(n + 2u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 3u) * TQ + tq];
+                    let vc0 = vs[(n + 3u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[(n + 3u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[(n + 3u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[(n + 3u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let vc2 = vs[n * H4 + tk + 2u * TK];
-                o02 = fma(vec4<f32>(pn.x), vc2, o02);
-                o12 = fma(vec4<f32>(pn.y), vc2, o12);
-                o22 = fma(vec4<f32>(pn.z), vc2, o22);
-                o32 = fma(vec4<f32>(pn.w), vc2, o32);
-            }
-            if (DV > 3u) {
-                let vc3 = vs[n * H4 + tk + 3u * TK];
-                o03 = fma(vec4<f32>(pn.x), vc3, o03);
-                o13 = fma(vec4<f32>(pn.y), vc3, o13);
-                o23 = fma(vec4<f32>(pn.z), vc3, o23);
-                o33 = fma(vec4<f32>(pn.w), vc3, o33);
+            for (; n < BKV; n++) {
+                let pn = ps[n * TQ + tq];
+                let vc0 = vs[n * H4 + tk];
+                o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                if (DV > 1u) {
+                    let vc1 = vs[n * H4 + tk + TK];
+                    o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                    o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                    o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                    o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                }
+                if (DV > 2u) {
+                    let vc2 = vs[n * H4 + tk + 2u * TK];
+                    o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                    o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                    o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                    o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                }
+                if (DV > 3u) {
+                    let vc3 = vs[n * H4 + tk + 3u * TK];
+                    o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                    o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                    o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                    o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                }
             }
         }
     }
@@ -498,55 +728,260 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
         var dp31 = 0.0;
         var dp32 = 0.0;
         var dp33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let dr0 = dos[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let dr1 = dos[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let dr2 = dos[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let dr3 = dos[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[(tk) * RS + d4];
-            let vc0 = vs[(tk) * RS + d4];
-            let kc1 = ks[(tk + TK) * RS + d4];
-            let vc1 = vs[(tk + TK) * RS + d4];
-            let kc2 = ks[(tk + 2u * TK) * RS + d4];
-            let vc2 = vs[(tk + 2u * TK) * RS + d4];
-            let kc3 = ks[(tk + 3u * TK) * RS + d4];
-            let vc3 = vs[(tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            dp00 += dot(dr0, vc0);
-            s01 += dot(qr0, kc1);
-            dp01 += dot(dr0, vc1);
-            s02 += dot(qr0, kc2);
-            dp02 += dot(dr0, vc2);
-            s03 += dot(qr0, kc3);
-            dp03 += dot(dr0, vc3);
-            s10 += dot(qr1, kc0);
-            dp10 += dot(dr1, vc0);
-            s11 += dot(qr1, kc1);
-            dp11 += dot(dr1, vc1);
-            s12 += dot(qr1, kc2);
-            dp12 += dot(dr1, vc2);
-            s13 += dot(qr1, kc3);
-            dp13 += dot(dr1, vc3);
-            s20 += dot(qr2, kc0);
-            dp20 += dot(dr2, vc0);
-            s21 += dot(qr2, kc1);
-            dp21 += dot(dr2, vc1);
-            s22 += dot(qr2, kc2);
-            dp22 += dot(dr2, vc2);
-            s23 += dot(qr2, kc3);
-            dp23 += dot(dr2, vc3);
-            s30 += dot(qr3, kc0);
-            dp30 += dot(dr3, vc0);
-            s31 += dot(qr3, kc1);
-            dp31 += dot(dr3, vc1);
-            s32 += dot(qr3, kc2);
-            dp32 += dot(dr3, vc2);
-            s33 += dot(qr3, kc3);
-            dp33 += dot(dr3, vc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let dr0 = dos[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let dr1 = dos[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[(tk) * RS + d4];
+                    let vc0 = vs[(tk) * RS + d4];
+                    let kc1 = ks[(tk + TK) * RS + d4];
+                    let vc1 = vs[(tk + TK) * RS + d4];
+                    let kc2 = ks[(tk + 2u * TK) * RS + d4];
+                    let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[(tk + 3u * TK) * RS + d4];
+                    let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 1u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 1u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 2u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 2u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[(tk) * RS + (d4 + 3u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[(tk + TK) * RS + (d4 + 3u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let dr0 = dos[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let dr1 = dos[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[(tk) * RS + d4];
+                let vc0 = vs[(tk) * RS + d4];
+                let kc1 = ks[(tk + TK) * RS + d4];
+                let vc1 = vs[(tk + TK) * RS + d4];
+                let kc2 = ks[(tk + 2u * TK) * RS + d4];
+                let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                let kc3 = ks[(tk + 3u * TK) * RS + d4];
+                let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                dp00 += dot(dr0, vc0);
+                s01 += dot(qr0, kc1);
+                dp01 += dot(dr0, vc1);
+                s02 += dot(qr0, kc2);
+                dp02 += dot(dr0, vc2);
+                s03 += dot(qr0, kc3);
+                dp03 += dot(dr0, vc3);
+                s10 += dot(qr1, kc0);
+                dp10 += dot(dr1, vc0);
+                s11 += dot(qr1, kc1);
+                dp11 += dot(dr1, vc1);
+                s12 += dot(qr1, kc2);
+                dp12 += dot(dr1, vc2);
+                s13 += dot(qr1, kc3);
+                dp13 += dot(dr1, vc3);
+                s20 += dot(qr2, kc0);
+                dp20 += dot(dr2, vc0);
+                s21 += dot(qr2, kc1);
+                dp21 += dot(dr2, vc1);
+                s22 += dot(qr2, kc2);
+                dp22 += dot(dr2, vc2);
+                s23 += dot(qr2, kc3);
+                dp23 += dot(dr2, vc3);
+                s30 += dot(qr3, kc0);
+                dp30 += dot(dr3, vc0);
+                s31 += dot(qr3, kc1);
+                dp31 += dot(dr3, vc1);
+                s32 += dot(qr3, kc2);
+                dp32 += dot(dr3, vc2);
+                s33 += dot(qr3, kc3);
+                dp33 += dot(dr3, vc3);
+            }
         }
         let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
         let row0 = q0 + tq;
@@ -622,33 +1057,154 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
             dss[(tk + 3u * TK) * TQ + tq] = ds;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BKV; n++) {
-            let dn = dss[n * TQ + tq];
-            let kc0 = ks[n * RS + tk];
-            a00 = fma(vec4<f32>(dn.x), kc0, a00);
-            a10 = fma(vec4<f32>(dn.y), kc0, a10);
-            a20 = fma(vec4<f32>(dn.z), kc0, a20);
-            a30 = fma(vec4<f32>(dn.w), kc0, a30);
-            if (DV > 1u) {
-                let kc1 = ks[n * RS + tk + TK];
-                a01 = fma(vec4<f32>(dn.x), kc1, a01);
-                a11 = fma(vec4<f32>(dn.y), kc1, a11);
-                a21 = fma(vec4<f32>(dn.z), kc1, a21);
-                a31 = fma(vec4<f32>(dn.w), kc1, a31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let dn = dss[n * TQ + tq];
+                    let kc0 = ks[n * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[n * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[n * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[n * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 1u) * TQ + tq];
+                    let kc0 = ks[(n + 1u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[(n + 1u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[(n + 1u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[(n + 1u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 2u) * TQ + tq];
+                    let kc0 = ks[(n + 2u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[(n + 2u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[(n + 2u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[(n + 2u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 3u) * TQ + tq];
+                    let kc0 = ks[(n + 3u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[(n + 3u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[(n + 3u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[(n + 3u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let kc2 = ks[n * RS + tk + 2u * TK];
-                a02 = fma(vec4<f32>(dn.x), kc2, a02);
-                a12 = fma(vec4<f32>(dn.y), kc2, a12);
-                a22 = fma(vec4<f32>(dn.z), kc2, a22);
-                a32 = fma(vec4<f32>(dn.w), kc2, a32);
-            }
-            if (DV > 3u) {
-                let kc3 = ks[n * RS + tk + 3u * TK];
-                a03 = fma(vec4<f32>(dn.x), kc3, a03);
-                a13 = fma(vec4<f32>(dn.y), kc3, a13);
-                a23 = fma(vec4<f32>(dn.z), kc3, a23);
-                a33 = fma(vec4<f32>(dn.w), kc3, a33);
+            for (; n < BKV; n++) {
+                let dn = dss[n * TQ + tq];
+                let kc0 = ks[n * RS + tk];
+                a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                if (DV > 1u) {
+                    let kc1 = ks[n * RS + tk + TK];
+                    a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                    a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                    a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                    a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                }
+                if (DV > 2u) {
+                    let kc2 = ks[n * RS + tk + 2u * TK];
+                    a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                    a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                    a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                    a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                }
+                if (DV > 3u) {
+                    let kc3 = ks[n * RS + tk + 3u * TK];
+                    a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                    a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                    a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                    a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                }
             }
         }
     }
@@ -861,55 +1417,260 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
             var dp31 = 0.0;
             var dp32 = 0.0;
             var dp33 = 0.0;
-            for (var d4 = 0u; d4 < H4; d4++) {
-                let kr0 = ks[(tk) * RS + d4];
-                let vr0 = vs[(tk) * RS + d4];
-                let kr1 = ks[(tk + TK) * RS + d4];
-                let vr1 = vs[(tk + TK) * RS + d4];
-                let kr2 = ks[(tk + 2u * TK) * RS + d4];
-                let vr2 = vs[(tk + 2u * TK) * RS + d4];
-                let kr3 = ks[(tk + 3u * TK) * RS + d4];
-                let vr3 = vs[(tk + 3u * TK) * RS + d4];
-                let qc0 = qs[(tq) * RS + d4];
-                let dc0 = dos[(tq) * RS + d4];
-                let qc1 = qs[(tq + TQ) * RS + d4];
-                let dc1 = dos[(tq + TQ) * RS + d4];
-                let qc2 = qs[(tq + 2u * TQ) * RS + d4];
-                let dc2 = dos[(tq + 2u * TQ) * RS + d4];
-                let qc3 = qs[(tq + 3u * TQ) * RS + d4];
-                let dc3 = dos[(tq + 3u * TQ) * RS + d4];
-                s00 += dot(kr0, qc0);
-                dp00 += dot(vr0, dc0);
-                s01 += dot(kr0, qc1);
-                dp01 += dot(vr0, dc1);
-                s02 += dot(kr0, qc2);
-                dp02 += dot(vr0, dc2);
-                s03 += dot(kr0, qc3);
-                dp03 += dot(vr0, dc3);
-                s10 += dot(kr1, qc0);
-                dp10 += dot(vr1, dc0);
-                s11 += dot(kr1, qc1);
-                dp11 += dot(vr1, dc1);
-                s12 += dot(kr1, qc2);
-                dp12 += dot(vr1, dc2);
-                s13 += dot(kr1, qc3);
-                dp13 += dot(vr1, dc3);
-                s20 += dot(kr2, qc0);
-                dp20 += dot(vr2, dc0);
-                s21 += dot(kr2, qc1);
-                dp21 += dot(vr2, dc1);
-                s22 += dot(kr2, qc2);
-                dp22 += dot(vr2, dc2);
-                s23 += dot(kr2, qc3);
-                dp23 += dot(vr2, dc3);
-                s30 += dot(kr3, qc0);
-                dp30 += dot(vr3, dc0);
-                s31 += dot(kr3, qc1);
-                dp31 += dot(vr3, dc1);
-                s32 += dot(kr3, qc2);
-                dp32 += dot(vr3, dc2);
-                s33 += dot(kr3, qc3);
-                dp33 += dot(vr3, dc3);
+            {
+                var d4 = 0u;
+                for (; d4 + 4u <= H4; d4 += 4u) {
+                    {
+                        let kr0 = ks[(tk) * RS + d4];
+                        let vr0 = vs[(tk) * RS + d4];
+                        let kr1 = ks[(tk + TK) * RS + d4];
+                        let vr1 = vs[(tk + TK) * RS + d4];
+                        let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                        let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                        let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                        let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                        let qc0 = qs[(tq) * RS + d4];
+                        let dc0 = dos[(tq) * RS + d4];
+                        let qc1 = qs[(tq + TQ) * RS + d4];
+                        let dc1 = dos[(tq + TQ) * RS + d4];
+                        let qc2 = qs[(tq + 2u * TQ) * RS + d4];
+                        let dc2 = dos[(tq + 2u * TQ) * RS + d4];
+                        let qc3 = qs[(tq + 3u * TQ) * RS + d4];
+                        let dc3 = dos[(tq + 3u * TQ) * RS + d4];
+                        s00 += dot(kr0, qc0);
+                        dp00 += dot(vr0, dc0);
+                        s01 += dot(kr0, qc1);
+                        dp01 += dot(vr0, dc1);
+                        s02 += dot(kr0, qc2);
+                        dp02 += dot(vr0, dc2);
+                        s03 += dot(kr0, qc3);
+                        dp03 += dot(vr0, dc3);
+                        s10 += dot(kr1, qc0);
+                        dp10 += dot(vr1, dc0);
+                        s11 += dot(kr1, qc1);
+                        dp11 += dot(vr1, dc1);
+                        s12 += dot(kr1, qc2);
+                        dp12 += dot(vr1, dc2);
+                        s13 += dot(kr1, qc3);
+                        dp13 += dot(vr1, dc3);
+                        s20 += dot(kr2, qc0);
+                        dp20 += dot(vr2, dc0);
+                        s21 += dot(kr2, qc1);
+                        dp21 += dot(vr2, dc1);
+                        s22 += dot(kr2, qc2);
+                        dp22 += dot(vr2, dc2);
+                        s23 += dot(kr2, qc3);
+                        dp23 += dot(vr2, dc3);
+                        s30 += dot(kr3, qc0);
+                        dp30 += dot(vr3, dc0);
+                        s31 += dot(kr3, qc1);
+                        dp31 += dot(vr3, dc1);
+                        s32 += dot(kr3, qc2);
+                        dp32 += dot(vr3, dc2);
+                        s33 += dot(kr3, qc3);
+                        dp33 += dot(vr3, dc3);
+                    }
+                    {
+                        let kr0 = ks[(tk) * RS + (d4 + 1u)];
+                        let vr0 = vs[(tk) * RS + (d4 + 1u)];
+                        let kr1 = ks[(tk + TK) * RS + (d4 + 1u)];
+                        let vr1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                        let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 1u)];
+                        let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                        let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 1u)];
+                        let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                        let qc0 = qs[(tq) * RS + (d4 + 1u)];
+                        let dc0 = dos[(tq) * RS + (d4 + 1u)];
+                        let qc1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                        let dc1 = dos[(tq + TQ) * RS + (d4 + 1u)];
+                        let qc2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                        let dc2 = dos[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                        let qc3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                        let dc3 = dos[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                        s00 += dot(kr0, qc0);
+                        dp00 += dot(vr0, dc0);
+                        s01 += dot(kr0, qc1);
+                        dp01 += dot(vr0, dc1);
+                        s02 += dot(kr0, qc2);
+                        dp02 += dot(vr0, dc2);
+                        s03 += dot(kr0, qc3);
+                        dp03 += dot(vr0, dc3);
+                        s10 += dot(kr1, qc0);
+                        dp10 += dot(vr1, dc0);
+                        s11 += dot(kr1, qc1);
+                        dp11 += dot(vr1, dc1);
+                        s12 += dot(kr1, qc2);
+                        dp12 += dot(vr1, dc2);
+                        s13 += dot(kr1, qc3);
+                        dp13 += dot(vr1, dc3);
+                        s20 += dot(kr2, qc0);
+                        dp20 += dot(vr2, dc0);
+                        s21 += dot(kr2, qc1);
+                        dp21 += dot(vr2, dc1);
+                        s22 += dot(kr2, qc2);
+                        dp22 += dot(vr2, dc2);
+                        s23 += dot(kr2, qc3);
+                        dp23 += dot(vr2, dc3);
+                        s30 += dot(kr3, qc0);
+                        dp30 += dot(vr3, dc0);
+                        s31 += dot(kr3, qc1);
+                        dp31 += dot(vr3, dc1);
+                        s32 += dot(kr3, qc2);
+                        dp32 += dot(vr3, dc2);
+                        s33 += dot(kr3, qc3);
+                        dp33 += dot(vr3, dc3);
+                    }
+                    {
+                        let kr0 = ks[(tk) * RS + (d4 + 2u)];
+                        let vr0 = vs[(tk) * RS + (d4 + 2u)];
+                        let kr1 = ks[(tk + TK) * RS + (d4 + 2u)];
+                        let vr1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                        let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 2u)];
+                        let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                        let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 2u)];
+                        let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                        let qc0 = qs[(tq) * RS + (d4 + 2u)];
+                        let dc0 = dos[(tq) * RS + (d4 + 2u)];
+                        let qc1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                        let dc1 = dos[(tq + TQ) * RS + (d4 + 2u)];
+                        let qc2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                        let dc2 = dos[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                        let qc3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                        let dc3 = dos[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                        s00 += dot(kr0, qc0);
+                        dp00 += dot(vr0, dc0);
+                        s01 += dot(kr0, qc1);
+                        dp01 += dot(vr0, dc1);
+                        s02 += dot(kr0, qc2);
+                        dp02 += dot(vr0, dc2);
+                        s03 += dot(kr0, qc3);
+                        dp03 += dot(vr0, dc3);
+                        s10 += dot(kr1, qc0);
+                        dp10 += dot(vr1, dc0);
+                        s11 += dot(kr1, qc1);
+                        dp11 += dot(vr1, dc1);
+                        s12 += dot(kr1, qc2);
+                        dp12 += dot(vr1, dc2);
+                        s13 += dot(kr1, qc3);
+                        dp13 += dot(vr1, dc3);
+                        s20 += dot(kr2, qc0);
+                        dp20 += dot(vr2, dc0);
+                        s21 += dot(kr2, qc1);
+                        dp21 += dot(vr2, dc1);
+                        s22 += dot(kr2, qc2);
+                        dp22 += dot(vr2, dc2);
+                        s23 += dot(kr2, qc3);
+                        dp23 += dot(vr2, dc3);
+                        s30 += dot(kr3, qc0);
+                        dp30 += dot(vr3, dc0);
+                        s31 += dot(kr3, qc1);
+                        dp31 += dot(vr3, dc1);
+                        s32 += dot(kr3, qc2);
+                        dp32 += dot(vr3, dc2);
+                        s33 += dot(kr3, qc3);
+                        dp33 += dot(vr3, dc3);
+                    }
+                    {
+                        let kr0 = ks[(tk) * RS + (d4 + 3u)];
+                        let vr0 = vs[(tk) * RS + (d4 + 3u)];
+                        let kr1 = ks[(tk + TK) * RS + (d4 + 3u)];
+                        let vr1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                        let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 3u)];
+                        let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                        let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 3u)];
+                        let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                        let qc0 = qs[(tq) * RS + (d4 + 3u)];
+                        let dc0 = dos[(tq) * RS + (d4 + 3u)];
+                        let qc1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                        let dc1 = dos[(tq + TQ) * RS + (d4 + 3u)];
+                        let qc2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                        let dc2 = dos[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                        let qc3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                        let dc3 = dos[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                        s00 += dot(kr0, qc0);
+                        dp00 += dot(vr0, dc0);
+                        s01 += dot(kr0, qc1);
+                        dp01 += dot(vr0, dc1);
+                        s02 += dot(kr0, qc2);
+                        dp02 += dot(vr0, dc2);
+                        s03 += dot(kr0, qc3);
+                        dp03 += dot(vr0, dc3);
+                        s10 += dot(kr1, qc0);
+                        dp10 += dot(vr1, dc0);
+                        s11 += dot(kr1, qc1);
+                        dp11 += dot(vr1, dc1);
+                        s12 += dot(kr1, qc2);
+                        dp12 += dot(vr1, dc2);
+                        s13 += dot(kr1, qc3);
+                        dp13 += dot(vr1, dc3);
+                        s20 += dot(kr2, qc0);
+                        dp20 += dot(vr2, dc0);
+                        s21 += dot(kr2, qc1);
+                        dp21 += dot(vr2, dc1);
+                        s22 += dot(kr2, qc2);
+                        dp22 += dot(vr2, dc2);
+                        s23 += dot(kr2, qc3);
+                        dp23 += dot(vr2, dc3);
+                        s30 += dot(kr3, qc0);
+                        dp30 += dot(vr3, dc0);
+                        s31 += dot(kr3, qc1);
+                        dp31 += dot(vr3, dc1);
+                        s32 += dot(kr3, qc2);
+                        dp32 += dot(vr3, dc2);
+                        s33 += dot(kr3, qc3);
+                        dp33 += dot(vr3, dc3);
+                    }
+                }
+                for (; d4 < H4; d4++) {
+                    let kr0 = ks[(tk) * RS + d4];
+                    let vr0 = vs[(tk) * RS + d4];
+                    let kr1 = ks[(tk + TK) * RS + d4];
+                    let vr1 = vs[(tk + TK) * RS + d4];
+                    let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                    let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                    let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                    let qc0 = qs[(tq) * RS + d4];
+                    let dc0 = dos[(tq) * RS + d4];
+                    let qc1 = qs[(tq + TQ) * RS + d4];
+                    let dc1 = dos[(tq + TQ) * RS + d4];
+                    let qc2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let dc2 = dos[(tq + 2u * TQ) * RS + d4];
+                    let qc3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let dc3 = dos[(tq + 3u * TQ) * RS + d4];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
             }
             let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
             {
@@ -1013,54 +1774,259 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
                 dsts[(tq + 3u * TQ) * TK + tk] = dst;
             }
             workgroupBarrier();
-            for (var n = 0u; n < BQ; n++) {
-                let pn = pts[n * TK + tk];
-                let dn = dsts[n * TK + tk];
-                let dc0 = dos[n * RS + tq];
-                let qc0 = qs[n * RS + tq];   // pre-scaled: dk = scale ds q
-                dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
-                dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
-                dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
-                dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
-                dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
-                dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
-                dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
-                dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
-                if (DV > 1u) {
-                    let dc1 = dos[n * RS + tq + TQ];
-                    let qc1 = qs[n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
-                    dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
-                    dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
-                    dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
-                    dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
-                    dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
-                    dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
-                    dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
-                    dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+            {
+                var n = 0u;
+                for (; n + 4u <= BQ; n += 4u) {
+                    {
+                        let pn = pts[n * TK + tk];
+                        let dn = dsts[n * TK + tk];
+                        let dc0 = dos[n * RS + tq];
+                        let qc0 = qs[n * RS + tq];   // pre-scaled: dk = scale ds q
+                        dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                        dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                        dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                        dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                        dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                        dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                        dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                        dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                        if (DV > 1u) {
+                            let dc1 = dos[n * RS + tq + TQ];
+                            let qc1 = qs[n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                            dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                            dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                            dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                            dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                            dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                            dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                            dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                            dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                        }
+                        if (DV > 2u) {
+                            let dc2 = dos[n * RS + tq + 2u * TQ];
+                            let qc2 = qs[n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                            dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                            dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                            dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                            dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                            dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                            dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                            dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                            dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                        }
+                        if (DV > 3u) {
+                            let dc3 = dos[n * RS + tq + 3u * TQ];
+                            let qc3 = qs[n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                            dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                            dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                            dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                            dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                            dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                            dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                            dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                            dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                        }
+                    }
+                    {
+                        let pn = pts[(n + 1u) * TK + tk];
+                        let dn = dsts[(n + 1u) * TK + tk];
+                        let dc0 = dos[(n + 1u) * RS + tq];
+                        let qc0 = qs[(n + 1u) * RS + tq];   // pre-scaled: dk = scale ds q
+                        dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                        dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                        dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                        dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                        dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                        dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                        dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                        dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                        if (DV > 1u) {
+                            let dc1 = dos[(n + 1u) * RS + tq + TQ];
+                            let qc1 = qs[(n + 1u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                            dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                            dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                            dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                            dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                            dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                            dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                            dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                            dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                        }
+                        if (DV > 2u) {
+                            let dc2 = dos[(n + 1u) * RS + tq + 2u * TQ];
+                            let qc2 = qs[(n + 1u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                            dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                            dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                            dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                            dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                            dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                            dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                            dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                            dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                        }
+                        if (DV > 3u) {
+                            let dc3 = dos[(n + 1u) * RS + tq + 3u * TQ];
+                            let qc3 = qs[(n + 1u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                            dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                            dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                            dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                            dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                            dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                            dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                            dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                            dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                        }
+                    }
+                    {
+                        let pn = pts[(n + 2u) * TK + tk];
+                        let dn = dsts[(n + 2u) * TK + tk];
+                        let dc0 = dos[(n + 2u) * RS + tq];
+                        let qc0 = qs[(n + 2u) * RS + tq];   // pre-scaled: dk = scale ds q
+                        dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                        dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                        dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                        dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                        dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                        dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                        dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                        dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                        if (DV > 1u) {
+                            let dc1 = dos[(n + 2u) * RS + tq + TQ];
+                            let qc1 = qs[(n + 2u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                            dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                            dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                            dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                            dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                            dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                            dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                            dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                            dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                        }
+                        if (DV > 2u) {
+                            let dc2 = dos[(n + 2u) * RS + tq + 2u * TQ];
+                            let qc2 = qs[(n + 2u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                            dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                            dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                            dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                            dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                            dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                            dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                            dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                            dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                        }
+                        if (DV > 3u) {
+                            let dc3 = dos[(n + 2u) * RS + tq + 3u * TQ];
+                            let qc3 = qs[(n + 2u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                            dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                            dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                            dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                            dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                            dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                            dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                            dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                            dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                        }
+                    }
+                    {
+                        let pn = pts[(n + 3u) * TK + tk];
+                        let dn = dsts[(n + 3u) * TK + tk];
+                        let dc0 = dos[(n + 3u) * RS + tq];
+                        let qc0 = qs[(n + 3u) * RS + tq];   // pre-scaled: dk = scale ds q
+                        dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                        dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                        dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                        dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                        dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                        dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                        dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                        dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                        if (DV > 1u) {
+                            let dc1 = dos[(n + 3u) * RS + tq + TQ];
+                            let qc1 = qs[(n + 3u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                            dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                            dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                            dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                            dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                            dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                            dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                            dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                            dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                        }
+                        if (DV > 2u) {
+                            let dc2 = dos[(n + 3u) * RS + tq + 2u * TQ];
+                            let qc2 = qs[(n + 3u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                            dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                            dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                            dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                            dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                            dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                            dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                            dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                            dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                        }
+                        if (DV > 3u) {
+                            let dc3 = dos[(n + 3u) * RS + tq + 3u * TQ];
+                            let qc3 = qs[(n + 3u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                            dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                            dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                            dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                            dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                            dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                            dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                            dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                            dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                        }
+                    }
                 }
-                if (DV > 2u) {
-                    let dc2 = dos[n * RS + tq + 2u * TQ];
-                    let qc2 = qs[n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
-                    dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
-                    dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
-                    dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
-                    dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
-                    dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
-                    dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
-                    dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
-                    dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
-                }
-                if (DV > 3u) {
-                    let dc3 = dos[n * RS + tq + 3u * TQ];
-                    let qc3 = qs[n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
-                    dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
-                    dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
-                    dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
-                    dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
-                    dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
-                    dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
-                    dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
-                    dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                for (; n < BQ; n++) {
+                    let pn = pts[n * TK + tk];
+                    let dn = dsts[n * TK + tk];
+                    let dc0 = dos[n * RS + tq];
+                    let qc0 = qs[n * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[n * RS + tq + TQ];
+                        let qc1 = qs[n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[n * RS + tq + 2u * TQ];
+                        let qc2 = qs[n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[n * RS + tq + 3u * TQ];
+                        let qc3 = qs[n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
                 }
             }
         }
@@ -1327,31 +2293,140 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         var s31 = 0.0;
         var s32 = 0.0;
         var s33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[kb + (tk) * RS + d4];
-            let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            s01 += dot(qr0, kc1);
-            s02 += dot(qr0, kc2);
-            s03 += dot(qr0, kc3);
-            s10 += dot(qr1, kc0);
-            s11 += dot(qr1, kc1);
-            s12 += dot(qr1, kc2);
-            s13 += dot(qr1, kc3);
-            s20 += dot(qr2, kc0);
-            s21 += dot(qr2, kc1);
-            s22 += dot(qr2, kc2);
-            s23 += dot(qr2, kc3);
-            s30 += dot(qr3, kc0);
-            s31 += dot(qr3, kc1);
-            s32 += dot(qr3, kc2);
-            s33 += dot(qr3, kc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[kb + (tk) * RS + d4];
+                    let kc1 = ks[kb + (tk + TK) * RS + d4];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[kb + (tk) * RS + d4];
+                let kc1 = ks[kb + (tk + TK) * RS + d4];
+                let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                s01 += dot(qr0, kc1);
+                s02 += dot(qr0, kc2);
+                s03 += dot(qr0, kc3);
+                s10 += dot(qr1, kc0);
+                s11 += dot(qr1, kc1);
+                s12 += dot(qr1, kc2);
+                s13 += dot(qr1, kc3);
+                s20 += dot(qr2, kc0);
+                s21 += dot(qr2, kc1);
+                s22 += dot(qr2, kc2);
+                s23 += dot(qr2, kc3);
+                s30 += dot(qr3, kc0);
+                s31 += dot(qr3, kc1);
+                s32 += dot(qr3, kc2);
+                s33 += dot(qr3, kc3);
+            }
         }
         if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
             let key0 = kv0 + tk;
@@ -1468,33 +2543,154 @@ fn attention_forward_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         o31 *= alpha.w;
         o32 *= alpha.w;
         o33 *= alpha.w;
-        for (var n = 0u; n < BKV; n++) {
-            let pn = ps[n * TQ + tq];
-            let vc0 = vs[vb + n * H4 + tk];
-            o00 = fma(vec4<f32>(pn.x), vc0, o00);
-            o10 = fma(vec4<f32>(pn.y), vc0, o10);
-            o20 = fma(vec4<f32>(pn.z), vc0, o20);
-            o30 = fma(vec4<f32>(pn.w), vc0, o30);
-            if (DV > 1u) {
-                let vc1 = vs[vb + n * H4 + tk + TK];
-                o01 = fma(vec4<f32>(pn.x), vc1, o01);
-                o11 = fma(vec4<f32>(pn.y), vc1, o11);
-                o21 = fma(vec4<f32>(pn.z), vc1, o21);
-                o31 = fma(vec4<f32>(pn.w), vc1, o31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let pn = ps[n * TQ + tq];
+                    let vc0 = vs[vb + n * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + n * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 1u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 1u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 1u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 1u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 1u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 2u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 2u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 2u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 2u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 2u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 3u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 3u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 3u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 3u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 3u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let vc2 = vs[vb + n * H4 + tk + 2u * TK];
-                o02 = fma(vec4<f32>(pn.x), vc2, o02);
-                o12 = fma(vec4<f32>(pn.y), vc2, o12);
-                o22 = fma(vec4<f32>(pn.z), vc2, o22);
-                o32 = fma(vec4<f32>(pn.w), vc2, o32);
-            }
-            if (DV > 3u) {
-                let vc3 = vs[vb + n * H4 + tk + 3u * TK];
-                o03 = fma(vec4<f32>(pn.x), vc3, o03);
-                o13 = fma(vec4<f32>(pn.y), vc3, o13);
-                o23 = fma(vec4<f32>(pn.z), vc3, o23);
-                o33 = fma(vec4<f32>(pn.w), vc3, o33);
+            for (; n < BKV; n++) {
+                let pn = ps[n * TQ + tq];
+                let vc0 = vs[vb + n * H4 + tk];
+                o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                if (DV > 1u) {
+                    let vc1 = vs[vb + n * H4 + tk + TK];
+                    o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                    o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                    o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                    o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                }
+                if (DV > 2u) {
+                    let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                    o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                    o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                    o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                    o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                }
+                if (DV > 3u) {
+                    let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                    o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                    o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                    o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                    o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                }
             }
         }
     }
@@ -1803,55 +2999,260 @@ fn attention_backward_dq_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         var dp31 = 0.0;
         var dp32 = 0.0;
         var dp33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let dr0 = dos[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let dr1 = dos[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let dr2 = dos[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let dr3 = dos[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[kb + (tk) * RS + d4];
-            let vc0 = vs[(tk) * RS + d4];
-            let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let vc1 = vs[(tk + TK) * RS + d4];
-            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let vc2 = vs[(tk + 2u * TK) * RS + d4];
-            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            let vc3 = vs[(tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            dp00 += dot(dr0, vc0);
-            s01 += dot(qr0, kc1);
-            dp01 += dot(dr0, vc1);
-            s02 += dot(qr0, kc2);
-            dp02 += dot(dr0, vc2);
-            s03 += dot(qr0, kc3);
-            dp03 += dot(dr0, vc3);
-            s10 += dot(qr1, kc0);
-            dp10 += dot(dr1, vc0);
-            s11 += dot(qr1, kc1);
-            dp11 += dot(dr1, vc1);
-            s12 += dot(qr1, kc2);
-            dp12 += dot(dr1, vc2);
-            s13 += dot(qr1, kc3);
-            dp13 += dot(dr1, vc3);
-            s20 += dot(qr2, kc0);
-            dp20 += dot(dr2, vc0);
-            s21 += dot(qr2, kc1);
-            dp21 += dot(dr2, vc1);
-            s22 += dot(qr2, kc2);
-            dp22 += dot(dr2, vc2);
-            s23 += dot(qr2, kc3);
-            dp23 += dot(dr2, vc3);
-            s30 += dot(qr3, kc0);
-            dp30 += dot(dr3, vc0);
-            s31 += dot(qr3, kc1);
-            dp31 += dot(dr3, vc1);
-            s32 += dot(qr3, kc2);
-            dp32 += dot(dr3, vc2);
-            s33 += dot(qr3, kc3);
-            dp33 += dot(dr3, vc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let dr0 = dos[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let dr1 = dos[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[kb + (tk) * RS + d4];
+                    let vc0 = vs[(tk) * RS + d4];
+                    let kc1 = ks[kb + (tk + TK) * RS + d4];
+                    let vc1 = vs[(tk + TK) * RS + d4];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                    let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                    let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 1u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 1u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 1u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 1u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 2u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 2u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 2u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 2u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 3u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 3u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 3u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 3u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let dr0 = dos[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let dr1 = dos[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[kb + (tk) * RS + d4];
+                let vc0 = vs[(tk) * RS + d4];
+                let kc1 = ks[kb + (tk + TK) * RS + d4];
+                let vc1 = vs[(tk + TK) * RS + d4];
+                let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                dp00 += dot(dr0, vc0);
+                s01 += dot(qr0, kc1);
+                dp01 += dot(dr0, vc1);
+                s02 += dot(qr0, kc2);
+                dp02 += dot(dr0, vc2);
+                s03 += dot(qr0, kc3);
+                dp03 += dot(dr0, vc3);
+                s10 += dot(qr1, kc0);
+                dp10 += dot(dr1, vc0);
+                s11 += dot(qr1, kc1);
+                dp11 += dot(dr1, vc1);
+                s12 += dot(qr1, kc2);
+                dp12 += dot(dr1, vc2);
+                s13 += dot(qr1, kc3);
+                dp13 += dot(dr1, vc3);
+                s20 += dot(qr2, kc0);
+                dp20 += dot(dr2, vc0);
+                s21 += dot(qr2, kc1);
+                dp21 += dot(dr2, vc1);
+                s22 += dot(qr2, kc2);
+                dp22 += dot(dr2, vc2);
+                s23 += dot(qr2, kc3);
+                dp23 += dot(dr2, vc3);
+                s30 += dot(qr3, kc0);
+                dp30 += dot(dr3, vc0);
+                s31 += dot(qr3, kc1);
+                dp31 += dot(dr3, vc1);
+                s32 += dot(qr3, kc2);
+                dp32 += dot(dr3, vc2);
+                s33 += dot(qr3, kc3);
+                dp33 += dot(dr3, vc3);
+            }
         }
         let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
         let row0 = q0 + tq;
@@ -1927,33 +3328,154 @@ fn attention_backward_dq_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
             dss[(tk + 3u * TK) * TQ + tq] = ds;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BKV; n++) {
-            let dn = dss[n * TQ + tq];
-            let kc0 = ks[kb + n * RS + tk];
-            a00 = fma(vec4<f32>(dn.x), kc0, a00);
-            a10 = fma(vec4<f32>(dn.y), kc0, a10);
-            a20 = fma(vec4<f32>(dn.z), kc0, a20);
-            a30 = fma(vec4<f32>(dn.w), kc0, a30);
-            if (DV > 1u) {
-                let kc1 = ks[kb + n * RS + tk + TK];
-                a01 = fma(vec4<f32>(dn.x), kc1, a01);
-                a11 = fma(vec4<f32>(dn.y), kc1, a11);
-                a21 = fma(vec4<f32>(dn.z), kc1, a21);
-                a31 = fma(vec4<f32>(dn.w), kc1, a31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let dn = dss[n * TQ + tq];
+                    let kc0 = ks[kb + n * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + n * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 1u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 1u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 1u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 1u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 1u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 2u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 2u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 2u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 2u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 2u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 3u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 3u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 3u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 3u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 3u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let kc2 = ks[kb + n * RS + tk + 2u * TK];
-                a02 = fma(vec4<f32>(dn.x), kc2, a02);
-                a12 = fma(vec4<f32>(dn.y), kc2, a12);
-                a22 = fma(vec4<f32>(dn.z), kc2, a22);
-                a32 = fma(vec4<f32>(dn.w), kc2, a32);
-            }
-            if (DV > 3u) {
-                let kc3 = ks[kb + n * RS + tk + 3u * TK];
-                a03 = fma(vec4<f32>(dn.x), kc3, a03);
-                a13 = fma(vec4<f32>(dn.y), kc3, a13);
-                a23 = fma(vec4<f32>(dn.z), kc3, a23);
-                a33 = fma(vec4<f32>(dn.w), kc3, a33);
+            for (; n < BKV; n++) {
+                let dn = dss[n * TQ + tq];
+                let kc0 = ks[kb + n * RS + tk];
+                a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                if (DV > 1u) {
+                    let kc1 = ks[kb + n * RS + tk + TK];
+                    a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                    a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                    a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                    a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                }
+                if (DV > 2u) {
+                    let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                    a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                    a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                    a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                    a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                }
+                if (DV > 3u) {
+                    let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                    a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                    a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                    a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                    a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                }
             }
         }
         workgroupBarrier();   // pf: every read of the single stage is done
@@ -2314,55 +3836,260 @@ fn attention_backward_dkv_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
         var dp31 = 0.0;
         var dp32 = 0.0;
         var dp33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let kr0 = ks[(tk) * RS + d4];
-            let vr0 = vs[(tk) * RS + d4];
-            let kr1 = ks[(tk + TK) * RS + d4];
-            let vr1 = vs[(tk + TK) * RS + d4];
-            let kr2 = ks[(tk + 2u * TK) * RS + d4];
-            let vr2 = vs[(tk + 2u * TK) * RS + d4];
-            let kr3 = ks[(tk + 3u * TK) * RS + d4];
-            let vr3 = vs[(tk + 3u * TK) * RS + d4];
-            let qc0 = qs[qb + (tq) * RS + d4];
-            let dc0 = dos[qb + (tq) * RS + d4];
-            let qc1 = qs[qb + (tq + TQ) * RS + d4];
-            let dc1 = dos[qb + (tq + TQ) * RS + d4];
-            let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
-            let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
-            let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
-            let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
-            s00 += dot(kr0, qc0);
-            dp00 += dot(vr0, dc0);
-            s01 += dot(kr0, qc1);
-            dp01 += dot(vr0, dc1);
-            s02 += dot(kr0, qc2);
-            dp02 += dot(vr0, dc2);
-            s03 += dot(kr0, qc3);
-            dp03 += dot(vr0, dc3);
-            s10 += dot(kr1, qc0);
-            dp10 += dot(vr1, dc0);
-            s11 += dot(kr1, qc1);
-            dp11 += dot(vr1, dc1);
-            s12 += dot(kr1, qc2);
-            dp12 += dot(vr1, dc2);
-            s13 += dot(kr1, qc3);
-            dp13 += dot(vr1, dc3);
-            s20 += dot(kr2, qc0);
-            dp20 += dot(vr2, dc0);
-            s21 += dot(kr2, qc1);
-            dp21 += dot(vr2, dc1);
-            s22 += dot(kr2, qc2);
-            dp22 += dot(vr2, dc2);
-            s23 += dot(kr2, qc3);
-            dp23 += dot(vr2, dc3);
-            s30 += dot(kr3, qc0);
-            dp30 += dot(vr3, dc0);
-            s31 += dot(kr3, qc1);
-            dp31 += dot(vr3, dc1);
-            s32 += dot(kr3, qc2);
-            dp32 += dot(vr3, dc2);
-            s33 += dot(kr3, qc3);
-            dp33 += dot(vr3, dc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let kr0 = ks[(tk) * RS + d4];
+                    let vr0 = vs[(tk) * RS + d4];
+                    let kr1 = ks[(tk + TK) * RS + d4];
+                    let vr1 = vs[(tk + TK) * RS + d4];
+                    let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                    let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                    let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                    let qc0 = qs[qb + (tq) * RS + d4];
+                    let dc0 = dos[qb + (tq) * RS + d4];
+                    let qc1 = qs[qb + (tq + TQ) * RS + d4];
+                    let dc1 = dos[qb + (tq + TQ) * RS + d4];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 1u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 1u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 1u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 1u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 1u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 1u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 1u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 1u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 2u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 2u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 2u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 2u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 2u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 2u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 2u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 2u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 3u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 3u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 3u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 3u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 3u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 3u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 3u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 3u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let kr0 = ks[(tk) * RS + d4];
+                let vr0 = vs[(tk) * RS + d4];
+                let kr1 = ks[(tk + TK) * RS + d4];
+                let vr1 = vs[(tk + TK) * RS + d4];
+                let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                let qc0 = qs[qb + (tq) * RS + d4];
+                let dc0 = dos[qb + (tq) * RS + d4];
+                let qc1 = qs[qb + (tq + TQ) * RS + d4];
+                let dc1 = dos[qb + (tq + TQ) * RS + d4];
+                let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+                let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+                let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+                let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+                s00 += dot(kr0, qc0);
+                dp00 += dot(vr0, dc0);
+                s01 += dot(kr0, qc1);
+                dp01 += dot(vr0, dc1);
+                s02 += dot(kr0, qc2);
+                dp02 += dot(vr0, dc2);
+                s03 += dot(kr0, qc3);
+                dp03 += dot(vr0, dc3);
+                s10 += dot(kr1, qc0);
+                dp10 += dot(vr1, dc0);
+                s11 += dot(kr1, qc1);
+                dp11 += dot(vr1, dc1);
+                s12 += dot(kr1, qc2);
+                dp12 += dot(vr1, dc2);
+                s13 += dot(kr1, qc3);
+                dp13 += dot(vr1, dc3);
+                s20 += dot(kr2, qc0);
+                dp20 += dot(vr2, dc0);
+                s21 += dot(kr2, qc1);
+                dp21 += dot(vr2, dc1);
+                s22 += dot(kr2, qc2);
+                dp22 += dot(vr2, dc2);
+                s23 += dot(kr2, qc3);
+                dp23 += dot(vr2, dc3);
+                s30 += dot(kr3, qc0);
+                dp30 += dot(vr3, dc0);
+                s31 += dot(kr3, qc1);
+                dp31 += dot(vr3, dc1);
+                s32 += dot(kr3, qc2);
+                dp32 += dot(vr3, dc2);
+                s33 += dot(kr3, qc3);
+                dp33 += dot(vr3, dc3);
+            }
         }
         let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
         {
@@ -2466,54 +4193,259 @@ fn attention_backward_dkv_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
             dsts[(tq + 3u * TQ) * TK + tk] = dst;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BQ; n++) {
-            let pn = pts[n * TK + tk];
-            let dn = dsts[n * TK + tk];
-            let dc0 = dos[qb + n * RS + tq];
-            let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
-            dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
-            dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
-            dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
-            dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
-            dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
-            dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
-            dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
-            dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
-            if (DV > 1u) {
-                let dc1 = dos[qb + n * RS + tq + TQ];
-                let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
-                dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
-                dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
-                dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
-                dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
-                dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
-                dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
-                dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
-                dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BQ; n += 4u) {
+                {
+                    let pn = pts[n * TK + tk];
+                    let dn = dsts[n * TK + tk];
+                    let dc0 = dos[qb + n * RS + tq];
+                    let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + n * RS + tq + TQ];
+                        let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 1u) * TK + tk];
+                    let dn = dsts[(n + 1u) * TK + tk];
+                    let dc0 = dos[qb + (n + 1u) * RS + tq];
+                    let qc0 = qs[qb + (n + 1u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 1u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 1u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 1u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 1u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 1u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 1u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 2u) * TK + tk];
+                    let dn = dsts[(n + 2u) * TK + tk];
+                    let dc0 = dos[qb + (n + 2u) * RS + tq];
+                    let qc0 = qs[qb + (n + 2u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 2u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 2u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 2u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 2u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 2u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 2u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 3u) * TK + tk];
+                    let dn = dsts[(n + 3u) * TK + tk];
+                    let dc0 = dos[qb + (n + 3u) * RS + tq];
+                    let qc0 = qs[qb + (n + 3u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 3u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 3u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 3u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 3u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 3u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 3u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let dc2 = dos[qb + n * RS + tq + 2u * TQ];
-                let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
-                dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
-                dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
-                dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
-                dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
-                dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
-                dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
-                dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
-                dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
-            }
-            if (DV > 3u) {
-                let dc3 = dos[qb + n * RS + tq + 3u * TQ];
-                let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
-                dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
-                dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
-                dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
-                dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
-                dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
-                dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
-                dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
-                dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+            for (; n < BQ; n++) {
+                let pn = pts[n * TK + tk];
+                let dn = dsts[n * TK + tk];
+                let dc0 = dos[qb + n * RS + tq];
+                let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+                dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                if (DV > 1u) {
+                    let dc1 = dos[qb + n * RS + tq + TQ];
+                    let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                    dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                    dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                    dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                    dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                    dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                    dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                    dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                    dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                }
+                if (DV > 2u) {
+                    let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                    let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                    dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                    dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                    dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                    dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                    dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                    dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                    dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                    dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                }
+                if (DV > 3u) {
+                    let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                    let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                    dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                    dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                    dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                    dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                    dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                    dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                    dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                    dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                }
             }
         }
         workgroupBarrier();   // pf: every read of the single stage is done
@@ -2801,31 +4733,140 @@ fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
         var s31 = 0.0;
         var s32 = 0.0;
         var s33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[kb + (tk) * RS + d4];
-            let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            s01 += dot(qr0, kc1);
-            s02 += dot(qr0, kc2);
-            s03 += dot(qr0, kc3);
-            s10 += dot(qr1, kc0);
-            s11 += dot(qr1, kc1);
-            s12 += dot(qr1, kc2);
-            s13 += dot(qr1, kc3);
-            s20 += dot(qr2, kc0);
-            s21 += dot(qr2, kc1);
-            s22 += dot(qr2, kc2);
-            s23 += dot(qr2, kc3);
-            s30 += dot(qr3, kc0);
-            s31 += dot(qr3, kc1);
-            s32 += dot(qr3, kc2);
-            s33 += dot(qr3, kc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[kb + (tk) * RS + d4];
+                    let kc1 = ks[kb + (tk + TK) * RS + d4];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    s01 += dot(qr0, kc1);
+                    s02 += dot(qr0, kc2);
+                    s03 += dot(qr0, kc3);
+                    s10 += dot(qr1, kc0);
+                    s11 += dot(qr1, kc1);
+                    s12 += dot(qr1, kc2);
+                    s13 += dot(qr1, kc3);
+                    s20 += dot(qr2, kc0);
+                    s21 += dot(qr2, kc1);
+                    s22 += dot(qr2, kc2);
+                    s23 += dot(qr2, kc3);
+                    s30 += dot(qr3, kc0);
+                    s31 += dot(qr3, kc1);
+                    s32 += dot(qr3, kc2);
+                    s33 += dot(qr3, kc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[kb + (tk) * RS + d4];
+                let kc1 = ks[kb + (tk + TK) * RS + d4];
+                let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                s01 += dot(qr0, kc1);
+                s02 += dot(qr0, kc2);
+                s03 += dot(qr0, kc3);
+                s10 += dot(qr1, kc0);
+                s11 += dot(qr1, kc1);
+                s12 += dot(qr1, kc2);
+                s13 += dot(qr1, kc3);
+                s20 += dot(qr2, kc0);
+                s21 += dot(qr2, kc1);
+                s22 += dot(qr2, kc2);
+                s23 += dot(qr2, kc3);
+                s30 += dot(qr3, kc0);
+                s31 += dot(qr3, kc1);
+                s32 += dot(qr3, kc2);
+                s33 += dot(qr3, kc3);
+            }
         }
         if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
             let key0 = kv0 + tk;
@@ -2906,33 +4947,154 @@ fn attention_forward_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
         o31 *= alpha.w;
         o32 *= alpha.w;
         o33 *= alpha.w;
-        for (var n = 0u; n < BKV; n++) {
-            let pn = ps[n * TQ + tq];
-            let vc0 = vs[vb + n * H4 + tk];
-            o00 = fma(vec4<f32>(pn.x), vc0, o00);
-            o10 = fma(vec4<f32>(pn.y), vc0, o10);
-            o20 = fma(vec4<f32>(pn.z), vc0, o20);
-            o30 = fma(vec4<f32>(pn.w), vc0, o30);
-            if (DV > 1u) {
-                let vc1 = vs[vb + n * H4 + tk + TK];
-                o01 = fma(vec4<f32>(pn.x), vc1, o01);
-                o11 = fma(vec4<f32>(pn.y), vc1, o11);
-                o21 = fma(vec4<f32>(pn.z), vc1, o21);
-                o31 = fma(vec4<f32>(pn.w), vc1, o31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let pn = ps[n * TQ + tq];
+                    let vc0 = vs[vb + n * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + n * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 1u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 1u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 1u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 1u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 1u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 2u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 2u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 2u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 2u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 2u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
+                {
+                    let pn = ps[(n + 3u) * TQ + tq];
+                    let vc0 = vs[vb + (n + 3u) * H4 + tk];
+                    o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                    o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                    o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                    o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                    if (DV > 1u) {
+                        let vc1 = vs[vb + (n + 3u) * H4 + tk + TK];
+                        o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                        o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                        o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                        o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                    }
+                    if (DV > 2u) {
+                        let vc2 = vs[vb + (n + 3u) * H4 + tk + 2u * TK];
+                        o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                        o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                        o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                        o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                    }
+                    if (DV > 3u) {
+                        let vc3 = vs[vb + (n + 3u) * H4 + tk + 3u * TK];
+                        o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                        o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                        o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                        o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let vc2 = vs[vb + n * H4 + tk + 2u * TK];
-                o02 = fma(vec4<f32>(pn.x), vc2, o02);
-                o12 = fma(vec4<f32>(pn.y), vc2, o12);
-                o22 = fma(vec4<f32>(pn.z), vc2, o22);
-                o32 = fma(vec4<f32>(pn.w), vc2, o32);
-            }
-            if (DV > 3u) {
-                let vc3 = vs[vb + n * H4 + tk + 3u * TK];
-                o03 = fma(vec4<f32>(pn.x), vc3, o03);
-                o13 = fma(vec4<f32>(pn.y), vc3, o13);
-                o23 = fma(vec4<f32>(pn.z), vc3, o23);
-                o33 = fma(vec4<f32>(pn.w), vc3, o33);
+            for (; n < BKV; n++) {
+                let pn = ps[n * TQ + tq];
+                let vc0 = vs[vb + n * H4 + tk];
+                o00 = fma(vec4<f32>(pn.x), vc0, o00);
+                o10 = fma(vec4<f32>(pn.y), vc0, o10);
+                o20 = fma(vec4<f32>(pn.z), vc0, o20);
+                o30 = fma(vec4<f32>(pn.w), vc0, o30);
+                if (DV > 1u) {
+                    let vc1 = vs[vb + n * H4 + tk + TK];
+                    o01 = fma(vec4<f32>(pn.x), vc1, o01);
+                    o11 = fma(vec4<f32>(pn.y), vc1, o11);
+                    o21 = fma(vec4<f32>(pn.z), vc1, o21);
+                    o31 = fma(vec4<f32>(pn.w), vc1, o31);
+                }
+                if (DV > 2u) {
+                    let vc2 = vs[vb + n * H4 + tk + 2u * TK];
+                    o02 = fma(vec4<f32>(pn.x), vc2, o02);
+                    o12 = fma(vec4<f32>(pn.y), vc2, o12);
+                    o22 = fma(vec4<f32>(pn.z), vc2, o22);
+                    o32 = fma(vec4<f32>(pn.w), vc2, o32);
+                }
+                if (DV > 3u) {
+                    let vc3 = vs[vb + n * H4 + tk + 3u * TK];
+                    o03 = fma(vec4<f32>(pn.x), vc3, o03);
+                    o13 = fma(vec4<f32>(pn.y), vc3, o13);
+                    o23 = fma(vec4<f32>(pn.z), vc3, o23);
+                    o33 = fma(vec4<f32>(pn.w), vc3, o33);
+                }
             }
         }
     }
@@ -3242,55 +5404,260 @@ fn attention_backward_dq_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
         var dp31 = 0.0;
         var dp32 = 0.0;
         var dp33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let qr0 = qs[(tq) * RS + d4];
-            let dr0 = dos[(tq) * RS + d4];
-            let qr1 = qs[(tq + TQ) * RS + d4];
-            let dr1 = dos[(tq + TQ) * RS + d4];
-            let qr2 = qs[(tq + 2u * TQ) * RS + d4];
-            let dr2 = dos[(tq + 2u * TQ) * RS + d4];
-            let qr3 = qs[(tq + 3u * TQ) * RS + d4];
-            let dr3 = dos[(tq + 3u * TQ) * RS + d4];
-            let kc0 = ks[kb + (tk) * RS + d4];
-            let vc0 = vs[(tk) * RS + d4];
-            let kc1 = ks[kb + (tk + TK) * RS + d4];
-            let vc1 = vs[(tk + TK) * RS + d4];
-            let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
-            let vc2 = vs[(tk + 2u * TK) * RS + d4];
-            let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
-            let vc3 = vs[(tk + 3u * TK) * RS + d4];
-            s00 += dot(qr0, kc0);
-            dp00 += dot(dr0, vc0);
-            s01 += dot(qr0, kc1);
-            dp01 += dot(dr0, vc1);
-            s02 += dot(qr0, kc2);
-            dp02 += dot(dr0, vc2);
-            s03 += dot(qr0, kc3);
-            dp03 += dot(dr0, vc3);
-            s10 += dot(qr1, kc0);
-            dp10 += dot(dr1, vc0);
-            s11 += dot(qr1, kc1);
-            dp11 += dot(dr1, vc1);
-            s12 += dot(qr1, kc2);
-            dp12 += dot(dr1, vc2);
-            s13 += dot(qr1, kc3);
-            dp13 += dot(dr1, vc3);
-            s20 += dot(qr2, kc0);
-            dp20 += dot(dr2, vc0);
-            s21 += dot(qr2, kc1);
-            dp21 += dot(dr2, vc1);
-            s22 += dot(qr2, kc2);
-            dp22 += dot(dr2, vc2);
-            s23 += dot(qr2, kc3);
-            dp23 += dot(dr2, vc3);
-            s30 += dot(qr3, kc0);
-            dp30 += dot(dr3, vc0);
-            s31 += dot(qr3, kc1);
-            dp31 += dot(dr3, vc1);
-            s32 += dot(qr3, kc2);
-            dp32 += dot(dr3, vc2);
-            s33 += dot(qr3, kc3);
-            dp33 += dot(dr3, vc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let qr0 = qs[(tq) * RS + d4];
+                    let dr0 = dos[(tq) * RS + d4];
+                    let qr1 = qs[(tq + TQ) * RS + d4];
+                    let dr1 = dos[(tq + TQ) * RS + d4];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                    let kc0 = ks[kb + (tk) * RS + d4];
+                    let vc0 = vs[(tk) * RS + d4];
+                    let kc1 = ks[kb + (tk + TK) * RS + d4];
+                    let vc1 = vs[(tk + TK) * RS + d4];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                    let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                    let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 1u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 1u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 1u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 1u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 1u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 1u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 1u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 1u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 1u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 2u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 2u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 2u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 2u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 2u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 2u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 2u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 2u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 2u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+                {
+                    let qr0 = qs[(tq) * RS + (d4 + 3u)];
+                    let dr0 = dos[(tq) * RS + (d4 + 3u)];
+                    let qr1 = qs[(tq + TQ) * RS + (d4 + 3u)];
+                    let dr1 = dos[(tq + TQ) * RS + (d4 + 3u)];
+                    let qr2 = qs[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let dr2 = dos[(tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qr3 = qs[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let dr3 = dos[(tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let kc0 = ks[kb + (tk) * RS + (d4 + 3u)];
+                    let vc0 = vs[(tk) * RS + (d4 + 3u)];
+                    let kc1 = ks[kb + (tk + TK) * RS + (d4 + 3u)];
+                    let vc1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                    let kc2 = ks[kb + (tk + 2u * TK) * RS + (d4 + 3u)];
+                    let vc2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kc3 = ks[kb + (tk + 3u * TK) * RS + (d4 + 3u)];
+                    let vc3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    s00 += dot(qr0, kc0);
+                    dp00 += dot(dr0, vc0);
+                    s01 += dot(qr0, kc1);
+                    dp01 += dot(dr0, vc1);
+                    s02 += dot(qr0, kc2);
+                    dp02 += dot(dr0, vc2);
+                    s03 += dot(qr0, kc3);
+                    dp03 += dot(dr0, vc3);
+                    s10 += dot(qr1, kc0);
+                    dp10 += dot(dr1, vc0);
+                    s11 += dot(qr1, kc1);
+                    dp11 += dot(dr1, vc1);
+                    s12 += dot(qr1, kc2);
+                    dp12 += dot(dr1, vc2);
+                    s13 += dot(qr1, kc3);
+                    dp13 += dot(dr1, vc3);
+                    s20 += dot(qr2, kc0);
+                    dp20 += dot(dr2, vc0);
+                    s21 += dot(qr2, kc1);
+                    dp21 += dot(dr2, vc1);
+                    s22 += dot(qr2, kc2);
+                    dp22 += dot(dr2, vc2);
+                    s23 += dot(qr2, kc3);
+                    dp23 += dot(dr2, vc3);
+                    s30 += dot(qr3, kc0);
+                    dp30 += dot(dr3, vc0);
+                    s31 += dot(qr3, kc1);
+                    dp31 += dot(dr3, vc1);
+                    s32 += dot(qr3, kc2);
+                    dp32 += dot(dr3, vc2);
+                    s33 += dot(qr3, kc3);
+                    dp33 += dot(dr3, vc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let qr0 = qs[(tq) * RS + d4];
+                let dr0 = dos[(tq) * RS + d4];
+                let qr1 = qs[(tq + TQ) * RS + d4];
+                let dr1 = dos[(tq + TQ) * RS + d4];
+                let qr2 = qs[(tq + 2u * TQ) * RS + d4];
+                let dr2 = dos[(tq + 2u * TQ) * RS + d4];
+                let qr3 = qs[(tq + 3u * TQ) * RS + d4];
+                let dr3 = dos[(tq + 3u * TQ) * RS + d4];
+                let kc0 = ks[kb + (tk) * RS + d4];
+                let vc0 = vs[(tk) * RS + d4];
+                let kc1 = ks[kb + (tk + TK) * RS + d4];
+                let vc1 = vs[(tk + TK) * RS + d4];
+                let kc2 = ks[kb + (tk + 2u * TK) * RS + d4];
+                let vc2 = vs[(tk + 2u * TK) * RS + d4];
+                let kc3 = ks[kb + (tk + 3u * TK) * RS + d4];
+                let vc3 = vs[(tk + 3u * TK) * RS + d4];
+                s00 += dot(qr0, kc0);
+                dp00 += dot(dr0, vc0);
+                s01 += dot(qr0, kc1);
+                dp01 += dot(dr0, vc1);
+                s02 += dot(qr0, kc2);
+                dp02 += dot(dr0, vc2);
+                s03 += dot(qr0, kc3);
+                dp03 += dot(dr0, vc3);
+                s10 += dot(qr1, kc0);
+                dp10 += dot(dr1, vc0);
+                s11 += dot(qr1, kc1);
+                dp11 += dot(dr1, vc1);
+                s12 += dot(qr1, kc2);
+                dp12 += dot(dr1, vc2);
+                s13 += dot(qr1, kc3);
+                dp13 += dot(dr1, vc3);
+                s20 += dot(qr2, kc0);
+                dp20 += dot(dr2, vc0);
+                s21 += dot(qr2, kc1);
+                dp21 += dot(dr2, vc1);
+                s22 += dot(qr2, kc2);
+                dp22 += dot(dr2, vc2);
+                s23 += dot(qr2, kc3);
+                dp23 += dot(dr2, vc3);
+                s30 += dot(qr3, kc0);
+                dp30 += dot(dr3, vc0);
+                s31 += dot(qr3, kc1);
+                dp31 += dot(dr3, vc1);
+                s32 += dot(qr3, kc2);
+                dp32 += dot(dr3, vc2);
+                s33 += dot(qr3, kc3);
+                dp33 += dot(dr3, vc3);
+            }
         }
         let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
         let row0 = q0 + tq;
@@ -3366,33 +5733,154 @@ fn attention_backward_dq_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
             dss[(tk + 3u * TK) * TQ + tq] = ds;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BKV; n++) {
-            let dn = dss[n * TQ + tq];
-            let kc0 = ks[kb + n * RS + tk];
-            a00 = fma(vec4<f32>(dn.x), kc0, a00);
-            a10 = fma(vec4<f32>(dn.y), kc0, a10);
-            a20 = fma(vec4<f32>(dn.z), kc0, a20);
-            a30 = fma(vec4<f32>(dn.w), kc0, a30);
-            if (DV > 1u) {
-                let kc1 = ks[kb + n * RS + tk + TK];
-                a01 = fma(vec4<f32>(dn.x), kc1, a01);
-                a11 = fma(vec4<f32>(dn.y), kc1, a11);
-                a21 = fma(vec4<f32>(dn.z), kc1, a21);
-                a31 = fma(vec4<f32>(dn.w), kc1, a31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BKV; n += 4u) {
+                {
+                    let dn = dss[n * TQ + tq];
+                    let kc0 = ks[kb + n * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + n * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 1u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 1u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 1u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 1u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 1u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 2u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 2u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 2u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 2u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 2u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
+                {
+                    let dn = dss[(n + 3u) * TQ + tq];
+                    let kc0 = ks[kb + (n + 3u) * RS + tk];
+                    a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                    a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                    a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                    a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                    if (DV > 1u) {
+                        let kc1 = ks[kb + (n + 3u) * RS + tk + TK];
+                        a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                        a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                        a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                        a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                    }
+                    if (DV > 2u) {
+                        let kc2 = ks[kb + (n + 3u) * RS + tk + 2u * TK];
+                        a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                        a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                        a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                        a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                    }
+                    if (DV > 3u) {
+                        let kc3 = ks[kb + (n + 3u) * RS + tk + 3u * TK];
+                        a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                        a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                        a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                        a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let kc2 = ks[kb + n * RS + tk + 2u * TK];
-                a02 = fma(vec4<f32>(dn.x), kc2, a02);
-                a12 = fma(vec4<f32>(dn.y), kc2, a12);
-                a22 = fma(vec4<f32>(dn.z), kc2, a22);
-                a32 = fma(vec4<f32>(dn.w), kc2, a32);
-            }
-            if (DV > 3u) {
-                let kc3 = ks[kb + n * RS + tk + 3u * TK];
-                a03 = fma(vec4<f32>(dn.x), kc3, a03);
-                a13 = fma(vec4<f32>(dn.y), kc3, a13);
-                a23 = fma(vec4<f32>(dn.z), kc3, a23);
-                a33 = fma(vec4<f32>(dn.w), kc3, a33);
+            for (; n < BKV; n++) {
+                let dn = dss[n * TQ + tq];
+                let kc0 = ks[kb + n * RS + tk];
+                a00 = fma(vec4<f32>(dn.x), kc0, a00);
+                a10 = fma(vec4<f32>(dn.y), kc0, a10);
+                a20 = fma(vec4<f32>(dn.z), kc0, a20);
+                a30 = fma(vec4<f32>(dn.w), kc0, a30);
+                if (DV > 1u) {
+                    let kc1 = ks[kb + n * RS + tk + TK];
+                    a01 = fma(vec4<f32>(dn.x), kc1, a01);
+                    a11 = fma(vec4<f32>(dn.y), kc1, a11);
+                    a21 = fma(vec4<f32>(dn.z), kc1, a21);
+                    a31 = fma(vec4<f32>(dn.w), kc1, a31);
+                }
+                if (DV > 2u) {
+                    let kc2 = ks[kb + n * RS + tk + 2u * TK];
+                    a02 = fma(vec4<f32>(dn.x), kc2, a02);
+                    a12 = fma(vec4<f32>(dn.y), kc2, a12);
+                    a22 = fma(vec4<f32>(dn.z), kc2, a22);
+                    a32 = fma(vec4<f32>(dn.w), kc2, a32);
+                }
+                if (DV > 3u) {
+                    let kc3 = ks[kb + n * RS + tk + 3u * TK];
+                    a03 = fma(vec4<f32>(dn.x), kc3, a03);
+                    a13 = fma(vec4<f32>(dn.y), kc3, a13);
+                    a23 = fma(vec4<f32>(dn.z), kc3, a23);
+                    a33 = fma(vec4<f32>(dn.w), kc3, a33);
+                }
             }
         }
         if (more) {   // ks/vs of that stage were last read before this tile's first barrier
@@ -3753,55 +6241,260 @@ fn attention_backward_dkv_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
         var dp31 = 0.0;
         var dp32 = 0.0;
         var dp33 = 0.0;
-        for (var d4 = 0u; d4 < H4; d4++) {
-            let kr0 = ks[(tk) * RS + d4];
-            let vr0 = vs[(tk) * RS + d4];
-            let kr1 = ks[(tk + TK) * RS + d4];
-            let vr1 = vs[(tk + TK) * RS + d4];
-            let kr2 = ks[(tk + 2u * TK) * RS + d4];
-            let vr2 = vs[(tk + 2u * TK) * RS + d4];
-            let kr3 = ks[(tk + 3u * TK) * RS + d4];
-            let vr3 = vs[(tk + 3u * TK) * RS + d4];
-            let qc0 = qs[qb + (tq) * RS + d4];
-            let dc0 = dos[qb + (tq) * RS + d4];
-            let qc1 = qs[qb + (tq + TQ) * RS + d4];
-            let dc1 = dos[qb + (tq + TQ) * RS + d4];
-            let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
-            let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
-            let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
-            let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
-            s00 += dot(kr0, qc0);
-            dp00 += dot(vr0, dc0);
-            s01 += dot(kr0, qc1);
-            dp01 += dot(vr0, dc1);
-            s02 += dot(kr0, qc2);
-            dp02 += dot(vr0, dc2);
-            s03 += dot(kr0, qc3);
-            dp03 += dot(vr0, dc3);
-            s10 += dot(kr1, qc0);
-            dp10 += dot(vr1, dc0);
-            s11 += dot(kr1, qc1);
-            dp11 += dot(vr1, dc1);
-            s12 += dot(kr1, qc2);
-            dp12 += dot(vr1, dc2);
-            s13 += dot(kr1, qc3);
-            dp13 += dot(vr1, dc3);
-            s20 += dot(kr2, qc0);
-            dp20 += dot(vr2, dc0);
-            s21 += dot(kr2, qc1);
-            dp21 += dot(vr2, dc1);
-            s22 += dot(kr2, qc2);
-            dp22 += dot(vr2, dc2);
-            s23 += dot(kr2, qc3);
-            dp23 += dot(vr2, dc3);
-            s30 += dot(kr3, qc0);
-            dp30 += dot(vr3, dc0);
-            s31 += dot(kr3, qc1);
-            dp31 += dot(vr3, dc1);
-            s32 += dot(kr3, qc2);
-            dp32 += dot(vr3, dc2);
-            s33 += dot(kr3, qc3);
-            dp33 += dot(vr3, dc3);
+        {
+            var d4 = 0u;
+            for (; d4 + 4u <= H4; d4 += 4u) {
+                {
+                    let kr0 = ks[(tk) * RS + d4];
+                    let vr0 = vs[(tk) * RS + d4];
+                    let kr1 = ks[(tk + TK) * RS + d4];
+                    let vr1 = vs[(tk + TK) * RS + d4];
+                    let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                    let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                    let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                    let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                    let qc0 = qs[qb + (tq) * RS + d4];
+                    let dc0 = dos[qb + (tq) * RS + d4];
+                    let qc1 = qs[qb + (tq + TQ) * RS + d4];
+                    let dc1 = dos[qb + (tq + TQ) * RS + d4];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 1u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 1u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 1u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 1u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 1u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 1u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 1u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 1u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 1u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 1u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 1u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 1u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 1u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 2u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 2u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 2u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 2u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 2u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 2u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 2u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 2u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 2u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 2u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 2u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 2u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 2u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+                {
+                    let kr0 = ks[(tk) * RS + (d4 + 3u)];
+                    let vr0 = vs[(tk) * RS + (d4 + 3u)];
+                    let kr1 = ks[(tk + TK) * RS + (d4 + 3u)];
+                    let vr1 = vs[(tk + TK) * RS + (d4 + 3u)];
+                    let kr2 = ks[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let vr2 = vs[(tk + 2u * TK) * RS + (d4 + 3u)];
+                    let kr3 = ks[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    let vr3 = vs[(tk + 3u * TK) * RS + (d4 + 3u)];
+                    let qc0 = qs[qb + (tq) * RS + (d4 + 3u)];
+                    let dc0 = dos[qb + (tq) * RS + (d4 + 3u)];
+                    let qc1 = qs[qb + (tq + TQ) * RS + (d4 + 3u)];
+                    let dc1 = dos[qb + (tq + TQ) * RS + (d4 + 3u)];
+                    let qc2 = qs[qb + (tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let dc2 = dos[qb + (tq + 2u * TQ) * RS + (d4 + 3u)];
+                    let qc3 = qs[qb + (tq + 3u * TQ) * RS + (d4 + 3u)];
+                    let dc3 = dos[qb + (tq + 3u * TQ) * RS + (d4 + 3u)];
+                    s00 += dot(kr0, qc0);
+                    dp00 += dot(vr0, dc0);
+                    s01 += dot(kr0, qc1);
+                    dp01 += dot(vr0, dc1);
+                    s02 += dot(kr0, qc2);
+                    dp02 += dot(vr0, dc2);
+                    s03 += dot(kr0, qc3);
+                    dp03 += dot(vr0, dc3);
+                    s10 += dot(kr1, qc0);
+                    dp10 += dot(vr1, dc0);
+                    s11 += dot(kr1, qc1);
+                    dp11 += dot(vr1, dc1);
+                    s12 += dot(kr1, qc2);
+                    dp12 += dot(vr1, dc2);
+                    s13 += dot(kr1, qc3);
+                    dp13 += dot(vr1, dc3);
+                    s20 += dot(kr2, qc0);
+                    dp20 += dot(vr2, dc0);
+                    s21 += dot(kr2, qc1);
+                    dp21 += dot(vr2, dc1);
+                    s22 += dot(kr2, qc2);
+                    dp22 += dot(vr2, dc2);
+                    s23 += dot(kr2, qc3);
+                    dp23 += dot(vr2, dc3);
+                    s30 += dot(kr3, qc0);
+                    dp30 += dot(vr3, dc0);
+                    s31 += dot(kr3, qc1);
+                    dp31 += dot(vr3, dc1);
+                    s32 += dot(kr3, qc2);
+                    dp32 += dot(vr3, dc2);
+                    s33 += dot(kr3, qc3);
+                    dp33 += dot(vr3, dc3);
+                }
+            }
+            for (; d4 < H4; d4++) {
+                let kr0 = ks[(tk) * RS + d4];
+                let vr0 = vs[(tk) * RS + d4];
+                let kr1 = ks[(tk + TK) * RS + d4];
+                let vr1 = vs[(tk + TK) * RS + d4];
+                let kr2 = ks[(tk + 2u * TK) * RS + d4];
+                let vr2 = vs[(tk + 2u * TK) * RS + d4];
+                let kr3 = ks[(tk + 3u * TK) * RS + d4];
+                let vr3 = vs[(tk + 3u * TK) * RS + d4];
+                let qc0 = qs[qb + (tq) * RS + d4];
+                let dc0 = dos[qb + (tq) * RS + d4];
+                let qc1 = qs[qb + (tq + TQ) * RS + d4];
+                let dc1 = dos[qb + (tq + TQ) * RS + d4];
+                let qc2 = qs[qb + (tq + 2u * TQ) * RS + d4];
+                let dc2 = dos[qb + (tq + 2u * TQ) * RS + d4];
+                let qc3 = qs[qb + (tq + 3u * TQ) * RS + d4];
+                let dc3 = dos[qb + (tq + 3u * TQ) * RS + d4];
+                s00 += dot(kr0, qc0);
+                dp00 += dot(vr0, dc0);
+                s01 += dot(kr0, qc1);
+                dp01 += dot(vr0, dc1);
+                s02 += dot(kr0, qc2);
+                dp02 += dot(vr0, dc2);
+                s03 += dot(kr0, qc3);
+                dp03 += dot(vr0, dc3);
+                s10 += dot(kr1, qc0);
+                dp10 += dot(vr1, dc0);
+                s11 += dot(kr1, qc1);
+                dp11 += dot(vr1, dc1);
+                s12 += dot(kr1, qc2);
+                dp12 += dot(vr1, dc2);
+                s13 += dot(kr1, qc3);
+                dp13 += dot(vr1, dc3);
+                s20 += dot(kr2, qc0);
+                dp20 += dot(vr2, dc0);
+                s21 += dot(kr2, qc1);
+                dp21 += dot(vr2, dc1);
+                s22 += dot(kr2, qc2);
+                dp22 += dot(vr2, dc2);
+                s23 += dot(kr2, qc3);
+                dp23 += dot(vr2, dc3);
+                s30 += dot(kr3, qc0);
+                dp30 += dot(vr3, dc0);
+                s31 += dot(kr3, qc1);
+                dp31 += dot(vr3, dc1);
+                s32 += dot(kr3, qc2);
+                dp32 += dot(vr3, dc2);
+                s33 += dot(kr3, qc3);
+                dp33 += dot(vr3, dc3);
+            }
         }
         let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
         {
@@ -3905,54 +6598,259 @@ fn attention_backward_dkv_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
             dsts[(tq + 3u * TQ) * TK + tk] = dst;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BQ; n++) {
-            let pn = pts[n * TK + tk];
-            let dn = dsts[n * TK + tk];
-            let dc0 = dos[qb + n * RS + tq];
-            let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
-            dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
-            dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
-            dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
-            dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
-            dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
-            dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
-            dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
-            dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
-            if (DV > 1u) {
-                let dc1 = dos[qb + n * RS + tq + TQ];
-                let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
-                dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
-                dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
-                dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
-                dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
-                dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
-                dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
-                dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
-                dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+        {
+            var n = 0u;
+            for (; n + 4u <= BQ; n += 4u) {
+                {
+                    let pn = pts[n * TK + tk];
+                    let dn = dsts[n * TK + tk];
+                    let dc0 = dos[qb + n * RS + tq];
+                    let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + n * RS + tq + TQ];
+                        let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 1u) * TK + tk];
+                    let dn = dsts[(n + 1u) * TK + tk];
+                    let dc0 = dos[qb + (n + 1u) * RS + tq];
+                    let qc0 = qs[qb + (n + 1u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 1u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 1u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 1u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 1u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 1u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 1u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 2u) * TK + tk];
+                    let dn = dsts[(n + 2u) * TK + tk];
+                    let dc0 = dos[qb + (n + 2u) * RS + tq];
+                    let qc0 = qs[qb + (n + 2u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 2u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 2u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 2u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 2u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 2u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 2u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
+                {
+                    let pn = pts[(n + 3u) * TK + tk];
+                    let dn = dsts[(n + 3u) * TK + tk];
+                    let dc0 = dos[qb + (n + 3u) * RS + tq];
+                    let qc0 = qs[qb + (n + 3u) * RS + tq];   // pre-scaled: dk = scale ds q
+                    dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                    dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                    dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                    dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                    dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                    dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                    dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                    dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                    if (DV > 1u) {
+                        let dc1 = dos[qb + (n + 3u) * RS + tq + TQ];
+                        let qc1 = qs[qb + (n + 3u) * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                        dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                        dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                        dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                        dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                        dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                        dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                        dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                        dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                    }
+                    if (DV > 2u) {
+                        let dc2 = dos[qb + (n + 3u) * RS + tq + 2u * TQ];
+                        let qc2 = qs[qb + (n + 3u) * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                        dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                        dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                        dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                        dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                        dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                        dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                        dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                        dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                    }
+                    if (DV > 3u) {
+                        let dc3 = dos[qb + (n + 3u) * RS + tq + 3u * TQ];
+                        let qc3 = qs[qb + (n + 3u) * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                        dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                        dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                        dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                        dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                        dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                        dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                        dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                        dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                    }
+                }
             }
-            if (DV > 2u) {
-                let dc2 = dos[qb + n * RS + tq + 2u * TQ];
-                let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
-                dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
-                dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
-                dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
-                dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
-                dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
-                dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
-                dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
-                dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
-            }
-            if (DV > 3u) {
-                let dc3 = dos[qb + n * RS + tq + 3u * TQ];
-                let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
-                dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
-                dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
-                dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
-                dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
-                dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
-                dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
-                dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
-                dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+            for (; n < BQ; n++) {
+                let pn = pts[n * TK + tk];
+                let dn = dsts[n * TK + tk];
+                let dc0 = dos[qb + n * RS + tq];
+                let qc0 = qs[qb + n * RS + tq];   // pre-scaled: dk = scale ds q
+                dv00 = fma(vec4<f32>(pn.x), dc0, dv00);
+                dk00 = fma(vec4<f32>(dn.x), qc0, dk00);
+                dv10 = fma(vec4<f32>(pn.y), dc0, dv10);
+                dk10 = fma(vec4<f32>(dn.y), qc0, dk10);
+                dv20 = fma(vec4<f32>(pn.z), dc0, dv20);
+                dk20 = fma(vec4<f32>(dn.z), qc0, dk20);
+                dv30 = fma(vec4<f32>(pn.w), dc0, dv30);
+                dk30 = fma(vec4<f32>(dn.w), qc0, dk30);
+                if (DV > 1u) {
+                    let dc1 = dos[qb + n * RS + tq + TQ];
+                    let qc1 = qs[qb + n * RS + tq + TQ];   // pre-scaled: dk = scale ds q
+                    dv01 = fma(vec4<f32>(pn.x), dc1, dv01);
+                    dk01 = fma(vec4<f32>(dn.x), qc1, dk01);
+                    dv11 = fma(vec4<f32>(pn.y), dc1, dv11);
+                    dk11 = fma(vec4<f32>(dn.y), qc1, dk11);
+                    dv21 = fma(vec4<f32>(pn.z), dc1, dv21);
+                    dk21 = fma(vec4<f32>(dn.z), qc1, dk21);
+                    dv31 = fma(vec4<f32>(pn.w), dc1, dv31);
+                    dk31 = fma(vec4<f32>(dn.w), qc1, dk31);
+                }
+                if (DV > 2u) {
+                    let dc2 = dos[qb + n * RS + tq + 2u * TQ];
+                    let qc2 = qs[qb + n * RS + tq + 2u * TQ];   // pre-scaled: dk = scale ds q
+                    dv02 = fma(vec4<f32>(pn.x), dc2, dv02);
+                    dk02 = fma(vec4<f32>(dn.x), qc2, dk02);
+                    dv12 = fma(vec4<f32>(pn.y), dc2, dv12);
+                    dk12 = fma(vec4<f32>(dn.y), qc2, dk12);
+                    dv22 = fma(vec4<f32>(pn.z), dc2, dv22);
+                    dk22 = fma(vec4<f32>(dn.z), qc2, dk22);
+                    dv32 = fma(vec4<f32>(pn.w), dc2, dv32);
+                    dk32 = fma(vec4<f32>(dn.w), qc2, dk32);
+                }
+                if (DV > 3u) {
+                    let dc3 = dos[qb + n * RS + tq + 3u * TQ];
+                    let qc3 = qs[qb + n * RS + tq + 3u * TQ];   // pre-scaled: dk = scale ds q
+                    dv03 = fma(vec4<f32>(pn.x), dc3, dv03);
+                    dk03 = fma(vec4<f32>(dn.x), qc3, dk03);
+                    dv13 = fma(vec4<f32>(pn.y), dc3, dv13);
+                    dk13 = fma(vec4<f32>(dn.y), qc3, dk13);
+                    dv23 = fma(vec4<f32>(pn.z), dc3, dv23);
+                    dk23 = fma(vec4<f32>(dn.z), qc3, dk23);
+                    dv33 = fma(vec4<f32>(pn.w), dc3, dv33);
+                    dk33 = fma(vec4<f32>(dn.w), qc3, dk33);
+                }
             }
         }
         if (more) {   // qs/dos/stats of that stage were last read before this tile's first barrier
