@@ -283,10 +283,12 @@ def _linear_body(tm: int, tn: int, h16: bool, fold: int = 0) -> str:
         body += [f"        ai += {fold}u * SA;", f"        bi += {fold}u * SB;"]
         body += _indent([f"c{i} += vec4<f32>(h{i});" for *_, i in acc], 2)
         body += ["    }"]
+    elif UNROLL <= 1:
+        body += ["    for (var kk = 0u; kk < BK; kk++) {"]
+        body += _indent(step_lines() + ["ai += SA;", "bi += SB;"], 2)
+        body += ["    }"]
     else:
-        body += ["    // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's",
-                 "    // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,",
-                 "    // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder",
+        body += [f"    // the slice in runs of {UNROLL} k-steps written out, then any remainder",
                  "    var kk = 0u;",
                  f"    for (; kk + {UNROLL}u <= BK; kk += {UNROLL}u) {{"]
         for k in range(UNROLL):
@@ -764,12 +766,15 @@ def _dv_guard(j: int, lines: list[str]) -> list[str]:
     return [f"if (DV > {j}u) {{"] + _indent(lines) + ["}"]
 
 
-def _runs(var: str, bound: str, step: list[str], unroll: int = ATT_UNROLL) -> list[str]:
+def _runs(var: str, bound: str, step: list[str], unroll: int | None = None) -> list[str]:
     """`for (var <var> = 0u; <var> < <bound>; <var>++) { step }` with runs of `unroll`
     iterations written out (each in its own scope, <var> offset by a constant), then a plain
     loop over any remainder. The same iterations in the same order: bit-identical sums. As
     plain loops, NVIDIA's compiler schedules each iteration's workgroup loads on their own
-    (bench/h16_probe.py: f32_8x8 vs f32_unrolled)."""
+    (bench/h16_probe.py: f32_8x8 vs f32_unrolled). `unroll` <= 1: the plain loop."""
+    unroll = ATT_UNROLL if unroll is None else unroll
+    if unroll <= 1:
+        return [f"for (var {var} = 0u; {var} < {bound}; {var}++) {{"] + _indent(step) + ["}"]
     word = re.compile(rf"\b{var}\b")
     out = ["{", f"    var {var} = 0u;",
            f"    for (; {var} + {unroll}u <= {bound}; {var} += {unroll}u) {{"]
@@ -1508,7 +1513,15 @@ def stale_files(directory: Path = WGSL_DIR) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
+    ap.add_argument("--unroll", type=int, help=f"experiments only: k-steps per written-out run "
+                    f"of the f32 matmuls (1: plain loop; committed: {UNROLL})")
+    ap.add_argument("--att-unroll", type=int, help="experiments only: iterations per "
+                    f"written-out run of the attention loops (1: plain; committed: {ATT_UNROLL})")
     args = ap.parse_args(argv)
+    if args.unroll is not None:
+        globals()["UNROLL"] = args.unroll
+    if args.att_unroll is not None:
+        globals()["ATT_UNROLL"] = args.att_unroll
     if args.check:
         stale = stale_files()
         for name in stale:

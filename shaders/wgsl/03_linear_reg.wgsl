@@ -238,9 +238,7 @@ fn reg_body_8x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
-        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
-        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        // the slice in runs of 8 k-steps written out, then any remainder
         var kk = 0u;
         for (; kk + 8u <= BK; kk += 8u) {
             {
@@ -578,9 +576,7 @@ fn reg_body_8x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
-        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
-        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        // the slice in runs of 8 k-steps written out, then any remainder
         var kk = 0u;
         for (; kk + 8u <= BK; kk += 8u) {
             {
@@ -829,9 +825,7 @@ fn reg_body_4x8(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
-        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
-        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        // the slice in runs of 8 k-steps written out, then any remainder
         var kk = 0u;
         for (; kk + 8u <= BK; kk += 8u) {
             {
@@ -1076,9 +1070,7 @@ fn reg_body_4x4(wg: vec3<u32>, lid: u32) {
         }
         var ai = stage * BK * SA + ty;
         var bi = stage * BK * SB + tx;
-        // the slice in runs of UNROLL k-steps written out (as a plain loop NVIDIA's
-        // compiler ran the block at ~37 instead of ~49 TFLOP/s on the H200,
-        // bench/h16_probe.py f32_8x8 vs f32_unrolled), then any remainder
+        // the slice in runs of 8 k-steps written out, then any remainder
         var kk = 0u;
         for (; kk + 8u <= BK; kk += 8u) {
             {
