@@ -1,11 +1,11 @@
 """Probe: how many loop iterations should the generated kernels write out?
 
-    python scripts/gen_reg_kernels.py --unroll U --att-unroll A
-    python bench/unroll_probe.py --label U/A [--out results.jsonl] [--adapter A]
+    python scripts/gen_reg_kernels.py --unroll U --att-unroll D N
+    python bench/unroll_probe.py --label U/D/N [--only matmul|attention] [--out results.jsonl]
 
 scripts/gen_reg_kernels.py writes the f32 matmuls' K-slice loop and the attention kernels'
 loops over the head dimension and over a tile's keys/queries either as plain loops (1) or in
-runs of U / A iterations written out (same sums, same order: bit-identical results). This
+runs of U / D / N iterations written out (same sums, same order: bit-identical results). This
 script times the committed-tuned configurations of the 124M model's hot kernels at their
 training shapes with whatever the generator last wrote, so that running it after each
 generator setting compares the settings on one GPU (each setting in a fresh process: the
@@ -48,7 +48,8 @@ def _time(dev, encode) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--label", required=True, help="the generator setting, e.g. 8/4")
+    ap.add_argument("--label", required=True, help="the generator setting, e.g. 1/4/4")
+    ap.add_argument("--only", choices=("matmul", "attention"), help="time one family only")
     ap.add_argument("--out", type=Path, help="append one JSON line here")
     ap.add_argument("--adapter")
     args = ap.parse_args(argv)
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     scale = 8 if dev.info.is_software else 1     # lavapipe: 1/8 of M (K for tn; vocab N)
     rows = {}
     print(f"# {dev.info.summary()}: generator setting {args.label}")
-    for layout, M, N, K, cfg in MATMULS:
+    for layout, M, N, K, cfg in (() if args.only == "attention" else MATMULS):
         problems = linear.MatmulConfig.parse(cfg).problems(dev)
         if problems:
             print(f"{layout} {cfg}: skipped ({problems[0]})")
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     dq, dk, dv = (dev.empty((B, T, H, D)) for _ in range(3))
     with dev.record() as rec:
         attention.forward(rec, q, k, v, o, lse, B, T, H, H, D)
-    for kernel, cfg in ATTENTION:
+    for kernel, cfg in (() if args.only == "matmul" else ATTENTION):
         if attention.tiled_problems(dev, kernel, *attention.parse_config(cfg)[:2], D):
             print(f"attention {kernel} {cfg}: skipped (does not fit this device)")
             continue
