@@ -1,0 +1,153 @@
+"""Probe: what in a matmul's K-slice loop costs the written-out f32 block its speed?
+
+    python bench/slice_probe.py [--out DIR] [--adapter A]
+
+bench/h16_probe.py measured the f32 8x8 register block with 16 k-steps written out at ~49.5
+TFLOP/s on the H200 (37.4 as a plain loop) with operands from workgroup memory and nothing
+else; the generated matmuls, which add a slice loop with barriers, workgroup stores and global
+prefetch loads around the same block, lost speed when written out (bench/unroll_probe.py).
+Each kernel here adds one of those parts to the probe's block (256 invocations, 16 x 16, an
+8x8 block each, two workgroup stages of S k-rows x 33 vec4s per operand):
+
+    written         S = 16 k-steps written out per slice, nothing else
+    written_bar     + a workgroup barrier per slice
+    written_stash   + two vec4 stores into the other stage per slice, then the barrier
+    written_global  + two global vec4 loads per slice issued before the math (prefetch
+                    registers), stored into the other stage after it, then the barrier:
+                    the generated matmul's slice loop
+    loop_global     written_global with the S k-steps as a plain loop
+    written_global8 / loop_global8   the same with S = 8 (the tuned BK on the H200)
+
+Writes DIR/slice_probe.json when --out is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from shaders.engine import Device, Kernel  # noqa: E402
+
+C = "xyzw"
+SRC_VEC4S = 1 << 20      # 16 MiB of global operands (stays in L2 like a matmul's tiles)
+HEADER = """\
+struct Params { iters: u32, _a: u32, _b: u32, _c: u32 }
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> src: array<vec4<f32>>;
+var<workgroup> As: array<vec4<f32>, 2u * 16u * 33u>;
+var<workgroup> Bs: array<vec4<f32>, 2u * 16u * 33u>;
+
+fn fill(lid: u32) {
+    for (var i = lid; i < 2u * 16u * 33u; i += 256u) {
+        As[i] = vec4<f32>(f32(i % 64u) * 1e-3, 0.5, 0.25, 0.125);
+        Bs[i] = vec4<f32>(0.999, 1e-4, f32(i % 64u) * 1e-4, 0.5);
+    }
+    workgroupBarrier();
+}
+"""
+
+
+def _step(k) -> list[str]:
+    """One k-step (k: an int for a written-out step, or "kk") of the 8x8 block from stage
+    `base`: two row vec4s and two column vec4s, 16 vec4 FMAs."""
+    row = f"base + {k}u * 33u" if isinstance(k, int) else "base + kk * 33u"
+    out = [f"let a0 = As[{row} + ty]; let a1 = As[{row} + ty + 16u];",
+           f"let b0 = Bs[{row} + tx]; let b1 = Bs[{row} + tx + 16u];"]
+    for g in range(2):
+        for r in range(4):
+            for h in range(2):
+                i = (g * 4 + r) * 2 + h
+                out.append(f"c{i} = fma(vec4<f32>(a{g}.{C[r]}), b{h}, c{i});")
+    return out
+
+
+def _kernel(name: str, steps: int, written: bool, barrier: bool, stash: bool,
+            global_loads: bool) -> str:
+    body = [f"var c{i} = vec4<f32>();" for i in range(16)]
+    body += ["var pa = vec4<f32>(); var pb = vec4<f32>();"]
+    body += [f"for (var it = 0u; it < p.iters; it += {steps}u) {{",
+             f"    let stage = (it / {steps}u) % 2u;",
+             f"    let base = stage * 16u * 33u;"]
+    if global_loads:   # prefetch: issued before the math, consumed after it
+        body += ["    let g = ((wg * 7919u + it) * 512u + lid) & " f"{SRC_VEC4S - 1}u;",
+                 "    pa = src[g]; pb = src[g ^ 256u];"]
+    if written:
+        for k in range(steps):
+            body += ["    {"] + ["        " + s for s in _step(k)] + ["    }"]
+    else:
+        body += [f"    for (var kk = 0u; kk < {steps}u; kk++) {{"]
+        body += ["        " + s for s in _step("kk")] + ["    }"]
+    if stash:
+        value_a = "pa" if global_loads else "vec4<f32>(f32(it))"
+        value_b = "pb" if global_loads else "vec4<f32>(f32(it) * 0.5)"
+        body += ["    let other = (1u - stage) * 16u * 33u;",
+                 f"    As[other + (lid / 32u) * 33u + lid % 32u] = {value_a};",
+                 f"    Bs[other + (lid / 32u) * 33u + lid % 32u] = {value_b};"]
+    if barrier:
+        body += ["    workgroupBarrier();"]
+    body += ["}", "let s = " + " + ".join(f"c{i}" for i in range(16)) + ";",
+             "out[gid.x] = s.x + s.y + s.z + s.w;"]
+    return ("@compute @workgroup_size(256)\n"
+            f"fn {name}(@builtin(global_invocation_id) gid: vec3<u32>,\n"
+            "        @builtin(workgroup_id) wgid: vec3<u32>,\n"
+            "        @builtin(local_invocation_index) lid: u32) {\n"
+            "    fill(lid);\n    let wg = wgid.x;\n    let tx = lid % 16u;\n    let ty = lid / 16u;\n"
+            + "".join(f"    {line}\n" for line in body) + "}\n")
+
+
+# name: (steps per slice, written out, barrier, stash, global loads)
+VARIANTS = {
+    "written": (16, True, False, False, False),
+    "written_bar": (16, True, True, False, False),
+    "written_stash": (16, True, True, True, False),
+    "written_global": (16, True, True, True, True),
+    "loop_global": (16, False, True, True, True),
+    "written_global8": (8, True, True, True, True),
+    "loop_global8": (8, False, True, True, True),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--adapter")
+    args = ap.parse_args(argv)
+    dev = Device(args.adapter)
+    code = HEADER + "\n".join(_kernel(n, *v) for n, v in VARIANTS.items())
+    module = dev.raw.create_shader_module(code=code)
+    software = dev.info.is_software
+    groups, iters = (8, 256) if software else (132 * 16, 8192)
+    out = dev.empty(groups * 256)
+    params = dev.uniform("IIII", iters, 0, 0, 0)
+    src = dev.upload(np.full(SRC_VEC4S * 4, 1e-3, np.float32))
+    rows = {}
+    print(f"# {dev.info.summary()}: {groups} workgroups x 256 invocations x {iters} k-steps")
+    for name, variant in VARIANTS.items():
+        pipe = dev.raw.create_compute_pipeline(layout="auto",
+                                               compute={"module": module, "entry_point": name})
+        kern = Kernel(dev, "slice probe", name, {}, pipe)
+        resources = [out, params, src] if variant[4] else [out, params]
+        seconds = dev.time_gpu(lambda rec: rec.dispatch(kern, resources, groups),
+                               repeats=5, warmup=1)
+        flops = groups * 256 * iters * 64 * 2
+        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12}
+        print(f"{name:<16} {seconds * 1e6:10.1f} us {flops / seconds / 1e12:8.2f} TFLOP/s",
+              flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "slice_probe.json").write_text(json.dumps(
+            {"adapter": dev.info.name, "iters": iters, "groups": groups, "rows": rows},
+            indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
