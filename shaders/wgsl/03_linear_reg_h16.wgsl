@@ -222,8 +222,10 @@ fn reg_body_8x8_f8(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -458,7 +460,7 @@ fn reg_body_8x8_f8(wg: vec3<u32>, lid: u32) {
             c14 += vec4<f32>(h14);
             c15 += vec4<f32>(h15);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -583,8 +585,10 @@ fn reg_body_8x8_f16(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -995,7 +999,7 @@ fn reg_body_8x8_f16(wg: vec3<u32>, lid: u32) {
             c14 += vec4<f32>(h14);
             c15 += vec4<f32>(h15);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -1120,8 +1124,10 @@ fn reg_body_8x8_f32(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -1884,7 +1890,7 @@ fn reg_body_8x8_f32(wg: vec3<u32>, lid: u32) {
             c14 += vec4<f32>(h14);
             c15 += vec4<f32>(h15);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -2001,8 +2007,10 @@ fn reg_body_8x4_f8(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -2149,7 +2157,7 @@ fn reg_body_8x4_f8(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -2258,8 +2266,10 @@ fn reg_body_8x4_f16(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -2510,7 +2520,7 @@ fn reg_body_8x4_f16(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -2619,8 +2629,10 @@ fn reg_body_8x4_f32(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -3079,7 +3091,7 @@ fn reg_body_8x4_f32(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -3188,8 +3200,10 @@ fn reg_body_4x8_f8(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -3336,7 +3350,7 @@ fn reg_body_4x8_f8(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -3445,8 +3459,10 @@ fn reg_body_4x8_f16(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -3697,7 +3713,7 @@ fn reg_body_4x8_f16(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -3806,8 +3822,10 @@ fn reg_body_4x8_f32(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -4266,7 +4284,7 @@ fn reg_body_4x8_f32(wg: vec3<u32>, lid: u32) {
             c6 += vec4<f32>(h6);
             c7 += vec4<f32>(h7);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -4371,8 +4389,10 @@ fn reg_body_4x4_f8(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -4471,7 +4491,7 @@ fn reg_body_4x4_f8(wg: vec3<u32>, lid: u32) {
             c2 += vec4<f32>(h2);
             c3 += vec4<f32>(h3);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -4572,8 +4592,10 @@ fn reg_body_4x4_f16(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -4736,7 +4758,7 @@ fn reg_body_4x4_f16(wg: vec3<u32>, lid: u32) {
             c2 += vec4<f32>(h2);
             c3 += vec4<f32>(h3);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -4837,8 +4859,10 @@ fn reg_body_4x4_f32(wg: vec3<u32>, lid: u32) {
 
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        // The next slice's loads land while the FMAs below run. On the last slice
+        // they fetch zeros (bounds checks) into the stage nobody reads again: no
+        // branch, which made BK 16 slices ~20% slower on the H200 (unroll_probe.md).
+        {
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -5129,7 +5153,7 @@ fn reg_body_4x4_f32(wg: vec3<u32>, lid: u32) {
             c2 += vec4<f32>(h2);
             c3 += vec4<f32>(h3);
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }

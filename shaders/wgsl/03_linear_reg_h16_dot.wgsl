@@ -285,8 +285,7 @@ fn dot_body_8x8(wg: vec3<u32>, lid: u32) {
     var kf = 0u;   // k multiplied into the f16 partials since the last fold
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        {   // the next slice's loads (zeros past the last; see reg_body_*)
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -469,7 +468,7 @@ fn dot_body_8x8(wg: vec3<u32>, lid: u32) {
                 d63 = vec2<f16>();
             }
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -631,8 +630,7 @@ fn dot_body_8x4(wg: vec3<u32>, lid: u32) {
     var kf = 0u;   // k multiplied into the f16 partials since the last fold
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        {   // the next slice's loads (zeros past the last; see reg_body_*)
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -741,7 +739,7 @@ fn dot_body_8x4(wg: vec3<u32>, lid: u32) {
                 d31 = vec2<f16>();
             }
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -887,8 +885,7 @@ fn dot_body_4x8(wg: vec3<u32>, lid: u32) {
     var kf = 0u;   // k multiplied into the f16 partials since the last fold
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        {   // the next slice's loads (zeros past the last; see reg_body_*)
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -997,7 +994,7 @@ fn dot_body_4x8(wg: vec3<u32>, lid: u32) {
                 d31 = vec2<f16>();
             }
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
@@ -1123,8 +1120,7 @@ fn dot_body_4x4(wg: vec3<u32>, lid: u32) {
     var kf = 0u;   // k multiplied into the f16 partials since the last fold
     for (var s = 0u; s < slices; s++) {
         let stage = s % 2u;
-        let more = s + 1u < slices;
-        if (more) {   // the next slice's loads land while the FMAs below run
+        {   // the next slice's loads (zeros past the last; see reg_body_*)
             let k_next = k_begin + (s + 1u) * BK;
             if (LA > 0u) { pa0 = fetch_a(0u, lid, m0, k_next, k_end); }
             if (LA > 1u) { pa1 = fetch_a(1u, lid, m0, k_next, k_end); }
@@ -1195,7 +1191,7 @@ fn dot_body_4x4(wg: vec3<u32>, lid: u32) {
                 d15 = vec2<f16>();
             }
         }
-        if (more) {   // the other stage was last read before the previous barrier
+        {   // the other stage was last read before the previous barrier
             if (LA > 0u) { stash_a(0u, lid, 1u - stage, pa0); }
             if (LA > 1u) { stash_a(1u, lid, 1u - stage, pa1); }
             if (LA > 2u) { stash_a(2u, lid, 1u - stage, pa2); }
