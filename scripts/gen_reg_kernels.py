@@ -716,7 +716,8 @@ ATTENTION_HEADER = f"""\
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
-// Dispatch: forward and dq (ceil(T / BQ), B*H); dkv (ceil(T / BKV), B*Hkv).
+// Dispatch: forward and dq (B*H, ceil(T / BQ)); dkv (B*Hkv, ceil(T / BKV)): the tile is
+// the y index, heaviest first (see 05_attention_tiled.wgsl).
 
 override HD: u32 = 64u;
 override BQ: u32 = 64u;
@@ -841,8 +842,8 @@ def _dq_prologue() -> list[str]:
     """dQ kernels: the workgroup's query rows and dO rows staged (q pre-scaled by
     scale * log2 e), each invocation's lse (base 2) and dvec, zeroed accumulators."""
     L = ["let tk = lid % TK;", "let tq = lid / TK;",
-         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
-         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+         "let q0 = (nwg.y - 1u - wg.y) * BQ;", "let b = wg.x / p.heads;",
+         "let h = wg.x % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
          "let qscale = p.scale * LOG2E;", "",
          "for (var i = lid; i < BQ * H4; i += WG) {",
          "    let r = i / H4;", "    let d4 = i % H4;",
@@ -950,8 +951,8 @@ def _dkv_tile_accumulate(qb: str = "") -> list[str]:
 def _attention_forward() -> str:
     L = []
     L += ["let tk = lid % TK;", "let tq = lid / TK;",
-          "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
-          "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+          "let q0 = (nwg.y - 1u - wg.y) * BQ;", "let b = wg.x / p.heads;",
+          "let h = wg.x % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
           "let qscale = p.scale * LOG2E;", "",
           "for (var i = lid; i < BQ * H4; i += WG) {",
           "    let r = i / H4;", "    let d4 = i % H4;", "    var v = vec4<f32>();",
@@ -1054,8 +1055,8 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
 
 
 def _attention_dkv() -> str:
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
-         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.y * BKV;",
+         "let b = wg.x / p.kv_heads;", "let hk = wg.x % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",
@@ -1180,8 +1181,8 @@ def _attention_forward_staged(db: bool) -> str:
     sfx = "db" if db else "pf"
     name = f"attention_forward_reg_{sfx}"
     L = ["let tk = lid % TK;", "let tq = lid / TK;",
-         "let q0 = (nwg.x - 1u - wg.x) * BQ;", "let b = wg.y / p.heads;",
-         "let h = wg.y % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
+         "let q0 = (nwg.y - 1u - wg.y) * BQ;", "let b = wg.x / p.heads;",
+         "let h = wg.x % p.heads;", "let hk = h / (p.heads / p.kv_heads);",
          "let qscale = p.scale * LOG2E;", "",
          "for (var i = lid; i < BQ * H4; i += WG) {",
          "    let r = i / H4;", "    let d4 = i % H4;", "    var v = vec4<f32>();",
@@ -1381,8 +1382,8 @@ def _attention_dkv_staged(db: bool) -> str:
         return (_pf_stash(("pq", "pd"), stage)
                 + _pf_stash(("sl", "sd"), stage, "SL", "stash_stats", MAX_SL))
 
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
-         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.y * BKV;",
+         "let b = wg.x / p.kv_heads;", "let hk = wg.x % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",

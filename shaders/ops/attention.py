@@ -334,13 +334,21 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
         rows, cols, impl = tiled
         file, name = impl_kernel("forward", impl)
         kern = dev.kernel(file, name, tiled_constants("forward", rows, cols, D))
-        rec.dispatch(kern, [q, k, v, o, lse, params],
-                     grid2d(dev, op, ceil_div(T, rows), B * H), label=name)
+        rec.dispatch(kern, [q, k, v, o, lse, params], _tile_grid(dev, op, B * H, T, rows),
+                     label=name)
         return
     consts = choose_tiles(dev, D, "forward", tiles)
     kern = dev.kernel(FILE, "attention_forward", consts)
     rec.dispatch(kern, [q, k, v, o, lse, params],
                  grid2d(dev, op, ceil_div(T, consts["BQ"]), B * H), label="attention_forward")
+
+
+def _tile_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
+    """The tiled kernels' grid: (head, tile). Workgroups start in x-fastest order and each
+    kernel takes its heaviest causal tiles at y = 0, so all heads' long tiles start before any
+    short one instead of the last head's long tiles starting last (a tail of up to a tile's
+    length; 05_attention_tiled.wgsl)."""
+    return grid2d(dev, op, heads, ceil_div(T, rows))
 
 
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
@@ -371,8 +379,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         rows, cols, impl = t_dq
         file, name = impl_kernel("dq", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dq", rows, cols, D)),
-                     [q, k, v, do, lse, dvec, dq, params],
-                     grid2d(dev, op, ceil_div(T, rows), B * H), label=name)
+                     [q, k, v, do, lse, dvec, dq, params], _tile_grid(dev, op, B * H, T, rows),
+                     label=name)
     else:
         c_dq = choose_tiles(dev, D, "dq", tiles_dq)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dq", c_dq),
@@ -385,7 +393,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         file, name = impl_kernel("dkv", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dkv", rows, cols, D)),
                      [q, k, v, do, lse, dvec, dk, dv, params],
-                     grid2d(dev, op, ceil_div(T, rows), B * Hkv), label=name)
+                     _tile_grid(dev, op, B * Hkv, T, rows), label=name)
     else:
         c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),
