@@ -716,8 +716,8 @@ ATTENTION_HEADER = f"""\
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
-// Dispatch: forward and dq (B*H, ceil(T / BQ)); dkv (B*Hkv, ceil(T / BKV)): the tile is
-// the y index, heaviest first (see 05_attention_tiled.wgsl).
+// Dispatch: forward and dq (B*H, ceil(T / BQ)), the query tile the y index, heaviest first;
+// dkv (ceil(T / BKV), B*Hkv) (why: 05_attention_tiled.wgsl).
 
 override HD: u32 = 64u;
 override BQ: u32 = 64u;
@@ -1055,8 +1055,8 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
 
 
 def _attention_dkv() -> str:
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.y * BKV;",
-         "let b = wg.x / p.kv_heads;", "let hk = wg.x % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
+         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",
@@ -1382,8 +1382,8 @@ def _attention_dkv_staged(db: bool) -> str:
         return (_pf_stash(("pq", "pd"), stage)
                 + _pf_stash(("sl", "sd"), stage, "SL", "stash_stats", MAX_SL))
 
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.y * BKV;",
-         "let b = wg.x / p.kv_heads;", "let hk = wg.x % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
+         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",

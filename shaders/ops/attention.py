@@ -344,10 +344,10 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
 
 
 def _tile_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
-    """The tiled kernels' grid: (head, tile). Workgroups start in x-fastest order and each
-    kernel takes its heaviest causal tiles at y = 0, so all heads' long tiles start before any
-    short one instead of the last head's long tiles starting last (a tail of up to a tile's
-    length; 05_attention_tiled.wgsl)."""
+    """The tiled forward/dq grid: (head, query tile). Workgroups start in x-fastest order and
+    the kernels take their heaviest causal tiles at y = 0, so all heads' long tiles start
+    before any short one instead of the last head's long tiles starting last (dK/dV keeps
+    (key tile, head) for L2 locality; 05_attention_tiled.wgsl)."""
     return grid2d(dev, op, heads, ceil_div(T, rows))
 
 
@@ -393,7 +393,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         file, name = impl_kernel("dkv", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dkv", rows, cols, D)),
                      [q, k, v, do, lse, dvec, dk, dv, params],
-                     _tile_grid(dev, op, B * Hkv, T, rows), label=name)
+                     grid2d(dev, op, ceil_div(T, rows), B * Hkv), label=name)
     else:
         c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),
