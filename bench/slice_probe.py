@@ -75,7 +75,7 @@ def _kernel(name: str, steps: int, written: bool, barrier: bool, stash: bool,
     body += ["var pa = vec4<f32>(); var pb = vec4<f32>();"]
     body += [f"for (var it = 0u; it < p.iters; it += {steps}u) {{",
              f"    let stage = (it / {steps}u) % 2u;",
-             f"    let base = stage * 16u * 33u;"]
+             "    let base = stage * 16u * 33u;"]
     if global_loads:   # prefetch: issued before the math, consumed after it
         body += ["    let g = ((wg * 7919u + it) * 512u + lid) & " f"{SRC_VEC4S - 1}u;",
                  "    pa = src[g]; pb = src[g ^ 256u];"]

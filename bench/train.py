@@ -106,7 +106,7 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
                                 device=device)
         autocast = torch.bfloat16 if mode == "bf16" else None
 
-        def step():
+        def step(ref=ref, opt=opt, batch=batch, autocast=autocast):
             opt.zero_grad(set_to_none=True)
             loss = ref.loss(batch, autocast_dtype=autocast)
             loss.backward()

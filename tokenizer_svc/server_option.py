@@ -7,8 +7,12 @@ Kept apart from tokenizer_svc.client so that registering the options imports no 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from istanbul.errors import UserFacingError
+
+if TYPE_CHECKING:   # annotations only: importing the client pulls in gRPC
+    from tokenizer_svc.client import TokenizerClient
 
 
 def add_server_arguments(parser) -> None:

@@ -89,7 +89,7 @@ class _LayerActs:
     """Saved activations of one transformer block."""
 
     def __init__(self, dev, n, cfg, batch, seq, i):
-        d, kv, f = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden
+        d, f = cfg.d_model, cfg.ffn_hidden
         e = lambda shape, name: dev.empty(shape, np.float32, label=f"L{i}.{name}")  # noqa
         self.x = e((n, d), "x")            # block input (residual stream)
         self.h = e((n, d), "h")            # rmsnorm(x)
@@ -119,7 +119,7 @@ class GpuModel:
             raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
                                f"{device.name} lacks; use precision='fp32'")
         dev, n, total = device, batch * seq, layout.total
-        d, kv, f, V = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, cfg.vocab_size
+        d, f, V = cfg.d_model, cfg.ffn_hidden, cfg.vocab_size
         check_binding_sizes(device, {"logits (B*T x vocab)": n * V * 4,
                                      "parameters": total * 4,
                                      "FFN activations (B*T x 2F)": n * 2 * f * 4})
