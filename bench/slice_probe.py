@@ -17,6 +17,13 @@ Each kernel here adds one of those parts to the probe's block (256 invocations, 
                     the generated matmul's slice loop
     loop_global     written_global with the S k-steps as a plain loop
     written_global8 / loop_global8   the same with S = 8 (the tuned BK on the H200)
+    short8          written_global8 with the LM head's workgroup lifetime: 96 slices (K 768)
+                    per workgroup and 12x the workgroups
+    fetch8          written_global8 with the matmul's bounds-checked fetch (row/column
+                    index arithmetic, uniform bounds, a leading dimension)
+    store8          short8 with the matmul's epilogue: 16 bounds-checked vec4 stores with the
+                    mode switch, instead of one scalar
+    all8 / all8_loop   all of these together, with the S k-steps written out / as a loop
 
 Writes DIR/slice_probe.json when --out is given.
 """
@@ -37,9 +44,10 @@ from shaders.engine import Device, Kernel  # noqa: E402
 
 C = "xyzw"
 SRC_VEC4S = 1 << 20      # 16 MiB of global operands (stays in L2 like a matmul's tiles)
+OUT_VEC4S = 1 << 20      # results wrap around a 16 MiB buffer (only the timing matters)
 HEADER = """\
-struct Params { iters: u32, _a: u32, _b: u32, _c: u32 }
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+struct Params { iters: u32, m: u32, k: u32, mode: u32 }
+@group(0) @binding(0) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> src: array<vec4<f32>>;
 var<workgroup> As: array<vec4<f32>, 2u * 16u * 33u>;
@@ -70,13 +78,23 @@ def _step(k) -> list[str]:
 
 
 def _kernel(name: str, steps: int, written: bool, barrier: bool, stash: bool,
-            global_loads: bool) -> str:
+            global_loads: bool, real_fetch: bool = False, real_store: bool = False) -> str:
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["var pa = vec4<f32>(); var pb = vec4<f32>();"]
     body += [f"for (var it = 0u; it < p.iters; it += {steps}u) {{",
              f"    let stage = (it / {steps}u) % 2u;",
              "    let base = stage * 16u * 33u;"]
-    if global_loads:   # prefetch: issued before the math, consumed after it
+    if real_fetch:     # 03_linear_reg.wgsl's fetch_a/fetch_b for a 128-row tile, BK = steps
+        body += ["    {",
+                 f"        let m = (wg % 64u) * 128u + lid / {steps // 4}u;",
+                 f"        let k = it + 4u * (lid % {steps // 4}u);",
+                 "        pa = vec4<f32>(); pb = vec4<f32>();",
+                 "        if (m < p.m && k < p.k) {",
+                 f"            let g = (m * (768u / 4u) + k / 4u) & {SRC_VEC4S - 1}u;",
+                 "            pa = src[g]; pb = src[g ^ 256u];",
+                 "        }",
+                 "    }"]
+    elif global_loads:   # prefetch: issued before the math, consumed after it
         body += ["    let g = ((wg * 7919u + it) * 512u + lid) & " f"{SRC_VEC4S - 1}u;",
                  "    pa = src[g]; pb = src[g ^ 256u];"]
     if written:
@@ -93,8 +111,27 @@ def _kernel(name: str, steps: int, written: bool, barrier: bool, stash: bool,
                  f"    Bs[other + (lid / 32u) * 33u + lid % 32u] = {value_b};"]
     if barrier:
         body += ["    workgroupBarrier();"]
-    body += ["}", "let s = " + " + ".join(f"c{i}" for i in range(16)) + ";",
-             "out[gid.x] = s.x + s.y + s.z + s.w;"]
+    body += ["}"]
+    if real_store:     # 03_linear_reg.wgsl's store_c4 for the 16 vec4s of an 8x8 block
+        for g in range(2):
+            for r in range(4):
+                for h in range(2):
+                    i = (g * 4 + r) * 2 + h
+                    body += ["{",
+                             f"    let row = (wg % 64u) * 128u + 4u * ty + {64 * g + r}u;",
+                             f"    let col = 4u * tx + {64 * h}u;",
+                             "    if (row < p.m && col < 768u) {",
+                             f"        let o = (row * 192u + col / 4u) & {OUT_VEC4S - 1}u;",
+                             "        if (p.mode == 1u) {",
+                             f"            out[o] = out[o] + c{i};",
+                             "        } else {",
+                             f"            out[o] = c{i};",
+                             "        }",
+                             "    }",
+                             "}"]
+    else:
+        body += ["let s = " + " + ".join(f"c{i}" for i in range(16)) + ";",
+                 f"out[gid.x & {OUT_VEC4S - 1}u] = s;"]
     return ("@compute @workgroup_size(256)\n"
             f"fn {name}(@builtin(global_invocation_id) gid: vec3<u32>,\n"
             "        @builtin(workgroup_id) wgid: vec3<u32>,\n"
@@ -103,15 +140,21 @@ def _kernel(name: str, steps: int, written: bool, barrier: bool, stash: bool,
             + "".join(f"    {line}\n" for line in body) + "}\n")
 
 
-# name: (steps per slice, written out, barrier, stash, global loads)
+# name: (steps per slice, written out, barrier, stash, global loads, matmul fetch, matmul
+# epilogue), k-steps per workgroup (None: the default), workgroups per default workgroup
 VARIANTS = {
-    "written": (16, True, False, False, False),
-    "written_bar": (16, True, True, False, False),
-    "written_stash": (16, True, True, True, False),
-    "written_global": (16, True, True, True, True),
-    "loop_global": (16, False, True, True, True),
-    "written_global8": (8, True, True, True, True),
-    "loop_global8": (8, False, True, True, True),
+    "written": ((16, True, False, False, False), None, 1),
+    "written_bar": ((16, True, True, False, False), None, 1),
+    "written_stash": ((16, True, True, True, False), None, 1),
+    "written_global": ((16, True, True, True, True), None, 1),
+    "loop_global": ((16, False, True, True, True), None, 1),
+    "written_global8": ((8, True, True, True, True), None, 1),
+    "loop_global8": ((8, False, True, True, True), None, 1),
+    "short8": ((8, True, True, True, True), 768, 12),
+    "fetch8": ((8, True, True, True, True, True), None, 1),
+    "store8": ((8, True, True, True, True, False, True), 768, 12),
+    "all8": ((8, True, True, True, True, True, True), 768, 12),
+    "all8_loop": ((8, False, True, True, True, True, True), 768, 12),
 }
 
 
@@ -121,16 +164,20 @@ def main(argv=None) -> int:
     ap.add_argument("--adapter")
     args = ap.parse_args(argv)
     dev = Device(args.adapter)
-    code = HEADER + "\n".join(_kernel(n, *v) for n, v in VARIANTS.items())
+    code = HEADER + "\n".join(_kernel(n, *v[0]) for n, v in VARIANTS.items())
     module = dev.raw.create_shader_module(code=code)
     software = dev.info.is_software
-    groups, iters = (8, 256) if software else (132 * 16, 8192)
-    out = dev.empty(groups * 256)
-    params = dev.uniform("IIII", iters, 0, 0, 0)
+    base_groups, base_iters = (8, 256) if software else (132 * 16, 8192)
+    out = dev.empty(OUT_VEC4S * 4)
     src = dev.upload(np.full(SRC_VEC4S * 4, 1e-3, np.float32))
     rows = {}
-    print(f"# {dev.info.summary()}: {groups} workgroups x 256 invocations x {iters} k-steps")
-    for name, variant in VARIANTS.items():
+    print(f"# {dev.info.summary()}: {base_groups} workgroups x 256 invocations x "
+          f"{base_iters} k-steps unless a row says otherwise")
+    for name, (variant, iters, more) in VARIANTS.items():
+        iters = min(iters or base_iters, base_iters)
+        groups = base_groups * more
+        # m: every row in bounds (64 row tiles of 128), k: every k-step, mode 0 (store)
+        params = dev.uniform("IIII", iters, 64 * 128, iters, 0)
         pipe = dev.raw.create_compute_pipeline(layout="auto",
                                                compute={"module": module, "entry_point": name})
         kern = Kernel(dev, "slice probe", name, {}, pipe)
@@ -138,13 +185,14 @@ def main(argv=None) -> int:
         seconds = dev.time_gpu(lambda rec: rec.dispatch(kern, resources, groups),
                                repeats=5, warmup=1)
         flops = groups * 256 * iters * 64 * 2
-        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12}
+        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12,
+                      "groups": groups, "iters": iters}
         print(f"{name:<16} {seconds * 1e6:10.1f} us {flops / seconds / 1e12:8.2f} TFLOP/s",
               flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "slice_probe.json").write_text(json.dumps(
-            {"adapter": dev.info.name, "iters": iters, "groups": groups, "rows": rows},
+            {"adapter": dev.info.name, "rows": rows},
             indent=2) + "\n")
     return 0
 
