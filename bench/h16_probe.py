@@ -34,14 +34,14 @@ Needs shader-f16. Writes DIR/h16_probe.json when --out is given.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shaders.engine import Device, Kernel  # noqa: E402
+from bench.probe_timing import time_entry_points, write_json  # noqa: E402
+from shaders.engine import Device  # noqa: E402
 
 C = "xyzw"
 HEADER = """\
@@ -90,6 +90,15 @@ def _splat_fmas(vec: str, acc: str, swizzle: bool = False) -> list[str]:
                 i = (g * 4 + r) * 2 + h
                 a = f"a{g}.{C[r] * 4}" if swizzle else f"{vec}(a{g}.{C[r]})"
                 out.append(f"{acc}{i} = fma({a}, b{h}, {acc}{i});")
+    return out
+
+
+def _written_steps(loads: list[str], vec: str, acc: str) -> list[str]:
+    """16 k-steps written out (kk a constant in each scope): loads, then the block's FMAs."""
+    out = []
+    for kk in range(16):
+        out += ["    {", f"        let kk = {kk}u;"]
+        out += ["        " + s for s in loads + _splat_fmas(vec, acc)] + ["    }"]
     return out
 
 
@@ -163,9 +172,7 @@ def kernels() -> str:
     # the f32 block with 16 k-steps written out (does the f32 matmul gain from it too?)
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
-    for kk in range(16):
-        body += ["    {", f"        let kk = {kk}u;"]
-        body += ["        " + s for s in loads32[1:] + _splat_fmas("vec4<f32>", "c")] + ["    }"]
+    body += _written_steps(loads32[1:], "vec4<f32>", "c")
     body += ["}"]
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("f32_unrolled", "fill_f32", body))
@@ -220,9 +227,7 @@ def kernels() -> str:
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
     body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
-    for kk in range(16):
-        body += ["    {", f"        let kk = {kk}u;"]
-        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += _written_steps(loads16, "vec4<f16>", "h")
     body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)] + ["}"]
     body += _sum_out([f"c{i}" for i in range(16)], 4)
     parts.append(_kernel("h16_unrolled_fold", "fill_f16", body))
@@ -233,9 +238,7 @@ def kernels() -> str:
     body += [f"var x{i} = vec4<f32>(f32(lid + {i}u));" for i in range(8)]
     body += ["for (var it = 0u; it < p.iters; it += 16u) {"]
     body += [f"    var h{i} = vec4<f16>();" for i in range(16)]
-    for kk in range(16):
-        body += ["    {", f"        let kk = {kk}u;"]
-        body += ["        " + s for s in loads16 + _splat_fmas("vec4<f16>", "h")] + ["    }"]
+    body += _written_steps(loads16, "vec4<f16>", "h")
     body += [f"    c{i} += vec4<f32>(h{i});" for i in range(16)]
     body += [f"    x{i} = x{i} * 0.999 + c{i};" for i in range(8)] + ["}"]
     body += _sum_out([f"c{i}" for i in range(16)] + [f"x{i}" for i in range(8)], 4)
@@ -313,28 +316,15 @@ def main(argv=None) -> int:
     if not dev.has("shader-f16"):
         print(f"{dev.info.name} lacks shader-f16: nothing to probe")
         return 0
-    module = dev.raw.create_shader_module(code="enable f16;\n" + kernels())
-    software = dev.info.is_software
-    groups, iters = (8, 256) if software else (132 * 16, 8192)
+    groups, iters = (8, 256) if dev.info.is_software else (132 * 16, 8192)
     out = dev.empty(groups * 256)
     params = dev.uniform("IIII", iters, 16, 0, 0)
-    rows = {}
     print(f"# {dev.info.summary()}: {groups} workgroups x 256 invocations x {iters} k-steps")
-    for name, macs in MACS.items():
-        pipe = dev.raw.create_compute_pipeline(layout="auto",
-                                               compute={"module": module, "entry_point": name})
-        kern = Kernel(dev, "h16 probe", name, {}, pipe)
-        seconds = dev.time_gpu(lambda rec: rec.dispatch(kern, [out, params], groups),
-                               repeats=5, warmup=1)
-        flops = groups * 256 * iters * macs * 2
-        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12}
-        print(f"{name:<16} {seconds * 1e6:10.1f} us {flops / seconds / 1e12:8.2f} TFLOP/s",
-              flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "h16_probe.json").write_text(json.dumps(
-            {"adapter": dev.info.name, "iters": iters, "groups": groups, "rows": rows},
-            indent=2) + "\n")
+    rows = time_entry_points(dev, "enable f16;\n" + kernels(), [
+        (name, [out, params], groups, groups * 256 * iters * macs * 2, {})
+        for name, macs in MACS.items()], "h16 probe")
+    write_json(args.out, "h16_probe.json",
+               {"adapter": dev.info.name, "iters": iters, "groups": groups, "rows": rows})
     return 0
 
 

@@ -31,7 +31,6 @@ Writes DIR/slice_probe.json when --out is given.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -40,7 +39,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from shaders.engine import Device, Kernel  # noqa: E402
+from bench.probe_timing import time_entry_points, write_json  # noqa: E402
+from shaders.engine import Device  # noqa: E402
 
 C = "xyzw"
 SRC_VEC4S = 1 << 20      # 16 MiB of global operands (stays in L2 like a matmul's tiles)
@@ -165,35 +165,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dev = Device(args.adapter)
     code = HEADER + "\n".join(_kernel(n, *v[0]) for n, v in VARIANTS.items())
-    module = dev.raw.create_shader_module(code=code)
-    software = dev.info.is_software
-    base_groups, base_iters = (8, 256) if software else (132 * 16, 8192)
+    base_groups, base_iters = (8, 256) if dev.info.is_software else (132 * 16, 8192)
     out = dev.empty(OUT_VEC4S * 4)
     src = dev.upload(np.full(SRC_VEC4S * 4, 1e-3, np.float32))
-    rows = {}
     print(f"# {dev.info.summary()}: {base_groups} workgroups x 256 invocations x "
           f"{base_iters} k-steps unless a row says otherwise")
+    entries = []
     for name, (variant, iters, more) in VARIANTS.items():
         iters = min(iters or base_iters, base_iters)
         groups = base_groups * more
         # m: every row in bounds (64 row tiles of 128), k: every k-step, mode 0 (store)
         params = dev.uniform("IIII", iters, 64 * 128, iters, 0)
-        pipe = dev.raw.create_compute_pipeline(layout="auto",
-                                               compute={"module": module, "entry_point": name})
-        kern = Kernel(dev, "slice probe", name, {}, pipe)
         resources = [out, params, src] if variant[4] else [out, params]
-        seconds = dev.time_gpu(lambda rec: rec.dispatch(kern, resources, groups),
-                               repeats=5, warmup=1)
-        flops = groups * 256 * iters * 64 * 2
-        rows[name] = {"us": seconds * 1e6, "tflops": flops / seconds / 1e12,
-                      "groups": groups, "iters": iters}
-        print(f"{name:<16} {seconds * 1e6:10.1f} us {flops / seconds / 1e12:8.2f} TFLOP/s",
-              flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "slice_probe.json").write_text(json.dumps(
-            {"adapter": dev.info.name, "rows": rows},
-            indent=2) + "\n")
+        entries.append((name, resources, groups, groups * 256 * iters * 64 * 2,
+                        {"groups": groups, "iters": iters}))
+    rows = time_entry_points(dev, code, entries, "slice probe")
+    write_json(args.out, "slice_probe.json", {"adapter": dev.info.name, "rows": rows})
     return 0
 
 
