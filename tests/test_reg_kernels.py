@@ -338,3 +338,61 @@ def test_staged_attention_configs_parse_fit_and_are_tuner_candidates(monkeypatch
     assert attention.choose_config(h200, "forward", 1024, 64) == (32, 16, "db")
     monkeypatch.setattr(autotune, "lookup", lambda *a, **k: "64x32-db")
     assert attention.choose_config(h200, "forward", 1024, 64)[2] == "reg"
+
+
+# ---- generator experiment settings (scripts/gen_reg_kernels.py --unroll / --att-unroll) ----
+
+def _with_generated(monkeypatch, tmp_path, name: str, text: str):
+    """A fresh device whose kernels read `name` from `text` instead of shaders/wgsl."""
+    from shaders import source
+    from shaders.engine import Device
+    (tmp_path / name).write_text(text)
+    real = source.load_file
+    monkeypatch.setattr(source, "load_file", lambda file, directory=str(source.WGSL_DIR):
+                        real(file, str(tmp_path) if file == name else directory))
+    return Device()
+
+
+def _product(dev, a, b, M, N, K, cfg):
+    c = dev.upload(np.zeros((M, N), np.float32))
+    with dev.record() as rec:
+        linear.matmul_nt(rec, dev.upload(a), dev.upload(b), c, M, N, K, config=cfg)
+    return dev.download(c)
+
+
+def test_written_out_matmul_runs_compute_the_committed_sums(device, monkeypatch, tmp_path):
+    # --unroll 8 (measured slower on the H200, kept for experiments): runs of 8 k-steps and a
+    # remainder, bit-identical to the committed plain loop (BK 12: one run + 4; BK 8: a run)
+    gen = _generator()
+    monkeypatch.setattr(gen, "UNROLL", 8)
+    text = gen.linear_f32()
+    assert "kk + 8u <= BK" in text
+    rng = np.random.default_rng(11)
+    M, N, K = 40, 36, 100
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K)).astype(np.float32)
+    want = {cfg: _product(device, a, b, M, N, K, cfg)
+            for cfg in ("32x32x12-8x8-s1", "32x32x8-4x4-s2")}
+    runs = _with_generated(monkeypatch, tmp_path, linear.FILE_REG, text)
+    for cfg, committed in want.items():
+        assert np.array_equal(_product(runs, a, b, M, N, K, cfg), committed), cfg
+
+
+def test_plain_attention_loops_compute_the_committed_sums(device, monkeypatch, tmp_path):
+    # --att-unroll 1 1: plain loops instead of runs of 4, bit-identical (D 24: a run and a
+    # remainder of 2 in the committed kernels)
+    gen = _generator()
+    monkeypatch.setattr(gen, "ATT_UNROLL_D", 1)
+    monkeypatch.setattr(gen, "ATT_UNROLL_N", 1)
+    text = gen.attention()
+    assert "d4 + 4u <= H4" not in text
+    rng = np.random.default_rng(12)
+    B, T, H, Hkv, D = 1, 29, 2, 1, 24
+    inputs = [rng.standard_normal((B, T, h, D)).astype(np.float32) for h in (H, Hkv, Hkv, H)]
+    pins = ["8x8-pf", "8x8-pf", "8x8-pf"]
+    committed = _attention_run(device, [device.upload(x) for x in inputs], (B, T, H, Hkv, D),
+                               pins)
+    plain = _with_generated(monkeypatch, tmp_path, attention.FILE_REG, text)
+    got = _attention_run(plain, [plain.upload(x) for x in inputs], (B, T, H, Hkv, D), pins)
+    for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), committed, got):
+        assert np.array_equal(x, y), name
