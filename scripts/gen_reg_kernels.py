@@ -717,7 +717,7 @@ ATTENTION_HEADER = f"""\
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (B*H, ceil(T / BQ)), the query tile the y index, heaviest first;
-// dkv (ceil(T / BKV), B*Hkv) (why: 05_attention_tiled.wgsl).
+// dkv (HC, ceil(T / BKV), ceil(B*Hkv / HC)), chunks of HC heads (why: 05_attention_tiled.wgsl).
 
 override HD: u32 = 64u;
 override BQ: u32 = 64u;
@@ -1055,8 +1055,9 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
 
 
 def _attention_dkv() -> str:
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
-         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
+         "if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads",
+         "let k0 = wg.y * BKV;", "let b = bh / p.kv_heads;", "let hk = bh % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",
@@ -1382,8 +1383,9 @@ def _attention_dkv_staged(db: bool) -> str:
         return (_pf_stash(("pq", "pd"), stage)
                 + _pf_stash(("sl", "sd"), stage, "SL", "stash_stats", MAX_SL))
 
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let k0 = wg.x * BKV;",
-         "let b = wg.y / p.kv_heads;", "let hk = wg.y % p.kv_heads;",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
+         "if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads",
+         "let k0 = wg.y * BKV;", "let b = bh / p.kv_heads;", "let hk = bh % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
          "for (var i = lid; i < BKV * H4; i += WG) {",
          "    let n = i / H4;", "    let d4 = i % H4;",

@@ -41,6 +41,8 @@ SHAPES = {
     # head dim 24: the reg kernels' loops over D run one written-out run of 4 vec4s and a
     # remainder of 2
     "d24": (1, 33, 3, 1, 24, False, 1.0),
+    # 18 kv heads: the tiled dK/dV grid's second chunk of 16 heads has 14 spare workgroups
+    "heads18": (3, 20, 12, 6, 8, False, 1.0),
     "long": (1, 1024, 1, 1, 16, False, 1.0),
     "bench": (8, 1024, 12, 12, 64, False, 1.0),
     "bench_small": (1, 512, 4, 4, 64, False, 1.0),
@@ -48,7 +50,8 @@ SHAPES = {
     "bench_d32": (8, 1024, 24, 24, 32, False, 1.0),
     "bench_small_d32": (1, 512, 8, 8, 32, False, 1.0),
 }
-VARIANTS = ("random", "mha", "gqa4", "one", "odd_dim", "fused", "peaked", "d24", "long")
+VARIANTS = ("random", "mha", "gqa4", "one", "odd_dim", "fused", "peaked", "d24", "heads18",
+            "long")
 
 
 def make_inputs(rng, variant):
@@ -273,7 +276,8 @@ register(KernelCase(
 
 # ---- the tiled kernels (05_attention_tiled.wgsl), pinned ------------------------------------
 
-VARIANTS_TILED = ("random", "mha", "gqa4", "one", "fused", "peaked", "d24", "long")  # D % 4 == 0
+VARIANTS_TILED = ("random", "mha", "gqa4", "one", "fused", "peaked", "d24", "heads18",
+                  "long")   # D % 4 == 0
 VARIANTS_SMALL = ("random", "mha", "gqa4", "peaked", "long")                   # D in 8..32
 SMALL_CONFIGS = {"forward": "16x8", "dq": "8x8", "dkv": "16x8"}
 

@@ -346,9 +346,23 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
 def _tile_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
     """The tiled forward/dq grid: (head, query tile). Workgroups start in x-fastest order and
     the kernels take their heaviest causal tiles at y = 0, so all heads' long tiles start
-    before any short one instead of the last head's long tiles starting last (dK/dV keeps
-    (key tile, head) for L2 locality; 05_attention_tiled.wgsl)."""
+    before any short one instead of the last head's long tiles starting last (dK/dV:
+    _dkv_grid; 05_attention_tiled.wgsl)."""
     return grid2d(dev, op, heads, ceil_div(T, rows))
+
+
+DKV_HEAD_CHUNK = 16   # heads per chunk of the tiled dK/dV grid
+
+
+def _dkv_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
+    """The tiled dK/dV grid: (head in chunk, key tile, chunk of DKV_HEAD_CHUNK heads), so a
+    chunk's heavy (first) key tiles start together and its heads' q/do stay in L2."""
+    chunk = min(DKV_HEAD_CHUNK, heads)
+    grid = (chunk, ceil_div(T, rows), ceil_div(heads, chunk))
+    if max(grid) > dev.max_workgroups_per_dim:
+        raise ValueError(f"{op}: grid {grid} exceeds the device's {dev.max_workgroups_per_dim} "
+                         "workgroups per dimension; split the call")
+    return grid
 
 
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
@@ -393,7 +407,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         file, name = impl_kernel("dkv", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dkv", rows, cols, D)),
                      [q, k, v, do, lse, dvec, dk, dv, params],
-                     grid2d(dev, op, ceil_div(T, rows), B * Hkv), label=name)
+                     _dkv_grid(dev, op, B * Hkv, T, rows), label=name)
     else:
         c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),

@@ -44,7 +44,7 @@
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (B*H, ceil(T / BQ)), the query tile the y index, heaviest first;
-// dkv (ceil(T / BKV), B*Hkv) (why: 05_attention_tiled.wgsl).
+// dkv (HC, ceil(T / BKV), ceil(B*Hkv / HC)), chunks of HC heads (why: 05_attention_tiled.wgsl).
 
 override HD: u32 = 64u;
 override BQ: u32 = 64u;
@@ -1303,9 +1303,11 @@ fn attention_backward_dkv_reg(@builtin(workgroup_id) wg: vec3<u32>,
                               @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
-    let k0 = wg.x * BKV;
-    let b = wg.y / p.kv_heads;
-    let hk = wg.y % p.kv_heads;
+    let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)
+    if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads
+    let k0 = wg.y * BKV;
+    let b = bh / p.kv_heads;
+    let hk = bh % p.kv_heads;
     let group = p.heads / p.kv_heads;
 
     for (var i = lid; i < BKV * H4; i += WG) {
@@ -3635,9 +3637,11 @@ fn attention_backward_dkv_reg_pf(@builtin(workgroup_id) wg: vec3<u32>,
                                  @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
-    let k0 = wg.x * BKV;
-    let b = wg.y / p.kv_heads;
-    let hk = wg.y % p.kv_heads;
+    let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)
+    if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads
+    let k0 = wg.y * BKV;
+    let b = bh / p.kv_heads;
+    let hk = bh % p.kv_heads;
     let group = p.heads / p.kv_heads;
 
     for (var i = lid; i < BKV * H4; i += WG) {
@@ -6040,9 +6044,11 @@ fn attention_backward_dkv_reg_db(@builtin(workgroup_id) wg: vec3<u32>,
                                  @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
-    let k0 = wg.x * BKV;
-    let b = wg.y / p.kv_heads;
-    let hk = wg.y % p.kv_heads;
+    let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)
+    if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads
+    let k0 = wg.y * BKV;
+    let b = bh / p.kv_heads;
+    let hk = bh % p.kv_heads;
     let group = p.heads / p.kv_heads;
 
     for (var i = lid; i < BKV * H4; i += WG) {

@@ -38,8 +38,10 @@
 // Dispatch: forward and dq (B*H, ceil(T / BQ)): the query tile is the y index, heaviest
 // (last, most keys) first; workgroups start in x-fastest order, so every head's long tiles
 // start before any short one and the causal imbalance leaves no tail of long tiles started
-// last (7-8% faster on the H200). dkv (ceil(T / BKV), B*Hkv): a head's key tiles next to
-// each other, which share that head's q and do through L2 (head-major was 4% slower).
+// last (7-8% faster on the H200). dkv (HC, ceil(T / BKV), ceil(B*Hkv / HC)): heads in
+// chunks of HC, each chunk's heaviest (first) key tiles first; whole-grid head-major order
+// was 4% slower (every head's q and do at once overflow L2), a chunk of heads keeps them
+// in L2 and still starts most long tiles early.
 
 override HD: u32 = 64u;
 override BQ: u32 = 64u;
@@ -353,9 +355,11 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                                 @builtin(local_invocation_index) lid: u32) {
     let tq = lid % TQ;
     let tk = lid / TQ;
-    let k0 = wg.x * BKV;
-    let b = wg.y / p.kv_heads;
-    let hk = wg.y % p.kv_heads;
+    let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)
+    if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads
+    let k0 = wg.y * BKV;
+    let b = bh / p.kv_heads;
+    let hk = bh % p.kv_heads;
     let group = p.heads / p.kv_heads;
 
     for (var i = lid; i < BKV * H4; i += WG) {
