@@ -1055,7 +1055,8 @@ fn attention_backward_dq_reg(@builtin(workgroup_id) wg: vec3<u32>,
 
 
 def _attention_dkv() -> str:
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;",
+         "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
          "if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads",
          "let k0 = wg.y * BKV;", "let b = bh / p.kv_heads;", "let hk = bh % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
@@ -1383,7 +1384,8 @@ def _attention_dkv_staged(db: bool) -> str:
         return (_pf_stash(("pq", "pd"), stage)
                 + _pf_stash(("sl", "sd"), stage, "SL", "stash_stats", MAX_SL))
 
-    L = ["let tq = lid % TQ;", "let tk = lid / TQ;", "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
+    L = ["let tq = lid % TQ;", "let tk = lid / TQ;",
+         "let bh = wg.z * nwg.x + wg.x;   // (head in chunk, key tile, chunk)",
          "if (bh >= p.batch * p.kv_heads) { return; }   // the last chunk's spare heads",
          "let k0 = wg.y * BKV;", "let b = bh / p.kv_heads;", "let hk = bh % p.kv_heads;",
          "let group = p.heads / p.kv_heads;", "",
