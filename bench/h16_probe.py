@@ -33,15 +33,13 @@ Needs shader-f16. Writes DIR/h16_probe.json when --out is given.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.probe_timing import time_entry_points, write_json  # noqa: E402
-from shaders.engine import Device  # noqa: E402
+from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 C = "xyzw"
 HEADER = """\
@@ -308,11 +306,7 @@ MACS = {"f32_8x8": 64, "f32_nested": 64, "f32_unrolled": 64, "h16_splat_fold": 6
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--adapter")
-    args = ap.parse_args(argv)
-    dev = Device(args.adapter)
+    args, dev = probe_setup(__doc__, argv)
     if not dev.has("shader-f16"):
         print(f"{dev.info.name} lacks shader-f16: nothing to probe")
         return 0

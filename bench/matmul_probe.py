@@ -10,23 +10,17 @@ memory traffic.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.probe_timing import time_entry_points, write_json  # noqa: E402
-from shaders.engine import Device  # noqa: E402
+from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--adapter")
-    args = ap.parse_args()
-    dev = Device(args.adapter)
+def main(argv=None) -> int:
+    args, dev = probe_setup(__doc__, argv)
     code = (REPO / "bench" / "probes" / "matmul_probe.wgsl").read_text()
     groups, iters = (16, 256) if dev.info.is_software else (132 * 16, 8192)
     out = dev.empty(groups * 256)

@@ -8,10 +8,20 @@ returns {name: {"us", "tflops", ...}} for the probe's JSON.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from shaders.engine import Kernel
+from shaders.engine import Device, Kernel
+
+
+def probe_setup(doc: str, argv=None):
+    """(args, device) from a probe's command line: --out DIR (for its JSON), --adapter A."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write the probe's JSON into this folder")
+    ap.add_argument("--adapter", help="GPU adapter: index or name substring")
+    args = ap.parse_args(argv)
+    return args, Device(args.adapter)
 
 
 def time_entry_points(dev, code: str, entries, label: str = "probe") -> dict:

@@ -38,8 +38,8 @@ Writes DIR/slice_probe.json when --out is given.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from bench.probe_timing import time_entry_points, write_json  # noqa: E402
-from shaders.engine import Device  # noqa: E402
+from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 C = "xyzw"
 SRC_VEC4S = 1 << 20      # 16 MiB of global operands (stays in L2 like a matmul's tiles)
@@ -106,17 +105,33 @@ def _transposed_stash(array: str, value: str, steps: int) -> list[str]:
             "}"]
 
 
-def _kernel(name: str, steps: int, written, barrier: bool, stash: bool,
-            global_loads: bool, real_fetch: bool = False, real_store: bool = False,
-            transposed: bool = False, lm_head: bool = False) -> str:
-    """One probe kernel; `written`: True (the S k-steps written out), False (a loop indexing
-    `base + kk * 33`) or "ptr" (a loop over running indices, as the generated kernels)."""
+@dataclass(frozen=True)
+class Variant:
+    """One probe kernel: what its slice loop holds, and how it is dispatched."""
+
+    steps: int                   # S, k-steps per slice (one workgroup stage)
+    written: object = True       # True: written out; False: a loop indexing base + kk * 33;
+    #                              "ptr": a loop over running indices (the generated kernels')
+    barrier: bool = True         # a workgroup barrier per slice
+    stash: bool = True           # two vec4s stored into the other stage per slice
+    global_loads: bool = True    # two global vec4 loads per slice, before the math
+    real_fetch: bool = False     # ... with the matmul's bounds-checked index arithmetic
+    real_store: bool = False     # the matmul's epilogue instead of one scalar store
+    transposed: bool = False     # the stash of k-contiguous operands (four scalar stores)
+    lm_head: bool = False        # the LM head's operand traffic, beyond L2
+    iters: int | None = None     # k-steps per workgroup (None: the default)
+    more: int = 1                # workgroups per default workgroup
+
+
+def _kernel(name: str, v: Variant) -> str:
+    """The WGSL of one probe kernel (entry point `name`)."""
+    steps, written = v.steps, v.written
     body = [f"var c{i} = vec4<f32>();" for i in range(16)]
     body += ["var pa = vec4<f32>(); var pb = vec4<f32>();"]
     body += [f"for (var it = 0u; it < p.iters; it += {steps}u) {{",
              f"    let stage = (it / {steps}u) % 2u;",
              "    let base = stage * 16u * 33u;"]
-    if lm_head:        # the LM head's operands: A rows of the m tile, B rows of the n tile
+    if v.lm_head:        # the LM head's operands: A rows of the m tile, B rows of the n tile
         body += ["    {",
                  "        let m = (wg / 393u) * 128u + lid / 2u;",
                  "        let n = (wg % 393u) * 128u + lid / 2u;",
@@ -124,7 +139,7 @@ def _kernel(name: str, steps: int, written, barrier: bool, stash: bool,
                  f"        pa = src[(m * 192u + k / 4u) & {SRC_VEC4S - 1}u];",
                  f"        pb = src_b[(n * 192u + k / 4u) & {BIG_VEC4S - 1}u];",
                  "    }"]
-    elif real_fetch:     # 03_linear_reg.wgsl's fetch_a/fetch_b for a 128-row tile, BK = steps
+    elif v.real_fetch:     # 03_linear_reg.wgsl's fetch_a/fetch_b for a 128-row tile, BK = steps
         body += ["    {",
                  f"        let m = (wg % 64u) * 128u + lid / {steps // 4}u;",
                  f"        let k = it + 4u * (lid % {steps // 4}u);",
@@ -134,7 +149,7 @@ def _kernel(name: str, steps: int, written, barrier: bool, stash: bool,
                  "            pa = src[g]; pb = src[g ^ 256u];",
                  "        }",
                  "    }"]
-    elif global_loads:   # prefetch: issued before the math, consumed after it
+    elif v.global_loads:   # prefetch: issued before the math, consumed after it
         body += ["    let g = ((wg * 7919u + it) * 512u + lid) & " f"{SRC_VEC4S - 1}u;",
                  "    pa = src[g]; pb = src[g ^ 256u];"]
     if written == "ptr":
@@ -147,20 +162,20 @@ def _kernel(name: str, steps: int, written, barrier: bool, stash: bool,
     else:
         body += [f"    for (var kk = 0u; kk < {steps}u; kk++) {{"]
         body += ["        " + s for s in _step("kk")] + ["    }"]
-    if stash:
-        value_a = "pa" if global_loads else "vec4<f32>(f32(it))"
-        value_b = "pb" if global_loads else "vec4<f32>(f32(it) * 0.5)"
+    if v.stash:
+        value_a = "pa" if v.global_loads else "vec4<f32>(f32(it))"
+        value_b = "pb" if v.global_loads else "vec4<f32>(f32(it) * 0.5)"
         body += ["    let other = (1u - stage) * 16u * 33u;"]
-        if transposed:
+        if v.transposed:
             body += ["    " + line for line in _transposed_stash("As", value_a, steps)
                      + _transposed_stash("Bs", value_b, steps)]
         else:
             body += [f"    As[other + (lid / 32u) * 33u + lid % 32u] = {value_a};",
                      f"    Bs[other + (lid / 32u) * 33u + lid % 32u] = {value_b};"]
-    if barrier:
+    if v.barrier:
         body += ["    workgroupBarrier();"]
     body += ["}"]
-    if real_store:     # 03_linear_reg.wgsl's store_c4 for the 16 vec4s of an 8x8 block
+    if v.real_store:     # 03_linear_reg.wgsl's store_c4 for the 16 vec4s of an 8x8 block
         for g in range(2):
             for r in range(4):
                 for h in range(2):
@@ -188,36 +203,33 @@ def _kernel(name: str, steps: int, written, barrier: bool, stash: bool,
             + "".join(f"    {line}\n" for line in body) + "}\n")
 
 
-# name: (steps per slice, written out, barrier, stash, global loads, matmul fetch, matmul
-# epilogue), k-steps per workgroup (None: the default), workgroups per default workgroup
+LM_HEAD = {"iters": 768, "more": 12}   # 96 slices of 8 per workgroup, 12x the workgroups
 VARIANTS = {
-    "written": ((16, True, False, False, False), None, 1),
-    "written_bar": ((16, True, True, False, False), None, 1),
-    "written_stash": ((16, True, True, True, False), None, 1),
-    "written_global": ((16, True, True, True, True), None, 1),
-    "loop_global": ((16, False, True, True, True), None, 1),
-    "written_global8": ((8, True, True, True, True), None, 1),
-    "loop_global8": ((8, False, True, True, True), None, 1),
-    "short8": ((8, True, True, True, True), 768, 12),
-    "fetch8": ((8, True, True, True, True, True), None, 1),
-    "store8": ((8, True, True, True, True, False, True), 768, 12),
-    "all8": ((8, True, True, True, True, True, True), 768, 12),
-    "all8_loop": ((8, False, True, True, True, True, True), 768, 12),
-    "tstash8": ((8, True, True, True, True, True, True, True), 768, 12),
-    "lmhead8": ((8, True, True, True, True, False, True, False, True), 768, 12),
-    "real8": ((8, True, True, True, True, False, True, True, True), 768, 12),
-    "real8_loop": ((8, False, True, True, True, False, True, True, True), 768, 12),
-    "real8_ptr": ((8, "ptr", True, True, True, False, True, True, True), 768, 12),
+    "written": Variant(16, barrier=False, stash=False, global_loads=False),
+    "written_bar": Variant(16, stash=False, global_loads=False),
+    "written_stash": Variant(16, global_loads=False),
+    "written_global": Variant(16),
+    "loop_global": Variant(16, written=False),
+    "written_global8": Variant(8),
+    "loop_global8": Variant(8, written=False),
+    "short8": Variant(8, **LM_HEAD),
+    "fetch8": Variant(8, real_fetch=True),
+    "store8": Variant(8, real_store=True, **LM_HEAD),
+    "all8": Variant(8, real_fetch=True, real_store=True, **LM_HEAD),
+    "all8_loop": Variant(8, written=False, real_fetch=True, real_store=True, **LM_HEAD),
+    "tstash8": Variant(8, real_fetch=True, real_store=True, transposed=True, **LM_HEAD),
+    "lmhead8": Variant(8, real_store=True, lm_head=True, **LM_HEAD),
+    "real8": Variant(8, real_store=True, transposed=True, lm_head=True, **LM_HEAD),
+    "real8_loop": Variant(8, written=False, real_store=True, transposed=True, lm_head=True,
+                          **LM_HEAD),
+    "real8_ptr": Variant(8, written="ptr", real_store=True, transposed=True, lm_head=True,
+                         **LM_HEAD),
 }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--adapter")
-    args = ap.parse_args(argv)
-    dev = Device(args.adapter)
-    code = HEADER + "\n".join(_kernel(n, *v[0]) for n, v in VARIANTS.items())
+    args, dev = probe_setup(__doc__, argv)
+    code = HEADER + "\n".join(_kernel(n, v) for n, v in VARIANTS.items())
     base_groups, base_iters = (8, 256) if dev.info.is_software else (132 * 16, 8192)
     out = dev.empty(OUT_VEC4S * 4)
     src = dev.upload(np.full(SRC_VEC4S * 4, 1e-3, np.float32))
@@ -225,14 +237,13 @@ def main(argv=None) -> int:
     print(f"# {dev.info.summary()}: {base_groups} workgroups x 256 invocations x "
           f"{base_iters} k-steps unless a row says otherwise")
     entries = []
-    for name, (variant, iters, more) in VARIANTS.items():
-        iters = min(iters or base_iters, base_iters)
-        groups = base_groups * more
+    for name, v in VARIANTS.items():
+        iters = min(v.iters or base_iters, base_iters)
+        groups = base_groups * v.more
         # m: every row in bounds (64 row tiles of 128), k: every k-step, mode 0 (store)
         params = dev.uniform("IIII", iters, 64 * 128, iters, 0)
-        lm_head = len(variant) > 8 and variant[8]
-        resources = ([out, params, src, src_b] if lm_head else
-                     [out, params, src] if variant[4] else [out, params])
+        resources = ([out, params, src, src_b] if v.lm_head else
+                     [out, params, src] if v.global_loads else [out, params])
         entries.append((name, resources, groups, groups * 256 * iters * 64 * 2,
                         {"groups": groups, "iters": iters}))
     rows = time_entry_points(dev, code, entries, "slice probe")
