@@ -249,8 +249,9 @@ def kernels() -> str:
     for g in range(2):
         body += ["    {"] + [f"        var h{i} = vec4<f16>();" for i in range(8)]
         for kk in range(16):
-            body += ["        {", f"            let a = Ah[{kk}u * 33u + ty{' + 16u' if g else ''}];",
-                     f"            let b0 = Bh[{kk}u * 33u + tx]; let b1 = Bh[{kk}u * 33u + tx + 16u];"]
+            row = f"{kk}u * 33u"
+            body += ["        {", f"            let a = Ah[{row} + ty{' + 16u' if g else ''}];",
+                     f"            let b0 = Bh[{row} + tx]; let b1 = Bh[{row} + tx + 16u];"]
             body += [f"            h{r * 2 + h} = fma(vec4<f16>(a.{C[r]}), b{h}, h{r * 2 + h});"
                      for r in range(4) for h in range(2)]
             body += ["        }"]
@@ -297,9 +298,9 @@ def kernels() -> str:
 
 
 # multiply-adds per invocation and k-step
-MACS = {"f32_8x8": 64, "f32_nested": 64, "f32_unrolled": 64, "h16_splat_fold": 64, "h16_splat_fold32": 64,
-        "h16_splat_fold64": 64, "h16_branch_fold": 64, "h16_runtime_fold": 64,
-        "h16_unrolled_fold": 64, "h16_unrolled_pressure": 64, "h16_half_block": 64,
+MACS = {"f32_8x8": 64, "f32_nested": 64, "f32_unrolled": 64, "h16_splat_fold": 64,
+        "h16_splat_fold32": 64, "h16_splat_fold64": 64, "h16_branch_fold": 64,
+        "h16_runtime_fold": 64, "h16_unrolled_fold": 64, "h16_unrolled_pressure": 64, "h16_half_block": 64,
         "h16_stagger_fold": 64,
         "h16_fold_8x4": 32, "h16_two_level": 64, "h16_swizzle_fold": 64,
         "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}

@@ -199,7 +199,8 @@ def _kernel(name: str, v: Variant) -> str:
             f"fn {name}(@builtin(global_invocation_id) gid: vec3<u32>,\n"
             "        @builtin(workgroup_id) wgid: vec3<u32>,\n"
             "        @builtin(local_invocation_index) lid: u32) {\n"
-            "    fill(lid);\n    let wg = wgid.x;\n    let tx = lid % 16u;\n    let ty = lid / 16u;\n"
+            "    fill(lid);\n    let wg = wgid.x;\n"
+            "    let tx = lid % 16u;\n    let ty = lid / 16u;\n"
             + "".join(f"    {line}\n" for line in body) + "}\n")
 
 

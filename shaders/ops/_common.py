@@ -56,11 +56,16 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def grid2d(device, op: str, x: int, y: int) -> tuple[int, int, int]:
+    return grid3d(device, op, x, y, 1)
+
+
+def grid3d(device, op: str, x: int, y: int, z: int) -> tuple[int, int, int]:
     limit = device.max_workgroups_per_dim
-    if x > limit or y > limit:
-        raise ValueError(f"{op}: grid {x}x{y} exceeds the device's {limit} workgroups per "
+    if max(x, y, z) > limit:
+        dims = f"{x}x{y}" + (f"x{z}" if z != 1 else "")
+        raise ValueError(f"{op}: grid {dims} exceeds the device's {limit} workgroups per "
                          "dimension; split the call")
-    return (int(x), int(y), 1)
+    return (int(x), int(y), int(z))
 
 
 _DUMMIES: dict = {}

@@ -50,7 +50,7 @@ import math
 import os
 import re
 
-from ._common import ceil_div, check, grid2d, positive, scratch, workgroup_storage
+from ._common import ceil_div, check, grid2d, grid3d, positive, scratch, workgroup_storage
 
 FILE = "05_attention.wgsl"
 FILE_TILED = "05_attention_tiled.wgsl"
@@ -334,8 +334,8 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
         rows, cols, impl = tiled
         file, name = impl_kernel("forward", impl)
         kern = dev.kernel(file, name, tiled_constants("forward", rows, cols, D))
-        rec.dispatch(kern, [q, k, v, o, lse, params], _tile_grid(dev, op, B * H, T, rows),
-                     label=name)
+        rec.dispatch(kern, [q, k, v, o, lse, params],
+                     _query_tile_grid(dev, op, B * H, T, rows), label=name)
         return
     consts = choose_tiles(dev, D, "forward", tiles)
     kern = dev.kernel(FILE, "attention_forward", consts)
@@ -343,7 +343,7 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
                  grid2d(dev, op, ceil_div(T, consts["BQ"]), B * H), label="attention_forward")
 
 
-def _tile_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
+def _query_tile_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, int]:
     """The tiled forward/dq grid: (head, query tile). Workgroups start in x-fastest order and
     the kernels take their heaviest causal tiles at y = 0, so all heads' long tiles start
     before any short one instead of the last head's long tiles starting last (dK/dV:
@@ -358,11 +358,7 @@ def _dkv_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, in
     """The tiled dK/dV grid: (head in chunk, key tile, chunk of DKV_HEAD_CHUNK heads), so a
     chunk's heavy (first) key tiles start together and its heads' q/do stay in L2."""
     chunk = min(DKV_HEAD_CHUNK, heads)
-    grid = (chunk, ceil_div(T, rows), ceil_div(heads, chunk))
-    if max(grid) > dev.max_workgroups_per_dim:
-        raise ValueError(f"{op}: grid {grid} exceeds the device's {dev.max_workgroups_per_dim} "
-                         "workgroups per dimension; split the call")
-    return grid
+    return grid3d(dev, op, chunk, ceil_div(T, rows), ceil_div(heads, chunk))
 
 
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
@@ -393,8 +389,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         rows, cols, impl = t_dq
         file, name = impl_kernel("dq", impl)
         rec.dispatch(dev.kernel(file, name, tiled_constants("dq", rows, cols, D)),
-                     [q, k, v, do, lse, dvec, dq, params], _tile_grid(dev, op, B * H, T, rows),
-                     label=name)
+                     [q, k, v, do, lse, dvec, dq, params],
+                     _query_tile_grid(dev, op, B * H, T, rows), label=name)
     else:
         c_dq = choose_tiles(dev, D, "dq", tiles_dq)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dq", c_dq),

@@ -114,6 +114,13 @@ FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (MAX_LOADS in WGSL)
 REG_H16_FOLDS = (8, 16, 32)   # FOLDs of the splat reg kernels (one entry point each; H16_FOLDS)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
+
+
+def _reg_fold_problem(fold: int) -> str:
+    return (f"FOLD {fold} of a reg kernel must be one of "
+            f"{', '.join(map(str, REG_H16_FOLDS))} (use -loop for others)")
+
+
 _CONFIG_RE = re.compile(
     r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-f(\d+))?(?:-(reg|loop|dot))?$")
 
@@ -223,8 +230,7 @@ class MatmulConfig:
         elif f16_math and self.bk % self.fold_steps:
             out.append(f"FOLD {self.fold_steps} does not divide BK {self.bk}")
         elif f16_math and self.impl == "reg" and self.fold_steps not in REG_H16_FOLDS:
-            out.append(f"FOLD {self.fold_steps} of a reg kernel must be one of "
-                       f"{', '.join(map(str, REG_H16_FOLDS))} (use -loop for others)")
+            out.append(_reg_fold_problem(self.fold_steps))
         if self.splits < 1:
             out.append("splits must be >= 1")
         if out:
@@ -270,8 +276,7 @@ def tiled_kernel_name(layout: str, b_dtype, f16_math: bool = False,
     if f16_math:
         fold = cfg.fold_steps
         if fold not in REG_H16_FOLDS:
-            raise ValueError(f"matmul config {cfg}: FOLD {fold} of a reg kernel must be one of "
-                             f"{', '.join(map(str, REG_H16_FOLDS))}")
+            raise ValueError(f"matmul config {cfg}: {_reg_fold_problem(fold)}")
         return FILE_REG_H16, f"matmul_nt_h16_reg_{block}_f{fold}"
     return FILE_REG, f"{name}_reg_{block}"
 
