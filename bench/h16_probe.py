@@ -300,7 +300,8 @@ def kernels() -> str:
 # multiply-adds per invocation and k-step
 MACS = {"f32_8x8": 64, "f32_nested": 64, "f32_unrolled": 64, "h16_splat_fold": 64,
         "h16_splat_fold32": 64, "h16_splat_fold64": 64, "h16_branch_fold": 64,
-        "h16_runtime_fold": 64, "h16_unrolled_fold": 64, "h16_unrolled_pressure": 64, "h16_half_block": 64,
+        "h16_runtime_fold": 64, "h16_unrolled_fold": 64, "h16_unrolled_pressure": 64,
+        "h16_half_block": 64,
         "h16_stagger_fold": 64,
         "h16_fold_8x4": 32, "h16_two_level": 64, "h16_swizzle_fold": 64,
         "h16_splat_only": 64, "h16_pair_fold": 32, "h16_splat_regs": 64}
