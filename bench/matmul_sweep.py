@@ -80,7 +80,7 @@ def general_time(device, key, shape) -> float:
     M, N, K = shape
     layout, b16 = key[:2], key.endswith(("w16", "h16"))
     rng = np.random.default_rng(1)
-    a, b, out = autotune._matmul_operands(device, layout, b16, M, N, K, rng)
+    a, b, out = autotune.matmul_operands(device, layout, b16, M, N, K, rng)
     tiles = linear.default_tiles(M, N, K)
     try:
         return device.time_gpu(lambda rec: linear.matmul(
@@ -96,7 +96,7 @@ def time_matmul(device, key, shape, candidates, budget_s):
     layout = key[:2]
     b16 = key.endswith(("w16", "h16"))
     rng = np.random.default_rng(0)
-    a, b, out = autotune._matmul_operands(device, layout, b16, M, N, K, rng)
+    a, b, out = autotune.matmul_operands(device, layout, b16, M, N, K, rng)
     flops = 2.0 * M * N * K
     repeats = int(min(10, max(3, 0.05 / (flops / 1e13))))
 

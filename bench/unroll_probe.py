@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             M //= scale
         if N > 8192:
             N //= scale
-        a, b, out = autotune._matmul_operands(dev, layout, False, M, N, K, rng)
+        a, b, out = autotune.matmul_operands(dev, layout, False, M, N, K, rng)
 
         def encode(rec, layout=layout, M=M, N=N, K=K, cfg=cfg):
             linear.matmul(rec, a, b, out, M, N, K, layout=layout, config=cfg)

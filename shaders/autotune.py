@@ -211,7 +211,8 @@ def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int) -> list[tu
     return shapes
 
 
-def _matmul_operands(device, layout, b16, M, N, K, rng):
+def matmul_operands(device, layout, b16, M, N, K, rng):
+    """Random A, B (f16 when `b16`) and a zeroed C for one product of this layout."""
     import numpy as np
     a_shape = (K, M) if layout == "tn" else (M, K)
     b_shape = (N, K) if layout == "nt" else (K, N)
@@ -232,7 +233,7 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
     b16 = key.endswith(("w16", "h16"))
     f16_math = key.endswith("h16")
     rng = rng or np.random.default_rng(0)
-    a, b, out = _matmul_operands(device, layout, b16, M, N, K, rng)
+    a, b, out = matmul_operands(device, layout, b16, M, N, K, rng)
     flops = 2.0 * M * N * K
     guess_s = flops / (2e11 if device.info.is_software else 1e13)
     repeats = int(min(10, max(3, 0.1 / max(guess_s, 1e-9))))
