@@ -3,11 +3,12 @@
     compile  -> run (shapes, finite) -> correct (vs a slow numpy reference, per variant)
              -> grad (backward kernels) -> bench (GPU timestamps) -> roofline fraction
 
-A kernel joins the ladder by registering a `KernelCase` in a module of `shaders/cases/`
-(every module there is imported by `load_cases()`):
+A kernel joins the ladder by registering a `KernelCase` in its family's
+`shaders/kernels/<family>/cases.py` (`load_cases()` imports every family's; the matmul and
+attention families' modules in `shaders/cases/` until they move):
 
     register(KernelCase(
-        name="scale", family="infra", precision="f32",
+        name="scale", family="elementwise", precision="f32",
         kernels=[("infra.wgsl", "scale")],
         inputs=lambda rng, variant: {"x": ..., "alpha": 1.5},   # variant: "random", "bench", ...
         launch=scale_launch,          # (device, inputs) -> Launch(encode, read)
@@ -21,6 +22,7 @@ A kernel joins the ladder by registering a `KernelCase` in a module of `shaders/
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import pkgutil
@@ -75,11 +77,29 @@ def register(case: KernelCase) -> KernelCase:
     return case
 
 
+def case_modules() -> list[str]:
+    """The modules that register ladder cases: every family folder's `cases.py`, then the
+    modules of shaders/cases/ (the families not yet moved into shaders/kernels/)."""
+    from . import cases, kernels
+    names = [f"{kernels.__name__}.{family.name}.cases"
+             for family in pkgutil.iter_modules(kernels.__path__)
+             if family.ispkg and importlib.util.find_spec(
+                 f"{kernels.__name__}.{family.name}.cases") is not None]
+    names += [f"{cases.__name__}.{module.name}" for module in pkgutil.iter_modules(cases.__path__)]
+    return names
+
+
 def load_cases() -> dict[str, KernelCase]:
-    """Import every module of shaders/cases (each registers its kernels) and return them all."""
-    from . import cases
-    for module in pkgutil.iter_modules(cases.__path__):
-        importlib.import_module(f"{cases.__name__}.{module.name}")
+    """Import every case module (each registers its kernels) and return all cases."""
+    for name in case_modules():
+        before = set(_REGISTRY)
+        importlib.import_module(name)
+        family = name.split(".")[-2] if name.endswith(".cases") else None
+        for case_name in set(_REGISTRY) - before:
+            if family and _REGISTRY[case_name].family != family:
+                raise ValueError(f"{name}: case {case_name!r} says family "
+                                 f"{_REGISTRY[case_name].family!r}; a family folder's cases "
+                                 f"belong to that family ({family!r})")
     return dict(_REGISTRY)
 
 

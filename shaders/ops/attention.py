@@ -50,7 +50,8 @@ import math
 import os
 import re
 
-from ._common import ceil_div, check, grid2d, grid3d, positive, scratch, workgroup_storage
+from ..kernels.op_support import (ceil_div, check, grid2d, grid3d, positive, scratch,
+                                  workgroup_storage)
 
 FILE = "05_attention.wgsl"
 FILE_TILED = "05_attention_tiled.wgsl"

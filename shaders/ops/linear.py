@@ -61,8 +61,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
-                      workgroup_storage)
+from ..kernels.op_support import (F16, F32, ceil_div, check, dummy, grid2d, positive,
+                                  scratch, workgroup_storage)
 
 FILE = "03_linear.wgsl"
 FILE_H16 = "03_linear_h16.wgsl"

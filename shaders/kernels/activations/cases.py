@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import activations
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as activations
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # SwiGLU (rows, F, layout, scale): "fused" [rows, 2F]; "halves" two [rows, F] blocks;
 # "huge" saturates sigmoid at +-1e4 and beyond.

@@ -14,7 +14,7 @@ h, dh: f32[rows, F]; dgate_up: laid out exactly like gate_up.
 
 from __future__ import annotations
 
-from ._common import ceil_div, check, positive
+from ..op_support import ceil_div, check, positive
 
 FILE = "06_activations.wgsl"
 EW = 256

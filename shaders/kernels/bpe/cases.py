@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
+from ...ladder import KernelCase, Launch, register
 
 WORDS = ("the of and to in is for def return self if else None import class from with as "
          "not print value data index Istanbul İstanbul ÇOK güzel straße ÄÖÜ naïve 東京 "

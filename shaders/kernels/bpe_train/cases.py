@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
+from ...ladder import KernelCase, Launch, register
 
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,

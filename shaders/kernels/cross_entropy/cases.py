@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import cross_entropy as ce
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as ce
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 IGNORE = ce.IGNORE
 # (rows, vocab, stride, logit scale, label smoothing, z-loss, fraction of ignored rows)

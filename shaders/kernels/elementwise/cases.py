@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
+from ...ladder import KernelCase, Launch, register
 
 FILE = "infra.wgsl"
 EW = 256  # invocations per workgroup of the element-wise kernels
@@ -41,7 +41,7 @@ def elementwise(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=n
                       read=lambda: {"y": dev.download(y)})
 
     register(KernelCase(
-        name=name, family="infra", precision=precision, kernels=[(FILE, name)],
+        name=name, family="elementwise", precision=precision, kernels=[(FILE, name)],
         inputs=inputs, launch=launch, reference=reference,
         variants=("random", "one", "odd"), requires=requires,
         bytes=lambda inp: inp["x"].size * bytes_per,
@@ -75,7 +75,7 @@ SIZES_OPS = {"random": 100_004, "one": 4, "odd": 260, "ragged": 1_003, "bench": 
 def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.float32,
             dtype_out=np.float32, precision="exact", requires=(), bytes_per=8):
     """Register `name`_op: the basic op over SIZES_OPS (vec4 kernels except `ragged`)."""
-    from ..ops import basic
+    from . import ops as basic
 
     def vector(rng, variant, dtype):
         x = rng.standard_normal(SIZES_OPS[variant]).astype(dtype)
@@ -104,7 +104,7 @@ def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.fl
 
     vec = VEC4_KERNELS.get(name, name + "_vec4")
     register(KernelCase(
-        name=name + "_op", family="infra", precision=precision,
+        name=name + "_op", family="elementwise", precision=precision,
         kernels=[("infra_vec4.wgsl", vec)], inputs=inputs, launch=launch,
         reference=reference, variants=("random", "one", "odd", "ragged"), requires=requires,
         bytes=lambda inp: inp["x"].size * bytes_per, flops=lambda inp: 0.0,
@@ -153,7 +153,7 @@ def _rows_reference(inp):
 
 for wg in (64, 256, 1024):
     register(KernelCase(
-        name=f"reduce_rows_wg{wg}", family="infra", precision="f32",
+        name=f"reduce_rows_wg{wg}", family="elementwise", precision="f32",
         description="wg_sum then wg_max back to back (the seed's race, fixed)",
         kernels=[(FILE, "reduce_rows", {"WG": wg})],
         inputs=_rows_inputs, launch=lambda dev, inp, wg=wg: _rows_launch(dev, inp, wg),

@@ -14,7 +14,7 @@ infra_vec4.wgsl run (16 elements per invocation); otherwise those of infra.wgsl 
 
 from __future__ import annotations
 
-from ._common import F16, F32, ceil_div, check, positive
+from ..op_support import F16, F32, ceil_div, check, positive
 
 FILE = "infra.wgsl"
 FILE_VEC4 = "infra_vec4.wgsl"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import embedding
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as embedding
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (tokens, vocab, dim); "oob" has ids >= vocab, "hot" repeats one id everywhere.
 SHAPES = {"random": (74, 50, 24), "odd": (1, 7, 3), "dim1": (33, 5, 1), "oob": (40, 16, 8),

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import U32, ceil_div, check, positive, vec_width
-from ..engine import fold_grid
+from ..op_support import U32, ceil_div, check, positive, vec_width
+from ...engine import fold_grid
 
 FILE = "01_embedding.wgsl"
 EW = 64

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import optim
-from ._util import f64
+from ...ladder import KernelCase, Launch, register
+from . import ops as optim
+from ..case_support import f64
 
 # grad_stats: (sizes of the ranges, fill, max_norm)
 STATS = {

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from ._common import F16, F32, ceil_div, check, dummy, elements_view, positive, scratch
+from ..op_support import F16, F32, ceil_div, check, dummy, elements_view, positive, scratch
 
 FILE = "12_optim.wgsl"
 EW = 256

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import rmsnorm
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as rmsnorm
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 EPS = 1e-5
 # (rows, n, scale of x): "huge" 1e4-sized inputs, "tiny" inputs whose squares underflow.

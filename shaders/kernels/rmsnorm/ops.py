@@ -19,8 +19,8 @@ computes dx and the dw partials from the same registers); others run 02_rmsnorm.
 
 from __future__ import annotations
 
-from ._common import (ceil_div, check, dummy, positive, row_grid, row_workgroup, scratch,
-                      vec_width)
+from ..op_support import (ceil_div, check, dummy, positive, row_grid, row_workgroup, scratch,
+                          vec_width)
 
 FILE = "02_rmsnorm.wgsl"
 FILE_ROWS = "02_rmsnorm_rows.wgsl"

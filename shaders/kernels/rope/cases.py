@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import rope
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as rope
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (B, T, H, D, parts, pos_offset): parts > 1 puts x inside a fused [.., parts*H*D] row
 # (the rest must stay untouched); pos_offset shifts positions as in decoding.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import ceil_div, check, positive
+from ..op_support import ceil_div, check, positive
 
 FILE = "04_rope.wgsl"
 EW = 256
