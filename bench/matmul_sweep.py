@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from shaders import autotune  # noqa: E402
+from shaders import autotune, tuned_cache  # noqa: E402
 from shaders.engine import Device  # noqa: E402
 from shaders.ops import linear  # noqa: E402
 
@@ -179,13 +179,13 @@ def main(argv=None) -> int:
         finite = {c: t for c, t in times.items() if math.isfinite(t)}
         if finite:
             best = min(finite, key=finite.get)
-            print(f"# matmul {key:<7} {autotune.shape_key(shape):<18} best {best:<22} "
+            print(f"# matmul {key:<7} {tuned_cache.shape_key(shape):<18} best {best:<22} "
                   f"{flops / finite[best] / 1e12:6.2f} TFLOP/s; default {default} "
                   f"{flops / times[default] / 1e12 if math.isfinite(times.get(default, math.inf)) else 0:6.2f}; "
                   f"{len(finite)}/{len(cands)} timed in {time.perf_counter() - t0:.0f}s", flush=True)
-            entries[f"matmul/{key}/{autotune.shape_key(shape)}"] = autotune.entry_from_times(
+            entries[f"matmul/{key}/{tuned_cache.shape_key(shape)}"] = autotune.entry_from_times(
                 times, flops)
-        md += ranking_lines(f"matmul {key} {autotune.shape_key(shape)} ({kind})", times,
+        md += ranking_lines(f"matmul {key} {tuned_cache.shape_key(shape)} ({kind})", times,
                             flops, default, general)
         results.append({"op": "matmul", "key": key, "shape": shape, "kind": kind,
                         "default": default,
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
               f"({entry.get('tflops', 0):.2f} TFLOP/s); default {entry['default']} "
               f"{entry.get('default_us', float('nan')):.1f} us; "
               f"{time.perf_counter() - t0:.0f}s", flush=True)
-        entries[f"attention/{kernel}/{autotune.shape_key((a['T'], a['D']))}"] = entry
+        entries[f"attention/{kernel}/{tuned_cache.shape_key((a['T'], a['D']))}"] = entry
         md += ranking_lines(f"attention {kernel} B{a['B']} T{a['T']} H{a['H']} D{a['D']} "
                             "(dq/dkv timed inside the whole backward)", times, flops,
                             entry["default"])
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
                           "driver": device.info.driver}, "seconds": total, "results": results}
     (out / "sweep.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     if args.save and entries:
-        path = autotune.save(device, entries)
+        path = tuned_cache.save(device, entries)
         print(f"# cache: {path}")
     print(f"# wrote {out / 'sweep.md'} and {out / 'sweep.json'} in {total:.0f} s")
     return 0

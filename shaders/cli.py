@@ -184,7 +184,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
     bench/autotune.py)."""
     import pathlib
     import shutil
-    from . import autotune
+    from . import autotune, tuned_cache
     from .ladder import device_record, write_json
     known = autotune.matmul_keys(device)
     for key in keys or ():
@@ -194,7 +194,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
     rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
                                attention=attention, total_s=total_s, matmul=matmul)
     entries = autotune.rows_to_entries(rows)
-    path = autotune.save(device, entries) if save else None
+    path = tuned_cache.save(device, entries) if save else None
     if path:
         print(f"# cache: {path}")
     if out_dir:
@@ -204,11 +204,11 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
                                                  "preset": preset, "entries": entries})
         (out / "autotune.md").write_text(autotune.markdown_table(device, rows),
                                          encoding="utf-8")
-        cache_copy = out / (autotune.adapter_key(device) + ".json")
+        cache_copy = out / (tuned_cache.adapter_key(device) + ".json")
         if path:
             shutil.copyfile(path, cache_copy)
         else:
-            autotune.save(device, entries, cache_copy)
+            tuned_cache.save(device, entries, cache_copy)
         print(f"# wrote {out / 'autotune.md'}, {out / 'autotune.json'}, {cache_copy}")
     return rows
 

@@ -241,8 +241,8 @@ def choose_config(device, kernel: str, T: int, D: int, config=None):
             raise ValueError(f"attention {kernel}: config {format_config(rows, cols, impl)}: "
                              + "; ".join(problems))
         return rows, cols, impl
-    from .. import autotune
-    tuned = autotune.lookup(device, "attention", kernel, (T, D))
+    from .. import tuned_cache
+    tuned = tuned_cache.lookup(device, "attention", kernel, (T, D))
     if tuned is not None:
         try:
             rows, cols, impl = parse_config(tuned)

@@ -20,6 +20,7 @@ row's loss and dlogits NaN: the grad-stats NaN guard then skips the step.
 
 from __future__ import annotations
 
+from ...tuned_cache import lookup
 from ..op_support import U32, check, dummy, positive, row_grid
 
 FILE = "07_cross_entropy.wgsl"
@@ -31,9 +32,8 @@ WG = 256
 def row_workgroup(device, stride: int) -> int:
     """Invocations per row: 1024 for wide rows on GPUs (fewer rows in flight, so the dlogits
     pass re-reads each row from the last-level cache), else 256; a tuned value if cached."""
-    from ... import autotune
     limit = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
-    tuned = autotune.lookup(device, "cross_entropy", "rows", (stride,))
+    tuned = lookup(device, "cross_entropy", "rows", (stride,))
     if tuned is not None and tuned.isdigit() and 32 <= int(tuned) <= limit:
         return int(tuned)
     if device.info.is_software or stride < 16384:
