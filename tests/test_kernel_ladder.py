@@ -34,3 +34,25 @@ def test_case_climbs_the_ladder(device, name):
     if missing:
         pytest.skip(f"device lacks {', '.join(missing)}")
     assert any(r.rung == "correct" and r.ok for r in results), [r.line() for r in results]
+
+
+@pytest.mark.parametrize("name,cls,method", [
+    ("bpe_encode_o200k", "tokenizer_svc.gpu_encode.GpuEncoder", "encode_docs"),
+    ("bpe_decode", "tokenizer_svc.gpu_decode.GpuDecoder", "decode")])
+def test_bpe_cases_run_the_tokenizers_own_entry_point(device, monkeypatch, name, cls, method):
+    import importlib
+    import numpy as np
+    module, _, attr = cls.rpartition(".")
+    klass = getattr(importlib.import_module(module), attr)
+    real, calls = getattr(klass, method), []
+
+    def spy(self, *args, **kwargs):
+        calls.append(method)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(klass, method, spy)
+    case = CASES[name]
+    launch = case.launch(device, case.inputs(np.random.default_rng(0), "random"))
+    with device.record() as rec:
+        launch.encode(rec)
+    assert calls == [method] and launch.gpu_seconds is not None
+    assert launch.gpu_seconds() > 0 or not device.has("timestamp-query")

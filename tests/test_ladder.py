@@ -114,3 +114,35 @@ def test_a_later_variant_with_the_wrong_shape_fails_the_correct_rung(device):
     results = check_case(device, case)
     correct = [r for r in results if r.rung == "correct"][0]
     assert correct.ok is False and "short/y: shape" in correct.detail
+
+
+def test_bench_times_a_self_submitting_launch_by_its_reported_gpu_time(device):
+    # the BPE cases run GpuEncoder.encode_docs, which submits and reads back itself: the
+    # bench rung must time what the launch reports, not its (empty) recording
+    from shaders.kernels.elementwise.cases import FILE
+    calls = []
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        x, y = dev.upload(inp["x"]), dev.empty(n)
+        k, p = dev.kernel(FILE, "scale"), dev.uniform("IIfI", n, 0, 2.0, 0)
+
+        def encode(rec):
+            assert rec.dispatch_count == 0
+            dev.run(k, [x, y, p], -(-n // 256))
+            calls.append(len(calls))
+        return Launch(encode, lambda: {"y": dev.download(y)},
+                      gpu_seconds=lambda: 1e-3 * (1 + calls[-1]))
+    case = KernelCase(name="self_submitting_scale", family="test", precision="f32",
+                      kernels=[(FILE, "scale")], launch=launch,
+                      inputs=lambda rng, v: {"x": rng.standard_normal(64).astype(np.float32)},
+                      reference=lambda inp: {"y": 2.0 * inp["x"]},
+                      bytes=lambda inp: 8.0 * inp["x"].size)
+    assert all(r.ok is not False for r in check_case(device, case))
+    calls.clear()
+    roof = ladder.Roofline(copy_gbs=100.0, fma_tflops={"f32": 1.0})
+    row = ladder.bench_case(device, case, roof, repeats=3)
+    # warm-up run(s) first, then three timed: the median of the timed runs' reported times
+    warmup = len(calls) - 3
+    assert row["us"] == pytest.approx(1e3 * (warmup + 2)), (row, calls)
+    assert row["gbs"] == pytest.approx(8.0 * 64 / (row["us"] * 1e-6) / 1e9)

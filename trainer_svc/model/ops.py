@@ -4,7 +4,8 @@ Each function records one or a few dispatches into a Recorder (`rec`); operands 
 BufferViews (sub-ranges of the parameter, gradient and moment buffers); all shapes are
 row-major, rows = B*T tokens. The WGSL, its numpy reference and its ladder cases live with the
 op module in `shaders/kernels/<family>/` (matmul and attention: `shaders/ops/`, `shaders/wgsl/`,
-`shaders/cases/`; `istanbul kernels check`); this module only adapts their calling conventions to the model's:
+`shaders/cases/`; `istanbul kernels check`); this module only adapts their calling
+conventions to the model's:
 
     linear(x, W, y, M, N, K)          y[M,N]  = x[M,K] · W[N,K]ᵀ  (+ residual R[M,N])
     linear_dx(dy, W, dx, M, K, N)     dx[M,K] (=|+=) dy[M,N] · W[N,K]

@@ -1,18 +1,20 @@
 """Ladder entries for the BPE tokenizer kernels (bpe_encode/scan/compact/decode.wgsl).
 
-References are exact: the plain-Python tokenizer (tokenizer_svc/reference.py) for encoding,
-numpy for the scan and the compaction, the vocabulary's bytes for decoding.
+The launches run the tokenizer's own classes through their public entry points
+(`GpuEncoder.encode_docs`, `GpuScan.record`, `GpuDecoder.decode`), so the ladder checks the
+path the service runs; the encoder and decoder submit and read back themselves and report
+their GPU time from their profiles. References (reference.py) are exact: the plain-Python
+tokenizer (tokenizer_svc/reference.py) for encoding, numpy for the scan, the vocabulary's
+bytes for decoding.
 
 The vocabulary: cl100k_base / o200k_base / gpt2 when `load_vocabulary` finds them (known names
 in $ISTANBUL_VOCAB_DIR, ~/.cache/istanbul/vocab or tiktoken's cache), else a small synthetic
 one (the 256 bytes plus the Python standard library's most frequent 2- to 6-byte strings,
 each a token made of a shorter token and a byte) so the ladder runs on any machine.
 
-Inputs stay small enough for llvmpipe's loop limiter at an unlimited work budget: no piece is
-longer than 130 bytes (with the real cl100k/o200k vocabularies, runs of 300 bytes already
-exceed the limiter's 65,535 iterations in the long-piece merge; the production path resumes
-in budgeted rounds there, and tests/test_tokenizer_gpu.py covers it). The `bench` variant is
-4 MB of text.
+Inputs stay small (no piece longer than 130 bytes; on llvmpipe the encoder works in budgeted
+rounds, and tests/test_tokenizer_gpu.py covers long runs); the `bench` variant is 4 MB of
+text.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
+from . import reference
 
 WORDS = ("the of and to in is for def return self if else None import class from with as "
          "not print value data index Istanbul İstanbul ÇOK güzel straße ÄÖÜ naïve 東京 "
@@ -97,56 +100,26 @@ def _encode_inputs(pattern):
 
 
 def _encode_launch(dev, inp):
+    """The tokenizer's own encoder, through its public entry point (budgeted rounds on
+    software adapters, as served), timed by its per-dispatch GPU profile."""
     from tokenizer_svc.gpu_encode import GpuEncoder
-    from tokenizer_svc.gpu_tables import NONE
     enc = GpuEncoder(dev, _tables(inp["pattern"]), inp["pattern"])
-    enc.budget = NONE  # one recording: inputs are sized for an unbounded budget
+    enc.profile = True
     data, starts = np.frombuffer(inp["data"], np.uint8), inp["starts"]
-    n, n_docs = data.size, starts.size - 1
-    pool, lay = enc.pool, enc.tables.layout
-    words = np.zeros(-(-n // 4) * 4, np.uint8)
-    words[:n] = data
-    text = dev.upload(words.view(np.uint32))
-    starts_buf = dev.upload(starts.astype(np.uint32))
-    n_chunks = -(-n // enc.chunk)
-    cuts, tok_buf = pool.get("cuts", 16 * n_chunks), pool.get("tok_buf", 4 * n)
-    max_long = n // 65 + 1
-    longs, counters = pool.get("longs", 16 * max_long), pool.get("counters", 32)
-    scratch = pool.get("scratch", 4 * (4 * n + 4 * max_long))
-    excl, ids = pool.get("excl", 4 * (n + 1)), pool.get("ids", 4 * n)
-    doc_off = pool.get("doc_off", 4 * (n_docs + 1))
-    params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, enc.chunk, lay["info_off"],
-                        lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
-                        lay["max_tok_len"], int(enc.tables.whole_piece), NONE)
-    binds = [text, starts_buf, enc.classes_buf, enc.vocab_buf, enc.pairs_buf, cuts, tok_buf,
-             longs, scratch, counters, params]
+    result = {}
 
-    def encode(rec):
-        counters.write(np.zeros(8, np.uint32))
-        rec.dispatch(enc.k_fill, binds, -(-n // 64))
-        rec.dispatch(enc.k_cuts, binds, -(-n_chunks // 64))
-        rec.dispatch(enc.k_pretok, binds, -(-n_chunks // 64))
-        rec.dispatch(enc.k_long, binds, -(-max_long // 64))
-        enc.scan.record(rec, tok_buf, n, excl, mode=1)
-        rec.dispatch(enc.k_compact, [tok_buf, excl, starts_buf, ids, doc_off,
-                                     dev.params("IIII", n, n_docs, 0, 0)],
-                     -(-max(n, n_docs + 1) // 256))
+    def encode(rec):   # the encoder submits and reads back itself; `rec` stays empty
+        result["ids"], result["offsets"] = enc.encode_docs(data, starts)
 
-    def read():
-        offsets = dev.download(doc_off.view(0, 4 * (n_docs + 1)), np.uint32).astype(np.int64)
-        total = int(offsets[-1])
-        out = dev.download(ids.view(0, 4 * max(total, 1)), np.uint32)[:total]
-        return {"ids": out, "offsets": offsets}
-
-    return Launch(encode=encode, read=read)
+    return Launch(encode=encode,
+                  read=lambda: {"ids": result["ids"],
+                                "offsets": np.asarray(result["offsets"], np.int64)},
+                  gpu_seconds=lambda: sum(enc.last_profile.gpu.values()))
 
 
 def _encode_reference(inp):
-    from tokenizer_svc.reference import ReferenceTokenizer
-    ref = ReferenceTokenizer(ladder_vocab(inp["pattern"]))
-    parts = [np.array(ref.encode_ordinary(d), dtype=np.uint32) for d in inp["docs"]]
-    return {"ids": np.concatenate(parts), "offsets":
-            np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)}
+    ids, offsets = reference.encode(ladder_vocab(inp["pattern"]), inp["docs"])
+    return {"ids": ids, "offsets": offsets}
 
 
 for _pattern in ("gpt2", "cl100k", "o200k"):
@@ -189,8 +162,7 @@ register(KernelCase(
     description="exclusive prefix sum of u32 (n + 1 outputs, the last is the total)",
     kernels=[("bpe_scan.wgsl", "scan_blocks", {"MODE": 0}), ("bpe_scan.wgsl", "scan_add")],
     inputs=_scan_inputs, launch=_scan_launch,
-    reference=lambda inp: {"excl": np.concatenate([[0], np.cumsum(inp["x"], dtype=np.uint64)])
-                           .astype(np.uint32)},
+    reference=lambda inp: {"excl": reference.exclusive_scan(inp["x"])},
     variants=("random", "one", "block", "deep"), bytes=lambda inp: 12.0 * inp["x"].size))
 
 
@@ -204,37 +176,23 @@ def _decode_inputs(rng, variant):
 
 
 def _decode_launch(dev, inp):
+    """The tokenizer's own decoder, through its public entry point."""
     from tokenizer_svc.gpu_decode import GpuDecoder
     tables = _tables("o200k")
-    vocab_buf = dev.upload(tables.vocab_words)
-    dec = GpuDecoder(dev, tables, vocab_buf)
-    ids = inp["ids"]
-    n = ids.size
-    lay = tables.layout
-    total = int(tables.token_lengths[ids].sum())
-    pool = dec.pool
-    ids_buf = dev.upload(ids)
-    lens, offs = pool.get("l", 4 * n), pool.get("o", 4 * (n + 1))
-    out = pool.get("out", -(-total // 4) * 4)
-    status, dummy = pool.get("s", 16), pool.get("d", 16)
-    params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"], total,
-                        0, 0, 0)
+    dec = GpuDecoder(dev, tables, dev.upload(tables.vocab_words))
+    dec.profile = True
+    result = {}
 
-    def encode(rec):
-        rec.dispatch(dec.k_lengths, [ids_buf, vocab_buf, dummy, lens, out, status, params],
-                     -(-n // 256))
-        dec.scan.record(rec, lens, n, offs, mode=0)
-        rec.dispatch(dec.k_gather, [ids_buf, vocab_buf, offs, lens, out, status, params],
-                     -(-n // 256))
+    def encode(rec):   # the decoder submits and reads back itself; `rec` stays empty
+        dec.gpu_times = []
+        result["bytes"] = np.frombuffer(dec.decode(inp["ids"]), np.uint8)
 
-    return Launch(encode=encode,
-                  read=lambda: {"bytes": dev.download(out.view(0, -(-total // 4) * 4),
-                                                      np.uint8)[:total]})
+    return Launch(encode=encode, read=lambda: dict(result),
+                  gpu_seconds=lambda: sum(t for _, t in dec.gpu_times))
 
 
 def _decode_reference(inp):
-    decoder = ladder_vocab("o200k").decoder
-    return {"bytes": np.frombuffer(b"".join(decoder[int(i)] for i in inp["ids"]), np.uint8)}
+    return {"bytes": reference.decode(ladder_vocab("o200k"), inp["ids"])}
 
 
 register(KernelCase(
