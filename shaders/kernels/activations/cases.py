@@ -1,12 +1,14 @@
-"""Ladder entries for SwiGLU and GELU (shaders/ops/activations.py, 06_activations.wgsl)."""
+"""Ladder entries for SwiGLU and GELU (ops.py, reference.py, 06_activations.wgsl)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
-from . import ops as activations
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from . import ops as activations
+from .reference import (gelu_backward_reference, gelu_reference, split_gate_up,
+                        swiglu_backward_reference, swiglu_reference)
 
 # SwiGLU (rows, F, layout, scale): "fused" [rows, 2F]; "halves" two [rows, F] blocks;
 # "huge" saturates sigmoid at +-1e4 and beyond.
@@ -35,34 +37,6 @@ def swiglu_inputs(rng, variant):
             "dh": rng.standard_normal((rows, F)).astype(np.float32)}
 
 
-def _split(inp, gu):
-    rows, F, ld, up = inp["rows"], inp["F"], inp["ld"], inp["up"]
-    idx = np.arange(rows)[:, None] * ld + np.arange(F)[None, :]
-    return idx, f64(gu)[idx], f64(gu)[idx + up]
-
-
-def _sigmoid(x):
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-def swiglu_reference(inp):
-    _, g, u = _split(inp, inp["gu"])
-    with np.errstate(over="ignore"):
-        return {"h": (g * _sigmoid(g) * u).astype(np.float32)}
-
-
-def swiglu_backward_reference(inp):
-    idx, g, u = _split(inp, inp["gu"])
-    s = _sigmoid(g)
-    dh = f64(inp["dh"])
-    dgu = np.zeros(inp["gu"].size)
-    dgu[idx] = dh * u * s * (1 + g * (1 - s))
-    dgu[idx + inp["up"]] = dh * g * s
-    with np.errstate(over="ignore"):  # "huge": products past f32's range are inf on both sides
-        return {"dgu": dgu.astype(np.float32)}
-
-
 def swiglu_launch(dev, inp):
     gu, h = dev.upload(inp["gu"]), dev.empty((inp["rows"], inp["F"]))
     return Launch(lambda rec: activations.swiglu_forward(rec, gu, h, inp["rows"], inp["F"],
@@ -83,7 +57,7 @@ def swiglu_grad(dev, rng):
     inp = swiglu_inputs(rng, "random")
     got = run_launch(dev, swiglu_backward_launch(dev, inp))["dgu"]
     import torch
-    idx = torch.tensor(_split(inp, inp["gu"])[0])
+    idx = torch.tensor(split_gate_up(inp, inp["gu"])[0])
 
     def forward(gu):
         g, u = gu[idx], gu[idx + inp["up"]]
@@ -105,24 +79,6 @@ def gelu_inputs(rng, variant):
     if variant == "extreme":
         x[:4] = [3e38, -3e38, 0.0, -0.0]
     return {"x": x, "dy": rng.standard_normal(n).astype(np.float32)}
-
-
-K, C = np.sqrt(2 / np.pi), 0.044715
-
-
-def gelu_reference(inp):
-    x = f64(inp["x"])
-    with np.errstate(over="ignore", invalid="ignore"):
-        y = 0.5 * x * (1 + np.tanh(K * (x + C * x ** 3)))
-    y = np.where(np.abs(x) > 20, np.maximum(x, 0.0), y)  # saturated exactly
-    return {"y": y.astype(np.float32)}
-
-
-def gelu_backward_reference(inp):
-    x = np.clip(f64(inp["x"]), -20, 20)
-    t = np.tanh(K * (x + C * x ** 3))
-    d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * K * (1 + 3 * C * x * x)
-    return {"dx": (f64(inp["dy"]) * d).astype(np.float32)}
 
 
 def gelu_launch(dev, inp):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
+from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
+                        dense_pairs, merge_reference, padded, pair_table)
 
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
@@ -113,14 +115,6 @@ def _count_inputs(rng, variant):
     return {"pieces": pieces, "counts": counts}
 
 
-def _count_reference(inp):
-    total = np.zeros(65536, np.uint64)
-    for piece, c in zip(inp["pieces"], inp["counts"]):
-        for a, b in zip(piece[:-1], piece[1:]):
-            total[int(a) * 256 + int(b)] += c
-    return {"counts": total.astype(np.int64)}
-
-
 def _count_launch(dev, inp):
     arr = _piece_arrays(inp["pieces"], inp["counts"])
     n = arr["tokens"].size
@@ -145,7 +139,7 @@ register(KernelCase(
     name="bpe_train_pair_count", family="bpe_train", precision="exact",
     description="initial byte-pair counts, 64-bit atomics with carry",
     kernels=[(FILE, "count_pairs")], inputs=_count_inputs, launch=_count_launch,
-    reference=_count_reference, variants=("random", "runs"),
+    reference=count_reference, variants=("random", "runs"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))
 
 
@@ -169,13 +163,6 @@ def _best_inputs(rng, variant):
         counts[rng.integers(len(keys), size=20)] = counts.max()  # ties at the top
         counts[rng.integers(len(keys), size=len(keys) // 3)] = 0
     return {"keys": keys, "counts": counts}
-
-
-def _best_reference(inp):
-    keys, counts = inp["keys"].astype(np.int64), inp["counts"]
-    best = min(np.flatnonzero(counts),
-               key=lambda k: (-int(counts[k]), int(keys[k, 0]), int(keys[k, 1])))
-    return {"merge": np.array([keys[best, 0], keys[best, 1], int(counts[best])], np.int64)}
 
 
 def _best_launch(dev, inp):
@@ -210,7 +197,7 @@ register(KernelCase(
     name="bpe_train_best_pair", family="bpe_train", precision="exact",
     description="highest 64-bit count, then lowest left id, then lowest right id",
     kernels=[(FILE, "select_partial"), (FILE, "select_final")], inputs=_best_inputs,
-    launch=_best_launch, reference=_best_reference, variants=("random", "ties", "one"),
+    launch=_best_launch, reference=best_reference, variants=("random", "ties", "one"),
     bytes=lambda inp: len(inp["keys"]) * 8.0))
 
 
@@ -252,47 +239,10 @@ def _merge_inputs(rng, variant):
             "tok_len": tok_len, "cap": cap, "budget": budget, "passes": passes}
 
 
-def _fits(tok_len, cap, x, y):
-    return cap == NO_CAP or int(tok_len[x]) + int(tok_len[y]) <= cap
-
-
-def _pair_table(pieces, counts, tok_len, cap) -> dict:
-    table: dict = {}
-    for piece, c in zip(pieces, counts):
-        for x, y in zip(piece, piece[1:]):
-            if _fits(tok_len, cap, x, y):
-                table[(x, y)] = table.get((x, y), 0) + int(c)
-    return table
-
-
-def _dense_pairs(table: dict, n_ids: int) -> np.ndarray:
-    """Pair counts as an (n_ids, n_ids) matrix (zero where a pair is absent)."""
-    dense = np.zeros((n_ids, n_ids), np.int64)
-    for (x, y), c in table.items():
-        dense[x, y] += c
-    return dense
-
-
-def _padded(pieces: list, width: int) -> np.ndarray:
-    out = np.full((len(pieces), width), -1, np.int64)
-    for i, p in enumerate(pieces):
-        out[i, :len(p)] = p
-    return out
-
-
-def _merge_reference(inp):
-    from tokenizer_svc.training.merges import merge_piece
-    new = [merge_piece(p, inp["a"], inp["b"], inp["n"]) for p in inp["pieces"]]
-    table = _pair_table(new, inp["counts"], inp["tok_len"], inp["cap"])
-    width = max(len(p) for p in inp["pieces"])
-    return {"tokens": _padded(new, width), "lens": np.array([len(p) for p in new], np.int64),
-            "pairs": _dense_pairs(table, inp["n"] + 1)}
-
-
 def _merge_launch(dev, inp):
     arr = _piece_arrays(inp["pieces"], inp["counts"])
     n_pos, n_pieces = arr["tokens"].size, len(inp["pieces"])
-    table = _pair_table(inp["pieces"], inp["counts"], inp["tok_len"], inp["cap"])
+    table = pair_table(inp["pieces"], inp["counts"], inp["tok_len"], inp["cap"])
     others = sorted(p for p in table if p[0] >= 256 or p[1] >= 256)
     n_keys = 65536 + len(others)
     key_cap = n_keys + 4 * (inp["n"] + 1) + 16
@@ -366,9 +316,9 @@ def _merge_launch(dev, inp):
         for (x, y), (lo, hi) in zip(kk.tolist(), cc.tolist()):
             if (lo or hi) and max(x, y) <= inp["n"]:
                 gpu_table[(x, y)] = gpu_table.get((x, y), 0) + (lo | hi << 32)
-        return {"tokens": _padded(new, max(len(p) for p in inp["pieces"])),
+        return {"tokens": padded(new, max(len(p) for p in inp["pieces"])),
                 "lens": table_out[:, 1].astype(np.int64),
-                "pairs": _dense_pairs(gpu_table, inp["n"] + 1)}
+                "pairs": dense_pairs(gpu_table, inp["n"] + 1)}
     return Launch(encode, read)
 
 
@@ -378,7 +328,7 @@ register(KernelCase(
     inputs=_merge_inputs,
     kernels=[(FILE, "find_and_merge"), (FILE, "find_and_merge", {"CONTINUE": 1}),
              (FILE, "register_pairs")],
-    launch=_merge_launch, reference=_merge_reference,
+    launch=_merge_launch, reference=merge_reference,
     variants=("random", "runs", "capped", "budget"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
 
@@ -395,23 +345,6 @@ def _compact_inputs(rng, variant):
     counts = rng.integers(1, 1 << 40, size=n).astype(np.uint64)
     return {"pieces": full, "cur_lens": np.minimum(cur * 3, [len(p) for p in full]),
             "counts": counts}
-
-
-def _compact_canonical(pieces, counts, rows: int, width: int):
-    """Pieces as sorted rows [count, tokens..., -1 padding], padded to the input's shape."""
-    found = sorted([int(c)] + [int(t) for t in p] for p, c in zip(pieces, counts))
-    table = np.full((rows, width + 1), -2, np.int64)
-    for i, r in enumerate(found[:rows]):
-        table[i, :len(r)] = r
-        table[i, len(r):] = -1
-    return {"n": np.array([len(found)], np.int64), "pieces": table}
-
-
-def _compact_reference(inp):
-    keep = [(p[:n], c) for p, n, c in zip(inp["pieces"], inp["cur_lens"], inp["counts"])
-            if n >= 2]
-    return _compact_canonical([p for p, _ in keep], [c for _, c in keep],
-                              len(inp["pieces"]), max(len(p) for p in inp["pieces"]))
 
 
 def _compact_launch(dev, inp):
@@ -448,7 +381,7 @@ def _compact_launch(dev, inp):
         for q, (s, ln, _, _) in enumerate(table):
             if (owner[s:s + ln] != q).any():
                 raise RuntimeError(f"piece_of wrong for compacted piece {q}")
-        out = _compact_canonical([toks[s:s + ln] for s, ln, _, _ in table],
+        out = compact_canonical([toks[s:s + ln] for s, ln, _, _ in table],
                                  join64(table[:, 2], table[:, 3]), n_pieces,
                                  max(len(p) for p in inp["pieces"]))
         out["n"] = np.array([int(st[S_N_PIECES])], np.int64)
@@ -461,5 +394,5 @@ register(KernelCase(
     description="drop pieces shorter than two tokens, densely, into the other buffer set",
     kernels=[(FILE, "compact"), (FILE, "compact_tokens"), (FILE, "compact_finish")],
     inputs=_compact_inputs,
-    launch=_compact_launch, reference=_compact_reference, variants=("random", "all_dead"),
+    launch=_compact_launch, reference=compact_reference, variants=("random", "all_dead"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))

@@ -1,12 +1,13 @@
-"""Ladder entries for the fused cross-entropy (shaders/ops/cross_entropy.py)."""
+"""Ladder entries for the fused cross-entropy (ops.py, reference.py, 07_cross_entropy*.wgsl)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
+from ..case_support import fd_consistency, grad_report, run_launch, torch_grads
 from . import ops as ce
-from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from .reference import forward_backward_reference, loss_only_reference
 
 IGNORE = ce.IGNORE
 # (rows, vocab, stride, logit scale, label smoothing, z-loss, fraction of ignored rows)
@@ -39,29 +40,6 @@ def make_inputs(rng, variant):
     return {"logits": logits, "targets": targets, "vocab": vocab, "eps": eps, "z": z}
 
 
-def reference(inp):
-    vocab, eps, z = inp["vocab"], inp["eps"], inp["z"]
-    x = f64(inp["logits"])[:, :vocab]
-    t = inp["targets"]
-    valid = t != IGNORE
-    m = x.max(1, keepdims=True)
-    lse = (m + np.log(np.exp(x - m).sum(1, keepdims=True)))[:, 0]
-    rows = np.arange(x.shape[0])
-    xt = x[rows, np.where(valid, t, 0)]
-    loss = np.where(valid, lse - (1 - eps) * xt - eps / vocab * x.sum(1) + z * lse ** 2, 0.0)
-    count = int(valid.sum())
-    scale = 1.0 / max(count, 1)
-    prob = np.exp(x - lse[:, None])
-    g = (1 + 2 * z * lse)[:, None] * prob - eps / vocab
-    g[rows[valid], t[valid]] -= 1 - eps
-    g = np.where(valid[:, None], g * scale, 0.0)
-    dlogits = np.zeros(inp["logits"].shape)
-    dlogits[:, :vocab] = g
-    stats = np.array([count, loss.sum(), loss.sum() / max(count, 1), 0.0])
-    return {"losses": loss.astype(np.float32), "stats": stats.astype(np.float32),
-            "dlogits": dlogits.astype(np.float32)}
-
-
 def make_launch(dev, inp, grad="inplace", workgroup=None):
     rows, stride = inp["logits"].shape
     logits, targets = dev.upload(inp["logits"]), dev.upload(inp["targets"])
@@ -79,12 +57,6 @@ def make_launch(dev, inp, grad="inplace", workgroup=None):
             got["dlogits"] = dev.download(out if grad == "buffer" else logits)
         return got
     return Launch(encode, read)
-
-
-def _loss_only_reference(inp):
-    ref = reference(inp)
-    del ref["dlogits"]
-    return ref
 
 
 def grad_check(dev, rng):
@@ -129,7 +101,7 @@ for name, grad, passes, description in (
                  (ce.FILE, "ce_rows", {"WG": ce.WG}), (ce.FILE, "ce_rows_vec4", {"WG": ce.WG}),
                  (ce.FILE_REDUCE, "ce_finalize", {"WG": ce.WG})],
         inputs=make_inputs, launch=lambda dev, inp, g=grad: make_launch(dev, inp, g),
-        reference=_loss_only_reference if grad == "none" else reference,
+        reference=loss_only_reference if grad == "none" else forward_backward_reference,
         variants=VARIANTS, bench_variant_software="bench_small",
         grad=grad_check if grad == "inplace" else None,
         flops=lambda inp, n=passes: 4.0 * n * inp["logits"].size,
@@ -140,6 +112,7 @@ register(KernelCase(
     name="cross_entropy_wg1024", family="cross_entropy", precision="f32",
     kernels=[(ce.FILE, "ce_rows_vec4", {"WG": 1024})],
     inputs=make_inputs, launch=lambda dev, inp: make_launch(dev, inp, "inplace", 1024),
-    reference=reference, variants=VARIANTS, bench_variant_software="bench_small",
+    reference=forward_backward_reference, variants=VARIANTS,
+    bench_variant_software="bench_small",
     flops=lambda inp: 12.0 * inp["logits"].size, bytes=lambda inp: _bytes(inp, 3),
     description="cross-entropy with 1024 invocations per row"))

@@ -1,10 +1,12 @@
-"""Ladder entries for infra.wgsl: fill, scale, axpy, copy, casts, back-to-back reductions."""
+"""Ladder entries for the element-wise kernels (infra.wgsl, infra_vec4.wgsl through ops.py;
+reference.py): fill, scale, axpy, copy, casts, back-to-back reductions."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
+from . import reference
 
 FILE = "infra.wgsl"
 EW = 256  # invocations per workgroup of the element-wise kernels
@@ -48,26 +50,18 @@ def elementwise(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=n
         flops=lambda inp: 0.0))
 
 
-def _cast_f32_f16(x):
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isnan(x), x, np.clip(x, -65504.0, 65504.0)).astype(np.float16)
-
-
-elementwise("fill", n_inputs=0, alpha=3.25, bytes_per=4,
-            reference=lambda inp: {"y": np.full(inp["x"].size, inp["alpha"], np.float32)})
-elementwise("scale", n_inputs=1, alpha=-1.75, precision="exact",
-            reference=lambda inp: {"y": (inp["alpha"] * inp["x"]).astype(np.float32)})
+elementwise("fill", n_inputs=0, alpha=3.25, bytes_per=4, reference=reference.fill)
+elementwise("scale", n_inputs=1, alpha=-1.75, precision="exact", reference=reference.scale)
 elementwise("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
-            reference=lambda inp: {"y": (inp["alpha"].astype(np.float64) * inp["x"]
-                                         + inp["y"]).astype(np.float32)})
-elementwise("copy", n_inputs=1, reference=lambda inp: {"y": inp["x"].copy()})
+            reference=reference.axpy)
+elementwise("copy", n_inputs=1, reference=reference.copy)
 elementwise("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
-            bytes_per=6, reference=lambda inp: {"y": _cast_f32_f16(inp["x"])})
+            bytes_per=6, reference=reference.cast_f32_f16)
 elementwise("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
-            bytes_per=6, reference=lambda inp: {"y": inp["x"].astype(np.float32)})
+            bytes_per=6, reference=reference.cast_f16_f32)
 
 
-# ---- the same through shaders/ops/basic.py: vec4 kernels when n % 4 == 0 -------------------
+# ---- the same through ops.py: vec4 kernels when n % 4 == 0 -------------------
 
 SIZES_OPS = {"random": 100_004, "one": 4, "odd": 260, "ragged": 1_003, "bench": 1 << 24}
 
@@ -112,18 +106,15 @@ def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.fl
 
 
 VEC4_KERNELS = {"copy": "copy_vec4x4"}
-op_case("fill", n_inputs=0, alpha=3.25, bytes_per=4,
-        reference=lambda inp: {"y": np.full(inp["x"].size, inp["alpha"], np.float32)})
-op_case("scale", n_inputs=1, alpha=-1.75,
-        reference=lambda inp: {"y": (inp["alpha"] * inp["x"]).astype(np.float32)})
+op_case("fill", n_inputs=0, alpha=3.25, bytes_per=4, reference=reference.fill)
+op_case("scale", n_inputs=1, alpha=-1.75, reference=reference.scale)
 op_case("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
-        reference=lambda inp: {"y": (inp["alpha"].astype(np.float64) * inp["x"]
-                                     + inp["y"]).astype(np.float32)})
-op_case("copy", n_inputs=1, reference=lambda inp: {"y": inp["x"].copy()})
+        reference=reference.axpy)
+op_case("copy", n_inputs=1, reference=reference.copy)
 op_case("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
-        bytes_per=6, reference=lambda inp: {"y": _cast_f32_f16(inp["x"])})
+        bytes_per=6, reference=reference.cast_f32_f16)
 op_case("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
-        bytes_per=6, reference=lambda inp: {"y": inp["x"].astype(np.float32)})
+        bytes_per=6, reference=reference.cast_f16_f32)
 
 
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
@@ -146,17 +137,12 @@ def _rows_launch(dev, inp, wg=256):
                   read=lambda: {"sum_max": dev.download(y)})
 
 
-def _rows_reference(inp):
-    x = inp["x"].astype(np.float64)
-    return {"sum_max": np.stack([x.sum(1), x.max(1)], axis=1).astype(np.float32)}
-
-
 for wg in (64, 256, 1024):
     register(KernelCase(
         name=f"reduce_rows_wg{wg}", family="elementwise", precision="f32",
         description="wg_sum then wg_max back to back (the seed's race, fixed)",
         kernels=[(FILE, "reduce_rows", {"WG": wg})],
         inputs=_rows_inputs, launch=lambda dev, inp, wg=wg: _rows_launch(dev, inp, wg),
-        reference=_rows_reference, variants=("random", "one", "wide"),
+        reference=reference.rows_sum_max, variants=("random", "one", "wide"),
         thresholds={"min_psnr": 90.0},
         bytes=lambda inp: inp["x"].nbytes, flops=lambda inp: 2.0 * inp["x"].size))

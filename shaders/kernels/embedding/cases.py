@@ -1,12 +1,13 @@
-"""Ladder entries for the embedding (shaders/ops/embedding.py, 01_embedding.wgsl)."""
+"""Ladder entries for the embedding (ops.py, reference.py, 01_embedding.wgsl)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
-from . import ops as embedding
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from . import ops as embedding
+from .reference import backward_reference, forward_reference
 
 # (tokens, vocab, dim); "oob" has ids >= vocab, "hot" repeats one id everywhere.
 SHAPES = {"random": (74, 50, 24), "odd": (1, 7, 3), "dim1": (33, 5, 1), "oob": (40, 16, 8),
@@ -26,22 +27,6 @@ def make_inputs(rng, variant):
             "table": rng.standard_normal((vocab, dim)).astype(np.float32),
             "dout": rng.standard_normal((tokens, dim)).astype(np.float32),
             "dtable0": rng.standard_normal((vocab, dim)).astype(np.float32)}
-
-
-def forward_reference(inp):
-    ids, table = inp["ids"], inp["table"]
-    out = np.zeros((ids.size, inp["dim"]), np.float32)
-    ok = ids < inp["vocab"]
-    out[ok] = table[ids[ok]]
-    return {"out": out}
-
-
-def backward_reference(inp):
-    ids = inp["ids"]
-    dtable = f64(inp["dtable0"]).copy()
-    ok = ids < inp["vocab"]
-    np.add.at(dtable, ids[ok], f64(inp["dout"])[ok])
-    return {"dtable": dtable.astype(np.float32)}
 
 
 def forward_launch(dev, inp):

@@ -1,4 +1,4 @@
-"""Ladder entries for gradient statistics and AdamW (shaders/ops/optim.py, 12_optim.wgsl).
+"""Ladder entries for gradient statistics and AdamW (ops.py, reference.py, 12_optim.wgsl).
 
 grad_stats is checked at "f32-loose": its sum of squares runs over up to ~1e8 values, each
 invocation summing a strided share sequentially (relative error ~1e-6 typical, 1e-4 bound).
@@ -10,7 +10,7 @@ import numpy as np
 
 from ...ladder import KernelCase, Launch, register
 from . import ops as optim
-from ..case_support import f64
+from .reference import HYPER, adamw_reference, stats_reference
 
 # grad_stats: (sizes of the ranges, fill, max_norm)
 STATS = {
@@ -40,20 +40,6 @@ def stats_inputs(rng, variant):
     elif fill == "zero":
         gs[0][:] = 0.0
     return {"grads": gs, "max_norm": max_norm}
-
-
-def stats_reference(inp):
-    with np.errstate(over="ignore", invalid="ignore"):
-        sq = sum(float(np.sum(f64(g) ** 2)) for g in inp["grads"])
-        norm_sq = np.float32(sq)   # the f32 result overflows for "overflow", as on the GPU
-        bad = not np.isfinite(norm_sq)
-        norm = np.sqrt(np.float64(norm_sq))
-        clip = 1.0
-        if inp["max_norm"] > 0 and not bad:
-            clip = min(1.0, inp["max_norm"] / (norm + 1e-6))
-    return {"norm_sq": np.array([norm_sq], np.float32), "norm": np.array([norm], np.float32),
-            "clip": np.array([clip], np.float32),
-            "flag": np.array([1 if bad else 0], np.int32)}
 
 
 def stats_launch(dev, inp):
@@ -101,7 +87,6 @@ ADAMW = {
     "bench_small": (((8_000_000, True),), 0.0, 1.0),
 }
 ADAMW_VARIANTS = ("random", "odd", "ranges", "skip", "one")
-HYPER = dict(lr=3e-3, step=3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 
 
 def adamw_inputs(rng, variant):
@@ -112,21 +97,6 @@ def adamw_inputs(rng, variant):
             "grads": rng.standard_normal(total).astype(np.float32) * 0.01,
             "m": rng.standard_normal(total).astype(np.float32) * 1e-3,
             "v": np.abs(rng.standard_normal(total)).astype(np.float32) * 1e-5}
-
-
-def adamw_reference(inp):
-    h = HYPER
-    p, g, m, v = (f64(inp[k]).copy() for k in ("params", "grads", "m", "v"))
-    if inp["stats"][3] == 0:
-        g = g * f64(inp["stats"][2])
-        decay = np.concatenate([np.full(c, 1.0 if d else 0.0) for c, d in inp["ranges"]])
-        bc1, bc2 = 1 - h["beta1"] ** h["step"], 1 - h["beta2"] ** h["step"]
-        p = p * (1 - h["lr"] * h["weight_decay"] * decay)
-        m = m + (1 - h["beta1"]) * (g - m)
-        v = h["beta2"] * v + (1 - h["beta2"]) * g * g
-        p = p - h["lr"] / bc1 * m / (np.sqrt(v) / np.sqrt(bc2) + h["eps"])
-    return {"params": p.astype(np.float32), "m": m.astype(np.float32),
-            "v": v.astype(np.float32), "mirror_is_f16_of_params": np.array([1], np.int32)}
 
 
 def layout(dev, ranges):

@@ -1,4 +1,4 @@
-"""Ladder entries for RMSNorm (shaders/ops/rmsnorm.py, 02_rmsnorm*.wgsl).
+"""Ladder entries for RMSNorm (ops.py, reference.py, 02_rmsnorm*.wgsl).
 
 The plain cases take the op's default path (the rows kernels for n % 4 == 0: random, huge,
 tiny, bench; the general kernels for odd, one, wide); the *_general and *_rows cases force
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
-from . import ops as rmsnorm
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from . import ops as rmsnorm
+from .reference import EPS, backward_reference, forward_reference, torch_rmsnorm
 
-EPS = 1e-5
 # (rows, n, scale of x): "huge" 1e4-sized inputs, "tiny" inputs whose squares underflow.
 # "one" (n = 1) is scaled so x^2 ~ eps: for |x| >> sqrt(eps), dx = rstd*g*eps/(x^2+eps) is a
 # cancellation that no f32 implementation (PyTorch's included) resolves.
@@ -34,25 +34,6 @@ def make_inputs(rng, variant):
             "dw0": rng.standard_normal(n).astype(np.float32)}
 
 
-def forward_reference(inp):
-    x = f64(inp["x"])
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=1) + EPS)
-    return {"y": (x * rstd[:, None] * f64(inp["w"])).astype(np.float32),
-            "rstd": rstd.astype(np.float32)}
-
-
-def backward_reference(inp, accumulate):
-    x, w, dy = f64(inp["x"]), f64(inp["w"]), f64(inp["dy"])
-    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=1) + EPS)[:, None]
-    xhat = x * rstd
-    g = dy * w
-    dx = rstd * (g - xhat * np.mean(g * xhat, axis=1, keepdims=True))
-    if accumulate:
-        dx = dx + f64(inp["dx0"])
-    dw = f64(inp["dw0"]) + np.sum(dy * xhat, axis=0)
-    return {"dx": dx.astype(np.float32), "dw": dw.astype(np.float32)}
-
-
 def forward_launch(dev, inp, path=None):
     rows, n = inp["x"].shape
     x, w = dev.upload(inp["x"]), dev.upload(inp["w"])
@@ -71,11 +52,6 @@ def backward_launch(dev, inp, accumulate=False, path=None):
     return Launch(lambda rec: rmsnorm.backward(rec, x, w, dy, rstd, dx, dw, rows, n,
                                                accumulate_dx=accumulate, path=path),
                   lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
-
-
-def torch_rmsnorm(x, w):
-    import torch
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPS) * w
 
 
 def backward_grad(dev, rng, path=None):

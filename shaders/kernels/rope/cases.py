@@ -1,12 +1,13 @@
-"""Ladder entries for RoPE (shaders/ops/rope.py, 04_rope.wgsl)."""
+"""Ladder entries for RoPE (ops.py, reference.py, 04_rope.wgsl)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
-from . import ops as rope
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from . import ops as rope
+from .reference import rotate
 
 # (B, T, H, D, parts, pos_offset): parts > 1 puts x inside a fused [.., parts*H*D] row
 # (the rest must stay untouched); pos_offset shifts positions as in decoding.
@@ -23,20 +24,6 @@ def make_inputs(rng, variant):
     return {"B": B, "T": T, "H": H, "D": D, "offset": offset, "stride": parts * H * D,
             "x": rng.standard_normal((B, T, parts * H * D)).astype(np.float32),
             "table": rope.rope_table(offset + T + 3, D)}
-
-
-def rotate(inp, x, sign):
-    """float64 rotate-half of the first H*D columns of x[B, T, stride]."""
-    B, T, H, D, off = inp["B"], inp["T"], inp["H"], inp["D"], inp["offset"]
-    out = f64(x).copy()
-    tab = f64(inp["table"])[off:off + T]                      # [T, D/2, 2]
-    c, s = tab[None, :, None, :, 0], sign * tab[None, :, None, :, 1]
-    q = out[:, :, :H * D].reshape(B, T, H, D)
-    lo, hi = q[..., :D // 2].copy(), q[..., D // 2:].copy()
-    q[..., :D // 2] = lo * c - hi * s
-    q[..., D // 2:] = hi * c + lo * s
-    out[:, :, :H * D] = q.reshape(B, T, H * D)
-    return out
 
 
 def make_launch(dev, inp, sign):
