@@ -1,6 +1,6 @@
 """One short GPU run that says which tiled-kernel configurations win at the 124M shapes.
 
-    python bench/matmul_sweep.py --out bench/results/h200/sweep [--budget-s 160] [--save]
+    python dev/matmul_sweep.py --out dev/results/h200/sweep [--budget-s 160] [--save]
                                  [--adapter A]
 
 For representative shapes of one 124M training step (8 x 1024 tokens) it times, with GPU

@@ -1,6 +1,6 @@
 """Probe: what limits packed-f16 matmul blocks from WGSL on this GPU?
 
-    python bench/h16_probe.py [--out DIR] [--adapter A]
+    python dev/probes/h16_probe.py [--out DIR] [--adapter A]
 
 The f32 register-blocked matmuls run near the f32 FMA ceiling, but the packed-f16 forward
 matmul (03_linear_reg_h16.wgsl) is slower than them although vec4<f16> FMAs have twice the
@@ -36,10 +36,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
+from dev.probes.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 C = "xyzw"
 HEADER = """\

@@ -1,8 +1,8 @@
-"""Probe: loops over private arrays vs fully unrolled register blocks (bench/probes/).
+"""Probe: loops over private arrays vs fully unrolled register blocks (dev/probes/).
 
-    python bench/matmul_probe.py [--out DIR]
+    python dev/probes/matmul_probe.py [--out DIR]
 
-Times the three kernels of bench/probes/matmul_probe.wgsl with GPU timestamps and prints
+Times the three kernels of dev/probes/matmul_probe.wgsl with GPU timestamps and prints
 TFLOP/s: whether the tiled matmuls' plateau comes from how the inner block is written
 (private arrays indexed in loops the driver may keep in local memory) rather than from
 memory traffic.
@@ -13,15 +13,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
+from dev.probes.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 
 def main(argv=None) -> int:
     args, dev = probe_setup(__doc__, argv)
-    code = (REPO / "bench" / "probes" / "matmul_probe.wgsl").read_text()
+    code = (REPO / "dev" / "probes" / "matmul_probe.wgsl").read_text()
     groups, iters = (16, 256) if dev.info.is_software else (132 * 16, 8192)
     out = dev.empty(groups * 256)
     params = dev.uniform("IIII", iters, 0, 0, 0)

@@ -1,11 +1,11 @@
 """Probe: what in a matmul's K-slice loop costs the written-out f32 block its speed?
 
-    python bench/slice_probe.py [--out DIR] [--adapter A]
+    python dev/probes/slice_probe.py [--out DIR] [--adapter A]
 
-bench/h16_probe.py measured the f32 8x8 register block with 16 k-steps written out at ~49.5
+dev/probes/h16_probe.py measured the f32 8x8 register block with 16 k-steps written out at ~49.5
 TFLOP/s on the H200 (37.4 as a plain loop) with operands from workgroup memory and nothing
 else; the generated matmuls, which add a slice loop with barriers, workgroup stores and global
-prefetch loads around the same block, lost speed when written out (bench/unroll_probe.py).
+prefetch loads around the same block, lost speed when written out (dev/probes/unroll_probe.py).
 Each kernel here adds one of those parts to the probe's block (256 invocations, 16 x 16, an
 8x8 block each, two workgroup stages of S k-rows x 33 vec4s per operand):
 
@@ -42,12 +42,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from bench.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
+from dev.probes.probe_timing import probe_setup, time_entry_points, write_json  # noqa: E402
 
 C = "xyzw"
 SRC_VEC4S = 1 << 20      # 16 MiB of global operands (stays in L2 like a matmul's tiles)

@@ -1,7 +1,7 @@
 """Probe: how many loop iterations should the generated kernels write out?
 
     python scripts/gen_reg_kernels.py --unroll U --att-unroll D N
-    python bench/unroll_probe.py --label U/D/N [--only matmul|attention] [--out results.jsonl]
+    python dev/probes/unroll_probe.py --label U/D/N [--only matmul|attention] [--out results.jsonl]
 
 scripts/gen_reg_kernels.py writes the f32 matmuls' K-slice loop and the attention kernels'
 loops over the head dimension and over a tile's keys/queries either as plain loops (1) or in
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
