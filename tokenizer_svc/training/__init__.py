@@ -10,7 +10,7 @@ The modules, in the order data flows through them:
 - `corpus`: files -> unique pre-tokenized pieces with counts (streaming, optionally parallel)
 - `merges`: the contract both trainers implement (ranks, tie-break, overlapping runs)
 - `cpu_reference`: the readable trainer
-- `gpu_trainer`: the WGSL trainer (shaders/kernels/bpe_train/bpe_train.wgsl); same merges, much faster
+- `gpu_trainer`: the WGSL trainer (shaders/kernels/bpe_train/); same merges, much faster
 """
 
 from __future__ import annotations

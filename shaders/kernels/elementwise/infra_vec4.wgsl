@@ -1,6 +1,6 @@
 // infra_vec4.wgsl — the element-wise kernels of infra.wgsl over vec4s, four vec4s (16
 // elements) per invocation: fewer invocations and index computations per byte moved, and
-// 16-byte loads and stores (the fast path of shaders/ops/basic.py when n % 4 == 0 and the
+// 16-byte loads and stores (the fast path of ops.py when n % 4 == 0 and the
 // views are 16-byte aligned).
 //
 //   fill_vec4          y[i] = value

@@ -8,7 +8,7 @@
 // vec4s.
 //
 // The backward is deterministic and atomic-free: the host sorts token positions by id
-// (shaders/ops/embedding.py: backward_plan) into `plan`:
+// (ops.py: backward_plan) into `plan`:
 //   plan[0] = U, the number of distinct ids
 //   plan[1 .. 1+tokens)            token positions, stably sorted by id
 //   plan[1+tokens .. 2+tokens+U)   segment starts into that list (U + 1 offsets)

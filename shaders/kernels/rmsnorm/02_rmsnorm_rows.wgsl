@@ -1,5 +1,5 @@
 // 02_rmsnorm_rows.wgsl — RMSNorm over several rows per workgroup, each row read once (the
-// fast path of shaders/ops/rmsnorm.py for rows of n % 4 == 0 floats, n <= 4 * WG * MAX_C).
+// fast path of ops.py for rows of n % 4 == 0 floats, n <= 4 * WG * MAX_C).
 //
 //   rmsnorm_forward_rows     rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
 //                            y[r,j]  = x[r,j] * rstd[r] * w[j]           (4 rows per workgroup)

@@ -9,7 +9,7 @@
 // Layouts: x f32, element (b, t, h, d) at ((b*T + t) * token_stride + h*D + d): [B, T, H, D]
 // contiguous when token_stride = H*D, or the q/k part of a fused [B, T, (H+2Hkv)*D] buffer
 // (bind a view that starts at the part). table f32[T_max, D/2, 2] holding (cos, sin) pairs
-// (shaders/ops/rope.py: rope_table).
+// (ops.py: rope_table).
 //
 // rope_vec4 rotates four consecutive pairs per invocation with vec4 loads and stores of x
 // and of the table (needs D % 8 == 0, token_stride % 4 == 0 and 16-byte-aligned views).
