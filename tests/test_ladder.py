@@ -146,3 +146,22 @@ def test_bench_times_a_self_submitting_launch_by_its_reported_gpu_time(device):
     warmup = len(calls) - 3
     assert row["us"] == pytest.approx(1e3 * (warmup + 2)), (row, calls)
     assert row["gbs"] == pytest.approx(8.0 * 64 / (row["us"] * 1e-6) / 1e9)
+
+
+def test_a_family_folders_case_must_name_that_family(tmp_path, monkeypatch):
+    # shaders/kernels/<family>/cases.py registers cases of <family> only: `--kernel rmsnorm`
+    # and the layout test rely on the folder and the family being the same name
+    package = tmp_path / "fake_house" / "rmsnorm"
+    package.mkdir(parents=True)
+    (tmp_path / "fake_house" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "cases.py").write_text(
+        "from shaders.ladder import KernelCase, register\n"
+        "register(KernelCase(name='misfiled_case', family='rope', precision='f32', kernels=[],"
+        " inputs=None, launch=None, reference=None))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(ladder, "case_modules", lambda: ["fake_house.rmsnorm.cases"])
+    monkeypatch.setattr(ladder, "_REGISTRY", {})
+    with pytest.raises(ValueError, match="'misfiled_case' says family 'rope'; a family "
+                       "folder's cases belong to that family \\('rmsnorm'\\)"):
+        ladder.load_cases()
