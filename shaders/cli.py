@@ -96,7 +96,7 @@ def cmd_list(args) -> int:
 
 
 def _select(names):
-    from istanbul.errors import UserFacingError
+    from istanbul_errors import UserFacingError
     from .ladder import select
     try:
         return select(names)
@@ -163,7 +163,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from istanbul.errors import UserFacingError
+    from istanbul_errors import UserFacingError
     from .engine import Device
     device = Device(args.adapter)
     print(f"# kernels tune on {device.info.summary()}")

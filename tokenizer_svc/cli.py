@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 from shaders.cli import add_device_args
 
 from .server_option import add_server_arguments, client_from_args

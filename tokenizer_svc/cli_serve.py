@@ -21,7 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 from .server.config import BatchingConfig, Limits, ServerConfig
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 DESCRIPTION = """\
 Learn a byte-level BPE vocabulary from text files. Ranks 0-255 are the single bytes; each

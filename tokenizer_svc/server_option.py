@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 if TYPE_CHECKING:   # annotations only: importing the client pulls in gRPC
     from tokenizer_svc.client import TokenizerClient

@@ -4,7 +4,7 @@ import argparse
 import logging
 import sys
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 from shaders.adapters import NoAdapterError
 
 from .cli_jobs import add_trainer_args, run_trainer

@@ -19,7 +19,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 log = logging.getLogger(__name__)
 

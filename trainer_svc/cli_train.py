@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 log = logging.getLogger("istanbul.train")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 from .datasets import DatasetInfo, DatasetWriter
 from .redis_conn import RedisHandle

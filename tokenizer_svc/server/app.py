@@ -38,10 +38,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def server_version() -> str:
-    try:
-        from istanbul import __version__
-        return __version__
-    except ImportError:
+    from importlib.metadata import PackageNotFoundError, version
+    try:    # not `istanbul.__version__`: the library must not import the top-level package
+        return version("istanbul")
+    except PackageNotFoundError:
         return "unknown"
 
 
@@ -50,7 +50,7 @@ def adapter_info(device) -> pb.Adapter:
     if info is None:
         return pb.Adapter(name="unknown")
     return pb.Adapter(name=info.name, type=info.adapter_type, backend=info.backend,
-                      driver=info.driver)
+                      driver=info.driver, software=info.is_software)
 
 
 class TokenizerServer:
