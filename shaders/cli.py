@@ -15,11 +15,14 @@ IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """`--adapter` for every subcommand that opens a GPU device."""
+    """`--adapter` and `--require-gpu` for every subcommand that opens a GPU device."""
     parser.add_argument("--adapter", default=None, metavar="A",
                         help="GPU adapter: index from `istanbul devices` or a name substring "
                              "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
                              "software Vulkan)")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="refuse to start on software Vulkan (lavapipe): for deployments "
+                             "where a missing GPU driver must not go unnoticed")
 
 
 def register(sub) -> None:
@@ -116,7 +119,9 @@ def cmd_check(args) -> int:
             print(r.line(), flush=True)
             results.append(r)
             failed += r.ok is False
-    print(f"# {len(cases)} kernel(s), {failed} failed rung(s)")
+    skipped = [r for r in results if r.ok is None and r.detail.startswith("skipped:")]
+    print(f"# {len(cases)} kernel(s), {failed} failed rung(s)"
+          + (f", {len(skipped)} rung(s) {skipped[0].detail}" if skipped else ""))
     if args.json:
         write_json(args.json, {"device": device_record(device),
                                "results": [r.as_json() for r in results]})

@@ -122,7 +122,9 @@ class TokenizerServer:
         await server.start()
         self._server = server
         if cfg.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(cfg.metrics_host, cfg.metrics_port)
+            self.metrics_port = self.metrics.serve_http(
+                cfg.metrics_host, cfg.metrics_port,
+                tokens=cfg.auth_tokens if cfg.metrics_auth else ())
         log.info("listening", extra={"data": {
             "address": f"{cfg.host}:{self.port}", "tls": cfg.tls_cert is not None,
             "auth": bool(cfg.auth_tokens), "metrics_port": self.metrics_port}})
@@ -159,11 +161,14 @@ class TokenizerServer:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, SERVING)
         self.metrics.ready.set(1)
+        adapter = adapter_info(self._device or getattr(self._encoding, "device", None))
+        self.metrics.adapter(adapter.name, adapter.type, adapter.software)
         self.ready.set()
         vocab = self._encoding.vocab
         log.info("serving", extra={"data": {
             "vocabulary": self._encoding.name, "vocabulary_hash": vocab.content_hash,
-            "n_vocab": self._encoding.n_vocab, "adapter": adapter_info(self._device).name,
+            "n_vocab": self._encoding.n_vocab, "adapter": adapter.name,
+            "software_vulkan": adapter.software,
             "load_seconds": round(time.perf_counter() - start, 3)}})
 
     def _info(self) -> pb.GetInfoResponse:
