@@ -90,8 +90,12 @@ def test_encode_needs_a_vocabulary_or_a_server(monkeypatch):
 
 
 def test_health_command_for_container_healthchecks(monkeypatch, server):
+    from shaders.engine import default_device
+    info = default_device().info    # the fixture's server encodes on the default device
     code, out, _ = _cli(monkeypatch, ["health", server.target], b"")
-    assert code == 0 and out.decode().strip() == f"{server.target}: SERVING"
+    software = ", software Vulkan" if info.is_software else ""
+    assert code == 0 and out.decode().strip() == (
+        f"{server.target}: SERVING (adapter {info.name}, {info.adapter_type}{software})")
     code, _, err = _cli(monkeypatch, ["health", server.target, "--service", "no.such.Service"],
                         b"")
     assert code == 1 and "NOT_FOUND" in err

@@ -1,4 +1,5 @@
-"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU.
+"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU;
+`istanbul vocab fetch NAME`: get a published one (tokenizer_svc/vocab_fetch.py).
 
     istanbul vocab train corpus/*.txt --size 32000 --pattern o200k \\
         --special '<|endoftext|>' -o my.tiktoken
@@ -27,9 +28,10 @@ Pre-tokenization runs on the CPU (in parallel), pair counting and merging on the
 
 def register(sub) -> None:
     from shaders.cli import add_device_args
-    from .patterns import PATTERNS
+    from .patterns import KNOWN_VOCABULARIES, PATTERNS
 
-    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files")
+    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files, fetch a "
+                       "published one")
     vsub = v.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
     t = vsub.add_parser("train", help="learn a BPE vocabulary (.tiktoken) from text files",
                         description=DESCRIPTION)
@@ -58,6 +60,24 @@ def register(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     add_device_args(t)
     t.set_defaults(func=cmd_train)
+
+    f = vsub.add_parser("fetch", help="get a published vocabulary (gpt2, r50k_base, "
+                        "cl100k_base, o200k_base) where --vocab NAME finds it",
+                        description="Put a published vocabulary file where `--vocab NAME` finds "
+                        "it ($ISTANBUL_VOCAB_DIR, else ~/.cache/istanbul/vocab), after checking "
+                        "it against tiktoken's published sha256. Without --from: tiktoken's "
+                        "cache if it holds the file, else a download from the published URL. "
+                        "On a machine without internet, copy the file (or a tiktoken cache "
+                        "folder) over and give it with --from.")
+    f.add_argument("name", metavar="NAME", choices=sorted(KNOWN_VOCABULARIES),
+                   help=f"one of {', '.join(KNOWN_VOCABULARIES)}")
+    f.add_argument("--from", dest="source", metavar="PATH|URL",
+                   help="a copy of the file, a folder holding it (or a tiktoken cache folder), "
+                        "or an http(s) URL (default: tiktoken's cache, else the published URL)")
+    f.add_argument("--to", dest="dest", type=Path, metavar="DIR",
+                   help="folder to write NAME's file into (default: $ISTANBUL_VOCAB_DIR, else "
+                        "~/.cache/istanbul/vocab)")
+    f.set_defaults(func=cmd_fetch)
 
 
 def check_output(output: str, files) -> Path:
@@ -108,4 +128,12 @@ def cmd_train(args) -> int:
     print(report.summary())
     print(f"wrote {out} ({vocab.n_vocab:,} ids: {len(vocab.ranks):,} tokens + "
           f"{len(vocab.special_tokens)} special) and {sidecar_path(out)}")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from .vocab_fetch import fetch_vocabulary
+    done = fetch_vocabulary(args.name, args.source, args.dest)
+    print(f"{args.name}: {done.path} (from {done.source}; sha256 {done.sha256} matches the "
+          "published hash)")
     return 0
