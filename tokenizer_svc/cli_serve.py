@@ -213,9 +213,11 @@ def register(sub) -> None:
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
 
-    h = sub.add_parser("health", help="probe a tokenizer service's gRPC health (container "
-                       "healthchecks): exit 0 if SERVING, else 1")
-    h.add_argument("target", metavar="HOST:PORT", help="the service to probe")
+    h = sub.add_parser("health", help="probe a tokenizer service's gRPC health or a daemon's "
+                       "metrics endpoint (container healthchecks): exit 0 if healthy, else 1")
+    h.add_argument("target", metavar="HOST:PORT|URL",
+                   help="the tokenizer service's gRPC address, or a daemon's metrics URL "
+                        "(http://HOST:PORT/metrics: healthy when it answers)")
     h.add_argument("--service", default="",
                    help="service name to check (default: the whole server)")
     h.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
@@ -227,6 +229,8 @@ def cmd_health(args) -> int:
     """grpc.health.v1 Check: print the status; 0 if SERVING (health needs no auth token).
     When GetInfo answers too (no auth, or --auth-token-file), the adapter is printed with it,
     so a healthcheck log shows a service that fell back to software Vulkan."""
+    if args.target.startswith(("http://", "https://")):
+        return _http_health(args)
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from .rpc import tokenizer_pb2 as pb
@@ -263,9 +267,29 @@ def cmd_health(args) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tokenizer_svc`: the same as `istanbul serve` (the same flags and checks)."""
-    from istanbul.cli import main as istanbul_main
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = [a for a in argv if a in ("-v", "--verbose")]     # istanbul's own option
-    return istanbul_main([*verbose, "serve", *(a for a in argv if a not in verbose)])
+def _http_health(args) -> int:
+    """A daemon's /metrics answering is its liveness (`istanbul trainer` has no gRPC port);
+    the adapter gauge, when present, is printed like the service's."""
+    import re
+    import ssl
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(args.target)
+    if args.auth_token_file:
+        from .server.auth import load_tokens
+        request.add_header("Authorization", f"Bearer {load_tokens(args.auth_token_file)[0]}")
+    context = ssl.create_default_context(cafile=str(args.tls_ca)) if args.tls_ca else None
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as reply:
+            page = reply.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{args.target}: DOWN: {getattr(exc, 'reason', exc)}", file=sys.stderr)
+        return 1
+    found = re.search(r"^istanbul_\w+_adapter\{(.*)\} 1", page, re.M)
+    details = ""
+    if found:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        details = (f" (adapter {labels.get('adapter')}, {labels.get('type')}"
+                   f"{', software Vulkan' if labels.get('software') == 'true' else ''})")
+    print(f"{args.target}: UP{details}")
+    return 0
