@@ -136,20 +136,52 @@ def rewrite_deprecated(argv: list[str]) -> list[str]:
     return out
 
 
+def _target_parser(parser: argparse.ArgumentParser, argv: list[str]):
+    """The subcommand parser `argv` selects, found before parsing (so that a misspelt option
+    is reported before a missing required one)."""
+    target = parser
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        actions = list(_subparsers(target))
+        if not actions or arg not in actions[0].choices:
+            break
+        target = actions[0].choices[arg]
+    return target
+
+
+def _unknown_options(parser, target, argv: list[str]) -> list[str]:
+    known = _option_strings(target) + _option_strings(parser)
+    unknown = []
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if arg.startswith("--") and not any(k.startswith(name) for k in known):
+            unknown.append(name)     # (a unique prefix is argparse's abbreviation: fine)
+    return unknown
+
+
+def _refuse_unknown(target, unknown: list[str]) -> None:
+    hints = []
+    for flag in unknown:
+        close = difflib.get_close_matches(flag, _option_strings(target), n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    target.error(f"unrecognized arguments: {' '.join(unknown)}"
+                 + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     """parse_args, but unknown options fail under the subcommand's usage with a suggestion."""
     argv = rewrite_deprecated(list(sys.argv[1:] if argv is None else argv))
-    args, unknown = parser.parse_known_args(argv)
+    target = _target_parser(parser, argv)
+    unknown = _unknown_options(parser, target, argv)
     if unknown:
-        target = _command_path(parser, args)[-1]
-        flags = [u.partition("=")[0] for u in unknown if u.startswith("-")]
-        hints = []
-        for flag in flags:
-            close = difflib.get_close_matches(flag, _option_strings(target), n=1, cutoff=0.6)
-            if close:
-                hints.append(f"{flag}: did you mean {close[0]}?")
-        target.error(f"unrecognized arguments: {' '.join(unknown)}"
-                     + (f" ({'; '.join(hints)})" if hints else ""))
+        _refuse_unknown(target, unknown)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_unknown(_command_path(parser, args)[-1], extra)
     return args
 
 
