@@ -157,6 +157,8 @@ def _unknown_options(parser, target, argv: list[str]) -> list[str]:
         if arg == "--":
             break
         name = arg.partition("=")[0]
+        if " " in name:              # argparse takes it as a value ("--prompt '--x y'")
+            continue
         if arg.startswith("--") and not any(k.startswith(name) for k in known):
             unknown.append(name)     # (a unique prefix is argparse's abbreviation: fine)
     return unknown
