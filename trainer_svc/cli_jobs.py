@@ -170,6 +170,8 @@ def register(sub) -> None:
                                      "exits 0 when it is done, 1 when it failed or was "
                                      "cancelled")
     p.add_argument("job", metavar="JOB")
+    p.add_argument("--log-every", type=float, default=10.0, metavar="S",
+                   help="without a terminal: a progress line at most every S seconds")
     add_redis_args(p)
     p.set_defaults(func=cmd_watch)
 
@@ -419,9 +421,11 @@ def cmd_watch(args) -> int:
     after = last[0][0] if last else "0-0"
     record = _get_job(queue, args.job)
     bar = tqdm(total=record.get_int("total_steps") or None, initial=record.get_int("step"),
-               unit="step", desc=args.job, dynamic_ncols=True)
+               unit="step", desc=args.job, dynamic_ncols=True,
+               disable=None)    # None: no bar without a terminal; plain lines instead
     state = record.state
     backoff = Backoff()
+    printed = [0.0]
 
     def postfix(loss, tps, st):
         parts = {"state": st}
@@ -430,6 +434,10 @@ def cmd_watch(args) -> int:
         if tps:
             parts["tok/s"] = f"{tps:,.0f}"
         bar.set_postfix(parts, refresh=True)
+        if bar.disable and time.monotonic() - printed[0] >= args.log_every:
+            printed[0] = time.monotonic()
+            print(f"job {args.job}: step {bar.n}/{bar.total or '?'} "
+                  + " ".join(f"{k}={v}" for k, v in parts.items()), flush=True)
 
     postfix(record.get_float("loss"), record.get_float("tokens_per_s"), state)
     try:
