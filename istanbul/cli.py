@@ -165,11 +165,14 @@ def _unknown_options(parser, target, argv: list[str]) -> list[str]:
 
 
 def _refuse_unknown(target, unknown: list[str]) -> None:
+    command = target.prog.split()[-1]
+    renamed = {old: new for (cmd, old), new in DEPRECATED_FLAGS.items() if cmd == command}
     hints = []
-    for flag in unknown:
-        close = difflib.get_close_matches(flag, _option_strings(target), n=1, cutoff=0.6)
+    for flag in unknown:     # a near-miss of an old spelling suggests its new one
+        close = difflib.get_close_matches(flag, _option_strings(target) + list(renamed), n=1,
+                                          cutoff=0.6)
         if close:
-            hints.append(f"{flag}: did you mean {close[0]}?")
+            hints.append(f"{flag}: did you mean {renamed.get(close[0], close[0])}?")
     target.error(f"unrecognized arguments: {' '.join(unknown)}"
                  + (f" ({'; '.join(hints)})" if hints else ""))
 

@@ -32,7 +32,7 @@ def test_server_option_gives_a_client_equal_to_the_local_encoding(server, tiny_e
 
 def test_unreachable_server_is_a_clear_user_error():
     args = _parse("--tokenizer", f"127.0.0.1:{free_port()}")
-    with pytest.raises(UserFacingError, match=r"--tokenizer 127\.0\.0\.1:\d+: .*istanbul serve"):
+    with pytest.raises(UserFacingError, match=r"tokenizer service at 127\.0\.0\.1:\d+ \(--tokenizer\): .*istanbul serve"):
         client_from_args(args)
 
 

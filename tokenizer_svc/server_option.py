@@ -57,6 +57,6 @@ def client_from_args(args, startup_timeout: float = 120.0) -> TokenizerClient:
                 time.sleep(0.2)
                 continue
             client.close()
-            raise UserFacingError(f"--tokenizer {args.tokenizer}: "
+            raise UserFacingError(f"tokenizer service at {args.tokenizer} (--tokenizer): "
                                   f"{exc.details or exc.code.name} ({exc.code.name}); is "
                                   "`istanbul serve` running there?") from None
