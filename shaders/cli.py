@@ -79,6 +79,7 @@ def cmd_devices(args) -> int:
         raise NoAdapterError(NO_ADAPTER_HELP)
     if args.json:
         print(json.dumps([{"index": i.index, "name": i.name, "type": i.adapter_type,
+                           "software": i.is_software,
                            "backend": i.backend, "driver": i.driver, "features": list(i.features),
                            "limits": i.limits} for i, _ in adapters], indent=2))
         return 0
