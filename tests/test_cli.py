@@ -333,6 +333,45 @@ def test_require_gpu_refuses_software_vulkan(tmp_path, device):
     assert daemon.returncode == 1 and "software Vulkan, not a GPU" in daemon.stderr
 
 
+def test_trainer_metrics_behind_the_token_name_the_adapter(tmp_path, redis_server, device):
+    import re
+    import time
+    import urllib.error
+    import urllib.request
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("# one per line\nmetrics-token\n")
+    log = tmp_path / "daemon.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "trainer_svc", "--checkpoints",
+                                 str(tmp_path / "ck"), "--redis", redis_server.url,
+                                 "--metrics-port", "0", "--metrics-auth", "--auth-token-file",
+                                 str(tokens)], cwd=tmp_path, env=clean_env(tmp_path),
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics) "
+                                      r"\(bearer token required\)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        url = found.group(1)
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(url, timeout=10)
+        request = urllib.request.Request(url, headers={"Authorization": "Bearer metrics-token"})
+        page = urllib.request.urlopen(request, timeout=10).read().decode()
+        line = re.search(r"^istanbul_trainer_adapter\{(.*)\} 1\.0$", page, re.M)
+        assert line, page
+        assert dict(re.findall(r'(\w+)="([^"]*)"', line.group(1))) == {
+            "adapter": device.info.name, "type": device.info.adapter_type,
+            "software": "true" if device.info.is_software else "false"}
+        health = istanbul(tmp_path, "health", url, "--auth-token-file", str(tokens))
+        assert health.returncode == 0 and health.stdout.startswith(f"{url}: UP (adapter "), \
+            health.stderr
+        assert istanbul(tmp_path, "health", url).returncode == 1     # 401: not healthy
+    finally:
+        proc.send_signal(2)
+        assert proc.wait(60) == 0, log.read_text()
+
+
 def test_get_info_says_whether_the_adapter_is_software(server, device):  # noqa: F811
     from tokenizer_svc.client import TokenizerClient
     with TokenizerClient(server.target) as client:

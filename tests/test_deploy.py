@@ -357,6 +357,10 @@ def test_tokenizer_service_command_starts_passes_its_healthcheck_and_guards_metr
         assert _metrics_status(url, None) == 401
         assert _metrics_status(url, "wrong") == 401
         assert _metrics_status(url, "s3cret-token") == 200
+        request = urllib.request.Request(url, headers={"Authorization": "Bearer s3cret-token"})
+        page = urllib.request.urlopen(request, timeout=10).read().decode()
+        assert re.search(r'^istanbul_tokenizer_adapter\{.*software="(true|false)".*\} 1\.0$',
+                         page, re.M), page
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0]

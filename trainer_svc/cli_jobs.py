@@ -503,7 +503,7 @@ def cmd_cancel(args) -> int:
 def run_trainer(args) -> int:
     """Connect, open the GPU, serve metrics, run the daemon until SIGTERM."""
     from shaders.engine import Device
-    from tokenizer_svc.exposure import bind_address
+    from tokenizer_svc.exposure import bind_address, is_loopback
     from tokenizer_svc.server.auth import load_tokens
     from .daemon import Daemon, DaemonConfig
     from .jobs import JobQueue
@@ -522,6 +522,9 @@ def run_trainer(args) -> int:
                               "accepts)")
     metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
     tokens = load_tokens(args.auth_token_file) if args.metrics_auth else ()
+    if args.metrics_port is not None and not is_loopback(metrics_host) and not tokens:
+        log.warning("metrics on %s without --metrics-auth: anyone who reaches the port can "
+                    "read them", metrics_host)
     handle = _connect(args)
     device = Device(args.adapter)
     log.info("GPU: %s%s", device.info.summary(),
