@@ -260,6 +260,47 @@ def test_serve_refuses_a_public_address_without_listen_public(tmp_path, tiny_voc
     assert done.returncode == 1 and "add --listen-public" in done.stderr
 
 
+def _non_loopback_address() -> str | None:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))      # no packet is sent: it only picks a route
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_serve_listens_on_loopback_only_by_default(tmp_path, tiny_vocab_path):
+    import json
+    import signal
+    import socket
+    import time
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "istanbul", "serve", "--vocab",
+                             str(tiny_vocab_path), "--port", "0", "--port-file", str(port_file),
+                             "--metrics-port", "0"], cwd=tmp_path, env=clean_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        port = int(port_file.read_text())
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        other = _non_loopback_address()
+        if other is not None:           # the same port on another interface: nobody there
+            with pytest.raises(OSError):
+                socket.create_connection((other, port), timeout=5).close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    listening = next(json.loads(line) for line in err.splitlines()
+                     if '"listening"' in line)
+    assert listening["address"] == f"127.0.0.1:{port}", listening
+    assert proc.returncode == 0, err
+
+
 def test_bind_addresses_default_to_loopback():
     from istanbul_errors import UserFacingError
     from tokenizer_svc.exposure import bind_address
