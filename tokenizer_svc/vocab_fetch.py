@@ -97,6 +97,8 @@ def fetch_vocabulary(name: str, source: str | None = None, dest: Path | None = N
                               f"{entry.filename} ({entry.sha256}); the file is damaged or "
                               "another vocabulary. Nothing was written")
     folder = Path(dest) if dest is not None else search_dirs()[0]
+    target = folder / entry.filename
+    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{entry.filename}.")
@@ -105,9 +107,9 @@ def fetch_vocabulary(name: str, source: str | None = None, dest: Path | None = N
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
-        target = folder / entry.filename
-        os.replace(tmp, target)
+        os.replace(tmp, target)            # readers see the old file or the whole new one
     except OSError as exc:
-        raise UserFacingError(f"cannot write {folder / entry.filename}: "
-                              f"{exc.strerror or exc}") from None
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UserFacingError(f"cannot write {target}: {exc.strerror or exc}") from None
     return Fetched(target, origin, digest)
