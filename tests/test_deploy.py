@@ -123,8 +123,9 @@ def test_every_service_has_a_healthcheck_and_a_restart_policy(compose):
         assert svc["restart"] == "unless-stopped", name
     assert compose["services"]["tokenizer"]["healthcheck"]["test"][1:3] == ["istanbul", "health"]
     trainer = compose["services"]["trainer"]
-    assert trainer["healthcheck"]["test"][1:] == ["istanbul", "health",
-                                                  "http://127.0.0.1:9101/metrics"]
+    assert trainer["healthcheck"]["test"][1:] == [
+        "istanbul", "health", "http://127.0.0.1:9101/metrics",
+        "--auth-token-file", "/run/secrets/istanbul_tokens"]
     assert "9101" in trainer["command"]
 
 
@@ -143,10 +144,11 @@ def test_published_ports_are_loopback_by_default_and_authenticated_when_exposed(
                 assert port.startswith("0.0.0.0:" if exposed else "127.0.0.1:"), (name, port)
         assert not any(svc.get("ports") for svc in _trainers({"services": services}).values())
         # authentication does not depend on where the ports are published
-        tok = services["tokenizer"]["command"]
-        assert tok[tok.index("--auth-token-file") + 1] == "/run/secrets/tokenizer_tokens"
-        assert "--metrics-auth" in tok and "--listen-public" in tok
-        assert services["tokenizer"]["secrets"] == ["tokenizer_tokens"]
+        for name in ("tokenizer", "trainer"):
+            cmd = services[name]["command"]
+            assert cmd[cmd.index("--auth-token-file") + 1] == "/run/secrets/istanbul_tokens"
+            assert "--metrics-auth" in cmd and "--listen-public" in cmd
+            assert services[name]["secrets"] == ["istanbul_tokens"]
         red = services["redis"]
         assert red["command"][red["command"].index("--requirepass") + 1] == PASSWORD
         assert red["environment"]["REDISCLI_AUTH"] == PASSWORD   # the healthcheck's auth
@@ -334,11 +336,11 @@ def test_tokenizer_service_command_starts_passes_its_healthcheck_and_guards_metr
     save_vocabulary(Vocabulary("compose", ranks, PATTERNS["o200k"],
                                {"<|endoftext|>": len(ranks)}),
                     vocab_dir / _env_example()["ISTANBUL_VOCAB_FILE"])
-    secret = tmp_path / "tokenizer_tokens"
+    secret = tmp_path / "istanbul_tokens"
     secret.write_text("s3cret-token\n")
     grpc_port, metrics_port = _free_port(), _free_port()
     svc = compose["services"]["tokenizer"]
-    cmd = _here(svc["command"], {"/vocab/": f"{vocab_dir}/", "/run/secrets/tokenizer_tokens":
+    cmd = _here(svc["command"], {"/vocab/": f"{vocab_dir}/", "/run/secrets/istanbul_tokens":
                                  str(secret), "50051": str(grpc_port),
                                  "9100": str(metrics_port)})
     assert cmd[0] == "istanbul"
@@ -374,16 +376,19 @@ def test_trainer_service_command_starts_passes_its_healthcheck_and_stops_on_sigt
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     metrics_port = _free_port()
+    secret = tmp_path / "istanbul_tokens"
+    secret.write_text("s3cret-token\n")
     svc = compose["services"]["trainer"]
-    cmd = _here(svc["command"], {"@redis:6379": f"@127.0.0.1:{port}",
-                                 "/checkpoints": str(checkpoints), "9101": str(metrics_port)})
+    mapping = {"@redis:6379": f"@127.0.0.1:{port}", "/checkpoints": str(checkpoints),
+               "9101": str(metrics_port), "/run/secrets/istanbul_tokens": str(secret)}
+    cmd = _here(svc["command"], mapping)
     env = _service_env(compose, "trainer")
     proc = subprocess.Popen([sys.executable, "-m"] + cmd, cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         from trainer_svc import keys
         client = redis.Redis(port=port, password=PASSWORD, decode_responses=True)
-        probe = [a.replace("9101", str(metrics_port)) for a in svc["healthcheck"]["test"][1:]]
+        probe = _here(svc["healthcheck"]["test"][1:], mapping)
         deadline = time.monotonic() + 240
         while True:  # up: the consumer group exists and the healthcheck passes
             try:
@@ -398,6 +403,8 @@ def test_trainer_service_command_starts_passes_its_healthcheck_and_stops_on_sigt
             assert time.monotonic() < deadline, "the daemon never came up"
             time.sleep(0.3)
         assert health.stdout.startswith(f"http://127.0.0.1:{metrics_port}/metrics: UP (adapter ")
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        assert _metrics_status(url, None) == 401 and _metrics_status(url, "s3cret-token") == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0]
