@@ -46,6 +46,7 @@ DEPRECATED_FLAGS = {
     ("decode", "--server-ca"): "--tls-ca",
     ("prepare", "--ca-file"): "--tls-ca",
     ("health", "--ca"): "--tls-ca",
+    ("vocab", "--quiet"): "--no-progress",
 }
 
 

@@ -194,6 +194,7 @@ SAME_IDEA = {  # one name per idea: no command may spell it differently
     "--metrics-addr": "--metrics-host", "--server": "--tokenizer", "--token-file":
     "--auth-token-file", "--server-token-file": "--auth-token-file", "--ca": "--tls-ca",
     "--ca-file": "--tls-ca", "--server-ca": "--tls-ca", "--server-tls": "--tls",
+    "--quiet": "--no-progress",
 }
 
 

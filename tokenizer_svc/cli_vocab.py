@@ -57,7 +57,8 @@ def register(sub) -> None:
     t.add_argument("--name", default=None, help="vocabulary name (default: the output's stem)")
     t.add_argument("-o", "--output", required=True, metavar="OUT.tiktoken",
                    help="where to write the vocabulary (and OUT.tiktoken.json beside it)")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (there are none without a terminal either)")
     add_device_args(t)
     t.set_defaults(func=cmd_train)
 
@@ -108,16 +109,15 @@ def cmd_train(args) -> int:
     if args.trainer == "gpu":
         from shaders.engine import Device
         device = Device(args.adapter)
-        if not args.quiet:
-            print(f"device: {device.info.summary()}")
-            if device.info.is_software:
-                print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
-                      "same merges faster here")
+        print(f"device: {device.info.summary()}")
+        if device.info.is_software:
+            print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
+                  "same merges faster here")
     try:
         vocab, report = train_vocabulary(
             args.files, args.size, args.pattern, args.special, args.max_token_bytes,
             args.invalid_utf8, args.trainer, device=device, workers=args.workers, name=name,
-            progress=not args.quiet)
+            progress=not args.no_progress)
     except (CorpusError, TrainingError) as exc:
         raise UserFacingError(f"{exc} (no output written)") from None
     try:
