@@ -166,7 +166,8 @@ def _unknown_options(parser, target, argv: list[str]) -> list[str]:
 
 
 def _refuse_unknown(target, unknown: list[str]) -> None:
-    command = target.prog.split()[-1]
+    words = target.prog.split()                 # "istanbul vocab train" -> "vocab"
+    command = words[1] if len(words) > 1 else None
     renamed = {old: new for (cmd, old), new in DEPRECATED_FLAGS.items() if cmd == command}
     hints = []
     for flag in unknown:     # a near-miss of an old spelling suggests its new one
