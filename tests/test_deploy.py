@@ -209,6 +209,7 @@ def test_dockerignore_keeps_the_build_context_small_and_complete():
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert ".venv" in patterns and ".git" in patterns
+    assert any(fnmatch.fnmatch("deploy/tokens.txt", p) for p in patterns)   # the secret
     copied = re.findall(r"^COPY (?!deploy/)(.+?) \S+$", (DEPLOY / "Dockerfile").read_text(),
                         re.M)
     sources = [s for line in copied for s in line.split()]
