@@ -422,16 +422,23 @@ def test_get_info_says_whether_the_adapter_is_software(server, device):  # noqa:
     assert adapter.software is device.info.is_software
 
 
-def test_job_status_names_the_adapter():
+def test_job_status_names_the_adapter(tmp_path, redis_server):
+    import json
+    from trainer_svc import keys
     from trainer_svc.daemon import adapter_label
-    from trainer_svc.jobs import JobRecord
 
     class Info:
         name, adapter_type, is_software = "llvmpipe", "CPU", True
     assert adapter_label(type("D", (), {"info": Info()})()) == "llvmpipe (software Vulkan)"
     assert adapter_label(None) == ""
-    record = JobRecord({"id": "j", "state": "running", "adapter": "H200 (DiscreteGPU)"})
-    assert record.to_dict()["adapter"] == "H200 (DiscreteGPU)"
+    redis_server.client().hset(keys.job("j-adapter"), mapping={
+        "id": "j-adapter", "state": "running", "step": "3", "total_steps": "10",
+        "dataset": "d", "model": "tiny", "spec": "{}", "adapter": "NVIDIA H200 (DiscreteGPU)"})
+    done = istanbul(tmp_path, "status", "j-adapter", "--redis", redis_server.url)
+    assert done.returncode == 0, done.stderr
+    assert "  adapter NVIDIA H200 (DiscreteGPU)" in done.stdout.splitlines()
+    done = istanbul(tmp_path, "status", "j-adapter", "--json", "--redis", redis_server.url)
+    assert json.loads(done.stdout)["adapter"] == "NVIDIA H200 (DiscreteGPU)"
 
 
 # ---- optional extras ---------------------------------------------------------------------------
