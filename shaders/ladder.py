@@ -142,6 +142,10 @@ class RungResult:
                 "metrics": clean}
 
 
+AUTOGRAD_MISSING = ("skipped: the autograd reference needs PyTorch, which is not installed "
+                    "(pip install 'istanbul[check]')")
+
+
 def _missing(device: Device, case: KernelCase) -> list[str]:
     return [f for f in case.requires if not device.has(f)]
 
@@ -221,7 +225,10 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
             results.append(RungResult(case.name, "grad", bool(g.get("ok")), g.get("detail", ""),
                                       {k: v for k, v in g.items() if k not in ("ok", "detail")}))
         except Exception as exc:
-            results.append(RungResult(case.name, "grad", False, _short(exc)))
+            # the autograd reference is an optional extra: a plain install skips, never fails
+            torch_missing = isinstance(exc, ModuleNotFoundError) and exc.name == "torch"
+            results.append(RungResult(case.name, "grad", None, AUTOGRAD_MISSING) if torch_missing
+                           else RungResult(case.name, "grad", False, _short(exc)))
     return results
 
 

@@ -273,6 +273,14 @@ class Daemon:
         return None
 
 
+def adapter_label(device) -> str:
+    """'NVIDIA H200 (DiscreteGPU)' or 'llvmpipe ... (software Vulkan)', for `istanbul status`."""
+    info = getattr(device, "info", None)
+    if info is None:
+        return ""
+    return f"{info.name} ({'software Vulkan' if info.is_software else info.adapter_type})"
+
+
 class JobAttempt:
     """One worker's attempt at one job, from lease to final state."""
 
@@ -403,7 +411,8 @@ class JobAttempt:
         takeover = self.reclaimed and rec.state == "running"
         failures = rec.get_int("failures")
         start = {"state": "running", "owner": self.owner, "attempts": self.attempt,
-                 "started_at": time.time(), "updated_at": time.time(), "error": ""}
+                 "started_at": time.time(), "updated_at": time.time(), "error": "",
+                 "adapter": adapter_label(self.daemon.device)}
         if takeover:
             failures += 1
             self.metrics.takeovers.inc()

