@@ -44,6 +44,7 @@ from . import datasets
 from .jobs import JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
 from .lease import Heartbeat, Lease, lease_holder, owner_token
 from .metrics import DaemonMetrics
+from .model.fit import ConfigDoesNotFitError
 from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
 from .shards import ShardError
 
@@ -311,7 +312,7 @@ class JobAttempt:
             self._requeue(f"Redis was unreachable ({exc}); re-queued", failed=False)
         except TooManyFailures as exc:
             self._fail(str(exc), permanent=False)
-        except JobInputError as exc:
+        except (JobInputError, ConfigDoesNotFitError) as exc:  # deterministic: no retry
             self._fail(str(exc), permanent=True)
         except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
             log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
