@@ -128,9 +128,16 @@ def register(sub) -> None:
             ("--keep-every", int, "also keep every multiple of this step (default 0: off)"),
             ("--eval-every", int, "steps between held-out evaluations (default 0: off)"),
             ("--eval-batches", int, "batches per evaluation (default 4)"),
+            ("--eval-fraction", float, "documents held out for evaluation (default 0.05)"),
+            ("--shuffle-seed", int, "seed of the training data order (default: --seed)"),
             ("--max-failures", int, "dead-letter after N failures (default: the daemon's)")):
         p.add_argument(flag, type=typ, metavar="N" if typ is int else "X", help=text)
     p.add_argument("--precision", choices=("mixed", "fp32"), help="default mixed")
+    p.add_argument("--eval-dataset", metavar="NAME",
+                   help="evaluate on this dataset instead of held-out documents")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
+                   help="seeded random order of the training windows, new every epoch "
+                        "(default on; --no-shuffle reads the shards front to back)")
     add_redis_args(p)
     p.set_defaults(func=cmd_submit)
 
@@ -251,7 +258,8 @@ def _parse_scalar(text: str):
 
 SPEC_FLAGS = ("dataset", "model", "steps", "batch", "seq", "grad_accum", "lr", "min_lr",
               "warmup", "weight_decay", "grad_clip", "seed", "precision", "checkpoint_every",
-              "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures")
+              "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures",
+              "eval_fraction", "eval_dataset", "shuffle", "shuffle_seed")
 
 
 def build_spec_dict(args) -> dict:

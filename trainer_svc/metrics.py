@@ -66,6 +66,8 @@ class DaemonMetrics:
                                       registry=r)
         self.loss = Gauge("istanbul_trainer_loss", "Training loss of the latest step",
                           ["job"], registry=r)
+        self.eval_loss = Gauge("istanbul_trainer_eval_loss",
+                               "Held-out loss of the latest evaluation", ["job"], registry=r)
         self.tokens_per_s = Gauge("istanbul_trainer_tokens_per_second",
                                   "Tokens per second of the latest step", ["job"], registry=r)
         self.finished = Counter("istanbul_trainer_job_attempts",
@@ -88,8 +90,12 @@ class DaemonMetrics:
         self.loss.labels(job=job_id).set(metrics.loss)
         self.tokens_per_s.labels(job=job_id).set(metrics.tokens_per_s)
 
+    def observe_eval(self, job_id: str, loss) -> None:
+        if loss is not None:
+            self.eval_loss.labels(job=job_id).set(loss)
+
     def forget_job(self, job_id: str) -> None:
-        for gauge in (self.loss, self.tokens_per_s):
+        for gauge in (self.loss, self.eval_loss, self.tokens_per_s):
             try:
                 gauge.remove(job_id)
             except KeyError:
