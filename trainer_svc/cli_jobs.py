@@ -68,23 +68,35 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prepare", help="tokenize files through the tokenizer service into a "
-                                       "dataset of shards in Redis")
+    p = sub.add_parser("prepare", help="tokenize files into a dataset: shards in Redis "
+                                       "(--dataset) or shard files in a folder (--out)",
+                       description="Tokenize files (each one a document) through the gRPC "
+                                   "tokenizer service (--tokenizer) or, without it, with the "
+                                   "same GPU encoder in this process (--vocab), into a dataset "
+                                   "of shards in Redis (--dataset NAME) or shard files that "
+                                   "`istanbul train --data DIR` reads (--out DIR).")
     p.add_argument("files", nargs="+", metavar="FILES",
                    help="input files (each one a document) or directories (searched "
                         "recursively)")
-    p.add_argument("--tokenizer", required=True, metavar="HOST:PORT",
-                   help="the gRPC tokenizer service (`istanbul serve`)")
-    p.add_argument("--dataset", required=True, metavar="NAME", help="dataset name")
+    p.add_argument("--tokenizer", metavar="HOST:PORT",
+                   help="the gRPC tokenizer service (`istanbul serve`); default: tokenize "
+                        "in this process with --vocab")
+    dest = p.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--dataset", metavar="NAME", help="dataset name in Redis")
+    dest.add_argument("--out", type=Path, metavar="DIR",
+                      help="write shard files (and dataset.json, the vocabulary) into DIR "
+                           "instead of Redis: no server needed")
     p.add_argument("--include", action="append", metavar="GLOB",
                    help="only files under directories that match GLOB, e.g. '*.py' "
                         "(repeatable; default: all files)")
     p.add_argument("--shard-tokens", type=int, default=1 << 20, metavar="N",
                    help="tokens per shard (default 1048576)")
-    p.add_argument("--replace", action="store_true", help="overwrite an existing dataset")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite an existing dataset (or the shard files in --out)")
     p.add_argument("--vocab", metavar="V",
-                   help="also store the vocabulary file (path or known name) with the dataset, "
-                        "so checkpoints carry it; must be the service's vocabulary")
+                   help="the vocabulary (path or known name): the tokenizer without "
+                        "--tokenizer; with it, must be the service's. Stored with the dataset, "
+                        "so checkpoints carry it")
     p.add_argument("--eot", metavar="TOKEN",
                    help="special token that separates documents (default <|endoftext|>)")
     p.add_argument("--token-file", type=Path, metavar="PATH",
@@ -92,6 +104,8 @@ def register(sub) -> None:
     p.add_argument("--tls", action="store_true", help="connect to the service over TLS")
     p.add_argument("--ca-file", type=Path, metavar="PEM", help="CA certificate for --tls")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--adapter", default=None, metavar="A",
+                   help="GPU adapter for in-process tokenizing (index or name substring)")
     add_redis_args(p)
     p.set_defaults(func=cmd_prepare)
 
@@ -183,43 +197,69 @@ def register(sub) -> None:
 
 # ---- prepare / datasets ---------------------------------------------------------------------
 
-def cmd_prepare(args) -> int:
+def _service_source(args):
     from tokenizer_svc.client import ServiceError, TokenizerClient
-    from .datasets import DatasetError
-    from .prepare import expand_inputs, prepare_dataset, vocabulary_files_for
-
-    files = expand_inputs(args.files, args.include)
-    handle = _connect(args)
+    from .prepare import service_source
     client = TokenizerClient(args.tokenizer, token_file=args.token_file, tls=args.tls,
                              root_certificates=args.ca_file, retries=2)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            source = service_source(client)
+            break
+        except ServiceError as exc:
+            if exc.reason == "not-ready" and time.monotonic() < deadline:
+                time.sleep(0.2)             # still loading its vocabulary on the GPU
+                continue
+            client.close()
+            raise UserFacingError(f"tokenizer service at {args.tokenizer}: "
+                                  f"{exc.details or exc.code.name} ({exc.code.name}); is "
+                                  "`istanbul serve` running there?") from None
+    client.retries = 8                      # reachable: ride out restarts from now on
+    return source, client
+
+
+def cmd_prepare(args) -> int:
+    from tokenizer_svc.client import ServiceError
+    from .data_files import DataFilesError, ShardFileWriter
+    from .datasets import DatasetError, DatasetWriter
+    from .prepare import expand_inputs, local_source, prepare_dataset, vocabulary_files_for
+
+    files = expand_inputs(args.files, args.include)
+    if not args.tokenizer and not args.vocab:
+        raise UserFacingError("give --tokenizer HOST:PORT (the service) or --vocab V (tokenize "
+                              "in this process)")
+    client = None
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                info = client.info()
-                break
-            except ServiceError as exc:
-                if exc.reason == "not-ready" and time.monotonic() < deadline:
-                    time.sleep(0.2)             # still loading its vocabulary on the GPU
-                    continue
-                raise UserFacingError(f"tokenizer service at {args.tokenizer}: "
-                                      f"{exc.details or exc.code.name} ({exc.code.name}); is "
-                                      "`istanbul serve` running there?") from None
-        client.retries = 8                      # reachable: ride out restarts from now on
-        vocab_files = vocabulary_files_for(args.vocab, info.vocabulary_hash) if args.vocab \
+        if args.tokenizer:
+            source, client = _service_source(args)
+        else:
+            from shaders.engine import default_device
+            source = local_source(args.vocab, default_device(args.adapter))
+        vocab_files = vocabulary_files_for(args.vocab, source.vocab_hash) if args.vocab \
             else None
-        result = prepare_dataset(handle, client, files, args.dataset,
-                                 shard_tokens=args.shard_tokens, replace=args.replace,
-                                 vocab_files=vocab_files, eot=args.eot,
-                                 progress=not args.no_progress)
-    except (DatasetError, ServiceError) as exc:
+        if args.out is not None:
+            open_writer = lambda **ident: ShardFileWriter(  # noqa: E731
+                args.out, shard_tokens=args.shard_tokens, replace=args.replace, **ident)
+        else:
+            handle = _connect(args)
+            open_writer = lambda **ident: DatasetWriter(  # noqa: E731
+                handle, args.dataset, shard_tokens=args.shard_tokens, replace=args.replace,
+                **ident)
+        name = args.dataset or str(args.out)
+        result = prepare_dataset(source, files, open_writer, vocab_files=vocab_files,
+                                 eot=args.eot, name=name, progress=not args.no_progress)
+    except (DatasetError, DataFilesError, ServiceError) as exc:
         raise UserFacingError(str(exc)) from None
     finally:
-        client.close()
-    ds = result.info
-    print(f"dataset {ds.name}: {ds.tokens:,} tokens in {ds.shards} shard(s) from "
-          f"{ds.documents} document(s) ({result.bytes:,} bytes); vocabulary {ds.vocab_name} "
-          f"({ds.n_vocab} ids, hash {ds.vocab_hash[:16]})")
+        if client is not None:
+            client.close()
+    src = result.source
+    where = f"dataset {name}" if args.dataset else f"shard files in {args.out}"
+    print(f"{where}: {result.tokens:,} tokens in {result.shards} shard(s) from "
+          f"{result.documents} document(s) ({result.bytes:,} bytes); vocabulary "
+          f"{src.vocab_name} ({src.n_vocab} ids, hash {src.vocab_hash[:16]}), tokenized "
+          f"{'by ' + src.target if args.tokenizer else 'in-process'}")
     if result.empty_files:
         print(f"  skipped {result.empty_files} empty file(s)")
     if result.unsafe_cuts:

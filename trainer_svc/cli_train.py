@@ -28,8 +28,9 @@ def register(sub) -> None:
                                    "progress bar and one line per logging interval with "
                                    "loss=<value>.")
     src = t.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", nargs="+", metavar="SHARD_FILE",
-                     help="token shard files (istanbul shard format)")
+    src.add_argument("--data", nargs="+", metavar="SHARDS",
+                     help="token shard files (istanbul shard format), or folders of them "
+                          "written by `istanbul prepare --out DIR`")
     src.add_argument("--text", nargs="+", metavar="FILE",
                      help="text files, tokenized with --vocab (documents end with <|endoftext|>)")
     t.add_argument("--vocab", metavar="V",
@@ -95,10 +96,15 @@ def _load_codec(spec):
 
 
 def _load_shards(args, codec):
+    from .data_files import DataFilesError, shard_paths
     from .shards import ShardError, decode_shard, read_header
     shards = []
     if args.data:
-        for name in args.data:
+        try:
+            names = [str(p) for arg in args.data for p in shard_paths(arg)]
+        except DataFilesError as exc:
+            raise UserFacingError(f"--data: {exc}") from None
+        for name in names:
             try:
                 blob = Path(name).read_bytes()
                 header = read_header(blob, name)
