@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -53,7 +54,18 @@ def register(sub) -> None:
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
                         "accuracy; on the H200 not faster than f32 math yet)")
-    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--seed", type=int, default=1234,
+                   help="initialisation, data order and held-out split seed")
+    t.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="read the training windows in a seeded random order, a new one each "
+                        "epoch (default; --no-shuffle: front to back)")
+    t.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out loss every N steps (default 0: off); the held-out data is "
+                        "--eval-fraction of the documents, never trained on")
+    t.add_argument("--eval-fraction", type=float, default=0.05, metavar="X",
+                   help="documents held out with --eval-every (default 0.05)")
+    t.add_argument("--eval-batches", type=int, default=4, metavar="N",
+                   help="batches per evaluation (default 4)")
     t.add_argument("--log-every", type=int, default=10, metavar="N",
                    help="print a line every N steps")
     t.add_argument("--checkpoints", metavar="DIR", help="run directory for checkpoints")
@@ -129,7 +141,7 @@ def cmd_train(args) -> int:
     from tqdm import tqdm
     from shaders.engine import default_device
     from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-    from .data import DataError, TokenStream
+    from .data import DataError, TokenStream, split_documents
     from .model.config import ModelConfig
     from .training import TrainConfig, Trainer
 
@@ -137,6 +149,8 @@ def cmd_train(args) -> int:
         raise UserFacingError("--text needs --vocab (the vocabulary to tokenize with)")
     if args.resume and not args.checkpoints:
         raise UserFacingError("--resume needs --checkpoints DIR")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        raise UserFacingError("--eval-every must be >= 0 and --eval-batches >= 1")
     codec = _load_codec(args.vocab) if args.vocab else None
     shards = _load_shards(args, codec)
     n_vocab = codec.n_vocab if codec else int(max(int(s.max()) for s in shards if s.size)) + 1
@@ -184,8 +198,15 @@ def cmd_train(args) -> int:
         except ValueError as exc:
             raise UserFacingError(str(exc)) from None
     try:
+        evals = None
+        if args.eval_every:
+            eot = codec.eot_token if codec else None
+            shards, held = split_documents(shards, eot, args.eval_fraction, args.seed, tc.seq)
+            held_stream = TokenStream(held, tc.batch, tc.seq)
+            evals = np.stack([held_stream.next_batch() for _ in range(args.eval_batches)])
         stream = TokenStream(shards, tc.batch, tc.seq, position=position,
-                             vocab_size=trainer.model_config.vocab_size)
+                             vocab_size=trainer.model_config.vocab_size,
+                             shuffle=args.shuffle, seed=args.seed)
     except DataError as exc:
         raise UserFacingError(str(exc)) from None
 
@@ -216,6 +237,8 @@ def cmd_train(args) -> int:
             tqdm.write(f"step {m.step}/{tc.steps} loss={m.loss:.4f} "
                        f"grad_norm={m.grad_norm:.3f} lr={m.lr:.2e} "
                        f"tok/s={m.tokens_per_s:,.0f}")
+        if evals is not None and m.step % args.eval_every == 0:
+            tqdm.write(f"step {m.step}/{tc.steps} eval_loss={trainer.evaluate(evals):.4f}")
         if manager and args.checkpoint_every and m.step % args.checkpoint_every == 0:
             save()
             last_saved = m.step
