@@ -28,9 +28,9 @@ from shaders.ops import activations, attention, basic, embedding, linear, optim,
 
 from .config import ModelConfig
 from .fit import Need, check_fits
-from .forward import BlockBuffers, QKVBuffers, Weights, fused_qkv, record_blocks  # noqa: F401
+from .forward import BlockBuffers, QKVBuffers, Weights, fused_qkv, record_blocks
 from .layout import ParameterLayout
-from .lm_head import ChunkedHead
+from .lm_head import ChunkedHead, plan_chunk_rows
 
 STATS_FLOATS = 8  # grad_stats: (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0)
 FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "
@@ -53,7 +53,7 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
     """Every buffer GpuModel allocates, in bytes (what the fit check counts)."""
     n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
     qkv = n * (d + 2 * kv) * 4
-    per_layer = 6 * n * d * 4 + 2 * n * 4 + qkv + cfg.n_heads * n * 4 + n * 3 * f * 4
+    per_layer = 5 * n * d * 4 + 2 * n * 4 + qkv + cfg.n_heads * n * 4 + n * 3 * f * 4
     needs = [Need("parameters", total * 4), Need("gradients", total * 4),
              Need("AdamW moments", 2 * total * 4, binding=False),
              Need(f"activations of {cfg.n_layers} layers (B*T = {n} rows)",
@@ -88,7 +88,6 @@ class GpuModel:
         d = cfg.d_model
         self.n = n
         # the head's chunk first: it decides the logits buffer the fit check counts
-        from .lm_head import plan_chunk_rows
         chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, chunk_rows=head_chunk_rows)
         check_fits(device, memory_needs(cfg, total, batch=batch, seq=seq,
                                         grad_accum=grad_accum, mixed=self.mixed,
