@@ -38,9 +38,13 @@ def _weights(cfg, seed=3, scale=6.0):
 
 
 @requires_ops(*FORWARD_OPS)
-@pytest.mark.parametrize("tied", [False, True])
-def test_greedy_tokens_equal_the_reference(device, tied):
-    cfg = tiny_config(tied_head=tied)
+@pytest.mark.parametrize("tied, kv_heads", [(False, 2), (True, 2), (False, 4)])
+def test_greedy_tokens_equal_the_reference(device, tied, kv_heads):
+    """kv_heads 4: d = kv = 64, so q|k|v come from one fused matmul (strided views into the
+    cache writes and the decode attention), as in the small and 124m presets."""
+    cfg = tiny_config(tied_head=tied, n_kv_heads=kv_heads)
+    from trainer_svc.model.forward import fused_qkv
+    assert fused_qkv(cfg) is (kv_heads == 4)
     flat, layout = _weights(cfg)
     gen = Generator(cfg, flat, device)
     prompt = [5, 17, 300, 42, 7, 99, 123]
