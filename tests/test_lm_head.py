@@ -149,3 +149,19 @@ def test_configurations_that_cannot_fit_are_refused_before_allocating(device, mo
     monkeypatch.setenv("ISTANBUL_DEVICE_MEMORY_MIB", "8")
     with pytest.raises(ConfigDoesNotFitError, match=r"needs about .* which has 8 MiB"):
         Trainer(cfg, TrainConfig(batch=8, seq=128), device)
+
+
+def test_the_chunk_shrinks_to_the_memory_the_rest_leaves_free(device, monkeypatch):
+    from trainer_svc.model import ParameterLayout
+    from trainer_svc.model.fit import HEADROOM
+    from trainer_svc.model.gpu import memory_needs
+    cfg = tiny_config(vocab=8192)
+    total = ParameterLayout.for_config(cfg).total
+    rest = sum(n.nbytes for n in memory_needs(cfg, total, batch=2, seq=32, grad_accum=1,
+                                             mixed=False, logits_rows=0))
+    free = 20 * 8192 * 4                                      # room for 20 rows of logits
+    monkeypatch.setenv("ISTANBUL_DEVICE_MEMORY_MIB", str((rest + free) * HEADROOM / 2**20))
+    with Trainer(cfg, TrainConfig(batch=2, seq=32, precision="fp32"), device) as tr:
+        assert tr.model.head.chunks > 1 and tr.model.head.chunk * 8192 * 4 <= free
+        loss = tr.step(random_batches(np.random.default_rng(2), 1, 2, 32, 8192)[0]).loss
+    assert loss == pytest.approx(np.log(8192), rel=0.05)

@@ -5,8 +5,8 @@
     m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.skipped
 
 One optimizer step is recorded as ONE command buffer: for each micro-batch the forward pass,
-the fused cross-entropy and the backward pass (gradients accumulate in the f32 gradient
-buffer), then the global gradient norm, the clip scale and the NaN/Inf flag, then AdamW over
+the LM head with the fused cross-entropy in row chunks (model/lm_head.py) and the backward
+pass (gradients accumulate in the f32 gradient buffer), then the global gradient norm, the clip scale and the NaN/Inf flag, then AdamW over
 the one parameter buffer (which also rewrites the f16 weight mirror). The only read-back is
 after it: the per-token losses and the gradient statistics. A step whose gradients are not
 finite leaves weights and moments untouched and comes back with `skipped=True`.

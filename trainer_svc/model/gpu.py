@@ -27,10 +27,10 @@ import numpy as np
 from shaders.ops import activations, attention, basic, embedding, linear, optim, rmsnorm, rope
 
 from .config import ModelConfig
-from .fit import Need, check_fits
+from .fit import HEADROOM, Need, check_fits, device_memory
 from .forward import BlockBuffers, QKVBuffers, Weights, fused_qkv, record_blocks
 from .layout import ParameterLayout
-from .lm_head import ChunkedHead, plan_chunk_rows
+from .lm_head import LOGITS_BUDGET, ChunkedHead, chunk_quantum, plan_chunk_rows
 
 STATS_FLOATS = 8  # grad_stats: (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0)
 FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "
@@ -87,11 +87,18 @@ class GpuModel:
         dev, n, total = device, batch * seq, layout.total
         d = cfg.d_model
         self.n = n
-        # the head's chunk first: it decides the logits buffer the fit check counts
-        chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, chunk_rows=head_chunk_rows)
-        check_fits(device, memory_needs(cfg, total, batch=batch, seq=seq,
-                                        grad_accum=grad_accum, mixed=self.mixed,
-                                        logits_rows=chunk), hint=FIT_HINT)
+        # the head's chunk first, from the limits and the memory the rest leaves free: it
+        # decides the logits buffer the fit check counts
+        needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
+                                          grad_accum=grad_accum, mixed=self.mixed,
+                                          logits_rows=rows)
+        budget, memory = LOGITS_BUDGET, device_memory(device)
+        if memory is not None:
+            free = int(memory / HEADROOM) - sum(x.nbytes for x in needs(0))
+            budget = max(min(budget, free), chunk_quantum(device, d) * cfg.vocab_size * 4)
+        chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, budget=budget,
+                                chunk_rows=head_chunk_rows)
+        check_fits(device, needs(chunk), hint=FIT_HINT)
         self.params = dev.empty(total, np.float32, label="params f32")
         self.grads = dev.empty(total, np.float32, label="grads")
         self.m = dev.empty(total, np.float32, label="adam m")

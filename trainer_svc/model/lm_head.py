@@ -13,7 +13,8 @@ With one chunk (every row fits the budget) this is exactly the unchunked computa
 several, dW sums the chunks' products in chunk order (the same sum, rounded differently).
 
 Chunk rows come from the device: the logits chunk must fit one storage binding and one
-buffer (lavapipe: 128 MiB; the H200: 2 GiB / 4 GiB) and a memory budget (LOGITS_BUDGET);
+buffer (lavapipe: 128 MiB; the H200: 2 GiB / 4 GiB) and a memory budget (LOGITS_BUDGET, or
+less when the device's memory minus everything else the model allocates is smaller: GpuModel);
 chunks are balanced (e.g. 8192 rows in 4 x 2048, not 3 x 2684 + 140) and rounded to 64 rows
 for the matmul tiles. A chunk's row views must start on the device's storage offset alignment
 (256 bytes), so a chunk is a multiple of 256 / gcd(256, 4 d) rows: 1 row when d % 64 == 0.
@@ -35,7 +36,7 @@ from .fit import ConfigDoesNotFitError
 LOGITS_BUDGET = 2 << 30
 
 
-def _align_rows(device, d: int) -> int:
+def chunk_quantum(device, d: int) -> int:
     """Rows between chunk starts so that a view at row r0 of a [rows, d] f32 buffer binds."""
     align = int(device.limits.get("min-storage-buffer-offset-alignment", 256)) // 4
     return align // math.gcd(align, d)
@@ -51,7 +52,7 @@ def plan_chunk_rows(device, rows: int, d: int, vocab: int, *, budget: int = LOGI
                     chunk_rows: int | None = None) -> int:
     """Rows per chunk (see the module docstring); `chunk_rows` forces a value (tests)."""
     limit = logits_limit(device, budget)
-    quantum = _align_rows(device, d)
+    quantum = chunk_quantum(device, d)
     per_row = vocab * 4
     cap = limit // per_row
     if chunk_rows:
