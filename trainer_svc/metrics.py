@@ -1,7 +1,8 @@
 """Prometheus metrics of a training daemon (served with `--metrics-port`).
 
-Per daemon: tokens trained, steps, step seconds (histogram), the current loss and tokens/s per
-running job, jobs finished by outcome, takeovers, lost leases, whether Redis is reachable.
+Per daemon: tokens trained, steps, step seconds (histogram), the current loss, held-out loss
+and tokens/s per running job, jobs finished by outcome, takeovers, lost leases, whether Redis
+is reachable.
 Cluster-wide, read from Redis when scraped (cached for a few seconds): the queue depth (jobs
 waiting) and the number of jobs in each state.
 """
