@@ -9,6 +9,8 @@
 #   tune      the matmul/attention autotuner at the model's shapes (cache -> OUTDIR/tuned)
 #   kbench    istanbul kernels bench with roofline fractions (uses the tuned cache)
 #   train     bench/train.py: 124m and small, istanbul vs PyTorch eager, same run
+#   o200k     bench/train.py: 124m with o200k_base (200,019 ids) at 8 x 1024 (chunked LM head),
+#             peak GPU memory per row, istanbul vs PyTorch eager
 #   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.."
 out="${1:?usage: bench/run_all.sh OUTDIR [STEP ...]}"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(devices check tune kbench train tests tokenize vtrain service e2e)
+[ ${#steps[@]} -eq 0 ] && steps=(devices check tune kbench train o200k tests tokenize vtrain service e2e)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 py=${PYTHON:-python3}
@@ -36,7 +38,7 @@ export ISTANBUL_VOCAB_DIR="${ISTANBUL_VOCAB_DIR:-$(cd .. && pwd)/shared/vocab}"
 export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
-declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [tests]=240
+declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
                   [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240 [probe]=60)
 
 run_step() {
@@ -48,11 +50,13 @@ run_step() {
         kbench) $py -m istanbul kernels bench --repeats "${KBENCH_REPEATS:-5}" --json "$out/kernels_bench.json" \
                     --markdown "$out/kernels_bench.md" ;;
         train) $py bench/train.py --out "$out/train" --models 124m,small --steps 5 --warmup 2 ;;
+        o200k) $py bench/train.py --out "$out/train_o200k" --models 124m --vocab o200k_base \
+                   --batch 8 --precision fp32,mixed --steps 5 --warmup 2 ;;
         tests) $py -m pytest -q -p no:cacheprovider tests/test_engine.py \
                    tests/test_tokenizer_gpu.py tests/test_tokenizer_decode.py \
                    tests/test_tokenizer_hf.py \
                    tests/test_vocab_train_gpu.py tests/test_model_parity.py \
-                   tests/test_resume.py tests/test_generate.py ;;
+                   tests/test_resume.py tests/test_generate.py tests/test_lm_head.py ;;
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
         vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus ;;

@@ -2,9 +2,13 @@
 
     python bench/train.py --out bench/results/train [--models tiny,small,124m] [--batch 8]
                           [--steps 10] [--precision mixed,fp32] [--adapter A] [--no-torch]
+                          [--vocab gpt2|cl100k_base|o200k_base|N]
 
-For each preset (vocabulary: GPT-2's 50257 ids, padded to 50304) at batch B x the preset's
-max_seq (tiny 256, small 512, 124m 1024, or --seq): the median step time and tokens/s of
+For each preset (vocabulary: GPT-2's 50257 ids by default, padded to a multiple of 128; --vocab
+o200k_base gives 200,019 ids) at batch B x the preset's max_seq (tiny 256, small 512, 124m
+1024, or --seq): the peak GPU memory of the training step (the engine's allocation tracker:
+every buffer alive, the LM head's logits chunk and split-K scratch included) in total and
+per row (per token of the micro-batch), the LM head's chunking, the median step time and tokens/s of
 istanbul's full training step (forward, backward, global-norm clip, AdamW; one submit and one
 read-back per step), then one step recorded with GPU timestamps around every dispatch, summed
 by kernel: each kernel's share of the step. PyTorch eager runs the same model
@@ -36,7 +40,19 @@ from shaders.engine import default_device  # noqa: E402
 from trainer_svc.model.config import ModelConfig  # noqa: E402
 from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
 
-GPT2_VOCAB = 50257
+VOCAB_SIZES = {"gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277,
+               "o200k_base": 200019}
+
+
+def vocab_size(text: str) -> int:
+    """A known vocabulary's size (token ids incl. specials) or a number."""
+    if text in VOCAB_SIZES:
+        return VOCAB_SIZES[text]
+    try:
+        return int(text)
+    except ValueError:
+        raise SystemExit(f"--vocab {text!r}: give {', '.join(VOCAB_SIZES)} or a number of "
+                         "ids") from None
 
 
 def istanbul_run(device, cfg, args, mode: str) -> dict:
@@ -44,9 +60,13 @@ def istanbul_run(device, cfg, args, mode: str) -> dict:
     tc = TrainConfig(batch=args.batch, seq=args.seq or cfg.max_seq, steps=10_000, lr=3e-4,
                      min_lr=3e-5, warmup=10, precision="fp32" if mode == "fp32" else "mixed",
                      f16_math=mode == "mixed+f16", seed=0)
+    import gc
+    gc.collect()
+    base = device.memory.allocated
+    device.memory.reset_peak()
     trainer = Trainer(cfg, tc, device)
     rng = np.random.default_rng(0)
-    batches = [rng.integers(0, GPT2_VOCAB, size=(tc.batch, tc.seq + 1), dtype=np.uint32)
+    batches = [rng.integers(0, args.n_vocab, size=(tc.batch, tc.seq + 1), dtype=np.uint32)
                for _ in range(4)]
     for i in range(args.warmup):
         trainer.step(batches[i % 4])
@@ -57,12 +77,17 @@ def istanbul_run(device, cfg, args, mode: str) -> dict:
         losses.append(m.loss)
     step_s = statistics.median(times)
     tokens = tc.batch * tc.seq
+    peak = device.memory.peak - base     # before the profiled step's timestamp buffers
+    head = trainer.model.head
     shares = kernel_shares(trainer, batches[0])
     trainer.close()
     return {"engine": "istanbul", "mode": mode, "batch": tc.batch, "seq": tc.seq,
-            "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
+            "vocab": cfg.vocab_size, "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "tflops": cfg.flops_per_token(tc.seq) * tokens / step_s / 1e12,
-            "final_loss": losses[-1], "kernel_shares": shares}
+            "final_loss": losses[-1], "peak_gpu_bytes": peak,
+            "peak_gpu_bytes_per_row": peak / tokens,
+            "head_chunks": head.chunks, "head_chunk_rows": head.chunk,
+            "kernel_shares": shares}
 
 
 def kernel_shares(trainer, batch) -> dict:
@@ -96,13 +121,15 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
     seq = args.seq or cfg.max_seq
     out = []
     for mode in ("fp32", "tf32", "bf16"):
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
         torch.backends.cudnn.allow_tf32 = mode != "fp32"
         ref = TorchReference(cfg, trainer_params, device=device)
         opt = torch.optim.AdamW(list(ref.params.values()), lr=3e-4, betas=(0.9, 0.95),
                                 weight_decay=0.1)
         rng = np.random.default_rng(0)
-        batch = torch.as_tensor(rng.integers(0, GPT2_VOCAB, size=(args.batch, seq + 1)),
+        batch = torch.as_tensor(rng.integers(0, args.n_vocab, size=(args.batch, seq + 1)),
                                 device=device)
         autocast = torch.bfloat16 if mode == "bf16" else None
 
@@ -125,7 +152,10 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
             times.append(time.perf_counter() - start)
         step_s = statistics.median(times)
         tokens = args.batch * seq
+        peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
         out.append({"engine": "pytorch", "mode": mode, "batch": args.batch, "seq": seq,
+                    "vocab": cfg.vocab_size, "peak_gpu_bytes": peak,
+                    "peak_gpu_bytes_per_row": peak / tokens if peak else None,
                     "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
                     "tflops": cfg.flops_per_token(seq) * tokens / step_s / 1e12,
                     "final_loss": float(loss),
@@ -138,15 +168,23 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
 
 def markdown(results: dict) -> str:
     lines = [f"# Training throughput ({results['device']['adapter']})", "",
-             "| model | engine | mode | B x T | step ms | tokens/s | TFLOP/s |",
-             "|---|---|---|---|---:|---:|---:|"]
+             "| model | engine | mode | B x T | vocab | step ms | tokens/s | TFLOP/s "
+             "| peak GPU MiB | KiB per row | head chunks |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for model, rows in results["models"].items():
         for r in rows:
             if "skipped" in r:
-                lines.append(f"| {model} | {r['engine']} | - | - | - | - | {r['skipped']} |")
+                lines.append(f"| {model} | {r['engine']} | - | - | - | - | - | - | - | - | "
+                             f"{r['skipped']} |")
                 continue
+            peak = r.get("peak_gpu_bytes")
+            mem = f"{peak / 2**20:,.0f} | {r['peak_gpu_bytes_per_row'] / 1024:,.1f}" if peak \
+                else "- | -"
+            chunks = f"{r['head_chunks']} x {r['head_chunk_rows']}" if "head_chunks" in r \
+                else "-"
             lines.append(f"| {model} | {r['engine']} | {r['mode']} | {r['batch']} x {r['seq']} "
-                         f"| {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['tflops']:.2f} |")
+                         f"| {r.get('vocab', '-')} | {r['step_ms']:.1f} "
+                         f"| {r['tokens_per_s']:,.0f} | {r['tflops']:.2f} | {mem} | {chunks} |")
     for model, rows in results["models"].items():
         for r in rows:
             ks = r.get("kernel_shares", {}).get("kernels")
@@ -172,11 +210,15 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp32,mixed,mixed+f16",
                     help="istanbul modes: fp32, mixed (f16 weights), mixed+f16 (packed-f16 "
                          "forward matmuls)")
+    ap.add_argument("--vocab", default="gpt2",
+                    help="vocabulary size: gpt2 (50257, default), cl100k_base, o200k_base "
+                         "(200019) or a number of ids; token ids are random in [0, size)")
     ap.add_argument("--adapter", default=None)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--torch-device", default="cuda",
                     help="where PyTorch runs: cuda (the comparison) or cpu (a smoke test)")
     args = ap.parse_args(argv)
+    args.n_vocab = vocab_size(args.vocab)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = default_device(args.adapter)
@@ -185,7 +227,7 @@ def main(argv=None) -> int:
                "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
                "args": vars(args), "models": {}}
     for name in args.models.split(","):
-        cfg = ModelConfig.preset(name, GPT2_VOCAB)
+        cfg = ModelConfig.preset(name, args.n_vocab)
         rows = []
         params = None
         for precision in args.precision.split(","):

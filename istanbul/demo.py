@@ -26,9 +26,9 @@ PROMPT = "def main("
 
 # Defaults for software Vulkan (a few minutes on 2 CPU cores) and for a real GPU.
 SMALL_RUN = {"corpus_mb": 3.0, "vocab_size": 2048, "steps": 200, "batch": 8, "seq": 128,
-             "lr": 3e-3, "warmup": 20, "checkpoint_every": 50}
+             "lr": 3e-3, "warmup": 20, "checkpoint_every": 50, "eval_every": None}
 GPU_RUN = {"corpus_mb": 32.0, "vocab_size": 8192, "steps": 1000, "batch": 8, "seq": 512,
-           "lr": 1e-3, "warmup": 100, "checkpoint_every": 200}
+           "lr": 1e-3, "warmup": 100, "checkpoint_every": 200, "eval_every": None}
 
 
 def register(sub) -> None:
@@ -50,6 +50,8 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=None,
                    help="warmup steps (default 20, at most a tenth of --steps)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N")
+    p.add_argument("--eval-every", type=int, default=None, metavar="N",
+                   help="held-out loss every N steps (default: a tenth of --steps)")
     p.add_argument("--max-tokens", type=int, default=80, help="tokens to generate (default 80)")
     p.add_argument("--redis", metavar="URL", default=None,
                    help="use this Redis instead of the embedded one")
@@ -170,6 +172,7 @@ class Pipeline:
         try:
             queue = JobQueue(handle)
             curve = queue.loss_curve(job)
+            evals = queue.eval_curve(job)
             record = queue.get(job)
             checkpoint = record.raw.get("checkpoint", "") if record else ""
         finally:
@@ -183,22 +186,30 @@ class Pipeline:
         fig, ax = plt.subplots(figsize=(7, 4))
         losses = [curve[s] for s in steps]
         smooth, acc = [], losses[0]
-        for value in losses:  # an EMA: batches are read in corpus order, so they vary a lot
+        for value in losses:  # an EMA over the per-step noise of shuffled batches
             acc = 0.9 * acc + 0.1 * value
             smooth.append(acc)
-        ax.plot(steps, losses, lw=0.8, alpha=0.45, label="per step")
-        ax.plot(steps, smooth, lw=1.8, label="moving average (EMA 0.9)")
+        ax.plot(steps, losses, lw=0.8, alpha=0.45, label="training loss, per step")
+        ax.plot(steps, smooth, lw=1.8, label="training loss, moving average (EMA 0.9)")
+        eval_steps = sorted(evals)
+        if eval_steps:
+            ax.plot(eval_steps, [evals[s] for s in eval_steps], "o-", lw=1.8, ms=4,
+                    label="held-out loss (documents never trained on)")
         ax.legend()
         ax.set_xlabel("step")
-        ax.set_ylabel("training loss (nats/token)")
+        ax.set_ylabel("loss (nats/token)")
         ax.set_title(f"istanbul demo: {self.args.model} model, job {job}")
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = self.out / "loss_curve.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
+        first_eval, last_eval = (evals[eval_steps[0]], evals[eval_steps[-1]]) if eval_steps \
+            else (None, None)
         return path, {"first": curve[steps[0]], "last": curve[steps[-1]],
-                      "steps": len(steps), "checkpoint": checkpoint}
+                      "steps": len(steps), "checkpoint": checkpoint,
+                      "eval_first": first_eval, "eval_last": last_eval,
+                      "evals": len(eval_steps)}
 
 
 def settings_for(args) -> dict:
@@ -215,6 +226,8 @@ def settings_for(args) -> dict:
             base[key] = value
     if args.warmup is None:
         base["warmup"] = min(base["warmup"], base["steps"] // 10)
+    if base["eval_every"] is None:
+        base["eval_every"] = max(1, base["steps"] // 10)
     return base
 
 
@@ -256,7 +269,8 @@ def cmd_demo(args) -> int:
         job = pipe.run("submit", "--dataset", "demo", "--model", args.model, "--steps",
                        s["steps"], "--batch", s["batch"], "--seq", s["seq"], "--lr", s["lr"],
                        "--warmup", s["warmup"], "--checkpoint-every", s["checkpoint_every"],
-                       *pipe.redis, capture=True).strip().splitlines()[-1]
+                       "--eval-every", s["eval_every"], *pipe.redis,
+                       capture=True).strip().splitlines()[-1]
         print(f"  job {job}")
 
         pipe.step(6, "training: a daemon takes the job (istanbul trainer), "
@@ -268,6 +282,9 @@ def cmd_demo(args) -> int:
     pipe.step(7, "loss curve")
     png, curve = pipe.loss_curve(job)
     print(f"  loss {curve['first']:.3f} -> {curve['last']:.3f} over {curve['steps']} steps: {png}")
+    if curve["evals"]:
+        print(f"  eval loss {curve['eval_first']:.3f} -> {curve['eval_last']:.3f} over "
+              f"{curve['evals']} evaluations on held-out documents")
 
     pipe.step(8, f"generation from the final checkpoint (prompt {PROMPT!r})")
     checkpoint = curve["checkpoint"] or str(out / "checkpoints" / job / "latest")

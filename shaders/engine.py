@@ -24,6 +24,7 @@ import itertools
 import os
 import struct
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -114,6 +115,9 @@ class Buffer:
 
     def destroy(self) -> None:
         self.raw.destroy()
+        release = getattr(self, "_untrack", None)
+        if release is not None:
+            release()   # once: a weakref.finalize runs at most one time
 
 
 @dataclass(eq=False)
@@ -310,6 +314,25 @@ class Recorder:
             self.submit()
 
 
+class AllocationTracker:
+    """Bytes of device buffers alive now and at most since `reset_peak()` (every buffer the
+    engine creates counts until it is destroyed or garbage-collected)."""
+
+    def __init__(self):
+        self.allocated = 0
+        self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+    def remove(self, nbytes: int) -> None:
+        self.allocated -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+
 class Device:
     """A wgpu device with every useful feature and the adapter's maximum limits."""
 
@@ -322,6 +345,7 @@ class Device:
                                                           65535))
         self._kernels: dict = {}
         self._params: dict = {}
+        self.memory = AllocationTracker()
         # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
         # (NVIDIA, lavapipe) reports a 1 ns period.
         self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
@@ -391,8 +415,11 @@ class Device:
             raise MemoryError(f"buffer {label!r} of {nbytes} bytes exceeds the device's "
                               f"max-buffer-size {limit}")
         raw = self.raw.create_buffer(size=nbytes, usage=usage, label=label)
-        return Buffer(self, raw, nbytes, np.dtype(dtype) if dtype is not None else None,
-                      tuple(shape) if shape is not None else None, label)
+        buf = Buffer(self, raw, nbytes, np.dtype(dtype) if dtype is not None else None,
+                     tuple(shape) if shape is not None else None, label)
+        self.memory.add(nbytes)
+        buf._untrack = weakref.finalize(buf, self.memory.remove, nbytes)
+        return buf
 
     def empty(self, shape, dtype=np.float32, label: str = "") -> Buffer:
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

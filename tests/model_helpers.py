@@ -53,20 +53,3 @@ def stdlib_text(max_bytes: int = 200_000) -> str:
     return "\n".join(parts)[:max_bytes]
 
 
-def requires_ops(*families: str):
-    """Skip (with the reason) while a kernel family the model needs is not in the build.
-
-    The kernels land family by family from the kernels branch; once all are merged nothing
-    here skips.
-    """
-    import importlib.util
-    import pytest
-    from trainer_svc.model.ops import FAMILY_MODULES
-    missing = [f for f in families if importlib.util.find_spec(FAMILY_MODULES[f]) is None]
-    return pytest.mark.skipif(bool(missing), reason="kernel families not in this build yet: "
-                              + ", ".join(FAMILY_MODULES[m] for m in missing))
-
-
-FORWARD_OPS = ("linear", "embedding", "rmsnorm", "rope", "activations", "attention",
-               "decode", "basic")
-TRAINING_OPS = FORWARD_OPS + ("cross_entropy", "optim")

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 
 from istanbul.cli import main
-from tests.model_helpers import TRAINING_OPS, byte_vocabulary, requires_ops, stdlib_text
+from tests.model_helpers import byte_vocabulary, stdlib_text
 from trainer_svc.shards import encode_shard
 from trainer_svc.text import load_codec
 
 
-pytestmark = requires_ops(*TRAINING_OPS)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ def test_short_demo_runs_the_whole_pipeline(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "istanbul", "demo", "--out", str(out), "--corpus-mb", "0.4",
          "--vocab-size", "400", "--steps", "12", "--batch", "2", "--seq", "32",
-         "--checkpoint-every", "5", "--max-tokens", "12"],
+         "--checkpoint-every", "5", "--eval-every", "6", "--max-tokens", "12"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for step in range(1, 9):
@@ -33,5 +33,6 @@ def test_short_demo_runs_the_whole_pipeline(tmp_path):
     steps = sorted(p.name for p in jobs[0].glob("step_*"))
     assert steps[-1] == "step_00000012"
     assert "loss" in proc.stdout and "Done in" in proc.stdout
+    assert "eval loss" in proc.stdout and "evaluations on held-out documents" in proc.stdout
     # the service was stopped gracefully and the daemon exited on an idle queue
     assert "stopped" in (out / "logs" / "tokenizer.log").read_text()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from istanbul.cli import main
-from tests.model_helpers import FORWARD_OPS, byte_vocabulary, requires_ops, tiny_config
+from tests.model_helpers import byte_vocabulary, tiny_config
 from tests.torch_reference import TorchReference
 from trainer_svc.checkpoint import CheckpointManager
 from trainer_svc.training import TrainConfig, Trainer
@@ -32,7 +32,6 @@ def _scaled_trainer(device, tied):
     return tr
 
 
-@requires_ops(*FORWARD_OPS)
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_loads_in_transformers_with_the_same_logits(device, tmp_path, tied):
     import torch

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.model_helpers import FORWARD_OPS, requires_ops, tiny_config
+from tests.model_helpers import tiny_config
 from tests.torch_reference import TorchReference
 from trainer_svc.generate import GenerationError, Generator, sample
 from trainer_svc.model import ParameterLayout
@@ -37,10 +37,13 @@ def _weights(cfg, seed=3, scale=6.0):
     return flat, layout
 
 
-@requires_ops(*FORWARD_OPS)
-@pytest.mark.parametrize("tied", [False, True])
-def test_greedy_tokens_equal_the_reference(device, tied):
-    cfg = tiny_config(tied_head=tied)
+@pytest.mark.parametrize("tied, kv_heads", [(False, 2), (True, 2), (False, 4)])
+def test_greedy_tokens_equal_the_reference(device, tied, kv_heads):
+    """kv_heads 4: d = kv = 64, so q|k|v come from one fused matmul (strided views into the
+    cache writes and the decode attention), as in the small and 124m presets."""
+    cfg = tiny_config(tied_head=tied, n_kv_heads=kv_heads)
+    from trainer_svc.model.forward import fused_qkv
+    assert fused_qkv(cfg) is (kv_heads == 4)
     flat, layout = _weights(cfg)
     gen = Generator(cfg, flat, device)
     prompt = [5, 17, 300, 42, 7, 99, 123]
@@ -58,7 +61,6 @@ def test_greedy_tokens_equal_the_reference(device, tied):
         np.testing.assert_allclose(logits, full[i], atol=2e-4)
 
 
-@requires_ops(*FORWARD_OPS)
 def test_stop_tokens_seed_and_limits(device):
     cfg = tiny_config()
     flat, _ = _weights(cfg)

@@ -6,13 +6,12 @@ order, same optimizer state, so in practice they are bit-identical); same batche
 
 import numpy as np
 
-from tests.model_helpers import TRAINING_OPS, requires_ops, tiny_config
+from tests.model_helpers import tiny_config
 from trainer_svc.checkpoint import CheckpointManager, load_checkpoint
 from trainer_svc.data import TokenStream
 from trainer_svc.training import TrainConfig, Trainer
 
 
-pytestmark = requires_ops(*TRAINING_OPS)
 
 
 def _shards():

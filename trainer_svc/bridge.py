@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from .data import DataError, TokenStream
+from .data import DataError, TokenStream, split_documents
 from .jobs import JobInputError, JobSpec
 from .model.config import ModelConfig
 from .training import StepMetrics, TrainConfig, Trainer
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # Spec fields that do not change what is computed: a checkpoint written under one value
 # resumes under another. (`steps` sets the learning-rate schedule; whether eval is on decides
-# which shards are held out: both matter.)
+# which documents are held out; shuffle and its seed the data order: all matter.)
 RESUMABLE_FIELDS = {"checkpoint_every", "keep_last", "keep_every", "eval_every",
                     "eval_batches", "max_failures"}
 
@@ -73,18 +73,19 @@ def spec_fingerprint(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def split_eval(shards: list[np.ndarray], seq: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Hold out data for evaluation: the last 1/20 of the shards (at least one) when there are
-    several, else the last tenth of the only shard (but at least one window)."""
-    if len(shards) >= 2:
-        n_eval = max(1, len(shards) // 20)
-        return shards[:-n_eval], shards[-n_eval:]
-    only = shards[0]
-    cut = only.size - max(only.size // 10, seq + 1)
-    if cut < seq + 1:
-        raise JobInputError(f"the dataset's {only.size} tokens are too few to hold out an "
-                            f"evaluation split at seq {seq}; set eval_every = 0 or add data")
-    return [only[:cut]], [only[cut:]]
+def split_for_eval(spec: JobSpec, shards: list[np.ndarray], seq: int, eot: int | None,
+                   eval_shards: list[np.ndarray] | None
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train shards, eval shards): with eval_every, the spec's eval dataset when given, else
+    a seeded eval_fraction of the documents held out (never trained on)."""
+    if not spec.eval_every:
+        return shards, []
+    if eval_shards is not None:
+        return shards, eval_shards
+    try:
+        return split_documents(shards, eot, spec.eval_fraction, spec.seed, seq)
+    except DataError as exc:
+        raise JobInputError(f"dataset {spec.dataset!r}: {exc}") from None
 
 
 @dataclass
@@ -133,12 +134,16 @@ class TrainingRun:
 
 
 def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path, device, *,
-             n_vocab: int, vocab_hash: str, vocab_file: Path | None = None) -> TrainingRun:
-    """Resume the job from its newest valid checkpoint, or start it."""
+             n_vocab: int, vocab_hash: str, vocab_file: Path | None = None,
+             eot: int | None = None, eval_shards: list[np.ndarray] | None = None
+             ) -> TrainingRun:
+    """Resume the job from its newest valid checkpoint, or start it. `eot`: the dataset's
+    end-of-text id (documents for the held-out split); `eval_shards`: a separate eval
+    dataset's shards (spec.eval_dataset)."""
     model = model_config_for(spec, n_vocab)
     train_config = train_config_for(spec, model)
-    train_shards, eval_shards = (split_eval(shards, train_config.seq) if spec.eval_every
-                                 else (shards, []))
+    train_shards, eval_shards = split_for_eval(spec, shards, train_config.seq, eot,
+                                               eval_shards)
     manager = CheckpointManager(job_dir, keep_last=spec.keep_last, keep_every=spec.keep_every)
     latest = manager.latest_valid()
     position = None
@@ -161,8 +166,9 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
     else:
         trainer = Trainer(model, train_config, device)
     try:
+        seed = spec.seed if spec.shuffle_seed is None else spec.shuffle_seed
         stream = TokenStream(train_shards, train_config.batch, train_config.seq,
-                             position=position)
+                             position=position, shuffle=spec.shuffle, seed=seed)
         eval_batches = None
         if eval_shards:
             evals = TokenStream(eval_shards, train_config.batch, train_config.seq)

@@ -84,25 +84,39 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 def register(sub) -> None:
     from .jobs import JobSpec
     fields = JobSpec.model_fields      # submit's defaults come from the spec, as train's do
-    p = sub.add_parser("prepare", help="tokenize files through the tokenizer service into a "
-                                       "dataset of shards in Redis")
+    p = sub.add_parser("prepare", help="tokenize files into a dataset: shards in Redis "
+                                       "(--dataset) or shard files in a folder (--out)",
+                       description="Tokenize files (each one a document) through the gRPC "
+                                   "tokenizer service (--tokenizer) or, without it, with the "
+                                   "same GPU encoder in this process (--vocab), into a dataset "
+                                   "of shards in Redis (--dataset NAME) or shard files that "
+                                   "`istanbul train --data DIR` reads (--out DIR).")
     p.add_argument("files", nargs="+", metavar="FILES",
                    help="input files (each one a document) or directories (searched "
                         "recursively)")
-    add_tokenizer_arguments(p, required=True)
-    p.add_argument("--dataset", required=True, metavar="NAME", help="dataset name")
+    add_tokenizer_arguments(p, help="the gRPC tokenizer service (`istanbul serve`); default: "
+                                    "tokenize in this process with --vocab")
+    dest = p.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--dataset", metavar="NAME", help="dataset name in Redis")
+    dest.add_argument("--out", type=Path, metavar="DIR",
+                      help="write shard files (and dataset.json, the vocabulary) into DIR "
+                           "instead of Redis: no server needed")
     p.add_argument("--include", action="append", metavar="GLOB",
                    help="only files under directories that match GLOB, e.g. '*.py' "
                         "(repeatable; default: all files)")
     p.add_argument("--shard-tokens", type=int, default=1 << 20, metavar="N",
                    help="tokens per shard (default 1048576)")
-    p.add_argument("--replace", action="store_true", help="overwrite an existing dataset")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite an existing dataset (or the shard files in --out)")
     p.add_argument("--vocab", metavar="V",
-                   help="also store the vocabulary file (path or known name) with the dataset, "
-                        "so checkpoints carry it; must be the service's vocabulary")
+                   help="the vocabulary (path or known name): the tokenizer without "
+                        "--tokenizer; with it, must be the service's. Stored with the dataset, "
+                        "so checkpoints carry it")
     p.add_argument("--eot", metavar="TOKEN",
                    help="special token that separates documents (default <|endoftext|>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--adapter", default=None, metavar="A",
+                   help="GPU adapter for in-process tokenizing (index or name substring)")
     add_redis_args(p)
     p.set_defaults(func=cmd_prepare)
 
@@ -140,6 +154,8 @@ def register(sub) -> None:
             ("--keep-every", int, "also keep every multiple of this step; 0 is off"),
             ("--eval-every", int, "steps between held-out evaluations; 0 is off"),
             ("--eval-batches", int, "batches per evaluation"),
+            ("--eval-fraction", float, "documents held out for evaluation"),
+            ("--shuffle-seed", int, "seed of the training data order (default: --seed)"),
             ("--max-failures", int, "dead-letter after N failures (default: the daemon's)")):
         default = fields[flag[2:].replace("-", "_")].default
         if "default" not in text and default is not None:
@@ -147,6 +163,11 @@ def register(sub) -> None:
         p.add_argument(flag, type=typ, metavar="N" if typ is int else "X", help=text)
     p.add_argument("--precision", choices=("mixed", "fp32"),
                    help=f"(default: {fields['precision'].default})")
+    p.add_argument("--eval-dataset", metavar="NAME",
+                   help="evaluate on this dataset instead of held-out documents")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
+                   help="seeded random order of the training windows, new every epoch "
+                        "(default on; --no-shuffle reads the shards front to back)")
     add_redis_args(p)
     p.set_defaults(func=cmd_submit)
 
@@ -194,31 +215,58 @@ def register(sub) -> None:
 
 # ---- prepare / datasets ---------------------------------------------------------------------
 
-def cmd_prepare(args) -> int:
-    from tokenizer_svc.client import ServiceError
+def _service_source(args):
     from tokenizer_svc.server_option import client_from_args
-    from .datasets import DatasetError
-    from .prepare import expand_inputs, prepare_dataset, vocabulary_files_for
-
-    files = expand_inputs(args.files, args.include)
-    handle = _connect(args)
+    from .prepare import service_source
     client = client_from_args(args)             # waits while the service loads its vocabulary
     try:
-        info = client.info()
-        vocab_files = vocabulary_files_for(args.vocab, info.vocabulary_hash) if args.vocab \
+        return service_source(client), client
+    except BaseException:
+        client.close()
+        raise
+
+
+def cmd_prepare(args) -> int:
+    from tokenizer_svc.client import ServiceError
+    from .data_files import DataFilesError, ShardFileWriter
+    from .datasets import DatasetError, DatasetWriter
+    from .prepare import expand_inputs, local_source, prepare_dataset, vocabulary_files_for
+
+    files = expand_inputs(args.files, args.include)
+    if not args.tokenizer and not args.vocab:
+        raise UserFacingError("give --tokenizer HOST:PORT (the service) or --vocab V (tokenize "
+                              "in this process)")
+    client = None
+    try:
+        if args.tokenizer:
+            source, client = _service_source(args)
+        else:
+            from shaders.engine import default_device
+            source = local_source(args.vocab, default_device(args.adapter))
+        vocab_files = vocabulary_files_for(args.vocab, source.vocab_hash) if args.vocab \
             else None
-        result = prepare_dataset(handle, client, files, args.dataset,
-                                 shard_tokens=args.shard_tokens, replace=args.replace,
-                                 vocab_files=vocab_files, eot=args.eot,
-                                 progress=not args.no_progress)
-    except (DatasetError, ServiceError) as exc:
+        if args.out is not None:
+            open_writer = lambda **ident: ShardFileWriter(  # noqa: E731
+                args.out, shard_tokens=args.shard_tokens, replace=args.replace, **ident)
+        else:
+            handle = _connect(args)
+            open_writer = lambda **ident: DatasetWriter(  # noqa: E731
+                handle, args.dataset, shard_tokens=args.shard_tokens, replace=args.replace,
+                **ident)
+        name = args.dataset or str(args.out)
+        result = prepare_dataset(source, files, open_writer, vocab_files=vocab_files,
+                                 eot=args.eot, name=name, progress=not args.no_progress)
+    except (DatasetError, DataFilesError, ServiceError) as exc:
         raise UserFacingError(str(exc)) from None
     finally:
-        client.close()
-    ds = result.info
-    print(f"dataset {ds.name}: {ds.tokens:,} tokens in {ds.shards} shard(s) from "
-          f"{ds.documents} document(s) ({result.bytes:,} bytes); vocabulary {ds.vocab_name} "
-          f"({ds.n_vocab} ids, hash {ds.vocab_hash[:16]})")
+        if client is not None:
+            client.close()
+    src = result.source
+    where = f"dataset {name}" if args.dataset else f"shard files in {args.out}"
+    print(f"{where}: {result.tokens:,} tokens in {result.shards} shard(s) from "
+          f"{result.documents} document(s) ({result.bytes:,} bytes); vocabulary "
+          f"{src.vocab_name} ({src.n_vocab} ids, hash {src.vocab_hash[:16]}), tokenized "
+          f"{'by ' + src.target if args.tokenizer else 'in-process'}")
     if result.empty_files:
         print(f"  skipped {result.empty_files} empty file(s)")
     if result.unsafe_cuts:
@@ -257,7 +305,8 @@ def _parse_scalar(text: str):
 
 SPEC_FLAGS = ("dataset", "model", "steps", "batch", "seq", "grad_accum", "lr", "min_lr",
               "warmup", "weight_decay", "grad_clip", "seed", "precision", "checkpoint_every",
-              "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures")
+              "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures",
+              "eval_fraction", "eval_dataset", "shuffle", "shuffle_seed")
 
 
 def build_spec_dict(args) -> dict:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -28,8 +29,9 @@ def register(sub) -> None:
                                    "progress bar and one line per logging interval with "
                                    "loss=<value>.")
     src = t.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", nargs="+", metavar="SHARD_FILE",
-                     help="token shard files (istanbul shard format)")
+    src.add_argument("--data", nargs="+", metavar="SHARDS",
+                     help="token shard files (istanbul shard format), or folders of them "
+                          "written by `istanbul prepare --out DIR`")
     src.add_argument("--text", nargs="+", metavar="FILE",
                      help="text files, tokenized with --vocab (documents end with <|endoftext|>)")
     t.add_argument("--vocab", metavar="V",
@@ -59,7 +61,19 @@ def register(sub) -> None:
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
                         "accuracy; on the H200 not faster than f32 math yet)")
-    t.add_argument("--seed", type=int, default=_spec_default("seed"), help="initialisation seed")
+    t.add_argument("--seed", type=int, default=_spec_default("seed"),
+                   help="initialisation, data order and held-out split seed")
+    t.add_argument("--shuffle", action=argparse.BooleanOptionalAction,
+                   default=_spec_default("shuffle"),
+                   help="read the training windows in a seeded random order, a new one each "
+                        "epoch (--no-shuffle: front to back)")
+    t.add_argument("--eval-every", type=int, default=_spec_default("eval_every"), metavar="N",
+                   help="held-out loss every N steps (0: off); the held-out data is "
+                        "--eval-fraction of the documents, never trained on")
+    t.add_argument("--eval-fraction", type=float, default=_spec_default("eval_fraction"),
+                   metavar="X", help="documents held out with --eval-every")
+    t.add_argument("--eval-batches", type=int, default=_spec_default("eval_batches"),
+                   metavar="N", help="batches per evaluation")
     t.add_argument("--log-every", type=int, default=10, metavar="N",
                    help="print a line every N steps")
     t.add_argument("--checkpoints", metavar="DIR", help="run directory for checkpoints")
@@ -111,10 +125,15 @@ def _load_codec(spec):
 
 
 def _load_shards(args, codec):
+    from .data_files import DataFilesError, shard_paths
     from .shards import ShardError, decode_shard, read_header
     shards = []
     if args.data:
-        for name in args.data:
+        try:
+            names = [str(p) for arg in args.data for p in shard_paths(arg)]
+        except DataFilesError as exc:
+            raise UserFacingError(f"--data: {exc}") from None
+        for name in names:
             try:
                 blob = Path(name).read_bytes()
                 header = read_header(blob, name)
@@ -139,7 +158,7 @@ def cmd_train(args) -> int:
     from tqdm import tqdm
     from shaders.engine import default_device
     from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-    from .data import DataError, TokenStream
+    from .data import DataError, TokenStream, split_documents
     from .model.config import ModelConfig
     from .training import TrainConfig, Trainer
 
@@ -147,6 +166,8 @@ def cmd_train(args) -> int:
         raise UserFacingError("--text needs --vocab (the vocabulary to tokenize with)")
     if args.resume and not args.checkpoints:
         raise UserFacingError("--resume needs --checkpoints DIR")
+    if args.eval_every < 0 or args.eval_batches < 1:
+        raise UserFacingError("--eval-every must be >= 0 and --eval-batches >= 1")
     codec = _load_codec(args.vocab) if args.vocab else None
     shards = _load_shards(args, codec)
     n_vocab = codec.n_vocab if codec else int(max(int(s.max()) for s in shards if s.size)) + 1
@@ -194,8 +215,15 @@ def cmd_train(args) -> int:
         except ValueError as exc:
             raise UserFacingError(str(exc)) from None
     try:
+        evals = None
+        if args.eval_every:
+            eot = codec.eot_token if codec else None
+            shards, held = split_documents(shards, eot, args.eval_fraction, args.seed, tc.seq)
+            held_stream = TokenStream(held, tc.batch, tc.seq)
+            evals = np.stack([held_stream.next_batch() for _ in range(args.eval_batches)])
         stream = TokenStream(shards, tc.batch, tc.seq, position=position,
-                             vocab_size=trainer.model_config.vocab_size)
+                             vocab_size=trainer.model_config.vocab_size,
+                             shuffle=args.shuffle, seed=args.seed)
     except DataError as exc:
         raise UserFacingError(str(exc)) from None
 
@@ -226,6 +254,8 @@ def cmd_train(args) -> int:
             tqdm.write(f"step {m.step}/{tc.steps} loss={m.loss:.4f} "
                        f"grad_norm={m.grad_norm:.3f} lr={m.lr:.2e} "
                        f"tok/s={m.tokens_per_s:,.0f}")
+        if evals is not None and m.step % args.eval_every == 0:
+            tqdm.write(f"step {m.step}/{tc.steps} eval_loss={trainer.evaluate(evals):.4f}")
         if manager and args.checkpoint_every and m.step % args.checkpoint_every == 0:
             save()
             last_saved = m.step

@@ -44,6 +44,7 @@ from . import datasets
 from .jobs import JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
 from .lease import Heartbeat, Lease, lease_holder, owner_token
 from .metrics import DaemonMetrics
+from .model.fit import ConfigDoesNotFitError
 from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
 from .shards import ShardError
 
@@ -319,7 +320,7 @@ class JobAttempt:
             self._requeue(f"Redis was unreachable ({exc}); re-queued", failed=False)
         except TooManyFailures as exc:
             self._fail(str(exc), permanent=False)
-        except JobInputError as exc:
+        except (JobInputError, ConfigDoesNotFitError) as exc:  # deterministic: no retry
             self._fail(str(exc), permanent=True)
         except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
             log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
@@ -464,13 +465,32 @@ class JobAttempt:
                 raise JobInputError(f"bad shard: {exc}") from None
             if self.heartbeat.lost.is_set():
                 raise LeaseLost(self.heartbeat.lost_reason)
+        eval_shards = self._eval_shards(spec, info) if spec.eval_every else None
         vocab_file = self._vocab_file(spec.dataset, info, job_dir)
         run = open_run(spec, self.job_id, shards, job_dir, self.daemon.device,
-                       n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file)
+                       n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file,
+                       eot=info.eot_id, eval_shards=eval_shards)
         if run.resumed_from is not None:
             self.progress.add(ev=event("resumed", checkpoint=str(run.resumed_from),
                                        step=run.step_count, attempt=self.attempt))
         return run
+
+    def _eval_shards(self, spec: JobSpec, info) -> list | None:
+        """The shards of spec.eval_dataset (same vocabulary), or None: held-out documents."""
+        if spec.eval_dataset is None:
+            return None
+        try:
+            other = datasets.get_dataset(self.daemon.handle, spec.eval_dataset)
+            if other.vocab_hash != info.vocab_hash:
+                raise JobInputError(f"eval dataset {spec.eval_dataset!r} was tokenized with "
+                                    f"another vocabulary than {spec.dataset!r}")
+            return [datasets.load_shard(self.daemon.handle, other, i, n_vocab=other.n_vocab,
+                                        vocab_hash=other.vocab_hash)
+                    for i in range(other.shards)]
+        except datasets.DatasetError as exc:
+            raise JobInputError(f"eval dataset: {exc}") from None
+        except ShardError as exc:
+            raise JobInputError(f"eval dataset: bad shard: {exc}") from None
 
     def _vocab_file(self, name: str, info, job_dir: Path) -> Path | None:
         """Write the dataset's vocabulary next to the checkpoints (they copy it in)."""
@@ -521,7 +541,9 @@ class JobAttempt:
             self._report(run, metrics, total, ema_seconds)
             if spec.eval_every and run.step_count % spec.eval_every == 0:
                 eval_loss = run.evaluate()
+                self.metrics.observe_eval(self.job_id, eval_loss)
                 self.progress.add(hset={"eval_loss": eval_loss},
+                                  curve=[f"eval:{run.step_count}", float(eval_loss)],
                                   ev=event("eval", step=run.step_count, loss=eval_loss,
                                            attempt=self.attempt))
             if run.step_count % spec.checkpoint_every == 0 and run.step_count < total:

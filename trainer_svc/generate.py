@@ -5,7 +5,8 @@
                               top_p=0.95, seed=1, stop=(eot,)):
         print(decode([token]), end="", flush=True)
 
-All model arithmetic runs on the GPU in f32 (the checkpoint's master weights). Each layer
+All model arithmetic runs on the GPU in f32 (the checkpoint's master weights), recorded by
+the same forward pass as training (trainer_svc/model/forward.py). Each layer
 keeps K and V of every position so far in a cache of max_seq rows (rows = positions,
 columns = kv heads x head_dim, K after RoPE). Prefill runs the batched causal attention over
 the prompt and writes its K/V rows into the cache; each decode step computes q/k/v of one
@@ -23,8 +24,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .model import ops
+from shaders.ops import linear, rmsnorm, rope
+
 from .model.config import ModelConfig
+from .model.forward import BlockBuffers, KVCache, Weights, record_blocks
 from .model.layout import ParameterLayout
 
 
@@ -59,70 +62,36 @@ class Generator:
         self.layout = ParameterLayout.for_config(cfg)
         self.valid_vocab = min(valid_vocab or cfg.vocab_size, cfg.vocab_size)
         self.max_seq = min(max_seq or cfg.max_seq, cfg.max_seq)
-        d, kv, f, S = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, self.max_seq
+        d, kv, S = cfg.d_model, cfg.kv_dim, self.max_seq
         e = lambda shape, name: device.empty(shape, np.float32, label=name)  # noqa: E731
         self.params = device.upload(np.ascontiguousarray(params, np.float32), "gen params")
-        self.k_cache = [e((S, kv), f"k cache {i}") for i in range(cfg.n_layers)]
-        self.v_cache = [e((S, kv), f"v cache {i}") for i in range(cfg.n_layers)]
-        # activations for up to S rows (prefill) and their 1-row use (decode)
-        self.x, self.x2 = e((S, d), "x"), e((S, d), "x2")
-        self.h, self.rstd = e((S, d), "h"), e(S, "rstd")
-        self.q, self.a = e((S, d), "q"), e((S, d), "attn")
-        self.k, self.v = e((S, kv), "k"), e((S, kv), "v")
-        self.lse = e((cfg.n_heads, S), "lse")
-        self.gu, self.s = e((S, 2 * f), "gate|up"), e((S, f), "act")
-        self.x_last = e((1, d), "x last")
+        self.weights = Weights(cfg, self.layout, self.params)   # f32 throughout
+        self.caches = [KVCache(e((S, kv), f"k cache {i}"), e((S, kv), f"v cache {i}"), S)
+                       for i in range(cfg.n_layers)]
+        # one set of activations for up to S rows (prefill) or 1 row (decode), shared by
+        # every layer: the training forward's recording with the same buffers per layer
+        self.acts = BlockBuffers(device, S, cfg, "gen", share_norm=True)
+        self.x_last, self.h_last = e((1, d), "x last"), e((1, d), "h last")
+        self.rstd_last = e(1, "rstd last")
         self.logits = e(cfg.vocab_size, "logits")
         self.ids = device.empty(S, np.uint32, label="ids")
-        self.rope_table = ops.rope_table(device, S, cfg.head_dim, cfg.rope_theta)
+        self.rope_table = device.upload(rope.rope_table(S, cfg.head_dim, cfg.rope_theta),
+                                        label="rope table")
         self.length = 0  # positions in the cache
-
-    def w(self, name: str):
-        t = self.layout[name]
-        return self.params.elements(t.offset, t.size, t.shape)
-
-    def _rows(self, buf, rows: int, cols: int):
-        return buf.elements(0, rows * cols, (rows, cols))
 
     def _record(self, rec, T: int, pos0: int) -> None:
         """Forward of T new tokens at positions pos0.. (ids already uploaded); last logits."""
-        cfg = self.cfg
-        d, kv, f, H, KV, hd = cfg.d_model, cfg.kv_dim, cfg.ffn_hidden, cfg.n_heads, \
-            cfg.n_kv_heads, cfg.head_dim
-        x, x2 = self._rows(self.x, T, d), self._rows(self.x2, T, d)
-        h, q, a = self._rows(self.h, T, d), self._rows(self.q, T, d), self._rows(self.a, T, d)
-        k, v = self._rows(self.k, T, kv), self._rows(self.v, T, kv)
-        gu, s = self._rows(self.gu, T, 2 * f), self._rows(self.s, T, f)
-        rstd = self.rstd.elements(0, T)
-        ops.embedding(rec, self.ids.elements(0, T), self.w("embed"), x, T, d, cfg.vocab_size)
-        for i in range(cfg.n_layers):
-            pre = f"layers.{i}."
-            ops.rmsnorm(rec, x, self.w(pre + "attn_norm"), h, rstd, T, d, cfg.norm_eps)
-            ops.linear(rec, h, self.w(pre + "wq"), q, T, d, d)
-            ops.linear(rec, h, self.w(pre + "wk"), k, T, kv, d)
-            ops.linear(rec, h, self.w(pre + "wv"), v, T, kv, d)
-            ops.rope(rec, q, self.rope_table, 1, T, H, hd, pos0=pos0)
-            ops.rope(rec, k, self.rope_table, 1, T, KV, hd, pos0=pos0)
-            ops.kv_cache_write(rec, k, v, self.k_cache[i], self.v_cache[i], T, KV, hd,
-                               pos=pos0, t_max=self.max_seq)
-            if T > 1:  # prefill: batched causal attention over the prompt (pos0 == 0)
-                ops.attention(rec, q, k, v, a, self.lse.elements(0, H * T), 1, T, H, KV, hd)
-            else:      # decode: the new token's query against every cached position
-                ops.attention_decode(rec, q, self.k_cache[i], self.v_cache[i], a, H, KV, hd,
-                                     n_ctx=pos0 + 1, t_max=self.max_seq)
-            ops.linear(rec, a, self.w(pre + "wo"), x2, T, d, d, residual=x)
-            ops.rmsnorm(rec, x2, self.w(pre + "ffn_norm"), h, rstd, T, d, cfg.norm_eps)
-            off, size = self.layout.fused_range(pre + "w_gate", pre + "w_up")
-            ops.linear(rec, h, self.params.elements(off, size), gu, T, 2 * f, d)
-            ops.swiglu(rec, gu, s, T, f)
-            ops.linear(rec, s, self.w(pre + "w_down"), x, T, d, f, residual=x2)
+        cfg, d = self.cfg, self.cfg.d_model
+        acts = self.acts.rows(T)
+        record_blocks(rec, cfg, self.weights, [acts] * cfg.n_layers, acts.x,
+                      self.ids.elements(0, T), 1, T, self.rope_table, pos0=pos0,
+                      caches=self.caches)
         # only the last row goes through the final norm and the head
-        rec.copy(x, self.x_last, d * 4, src_offset=(T - 1) * d * 4)
-        ops.rmsnorm(rec, self.x_last, self.w("final_norm"), self._rows(self.h, 1, d),
-                    self.rstd.elements(0, 1), 1, d, cfg.norm_eps)
-        head = "embed" if cfg.tied_head else "head"
-        ops.linear(rec, self._rows(self.h, 1, d), self.w(head), self.logits, 1,
-                   cfg.vocab_size, d)
+        rec.copy(self.acts.x, self.x_last, d * 4, src_offset=(T - 1) * d * 4)
+        rmsnorm.forward(rec, self.x_last, self.weights.p("final_norm"), self.h_last,
+                        self.rstd_last, 1, d, cfg.norm_eps)
+        linear.matmul_nt(rec, self.h_last, self.weights.w(self.weights.head_name),
+                         self.logits, 1, cfg.vocab_size, d, f16_math=False)
 
     def _run(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         T = len(ids)

@@ -77,13 +77,24 @@ class JobSpec(BaseModel):
     keep_every: int = Field(0, ge=0, description="also keep each multiple of this step; 0 off")
     eval_every: int = Field(0, ge=0, description="steps between held-out evaluations; 0 off")
     eval_batches: int = Field(4, gt=0, description="batches per evaluation")
+    eval_fraction: float = Field(0.05, gt=0, lt=0.5, description=(
+        "with eval_every: the fraction of the dataset's documents held out (never trained "
+        "on), chosen with the seed; ignored when eval_dataset is given"))
+    eval_dataset: str | None = Field(None, description=(
+        "with eval_every: evaluate on this dataset (same vocabulary) instead of held-out "
+        "documents"))
+    shuffle: bool = Field(True, description=(
+        "read the training windows in a seeded random order, a new one every epoch (false: "
+        "front to back through the shards); the order resumes exactly from a checkpoint"))
+    shuffle_seed: int | None = Field(None, ge=0, lt=2**63,
+                                     description="seed of the data order (default: seed)")
     max_failures: int | None = Field(None, gt=0, description="default: the daemon's --max-failures")
     vocab_hash: str | None = Field(None, description="expected vocabulary hash (sha256 hex)")
 
-    @field_validator("dataset")
+    @field_validator("dataset", "eval_dataset")
     @classmethod
-    def _dataset_name(cls, value: str) -> str:
-        if not DATASET_RE.match(value):
+    def _dataset_name(cls, value: str | None) -> str | None:
+        if value is not None and not DATASET_RE.match(value):
             raise ValueError(f"dataset name {value!r} must match {DATASET_RE.pattern}")
         return value
 
@@ -401,7 +412,14 @@ class JobQueue:
         return out
 
     def loss_curve(self, job_id: str) -> dict[int, float]:
-        return {int(k): float(v) for k, v in self.r.hgetall(keys.job_curve(job_id)).items()}
+        """Training loss per step (the curve hash's plain step fields)."""
+        return {int(k): float(v) for k, v in self.r.hgetall(keys.job_curve(job_id)).items()
+                if k.isdigit()}
+
+    def eval_curve(self, job_id: str) -> dict[int, float]:
+        """Held-out loss per evaluated step (the curve hash's `eval:STEP` fields)."""
+        return {int(k[5:]): float(v) for k, v in self.r.hgetall(keys.job_curve(job_id)).items()
+                if k.startswith("eval:")}
 
     def dead_letters(self, count: int = 100) -> list[dict]:
         return [dict(fields, entry=entry_id)
@@ -466,7 +484,7 @@ class JobQueue:
         if events:
             ops["events"] = events
         if curve:
-            ops["curve"] = [str(x) if isinstance(x, int) else repr(x) for x in curve]
+            ops["curve"] = [str(x) if isinstance(x, (int, str)) else repr(x) for x in curve]
         if ack:
             ops["ack"] = ack
         if requeue:

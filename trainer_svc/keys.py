@@ -12,7 +12,7 @@ Jobs:
     istanbul:jobs:dead                     dead-letter stream: {job, error, failures, ...}
     istanbul:job:ID                        hash: spec, state, step, loss, owner, error, ...
     istanbul:job:ID:events                 stream of events (state, progress, checkpoint, ...)
-    istanbul:job:ID:curve                  hash: step -> loss (the loss curve, last write wins)
+    istanbul:job:ID:curve                  hash: step -> loss, eval:step -> eval loss (last write wins)
     istanbul:lease:ID                      string: owner token, with a TTL the owner renews
 """
 

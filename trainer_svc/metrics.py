@@ -1,7 +1,8 @@
 """Prometheus metrics of a training daemon (served with `--metrics-port`).
 
-Per daemon: tokens trained, steps, step seconds (histogram), the current loss and tokens/s per
-running job, jobs finished by outcome, takeovers, lost leases, whether Redis is reachable.
+Per daemon: tokens trained, steps, step seconds (histogram), the current loss, held-out loss
+and tokens/s per running job, jobs finished by outcome, takeovers, lost leases, whether Redis
+is reachable.
 Cluster-wide, read from Redis when scraped (cached for a few seconds): the queue depth (jobs
 waiting) and the number of jobs in each state.
 """
@@ -66,6 +67,8 @@ class DaemonMetrics:
                                       registry=r)
         self.loss = Gauge("istanbul_trainer_loss", "Training loss of the latest step",
                           ["job"], registry=r)
+        self.eval_loss = Gauge("istanbul_trainer_eval_loss",
+                               "Held-out loss of the latest evaluation", ["job"], registry=r)
         self.tokens_per_s = Gauge("istanbul_trainer_tokens_per_second",
                                   "Tokens per second of the latest step", ["job"], registry=r)
         self.finished = Counter("istanbul_trainer_job_attempts",
@@ -91,8 +94,12 @@ class DaemonMetrics:
         self.loss.labels(job=job_id).set(metrics.loss)
         self.tokens_per_s.labels(job=job_id).set(metrics.tokens_per_s)
 
+    def observe_eval(self, job_id: str, loss) -> None:
+        if loss is not None:
+            self.eval_loss.labels(job=job_id).set(loss)
+
     def forget_job(self, job_id: str) -> None:
-        for gauge in (self.loss, self.tokens_per_s):
+        for gauge in (self.loss, self.eval_loss, self.tokens_per_s):
             try:
                 gauge.remove(job_id)
             except KeyError:

@@ -1,8 +1,10 @@
-"""`istanbul prepare`: files -> the gRPC tokenizer service (streaming) -> shards in Redis.
+"""`istanbul prepare`: files -> a tokenizer -> shards (in Redis, or shard files in a folder).
 
-Every input file is one document. Documents go through one TokenizeStream call in order
-(raw bytes, special-token text encoded as ordinary text), and the ids are packed by a
-`DatasetWriter`. A file larger than the service's per-document limit is sent in pieces cut
+The tokenizer is the gRPC service (`service_source`: one TokenizeStream call) or the same GPU
+encoder in this process (`local_source`, when no --tokenizer is given: one machine, no
+server). Every input file is one document. Documents are encoded in order (raw bytes,
+special-token text encoded as ordinary text), and the ids are packed by a `DatasetWriter`
+(Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than the service's per-document limit is sent in pieces cut
 where the split cannot change the tokens (`is_safe_point`: after a line break between
 words, or before a single space between words). With the GPT-2, cl100k and o200k patterns no
 pre-token spans such a point (tests/test_prepare_split.py checks it with tiktoken), so the
@@ -17,14 +19,12 @@ import logging
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
 from istanbul_errors import UserFacingError
-
-from .datasets import DatasetInfo, DatasetWriter
-from .redis_conn import RedisHandle
 
 log = logging.getLogger(__name__)
 
@@ -126,27 +126,87 @@ def split_document(data: bytes, limit: int) -> tuple[list[bytes], int]:
     return pieces, unsafe
 
 
+@dataclass(frozen=True)
+class TokenizerSource:
+    """What prepare needs of a tokenizer: its vocabulary and an ordered stream encoder."""
+    vocab_name: str
+    vocab_hash: str
+    n_vocab: int
+    special_tokens: dict
+    eot_token: int | None
+    max_piece_bytes: int          # the per-document limit: longer files go in pieces
+    target: str                   # "HOST:PORT" of the service, or "in-process"
+    encode_stream: Callable       # iterator of bytes -> iterator of id arrays, in order
+
+
+def service_source(client) -> TokenizerSource:
+    """The gRPC tokenizer service behind a TokenizerClient (one TokenizeStream call)."""
+    info = client.info()
+    limit = int(info.limits.max_text_bytes) if info.limits.max_text_bytes else \
+        DEFAULT_PIECE_BYTES
+    return TokenizerSource(info.vocabulary_name, info.vocabulary_hash, int(info.n_vocab),
+                           dict(info.special_tokens),
+                           int(info.eot_token) if info.HasField("eot_token") else None,
+                           limit, client.target, client.tokenize_stream)
+
+
+LOCAL_BATCH_BYTES = 8 << 20   # bytes per GPU encode call in-process
+
+
+def local_source(vocab_spec: str, device=None) -> TokenizerSource:
+    """The same GPU encoder in this process (tokenizer_svc.encoding), no service needed."""
+    from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.vocab import VocabularyError
+    try:
+        enc = get_encoding(vocab_spec, device=device)
+    except (VocabularyError, OSError) as exc:
+        raise UserFacingError(f"--vocab {vocab_spec}: {exc}") from None
+    vocab = enc.vocab
+
+    def encode_stream(pieces):
+        batch, size = [], 0
+        for piece in pieces:
+            batch.append(piece)
+            size += len(piece)
+            if size >= LOCAL_BATCH_BYTES:
+                yield from _split_flat(*enc.encode_batch_flat(batch))
+                batch, size = [], 0
+        if batch:
+            yield from _split_flat(*enc.encode_batch_flat(batch))
+
+    return TokenizerSource(vocab.name, vocab.content_hash, vocab.n_vocab,
+                           dict(vocab.special_tokens), vocab.eot_token, DEFAULT_PIECE_BYTES,
+                           "in-process", encode_stream)
+
+
+def _split_flat(ids, offsets):
+    for k in range(len(offsets) - 1):
+        yield ids[offsets[k]:offsets[k + 1]]
+
+
 @dataclass
 class PrepareResult:
-    info: DatasetInfo
+    name: str
+    tokens: int
+    shards: int
+    documents: int
+    source: TokenizerSource
     files: int
     bytes: int
     empty_files: int
     unsafe_cuts: int
 
 
-def prepare_dataset(handle: RedisHandle, client, files: list[Path], name: str, *,
-                    shard_tokens: int, replace: bool = False, vocab_files: dict | None = None,
-                    eot: str | None = None, piece_bytes: int | None = None,
+def prepare_dataset(source: TokenizerSource, files: list[Path], open_writer, *,
+                    vocab_files: dict | None = None, eot: str | None = None,
+                    piece_bytes: int | None = None, name: str = "",
                     progress: bool = True) -> PrepareResult:
-    """Tokenize `files` through `client` (a TokenizerClient) into dataset `name`."""
-    info = client.info()
-    eot_id = _eot_id(info, eot)
-    limit = int(info.limits.max_text_bytes) if info.limits.max_text_bytes else DEFAULT_PIECE_BYTES
-    limit = min(limit, piece_bytes or DEFAULT_PIECE_BYTES)
-    writer = DatasetWriter(handle, name, vocab_hash=info.vocabulary_hash, n_vocab=info.n_vocab,
-                           eot_id=eot_id, vocab_name=info.vocabulary_name,
-                           tokenizer=client.target, shard_tokens=shard_tokens, replace=replace)
+    """Tokenize `files` with `source` into the writer `open_writer(**identity)` returns (a
+    DatasetWriter into Redis, or a ShardFileWriter into a folder)."""
+    eot_id = _eot_id(source, eot)
+    limit = min(source.max_piece_bytes, piece_bytes or DEFAULT_PIECE_BYTES)
+    writer = open_writer(vocab_hash=source.vocab_hash, n_vocab=source.n_vocab, eot_id=eot_id,
+                         vocab_name=source.vocab_name, tokenizer=source.target)
     total = sum(f.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"prepare {name}",
                disable=None if progress else True)   # None: no bar without a terminal
@@ -173,36 +233,38 @@ def prepare_dataset(handle: RedisHandle, client, files: list[Path], name: str, *
 
     try:
         current: list = []
-        for ids in client.tokenize_stream(pieces()):
+        for ids in source.encode_stream(pieces()):
             last, size = sent.popleft()
-            current.append(ids)
+            current.append(np.asarray(ids))
             bar.update(size)
             if last:
                 writer.add_document(np.concatenate(current))
                 current = []
         if vocab_files:
             writer.attach_vocabulary(vocab_files)
-        result = writer.close()
+        writer.close()
     except BaseException:
         writer.abort()
         raise
     finally:
         bar.close()
-    return PrepareResult(result, len(files), counts["bytes"], counts["empty"], counts["unsafe"])
+    return PrepareResult(name, writer.tokens, writer.shards, writer.documents, source,
+                         len(files), counts["bytes"], counts["empty"], counts["unsafe"])
 
 
-def _eot_id(info, eot: str | None) -> int:
+def _eot_id(source: TokenizerSource, eot: str | None) -> int:
+    specials = source.special_tokens
     if eot is not None:
-        if eot not in info.special_tokens:
+        if eot not in specials:
             raise UserFacingError(f"--eot {eot!r} is not a special token of vocabulary "
-                                  f"{info.vocabulary_name} (it has: "
-                                  f"{', '.join(sorted(info.special_tokens)) or 'none'})")
-        return int(info.special_tokens[eot])
-    if info.HasField("eot_token"):
-        return int(info.eot_token)
-    raise UserFacingError(f"vocabulary {info.vocabulary_name} has no <|endoftext|> token to "
+                                  f"{source.vocab_name} (it has: "
+                                  f"{', '.join(sorted(specials)) or 'none'})")
+        return int(specials[eot])
+    if source.eot_token is not None:
+        return int(source.eot_token)
+    raise UserFacingError(f"vocabulary {source.vocab_name} has no <|endoftext|> token to "
                           "separate documents; name one of its special tokens with --eot "
-                          f"(it has: {', '.join(sorted(info.special_tokens)) or 'none'})")
+                          f"(it has: {', '.join(sorted(specials)) or 'none'})")
 
 
 def vocabulary_files_for(spec: str, expected_hash: str) -> dict[str, bytes]:

@@ -5,8 +5,8 @@
     m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.skipped
 
 One optimizer step is recorded as ONE command buffer: for each micro-batch the forward pass,
-the fused cross-entropy and the backward pass (gradients accumulate in the f32 gradient
-buffer), then the global gradient norm, the clip scale and the NaN/Inf flag, then AdamW over
+the LM head with the fused cross-entropy in row chunks (model/lm_head.py) and the backward
+pass (gradients accumulate in the f32 gradient buffer), then the global gradient norm, the clip scale and the NaN/Inf flag, then AdamW over
 the one parameter buffer (which also rewrites the f16 weight mirror). The only read-back is
 after it: the per-token losses and the gradient statistics. A step whose gradients are not
 finite leaves weights and moments untouched and comes back with `skipped=True`.
@@ -55,6 +55,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     z_loss: float = 0.0
     f16_math: bool = False          # mixed only: forward matmuls multiply in packed f16
+    head_chunk_rows: int = 0        # rows per LM-head chunk; 0: from the device's limits
 
     def __post_init__(self):
         problems = []
@@ -72,6 +73,9 @@ class TrainConfig:
             problems.append("beta1 and beta2 must lie in [0, 1)")
         if self.f16_math and self.precision != "mixed":
             problems.append("f16_math needs precision 'mixed'")
+        if not isinstance(self.head_chunk_rows, int) or self.head_chunk_rows < 0:
+            problems.append(f"head_chunk_rows must be an integer >= 0 (0: automatic), got "
+                            f"{self.head_chunk_rows!r}")
         if not (0 <= self.label_smoothing < 1) or self.z_loss < 0:
             problems.append("label_smoothing must lie in [0, 1) and z_loss >= 0")
         if problems:
@@ -126,7 +130,8 @@ class Trainer:
                               batch=train_config.batch, seq=train_config.seq,
                               precision=train_config.precision,
                               grad_accum=train_config.grad_accum,
-                              f16_math=train_config.f16_math)
+                              f16_math=train_config.f16_math,
+                              head_chunk_rows=train_config.head_chunk_rows or None)
         self.model.set_parameters(parameters)
         self.step_count = 0
         self.tokens_seen = 0

@@ -1,6 +1,7 @@
 // 07_cross_entropy.wgsl — fused softmax cross-entropy: loss and dlogits in one pass pair.
 //
-//   ce_rows[_vec4]    per row r (one workgroup), over the first V of its `stride` columns:
+//   ce_rows[_vec4]    per row r (one workgroup), over the first V of its `stride` columns
+//                     (rows of one chunk: logits row r is token row0 + r of targets/losses):
 //                       lse = log sum_i exp(x_i)
 //                       loss[r] = lse - (1-eps) x_t - (eps/V) sum_i x_i + z * lse^2
 //                       dx_i = scale * ((1 + 2 z lse) softmax_i - (1-eps) [i == t] - eps/V)
@@ -11,7 +12,7 @@
 //                     mode 0: loss only; 1: dx overwrites the logits (in place); 2: dx to dlogits.
 //
 // ce_count (before) and ce_finalize (after) live in 07_cross_entropy_reduce.wgsl.
-// Layouts: logits, dlogits f32[rows, stride]; targets u32[rows]; losses f32[rows];
+// Layouts: logits, dlogits f32[rows, stride]; targets, losses [row0 + rows] (u32, f32);
 // stats f32[4] = (valid count, loss sum, mean loss, 0). The _vec4 kernel reads rows as
 // vec4<f32> (stride % 4 == 0; V need not be).
 //
@@ -35,13 +36,14 @@ struct Params {
     eps: f32,          // label smoothing
     z: f32,            // z-loss coefficient
     grad_scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    row0: u32,         // first token row of this chunk in targets and losses
+    nan_bits: u32,     // 0x7fc00000 from the host: a NaN made at run time (WGSL refuses
+                       // NaN constant expressions)
+    _pad: u32,
 }
 
 fn nan_f32() -> f32 {
-    return bitcast<f32>(0x7fc00000u);
+    return bitcast<f32>(p.nan_bits);
 }
 
 // One row per workgroup; `row` is uniform across the workgroup, so is `ignored`, and every
@@ -49,7 +51,7 @@ fn nan_f32() -> f32 {
 fn ce_row(row: u32, lid: u32, sg: Subgroup) {
     let live = row < p.rows;
     var t = p.ignore_index;
-    if (live) { t = targets[row]; }
+    if (live) { t = targets[p.row0 + row]; }
     let ignored = t == p.ignore_index;
     let bad_target = !ignored && t >= p.vocab;
     let base = row * (p.stride / W);
@@ -106,7 +108,7 @@ fn ce_row(row: u32, lid: u32, sg: Subgroup) {
         } else if (!ignored) {
             loss = lse - (1.0 - p.eps) * xt - p.eps / f32(p.vocab) * row_sx + p.z * lse * lse;
         }
-        losses[row] = loss;
+        losses[p.row0 + row] = loss;
     }
     if (p.mode == 0u) { return; }
     // pass 2: dx

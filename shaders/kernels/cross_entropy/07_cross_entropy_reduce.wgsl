@@ -22,9 +22,9 @@ struct Params {
     eps: f32,
     z: f32,
     grad_scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    row0: u32,         // unused here (ce_rows' chunk offset)
+    nan_bits: u32,
+    _pad: u32,
 }
 
 // --- KERNEL: ce_count ---

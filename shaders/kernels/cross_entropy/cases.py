@@ -116,3 +116,44 @@ register(KernelCase(
     bench_variant_software="bench_small",
     flops=lambda inp: 12.0 * inp["logits"].size, bytes=lambda inp: _bytes(inp, 3),
     description="cross-entropy with 1024 invocations per row"))
+
+
+CHUNK_ROWS = 7   # not a divisor of any variant's row count: a ragged last chunk
+
+
+def make_chunked_launch(dev, inp):
+    """rows_chunk over chunks of CHUNK_ROWS rows (each chunk's logits in its own buffer, as
+    the chunked LM head has them), the gradient scaled by 1 / valid rows from the host."""
+    rows, stride = inp["logits"].shape
+    targets, losses = dev.upload(inp["targets"]), dev.empty(rows)
+    stats = dev.empty(4)
+    valid = int((inp["targets"] != IGNORE).sum())
+    chunks = [dev.upload(inp["logits"][r0:r0 + CHUNK_ROWS])
+              for r0 in range(0, rows, CHUNK_ROWS)]
+
+    def encode(rec):
+        for k, chunk in enumerate(chunks):
+            r0 = k * CHUNK_ROWS
+            ce.rows_chunk(rec, chunk, targets, losses, stats, r0, min(CHUNK_ROWS, rows - r0),
+                          inp["vocab"], stride=stride, label_smoothing=inp["eps"],
+                          z_loss=inp["z"], grad_scale=1.0 / max(valid, 1))
+
+    def read():
+        return {"losses": dev.download(losses),
+                "dlogits": np.concatenate([dev.download(c) for c in chunks])}
+    return Launch(encode, read)
+
+
+def _chunked_reference(inp):
+    ref = reference(inp)
+    del ref["stats"]
+    return ref
+
+
+register(KernelCase(
+    name="cross_entropy_chunked", family="cross_entropy", precision="f32",
+    kernels=[(ce.FILE, "ce_rows", {"WG": ce.WG}), (ce.FILE, "ce_rows_vec4", {"WG": ce.WG})],
+    inputs=make_inputs, launch=make_chunked_launch, reference=_chunked_reference,
+    variants=VARIANTS, bench_variant_software="bench_small",
+    flops=lambda inp: 12.0 * inp["logits"].size, bytes=lambda inp: _bytes(inp, 3),
+    description="cross-entropy per row chunk at row0 (the chunked LM head's calls)"))

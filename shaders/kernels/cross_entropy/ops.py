@@ -16,6 +16,10 @@ mean_over_valid=True (the mean over non-ignored tokens, counted on the GPU), or
 micro-batches, known on the host). grad: "inplace" overwrites the logits, a Buffer receives
 dlogits, "none" computes the loss only. A target >= vocab that is not ignore_index makes that
 row's loss and dlogits NaN: the grad-stats NaN guard then skips the step.
+
+`rows_chunk` records the row kernel alone for a chunk of rows (row0.., logits of the chunk
+only): the chunked LM head (trainer_svc/model/lm_head.py) calls it once per chunk, so the
+logits of a whole batch never exist at once.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..op_support import U32, check, dummy, positive, row_grid
 FILE = "07_cross_entropy.wgsl"
 FILE_REDUCE = "07_cross_entropy_reduce.wgsl"
 IGNORE = 0xFFFFFFFF
+NAN_BITS = 0x7FC00000  # a quiet NaN, handed to the kernel (no NaN constants in WGSL)
 WG = 256
 
 
@@ -41,13 +46,14 @@ def row_workgroup(device, stride: int) -> int:
     return min(1024, limit)
 
 
-def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int, *,
-                     stride: int | None = None, grad="inplace", ignore_index: int = IGNORE,
-                     label_smoothing: float = 0.0, z_loss: float = 0.0,
-                     grad_scale: float = 1.0, mean_over_valid: bool = True,
-                     workgroup: int | None = None) -> None:
-    """Record ce_count, ce_rows and ce_finalize (see the module docstring)."""
-    op = "cross_entropy"
+def _params(dev, rows, vocab, stride, ignore_index, mode, mean_over_valid, label_smoothing,
+            z_loss, grad_scale, row0=0):
+    return dev.params("IIIIIIfffIII", rows, vocab, stride, int(ignore_index), mode,
+                      int(bool(mean_over_valid)), float(label_smoothing), float(z_loss),
+                      float(grad_scale), int(row0), NAN_BITS, 0)
+
+
+def _check_options(op, rows, vocab, stride, ignore_index, label_smoothing) -> int:
     positive(op, rows=rows, vocab=vocab)
     stride = vocab if stride is None else int(stride)
     if stride < vocab:
@@ -56,9 +62,52 @@ def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int,
         raise ValueError(f"{op}: label_smoothing must lie in [0, 1), got {label_smoothing}")
     if not 0 <= int(ignore_index) <= 0xFFFFFFFF:
         raise ValueError(f"{op}: ignore_index must be a u32 (use 0xFFFFFFFF for -1)")
-    check(op, "logits", logits, rows * stride)
+    return stride
+
+
+def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int, *,
+                     stride: int | None = None, grad="inplace", ignore_index: int = IGNORE,
+                     label_smoothing: float = 0.0, z_loss: float = 0.0,
+                     grad_scale: float = 1.0, mean_over_valid: bool = True,
+                     workgroup: int | None = None) -> None:
+    """Record ce_count, ce_rows and ce_finalize (see the module docstring)."""
+    op = "cross_entropy"
+    stride = _check_options(op, rows, vocab, stride, ignore_index, label_smoothing)
+    check(op, "stats", stats, 4)
+    dev = rec.device
+    params = _params(dev, rows, vocab, stride, ignore_index, 0, mean_over_valid,
+                     label_smoothing, z_loss, grad_scale)
+    consts = {"WG": WG}
     check(op, "targets", targets, rows, (U32,))
+    rec.dispatch(dev.kernel(FILE_REDUCE, "ce_count", consts), [targets, stats, params], 1,
+                 label="ce_count")
+    rows_chunk(rec, logits, targets, losses, stats, 0, rows, vocab, stride=stride, grad=grad,
+               ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+               grad_scale=grad_scale, mean_over_valid=mean_over_valid, workgroup=workgroup)
     check(op, "losses", losses, rows)
+    rec.dispatch(dev.kernel(FILE_REDUCE, "ce_finalize", consts), [losses, stats, params], 1,
+                 label="ce_finalize")
+
+
+def rows_chunk(rec, logits, targets, losses, stats, row0: int, rows: int, vocab: int, *,
+               stride: int | None = None, grad="inplace", ignore_index: int = IGNORE,
+               label_smoothing: float = 0.0, z_loss: float = 0.0, grad_scale: float = 1.0,
+               mean_over_valid: bool = False, workgroup: int | None = None) -> None:
+    """Record ce_rows alone for token rows row0..row0+rows-1, whose logits are the `rows`
+    rows of `logits` (one chunk of a batch: the chunked LM head calls this per chunk).
+
+    Losses land in losses[row0:row0+rows]; targets are read at the same rows. With
+    mean_over_valid the gradient divides by stats[0], which a ce_count over the whole batch
+    must have written earlier in the recording; the model passes the scale from the host
+    (mean_over_valid=False) and sums the losses itself.
+    """
+    op = "cross_entropy"
+    stride = _check_options(op, rows, vocab, stride, ignore_index, label_smoothing)
+    if row0 < 0:
+        raise ValueError(f"{op}: row0 must be >= 0, got {row0}")
+    check(op, "logits", logits, rows * stride)
+    check(op, "targets", targets, row0 + rows, (U32,))
+    check(op, "losses", losses, row0 + rows)
     check(op, "stats", stats, 4)
     dev = rec.device
     if isinstance(grad, str):
@@ -68,17 +117,11 @@ def forward_backward(rec, logits, targets, losses, stats, rows: int, vocab: int,
     else:
         check(op, "dlogits", grad, rows * stride)
         mode, dlogits = 2, grad
-    params = dev.params("IIIIIIfffIII", rows, vocab, stride, int(ignore_index), mode,
-                        int(bool(mean_over_valid)), float(label_smoothing), float(z_loss),
-                        float(grad_scale), 0, 0, 0)
-    consts = {"WG": WG}
-    rec.dispatch(dev.kernel(FILE_REDUCE, "ce_count", consts), [targets, stats, params], 1,
-                 label="ce_count")
+    params = _params(dev, rows, vocab, stride, ignore_index, mode, mean_over_valid,
+                     label_smoothing, z_loss, grad_scale, row0)
     vec = stride % 4 == 0 and all(getattr(b, "offset", 0) % 16 == 0 for b in (logits, dlogits))
     name = "ce_rows_vec4" if vec else "ce_rows"
     row_consts = {"WG": int(workgroup) if workgroup else row_workgroup(dev, stride)}
     rec.dispatch(dev.kernel(FILE, name, row_consts),
                  [targets, stats, logits, dlogits, losses, params], row_grid(dev, rows),
                  label=name)
-    rec.dispatch(dev.kernel(FILE_REDUCE, "ce_finalize", consts), [losses, stats, params], 1,
-                 label="ce_finalize")
