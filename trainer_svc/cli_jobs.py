@@ -115,8 +115,7 @@ def register(sub) -> None:
     p.add_argument("--eot", metavar="TOKEN",
                    help="special token that separates documents (default <|endoftext|>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--adapter", default=None, metavar="A",
-                   help="GPU adapter for in-process tokenizing (index or name substring)")
+    add_device_args(p)             # for tokenizing in this process (no --tokenizer)
     add_redis_args(p)
     p.set_defaults(func=cmd_prepare)
 

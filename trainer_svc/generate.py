@@ -24,7 +24,9 @@ from typing import Iterator
 
 import numpy as np
 
-from shaders.ops import linear, rmsnorm, rope
+from shaders.kernels.rmsnorm import ops as rmsnorm
+from shaders.kernels.rope import ops as rope
+from shaders.ops import linear
 
 from .model.config import ModelConfig
 from .model.forward import BlockBuffers, KVCache, Weights, record_blocks

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 HEADROOM = 1.10   # split-K scratch, uniforms, the driver's own: 10% over what we count
 
