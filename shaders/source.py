@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"   # one folder per kernel family
 PREAMBLE_FILE = "00_shared.wgsl"
 KERNEL_MARKER = re.compile(r"^\s*//\s*---\s*KERNEL:\s*([A-Za-z_][A-Za-z0-9_]*)\s*---\s*$", re.M)
 ENABLE_LINE = re.compile(r"^\s*enable\s+[^;]+;", re.M)
@@ -68,11 +69,26 @@ def split_kernels(text: str, origin: str = "<wgsl>") -> tuple[str, dict]:
     return header, kernels
 
 
+def find_file(name: str, directory: str = str(WGSL_DIR)) -> Path:
+    """A kernel file by name: `directory/name`, else `shaders/kernels/<family>/name` (a unique
+    file name, or `family/file.wgsl`)."""
+    path = Path(directory) / name
+    if path.is_file():
+        return path
+    found = ([KERNELS_DIR / name] if "/" in name else sorted(KERNELS_DIR.glob(f"*/{name}")))
+    found = [p for p in found if p.is_file()]
+    if len(found) > 1:
+        raise ShaderSourceError(f"WGSL file name {name!r} is in several families "
+                                f"({', '.join(p.parent.name for p in found)}): name it as "
+                                "family/file.wgsl")
+    if not found:
+        raise ShaderSourceError(f"no WGSL file {name!r} in {directory} or {KERNELS_DIR}/*/")
+    return found[0]
+
+
 @lru_cache(maxsize=None)
 def load_file(name: str, directory: str = str(WGSL_DIR)) -> WgslFile:
-    path = Path(directory) / name
-    if not path.is_file():
-        raise ShaderSourceError(f"no WGSL file {name!r} in {directory}")
+    path = find_file(name, directory)
     header, kernels = split_kernels(path.read_text(encoding="utf-8"), origin=str(path))
     return WgslFile(path=path, header=header, kernels=kernels)
 

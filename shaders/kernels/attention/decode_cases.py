@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import decode
-from ._util import f64
+from ...ladder import KernelCase, Launch, register
+from . import decode
+from ...cases._util import f64
 
 # (B, H, Hkv, D, n_ctx, t_max, q_stride_extra)
 SHAPES = {

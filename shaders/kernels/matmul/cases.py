@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import linear
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as linear
+from ...cases._util import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (M, N, K) per variant for the forward (NT) orientation; others permute (see _shape).
 SHAPES = {

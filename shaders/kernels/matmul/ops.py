@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
+from ...ops._common import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
                       workgroup_storage)
 
 FILE = "03_linear.wgsl"
@@ -400,7 +400,7 @@ def candidate_configs(device, key: str, M: int, N: int, K: int,
 def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
                   K: int) -> MatmulConfig:
     """The tuned configuration of this (kernel, shape) on this adapter, else the default."""
-    from .. import autotune
+    from ... import autotune
     key = tuning_key(layout, b_dtype, f16_math)
     text = autotune.lookup(device, "matmul", key, (M, N, K))
     if text is not None:

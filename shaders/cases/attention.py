@@ -1,0 +1,7 @@
+"""The attention family's ladder cases moved to shaders/kernels/attention/ (this name stays importable)."""
+
+import sys
+
+from ..kernels.attention import cases as _moved
+
+sys.modules[__name__] = _moved
