@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from . import wgsl_expand
+
 WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"   # one folder per kernel family
 PREAMBLE_FILE = "00_shared.wgsl"
@@ -101,11 +103,15 @@ def preamble_text(directory: str = str(WGSL_DIR)) -> str:
     return text
 
 
-def compose(features, file: WgslFile, kernel: str, directory: str = str(WGSL_DIR)) -> str:
-    """The full module source for one kernel on a device with `features`."""
+def compose(features, file: WgslFile, kernel: str, directory: str = str(WGSL_DIR),
+            params: dict | None = None) -> str:
+    """The full module source for one kernel on a device with `features`; `params`: the
+    template parameters of a template file (header and section expanded by wgsl_expand)."""
     if kernel not in file.kernels:
         raise ShaderSourceError(
             f"{file.path.name} has no kernel {kernel!r}; it has {sorted(file.kernels)}")
-    return (enable_lines(features) + preamble_text(directory) + "\n"
-            + f"// ---- {file.path.name} ----\n" + file.header
-            + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
+    own = (f"// ---- {file.path.name} ----\n" + file.header
+           + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
+    if params is not None:
+        own = wgsl_expand.expand(own, params, origin=f"{file.path.name}:{kernel}")
+    return enable_lines(features) + preamble_text(directory) + "\n" + own

@@ -268,13 +268,15 @@ def _named_registers(lines: list[str], origin: str) -> list[str]:
                 names = [f"{p}{k}" for p in names for k in range(d)]
             out += [f"{m.group('indent')}var {m.group('name')}{s} = {_zero(elem)};"
                     for s in names]
-    text = "\n".join(out)
-    for name, (dims, elem, let) in arrays.items():
-        text = _rename_elements(text, name, dims, origin)
-        if let:
-            text = re.sub(rf"(?m)^(\s*)({name}\d+) = ", r"\1let \2 = ", text)
-    text = _local_swizzles(text, module_arrays | set(arrays))
-    return text.split("\n")
+    result = []
+    for n, line in enumerate(out, 1):   # code only: comments keep their text
+        code, sep, comment = line.partition("//")
+        for name, (dims, _, let) in arrays.items():
+            code = _rename_elements(code, name, dims, f"{origin}:{n}")
+            if let:
+                code = re.sub(rf"^(\s*)({name}\d+) = ", r"\1let \2 = ", code)
+        result.append(_local_swizzles(code, module_arrays | set(arrays)) + sep + comment)
+    return result
 
 
 def _bracket(text: str, start: int) -> int:
@@ -300,9 +302,8 @@ def _rename_elements(text: str, name: str, dims: list[int], origin: str) -> str:
             j = _bracket(text, i)
             value = const_value(text[i + 1:j - 1])
             if value is None:
-                line = text.count("\n", 0, m.start()) + 1
                 raise TemplateError(
-                    f"{origin}:{line}: register array {name} indexed by "
+                    f"{origin}: register array {name} indexed by "
                     f"{text[i + 1:j - 1]!r}, which is not constant: mark the loop around "
                     "it `// @unroll`")
             comps.append(value)
