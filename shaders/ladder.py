@@ -46,7 +46,7 @@ class KernelCase:
     name: str
     family: str
     precision: str  # key of metrics.THRESHOLDS
-    kernels: list  # [(file, kernel) or (file, kernel, constants)] compiled by the compile rung
+    kernels: list  # [(file, kernel[, constants[, template params]])] compiled by the compile rung
     inputs: Callable[[np.random.Generator, str], dict]
     launch: Callable[[Device, dict], Launch]
     reference: Callable[[dict], dict]
@@ -131,8 +131,8 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
     start = time.perf_counter()
     try:
         for spec in case.kernels:
-            file, kernel, constants = (tuple(spec) + ({},))[:3]
-            device.kernel(file, kernel, constants)
+            file, kernel, constants, params = (tuple(spec) + ({}, None))[:4]
+            device.kernel(file, kernel, constants, params)
         results.append(RungResult(case.name, "compile", True,
                                   f"{len(case.kernels)} pipeline(s) in {time.perf_counter() - start:.2f}s"))
     except Exception as exc:

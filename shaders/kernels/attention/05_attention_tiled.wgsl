@@ -1,6 +1,6 @@
 // 05_attention_tiled.wgsl — causal GQA attention with register-tiled score blocks and vec4
-// workgroup tiles (the fast path of shaders/ops/attention.py; 05_attention.wgsl is the
-// general fallback and holds the backward's prep kernel). No T x T matrix in memory.
+// workgroup tiles (the fast path of shaders/kernels/attention/ops.py; 05_attention.wgsl is
+// the general fallback and holds the backward's prep kernel). No T x T matrix in memory.
 //
 //   attention_forward_tiled       o = softmax(q k^T * scale + causal mask) v; lse per query
 //   attention_backward_dq_tiled   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec),
@@ -26,6 +26,22 @@
 // sharing the row go through workgroup memory as vec4s (one per invocation). Scores are in
 // base 2 (q pre-scaled by scale*log2(e), exp2); lse is stored in natural log.
 // Causal work balance: the workgroups of the last query tiles (most keys) start first.
+//
+// Prefetch: each kernel issues the NEXT tile's global loads (forward and dq: the key tile's
+// k and v; dkv: the query tile's q, do, lse, dvec) into prefetch registers before this
+// tile's math and stores them to workgroup memory after it, so the load latency hides
+// behind the math (H200: forward 1.02 vs 1.32 ms, dq 4.70 vs 5.20, dkv 4.71 vs 5.07 ms
+// without it; dev/RESULTS.md). At most 16 prefetch registers per operand (PL of them live,
+// 4 per statistic, SL), selected by constant branches. The forward stores the next tile's
+// k and this tile's v between its two softmax barriers (two barriers per tile, not four).
+//
+// A template: shaders/wgsl_expand.py expands it when the kernel is made. Its loops marked
+// `// @unroll` are written out and the register arrays (score blocks s, dp; output blocks
+// o, a, dk, dv; operands; prefetch registers) become named values: NVIDIA's compiler keeps
+// a private array indexed in loops in local memory (attention ran at 0.7-1.1 TFLOP/s that
+// way, 6-9 with named values). The loops over head-dim vec4s (d4) and over a tile's keys or
+// queries (n) are written out in runs of UNROLL_D and UNROLL_N iterations (parameters; 4:
+// the backward 16% faster on the H200 than plain loops, bench/results/h200/unroll_probe.md).
 //
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
 // HD % BKV == 0 and HD / BKV <= 4; dkv needs HD % BQ == 0 and HD / BQ <= 4.
@@ -53,7 +69,6 @@ override TQ: u32 = BQ / 4u;          // invocations across the query dimension
 override TK: u32 = BKV / 4u;         // invocations across the key dimension
 override WG: u32 = (BQ / 4u) * (BKV / 4u);
 
-const MAX_DV: u32 = 4u;
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
 const MASKED: f32 = -1e30;
@@ -79,9 +94,9 @@ fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return ((b * p.seq + t) * p.skv + hk
 fn o_row(b: u32, t: u32, h: u32) -> u32 { return ((b * p.seq + t) * p.so + h * HD) / 4u; }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
-fn max4(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
-
 // --- KERNEL: attention_forward_tiled ---
+// Block (i, j): query row tq + TQ*i, key tk + TK*j; output block o[i][j]: row i, vec4 column
+// tk + TK*j (j < DV = D / BKV).
 @group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
@@ -89,12 +104,33 @@ fn max4(v: vec4<f32>) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
 var<workgroup> ks: array<vec4<f32>, BKV * RS>;
 var<workgroup> vs: array<vec4<f32>, BKV * H4>;
 var<workgroup> ps: array<vec4<f32>, BKV * TQ>;      // [key][tq] -> the 4 rows of tq
 var<workgroup> red_max: array<vec4<f32>, TK * TQ>;  // [tk][tq] partial row maxima
 var<workgroup> red_sum: array<vec4<f32>, TK * TQ>;
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash_k(t: u32, lid: u32, stage: u32, kv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { ks[stage * BKV * RS + (i / H4) * RS + i % H4] = kv; }
+}
+fn stash_v(t: u32, lid: u32, stage: u32, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i < BKV * H4) { vs[stage * BKV * H4 + i] = vv; }
+}
 
 @compute @workgroup_size(WG)
 fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
@@ -118,90 +154,128 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
 
     var m = vec4<f32>(MASKED);
     var l = vec4<f32>();
-    var o: array<vec4<f32>, 4u * MAX_DV>;
-    let dv = H4 / TK;
+    var o: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
-    for (var kv0 = 0u; kv0 < kv_end; kv0 += BKV) {
-        workgroupBarrier();   // the previous tile's readers are done with ks, vs, ps
-        for (var i = lid; i < BKV * H4; i += WG) {
-            let n = i / H4;
-            let d4 = i % H4;
-            var kv = vec4<f32>();
-            var vv = vec4<f32>();
-            if (kv0 + n < p.seq) {
-                let g = kv_row(b, kv0 + n, hk) + d4;
-                kv = k_in[g];
-                vv = v_in[g];
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk: array<vec4<f32>, 16u>;
+    var pv: array<vec4<f32>, 16u>;
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { let g = slot_index(t, lid, b, hk, 0u); pk[t] = load_k(g); pv[t] = load_v(g); }
+    }
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { stash_k(t, lid, 0u, pk[t]); }
+    }
+    workgroupBarrier();   // qs and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let stage = 0u;
+        let kb = stage * BKV * RS;
+        let vb = stage * BKV * H4;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's k lands while the scores below run
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); }
             }
-            ks[n * RS + d4] = kv;
-            vs[n * H4 + d4] = vv;
         }
-        workgroupBarrier();
 
-        var s = array<f32, 16>();   // s[4*i + j]: row tq + TQ*i, key tk + TK*j (zeroed per tile)
-        for (var d4 = 0u; d4 < H4; d4++) {
-            var qv: array<vec4<f32>, 4>;
-            var kv: array<vec4<f32>, 4>;
-            for (var i = 0u; i < 4u; i++) { qv[i] = qs[(tq + TQ * i) * RS + d4]; }
-            for (var j = 0u; j < 4u; j++) { kv[j] = ks[(tk + TK * j) * RS + d4]; }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) { s[4u * i + j] += dot(qv[i], kv[j]); }
+        var s: array<array<f32, 4u>, 4u>;
+        for (var d4 = 0u; d4 < H4; d4++) {   // @unroll {{UNROLL_D}}
+            var qr: array<vec4<f32>, 4u>;   // @let
+            var kc: array<vec4<f32>, 4u>;   // @let
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                qr[i] = qs[(tq + i * TQ) * RS + d4];
             }
-        }
-        if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    let key = kv0 + tk + TK * j;
-                    if (key > q0 + tq + TQ * i || key >= p.seq) { s[4u * i + j] = MASKED; }
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                kc[j] = ks[kb + (tk + j * TK) * RS + d4];
+            }
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                for (var j = 0u; j < 4u; j++) {   // @unroll
+                    s[i][j] += dot(qr[i], kc[j]);
                 }
             }
         }
-        var part = vec4<f32>();
-        for (var i = 0u; i < 4u; i++) {
-            part[i] = max4(vec4<f32>(s[4u * i], s[4u * i + 1u], s[4u * i + 2u], s[4u * i + 3u]));
+        if (kv0 + BKV > q0 || kv0 + BKV > p.seq) {   // diagonal or last tile: mask
+            var key: array<u32, 4u>;   // @let
+            var row: array<u32, 4u>;   // @let
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                key[j] = kv0 + tk + j * TK;
+            }
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                row[i] = q0 + tq + i * TQ;
+            }
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                for (var j = 0u; j < 4u; j++) {   // @unroll
+                    if (key[j] > row[i] || key[j] >= p.seq) { s[i][j] = MASKED; }
+                }
+            }
         }
-        red_max[tk * TQ + tq] = part;
+        red_max[tk * TQ + tq] = vec4<f32>(max(max(s[0][0], s[0][1]), max(s[0][2], s[0][3])), max(max(s[1][0], s[1][1]), max(s[1][2], s[1][3])), max(max(s[2][0], s[2][1]), max(s[2][2], s[2][3])), max(max(s[3][0], s[3][1]), max(s[3][2], s[3][3])));
         workgroupBarrier();
         var m_new = m;
         for (var t = 0u; t < TK; t++) { m_new = max(m_new, red_max[t * TQ + tq]); }
-        var psum = vec4<f32>();
-        for (var j = 0u; j < 4u; j++) {
-            let pj = exp2(vec4<f32>(s[j], s[4u + j], s[8u + j], s[12u + j]) - m_new);
-            ps[(tk + TK * j) * TQ + tq] = pj;
-            psum += pj;
+        var p: array<vec4<f32>, 4u>;   // @let
+        for (var j = 0u; j < 4u; j++) {   // @unroll
+            p[j] = exp2(vec4<f32>(s[0][j], s[1][j], s[2][j], s[3][j]) - m_new);
+            ps[(tk + j * TK) * TQ + tq] = p[j];
         }
-        red_sum[tk * TQ + tq] = psum;
+        red_sum[tk * TQ + tq] = p[0] + p[1] + p[2] + p[3];
+        // the readers of ks (these scores) and vs (the previous p v) are past the
+        // barrier above: store this tile's v and the next tile's k
+        for (var t = 0u; t < 16u; t++) {   // @unroll
+            if (PL > t) { stash_v(t, lid, 0u, pv[t]); }
+        }
+        if (more) {
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { stash_k(t, lid, 0u, pk[t]); }
+            }
+        }
         workgroupBarrier();
+        if (more) {   // the next tile's v lands during p v and the next scores
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pv[t] = load_v(g); }
+            }
+        }
         var tile_sum = vec4<f32>();
         for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
         let alpha = exp2(m - m_new);
         l = l * alpha + tile_sum;
         m = m_new;
-        for (var i = 0u; i < 4u; i++) {
-            for (var j = 0u; j < dv; j++) { o[i * MAX_DV + j] *= alpha[i]; }
+        for (var i = 0u; i < 4u; i++) {   // @unroll
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                o[i][j] *= alpha[i];
+            }
         }
-        for (var n = 0u; n < BKV; n++) {
+        for (var n = 0u; n < BKV; n++) {   // @unroll {{UNROLL_N}}
             let pn = ps[n * TQ + tq];
-            for (var j = 0u; j < dv; j++) {
-                let vv = vs[n * H4 + j * TK + tk];
-                for (var i = 0u; i < 4u; i++) {
-                    o[i * MAX_DV + j] = fma(vec4<f32>(pn[i]), vv, o[i * MAX_DV + j]);
+            var vc: array<vec4<f32>, 4u>;   // @let
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    vc[j] = vs[vb + n * H4 + tk + j * TK];
+                    for (var i = 0u; i < 4u; i++) {   // @unroll
+                        o[i][j] = fma(vec4<f32>(pn[i]), vc[j], o[i][j]);
+                    }
                 }
             }
         }
     }
-    for (var i = 0u; i < 4u; i++) {
-        let qi = q0 + tq + TQ * i;
+    for (var i = 0u; i < 4u; i++) {   // @unroll
+        let qi = q0 + tq + i * TQ;
         if (qi < p.seq) {
             let inv = 1.0 / l[i];
             let base = o_row(b, qi, h);
-            for (var j = 0u; j < dv; j++) { o_out[base + j * TK + tk] = o[i * MAX_DV + j] * inv; }
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    o_out[base + tk + j * TK] = o[i][j] * inv;
+                }
+            }
             if (tk == 0u) { lse_out[stat_index(b, h, qi)] = (m[i] + log2(l[i])) * LN2; }
         }
     }
 }
 
 // --- KERNEL: attention_backward_dq_tiled ---
+// Block (i, j): query row tq + TQ*i, key tk + TK*j; output block a[i][j]: row i, vec4 column
+// tk + TK*j (j < DV = D / BKV).
 @group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
@@ -211,11 +285,31 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
 @group(0) @binding(7) var<uniform> p: Params;
 
+override DV: u32 = HD / BKV;                        // output vec4s per row and invocation
+override PL: u32 = (BKV * H4 + WG - 1u) / WG;       // prefetch registers in use per operand
+const NONE: u32 = 0xffffffffu;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
 var<workgroup> dos: array<vec4<f32>, BQ * RS>;
 var<workgroup> ks: array<vec4<f32>, BKV * RS>;
 var<workgroup> vs: array<vec4<f32>, BKV * RS>;
 var<workgroup> dss: array<vec4<f32>, BKV * TQ>;     // ds in the [key][tq] block order
+
+// Global vec4 index of prefetch slot t of the key tile at kv0 (NONE past the sequence/tile).
+fn slot_index(t: u32, lid: u32, b: u32, hk: u32, kv0: u32) -> u32 {
+    let i = lid + t * WG;
+    let n = i / H4;
+    if (i < BKV * H4 && kv0 + n < p.seq) { return kv_row(b, kv0 + n, hk) + i % H4; }
+    return NONE;
+}
+fn load_k(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return k_in[g]; }
+fn load_v(g: u32) -> vec4<f32> { if (g == NONE) { return vec4<f32>(); } return v_in[g]; }
+fn stash(t: u32, lid: u32, stage: u32, kv: vec4<f32>, vv: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BKV * H4) { return; }
+    let j = (i / H4) * RS + i % H4;
+    ks[stage * BKV * RS + j] = kv;
+    vs[j] = vv;
+}
 
 @compute @workgroup_size(WG)
 fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
@@ -229,6 +323,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     let hk = h / (p.heads / p.kv_heads);
     let qscale = p.scale * LOG2E;
 
+    // the workgroup's query and dO rows (q pre-scaled by scale * log2 e)
     for (var i = lid; i < BQ * H4; i += WG) {
         let r = i / H4;
         let d4 = i % H4;
@@ -241,88 +336,103 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         qs[r * RS + d4] = qv;
         dos[r * RS + d4] = dov;
     }
-    var lse2 = vec4<f32>();
+    var lse2 = vec4<f32>();   // lse in base 2 and dvec of the invocation's 4 rows
     var dvec = vec4<f32>();
-    for (var i = 0u; i < 4u; i++) {
-        let qi = q0 + tq + TQ * i;
+    for (var i = 0u; i < 4u; i++) {   // @unroll
+        let qi = q0 + tq + i * TQ;
         if (qi < p.seq) {
             lse2[i] = lse_in[stat_index(b, h, qi)] * LOG2E;
             dvec[i] = dvec_in[stat_index(b, h, qi)];
         }
     }
-
-    var acc: array<vec4<f32>, 4u * MAX_DV>;
-    let dv = H4 / TK;
+    var a: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
-    for (var kv0 = 0u; kv0 < kv_end; kv0 += BKV) {
-        workgroupBarrier();
-        for (var i = lid; i < BKV * H4; i += WG) {
-            let n = i / H4;
-            let d4 = i % H4;
-            var kv = vec4<f32>();
-            var vv = vec4<f32>();
-            if (kv0 + n < p.seq) {
-                let g = kv_row(b, kv0 + n, hk) + d4;
-                kv = k_in[g];
-                vv = v_in[g];
+    let tiles = (kv_end + BKV - 1u) / BKV;
+    var pk: array<vec4<f32>, 16u>;
+    var pv: array<vec4<f32>, 16u>;
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { let g = slot_index(t, lid, b, hk, 0u); pk[t] = load_k(g); pv[t] = load_v(g); }
+    }
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { stash(t, lid, 0u, pk[t], pv[t]); }
+    }
+    workgroupBarrier();   // qs, dos and the first key tile are staged
+    for (var it = 0u; it < tiles; it++) {
+        let kv0 = it * BKV;
+        let kb = 0u * BKV * RS;
+        let more = it + 1u < tiles;
+        if (more) {   // the next tile's loads land while the math below runs
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); pv[t] = load_v(g); }
             }
-            ks[n * RS + d4] = kv;
-            vs[n * RS + d4] = vv;
         }
-        workgroupBarrier();
 
-        var s = array<f32, 16>();
-        var dp = array<f32, 16>();
-        for (var d4 = 0u; d4 < H4; d4++) {
-            var qv: array<vec4<f32>, 4>;
-            var dov: array<vec4<f32>, 4>;
-            var kv: array<vec4<f32>, 4>;
-            var vv: array<vec4<f32>, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                qv[i] = qs[(tq + TQ * i) * RS + d4];
-                dov[i] = dos[(tq + TQ * i) * RS + d4];
+        var s: array<array<f32, 4u>, 4u>;
+        var dp: array<array<f32, 4u>, 4u>;
+        for (var d4 = 0u; d4 < H4; d4++) {   // @unroll {{UNROLL_D}}
+            var qr: array<vec4<f32>, 4u>;   // @let
+            var dr: array<vec4<f32>, 4u>;   // @let
+            var kc: array<vec4<f32>, 4u>;   // @let
+            var vc: array<vec4<f32>, 4u>;   // @let
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                qr[i] = qs[(tq + i * TQ) * RS + d4];
+                dr[i] = dos[(tq + i * TQ) * RS + d4];
             }
-            for (var j = 0u; j < 4u; j++) {
-                kv[j] = ks[(tk + TK * j) * RS + d4];
-                vv[j] = vs[(tk + TK * j) * RS + d4];
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                kc[j] = ks[kb + (tk + j * TK) * RS + d4];
+                vc[j] = vs[(tk + j * TK) * RS + d4];
             }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    s[4u * i + j] += dot(qv[i], kv[j]);
-                    dp[4u * i + j] += dot(dov[i], vv[j]);
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                for (var j = 0u; j < 4u; j++) {   // @unroll
+                    s[i][j] += dot(qr[i], kc[j]);
+                    dp[i][j] += dot(dr[i], vc[j]);
                 }
             }
         }
         let masking = kv0 + BKV > q0 || kv0 + BKV > p.seq;
-        for (var j = 0u; j < 4u; j++) {
-            let key = kv0 + tk + TK * j;
+        var row: array<u32, 4u>;   // @let
+        for (var i = 0u; i < 4u; i++) {   // @unroll
+            row[i] = q0 + tq + i * TQ;
+        }
+        for (var j = 0u; j < 4u; j++) {   // @unroll
+            let key = kv0 + tk + j * TK;
             var ds = vec4<f32>();
-            for (var i = 0u; i < 4u; i++) {
-                let qi = q0 + tq + TQ * i;
-                let visible = !masking || (key <= qi && key < p.seq && qi < p.seq);
-                if (visible) {
-                    ds[i] = exp2(s[4u * i + j] - lse2[i]) * (dp[4u * i + j] - dvec[i]);
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                if (!masking || (key <= row[i] && key < p.seq && row[i] < p.seq)) {
+                    ds[i] = exp2(s[i][j] - lse2[i]) * (dp[i][j] - dvec[i]);
                 }
             }
-            dss[(tk + TK * j) * TQ + tq] = ds;
+            dss[(tk + j * TK) * TQ + tq] = ds;
         }
         workgroupBarrier();
-        for (var n = 0u; n < BKV; n++) {
+        for (var n = 0u; n < BKV; n++) {   // @unroll {{UNROLL_N}}
             let dn = dss[n * TQ + tq];
-            for (var j = 0u; j < dv; j++) {
-                let kv = ks[n * RS + j * TK + tk];
-                for (var i = 0u; i < 4u; i++) {
-                    acc[i * MAX_DV + j] = fma(vec4<f32>(dn[i]), kv, acc[i * MAX_DV + j]);
+            var kc: array<vec4<f32>, 4u>;   // @let
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    kc[j] = ks[kb + n * RS + tk + j * TK];
+                    for (var i = 0u; i < 4u; i++) {   // @unroll
+                        a[i][j] = fma(vec4<f32>(dn[i]), kc[j], a[i][j]);
+                    }
                 }
             }
         }
+        workgroupBarrier();   // every read of the single stage is done
+        if (more) {   // nobody reads ks/vs until the barrier below
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { stash(t, lid, 0u, pk[t], pv[t]); }
+            }
+        }
+        workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let qi = q0 + tq + TQ * i;
+    for (var i = 0u; i < 4u; i++) {   // @unroll
+        let qi = q0 + tq + i * TQ;
         if (qi < p.seq) {
             let base = q_row(b, qi, h);
-            for (var j = 0u; j < dv; j++) {
-                dq_out[base + j * TK + tk] = acc[i * MAX_DV + j] * p.scale;
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    dq_out[base + tk + j * TK] = a[i][j] * p.scale;
+                }
             }
         }
     }
@@ -330,7 +440,9 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: attention_backward_dkv_tiled ---
 // Rows are keys (BKV of them, tk = row group), columns queries (BQ per tile, tq = column
-// group); the output blocks are 4 keys x D/BQ vec4 columns (tq + (BQ/4)*j).
+// group); block (i, j): key tk + TK*i, query tq + TQ*j; output blocks dk[i][j], dv[i][j]:
+// key i, vec4 column tq + TQ*j (j < DV = D / BQ). The (query head, query tile) loop is one
+// step index, so the prefetch crosses head boundaries too.
 @group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
@@ -341,6 +453,9 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
 @group(0) @binding(8) var<uniform> p: Params;
 
+override DV: u32 = HD / BQ;                         // output vec4s per row and invocation
+override PL: u32 = (BQ * H4 + WG - 1u) / WG;        // prefetch registers in use per operand
+override SL: u32 = (BQ + WG - 1u) / WG;             // ... per statistic (lse, dvec)
 var<workgroup> ks: array<vec4<f32>, BKV * RS>;
 var<workgroup> vs: array<vec4<f32>, BKV * RS>;
 var<workgroup> qs: array<vec4<f32>, BQ * RS>;
@@ -348,6 +463,43 @@ var<workgroup> dos: array<vec4<f32>, BQ * RS>;
 var<workgroup> pts: array<vec4<f32>, BQ * TK>;      // p^T in the [query][tk] block order
 var<workgroup> dsts: array<vec4<f32>, BQ * TK>;     // ds^T
 var<workgroup> stats: array<f32, 2u * BQ>;           // lse * log2(e), dvec of the query tile
+
+// Prefetch slot t of the query tile at q0 of head hq (zero past the sequence).
+fn fetch_q(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return q_in[q_row(b, q0 + r, hq) + i % H4] * p.scale; }
+    return vec4<f32>();
+}
+fn fetch_do(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> vec4<f32> {
+    let i = lid + t * WG;
+    let r = i / H4;
+    if (i < BQ * H4 && q0 + r < p.seq) { return do_in[o_row(b, q0 + r, hq) + i % H4]; }
+    return vec4<f32>();
+}
+fn fetch_lse(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return lse_in[stat_index(b, hq, q0 + i)] * LOG2E; }
+    return 0.0;
+}
+fn fetch_dvec(t: u32, lid: u32, b: u32, hq: u32, q0: u32) -> f32 {
+    let i = lid + t * WG;
+    if (i < BQ && q0 + i < p.seq) { return dvec_in[stat_index(b, hq, q0 + i)]; }
+    return 0.0;
+}
+fn stash(t: u32, lid: u32, stage: u32, qv: vec4<f32>, dov: vec4<f32>) {
+    let i = lid + t * WG;
+    if (i >= BQ * H4) { return; }
+    let j = stage * BQ * RS + (i / H4) * RS + i % H4;
+    qs[j] = qv;
+    dos[j] = dov;
+}
+fn stash_stats(t: u32, lid: u32, stage: u32, lse2: f32, dvv: f32) {
+    let i = lid + t * WG;
+    if (i >= BQ) { return; }
+    stats[stage * 2u * BQ + i] = lse2;
+    stats[stage * 2u * BQ + BQ + i] = dvv;
+}
 
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
@@ -375,100 +527,123 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         ks[n * RS + d4] = kv;
         vs[n * RS + d4] = vv;
     }
-
-    var dk_acc: array<vec4<f32>, 4u * MAX_DV>;
-    var dv_acc: array<vec4<f32>, 4u * MAX_DV>;
-    let dv = H4 / TQ;
+    var dk: array<array<vec4<f32>, 4u>, 4u>;
+    var dv: array<array<vec4<f32>, 4u>, 4u>;
+    var key: array<u32, 4u>;   // @let
+    for (var i = 0u; i < 4u; i++) {   // @unroll
+        key[i] = k0 + tk + i * TK;
+    }
     let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys
-    for (var hq = hk * group; hq < (hk + 1u) * group; hq++) {
-        for (var q0 = q_first; q0 < p.seq; q0 += BQ) {
-            workgroupBarrier();
-            for (var i = lid; i < BQ * H4; i += WG) {
-                let r = i / H4;
-                let d4 = i % H4;
-                var qv = vec4<f32>();
-                var dov = vec4<f32>();
-                if (q0 + r < p.seq) {
-                    qv = q_in[q_row(b, q0 + r, hq) + d4] * p.scale;
-                    dov = do_in[o_row(b, q0 + r, hq) + d4];
-                }
-                qs[r * RS + d4] = qv;
-                dos[r * RS + d4] = dov;
+    let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head
+    let total = group * nq;           // (head, query tile) steps, head-major
+    var pq: array<vec4<f32>, 16u>;
+    var pd: array<vec4<f32>, 16u>;
+    var sl: array<f32, 4u>;
+    var sd: array<f32, 4u>;
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { pq[t] = fetch_q(t, lid, b, hk * group, q_first); pd[t] = fetch_do(t, lid, b, hk * group, q_first); }
+    }
+    for (var t = 0u; t < 4u; t++) {   // @unroll
+        if (SL > t) { sl[t] = fetch_lse(t, lid, b, hk * group, q_first); sd[t] = fetch_dvec(t, lid, b, hk * group, q_first); }
+    }
+    for (var t = 0u; t < 16u; t++) {   // @unroll
+        if (PL > t) { stash(t, lid, 0u, pq[t], pd[t]); }
+    }
+    for (var t = 0u; t < 4u; t++) {   // @unroll
+        if (SL > t) { stash_stats(t, lid, 0u, sl[t], sd[t]); }
+    }
+    workgroupBarrier();   // ks, vs and the first query tile are staged
+    for (var it = 0u; it < total; it++) {
+        let q0 = q_first + (it % nq) * BQ;
+        let stage = 0u;
+        let qb = stage * BQ * RS;
+        let sb = stage * 2u * BQ;
+        let more = it + 1u < total;
+        if (more) {   // the next tile's loads land while the math below runs
+            let hn = hk * group + (it + 1u) / nq;
+            let qn = q_first + ((it + 1u) % nq) * BQ;
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { pq[t] = fetch_q(t, lid, b, hn, qn); pd[t] = fetch_do(t, lid, b, hn, qn); }
             }
-            for (var i = lid; i < BQ; i += WG) {
-                var lse2 = 0.0;
-                var dvv = 0.0;
-                if (q0 + i < p.seq) {
-                    lse2 = lse_in[stat_index(b, hq, q0 + i)] * LOG2E;
-                    dvv = dvec_in[stat_index(b, hq, q0 + i)];
-                }
-                stats[i] = lse2;
-                stats[BQ + i] = dvv;
+            for (var t = 0u; t < 4u; t++) {   // @unroll
+                if (SL > t) { sl[t] = fetch_lse(t, lid, b, hn, qn); sd[t] = fetch_dvec(t, lid, b, hn, qn); }
             }
-            workgroupBarrier();
+        }
 
-            var s = array<f32, 16>();    // s[4*i + j]: key tk + TK*i, query tq + TQ*j
-            var dp = array<f32, 16>();
-            for (var d4 = 0u; d4 < H4; d4++) {
-                var kv: array<vec4<f32>, 4>;
-                var vv: array<vec4<f32>, 4>;
-                var qv: array<vec4<f32>, 4>;
-                var dov: array<vec4<f32>, 4>;
-                for (var i = 0u; i < 4u; i++) {
-                    kv[i] = ks[(tk + TK * i) * RS + d4];
-                    vv[i] = vs[(tk + TK * i) * RS + d4];
-                }
-                for (var j = 0u; j < 4u; j++) {
-                    qv[j] = qs[(tq + TQ * j) * RS + d4];
-                    dov[j] = dos[(tq + TQ * j) * RS + d4];
-                }
-                for (var i = 0u; i < 4u; i++) {
-                    for (var j = 0u; j < 4u; j++) {
-                        s[4u * i + j] += dot(kv[i], qv[j]);
-                        dp[4u * i + j] += dot(vv[i], dov[j]);
-                    }
+        var s: array<array<f32, 4u>, 4u>;
+        var dp: array<array<f32, 4u>, 4u>;
+        for (var d4 = 0u; d4 < H4; d4++) {   // @unroll {{UNROLL_D}}
+            var kr: array<vec4<f32>, 4u>;   // @let
+            var vr: array<vec4<f32>, 4u>;   // @let
+            var qc: array<vec4<f32>, 4u>;   // @let
+            var dc: array<vec4<f32>, 4u>;   // @let
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                kr[i] = ks[(tk + i * TK) * RS + d4];
+                vr[i] = vs[(tk + i * TK) * RS + d4];
+            }
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                qc[j] = qs[qb + (tq + j * TQ) * RS + d4];
+                dc[j] = dos[qb + (tq + j * TQ) * RS + d4];
+            }
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                for (var j = 0u; j < 4u; j++) {   // @unroll
+                    s[i][j] += dot(kr[i], qc[j]);
+                    dp[i][j] += dot(vr[i], dc[j]);
                 }
             }
-            let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
-            for (var j = 0u; j < 4u; j++) {
-                let qj = q0 + tq + TQ * j;
-                let lse2 = stats[tq + TQ * j];
-                let dvq = stats[BQ + tq + TQ * j];
-                var pt = vec4<f32>();
-                var dst = vec4<f32>();
-                for (var i = 0u; i < 4u; i++) {
-                    let key = k0 + tk + TK * i;
-                    let visible = !masking || (key <= qj && qj < p.seq && key < p.seq);
-                    if (visible) {
-                        pt[i] = exp2(fma(s[4u * i + j], LOG2E, -lse2));
-                        dst[i] = pt[i] * (dp[4u * i + j] - dvq);
-                    }
+        }
+        let masking = q0 < k0 + BKV || q0 + BQ > p.seq;
+        for (var j = 0u; j < 4u; j++) {   // @unroll
+            let qj = q0 + tq + j * TQ;
+            let lse2 = stats[sb + tq + j * TQ];
+            let dvq = stats[sb + BQ + tq + j * TQ];
+            var pt = vec4<f32>();
+            var dst = vec4<f32>();
+            for (var i = 0u; i < 4u; i++) {   // @unroll
+                if (!masking || (key[i] <= qj && qj < p.seq && key[i] < p.seq)) {
+                    pt[i] = exp2(fma(s[i][j], LOG2E, -lse2));
+                    dst[i] = pt[i] * (dp[i][j] - dvq);
                 }
-                pts[(tq + TQ * j) * TK + tk] = pt;
-                dsts[(tq + TQ * j) * TK + tk] = dst;
             }
-            workgroupBarrier();
-            for (var n = 0u; n < BQ; n++) {
-                let pn = pts[n * TK + tk];
-                let dn = dsts[n * TK + tk];
-                for (var j = 0u; j < dv; j++) {
-                    let dov = dos[n * RS + j * TQ + tq];
-                    let qv = qs[n * RS + j * TQ + tq];   // pre-scaled: dk = scale * ds q
-                    for (var i = 0u; i < 4u; i++) {
-                        dv_acc[i * MAX_DV + j] = fma(vec4<f32>(pn[i]), dov, dv_acc[i * MAX_DV + j]);
-                        dk_acc[i * MAX_DV + j] = fma(vec4<f32>(dn[i]), qv, dk_acc[i * MAX_DV + j]);
+            pts[(tq + j * TQ) * TK + tk] = pt;
+            dsts[(tq + j * TQ) * TK + tk] = dst;
+        }
+        workgroupBarrier();
+        for (var n = 0u; n < BQ; n++) {   // @unroll {{UNROLL_N}}
+            let pn = pts[n * TK + tk];
+            let dn = dsts[n * TK + tk];
+            var dc: array<vec4<f32>, 4u>;   // @let
+            var qc: array<vec4<f32>, 4u>;   // @let
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    dc[j] = dos[qb + n * RS + tq + j * TQ];
+                    qc[j] = qs[qb + n * RS + tq + j * TQ];   // pre-scaled: dk = scale ds q
+                    for (var i = 0u; i < 4u; i++) {   // @unroll
+                        dv[i][j] = fma(vec4<f32>(pn[i]), dc[j], dv[i][j]);
+                        dk[i][j] = fma(vec4<f32>(dn[i]), qc[j], dk[i][j]);
                     }
                 }
             }
         }
+        workgroupBarrier();   // every read of the single stage is done
+        if (more) {   // nobody reads qs/dos/stats until the barrier below
+            for (var t = 0u; t < 16u; t++) {   // @unroll
+                if (PL > t) { stash(t, lid, 0u, pq[t], pd[t]); }
+            }
+            for (var t = 0u; t < 4u; t++) {   // @unroll
+                if (SL > t) { stash_stats(t, lid, 0u, sl[t], sd[t]); }
+            }
+        }
+        workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let ki = k0 + tk + TK * i;
-        if (ki < p.seq) {
-            let base = kv_row(b, ki, hk);
-            for (var j = 0u; j < dv; j++) {
-                dk_out[base + j * TQ + tq] = dk_acc[i * MAX_DV + j];
-                dv_out[base + j * TQ + tq] = dv_acc[i * MAX_DV + j];
+    for (var i = 0u; i < 4u; i++) {   // @unroll
+        if (key[i] < p.seq) {
+            let base = kv_row(b, key[i], hk);
+            for (var j = 0u; j < 4u; j++) {   // @unroll
+                if (j == 0u || DV > j) {
+                    dk_out[base + tq + j * TQ] = dk[i][j];
+                    dv_out[base + tq + j * TQ] = dv[i][j];
+                }
             }
         }
     }
