@@ -131,7 +131,7 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
     start = time.perf_counter()
     try:
         for spec in case.kernels:
-            file, kernel, constants, params = (tuple(spec) + ({}, None))[:4]
+            file, kernel, constants, params = (tuple(spec) + ({}, None)[len(spec) - 2:])[:4]
             device.kernel(file, kernel, constants, params)
         results.append(RungResult(case.name, "compile", True,
                                   f"{len(case.kernels)} pipeline(s) in {time.perf_counter() - start:.2f}s"))
