@@ -62,12 +62,13 @@ def configurations():
         for tm, tn in BLOCKS:
             out.append((f"matmul_{key}_{tm}x{tn}", "matmul", f"matmul_{key}_reg_{tm}x{tn}",
                         f"matmul_{key}_tiled", {"TM": tm, "TN": tn, "H16": False,
-                                                "ELEM": "f32", "FOLD": 0}))
+                                                "ELEM": "f32", "FOLD": 0, "UNROLL_K": 1}))
     for tm, tn in BLOCKS:
         for fold in H16_FOLDS:
             out.append((f"matmul_nt_h16_{tm}x{tn}_fold{fold}", "matmul_h16",
                         f"matmul_nt_h16_reg_{tm}x{tn}_f{fold}", "matmul_nt_h16_tiled",
-                        {"TM": tm, "TN": tn, "H16": True, "ELEM": "f16", "FOLD": fold}))
+                        {"TM": tm, "TN": tn, "H16": True, "ELEM": "f16", "FOLD": fold,
+                         "UNROLL_K": 1}))
     for old, new in (("attention_forward_reg_pf", "attention_forward_tiled"),
                      ("attention_backward_dq_reg_pf", "attention_backward_dq_tiled"),
                      ("attention_backward_dkv_reg_pf", "attention_backward_dkv_tiled")):

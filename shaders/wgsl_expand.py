@@ -16,7 +16,7 @@ register arrays, and this pass writes out what the compiler needs, when a kernel
    zero factor vanish and unit factors go (`r0 + 0u * TQ` -> `r0`, `1u * SA` -> `SA`).
    `// @unroll N` on a loop with a runtime bound `for (var i = 0u; i < B; i++)` writes out
    runs of N iterations (i, (i + 1u), ...) followed by a plain loop over the remainder: the
-   same iterations in the same order.
+   same iterations in the same order (N = 1: the plain loop).
 4. Function-scope arrays (`var c: array<vec4<f32>, 16>;`, nested for 2-D) become named
    values `c0 .. c15` (`s[1][2]` -> `s12`), zero-initialised; a declaration marked
    `// @let` declares nothing and each element's assignment becomes its `let`. Indices must
@@ -150,6 +150,9 @@ def _unroll(lines: list[str], origin: str) -> list[str]:
     body = _dedent(lines[i + 1:end], len(indent) + 4)
     word = re.compile(rf"\b{var}\b")
     start, bound = const_value(m.group("start")), const_value(m.group("bound"))
+    if m.group("run") and int(m.group("run")) <= 1:   # runs of 1: the plain loop
+        plain = line[:line.index("{") + 1]
+        return _unroll(lines[:i] + [plain] + lines[i + 1:], origin)
     if m.group("run"):
         if start != 0:
             raise TemplateError(f"{origin}:{i + 1}: `// @unroll N` loops must start at 0u")

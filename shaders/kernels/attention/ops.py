@@ -71,9 +71,9 @@ _TILE_RE = re.compile(r"^(\d+)x(\d+)$")
 _LEGACY_RE = re.compile(r"^(\d+x\d+)-(reg|pf|loop|db)$")
 
 
-def template_params(unroll_d: int = UNROLL_D, unroll_n: int = UNROLL_N) -> dict:
+def template_params() -> dict:
     """Parameters of the 05_attention_tiled.wgsl template (shaders/wgsl_expand.py)."""
-    return {"UNROLL_D": int(unroll_d), "UNROLL_N": int(unroll_n)}
+    return {"UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
 
 
 def upgrade_config(text: str) -> str:

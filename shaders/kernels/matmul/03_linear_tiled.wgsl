@@ -13,7 +13,8 @@
 //
 // A template: shaders/wgsl_expand.py expands it when the kernel is made, with parameters
 // TM, TN (the register block, 4 or 8 each), H16 (the packed-f16 kernel), ELEM (the staged
-// scalar: f32, or f16 for H16) and FOLD (H16: k per f16 partial). The loops marked
+// scalar: f32, or f16 for H16), FOLD (H16: k per f16 partial) and UNROLL_K (f32: k-steps
+// per written-out run of the slice loop; 1, the plain loop, is what runs). The loops marked
 // `// @unroll` are written out and the register arrays (c, pa, pb, a, b, h) become named
 // values, because NVIDIA's compiler keeps a private array indexed in loops in local memory
 // (2.3 instead of 37 TFLOP/s for the 8x8 block, bench/matmul_probe.py). The k-slice loop
@@ -235,7 +236,7 @@ fn tile_body(wg: vec3<u32>, lid: u32) {
             }
         }
 // @else
-        for (var kk = 0u; kk < BK; kk++) {
+        for (var kk = 0u; kk < BK; kk++) {   // @unroll {{UNROLL_K}}
             var a: array<vec4<f32>, {{TM}} / 4u>;   // @let
             var b: array<vec4<f32>, {{TN}} / 4u>;   // @let
             for (var g = 0u; g < {{TM}} / 4u; g++) {   // @unroll

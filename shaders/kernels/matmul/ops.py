@@ -97,6 +97,10 @@ MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (8 pr
 H16_FOLDS = (16, 32)   # k per f16 partial sum of the packed-f16 kernel (FOLD 8 retired,
                        # dev/RESULTS.md)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
+# k-steps per written-out run of the f32 slice loop: 1, the plain loop (runs of 2-8 were
+# 3-10% slower on the H200 at the tuned BK 8, bench/results/h200/unroll_probe.md); a
+# template parameter, so probes can try others.
+UNROLL_K = 1
 
 _CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-fold(\d+))?$")
 # Spellings of configurations before the expansion pass (tuned caches written until
@@ -179,7 +183,7 @@ class MatmulConfig:
         """Parameters of the 03_linear_tiled.wgsl template (shaders/wgsl_expand.py)."""
         return {"TM": self.tm, "TN": self.tn, "H16": bool(f16_math),
                 "ELEM": "f16" if f16_math else "f32",
-                "FOLD": self.fold_steps if f16_math else 0}
+                "FOLD": self.fold_steps if f16_math else 0, "UNROLL_K": UNROLL_K}
 
     def workgroup_bytes(self, f16_math: bool = False) -> int:
         return 2 * self.bk * (self.bm + 4 + self.bn + 4) * (2 if f16_math else 4)
