@@ -57,10 +57,14 @@ def _matmul_module(key: str, cfg: linear.MatmulConfig) -> tuple[str, str]:
                           params=cfg.template_params(f16_math)), kernel
 
 
+H200_TILES = {"forward": (64, 32), "dq": (64, 16), "dkv": (32, 32)}   # the tuned cache's
+
+
 def _attention_module(kernel: str) -> tuple[str, str]:
     name = attention.TILED_KERNELS[kernel]
+    params = attention.template_params(*H200_TILES[kernel], 64)
     return source.compose(set(), source.load_file(attention.FILE_TILED), name,
-                          params=attention.template_params()), name
+                          params=params), name
 
 
 def _every_matmul_config():
@@ -114,7 +118,8 @@ def test_the_comparison_sees_a_one_token_change():
         assert old in section
         changed = source.WgslFile(wgsl.path, wgsl.header,
                                   {**wgsl.kernels, name: section.replace(old, new, 1)})
-        module = source.compose(set(), changed, name, params=attention.template_params())
+        module = source.compose(set(), changed, name,
+                                params=attention.template_params(*H200_TILES["dq"], 64))
         assert tool.fingerprint(module, name) != BASELINE["fingerprints"][name], old
 
 
@@ -145,7 +150,11 @@ def test_h200_tuned_and_default_configurations_are_fingerprinted_kernels():
             assert _matmul_label(key, default) in labels
         else:
             rows, cols = attention.parse_config(entry["config"])
+            assert (rows, cols) == H200_TILES[key], name
             assert not attention.tiled_problems(H200, key, rows, cols, dims[1]), name
+            default = attention.TILED_DEFAULTS[key][0]
+            assert attention.template_params(*default, 64) == \
+                attention.template_params(rows, cols, 64)   # PF 16: the fingerprinted one
     # every retired measurement keeps its timing under a name that says so
     retired = [c for e in TUNED["entries"].values() for c in e["candidates"] if "retired" in c]
     assert retired and all(re.search(r"-retired-[a-z-]+$", c) for c in retired)

@@ -31,8 +31,9 @@
 // k and v; dkv: the query tile's q, do, lse, dvec) into prefetch registers before this
 // tile's math and stores them to workgroup memory after it, so the load latency hides
 // behind the math (H200: forward 1.02 vs 1.32 ms, dq 4.70 vs 5.20, dkv 4.71 vs 5.07 ms
-// without it; dev/RESULTS.md). At most 16 prefetch registers per operand (PL of them live,
-// 4 per statistic, SL), selected by constant branches. The forward stores the next tile's
+// without it; dev/RESULTS.md). PF prefetch registers per operand (a parameter: 16, or 32
+// for tiles that need more, e.g. D 128; PL of them live) and 4 per statistic (SL of them
+// live), selected by constant branches. The forward stores the next tile's
 // k and this tile's v between its two softmax barriers (two barriers per tile, not four).
 //
 // A template: shaders/wgsl_expand.py expands it when the kernel is made. Its loops marked
@@ -42,6 +43,7 @@
 // way, 6-9 with named values). The loops over head-dim vec4s (d4) and over a tile's keys or
 // queries (n) are written out in runs of UNROLL_D and UNROLL_N iterations (parameters; 4:
 // the backward 16% faster on the H200 than plain loops, bench/results/h200/unroll_probe.md).
+// Parameters: PF, UNROLL_D, UNROLL_N (ops.template_params).
 //
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
 // HD % BKV == 0 and HD / BKV <= 4; dkv needs HD % BQ == 0 and HD / BQ <= 4.
@@ -157,12 +159,12 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     var o: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
     let tiles = (kv_end + BKV - 1u) / BKV;
-    var pk: array<vec4<f32>, 16u>;
-    var pv: array<vec4<f32>, 16u>;
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    var pk: array<vec4<f32>, {{PF}}u>;
+    var pv: array<vec4<f32>, {{PF}}u>;
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { let g = slot_index(t, lid, b, hk, 0u); pk[t] = load_k(g); pv[t] = load_v(g); }
     }
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { stash_k(t, lid, 0u, pk[t]); }
     }
     workgroupBarrier();   // qs and the first key tile are staged
@@ -173,7 +175,7 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         let vb = stage * BKV * H4;
         let more = it + 1u < tiles;
         if (more) {   // the next tile's k lands while the scores below run
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); }
             }
         }
@@ -221,17 +223,17 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         red_sum[tk * TQ + tq] = p[0] + p[1] + p[2] + p[3];
         // the readers of ks (these scores) and vs (the previous p v) are past the
         // barrier above: store this tile's v and the next tile's k
-        for (var t = 0u; t < 16u; t++) {   // @unroll
+        for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
             if (PL > t) { stash_v(t, lid, 0u, pv[t]); }
         }
         if (more) {
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { stash_k(t, lid, 0u, pk[t]); }
             }
         }
         workgroupBarrier();
         if (more) {   // the next tile's v lands during p v and the next scores
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pv[t] = load_v(g); }
             }
         }
@@ -348,12 +350,12 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     var a: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
     let tiles = (kv_end + BKV - 1u) / BKV;
-    var pk: array<vec4<f32>, 16u>;
-    var pv: array<vec4<f32>, 16u>;
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    var pk: array<vec4<f32>, {{PF}}u>;
+    var pv: array<vec4<f32>, {{PF}}u>;
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { let g = slot_index(t, lid, b, hk, 0u); pk[t] = load_k(g); pv[t] = load_v(g); }
     }
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { stash(t, lid, 0u, pk[t], pv[t]); }
     }
     workgroupBarrier();   // qs, dos and the first key tile are staged
@@ -362,7 +364,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         let kb = 0u * BKV * RS;
         let more = it + 1u < tiles;
         if (more) {   // the next tile's loads land while the math below runs
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); pv[t] = load_v(g); }
             }
         }
@@ -419,7 +421,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();   // every read of the single stage is done
         if (more) {   // nobody reads ks/vs until the barrier below
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { stash(t, lid, 0u, pk[t], pv[t]); }
             }
         }
@@ -536,17 +538,17 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys
     let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head
     let total = group * nq;           // (head, query tile) steps, head-major
-    var pq: array<vec4<f32>, 16u>;
-    var pd: array<vec4<f32>, 16u>;
+    var pq: array<vec4<f32>, {{PF}}u>;
+    var pd: array<vec4<f32>, {{PF}}u>;
     var sl: array<f32, 4u>;
     var sd: array<f32, 4u>;
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { pq[t] = fetch_q(t, lid, b, hk * group, q_first); pd[t] = fetch_do(t, lid, b, hk * group, q_first); }
     }
     for (var t = 0u; t < 4u; t++) {   // @unroll
         if (SL > t) { sl[t] = fetch_lse(t, lid, b, hk * group, q_first); sd[t] = fetch_dvec(t, lid, b, hk * group, q_first); }
     }
-    for (var t = 0u; t < 16u; t++) {   // @unroll
+    for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
         if (PL > t) { stash(t, lid, 0u, pq[t], pd[t]); }
     }
     for (var t = 0u; t < 4u; t++) {   // @unroll
@@ -562,7 +564,7 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         if (more) {   // the next tile's loads land while the math below runs
             let hn = hk * group + (it + 1u) / nq;
             let qn = q_first + ((it + 1u) % nq) * BQ;
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { pq[t] = fetch_q(t, lid, b, hn, qn); pd[t] = fetch_do(t, lid, b, hn, qn); }
             }
             for (var t = 0u; t < 4u; t++) {   // @unroll
@@ -627,7 +629,7 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();   // every read of the single stage is done
         if (more) {   // nobody reads qs/dos/stats until the barrier below
-            for (var t = 0u; t < 16u; t++) {   // @unroll
+            for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { stash(t, lid, 0u, pq[t], pd[t]); }
             }
             for (var t = 0u; t < 4u; t++) {   // @unroll

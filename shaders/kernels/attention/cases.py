@@ -274,7 +274,8 @@ WIDE_CONFIGS = {"forward": "16x4", "dq": "8x4", "dkv": "8x4"}
 
 def _tiled_kernels(D, rows=16, cols=16):
     return [(attention.FILE_TILED, attention.TILED_KERNELS[k],
-             attention.tiled_constants(k, rows, cols, D), attention.template_params())
+             attention.tiled_constants(k, rows, cols, D),
+             attention.template_params(rows, cols, D))
             for k in ("forward", "dq", "dkv")]
 
 
@@ -326,3 +327,19 @@ register(KernelCase(
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="fast attention, 4-column tiles: 4 output vec4s per row"))
+
+# tiles whose invocations load 32 vec4s of each staged operand per tile: the 32 prefetch
+# registers (PF 32) that tiles of head dim 128 need on the H200
+DEEP_CONFIGS = {"forward": "4x8", "dq": "4x8", "dkv": "4x8"}
+
+register(KernelCase(
+    name="attention_backward_tiled_deep", family="attention", precision="f32",
+    kernels=_tiled_kernels(32, 4, 8),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, None,
+                                            tiled_configs(dev, inp, DEEP_CONFIGS)),
+    reference=backward_reference, variants=("gqa4",), bench_variant="gqa4",
+    bench_variant_software="gqa4",
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="fast attention with 4x8 tiles at head dim 32: 32 prefetch registers"))

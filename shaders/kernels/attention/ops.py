@@ -58,7 +58,9 @@ TILED_DEFAULTS = {
     "dq": ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8), (8, 8), (8, 4), (4, 4)),
     "dkv": ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8), (8, 8), (8, 4), (4, 4)),
 }
-MAX_PF = 16                # prefetch registers per staged operand (16u in the WGSL)
+PREFETCH_REGS = (16, 32)   # prefetch registers per staged operand (PF of the template):
+                           # 16 where they suffice (every tuned shape), 32 for bigger tiles
+MAX_SL = 4                 # prefetch registers per statistic (dK/dV's lse, dvec)
 # Iterations per written-out run of the loops over head-dim vec4s (d4) and over a tile's
 # keys/queries (n): 4 made the backward 16% faster on the H200 than plain loops
 # (bench/results/h200/unroll_probe.md); template parameters, so probes can try others.
@@ -71,9 +73,17 @@ _TILE_RE = re.compile(r"^(\d+)x(\d+)$")
 _LEGACY_RE = re.compile(r"^(\d+x\d+)-(reg|pf|loop|db)$")
 
 
-def template_params() -> dict:
-    """Parameters of the 05_attention_tiled.wgsl template (shaders/wgsl_expand.py)."""
-    return {"UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
+def prefetch_loads(rows: int, cols: int, D: int) -> int:
+    """vec4s of each staged operand one invocation loads per tile."""
+    return -(-cols * (D // 4) // ((rows // 4) * (cols // 4)))
+
+
+def template_params(rows: int = 16, cols: int = 16, D: int = 16) -> dict:
+    """Parameters of the 05_attention_tiled.wgsl template (shaders/wgsl_expand.py) for
+    rows x cols tiles at head dim D."""
+    loads = prefetch_loads(rows, cols, D)
+    pf = next((n for n in PREFETCH_REGS if loads <= n), PREFETCH_REGS[-1])
+    return {"PF": pf, "UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
 
 
 def upgrade_config(text: str) -> str:
@@ -163,9 +173,12 @@ def tiled_problems(device, kernel: str, rows: int, cols: int, D: int) -> list[st
     max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
     if wg > min(max_wg, 1024):
         out.append(f"{wg} invocations per workgroup (device allows {max_wg})")
-    loads = -(-cols * (D // 4) // wg)   # vec4s of each staged operand per invocation
-    if loads > MAX_PF:
-        out.append(f"{loads} prefetch registers per operand (the kernels have {MAX_PF})")
+    loads = prefetch_loads(rows, cols, D)
+    if loads > PREFETCH_REGS[-1]:
+        out.append(f"{loads} prefetch registers per operand (the kernels have at most "
+                   f"{PREFETCH_REGS[-1]})")
+    if kernel == "dkv" and -(-cols // wg) > MAX_SL:
+        out.append(f"{-(-cols // wg)} statistics prefetch registers (the kernel has {MAX_SL})")
     need = tiled_bytes(kernel, rows, cols, D)
     limit = workgroup_storage(device) - PREAMBLE_BYTES
     if need > limit:
@@ -303,7 +316,7 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
         rows, cols = tiled
         name = TILED_KERNELS["forward"]
         kern = dev.kernel(FILE_TILED, name, tiled_constants("forward", rows, cols, D),
-                          template_params())
+                          template_params(rows, cols, D))
         rec.dispatch(kern, [q, k, v, o, lse, params],
                      _query_tile_grid(dev, op, B * H, T, rows), label=name)
         return
@@ -359,7 +372,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         rows, cols = t_dq
         name = TILED_KERNELS["dq"]
         rec.dispatch(dev.kernel(FILE_TILED, name, tiled_constants("dq", rows, cols, D),
-                                template_params()),
+                                template_params(rows, cols, D)),
                      [q, k, v, do, lse, dvec, dq, params],
                      _query_tile_grid(dev, op, B * H, T, rows), label=name)
     else:
@@ -373,7 +386,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         rows, cols = t_kv
         name = TILED_KERNELS["dkv"]
         rec.dispatch(dev.kernel(FILE_TILED, name, tiled_constants("dkv", rows, cols, D),
-                                template_params()),
+                                template_params(rows, cols, D)),
                      [q, k, v, do, lse, dvec, dk, dv, params],
                      _dkv_grid(dev, op, B * Hkv, T, rows), label=name)
     else:
