@@ -72,7 +72,8 @@ def configurations():
     for old, new in (("attention_forward_reg_pf", "attention_forward_tiled"),
                      ("attention_backward_dq_reg_pf", "attention_backward_dq_tiled"),
                      ("attention_backward_dkv_reg_pf", "attention_backward_dkv_tiled")):
-        out.append((new, "attention", old, new, {"PF": 16, "UNROLL_D": 4, "UNROLL_N": 4}))
+        out.append((new, "attention", old, new, {"PREFETCH": True, "PF": 16, "UNROLL_D": 4,
+                                                 "UNROLL_N": 4}))
     return out
 
 

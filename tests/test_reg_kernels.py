@@ -262,24 +262,39 @@ def test_matmul_reads_no_environment_switch(device, monkeypatch, labels):
     np.testing.assert_array_equal(device.download(y), 32.0)
 
 
-def test_attention_unroll_options_compute_the_same_bits(device, monkeypatch):
-    # UNROLL_D/UNROLL_N only write the same iterations out in a different form: runs of 4
-    # (what runs), runs of 2 and plain loops give bit-identical outputs.
+@pytest.mark.parametrize("tiles", [{"forward": "16x8", "dq": "8x8", "dkv": "16x8"},
+                                   {"forward": "4x8", "dq": "4x8", "dkv": "4x8"}])
+def test_attention_template_options_compute_the_same_bits(device, monkeypatch, labels, tiles):
+    # UNROLL_D/UNROLL_N only write the same iterations out in another form (runs of 4: what
+    # runs; runs of 2; plain loops), and without prefetch (the form for tiles that would
+    # need more than 32 prefetch registers) each tile is staged after a barrier instead:
+    # the same sums in the same order, bit-identical forward and backward. The 4x8 tiles
+    # at D 32 use 32 prefetch registers per operand.
     rng = np.random.default_rng(11)
-    B, T, H, Hkv, D = 1, 40, 2, 1, 16
-    q = device.upload(rng.standard_normal((B, T, H, D)).astype(np.float32))
-    k = device.upload(rng.standard_normal((B, T, Hkv, D)).astype(np.float32))
-    v = device.upload(rng.standard_normal((B, T, Hkv, D)).astype(np.float32))
+    B, T, H, Hkv, D = 1, 40, 2, 1, 32
+    q, k, v, do = (device.upload(rng.standard_normal((B, T, h, D)).astype(np.float32))
+                   for h in (H, Hkv, Hkv, H))
+    assert attention.template_params(4, 8, 32)["PF"] == 32
     got = []
-    for unroll in (4, 2, 1):
+    for unroll, prefetch in ((4, (16, 32)), (2, (16, 32)), (1, (16, 32)), (4, ())):
         monkeypatch.setattr(attention, "UNROLL_D", unroll)
         monkeypatch.setattr(attention, "UNROLL_N", unroll)
-        o, lse = device.zeros((B, T, H, D)), device.zeros((B, H, T))
+        monkeypatch.setattr(attention, "PREFETCH_REGS", prefetch)
+        out = [device.zeros((B, T, H, D)), device.zeros((B, H, T)), device.zeros((B, T, H, D)),
+               device.zeros((B, T, Hkv, D)), device.zeros((B, T, Hkv, D))]
+        o, lse, dq, dk, dv = out
+        labels.clear()
         with device.record() as rec:
-            attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config="16x8")
-        got.append((device.download(o), device.download(lse)))
+            attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config=tiles["forward"])
+            attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                               config_dq=tiles["dq"], config_dkv=tiles["dkv"])
+        assert [x for x in labels if "tiled" in x] == [
+            "attention_forward_tiled", "attention_backward_dq_tiled",
+            "attention_backward_dkv_tiled"]
+        got.append([device.download(x) for x in out])
     for other in got[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got[0], other):
+            assert np.array_equal(a, b), name
 
 
 # ---- the expansion pass ------------------------------------------------------------------

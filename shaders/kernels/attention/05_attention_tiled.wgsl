@@ -32,8 +32,10 @@
 // tile's math and stores them to workgroup memory after it, so the load latency hides
 // behind the math (H200: forward 1.02 vs 1.32 ms, dq 4.70 vs 5.20, dkv 4.71 vs 5.07 ms
 // without it; dev/RESULTS.md). PF prefetch registers per operand (a parameter: 16, or 32
-// for tiles that need more, e.g. D 128; PL of them live) and 4 per statistic (SL of them
-// live), selected by constant branches. The forward stores the next tile's
+// for tiles that need more; PL of them live) and 4 per statistic (SL of them live),
+// selected by constant branches. Tiles that would need more than 32 (e.g. the backward at
+// head dim 128 in 48 KiB) run with PREFETCH off: each tile staged after a barrier, no
+// prefetch registers, the same sums in the same order (bit-identical results). The forward stores the next tile's
 // k and this tile's v between its two softmax barriers (two barriers per tile, not four).
 //
 // A template: shaders/wgsl_expand.py expands it when the kernel is made. Its loops marked
@@ -43,7 +45,7 @@
 // way, 6-9 with named values). The loops over head-dim vec4s (d4) and over a tile's keys or
 // queries (n) are written out in runs of UNROLL_D and UNROLL_N iterations (parameters; 4:
 // the backward 16% faster on the H200 than plain loops, bench/results/h200/unroll_probe.md).
-// Parameters: PF, UNROLL_D, UNROLL_N (ops.template_params).
+// Parameters: PREFETCH, PF, UNROLL_D, UNROLL_N (ops.template_params).
 //
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
 // HD % BKV == 0 and HD / BKV <= 4; dkv needs HD % BQ == 0 and HD / BQ <= 4.
@@ -158,6 +160,7 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     var l = vec4<f32>();
     var o: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
+// @if PREFETCH
     let tiles = (kv_end + BKV - 1u) / BKV;
     var pk: array<vec4<f32>, {{PF}}u>;
     var pv: array<vec4<f32>, {{PF}}u>;
@@ -179,6 +182,26 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); }
             }
         }
+// @else
+    for (var kv0 = 0u; kv0 < kv_end; kv0 += BKV) {
+        let kb = 0u;
+        let vb = 0u;
+        workgroupBarrier();   // the previous tile's readers are done with ks, vs, ps
+        for (var i = lid; i < BKV * H4; i += WG) {
+            let n = i / H4;
+            let d4 = i % H4;
+            var kv = vec4<f32>();
+            var vv = vec4<f32>();
+            if (kv0 + n < p.seq) {
+                let g = kv_row(b, kv0 + n, hk) + d4;
+                kv = k_in[g];
+                vv = v_in[g];
+            }
+            ks[n * RS + d4] = kv;
+            vs[n * H4 + d4] = vv;
+        }
+        workgroupBarrier();
+// @endif
 
         var s: array<array<f32, 4u>, 4u>;
         for (var d4 = 0u; d4 < H4; d4++) {   // @unroll {{UNROLL_D}}
@@ -221,6 +244,7 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
             ps[(tk + j * TK) * TQ + tq] = p[j];
         }
         red_sum[tk * TQ + tq] = p[0] + p[1] + p[2] + p[3];
+// @if PREFETCH
         // the readers of ks (these scores) and vs (the previous p v) are past the
         // barrier above: store this tile's v and the next tile's k
         for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
@@ -231,12 +255,15 @@ fn attention_forward_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 if (PL > t) { stash_k(t, lid, 0u, pk[t]); }
             }
         }
+// @endif
         workgroupBarrier();
+// @if PREFETCH
         if (more) {   // the next tile's v lands during p v and the next scores
             for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pv[t] = load_v(g); }
             }
         }
+// @endif
         var tile_sum = vec4<f32>();
         for (var t = 0u; t < TK; t++) { tile_sum += red_sum[t * TQ + tq]; }
         let alpha = exp2(m - m_new);
@@ -349,6 +376,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     }
     var a: array<array<vec4<f32>, 4u>, 4u>;
     let kv_end = min(p.seq, q0 + BQ);
+// @if PREFETCH
     let tiles = (kv_end + BKV - 1u) / BKV;
     var pk: array<vec4<f32>, {{PF}}u>;
     var pv: array<vec4<f32>, {{PF}}u>;
@@ -368,6 +396,25 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 if (PL > t) { let g = slot_index(t, lid, b, hk, kv0 + BKV); pk[t] = load_k(g); pv[t] = load_v(g); }
             }
         }
+// @else
+    for (var kv0 = 0u; kv0 < kv_end; kv0 += BKV) {
+        let kb = 0u;
+        workgroupBarrier();
+        for (var i = lid; i < BKV * H4; i += WG) {
+            let n = i / H4;
+            let d4 = i % H4;
+            var kv = vec4<f32>();
+            var vv = vec4<f32>();
+            if (kv0 + n < p.seq) {
+                let g = kv_row(b, kv0 + n, hk) + d4;
+                kv = k_in[g];
+                vv = v_in[g];
+            }
+            ks[n * RS + d4] = kv;
+            vs[n * RS + d4] = vv;
+        }
+        workgroupBarrier();
+// @endif
 
         var s: array<array<f32, 4u>, 4u>;
         var dp: array<array<f32, 4u>, 4u>;
@@ -419,6 +466,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 }
             }
         }
+// @if PREFETCH
         workgroupBarrier();   // every read of the single stage is done
         if (more) {   // nobody reads ks/vs until the barrier below
             for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
@@ -426,6 +474,7 @@ fn attention_backward_dq_tiled(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
         workgroupBarrier();
+// @endif
     }
     for (var i = 0u; i < 4u; i++) {   // @unroll
         let qi = q0 + tq + i * TQ;
@@ -538,6 +587,7 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
     let q_first = (k0 / BQ) * BQ;     // causal: queries before k0 see none of these keys
     let nq = (p.seq - q_first + BQ - 1u) / BQ;   // query tiles per head
     let total = group * nq;           // (head, query tile) steps, head-major
+// @if PREFETCH
     var pq: array<vec4<f32>, {{PF}}u>;
     var pd: array<vec4<f32>, {{PF}}u>;
     var sl: array<f32, 4u>;
@@ -571,6 +621,36 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 if (SL > t) { sl[t] = fetch_lse(t, lid, b, hn, qn); sd[t] = fetch_dvec(t, lid, b, hn, qn); }
             }
         }
+// @else
+    for (var hq = hk * group; hq < (hk + 1u) * group; hq++) {
+    for (var q0 = q_first; q0 < p.seq; q0 += BQ) {
+        let qb = 0u;
+        let sb = 0u;
+        workgroupBarrier();
+        for (var i = lid; i < BQ * H4; i += WG) {
+            let r = i / H4;
+            let d4 = i % H4;
+            var qv = vec4<f32>();
+            var dov = vec4<f32>();
+            if (q0 + r < p.seq) {
+                qv = q_in[q_row(b, q0 + r, hq) + d4] * p.scale;
+                dov = do_in[o_row(b, q0 + r, hq) + d4];
+            }
+            qs[r * RS + d4] = qv;
+            dos[r * RS + d4] = dov;
+        }
+        for (var i = lid; i < BQ; i += WG) {
+            var lse2 = 0.0;
+            var dvv = 0.0;
+            if (q0 + i < p.seq) {
+                lse2 = lse_in[stat_index(b, hq, q0 + i)] * LOG2E;
+                dvv = dvec_in[stat_index(b, hq, q0 + i)];
+            }
+            stats[i] = lse2;
+            stats[BQ + i] = dvv;
+        }
+        workgroupBarrier();
+// @endif
 
         var s: array<array<f32, 4u>, 4u>;
         var dp: array<array<f32, 4u>, 4u>;
@@ -627,6 +707,7 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
                 }
             }
         }
+// @if PREFETCH
         workgroupBarrier();   // every read of the single stage is done
         if (more) {   // nobody reads qs/dos/stats until the barrier below
             for (var t = 0u; t < {{PF}}u; t++) {   // @unroll
@@ -637,6 +718,9 @@ fn attention_backward_dkv_tiled(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
         workgroupBarrier();
+// @else
+    }
+// @endif
     }
     for (var i = 0u; i < 4u; i++) {   // @unroll
         if (key[i] < p.seq) {

@@ -59,7 +59,8 @@ TILED_DEFAULTS = {
     "dkv": ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32), (16, 8), (8, 8), (8, 4), (4, 4)),
 }
 PREFETCH_REGS = (16, 32)   # prefetch registers per staged operand (PF of the template):
-                           # 16 where they suffice (every tuned shape), 32 for bigger tiles
+                           # 16 where they suffice (every tuned shape), 32 for bigger tiles;
+                           # tiles needing more run without prefetch
 MAX_SL = 4                 # prefetch registers per statistic (dK/dV's lse, dvec)
 # Iterations per written-out run of the loops over head-dim vec4s (d4) and over a tile's
 # keys/queries (n): 4 made the backward 16% faster on the H200 than plain loops
@@ -80,10 +81,10 @@ def prefetch_loads(rows: int, cols: int, D: int) -> int:
 
 def template_params(rows: int = 16, cols: int = 16, D: int = 16) -> dict:
     """Parameters of the 05_attention_tiled.wgsl template (shaders/wgsl_expand.py) for
-    rows x cols tiles at head dim D."""
+    rows x cols tiles at head dim D: prefetch when PREFETCH_REGS suffice, else none."""
     loads = prefetch_loads(rows, cols, D)
-    pf = next((n for n in PREFETCH_REGS if loads <= n), PREFETCH_REGS[-1])
-    return {"PF": pf, "UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
+    pf = next((n for n in PREFETCH_REGS if loads <= n), 0)
+    return {"PREFETCH": pf > 0, "PF": pf, "UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
 
 
 def upgrade_config(text: str) -> str:
@@ -173,10 +174,6 @@ def tiled_problems(device, kernel: str, rows: int, cols: int, D: int) -> list[st
     max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
     if wg > min(max_wg, 1024):
         out.append(f"{wg} invocations per workgroup (device allows {max_wg})")
-    loads = prefetch_loads(rows, cols, D)
-    if loads > PREFETCH_REGS[-1]:
-        out.append(f"{loads} prefetch registers per operand (the kernels have at most "
-                   f"{PREFETCH_REGS[-1]})")
     if kernel == "dkv" and -(-cols // wg) > MAX_SL:
         out.append(f"{-(-cols // wg)} statistics prefetch registers (the kernel has {MAX_SL})")
     need = tiled_bytes(kernel, rows, cols, D)
