@@ -47,6 +47,10 @@ def products(tokens: int = 8192, vocab: int = 50304):
 
 
 ATTENTION = (8, 1024, 12, 12, 64)
+# `istanbul kernels ...` through shaders.cli alone (the top CLI also imports the services)
+KERNELS_CLI = ("import argparse, sys; from shaders import cli; p = argparse.ArgumentParser(); "
+               "cli.register(p.add_subparsers(required=True)); a = p.parse_args(); "
+               "sys.exit(a.func(a))")
 SHARED_CASES = ("matmul_nt", "matmul_nn", "matmul_tn", "matmul_tn_accumulate",
                 "matmul_nn_accumulate", "matmul_nt_residual", "linear_backward",
                 "attention_forward", "attention_backward")
@@ -107,13 +111,15 @@ def _run_tree(tree: Path, args: list[str]) -> subprocess.CompletedProcess:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trees", nargs="*", type=Path, metavar="TREE", help="OLD_TREE NEW_TREE")
-    ap.add_argument("--out", type=Path, help="write step_<tree>_<round>.json and table.md here")
+    ap.add_argument("--out", type=Path, help="write table.md (and the check / bench JSON) here")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--kernels-bench", action="store_true",
                     help="also run `istanbul kernels bench` on the cases both trees share")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (a check of this "
                     "script on software Vulkan, not a measurement)")
+    ap.add_argument("--check", action="store_true", help="first run `istanbul kernels check` "
+                    "for the matmul, attention and decode families in the new tree")
     ap.add_argument("--step", type=Path, metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.step:   # inside one tree's process
@@ -123,11 +129,12 @@ def main(argv=None) -> int:
         ap.error("give OLD_TREE NEW_TREE")
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="compare_trees_"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    step_dir = Path(tempfile.mkdtemp(prefix="compare_trees_steps_"))
     labels = ("old", "new")
     runs = {label: [] for label in labels}
     for r in range(args.rounds):
         for label, tree in zip(labels, args.trees):
-            path = out_dir / f"step_{label}_{r}.json"
+            path = step_dir / f"step_{label}_{r}.json"
             proc = _run_tree(tree.resolve(), [str(Path(__file__).resolve()), "--step", str(path),
                                               "--repeats", str(args.repeats)]
                              + (["--smoke"] if args.smoke else []))
@@ -154,17 +161,23 @@ def main(argv=None) -> int:
     lines += [f"| **sum** | {tot['old']:.1f} | {tot['new']:.1f} | "
               f"{tot['new'] / tot['old']:.3f} | | |", "",
               f"worst new/old: {worst:.3f} ({'within' if worst <= 1.03 else 'OUTSIDE'} 3%)"]
+    table = "\n".join(lines) + "\n"
+    (out_dir / "table.md").write_text(table)
+    print(table, flush=True)
+    if args.check:
+        proc = _run_tree(args.trees[1].resolve(), [
+            "-c", KERNELS_CLI, "kernels", "check", "--json", str(out_dir / "check_new.json"),
+            "--kernel", "linear", "--kernel", "attention", "--kernel", "decode"])
+        print(f"# kernels check, new tree:\n{proc.stdout[-8000:]}{proc.stderr[-2000:]}",
+              flush=True)
     if args.kernels_bench:
         for label, tree in zip(labels, args.trees):
             path = out_dir / f"kernels_bench_{label}.json"
-            cmd = ["-m", "istanbul", "kernels", "bench", "--json", str(path)]
+            cmd = ["-c", KERNELS_CLI, "kernels", "bench", "--json", str(path)]
             for case in SHARED_CASES:
                 cmd += ["--kernel", case]
             proc = _run_tree(tree.resolve(), cmd)
             print(f"# kernels bench {label}:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}")
-    table = "\n".join(lines) + "\n"
-    (out_dir / "table.md").write_text(table)
-    print(table)
     return 0 if worst <= 1.03 or math.isnan(worst) else 1
 
 
