@@ -158,7 +158,8 @@ def _unroll(lines: list[str], origin: str) -> list[str]:
             raise TemplateError(f"{origin}:{i + 1}: `// @unroll N` loops must start at 0u")
         run = int(m.group("run"))
         b = m.group("bound").strip()
-        out = ["{", f"    var {var} = 0u;", f"    for (; {var} + {run}u <= {b}; {var} += {run}u) {{"]
+        out = ["{", f"    var {var} = 0u;",
+               f"    for (; {var} + {run}u <= {b}; {var} += {run}u) {{"]
         for k in range(run):
             moved = body if k == 0 else [word.sub(f"({var} + {k}u)", ln) for ln in body]
             out += ["        {"] + _indent(moved, 12) + ["        }"]

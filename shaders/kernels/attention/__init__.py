@@ -1,1 +1,2 @@
-"""The attention family: causal GQA attention for training, KV-cache decoding (see ops.py, decode.py)."""
+"""The attention family: causal GQA attention for training (ops.py), KV-cache decoding
+(decode.py)."""

@@ -1,4 +1,5 @@
-"""Ladder entries for causal GQA attention (shaders/ops/attention.py, 05_attention.wgsl).
+"""Ladder entries for causal GQA attention (ops.py, 05_attention*.wgsl; references in
+reference.py).
 
 Variants cover GQA ratios 1, 2 and 4, T = 1, head dims that need 2 or 4 threads per row,
 q/k/v inside one fused qkv buffer (strided tokens), sequences spanning many tiles up to
@@ -17,12 +18,12 @@ whose output blocks are D/4 vec4 columns wide (every DV branch; the wide dK/dV t
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
 from . import ops as attention
+from . import reference
 from ...cases._util import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (B, T, H, Hkv, D, fused, scale of q and k)
@@ -63,45 +64,6 @@ def make_inputs(rng, variant):
                                      v.reshape(B, T, -1)], axis=-1)
     inp.update(q=q, k=k, v=v, do=tensor(H))
     return inp
-
-
-def _expand(x, H):
-    """[B, T, Hkv, D] -> [B, T, H, D] by repeating each kv head H/Hkv times."""
-    return np.repeat(x, H // x.shape[2], axis=2)
-
-
-def forward_reference_f64(inp):
-    q, k, v = f64(inp["q"]), _expand(f64(inp["k"]), inp["H"]), _expand(f64(inp["v"]), inp["H"])
-    T, D = inp["T"], inp["D"]
-    s = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
-    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    lse = m + np.log(np.exp(s - m).sum(-1, keepdims=True))
-    prob = np.exp(s - lse)
-    o = np.einsum("bhts,bshd->bthd", prob, v)
-    return o, lse[..., 0], prob
-
-
-def forward_reference(inp):
-    o, lse, _ = forward_reference_f64(inp)
-    return {"o": o.astype(np.float32), "lse": lse.astype(np.float32)}
-
-
-def backward_reference(inp):
-    o, _, prob = forward_reference_f64(inp)
-    H, Hkv, D = inp["H"], inp["Hkv"], inp["D"]
-    q, k, v = f64(inp["q"]), _expand(f64(inp["k"]), H), _expand(f64(inp["v"]), H)
-    do = f64(inp["do"])
-    dvec = np.einsum("bthd,bthd->bht", do, o)
-    dp = np.einsum("bthd,bshd->bhts", do, v)
-    ds = prob * (dp - dvec[..., None]) / math.sqrt(D)
-    dq = np.einsum("bhts,bshd->bthd", ds, k)
-    dk = np.einsum("bhts,bthd->bshd", ds, q)
-    dv = np.einsum("bhts,bthd->bshd", prob, do)
-    B, T = inp["B"], inp["T"]
-    fold = lambda g: g.reshape(B, T, Hkv, H // Hkv, D).sum(3)  # noqa: E731
-    return {"dq": dq.astype(np.float32), "dk": fold(dk).astype(np.float32),
-            "dv": fold(dv).astype(np.float32)}
 
 
 def _layout(inp):
@@ -192,22 +154,12 @@ def backward_launch(dev, inp, tiles=None, configs=None):
     return Launch(encode, read)
 
 
-def torch_attention(q, k, v, H, Hkv):
-    import torch
-    rep = H // Hkv
-    k = k.repeat_interleave(rep, dim=2)
-    v = v.repeat_interleave(rep, dim=2)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    return out.transpose(1, 2)
-
-
 def backward_grad(dev, rng, tiles=None, pinned=None, tiled=False):
     inp = make_inputs(rng, "random")
     configs = tiled_configs(dev, inp, pinned) if tiled else None
     got = run_launch(dev, backward_launch(dev, inp, tiles, configs))
     H, Hkv = inp["H"], inp["Hkv"]
-    ref = torch_grads(lambda q, k, v: torch_attention(q, k, v, H, Hkv),
+    ref = torch_grads(lambda q, k, v: reference.torch_attention(q, k, v, H, Hkv),
                       {"q": inp["q"], "k": inp["k"], "v": inp["v"]}, inp["do"], ("q", "k", "v"))
 
     def loss(params):
@@ -232,7 +184,7 @@ def _bytes(inp, tensors):
 register(KernelCase(
     name="attention_forward", family="attention", precision="f32",
     kernels=[(attention.FILE, "attention_forward", {"HD": 16, "BQ": 32, "BKV": 32, "WG": 256})],
-    inputs=make_inputs, launch=forward_launch, reference=forward_reference,
+    inputs=make_inputs, launch=forward_launch, reference=reference.forward_reference,
     variants=VARIANTS, bench_variant_software="bench_small",
     flops=lambda inp: 2.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"]) + 4.0 * inp["B"] * inp["H"] * inp["T"],
@@ -243,7 +195,7 @@ register(KernelCase(
     kernels=[(attention.FILE, "attention_backward_prep", {"HD": 16}),
              (attention.FILE, "attention_backward_dq", {"HD": 16, "BQ": 32, "BKV": 16, "WG": 256}),
              (attention.FILE, "attention_backward_dkv", {"HD": 16, "BQ": 16, "BKV": 32, "WG": 256})],
-    inputs=make_inputs, launch=backward_launch, reference=backward_reference,
+    inputs=make_inputs, launch=backward_launch, reference=reference.backward_reference,
     variants=VARIANTS, bench_variant_software="bench_small", grad=backward_grad,
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
@@ -254,7 +206,7 @@ register(KernelCase(
     name="attention_backward_t8", family="attention", precision="f32",
     kernels=[(attention.FILE, "attention_backward_dq", {"HD": 16, "BQ": 8, "BKV": 8, "WG": 64})],
     inputs=make_inputs, launch=lambda dev, inp: backward_launch(dev, inp, SMALL_TILES),
-    reference=backward_reference, variants=("random", "mha", "gqa4", "one", "odd_dim"),
+    reference=reference.backward_reference, variants=("random", "mha", "gqa4", "one", "odd_dim"),
     bench_variant_software="bench_small",
     grad=lambda dev, rng: backward_grad(dev, rng, SMALL_TILES),
     flops=lambda inp: 9.0 * _units(inp),
@@ -284,7 +236,7 @@ register(KernelCase(
     kernels=_tiled_kernels(16)[:1],
     inputs=make_inputs,
     launch=lambda dev, inp: forward_launch(dev, inp, None, tiled_configs(dev, inp)),
-    reference=forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    reference=reference.forward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
     flops=lambda inp: 2.0 * _units(inp),
     bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
                        + 4.0 * inp["B"] * inp["H"] * inp["T"]),
@@ -296,7 +248,7 @@ register(KernelCase(
     kernels=_tiled_kernels(16),
     inputs=make_inputs,
     launch=lambda dev, inp: backward_launch(dev, inp, None, tiled_configs(dev, inp)),
-    reference=backward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
+    reference=reference.backward_reference, variants=VARIANTS_TILED, bench_variant_software="bench_small",
     grad=lambda dev, rng: backward_grad(dev, rng, tiled=True),
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
@@ -308,7 +260,7 @@ register(KernelCase(
     inputs=make_inputs,
     launch=lambda dev, inp: backward_launch(dev, inp, None,
                                             tiled_configs(dev, inp, SMALL_CONFIGS)),
-    reference=backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
+    reference=reference.backward_reference, variants=VARIANTS_SMALL, bench_variant="bench_d32",
     bench_variant_software="bench_small_d32",
     grad=lambda dev, rng: backward_grad(dev, rng, pinned=SMALL_CONFIGS, tiled=True),
     flops=lambda inp: 9.0 * _units(inp),
@@ -321,7 +273,7 @@ register(KernelCase(
     inputs=make_inputs,
     launch=lambda dev, inp: backward_launch(dev, inp, None,
                                             tiled_configs(dev, inp, WIDE_CONFIGS)),
-    reference=backward_reference, variants=("random", "peaked", "mha"),
+    reference=reference.backward_reference, variants=("random", "peaked", "mha"),
     bench_variant="long", bench_variant_software="long",
     grad=lambda dev, rng: backward_grad(dev, rng, pinned=WIDE_CONFIGS, tiled=True),
     flops=lambda inp: 9.0 * _units(inp),
@@ -338,7 +290,7 @@ register(KernelCase(
     inputs=make_inputs,
     launch=lambda dev, inp: backward_launch(dev, inp, None,
                                             tiled_configs(dev, inp, DEEP_CONFIGS)),
-    reference=backward_reference, variants=("gqa4",), bench_variant="gqa4",
+    reference=reference.backward_reference, variants=("gqa4",), bench_variant="gqa4",
     bench_variant_software="gqa4",
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),

@@ -1,4 +1,4 @@
-"""Ladder entries for the matmul family (shaders/ops/linear.py, 03_linear*.wgsl).
+"""Ladder entries for the matmul family (ops.py, 03_linear*.wgsl; references in reference.py).
 
 Each case runs the same op function the model uses. Variants: ragged shapes that no tile
 divides, M=1/K=3 (decode-like), 1x1x1, tile-aligned multi-tile shapes, and strided operands
@@ -22,6 +22,7 @@ import numpy as np
 
 from ...ladder import KernelCase, Launch, register
 from . import ops as linear
+from . import reference
 from ...cases._util import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (M, N, K) per variant for the forward (NT) orientation; others permute (see _shape).
@@ -83,30 +84,6 @@ def make_inputs(layout, mode, b16, rng, variant):
     return inp
 
 
-def logical(inp, layout, f16_math=False):
-    """The float64 product op(A) @ op(B) of the logical (unpadded) matrices."""
-    M, N, K = inp["M"], inp["N"], inp["K"]
-    a, b = f64(inp["a"]), f64(inp["b"])
-    if f16_math:
-        a = f64(np.clip(inp["a"], -65504, 65504).astype(np.float16))
-    A = a[:K, :M].T if layout == "tn" else a[:M, :K]
-    B = b[:N, :K].T if layout == "nt" else b[:K, :N]
-    return A @ B
-
-
-def reference(inp, layout, f16_math=False):
-    N = inp["N"]
-    prod = inp["alpha"] * logical(inp, layout, f16_math)
-    out = f64(inp["out"]).copy()
-    if inp["mode"] == "accumulate":
-        out[:, :N] += prod
-    elif inp["mode"] == "residual":
-        out[:, :N] = f64(inp["residual"])[:, :N] + prod
-    else:
-        out[:, :N] = prod
-    return {"out": out.astype(np.float32)}
-
-
 def variant_config(dev, inp, layout, b16, f16_math, config):
     """The fast-path configuration a case runs: its own, else the op's choice; the `split`
     variant forces three K-splits on top of it so split-K runs on every device."""
@@ -154,7 +131,7 @@ def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
         launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles, config, b16,
                                             fast),
-        reference=lambda inp: reference(inp, layout, f16_math),
+        reference=lambda inp: reference.matmul(inp, layout, f16_math),
         variants=variants, bench_variant_software="bench_small",
         requires=("shader-f16",) if f16_math or (b16 and not fast) else (),
         bench_precision="f16" if f16_math else "f32",
@@ -247,11 +224,6 @@ def _lb_launch(dev, inp):
                   lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
 
 
-def _lb_reference(inp):
-    dy, w, x = f64(inp["dy"]), f64(inp["w"]), f64(inp["x"])
-    return {"dx": (dy @ w).astype(np.float32), "dw": (inp["dw0"] + dy.T @ x).astype(np.float32)}
-
-
 def _lb_grad(dev, rng):
     inp = _lb_inputs(rng, "random")
     inp["dw0"][:] = 0.0
@@ -277,7 +249,7 @@ register(KernelCase(
     name="linear_backward", family="linear", precision="f32",
     kernels=[(linear.FILE, "matmul_nn", linear.tile_constants((32, 32, 16))),
              (linear.FILE, "matmul_tn", linear.tile_constants((32, 32, 16)))],
-    inputs=_lb_inputs, launch=_lb_launch, reference=_lb_reference,
+    inputs=_lb_inputs, launch=_lb_launch, reference=reference.linear_backward_reference,
     variants=("random", "odd"), bench_variant_software="bench_small", grad=_lb_grad,
     flops=lambda inp: 4.0 * inp["x"].shape[0] * inp["x"].shape[1] * inp["w"].shape[0],
     bytes=lambda inp: 2 * (inp["x"].nbytes + inp["w"].nbytes + inp["dy"].nbytes)
