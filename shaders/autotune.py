@@ -266,8 +266,8 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
 def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int, *,
                    budget_s: float | None = None, rng=None) -> dict:
     """Time every tile shape of the tiled attention kernel `kernel` (forward, dq, dkv) at
-    this shape (see ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed
-    inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
+    this shape (see ops.attention.candidate_configs); the cache entry of the winner. dq and
+    dkv are timed inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
     tuned) config."""
     import numpy as np
     from .ops import attention
