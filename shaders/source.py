@@ -10,6 +10,11 @@ function named like the kernel. The module compiled for a kernel is:
 
     enable lines (from the device's features) + 00_shared.wgsl + file header + kernel section
 
+Kernel files live in `shaders/wgsl/` or in a family folder `shaders/kernels/<family>/` (found
+by their unique file name, or as `family/file.wgsl`). A template file (its kernels made with
+template parameters, `Device.kernel(..., params=...)`) has its header and section expanded by
+`shaders/wgsl_expand.py` first; the preamble is never expanded.
+
 Enable lines are the engine's business, never a kernel file's: naga rejects `enable subgroups;`
 (subgroup builtins work once the `subgroup` feature is on) and rejects `enable f16;` unless
 `shader-f16` was enabled on the device, so the engine writes them from the device's features.
@@ -113,5 +118,12 @@ def compose(features, file: WgslFile, kernel: str, directory: str = str(WGSL_DIR
     own = (f"// ---- {file.path.name} ----\n" + file.header
            + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
     if params is not None:
-        own = wgsl_expand.expand(own, params, origin=f"{file.path.name}:{kernel}")
+        own = _expanded(own, tuple(sorted(params.items())), f"{file.path.name}:{kernel}")
     return enable_lines(features) + preamble_text(directory) + "\n" + own
+
+
+@lru_cache(maxsize=None)
+def _expanded(text: str, params: tuple, origin: str) -> str:
+    """A template's expansion, once per text and parameters (a pass takes ~0.1-0.3 s; the
+    pipelines of one expansion may differ in their override constants)."""
+    return wgsl_expand.expand(text, dict(params), origin)
