@@ -61,30 +61,29 @@ def const_value(expr: str):
         return None
     try:
         return int(eval(re.sub(r"(\d+)u", r"\1", expr).replace("/", "//"), {}, {}))
-    except (SyntaxError, ZeroDivisionError):
+    except (SyntaxError, NameError, TypeError, ZeroDivisionError):   # "u" alone, "()", ...
         return None
 
 
 # ---- steps 1 and 2 -------------------------------------------------------------------------
 
 def _conditionals(text: str, params: dict, origin: str) -> str:
-    out, stack = [], []   # stack of (keep this branch, kept by the enclosing branches)
+    out, stack = [], []   # stack: does each enclosing @if keep its current branch
     for n, line in enumerate(text.split("\n"), 1):
         m = re.match(r"^\s*//\s*@(if|else|endif)\b\s*(\w*)", line)
         if not m:
-            if all(keep for keep, _ in stack):
+            if all(stack):
                 out.append(line)
             continue
         word, name = m.groups()
         if word == "if":
             if name not in params:
                 raise TemplateError(f"{origin}:{n}: `// @if {name}` needs the parameter {name}")
-            stack.append((bool(params[name]), all(k for k, _ in stack)))
+            stack.append(bool(params[name]))
         elif not stack:
             raise TemplateError(f"{origin}:{n}: `// @{word}` without `// @if`")
         elif word == "else":
-            keep, outer = stack.pop()
-            stack.append((not keep, outer))
+            stack.append(not stack.pop())
         else:
             stack.pop()
     if stack:
