@@ -220,7 +220,7 @@ def _decide_ifs(lines: list[str], origin: str) -> list[str]:
         v = _truth(m.group("cond")) if m else None
         if m and not isinstance(v, str):
             end = _block_end(lines, i, origin)
-            if lines[end].strip() != "}":
+            if any(ln.strip().startswith("} else") for ln in lines[i + 1:end + 1]):
                 raise TemplateError(f"{origin}: a constant `if` in an unrolled loop may not "
                                     f"have an else: {lines[i].strip()}")
             if v:
