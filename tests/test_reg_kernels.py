@@ -340,3 +340,16 @@ def test_expansion_errors_name_the_problem():
         wgsl_expand.expand("for (var i = 0u; i < n; i++) {   // @unroll\n}", {})
     with pytest.raises(wgsl_expand.TemplateError, match="needs the parameter H16"):
         wgsl_expand.expand("// @if H16\n// @endif", {})
+
+
+def test_family_folders_hold_the_kernel_files():
+    # a family's WGSL is found by its unique file name or as family/file.wgsl
+    assert source.find_file("03_linear_tiled.wgsl") == \
+        REPO / "shaders" / "kernels" / "matmul" / "03_linear_tiled.wgsl"
+    assert source.find_file("attention/05_attention_decode.wgsl").parent.name == "attention"
+    with pytest.raises(source.ShaderSourceError, match="no WGSL file 'nope.wgsl'"):
+        source.find_file("nope.wgsl")
+    for family in ("matmul", "attention"):
+        folder = REPO / "shaders" / "kernels" / family
+        assert {"__init__.py", "ops.py", "reference.py", "cases.py"} <= {
+            p.name for p in folder.iterdir()}
