@@ -135,12 +135,20 @@ def _declares(body: list[str]) -> bool:
 
 
 def _unroll(lines: list[str], origin: str) -> list[str]:
-    for i, line in enumerate(lines):
-        m = FOR_LINE.match(line)
-        if m:
-            break
-    else:
-        return lines
+    """Every marked loop written out, outermost first (a copy's inner loops come next)."""
+    i = 0
+    while i < len(lines):
+        m = FOR_LINE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        lines = lines[:i] + _unroll_one(lines, i, m, origin)
+    return lines
+
+
+def _unroll_one(lines: list[str], i: int, m, origin: str) -> list[str]:
+    """The lines from the marked loop at lines[i] on, with that loop written out."""
+    line = lines[i]
     end = _block_end(lines, i, origin)
     if lines[end].strip() != "}":
         raise TemplateError(f"{origin}:{i + 1}: an unrolled loop must end with `}}` alone on "
@@ -150,8 +158,7 @@ def _unroll(lines: list[str], origin: str) -> list[str]:
     word = re.compile(rf"\b{var}\b")
     start, bound = const_value(m.group("start")), const_value(m.group("bound"))
     if m.group("run") and int(m.group("run")) <= 1:   # runs of 1: the plain loop
-        plain = line[:line.index("{") + 1]
-        return _unroll(lines[:i] + [plain] + lines[i + 1:], origin)
+        return [line[:line.index("{") + 1]] + lines[i + 1:]
     if m.group("run"):
         if start != 0:
             raise TemplateError(f"{origin}:{i + 1}: `// @unroll N` loops must start at 0u")
@@ -174,8 +181,7 @@ def _unroll(lines: list[str], origin: str) -> list[str]:
         for v in range(start, bound):
             copy = _decide_ifs([_fold(word.sub(f"{v}u", ln)) for ln in body], origin)
             out += ["{"] + _indent(copy) + ["}"] if scoped else copy
-    out = _indent(out, len(indent))
-    return _unroll(lines[:i] + out + lines[end + 1:], origin)
+    return _indent(out, len(indent)) + lines[end + 1:]
 
 
 def _fold(line: str) -> str:
