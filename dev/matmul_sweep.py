@@ -5,8 +5,8 @@
 
 For representative shapes of one 124M training step (8 x 1024 tokens) it times, with GPU
 timestamps, a wide set of configurations of the tiled matmuls (register blocks 8x8/8x4/4x8/
-4x4, 64- to 256-wide tiles, slice depths 8/16/32, split-K 1..8, the packed-f16 kernels'
-fold lengths, splat and k-pair "-dot") next to the general kernel, and every tile shape of
+4x4, 64- to 256-wide tiles, slice depths 8/16/32, split-K 1..8, the packed-f16 kernel's
+fold lengths) next to the general kernel, and every tile shape of
 the tiled attention kernels; then writes OUT/sweep.md (per shape: the ranking with TFLOP/s,
 the default's place) and OUT/sweep.json (every time). The whole run stops timing new
 candidates once --budget-s seconds have passed (what was not timed is listed as such), so it
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 from shaders import autotune, tuned_cache  # noqa: E402
 from shaders.engine import Device  # noqa: E402
-from shaders.ops import linear  # noqa: E402
+from shaders.kernels.matmul import ops as linear  # noqa: E402
 
 ATTENTION_SHARE = 0.17
 
@@ -60,10 +60,10 @@ def matmul_candidates(device, key, shape, kind) -> list[str]:
     M, N, K = shape
     if kind == "wide":
         cands = linear.candidate_configs(device, key, M, N, K, wide=True)
-    elif kind == "folds":   # every FOLD of each candidate (the splat and the dot kernels)
+    elif kind == "folds":   # every FOLD of each candidate
         cands, seen = [], set()
         for cfg in linear.candidate_configs(device, key, M, N, K):
-            for fold in ((16, 32, 64, 128) if cfg.impl == "dot" else (8, 16, 32)):
+            for fold in linear.H16_FOLDS:
                 c = dataclasses.replace(cfg, fold=fold)
                 if str(c) not in seen and not c.problems(device, True):
                     seen.add(str(c))

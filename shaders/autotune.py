@@ -18,7 +18,8 @@ import numpy as np
 
 from trainer_svc.model.config import PRESETS, ModelConfig
 
-from .ops import attention, linear
+from .kernels.attention import ops as attention
+from .kernels.matmul import ops as linear
 from .tuned_cache import shape_key
 
 
@@ -167,9 +168,8 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
 def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int, *,
                    budget_s: float | None = None, rng=None) -> dict:
     """Time every tile shape of the tiled attention kernel `kernel` (forward, dq, dkv) at
-    this shape, in the reg implementation and the staged ones that fit ("-pf", "-db"; see
-    ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed
-    inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
+    this shape (see ops.attention.candidate_configs); the cache entry of the winner. dq and
+    dkv are timed inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
     tuned) config."""
     rng = rng or np.random.default_rng(0)
     q = device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
@@ -195,7 +195,7 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
         return lambda rec: attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H,
                                               Hkv, D, **pins)
 
-    candidates = attention.candidate_configs(device, kernel, D)   # reg, then -pf / -db
+    candidates = attention.candidate_configs(device, kernel, D)
     if defaults[kernel] in candidates:   # the default is always timed
         candidates.remove(defaults[kernel])
         candidates.insert(0, defaults[kernel])

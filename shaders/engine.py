@@ -382,16 +382,19 @@ class Device:
 
     # ---- kernels -------------------------------------------------------------------------
 
-    def kernel(self, file: str, name: str, constants: dict | None = None) -> Kernel:
+    def kernel(self, file: str, name: str, constants: dict | None = None,
+               params: dict | None = None) -> Kernel:
         """The compiled kernel `name` of kernel file `file` (a file name or `family/file.wgsl`;
-        shaders/source.py finds it) with override `constants`."""
+        shaders/source.py finds it) with override `constants`; `params`: template parameters
+        of a template file (shaders/wgsl_expand.py)."""
         constants = dict(constants or {})
-        key = (file, name, tuple(sorted(constants.items())))
+        key = (file, name, tuple(sorted(constants.items())),
+               None if params is None else tuple(sorted(params.items())))
         cached = self._kernels.get(key)
         if cached is not None:
             return cached
         wgsl = source.load_file(file)
-        code = source.compose(self.features, wgsl, name)
+        code = source.compose(self.features, wgsl, name, params=params)
         try:
             module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
             pipeline = self.raw.create_compute_pipeline(

@@ -4,8 +4,7 @@
              -> grad (backward kernels) -> bench (GPU timestamps) -> roofline fraction
 
 A kernel joins the ladder by registering a `KernelCase` in its family's
-`shaders/kernels/<family>/cases.py` (`load_cases()` imports every family's; the matmul and
-attention families' modules in `shaders/cases/` until they move):
+`shaders/kernels/<family>/cases.py` (`load_cases()` imports every family's):
 
     register(KernelCase(
         name="scale", family="elementwise", precision="f32",
@@ -30,6 +29,7 @@ import pkgutil
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -53,7 +53,7 @@ class KernelCase:
     name: str
     family: str
     precision: str  # key of metrics.THRESHOLDS
-    kernels: list  # [(file, kernel) or (file, kernel, constants)] compiled by the compile rung
+    kernels: list  # [(file, kernel[, constants[, template params]])] compiled by the compile rung
     inputs: Callable[[np.random.Generator, str], dict]
     launch: Callable[[Device, dict], Launch]
     reference: Callable[[dict], dict]
@@ -83,14 +83,18 @@ def register(case: KernelCase) -> KernelCase:
 
 
 def case_modules() -> list[str]:
-    """The modules that register ladder cases: every family folder's `cases.py`, then the
-    modules of shaders/cases/ (the families not yet moved into shaders/kernels/)."""
-    from . import cases, kernels
-    names = [f"{kernels.__name__}.{family.name}.cases"
-             for family in pkgutil.iter_modules(kernels.__path__)
-             if family.ispkg and importlib.util.find_spec(
-                 f"{kernels.__name__}.{family.name}.cases") is not None]
-    names += [f"{cases.__name__}.{module.name}" for module in pkgutil.iter_modules(cases.__path__)]
+    """The modules that register ladder cases: every family folder's `cases.py` (and
+    `*_cases.py`, e.g. attention's decode_cases.py)."""
+    from . import kernels
+    names = []
+    for family in pkgutil.iter_modules(kernels.__path__):
+        if not family.ispkg:
+            continue
+        folder = f"{kernels.__name__}.{family.name}"
+        path = [str(Path(kernels.__path__[0]) / family.name)]
+        names += [f"{folder}.{m.name}" for m in sorted(pkgutil.iter_modules(path),
+                                                       key=lambda m: m.name)
+                  if m.name == "cases" or m.name.endswith("_cases")]
     return names
 
 
@@ -99,7 +103,7 @@ def load_cases() -> dict[str, KernelCase]:
     for name in case_modules():
         before = set(_REGISTRY)
         importlib.import_module(name)
-        family = name.split(".")[-2] if name.endswith(".cases") else None
+        family = name.split(".")[-2]
         for case_name in set(_REGISTRY) - before:
             if family and _REGISTRY[case_name].family != family:
                 raise ValueError(f"{name}: case {case_name!r} says family "
@@ -160,8 +164,8 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
     start = time.perf_counter()
     try:
         for spec in case.kernels:
-            file, kernel, constants = (tuple(spec) + ({},))[:3]
-            device.kernel(file, kernel, constants)
+            file, kernel, constants, params = (tuple(spec) + ({}, None)[len(spec) - 2:])[:4]
+            device.kernel(file, kernel, constants, params)
         results.append(RungResult(case.name, "compile", True,
                                   f"{len(case.kernels)} pipeline(s) in {time.perf_counter() - start:.2f}s"))
     except Exception as exc:

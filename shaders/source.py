@@ -3,8 +3,7 @@ feature-dependent enable lines.
 
 Kernel files live in their family's folder, `shaders/kernels/<family>/*.wgsl`; a file is named
 either by its file name alone (names are unique across the families) or as
-`<family>/<file>.wgsl`. Until the matmul and attention families move into the same layout,
-their files in `shaders/wgsl/` are found the same way (by file name).
+`<family>/<file>.wgsl`.
 
 A `.wgsl` file holds one or more kernels separated by marker lines
 
@@ -15,6 +14,10 @@ file's kernels); it is included in every kernel of the file. Each kernel's entry
 function named like the kernel. The module compiled for a kernel is:
 
     enable lines (from the device's features) + 00_shared.wgsl + file header + kernel section
+
+A template file (its kernels made with
+template parameters, `Device.kernel(..., params=...)`) has its header and section expanded by
+`shaders/wgsl_expand.py` first; the preamble is never expanded.
 
 Enable lines are the engine's business, never a kernel file's: naga rejects `enable subgroups;`
 (subgroup builtins work once the `subgroup` feature is on) and rejects `enable f16;` unless
@@ -28,9 +31,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
-# matmul and attention files not yet moved into their family folders (searched after KERNELS_DIR)
-WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
+from . import wgsl_expand
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"   # one folder per kernel family
 PREAMBLE_FILE = "00_shared.wgsl"   # in KERNELS_DIR: every kernel of every family includes it
 KERNEL_MARKER = re.compile(r"^\s*//\s*---\s*KERNEL:\s*([A-Za-z_][A-Za-z0-9_]*)\s*---\s*$", re.M)
 ENABLE_LINE = re.compile(r"^\s*enable\s+[^;]+;", re.M)
@@ -78,15 +81,15 @@ def split_kernels(text: str, origin: str = "<wgsl>") -> tuple[str, dict]:
 
 @lru_cache(maxsize=None)
 def kernel_files() -> dict[str, Path]:
-    """{file name: path} of every kernel file: shaders/kernels/*/ and the not-yet-moved
-    shaders/wgsl/. Two files of one name would make a name ambiguous: that is an error."""
+    """{file name: path} of every kernel file in shaders/kernels/*/. Two files of one name
+    would make a name ambiguous: that is an error."""
     found: dict[str, Path] = {}
-    paths = sorted(KERNELS_DIR.glob("*/*.wgsl")) + sorted(WGSL_DIR.glob("*.wgsl"))
+    paths = sorted(KERNELS_DIR.glob("*/*.wgsl"))
     for path in paths:
         if path.name in found:
             raise ShaderSourceError(
                 f"kernel file name {path.name!r} is used twice ({found[path.name]} and {path}); "
-                "file names must be unique across shaders/kernels/*/ and shaders/wgsl/ so "
+                "file names must be unique across shaders/kernels/*/ so "
                 "`device.kernel(file, name)` finds one file; rename one of them")
         found[path.name] = path
     return found
@@ -102,7 +105,7 @@ def find_file(name: str) -> Path:
                                 "`<family>/<file>.wgsl`, e.g. `rmsnorm/02_rmsnorm.wgsl`)")
     path = kernel_files().get(name)
     if path is None:
-        raise ShaderSourceError(f"no WGSL file {name!r} in {KERNELS_DIR}/*/ or {WGSL_DIR}; "
+        raise ShaderSourceError(f"no WGSL file {name!r} in {KERNELS_DIR}/*/; "
                                 f"known files: {', '.join(sorted(kernel_files()))}")
     return path
 
@@ -128,11 +131,22 @@ def preamble_text(directory: str = str(KERNELS_DIR)) -> str:
     return text
 
 
-def compose(features, file: WgslFile, kernel: str, directory: str = str(KERNELS_DIR)) -> str:
-    """The full module source for one kernel on a device with `features`."""
+def compose(features, file: WgslFile, kernel: str, directory: str = str(KERNELS_DIR),
+            params: dict | None = None) -> str:
+    """The full module source for one kernel on a device with `features`; `params`: the
+    template parameters of a template file (header and section expanded by wgsl_expand)."""
     if kernel not in file.kernels:
         raise ShaderSourceError(
             f"{file.path.name} has no kernel {kernel!r}; it has {sorted(file.kernels)}")
-    return (enable_lines(features) + preamble_text(directory) + "\n"
-            + f"// ---- {file.path.name} ----\n" + file.header
-            + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
+    own = (f"// ---- {file.path.name} ----\n" + file.header
+           + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
+    if params is not None:
+        own = _expanded(own, tuple(sorted(params.items())), f"{file.path.name}:{kernel}")
+    return enable_lines(features) + preamble_text(directory) + "\n" + own
+
+
+@lru_cache(maxsize=None)
+def _expanded(text: str, params: tuple, origin: str) -> str:
+    """A template's expansion, once per text and parameters (a pass takes ~0.1-0.3 s; the
+    pipelines of one expansion may differ in their override constants)."""
+    return wgsl_expand.expand(text, dict(params), origin)

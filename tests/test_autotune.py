@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shaders import autotune, tuned_cache
-from shaders.ops import linear
+from shaders.kernels.matmul import ops as linear
 
 
 @pytest.fixture
@@ -48,7 +48,8 @@ def test_a_broken_or_impossible_cache_entry_falls_back(device, cache_dir):
     _write(device, cache_dir, {"matmul/nt/64x64x64": {"config": "1024x1024x64-8x8-s1"},
                                "matmul/nn/64x64x64": {"config": "garbage"}})
     assert not linear.plan(device, "nt", 64, 64, 64).config.problems(device)
-    assert not linear.plan(device, "nn", 64, 64, 64).config.problems(device)
+    with pytest.warns(UserWarning, match="'garbage' is not of the form"):   # said, not hidden
+        assert not linear.plan(device, "nn", 64, 64, 64).config.problems(device)
     (cache_dir / (tuned_cache.adapter_key(device) + ".json")).write_text("{not json")
     tuned_cache.forget()
     assert linear.plan(device, "nt", 64, 64, 64).path == "tiled"
@@ -93,44 +94,33 @@ def test_cli_tune_rejects_unknown_key(cache_dir):
 
 
 def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
-    from shaders.ops import attention
+    from shaders.kernels.attention import ops as attention
     entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
     assert entry["config"] in entry["candidates"]
     tuned_cache.save(device, {"attention/forward/32x16": entry})
-    rows, cols, impl = attention.choose_config(device, "forward", 32, 16)
-    assert attention.format_config(rows, cols, impl) == entry["config"]
-    assert any(c.endswith("-pf") for c in entry["candidates"])   # staged variants are timed
-    assert any(c.endswith("-db") for c in entry["candidates"])
+    rows, cols = attention.choose_config(device, "forward", 32, 16)
+    assert attention.format_config(rows, cols) == entry["config"]
 
 
-def test_tuner_offers_dot_kernels_for_f16_math_and_the_cache_keeps_them(device, cache_dir,
-                                                                         monkeypatch):
+def test_tuner_offers_folds_for_f16_math_and_the_cache_upgrades_old_spellings(device,
+                                                                               cache_dir):
     if not device.has("shader-f16"):
         pytest.skip("device lacks shader-f16 (the packed-f16 kernels need it)")
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
     h16 = [str(c) for c in linear.candidate_configs(device, "nt_h16", 512, 512, 512)]
-    assert any(c.endswith("-dot") for c in h16) and any(not c.endswith("-dot") for c in h16)
-    assert not any(str(c).endswith("-dot")
+    assert any(c.endswith("-fold32") for c in h16) and any("-fold" not in c for c in h16)
+    assert not any("-fold" in str(c)
                    for c in linear.candidate_configs(device, "nt", 512, 512, 512))
-    monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")   # a loop-only comparison stays so
-    assert all(str(c).endswith("-loop")
-               for c in linear.candidate_configs(device, "nt_h16", 512, 512, 512))
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS")
     entry = autotune.tune_matmul(device, "nt_h16", 64, 64, 64)
-    timed = {c: t for c, t in entry["candidates"].items() if t is not None}
-    assert any(c.endswith("-dot") for c in timed), entry["candidates"]
-    _write(device, cache_dir, {"matmul/nt_h16/256x256x256": {"config": "64x64x16-4x4-s1-f64-dot"},
+    assert entry["config"] in entry["candidates"]
+    # an entry written before the expansion pass: "-f32" meant FOLD 32
+    _write(device, cache_dir, {"matmul/nt_h16/256x256x256": {"config": "64x64x32-4x4-s1-f32"},
                                "matmul/nt/256x256x256": {"config": "64x64x16-4x4-s1-f64-dot"}})
     chosen = linear.plan(device, "nt", 256, 256, 256, b_dtype=np.float16, f16_math=True)
-    assert chosen.kernel == "matmul_nt_h16_dot_4x4"
-    assert str(chosen.config) == "64x64x16-4x4-s1-f64-dot"
-    monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")   # a tuned dot entry names its kernel
-    tuned_cache.forget()
-    assert linear.plan(device, "nt", 256, 256, 256, b_dtype=np.float16,
-                       f16_math=True).kernel == "matmul_nt_h16_dot_4x4"
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS")
-    # a dot entry under an f32 key cannot run: the default is used
-    assert linear.plan(device, "nt", 256, 256, 256).config.impl == "reg"
+    assert chosen.kernel == "matmul_nt_h16_tiled"
+    assert str(chosen.config) == "64x64x32-4x4-s1-fold32"
+    with pytest.warns(UserWarning, match="retired -dot"):   # a retired kernel: the default
+        assert linear.plan(device, "nt", 256, 256, 256).config == linear.default_config(
+            device, "nt", 256, 256, 256)
 
 
 def test_tuned_shapes_follow_the_model_presets(monkeypatch):

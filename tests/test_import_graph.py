@@ -112,7 +112,7 @@ def test_the_graph_sees_function_local_and_relative_imports():
     graph = import_graph()
     assert "shaders.engine" in graph["shaders.kernels.op_support"]          # from ..engine
     assert "shaders.kernels.rmsnorm.ops" in graph["shaders.kernels.rmsnorm.cases"]  # . import
-    assert "shaders.tuned_cache" in graph["shaders.ops.linear"]             # inside a function
+    assert "shaders.tuned_cache" in graph["shaders.kernels.matmul.ops"]             # inside a function
     assert "tokenizer_svc.gpu_encode" in graph["shaders.kernels.bpe.cases"]
 
 

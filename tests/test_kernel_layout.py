@@ -38,8 +38,7 @@ def test_a_family_folder_holds_its_kernels_reference_ops_and_cases(folder):
 def test_kernel_files_are_found_by_name_or_family_path():
     assert source.find_file("02_rmsnorm.wgsl") == KERNELS / "rmsnorm" / "02_rmsnorm.wgsl"
     assert source.find_file("rmsnorm/02_rmsnorm.wgsl") == KERNELS / "rmsnorm" / "02_rmsnorm.wgsl"
-    # the matmul and attention families not yet moved are found in shaders/wgsl/
-    assert source.find_file("03_linear.wgsl").parent.name == "wgsl"
+    assert source.find_file("03_linear.wgsl") == KERNELS / "matmul" / "03_linear.wgsl"
     with pytest.raises(source.ShaderSourceError, match="no WGSL file 'nope.wgsl'"):
         source.find_file("nope.wgsl")
     with pytest.raises(source.ShaderSourceError, match="expected `<family>/<file>.wgsl`"):
@@ -51,7 +50,6 @@ def test_a_file_name_used_twice_is_an_error_naming_both(tmp_path, monkeypatch):
         (tmp_path / "kernels" / family).mkdir(parents=True)
         (tmp_path / "kernels" / family / "same.wgsl").write_text("// --- KERNEL: k ---\n")
     monkeypatch.setattr(source, "KERNELS_DIR", tmp_path / "kernels")
-    monkeypatch.setattr(source, "WGSL_DIR", tmp_path / "wgsl")
     source.kernel_files.cache_clear()
     try:
         with pytest.raises(source.ShaderSourceError, match=r"'same.wgsl' is used twice .*a/same"

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from shaders.ops import attention
+from shaders.kernels.attention import ops as attention
 
 
 @pytest.mark.parametrize("storage", [32768, 49152])   # lavapipe, H200
@@ -84,8 +84,7 @@ def test_tiled_kernels_run_by_default_and_general_ones_otherwise(device, monkeyp
         labels.append(label or kernel.name)
         return original(self, kernel, resources, workgroups, label)
     monkeypatch.setattr(Recorder, "dispatch", spy)
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
-    for D, want in ((16, "attention_forward_reg"), (6, "attention_forward")):
+    for D, want in ((16, "attention_forward_tiled"), (6, "attention_forward")):
         buf = device.empty(2 * 8 * 2 * D)
         lse = device.empty(2 * 2 * 8)
         labels.clear()
@@ -107,10 +106,8 @@ def test_bad_tiled_configs_are_refused(device):
         with pytest.raises(ValueError, match="workgroup memory"):
             attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
                                64, config_dq="128x64")
-        with pytest.raises(ValueError, match="ROWSxCOLS"):   # unknown implementation
+        with pytest.raises(ValueError, match="ROWSxCOLS"):   # unknown suffix
             attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 16, config="16x8-fast")
-        with pytest.raises(ValueError, match="workgroup memory"):   # the second stage
+        with pytest.raises(ValueError, match="retired -db"):   # a retired kernel
             attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
                                64, config_dq="64x16-db")
-        with pytest.raises(ValueError, match="prefetch registers"):
-            attention.forward(rec, buf, buf, buf, buf, buf, 1, 4, 1, 1, 64, config="8x32-pf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.ops import linear
+from shaders.kernels.matmul import ops as linear
 
 
 def test_weight_as_sub_range_of_one_parameter_buffer(device):
@@ -64,19 +64,17 @@ def test_bad_operands_are_named(device):
 
 
 def test_ops_pick_the_tiled_kernels_by_default(device, monkeypatch):
-    # The shapes the model uses (multiples of 4, contiguous) run the fast path in its
-    # named-register implementation; shapes that cannot be read as vec4 fall back to the
+    # The shapes the model uses (multiples of 4, contiguous) run the fast path (the
+    # expanded 03_linear_tiled.wgsl); shapes that cannot be read as vec4 fall back to the
     # general kernels.
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
     for layout in ("nt", "nn", "tn"):
         chosen = linear.plan(device, layout, 64, 96, 128)
-        block = f"{chosen.config.tm}x{chosen.config.tn}"
-        assert chosen.path == "tiled" and chosen.kernel == f"matmul_{layout}_reg_{block}"
-        assert chosen.file == linear.FILE_REG
+        assert chosen.path == "tiled" and chosen.kernel == f"matmul_{layout}_tiled"
+        assert chosen.file == linear.FILE_TILED
         assert linear.plan(device, layout, 64, 96, 45).path == ("tiled" if layout == "tn"
                                                                 else "general")
-    assert linear.plan(device, "nt", 64, 96, 128, b_dtype=np.float16).kernel.startswith(
-        "matmul_nt_w16_reg_")
+    assert linear.plan(device, "nt", 64, 96, 128, b_dtype=np.float16).kernel == \
+        "matmul_nt_w16_tiled"
     assert linear.plan(device, "nt", 64, 96, 128, ldc=98).path == "general"
     assert linear.plan(device, "nn", 64, 96, 128, tiles=(32, 32, 16)).path == "general"
 
@@ -132,7 +130,9 @@ def test_split_k_partials_never_leak_between_calls(device):
         np.testing.assert_allclose(device.download(c), want, rtol=1e-5, atol=1e-4)
 
 
-def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
+def test_f16_math_is_the_callers_choice(device, monkeypatch):
+    # f16-weight forward products multiply in f32 unless the caller asks for packed f16
+    # (the model passes its config's f16_math); no environment switch inside the op.
     if not device.has("shader-f16"):
         pytest.skip("device lacks shader-f16 (the packed-f16 kernel needs it)")
     from shaders.engine import Recorder
@@ -143,27 +143,15 @@ def test_f16_math_switch_for_f16_weight_forward(device, monkeypatch):
         labels.append(label or kernel.name)
         return original(self, kernel, resources, workgroups, label)
     monkeypatch.setattr(Recorder, "dispatch", spy)
+    monkeypatch.setenv("ISTANBUL_F16_MATH", "1")   # ignored: not read by the op
     rng = np.random.default_rng(3)
     x = rng.standard_normal((8, 32)).astype(np.float32)
     w = (0.1 * rng.standard_normal((16, 32))).astype(np.float16)
     xb, wb, y = device.upload(x), device.upload(w), device.empty((8, 16))
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
-    block = str(linear.plan(device, "nt", 8, 16, 32).config).split("-")[1]
-    h16_kernel = linear.plan(device, "nt", 8, 16, 32, b_dtype=np.float16, f16_math=True,
-                             operands=(xb, wb, y)).kernel
-    assert h16_kernel.startswith("matmul_nt_h16_reg_") and "_f" in h16_kernel
-    for env, want in ((None, f"matmul_nt_w16_reg_{block}"), ("1", h16_kernel)):
-        if env is None:
-            monkeypatch.delenv("ISTANBUL_F16_MATH", raising=False)
-        else:
-            monkeypatch.setenv("ISTANBUL_F16_MATH", env)
+    for f16_math, want in ((False, "matmul_nt_w16_tiled"), (True, "matmul_nt_h16_tiled")):
         labels.clear()
         with device.record() as rec:
-            linear.matmul_nt(rec, xb, wb, y, 8, 16, 32)
+            linear.matmul_nt(rec, xb, wb, y, 8, 16, 32, f16_math=f16_math)
         assert labels == [want]
         np.testing.assert_allclose(device.download(y), x.astype(np.float64) @ w.T.astype(
             np.float64), rtol=2e-2, atol=2e-2)
-    labels.clear()
-    with device.record() as rec:   # an explicit False wins over the switch
-        linear.matmul_nt(rec, xb, wb, y, 8, 16, 32, f16_math=False)
-    assert labels == [f"matmul_nt_w16_reg_{block}"]

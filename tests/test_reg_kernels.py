@@ -1,28 +1,80 @@
-"""The named-register kernels (03_linear_reg*.wgsl, 05_attention_reg.wgsl): generated files
-are current, hold no private arrays, are what the ops run by default, agree with the loop
-kernels they replace, and the loop kernels stay selectable."""
+"""The fast matmul and attention kernels ("named-register" kernels): one loop-form template
+per tiling (03_linear_tiled.wgsl, 05_attention_tiled.wgsl), expanded by shaders/wgsl_expand.py
+when a kernel is made.
+
+The expansion of every configuration the ops can run is the kernel the H200 was tuned and
+measured with: the same declarations and statements as the generated kernels of 02206db
+(tests/data/expansion_baseline.json, written by dev/expansion_baseline.py from git), and
+every configuration of the committed H200 cache and of the defaults is one of them.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from shaders import source, wgsl_expand
 from shaders.engine import Recorder
-from shaders.ops import attention, linear
+from shaders.kernels.attention import ops as attention
+from shaders.kernels.matmul import ops as linear
 
 REPO = Path(__file__).resolve().parents[1]
+BASELINE = json.loads((REPO / "tests" / "data" / "expansion_baseline.json").read_text())
+TUNED = json.loads((REPO / "shaders" / "tuned" / "nvidia-h200-vulkan.json").read_text())
+H200 = types.SimpleNamespace(
+    limits={"max-compute-workgroup-storage-size": 49152,
+            "max-compute-invocations-per-workgroup": 1024,
+            "max-storage-buffer-binding-size": 2 << 30},
+    info=types.SimpleNamespace(is_software=False), has=lambda feature: True)
+KEYS = {"nt": ("nt", np.float32, False), "nn": ("nn", np.float32, False),
+        "tn": ("tn", np.float32, False), "nt_w16": ("nt", np.float16, False),
+        "nn_w16": ("nn", np.float16, False), "nt_h16": ("nt", np.float16, True)}
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_reg_kernels",
-                                                  REPO / "scripts" / "gen_reg_kernels.py")
+def _baseline_tool():
+    spec = importlib.util.spec_from_file_location("expansion_baseline",
+                                                  REPO / "dev" / "expansion_baseline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _matmul_label(key: str, cfg: linear.MatmulConfig) -> str:
+    if key == "nt_h16":
+        return f"matmul_nt_h16_{cfg.tm}x{cfg.tn}_fold{cfg.fold_steps}"
+    return f"matmul_{key}_{cfg.tm}x{cfg.tn}"
+
+
+def _matmul_module(key: str, cfg: linear.MatmulConfig) -> tuple[str, str]:
+    layout, b_dtype, f16_math = KEYS[key]
+    file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math)
+    return source.compose(set(), source.load_file(file), kernel,
+                          params=cfg.template_params(f16_math)), kernel
+
+
+H200_TILES = {"forward": (64, 32), "dq": (64, 16), "dkv": (32, 32)}   # the tuned cache's
+
+
+def _attention_module(kernel: str) -> tuple[str, str]:
+    name = attention.TILED_KERNELS[kernel]
+    params = attention.template_params(*H200_TILES[kernel], 64)
+    return source.compose(set(), source.load_file(attention.FILE_TILED), name,
+                          params=params), name
+
+
+def _every_matmul_config():
+    for key in KEYS:
+        for tm in (4, 8):
+            for tn in (4, 8):
+                folds = (16, 32) if key == "nt_h16" else (0,)
+                for fold in folds:
+                    yield key, linear.MatmulConfig(64, 64, 32, tm, tn, 1, fold)
 
 
 @pytest.fixture
@@ -34,58 +86,130 @@ def labels(monkeypatch):
         seen.append(label or kernel.name)
         return original(self, kernel, resources, workgroups, label)
     monkeypatch.setattr(Recorder, "dispatch", spy)
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
     return seen
 
 
-def test_generated_kernels_are_current():
-    gen = _generator()
-    stale = gen.stale_files()
-    assert not stale, f"stale generated WGSL {stale}: run python scripts/gen_reg_kernels.py"
+# ---- the expansions are the measured kernels ---------------------------------------------
+
+def test_every_expansion_matches_the_kernel_generated_at_02206db():
+    tool = _baseline_tool()
+    want = BASELINE["fingerprints"]
+    seen = set()
+    for key, cfg in _every_matmul_config():
+        label = _matmul_label(key, cfg)
+        module, kernel = _matmul_module(key, cfg)
+        assert tool.fingerprint(module, kernel) == want[label], (
+            f"{label}: the expansion differs from the kernel measured on the H200; see "
+            f"python dev/expansion_baseline.py --diff {label}")
+        seen.add(label)
+    for kernel in ("forward", "dq", "dkv"):
+        module, name = _attention_module(kernel)
+        assert tool.fingerprint(module, name) == want[name], name
+        seen.add(name)
+    assert seen == set(want)
 
 
-def test_generated_kernels_hold_no_private_arrays():
-    # The point of these files: function-scope arrays end up in local memory on NVIDIA.
-    gen = _generator()
-    for name in gen.OUTPUTS:
-        text = (REPO / "shaders" / "wgsl" / name).read_text()
-        assert "GENERATED by scripts/gen_reg_kernels.py" in text
-        body_arrays = [ln for ln in text.splitlines()
-                       if re.search(r"^\s+(var|let)\b.*array<", ln)]
-        assert not body_arrays, (name, body_arrays[:3])
+def test_the_comparison_sees_a_one_token_change():
+    tool = _baseline_tool()
+    wgsl = source.load_file(attention.FILE_TILED)
+    name = attention.TILED_KERNELS["dq"]
+    section = wgsl.kernels[name]
+    for old, new in (("dp[i][j] - dvec[i]", "dp[i][j] + dvec[i]"),
+                     ("workgroupBarrier();   // every read", "// every read")):
+        assert old in section
+        changed = source.WgslFile(wgsl.path, wgsl.header,
+                                  {**wgsl.kernels, name: section.replace(old, new, 1)})
+        module = source.compose(set(), changed, name,
+                                params=attention.template_params(*H200_TILES["dq"], 64))
+        assert tool.fingerprint(module, name) != BASELINE["fingerprints"][name], old
 
 
-def test_every_register_block_has_a_kernel_for_every_layout():
-    from shaders.source import load_file
-    f32 = set(load_file(linear.FILE_REG).kernels)
-    h16 = set(load_file(linear.FILE_REG_H16).kernels)
-    for tm in (4, 8):
-        for tn in (4, 8):
-            for layout, b16 in (("nt", False), ("nn", False), ("tn", False), ("nt", True),
-                                ("nn", True)):
-                cfg = linear.MatmulConfig(64, 64, 16, tm, tn)
-                file, name = linear.tiled_kernel_name(
-                    layout, np.float16 if b16 else np.float32, False, cfg)
-                assert file == linear.FILE_REG and name in f32
-            file, name = linear.tiled_kernel_name("nt", np.float16, True, cfg)
-            assert file == linear.FILE_REG_H16 and name in h16
+def test_expanded_kernels_hold_no_private_arrays_or_template_syntax():
+    # the point of the expansion: function-scope arrays end up in local memory on NVIDIA
+    modules = [_matmul_module(k, c)[0] for k, c in _every_matmul_config()]
+    modules += [_attention_module(k)[0] for k in ("forward", "dq", "dkv")]
+    for text in modules:
+        assert "// @if" not in text and "// @endif" not in text
+        text = re.sub(r"//[^\n]*", "", text)
+        assert "{{" not in text and "@unroll" not in text and "@let" not in text
+        arrays = [ln for ln in text.splitlines() if re.search(r"^\s+(var|let)\b.*array<", ln)]
+        assert not arrays, arrays[:3]
 
 
-def test_config_strings_name_the_implementation():
-    cfg = linear.MatmulConfig.parse("128x128x16-8x8-s2")
-    assert cfg.impl == "reg" and str(cfg) == "128x128x16-8x8-s2"
-    loop = linear.MatmulConfig.parse("128x128x16-8x8-s2-f8-loop")
-    assert loop.impl == "loop" and loop.fold == 8 and str(loop) == "128x128x16-8x8-s2-f8-loop"
-    assert linear.MatmulConfig.parse(str(loop)) == loop
-    assert "TM" not in cfg.constants() and loop.constants()["TM"] == 8
-    with pytest.raises(ValueError, match="implementation"):
-        cfg.with_impl("fast")
+def test_h200_tuned_and_default_configurations_are_fingerprinted_kernels():
+    labels = set(BASELINE["fingerprints"])
+    for name, entry in TUNED["entries"].items():
+        op, key, shape = name.split("/")
+        dims = tuple(int(s) for s in shape.split("x"))
+        if op == "matmul":
+            layout, b_dtype, f16_math = KEYS[key]
+            for text in (entry["config"], entry["default"]):
+                cfg = linear.MatmulConfig.parse(text)
+                assert not cfg.problems(H200, f16_math), (name, text)
+                assert _matmul_label(key, cfg) in labels, (name, text)
+            default = linear.default_config(H200, key, *dims)
+            assert _matmul_label(key, default) in labels
+        else:
+            rows, cols = attention.parse_config(entry["config"])
+            assert (rows, cols) == H200_TILES[key], name
+            assert not attention.tiled_problems(H200, key, rows, cols, dims[1]), name
+            default = attention.TILED_DEFAULTS[key][0]
+            assert attention.template_params(*default, 64) == \
+                attention.template_params(rows, cols, 64)   # PF 16: the fingerprinted one
+    # every retired measurement keeps its timing under a name that says so
+    retired = [c for e in TUNED["entries"].values() for c in e["candidates"] if "retired" in c]
+    assert retired and all(re.search(r"-retired-[a-z-]+$", c) for c in retired)
 
 
-def test_reg_and_loop_matmuls_agree_and_loop_stays_selectable(device, labels, monkeypatch):
-    # A ragged, split, accumulating dW product with every register block: the two
-    # implementations compute the same sums in the same order. BK 8 is one written-out run
-    # of the reg kernels' slice loop, BK 12 a run and a remainder of 4.
+# ---- configuration strings ---------------------------------------------------------------
+
+def test_config_strings_explain_themselves_and_old_spellings_upgrade():
+    cfg = linear.MatmulConfig.parse("128x128x32-8x8-s1-fold32")
+    assert cfg.fold == 32 and str(cfg) == "128x128x32-8x8-s1-fold32"
+    assert linear.upgrade_config("128x128x32-8x8-s1-f32") == "128x128x32-8x8-s1-fold32"
+    assert linear.upgrade_config("128x128x16-8x8-s2-reg") == "128x128x16-8x8-s2"
+    with pytest.raises(ValueError, match="old spelling.*fold32"):
+        linear.MatmulConfig.parse("128x128x32-8x8-s1-f32")
+    for retired in ("128x64x32-8x4-s1-f64-dot", "128x128x16-8x8-s1-loop"):
+        with pytest.raises(ValueError, match="retired"):
+            linear.upgrade_config(retired)
+    assert attention.upgrade_config("64x32-pf") == "64x32"
+    with pytest.raises(ValueError, match="retired -db"):
+        attention.upgrade_config("32x16-db")
+    with pytest.raises(ValueError, match="old spelling; today: '64x32'"):
+        attention.parse_config("64x32-pf")
+    with pytest.raises(ValueError, match="ROWSxCOLS"):
+        attention.parse_config("64x32-fast")
+    problems = linear.MatmulConfig.parse("64x64x8-4x4-s1").problems(H200, f16_math=True)
+    assert any("FOLD 8" in p for p in problems)
+    assert linear.MatmulConfig.parse("64x64x16-4x4-s1-fold16").problems(H200) == [
+        "-fold16: a fold applies to the packed-f16 kernel only (f16_math=True)"]
+
+
+def test_tuned_entries_of_retired_kernels_fall_back_with_a_warning(monkeypatch):
+    from shaders import tuned_cache
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-db")
+    with pytest.warns(UserWarning, match="retired -db"):
+        assert attention.choose_config(H200, "forward", 1024, 64) == \
+            attention.TILED_DEFAULTS["forward"][0]
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-pf")
+    assert attention.choose_config(H200, "forward", 1024, 64) == (32, 16)
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "128x64x32-8x4-s1-f64-dot")
+    with pytest.warns(UserWarning, match="retired -dot"):
+        cfg = linear.choose_config(H200, "nt", np.float16, True, 8192, 768, 768)
+    assert cfg == linear.default_config(H200, "nt_h16", 8192, 768, 768)
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "128x128x32-8x8-s1-f32")
+    assert str(linear.choose_config(H200, "nt", np.float16, True, 8192, 768, 768)) == \
+        "128x128x32-8x8-s1-fold32"
+
+
+# ---- the kernels compute the right sums --------------------------------------------------
+
+def test_every_register_block_computes_a_split_accumulating_product(device, labels,
+                                                                   monkeypatch):
+    # A ragged, split, accumulating dW product with every register block; BK 12 leaves a
+    # slice remainder. Runs of 2 written-out k-steps (UNROLL_K, a probe option) compute the
+    # same sums in the same order: bit-identical.
     rng = np.random.default_rng(5)
     M, N, K = 36, 44, 200
     a = rng.standard_normal((K, M)).astype(np.float32)
@@ -94,305 +218,139 @@ def test_reg_and_loop_matmuls_agree_and_loop_stays_selectable(device, labels, mo
     want = c0.astype(np.float64) + 0.5 * a.T.astype(np.float64) @ b
     ab, bb = device.upload(a), device.upload(b)
     for block, bk in (("8x8", 8), ("8x4", 12), ("4x8", 8), ("4x4", 12)):
-        got = {}
-        for impl in ("reg", "loop"):
-            cfg = f"32x32x{bk}-{block}-s2" + ("-loop" if impl == "loop" else "")
+        got = []
+        for unroll in (1, 2):
+            monkeypatch.setattr(linear, "UNROLL_K", unroll)
             c = device.upload(c0)
             labels.clear()
             with device.record() as rec:
                 linear.matmul_tn(rec, ab, bb, c, M, N, K, accumulate=True, alpha=0.5,
-                                 config=cfg)
-            kernel = labels[0]
-            assert kernel == (f"matmul_tn_reg_{block}" if impl == "reg" else "matmul_tn_tiled")
-            got[impl] = device.download(c)
-            np.testing.assert_allclose(got[impl], want, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(got["reg"], got["loop"], rtol=1e-6, atol=1e-6)
-    # the switch makes default and tuned configurations loop ones
-    monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")
-    chosen = linear.plan(device, "nt", 64, 96, 128)
-    assert chosen.kernel == "matmul_nt_tiled" and chosen.config.impl == "loop"
-    assert str(chosen.config).endswith("-loop")
+                                 config=f"32x32x{bk}-{block}-s2")
+            assert labels[0] == "matmul_tn_tiled"
+            got.append(device.download(c))
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4)
+        assert np.array_equal(got[0], got[1]), block
 
 
-def test_attention_runs_reg_kernels_by_default_and_loop_on_request(device, labels,
-                                                                    monkeypatch):
-    rng = np.random.default_rng(6)
-    B, T, H, Hkv, D = 1, 24, 2, 1, 16
-    q = rng.standard_normal((B, T, H, D)).astype(np.float32)
-    k = rng.standard_normal((B, T, Hkv, D)).astype(np.float32)
-    v = rng.standard_normal((B, T, Hkv, D)).astype(np.float32)
-    do = rng.standard_normal((B, T, H, D)).astype(np.float32)
-    qb, kb, vb, dob = (device.upload(x) for x in (q, k, v, do))
-    results = {}
-    for impl, pins in (("reg", {}), ("loop", {"config": "8x8-loop", "config_dq": "8x8-loop",
-                                              "config_dkv": "8x8-loop"}),
-                       ("reg8", {"config": "8x8", "config_dq": "8x8", "config_dkv": "8x8"})):
-        o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
-        dq, dk, dv = device.empty((B, T, H, D)), device.empty((B, T, Hkv, D)), \
-            device.empty((B, T, Hkv, D))
-        labels.clear()
-        with device.record() as rec:
-            attention.forward(rec, qb, kb, vb, o, lse, B, T, H, Hkv, D,
-                              config=pins.get("config"))
-            attention.backward(rec, qb, kb, vb, o, dob, lse, dq, dk, dv, B, T, H, Hkv, D,
-                               config_dq=pins.get("config_dq"),
-                               config_dkv=pins.get("config_dkv"))
-        fast = [name for name in labels if name != "attention_backward_prep"]
-        if impl == "loop":
-            assert fast == ["attention_forward_tiled", "attention_backward_dq_tiled",
-                            "attention_backward_dkv_tiled"]
-        else:
-            assert fast == ["attention_forward_reg", "attention_backward_dq_reg",
-                            "attention_backward_dkv_reg"]
-        results[impl] = [device.download(x) for x in (o, dq, dk, dv)]
-    for reg, loop in zip(results["reg8"], results["loop"]):
-        np.testing.assert_allclose(reg, loop, rtol=1e-5, atol=1e-6)
-    monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")
-    assert attention.tiled_kernel("forward") == (attention.FILE_TILED,
-                                                 "attention_forward_tiled")
-    assert attention.tiled_kernel("dq", "32x32-reg")[0] == attention.FILE_REG
-
-
-# ---- the k-pair ("dot") packed-f16 kernels (03_linear_reg_h16_dot.wgsl) ------------------
-
-def test_dot_configs_parse_and_name_a_kernel_for_every_block():
-    from shaders.source import load_file
-    dot = set(load_file(linear.FILE_REG_H16_DOT).kernels)
-    for tm in (4, 8):
-        for tn in (4, 8):
-            text = f"64x64x32-{tm}x{tn}-s1-dot"
-            cfg = linear.MatmulConfig.parse(text)
-            assert cfg.impl == "dot" and str(cfg) == text
-            file, name = linear.tiled_kernel_name("nt", np.float16, True, cfg)
-            assert (file, name) == (linear.FILE_REG_H16_DOT, f"matmul_nt_h16_dot_{tm}x{tn}")
-            assert name in dot
-    cfg = linear.MatmulConfig.parse("128x64x32-8x4-s2-f64-dot")
-    assert linear.MatmulConfig.parse(str(cfg)) == cfg and cfg.splits == 2
-    assert cfg.constants(True) == {"BM": 128, "BN": 64, "BK": 32, "WG": 256, "FOLD": 64,
-                                   "FSTEP": 32}
-    assert linear.MatmulConfig.parse("64x64x32-4x4-s1-f8-dot").constants(True)["FSTEP"] == 8
-    # default FOLD: 32 (16 products per f16 lane, as the splat kernel's default 16)
-    assert linear.MatmulConfig.parse("64x64x16-4x4-s1-dot").fold_steps == 32
-    assert linear.MatmulConfig.parse("64x64x64-4x4-s1-dot").fold_steps == 32
-    assert linear.MatmulConfig.parse("64x64x48-4x4-s1-dot").fold_steps == 48
-    assert linear.MatmulConfig.parse("64x64x16-4x4-s1").fold_steps == 16   # splat unchanged
-
-
-def test_splat_reg_kernels_have_one_entry_point_per_fold(device):
-    """The splat reg kernels write their FOLD k-steps out, so FOLD picks the entry point (no
-    FOLD override) and only the generated folds exist; the loop kernels take any FOLD."""
-    from shaders.source import load_file
-    kernels = load_file(linear.FILE_REG_H16).kernels
-    for fold in linear.REG_H16_FOLDS:
-        cfg = linear.MatmulConfig.parse(f"64x64x32-8x4-s1-f{fold}")
-        assert "FOLD" not in cfg.constants(True)
-        file, name = linear.tiled_kernel_name("nt", np.float16, True, cfg)
-        assert (file, name) == (linear.FILE_REG_H16, f"matmul_nt_h16_reg_8x4_f{fold}")
-        assert name in kernels
-    default = linear.MatmulConfig.parse("64x64x8-4x4-s1")
-    assert linear.tiled_kernel_name("nt", np.float16, True, default)[1].endswith("_f8")
-    four = linear.MatmulConfig.parse("64x64x16-4x4-s1-f4")
-    assert "must be one of 8, 16, 32" in four.problems(device, True)[0]
-    with pytest.raises(ValueError, match="must be one of 8, 16, 32"):
-        linear.tiled_kernel_name("nt", np.float16, True, four)
-    loop = linear.MatmulConfig.parse("64x64x16-4x4-s1-f4-loop")
-    assert not loop.problems(device, True) and loop.constants(True)["FOLD"] == 4
-
-
-def test_dot_config_errors_are_clear(device):
-    for text in ("64x64x32-4x4-s1-f24-dot", "64x64x32-4x4-s1-f6-dot", "64x64x16-4x4-s1-f40-dot",
-                 "64x64x12-4x4-s1-f3-dot"):
-        problems = linear.MatmulConfig.parse(text).problems(device, True)
-        assert problems and "must be even and divide BK" in problems[0], (text, problems)
-    assert "packed-f16 forward only" in linear.MatmulConfig.parse(
-        "64x64x32-4x4-s1-dot").problems(device, False)[0]
-    with pytest.raises(ValueError, match="BMxBNxBK"):
-        linear.MatmulConfig.parse("64x64x32-4x4-s1-fast")
-    with pytest.raises(ValueError, match="packed-f16 forward only"):
-        linear.tiled_kernel_name("nt", np.float32, False, "64x64x32-4x4-s1-dot")
-    with pytest.raises(ValueError, match="packed-f16 forward only"):   # f32 math asked
-        linear.plan(device, "nt", 64, 64, 64, b_dtype=np.float16, config="64x64x32-4x4-s1-dot")
-    if device.has("shader-f16"):
-        with pytest.raises(ValueError, match="FOLD 24"):
-            linear.plan(device, "nt", 64, 64, 64, b_dtype=np.float16, f16_math=True,
-                        config="64x64x32-4x4-s1-f24-dot")
-    a, b, c = device.empty(64 * 64), device.empty(64 * 64, np.float16), device.empty(64 * 64)
-    with device.record() as rec:
-        with pytest.raises(ValueError, match="packed-f16 forward only"):
-            linear.matmul_tn(rec, a, c, c, 64, 64, 64, config="64x64x16-4x4-s1-dot")
-        with pytest.raises(ValueError, match="packed-f16 forward only"):
-            linear.matmul_nt(rec, a, b, c, 64, 64, 64, f16_math=False,
-                             config="64x64x16-4x4-s1-dot")
-
-
-def test_dot_kernels_agree_with_float64_and_the_splat_kernel(device, labels):
+def test_packed_f16_folds_agree_with_float64(device, labels):
     if not device.has("shader-f16"):
-        pytest.skip("device lacks shader-f16 (the packed-f16 kernels need it)")
-    # ragged M and N, K = 200 (no BK divides it), accumulate with alpha; folds within a
-    # slice, equal to it and spanning slices; split-K
+        pytest.skip("needs shader-f16")
     rng = np.random.default_rng(7)
-    M, N, K = 36, 44, 200
+    M, N, K = 64, 96, 256
     a = rng.standard_normal((M, K)).astype(np.float32)
-    b = rng.standard_normal((N, K)).astype(np.float16)
-    c0 = rng.standard_normal((M, N)).astype(np.float32)
-    want = c0 + 0.5 * a.astype(np.float16).astype(np.float64) @ b.astype(np.float64).T
-    ab, bb = device.upload(a), device.upload(b)
-    got = {}
-    for cfg in ("32x32x8-4x4-s2-dot", "32x32x16-8x8-s1-f8-dot", "32x32x16-8x4-s1-f16-dot",
-                "32x32x16-4x8-s3-f64-dot", "32x32x16-4x4-s1"):
-        c = device.upload(c0)
+    w = rng.standard_normal((N, K)).astype(np.float16)
+    want = a.astype(np.float16).astype(np.float64) @ w.astype(np.float64).T
+    ab, wb = device.upload(a), device.upload(w)
+    for cfg in ("64x64x16-8x8-s1", "64x32x32-8x4-s1-fold32", "32x64x32-4x8-s2"):
+        out = device.zeros((M, N))
         labels.clear()
         with device.record() as rec:
-            linear.matmul_nt(rec, ab, bb, c, M, N, K, accumulate=True, alpha=0.5,
-                             f16_math=True, config=cfg)
-        block = cfg.split("-")[1]
-        want_kernel = (f"matmul_nt_h16_dot_{block}" if cfg.endswith("-dot")
-                       else f"matmul_nt_h16_reg_{block}_f16")
-        assert labels[0] == want_kernel
-        got[cfg] = device.download(c)
-        err = np.abs(got[cfg] - want).max()
-        assert err < 2e-3 * np.abs(want).max(), (cfg, err)
-    np.testing.assert_allclose(got["32x32x8-4x4-s2-dot"], got["32x32x16-4x4-s1"],
-                               atol=4e-3 * np.abs(want).max())
+            linear.matmul_nt(rec, ab, wb, out, M, N, K, f16_math=True, config=cfg)
+        assert labels[0] == "matmul_nt_h16_tiled"
+        got = device.download(out)
+        assert np.abs(got - want).max() / np.abs(want).max() < 3e-3, cfg
 
 
-def _attention_run(device, inputs, dims, pins, strides=None):
-    B, T, H, Hkv, D = dims
-    qb, kb, vb, dob = inputs
-    width = (strides or {}).get("q_stride")
-    o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
-    # with fused strides dq/dk/dv have the token stride of the fused buffer too
-    dq, dk, dv = (device.upload(np.zeros((B, T, width or heads * D), np.float32))
-                  for heads in (H, Hkv, Hkv))
+def test_matmul_reads_no_environment_switch(device, monkeypatch, labels):
+    monkeypatch.setenv("ISTANBUL_F16_MATH", "1")
+    monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")
+    x, w = device.upload(np.ones((8, 32), np.float32)), device.upload(np.ones((16, 32),
+                                                                              np.float16))
+    y = device.zeros((8, 16))
     with device.record() as rec:
-        attention.forward(rec, qb, kb, vb, o, lse, B, T, H, Hkv, D, config=pins[0],
-                          **(strides or {}))
-        attention.backward(rec, qb, kb, vb, o, dob, lse, dq, dk, dv, B, T, H, Hkv, D,
-                           config_dq=pins[1], config_dkv=pins[2], **(strides or {}))
-    return [device.download(x) for x in (o, lse, dq, dk, dv)]
+        linear.matmul_nt(rec, x, w, y, 8, 16, 32)
+    assert labels == ["matmul_nt_w16_tiled"]
+    np.testing.assert_array_equal(device.download(y), 32.0)
 
 
-# (tiles of forward, dq, dkv; head dim): D 32 with 8x8 tiles uses all 16 prefetch registers
-# per operand (and two statistics registers in dK/dV), 8x4 at D 16 four output vec4s per row
-@pytest.mark.parametrize("tiles,D", [(("16x8", "8x8", "16x8"), 16), (("8x4", "8x4", "8x4"), 16),
-                                     (("16x16", "16x16", "16x16"), 16),
-                                     (("8x8", "8x8", "8x8"), 32)])
-def test_staged_attention_kernels_equal_the_reg_kernels(device, labels, tiles, D):
-    # pf / db change where the next tile waits, not the arithmetic: the same sums in the
-    # same order, so the outputs are bit-identical to the reg kernels' (odd T, GQA 3,
-    # fused-qkv strides, several query heads per kv head crossing tile boundaries).
-    rng = np.random.default_rng(7)
-    B, T, H, Hkv = 2, 45, 6, 2
-    width = (H + 2 * Hkv) * D
-    qkv = rng.standard_normal((B, T, width)).astype(np.float32)
-    do = rng.standard_normal((B, T, H, D)).astype(np.float32)
-    flat = device.upload(qkv.reshape(-1))
-    n = qkv.size
-    views = (flat.elements(0, n), flat.elements(H * D, n - H * D),
-             flat.elements((H + Hkv) * D, n - (H + Hkv) * D), device.upload(do))
-    strides = {"q_stride": width, "kv_stride": width}
-    got = {}
-    for impl in ("reg", "pf", "db"):
-        labels.clear()
-        got[impl] = _attention_run(device, views, (B, T, H, Hkv, D),
-                                   [t + "-" + impl for t in tiles], strides)
-        fast = [name for name in labels if name != "attention_backward_prep"]
-        suffix = "" if impl == "reg" else "_" + impl
-        assert fast == [f"attention_forward_reg{suffix}", f"attention_backward_dq_reg{suffix}",
-                        f"attention_backward_dkv_reg{suffix}"]
-    for impl in ("pf", "db"):
-        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got["reg"], got[impl]):
-            assert np.array_equal(a, b), (impl, name, float(np.abs(a - b).max()))
-
-
-def test_staged_attention_configs_parse_fit_and_are_tuner_candidates(monkeypatch):
-    import types
-    monkeypatch.delenv("ISTANBUL_LOOP_KERNELS", raising=False)
-    h200 = types.SimpleNamespace(limits={"max-compute-workgroup-storage-size": 49152,
-                                         "max-compute-invocations-per-workgroup": 1024})
-    assert attention.parse_config("64x32-db") == (64, 32, "db")
-    assert attention.parse_config("64x32") == (64, 32, None)
-    assert attention.tiled_kernel("dq", "64x16-pf") == (attention.FILE_REG,
-                                                        "attention_backward_dq_reg_pf")
-    with pytest.raises(ValueError, match="ROWSxCOLS"):
-        attention.parse_config("64x32-fast")
-    for kernel in ("forward", "dq", "dkv"):
-        cands = attention.candidate_configs(h200, kernel, 64)
-        assert any(c.endswith("-pf") for c in cands) and any(c.endswith("-db") for c in cands)
-        for c in cands:
-            rows, cols, impl = attention.parse_config(c)
-            impl = impl or "reg"
-            assert not attention.tiled_problems(h200, kernel, rows, cols, 64, impl)
-            assert attention.tiled_bytes(kernel, rows, cols, 64, impl) <= 49152 - 1024
-            # the second stage costs memory: db never fits where reg does not
-            assert attention.tiled_bytes(kernel, rows, cols, 64, "db") >= \
-                attention.tiled_bytes(kernel, rows, cols, 64)
-        # the tuned H200 tiles have pf variants (same memory); their db variants do not fit
-        tuned = {"forward": "64x32", "dq": "64x16", "dkv": "32x32"}[kernel]
-        assert tuned + "-pf" in cands and tuned + "-db" not in cands
-        with pytest.raises(ValueError, match="workgroup memory"):
-            attention.choose_config(h200, kernel, 1024, 64, tuned + "-db")
-    # a tuned entry naming a staged variant selects it (an unfitting one is skipped)
-    from shaders import tuned_cache
-    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-db")
-    assert attention.choose_config(h200, "forward", 1024, 64) == (32, 16, "db")
-    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "64x32-db")
-    assert attention.choose_config(h200, "forward", 1024, 64)[2] == "reg"
-
-
-# ---- generator experiment settings (scripts/gen_reg_kernels.py --unroll / --att-unroll) ----
-
-def _with_generated(monkeypatch, tmp_path, name: str, text: str):
-    """A fresh device whose kernels read `name` from `text` instead of shaders/wgsl."""
-    from shaders import source
-    from shaders.engine import Device
-    (tmp_path / name).write_text(text)
-    real = source.load_file
-    monkeypatch.setattr(source, "load_file", lambda file, directory=str(source.WGSL_DIR):
-                        real(file, str(tmp_path) if file == name else directory))
-    return Device()
-
-
-def _product(dev, a, b, M, N, K, cfg):
-    c = dev.upload(np.zeros((M, N), np.float32))
-    with dev.record() as rec:
-        linear.matmul_nt(rec, dev.upload(a), dev.upload(b), c, M, N, K, config=cfg)
-    return dev.download(c)
-
-
-def test_written_out_matmul_runs_compute_the_committed_sums(device, monkeypatch, tmp_path):
-    # --unroll 8 (measured slower on the H200, kept for experiments): runs of 8 k-steps and a
-    # remainder, bit-identical to the committed plain loop (BK 12: one run + 4; BK 8: a run)
-    gen = _generator()
-    monkeypatch.setattr(gen, "UNROLL", 8)
-    text = gen.linear_f32()
-    assert "kk + 8u <= BK" in text
+@pytest.mark.parametrize("tiles", [{"forward": "16x8", "dq": "8x8", "dkv": "16x8"},
+                                   {"forward": "4x8", "dq": "4x8", "dkv": "4x8"}])
+def test_attention_template_options_compute_the_same_bits(device, monkeypatch, labels, tiles):
+    # UNROLL_D/UNROLL_N only write the same iterations out in another form (runs of 4: what
+    # runs; runs of 2; plain loops), and without prefetch (the form for tiles that would
+    # need more than 32 prefetch registers) each tile is staged after a barrier instead:
+    # the same sums in the same order, bit-identical forward and backward. The 4x8 tiles
+    # at D 32 use 32 prefetch registers per operand.
     rng = np.random.default_rng(11)
-    M, N, K = 40, 36, 100
-    a = rng.standard_normal((M, K)).astype(np.float32)
-    b = rng.standard_normal((N, K)).astype(np.float32)
-    want = {cfg: _product(device, a, b, M, N, K, cfg)
-            for cfg in ("32x32x12-8x8-s1", "32x32x8-4x4-s2")}
-    runs = _with_generated(monkeypatch, tmp_path, linear.FILE_REG, text)
-    for cfg, committed in want.items():
-        assert np.array_equal(_product(runs, a, b, M, N, K, cfg), committed), cfg
+    B, T, H, Hkv, D = 1, 40, 2, 1, 32
+    q, k, v, do = (device.upload(rng.standard_normal((B, T, h, D)).astype(np.float32))
+                   for h in (H, Hkv, Hkv, H))
+    assert attention.template_params(4, 8, 32)["PF"] == 32
+    got = []
+    for unroll, prefetch in ((4, (16, 32)), (2, (16, 32)), (1, (16, 32)), (4, ())):
+        monkeypatch.setattr(attention, "UNROLL_D", unroll)
+        monkeypatch.setattr(attention, "UNROLL_N", unroll)
+        monkeypatch.setattr(attention, "PREFETCH_REGS", prefetch)
+        out = [device.zeros((B, T, H, D)), device.zeros((B, H, T)), device.zeros((B, T, H, D)),
+               device.zeros((B, T, Hkv, D)), device.zeros((B, T, Hkv, D))]
+        o, lse, dq, dk, dv = out
+        labels.clear()
+        with device.record() as rec:
+            attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config=tiles["forward"])
+            attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                               config_dq=tiles["dq"], config_dkv=tiles["dkv"])
+        assert [x for x in labels if "tiled" in x] == [
+            "attention_forward_tiled", "attention_backward_dq_tiled",
+            "attention_backward_dkv_tiled"]
+        got.append([device.download(x) for x in out])
+    for other in got[1:]:
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got[0], other):
+            assert np.array_equal(a, b), name
 
 
-def test_plain_attention_loops_compute_the_committed_sums(device, monkeypatch, tmp_path):
-    # --att-unroll 1 1: plain loops instead of runs of 4, bit-identical (D 24: a run and a
-    # remainder of 2 in the committed kernels)
-    gen = _generator()
-    monkeypatch.setattr(gen, "ATT_UNROLL_D", 1)
-    monkeypatch.setattr(gen, "ATT_UNROLL_N", 1)
-    text = gen.attention()
-    assert "d4 + 4u <= H4" not in text
-    rng = np.random.default_rng(12)
-    B, T, H, Hkv, D = 1, 29, 2, 1, 24
-    inputs = [rng.standard_normal((B, T, h, D)).astype(np.float32) for h in (H, Hkv, Hkv, H)]
-    pins = ["8x8-pf", "8x8-pf", "8x8-pf"]
-    committed = _attention_run(device, [device.upload(x) for x in inputs], (B, T, H, Hkv, D),
-                               pins)
-    plain = _with_generated(monkeypatch, tmp_path, attention.FILE_REG, text)
-    got = _attention_run(plain, [plain.upload(x) for x in inputs], (B, T, H, Hkv, D), pins)
-    for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), committed, got):
-        assert np.array_equal(x, y), name
+# ---- the expansion pass ------------------------------------------------------------------
+
+def test_expansion_pass_unrolls_names_and_folds():
+    text = """fn f(x: vec4<f32>) -> vec4<f32> {
+    var c: array<vec4<f32>, {{N}}u>;
+    var a: array<vec4<f32>, 2u>;   // @let
+    for (var g = 0u; g < 2u; g++) {   // @unroll
+        a[g] = x * f32(g + 1u);
+    }
+    for (var i = 0u; i < {{N}}u; i++) {   // @unroll
+        if (i == 0u || LIMIT > i) {
+            c[i] = fma(vec4<f32>(a[i % 2u][i]), x, c[i]);
+        }
+    }
+// @if BIG
+    return c[0] + c[1];
+// @else
+    return c[0];
+// @endif
+}"""
+    out = wgsl_expand.expand(text, {"N": 3, "BIG": True})
+    assert "var c0 = vec4<f32>();" in out and "var c2 = vec4<f32>();" in out
+    assert "let a0 = x * f32(0u + 1u);" in out and "let a1 = x * f32(1u + 1u);" in out
+    assert "c0 = fma(vec4<f32>(a0.x), x, c0);" in out
+    assert "if (LIMIT > 1u) {" in out and "if (LIMIT > 0u)" not in out
+    assert "c2 = fma(vec4<f32>(a0.z), x, c2);" in out
+    assert "return c0 + c1;" in out and "return c0;" not in out
+    runs = wgsl_expand.expand("for (var n = 0u; n < B; n++) {   // @unroll 2\n"
+                              "    s += v[n];\n}", {})
+    assert "for (; n + 2u <= B; n += 2u) {" in runs and "s += v[(n + 1u)];" in runs
+    assert wgsl_expand.expand("for (var n = 0u; n < B; n++) {   // @unroll 1\n}", {}) == \
+        "for (var n = 0u; n < B; n++) {\n}"
+
+
+def test_expansion_errors_name_the_problem():
+    with pytest.raises(wgsl_expand.TemplateError, match=r"\{\{TM\}\} has no parameter"):
+        wgsl_expand.expand("let x = {{TM}}u;", {"TN": 4})
+    with pytest.raises(wgsl_expand.TemplateError, match="not constant: mark the loop"):
+        wgsl_expand.expand("fn f(i: u32) {\n    var c: array<f32, 4u>;\n    c[i] = 1.0;\n}", {})
+    with pytest.raises(wgsl_expand.TemplateError, match="needs constant bounds"):
+        wgsl_expand.expand("for (var i = 0u; i < n; i++) {   // @unroll\n}", {})
+    with pytest.raises(wgsl_expand.TemplateError, match="needs the parameter H16"):
+        wgsl_expand.expand("// @if H16\n// @endif", {})
+
+
+def test_family_folders_hold_the_kernel_files():
+    # a family's WGSL is found by its unique file name or as family/file.wgsl
+    assert source.find_file("03_linear_tiled.wgsl") == \
+        REPO / "shaders" / "kernels" / "matmul" / "03_linear_tiled.wgsl"
+    assert source.find_file("attention/05_attention_decode.wgsl").parent.name == "attention"
+    with pytest.raises(source.ShaderSourceError, match="no WGSL file 'nope.wgsl'"):
+        source.find_file("nope.wgsl")
+    for family in ("matmul", "attention"):
+        folder = REPO / "shaders" / "kernels" / family
+        assert {"__init__.py", "ops.py", "reference.py", "cases.py"} <= {
+            p.name for p in folder.iterdir()}

@@ -26,7 +26,7 @@ import numpy as np
 
 from shaders.kernels.rmsnorm import ops as rmsnorm
 from shaders.kernels.rope import ops as rope
-from shaders.ops import linear
+from shaders.kernels.matmul import ops as linear
 
 from .model.config import ModelConfig
 from .model.forward import BlockBuffers, KVCache, Weights, record_blocks

@@ -1,15 +1,16 @@
-"""Probe: how many loop iterations should the generated kernels write out?
+"""Probe: how many loop iterations should the expanded kernels write out?
 
-    python scripts/gen_reg_kernels.py --unroll U --att-unroll D N
-    python dev/probes/unroll_probe.py --label U/D/N [--only matmul|attention] [--out results.jsonl]
+    python dev/probes/unroll_probe.py --unroll U --att-unroll D N [--only matmul|attention]
+                                      [--out results.jsonl]
 
-scripts/gen_reg_kernels.py writes the f32 matmuls' K-slice loop and the attention kernels'
-loops over the head dimension and over a tile's keys/queries either as plain loops (1) or in
-runs of U / D / N iterations written out (same sums, same order: bit-identical results). This
-script times the committed-tuned configurations of the 124M model's hot kernels at their
-training shapes with whatever the generator last wrote, so that running it after each
-generator setting compares the settings on one GPU (each setting in a fresh process: the
-engine caches pipelines per kernel name). One JSON line per run goes to --out.
+The expansion pass (shaders/wgsl_expand.py) writes the f32 matmuls' K-slice loop and the
+attention kernels' loops over the head dimension and over a tile's keys/queries either as
+plain loops (1) or in runs of U / D / N iterations written out (same sums, same order:
+bit-identical results): template options (ops.linear.UNROLL_K, ops.attention.UNROLL_D /
+UNROLL_N) that this probe sets for its own process, never for the product. It times the
+committed-tuned configurations of the 124M model's hot kernels at their training shapes, so
+that runs with different settings compare them on one GPU. One JSON line per run goes to
+--out.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np  # noqa: E402
 
 from shaders import autotune  # noqa: E402
 from shaders.engine import Device  # noqa: E402
-from shaders.ops import attention, linear  # noqa: E402
+from shaders.kernels.attention import ops as attention  # noqa: E402
+from shaders.kernels.matmul import ops as linear  # noqa: E402
 
 # (layout, M, N, K, config): the 124M step's matmul shapes at 8 x 1024 tokens
 MATMULS = (("nt", 8192, 768, 768, "128x128x8-8x8-s1"),
@@ -37,8 +39,7 @@ MATMULS = (("nt", 8192, 768, 768, "128x128x8-8x8-s1"),
            ("tn", 768, 2048, 8192, "128x128x16-8x8-s4"),
            ("tn", 768, 2048, 8192, "128x128x8-8x8-s8"))
 # (kernel, config) at B 8, T 1024, H 12, D 64
-ATTENTION = (("forward", "64x32-pf"), ("dq", "64x16-pf"), ("dkv", "32x32-pf"),
-             ("dkv", "32x32"))
+ATTENTION = (("forward", "64x32"), ("dq", "64x16"), ("dkv", "32x32"))
 
 
 def _time(dev, encode) -> float:
@@ -48,16 +49,26 @@ def _time(dev, encode) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--label", required=True, help="the generator setting, e.g. 1/4/4")
+    ap.add_argument("--unroll", type=int, default=linear.UNROLL_K,
+                    help=f"k-steps per written-out run of the f32 matmuls' slice loop "
+                    f"(1: plain loop; the product: {linear.UNROLL_K})")
+    ap.add_argument("--att-unroll", type=int, nargs=2, metavar=("D", "N"),
+                    default=(attention.UNROLL_D, attention.UNROLL_N),
+                    help="iterations per written-out run of the attention loops over head-dim "
+                    "vec4s and over keys/queries (1: plain; the product: "
+                    f"{attention.UNROLL_D} {attention.UNROLL_N})")
     ap.add_argument("--only", choices=("matmul", "attention"), help="time one family only")
     ap.add_argument("--out", type=Path, help="append one JSON line here")
     ap.add_argument("--adapter")
     args = ap.parse_args(argv)
+    linear.UNROLL_K = args.unroll                                  # this process only
+    attention.UNROLL_D, attention.UNROLL_N = args.att_unroll
+    label = f"{args.unroll}/{args.att_unroll[0]}/{args.att_unroll[1]}"
     dev = Device(args.adapter)
     rng = np.random.default_rng(0)
     scale = 8 if dev.info.is_software else 1     # lavapipe: 1/8 of M (K for tn; vocab N)
     rows = {}
-    print(f"# {dev.info.summary()}: generator setting {args.label}")
+    print(f"# {dev.info.summary()}: unroll setting {label}")
     for layout, M, N, K, cfg in (() if args.only == "attention" else MATMULS):
         problems = linear.MatmulConfig.parse(cfg).problems(dev)
         if problems:
@@ -88,14 +99,14 @@ def main(argv=None) -> int:
     with dev.record() as rec:
         attention.forward(rec, q, k, v, o, lse, B, T, H, H, D)
     for kernel, cfg in (() if args.only == "matmul" else ATTENTION):
-        if attention.tiled_problems(dev, kernel, *attention.parse_config(cfg)[:2], D):
+        if attention.tiled_problems(dev, kernel, *attention.parse_config(cfg), D):
             print(f"attention {kernel} {cfg}: skipped (does not fit this device)")
             continue
         if kernel == "forward":
             def encode(rec, cfg=cfg):
                 attention.forward(rec, q, k, v, o, lse, B, T, H, H, D, config=cfg)
         else:
-            pins = {"config_dq": "64x16-pf", "config_dkv": "32x32-pf", "config_" + kernel: cfg}
+            pins = {"config_dq": "64x16", "config_dkv": "32x32", "config_" + kernel: cfg}
 
             def encode(rec, pins=pins):
                 attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, H, D, **pins)
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
         print(f"{name:<40} {seconds * 1e6:10.1f} us", flush=True)
     if args.out:
         with args.out.open("a") as f:
-            f.write(json.dumps({"adapter": dev.info.name, "label": args.label,
+            f.write(json.dumps({"adapter": dev.info.name, "label": label,
                                 "rows": rows}) + "\n")
     return 0
 

@@ -12,7 +12,7 @@
     op_support.py, case_support.py     helpers shared by every family's ops and cases
 
 `device.kernel("02_rmsnorm.wgsl", name)` finds a file by its name (unique across the
-families) or as `"rmsnorm/02_rmsnorm.wgsl"` (shaders/source.py). The matmul and attention
-families (today shaders/wgsl/03_linear*, 05_attention*, shaders/ops/, shaders/cases/) follow
-the same layout once moved.
+families) or as `"rmsnorm/02_rmsnorm.wgsl"` (shaders/source.py). The fast matmul and attention
+kernels are templates (`{{NAME}}` placeholders, `// @unroll` loops, `// @if` branches)
+expanded when a kernel is made (shaders/wgsl_expand.py).
 """

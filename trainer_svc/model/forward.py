@@ -33,7 +33,9 @@ from shaders.kernels.activations import ops as activations
 from shaders.kernels.embedding import ops as embedding
 from shaders.kernels.rmsnorm import ops as rmsnorm
 from shaders.kernels.rope import ops as rope
-from shaders.ops import attention, decode, linear
+from shaders.kernels.attention import ops as attention
+from shaders.kernels.attention import decode
+from shaders.kernels.matmul import ops as linear
 
 from .config import ModelConfig
 from .layout import ParameterLayout

@@ -30,7 +30,8 @@ from shaders.kernels.embedding import ops as embedding
 from shaders.kernels.optim import ops as optim
 from shaders.kernels.rmsnorm import ops as rmsnorm
 from shaders.kernels.rope import ops as rope
-from shaders.ops import attention, linear
+from shaders.kernels.attention import ops as attention
+from shaders.kernels.matmul import ops as linear
 
 from .config import ModelConfig
 from .fit import HEADROOM, Need, check_fits, device_memory

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from shaders.kernels.cross_entropy import ops as cross_entropy
-from shaders.ops import linear
+from shaders.kernels.matmul import ops as linear
 
 from .fit import ConfigDoesNotFitError
 

@@ -1,4 +1,4 @@
-"""Ladder entries for the matmul family (shaders/ops/linear.py, 03_linear*.wgsl).
+"""Ladder entries for the matmul family (ops.py, 03_linear*.wgsl; references in reference.py).
 
 Each case runs the same op function the model uses. Variants: ragged shapes that no tile
 divides, M=1/K=3 (decode-like), 1x1x1, tile-aligned multi-tile shapes, and strided operands
@@ -8,23 +8,22 @@ tokens (`bench_small` on software adapters).
 
 The plain cases (matmul_nt, ...) take whatever path the op picks by default: the general
 kernel for shapes that cannot be read as vec4 (random, odd, one, strided), the fast path
-otherwise (aligned, bench). The fast path has two implementations of one tiling: the *_reg
-cases run the named-register kernels (03_linear_reg*.wgsl, the default), the *_tiled cases
-the private-array loop kernels (03_linear_tiled*.wgsl, "-loop" configs, kept to compare);
-the *_dot cases the k-pair packed-f16 kernels (03_linear_reg_h16_dot.wgsl, "-dot" configs).
-Both use only vec4-ready shapes (ragged multiples of 4, padded leading dimensions, a split-K
-variant whose K splits into uneven BK slices) so the kernels face every edge; the cases named
-after a configuration pin one register-block shape, slice depth or split factor so that each
-code path (every register block, all eight prefetch registers) is checked on every device.
+otherwise (aligned, bench). The *_tiled cases pin the fast path (03_linear_tiled.wgsl,
+expanded for the case's register block and FOLD) on vec4-ready shapes only (ragged
+multiples of 4, padded leading dimensions, a split-K variant whose K splits into uneven BK
+slices) so the kernels face every edge; the cases named after a configuration pin one
+register-block shape, slice depth, FOLD or split factor so that each code path (every
+register block, all eight prefetch registers) is checked on every device.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import linear
-from ..kernels.case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ...ladder import KernelCase, Launch, register
+from . import ops as linear
+from . import reference
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (M, N, K) per variant for the forward (NT) orientation; others permute (see _shape).
 SHAPES = {
@@ -85,49 +84,22 @@ def make_inputs(layout, mode, b16, rng, variant):
     return inp
 
 
-def logical(inp, layout, f16_math=False):
-    """The float64 product op(A) @ op(B) of the logical (unpadded) matrices."""
-    M, N, K = inp["M"], inp["N"], inp["K"]
-    a, b = f64(inp["a"]), f64(inp["b"])
-    if f16_math:
-        a = f64(np.clip(inp["a"], -65504, 65504).astype(np.float16))
-    A = a[:K, :M].T if layout == "tn" else a[:M, :K]
-    B = b[:N, :K].T if layout == "nt" else b[:K, :N]
-    return A @ B
-
-
-def reference(inp, layout, f16_math=False):
-    N = inp["N"]
-    prod = inp["alpha"] * logical(inp, layout, f16_math)
-    out = f64(inp["out"]).copy()
-    if inp["mode"] == "accumulate":
-        out[:, :N] += prod
-    elif inp["mode"] == "residual":
-        out[:, :N] = f64(inp["residual"])[:, :N] + prod
-    else:
-        out[:, :N] = prod
-    return {"out": out.astype(np.float32)}
-
-
-def variant_config(dev, inp, layout, b16, f16_math, config, impl=None):
-    """The fast-path configuration a case runs: its own, else the op's choice, in
-    implementation `impl` (None: whatever that gives); the `split` variant forces three
-    K-splits on top of it so split-K runs on every device."""
-    if impl is None and inp.get("variant") != "split":
+def variant_config(dev, inp, layout, b16, f16_math, config):
+    """The fast-path configuration a case runs: its own, else the op's choice; the `split`
+    variant forces three K-splits on top of it so split-K runs on every device."""
+    if inp.get("variant") != "split":
         return config
     M, N, K = inp["M"], inp["N"], inp["K"]
     base = linear.MatmulConfig.parse(config) if config is not None else linear.choose_config(
         dev, layout, np.float16 if b16 else np.float32, f16_math, M, N, K)
-    if impl is not None:
-        base = base.with_impl(impl)
-    return base.with_splits(3) if inp.get("variant") == "split" else base
+    return base.with_splits(3)
 
 
 def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=False,
-                impl=None):
+                fast=False):
     a, b, out = dev.upload(inp["a"]), dev.upload(inp["b"]), dev.upload(inp["out"])
     res = dev.upload(inp["residual"]) if "residual" in inp else None
-    config = variant_config(dev, inp, layout, b16, f16_math, config, impl)
+    config = variant_config(dev, inp, layout, b16, f16_math, config)
 
     def encode(rec):
         linear.matmul(rec, a, b, out, inp["M"], inp["N"], inp["K"], layout=layout,
@@ -138,14 +110,15 @@ def make_launch(dev, inp, layout, f16_math=False, tiles=None, config=None, b16=F
 
 
 def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
-              precision="f32", description="", impl=None, config=None):
-    """impl None: the op's default path; "reg" / "loop": that fast-path implementation with
-    `config` (None: the op's configuration)."""
+              precision="f32", description="", fast=False, config=None):
+    """fast False: the op's default path; True: the fast path with `config` (None: the
+    op's configuration), compiled for the config's register block by the compile rung."""
     b_dtype = np.float16 if b16 else np.float32
-    if impl is not None:
-        cfg = linear.MatmulConfig.parse(config or "32x32x8-4x4-s1").with_impl(impl)
-        file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math, cfg)
-        kernels = [(file, kernel, cfg.constants(f16_math)),
+    if fast:
+        cfg = linear.MatmulConfig.parse(config or ("32x32x16-4x4-s1" if f16_math
+                                                   else "32x32x8-4x4-s1"))
+        file, kernel = linear.tiled_kernel_name(layout, b_dtype, f16_math)
+        kernels = [(file, kernel, cfg.constants(f16_math), cfg.template_params(f16_math)),
                    (linear.FILE_SPLITK, "matmul_splitk_reduce")]
         variants = VARIANTS_TILED
     else:
@@ -153,14 +126,14 @@ def _register(name, layout, mode="store", b16=False, f16_math=False, tiles=None,
         kernels = [(file, kernel, linear.tile_constants(tiles or (64, 64, 16)))]
         variants = VARIANTS
     register(KernelCase(
-        name=name, family="linear", precision=precision,
+        name=name, family="matmul", precision=precision,
         kernels=kernels,
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
         launch=lambda dev, inp: make_launch(dev, inp, layout, f16_math, tiles, config, b16,
-                                            impl),
-        reference=lambda inp: reference(inp, layout, f16_math),
+                                            fast),
+        reference=lambda inp: reference.matmul(inp, layout, f16_math),
         variants=variants, bench_variant_software="bench_small",
-        requires=("shader-f16",) if f16_math or (b16 and impl is None) else (),
+        requires=("shader-f16",) if f16_math or (b16 and not fast) else (),
         bench_precision="f16" if f16_math else "f32",
         flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
         bytes=lambda inp: (inp["a"].nbytes + inp["b"].nbytes
@@ -187,8 +160,8 @@ _register("matmul_nt_h16", "nt", b16=True, f16_math=True, precision="f16",
 _register("matmul_nt_h16_accumulate", "nt", "accumulate", b16=True, f16_math=True,
           precision="f16", description="packed-f16 forward, accumulate epilogue")
 
-# The fast path in both implementations, with the op's configuration (tuned, else the
-# device-class default) or a pinned one. (suffix, layout, mode, b16, f16_math, config, what)
+# The fast path with the op's configuration (tuned, else the device-class default) or a
+# pinned one. (suffix, layout, mode, b16, f16_math, config, what)
 FAST_CASES = (
     ("", "nt", "store", False, False, None, "C = A @ B^T (forward)"),
     ("", "nn", "store", False, False, None, "C = A @ B (dX)"),
@@ -201,19 +174,19 @@ FAST_CASES = (
     ("_accumulate", "nn_w16", "accumulate", True, False, None, "dX += dy @ W16"),
     ("", "nt_h16", "store", True, True, None, "packed-f16 forward, f32 accumulation"),
     ("_residual", "nt_h16", "residual", True, True, None, "packed-f16 forward + residual"),
-    # one case per register-block shape, slice depth and split factor (each fits 32 KiB)
+    # one case per register-block shape, slice depth, FOLD and split factor (each fits
+    # 32 KiB); 64 invocations with 8x8 blocks (4 loads per operand and slice) and a deep
+    # slice (8 prefetch registers for B, 4 for A)
     ("_8x8", "nt", "store", False, False, "128x128x8-8x8-s1", "128x128 tiles, 8x8 blocks"),
     ("_8x4", "nn", "store", False, False, "128x64x16-8x4-s1", "128x64 tiles, 8x4 blocks"),
     ("_4x8", "tn", "store", False, False, "64x128x16-4x8-s1", "64x128 tiles, 4x8 blocks"),
     ("_splitk", "tn", "accumulate", False, False, "64x64x16-4x4-s4", "dW with four K-splits"),
-    ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-f8",
-     "packed-f16 128x128 tiles, f16 partials of 8 terms"),
-    ("_8x4", "nt_h16", "accumulate", True, True, "128x64x32-8x4-s1-f32",
+    ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-fold16",
+     "packed-f16 128x128 tiles, f16 partials of 16 terms (FOLD = BK)"),
+    ("_8x4", "nt_h16", "accumulate", True, True, "128x64x32-8x4-s1-fold32",
      "packed-f16 8x4 blocks, f16 partials of 32 terms"),
-)
-# the named-register kernels only: 64 invocations with 8x8 blocks (4 loads per operand and
-# slice) and a deep slice (8 prefetch registers for B, 4 for A)
-REG_ONLY_CASES = (
+    ("_4x8", "nt_h16", "residual", True, True, "64x128x32-4x8-s1",
+     "packed-f16 4x8 blocks, two folds of 16 per slice, residual epilogue"),
     ("_64wg", "nn", "accumulate", False, False, "64x64x16-8x8-s1",
      "64x64 tiles, 8x8 blocks, 64 invocations"),
     ("_deep", "nt", "store", False, False, "32x64x32-4x8-s1",
@@ -222,45 +195,10 @@ REG_ONLY_CASES = (
      "f16 weights, BK 32, residual epilogue"),
 )
 
-
-# the k-pair ("dot") packed-f16 kernels (03_linear_reg_h16_dot.wgsl, "-dot" configs): the
-# op's tiles with the default FOLD 32 (a FOLD that spans slices on software Vulkan's BK 16),
-# then one case per register block pinning FOLD = BK, FOLD spanning two slices (and every A
-# prefetch register), several folds per slice, and split-K; the `split` variant of every
-# case runs three K-splits on top.
-DOT_CASES = (
-    ("", "nt_h16", "store", True, True, None, "packed-f16 k-pair forward, FOLD 32"),
-    ("_residual", "nt_h16", "residual", True, True, None, "k-pair forward + residual"),
-    ("_accumulate", "nt_h16", "accumulate", True, True, None, "k-pair forward, C += alpha AB"),
-    ("_8x8", "nt_h16", "store", True, True, "128x128x16-8x8-s1-f16-dot",
-     "128x128 tiles, 8x8 blocks, FOLD = BK 16"),
-    ("_8x4", "nt_h16", "store", True, True, "128x64x32-8x4-s1-f64-dot",
-     "8x4 blocks, FOLD 64 spanning two BK-32 slices, eight A prefetch registers"),
-    ("_4x8", "nt_h16", "residual", True, True, "64x128x32-4x8-s1-f8-dot",
-     "4x8 blocks, four folds of 8 per slice, residual epilogue"),
-    ("_splitk", "nt_h16", "accumulate", True, True, "64x64x16-4x4-s4-f128-dot",
-     "4x4 blocks, four K-splits, FOLD 128 (f16 sums of 64 products)"),
-)
-
-
-KIND_WORDS = {"reg": "named-register", "loop": "loop", "dot": "k-pair"}
-
-
-def _register_fast(impl, cases):
-    for suffix, key, mode, b16, f16_math, config, what in cases:
-        layout = key[:2]
-        kind = {"loop": "tiled", "reg": "reg", "dot": "dot"}[impl]
-        name = f"matmul_{key}_{kind}{suffix}"
-        if config is not None and impl == "loop" and config.endswith("-loop") is False:
-            config = config + "-loop"
-        _register(name, layout, mode, b16=b16, f16_math=f16_math, impl=impl, config=config,
-                  precision="f16" if f16_math else "f32",
-                  description=f"{KIND_WORDS[impl]} kernel: {what}")
-
-
-_register_fast("reg", FAST_CASES + REG_ONLY_CASES)
-_register_fast("loop", FAST_CASES)
-_register_fast("dot", DOT_CASES)
+for _suffix, _key, _mode, _b16, _f16, _config, _what in FAST_CASES:
+    _register(f"matmul_{_key}_tiled{_suffix}", _key[:2], _mode, b16=_b16, f16_math=_f16,
+              fast=True, config=_config, precision="f16" if _f16 else "f32",
+              description=f"fast path: {_what}")
 
 
 # ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------
@@ -286,11 +224,6 @@ def _lb_launch(dev, inp):
                   lambda: {"dx": dev.download(dx), "dw": dev.download(dw)})
 
 
-def _lb_reference(inp):
-    dy, w, x = f64(inp["dy"]), f64(inp["w"]), f64(inp["x"])
-    return {"dx": (dy @ w).astype(np.float32), "dw": (inp["dw0"] + dy.T @ x).astype(np.float32)}
-
-
 def _lb_grad(dev, rng):
     inp = _lb_inputs(rng, "random")
     inp["dw0"][:] = 0.0
@@ -313,10 +246,10 @@ def _lb_grad(dev, rng):
 
 
 register(KernelCase(
-    name="linear_backward", family="linear", precision="f32",
+    name="linear_backward", family="matmul", precision="f32",
     kernels=[(linear.FILE, "matmul_nn", linear.tile_constants((32, 32, 16))),
              (linear.FILE, "matmul_tn", linear.tile_constants((32, 32, 16)))],
-    inputs=_lb_inputs, launch=_lb_launch, reference=_lb_reference,
+    inputs=_lb_inputs, launch=_lb_launch, reference=reference.linear_backward_reference,
     variants=("random", "odd"), bench_variant_software="bench_small", grad=_lb_grad,
     flops=lambda inp: 4.0 * inp["x"].shape[0] * inp["x"].shape[1] * inp["w"].shape[0],
     bytes=lambda inp: 2 * (inp["x"].nbytes + inp["w"].nbytes + inp["dy"].nbytes)

@@ -1,14 +1,12 @@
-"""Ladder entries for decoding: KV-cache writes and single-query attention (ops/decode.py)."""
+"""Ladder entries for decoding: KV-cache writes and single-query attention (decode.py;
+references in reference.py)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..ladder import KernelCase, Launch, register
-from ..ops import decode
-from ..kernels.case_support import f64
+from ...ladder import KernelCase, Launch, register
+from . import decode, reference
 
 # (B, H, Hkv, D, n_ctx, t_max, q_stride_extra)
 SHAPES = {
@@ -37,17 +35,6 @@ def make_inputs(rng, variant):
             "q_stride": q_stride, "q": q, "k_cache": kc, "v_cache": vc}
 
 
-def reference(inp):
-    B, H, Hkv, D, n = inp["B"], inp["H"], inp["Hkv"], inp["D"], inp["n_ctx"]
-    q = f64(inp["q"][:, :H * D]).reshape(B, H, D)
-    k = np.repeat(f64(inp["k_cache"][:, :n]), H // Hkv, axis=2)   # [B, n, H, D]
-    v = np.repeat(f64(inp["v_cache"][:, :n]), H // Hkv, axis=2)
-    s = np.einsum("bhd,bnhd->bhn", q, k) / math.sqrt(D)
-    prob = np.exp(s - s.max(-1, keepdims=True))
-    prob /= prob.sum(-1, keepdims=True)
-    return {"o": np.einsum("bhn,bnhd->bhd", prob, v).astype(np.float32)}
-
-
 def make_launch(dev, inp):
     q, kc, vc = dev.upload(inp["q"]), dev.upload(inp["k_cache"]), dev.upload(inp["v_cache"])
     o = dev.empty((inp["B"], inp["H"], inp["D"]))
@@ -58,10 +45,10 @@ def make_launch(dev, inp):
 
 
 register(KernelCase(
-    name="decode_attention", family="decode", precision="f32",
+    name="decode_attention", family="attention", precision="f32",
     kernels=[(decode.FILE, "decode_partial", {"WG": decode.CHUNK}),
              (decode.FILE, "decode_combine", {"WG": decode.CHUNK})],
-    inputs=make_inputs, launch=make_launch, reference=reference, variants=VARIANTS,
+    inputs=make_inputs, launch=make_launch, reference=reference.decode_attention, variants=VARIANTS,
     bench_variant_software="bench_small",
     flops=lambda inp: 4.0 * inp["B"] * inp["H"] * inp["n_ctx"] * inp["D"],
     bytes=lambda inp: 8.0 * inp["B"] * inp["n_ctx"] * inp["Hkv"] * inp["D"],
@@ -85,16 +72,6 @@ def write_inputs(rng, variant):
             "v_cache": rng.standard_normal((B, t_max, Hkv * D)).astype(np.float32)}
 
 
-def write_reference(inp):
-    B, T, Hkv, D, pos = inp["B"], inp["T"], inp["Hkv"], inp["D"], inp["pos"]
-    out = {}
-    for name in ("k", "v"):
-        cache = inp[name + "_cache"].copy()
-        cache[:, pos:pos + T] = inp[name][:, :Hkv * D].reshape(B, T, Hkv * D)
-        out[name + "_cache"] = cache
-    return out
-
-
 def write_launch(dev, inp):
     k, v = dev.upload(inp["k"]), dev.upload(inp["v"])
     kc, vc = dev.upload(inp["k_cache"]), dev.upload(inp["v_cache"])
@@ -105,8 +82,8 @@ def write_launch(dev, inp):
 
 
 register(KernelCase(
-    name="kv_cache_write", family="decode", precision="exact",
+    name="kv_cache_write", family="attention", precision="exact",
     kernels=[(decode.FILE, "kv_cache_write")], inputs=write_inputs, launch=write_launch,
-    reference=write_reference, variants=("prefill", "step", "full"),
+    reference=reference.kv_cache_write, variants=("prefill", "step", "full"),
     bytes=lambda inp: 16.0 * inp["B"] * inp["T"] * inp["Hkv"] * inp["D"],
     description="new keys/values into the caches at positions pos.."))

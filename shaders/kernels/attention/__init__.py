@@ -1,0 +1,2 @@
+"""The attention family: causal GQA attention for training (ops.py), KV-cache decoding
+(decode.py)."""

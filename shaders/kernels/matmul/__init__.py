@@ -1,0 +1,1 @@
+"""The matmul family: every Linear layer's three products (see ops.py)."""
