@@ -119,14 +119,17 @@ def fix_surrogates(text: str) -> str:
 
 # ---- pre-tokenization -----------------------------------------------------------------------
 
-def exact_pattern(pattern: str) -> str:
-    """Rewrite a pattern so every `\\p{X}` / `\\s` / `\\S` is the explicit class tiktoken uses.
+def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
+    """Rewrite a pattern so its Unicode classes are the explicit ones of `family`'s engine.
 
-    Handles what the three built-in patterns contain: the escapes above inside and outside
-    `[...]` classes (no nested classes). Raises ValueError on a construct it cannot rewrite
-    exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
+    "tiktoken": every `\\p{X}` / `\\s` / `\\S` becomes the explicit class tiktoken uses;
+    handles what the three built-in patterns contain. "tokenizers": Oniguruma's view for
+    tokenizer.json patterns (`oniguruma_pattern`). Raises ValueError on a construct it cannot
+    rewrite exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
     """
-    table = load_table()
+    if family == "tokenizers":
+        return oniguruma_pattern(pattern)
+    table = load_table(family)
     names = {"L": "L", "Lu": "Lu", "Ll": "Ll", "Lt": "Lt", "Lm": "Lm", "Lo": "Lo", "M": "M",
              "N": "N"}
     out, i, in_class = [], 0, False
@@ -169,6 +172,153 @@ def exact_pattern(pattern: str) -> str:
             in_class = False
         out.append(ch)
         i += 1
+    return "".join(out)
+
+
+# Escapes that mean the same in Oniguruma (Ruby syntax) and Python's `regex`.
+_PLAIN_ESCAPES = set("tnrfv\\^$.|?*+()[]{}-/'\"#&~!%,:;<=>@`_ ")
+_ONIG_SHORTHANDS = {"s": "S", "d": "D", "w": "W"}
+
+
+def oniguruma_pattern(pattern: str) -> str:
+    """A tokenizer.json regex rewritten for Python's `regex` with Oniguruma's meaning.
+
+    `tokenizers` matches Split patterns with Oniguruma (Ruby syntax, Unicode tables older than
+    `regex`'s). The rewrite makes every Unicode-dependent construct explicit, from the
+    "tokenizers" table read out of `tokenizers` itself: `\\p{X}` (every general category),
+    `\\P{X}`, `\\s \\d \\w` and their negations, the ASCII letters of `(?i:...)` groups (their
+    case folds); and Ruby's line anchors: `^`/`$` match at line starts/ends. Anything else
+    that may differ between the engines (`\\b`, `\\h`, `\\R`, `\\X`, inline flags other than a
+    simple `(?i:...)` group, negated classes inside classes, ...) raises ValueError naming it,
+    so a tokenizer.json is refused at load time rather than tokenized differently.
+    """
+    from .unicode_table import CATEGORY_KEY
+    table = load_table("tokenizers")
+
+    def body(key: str) -> str:
+        return table.regex_class_body(key)
+
+    out, i, in_class, fold_depth = [], 0, False, None
+    depth = 0
+    n = len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            if i + 1 >= n:
+                raise ValueError(f"pattern {pattern!r} ends with a lone backslash")
+            nxt = pattern[i + 1]
+            if nxt in "pP":
+                if pattern[i + 2:i + 3] != "{" or "}" not in pattern[i:]:
+                    raise ValueError(f"unsupported escape \\{nxt} without braces in {pattern!r}")
+                close = pattern.index("}", i)
+                name = pattern[i + 3:close]
+                negated = nxt == "P"
+                if name.startswith("^"):
+                    name, negated = name[1:], not negated
+                if name not in CATEGORY_KEY:
+                    raise ValueError(f"Unicode class {pattern[i:close + 1]!r} is not supported "
+                                     f"(general categories only: {', '.join(CATEGORY_KEY)})")
+                klass = body(CATEGORY_KEY[name])
+                if negated and in_class:
+                    raise ValueError(f"a negated class {pattern[i:close + 1]!r} inside [...] is "
+                                     "not supported")
+                out.append(klass if in_class else (f"[^{klass}]" if negated else f"[{klass}]"))
+                i = close + 1
+                continue
+            if nxt in _ONIG_SHORTHANDS or nxt.lower() in _ONIG_SHORTHANDS:
+                klass = body(_ONIG_SHORTHANDS[nxt.lower()])
+                if nxt.isupper():
+                    if in_class:
+                        raise ValueError(f"\\{nxt} inside [...] is not supported")
+                    out.append(f"[^{klass}]")
+                else:
+                    out.append(klass if in_class else f"[{klass}]")
+                i += 2
+                continue
+            if nxt in "xu":  # \xHH, \x{H..}, \uHHHH: same code point in both engines
+                end = pattern.index("}", i) + 1 if pattern[i + 2:i + 3] == "{" else \
+                    i + (4 if nxt == "x" else 6)
+                out.append(pattern[i:end])
+                i = end
+                continue
+            if nxt in "Az":
+                out.append("\\A" if nxt == "A" else "\\Z")  # Python's \Z is the very end
+                i += 2
+                continue
+            if nxt not in _PLAIN_ESCAPES:
+                raise ValueError(f"escape \\{nxt} in {pattern!r} is not supported (its meaning "
+                                 "differs between Oniguruma and Python's regex or is unverified)")
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if ch == "[":
+                raise ValueError(f"nested character class in {pattern!r} is not supported")
+            if ch == "]":
+                in_class = False
+            elif fold_depth is not None and ch.isascii() and ch.isalpha():
+                if pattern[i + 1:i + 2] == "-":
+                    raise ValueError(f"a letter range inside (?i:...) in {pattern!r} is not "
+                                     "supported")
+                out.append("".join(f"\\U{c:08x}" for c in table.case_folds[ch.lower()]))
+                i += 1
+                continue
+            out.append(ch)
+            i += 1
+            continue
+        if ch == "[":
+            in_class = True
+            out.append(ch)
+            i += 1
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a literal ] first in a class
+                out.append("\\]")
+                i += 1
+            continue
+        if ch == "(":
+            depth += 1
+            if pattern.startswith("(?i:", i):
+                if fold_depth is not None:
+                    raise ValueError(f"nested (?i:...) groups in {pattern!r}")
+                fold_depth = depth
+                out.append("(?:")
+                i += 4
+                continue
+            if pattern.startswith("(?", i) and pattern[i + 2:i + 3] not in (":", "=", "!", "<",
+                                                                           ">"):
+                raise ValueError(f"inline flags {pattern[i:i + 5]!r}... in {pattern!r} are not "
+                                 "supported (only (?i:...) groups)")
+            if pattern.startswith("(?<", i) and pattern[i + 3:i + 4] not in ("=", "!"):
+                raise ValueError(f"named groups in {pattern!r} are not supported")
+            out.append(ch)
+            i += 1
+            continue
+        if ch == ")":
+            if fold_depth == depth:
+                fold_depth = None
+            depth -= 1
+            out.append(ch)
+            i += 1
+            continue
+        if ch == "$":
+            out.append("(?![^\\n])")  # Ruby: end of any line
+            i += 1
+            continue
+        if ch == "^":
+            out.append("(?<![^\\n])")  # Ruby: start of any line
+            i += 1
+            continue
+        if fold_depth is not None and ch.isascii() and ch.isalpha():
+            folds = table.case_folds[ch.lower()]
+            out.append("[" + "".join(f"\\U{c:08x}" for c in folds) + "]")
+            i += 1
+            continue
+        out.append(ch)
+        i += 1
+    if in_class:
+        raise ValueError(f"unterminated character class in {pattern!r}")
     return "".join(out)
 
 
