@@ -17,23 +17,43 @@ on the CPU (allowed_special / disallowed_special exactly as tiktoken; the defaul
 ValueError on text that spells a special token), the rest is pre-tokenized and merged on the GPU.
 Lone surrogates in `str` input become U+FFFD as in tiktoken. `encode_bytes` accepts any bytes,
 including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py).
+
+tokenizer.json vocabularies: their "special tokens" are the added tokens. `encode_ordinary`
+normalizes, pre-tokenizes and merges (added-token text is ordinary text); `encode` also cuts
+out the allowed added tokens with `tokenizers`' rules (normalized / lstrip / rstrip /
+single_word, hf_pipeline.py); `encode_hf(text, add_special_tokens=True)` is exactly
+`tokenizers.Tokenizer.encode(text, add_special_tokens=...).ids` (every added token matched,
+the post-processor's BOS/EOS added).
+
+Sharing: an `Encoding` may be used by any number of threads (CPU pre-tokenization runs in
+parallel, GPU calls of one device are serialized). It pickles by vocabulary identity (a known
+name or a file path plus its content hash, else the vocabulary itself) and builds its GPU state
+lazily in the process that uses it. A process forked after the GPU was used cannot use it
+(wgpu does not survive fork): such a child gets `ForkedGpuError` at once; use the "spawn" or
+"forkserver" start method, or device="cpu".
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
 from collections import OrderedDict
 from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
 
-from .reference import (ReferenceTokenizer, check_disallowed, extend_over_space_tokens,
-                        fix_surrogates, resolve_special, split_special)
+from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
+                        extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
 from .vocab import Vocabulary, load_vocabulary
 
 
-class InvalidTokenError(ValueError):
-    """A token id that is not in the vocabulary (outside 0..n_vocab-1, or a hole)."""
+class InvalidTokenError(KeyError, ValueError):
+    """A token id that is not in the vocabulary (outside 0..n_vocab-1, or a hole).
+
+    A KeyError like tiktoken's (code written for tiktoken catches it), and a ValueError as
+    before.
+    """
 
     def __init__(self, token: int, position: int, vocab_name: str, n_vocab: int,
                  document: int | None = None):
@@ -45,6 +65,31 @@ class InvalidTokenError(ValueError):
         self.token = token
         self.position = position
         self.document = document
+
+    def __str__(self) -> str:  # KeyError would show the repr of the message
+        return str(self.args[0])
+
+
+class ForkedGpuError(RuntimeError):
+    """The GPU was used in a parent process before fork; wgpu state does not survive fork."""
+
+
+_GPU_PID: int | None = None  # the process that created wgpu state through an Encoding
+
+
+def _note_gpu_use() -> None:
+    global _GPU_PID
+    _GPU_PID = os.getpid()
+
+
+def _check_not_forked(name: str) -> None:
+    if _GPU_PID is not None and _GPU_PID != os.getpid():
+        raise ForkedGpuError(
+            f"Encoding {name!r}: this process was forked from process {_GPU_PID} after that "
+            "one had used the GPU, and wgpu (Vulkan) state cannot be used across fork. Use the "
+            "'spawn' or 'forkserver' start method (multiprocessing.get_context('spawn'), or "
+            "DataLoader(multiprocessing_context='spawn')), pass the Encoding to the child by "
+            "pickling (it rebuilds itself there), or use device='cpu' in forked children")
 
 
 class CpuBackend:
@@ -95,12 +140,14 @@ class Encoding:
 
     def __init__(self, vocab: Vocabulary, device=None):
         self.vocab = vocab
-        if device == "cpu":
-            self.backend = CpuBackend(vocab)
-        else:
-            from shaders.engine import default_device
-            from .gpu_backend import GpuBackend
-            self.backend = GpuBackend(vocab, device if device is not None else default_device())
+        self._device = device
+        self._backend = None
+        self._build_lock = threading.Lock()
+        self._hf = None
+        if vocab.hf is not None:
+            from .hf_pipeline import HFPipeline
+            self._hf = HFPipeline(vocab)
+        self._ref = None
         self._special_ids = frozenset(vocab.special_tokens.values())
         decoder = vocab.decoder
         size = max(decoder) + 1
@@ -112,8 +159,44 @@ class Encoding:
             self._token_chars[i] = sum(1 for b in token if not 0x80 <= b < 0xC0)
             self._token_mid_char[i] = bool(token) and 0x80 <= token[0] < 0xC0
 
+    @property
+    def backend(self):
+        """The CPU reference or the GPU backend, built on first use in this process."""
+        backend = self._backend
+        if backend is not None and backend.kind == "cpu":
+            return backend
+        if self._device != "cpu":
+            _check_not_forked(self.name)
+        if backend is None:
+            with self._build_lock:
+                if self._backend is None:
+                    if self._device == "cpu":
+                        self._backend = CpuBackend(self.vocab)
+                    else:
+                        from shaders.engine import default_device
+                        from .gpu_backend import GpuBackend
+                        device = self._device if self._device is not None else default_device()
+                        _note_gpu_use()
+                        self._backend = GpuBackend(self.vocab, device)
+                backend = self._backend
+        return backend
+
+    @property
+    def reference(self) -> ReferenceTokenizer:
+        """The plain-Python reference for this vocabulary (for encode_with_unstable)."""
+        if self._ref is None:
+            self._ref = ReferenceTokenizer(self.vocab)
+        return self._ref
+
     def __repr__(self) -> str:
-        return f"<Encoding {self.name!r} on {self.backend.describe()}>"
+        where = self._backend.describe() if self._backend is not None else (
+            "CPU reference" if self._device == "cpu" else "GPU (not started)")
+        return f"<Encoding {self.name!r} on {where}>"
+
+    def __reduce__(self):
+        """Pickle by vocabulary identity; the receiver builds its own GPU state lazily."""
+        return (_unpickle_encoding, (_vocab_identity(self.vocab), self.vocab.content_hash,
+                                     "cpu" if self._device == "cpu" else None))
 
     # ---- facts --------------------------------------------------------------------------
 
@@ -144,8 +227,31 @@ class Encoding:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ignoring special tokens (their text is ordinary text)."""
-        ids, _ = self.backend.encode_segments([_utf8(text)])
+        ids, _ = self._encode_ordinary_many([text])
         return ids.tolist()
+
+    def encode_to_numpy(self, text: str, *,
+                        allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                        disallowed_special: Literal["all"] | Collection[str] = "all"
+                        ) -> np.ndarray:
+        """tiktoken's `encode_to_numpy`: `encode` as a uint32 array."""
+        ids, _ = self._encode_texts([text], allowed_special, disallowed_special)
+        return ids.astype(np.uint32)
+
+    def encode_hf(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`tokenizers.Tokenizer.encode(text, add_special_tokens=...).ids` for tokenizer.json
+        vocabularies: every added token matched, then the post-processor (BOS/EOS...)."""
+        return self.encode_hf_batch([text], add_special_tokens=add_special_tokens)[0]
+
+    def encode_hf_batch(self, texts: Sequence[str], add_special_tokens: bool = True
+                        ) -> list[list[int]]:
+        """`tokenizers`' `encode_batch(...)` ids, all documents in one GPU call."""
+        if self._hf is None:
+            raise ValueError(f"{self.name}: encode_hf needs a tokenizer.json vocabulary (use "
+                             "encode for tiktoken-style vocabularies)")
+        ids, offsets = self._encode_texts(list(texts), "all", (), hf_all=True)
+        out = _split(ids, offsets)
+        return [self._hf.post_process(x) for x in out] if add_special_tokens else out
 
     def encode(self, text: str, *, allowed_special: Literal["all"] | AbstractSet[str] = set(),
                disallowed_special: Literal["all"] | Collection[str] = "all") -> list[int]:
@@ -155,8 +261,13 @@ class Encoding:
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = 8) -> list[list[int]]:
         """One GPU batch for all texts (`num_threads` is accepted for tiktoken compatibility)."""
-        ids, offsets = self.backend.encode_segments([_utf8(t) for t in text])
+        ids, offsets = self._encode_ordinary_many(list(text))
         return _split(ids, offsets)
+
+    def _encode_ordinary_many(self, texts: list[str]):
+        if self._hf is not None:
+            texts = [self._hf.normalize(fix_surrogates(t)) for t in texts]
+        return self.backend.encode_segments([_utf8(t) for t in texts])
 
     def encode_batch(self, text: Sequence[str], *, num_threads: int = 8,
                      allowed_special: Literal["all"] | AbstractSet[str] = set(),
@@ -168,6 +279,81 @@ class Encoding:
         """Encode raw bytes, including invalid UTF-8 (tiktoken's `_encode_bytes` rule)."""
         ids, _ = self._encode_bytes_many([bytes(data)])
         return ids.tolist()
+
+    _encode_bytes = encode_bytes  # tiktoken's name
+
+    def encode_with_unstable(self, text: str, *,
+                             allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                             disallowed_special: Literal["all"] | Collection[str] = "all"
+                             ) -> tuple[list[int], list[list[int]]]:
+        """tiktoken's `encode_with_unstable`: (stable tokens, possible completions).
+
+        The tokens of the last piece (extended over all-space tokens before it) are unstable:
+        more text could change them. The completions are every token sequence that could
+        start there: tokens that start with the unstable bytes, and for each split of them,
+        the prefix followed by a token starting with the rest, encoded (cut once they cover
+        the unstable bytes); and, if they end in whitespace, that whitespace merged apart. The
+        order of the completions is unspecified (tiktoken's is a hash set's).
+        """
+        if self.vocab.merges is not None:
+            raise ValueError(f"{self.name}: encode_with_unstable is tiktoken's; it is not defined "
+                             "for tokenizer.json vocabularies")
+        allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
+                                              disallowed_special)
+        if disallowed:
+            check_disallowed(text, disallowed)
+        ref = self.reference
+        text = fix_surrogates(text)
+        parts = split_special(text, allowed, self.vocab.special_tokens)
+        tokens = self._encode_texts([text], allowed, ())[0].tolist()
+        last_part, last_special = parts[-1]
+        pieces = ref.split(last_part) if last_special is None else []
+        if not pieces:
+            return tokens, []
+        last = len(ref.bpe(pieces[-1].encode("utf-8")))
+        last = extend_over_space_tokens(tokens, last, self.vocab.decoder)
+        unstable = self.decode_bytes(tokens[len(tokens) - last:])
+        del tokens[len(tokens) - last:]
+        completions: set = set()
+        if not unstable:
+            return tokens, []
+        ordered = self._sorted_token_bytes
+        ranks = self.vocab.ranks
+        point = bisect.bisect_left(ordered, unstable)
+        while point < len(ordered) and ordered[point].startswith(unstable):
+            completions.add((ranks[ordered[point]],))
+            point += 1
+        for i in range(1, len(unstable)):
+            prefix, suffix = unstable[:i], unstable[i:]
+            point = bisect.bisect_left(ordered, suffix)
+            while point < len(ordered) and ordered[point].startswith(suffix):
+                possibility = prefix + ordered[point]
+                try:
+                    encoded = ref.encode_ordinary(possibility.decode("utf-8"))
+                except UnicodeDecodeError:
+                    encoded = bpe_ranks(possibility, ranks)
+                seq, covered = [], 0
+                for token in encoded:
+                    seq.append(token)
+                    covered += len(self.vocab.decoder[token])
+                    if covered >= len(unstable):
+                        break
+                completions.add(tuple(seq))
+                point += 1
+        if len(unstable) > 1:
+            last_char, width = _last_char(unstable)
+            if len(unstable) - width > 0 and last_char is not None and last_char.isspace():
+                again = bpe_ranks(unstable[:len(unstable) - width], ranks) + \
+                    bpe_ranks(unstable[len(unstable) - width:], ranks)
+                completions.add(tuple(again))
+        return tokens, [list(c) for c in completions]
+
+    @property
+    def _sorted_token_bytes(self) -> list[bytes]:
+        cached = self.__dict__.get("_sorted_tokens")
+        if cached is None:
+            cached = self.__dict__["_sorted_tokens"] = sorted(self.vocab.ranks)
+        return cached
 
     def encode_batch_flat(self, docs: Sequence[str | bytes], *,
                           allowed_special: Literal["all"] | AbstractSet[str] = frozenset(),
@@ -221,19 +407,25 @@ class Encoding:
             return np.maximum(0, before - self._token_mid_char[ids]).astype(np.int64)
         raise ValueError(f"unit must be 'byte' or 'char', got {unit!r}")
 
-    def _encode_texts(self, texts: list[str], allowed_special, disallowed_special):
+    def _encode_texts(self, texts: list[str], allowed_special, disallowed_special,
+                      hf_all: bool = False):
         allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
                                               disallowed_special)
         if disallowed:
             for text in texts:
                 check_disallowed(text, disallowed)
         if not allowed:
-            return self.backend.encode_segments([_utf8(t) for t in texts])
+            return self._encode_ordinary_many(texts)
+        if self._hf is not None:  # tokenizers' added-token rules, restricted to `allowed`
+            hf_allowed = None if hf_all else allowed
+            split = lambda text: self._hf.sections(fix_surrogates(text), hf_allowed)  # noqa
+        else:
+            split = lambda text: split_special(fix_surrogates(text), allowed,  # noqa: E731
+                                               self.vocab.special_tokens)
         segments, layout = [], []  # per text: list of ("seg", index) / ("special", id)
         for text in texts:
             plan = []
-            for part, special in split_special(fix_surrogates(text), allowed,
-                                               self.vocab.special_tokens):
+            for part, special in split(text):
                 if special is None:
                     plan.append((0, len(segments)))
                     segments.append(part.encode("utf-8"))
@@ -281,11 +473,18 @@ class Encoding:
         return _flatten(parts)
 
     def encode_single_token(self, text_or_bytes: str | bytes) -> int:
-        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else text_or_bytes
+        """The id of one token given as text or bytes (ordinary or special), like tiktoken;
+        KeyError(bytes) if it is not a single token."""
+        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) \
+            else bytes(text_or_bytes)
         if data in self.vocab.ranks:
             return self.vocab.ranks[data]
-        if isinstance(text_or_bytes, str) and text_or_bytes in self.vocab.special_tokens:
-            return self.vocab.special_tokens[text_or_bytes]
+        try:
+            special = self.vocab.special_tokens.get(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            special = None
+        if special is not None:
+            return special
         raise KeyError(data)
 
     # ---- decoding -----------------------------------------------------------------------
@@ -345,6 +544,46 @@ class Encoding:
             raise InvalidTokenError(exc.token, exc.position, self.name, self.n_vocab) from None
 
 
+def _last_char(data: bytes) -> tuple[str | None, int]:
+    """The last UTF-8 character of `data` and its byte width (None, 1 if it is invalid)."""
+    for width in range(1, min(4, len(data)) + 1):
+        try:
+            return data[len(data) - width:].decode("utf-8"), width
+        except UnicodeDecodeError:
+            continue
+    return None, 1
+
+
+def _vocab_identity(vocab: Vocabulary) -> tuple:
+    """How a pickled Encoding names its vocabulary: a known name, a file, or the value."""
+    from .patterns import KNOWN_VOCABULARIES
+    if vocab.name in KNOWN_VOCABULARIES and vocab.source:
+        return ("name", vocab.name)
+    if vocab.source and os.path.isfile(vocab.source):
+        pattern = None if vocab.hf is not None else (vocab.pattern_name or vocab.pattern)
+        return ("path", os.path.abspath(vocab.source), pattern, vocab.name)
+    return ("vocab", vocab)
+
+
+def _unpickle_encoding(identity: tuple, content_hash: str, device):
+    from .vocab import VocabularyError, load_vocabulary
+    kind = identity[0]
+    if kind == "vocab":
+        vocab = identity[1]
+    elif kind == "name":
+        vocab = load_vocabulary(identity[1])
+    else:
+        _, path, pattern, name = identity
+        vocab = load_vocabulary(path, pattern=pattern)
+        vocab.name = name
+    if vocab.content_hash != content_hash:
+        raise VocabularyError(
+            f"unpickling Encoding {vocab.name!r}: the vocabulary found here ({vocab.source}) "
+            f"is not the one that was pickled (content hash {vocab.content_hash[:12]} != "
+            f"{content_hash[:12]}); give this process the same vocabulary file")
+    return get_encoding(vocab, device=device)
+
+
 def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
@@ -381,4 +620,4 @@ def get_encoding(spec, device=None) -> Encoding:
     return enc
 
 
-__all__ = ["Encoding", "InvalidTokenError", "get_encoding"]
+__all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "get_encoding"]

@@ -15,7 +15,8 @@
   concatenation is a token, priority = rank of the concatenation (tiktoken's rule: merge by the
   rank of the bytes). For tokenizer.json only the listed merges, priority = list index.
   Empty slot: left = NONE.
-- `classes` (u32): the Unicode class table of `unicode_table` (stage 1 then stage 2).
+- `classes` (u32): the Unicode class table of `unicode_table` for the vocabulary's family
+  (tiktoken's or tokenizers'; stage 1 then stage 2).
 
 The hash functions here and in shaders/wgsl/bpe_encode.wgsl must agree bit for bit
 (`pair_hash`, `fnv1a`); tests/test_tokenizer_gpu.py checks lookups through the kernels.
@@ -207,7 +208,7 @@ class VocabTables:
         piece_off = bytes_off + arena.size
         words = np.concatenate([byte_tok, info.astype(np.uint32), arena,
                                 slots.reshape(-1)]).astype(np.uint32)
-        stage1, stage2 = load_table().two_level()
+        stage1, stage2 = load_table(vocab.unicode_family).two_level()
         layout = {"info_off": info_off, "bytes_off": bytes_off, "piece_off": piece_off,
                   "piece_mask": p_cap - 1, "pair_mask": q_cap - 1, "n_table": n_table,
                   "max_tok_len": int(max(len(t) for t in o_bytes))}

@@ -65,8 +65,8 @@ def resolve_special(special_tokens: dict, allowed_special, disallowed_special) -
     everything = frozenset(special_tokens)
     if allowed_special == "all":
         allowed = everything
-    else:
-        allowed = frozenset(allowed_special)
+    else:  # like tiktoken, a string that is not a special token is never matched
+        allowed = frozenset(allowed_special) & everything
     if disallowed_special == "all":
         disallowed = everything - allowed
     else:
@@ -340,22 +340,33 @@ def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
 
 
 class PreTokenizer:
-    """The vocabulary's pre-tokenization rule as a function text -> pieces."""
+    """The vocabulary's pre-tokenization rule as a function text -> pieces.
+
+    For tokenizer.json vocabularies this is `hf_pipeline.HFPipeline.pre_tokenize` (the text
+    must be normalized already; `ReferenceTokenizer` and `Encoding` do that).
+    """
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
-        if vocab.hf_splits is not None:
-            self.hf = [regex.compile(p) for p in vocab.hf_splits]
+        if vocab.hf is not None:
+            from .hf_pipeline import HFPipeline
+            self.hf = HFPipeline(vocab)
+            self.pattern = None
+        elif vocab.hf_splits is not None:  # a Vocabulary built by hand with Split regexes
+            self.hf = None
+            self.splits = [regex.compile(exact_pattern(p, "tokenizers")) for p in vocab.hf_splits]
             self.pattern = None
         else:
-            self.hf = None
+            self.hf = self.splits = None
             source = exact_pattern(vocab.pattern) if vocab.pattern_name else vocab.pattern
             self.pattern = regex.compile(source)
 
     def split(self, text: str) -> list[str]:
         if self.hf is not None:
+            return self.hf.pre_tokenize(text)
+        if self.splits is not None:
             pieces = [text] if text else []
-            for pat in self.hf:
+            for pat in self.splits:
                 pieces = hf_isolated_split(pieces, pat)
             return pieces
         # Like tiktoken's find_iter: text that no alternative matches is skipped.
@@ -399,14 +410,55 @@ def bpe_merges(piece: bytes, ranks: dict, merges: dict, ignore_merges: bool = Fa
     return [ranks[p] for p in parts]
 
 
+def bpe_hf(piece: bytes, ranks: dict, merges: dict, config, ignore_merges: bool = False
+           ) -> list[int]:
+    """Hugging Face's BPE with `continuing_subword_prefix`, `end_of_word_suffix` and
+    `unk_token` (models/bpe/model.rs `merge_word`): every byte but the first starts as
+    prefix + byte, the last one ends with the suffix; a start that is not a token becomes the
+    unknown token (fused with its neighbours under `fuse_unk`), or is dropped without one; a
+    merge of (a, b) makes a + b without b's prefix."""
+    if ignore_merges and piece in ranks:
+        return [ranks[piece]]
+    prefix, suffix = config.continuing_subword_prefix, config.end_of_word_suffix
+    parts: list = []  # bytes of a known symbol, or None for the unknown token
+    for i in range(len(piece)):
+        s = (prefix if i else b"") + piece[i:i + 1] + (suffix if i == len(piece) - 1 else b"")
+        if s in ranks:
+            parts.append(s)
+        elif config.unk_id is not None and not (config.fuse_unk and parts and parts[-1] is None):
+            parts.append(None)
+    while len(parts) > 1:
+        best, best_prio = -1, NO_PRIORITY
+        for i in range(len(parts) - 1):
+            if parts[i] is None or parts[i + 1] is None:
+                continue
+            prio = merges.get((parts[i], parts[i + 1]), NO_PRIORITY)
+            if prio < best_prio:
+                best, best_prio = i, prio
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1][len(prefix):]]
+    return [config.unk_id if p is None else ranks[p] for p in parts]
+
+
 class ReferenceTokenizer:
-    """Plain-Python encode/decode for one vocabulary (the semantics the GPU must match)."""
+    """Plain-Python encode/decode for one vocabulary (the semantics the GPU must match).
+
+    tokenizer.json vocabularies: `encode_ordinary` normalizes, pre-tokenizes and merges (added
+    tokens are plain text); `encode` also cuts out the allowed added tokens with
+    `tokenizers`' rules (hf_pipeline.py); `encode_hf` is `tokenizers`' own
+    `Tokenizer.encode(text, add_special_tokens=...).ids`.
+    """
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
         self.pre = PreTokenizer(vocab)
+        self.hf = self.pre.hf
 
     def bpe(self, piece: bytes) -> list[int]:
+        if self.vocab.hf is not None and self.vocab.hf.needs_cpu_merges:
+            return bpe_hf(piece, self.vocab.ranks, self.vocab.merges, self.vocab.hf,
+                          self.vocab.hf_ignore_merges)
         if self.vocab.merges is not None:
             return bpe_merges(piece, self.vocab.ranks, self.vocab.merges,
                               self.vocab.hf_ignore_merges)
@@ -416,11 +468,13 @@ class ReferenceTokenizer:
         return self.pre.split(text)
 
     def encode_pieces(self, text: str) -> list[list[int]]:
-        """Token ids per piece (what `encode_ordinary` concatenates)."""
+        """Token ids per piece (what `encode_ordinary` concatenates); text already normalized."""
         return [self.bpe(p.encode("utf-8")) for p in self.split(text)]
 
     def encode_ordinary(self, text: str) -> list[int]:
         text = fix_surrogates(text)
+        if self.hf is not None:
+            text = self.hf.normalize(text)
         return [t for piece in self.encode_pieces(text) for t in piece]
 
     def encode(self, text: str, *, allowed_special=frozenset(), disallowed_special="all"):
@@ -428,10 +482,28 @@ class ReferenceTokenizer:
                                               disallowed_special)
         check_disallowed(text, disallowed)
         text = fix_surrogates(text)
+        if self.hf is not None:
+            return self._encode_sections(self.hf.sections(text, allowed))
         out = []
         for part, special in split_special(text, allowed, self.vocab.special_tokens):
             if special is not None:
                 out.append(special)
+            else:
+                out.extend(t for piece in self.encode_pieces(part) for t in piece)
+        return out
+
+    def encode_hf(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`tokenizers.Tokenizer.from_file(...).encode(text, add_special_tokens=...).ids`."""
+        if self.hf is None:
+            raise ValueError(f"{self.vocab.name}: encode_hf needs a tokenizer.json vocabulary")
+        ids = self._encode_sections(self.hf.sections(fix_surrogates(text)))
+        return self.hf.post_process(ids) if add_special_tokens else ids
+
+    def _encode_sections(self, sections) -> list[int]:
+        out = []
+        for part, token in sections:
+            if token is not None:
+                out.append(token)
             else:
                 out.extend(t for piece in self.encode_pieces(part) for t in piece)
         return out

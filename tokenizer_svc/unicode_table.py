@@ -47,9 +47,11 @@ FAMILIES = tuple(DATA_FILES)
 MAX_CP = 0x110000
 SURROGATES = range(0xD800, 0xE000)
 
-CLASSES = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "S")
+CLASSES = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "S", "W")
+# W: Rust regex's `\w`, which `tokenizers` also uses for added tokens' single_word rule.
 PROBE_PATTERNS = {"L": r"\p{L}", "Lu": r"\p{Lu}", "Ll": r"\p{Ll}", "Lt": r"\p{Lt}",
-                  "Lm": r"\p{Lm}", "Lo": r"\p{Lo}", "M": r"\p{M}", "N": r"\p{N}", "S": r"\s"}
+                  "Lm": r"\p{Lm}", "Lo": r"\p{Lo}", "M": r"\p{M}", "N": r"\p{N}", "S": r"\s",
+                  "W": r"\w"}
 # Every general category Oniguruma knows by its short name (Cn/Cs/C left out: unassigned and
 # surrogate code points cannot be probed with text), plus the escapes tokenizer.json patterns use.
 HF_GENERAL = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No",
@@ -60,7 +62,8 @@ HF_GENERAL = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd
 CATEGORY_KEY = {name: ("Symbol" if name == "S" else name) for name in HF_GENERAL}
 HF_PROBE_PATTERNS = {**{CATEGORY_KEY[name]: f"\\p{{{name}}}" for name in HF_GENERAL},
                      "S": r"\s", "D": r"\d", "W": r"\w"}
-HF_CLASSES = tuple(HF_PROBE_PATTERNS)
+# RustNumeric: Rust's `char::is_numeric`, which the Digits pre-tokenizer splits on.
+HF_CLASSES = tuple(HF_PROBE_PATTERNS) + ("RustNumeric",)
 ASCII_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Letters of the case-insensitive contractions: cl100k `'(?i:[sdmt]|ll|ve|re)`, o200k's suffix.
 CONTRACTION_LETTERS = "sdmtlver"
@@ -106,6 +109,19 @@ def probe_tokenizers(pattern: str, text: str | None = None) -> set[int]:
     return set(codes[~kept].tolist())
 
 
+def probe_digits(text: str | None = None) -> set[int]:
+    """The code points `tokenizers`' Digits pre-tokenizer treats as digits (is_numeric).
+
+    Every code point is followed by "a": a digit comes out as a piece of its own, anything
+    else joins the "a" after it.
+    """
+    from tokenizers import pre_tokenizers
+    chars = text if text is not None else all_code_points_text()
+    pieces = pre_tokenizers.Digits(individual_digits=True).pre_tokenize_str(
+        "".join(ch + "a" for ch in chars))
+    return {ord(p) for p, _ in pieces if len(p) == 1 and p != "a"}
+
+
 def probe_all(family: str = "tiktoken") -> dict:
     """Probe every class and the case folds of one family; the content of its data file."""
     text = all_code_points_text()
@@ -121,7 +137,10 @@ def probe_all(family: str = "tiktoken") -> dict:
         names = HF_CLASSES
     else:
         raise ValueError(f"unknown Unicode table family {family!r}; one of {FAMILIES}")
-    classes = {name: to_ranges(probe(patterns[name], text)) for name in names}
+    classes = {name: to_ranges(probe(patterns[name], text)) for name in names
+               if name in patterns}
+    if family == "tokenizers":
+        classes["RustNumeric"] = to_ranges(probe_digits(text))
     folds = {ch: sorted(probe(f"(?i:{ch})", text)) for ch in letters}
     return {"format": "istanbul-unicode-classes", "version": 1, "family": family,
             "source": source, "classes": classes, "case_folds": folds}
