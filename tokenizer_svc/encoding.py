@@ -620,4 +620,16 @@ def get_encoding(spec, device=None) -> Encoding:
     return enc
 
 
-__all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "get_encoding"]
+def encoding_for_model(model_name: str, device=None) -> Encoding:
+    """tiktoken's `encoding_for_model`, from local files (model_names.py)."""
+    from .model_names import encoding_for_model as lookup
+    return lookup(model_name, device=device)
+
+
+def encoding_name_for_model(model_name: str) -> str:
+    from .model_names import encoding_name_for_model as lookup
+    return lookup(model_name)
+
+
+__all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "encoding_for_model",
+           "encoding_name_for_model", "get_encoding"]
