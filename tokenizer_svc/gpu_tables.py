@@ -120,11 +120,13 @@ def tiktoken_pairs(ranks: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 def hf_pairs(vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     lefts, rights, prios, merged = [], [], [], []
+    # HF: a merge drops the right part's continuing_subword_prefix
+    cut = len(vocab.hf.continuing_subword_prefix) if vocab.hf is not None else 0
     for (a, b), prio in vocab.merges.items():
         try:
             lefts.append(vocab.ranks[a])
             rights.append(vocab.ranks[b])
-            merged.append(vocab.ranks[a + b])
+            merged.append(vocab.ranks[a + b[cut:]])
         except KeyError as exc:
             raise VocabularyError(f"{vocab.source}: merge {a!r} + {b!r} (#{prio}) uses or makes "
                                   f"a token that is not in the vocabulary: {exc.args[0]!r}") \

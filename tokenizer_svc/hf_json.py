@@ -115,17 +115,31 @@ def load_hf_tokenizer(path: Path):
         except KeyError:
             return None
 
-    added = []
+    # Ids as `tokenizers` assigns them when it loads the file (serialization.rs, then
+    # AddedVocabulary::add_tokens): the "id" fields are not used; a token whose text is in the
+    # model's vocabulary gets that id, the others the next ids after the vocabulary's size, in
+    # file order; a repeated text keeps its first id and takes the last entry's options.
+    model_ids = {t: int(i) for t, i in (model.get("vocab") or {}).items()}
+    next_id = len(model_ids)
+    by_content: dict = {}
     for item in data.get("added_tokens", []):
-        try:
-            added.append(AddedToken(content=item["content"], id=int(item["id"]),
-                                    special=bool(item.get("special", False)),
-                                    lstrip=bool(item.get("lstrip", False)),
-                                    rstrip=bool(item.get("rstrip", False)),
-                                    single_word=bool(item.get("single_word", False)),
-                                    normalized=bool(item.get("normalized", True))))
-        except (KeyError, TypeError, ValueError):
-            refuse("added_tokens", f"entry {item!r} needs a content string and an integer id")
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+            refuse("added_tokens", f"entry {item!r} needs a content string")
+        content = item["content"]
+        if not content:
+            continue  # tokenizers ignores empty added tokens
+        if content in by_content:
+            token_id = by_content[content].id
+        elif content in model_ids:
+            token_id = model_ids[content]
+        else:
+            token_id, next_id = next_id, next_id + 1
+        by_content[content] = AddedToken(
+            content=content, id=token_id, special=bool(item.get("special", False)),
+            lstrip=bool(item.get("lstrip", False)), rstrip=bool(item.get("rstrip", False)),
+            single_word=bool(item.get("single_word", False)),
+            normalized=bool(item.get("normalized", not item.get("special", False))))
+    added = list(by_content.values())
     added_text = {a.content for a in added}
     ranks = {}
     for text, i in (model.get("vocab") or {}).items():
@@ -155,10 +169,9 @@ def load_hf_tokenizer(path: Path):
             setattr(config, attr, encoded)
     if model.get("unk_token") is not None:
         unk = model["unk_token"]
-        ids = {t: i for t, i in (model.get("vocab") or {}).items()}
-        if unk not in ids:
+        if unk not in model_ids:
             refuse("model.unk_token", f"{unk!r} is not in the vocabulary")
-        config.unk_id = int(ids[unk])
+        config.unk_id = model_ids[unk]
         config.fuse_unk = bool(model.get("fuse_unk", False))
     config.normalizer = data.get("normalizer")
     try:
@@ -167,6 +180,9 @@ def load_hf_tokenizer(path: Path):
     except ValueError as exc:
         raise VocabularyError(str(exc)) from None
     config.pre_tokenizers = _pre_tokenizer_steps(data.get("pre_tokenizer"), refuse)
+    if not config.pre_tokenizers or config.pre_tokenizers[-1]["type"] != "ByteLevel":
+        refuse("pre_tokenizer", "no ByteLevel step at the end: the BPE would see characters, "
+                                "not bytes (only byte-level BPE is supported)")
     config.post_processor = data.get("post_processor")
     _check_post_processor(config.post_processor, refuse, {a.content: a.id for a in added},
                           model.get("vocab") or {})
