@@ -89,23 +89,17 @@ def gpt2_style_file(tmp_path, name="gpt2style.json", **edit):
     return path
 
 
-def sweep_docs(step: int = 1, per_doc: int = 4000) -> list[str]:
-    """Every code point (or every step-th) in context: after a space, before "'s", next to
-    letters and digits; a few thousand code points per document."""
-    cps = [c for c in range(0, U.MAX_CP, step) if not 0xD800 <= c < 0xE000]
-    cells = [f" {chr(c)}'s{chr(c)}x1{chr(c)} {chr(c)}{chr(c)}!" for c in cps]
-    return ["\n".join(cells[i:i + per_doc]) for i in range(0, len(cells), per_doc)]
-
-
 def assigned_docs() -> list[str]:
-    """The code points whose class could matter (assigned for Python or for Oniguruma)."""
+    """Every code point that is assigned for Python's regex module or for Oniguruma, in
+    context (after a space, before "'s", before a digit), 20,000 per document."""
     table = U.load_table("tokenizers")
     known = np.zeros(U.MAX_CP, dtype=bool)
     for key in ("L", "M", "N", "P", "Symbol", "S", "Z", "Cc", "Cf"):
         known |= table.members(key)
     cps = [c for c in range(U.MAX_CP) if not 0xD800 <= c < 0xE000 and
-           (known[c] or unicodedata.category(chr(c)) != "Cn" or c == 0x558)]
-    cells = [f" {chr(c)}'s{chr(c)}x1{chr(c)} {chr(c)}{chr(c)}!" for c in cps]
+           (known[c] or unicodedata.category(chr(c)) != "Cn" or
+            regex.match(r"[\p{L}\p{N}\p{M}\p{P}\p{S}]", chr(c)))]
+    cells = [f" {chr(c)}'s{chr(c)}1" for c in cps]
     return ["\n".join(cells[i:i + 20000]) for i in range(0, len(cells), 20000)]
 
 
@@ -122,10 +116,12 @@ def check_sweep(path, device, docs):
                                  f"{enc.decode_bytes(g[max(0, first - 3):first + 3])!r}")
 
 
+@pytest.mark.slow
 def test_every_assigned_code_point_in_context_gpt2_style(tmp_path, device):
     check_sweep(gpt2_style_file(tmp_path), device, assigned_docs())
 
 
+@pytest.mark.slow
 def test_every_assigned_code_point_in_context_deepseek(device):
     from tests.conftest import shared_vocab
     check_sweep(shared_vocab("deepseek_tokenizer.json"), device, assigned_docs())

@@ -36,6 +36,8 @@ string of bytes is a single BPE piece.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import regex
 
 from .unicode_table import load_table
@@ -194,9 +196,8 @@ def oniguruma_pattern(pattern: str) -> str:
     """
     from .unicode_table import CATEGORY_KEY
     table = load_table("tokenizers")
+    body = _onig_class
 
-    def body(key: str) -> str:
-        return table.regex_class_body(key)
 
     out, i, in_class, fold_depth = [], 0, False, None
     depth = 0
@@ -254,6 +255,9 @@ def oniguruma_pattern(pattern: str) -> str:
         if in_class:
             if ch == "[":
                 raise ValueError(f"nested character class in {pattern!r} is not supported")
+            if pattern[i:i + 2] in ("--", "&&", "||", "~~"):
+                raise ValueError(f"{pattern[i:i + 2]!r} inside [...] in {pattern!r} is not "
+                                 "supported (escape it)")
             if ch == "]":
                 in_class = False
             elif fold_depth is not None and ch.isascii() and ch.isalpha():
@@ -319,7 +323,38 @@ def oniguruma_pattern(pattern: str) -> str:
         i += 1
     if in_class:
         raise ValueError(f"unterminated character class in {pattern!r}")
-    return "".join(out)
+    return "(?V1)" + "".join(out)
+
+
+# The regex module's own property for each table key (the fast path of `_onig_class`).
+_REGEX_PROPERTY = {"S": r"\s", "D": r"\d", "W": r"\w", "Symbol": r"\p{S}"}
+
+
+@lru_cache(maxsize=None)
+def _onig_class(key: str) -> str:
+    """Oniguruma's class `key` as an item of a `regex` VERSION1 character class.
+
+    Written as the regex module's own property minus the code points where its (newer)
+    Unicode tables say yes and Oniguruma's say no, plus the opposite ones:
+    `[\p{L}--[...]][...]`. Exactly the table's members, and several times faster to match
+    than the table's full range list.
+    """
+    import numpy as np
+
+    from .unicode_table import MAX_CP, all_code_points_text, to_ranges
+    table = load_table("tokenizers")
+    prop = _REGEX_PROPERTY.get(key, f"\\p{{{key}}}")
+    text = all_code_points_text()
+    theirs = np.zeros(MAX_CP, dtype=bool)
+    theirs[[ord(c) for c in regex.findall(f"(?V1){prop}", text)]] = True
+    mine = table.members(key)
+
+    def ranges(mask) -> str:
+        return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}"
+                       for a, b in to_ranges(np.flatnonzero(mask).tolist()))
+    extra, missing = theirs & ~mine, mine & ~theirs
+    item = f"[{prop}--[{ranges(extra)}]]" if extra.any() else prop
+    return item + (f"[{ranges(missing)}]" if missing.any() else "")
 
 
 def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
