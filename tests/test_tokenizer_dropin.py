@@ -118,7 +118,17 @@ def check_sweep(path, device, docs):
 
 @pytest.mark.slow
 def test_every_assigned_code_point_in_context_gpt2_style(tmp_path, device):
-    check_sweep(gpt2_style_file(tmp_path), device, assigned_docs())
+    path = gpt2_style_file(tmp_path)
+    assert get_encoding(path, device=device).backend.on_gpu_pretok  # the GPU's gpt2 rules
+    check_sweep(path, device, assigned_docs())
+    split = gpt2_style_file(tmp_path, "split.json", pre_tokenizer={
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": True}]})
+    assert not get_encoding(split, device=device).backend.on_gpu_pretok  # CPU regex
+    check_sweep(split, device, assigned_docs()[::3])
 
 
 @pytest.mark.slow

@@ -23,7 +23,9 @@ from shaders.engine import Device
 from .gpu_decode import GpuDecoder
 from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
 from .gpu_tables import VocabTables
+from .hf_json import BYTE_LEVEL_REGEX
 from .reference import PreTokenizer, ReferenceTokenizer
+from .unicode_table import load_table
 from .vocab import Vocabulary
 
 _DEVICE_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -39,6 +41,28 @@ def device_lock(device) -> threading.RLock:
         return lock
 
 
+def hf_gpu_pattern(vocab: Vocabulary) -> str | None:
+    """"gpt2" for a tokenizer.json whose whole pipeline is `tokenizers`' ByteLevel regex.
+
+    That regex ('s|'t|...| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+) cuts
+    every text exactly where tiktoken's gpt2 pattern does (its last two alternatives only
+    differ from gpt2's `\\s++$|\\s+(?!\\S)|\\s` on runs they cut the same way), so the GPU
+    pre-tokenizer runs it, with tokenizers' Unicode classes (gpu_tables picks the family's
+    table). The piece-boundary rule used to split long documents (gpu_encode.cut_rule) reads
+    tiktoken's table, so this is only used while the two families' class bytes are equal.
+    """
+    hf = vocab.hf
+    if hf.needs_cpu_merges or hf.pre_tokenizers != [
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True,
+             "regex": BYTE_LEVEL_REGEX}]:
+        return None
+    if hf.normalizer not in (None, {"type": "Sequence", "normalizers": []}):
+        return None
+    if not np.array_equal(load_table("tokenizers").class_bytes, load_table("tiktoken").class_bytes):
+        return None
+    return "gpt2"
+
+
 class GpuBackend:
     kind = "gpu"
 
@@ -46,7 +70,9 @@ class GpuBackend:
         self.vocab = vocab
         self.device = device
         self.tables = tables or VocabTables.build(vocab)
-        gpu_pattern = vocab.pattern_name if vocab.hf_splits is None else None
+        gpu_pattern = hf_gpu_pattern(vocab) if vocab.hf is not None else \
+            vocab.pattern_name if vocab.hf_splits is None else None
+        self.gpu_pattern = gpu_pattern
         self.on_gpu_pretok = gpu_pattern in PATTERN_IDS
         self.encoder = GpuEncoder(device, self.tables, gpu_pattern)
         self.decoder = GpuDecoder(device, self.tables, self.encoder.vocab_buf)
@@ -99,7 +125,7 @@ class GpuBackend:
         start = 0
         if self.on_gpu_pretok and len(prefix) > 1:
             data = np.frombuffer(prefix, dtype=np.uint8)
-            start = find_cut(data, 0, len(prefix) - 1, self.vocab.pattern_name) or 0
+            start = find_cut(data, 0, len(prefix) - 1, self.gpu_pattern) or 0
         pieces = self.pre.split(prefix[start:].decode("utf-8"))
         return len(pieces[-1].encode("utf-8")) if pieces else 0
 

@@ -332,7 +332,7 @@ _REGEX_PROPERTY = {"S": r"\s", "D": r"\d", "W": r"\w", "Symbol": r"\p{S}"}
 
 @lru_cache(maxsize=None)
 def _onig_class(key: str) -> str:
-    """Oniguruma's class `key` as an item of a `regex` VERSION1 character class.
+    r"""Oniguruma's class `key` as an item of a `regex` VERSION1 character class.
 
     Written as the regex module's own property minus the code points where its (newer)
     Unicode tables say yes and Oniguruma's say no, plus the opposite ones:

@@ -84,10 +84,10 @@ class Vocabulary:
 
     @cached_property
     def decoder(self) -> dict:
-        """id -> bytes for ordinary and special tokens."""
-        table = {i: b for b, i in self.ranks.items()}
-        for text, i in self.special_tokens.items():
-            table[i] = text.encode("utf-8")
+        """id -> bytes for ordinary and special tokens (an id that is both, as a tokenizer.json
+        added token can be, decodes as the ordinary token: what its ByteLevel decoder gives)."""
+        table = {i: text.encode("utf-8") for text, i in self.special_tokens.items()}
+        table.update((i, b) for b, i in self.ranks.items())
         return table
 
     @cached_property
