@@ -6,7 +6,8 @@
 
 Run it when tiktoken's or tokenizers' Unicode version changes (tests/test_tokenizer_unicode.py
 fails then). Writes tokenizer_svc/data/unicode_classes*.json, and for tokenizers also
-tokenizer_svc/data/hf_normalization.json (its normalizers' Unicode data; tokenizer_svc/hf_normalize.py).
+tokenizer_svc/data/hf_normalization.json (its normalizers' Unicode data, see
+tokenizer_svc/hf_normalize.py).
 """
 
 from __future__ import annotations

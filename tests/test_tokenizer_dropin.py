@@ -27,8 +27,10 @@ from tokenizer_svc.vocab import VocabularyError, load_vocabulary
 from .tokenizer_support import MULTILINGUAL, TRICKY, corpus_docs, load_trained, tiktoken_twin
 
 TEXTS = TRICKY + MULTILINGUAL + corpus_docs()[:4]
-ALPHABET = st.sampled_from(list("abcXYZ 019.,!?'\n\t-_/日本語한국äöüßçİıΣς€😀\u0301\u0558ＡⅫ"
-                                "<>|"))
+ALPHABET = st.sampled_from(list("abcXYZ 019.,!?'\n\t-_/日本語한국äöüßçİıΣς€😀"
+                                "\u0301\u0558ＡⅫ<>|"))
+# ByteLevel as the last pre-tokenizer step, without its regex
+BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
 
 # ---- 1. Unicode tables per family ----------------------------------------------------------
@@ -317,21 +319,21 @@ def test_normalizers_on_every_code_point():
 @pytest.mark.parametrize("pre_tokenizer", [
     {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": b, "invert": inv},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+        BYTES]}
     for b in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous")
     for inv in (False, True)] + [
     {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithNext",
-         "invert": False}, {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": False}]},
+         "invert": False}, dict(BYTES, add_prefix_space=True)]},
     {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        dict(BYTES, add_prefix_space=True, use_regex=True)]},
     {"type": "Sequence", "pretokenizers": [
         {"type": "Digits", "individual_digits": False},
         {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?"
                                       r"\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
                                       r"\s+(?!\S)|\s+"}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        BYTES]},
     {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": r"^\s+|\s+$| "}, "behavior": "Isolated",
          "invert": False},
@@ -533,7 +535,7 @@ def rich_json(tmp_path_factory, trained_json):
                                                                  {"type": "Lowercase"}]},
                  pre_tokenizer={"type": "Sequence", "pretokenizers": [
                      {"type": "Digits", "individual_digits": True},
-                     {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+                     dict(BYTES, add_prefix_space=True, use_regex=True)]},
                  added_tokens=[added("<|x|>", n, lstrip=True), added("ab", n + 1,
                                                                     normalized=True,
                                                                     special=False)])

@@ -1,7 +1,7 @@
 """Loading a Hugging Face `tokenizer.json` (byte-level BPE) into a `Vocabulary`.
 
     vocab = load_hf_tokenizer(Path("tokenizer.json"))
-    vocab.hf.added[0]            # AddedToken(content='<|begin_of_text|>', id=..., special=True, ...)
+    vocab.hf.added[0]     # AddedToken(content='<|begin_of_text|>', id=128000, special=True...)
 
 What is accepted (each component is checked here, at load time; anything else is refused
 with a `VocabularyError` naming the component, never tokenized differently from `tokenizers`):
