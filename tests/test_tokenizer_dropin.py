@@ -213,6 +213,19 @@ def test_pickle_by_identity_and_lazy_gpu(tmp_path, device):
         pickle.loads(blob)
 
 
+def test_pickle_known_vocabulary_by_name_or_file(monkeypatch):
+    from tests.conftest import shared_vocab
+    path = shared_vocab("gpt2.tiktoken")
+    by_path = get_encoding(path, device="cpu")  # a known name, loaded from its file
+    blob = pickle.dumps(by_path)
+    assert len(blob) < 2000 and pickle.loads(blob).encode("hi <|endoftext|>",
+                                                          allowed_special="all") == \
+        by_path.encode("hi <|endoftext|>", allowed_special="all")
+    monkeypatch.setenv("ISTANBUL_VOCAB_DIR", str(path.parent))
+    by_name = get_encoding("gpt2", device="cpu")
+    assert pickle.loads(pickle.dumps(by_name)).vocab.content_hash == by_name.vocab.content_hash
+
+
 def test_spawn_children_rebuild_their_gpu_state(device):
     enc = Encoding(load_trained("gpt2"), device=device)
     want = enc.encode_ordinary_batch(TEXTS)
@@ -299,6 +312,15 @@ COMPONENT_TEXTS = TRICKY[:40] + MULTILINGUAL + [
 def test_normalizers_match_tokenizers(tmp_path, trained_json, normalizer):
     path = build(tmp_path, trained_json, "norm", normalizer=normalizer)
     assert_same_as_tokenizers(path, COMPONENT_TEXTS)
+
+
+def test_bytes_input_with_a_normalizer(tmp_path, trained_json):
+    path = build(tmp_path, trained_json, "normbytes", normalizer={"type": "NFKC"})
+    enc = get_encoding(path, device="cpu")
+    assert enc.encode_bytes("Ｈｉ ①".encode()) == enc.encode_ordinary("Ｈｉ ①") == \
+        enc.encode_ordinary("Hi 1")
+    with pytest.raises(ValueError, match="invalid UTF-8 at byte 2"):
+        enc.encode_batch_flat([b"ok", b"ab\xff"])
 
 
 def test_normalizers_on_every_code_point():

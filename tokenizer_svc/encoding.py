@@ -441,6 +441,18 @@ class Encoding:
         return _flatten(parts)
 
     def _encode_bytes_many(self, docs: list[bytes]):
+        if self._hf is not None and self.vocab.hf.normalizer not in (
+                None, {"type": "Sequence", "normalizers": []}):
+            texts = []  # a normalizer works on text: bytes must be valid UTF-8
+            for k, d in enumerate(docs):
+                try:
+                    texts.append(d.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise ValueError(
+                        f"document {k}: invalid UTF-8 at byte {exc.start}; {self.name} has a "
+                        "normalizer, which needs text: decode the bytes first (e.g. "
+                        "errors='replace')") from None
+            return self._encode_ordinary_many(texts)
         valid = []
         for d in docs:
             try:
@@ -555,23 +567,27 @@ def _last_char(data: bytes) -> tuple[str | None, int]:
 
 
 def _vocab_identity(vocab: Vocabulary) -> tuple:
-    """How a pickled Encoding names its vocabulary: a known name, a file, or the value."""
+    """How a pickled Encoding names its vocabulary: a file (and known name), or the value."""
     from .patterns import KNOWN_VOCABULARIES
-    if vocab.name in KNOWN_VOCABULARIES and vocab.source:
-        return ("name", vocab.name)
-    if vocab.source and os.path.isfile(vocab.source):
+    path = os.path.abspath(vocab.source) if vocab.source and os.path.isfile(vocab.source) \
+        else None
+    if vocab.name in KNOWN_VOCABULARIES and vocab.hf is None and vocab.source:
+        return ("known", vocab.name, path, vocab.pattern_name or vocab.pattern)
+    if path is not None:
         pattern = None if vocab.hf is not None else (vocab.pattern_name or vocab.pattern)
-        return ("path", os.path.abspath(vocab.source), pattern, vocab.name)
+        return ("path", path, pattern, vocab.name)
     return ("vocab", vocab)
 
 
 def _unpickle_encoding(identity: tuple, content_hash: str, device):
-    from .vocab import VocabularyError, load_vocabulary
+    from .vocab import VocabularyError, load_known_file, load_vocabulary
     kind = identity[0]
     if kind == "vocab":
         vocab = identity[1]
-    elif kind == "name":
-        vocab = load_vocabulary(identity[1])
+    elif kind == "known":  # the same file if this machine has it, else found by name
+        _, name, path, pattern = identity
+        vocab = load_known_file(name, path, pattern) if path and os.path.isfile(path) else \
+            load_vocabulary(name, pattern=pattern)
     else:
         _, path, pattern, name = identity
         vocab = load_vocabulary(path, pattern=pattern)

@@ -270,6 +270,15 @@ def find_known(name: str) -> Path | None:
     return cached if cached.is_file() else None
 
 
+def load_known_file(name: str, path: Path, pattern: str | None = None) -> Vocabulary:
+    """A known vocabulary (its pattern, special tokens and name) from a given file."""
+    known = KNOWN_VOCABULARIES[name]
+    vocab = load_tiktoken_file(Path(path), pattern or known.pattern, dict(known.special_tokens))
+    vocab.name = known.name
+    vocab.explicit_n_vocab = known.explicit_n_vocab
+    return vocab
+
+
 def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Vocabulary:
     """Load a vocabulary from a path (.tiktoken or tokenizer.json) or a known name."""
     text = str(spec)
@@ -281,11 +290,7 @@ def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Voca
             raise VocabularyError(
                 f"vocabulary {text!r} not found: put {KNOWN_VOCABULARIES[text].filename} in "
                 f"$ISTANBUL_VOCAB_DIR or one of: {where}, or give its path")
-        known = KNOWN_VOCABULARIES[text]
-        vocab = load_tiktoken_file(found, pattern or known.pattern, dict(known.special_tokens))
-        vocab.name = known.name
-        vocab.explicit_n_vocab = known.explicit_n_vocab
-        return vocab
+        return load_known_file(text, found, pattern)
     if not path.exists():
         raise VocabularyError(f"vocabulary {text!r}: no such file, and not a known name "
                               f"({', '.join(KNOWN_VOCABULARIES)})")
