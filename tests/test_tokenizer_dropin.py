@@ -367,6 +367,49 @@ def test_pre_tokenizers_match_tokenizers(tmp_path, trained_json, pre_tokenizer):
     assert_same_as_tokenizers(path, COMPONENT_TEXTS + ["a\nb\n  c  \n", "  lead\ntrail  "])
 
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+NEMO_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+              r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+              r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def family(split: str | None, normalizer=None, bos: bool = False, neox: bool = False) -> dict:
+    """The normalizer / pre-tokenizer / post-processor shape of a model family's file."""
+    steps = ([{"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
+               "invert": False}, BYTES] if split else
+             [dict(BYTES, use_regex=True)])
+    parts = {"normalizer": normalizer,
+             "pre_tokenizer": {"type": "Sequence", "pretokenizers": steps}}
+    if bos:
+        parts["post_processor"] = {"type": "TemplateProcessing", "single": [
+            {"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A",
+                                                                         "type_id": 0}}],
+            "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}}
+    if neox:  # GPT-NeoX: runs of spaces are normalized, non-special added tokens
+        parts["added_tokens"] = [added(" " * k, 0, special=False, normalized=True)
+                                 for k in (2, 3, 4, 8)]
+    return parts
+
+
+@pytest.mark.parametrize("name, parts", [
+    ("llama3", family(LLAMA3_SPLIT, bos=True)),
+    ("qwen2", family(QWEN2_SPLIT, {"type": "NFC"})),
+    ("mistral-nemo", family(NEMO_SPLIT, bos=True)),
+    ("gpt-neox", family(None, {"type": "NFC"}, neox=True)),
+])
+def test_model_family_shapes(tmp_path, trained_json, name, parts):
+    data = json.loads(json.dumps(trained_json))
+    n = max(data["model"]["vocab"].values()) + 1
+    data["added_tokens"] = [added("<s>", n)] + parts.pop("added_tokens", [])
+    if "post_processor" in parts:
+        parts["post_processor"]["special_tokens"]["<s>"]["ids"] = [n]
+    path = build(tmp_path, data, name, **parts)
+    texts = COMPONENT_TEXTS + ["    indented\n        more", "<s>Hello<s> world", "a  b   c"]
+    assert_same_as_tokenizers(path, texts, device="cpu")
+
+
 def test_added_token_options_and_precedence(tmp_path, trained_json):
     n = max(trained_json["model"]["vocab"].values()) + 1
     tokens = [added("<s>", n, lstrip=True), added("</s>", n + 1, rstrip=True),
