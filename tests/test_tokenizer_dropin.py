@@ -291,6 +291,10 @@ def assert_same_as_tokenizers(path, texts, device="cpu"):
             want = hf.encode(text, add_special_tokens=special).ids
             assert enc.encode_hf(text, add_special_tokens=special) == want, (path.name, text)
     assert enc.encode_hf_batch(texts) == [e.ids for e in hf.encode_batch(texts)]
+    ids = [i for text in texts[:30] for i in hf.encode(text).ids]
+    for skip in (True, False):
+        assert enc.decode_hf(ids, skip_special_tokens=skip) == \
+            hf.decode(ids, skip_special_tokens=skip)
     return enc, hf
 
 

@@ -510,6 +510,33 @@ class Encoding:
         default) substitutes U+FFFD."""
         return self.decode_bytes(tokens).decode("utf-8", errors=errors)
 
+    def decode_hf(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """`tokenizers`' `decode(ids, skip_special_tokens=...)` for tokenizer.json vocabularies
+        (ByteLevel decoder: the bytes, invalid UTF-8 replaced). Unlike `tokenizers`, an id that
+        is not in the vocabulary raises InvalidTokenError instead of being dropped."""
+        if self._hf is None:
+            raise ValueError(f"{self.name}: decode_hf needs a tokenizer.json vocabulary")
+        if skip_special_tokens:
+            special = {a.id for a in self.vocab.hf.added if a.special}
+            tokens = [t for t in tokens if int(t) not in special]
+        if self.vocab.hf.byte_level_decoder:
+            return self.decode(tokens, errors="replace")
+        # no decoder in the file: tokenizers joins the token strings with spaces
+        from .hf_json import bytes_to_unicode
+        to_char = bytes_to_unicode()
+        added = {a.id: a.content for a in self.vocab.hf.added}
+        ranks_ids = set(self.vocab.ranks.values())
+        words = []
+        for t in tokens:
+            t = int(t)
+            if t in ranks_ids:
+                words.append("".join(to_char[b] for b in self.decode_single_token_bytes(t)))
+            elif t in added:
+                words.append(added[t])
+            else:
+                self.decode_single_token_bytes(t)  # raises InvalidTokenError
+        return " ".join(words)
+
     def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace",
                      num_threads: int = 8) -> list[str]:
         return [b.decode("utf-8", errors=errors) for b in self.decode_bytes_batch(batch)]

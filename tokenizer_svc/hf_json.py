@@ -54,6 +54,8 @@ class HFConfig:
     end_of_word_suffix: bytes = b""
     unk_id: int | None = None
     fuse_unk: bool = False
+    added_bytes: dict = field(default_factory=dict)  # id -> bytes its ByteLevel decoding gives
+    byte_level_decoder: bool = True  # False: no decoder, tokenizers joins token strings by " "
 
     @property
     def needs_cpu_merges(self) -> bool:
@@ -189,7 +191,11 @@ def load_hf_tokenizer(path: Path):
     decoder = data.get("decoder")
     if decoder is not None and decoder.get("type") != "ByteLevel":
         refuse("decoder", f"type {decoder.get('type')!r} is not supported (ByteLevel or null)")
+    config.byte_level_decoder = decoder is not None
     specials = {a.content: a.id for a in added}
+    # ByteLevel decodes a token whose characters are all in its alphabet as those bytes
+    config.added_bytes = {a.id: to_bytes(a.content) for a in added
+                          if a.id not in set(ranks.values()) and to_bytes(a.content) is not None}
     splits = [s["regex"] for s in config.pre_tokenizers if "regex" in s]
     vocab = Vocabulary(name=path.stem, ranks=ranks, pattern=splits[0] if splits else "",
                        special_tokens=specials, merges=merges, hf_splits=splits,

@@ -87,6 +87,8 @@ class Vocabulary:
         """id -> bytes for ordinary and special tokens (an id that is both, as a tokenizer.json
         added token can be, decodes as the ordinary token: what its ByteLevel decoder gives)."""
         table = {i: text.encode("utf-8") for text, i in self.special_tokens.items()}
+        if self.hf is not None:
+            table.update(self.hf.added_bytes)
         table.update((i, b) for b, i in self.ranks.items())
         return table
 
