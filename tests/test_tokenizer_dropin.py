@@ -198,7 +198,11 @@ def _forked_child(enc, queue):
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
-def test_pickle_by_identity_and_lazy_gpu(tmp_path, device):
+def test_pickle_by_identity_and_lazy_gpu(tmp_path, device, monkeypatch):
+    from collections import OrderedDict
+
+    import tokenizer_svc.encoding as encoding_module
+    monkeypatch.setattr(encoding_module, "_CACHE", OrderedDict())  # a receiver's empty cache
     vocab = load_trained("gpt2")
     enc = Encoding(vocab, device=device)
     data = pickle.dumps(enc)

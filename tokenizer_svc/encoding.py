@@ -138,7 +138,8 @@ def _flatten(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 class Encoding:
     """A vocabulary with tiktoken's encode/decode API; GPU-backed unless device="cpu"."""
 
-    def __init__(self, vocab: Vocabulary, device=None):
+    def __init__(self, vocab: Vocabulary, device=None, *, lazy: bool = False):
+        """`lazy`: build the GPU state at the first call instead of now (unpickled copies)."""
         self.vocab = vocab
         self._device = device
         self._backend = None
@@ -158,6 +159,8 @@ class Encoding:
             self._token_lengths[i] = len(token)
             self._token_chars[i] = sum(1 for b in token if not 0x80 <= b < 0xC0)
             self._token_mid_char[i] = bool(token) and 0x80 <= token[0] < 0xC0
+        if not lazy:
+            self.backend  # noqa: B018 (build now: errors and compile time at construction)
 
     @property
     def backend(self):
@@ -624,7 +627,7 @@ def _unpickle_encoding(identity: tuple, content_hash: str, device):
             f"unpickling Encoding {vocab.name!r}: the vocabulary found here ({vocab.source}) "
             f"is not the one that was pickled (content hash {vocab.content_hash[:12]} != "
             f"{content_hash[:12]}); give this process the same vocabulary file")
-    return get_encoding(vocab, device=device)
+    return get_encoding(vocab, device=device, lazy=True)
 
 
 def _utf8(text: str) -> bytes:
@@ -644,17 +647,18 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = int(os.environ.get("ISTANBUL_ENCODING_CACHE", "8"))
 
 
-def get_encoding(spec, device=None) -> Encoding:
+def get_encoding(spec, device=None, *, lazy: bool = False) -> Encoding:
     """An Encoding for a known name, a vocabulary path or a `Vocabulary` (cached per device).
 
-    Raises `tokenizer_svc.vocab.VocabularyError` (a ValueError) for unknown names and bad files.
+    `lazy=True` defers building its GPU state to the first call. Raises
+    `tokenizer_svc.vocab.VocabularyError` (a ValueError) for unknown names and bad files.
     """
     vocab = spec if isinstance(spec, Vocabulary) else load_vocabulary(spec)
     dev_key = "cpu" if device == "cpu" else (id(device) if device is not None else "default")
     key = (vocab.content_hash, vocab.name, dev_key)
     enc = _CACHE.get(key)
     if enc is None:
-        enc = Encoding(vocab, device)
+        enc = Encoding(vocab, device, lazy=lazy)
         _CACHE[key] = enc
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
