@@ -54,6 +54,14 @@ def test_digits_table_matches_tokenizers(everything):
     assert np.array_equal(probed, U.load_table("tokenizers").members("RustNumeric"))
 
 
+def test_single_word_rule_uses_rust_word_characters(everything):
+    """single_word reads tiktoken's probed `\\w` (the same Rust regex engine): check it is
+    `tokenizers`' own."""
+    probed = np.zeros(U.MAX_CP, dtype=bool)
+    probed[sorted(U.probe_single_word(everything))] = True
+    assert np.array_equal(probed, U.load_table("tiktoken").members("W"))
+
+
 def test_regex_module_disagrees_with_oniguruma(everything):
     """Without the table the reference would be wrong: the regex module's letters differ."""
     letters = U.load_table("tokenizers").members("L")

@@ -122,6 +122,18 @@ def probe_digits(text: str | None = None) -> set[int]:
     return {ord(p) for p, _ in pieces if len(p) == 1 and p != "a"}
 
 
+def probe_single_word(text: str | None = None) -> set[int]:
+    """The code points `tokenizers` counts as word characters for an added token's
+    `single_word` rule (Rust regex `\\w`): before such a character a single_word token does not
+    match."""
+    from tokenizers import AddedToken, Tokenizer, models
+    chars = text if text is not None else all_code_points_text()
+    tok = Tokenizer(models.BPE())
+    tok.add_tokens([AddedToken("\x01", single_word=True, normalized=False)])
+    results = tok.encode_batch([ch + "\x01" for ch in chars], add_special_tokens=False)
+    return {ord(ch) for ch, r in zip(chars, results) if not r.ids}
+
+
 def probe_all(family: str = "tiktoken") -> dict:
     """Probe every class and the case folds of one family; the content of its data file."""
     text = all_code_points_text()
