@@ -161,14 +161,13 @@ def load_hf_tokenizer(path: Path):
                                    "ByteLevel alphabet")
         merges[(a, b)] = priority  # a repeated pair keeps its last rank, as in tokenizers
     config = HFConfig(added=added)
-    for key, attr in (("continuing_subword_prefix", "continuing_subword_prefix"),
-                      ("end_of_word_suffix", "end_of_word_suffix")):
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         value = model.get(key)
         if value:
             encoded = to_bytes(value)
             if encoded is None:
                 refuse(f"model.{key}", f"{value!r} is outside the ByteLevel alphabet")
-            setattr(config, attr, encoded)
+            setattr(config, key, encoded)
     if model.get("unk_token") is not None:
         unk = model["unk_token"]
         if unk not in model_ids:
@@ -194,8 +193,9 @@ def load_hf_tokenizer(path: Path):
     config.byte_level_decoder = decoder is not None
     specials = {a.content: a.id for a in added}
     # ByteLevel decodes a token whose characters are all in its alphabet as those bytes
+    ordinary_ids = set(ranks.values())
     config.added_bytes = {a.id: to_bytes(a.content) for a in added
-                          if a.id not in set(ranks.values()) and to_bytes(a.content) is not None}
+                          if a.id not in ordinary_ids and to_bytes(a.content) is not None}
     splits = [s["regex"] for s in config.pre_tokenizers if "regex" in s]
     vocab = Vocabulary(name=path.stem, ranks=ranks, pattern=splits[0] if splits else "",
                        special_tokens=specials, merges=merges, hf_splits=splits,

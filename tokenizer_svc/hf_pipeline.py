@@ -46,7 +46,7 @@ class HFPipeline:
         self.added = {a.content: a for a in self.config.added}
         normalized = {}
         for a in self.config.added:
-            if a.normalized:
+            if a.normalized and self.normalize(a.content):  # an empty text never matches
                 normalized[self.normalize(a.content)] = a
         self.normalized_added = normalized  # normalized text -> token
         self._matchers: dict = {}  # frozenset of token texts -> compiled alternation
