@@ -16,13 +16,17 @@ Encoding is two steps, exactly as tiktoken does them:
    trained with a custom regex) is used as written, i.e. with the `regex` module's Unicode
    tables; for such patterns tiktoken itself would use its own tables and may differ on
    code points assigned in recent Unicode versions.
-   Hugging Face `tokenizer.json` vocabularies apply their Split regexes one after the other,
-   keeping both matches and the text between them ("Isolated"), then ByteLevel.
+   Hugging Face `tokenizer.json` vocabularies run `tokenizers`' pipeline (hf_pipeline.py:
+   added tokens, normalizer, then the pre-tokenizer steps one after the other), with their
+   regexes rewritten by `oniguruma_pattern` so that they mean what Oniguruma, `tokenizers`'
+   engine, makes of them: its Unicode classes (read out of `tokenizers`), its `(?i:)` case
+   folds and Ruby's line anchors.
 2. **BPE** (`bpe`) within each piece: start from single bytes and repeatedly merge the adjacent
    pair with the lowest priority, the leftmost one among equals. For `.tiktoken` vocabularies a
    pair's priority is the rank of its concatenation (if that is a token); first, a piece that is
    itself a token is that token (tiktoken's whole-piece shortcut). For tokenizer.json
-   vocabularies only the listed merges apply, priority = position in the merge list.
+   vocabularies only the listed merges apply, priority = position in the merge list
+   (`bpe_hf` adds `continuing_subword_prefix`, `end_of_word_suffix` and `unk_token`).
 
 Special tokens follow tiktoken: `split_special` cuts the text at allowed special tokens (the
 leftmost occurrence first; at one position the longest special wins), and each ordinary
