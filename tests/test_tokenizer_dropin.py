@@ -33,41 +33,7 @@ ALPHABET = st.sampled_from(list("abcXYZ 019.,!?'\n\t-_/日本語한국äöüßç
 BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
 
-# ---- 1. Unicode tables per family ----------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def everything():
-    return U.all_code_points_text()
-
-
-@pytest.mark.parametrize("key", ["L", "N", "P", "Symbol", "M", "S"])
-def test_tokenizers_table_matches_oniguruma(key, everything):
-    probed = np.zeros(U.MAX_CP, dtype=bool)
-    probed[sorted(U.probe_tokenizers(U.HF_PROBE_PATTERNS[key], everything))] = True
-    differ = np.flatnonzero(probed != U.load_table("tokenizers").members(key))
-    assert differ.size == 0, f"{key}: {differ.size} differ, e.g. {[hex(c) for c in differ[:8]]}"
-
-
-def test_digits_table_matches_tokenizers(everything):
-    probed = np.zeros(U.MAX_CP, dtype=bool)
-    probed[sorted(U.probe_digits(everything))] = True
-    assert np.array_equal(probed, U.load_table("tokenizers").members("RustNumeric"))
-
-
-def test_single_word_rule_uses_rust_word_characters(everything):
-    """single_word reads tiktoken's probed `\\w` (the same Rust regex engine): check it is
-    `tokenizers`' own."""
-    probed = np.zeros(U.MAX_CP, dtype=bool)
-    probed[sorted(U.probe_single_word(everything))] = True
-    assert np.array_equal(probed, U.load_table("tiktoken").members("W"))
-
-
-def test_regex_module_disagrees_with_oniguruma(everything):
-    """Without the table the reference would be wrong: the regex module's letters differ."""
-    letters = U.load_table("tokenizers").members("L")
-    newer = [ord(c) for c in regex.findall(r"\p{L}", everything) if not letters[ord(c)]]
-    assert 0x558 in newer and len(newer) > 1000
-
+# ---- 1. Unicode tables per family: every code point in context (tables: test_tokenizer_unicode)
 
 def gpt2_style_file(tmp_path, name="gpt2style.json", **edit):
     """A GPT-2-style tokenizer.json (ByteLevel with its regex) of the project-trained ranks."""
