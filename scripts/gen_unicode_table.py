@@ -1,25 +1,43 @@
 #!/usr/bin/env python
-"""Regenerate tokenizer_svc/data/unicode_classes.json by probing the installed tiktoken.
+"""Regenerate the Unicode class tables by probing the installed tiktoken and tokenizers.
 
-    python scripts/gen_unicode_table.py
+    python scripts/gen_unicode_table.py                      # both families
+    python scripts/gen_unicode_table.py --family tokenizers  # one of them
 
-Run it when tiktoken's Unicode version changes (tests/test_tokenizer_unicode.py fails then).
+Run it when tiktoken's or tokenizers' Unicode version changes (tests/test_tokenizer_unicode.py
+fails then). Writes tokenizer_svc/data/unicode_classes*.json, and for tokenizers also
+tokenizer_svc/data/hf_normalization.json (its normalizers' Unicode data, see
+tokenizer_svc/hf_normalize.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tokenizer_svc.unicode_table import CLASSES, DATA_FILE, write_table  # noqa: E402
+from tokenizer_svc.hf_normalize import DATA_FILE as NORM_FILE  # noqa: E402
+from tokenizer_svc.hf_normalize import write_normalization_table  # noqa: E402
+from tokenizer_svc.unicode_table import DATA_FILES, FAMILIES, write_table  # noqa: E402
 
 
 def main() -> int:
-    data = write_table(DATA_FILE)
-    counts = ", ".join(f"{c}={sum(b - a + 1 for a, b in data['classes'][c])}" for c in CLASSES)
-    print(f"wrote {DATA_FILE} ({data['source']}): {counts}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=FAMILIES, action="append",
+                        help="which table to regenerate (repeatable; default: all)")
+    args = parser.parse_args()
+    for family in args.family or FAMILIES:
+        data = write_table(family)
+        counts = ", ".join(f"{c}={sum(b - a + 1 for a, b in r)}"
+                           for c, r in data["classes"].items())
+        print(f"wrote {DATA_FILES[family]} ({data['source']}): {counts}")
+        if family == "tokenizers":
+            norm = write_normalization_table()
+            print(f"wrote {NORM_FILE} ({norm['source']}): {len(norm['unknown'])} code points "
+                  f"unknown, {len(norm['no_compose'])} compositions not made, "
+                  f"{len(norm['lowercase'])} lowercase differences")
     return 0
 
 

@@ -1,8 +1,9 @@
-"""The Unicode class table agrees with tiktoken's own regex engine, code point by code point.
+"""The Unicode class tables agree with tiktoken's and tokenizers' own regex engines, code point
+by code point.
 
-The table is committed (tokenizer_svc/data/unicode_classes.json); these tests probe the
-installed tiktoken again. If tiktoken moves to a new Unicode version they fail, and
-`python scripts/gen_unicode_table.py` regenerates the table.
+The tables are committed (tokenizer_svc/data/unicode_classes*.json); these tests probe the
+installed tiktoken and tokenizers again. If either moves to a new Unicode version they fail,
+and `python scripts/gen_unicode_table.py` regenerates the tables.
 """
 
 from __future__ import annotations
@@ -72,3 +73,34 @@ def test_reference_follows_tiktoken_where_regex_module_does_not(spec, everything
     assert ReferenceTokenizer(vocab).encode_ordinary(text) == \
         tiktoken_twin(vocab).encode_ordinary(text)
     assert PreTokenizer(vocab).split(text) != regex.findall(vocab.pattern, text)
+
+
+# ---- the tokenizers family (tokenizer.json) ------------------------------------------
+
+@pytest.mark.parametrize("key", ["L", "N", "P", "Symbol", "M", "S"])
+def test_tokenizers_table_matches_oniguruma(key, everything):
+    probed = np.zeros(U.MAX_CP, dtype=bool)
+    probed[sorted(U.probe_tokenizers(U.HF_PROBE_PATTERNS[key], everything))] = True
+    differ = np.flatnonzero(probed != U.load_table("tokenizers").members(key))
+    assert differ.size == 0, f"{key}: {differ.size} differ, e.g. {[hex(c) for c in differ[:8]]}"
+
+
+def test_digits_table_matches_tokenizers(everything):
+    probed = np.zeros(U.MAX_CP, dtype=bool)
+    probed[sorted(U.probe_digits(everything))] = True
+    assert np.array_equal(probed, U.load_table("tokenizers").members("RustNumeric"))
+
+
+def test_single_word_rule_uses_rust_word_characters(everything):
+    """single_word reads tiktoken's probed `\\w` (the same Rust regex engine): check it is
+    `tokenizers`' own."""
+    probed = np.zeros(U.MAX_CP, dtype=bool)
+    probed[sorted(U.probe_single_word(everything))] = True
+    assert np.array_equal(probed, U.load_table("tiktoken").members("W"))
+
+
+def test_regex_module_disagrees_with_oniguruma(everything):
+    """Without the table the reference would be wrong: the regex module's letters differ."""
+    letters = U.load_table("tokenizers").members("L")
+    newer = [ord(c) for c in regex.findall(r"\p{L}", everything) if not letters[ord(c)]]
+    assert 0x558 in newer and len(newer) > 1000

@@ -17,23 +17,43 @@ on the CPU (allowed_special / disallowed_special exactly as tiktoken; the defaul
 ValueError on text that spells a special token), the rest is pre-tokenized and merged on the GPU.
 Lone surrogates in `str` input become U+FFFD as in tiktoken. `encode_bytes` accepts any bytes,
 including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py).
+
+tokenizer.json vocabularies: their "special tokens" are the added tokens. `encode_ordinary`
+normalizes, pre-tokenizes and merges (added-token text is ordinary text); `encode` also cuts
+out the allowed added tokens with `tokenizers`' rules (normalized / lstrip / rstrip /
+single_word, hf_pipeline.py); `encode_hf(text, add_special_tokens=True)` is exactly
+`tokenizers.Tokenizer.encode(text, add_special_tokens=...).ids` (every added token matched,
+the post-processor's BOS/EOS added).
+
+Sharing: an `Encoding` may be used by any number of threads (CPU pre-tokenization runs in
+parallel, GPU calls of one device are serialized). It pickles by vocabulary identity (a known
+name or a file path plus its content hash, else the vocabulary itself) and builds its GPU state
+lazily in the process that uses it. A process forked after the GPU was used cannot use it
+(wgpu does not survive fork): such a child gets `ForkedGpuError` at once; use the "spawn" or
+"forkserver" start method, or device="cpu".
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
 from collections import OrderedDict
 from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
 
-from .reference import (ReferenceTokenizer, check_disallowed, extend_over_space_tokens,
-                        fix_surrogates, resolve_special, split_special)
+from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
+                        extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
 from .vocab import Vocabulary, load_vocabulary
 
 
-class InvalidTokenError(ValueError):
-    """A token id that is not in the vocabulary (outside 0..n_vocab-1, or a hole)."""
+class InvalidTokenError(KeyError, ValueError):
+    """A token id that is not in the vocabulary (outside 0..n_vocab-1, or a hole).
+
+    A KeyError like tiktoken's (code written for tiktoken catches it), and a ValueError as
+    before.
+    """
 
     def __init__(self, token: int, position: int, vocab_name: str, n_vocab: int,
                  document: int | None = None):
@@ -45,6 +65,31 @@ class InvalidTokenError(ValueError):
         self.token = token
         self.position = position
         self.document = document
+
+    def __str__(self) -> str:  # KeyError would show the repr of the message
+        return str(self.args[0])
+
+
+class ForkedGpuError(RuntimeError):
+    """The GPU was used in a parent process before fork; wgpu state does not survive fork."""
+
+
+_GPU_PID: int | None = None  # the process that created wgpu state through an Encoding
+
+
+def _note_gpu_use() -> None:
+    global _GPU_PID
+    _GPU_PID = os.getpid()
+
+
+def _check_not_forked(name: str) -> None:
+    if _GPU_PID is not None and _GPU_PID != os.getpid():
+        raise ForkedGpuError(
+            f"Encoding {name!r}: this process was forked from process {_GPU_PID} after that "
+            "one had used the GPU, and wgpu (Vulkan) state cannot be used across fork. Use the "
+            "'spawn' or 'forkserver' start method (multiprocessing.get_context('spawn'), or "
+            "DataLoader(multiprocessing_context='spawn')), pass the Encoding to the child by "
+            "pickling (it rebuilds itself there), or use device='cpu' in forked children")
 
 
 class CpuBackend:
@@ -93,14 +138,17 @@ def _flatten(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 class Encoding:
     """A vocabulary with tiktoken's encode/decode API; GPU-backed unless device="cpu"."""
 
-    def __init__(self, vocab: Vocabulary, device=None):
+    def __init__(self, vocab: Vocabulary, device=None, *, lazy: bool = False):
+        """`lazy`: build the GPU state at the first call instead of now (unpickled copies)."""
         self.vocab = vocab
-        if device == "cpu":
-            self.backend = CpuBackend(vocab)
-        else:
-            from shaders.engine import default_device
-            from .gpu_backend import GpuBackend
-            self.backend = GpuBackend(vocab, device if device is not None else default_device())
+        self._device = device
+        self._backend = None
+        self._build_lock = threading.Lock()
+        self._hf = None
+        if vocab.hf is not None:
+            from .hf_pipeline import HFPipeline
+            self._hf = HFPipeline(vocab)
+        self._ref = None
         self._special_ids = frozenset(vocab.special_tokens.values())
         decoder = vocab.decoder
         size = max(decoder) + 1
@@ -111,9 +159,47 @@ class Encoding:
             self._token_lengths[i] = len(token)
             self._token_chars[i] = sum(1 for b in token if not 0x80 <= b < 0xC0)
             self._token_mid_char[i] = bool(token) and 0x80 <= token[0] < 0xC0
+        if not lazy:
+            self.backend  # noqa: B018 (build now: errors and compile time at construction)
+
+    @property
+    def backend(self):
+        """The CPU reference or the GPU backend, built on first use in this process."""
+        backend = self._backend
+        if backend is not None and backend.kind == "cpu":
+            return backend
+        if self._device != "cpu":
+            _check_not_forked(self.name)
+        if backend is None:
+            with self._build_lock:
+                if self._backend is None:
+                    if self._device == "cpu":
+                        self._backend = CpuBackend(self.vocab)
+                    else:
+                        from shaders.engine import default_device
+                        from .gpu_backend import GpuBackend
+                        device = self._device if self._device is not None else default_device()
+                        _note_gpu_use()
+                        self._backend = GpuBackend(self.vocab, device)
+                backend = self._backend
+        return backend
+
+    @property
+    def reference(self) -> ReferenceTokenizer:
+        """The plain-Python reference for this vocabulary (for encode_with_unstable)."""
+        if self._ref is None:
+            self._ref = ReferenceTokenizer(self.vocab)
+        return self._ref
 
     def __repr__(self) -> str:
-        return f"<Encoding {self.name!r} on {self.backend.describe()}>"
+        where = self._backend.describe() if self._backend is not None else (
+            "CPU reference" if self._device == "cpu" else "GPU (not started)")
+        return f"<Encoding {self.name!r} on {where}>"
+
+    def __reduce__(self):
+        """Pickle by vocabulary identity; the receiver builds its own GPU state lazily."""
+        return (_unpickle_encoding, (_vocab_identity(self.vocab), self.vocab.content_hash,
+                                     "cpu" if self._device == "cpu" else None))
 
     # ---- facts --------------------------------------------------------------------------
 
@@ -144,8 +230,31 @@ class Encoding:
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ignoring special tokens (their text is ordinary text)."""
-        ids, _ = self.backend.encode_segments([_utf8(text)])
+        ids, _ = self._encode_ordinary_many([text])
         return ids.tolist()
+
+    def encode_to_numpy(self, text: str, *,
+                        allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                        disallowed_special: Literal["all"] | Collection[str] = "all"
+                        ) -> np.ndarray:
+        """tiktoken's `encode_to_numpy`: `encode` as a uint32 array."""
+        ids, _ = self._encode_texts([text], allowed_special, disallowed_special)
+        return ids.astype(np.uint32)
+
+    def encode_hf(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`tokenizers.Tokenizer.encode(text, add_special_tokens=...).ids` for tokenizer.json
+        vocabularies: every added token matched, then the post-processor (BOS/EOS...)."""
+        return self.encode_hf_batch([text], add_special_tokens=add_special_tokens)[0]
+
+    def encode_hf_batch(self, texts: Sequence[str], add_special_tokens: bool = True
+                        ) -> list[list[int]]:
+        """`tokenizers`' `encode_batch(...)` ids, all documents in one GPU call."""
+        if self._hf is None:
+            raise ValueError(f"{self.name}: encode_hf needs a tokenizer.json vocabulary (use "
+                             "encode for tiktoken-style vocabularies)")
+        ids, offsets = self._encode_texts(list(texts), "all", (), hf_all=True)
+        out = _split(ids, offsets)
+        return [self._hf.post_process(x) for x in out] if add_special_tokens else out
 
     def encode(self, text: str, *, allowed_special: Literal["all"] | AbstractSet[str] = set(),
                disallowed_special: Literal["all"] | Collection[str] = "all") -> list[int]:
@@ -155,8 +264,13 @@ class Encoding:
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = 8) -> list[list[int]]:
         """One GPU batch for all texts (`num_threads` is accepted for tiktoken compatibility)."""
-        ids, offsets = self.backend.encode_segments([_utf8(t) for t in text])
+        ids, offsets = self._encode_ordinary_many(list(text))
         return _split(ids, offsets)
+
+    def _encode_ordinary_many(self, texts: list[str]):
+        if self._hf is not None:
+            texts = [self._hf.normalize(fix_surrogates(t)) for t in texts]
+        return self.backend.encode_segments([_utf8(t) for t in texts])
 
     def encode_batch(self, text: Sequence[str], *, num_threads: int = 8,
                      allowed_special: Literal["all"] | AbstractSet[str] = set(),
@@ -168,6 +282,81 @@ class Encoding:
         """Encode raw bytes, including invalid UTF-8 (tiktoken's `_encode_bytes` rule)."""
         ids, _ = self._encode_bytes_many([bytes(data)])
         return ids.tolist()
+
+    _encode_bytes = encode_bytes  # tiktoken's name
+
+    def encode_with_unstable(self, text: str, *,
+                             allowed_special: Literal["all"] | AbstractSet[str] = set(),
+                             disallowed_special: Literal["all"] | Collection[str] = "all"
+                             ) -> tuple[list[int], list[list[int]]]:
+        """tiktoken's `encode_with_unstable`: (stable tokens, possible completions).
+
+        The tokens of the last piece (extended over all-space tokens before it) are unstable:
+        more text could change them. The completions are every token sequence that could
+        start there: tokens that start with the unstable bytes, and for each split of them,
+        the prefix followed by a token starting with the rest, encoded (cut once they cover
+        the unstable bytes); and, if they end in whitespace, that whitespace merged apart. The
+        order of the completions is unspecified (tiktoken's is a hash set's).
+        """
+        if self.vocab.merges is not None:
+            raise ValueError(f"{self.name}: encode_with_unstable is tiktoken's; it is not defined "
+                             "for tokenizer.json vocabularies")
+        allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
+                                              disallowed_special)
+        if disallowed:
+            check_disallowed(text, disallowed)
+        ref = self.reference
+        text = fix_surrogates(text)
+        parts = split_special(text, allowed, self.vocab.special_tokens)
+        tokens = self._encode_texts([text], allowed, ())[0].tolist()
+        last_part, last_special = parts[-1]
+        pieces = ref.split(last_part) if last_special is None else []
+        if not pieces:
+            return tokens, []
+        last = len(ref.bpe(pieces[-1].encode("utf-8")))
+        last = extend_over_space_tokens(tokens, last, self.vocab.decoder)
+        unstable = self.decode_bytes(tokens[len(tokens) - last:])
+        del tokens[len(tokens) - last:]
+        completions: set = set()
+        if not unstable:
+            return tokens, []
+        ordered = self._sorted_token_bytes
+        ranks = self.vocab.ranks
+        point = bisect.bisect_left(ordered, unstable)
+        while point < len(ordered) and ordered[point].startswith(unstable):
+            completions.add((ranks[ordered[point]],))
+            point += 1
+        for i in range(1, len(unstable)):
+            prefix, suffix = unstable[:i], unstable[i:]
+            point = bisect.bisect_left(ordered, suffix)
+            while point < len(ordered) and ordered[point].startswith(suffix):
+                possibility = prefix + ordered[point]
+                try:
+                    encoded = ref.encode_ordinary(possibility.decode("utf-8"))
+                except UnicodeDecodeError:
+                    encoded = bpe_ranks(possibility, ranks)
+                seq, covered = [], 0
+                for token in encoded:
+                    seq.append(token)
+                    covered += len(self.vocab.decoder[token])
+                    if covered >= len(unstable):
+                        break
+                completions.add(tuple(seq))
+                point += 1
+        if len(unstable) > 1:
+            last_char, width = _last_char(unstable)
+            if len(unstable) - width > 0 and last_char is not None and last_char.isspace():
+                again = bpe_ranks(unstable[:len(unstable) - width], ranks) + \
+                    bpe_ranks(unstable[len(unstable) - width:], ranks)
+                completions.add(tuple(again))
+        return tokens, [list(c) for c in completions]
+
+    @property
+    def _sorted_token_bytes(self) -> list[bytes]:
+        cached = self.__dict__.get("_sorted_tokens")
+        if cached is None:
+            cached = self.__dict__["_sorted_tokens"] = sorted(self.vocab.ranks)
+        return cached
 
     def encode_batch_flat(self, docs: Sequence[str | bytes], *,
                           allowed_special: Literal["all"] | AbstractSet[str] = frozenset(),
@@ -221,19 +410,25 @@ class Encoding:
             return np.maximum(0, before - self._token_mid_char[ids]).astype(np.int64)
         raise ValueError(f"unit must be 'byte' or 'char', got {unit!r}")
 
-    def _encode_texts(self, texts: list[str], allowed_special, disallowed_special):
+    def _encode_texts(self, texts: list[str], allowed_special, disallowed_special,
+                      hf_all: bool = False):
         allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
                                               disallowed_special)
         if disallowed:
             for text in texts:
                 check_disallowed(text, disallowed)
         if not allowed:
-            return self.backend.encode_segments([_utf8(t) for t in texts])
+            return self._encode_ordinary_many(texts)
+        if self._hf is not None:  # tokenizers' added-token rules, restricted to `allowed`
+            hf_allowed = None if hf_all else allowed
+            split = lambda text: self._hf.sections(fix_surrogates(text), hf_allowed)  # noqa
+        else:
+            split = lambda text: split_special(fix_surrogates(text), allowed,  # noqa: E731
+                                               self.vocab.special_tokens)
         segments, layout = [], []  # per text: list of ("seg", index) / ("special", id)
         for text in texts:
             plan = []
-            for part, special in split_special(fix_surrogates(text), allowed,
-                                               self.vocab.special_tokens):
+            for part, special in split(text):
                 if special is None:
                     plan.append((0, len(segments)))
                     segments.append(part.encode("utf-8"))
@@ -249,6 +444,18 @@ class Encoding:
         return _flatten(parts)
 
     def _encode_bytes_many(self, docs: list[bytes]):
+        if self._hf is not None and self.vocab.hf.normalizer not in (
+                None, {"type": "Sequence", "normalizers": []}):
+            texts = []  # a normalizer works on text: bytes must be valid UTF-8
+            for k, d in enumerate(docs):
+                try:
+                    texts.append(d.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise ValueError(
+                        f"document {k}: invalid UTF-8 at byte {exc.start}; {self.name} has a "
+                        "normalizer, which needs text: decode the bytes first (e.g. "
+                        "errors='replace')") from None
+            return self._encode_ordinary_many(texts)
         valid = []
         for d in docs:
             try:
@@ -281,11 +488,18 @@ class Encoding:
         return _flatten(parts)
 
     def encode_single_token(self, text_or_bytes: str | bytes) -> int:
-        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else text_or_bytes
+        """The id of one token given as text or bytes (ordinary or special), like tiktoken;
+        KeyError(bytes) if it is not a single token."""
+        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) \
+            else bytes(text_or_bytes)
         if data in self.vocab.ranks:
             return self.vocab.ranks[data]
-        if isinstance(text_or_bytes, str) and text_or_bytes in self.vocab.special_tokens:
-            return self.vocab.special_tokens[text_or_bytes]
+        try:
+            special = self.vocab.special_tokens.get(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            special = None
+        if special is not None:
+            return special
         raise KeyError(data)
 
     # ---- decoding -----------------------------------------------------------------------
@@ -298,6 +512,33 @@ class Encoding:
         """Text of the tokens; errors="strict" raises on invalid UTF-8, "replace" (tiktoken's
         default) substitutes U+FFFD."""
         return self.decode_bytes(tokens).decode("utf-8", errors=errors)
+
+    def decode_hf(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """`tokenizers`' `decode(ids, skip_special_tokens=...)` for tokenizer.json vocabularies
+        (ByteLevel decoder: the bytes, invalid UTF-8 replaced). Unlike `tokenizers`, an id that
+        is not in the vocabulary raises InvalidTokenError instead of being dropped."""
+        if self._hf is None:
+            raise ValueError(f"{self.name}: decode_hf needs a tokenizer.json vocabulary")
+        if skip_special_tokens:
+            special = {a.id for a in self.vocab.hf.added if a.special}
+            tokens = [t for t in tokens if int(t) not in special]
+        if self.vocab.hf.byte_level_decoder:
+            return self.decode(tokens, errors="replace")
+        # no decoder in the file: tokenizers joins the token strings with spaces
+        from .hf_json import bytes_to_unicode
+        to_char = bytes_to_unicode()
+        added = {a.id: a.content for a in self.vocab.hf.added}
+        ranks_ids = set(self.vocab.ranks.values())
+        words = []
+        for t in tokens:
+            t = int(t)
+            if t in ranks_ids:
+                words.append("".join(to_char[b] for b in self.decode_single_token_bytes(t)))
+            elif t in added:
+                words.append(added[t])
+            else:
+                self.decode_single_token_bytes(t)  # raises InvalidTokenError
+        return " ".join(words)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace",
                      num_threads: int = 8) -> list[str]:
@@ -345,6 +586,50 @@ class Encoding:
             raise InvalidTokenError(exc.token, exc.position, self.name, self.n_vocab) from None
 
 
+def _last_char(data: bytes) -> tuple[str | None, int]:
+    """The last UTF-8 character of `data` and its byte width (None, 1 if it is invalid)."""
+    for width in range(1, min(4, len(data)) + 1):
+        try:
+            return data[len(data) - width:].decode("utf-8"), width
+        except UnicodeDecodeError:
+            continue
+    return None, 1
+
+
+def _vocab_identity(vocab: Vocabulary) -> tuple:
+    """How a pickled Encoding names its vocabulary: a file (and known name), or the value."""
+    from .patterns import KNOWN_VOCABULARIES
+    path = os.path.abspath(vocab.source) if vocab.source and os.path.isfile(vocab.source) \
+        else None
+    if vocab.name in KNOWN_VOCABULARIES and vocab.hf is None and vocab.source:
+        return ("known", vocab.name, path, vocab.pattern_name or vocab.pattern)
+    if path is not None:
+        pattern = None if vocab.hf is not None else (vocab.pattern_name or vocab.pattern)
+        return ("path", path, pattern, vocab.name)
+    return ("vocab", vocab)
+
+
+def _unpickle_encoding(identity: tuple, content_hash: str, device):
+    from .vocab import VocabularyError, load_known_file, load_vocabulary
+    kind = identity[0]
+    if kind == "vocab":
+        vocab = identity[1]
+    elif kind == "known":  # the same file if this machine has it, else found by name
+        _, name, path, pattern = identity
+        vocab = load_known_file(name, path, pattern) if path and os.path.isfile(path) else \
+            load_vocabulary(name, pattern=pattern)
+    else:
+        _, path, pattern, name = identity
+        vocab = load_vocabulary(path, pattern=pattern)
+        vocab.name = name
+    if vocab.content_hash != content_hash:
+        raise VocabularyError(
+            f"unpickling Encoding {vocab.name!r}: the vocabulary found here ({vocab.source}) "
+            f"is not the one that was pickled (content hash {vocab.content_hash[:12]} != "
+            f"{content_hash[:12]}); give this process the same vocabulary file")
+    return get_encoding(vocab, device=device, lazy=True)
+
+
 def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
@@ -362,17 +647,18 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = int(os.environ.get("ISTANBUL_ENCODING_CACHE", "8"))
 
 
-def get_encoding(spec, device=None) -> Encoding:
+def get_encoding(spec, device=None, *, lazy: bool = False) -> Encoding:
     """An Encoding for a known name, a vocabulary path or a `Vocabulary` (cached per device).
 
-    Raises `tokenizer_svc.vocab.VocabularyError` (a ValueError) for unknown names and bad files.
+    `lazy=True` defers building its GPU state to the first call. Raises
+    `tokenizer_svc.vocab.VocabularyError` (a ValueError) for unknown names and bad files.
     """
     vocab = spec if isinstance(spec, Vocabulary) else load_vocabulary(spec)
     dev_key = "cpu" if device == "cpu" else (id(device) if device is not None else "default")
     key = (vocab.content_hash, vocab.name, dev_key)
     enc = _CACHE.get(key)
     if enc is None:
-        enc = Encoding(vocab, device)
+        enc = Encoding(vocab, device, lazy=lazy)
         _CACHE[key] = enc
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
@@ -381,4 +667,16 @@ def get_encoding(spec, device=None) -> Encoding:
     return enc
 
 
-__all__ = ["Encoding", "InvalidTokenError", "get_encoding"]
+def encoding_for_model(model_name: str, device=None) -> Encoding:
+    """tiktoken's `encoding_for_model`, from local files (model_names.py)."""
+    from .model_names import encoding_for_model as lookup
+    return lookup(model_name, device=device)
+
+
+def encoding_name_for_model(model_name: str) -> str:
+    from .model_names import encoding_name_for_model as lookup
+    return lookup(model_name)
+
+
+__all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "encoding_for_model",
+           "encoding_name_for_model", "get_encoding"]

@@ -4,10 +4,18 @@ Segments are valid UTF-8 byte strings with no special-token handling left to do
 (tokenizer_svc/encoding.py splits special tokens on the CPU, as the issue allows). For the
 gpt2/r50k, cl100k and o200k patterns everything runs on the GPU; for any other pattern (a
 custom regex, a tokenizer.json Split sequence) the pieces are cut on the CPU with the reference
-pre-tokenizer and merged on the GPU.
+pre-tokenizer and merged on the GPU (tokenizer.json BPE options the merge kernels do not
+implement, `continuing_subword_prefix` / `end_of_word_suffix` / `unk_token`, merge on the CPU).
+
+Threads: the encoder and decoder keep per-call buffers, and one wgpu queue must not be fed by
+two threads at once, so every GPU call of a device holds that device's lock (`device_lock`);
+CPU pre-tokenization runs outside it, in parallel.
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 import numpy as np
 
@@ -15,8 +23,44 @@ from shaders.engine import Device
 from .gpu_decode import GpuDecoder
 from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
 from .gpu_tables import VocabTables
-from .reference import PreTokenizer
+from .hf_json import BYTE_LEVEL_REGEX
+from .reference import PreTokenizer, ReferenceTokenizer
+from .unicode_table import load_table
 from .vocab import Vocabulary
+
+_DEVICE_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def device_lock(device) -> threading.RLock:
+    """The one lock every GPU tokenizer call on `device` holds."""
+    with _LOCKS_LOCK:
+        lock = _DEVICE_LOCKS.get(device)
+        if lock is None:
+            lock = _DEVICE_LOCKS[device] = threading.RLock()
+        return lock
+
+
+def hf_gpu_pattern(vocab: Vocabulary) -> str | None:
+    """"gpt2" for a tokenizer.json whose whole pipeline is `tokenizers`' ByteLevel regex.
+
+    That regex ('s|'t|...| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+) cuts
+    every text exactly where tiktoken's gpt2 pattern does (its last two alternatives only
+    differ from gpt2's `\\s++$|\\s+(?!\\S)|\\s` on runs they cut the same way), so the GPU
+    pre-tokenizer runs it, with tokenizers' Unicode classes (gpu_tables picks the family's
+    table). The piece-boundary rule used to split long documents (gpu_encode.cut_rule) reads
+    tiktoken's table, so this is only used while the two families' class bytes are equal.
+    """
+    hf = vocab.hf
+    if hf.needs_cpu_merges or hf.pre_tokenizers != [
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True,
+             "regex": BYTE_LEVEL_REGEX}]:
+        return None
+    if hf.normalizer not in (None, {"type": "Sequence", "normalizers": []}):
+        return None
+    if not np.array_equal(load_table("tokenizers").class_bytes, load_table("tiktoken").class_bytes):
+        return None
+    return "gpt2"
 
 
 class GpuBackend:
@@ -26,14 +70,22 @@ class GpuBackend:
         self.vocab = vocab
         self.device = device
         self.tables = tables or VocabTables.build(vocab)
-        gpu_pattern = vocab.pattern_name if vocab.hf_splits is None else None
+        gpu_pattern = hf_gpu_pattern(vocab) if vocab.hf is not None else \
+            vocab.pattern_name if vocab.hf_splits is None else None
+        self.gpu_pattern = gpu_pattern
         self.on_gpu_pretok = gpu_pattern in PATTERN_IDS
         self.encoder = GpuEncoder(device, self.tables, gpu_pattern)
         self.decoder = GpuDecoder(device, self.tables, self.encoder.vocab_buf)
         self.pre = PreTokenizer(vocab)
+        self.lock = device_lock(device)
+        self.cpu_merges = ReferenceTokenizer(vocab) if (
+            vocab.hf is not None and vocab.hf.needs_cpu_merges) else None
 
     def describe(self) -> str:
-        where = "GPU" if self.on_gpu_pretok else "CPU (regex), merges on the GPU"
+        if self.cpu_merges is not None:
+            where = "CPU (regex), merges on the CPU (BPE options the GPU does not implement)"
+        else:
+            where = "GPU" if self.on_gpu_pretok else "CPU (regex), merges on the GPU"
         return f"GPU {self.device.name}; pre-tokenization on the {where}"
 
     def encode_segments(self, segments: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +94,8 @@ class GpuBackend:
             lengths = np.fromiter((len(s) for s in segments), dtype=np.int64, count=len(segments))
             starts = np.zeros(len(segments) + 1, dtype=np.int64)
             np.cumsum(lengths, out=starts[1:])
-            return self.encoder.encode_docs(b"".join(segments), starts)
+            with self.lock:
+                return self.encoder.encode_docs(b"".join(segments), starts)
         pieces, per_segment = [], []
         for seg in segments:
             cut = [p.encode("utf-8") for p in self.pre.split(seg.decode("utf-8"))]
@@ -54,10 +107,16 @@ class GpuBackend:
         return ids, piece_offsets[first_piece]
 
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        if self.cpu_merges is not None:
+            parts = [self.cpu_merges.bpe(p) for p in pieces]
+            offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in parts], out=offsets[1:])
+            return np.array([t for p in parts for t in p], dtype=np.uint32), offsets
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
         starts = np.zeros(len(pieces) + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
-        return self.encoder.merge_pieces(b"".join(pieces), starts)
+        with self.lock:
+            return self.encoder.merge_pieces(b"".join(pieces), starts)
 
     def last_piece_length(self, prefix: bytes) -> int:
         """Byte length of the last pre-tokenized piece of `prefix` (for encode_bytes)."""
@@ -66,9 +125,10 @@ class GpuBackend:
         start = 0
         if self.on_gpu_pretok and len(prefix) > 1:
             data = np.frombuffer(prefix, dtype=np.uint8)
-            start = find_cut(data, 0, len(prefix) - 1, self.vocab.pattern_name) or 0
+            start = find_cut(data, 0, len(prefix) - 1, self.gpu_pattern) or 0
         pieces = self.pre.split(prefix[start:].decode("utf-8"))
         return len(pieces[-1].encode("utf-8")) if pieces else 0
 
     def decode(self, ids: np.ndarray) -> bytes:
-        return self.decoder.decode(ids)
+        with self.lock:
+            return self.decoder.decode(ids)

@@ -15,7 +15,8 @@
   concatenation is a token, priority = rank of the concatenation (tiktoken's rule: merge by the
   rank of the bytes). For tokenizer.json only the listed merges, priority = list index.
   Empty slot: left = NONE.
-- `classes` (u32): the Unicode class table of `unicode_table` (stage 1 then stage 2).
+- `classes` (u32): the Unicode class table of `unicode_table` for the vocabulary's family
+  (tiktoken's or tokenizers'; stage 1 then stage 2).
 
 The hash functions here and in shaders/kernels/bpe/bpe_encode.wgsl must agree bit for bit
 (`pair_hash`, `fnv1a`); tests/test_tokenizer_gpu.py checks lookups through the kernels.
@@ -119,11 +120,13 @@ def tiktoken_pairs(ranks: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 def hf_pairs(vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     lefts, rights, prios, merged = [], [], [], []
+    # HF: a merge drops the right part's continuing_subword_prefix
+    cut = len(vocab.hf.continuing_subword_prefix) if vocab.hf is not None else 0
     for (a, b), prio in vocab.merges.items():
         try:
             lefts.append(vocab.ranks[a])
             rights.append(vocab.ranks[b])
-            merged.append(vocab.ranks[a + b])
+            merged.append(vocab.ranks[a + b[cut:]])
         except KeyError as exc:
             raise VocabularyError(f"{vocab.source}: merge {a!r} + {b!r} (#{prio}) uses or makes "
                                   f"a token that is not in the vocabulary: {exc.args[0]!r}") \
@@ -207,7 +210,7 @@ class VocabTables:
         piece_off = bytes_off + arena.size
         words = np.concatenate([byte_tok, info.astype(np.uint32), arena,
                                 slots.reshape(-1)]).astype(np.uint32)
-        stage1, stage2 = load_table().two_level()
+        stage1, stage2 = load_table(vocab.unicode_family).two_level()
         layout = {"info_off": info_off, "bytes_off": bytes_off, "piece_off": piece_off,
                   "piece_mask": p_cap - 1, "pair_mask": q_cap - 1, "n_table": n_table,
                   "max_tok_len": int(max(len(t) for t in o_bytes))}

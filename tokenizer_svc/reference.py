@@ -16,13 +16,17 @@ Encoding is two steps, exactly as tiktoken does them:
    trained with a custom regex) is used as written, i.e. with the `regex` module's Unicode
    tables; for such patterns tiktoken itself would use its own tables and may differ on
    code points assigned in recent Unicode versions.
-   Hugging Face `tokenizer.json` vocabularies apply their Split regexes one after the other,
-   keeping both matches and the text between them ("Isolated"), then ByteLevel.
+   Hugging Face `tokenizer.json` vocabularies run `tokenizers`' pipeline (hf_pipeline.py:
+   added tokens, normalizer, then the pre-tokenizer steps one after the other), with their
+   regexes rewritten by `oniguruma_pattern` so that they mean what Oniguruma, `tokenizers`'
+   engine, makes of them: its Unicode classes (read out of `tokenizers`), its `(?i:)` case
+   folds and Ruby's line anchors.
 2. **BPE** (`bpe`) within each piece: start from single bytes and repeatedly merge the adjacent
    pair with the lowest priority, the leftmost one among equals. For `.tiktoken` vocabularies a
    pair's priority is the rank of its concatenation (if that is a token); first, a piece that is
    itself a token is that token (tiktoken's whole-piece shortcut). For tokenizer.json
-   vocabularies only the listed merges apply, priority = position in the merge list.
+   vocabularies only the listed merges apply, priority = position in the merge list
+   (`bpe_hf` adds `continuing_subword_prefix`, `end_of_word_suffix` and `unk_token`).
 
 Special tokens follow tiktoken: `split_special` cuts the text at allowed special tokens (the
 leftmost occurrence first; at one position the longest special wins), and each ordinary
@@ -35,6 +39,8 @@ string of bytes is a single BPE piece.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import regex
 
@@ -65,8 +71,8 @@ def resolve_special(special_tokens: dict, allowed_special, disallowed_special) -
     everything = frozenset(special_tokens)
     if allowed_special == "all":
         allowed = everything
-    else:
-        allowed = frozenset(allowed_special)
+    else:  # like tiktoken, a string that is not a special token is never matched
+        allowed = frozenset(allowed_special) & everything
     if disallowed_special == "all":
         disallowed = everything - allowed
     else:
@@ -119,14 +125,17 @@ def fix_surrogates(text: str) -> str:
 
 # ---- pre-tokenization -----------------------------------------------------------------------
 
-def exact_pattern(pattern: str) -> str:
-    """Rewrite a pattern so every `\\p{X}` / `\\s` / `\\S` is the explicit class tiktoken uses.
+def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
+    """Rewrite a pattern so its Unicode classes are the explicit ones of `family`'s engine.
 
-    Handles what the three built-in patterns contain: the escapes above inside and outside
-    `[...]` classes (no nested classes). Raises ValueError on a construct it cannot rewrite
-    exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
+    "tiktoken": every `\\p{X}` / `\\s` / `\\S` becomes the explicit class tiktoken uses;
+    handles what the three built-in patterns contain. "tokenizers": Oniguruma's view for
+    tokenizer.json patterns (`oniguruma_pattern`). Raises ValueError on a construct it cannot
+    rewrite exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
     """
-    table = load_table()
+    if family == "tokenizers":
+        return oniguruma_pattern(pattern)
+    table = load_table(family)
     names = {"L": "L", "Lu": "Lu", "Ll": "Ll", "Lt": "Lt", "Lm": "Lm", "Lo": "Lo", "M": "M",
              "N": "N"}
     out, i, in_class = [], 0, False
@@ -172,6 +181,186 @@ def exact_pattern(pattern: str) -> str:
     return "".join(out)
 
 
+# Escapes that mean the same in Oniguruma (Ruby syntax) and Python's `regex`.
+_PLAIN_ESCAPES = set("tnrfv\\^$.|?*+()[]{}-/'\"#&~!%,:;<=>@`_ ")
+_ONIG_SHORTHANDS = {"s": "S", "d": "D", "w": "W"}
+
+
+def oniguruma_pattern(pattern: str) -> str:
+    """A tokenizer.json regex rewritten for Python's `regex` with Oniguruma's meaning.
+
+    `tokenizers` matches Split patterns with Oniguruma (Ruby syntax, Unicode tables older than
+    `regex`'s). The rewrite makes every Unicode-dependent construct explicit, from the
+    "tokenizers" table read out of `tokenizers` itself: `\\p{X}` (every general category),
+    `\\P{X}`, `\\s \\d \\w` and their negations, the ASCII letters of `(?i:...)` groups (their
+    case folds); and Ruby's line anchors: `^`/`$` match at line starts/ends. Anything else
+    that may differ between the engines (`\\b`, `\\h`, `\\R`, `\\X`, inline flags other than a
+    simple `(?i:...)` group, negated classes inside classes, ...) raises ValueError naming it,
+    so a tokenizer.json is refused at load time rather than tokenized differently.
+    """
+    from .unicode_table import CATEGORY_KEY
+    table = load_table("tokenizers")
+    body = _onig_class
+
+
+    out, i, in_class, fold_depth = [], 0, False, None
+    depth = 0
+    n = len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            if i + 1 >= n:
+                raise ValueError(f"pattern {pattern!r} ends with a lone backslash")
+            nxt = pattern[i + 1]
+            if nxt in "pP":
+                if pattern[i + 2:i + 3] != "{" or "}" not in pattern[i:]:
+                    raise ValueError(f"unsupported escape \\{nxt} without braces in {pattern!r}")
+                close = pattern.index("}", i)
+                name = pattern[i + 3:close]
+                negated = nxt == "P"
+                if name.startswith("^"):
+                    name, negated = name[1:], not negated
+                if name not in CATEGORY_KEY:
+                    raise ValueError(f"Unicode class {pattern[i:close + 1]!r} is not supported "
+                                     f"(general categories only: {', '.join(CATEGORY_KEY)})")
+                klass = body(CATEGORY_KEY[name])
+                if negated and in_class:
+                    raise ValueError(f"a negated class {pattern[i:close + 1]!r} inside [...] is "
+                                     "not supported")
+                out.append(klass if in_class else (f"[^{klass}]" if negated else f"[{klass}]"))
+                i = close + 1
+                continue
+            if nxt in _ONIG_SHORTHANDS or nxt.lower() in _ONIG_SHORTHANDS:
+                klass = body(_ONIG_SHORTHANDS[nxt.lower()])
+                if nxt.isupper():
+                    if in_class:
+                        raise ValueError(f"\\{nxt} inside [...] is not supported")
+                    out.append(f"[^{klass}]")
+                else:
+                    out.append(klass if in_class else f"[{klass}]")
+                i += 2
+                continue
+            if nxt in "xu":  # \xHH, \x{H..}, \uHHHH: same code point in both engines
+                end = pattern.index("}", i) + 1 if pattern[i + 2:i + 3] == "{" else \
+                    i + (4 if nxt == "x" else 6)
+                out.append(pattern[i:end])
+                i = end
+                continue
+            if nxt in "Az":
+                out.append("\\A" if nxt == "A" else "\\Z")  # Python's \Z is the very end
+                i += 2
+                continue
+            if nxt not in _PLAIN_ESCAPES:
+                raise ValueError(f"escape \\{nxt} in {pattern!r} is not supported (its meaning "
+                                 "differs between Oniguruma and Python's regex or is unverified)")
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if ch == "[":
+                raise ValueError(f"nested character class in {pattern!r} is not supported")
+            if pattern[i:i + 2] in ("--", "&&", "||", "~~"):
+                raise ValueError(f"{pattern[i:i + 2]!r} inside [...] in {pattern!r} is not "
+                                 "supported (escape it)")
+            if ch == "]":
+                in_class = False
+            elif fold_depth is not None and ch.isascii() and ch.isalpha():
+                if pattern[i + 1:i + 2] == "-":
+                    raise ValueError(f"a letter range inside (?i:...) in {pattern!r} is not "
+                                     "supported")
+                out.append("".join(f"\\U{c:08x}" for c in table.case_folds[ch.lower()]))
+                i += 1
+                continue
+            out.append(ch)
+            i += 1
+            continue
+        if ch == "[":
+            in_class = True
+            out.append(ch)
+            i += 1
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a literal ] first in a class
+                out.append("\\]")
+                i += 1
+            continue
+        if ch == "(":
+            depth += 1
+            if pattern.startswith("(?i:", i):
+                if fold_depth is not None:
+                    raise ValueError(f"nested (?i:...) groups in {pattern!r}")
+                fold_depth = depth
+                out.append("(?:")
+                i += 4
+                continue
+            if pattern.startswith("(?", i) and pattern[i + 2:i + 3] not in (":", "=", "!", "<",
+                                                                           ">"):
+                raise ValueError(f"inline flags {pattern[i:i + 5]!r}... in {pattern!r} are not "
+                                 "supported (only (?i:...) groups)")
+            if pattern.startswith("(?<", i) and pattern[i + 3:i + 4] not in ("=", "!"):
+                raise ValueError(f"named groups in {pattern!r} are not supported")
+            out.append(ch)
+            i += 1
+            continue
+        if ch == ")":
+            if fold_depth == depth:
+                fold_depth = None
+            depth -= 1
+            out.append(ch)
+            i += 1
+            continue
+        if ch == "$":
+            out.append("(?![^\\n])")  # Ruby: end of any line
+            i += 1
+            continue
+        if ch == "^":
+            out.append("(?<![^\\n])")  # Ruby: start of any line
+            i += 1
+            continue
+        if fold_depth is not None and ch.isascii() and ch.isalpha():
+            folds = table.case_folds[ch.lower()]
+            out.append("[" + "".join(f"\\U{c:08x}" for c in folds) + "]")
+            i += 1
+            continue
+        out.append(ch)
+        i += 1
+    if in_class:
+        raise ValueError(f"unterminated character class in {pattern!r}")
+    return "(?V1)" + "".join(out)
+
+
+# The regex module's own property for each table key (the fast path of `_onig_class`).
+_REGEX_PROPERTY = {"S": r"\s", "D": r"\d", "W": r"\w", "Symbol": r"\p{S}"}
+
+
+@lru_cache(maxsize=None)
+def _onig_class(key: str) -> str:
+    r"""Oniguruma's class `key` as an item of a `regex` VERSION1 character class.
+
+    Written as the regex module's own property minus the code points where its (newer)
+    Unicode tables say yes and Oniguruma's say no, plus the opposite ones:
+    `[\p{L}--[...]][...]`. Exactly the table's members, and several times faster to match
+    than the table's full range list.
+    """
+    import numpy as np
+
+    from .unicode_table import MAX_CP, all_code_points_text, to_ranges
+    table = load_table("tokenizers")
+    prop = _REGEX_PROPERTY.get(key, f"\\p{{{key}}}")
+    text = all_code_points_text()
+    theirs = np.zeros(MAX_CP, dtype=bool)
+    theirs[[ord(c) for c in regex.findall(f"(?V1){prop}", text)]] = True
+    mine = table.members(key)
+
+    def ranges(mask) -> str:
+        return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}"
+                       for a, b in to_ranges(np.flatnonzero(mask).tolist()))
+    extra, missing = theirs & ~mine, mine & ~theirs
+    item = f"[{prop}--[{ranges(extra)}]]" if extra.any() else prop
+    return item + (f"[{ranges(missing)}]" if missing.any() else "")
+
+
 def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
     """Hugging Face `Split(behavior="Isolated")`: matches and the gaps between them."""
     out = []
@@ -190,22 +379,33 @@ def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
 
 
 class PreTokenizer:
-    """The vocabulary's pre-tokenization rule as a function text -> pieces."""
+    """The vocabulary's pre-tokenization rule as a function text -> pieces.
+
+    For tokenizer.json vocabularies this is `hf_pipeline.HFPipeline.pre_tokenize` (the text
+    must be normalized already; `ReferenceTokenizer` and `Encoding` do that).
+    """
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
-        if vocab.hf_splits is not None:
-            self.hf = [regex.compile(p) for p in vocab.hf_splits]
+        if vocab.hf is not None:
+            from .hf_pipeline import HFPipeline
+            self.hf = HFPipeline(vocab)
+            self.pattern = None
+        elif vocab.hf_splits is not None:  # a Vocabulary built by hand with Split regexes
+            self.hf = None
+            self.splits = [regex.compile(exact_pattern(p, "tokenizers")) for p in vocab.hf_splits]
             self.pattern = None
         else:
-            self.hf = None
+            self.hf = self.splits = None
             source = exact_pattern(vocab.pattern) if vocab.pattern_name else vocab.pattern
             self.pattern = regex.compile(source)
 
     def split(self, text: str) -> list[str]:
         if self.hf is not None:
+            return self.hf.pre_tokenize(text)
+        if self.splits is not None:
             pieces = [text] if text else []
-            for pat in self.hf:
+            for pat in self.splits:
                 pieces = hf_isolated_split(pieces, pat)
             return pieces
         # Like tiktoken's find_iter: text that no alternative matches is skipped.
@@ -249,14 +449,55 @@ def bpe_merges(piece: bytes, ranks: dict, merges: dict, ignore_merges: bool = Fa
     return [ranks[p] for p in parts]
 
 
+def bpe_hf(piece: bytes, ranks: dict, merges: dict, config, ignore_merges: bool = False
+           ) -> list[int]:
+    """Hugging Face's BPE with `continuing_subword_prefix`, `end_of_word_suffix` and
+    `unk_token` (models/bpe/model.rs `merge_word`): every byte but the first starts as
+    prefix + byte, the last one ends with the suffix; a start that is not a token becomes the
+    unknown token (fused with its neighbours under `fuse_unk`), or is dropped without one; a
+    merge of (a, b) makes a + b without b's prefix."""
+    if ignore_merges and piece in ranks:
+        return [ranks[piece]]
+    prefix, suffix = config.continuing_subword_prefix, config.end_of_word_suffix
+    parts: list = []  # bytes of a known symbol, or None for the unknown token
+    for i in range(len(piece)):
+        s = (prefix if i else b"") + piece[i:i + 1] + (suffix if i == len(piece) - 1 else b"")
+        if s in ranks:
+            parts.append(s)
+        elif config.unk_id is not None and not (config.fuse_unk and parts and parts[-1] is None):
+            parts.append(None)
+    while len(parts) > 1:
+        best, best_prio = -1, NO_PRIORITY
+        for i in range(len(parts) - 1):
+            if parts[i] is None or parts[i + 1] is None:
+                continue
+            prio = merges.get((parts[i], parts[i + 1]), NO_PRIORITY)
+            if prio < best_prio:
+                best, best_prio = i, prio
+        if best < 0:
+            break
+        parts[best:best + 2] = [parts[best] + parts[best + 1][len(prefix):]]
+    return [config.unk_id if p is None else ranks[p] for p in parts]
+
+
 class ReferenceTokenizer:
-    """Plain-Python encode/decode for one vocabulary (the semantics the GPU must match)."""
+    """Plain-Python encode/decode for one vocabulary (the semantics the GPU must match).
+
+    tokenizer.json vocabularies: `encode_ordinary` normalizes, pre-tokenizes and merges (added
+    tokens are plain text); `encode` also cuts out the allowed added tokens with
+    `tokenizers`' rules (hf_pipeline.py); `encode_hf` is `tokenizers`' own
+    `Tokenizer.encode(text, add_special_tokens=...).ids`.
+    """
 
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
         self.pre = PreTokenizer(vocab)
+        self.hf = self.pre.hf
 
     def bpe(self, piece: bytes) -> list[int]:
+        if self.vocab.hf is not None and self.vocab.hf.needs_cpu_merges:
+            return bpe_hf(piece, self.vocab.ranks, self.vocab.merges, self.vocab.hf,
+                          self.vocab.hf_ignore_merges)
         if self.vocab.merges is not None:
             return bpe_merges(piece, self.vocab.ranks, self.vocab.merges,
                               self.vocab.hf_ignore_merges)
@@ -266,11 +507,13 @@ class ReferenceTokenizer:
         return self.pre.split(text)
 
     def encode_pieces(self, text: str) -> list[list[int]]:
-        """Token ids per piece (what `encode_ordinary` concatenates)."""
+        """Token ids per piece (what `encode_ordinary` concatenates); text already normalized."""
         return [self.bpe(p.encode("utf-8")) for p in self.split(text)]
 
     def encode_ordinary(self, text: str) -> list[int]:
         text = fix_surrogates(text)
+        if self.hf is not None:
+            text = self.hf.normalize(text)
         return [t for piece in self.encode_pieces(text) for t in piece]
 
     def encode(self, text: str, *, allowed_special=frozenset(), disallowed_special="all"):
@@ -278,10 +521,28 @@ class ReferenceTokenizer:
                                               disallowed_special)
         check_disallowed(text, disallowed)
         text = fix_surrogates(text)
+        if self.hf is not None:
+            return self._encode_sections(self.hf.sections(text, allowed))
         out = []
         for part, special in split_special(text, allowed, self.vocab.special_tokens):
             if special is not None:
                 out.append(special)
+            else:
+                out.extend(t for piece in self.encode_pieces(part) for t in piece)
+        return out
+
+    def encode_hf(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`tokenizers.Tokenizer.from_file(...).encode(text, add_special_tokens=...).ids`."""
+        if self.hf is None:
+            raise ValueError(f"{self.vocab.name}: encode_hf needs a tokenizer.json vocabulary")
+        ids = self._encode_sections(self.hf.sections(fix_surrogates(text)))
+        return self.hf.post_process(ids) if add_special_tokens else ids
+
+    def _encode_sections(self, sections) -> list[int]:
+        out = []
+        for part, token in sections:
+            if token is not None:
+                out.append(token)
             else:
                 out.extend(t for piece in self.encode_pieces(part) for t in piece)
         return out

@@ -1,21 +1,30 @@
-"""Unicode character classes exactly as tiktoken sees them.
+"""Unicode character classes exactly as each tokenizer library sees them.
 
-tiktoken matches its patterns with Rust's `fancy-regex`/`regex` crates, whose Unicode tables
-(the Unicode version they were built from) differ from Python's `regex` module and from
-`unicodedata`: recently assigned code points are letters for one and not for the other. The
-GPU pre-tokenizer and the CPU reference therefore never ask a regex engine what a letter is;
-they read this table, which was read out of tiktoken itself.
+Pre-tokenizer regexes ask "is this a letter?", and the answer depends on the Unicode version a
+regex engine was built from: recently assigned code points are letters for one engine and not
+for another. The GPU pre-tokenizer and the CPU reference therefore never ask a regex engine
+what a letter is; they read a table that was read out of the library they must agree with.
+There is one table per vocabulary family (`FAMILIES`):
 
-How the table is read (`probe_tiktoken`): tiktoken only emits tokens for text its pattern
-matches, so an `Encoding` whose pattern is just `\\p{L}` and whose vocabulary is the 256 single
-bytes, given every code point once, returns exactly the UTF-8 bytes of the letters among them.
-One probe per class below. `scripts/gen_unicode_table.py` writes the result to
-`data/unicode_classes.json` (ranges, committed); `tests/test_tokenizer_unicode.py` probes the
-installed tiktoken again and compares code point by code point.
+- "tiktoken" (`.tiktoken` files and the known names): tiktoken matches with Rust's
+  `fancy-regex`/`regex` crates; `data/unicode_classes.json`.
+- "tokenizers" (Hugging Face tokenizer.json): `tokenizers` matches Split/ByteLevel patterns with
+  Oniguruma; `data/unicode_classes_tokenizers.json`. It has more classes (tokenizer.json
+  patterns in the wild also use \\p{P}, \\p{S}, ...) and the case folds of every ASCII letter.
 
-Classes (`CLASSES`): the general categories the three patterns use, L Lu Ll Lt Lm Lo M N, and
-S = `\\s` (Unicode White_Space). The contractions' case-insensitive letters are probed too
-(`(?i:s)` also matches U+017F LATIN SMALL LETTER LONG S).
+How a table is read: tiktoken only emits tokens for text its pattern matches, so an `Encoding`
+whose pattern is just `\\p{L}` and whose vocabulary is the 256 single bytes, given every code
+point once, returns exactly the UTF-8 bytes of the letters among them (`probe_tiktoken`).
+`tokenizers`' `Split(pattern, behavior="removed")` keeps exactly the text the pattern does not
+match, with offsets (`probe_tokenizers`). One probe per class. `scripts/gen_unicode_table.py`
+writes the results (ranges, committed); `tests/test_tokenizer_unicode.py` probes the installed
+libraries again and compares code point by code point.
+
+Classes of the tiktoken table (`CLASSES`): the general categories the three patterns use,
+L Lu Ll Lt Lm Lo M N, and S = `\\s` (Unicode White_Space). The contractions' case-insensitive
+letters are probed too (`(?i:s)` also matches U+017F LATIN SMALL LETTER LONG S). The
+tokenizers table has `HF_CLASSES`: all of those, every general category (Symbol under the key
+"Symbol") and `\\d`, `\\w`.
 
 For the GPU the classes are folded into one byte per code point (`class_bytes`, bits below)
 and stored as a two-level table (`two_level`): stage 1 maps each block of 256 code points to
@@ -31,13 +40,31 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_FILE = Path(__file__).resolve().parent / "data" / "unicode_classes.json"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_FILE = DATA_DIR / "unicode_classes.json"
+DATA_FILES = {"tiktoken": DATA_FILE, "tokenizers": DATA_DIR / "unicode_classes_tokenizers.json"}
+FAMILIES = tuple(DATA_FILES)
 MAX_CP = 0x110000
 SURROGATES = range(0xD800, 0xE000)
 
-CLASSES = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "S")
+CLASSES = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "S", "W")
+# W: Rust regex's `\w`, which `tokenizers` also uses for added tokens' single_word rule.
 PROBE_PATTERNS = {"L": r"\p{L}", "Lu": r"\p{Lu}", "Ll": r"\p{Ll}", "Lt": r"\p{Lt}",
-                  "Lm": r"\p{Lm}", "Lo": r"\p{Lo}", "M": r"\p{M}", "N": r"\p{N}", "S": r"\s"}
+                  "Lm": r"\p{Lm}", "Lo": r"\p{Lo}", "M": r"\p{M}", "N": r"\p{N}", "S": r"\s",
+                  "W": r"\w"}
+# Every general category Oniguruma knows by its short name (Cn/Cs/C left out: unassigned and
+# surrogate code points cannot be probed with text), plus the escapes tokenizer.json patterns use.
+HF_GENERAL = ("L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No",
+              "P", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So",
+              "Z", "Zs", "Zl", "Zp", "Cc", "Cf", "Co")
+# Table key of each general category: its name, except Symbol, because "S" is `\\s` in every
+# table (the GPU's BIT_S).
+CATEGORY_KEY = {name: ("Symbol" if name == "S" else name) for name in HF_GENERAL}
+HF_PROBE_PATTERNS = {**{CATEGORY_KEY[name]: f"\\p{{{name}}}" for name in HF_GENERAL},
+                     "S": r"\s", "D": r"\d", "W": r"\w"}
+# RustNumeric: Rust's `char::is_numeric`, which the Digits pre-tokenizer splits on.
+HF_CLASSES = tuple(HF_PROBE_PATTERNS) + ("RustNumeric",)
+ASCII_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # Letters of the case-insensitive contractions: cl100k `'(?i:[sdmt]|ll|ve|re)`, o200k's suffix.
 CONTRACTION_LETTERS = "sdmtlver"
 
@@ -66,15 +93,69 @@ def probe_tiktoken(pattern: str, text: str | None = None) -> set[int]:
     return {ord(c) for c in bytes(ids).decode("utf-8")}
 
 
-def probe_all() -> dict:
-    """Probe every class and the contraction letters; the content of the data file."""
+def probe_tokenizers(pattern: str, text: str | None = None) -> set[int]:
+    """The code points that `tokenizers`' regex engine (Oniguruma) matches with `pattern`.
+
+    `Split(behavior="removed")` drops what the pattern matches and returns what is left with
+    character offsets; everything outside those offsets was matched.
+    """
+    from tokenizers import Regex, pre_tokenizers
+    text = text if text is not None else all_code_points_text()
+    kept = np.zeros(len(text), dtype=bool)
+    split = pre_tokenizers.Split(Regex(pattern), behavior="removed")
+    for _, (start, end) in split.pre_tokenize_str(text):
+        kept[start:end] = True
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    return set(codes[~kept].tolist())
+
+
+def probe_digits(text: str | None = None) -> set[int]:
+    """The code points `tokenizers`' Digits pre-tokenizer treats as digits (is_numeric).
+
+    Every code point is followed by "a": a digit comes out as a piece of its own, anything
+    else joins the "a" after it.
+    """
+    from tokenizers import pre_tokenizers
+    chars = text if text is not None else all_code_points_text()
+    pieces = pre_tokenizers.Digits(individual_digits=True).pre_tokenize_str(
+        "".join(ch + "a" for ch in chars))
+    return {ord(p) for p, _ in pieces if len(p) == 1 and p != "a"}
+
+
+def probe_single_word(text: str | None = None) -> set[int]:
+    """The code points `tokenizers` counts as word characters for an added token's
+    `single_word` rule (Rust regex `\\w`): before such a character a single_word token does not
+    match."""
+    from tokenizers import AddedToken, Tokenizer, models
+    chars = text if text is not None else all_code_points_text()
+    tok = Tokenizer(models.BPE())
+    tok.add_tokens([AddedToken("\x01", single_word=True, normalized=False)])
+    results = tok.encode_batch([ch + "\x01" for ch in chars], add_special_tokens=False)
+    return {ord(ch) for ch, r in zip(chars, results) if not r.ids}
+
+
+def probe_all(family: str = "tiktoken") -> dict:
+    """Probe every class and the case folds of one family; the content of its data file."""
     text = all_code_points_text()
-    classes = {name: to_ranges(probe_tiktoken(PROBE_PATTERNS[name], text)) for name in CLASSES}
-    folds = {ch: sorted(probe_tiktoken(f"(?i:{ch})", text)) for ch in CONTRACTION_LETTERS}
-    import tiktoken
-    return {"format": "istanbul-unicode-classes", "version": 1,
-            "source": f"probed from tiktoken {tiktoken.__version__}",
-            "classes": classes, "case_folds": folds}
+    if family == "tiktoken":
+        import tiktoken
+        probe, patterns, letters = probe_tiktoken, PROBE_PATTERNS, CONTRACTION_LETTERS
+        source = f"probed from tiktoken {tiktoken.__version__}"
+        names = CLASSES
+    elif family == "tokenizers":
+        import tokenizers
+        probe, patterns, letters = probe_tokenizers, HF_PROBE_PATTERNS, ASCII_LETTERS
+        source = f"probed from tokenizers {tokenizers.__version__} (Oniguruma)"
+        names = HF_CLASSES
+    else:
+        raise ValueError(f"unknown Unicode table family {family!r}; one of {FAMILIES}")
+    classes = {name: to_ranges(probe(patterns[name], text)) for name in names
+               if name in patterns}
+    if family == "tokenizers":
+        classes["RustNumeric"] = to_ranges(probe_digits(text))
+    folds = {ch: sorted(probe(f"(?i:{ch})", text)) for ch in letters}
+    return {"format": "istanbul-unicode-classes", "version": 1, "family": family,
+            "source": source, "classes": classes, "case_folds": folds}
 
 
 def to_ranges(points) -> list[list[int]]:
@@ -91,8 +172,9 @@ def to_ranges(points) -> list[list[int]]:
 @dataclass(frozen=True)
 class UnicodeTable:
     ranges: dict  # class name -> [[first, last], ...]
-    case_folds: dict  # contraction letter -> [code points matching (?i:letter)]
+    case_folds: dict  # letter -> [code points matching (?i:letter)]
     source: str
+    family: str = "tiktoken"
 
     def members(self, name: str) -> np.ndarray:
         """Boolean mask over all code points for one class."""
@@ -142,24 +224,30 @@ def table_from_json(data: dict, origin: str) -> UnicodeTable:
         raise ValueError(f"{origin}: classes missing: {missing}; regenerate with "
                          "scripts/gen_unicode_table.py")
     return UnicodeTable(ranges=data["classes"], case_folds=data["case_folds"],
-                        source=data.get("source", ""))
+                        source=data.get("source", ""), family=data.get("family", "tiktoken"))
 
 
-@lru_cache(maxsize=1)
-def load_table() -> UnicodeTable:
-    """The committed table (data/unicode_classes.json)."""
-    return table_from_json(json.loads(DATA_FILE.read_text(encoding="utf-8")), str(DATA_FILE))
+@lru_cache(maxsize=None)
+def load_table(family: str = "tiktoken") -> UnicodeTable:
+    """The committed table of one family (data/unicode_classes*.json)."""
+    if family not in DATA_FILES:
+        raise ValueError(f"unknown Unicode table family {family!r}; one of {FAMILIES}")
+    path = DATA_FILES[family]
+    return table_from_json(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
-def write_table(path: Path = DATA_FILE) -> dict:
-    data = probe_all()
+def write_table(family: str = "tiktoken", path: Path | None = None) -> dict:
+    data = probe_all(family)
+    path = path or DATA_FILES[family]
     path.parent.mkdir(parents=True, exist_ok=True)
     # One range per line keeps diffs readable when tiktoken's Unicode version moves.
     lines = ["{", f'  "format": {json.dumps(data["format"])},', f'  "version": {data["version"]},',
+             f'  "family": {json.dumps(data["family"])},',
              f'  "source": {json.dumps(data["source"])},', '  "classes": {']
-    for i, name in enumerate(CLASSES):
+    names = list(data["classes"])
+    for i, name in enumerate(names):
         body = ", ".join(f"[{a}, {b}]" for a, b in data["classes"][name])
-        sep = "," if i < len(CLASSES) - 1 else ""
+        sep = "," if i < len(names) - 1 else ""
         lines.append(f'    {json.dumps(name)}: [{body}]{sep}')
     lines.append("  },")
     lines.append(f'  "case_folds": {json.dumps(data["case_folds"])}')

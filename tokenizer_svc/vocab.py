@@ -8,8 +8,10 @@ A `Vocabulary` is what every encoder (CPU reference, GPU) needs:
   a pair merges only if it is listed; lower index first). None for tiktoken-style files.
 - `pattern`: the pre-tokenizer regex; `pattern_name` is "gpt2", "cl100k" or "o200k" when it is
   one the GPU pre-tokenizer implements, else None (CPU pre-tokenization).
-- `hf_splits`: for tokenizer.json, the Split regexes of its pre-tokenizer sequence, applied in
-  order (each one subdivides the pieces of the previous one); `pattern` is then unused.
+- `hf`: for tokenizer.json, everything else that changes ids (normalizer, pre-tokenizer steps,
+  added tokens and their options, BPE options, post-processor): `hf_json.HFConfig`, loaded
+  and validated by `hf_json.load_hf_tokenizer`, applied by `hf_pipeline.HFPipeline`.
+  `hf_splits` lists its regexes (for display); `pattern` is then unused.
 - `special_tokens`: text -> id.
 
 The project's own trained vocabularies are a `.tiktoken` file plus a sidecar JSON
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from .hf_json import HFConfig, bytes_to_unicode, load_hf_tokenizer  # noqa: F401 (re-exported)
 from .patterns import KNOWN_VOCABULARIES, PATTERNS, pattern_name_for
 
 SIDECAR_FORMAT = "istanbul-vocab"
@@ -55,6 +58,7 @@ class Vocabulary:
     merges: dict | None = None  # (bytes, bytes) -> priority, HF-style vocabularies only
     hf_splits: list | None = None  # [regex, ...] for HF Split pre-tokenizers
     hf_ignore_merges: bool = False  # HF BPE `ignore_merges`: a piece in the vocab is one token
+    hf: "HFConfig | None" = None  # tokenizer.json: normalizer, pre-tokenizers, added tokens...
     source: str = ""
     explicit_n_vocab: int | None = None
 
@@ -70,15 +74,22 @@ class Vocabulary:
         return max(top + 1, self.explicit_n_vocab or 0)
 
     @property
+    def unicode_family(self) -> str:
+        """Whose Unicode tables the pre-tokenizer follows (unicode_table.FAMILIES)."""
+        return "tokenizers" if self.hf is not None else "tiktoken"
+
+    @property
     def eot_token(self) -> int | None:
         return self.special_tokens.get("<|endoftext|>")
 
     @cached_property
     def decoder(self) -> dict:
-        """id -> bytes for ordinary and special tokens."""
-        table = {i: b for b, i in self.ranks.items()}
-        for text, i in self.special_tokens.items():
-            table[i] = text.encode("utf-8")
+        """id -> bytes for ordinary and special tokens (an id that is both, as a tokenizer.json
+        added token can be, decodes as the ordinary token: what its ByteLevel decoder gives)."""
+        table = {i: text.encode("utf-8") for text, i in self.special_tokens.items()}
+        if self.hf is not None:
+            table.update(self.hf.added_bytes)
+        table.update((i, b) for b, i in self.ranks.items())
         return table
 
     @cached_property
@@ -98,6 +109,8 @@ class Vocabulary:
         h.update(b"S" + json.dumps(sorted(self.special_tokens.items())).encode())
         if self.hf_ignore_merges:
             h.update(b"I")
+        if self.hf is not None:
+            h.update(b"H" + self.hf.identity().encode())
         return h.hexdigest()
 
     def describe(self) -> dict:
@@ -231,71 +244,7 @@ def load_tiktoken_file(path: Path, pattern: str | None = None,
                       explicit_n_vocab=known.explicit_n_vocab if known else None)
 
 
-# ---- Hugging Face tokenizer.json ---------------------------------------------------------------
-
-def bytes_to_unicode() -> dict:
-    """GPT-2's byte -> printable character map used by HF ByteLevel vocabularies."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-def load_hf_tokenizer(path: Path) -> Vocabulary:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise VocabularyError(f"{path}: not a valid tokenizer.json: {exc}") from None
-    model = data.get("model") or {}
-    if model.get("type") != "BPE":
-        raise VocabularyError(f"{path}: model type {model.get('type')!r}; only byte-level BPE "
-                              "tokenizer.json files are supported")
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
-
-    def to_bytes(text: str) -> bytes:
-        try:
-            return bytes(byte_of[c] for c in text)
-        except KeyError as exc:
-            raise VocabularyError(f"{path}: token {text!r} has character {exc.args[0]!r} outside "
-                                  "the ByteLevel alphabet (not a byte-level BPE)") from None
-
-    added = {t["content"] for t in data.get("added_tokens", [])}
-    ranks = {}
-    for text, i in model.get("vocab", {}).items():
-        if text not in added:  # added tokens are matched as whole strings, not BPE tokens
-            ranks[to_bytes(text)] = int(i)
-    merges = {}
-    for priority, item in enumerate(model.get("merges", [])):
-        left, right = item.split(" ", 1) if isinstance(item, str) else item  # both syntaxes
-        merges[(to_bytes(left), to_bytes(right))] = priority
-    splits = []
-    pre = data.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    for step in steps:
-        kind = step.get("type")
-        if kind == "Split":
-            pat = step.get("pattern", {})
-            if "Regex" not in pat or step.get("behavior") != "Isolated" or step.get("invert"):
-                raise VocabularyError(f"{path}: unsupported Split pre-tokenizer {step}")
-            splits.append(pat["Regex"])
-        elif kind == "ByteLevel":
-            if step.get("add_prefix_space"):
-                raise VocabularyError(f"{path}: ByteLevel add_prefix_space=true is not supported")
-            if step.get("use_regex", True):
-                splits.append(PATTERNS["gpt2"])  # HF's ByteLevel regex is GPT-2's
-        elif kind is not None:
-            raise VocabularyError(f"{path}: unsupported pre-tokenizer {kind!r}")
-    specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
-    return Vocabulary(name=path.stem, ranks=ranks, pattern=splits[0] if splits else "",
-                      special_tokens=specials, merges=merges, hf_splits=splits,
-                      hf_ignore_merges=bool(model.get("ignore_merges", False)), source=str(path))
-
+# ---- Hugging Face tokenizer.json: hf_json.py ---------------------------------------------------
 
 # ---- lookup by name ----------------------------------------------------------------------------
 
@@ -336,19 +285,24 @@ def not_found_message(name: str) -> str:
             f"copies it from a path (`--from FILE`); or give the file's path as --vocab")
 
 
+def load_known_file(name: str, path: Path, pattern: str | None = None) -> Vocabulary:
+    """A known vocabulary (its pattern, special tokens and name) from a given file."""
+    known = KNOWN_VOCABULARIES[name]
+    vocab = load_tiktoken_file(Path(path), pattern or known.pattern, dict(known.special_tokens))
+    vocab.name = known.name
+    vocab.explicit_n_vocab = known.explicit_n_vocab
+    return vocab
+
+
 def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Vocabulary:
     """Load a vocabulary from a path (.tiktoken or tokenizer.json) or a known name."""
     text = str(spec)
     path = Path(text).expanduser()
     if not path.exists() and text in KNOWN_VOCABULARIES:
         found = find_known(text)
-        known = KNOWN_VOCABULARIES[text]
         if found is None:
             raise VocabularyError(not_found_message(text))
-        vocab = load_tiktoken_file(found, pattern or known.pattern, dict(known.special_tokens))
-        vocab.name = known.name
-        vocab.explicit_n_vocab = known.explicit_n_vocab
-        return vocab
+        return load_known_file(text, found, pattern)
     if not path.exists():
         raise VocabularyError(f"vocabulary {text!r}: no such file, and not a known name "
                               f"({', '.join(KNOWN_VOCABULARIES)})")
