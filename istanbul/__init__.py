@@ -35,6 +35,8 @@ __version__ = "0.1.0"
 LAZY_EXPORTS = {
     "get_encoding": ("tokenizer_svc.encoding", "get_encoding"),
     "Encoding": ("tokenizer_svc.encoding", "Encoding"),
+    "encoding_for_model": ("tokenizer_svc.encoding", "encoding_for_model"),
+    "encoding_name_for_model": ("tokenizer_svc.encoding", "encoding_name_for_model"),
     "load_vocabulary": ("tokenizer_svc.vocab", "load_vocabulary"),
     "Vocabulary": ("tokenizer_svc.vocab", "Vocabulary"),
     "TokenizerClient": ("tokenizer_svc.client", "TokenizerClient"),
