@@ -169,7 +169,7 @@ def test_repeated_failures_go_to_the_dead_letter_stream(handle, vocab, device, t
     run_daemon(handle, root, device, max_failures=3)
     rec = queue.get(job)
     assert rec.state == "failed" and rec.get_int("failures") == 3
-    assert "failed 3 times (limit 3)" in rec.raw["error"]
+    assert "failed 3 times in a row without progress (limit 3)" in rec.raw["error"]
     assert "FileExistsError" in rec.raw["error"]
     [dead] = queue.dead_letters()
     assert dead["job"] == job and dead["reason"] == "too many failures"
