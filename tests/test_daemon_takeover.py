@@ -84,7 +84,8 @@ def test_kill_9_mid_job_second_daemon_takes_over_without_skipping_or_duplicating
     assert second.wait(300) == 0, second.output()
     rec = queue.get(job)
     assert rec.state == "done" and rec.get_int("step") == 40, rec.raw
-    assert rec.get_int("attempts") == 2 and rec.get_int("failures") == 1
+    assert rec.get_int("attempts") == 2
+    assert rec.get_int("failures") == 0        # the killed worker had made progress
 
     runs = progress_by_attempt(queue, job)
     first_steps, second_steps = runs[1], runs[2]

@@ -546,8 +546,14 @@ class JobAttempt:
                 raise JobInputError(f"dataset {name!r}: vocabulary file name {file_name!r} "
                                     "is not a plain file name")
             (target / file_name).write_bytes(data)
-        main = min(files, key=len)
-        return target / main
+        main = target / min(files, key=len)
+        from tokenizer_svc.vocab import VocabularyError, load_vocabulary
+        try:   # a broken file would fail every checkpoint: refuse it before training
+            load_vocabulary(str(main))
+        except VocabularyError as exc:
+            raise JobInputError(f"dataset {name!r}: its stored vocabulary is unusable: {exc}; "
+                                "prepare the dataset again with --vocab") from None
+        return main
 
     def _train(self, spec: JobSpec, run) -> str:
         total = spec.steps
@@ -582,6 +588,7 @@ class JobAttempt:
                 0.9 * ema_seconds + 0.1 * metrics.seconds
             self._report(run, metrics, total, ema_seconds)
             if spec.eval_every and run.step_count % spec.eval_every == 0:
+                self.progress.flush()        # the step is visible before a long evaluation
                 eval_loss = run.evaluate(should_stop=self._stop_requested)
                 if eval_loss is None:        # stopped half-way: cancel, SIGTERM, lost lease
                     continue
