@@ -532,6 +532,12 @@ class JobAttempt:
         if run.resumed_from is not None:
             self.progress.add(ev=event("resumed", checkpoint=str(run.resumed_from),
                                        step=run.step_count, attempt=self.attempt))
+            # The checkpoint knows the losses of the steps before it: a worker killed after
+            # its checkpoint landed but before its progress reached Redis leaves no hole.
+            losses = list(run.trainer.recent_losses)
+            first = run.step_count - len(losses) + 1
+            self.progress.add(curve=[x for k, loss in enumerate(losses)
+                                     for x in (first + k, float(loss))])
         return run
 
     def _vocab_file(self, name: str, info, job_dir: Path) -> Path | None:
@@ -624,6 +630,8 @@ class JobAttempt:
         return False
 
     def _checkpoint(self, run) -> None:
+        # The step's progress first: a crash after the checkpoint lands loses nothing.
+        self.progress.flush(force=True)
         # Confirm the lease right before writing, so a worker that lost it writes nothing.
         if not self.heartbeat.beat() and self.heartbeat.lost.is_set():
             raise LeaseLost(self.heartbeat.lost_reason)
