@@ -263,8 +263,15 @@ class CheckpointManager:
         os.replace(tmp, link)
         _fsync_dir(self.run_dir)
 
-    def _prune(self, keep: Path) -> None:
-        ckpts = self.checkpoints()
+    def apply_retention(self) -> None:
+        """Keep the newest `keep_last` checkpoints (and multiples of `keep_every`); also run
+        after every save. Checkpoints `load_newest` found unusable neither count nor go: the
+        run replaces each of them when it gets there again."""
+        self._prune(keep=None)
+
+    def _prune(self, keep: Path | None) -> None:
+        unusable = {path for path, _ in self.skipped}
+        ckpts = [(step, path) for step, path in self.checkpoints() if path not in unusable]
         recent = {p for _, p in ckpts[-self.keep_last:]}
         for step, path in ckpts:
             if path in recent or path == keep:

@@ -526,6 +526,7 @@ class JobAttempt:
         run = open_run(spec, self.job_id, shards, job_dir, self.daemon.device,
                        n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file)
         run.manager.fence = self._fence
+        run.manager.apply_retention()     # a writer killed before its pruning left extra ones
         for path, reason in run.manager.skipped:
             self.progress.add(ev=event("checkpoint_skipped", checkpoint=str(path),
                                        reason=reason, attempt=self.attempt))
