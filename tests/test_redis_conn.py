@@ -13,6 +13,8 @@ from trainer_svc.redis_conn import connect, redact
 
 from .redis_helpers import REPO, RedisServer, free_port, istanbul_env
 
+pytestmark = pytest.mark.redis   # also run against $ISTANBUL_TEST_REDIS=system
+
 
 def test_url_with_password_and_db(tmp_path):
     srv = RedisServer(tmp_path / "r", password="s3cret").start()
