@@ -9,14 +9,22 @@ One loop iteration:
  2. else read a new entry (XREADGROUP, blocking up to a second);
  3. acquire the job's lease (SET NX PX) — without it the job is not touched — and start the
     heartbeat, which renews the lease, keeps the entry's idle time at zero and notices cancels;
- 4. validate the job (spec, checkpoint path inside ROOT, dataset, shards, vocabulary), resume
-    from the newest valid checkpoint in ROOT/JOB/ or initialise, and train: every step's
+ 4. validate the job (spec and its size bounds, checkpoint path inside ROOT, dataset, shards,
+    vocabulary), remove the debris of killed checkpoint writers in ROOT/JOB/, resume from the
+    newest checkpoint there that verifies and loads or initialise, and train: every step's
     progress goes to the job hash and its events stream (buffered while Redis is away), a
-    checkpoint every `checkpoint_every` steps and at the end;
+    checkpoint every `checkpoint_every` steps and at the end (its rename fenced by the lease);
+    cancel and SIGTERM are looked for between steps and between evaluation batches;
  5. finish through one fenced Lua call that writes the final state, acknowledges the entry and
-    releases the lease together: done; cancelled; failed (bad input at once, other errors after
-    `max_failures`) with a dead-letter entry; or re-queued (SIGTERM, or a failure below the
-    limit) as a new stream entry.
+    releases the lease together: done; cancelled; failed (deterministic errors at once, see
+    `failures.py`; others after `max_failures` attempts in a row without progress) with a
+    dead-letter entry; or re-queued (SIGTERM, or a failure below the limit) as a new entry.
+
+Failure accounting: the job hash keeps `high_step`, the furthest step any attempt reached, and
+`start_high_step`, its value when the current attempt started. An attempt that ends in an
+error, or whose worker is found dead by the next one, counts as a failure only if it never
+got past `start_high_step`; one that did resets `failures` to 0. So crashes of a job that
+advances never dead-letter it, and a job that crashes at the same place every time does.
 
 Guarantees: an entry is acknowledged only together with a final state or a re-queue, so a job
 is never lost; only the lease holder trains or writes, so a job never runs twice at once; a
