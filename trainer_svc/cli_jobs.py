@@ -53,7 +53,9 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a job's lease lives without renewal; a dead worker's job is "
                         "taken over after this long (default 30; renewed every S/3)")
     p.add_argument("--max-failures", type=int, default=3, metavar="N",
-                   help="a job that fails N times goes to the dead-letter stream (default 3)")
+                   help="a job that fails N times in a row without progress goes to the "
+                        "dead-letter stream (default 3); bad input fails it at once, and a "
+                        "crash or error after progress is not counted")
     p.add_argument("--metrics-port", type=int, default=None, metavar="P",
                    help="serve Prometheus metrics on this port (0: any free port; default off)")
     p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
