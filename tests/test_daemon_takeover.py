@@ -297,3 +297,4 @@ def test_crashes_after_progress_never_count_but_a_crash_loop_is_dead_lettered(ha
     [dead] = [d for d in queue.dead_letters() if d["job"] == job]
     assert dead["failures"] == "2" and dead["error"] == rec.raw["error"]
     assert [d["failures"] for _, k, d in queue.events(job) if k == "takeover"] == [0, 1, 2]
+    assert debris_in(tmp_path / "ckpt" / job) == []   # even the attempt that dead-letters it

@@ -486,6 +486,7 @@ class JobAttempt:
         self.progress.add(hset=start, ev=event("started", owner=self.owner, attempt=self.attempt,
                                                  takeover=takeover))
         self.progress.flush(force=True)
+        self._remove_debris()                # whatever this attempt ends in
         if rec.raw.get("cancel_requested") == "1" or self.progress.cancel_requested:
             self._finish("cancelled", "cancelled before it started")
             return "cancelled before start"
@@ -498,13 +499,20 @@ class JobAttempt:
                                   f"{rec.raw.get('last_error')}", self.failures)
         job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
-        # We hold the lease: whatever a killed writer left here is debris (a writer that lost
-        # the lease but still runs is stopped by its fence before it can rename anything).
+        run = self._open(spec, job_dir)
+        return self._train(spec, run)
+
+    def _remove_debris(self) -> None:
+        """We hold the lease: whatever a killed writer left in the job's folder is debris (a
+        writer that lost the lease but still runs is stopped by its fence before it can rename
+        anything). Only this job's folder; a bad job id is reported later, as its error."""
+        try:
+            job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
+        except JobInputError:
+            return
         removed = prune_debris(job_dir)
         if removed:
             self.progress.add(ev=event("debris_removed", names=removed, attempt=self.attempt))
-        run = self._open(spec, job_dir)
-        return self._train(spec, run)
 
     def _open(self, spec: JobSpec, job_dir: Path):
         from .bridge import open_run   # the training core loads only when a job needs it
