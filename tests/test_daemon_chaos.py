@@ -26,7 +26,7 @@ from .daemon_helpers import (DaemonProcess, debris_in, job_state, make_dataset, 
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("ISTANBUL_TEST_CHAOS_SEED", "18"))   # another seed: another plan
-STEPS, EVERY, KEEP = 36, 4, 2
+STEPS, EVERY, KEEP = 48, 4, 2
 FAULT_POINTS = ("files_written", "manifest_written", "renamed")
 
 
@@ -40,19 +40,13 @@ def handle(redis_server, tmp_path):
     h.close()
 
 
-def chaos_plan(rng: random.Random) -> list[tuple[str, int]]:
-    """The lives of the daemons, in order: ("fault:POINT", step) kills inside the checkpoint
-    of `step` at POINT; ("kill", step) is a kill -9 from outside once the job passed `step`
-    (plus a random delay); ("redis", step) restarts Redis once the job passed `step`, then
-    kills that daemon a little later."""
-    checkpoints = list(range(EVERY, STEPS, EVERY))
-    a, b, c = sorted(rng.sample(checkpoints[1:-1], 3))
-    return [(f"fault:{rng.choice(FAULT_POINTS)}", a),
-            ("kill", a + rng.randint(1, EVERY - 1)),
-            ("redis", b - EVERY + 1),          # then killed before checkpoint b
-            (f"fault:{rng.choice(FAULT_POINTS)}", b),
-            ("kill", c + rng.randint(0, EVERY - 1)),
-            (f"fault:{rng.choice(FAULT_POINTS)}", STEPS)]      # inside the final checkpoint
+# The lives of the daemons, in order. Each kills its daemon at a moment drawn when the life
+# starts, so that it comes after everything the lives before it did: "fault" dies inside the
+# checkpoint write of one of the next two checkpoints (at a random point of the write),
+# "kill" is a kill -9 from outside a few steps past the furthest step reached so far (plus a
+# random delay), "redis" restarts Redis (kill -9) a few steps further and then kills its
+# daemon; the last fault is inside the final checkpoint.
+LIVES = ("fault", "kill", "redis", "fault", "kill", "final")
 
 
 def test_kill_9_anywhere_and_a_redis_restart_change_nothing(handle, redis_server, tmp_path):
@@ -88,32 +82,42 @@ def run_the_chaos(queue: JobQueue, redis_server, root, daemon) -> None:
 
     rng = random.Random(SEED)
     started = time.monotonic()
-    plan = chaos_plan(rng)
-    print(f"chaos plan (seed {SEED}): {plan}")
-    for kind, at in plan:
-        if kind.startswith("fault:"):
-            d = daemon(fault=f"{kind[6:]}@{at}")
+    happened = []
+    for life in LIVES:
+        high = int(job_state(queue, "chaos").get("high_step") or 0)
+        if life in ("fault", "final"):
+            landed = [s for s, _ in CheckpointManager(root / "chaos").checkpoints()]
+            resume = max(landed, default=0)
+            at = STEPS if life == "final" else resume + EVERY * rng.randint(1, 2)
+            point = rng.choice(FAULT_POINTS)
+            happened.append(f"kill at {point} of checkpoint {at}")
+            d = daemon(fault=f"{point}@{at}")
             assert d.wait(120) == -signal.SIGKILL, d.output()
-            assert f"killing this process at {kind[6:]} of step {at}" in d.output()
+            assert f"killing this process at {point} of step {at}" in d.output()
             continue
+        at = high + rng.randint(1, EVERY)
         d = daemon()
-        wait_for(lambda: step_of(d) >= at, 120, interval=0.05, what=f"step {at} before {kind}")
-        if kind == "redis":
+        wait_for(lambda: step_of(d) >= at, 120, interval=0.02, what=f"step {at} ({life})")
+        if life == "redis":
+            happened.append(f"Redis kill -9 at step {at}")
             redis_server.restart(down_s=rng.uniform(0.2, 0.8), kill=True)
             # the daemon waits Redis out (or loses its lease and takes the job back)
-            wait_for(lambda: step_of(d) >= at + 2, 120, interval=0.05,
+            at += 2
+            wait_for(lambda: step_of(d) >= at, 120, interval=0.02,
                      what="training after the Redis restart")
-        time.sleep(rng.uniform(0.0, 0.15))
+        time.sleep(rng.uniform(0.0, 0.1))
         d.signal(signal.SIGKILL)
         assert d.wait(60) == -signal.SIGKILL
+        happened.append(f"kill -9 past step {at}")
+    print(f"chaos (seed {SEED}): {'; '.join(happened)}")
     last = daemon("--exit-when-idle")
     assert last.wait(120) == 0, last.output()
-    assert time.monotonic() - started < 150
+    assert time.monotonic() - started < 180
 
     rec = queue.get("chaos")
     assert rec.state == "done" and rec.get_int("step") == STEPS, rec.raw
     assert rec.get_int("failures") == 0                  # every life made progress
-    assert rec.get_int("attempts") >= len(plan) + 1
+    assert rec.get_int("attempts") >= len(LIVES) + 1
     calm_curve, chaos_curve = queue.loss_curve("calm"), queue.loss_curve("chaos")
     assert sorted(chaos_curve) == list(range(1, STEPS + 1))
     assert chaos_curve == calm_curve                     # exactly, step by step
