@@ -1,6 +1,6 @@
 """Tune the tiled kernels at the model's shapes on this machine's GPU and keep the winners.
 
-    python bench/autotune.py --out bench/results/h200/autotune [--preset 124m] [--wide]
+    python bench/autotune.py --out DIR [--preset 124m] [--wide]
                              [--key nt --key tn ...] [--budget-s 20] [--total-s 240]
                              [--no-attention | --no-matmul] [--adapter A]
 
@@ -10,7 +10,9 @@ tile shape of the tiled attention kernels (forward, dq, dkv), with GPU timestamp
 ($ISTANBUL_AUTOTUNE_DIR or ~/.cache/istanbul/autotune/<adapter>.json), which the ops consult.
 Writes OUT/autotune.md (winner, default and runner-up per shape), OUT/autotune.json and a
 copy of the cache file: commit that copy as shaders/tuned/<adapter>.json so every checkout
-on that GPU uses the tuned configurations. Same as `istanbul kernels tune --out DIR`.
+on that GPU uses the tuned configurations, and the table and JSON as the latest result
+(bench/results/h200/autotune.{md,json}; the previous one's key numbers go into
+bench/results/HISTORY.md). Same as `istanbul kernels tune --out DIR`.
 """
 
 from __future__ import annotations

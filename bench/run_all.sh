@@ -10,11 +10,12 @@
 #   kbench    istanbul kernels bench with roofline fractions (uses the tuned cache)
 #   train     bench/train.py: 124m and small, istanbul vs PyTorch eager, same run
 #   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
-#             generation) on this GPU
+#             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer)
 #   service   bench/service.py (gRPC throughput and latency, batching on/off)
-#   probe     bench/matmul_probe.py (loops over private arrays vs unrolled register blocks)
+#   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
+#             unrolled register blocks; results belong in dev/probes/results/)
 #   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
 #             followed by `istanbul generate` from the job's final checkpoint
 #
@@ -49,7 +50,7 @@ run_step() {
         train) $py bench/train.py --out "$out/train" --models 124m,small --steps 5 --warmup 2 ;;
         tests) $py -m pytest -q -p no:cacheprovider tests/test_engine.py \
                    tests/test_tokenizer_gpu.py tests/test_tokenizer_decode.py \
-                   tests/test_tokenizer_hf.py tests/test_tokenizer_ladder.py \
+                   tests/test_tokenizer_hf.py \
                    tests/test_vocab_train_gpu.py tests/test_model_parity.py \
                    tests/test_resume.py tests/test_generate.py ;;
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
@@ -62,7 +63,7 @@ run_step() {
              latest=$(find "$out/e2e" -maxdepth 4 -name latest | head -1) &&
              $py -m istanbul generate --checkpoint "$latest" --prompt "def main(" \
                  --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1 ;;
-        probe) $py bench/matmul_probe.py --out "$out/probe" ;;
+        probe) $py dev/probes/matmul_probe.py --out "$out/probe" ;;
         *) echo "unknown step $step" >&2; return 2 ;;
     esac
 }

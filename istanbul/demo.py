@@ -176,8 +176,8 @@ class Pipeline:
             handle.close()
         if not curve:
             raise UserFacingError(f"job {job} recorded no loss curve")
-        import matplotlib
-        matplotlib.use("Agg")
+        from .extras import require_extra
+        require_extra("matplotlib", "plot", "the loss-curve picture").use("Agg")
         import matplotlib.pyplot as plt
         steps = sorted(curve)
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -219,6 +219,8 @@ def settings_for(args) -> dict:
 
 
 def cmd_demo(args) -> int:
+    from .extras import require_extra
+    require_extra("matplotlib", "plot", "the demo's loss-curve picture")   # before any work
     s = settings_for(args)
     pipe = Pipeline(args, s)
     out = pipe.out

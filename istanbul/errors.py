@@ -1,5 +1,5 @@
-"""Errors whose message is the whole story for the user: the CLI prints them without a traceback."""
+"""Compatibility name: the error base class lives in the bottom module `istanbul_errors`."""
 
+from istanbul_errors import UserFacingError
 
-class UserFacingError(Exception):
-    """Bad input, a missing file, an unreachable server: say what, with which input, what to do."""
+__all__ = ["UserFacingError"]

@@ -1,4 +1,4 @@
-"""WGSL kernels (shaders/wgsl/*.wgsl) and the engine that compiles and dispatches them."""
+"""WGSL kernels (shaders/kernels/<family>/) and the engine that compiles and dispatches them."""
 
 from .adapters import NoAdapterError
 from .engine import Buffer, BufferView, Device, Kernel, ShaderCompileError, default_device, fold_grid

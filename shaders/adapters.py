@@ -9,6 +9,8 @@ adapter's name), else the first discrete GPU, else an integrated one, else softw
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 
 import wgpu
@@ -64,8 +66,30 @@ def _describe(index: int, adapter) -> AdapterInfo:
     )
 
 
+def prepare_driver_environment() -> None:
+    """Give the Vulkan drivers the runtime directory they look for before the first adapter
+    request: without $XDG_RUNTIME_DIR (ssh, cron, containers) Mesa's window-system code prints
+    "error: XDG_RUNTIME_DIR is invalid or not set" once per driver it loads. A directory the
+    user set is kept; else a private 0700 one of ours (nothing is written into it)."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and os.path.isdir(current):
+        return
+    path = os.path.join(tempfile.gettempdir(), f"istanbul-runtime-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # not ours: a fresh one
+        path = tempfile.mkdtemp(prefix="istanbul-runtime-")
+    os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def enumerate_adapters() -> list[tuple[AdapterInfo, object]]:
     """All adapters the engine can use, in a stable order, with their descriptions."""
+    prepare_driver_environment()
     found = []
     for adapter in wgpu.gpu.enumerate_adapters_sync():
         if adapter.info.get("backend_type") in USABLE_BACKENDS:

@@ -1,137 +1,25 @@
-"""Per-adapter tuning cache: which kernel configuration won for a (kernel, shape).
+"""The autotuner: times the tunable kernels' configurations at the model's shapes and stores
+the fastest per adapter in the tuning cache (shaders/tuned_cache.py, which the ops read).
 
-Ops with tunable kernels (matmuls, attention) ask `lookup(device, op, key, shape)` for a
-configuration string before falling back to their own per-device-class default. The tuner
-(`tune(device, op, key, shape, candidates, encode_for)`, driven by `bench/autotune.py` or
-`istanbul kernels tune`) times every candidate with GPU timestamps on real buffers of that
-shape and stores the fastest.
+    rows = tune_model(device, "124m")              # every matmul and attention kernel of a step
+    tuned_cache.save(device, rows_to_entries(rows))
 
-Where the cache lives, per adapter (`adapter_key`: the adapter's name and backend, e.g.
-`nvidia-h200-vulkan.json`):
-
-    $ISTANBUL_AUTOTUNE_DIR/<key>.json      when the variable is set (read and written), else
-    ~/.cache/istanbul/autotune/<key>.json  (read and written),
-    shaders/tuned/<key>.json               the committed results (read only, consulted last)
-
-An entry is {"config": "...", "us": best time, "candidates": {config: us, ...}}. A shape
-that was not tuned takes the entry of the nearest tuned shape of the same op and key (by
-log-distance of the dimensions, within a factor of 4 per dimension), else the op's default.
-`ISTANBUL_AUTOTUNE=0` ignores every cache (defaults only).
+Each candidate runs with GPU timestamps on real buffers of that shape. The shapes come from
+the model presets (trainer_svc.model.config.PRESETS) at the training step's size (STEPS:
+batch, sequence, vocabulary per preset); `istanbul kernels tune` and bench/autotune.py drive it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import re
 import time
-from pathlib import Path
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
-NEAREST_FACTOR = 4.0
-_memory: dict = {}
-_answers: dict = {}   # (cache files, op, key, shape) -> config: ops call lookup every step
+import numpy as np
 
+from trainer_svc.model.config import PRESETS, ModelConfig
 
-def adapter_key(device) -> str:
-    """A file-name-safe key of the adapter (name and backend; the driver is recorded inside)."""
-    text = f"{device.info.name}-{device.info.backend}".lower()
-    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown-adapter"
-
-
-def user_dir() -> Path:
-    env = os.environ.get("ISTANBUL_AUTOTUNE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "istanbul" / "autotune"
-
-
-def cache_paths(device) -> list[Path]:
-    """Files consulted for this adapter, first match wins: the user's cache, then shipped."""
-    name = adapter_key(device) + ".json"
-    return [user_dir() / name, SHIPPED_DIR / name]
-
-
-def shape_key(shape) -> str:
-    return "x".join(str(int(s)) for s in shape)
-
-
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return entries if isinstance(entries, dict) else {}
-
-
-def _tables(device) -> list[dict]:
-    paths = tuple(cache_paths(device))
-    if paths not in _memory:
-        _memory[paths] = [_read(p) for p in paths]
-    return _memory[paths]
-
-
-def forget(device=None) -> None:
-    """Drop the in-memory copy of the cache files (after writing them, or in tests)."""
-    _memory.clear()
-    _answers.clear()
-
-
-def lookup(device, op: str, key: str, shape) -> str | None:
-    """The tuned configuration string for (op, key, shape), or None (use the default)."""
-    if os.environ.get("ISTANBUL_AUTOTUNE", "1") == "0":
-        return None
-    memo = (tuple(cache_paths(device)), op, key, tuple(int(s) for s in shape))
-    if memo not in _answers:
-        _answers[memo] = _lookup(device, op, key, shape)
-    return _answers[memo]
-
-
-def _lookup(device, op: str, key: str, shape) -> str | None:
-    prefix = f"{op}/{key}/"
-    exact = prefix + shape_key(shape)
-    for table in _tables(device):
-        entry = table.get(exact)
-        if isinstance(entry, dict) and isinstance(entry.get("config"), str):
-            return entry["config"]
-    best, best_dist = None, math.inf
-    want = [max(int(s), 1) for s in shape]
-    for table in _tables(device):
-        for name, entry in table.items():
-            if not name.startswith(prefix) or not isinstance(entry, dict):
-                continue
-            try:
-                dims = [max(int(s), 1) for s in name[len(prefix):].split("x")]
-            except ValueError:
-                continue
-            if len(dims) != len(want):
-                continue
-            gaps = [abs(math.log(a / b)) for a, b in zip(dims, want)]
-            if max(gaps) > math.log(NEAREST_FACTOR):
-                continue
-            if sum(gaps) < best_dist and isinstance(entry.get("config"), str):
-                best, best_dist = entry["config"], sum(gaps)
-        if best is not None:
-            return best
-    return None
-
-
-def save(device, results: dict, path: Path | None = None) -> Path:
-    """Merge {"op/key/shape": entry} into the user's cache file for this adapter."""
-    path = Path(path) if path is not None else cache_paths(device)[0]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = _read(path) if path.exists() else {}
-    entries.update(results)
-    payload = {"adapter": device.info.name, "backend": device.info.backend,
-               "driver": device.info.driver, "adapter_key": adapter_key(device),
-               "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "entries": dict(sorted(entries.items()))}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    forget(device)
-    return path
+from .ops import attention, linear
+from .tuned_cache import shape_key
 
 
 def time_candidates(device, candidates, encode_for, repeats: int = 10, warmup: int = 2,
@@ -183,19 +71,35 @@ def entry_from_times(times: dict, flops: float = 0.0) -> dict:
 
 # ---- matmuls ---------------------------------------------------------------------------------
 
-# The model's Linear shapes, per preset: d_model, kv_dim, ffn_hidden, vocab (padded), tokens
-# per step (B*T). The 124M preset at 8 x 1024 tokens is the training benchmark's shape.
-MODEL_DIMS = {
-    "124m": dict(d=768, kv=768, ffn=2048, vocab=50304, tokens=8 * 1024),
-    "small": dict(d=384, kv=384, ffn=1024, vocab=50304, tokens=8 * 512),
-    "tiny": dict(d=64, kv=32, ffn=192, vocab=384, tokens=2 * 64),   # tests, software Vulkan
+# The training step each preset is tuned for: batch, sequence length, tokenizer vocabulary
+# (padded by ModelConfig.preset). 124m at 8 x 1024 with GPT-2's vocabulary is the training
+# benchmark's step (bench/train.py); tiny stays small enough for software Vulkan (tests).
+STEPS = {
+    "124m": dict(batch=8, seq=1024, vocab=50257),
+    "small": dict(batch=8, seq=512, vocab=50257),
+    "tiny": dict(batch=2, seq=64, vocab=384),
 }
-# attention per preset: batch, seq, heads, kv heads, head dim
-MODEL_ATTENTION = {
-    "124m": dict(B=8, T=1024, H=12, Hkv=12, D=64),
-    "small": dict(B=8, T=512, H=6, Hkv=6, D=64),
-    "tiny": dict(B=2, T=64, H=4, Hkv=2, D=16),
-}
+
+
+def model_dims(preset: str, tokens: int | None = None) -> dict:
+    """The Linear shapes of one training step of `preset`: d_model, kv_dim, ffn_hidden,
+    vocab (padded) and tokens per step (B*T, or `tokens`)."""
+    if preset not in STEPS or preset not in PRESETS:
+        known = sorted(set(STEPS) & set(PRESETS))
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(known)}")
+    step = STEPS[preset]
+    cfg = ModelConfig.preset(preset, step["vocab"])
+    return dict(d=cfg.d_model, kv=cfg.kv_dim, ffn=cfg.ffn_hidden, vocab=cfg.vocab_size,
+                tokens=int(tokens) if tokens else step["batch"] * step["seq"])
+
+
+def model_attention(preset: str) -> dict:
+    """The attention shape of one training step of `preset`: B, T, H, Hkv, D."""
+    model_dims(preset)   # the same check of the name
+    step = STEPS[preset]
+    cfg = ModelConfig.preset(preset, step["vocab"])
+    return dict(B=step["batch"], T=step["seq"], H=cfg.n_heads, Hkv=cfg.n_kv_heads,
+                D=cfg.head_dim)
 
 
 def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int) -> list[tuple]:
@@ -213,7 +117,6 @@ def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int) -> list[tu
 
 def matmul_operands(device, layout, b16, M, N, K, rng):
     """Random A, B (f16 when `b16`) and a zeroed C for one product of this layout."""
-    import numpy as np
     a_shape = (K, M) if layout == "tn" else (M, K)
     b_shape = (N, K) if layout == "nt" else (K, N)
     a = device.upload(rng.standard_normal(a_shape, dtype=np.float32))
@@ -227,8 +130,6 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
                 wide: bool = False, budget_s: float | None = None, rng=None) -> dict:
     """Time every candidate configuration of matmul kernel `key` (nt, nn, tn, nt_w16,
     nn_w16, nt_h16) at (M, N, K); the cache entry of the winner (plus every time)."""
-    import numpy as np
-    from .ops import linear
     layout = key[:2]
     b16 = key.endswith(("w16", "h16"))
     f16_math = key.endswith("h16")
@@ -270,8 +171,6 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
     ops.attention.candidate_configs); the cache entry of the winner. dq and dkv are timed
     inside the whole backward (prep + dq + dkv) with the other kernel at its default (or
     tuned) config."""
-    import numpy as np
-    from .ops import attention
     rng = rng or np.random.default_rng(0)
     q = device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
     k = device.upload(rng.standard_normal((B, T, Hkv, D), dtype=np.float32))
@@ -331,11 +230,7 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
     `attention` is False) of one training step of `preset`;
     rows of (op, key, shape, entry). `budget_s` caps the timing of one shape's candidates,
     `total_s` the whole run (each shape then gets a fair share of what is left)."""
-    if preset not in MODEL_DIMS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_DIMS)}")
-    dims = dict(MODEL_DIMS[preset])
-    if tokens:
-        dims["tokens"] = int(tokens)
+    dims = model_dims(preset, tokens)
     keys = list(keys or matmul_keys(device))
     jobs = [("matmul", key, (layout, M, N, K, mode))
             for layout, M, N, K, mode in linear_shapes(**dims)
@@ -359,7 +254,7 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
                 f"{entry['default']} {entry.get('default_us', float('nan')):.1f} us; "
                 f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
         else:
-            a = MODEL_ATTENTION[preset]
+            a = model_attention(preset)
             entry = tune_attention(device, key, **a, budget_s=budget)
             rows.append({"op": "attention", "key": key, "shape": (a["T"], a["D"]),
                          "entry": entry})

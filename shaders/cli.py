@@ -15,11 +15,14 @@ IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """`--adapter` for every subcommand that opens a GPU device."""
+    """`--adapter` and `--require-gpu` for every subcommand that opens a GPU device."""
     parser.add_argument("--adapter", default=None, metavar="A",
                         help="GPU adapter: index from `istanbul devices` or a name substring "
                              "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
                              "software Vulkan)")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="refuse to start on software Vulkan (lavapipe): for deployments "
+                             "where a missing GPU driver must not go unnoticed")
 
 
 def register(sub) -> None:
@@ -76,6 +79,7 @@ def cmd_devices(args) -> int:
         raise NoAdapterError(NO_ADAPTER_HELP)
     if args.json:
         print(json.dumps([{"index": i.index, "name": i.name, "type": i.adapter_type,
+                           "software": i.is_software,
                            "backend": i.backend, "driver": i.driver, "features": list(i.features),
                            "limits": i.limits} for i, _ in adapters], indent=2))
         return 0
@@ -96,7 +100,7 @@ def cmd_list(args) -> int:
 
 
 def _select(names):
-    from istanbul.errors import UserFacingError
+    from istanbul_errors import UserFacingError
     from .ladder import select
     try:
         return select(names)
@@ -116,7 +120,9 @@ def cmd_check(args) -> int:
             print(r.line(), flush=True)
             results.append(r)
             failed += r.ok is False
-    print(f"# {len(cases)} kernel(s), {failed} failed rung(s)")
+    skipped = [r for r in results if r.ok is None and r.detail.startswith("skipped:")]
+    print(f"# {len(cases)} kernel(s), {failed} failed rung(s)"
+          + (f", {len(skipped)} rung(s) {skipped[0].detail}" if skipped else ""))
     if args.json:
         write_json(args.json, {"device": device_record(device),
                                "results": [r.as_json() for r in results]})
@@ -163,7 +169,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from istanbul.errors import UserFacingError
+    from istanbul_errors import UserFacingError
     from .engine import Device
     device = Device(args.adapter)
     print(f"# kernels tune on {device.info.summary()}")
@@ -184,7 +190,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
     bench/autotune.py)."""
     import pathlib
     import shutil
-    from . import autotune
+    from . import autotune, tuned_cache
     from .ladder import device_record, write_json
     known = autotune.matmul_keys(device)
     for key in keys or ():
@@ -194,7 +200,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
     rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
                                attention=attention, total_s=total_s, matmul=matmul)
     entries = autotune.rows_to_entries(rows)
-    path = autotune.save(device, entries) if save else None
+    path = tuned_cache.save(device, entries) if save else None
     if path:
         print(f"# cache: {path}")
     if out_dir:
@@ -204,11 +210,11 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
                                                  "preset": preset, "entries": entries})
         (out / "autotune.md").write_text(autotune.markdown_table(device, rows),
                                          encoding="utf-8")
-        cache_copy = out / (autotune.adapter_key(device) + ".json")
+        cache_copy = out / (tuned_cache.adapter_key(device) + ".json")
         if path:
             shutil.copyfile(path, cache_copy)
         else:
-            autotune.save(device, entries, cache_copy)
+            tuned_cache.save(device, entries, cache_copy)
         print(f"# wrote {out / 'autotune.md'}, {out / 'autotune.json'}, {cache_copy}")
     return rows
 

@@ -359,7 +359,8 @@ class Device:
     # ---- kernels -------------------------------------------------------------------------
 
     def kernel(self, file: str, name: str, constants: dict | None = None) -> Kernel:
-        """The compiled kernel `name` of `shaders/wgsl/<file>` with override `constants`."""
+        """The compiled kernel `name` of kernel file `file` (a file name or `family/file.wgsl`;
+        shaders/source.py finds it) with override `constants`."""
         constants = dict(constants or {})
         key = (file, name, tuple(sorted(constants.items())))
         cached = self._kernels.get(key)

@@ -3,11 +3,12 @@
     compile  -> run (shapes, finite) -> correct (vs a slow numpy reference, per variant)
              -> grad (backward kernels) -> bench (GPU timestamps) -> roofline fraction
 
-A kernel joins the ladder by registering a `KernelCase` in a module of `shaders/cases/`
-(every module there is imported by `load_cases()`):
+A kernel joins the ladder by registering a `KernelCase` in its family's
+`shaders/kernels/<family>/cases.py` (`load_cases()` imports every family's; the matmul and
+attention families' modules in `shaders/cases/` until they move):
 
     register(KernelCase(
-        name="scale", family="infra", precision="f32",
+        name="scale", family="elementwise", precision="f32",
         kernels=[("infra.wgsl", "scale")],
         inputs=lambda rng, variant: {"x": ..., "alpha": 1.5},   # variant: "random", "bench", ...
         launch=scale_launch,          # (device, inputs) -> Launch(encode, read)
@@ -15,12 +16,14 @@ A kernel joins the ladder by registering a `KernelCase` in a module of `shaders/
         bytes=lambda inp: 8 * inp["x"].size))
 
 `Launch.encode(recorder)` records the kernel's dispatches (what the benchmark times) and
-`Launch.read()` downloads the outputs by the same names as the reference's.
+`Launch.read()` downloads the outputs by the same names as the reference's. A launch that
+runs a class submitting its own work (GpuEncoder.encode_docs) also gives `gpu_seconds`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import pkgutil
@@ -39,6 +42,10 @@ from .engine import Device, Recorder
 class Launch:
     encode: Callable[[Recorder], None]
     read: Callable[[], dict]
+    # Set by launches that submit their own work (the tokenizer's public entry points read
+    # back between dispatches, so they cannot record into one pass): the GPU seconds of the
+    # last `encode`, which the bench rung then times instead of the (empty) recording.
+    gpu_seconds: Callable[[], float] | None = None
 
 
 @dataclass
@@ -75,11 +82,29 @@ def register(case: KernelCase) -> KernelCase:
     return case
 
 
+def case_modules() -> list[str]:
+    """The modules that register ladder cases: every family folder's `cases.py`, then the
+    modules of shaders/cases/ (the families not yet moved into shaders/kernels/)."""
+    from . import cases, kernels
+    names = [f"{kernels.__name__}.{family.name}.cases"
+             for family in pkgutil.iter_modules(kernels.__path__)
+             if family.ispkg and importlib.util.find_spec(
+                 f"{kernels.__name__}.{family.name}.cases") is not None]
+    names += [f"{cases.__name__}.{module.name}" for module in pkgutil.iter_modules(cases.__path__)]
+    return names
+
+
 def load_cases() -> dict[str, KernelCase]:
-    """Import every module of shaders/cases (each registers its kernels) and return them all."""
-    from . import cases
-    for module in pkgutil.iter_modules(cases.__path__):
-        importlib.import_module(f"{cases.__name__}.{module.name}")
+    """Import every case module (each registers its kernels) and return all cases."""
+    for name in case_modules():
+        before = set(_REGISTRY)
+        importlib.import_module(name)
+        family = name.split(".")[-2] if name.endswith(".cases") else None
+        for case_name in set(_REGISTRY) - before:
+            if family and _REGISTRY[case_name].family != family:
+                raise ValueError(f"{name}: case {case_name!r} says family "
+                                 f"{_REGISTRY[case_name].family!r}; a family folder's cases "
+                                 f"belong to that family ({family!r})")
     return dict(_REGISTRY)
 
 
@@ -115,6 +140,10 @@ class RungResult:
                  for k, v in self.metrics.items()}
         return {"kernel": self.kernel, "rung": self.rung, "ok": self.ok, "detail": self.detail,
                 "metrics": clean}
+
+
+AUTOGRAD_MISSING = ("skipped: the autograd reference needs PyTorch, which is not installed "
+                    "(pip install 'istanbul[check]')")
 
 
 def _missing(device: Device, case: KernelCase) -> list[str]:
@@ -196,7 +225,10 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
             results.append(RungResult(case.name, "grad", bool(g.get("ok")), g.get("detail", ""),
                                       {k: v for k, v in g.items() if k not in ("ok", "detail")}))
         except Exception as exc:
-            results.append(RungResult(case.name, "grad", False, _short(exc)))
+            # the autograd reference is an optional extra: a plain install skips, never fails
+            torch_missing = isinstance(exc, ModuleNotFoundError) and exc.name == "torch"
+            results.append(RungResult(case.name, "grad", None, AUTOGRAD_MISSING) if torch_missing
+                           else RungResult(case.name, "grad", False, _short(exc)))
     return results
 
 
@@ -271,8 +303,11 @@ def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0,
     launch = case.launch(device, inputs)
     if repeats is None:
         repeats = 3 if software else 20
-    seconds = device.time_gpu(launch.encode, repeats=max(1, repeats),
-                              warmup=1 if software else min(3, repeats))
+    warmup = 1 if software else min(3, repeats)
+    if launch.gpu_seconds is None:
+        seconds = device.time_gpu(launch.encode, repeats=max(1, repeats), warmup=warmup)
+    else:
+        seconds = _time_self_submitting(device, launch, max(1, repeats), warmup)
     nbytes, flops = float(case.bytes(inputs)), float(case.flops(inputs))
     gbs = nbytes / seconds / 1e9 if seconds > 0 else 0.0
     tflops = flops / seconds / 1e12 if seconds > 0 else 0.0
@@ -281,6 +316,21 @@ def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0,
             "roofline": roof.fraction(gbs, tflops, case.bench_precision),
             "bound": "compute" if flops and (flops / max(nbytes, 1)) >
             (roof.peak(case.bench_precision) * 1e12 / (roof.copy_gbs * 1e9)) else "memory"}
+
+
+def _time_self_submitting(device: Device, launch: Launch, repeats: int, warmup: int) -> float:
+    """Median GPU seconds of a launch that submits its own work (wall time where the device
+    has no timestamps, so its profile stays empty)."""
+    samples = []
+    for i in range(warmup + repeats):
+        start = time.perf_counter()
+        with device.record() as rec:
+            launch.encode(rec)
+        device.sync()
+        wall = time.perf_counter() - start
+        if i >= warmup:
+            samples.append(launch.gpu_seconds() or wall)
+    return float(np.median(samples))
 
 
 def device_record(device: Device) -> dict:

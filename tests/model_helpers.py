@@ -61,9 +61,10 @@ def requires_ops(*families: str):
     """
     import importlib.util
     import pytest
-    missing = [f for f in families if importlib.util.find_spec(f"shaders.ops.{f}") is None]
+    from trainer_svc.model.ops import FAMILY_MODULES
+    missing = [f for f in families if importlib.util.find_spec(FAMILY_MODULES[f]) is None]
     return pytest.mark.skipif(bool(missing), reason="kernel families not in this build yet: "
-                              + ", ".join(f"shaders/ops/{m}.py" for m in missing))
+                              + ", ".join(FAMILY_MODULES[m] for m in missing))
 
 
 FORWARD_OPS = ("linear", "embedding", "rmsnorm", "rope", "activations", "attention",

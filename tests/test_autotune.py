@@ -1,4 +1,5 @@
-"""The autotune cache: lookup order, nearest-shape fallback, the tuner and the CLI."""
+"""The tuning cache (shaders/tuned_cache.py): lookup order, nearest-shape fallback; the tuner
+(shaders/autotune.py) and the CLI."""
 
 from __future__ import annotations
 
@@ -10,20 +11,20 @@ import sys
 import numpy as np
 import pytest
 
-from shaders import autotune
+from shaders import autotune, tuned_cache
 from shaders.ops import linear
 
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ISTANBUL_AUTOTUNE_DIR", str(tmp_path))
-    autotune.forget()
+    tuned_cache.forget()
     yield tmp_path
-    autotune.forget()
+    tuned_cache.forget()
 
 
 def _write(device, path, entries):
-    autotune.save(device, entries, path / (autotune.adapter_key(device) + ".json"))
+    tuned_cache.save(device, entries, path / (tuned_cache.adapter_key(device) + ".json"))
 
 
 def test_cached_config_is_used_exactly_and_for_near_shapes(device, cache_dir):
@@ -48,8 +49,8 @@ def test_a_broken_or_impossible_cache_entry_falls_back(device, cache_dir):
                                "matmul/nn/64x64x64": {"config": "garbage"}})
     assert not linear.plan(device, "nt", 64, 64, 64).config.problems(device)
     assert not linear.plan(device, "nn", 64, 64, 64).config.problems(device)
-    (cache_dir / (autotune.adapter_key(device) + ".json")).write_text("{not json")
-    autotune.forget()
+    (cache_dir / (tuned_cache.adapter_key(device) + ".json")).write_text("{not json")
+    tuned_cache.forget()
     assert linear.plan(device, "nt", 64, 64, 64).path == "tiled"
 
 
@@ -57,7 +58,7 @@ def test_tuner_times_candidates_and_the_winner_is_correct(device, cache_dir):
     entry = autotune.tune_matmul(device, "tn", 64, 32, 128, mode="accumulate")
     assert entry["config"] in entry["candidates"] and entry["us"] > 0
     assert all(t is None or t >= entry["us"] for t in entry["candidates"].values())
-    path = autotune.save(device, {"matmul/tn/64x32x128": entry})
+    path = tuned_cache.save(device, {"matmul/tn/64x32x128": entry})
     assert path.parent == cache_dir
     assert str(linear.plan(device, "tn", 64, 32, 128).config) == entry["config"]
     rng = np.random.default_rng(0)
@@ -95,7 +96,7 @@ def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
     from shaders.ops import attention
     entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
     assert entry["config"] in entry["candidates"]
-    autotune.save(device, {"attention/forward/32x16": entry})
+    tuned_cache.save(device, {"attention/forward/32x16": entry})
     rows, cols, impl = attention.choose_config(device, "forward", 32, 16)
     assert attention.format_config(rows, cols, impl) == entry["config"]
     assert any(c.endswith("-pf") for c in entry["candidates"])   # staged variants are timed
@@ -124,9 +125,23 @@ def test_tuner_offers_dot_kernels_for_f16_math_and_the_cache_keeps_them(device, 
     assert chosen.kernel == "matmul_nt_h16_dot_4x4"
     assert str(chosen.config) == "64x64x16-4x4-s1-f64-dot"
     monkeypatch.setenv("ISTANBUL_LOOP_KERNELS", "1")   # a tuned dot entry names its kernel
-    autotune.forget()
+    tuned_cache.forget()
     assert linear.plan(device, "nt", 256, 256, 256, b_dtype=np.float16,
                        f16_math=True).kernel == "matmul_nt_h16_dot_4x4"
     monkeypatch.delenv("ISTANBUL_LOOP_KERNELS")
     # a dot entry under an f32 key cannot run: the default is used
     assert linear.plan(device, "nt", 256, 256, 256).config.impl == "reg"
+
+
+def test_tuned_shapes_follow_the_model_presets(monkeypatch):
+    from trainer_svc.model.config import PRESETS
+    assert autotune.model_dims("124m") == dict(d=768, kv=768, ffn=2048, vocab=50304,
+                                               tokens=8 * 1024)
+    assert autotune.model_attention("tiny") == dict(B=2, T=64, H=4, Hkv=2, D=16)
+    # a preset's shape is read from the preset, not from a copy
+    monkeypatch.setitem(PRESETS, "small", dict(PRESETS["small"], d_model=512, n_heads=8,
+                                               n_kv_heads=2))
+    assert autotune.model_dims("small", tokens=256) == dict(d=512, kv=128, ffn=1024,
+                                                            vocab=50304, tokens=256)
+    with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of 124m, small, tiny"):
+        autotune.model_dims("huge")

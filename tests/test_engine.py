@@ -180,7 +180,7 @@ def test_time_gpu_warms_up_for_a_minimum_time(device):
     """time_gpu keeps warming up for min_warmup_s after the first run (which may compile),
     and runs only the counted warm-up when min_warmup_s is 0."""
     import time
-    from shaders.ops import basic
+    from shaders.kernels.elementwise import ops as basic
     buf = device.empty(1024, np.float32)
     calls = []
 

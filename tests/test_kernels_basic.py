@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.ops import basic
+from shaders.kernels.elementwise import ops as basic
 
 
 def test_helpers_compose_in_one_recording(device):

@@ -1,4 +1,6 @@
-"""The verification ladder: infra kernels against their references, and failing rungs fail."""
+"""The verification ladder itself: failing rungs fail, the CLI's table and JSON, the roofline.
+
+Every registered case climbs the ladder in tests/test_kernel_ladder.py."""
 
 from __future__ import annotations
 
@@ -10,19 +12,7 @@ import numpy as np
 import pytest
 
 from shaders import ladder
-from shaders.ladder import KernelCase, Launch, check_case, load_cases
-
-
-def infra_cases():
-    return [c for c in load_cases().values() if c.family == "infra"]
-
-
-@pytest.mark.parametrize("name", [c.name for c in infra_cases()])
-def test_infra_kernel_matches_reference(device, name):
-    results = check_case(device, load_cases()[name])
-    failed = [r.line() for r in results if r.ok is False]
-    assert not failed, failed
-    assert any(r.rung == "correct" and r.ok for r in results)
+from shaders.ladder import KernelCase, Launch, check_case
 
 
 @pytest.mark.parametrize("wg", [32, 64, 256, 1024])
@@ -32,7 +22,7 @@ def test_back_to_back_reductions_are_race_free(device, wg):
     rng = np.random.default_rng(wg)
     x = rng.standard_normal((200, 3 * wg + 5)).astype(np.float32) * 1000
     x[:, 7] = 1e6  # max is unmistakable
-    from shaders.cases.infra import _rows_launch
+    from shaders.kernels.elementwise.cases import _rows_launch
     for _ in range(5):
         run = _rows_launch(device, {"x": x}, wg)
         with device.record() as rec:
@@ -43,7 +33,7 @@ def test_back_to_back_reductions_are_race_free(device, wg):
 
 
 def _broken_scale_case():
-    from shaders.cases.infra import FILE
+    from shaders.kernels.elementwise.cases import FILE
 
     def launch(dev, inp):
         n = inp["x"].size
@@ -124,3 +114,54 @@ def test_a_later_variant_with_the_wrong_shape_fails_the_correct_rung(device):
     results = check_case(device, case)
     correct = [r for r in results if r.rung == "correct"][0]
     assert correct.ok is False and "short/y: shape" in correct.detail
+
+
+def test_bench_times_a_self_submitting_launch_by_its_reported_gpu_time(device):
+    # the BPE cases run GpuEncoder.encode_docs, which submits and reads back itself: the
+    # bench rung must time what the launch reports, not its (empty) recording
+    from shaders.kernels.elementwise.cases import FILE
+    calls = []
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        x, y = dev.upload(inp["x"]), dev.empty(n)
+        k, p = dev.kernel(FILE, "scale"), dev.uniform("IIfI", n, 0, 2.0, 0)
+
+        def encode(rec):
+            assert rec.dispatch_count == 0
+            dev.run(k, [x, y, p], -(-n // 256))
+            calls.append(len(calls))
+        return Launch(encode, lambda: {"y": dev.download(y)},
+                      gpu_seconds=lambda: 1e-3 * (1 + calls[-1]))
+    case = KernelCase(name="self_submitting_scale", family="test", precision="f32",
+                      kernels=[(FILE, "scale")], launch=launch,
+                      inputs=lambda rng, v: {"x": rng.standard_normal(64).astype(np.float32)},
+                      reference=lambda inp: {"y": 2.0 * inp["x"]},
+                      bytes=lambda inp: 8.0 * inp["x"].size)
+    assert all(r.ok is not False for r in check_case(device, case))
+    calls.clear()
+    roof = ladder.Roofline(copy_gbs=100.0, fma_tflops={"f32": 1.0})
+    row = ladder.bench_case(device, case, roof, repeats=3)
+    # warm-up run(s) first, then three timed: the median of the timed runs' reported times
+    warmup = len(calls) - 3
+    assert row["us"] == pytest.approx(1e3 * (warmup + 2)), (row, calls)
+    assert row["gbs"] == pytest.approx(8.0 * 64 / (row["us"] * 1e-6) / 1e9)
+
+
+def test_a_family_folders_case_must_name_that_family(tmp_path, monkeypatch):
+    # shaders/kernels/<family>/cases.py registers cases of <family> only: `--kernel rmsnorm`
+    # and the layout test rely on the folder and the family being the same name
+    package = tmp_path / "fake_house" / "rmsnorm"
+    package.mkdir(parents=True)
+    (tmp_path / "fake_house" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "cases.py").write_text(
+        "from shaders.ladder import KernelCase, register\n"
+        "register(KernelCase(name='misfiled_case', family='rope', precision='f32', kernels=[],"
+        " inputs=None, launch=None, reference=None))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(ladder, "case_modules", lambda: ["fake_house.rmsnorm.cases"])
+    monkeypatch.setattr(ladder, "_REGISTRY", {})
+    with pytest.raises(ValueError, match="'misfiled_case' says family 'rope'; a family "
+                       "folder's cases belong to that family \\('rmsnorm'\\)"):
+        ladder.load_cases()

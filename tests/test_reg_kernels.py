@@ -333,10 +333,10 @@ def test_staged_attention_configs_parse_fit_and_are_tuner_candidates(monkeypatch
         with pytest.raises(ValueError, match="workgroup memory"):
             attention.choose_config(h200, kernel, 1024, 64, tuned + "-db")
     # a tuned entry naming a staged variant selects it (an unfitting one is skipped)
-    from shaders import autotune
-    monkeypatch.setattr(autotune, "lookup", lambda *a, **k: "32x16-db")
+    from shaders import tuned_cache
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-db")
     assert attention.choose_config(h200, "forward", 1024, 64) == (32, 16, "db")
-    monkeypatch.setattr(autotune, "lookup", lambda *a, **k: "64x32-db")
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "64x32-db")
     assert attention.choose_config(h200, "forward", 1024, 64)[2] == "reg"
 
 

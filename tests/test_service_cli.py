@@ -1,4 +1,4 @@
-"""`--server HOST:PORT` for the istanbul commands: the options and the client they make."""
+"""`--tokenizer HOST:PORT` for the istanbul commands: the options and the client they make."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ import json
 import pytest
 
 from istanbul.errors import UserFacingError
-from tokenizer_svc.server_option import add_server_arguments, client_from_args
+from tokenizer_svc.server_option import add_tokenizer_arguments, client_from_args
 from tests.service_support import (TEXTS, free_port, server, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 
 
 def _parse(*argv):
     parser = argparse.ArgumentParser()
-    add_server_arguments(parser)
+    add_tokenizer_arguments(parser)
     return parser.parse_args(argv)
 
 
 def test_server_option_gives_a_client_equal_to_the_local_encoding(server, tiny_encoding):
-    client = client_from_args(_parse("--server", server.target))
+    client = client_from_args(_parse("--tokenizer", server.target))
     try:
         for text in TEXTS:
             assert client.encode(text) == list(tiny_encoding.encode(text))
@@ -31,12 +31,12 @@ def test_server_option_gives_a_client_equal_to_the_local_encoding(server, tiny_e
 
 
 def test_unreachable_server_is_a_clear_user_error():
-    args = _parse("--server", f"127.0.0.1:{free_port()}")
-    with pytest.raises(UserFacingError, match=r"--server 127\.0\.0\.1:\d+: .*istanbul serve"):
+    args = _parse("--tokenizer", f"127.0.0.1:{free_port()}")
+    with pytest.raises(UserFacingError, match=r"tokenizer service at 127\.0\.0\.1:\d+ \(--tokenizer\): .*istanbul serve"):
         client_from_args(args)
 
 
-# ---- `istanbul encode/decode --server` against `--vocab` ---------------------------------------
+# ---- `istanbul encode/decode --tokenizer` against `--vocab` ---------------------------------------
 
 def _cli(monkeypatch, argv: list[str], stdin: bytes) -> tuple[int, bytes, str]:
     """Run `istanbul ARGV` in this process with bytes on stdin; (exit code, stdout, stderr)."""
@@ -77,7 +77,7 @@ CASES = [
 def test_server_output_is_identical_to_the_local_vocabulary(monkeypatch, server,
                                                             tiny_vocab_path, argv, stdin):
     local = _cli(monkeypatch, [*argv, "--vocab", str(tiny_vocab_path)], stdin)
-    remote = _cli(monkeypatch, [*argv, "--server", server.target], stdin)
+    remote = _cli(monkeypatch, [*argv, "--tokenizer", server.target], stdin)
     assert remote == local
     assert local[0] in (0, 1)
     if local[0]:
@@ -86,12 +86,16 @@ def test_server_output_is_identical_to_the_local_vocabulary(monkeypatch, server,
 
 def test_encode_needs_a_vocabulary_or_a_server(monkeypatch):
     code, _, err = _cli(monkeypatch, ["encode"], b"hi")
-    assert code == 1 and "--vocab" in err and "--server" in err
+    assert code == 1 and "--vocab" in err and "--tokenizer" in err
 
 
 def test_health_command_for_container_healthchecks(monkeypatch, server):
+    from shaders.engine import default_device
+    info = default_device().info    # the fixture's server encodes on the default device
     code, out, _ = _cli(monkeypatch, ["health", server.target], b"")
-    assert code == 0 and out.decode().strip() == f"{server.target}: SERVING"
+    software = ", software Vulkan" if info.is_software else ""
+    assert code == 0 and out.decode().strip() == (
+        f"{server.target}: SERVING (adapter {info.name}, {info.adapter_type}{software})")
     code, _, err = _cli(monkeypatch, ["health", server.target, "--service", "no.such.Service"],
                         b"")
     assert code == 1 and "NOT_FOUND" in err

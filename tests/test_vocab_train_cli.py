@@ -25,7 +25,7 @@ HELD_OUT = ((STDLIB / "json" / "encoder.py").read_text(encoding="utf-8")
 def train(tmp_path, *extra, files=TRAIN_FILES, out="v.tiktoken"):
     """Run the CLI in this process; (exit code, output path)."""
     path = tmp_path / out
-    code = main(["vocab", "train", *map(str, files), "-o", str(path), "--quiet",
+    code = main(["vocab", "train", *map(str, files), "-o", str(path), "--no-progress",
                  "--workers", "1", *extra])
     return code, path
 
@@ -124,11 +124,11 @@ def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, capsys):
 
 
 def test_output_problems_are_caught_before_training(tmp_path, capsys):
-    code = main(["vocab", "train", str(TRAIN_FILES[0]), "--size", "300", "--quiet",
+    code = main(["vocab", "train", str(TRAIN_FILES[0]), "--size", "300", "--no-progress",
                  "-o", str(tmp_path / "missing" / "v.tiktoken")])
     assert code == 1
     assert "does not exist" in capsys.readouterr().err
-    code = main(["vocab", "train", str(TRAIN_FILES[0]), "--size", "300", "--quiet",
+    code = main(["vocab", "train", str(TRAIN_FILES[0]), "--size", "300", "--no-progress",
                  "-o", str(TRAIN_FILES[0])])
     assert code == 1
     assert "would overwrite the input file" in capsys.readouterr().err

@@ -4,7 +4,7 @@
     istanbul encode --vocab o200k_base --jsonl < docs.jsonl          # one JSON string per line in,
                                                                      # one JSON array per line out
     echo "[15339, 1917]" | istanbul decode --vocab cl100k_base       # hello world
-    echo "hello world" | istanbul encode --server localhost:50051     # the same, by the service
+    echo "hello world" | istanbul encode --tokenizer localhost:50051  # the same, by the service
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import sys
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 from shaders.cli import add_device_args
 
-from .server_option import add_server_arguments, client_from_args
+from .server_option import add_tokenizer_arguments, client_from_args
 
 SPECIAL_HELP = ("what to do with text that spells a special token: 'raise' (tiktoken's default: "
                 "an error), 'allow' (encode it as the special token), 'text' (encode it as "
@@ -27,7 +27,7 @@ def register(sub) -> None:
     e.add_argument("--vocab", metavar="V",
                    help="vocabulary: a path (.tiktoken with optional sidecar, tokenizer.json) or "
                         "a known name (gpt2, r50k_base, cl100k_base, o200k_base); required "
-                        "unless --server")
+                        "unless --tokenizer")
     e.add_argument("--pattern", metavar="P",
                    help="pre-tokenizer for a .tiktoken file without a sidecar: gpt2, r50k, "
                         "cl100k, o200k or a regex")
@@ -38,12 +38,13 @@ def register(sub) -> None:
                    help=SPECIAL_HELP)
     e.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
     add_device_args(e)
-    add_server_arguments(e)
+    add_tokenizer_arguments(e, help="use the tokenizer service at HOST:PORT instead of a local "
+                            "vocabulary (the same output as --vocab with its vocabulary)")
     e.set_defaults(func=cmd_encode)
 
     d = sub.add_parser("decode", help="JSON arrays of token ids on stdin -> text on stdout")
     d.add_argument("--vocab", metavar="V", help="vocabulary (as for encode); required unless "
-                   "--server")
+                   "--tokenizer")
     d.add_argument("--pattern", metavar="P",
                    help="pre-tokenizer of a .tiktoken file without a sidecar (needed to load it)")
     d.add_argument("--jsonl", action="store_true",
@@ -54,15 +55,16 @@ def register(sub) -> None:
                         "tiktoken) or 'strict' (an error)")
     d.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
     add_device_args(d)
-    add_server_arguments(d)
+    add_tokenizer_arguments(d, help="use the tokenizer service at HOST:PORT instead of a local "
+                            "vocabulary (the same output as --vocab with its vocabulary)")
     d.set_defaults(func=cmd_decode)
 
 
 def _encoding(args):
-    if args.server:  # the gRPC service: a client with the same API and the same output
+    if args.tokenizer:  # the gRPC service: a client with the same API and the same output
         return client_from_args(args)
     if args.vocab is None:
-        raise UserFacingError("give --vocab V (a local vocabulary) or --server HOST:PORT")
+        raise UserFacingError("give --vocab V (a local vocabulary) or --tokenizer HOST:PORT")
     from .encoding import get_encoding
     from .vocab import VocabularyError, load_vocabulary
     try:

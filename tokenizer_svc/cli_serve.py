@@ -21,9 +21,13 @@ import signal
 import sys
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
+from shaders.cli import add_device_args
+
+from .exposure import bind_address, is_loopback
 from .server.config import BatchingConfig, Limits, ServerConfig
+from .server_option import add_client_security_arguments
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]i?[bB]?|[bB])?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -43,15 +47,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", required=True, metavar="V",
                    help="vocabulary: a known name (gpt2, r50k_base, cl100k_base, o200k_base; "
                         "looked up in $ISTANBUL_VOCAB_DIR) or a .tiktoken / tokenizer.json path")
-    p.add_argument("--host", default=d_cfg.host, help=f"address to bind (default {d_cfg.host})")
+    p.add_argument("--host", default=None,
+                   help="address to bind (default: 127.0.0.1; 0.0.0.0 with --listen-public)")
+    p.add_argument("--listen-public", action="store_true",
+                   help="listen on all interfaces (gRPC and metrics); needed for any --host or "
+                        "--metrics-host that is not loopback. Pair it with --auth-token-file")
     p.add_argument("--port", type=int, default=d_cfg.port,
                    help=f"gRPC port (default {d_cfg.port}; 0: any free port, see --port-file)")
     p.add_argument("--port-file", type=Path, metavar="PATH",
                    help="write the bound port to PATH once listening")
-    p.add_argument("--adapter", default=None, metavar="A",
-                   help="GPU adapter: index from `istanbul devices` or a name substring "
-                        "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
-                        "software Vulkan)")
+    add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
                    help="how long the first request of a batch waits for others "
@@ -87,14 +92,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--auth-token-file", type=Path, metavar="PATH",
                      help="require 'authorization: Bearer <token>' with a token from PATH (one "
                           "per line); health checks stay open")
+    sec.add_argument("--metrics-auth", action="store_true",
+                     help="/metrics also requires a token from --auth-token-file")
     sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this "
                      "certificate chain (needs --tls-key)")
     sec.add_argument("--tls-key", type=Path, metavar="PEM", help="private key for --tls-cert")
     ops = p.add_argument_group("operations")
-    ops.add_argument("--metrics-port", type=int, default=None,
-                     help="serve Prometheus metrics on http://HOST:PORT/metrics")
-    ops.add_argument("--metrics-host", default=d_cfg.metrics_host,
-                     help=f"address for the metrics endpoint (default {d_cfg.metrics_host})")
+    ops.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                     help="serve Prometheus metrics on http://HOST:PORT/metrics (0: any free "
+                          "port; default: off)")
+    ops.add_argument("--metrics-host", default=None, metavar="ADDR",
+                     help="address of the metrics endpoint (default: 127.0.0.1; 0.0.0.0 with "
+                          "--listen-public)")
     ops.add_argument("--shutdown-grace", type=float, default=d_cfg.shutdown_grace_s,
                      help="seconds in-flight requests get to finish on SIGTERM "
                           f"(default {d_cfg.shutdown_grace_s:g})")
@@ -128,11 +137,21 @@ def config_from_args(args) -> ServerConfig:
                                   max_items=args.batch_max_docs, max_bytes=args.batch_max_bytes)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
+    if args.metrics_auth and not args.auth_token_file:
+        raise UserFacingError("--metrics-auth needs --auth-token-file (the tokens /metrics "
+                              "accepts)")
+    host = bind_address(args.host, "--host", public=args.listen_public)
+    metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
+    if not is_loopback(host) and not args.auth_token_file:
+        logging.getLogger("tokenizer_svc.server").warning(
+            "listening on %s without --auth-token-file: anyone who reaches the port can use "
+            "the service", host)
     return ServerConfig(
-        host=args.host, port=args.port, limits=limits, batching=batching,
+        host=host, port=args.port, limits=limits, batching=batching,
         auth_tokens=load_tokens(args.auth_token_file) if args.auth_token_file else (),
         tls_cert=tls.get("--tls-cert"), tls_key=tls.get("--tls-key"),
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port, metrics_host=metrics_host,
+        metrics_auth=args.metrics_auth,
         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay)
 
 
@@ -194,50 +213,83 @@ def register(sub) -> None:
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
 
-    h = sub.add_parser("health", help="probe a tokenizer service's gRPC health (container "
-                       "healthchecks): exit 0 if SERVING, else 1")
-    h.add_argument("target", metavar="HOST:PORT", help="the service to probe")
+    h = sub.add_parser("health", help="probe a tokenizer service's gRPC health or a daemon's "
+                       "metrics endpoint (container healthchecks): exit 0 if healthy, else 1")
+    h.add_argument("target", metavar="HOST:PORT|URL",
+                   help="the tokenizer service's gRPC address, or a daemon's metrics URL "
+                        "(http://HOST:PORT/metrics: healthy when it answers)")
     h.add_argument("--service", default="",
                    help="service name to check (default: the whole server)")
-    h.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
-    h.add_argument("--tls", action="store_true", help="connect with TLS")
-    h.add_argument("--ca", type=Path, metavar="PEM",
-                   help="CA certificate(s) to trust with --tls (default: system roots)")
+    h.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds")
+    add_client_security_arguments(h)   # the token only adds details: health itself is open
     h.set_defaults(func=cmd_health)
 
 
 def cmd_health(args) -> int:
-    """grpc.health.v1 Check: print the status; 0 if SERVING (health needs no auth token)."""
+    """grpc.health.v1 Check: print the status; 0 if SERVING (health needs no auth token).
+    When GetInfo answers too (no auth, or --auth-token-file), the adapter is printed with it,
+    so a healthcheck log shows a service that fell back to software Vulkan."""
+    if args.target.startswith(("http://", "https://")):
+        return _http_health(args)
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    if args.tls or args.ca:
-        roots = args.ca.read_bytes() if args.ca else None
+    from .rpc import tokenizer_pb2 as pb
+    from .rpc import tokenizer_pb2_grpc as pb_grpc
+    if args.tls or args.tls_ca:
+        roots = args.tls_ca.read_bytes() if args.tls_ca else None
         channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(roots))
     else:
         channel = grpc.insecure_channel(args.target)
     try:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        details = ""
+        if reply.status == health_pb2.HealthCheckResponse.SERVING:
+            metadata = ()
+            if args.auth_token_file:
+                from .server.auth import load_tokens
+                metadata = (("authorization", f"Bearer {load_tokens(args.auth_token_file)[0]}"),)
+            try:
+                info = pb_grpc.TokenizerStub(channel).GetInfo(
+                    pb.GetInfoRequest(), timeout=args.timeout, metadata=metadata)
+                a = info.adapter
+                details = (f" (adapter {a.name}, {a.type}"
+                           f"{', software Vulkan' if a.software else ''})")
+            except grpc.RpcError:
+                pass    # no token for GetInfo: the status alone
     except grpc.RpcError as exc:
         print(f"{args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     finally:
         channel.close()
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(f"{args.target}: {status}")
+    print(f"{args.target}: {status}{details}")
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tokenizer_svc`: the same as `istanbul serve`."""
-    parser = argparse.ArgumentParser(prog="python -m tokenizer_svc",
-                                     description="Run the gRPC tokenizer service (same as "
-                                                 "`istanbul serve`).")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    add_serve_arguments(parser)
-    args = parser.parse_args(argv)
+def _http_health(args) -> int:
+    """A daemon's /metrics answering is its liveness (`istanbul trainer` has no gRPC port);
+    the adapter gauge, when present, is printed like the service's."""
+    import re
+    import ssl
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(args.target)
+    if args.auth_token_file:
+        from .server.auth import load_tokens
+        request.add_header("Authorization", f"Bearer {load_tokens(args.auth_token_file)[0]}")
+    context = ssl.create_default_context(cafile=str(args.tls_ca)) if args.tls_ca else None
     try:
-        return cmd_serve(args)
-    except UserFacingError as exc:
-        print(f"python -m tokenizer_svc: error: {exc}", file=sys.stderr)
+        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as reply:
+            page = reply.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{args.target}: DOWN: {getattr(exc, 'reason', exc)}", file=sys.stderr)
         return 1
+    found = re.search(r"^istanbul_\w+_adapter\{(.*)\} 1", page, re.M)
+    details = ""
+    if found:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        details = (f" (adapter {labels.get('adapter')}, {labels.get('type')}"
+                   f"{', software Vulkan' if labels.get('software') == 'true' else ''})")
+    print(f"{args.target}: UP{details}")
+    return 0

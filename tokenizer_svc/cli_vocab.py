@@ -1,4 +1,5 @@
-"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU.
+"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU;
+`istanbul vocab fetch NAME`: get a published one (tokenizer_svc/vocab_fetch.py).
 
     istanbul vocab train corpus/*.txt --size 32000 --pattern o200k \\
         --special '<|endoftext|>' -o my.tiktoken
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 DESCRIPTION = """\
 Learn a byte-level BPE vocabulary from text files. Ranks 0-255 are the single bytes; each
@@ -27,9 +28,10 @@ Pre-tokenization runs on the CPU (in parallel), pair counting and merging on the
 
 def register(sub) -> None:
     from shaders.cli import add_device_args
-    from .patterns import PATTERNS
+    from .patterns import KNOWN_VOCABULARIES, PATTERNS
 
-    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files")
+    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files, fetch a "
+                       "published one")
     vsub = v.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
     t = vsub.add_parser("train", help="learn a BPE vocabulary (.tiktoken) from text files",
                         description=DESCRIPTION)
@@ -55,9 +57,28 @@ def register(sub) -> None:
     t.add_argument("--name", default=None, help="vocabulary name (default: the output's stem)")
     t.add_argument("-o", "--output", required=True, metavar="OUT.tiktoken",
                    help="where to write the vocabulary (and OUT.tiktoken.json beside it)")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (there are none without a terminal either)")
     add_device_args(t)
     t.set_defaults(func=cmd_train)
+
+    f = vsub.add_parser("fetch", help="get a published vocabulary (gpt2, r50k_base, "
+                        "cl100k_base, o200k_base) where --vocab NAME finds it",
+                        description="Put a published vocabulary file where `--vocab NAME` finds "
+                        "it ($ISTANBUL_VOCAB_DIR, else ~/.cache/istanbul/vocab), after checking "
+                        "it against tiktoken's published sha256. Without --from: tiktoken's "
+                        "cache if it holds the file, else a download from the published URL. "
+                        "On a machine without internet, copy the file (or a tiktoken cache "
+                        "folder) over and give it with --from.")
+    f.add_argument("name", metavar="NAME", choices=sorted(KNOWN_VOCABULARIES),
+                   help=f"one of {', '.join(KNOWN_VOCABULARIES)}")
+    f.add_argument("--from", dest="source", metavar="PATH|URL",
+                   help="a copy of the file, a folder holding it (or a tiktoken cache folder), "
+                        "or an http(s) URL (default: tiktoken's cache, else the published URL)")
+    f.add_argument("--to", dest="dest", type=Path, metavar="DIR",
+                   help="folder to write NAME's file into (default: $ISTANBUL_VOCAB_DIR, else "
+                        "~/.cache/istanbul/vocab)")
+    f.set_defaults(func=cmd_fetch)
 
 
 def check_output(output: str, files) -> Path:
@@ -88,16 +109,15 @@ def cmd_train(args) -> int:
     if args.trainer == "gpu":
         from shaders.engine import Device
         device = Device(args.adapter)
-        if not args.quiet:
-            print(f"device: {device.info.summary()}")
-            if device.info.is_software:
-                print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
-                      "same merges faster here")
+        print(f"device: {device.info.summary()}")
+        if device.info.is_software:
+            print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "
+                  "same merges faster here")
     try:
         vocab, report = train_vocabulary(
             args.files, args.size, args.pattern, args.special, args.max_token_bytes,
             args.invalid_utf8, args.trainer, device=device, workers=args.workers, name=name,
-            progress=not args.quiet)
+            progress=not args.no_progress)
     except (CorpusError, TrainingError) as exc:
         raise UserFacingError(f"{exc} (no output written)") from None
     try:
@@ -108,4 +128,12 @@ def cmd_train(args) -> int:
     print(report.summary())
     print(f"wrote {out} ({vocab.n_vocab:,} ids: {len(vocab.ranks):,} tokens + "
           f"{len(vocab.special_tokens)} special) and {sidecar_path(out)}")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from .vocab_fetch import fetch_vocabulary
+    done = fetch_vocabulary(args.name, args.source, args.dest)
+    print(f"{args.name}: {done.path} (from {done.source}; sha256 {done.sha256} matches the "
+          "published hash)")
     return 0

@@ -1,4 +1,4 @@
-"""GPU decoding: token ids -> bytes with a gather kernel (shaders/wgsl/bpe_decode.wgsl).
+"""GPU decoding: token ids -> bytes with a gather kernel (shaders/kernels/bpe/bpe_decode.wgsl).
 
     dec = GpuDecoder(device, tables, encoder_pool)
     data = dec.decode(np.array(ids, np.uint32))        # bytes; raises InvalidIdError

@@ -1,4 +1,4 @@
-"""Device-wide exclusive prefix sums (shaders/wgsl/bpe_scan.wgsl) and a small buffer pool.
+"""Device-wide exclusive prefix sums (shaders/kernels/bpe/bpe_scan.wgsl) and a small buffer pool.
 
     scan = GpuScan(device, pool)
     with device.record() as rec:

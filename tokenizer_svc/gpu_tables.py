@@ -17,7 +17,7 @@
   Empty slot: left = NONE.
 - `classes` (u32): the Unicode class table of `unicode_table` (stage 1 then stage 2).
 
-The hash functions here and in shaders/wgsl/bpe_encode.wgsl must agree bit for bit
+The hash functions here and in shaders/kernels/bpe/bpe_encode.wgsl must agree bit for bit
 (`pair_hash`, `fnv1a`); tests/test_tokenizer_gpu.py checks lookups through the kernels.
 Tables are built with linear probing at load factor <= 1/2.
 """

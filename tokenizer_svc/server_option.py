@@ -1,42 +1,51 @@
-"""`--server HOST:PORT` for the istanbul commands (encode, decode): the options, and the
-tokenizer-service client they give, which has the Encoding's API and output.
+"""`--tokenizer HOST:PORT` and its connection options, for every command that talks to a
+tokenizer service (encode, decode, prepare), and the client they give, which has the
+Encoding's API and output.
 
-Kept apart from tokenizer_svc.client so that registering the options imports no gRPC.
+The same names as on the server side: `--auth-token-file` (serve: the tokens it accepts;
+here: the first one is sent), `--tls`, `--tls-ca`. Kept apart from tokenizer_svc.client so that
+registering the options imports no gRPC.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 if TYPE_CHECKING:   # annotations only: importing the client pulls in gRPC
     from tokenizer_svc.client import TokenizerClient
 
 
-def add_server_arguments(parser) -> None:
-    """The options that point a command at a running tokenizer service instead of --vocab."""
-    parser.add_argument("--server", metavar="HOST:PORT",
-                        help="use the tokenizer service at HOST:PORT instead of a local "
-                             "vocabulary (same output as --vocab with the server's vocabulary)")
-    parser.add_argument("--server-token-file", metavar="PATH",
-                        help="bearer token for a server started with --auth-token-file")
-    parser.add_argument("--server-tls", action="store_true", help="connect with TLS")
-    parser.add_argument("--server-ca", metavar="PEM",
-                        help="CA certificate(s) to trust for --server-tls (default: system roots)")
+def add_tokenizer_arguments(parser, *, required: bool = False, help: str | None = None) -> None:
+    """`--tokenizer HOST:PORT` (the gRPC tokenizer service) with its auth and TLS options."""
+    parser.add_argument("--tokenizer", metavar="HOST:PORT", required=required,
+                        help=help or "the gRPC tokenizer service (`istanbul serve`)")
+    add_client_security_arguments(parser)
+
+
+def add_client_security_arguments(parser) -> None:
+    parser.add_argument("--auth-token-file", type=Path, metavar="PATH",
+                        help="bearer token (the file's first line) for a service started with "
+                             "--auth-token-file")
+    parser.add_argument("--tls", action="store_true", help="connect with TLS")
+    parser.add_argument("--tls-ca", type=Path, metavar="PEM",
+                        help="CA certificate(s) to trust (implies --tls; default: the system's "
+                             "roots)")
 
 
 def client_from_args(args, startup_timeout: float = 120.0) -> TokenizerClient:
-    """A connected client for `--server`, checked with GetInfo.
+    """A connected client for `--tokenizer`, checked with GetInfo.
 
     A server that is still loading is waited for (up to `startup_timeout` seconds); one that
     cannot be reached fails at once with a UserFacingError.
     """
     from .client import ServiceError, TokenizerClient
-    client = TokenizerClient(args.server, token_file=args.server_token_file,
-                             tls=args.server_tls, root_certificates=args.server_ca, timeout=60,
-                             retries=2)
+    client = TokenizerClient(args.tokenizer, token_file=args.auth_token_file,
+                             tls=args.tls or args.tls_ca is not None,
+                             root_certificates=args.tls_ca, timeout=60, retries=2)
     deadline = time.monotonic() + startup_timeout
     while True:
         try:
@@ -48,6 +57,6 @@ def client_from_args(args, startup_timeout: float = 120.0) -> TokenizerClient:
                 time.sleep(0.2)
                 continue
             client.close()
-            raise UserFacingError(f"--server {args.server}: {exc.details or exc.code.name} "
-                                  f"({exc.code.name}); is `istanbul serve` running there?") \
-                from None
+            raise UserFacingError(f"tokenizer service at {args.tokenizer} (--tokenizer): "
+                                  f"{exc.details or exc.code.name} ({exc.code.name}); is "
+                                  "`istanbul serve` running there?") from None

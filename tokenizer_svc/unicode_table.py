@@ -41,7 +41,7 @@ PROBE_PATTERNS = {"L": r"\p{L}", "Lu": r"\p{Lu}", "Ll": r"\p{Ll}", "Lt": r"\p{Lt
 # Letters of the case-insensitive contractions: cl100k `'(?i:[sdmt]|ll|ve|re)`, o200k's suffix.
 CONTRACTION_LETTERS = "sdmtlver"
 
-# Bits of the per-code-point class byte (the GPU's view; shaders/wgsl/bpe_encode.wgsl).
+# Bits of the per-code-point class byte (the GPU's view; shaders/kernels/bpe/bpe_encode.wgsl).
 BIT_L = 1    # \p{L}
 BIT_N = 2    # \p{N}
 BIT_S = 4    # \s

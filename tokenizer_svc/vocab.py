@@ -323,18 +323,28 @@ def find_known(name: str) -> Path | None:
     return cached if cached.is_file() else None
 
 
+def not_found_message(name: str) -> str:
+    """Which file was expected, where it was looked for, where the published one comes from."""
+    known = KNOWN_VOCABULARIES[name]
+    searched = [str(d / known.filename) for d in search_dirs()]
+    if not os.environ.get("ISTANBUL_VOCAB_DIR"):
+        searched.insert(0, "$ISTANBUL_VOCAB_DIR (not set)")
+    searched.append(f"{tiktoken_cache_file(known.url)} (tiktoken's cache)")
+    return (f"vocabulary {name!r} not found: expected {known.filename}; searched "
+            f"{', '.join(searched)}. It is published at {known.url} (sha256 {known.sha256}); "
+            f"`istanbul vocab fetch {name}` downloads it, or on a machine without internet "
+            f"copies it from a path (`--from FILE`); or give the file's path as --vocab")
+
+
 def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Vocabulary:
     """Load a vocabulary from a path (.tiktoken or tokenizer.json) or a known name."""
     text = str(spec)
     path = Path(text).expanduser()
     if not path.exists() and text in KNOWN_VOCABULARIES:
         found = find_known(text)
-        if found is None:
-            where = ", ".join(str(d) for d in search_dirs())
-            raise VocabularyError(
-                f"vocabulary {text!r} not found: put {KNOWN_VOCABULARIES[text].filename} in "
-                f"$ISTANBUL_VOCAB_DIR or one of: {where}, or give its path")
         known = KNOWN_VOCABULARIES[text]
+        if found is None:
+            raise VocabularyError(not_found_message(text))
         vocab = load_tiktoken_file(found, pattern or known.pattern, dict(known.special_tokens))
         vocab.name = known.name
         vocab.explicit_n_vocab = known.explicit_n_vocab

@@ -19,7 +19,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
+from shaders.cli import add_device_args
+from tokenizer_svc.server_option import add_tokenizer_arguments
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +42,38 @@ def _connect(args):
     return connect(args.redis, data_dir=args.data_dir)
 
 
+def add_metrics_args(p: argparse.ArgumentParser, what: str) -> None:
+    """--metrics-port/--metrics-host/--metrics-auth, --auth-token-file and --listen-public:
+    the same names and rules as `istanbul serve` (loopback unless --listen-public)."""
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help=f"serve {what}'s Prometheus metrics on http://HOST:PORT/metrics (0: any "
+                        "free port; default: off)")
+    p.add_argument("--metrics-host", default=None, metavar="ADDR",
+                   help="address of the metrics endpoint (default: 127.0.0.1; 0.0.0.0 with "
+                        "--listen-public)")
+    p.add_argument("--listen-public", action="store_true",
+                   help="listen on all interfaces; needed for any address that is not "
+                        "loopback")
+    p.add_argument("--metrics-auth", action="store_true",
+                   help="/metrics also requires a bearer token from --auth-token-file")
+    p.add_argument("--auth-token-file", type=Path, metavar="PATH",
+                   help="bearer tokens, one per line, that /metrics accepts with --metrics-auth")
+
+
 def add_trainer_args(p: argparse.ArgumentParser) -> None:
     """The daemon's options (shared by `istanbul trainer` and `python -m trainer_svc`)."""
     p.add_argument("--checkpoints", required=True, type=Path, metavar="ROOT",
                    help="checkpoint root: job JOB writes ROOT/JOB/step_XXXXXXXX/")
     add_redis_args(p)
-    p.add_argument("--adapter", default=None, metavar="A",
-                   help="GPU adapter: index from `istanbul devices` or a name substring "
-                        "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
-                        "software Vulkan)")
+    add_device_args(p)
     p.add_argument("--lease-ttl", type=float, default=30.0, metavar="S",
                    help="seconds a job's lease lives without renewal; a dead worker's job is "
-                        "taken over after this long (default 30; renewed every S/3)")
+                        "taken over after this long (renewed every S/3)")
     p.add_argument("--max-failures", type=int, default=3, metavar="N",
                    help="a job that fails N times in a row without progress goes to the "
-                        "dead-letter stream (default 3); bad input fails it at once, and a "
-                        "crash or error after progress is not counted")
-    p.add_argument("--metrics-port", type=int, default=None, metavar="P",
-                   help="serve Prometheus metrics on this port (0: any free port; default off)")
-    p.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
-                   help="address for the metrics server (default 0.0.0.0)")
+                        "dead-letter stream; bad input fails it at once, and a crash or "
+                        "error after progress is not counted")
+    add_metrics_args(p, "the daemon")
     p.add_argument("--publish-every", type=float, default=0.0, metavar="S",
                    help="write progress to Redis at most every S seconds (default 0: every "
                         "step)")
@@ -70,13 +84,14 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
+    from .jobs import JobSpec
+    fields = JobSpec.model_fields      # submit's defaults come from the spec, as train's do
     p = sub.add_parser("prepare", help="tokenize files through the tokenizer service into a "
                                        "dataset of shards in Redis")
     p.add_argument("files", nargs="+", metavar="FILES",
                    help="input files (each one a document) or directories (searched "
                         "recursively)")
-    p.add_argument("--tokenizer", required=True, metavar="HOST:PORT",
-                   help="the gRPC tokenizer service (`istanbul serve`)")
+    add_tokenizer_arguments(p, required=True)
     p.add_argument("--dataset", required=True, metavar="NAME", help="dataset name")
     p.add_argument("--include", action="append", metavar="GLOB",
                    help="only files under directories that match GLOB, e.g. '*.py' "
@@ -89,10 +104,6 @@ def register(sub) -> None:
                         "so checkpoints carry it; must be the service's vocabulary")
     p.add_argument("--eot", metavar="TOKEN",
                    help="special token that separates documents (default <|endoftext|>)")
-    p.add_argument("--token-file", type=Path, metavar="PATH",
-                   help="bearer token for a service started with --auth-token-file")
-    p.add_argument("--tls", action="store_true", help="connect to the service over TLS")
-    p.add_argument("--ca-file", type=Path, metavar="PEM", help="CA certificate for --tls")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_redis_args(p)
     p.set_defaults(func=cmd_prepare)
@@ -111,28 +122,33 @@ def register(sub) -> None:
     p.add_argument("--id", dest="job_id", metavar="JOB",
                    help="job id (default: generated; letters, digits, '_', '.', '-')")
     p.add_argument("--dataset", metavar="NAME")
-    p.add_argument("--model", metavar="PRESET", help="tiny, small or 124m (default tiny)")
+    p.add_argument("--model", metavar="PRESET",
+                   help=f"tiny, small or 124m (default: {fields['model'].default})")
     p.add_argument("--model-set", action="append", metavar="FIELD=VALUE",
                    help="override a model config field, e.g. d_model=128 (repeatable)")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     for flag, typ, text in (
-            ("--batch", int, "sequences per micro-batch (default 8)"),
+            ("--batch", int, "sequences per micro-batch"),
             ("--seq", int, "tokens per sequence (default: the model's max_seq)"),
-            ("--grad-accum", int, "micro-batches per step (default 1)"),
-            ("--lr", float, "peak learning rate (default 1e-3)"),
-            ("--min-lr", float, "final learning rate of the cosine (default lr/10)"),
-            ("--warmup", int, "linear warmup steps (default 0)"),
-            ("--weight-decay", float, "AdamW weight decay (default 0.1)"),
-            ("--grad-clip", float, "global gradient-norm clip, 0 off (default 1.0)"),
-            ("--seed", int, "initialisation seed (default 1234)"),
-            ("--checkpoint-every", int, "steps between checkpoints (default 100)"),
-            ("--keep-last", int, "newest checkpoints kept (default 3)"),
-            ("--keep-every", int, "also keep every multiple of this step (default 0: off)"),
-            ("--eval-every", int, "steps between held-out evaluations (default 0: off)"),
-            ("--eval-batches", int, "batches per evaluation (default 4)"),
+            ("--grad-accum", int, "micro-batches per step"),
+            ("--lr", float, "peak learning rate"),
+            ("--min-lr", float, "final learning rate of the cosine (default: lr/10)"),
+            ("--warmup", int, "linear warmup steps, as in `istanbul train`"),
+            ("--weight-decay", float, "AdamW weight decay"),
+            ("--grad-clip", float, "global gradient-norm clip; 0 is off"),
+            ("--seed", int, "initialisation seed"),
+            ("--checkpoint-every", int, "steps between checkpoints"),
+            ("--keep-last", int, "newest checkpoints kept"),
+            ("--keep-every", int, "also keep every multiple of this step; 0 is off"),
+            ("--eval-every", int, "steps between held-out evaluations; 0 is off"),
+            ("--eval-batches", int, "batches per evaluation"),
             ("--max-failures", int, "dead-letter after N failures (default: the daemon's)")):
+        default = fields[flag[2:].replace("-", "_")].default
+        if "default" not in text and default is not None:
+            text += f" (default: {default})"
         p.add_argument(flag, type=typ, metavar="N" if typ is int else "X", help=text)
-    p.add_argument("--precision", choices=("mixed", "fp32"), help="default mixed")
+    p.add_argument("--precision", choices=("mixed", "fp32"),
+                   help=f"(default: {fields['precision'].default})")
     add_redis_args(p)
     p.set_defaults(func=cmd_submit)
 
@@ -156,6 +172,8 @@ def register(sub) -> None:
                                      "exits 0 when it is done, 1 when it failed or was "
                                      "cancelled")
     p.add_argument("job", metavar="JOB")
+    p.add_argument("--log-every", type=float, default=10.0, metavar="S",
+                   help="without a terminal: a progress line at most every S seconds")
     add_redis_args(p)
     p.set_defaults(func=cmd_watch)
 
@@ -179,28 +197,16 @@ def register(sub) -> None:
 # ---- prepare / datasets ---------------------------------------------------------------------
 
 def cmd_prepare(args) -> int:
-    from tokenizer_svc.client import ServiceError, TokenizerClient
+    from tokenizer_svc.client import ServiceError
+    from tokenizer_svc.server_option import client_from_args
     from .datasets import DatasetError
     from .prepare import expand_inputs, prepare_dataset, vocabulary_files_for
 
     files = expand_inputs(args.files, args.include)
     handle = _connect(args)
-    client = TokenizerClient(args.tokenizer, token_file=args.token_file, tls=args.tls,
-                             root_certificates=args.ca_file, retries=2)
+    client = client_from_args(args)             # waits while the service loads its vocabulary
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                info = client.info()
-                break
-            except ServiceError as exc:
-                if exc.reason == "not-ready" and time.monotonic() < deadline:
-                    time.sleep(0.2)             # still loading its vocabulary on the GPU
-                    continue
-                raise UserFacingError(f"tokenizer service at {args.tokenizer}: "
-                                      f"{exc.details or exc.code.name} ({exc.code.name}); is "
-                                      "`istanbul serve` running there?") from None
-        client.retries = 8                      # reachable: ride out restarts from now on
+        info = client.info()
         vocab_files = vocabulary_files_for(args.vocab, info.vocabulary_hash) if args.vocab \
             else None
         result = prepare_dataset(handle, client, files, args.dataset,
@@ -389,6 +395,8 @@ def cmd_status(args) -> int:
     print(f"  dataset {data['dataset']}  model {data['model']}  tokens {data['tokens']:,}  "
           f"attempts {data['attempts']}  failures {data['failures']}"
           + (f"  owner {data['owner']}" if data["owner"] else ""))
+    if data.get("adapter"):
+        print(f"  adapter {data['adapter']}")
     if data["eval_loss"] is not None:
         print(f"  eval loss {data['eval_loss']:.4f}")
     if data["checkpoints"]:
@@ -415,9 +423,11 @@ def cmd_watch(args) -> int:
     after = last[0][0] if last else "0-0"
     record = _get_job(queue, args.job)
     bar = tqdm(total=record.get_int("total_steps") or None, initial=record.get_int("step"),
-               unit="step", desc=args.job, dynamic_ncols=True)
+               unit="step", desc=args.job, dynamic_ncols=True,
+               disable=None)    # None: no bar without a terminal; plain lines instead
     state = record.state
     backoff = Backoff()
+    printed = [0.0]
 
     def postfix(loss, tps, st):
         parts = {"state": st}
@@ -426,6 +436,10 @@ def cmd_watch(args) -> int:
         if tps:
             parts["tok/s"] = f"{tps:,.0f}"
         bar.set_postfix(parts, refresh=True)
+        if bar.disable and time.monotonic() - printed[0] >= args.log_every:
+            printed[0] = time.monotonic()
+            print(f"job {args.job}: step {bar.n}/{bar.total or '?'} "
+                  + " ".join(f"{k}={v}" for k, v in parts.items()), flush=True)
 
     postfix(record.get_float("loss"), record.get_float("tokens_per_s"), state)
     try:
@@ -491,6 +505,8 @@ def cmd_cancel(args) -> int:
 def run_trainer(args) -> int:
     """Connect, open the GPU, serve metrics, run the daemon until SIGTERM."""
     from shaders.engine import Device
+    from tokenizer_svc.exposure import bind_address, is_loopback
+    from tokenizer_svc.server.auth import load_tokens
     from .daemon import Daemon, DaemonConfig
     from .jobs import JobQueue
     from .metrics import DaemonMetrics
@@ -503,16 +519,27 @@ def run_trainer(args) -> int:
         args.checkpoints.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserFacingError(f"--checkpoints {args.checkpoints}: {exc.strerror}") from None
+    if args.metrics_auth and not args.auth_token_file:
+        raise UserFacingError("--metrics-auth needs --auth-token-file (the tokens /metrics "
+                              "accepts)")
+    metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
+    tokens = load_tokens(args.auth_token_file) if args.metrics_auth else ()
+    if args.metrics_port is not None and not is_loopback(metrics_host) and not tokens:
+        log.warning("metrics on %s without --metrics-auth: anyone who reaches the port can "
+                    "read them", metrics_host)
     handle = _connect(args)
     device = Device(args.adapter)
-    log.info("GPU: %s", device.name)
+    log.info("GPU: %s%s", device.info.summary(),
+             " -- software Vulkan, not a GPU" if device.info.is_software else "")
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
                           exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs)
     metrics = DaemonMetrics(JobQueue(handle))
     if args.metrics_port is not None:
-        port = metrics.serve(args.metrics_port, args.metrics_addr)
-        log.info("metrics on http://%s:%d/metrics", args.metrics_addr, port)
+        metrics.adapter(device.info.name, device.info.adapter_type, device.info.is_software)
+        port = metrics.serve(args.metrics_port, metrics_host, tokens)
+        log.info("metrics on http://%s:%d/metrics%s", metrics_host, port,
+                 " (bearer token required)" if tokens else "")
     daemon = Daemon(handle, config, device=device, metrics=metrics)
     daemon.install_signal_handlers()
     return daemon.run()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 log = logging.getLogger("istanbul.train")
 
@@ -36,15 +36,22 @@ def register(sub) -> None:
                    help="vocabulary: a .tiktoken/tokenizer.json path or a known name (gpt2, "
                         "cl100k_base, o200k_base); required with --text, checks shards with "
                         "--data and goes into every checkpoint")
-    t.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
+    t.add_argument("--model", default=_spec_default("model"), choices=sorted(PRESETS),
+                   help="model preset")
     t.add_argument("--steps", type=int, required=True, help="total optimizer steps")
-    t.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
-    t.add_argument("--seq", type=int, default=128, help="tokens per sequence")
-    t.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
-    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    t.add_argument("--min-lr", type=float, default=None, help="final learning rate (lr/10)")
-    t.add_argument("--warmup", type=int, default=None, help="warmup steps (5%% of --steps)")
-    t.add_argument("--weight-decay", type=float, default=0.1)
+    t.add_argument("--batch", type=int, default=_spec_default("batch"), metavar="N",
+                   help="sequences per micro-batch")
+    t.add_argument("--seq", type=int, default=128, metavar="N", help="tokens per sequence")
+    t.add_argument("--grad-accum", type=int, default=_spec_default("grad_accum"), metavar="N",
+                   help="micro-batches per step")
+    t.add_argument("--lr", type=float, default=_spec_default("lr"), metavar="X",
+                   help="peak learning rate")
+    t.add_argument("--min-lr", type=float, default=None, metavar="X",
+                   help="final learning rate (default: lr/10)")
+    t.add_argument("--warmup", type=int, default=_spec_default("warmup"), metavar="N",
+                   help="linear warmup steps, as in `istanbul submit`")
+    t.add_argument("--weight-decay", type=float, default=_spec_default("weight_decay"),
+                   metavar="X", help="AdamW weight decay")
     t.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
                    help="mixed: f16 weight mirror in the matmuls, f32 master weights and "
                         "gradients; fp32: f32 throughout (on the H200 fp32 is ~5%% faster: "
@@ -52,13 +59,14 @@ def register(sub) -> None:
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
                         "accuracy; on the H200 not faster than f32 math yet)")
-    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--seed", type=int, default=_spec_default("seed"), help="initialisation seed")
     t.add_argument("--log-every", type=int, default=10, metavar="N",
                    help="print a line every N steps")
     t.add_argument("--checkpoints", metavar="DIR", help="run directory for checkpoints")
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="save every N steps (and always at the end)")
-    t.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (newest)")
+                   help="save every N steps (0: only at the end)")
+    t.add_argument("--keep-last", type=int, default=_spec_default("keep_last"), metavar="N",
+                   help="checkpoints kept (newest)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the newest valid checkpoint in --checkpoints")
     add_device_args(t)
@@ -68,11 +76,13 @@ def register(sub) -> None:
     g.add_argument("--checkpoint", required=True, metavar="C",
                    help="checkpoint directory, its run directory, or the run's latest link")
     g.add_argument("--prompt", required=True, help="prompt text")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-tokens", type=int, default=64, metavar="N",
+                   help="tokens to generate at most (stops early at end-of-text)")
+    g.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling mass (1.0 = off)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same text)")
     g.add_argument("--ids", action="store_true", help="print token ids instead of text")
     add_device_args(g)
     g.set_defaults(func=cmd_generate)
@@ -81,6 +91,12 @@ def register(sub) -> None:
     e.add_argument("checkpoint", metavar="CHECKPOINT")
     e.add_argument("--hf", required=True, metavar="DIR", help="output folder")
     e.set_defaults(func=cmd_export)
+
+
+def _spec_default(field: str):
+    """The job spec's default, so `train` and `submit` train the same way by default."""
+    from .jobs import JobSpec
+    return JobSpec.model_fields[field].default
 
 
 # ---- train -------------------------------------------------------------------------------------
@@ -137,7 +153,7 @@ def cmd_train(args) -> int:
     try:
         tc = TrainConfig(batch=args.batch, seq=args.seq, steps=args.steps, lr=args.lr,
                          min_lr=args.min_lr if args.min_lr is not None else args.lr / 10,
-                         warmup=args.warmup if args.warmup is not None else args.steps // 20,
+                         warmup=args.warmup,
                          weight_decay=args.weight_decay, grad_accum=args.grad_accum,
                          seed=args.seed, precision=args.precision, f16_math=args.f16_math)
         cfg = ModelConfig.preset(args.model, n_vocab)
@@ -193,7 +209,7 @@ def cmd_train(args) -> int:
           f"{tc.batch}x{tc.seq} tokens x {tc.grad_accum}, {tc.precision}, on {device.name}",
           flush=True)
     bar = tqdm(total=tc.steps, initial=trainer.step_count, unit="step", file=sys.stderr,
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=None)   # None: no bar without a terminal
     last_saved = trainer.step_count
     while trainer.step_count < tc.steps:
         m = trainer.step(stream.next_accumulated(tc.grad_accum))

@@ -289,6 +289,14 @@ class Daemon:
         return None
 
 
+def adapter_label(device) -> str:
+    """'NVIDIA H200 (DiscreteGPU)' or 'llvmpipe ... (software Vulkan)', for `istanbul status`."""
+    info = getattr(device, "info", None)
+    if info is None:
+        return ""
+    return f"{info.name} ({'software Vulkan' if info.is_software else info.adapter_type})"
+
+
 class JobAttempt:
     """One worker's attempt at one job, from lease to final state."""
 
@@ -466,7 +474,8 @@ class JobAttempt:
         takeover = self.reclaimed and rec.state == "running"
         start = {"state": "running", "owner": self.owner, "attempts": self.attempt,
                  "started_at": time.time(), "updated_at": time.time(), "error": "",
-                 "start_high_step": self.start_high}
+                 "start_high_step": self.start_high,
+                 "adapter": adapter_label(self.daemon.device)}
         if takeover:
             self.metrics.takeovers.inc()
             # The previous worker died. Its crash counts as a failure only if it made no

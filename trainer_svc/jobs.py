@@ -267,8 +267,8 @@ class JobRecord:
         for name in ("loss", "tokens_per_s", "step_seconds", "eta_s", "lr", "grad_norm",
                      "eval_loss", "created_at", "started_at", "updated_at", "finished_at"):
             out[name] = self.get_float(name)
-        for name in ("owner", "error", "last_error", "dataset", "model", "vocab_hash",
-                     "checkpoint", "entry"):
+        for name in ("owner", "adapter", "error", "last_error", "dataset", "model",
+                     "vocab_hash", "checkpoint", "entry"):
             out[name] = self.raw.get(name) or None
         out["cancel_requested"] = self.raw.get("cancel_requested") == "1"
         out["checkpoints"] = self.checkpoints

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from .jobs import STATES
@@ -78,6 +78,9 @@ class DaemonMetrics:
         self.redis_up = Gauge("istanbul_trainer_redis_up", "1 when Redis answered last time",
                               registry=r)
         self.redis_up.set(1)
+        self.adapter_info = Gauge("istanbul_trainer_adapter", "the GPU adapter in use (1); "
+                                  "software=\"true\": software Vulkan, not a GPU",
+                                  ["adapter", "type", "software"], registry=r)
         if queue is not None:
             r.register(QueueCollector(queue))
 
@@ -95,7 +98,14 @@ class DaemonMetrics:
             except KeyError:
                 pass
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve /metrics over HTTP; returns the bound port (useful with port 0)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", tokens: tuple = ()) -> int:
+        """Serve /metrics over HTTP (with `tokens`: only to requests bearing one); returns the
+        bound port (useful with port 0)."""
+        from tokenizer_svc.exposure import serve_metrics
+        server = serve_metrics(self.registry, addr, port, tokens)
         return server.server_port
+
+    def adapter(self, name: str, kind: str, software: bool) -> None:
+        """The GPU adapter this daemon trains on, as an info-style gauge (always 1)."""
+        self.adapter_info.labels(adapter=name, type=kind,
+                                 software="true" if software else "false").set(1)

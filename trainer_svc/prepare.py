@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 from .datasets import DatasetInfo, DatasetWriter
 from .redis_conn import RedisHandle
@@ -149,7 +149,7 @@ def prepare_dataset(handle: RedisHandle, client, files: list[Path], name: str, *
                            tokenizer=client.target, shard_tokens=shard_tokens, replace=replace)
     total = sum(f.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"prepare {name}",
-               disable=not progress)
+               disable=None if progress else True)   # None: no bar without a terminal
     # One entry per piece sent, in order: (is the last piece of its document, its size).
     sent: collections.deque = collections.deque()
     counts = {"empty": 0, "unsafe": 0, "bytes": 0}

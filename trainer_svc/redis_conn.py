@@ -32,7 +32,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 log = logging.getLogger(__name__)
 

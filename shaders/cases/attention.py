@@ -27,7 +27,7 @@ import numpy as np
 
 from ..ladder import KernelCase, Launch, register
 from ..ops import attention
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ..kernels.case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (B, T, H, Hkv, D, fused, scale of q and k)
 SHAPES = {

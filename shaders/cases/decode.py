@@ -8,7 +8,7 @@ import numpy as np
 
 from ..ladder import KernelCase, Launch, register
 from ..ops import decode
-from ._util import f64
+from ..kernels.case_support import f64
 
 # (B, H, Hkv, D, n_ctx, t_max, q_stride_extra)
 SHAPES = {

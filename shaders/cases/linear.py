@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ladder import KernelCase, Launch, register
 from ..ops import linear
-from ._util import f64, fd_consistency, grad_report, run_launch, torch_grads
+from ..kernels.case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
 # (M, N, K) per variant for the forward (NT) orientation; others permute (see _shape).
 SHAPES = {

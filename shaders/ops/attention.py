@@ -50,7 +50,8 @@ import math
 import os
 import re
 
-from ._common import ceil_div, check, grid2d, grid3d, positive, scratch, workgroup_storage
+from ..kernels.op_support import (ceil_div, check, grid2d, grid3d, positive, scratch,
+                                  workgroup_storage)
 
 FILE = "05_attention.wgsl"
 FILE_TILED = "05_attention_tiled.wgsl"
@@ -240,8 +241,8 @@ def choose_config(device, kernel: str, T: int, D: int, config=None):
             raise ValueError(f"attention {kernel}: config {format_config(rows, cols, impl)}: "
                              + "; ".join(problems))
         return rows, cols, impl
-    from .. import autotune
-    tuned = autotune.lookup(device, "attention", kernel, (T, D))
+    from .. import tuned_cache
+    tuned = tuned_cache.lookup(device, "attention", kernel, (T, D))
     if tuned is not None:
         try:
             rows, cols, impl = parse_config(tuned)

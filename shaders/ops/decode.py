@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ._common import ceil_div, check, grid2d, positive, scratch
+from ..kernels.op_support import ceil_div, check, grid2d, positive, scratch
 
 FILE = "05_attention_decode.wgsl"
 CHUNK = 128   # = WG of decode_partial

@@ -44,7 +44,7 @@ path needs every contiguous dimension and leading dimension to be a multiple of 
                                                        operands cannot use the fast path)
     tiles=(BM, BN, BK)                                 the general kernel with those tiles
     neither                                            the fast path with the autotuned config
-                                                       (shaders/autotune.py) or a default
+                                                       (shaders/tuned_cache.py) or a default
                                                        per device class; else the general
                                                        kernel
 
@@ -61,8 +61,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._common import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
-                      workgroup_storage)
+from ..kernels.op_support import (F16, F32, ceil_div, check, dummy, grid2d, positive,
+                                  scratch, workgroup_storage)
 
 FILE = "03_linear.wgsl"
 FILE_H16 = "03_linear_h16.wgsl"
@@ -400,9 +400,9 @@ def candidate_configs(device, key: str, M: int, N: int, K: int,
 def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
                   K: int) -> MatmulConfig:
     """The tuned configuration of this (kernel, shape) on this adapter, else the default."""
-    from .. import autotune
+    from .. import tuned_cache
     key = tuning_key(layout, b_dtype, f16_math)
-    text = autotune.lookup(device, "matmul", key, (M, N, K))
+    text = tuned_cache.lookup(device, "matmul", key, (M, N, K))
     if text is not None:
         try:
             cfg = MatmulConfig.parse(text)

@@ -194,16 +194,18 @@ class Batching(_message.Message):
     def __init__(self, window_ms: _Optional[float] = ..., max_items: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("name", "type", "backend", "driver")
+    __slots__ = ("name", "type", "backend", "driver", "software")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DRIVER_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     backend: str
     driver: str
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., backend: _Optional[str] = ..., driver: _Optional[str] = ...) -> None: ...
+    software: bool
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., backend: _Optional[str] = ..., driver: _Optional[str] = ..., software: _Optional[bool] = ...) -> None: ...
 
 class GetInfoResponse(_message.Message):
     __slots__ = ("vocabulary_name", "vocabulary_hash", "n_vocab", "special_tokens", "eot_token", "pattern", "limits", "batching", "adapter", "server_version")

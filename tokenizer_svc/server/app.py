@@ -38,10 +38,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def server_version() -> str:
-    try:
-        from istanbul import __version__
-        return __version__
-    except ImportError:
+    from importlib.metadata import PackageNotFoundError, version
+    try:    # not `istanbul.__version__`: the library must not import the top-level package
+        return version("istanbul")
+    except PackageNotFoundError:
         return "unknown"
 
 
@@ -50,7 +50,7 @@ def adapter_info(device) -> pb.Adapter:
     if info is None:
         return pb.Adapter(name="unknown")
     return pb.Adapter(name=info.name, type=info.adapter_type, backend=info.backend,
-                      driver=info.driver)
+                      driver=info.driver, software=info.is_software)
 
 
 class TokenizerServer:
@@ -122,7 +122,9 @@ class TokenizerServer:
         await server.start()
         self._server = server
         if cfg.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(cfg.metrics_host, cfg.metrics_port)
+            self.metrics_port = self.metrics.serve_http(
+                cfg.metrics_host, cfg.metrics_port,
+                tokens=cfg.auth_tokens if cfg.metrics_auth else ())
         log.info("listening", extra={"data": {
             "address": f"{cfg.host}:{self.port}", "tls": cfg.tls_cert is not None,
             "auth": bool(cfg.auth_tokens), "metrics_port": self.metrics_port}})
@@ -159,11 +161,14 @@ class TokenizerServer:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, SERVING)
         self.metrics.ready.set(1)
+        adapter = adapter_info(self._device or getattr(self._encoding, "device", None))
+        self.metrics.adapter(adapter.name, adapter.type, adapter.software)
         self.ready.set()
         vocab = self._encoding.vocab
         log.info("serving", extra={"data": {
             "vocabulary": self._encoding.name, "vocabulary_hash": vocab.content_hash,
-            "n_vocab": self._encoding.n_vocab, "adapter": adapter_info(self._device).name,
+            "n_vocab": self._encoding.n_vocab, "adapter": adapter.name,
+            "software_vulkan": adapter.software,
             "load_seconds": round(time.perf_counter() - start, 3)}})
 
     def _info(self) -> pb.GetInfoResponse:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 from .errors import ERROR_METADATA_KEY, UNAUTHENTICATED
 

@@ -53,7 +53,7 @@ class BatchingConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"               # loopback unless told otherwise (--listen-public)
     port: int = 50051                     # 0: any free port (TokenizerServer.port tells which)
     limits: Limits = field(default_factory=Limits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
@@ -61,13 +61,16 @@ class ServerConfig:
     tls_cert: bytes | None = None         # PEM certificate chain and key: serve TLS
     tls_key: bytes | None = None
     metrics_port: int | None = None       # Prometheus /metrics on this HTTP port (0: any free)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
+    metrics_auth: bool = False            # /metrics also requires one of auth_tokens
     shutdown_grace_s: float = 30.0        # in-flight requests get this long to finish on SIGTERM
     drain_delay_s: float = 0.0            # NOT_SERVING this long before refusing new requests
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both a certificate and a key")
+        if self.metrics_auth and not self.auth_tokens:
+            raise ValueError("metrics authentication needs bearer tokens (--auth-token-file)")
 
     @property
     def address(self) -> str:

@@ -29,7 +29,7 @@ import logging
 import time
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .batcher import BatchObserver
 
@@ -85,6 +85,9 @@ class ServiceMetrics(BatchObserver):
                             "answered", registry=r)
         self.ready = Gauge("istanbul_tokenizer_ready", "1 once the device and vocabulary are "
                            "ready, 0 while starting or draining", registry=r)
+        self.adapter_info = Gauge("istanbul_tokenizer_adapter", "the GPU adapter in use (1); "
+                                  "software=\"true\": software Vulkan, not a GPU",
+                                  ["adapter", "type", "software"], registry=r)
         self._http = None
 
     # ---- BatchObserver --------------------------------------------------------------------
@@ -109,10 +112,17 @@ class ServiceMetrics(BatchObserver):
 
     # ---- HTTP endpoint --------------------------------------------------------------------
 
-    def serve_http(self, host: str, port: int) -> int:
-        """Start /metrics on host:port (0: any free port); returns the bound port."""
-        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve_http(self, host: str, port: int, tokens: tuple = ()) -> int:
+        """Start /metrics on host:port (0: any free port; with `tokens`, only for requests
+        carrying one of them); returns the bound port."""
+        from ..exposure import serve_metrics
+        self._http = serve_metrics(self.registry, host, port, tokens)
         return self._http.server_port
+
+    def adapter(self, name: str, kind: str, software: bool) -> None:
+        """The GPU adapter in use, as an info-style gauge (always 1)."""
+        self.adapter_info.labels(adapter=name, type=kind,
+                                 software="true" if software else "false").set(1)
 
     def stop_http(self) -> None:
         if self._http is not None:

@@ -10,7 +10,7 @@ The modules, in the order data flows through them:
 - `corpus`: files -> unique pre-tokenized pieces with counts (streaming, optionally parallel)
 - `merges`: the contract both trainers implement (ranks, tie-break, overlapping runs)
 - `cpu_reference`: the readable trainer
-- `gpu_trainer`: the WGSL trainer (shaders/wgsl/bpe_train.wgsl); same merges, much faster
+- `gpu_trainer`: the WGSL trainer (shaders/kernels/bpe_train/); same merges, much faster
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
     callback = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=n_tokens - N_BYTES, unit="merge", desc=f"learning merges ({trainer})")
+        bar = tqdm(total=n_tokens - N_BYTES, unit="merge", desc=f"learning merges ({trainer})",
+                   disable=None)   # None: no bar without a terminal
 
         def callback(merges_done, _tokens):
             bar.update(merges_done - bar.n)

@@ -394,7 +394,8 @@ def count_pieces(paths, pattern: str, specials=(), invalid_utf8: str = "error",
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=total_size, unit="B", unit_scale=True, desc="pre-tokenizing")
+        bar = tqdm(total=total_size, unit="B", unit_scale=True, desc="pre-tokenizing",
+                   disable=None)   # None: no bar without a terminal
     counter: Counter = Counter()
     fallbacks = 0
     try:

@@ -1,4 +1,4 @@
-"""The GPU trainer: byte-level BPE training as WGSL kernels (shaders/wgsl/bpe_train.wgsl).
+"""The GPU trainer: byte-level BPE training as WGSL kernels (shaders/kernels/bpe_train/).
 
     result = train(pieces, n_tokens=32000, device=Device())
     result.merges == cpu_reference.train(pieces, 32000).merges     # always (tested)

@@ -2,9 +2,10 @@
 
 Each function records one or a few dispatches into a Recorder (`rec`); operands are Buffers or
 BufferViews (sub-ranges of the parameter, gradient and moment buffers); all shapes are
-row-major, rows = B*T tokens. The WGSL and its numpy reference live with the kernels in
-`shaders/ops/<family>.py`, `shaders/wgsl/` and the ladder (`istanbul kernels check`); this
-module only adapts their calling conventions to the model's:
+row-major, rows = B*T tokens. The WGSL, its numpy reference and its ladder cases live with the
+op module in `shaders/kernels/<family>/` (matmul and attention: `shaders/ops/`, `shaders/wgsl/`,
+`shaders/cases/`; `istanbul kernels check`); this module only adapts their calling
+conventions to the model's:
 
     linear(x, W, y, M, N, K)          y[M,N]  = x[M,K] · W[N,K]ᵀ  (+ residual R[M,N])
     linear_dx(dy, W, dx, M, K, N)     dx[M,K] (=|+=) dy[M,N] · W[N,K]
@@ -19,14 +20,19 @@ import importlib
 
 import numpy as np
 
+# Where each family's op module lives: shaders/kernels/<family>/ops.py; matmul, attention and
+# decoding in shaders/ops/ until they move into the same layout.
+FAMILY_MODULES = {
+    "basic": "shaders.kernels.elementwise.ops",
+    **{f: f"shaders.kernels.{f}.ops"
+       for f in ("embedding", "rmsnorm", "rope", "activations", "cross_entropy", "optim")},
+    **{f: f"shaders.ops.{f}" for f in ("linear", "attention", "decode")},
+}
+
+
 def _family(name: str):
-    """The op module shaders.ops.<name> (kernels branch); a clear error while it is absent."""
-    try:
-        return importlib.import_module(f"shaders.ops.{name}")
-    except ModuleNotFoundError as exc:
-        raise NotImplementedError(
-            f"kernel family shaders/ops/{name}.py is not in this build yet; the model needs "
-            "it (merge the kernels branch)") from exc
+    """The op module of kernel family `name`."""
+    return importlib.import_module(FAMILY_MODULES[name])
 
 
 # ---- element-wise helpers ---------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""Ladder entries for the BPE tokenizer kernels (bpe_encode/scan/compact/decode.wgsl).
+
+The launches run the tokenizer's own classes through their public entry points
+(`GpuEncoder.encode_docs`, `GpuScan.record`, `GpuDecoder.decode`), so the ladder checks the
+path the service runs; the encoder and decoder submit and read back themselves and report
+their GPU time from their profiles. References (reference.py) are exact: the plain-Python
+tokenizer (tokenizer_svc/reference.py) for encoding, numpy for the scan, the vocabulary's
+bytes for decoding.
+
+The vocabulary: cl100k_base / o200k_base / gpt2 when `load_vocabulary` finds them (known names
+in $ISTANBUL_VOCAB_DIR, ~/.cache/istanbul/vocab or tiktoken's cache), else a small synthetic
+one (the 256 bytes plus the Python standard library's most frequent 2- to 6-byte strings,
+each a token made of a shorter token and a byte) so the ladder runs on any machine.
+
+Inputs stay small (no piece longer than 130 bytes; on llvmpipe the encoder works in budgeted
+rounds, and tests/test_tokenizer_gpu.py covers long runs); the `bench` variant is 4 MB of
+text.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ...ladder import KernelCase, Launch, register
+from . import reference
+
+WORDS = ("the of and to in is for def return self if else None import class from with as "
+         "not print value data index Istanbul İstanbul ÇOK güzel straße ÄÖÜ naïve 東京 "
+         "日本語 한국어 русский ελληνικά عربي עברית हिन्दी ไทย don't WE'LL it's ſ's "
+         "x1 42 3.14 12345678 $5 /path //x ... !!! (a) [b] {c} 👍🏽 👩‍💻").split()
+SEPARATORS = (" ", " ", " ", "  ", "\n", "\n    ", "\r\n", "\t", ", ", ". ", "\n\n")
+
+
+@lru_cache(maxsize=None)
+def ladder_vocab(pattern: str):
+    from tokenizer_svc.patterns import KNOWN_VOCABULARIES, PATTERNS
+    from tokenizer_svc.vocab import Vocabulary, VocabularyError, load_vocabulary
+    known = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}[pattern]
+    try:
+        return load_vocabulary(known)
+    except VocabularyError:
+        pass
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = b"".join((stdlib / f).read_bytes() for f in ("textwrap.py", "string.py", "shlex.py")
+                    if (stdlib / f).is_file())
+    ranks = {bytes([i]): i for i in range(256)}
+    for n in range(2, 7):
+        grams = Counter(text[i:i + n] for i in range(0, len(text) - n, 1))
+        for gram, _ in grams.most_common(600):
+            if gram[:-1] in ranks and gram not in ranks:
+                ranks[gram] = len(ranks)
+    special = dict(KNOWN_VOCABULARIES[known].special_tokens)
+    special = {t: len(ranks) + k for k, t in enumerate(special)}
+    return Vocabulary(name=f"ladder-{pattern}", ranks=ranks, pattern=PATTERNS[pattern],
+                      special_tokens=special)
+
+
+@lru_cache(maxsize=None)
+def _tables(pattern: str):
+    from tokenizer_svc.gpu_tables import VocabTables
+    return VocabTables.build(ladder_vocab(pattern))
+
+
+def _docs(rng, variant: str) -> list[str]:
+    if variant == "bench":
+        n_docs, words = 2000, 400   # ~4 MB
+    elif variant == "many":
+        n_docs, words = 3000, 2
+    else:
+        n_docs, words = 40, 60
+    docs = []
+    for _ in range(n_docs):
+        parts = []
+        for _ in range(rng.integers(0, words + 1)):
+            if variant == "unicode" and rng.random() < 0.3:
+                parts.append("".join(chr(int(c)) for c in rng.integers(0x20, 0x30000, 4)
+                                     if not 0xD800 <= c < 0xE000))
+            elif variant == "long" and rng.random() < 0.05:
+                parts.append(str(rng.choice(["a", " ", "7", "!", "\n", "日"])) *
+                             int(rng.integers(65, 130)))  # > 64: the long-piece path
+            else:
+                parts.append(str(rng.choice(WORDS)))
+            parts.append(str(rng.choice(SEPARATORS)))
+        docs.append("".join(parts))
+    return docs
+
+
+def _encode_inputs(pattern):
+    def inputs(rng, variant):
+        docs = _docs(rng, variant)
+        data = [d.encode("utf-8") for d in docs]
+        return {"docs": docs, "data": b"".join(data), "pattern": pattern,
+                "starts": np.concatenate([[0], np.cumsum([len(d) for d in data])])}
+    return inputs
+
+
+def _encode_launch(dev, inp):
+    """The tokenizer's own encoder, through its public entry point (budgeted rounds on
+    software adapters, as served), timed by its per-dispatch GPU profile."""
+    from tokenizer_svc.gpu_encode import GpuEncoder
+    enc = GpuEncoder(dev, _tables(inp["pattern"]), inp["pattern"])
+    enc.profile = True
+    data, starts = np.frombuffer(inp["data"], np.uint8), inp["starts"]
+    result = {}
+
+    def encode(rec):   # the encoder submits and reads back itself; `rec` stays empty
+        result["ids"], result["offsets"] = enc.encode_docs(data, starts)
+
+    return Launch(encode=encode,
+                  read=lambda: {"ids": result["ids"],
+                                "offsets": np.asarray(result["offsets"], np.int64)},
+                  gpu_seconds=lambda: sum(enc.last_profile.gpu.values()))
+
+
+def _encode_reference(inp):
+    ids, offsets = reference.encode(ladder_vocab(inp["pattern"]), inp["docs"])
+    return {"ids": ids, "offsets": offsets}
+
+
+for _pattern in ("gpt2", "cl100k", "o200k"):
+    register(KernelCase(
+        name=f"bpe_encode_{_pattern}", family="bpe", precision="exact",
+        description=f"GPU pre-tokenizer ({_pattern} rules) + BPE merges + compaction",
+        kernels=[("bpe_encode.wgsl", k, {"PATTERN": {"gpt2": 0, "cl100k": 1, "o200k": 2}[_pattern]})
+                 for k in ("bpe_cuts", "bpe_pretok")] +
+                [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
+                                                  "bpe_merge_pieces")] +
+                [("bpe_compact.wgsl", "bpe_compact")],
+        inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
+        variants=("random", "unicode", "long", "many"),
+        bytes=lambda inp: 21.0 * len(inp["data"])))
+
+
+# ---- scan -------------------------------------------------------------------------------
+
+SCAN_SIZES = {"random": 100_003, "one": 1, "block": 1024, "deep": 1_500_000, "bench": 1 << 24}
+
+
+def _scan_inputs(rng, variant):
+    n = SCAN_SIZES[variant]
+    return {"x": rng.integers(0, 1000, n).astype(np.uint32)}
+
+
+def _scan_launch(dev, inp):
+    from tokenizer_svc.gpu_scan import BufferPool, GpuScan
+    pool = BufferPool(dev)
+    scan = GpuScan(dev, pool)
+    n = inp["x"].size
+    src = dev.upload(inp["x"])
+    dst = dev.empty(n + 1, np.uint32)
+    return Launch(encode=lambda rec: scan.record(rec, src, n, dst, mode=0),
+                  read=lambda: {"excl": dev.download(dst)})
+
+
+register(KernelCase(
+    name="bpe_scan", family="bpe", precision="exact",
+    description="exclusive prefix sum of u32 (n + 1 outputs, the last is the total)",
+    kernels=[("bpe_scan.wgsl", "scan_blocks", {"MODE": 0}), ("bpe_scan.wgsl", "scan_add")],
+    inputs=_scan_inputs, launch=_scan_launch,
+    reference=lambda inp: {"excl": reference.exclusive_scan(inp["x"])},
+    variants=("random", "one", "block", "deep"), bytes=lambda inp: 12.0 * inp["x"].size))
+
+
+# ---- decode -----------------------------------------------------------------------------
+
+def _decode_inputs(rng, variant):
+    vocab = ladder_vocab("o200k")
+    n = {"random": 50_000, "one": 1, "bench": 4_000_000}[variant]
+    ids = np.array(sorted(vocab.decoder), dtype=np.uint32)
+    return {"ids": ids[rng.integers(0, ids.size, n)]}
+
+
+def _decode_launch(dev, inp):
+    """The tokenizer's own decoder, through its public entry point."""
+    from tokenizer_svc.gpu_decode import GpuDecoder
+    tables = _tables("o200k")
+    dec = GpuDecoder(dev, tables, dev.upload(tables.vocab_words))
+    dec.profile = True
+    result = {}
+
+    def encode(rec):   # the decoder submits and reads back itself; `rec` stays empty
+        dec.gpu_times = []
+        result["bytes"] = np.frombuffer(dec.decode(inp["ids"]), np.uint8)
+
+    return Launch(encode=encode, read=lambda: dict(result),
+                  gpu_seconds=lambda: sum(t for _, t in dec.gpu_times))
+
+
+def _decode_reference(inp):
+    return {"bytes": reference.decode(ladder_vocab("o200k"), inp["ids"])}
+
+
+register(KernelCase(
+    name="bpe_decode", family="bpe", precision="exact",
+    description="ids -> bytes: token lengths, prefix sum, gather",
+    kernels=[("bpe_decode.wgsl", "dec_lengths"), ("bpe_decode.wgsl", "dec_gather"),
+             ("bpe_decode.wgsl", "dec_total")],
+    inputs=_decode_inputs, launch=_decode_launch, reference=_decode_reference,
+    variants=("random", "one"),
+    bytes=lambda inp: 4.0 * inp["ids"].size * 4 + 8.0 * inp["ids"].size))

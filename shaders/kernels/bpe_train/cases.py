@@ -1,0 +1,398 @@
+"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact.
+
+Each case builds the device state the kernel expects (the layout of
+tokenizer_svc/training/gpu_trainer.py), runs it, and compares exactly against a slow numpy /
+Python reference written from the contract in tokenizer_svc/training/merges.py. Outputs that
+the GPU may order freely (pair keys, compacted pieces) are put in a canonical order first.
+Outputs have shapes fixed by the inputs (padded tables, dense pair-count matrices), so a
+wrong kernel fails the comparison instead of breaking it. Every launch starts by copying
+pristine inputs over the buffers the kernels change, so the benchmark rung times the same
+work on every repetition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ladder import KernelCase, Launch, register
+from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
+                        dense_pairs, merge_reference, padded, pair_table)
+
+from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
+    FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
+    S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
+    SELECT_ITEMS, WG)
+
+STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
+               "key_cap": S_KEY_CAP, "live": S_LIVE, "n": S_N, "n_pieces": S_N_PIECES,
+               "n_positions": S_N_POSITIONS, "next_id": S_NEXT_ID, "num_keys": S_NUM_KEYS,
+               "stamp": S_STAMP, "target": S_TARGET}
+
+
+def pair_hash(a: int, b: int) -> int:
+    """bpe_train.wgsl's pair_hash in Python (u32 arithmetic)."""
+    m = 0xFFFFFFFF
+    h = ((a * 0x9E3779B1) & m) ^ (((b + 0x7F4A7C15) & m) * 0x85EBCA77 & m)
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & m
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & m
+    h ^= h >> 16
+    return h
+
+
+def split64(values) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(values, dtype=np.uint64)
+    return (v & np.uint64(0xFFFFFFFF)).astype(np.uint32), (v >> np.uint64(32)).astype(np.uint32)
+
+
+def join64(lo, hi) -> np.ndarray:
+    return np.asarray(lo, np.uint64) | (np.asarray(hi, np.uint64) << np.uint64(32))
+
+
+def folded(groups: int) -> tuple[int, int, int]:
+    if groups <= 65535:
+        return (groups, 1, 1)
+    rows = -(-groups // 65535)
+    return (-(-groups // rows), rows, 1)
+
+
+def _piece_arrays(pieces: list, counts) -> dict:
+    """Flat device layout of pieces (lists of token ids) with 64-bit counts."""
+    lens = np.array([len(p) for p in pieces], dtype=np.int64)
+    lo, hi = split64(counts)
+    table = np.zeros((len(pieces), 4), np.uint32)
+    table[:, 0] = np.concatenate([[0], np.cumsum(lens)[:-1]]) if len(pieces) else []
+    table[:, 1] = lens
+    table[:, 2], table[:, 3] = lo, hi
+    tokens = (np.concatenate([np.asarray(p, np.uint32) for p in pieces]) if pieces
+              else np.zeros(0, np.uint32))
+    piece_of = np.repeat(np.arange(len(pieces), dtype=np.uint32), lens)
+    return {"tokens": tokens, "piece_of": piece_of, "table": table}
+
+
+def _state(**words) -> np.ndarray:
+    state = np.zeros(S_WORDS, np.uint32)
+    for name, value in words.items():
+        state[STATE_WORDS[name]] = value
+    return state
+
+
+class _Pristine:
+    """Device buffers restored from pristine copies at the start of every launch."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.pairs = []
+
+    def buffer(self, array, label=""):
+        work = self.dev.upload(array, label)
+        self.pairs.append((self.dev.upload(array, label + " pristine"), work))
+        return work
+
+    def restore(self, rec):
+        for src, dst in self.pairs:
+            rec.copy(src, dst, src.nbytes)
+
+
+# ---- pair count: the initial byte-pair counts ---------------------------------------------
+
+COUNT_SIZES = {"random": (3000, 12), "runs": (400, 40), "bench": (1_000_000, 8)}
+
+
+def _count_inputs(rng, variant):
+    n, mean = COUNT_SIZES[variant]
+    lens = np.maximum(1, rng.poisson(mean, n))
+    if variant == "runs":  # runs of one byte and two-byte cycles: overlapping pairs
+        pieces = [[int(rng.integers(256))] * int(k) if i % 2 else
+                  [int(v) for v in np.resize(rng.integers(256, size=2), int(k))]
+                  for i, k in enumerate(lens)]
+    else:
+        flat = rng.integers(0, 256, size=int(lens.sum()))
+        pieces = np.split(flat, np.cumsum(lens)[:-1])
+    counts = rng.integers(1, 1 << 20, size=n).astype(np.uint64)
+    counts[::7] += np.uint64(0xFFFFFFF0)  # 64-bit sums: carries out of the low word
+    return {"pieces": pieces, "counts": counts}
+
+
+def _count_launch(dev, inp):
+    arr = _piece_arrays(inp["pieces"], inp["counts"])
+    n = arr["tokens"].size
+    keep = _Pristine(dev)
+    tokens, piece_of = dev.upload(arr["tokens"]), dev.upload(arr["piece_of"])
+    pieces = dev.upload(arr["table"])
+    state = dev.upload(_state(n_positions=n))
+    counts = keep.buffer(np.zeros(2 * 65536, np.uint32), "counts")
+    kern = dev.kernel(FILE, "count_pairs")
+
+    def encode(rec):
+        keep.restore(rec)
+        rec.dispatch(kern, [tokens, piece_of, pieces, state, counts], max(1, -(-n // WG)))
+
+    def read():
+        c = dev.download(counts).reshape(-1, 2)
+        return {"counts": join64(c[:, 0], c[:, 1]).astype(np.int64)}
+    return Launch(encode, read)
+
+
+register(KernelCase(
+    name="bpe_train_pair_count", family="bpe_train", precision="exact",
+    description="initial byte-pair counts, 64-bit atomics with carry",
+    kernels=[(FILE, "count_pairs")], inputs=_count_inputs, launch=_count_launch,
+    reference=count_reference, variants=("random", "runs"),
+    bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))
+
+
+# ---- best pair: select_partial + select_final ---------------------------------------------
+
+BEST_SIZES = {"random": 20_000, "ties": 9000, "one": 70_000, "bench": 4_000_000}
+
+
+def _best_inputs(rng, variant):
+    n = BEST_SIZES[variant]
+    keys = np.stack([rng.integers(0, 50_000, n), rng.integers(0, 50_000, n)], 1)
+    keys = np.unique(keys, axis=0)
+    keys = keys[rng.permutation(len(keys))].astype(np.uint32)
+    if variant == "ties":  # one count everywhere: the ids decide
+        counts = np.full(len(keys), 5 << 32 | 7, np.uint64)
+    elif variant == "one":  # all zero but one, near the end
+        counts = np.zeros(len(keys), np.uint64)
+        counts[-3] = 1
+    else:
+        counts = rng.integers(0, 1 << 40, len(keys)).astype(np.uint64)
+        counts[rng.integers(len(keys), size=20)] = counts.max()  # ties at the top
+        counts[rng.integers(len(keys), size=len(keys) // 3)] = 0
+    return {"keys": keys, "counts": counts}
+
+
+def _best_launch(dev, inp):
+    keys = inp["keys"]
+    n = len(keys)
+    lo, hi = split64(inp["counts"])
+    keep = _Pristine(dev)
+    k_buf = dev.upload(keys)
+    c_buf = dev.upload(np.stack([lo, hi], 1).reshape(-1))
+    partials = dev.zeros((-(-n // SELECT_ITEMS), 4), np.uint32)
+    tok_len = dev.upload(np.ones(65536, np.uint32))
+    merges = dev.zeros((1, 4), np.uint32)
+    state = keep.buffer(_state(num_keys=n, key_cap=n + 4 * 65536, next_id=60_000,
+                               target=65_000), "state")
+    find_args = dev.zeros(4, np.uint32)
+    reg_args = dev.zeros(4, np.uint32)
+    current = dev.zeros(16, np.uint32)
+    k1, k2 = dev.kernel(FILE, "select_partial"), dev.kernel(FILE, "select_final")
+
+    def encode(rec):
+        keep.restore(rec)
+        rec.dispatch(k1, [k_buf, c_buf, state, partials], -(-n // SELECT_ITEMS))
+        rec.dispatch(k2, [partials, tok_len, merges, state, find_args, reg_args, current], 1)
+
+    def read():
+        m = dev.download(merges)[0]
+        return {"merge": np.array([m[0], m[1], int(join64(m[2], m[3]))], np.int64)}
+    return Launch(encode, read)
+
+
+register(KernelCase(
+    name="bpe_train_best_pair", family="bpe_train", precision="exact",
+    description="highest 64-bit count, then lowest left id, then lowest right id",
+    kernels=[(FILE, "select_partial"), (FILE, "select_final")], inputs=_best_inputs,
+    launch=_best_launch, reference=best_reference, variants=("random", "ties", "one"),
+    bytes=lambda inp: len(inp["keys"]) * 8.0))
+
+
+# ---- merge: find_and_merge + register_pairs -------------------------------------------------
+
+MERGE_SIZES = {"random": (2000, 10), "runs": (600, 30), "capped": (1500, 10),
+               "budget": (300, 12), "bench": (200_000, 8)}
+# "budget": a few 3,000-token runs rewritten 300 loop iterations at a time (the software-
+# device path): find_and_merge saves cursors, CONTINUE passes resume them.
+BUDGET_VARIANT = (300, 80)  # (iterations per pass, CONTINUE passes recorded)
+
+
+def _merge_inputs(rng, variant):
+    n, mean = MERGE_SIZES[variant]
+    vocab = 300  # ids 256..299 stand for earlier merges
+    a, b = (97, 97) if variant in ("runs", "budget") else \
+        (int(rng.integers(vocab)), int(rng.integers(vocab)))
+    pieces = []
+    for k in np.maximum(2, rng.poisson(mean, n)):
+        if variant == "runs":  # "aaaa..." and "abab..." and mixtures: overlapping occurrences
+            kind = rng.integers(3)
+            unit = [a] if kind == 0 else [a, 98] if kind == 1 else [a, a, 99]
+            pieces.append([int(v) for v in np.resize(unit, int(k))])
+        else:
+            p = list(rng.integers(0, vocab, size=int(k)))
+            for j in range(0, int(k) - 1, int(rng.integers(2, 6))):
+                p[j], p[j + 1] = a, b  # plenty of occurrences, some adjacent
+            pieces.append([int(v) for v in p])
+    if variant == "budget":
+        pieces[::100] = [[a] * 3001, [a, 98] * 1500, [a, a, 99] * 1000][: len(pieces[::100])]
+    counts = rng.integers(1, 1000, size=n).astype(np.uint64)
+    counts[::5] += np.uint64(0xFFFFFF00)
+    tok_len = np.ones(vocab + 1, np.uint32)
+    tok_len[256:vocab] = rng.integers(2, 6, size=vocab - 256)
+    tok_len[vocab] = tok_len[a] + tok_len[b]
+    cap = 7 if variant == "capped" else NO_CAP
+    budget, passes = BUDGET_VARIANT if variant == "budget" else (NO_CAP, 0)
+    return {"pieces": pieces, "counts": counts, "a": a, "b": b, "n": vocab,
+            "tok_len": tok_len, "cap": cap, "budget": budget, "passes": passes}
+
+
+def _merge_launch(dev, inp):
+    arr = _piece_arrays(inp["pieces"], inp["counts"])
+    n_pos, n_pieces = arr["tokens"].size, len(inp["pieces"])
+    table = pair_table(inp["pieces"], inp["counts"], inp["tok_len"], inp["cap"])
+    others = sorted(p for p in table if p[0] >= 256 or p[1] >= 256)
+    n_keys = 65536 + len(others)
+    key_cap = n_keys + 4 * (inp["n"] + 1) + 16
+    keys = np.zeros((key_cap, 2), np.uint32)
+    keys[:65536, 0], keys[:65536, 1] = np.arange(65536) >> 8, np.arange(65536) & 255
+    counts = np.zeros(2 * key_cap, np.uint32)
+    slots_n = 1 << int(2 * key_cap - 1).bit_length()
+    slots = np.zeros(slots_n, np.uint32)
+    for (x, y), c in table.items():
+        k = x * 256 + y if x < 256 and y < 256 else 65536 + others.index((x, y))
+        keys[k] = (x, y)
+        counts[2 * k], counts[2 * k + 1] = c & 0xFFFFFFFF, c >> 32
+        if k >= 65536:  # linear probing, as the kernels do
+            h = pair_hash(x, y) & (slots_n - 1)
+            while slots[h]:
+                h = (h + 1) & (slots_n - 1)
+            slots[h] = k + 1
+    codes = 2 * (inp["n"] + 1) + 2
+    state = _state(n_positions=n_pos, n_pieces=n_pieces, live=n_pos, a=inp["a"], b=inp["b"],
+                   n=inp["n"], stamp=1, cap=inp["cap"], num_keys=n_keys, key_cap=key_cap,
+                   hash_mask=slots_n - 1, budget=inp["budget"])
+    keep = _Pristine(dev)
+    piece_of = dev.upload(arr["piece_of"])
+    tok_len = dev.upload(inp["tok_len"])
+    current = np.zeros(16, np.uint32)  # what select_final would have written (C_* words)
+    current[:9] = [inp["a"], inp["b"], inp["n"], 1, inp["cap"], inp["budget"], n_pos,
+                   slots_n - 1, n_pieces]
+    current = dev.upload(current)
+    bufs = {"tokens": keep.buffer(arr["tokens"], "tokens"),
+            "pieces": keep.buffer(arr["table"], "pieces"),
+            "stamps": keep.buffer(np.zeros(n_pieces, np.uint32), "stamps"),
+            "resume": keep.buffer(np.zeros((2 * n_pieces, 4), np.uint32), "resume"),
+            "keys": keep.buffer(keys, "keys"), "counts": keep.buffer(counts, "counts"),
+            "slots": keep.buffer(slots, "slots"),
+            "step": keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
+            "new_codes": keep.buffer(np.zeros(codes, np.uint32), "new codes"),
+            "state": keep.buffer(state, "state")}
+    from shaders.engine import INDIRECT_STORAGE
+    find_args = dev.buffer(16, np.uint32, (4,), usage=INDIRECT_STORAGE)
+    reg_args = dev.buffer(16, np.uint32, (4,), usage=INDIRECT_STORAGE)
+    pristine_find = dev.upload(np.array(folded(max(1, -(-n_pos // WG))) + (0,), np.uint32))
+    pristine_reg = dev.upload(np.array([0, 1, 1, 0], np.uint32))
+    k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "register_pairs")
+    k_more = dev.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
+    b = bufs
+    merge_resources = [piece_of, b["slots"], b["keys"], tok_len, current, b["tokens"],
+                       b["pieces"], b["stamps"], b["resume"], b["counts"], b["step"],
+                       b["new_codes"], b["state"], reg_args]
+
+    def encode(rec):
+        keep.restore(rec)
+        rec.copy(pristine_find, find_args, 16)
+        rec.copy(pristine_reg, reg_args, 16)
+        rec.dispatch_indirect(k_find, merge_resources, find_args)
+        for _ in range(inp["passes"]):
+            rec.dispatch(k_more, merge_resources, -(-n_pieces // WG))
+        rec.dispatch_indirect(k_reg, [b["new_codes"], b["keys"], b["counts"], b["step"],
+                                      b["slots"], b["state"]], reg_args)
+
+    def read():
+        st = dev.download(b["state"])
+        if st[S_ERRORS] or st[S_PENDING]:
+            raise RuntimeError(f"kernel error flags {st[S_ERRORS]}, {st[S_PENDING]} pieces "
+                               "left unfinished")
+        table_out = dev.download(b["pieces"])
+        toks = dev.download(b["tokens"])
+        new = [toks[s:s + min(n, len(p))] for (s, n, _, _), p in zip(table_out, inp["pieces"])]
+        kk = dev.download(b["keys"])[: min(st[S_NUM_KEYS], key_cap)]
+        cc = dev.download(b["counts"]).reshape(-1, 2)[: len(kk)]
+        gpu_table = {}
+        for (x, y), (lo, hi) in zip(kk.tolist(), cc.tolist()):
+            if (lo or hi) and max(x, y) <= inp["n"]:
+                gpu_table[(x, y)] = gpu_table.get((x, y), 0) + (lo | hi << 32)
+        return {"tokens": padded(new, max(len(p) for p in inp["pieces"])),
+                "lens": table_out[:, 1].astype(np.int64),
+                "pairs": dense_pairs(gpu_table, inp["n"] + 1)}
+    return Launch(encode, read)
+
+
+register(KernelCase(
+    name="bpe_train_merge", family="bpe_train", precision="exact",
+    description="apply one merge to every piece (overlapping runs) and update pair counts",
+    inputs=_merge_inputs,
+    kernels=[(FILE, "find_and_merge"), (FILE, "find_and_merge", {"CONTINUE": 1}),
+             (FILE, "register_pairs")],
+    launch=_merge_launch, reference=merge_reference,
+    variants=("random", "runs", "capped", "budget"),
+    bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
+
+
+# ---- compact: compact + compact_finish ------------------------------------------------------
+
+COMPACT_SIZES = {"random": 5000, "all_dead": 300, "bench": 1_000_000}
+
+
+def _compact_inputs(rng, variant):
+    n = COMPACT_SIZES[variant]
+    full = [list(rng.integers(0, 5000, size=int(k))) for k in np.maximum(2, rng.poisson(6, n))]
+    cur = rng.integers(0, 4, size=n) if variant != "all_dead" else rng.integers(0, 2, size=n)
+    counts = rng.integers(1, 1 << 40, size=n).astype(np.uint64)
+    return {"pieces": full, "cur_lens": np.minimum(cur * 3, [len(p) for p in full]),
+            "counts": counts}
+
+
+def _compact_launch(dev, inp):
+    arr = _piece_arrays(inp["pieces"], inp["counts"])
+    arr["table"][:, 1] = inp["cur_lens"]  # pieces shrunk by merges: stale tails behind them
+    n_pos, n_pieces = arr["tokens"].size, len(inp["pieces"])
+    keep = _Pristine(dev)
+    tokens, pieces = dev.upload(arr["tokens"]), dev.upload(arr["table"])
+    piece_of = dev.upload(arr["piece_of"])
+    out_tokens = dev.zeros(n_pos, np.uint32)
+    out_piece_of = dev.zeros(n_pos, np.uint32)
+    out_pieces = dev.zeros((n_pieces, 4), np.uint32)
+    moved = dev.zeros((n_pieces, 2), np.uint32)
+    out_stamps = keep.buffer(np.full(n_pieces, 7, np.uint32), "stamps")
+    state = keep.buffer(_state(n_pieces=n_pieces, n_positions=n_pos), "state")
+    k1, k2, k3 = (dev.kernel(FILE, k) for k in ("compact", "compact_tokens", "compact_finish"))
+
+    def encode(rec):
+        keep.restore(rec)
+        rec.dispatch(k1, [pieces, out_pieces, out_stamps, moved, state],
+                     max(1, -(-n_pieces // WG)))
+        rec.dispatch(k2, [tokens, piece_of, pieces, moved, state, out_tokens, out_piece_of],
+                     max(1, -(-n_pos // WG)))
+        rec.dispatch(k3, [state], 1)
+
+    def read():
+        st = dev.download(state)
+        n = min(int(st[S_N_PIECES]), n_pieces)
+        table = dev.download(out_pieces)[:n]
+        toks, owner = dev.download(out_tokens), dev.download(out_piece_of)
+        stamps = dev.download(out_stamps)[:n]
+        if st[S_N_POSITIONS] != table[:, 1].sum() or stamps.any():
+            raise RuntimeError("compacted sizes or stamps are wrong")
+        for q, (s, ln, _, _) in enumerate(table):
+            if (owner[s:s + ln] != q).any():
+                raise RuntimeError(f"piece_of wrong for compacted piece {q}")
+        out = compact_canonical([toks[s:s + ln] for s, ln, _, _ in table],
+                                 join64(table[:, 2], table[:, 3]), n_pieces,
+                                 max(len(p) for p in inp["pieces"]))
+        out["n"] = np.array([int(st[S_N_PIECES])], np.int64)
+        return out
+    return Launch(encode, read)
+
+
+register(KernelCase(
+    name="bpe_train_compact", family="bpe_train", precision="exact",
+    description="drop pieces shorter than two tokens, densely, into the other buffer set",
+    kernels=[(FILE, "compact"), (FILE, "compact_tokens"), (FILE, "compact_finish")],
+    inputs=_compact_inputs,
+    launch=_compact_launch, reference=compact_reference, variants=("random", "all_dead"),
+    bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))

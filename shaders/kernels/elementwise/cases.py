@@ -1,0 +1,148 @@
+"""Ladder entries for the element-wise kernels (infra.wgsl, infra_vec4.wgsl through ops.py;
+reference.py): fill, scale, axpy, copy, casts, back-to-back reductions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ladder import KernelCase, Launch, register
+from . import reference
+
+FILE = "infra.wgsl"
+EW = 256  # invocations per workgroup of the element-wise kernels
+
+SIZES = {"random": 100_003, "one": 1, "odd": 257, "bench": 1 << 24}
+
+
+def _vector(rng, variant, dtype=np.float32):
+    n = SIZES.get(variant, SIZES["random"])
+    x = rng.standard_normal(n).astype(dtype)
+    if variant == "odd" and n >= 8:  # special values must survive element-wise kernels
+        x[:5] = [np.inf, -np.inf, np.nan, 0.0, -0.0]
+    return x
+
+
+def elementwise(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.float32,
+                dtype_out=np.float32, precision="exact", requires=(), bytes_per=8):
+    """Register an element-wise kernel: inputs x (and y when `inout`), output y."""
+
+    def inputs(rng, variant):
+        inp = {"x": _vector(rng, variant).astype(dtype_in), "alpha": np.float32(alpha)}
+        if inout:
+            inp["y"] = _vector(rng, variant).astype(dtype_out)
+        return inp
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        kern = dev.kernel(FILE, name)
+        params = dev.uniform("IIfI", n, 0, float(inp["alpha"]), 0)
+        y = dev.upload(inp["y"]) if inout else dev.empty(n, dtype_out)
+        x = dev.upload(inp["x"]) if n_inputs else None
+        resources = ([x] if x is not None else []) + [y, params]
+        return Launch(encode=lambda rec: rec.dispatch(kern, resources, -(-n // EW)),
+                      read=lambda: {"y": dev.download(y)})
+
+    register(KernelCase(
+        name=name, family="elementwise", precision=precision, kernels=[(FILE, name)],
+        inputs=inputs, launch=launch, reference=reference,
+        variants=("random", "one", "odd"), requires=requires,
+        bytes=lambda inp: inp["x"].size * bytes_per,
+        flops=lambda inp: 0.0))
+
+
+elementwise("fill", n_inputs=0, alpha=3.25, bytes_per=4, reference=reference.fill)
+elementwise("scale", n_inputs=1, alpha=-1.75, precision="exact", reference=reference.scale)
+elementwise("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
+            reference=reference.axpy)
+elementwise("copy", n_inputs=1, reference=reference.copy)
+elementwise("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
+            bytes_per=6, reference=reference.cast_f32_f16)
+elementwise("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
+            bytes_per=6, reference=reference.cast_f16_f32)
+
+
+# ---- the same through ops.py: vec4 kernels when n % 4 == 0 -------------------
+
+SIZES_OPS = {"random": 100_004, "one": 4, "odd": 260, "ragged": 1_003, "bench": 1 << 24}
+
+
+def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.float32,
+            dtype_out=np.float32, precision="exact", requires=(), bytes_per=8):
+    """Register `name`_op: the basic op over SIZES_OPS (vec4 kernels except `ragged`)."""
+    from . import ops as basic
+
+    def vector(rng, variant, dtype):
+        x = rng.standard_normal(SIZES_OPS[variant]).astype(dtype)
+        if variant == "odd":
+            x[:5] = [np.inf, -np.inf, np.nan, 0.0, -0.0]
+        return x
+
+    def inputs(rng, variant):
+        inp = {"x": vector(rng, variant, dtype_in), "alpha": np.float32(alpha)}
+        if inout:
+            inp["y"] = vector(rng, variant, dtype_out)
+        return inp
+
+    def launch(dev, inp):
+        n = inp["x"].size
+        y = dev.upload(inp["y"]) if inout else dev.empty(n, dtype_out)
+        x = dev.upload(inp["x"])
+        fn = getattr(basic, name)
+        if name == "fill":
+            encode = lambda rec: fn(rec, y, n, float(inp["alpha"]))  # noqa: E731
+        elif name in ("scale", "axpy"):
+            encode = lambda rec: fn(rec, x, y, n, float(inp["alpha"]))  # noqa: E731
+        else:
+            encode = lambda rec: fn(rec, x, y, n)  # noqa: E731
+        return Launch(encode=encode, read=lambda: {"y": dev.download(y)})
+
+    vec = VEC4_KERNELS.get(name, name + "_vec4")
+    register(KernelCase(
+        name=name + "_op", family="elementwise", precision=precision,
+        kernels=[("infra_vec4.wgsl", vec)], inputs=inputs, launch=launch,
+        reference=reference, variants=("random", "one", "odd", "ragged"), requires=requires,
+        bytes=lambda inp: inp["x"].size * bytes_per, flops=lambda inp: 0.0,
+        description=f"ops.basic.{name}: vec4 kernel, 16 elements per invocation"))
+
+
+VEC4_KERNELS = {"copy": "copy_vec4x4"}
+op_case("fill", n_inputs=0, alpha=3.25, bytes_per=4, reference=reference.fill)
+op_case("scale", n_inputs=1, alpha=-1.75, reference=reference.scale)
+op_case("axpy", n_inputs=1, alpha=0.5, inout=True, precision="f32", bytes_per=12,
+        reference=reference.axpy)
+op_case("copy", n_inputs=1, reference=reference.copy)
+op_case("cast_f32_f16", n_inputs=1, dtype_out=np.float16, requires=("shader-f16",),
+        bytes_per=6, reference=reference.cast_f32_f16)
+op_case("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",),
+        bytes_per=6, reference=reference.cast_f16_f32)
+
+
+# ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
+
+ROW_SHAPES = {"random": (37, 1000), "one": (1, 1), "wide": (3, 100_000), "bench": (4096, 4096)}
+
+
+def _rows_inputs(rng, variant):
+    rows, cols = ROW_SHAPES[variant]
+    return {"x": rng.standard_normal((rows, cols)).astype(np.float32)}
+
+
+def _rows_launch(dev, inp, wg=256):
+    rows, cols = inp["x"].shape
+    kern = dev.kernel(FILE, "reduce_rows", {"WG": wg})
+    x = dev.upload(inp["x"])
+    y = dev.empty((rows, 2), np.float32)
+    params = dev.uniform("IIfI", rows, cols, 0.0, 0)
+    return Launch(encode=lambda rec: rec.dispatch(kern, [x, y, params], rows),
+                  read=lambda: {"sum_max": dev.download(y)})
+
+
+for wg in (64, 256, 1024):
+    register(KernelCase(
+        name=f"reduce_rows_wg{wg}", family="elementwise", precision="f32",
+        description="wg_sum then wg_max back to back (the seed's race, fixed)",
+        kernels=[(FILE, "reduce_rows", {"WG": wg})],
+        inputs=_rows_inputs, launch=lambda dev, inp, wg=wg: _rows_launch(dev, inp, wg),
+        reference=reference.rows_sum_max, variants=("random", "one", "wide"),
+        thresholds={"min_psnr": 90.0},
+        bytes=lambda inp: inp["x"].nbytes, flops=lambda inp: 2.0 * inp["x"].size))

@@ -1,0 +1,127 @@
+// infra_vec4.wgsl — the element-wise kernels of infra.wgsl over vec4s, four vec4s (16
+// elements) per invocation: fewer invocations and index computations per byte moved, and
+// 16-byte loads and stores (the fast path of ops.py when n % 4 == 0 and the
+// views are 16-byte aligned).
+//
+//   fill_vec4          y[i] = value
+//   scale_vec4         y[i] = alpha * x[i]
+//   axpy_vec4          y[i] = alpha * x[i] + y[i]
+//   copy_vec4x4        y[i] = x[i]
+//   cast_f32_f16_vec4  y[i] = f16(clamp(x[i], -65504, 65504)); NaN stays NaN (needs shader-f16)
+//   cast_f16_f32_vec4  y[i] = f32(x[i]) (needs shader-f16)
+//
+// Bindings (group 0): read-only inputs, then read_write outputs, then the uniform Params
+// (that of infra.wgsl; n counts vec4s).
+// Dispatch: ceil(n / (256 * VPT)) workgroups of 256 (folded into 2-D beyond 65,535);
+// invocation lid of workgroup w handles vec4s w*256*VPT + lid + 256*k, k < VPT (coalesced).
+
+const EW: u32 = 256u;
+const VPT: u32 = 4u;
+
+struct Params {
+    n: u32,        // vec4 count
+    cols: u32,
+    alpha: f32,
+    _pad: u32,
+}
+
+fn first_vec4(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return workgroup_index(wg, nwg) * EW * VPT + lid;
+}
+
+// --- KERNEL: fill_vec4 ---
+@group(0) @binding(0) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(1) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn fill_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) { y[i] = vec4<f32>(p.alpha); }
+    }
+}
+
+// --- KERNEL: scale_vec4 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn scale_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) { y[i] = p.alpha * x[i]; }
+    }
+}
+
+// --- KERNEL: axpy_vec4 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn axpy_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) { y[i] = fma(vec4<f32>(p.alpha), x[i], y[i]); }
+    }
+}
+
+// --- KERNEL: copy_vec4x4 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn copy_vec4x4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) { y[i] = x[i]; }
+    }
+}
+
+// --- KERNEL: cast_f32_f16_vec4 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f16>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn cast_f32_f16_vec4(@builtin(workgroup_id) wg: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) {
+            // NaN tested on the bits (see infra.wgsl); converting a NaN gives a NaN
+            let v = x[i];
+            let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+            let clamped = vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
+            y[i] = select(clamped, vec4<f16>(v), nan);
+        }
+    }
+}
+
+// --- KERNEL: cast_f16_f32_vec4 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn cast_f16_f32_vec4(@builtin(workgroup_id) wg: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let base = first_vec4(wg, nwg, lid);
+    for (var k = 0u; k < VPT; k++) {
+        let i = base + k * EW;
+        if (i < p.n) { y[i] = vec4<f32>(x[i]); }
+    }
+}

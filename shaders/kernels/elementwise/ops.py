@@ -1,0 +1,77 @@
+"""Element-wise helpers over infra.wgsl, recordable inside a step (no extra submits).
+
+    basic.fill(rec, grads, n, 0.0)              # zero the gradients at the start of a step
+    basic.axpy(rec, x, y, n, alpha)             # y += alpha * x (e.g. an out-of-place residual)
+    basic.scale(rec, x, y, n, alpha)            # y = alpha * x
+    basic.copy(rec, x, y, n)
+    basic.cast_f32_f16(rec, x, y16, n)          # the initial f16 weight mirror (clamped)
+    basic.cast_f16_f32(rec, x16, y, n)
+
+All take Buffers or BufferViews of at least n elements (f32 unless named 16). When n is a
+multiple of 4 and the views are 16-byte aligned (f16: 8-byte) the vec4 kernels of
+infra_vec4.wgsl run (16 elements per invocation); otherwise those of infra.wgsl (one each).
+"""
+
+from __future__ import annotations
+
+from ..op_support import F16, F32, ceil_div, check, positive
+
+FILE = "infra.wgsl"
+FILE_VEC4 = "infra_vec4.wgsl"
+EW = 256
+VEC4_PER_INVOCATION = 4
+VEC4_NAMES = {"copy": "copy_vec4x4"}
+
+
+def _run(rec, name, resources, n, alpha=0.0):
+    dev = rec.device
+    if n % 4 == 0 and all(getattr(r, "offset", 0) % 16 == 0 for r in resources):
+        vec_name = VEC4_NAMES.get(name, name + "_vec4")
+        params = dev.params("IIfI", n // 4, 0, float(alpha), 0)
+        rec.dispatch(dev.kernel(FILE_VEC4, vec_name), list(resources) + [params],
+                     ceil_div(n // 4, EW * VEC4_PER_INVOCATION), label=vec_name)
+        return
+    params = dev.params("IIfI", n, 0, float(alpha), 0)
+    rec.dispatch(dev.kernel(FILE, name), list(resources) + [params], ceil_div(n, EW),
+                 label=name)
+
+
+def fill(rec, y, n: int, value: float = 0.0) -> None:
+    positive("fill", n=n)
+    check("fill", "y", y, n)
+    _run(rec, "fill", [y], n, value)
+
+
+def scale(rec, x, y, n: int, alpha: float) -> None:
+    positive("scale", n=n)
+    check("scale", "x", x, n)
+    check("scale", "y", y, n)
+    _run(rec, "scale", [x, y], n, alpha)
+
+
+def axpy(rec, x, y, n: int, alpha: float = 1.0) -> None:
+    positive("axpy", n=n)
+    check("axpy", "x", x, n)
+    check("axpy", "y", y, n)
+    _run(rec, "axpy", [x, y], n, alpha)
+
+
+def copy(rec, x, y, n: int) -> None:
+    positive("copy", n=n)
+    check("copy", "x", x, n)
+    check("copy", "y", y, n)
+    _run(rec, "copy", [x, y], n)
+
+
+def cast_f32_f16(rec, x, y, n: int) -> None:
+    positive("cast_f32_f16", n=n)
+    check("cast_f32_f16", "x", x, n)
+    check("cast_f32_f16", "y", y, n, (F16,))
+    _run(rec, "cast_f32_f16", [x, y], n)
+
+
+def cast_f16_f32(rec, x, y, n: int) -> None:
+    positive("cast_f16_f32", n=n)
+    check("cast_f16_f32", "x", x, n, (F16,))
+    check("cast_f16_f32", "y", y, n, (F32,))
+    _run(rec, "cast_f16_f32", [x, y], n)

@@ -1,0 +1,5 @@
+"""RMSNorm: forward (saves rstd), backward dx (= or +=) and a two-stage dw.
+
+02_rmsnorm.wgsl (any row length), 02_rmsnorm_rows.wgsl (several rows per workgroup, the
+default for n % 4 == 0), reference.py, ops.py, cases.py.
+"""

@@ -1,0 +1,81 @@
+"""Ladder entries for RoPE (ops.py, reference.py, 04_rope.wgsl)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ladder import KernelCase, Launch, register
+from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
+from . import ops as rope
+from .reference import rotate
+
+# (B, T, H, D, parts, pos_offset): parts > 1 puts x inside a fused [.., parts*H*D] row
+# (the rest must stay untouched); pos_offset shifts positions as in decoding.
+SHAPES = {"random": (2, 7, 3, 8, 1, 0), "odd": (1, 1, 1, 2, 1, 0), "fused": (2, 5, 2, 6, 3, 0),
+          "offset": (3, 3, 2, 4, 1, 100), "long": (1, 600, 1, 16, 1, 0),
+          "bench": (8, 1024, 12, 64, 1, 0), "bench_small": (8, 1024, 12, 64, 1, 0),
+          # D % 8 == 0: the vec4 kernel inside a fused row and at a position offset
+          "fused8": (2, 5, 2, 16, 3, 0), "offset8": (3, 3, 2, 8, 1, 100)}
+VARIANTS = ("random", "odd", "fused", "offset", "long", "fused8", "offset8")
+
+
+def make_inputs(rng, variant):
+    B, T, H, D, parts, offset = SHAPES[variant]
+    return {"B": B, "T": T, "H": H, "D": D, "offset": offset, "stride": parts * H * D,
+            "x": rng.standard_normal((B, T, parts * H * D)).astype(np.float32),
+            "table": rope.rope_table(offset + T + 3, D)}
+
+
+def make_launch(dev, inp, sign):
+    x, table = dev.upload(inp["x"]), dev.upload(inp["table"])
+    fn = rope.forward if sign > 0 else rope.backward
+    return Launch(lambda rec: fn(rec, x, table, inp["B"], inp["T"], inp["H"], inp["D"],
+                                 token_stride=inp["stride"], pos_offset=inp["offset"]),
+                  lambda: {"x": dev.download(x)})
+
+
+def backward_grad(dev, rng, variant="fused"):
+    inp = make_inputs(rng, variant)
+    dy = rng.standard_normal(inp["x"].shape).astype(np.float32)
+    got = run_launch(dev, make_launch(dev, dict(inp, x=dy), -1.0))["x"]
+    import torch
+    B, T, H, D = inp["B"], inp["T"], inp["H"], inp["D"]
+    tab = torch.tensor(f64(inp["table"])[:T])
+
+    def forward(x):
+        q = x[:, :, :H * D].reshape(B, T, H, D)
+        c, s = tab[None, :, None, :, 0], tab[None, :, None, :, 1]
+        lo, hi = q[..., :D // 2], q[..., D // 2:]
+        rot = torch.cat([lo * c - hi * s, hi * c + lo * s], -1).reshape(B, T, H * D)
+        return torch.cat([rot, x[:, :, H * D:]], -1)
+
+    ref = torch_grads(forward, {"x": inp["x"]}, dy, ("x",))["x"]
+
+    def loss(params):
+        out = run_launch(dev, make_launch(dev, dict(inp, x=params["x"]), 1.0))["x"]
+        return float(np.sum(f64(out) * f64(dy)))
+
+    gap = fd_consistency(loss, {"x": inp["x"]}, {"x": got}, rng)
+    return grad_report({"dx": (got, ref)}, "f32", gap)
+
+
+def _both_grads(dev, rng):
+    """Grad checks of the scalar kernel (D = 6) and the vec4 kernel (D = 16), both fused."""
+    a, b = backward_grad(dev, rng, "fused"), backward_grad(dev, rng, "fused8")
+    worse = a if a.get("psnr", 1e9) <= b.get("psnr", 1e9) else b
+    return dict(worse, ok=bool(a["ok"] and b["ok"]),
+                detail=f"scalar: {a['detail']} | vec4: {b['detail']}")
+
+
+for direction, sign in (("forward", 1.0), ("backward", -1.0)):
+    register(KernelCase(
+        name=f"rope_{direction}", family="rope", precision="f32",
+        kernels=[(rope.FILE, "rope"), (rope.FILE, "rope_vec4")],
+        inputs=make_inputs, launch=lambda dev, inp, s=sign: make_launch(dev, inp, s),
+        reference=lambda inp, s=sign: {"x": rotate(inp, inp["x"], s).astype(np.float32)},
+        variants=VARIANTS, bench_variant_software="bench_small",
+        grad=_both_grads if sign < 0 else None,
+        flops=lambda inp: 3.0 * inp["B"] * inp["T"] * inp["H"] * inp["D"],
+        bytes=lambda inp: 2 * 4 * inp["B"] * inp["T"] * inp["H"] * inp["D"]
+        + 4 * inp["T"] * inp["D"],
+        description=f"rotate-half RoPE {direction}, in place"))
