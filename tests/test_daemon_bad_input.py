@@ -96,6 +96,18 @@ def test_every_bad_input_fails_its_job_and_the_daemon_goes_on(handle, vocab, dev
     jobs["missing"] = submit(handle, "gone", steps=2)
     handle.text.delete(keys.dataset("gone"))
 
+    # A dataset that declares an absurd vocabulary size (it sizes the embedding and head).
+    make_dataset(handle, "huge-vocab", voc, shard_tokens=2048)
+    jobs["n_vocab"] = submit(handle, "huge-vocab", steps=2)
+    handle.text.hset(keys.dataset("huge-vocab"), "n_vocab", str(10**9))
+
+    # A dataset whose stored vocabulary file is garbage (every checkpoint would fail on it).
+    garbage = tmp_path / "garbage.tiktoken"
+    garbage.write_text("this is not a vocabulary\n")
+    Path(str(garbage) + ".json").write_text("{}")
+    make_dataset(handle, "bad-vocab", voc, vocab_path=garbage, shard_tokens=2048)
+    jobs["vocab_file"] = submit(handle, "bad-vocab", steps=2)
+
     # A model config that cannot be built for this vocabulary.
     jobs["model"] = submit(handle, "good", steps=2, model_overrides={"n_heads": 3})
 
@@ -123,6 +135,11 @@ def test_every_bad_input_fails_its_job_and_the_daemon_goes_on(handle, vocab, dev
     failed_with(queue, jobs["escape"], "would escape the checkpoint root")
     failed_with(queue, jobs["link"], "outside the checkpoint root")
     failed_with(queue, jobs["missing"], "no dataset 'gone'", "istanbul prepare")
+    failed_with(queue, jobs["n_vocab"], "declares a vocabulary of 1000000000 ids",
+                "the limit is 1 to 1048576")
+    vocab_file = failed_with(queue, jobs["vocab_file"], "dataset 'bad-vocab': its stored "
+                             "vocabulary is unusable", "garbage.tiktoken")
+    assert int(vocab_file["failures"]) == 1 and vocab_file["step"] == "0"   # before training
     failed_with(queue, jobs["model"], "d_model 64 is not divisible by n_heads 3")
     nan = failed_with(queue, jobs["nan"], "loss is nan (not finite) at step 2", "diverged",
                       "Lower lr")
@@ -169,7 +186,7 @@ def test_repeated_failures_go_to_the_dead_letter_stream(handle, vocab, device, t
     run_daemon(handle, root, device, max_failures=3)
     rec = queue.get(job)
     assert rec.state == "failed" and rec.get_int("failures") == 3
-    assert "failed 3 times (limit 3)" in rec.raw["error"]
+    assert "failed 3 times in a row without progress (limit 3)" in rec.raw["error"]
     assert "FileExistsError" in rec.raw["error"]
     [dead] = queue.dead_letters()
     assert dead["job"] == job and dead["reason"] == "too many failures"

@@ -17,7 +17,8 @@ from trainer_svc.checkpoint import verify_checkpoint
 from trainer_svc.jobs import JobQueue
 from trainer_svc.redis_conn import connect
 
-from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
+from .daemon_helpers import (DaemonProcess, debris_in, make_dataset, submit, tiny_vocabulary,
+                             wait_for)
 from .redis_helpers import free_port
 
 pytestmark = pytest.mark.slow
@@ -43,9 +44,10 @@ def handle(redis_server, vocab):
 def daemons(redis_server, tmp_path):
     started: list[DaemonProcess] = []
 
-    def start(*args: str, ttl: str = TTL) -> DaemonProcess:
+    def start(*args: str, ttl: str = TTL, env: dict | None = None) -> DaemonProcess:
         d = DaemonProcess(redis_server.url, tmp_path / "ckpt",
-                          tmp_path / f"daemon{len(started)}.log", "--lease-ttl", ttl, *args)
+                          tmp_path / f"daemon{len(started)}.log", "--lease-ttl", ttl, *args,
+                          env=env)
         started.append(d)
         return d
 
@@ -84,7 +86,8 @@ def test_kill_9_mid_job_second_daemon_takes_over_without_skipping_or_duplicating
     assert second.wait(300) == 0, second.output()
     rec = queue.get(job)
     assert rec.state == "done" and rec.get_int("step") == 40, rec.raw
-    assert rec.get_int("attempts") == 2 and rec.get_int("failures") == 1
+    assert rec.get_int("attempts") == 2
+    assert rec.get_int("failures") == 0        # the killed worker had made progress
 
     runs = progress_by_attempt(queue, job)
     first_steps, second_steps = runs[1], runs[2]
@@ -249,3 +252,49 @@ def test_idle_daemon_exits_on_sigterm_and_bad_redis_is_a_clear_error(redis_serve
                           str(tmp_path / "c"), "--redis", dead], cwd=REPO, env=istanbul_env(),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "cannot reach Redis at redis://127.0.0.1" in out.stderr
+
+
+def crash_until_settled(daemons, fault: str, limit: int = 8) -> list[int]:
+    """Daemons one after another (each killing itself at the checkpoint fault points in
+    `fault`) until one exits by itself; their exit codes."""
+    codes = []
+    for _ in range(limit):
+        d = daemons("--exit-when-idle", "--max-failures", "2", ttl="1",
+                    env={"ISTANBUL_TEST_CHECKPOINT_FAULT": fault})
+        codes.append(d.wait(300))
+        if codes[-1] != -signal.SIGKILL:
+            assert codes[-1] == 0, d.output()
+            return codes
+    raise AssertionError(f"still crashing after {limit} daemons: {codes}")
+
+
+def test_crashes_after_progress_never_count_but_a_crash_loop_is_dead_lettered(handle, daemons,
+                                                                              tmp_path):
+    queue = JobQueue(handle)
+    # Each worker dies right after its checkpoint landed (3, 6, 9), having made progress:
+    # with --max-failures 2 the job still finishes, and no crash is counted.
+    job = submit(handle, "text", job_id="crashy", steps=12, checkpoint_every=3)
+    codes = crash_until_settled(daemons, "renamed@3,renamed@6,renamed@9")
+    assert codes == [-signal.SIGKILL] * 3 + [0]
+    rec = queue.get(job)
+    assert rec.state == "done" and rec.get_int("step") == 12, rec.raw
+    assert rec.get_int("failures") == 0 and rec.get_int("attempts") == 4
+    takeovers = [d for _, k, d in queue.events(job) if k == "takeover"]
+    assert [d["failures"] for d in takeovers] == [0, 0, 0]
+    assert all("not counted as a failure" in d["reason"] for d in takeovers)
+    assert sorted(queue.loss_curve(job)) == list(range(1, 13))
+    assert debris_in(tmp_path / "ckpt" / job) == []
+
+    # Every worker dies writing the same checkpoint and gets no further than the one before
+    # it: after the first crash that is a failure streak, dead-lettered at the limit, with
+    # the same count in the job, its dead letter and the message.
+    job = submit(handle, "text", job_id="loop", steps=6, checkpoint_every=3)
+    codes = crash_until_settled(daemons, "files_written@3")
+    assert codes == [-signal.SIGKILL] * 3 + [0]
+    rec = queue.get(job)
+    assert rec.state == "failed" and rec.get_int("failures") == 2, rec.raw
+    assert "stopped 2 times in a row without progress (limit 2)" in rec.raw["error"]
+    [dead] = [d for d in queue.dead_letters() if d["job"] == job]
+    assert dead["failures"] == "2" and dead["error"] == rec.raw["error"]
+    assert [d["failures"] for _, k, d in queue.events(job) if k == "takeover"] == [0, 1, 2]
+    assert debris_in(tmp_path / "ckpt" / job) == []   # even the attempt that dead-letters it

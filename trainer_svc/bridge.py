@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from .checkpoint import CheckpointManager
 from .data import DataError, TokenStream, split_documents
 from .jobs import JobInputError, JobSpec
 from .model.config import ModelConfig
@@ -118,10 +118,19 @@ class TrainingRun:
         batch = self.stream.next_accumulated(self.trainer.train_config.grad_accum)
         return self.trainer.step(batch)
 
-    def evaluate(self) -> float | None:
+    def evaluate(self, should_stop=None) -> float | None:
+        """Mean held-out loss; None without an eval split, or when `should_stop()` turned
+        true between two batches (a cancel must not wait for a long evaluation)."""
         if self.eval_batches is None:
             return None
-        return self.trainer.evaluate(self.eval_batches)
+        if should_stop is None:
+            return self.trainer.evaluate(self.eval_batches)
+        losses = []
+        for batch in self.eval_batches:
+            if should_stop():
+                return None
+            losses.append(self.trainer.evaluate(batch))
+        return float(np.mean(losses))
 
     def save(self) -> Path:
         state = {"data_position": self.stream.position, "job_id": self.job_id,
@@ -145,13 +154,11 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
     train_shards, eval_shards = split_for_eval(spec, shards, train_config.seq, eot,
                                                eval_shards)
     manager = CheckpointManager(job_dir, keep_last=spec.keep_last, keep_every=spec.keep_every)
-    latest = manager.latest_valid()
+    loaded = manager.load_newest(device, train_config=train_config)
+    latest = None
     position = None
-    if latest is not None:
-        try:
-            trainer, state = load_checkpoint(latest, device, train_config=train_config)
-        except CheckpointError as exc:
-            raise JobInputError(f"cannot resume from {latest}: {exc}") from None
+    if loaded is not None:
+        trainer, state, latest = loaded
         if state.get("job_id") != job_id or state.get("vocab_hash") != vocab_hash or \
                 state.get("spec_fingerprint") != spec_fingerprint(spec):
             raise JobInputError(

@@ -15,11 +15,16 @@
     trainer, state = load_checkpoint(mgr.latest_valid(), device)
 
 A checkpoint is written into a temporary directory next to its final place, every file and
-the directory fsync'ed, then renamed; the `latest` link changes only after that. Loading
+the directory fsync'ed, then renamed; the `latest` link changes only after that. A writer
+that may lose the right to write (the daemon: its lease) passes `fence`, called right before
+the rename. Debris of a writer killed half-way (`.tmp-step_*`, `step_*.superseded-*`,
+`.latest.tmp-*`) is never read; `prune_debris` removes it (the daemon does, holding the job's
+lease), and retention keeps `keep_last` (+ `keep_every`) step directories. Loading
 checks the manifest first (present, parseable, every hash), then the format, the layout hash
 against the layout this build derives from the stored config, the tensor names and shapes,
 and the vocabulary when the caller names the one it expects. Anything wrong raises
 CheckpointError naming the file and the problem; nothing is ever overwritten. No pickle.
+`CheckpointManager.load_newest` resumes from the newest checkpoint that verifies AND loads.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -50,6 +56,12 @@ MANIFEST_FILE = "MANIFEST.json"
 VOCAB_DIR = "vocab"
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
+# What a killed writer leaves behind: its temporary directory, a checkpoint it had moved aside,
+# a half-made `latest` link.
+DEBRIS = re.compile(r"^(\.tmp-step_\d{8,}-.*|step_\d{8,}\.superseded-\d+|\.latest\.tmp-\d+)$")
+# Tests only: "POINT@STEP[,POINT@STEP...]" kills this process (SIGKILL) when the checkpoint of
+# STEP reaches POINT (files_written, manifest_written, renamed), like a crash at that moment.
+FAULT_ENV = "ISTANBUL_TEST_CHECKPOINT_FAULT"
 
 
 class CheckpointError(ValueError):
@@ -87,6 +99,39 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fault_point(point: str, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and f"{point}@{step}" in spec.split(","):
+        log.warning("%s: killing this process at %s of step %d", FAULT_ENV, point, step)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def prune_debris(run_dir) -> list[str]:
+    """Remove what killed writers left in `run_dir` (names matching DEBRIS); returns the names.
+
+    Only for a caller that owns the run: a temporary directory may belong to a writer that is
+    still going (the daemon calls this holding the job's lease, so any other writer has lost
+    its lease and its rename is refused by its fence)."""
+    run_dir = Path(run_dir)
+    removed = []
+    if not run_dir.is_dir():
+        return removed
+    for child in sorted(run_dir.iterdir()):
+        if not DEBRIS.match(child.name):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+        if not child.exists() and not child.is_symlink():
+            removed.append(child.name)
+    if removed:
+        log.info("%s: removed debris of interrupted checkpoint writes: %s", run_dir,
+                 ", ".join(removed))
+    return removed
+
+
 def vocab_content_hash(vocab_file) -> str:
     from tokenizer_svc.vocab import load_vocabulary
     return load_vocabulary(vocab_file).content_hash
@@ -97,12 +142,16 @@ def vocab_content_hash(vocab_file) -> str:
 class CheckpointManager:
     """Writes, prunes and finds the checkpoints of one run directory."""
 
-    def __init__(self, run_dir, keep_last: int = 3, keep_every: int = 0):
+    def __init__(self, run_dir, keep_last: int = 3, keep_every: int = 0, fence=None):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.run_dir = Path(run_dir)
         self.keep_last = int(keep_last)
         self.keep_every = int(keep_every)  # steps; a multiple of it is kept forever (0: none)
+        # Called right before a finished checkpoint is renamed into place; raises to refuse
+        # (the daemon: the lease is no longer ours). The temporary directory is removed.
+        self.fence = fence
+        self.skipped: list[tuple[Path, str]] = []   # checkpoints load_newest could not use
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of every step directory, oldest first (valid or not)."""
@@ -123,20 +172,28 @@ class CheckpointManager:
         final = self.run_dir / step_dir_name(step)
         tmp = self.run_dir / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir()
+        aside = None
         try:
             self._write_files(tmp, trainer, state, vocab_file)
             _fsync_dir(tmp)
+            _fault_point("manifest_written", step)
+            if self.fence is not None:
+                self.fence()
             if final.exists():
-                # A checkpoint at this step exists (a run resumed from an older one after this
-                # one failed verification): keep it aside rather than destroy it.
+                # A checkpoint at this step exists: the run resumed from an older one because
+                # this one failed to verify or load. Move it aside, then drop it once the new
+                # one is in place (a crash in between leaves debris, never a gap).
                 aside = final.with_name(f"{final.name}.superseded-{time.time_ns()}")
-                log.warning("checkpoint %s exists; moving it aside to %s", final, aside.name)
+                log.warning("checkpoint %s exists but was not usable; replacing it", final)
                 os.rename(final, aside)
             os.rename(tmp, final)
             _fsync_dir(self.run_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        _fault_point("renamed", step)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
         self._point_latest(final)
         self._prune(keep=final)
         log.debug("checkpoint written: %s", final)
@@ -184,6 +241,7 @@ class CheckpointManager:
         }
         (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=2, sort_keys=True) + "\n",
                                       encoding="utf-8")
+        _fault_point("files_written", trainer.step_count)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         for path in files:
             _fsync_file(path)
@@ -205,8 +263,15 @@ class CheckpointManager:
         os.replace(tmp, link)
         _fsync_dir(self.run_dir)
 
-    def _prune(self, keep: Path) -> None:
-        ckpts = self.checkpoints()
+    def apply_retention(self) -> None:
+        """Keep the newest `keep_last` checkpoints (and multiples of `keep_every`); also run
+        after every save. Checkpoints `load_newest` found unusable neither count nor go: the
+        run replaces each of them when it gets there again."""
+        self._prune(keep=None)
+
+    def _prune(self, keep: Path | None) -> None:
+        unusable = {path for path, _ in self.skipped}
+        ckpts = [(step, path) for step, path in self.checkpoints() if path not in unusable]
         recent = {p for _, p in ckpts[-self.keep_last:]}
         for step, path in ckpts:
             if path in recent or path == keep:
@@ -215,6 +280,26 @@ class CheckpointManager:
                 continue
             log.info("retention: removing %s", path)
             shutil.rmtree(path, ignore_errors=True)
+
+    def load_newest(self, device, *, train_config=None, expected_vocab_hash=None):
+        """(Trainer, state, path) from the newest checkpoint that verifies and loads, falling
+        back to older ones (each one skipped is logged and kept in `self.skipped`); None when
+        no checkpoint can be used."""
+        self.skipped = []
+        for _, path in reversed(self.checkpoints()):
+            try:
+                trainer, state = load_checkpoint(path, device, train_config=train_config,
+                                                 expected_vocab_hash=expected_vocab_hash)
+            except (CheckpointError, KeyError, TypeError, ValueError) as exc:
+                # verified, yet not loadable (e.g. written by an incompatible build, or its
+                # state is malformed): an older checkpoint may still be good
+                reason = str(exc) if isinstance(exc, CheckpointError) else \
+                    f"{path}: cannot load ({type(exc).__name__}: {exc})"
+                log.warning("skipping checkpoint %s: %s", path, reason)
+                self.skipped.append((path, reason))
+                continue
+            return trainer, state, path
+        return None
 
     def latest_valid(self) -> Path | None:
         """The newest checkpoint that passes verification, falling back to older ones."""

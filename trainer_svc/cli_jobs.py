@@ -70,7 +70,9 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a job's lease lives without renewal; a dead worker's job is "
                         "taken over after this long (renewed every S/3)")
     p.add_argument("--max-failures", type=int, default=3, metavar="N",
-                   help="a job that fails N times goes to the dead-letter stream")
+                   help="a job that fails N times in a row without progress goes to the "
+                        "dead-letter stream; bad input fails it at once, and a crash or "
+                        "error after progress is not counted")
     add_metrics_args(p, "the daemon")
     p.add_argument("--publish-every", type=float, default=0.0, metavar="S",
                    help="write progress to Redis at most every S seconds (default 0: every "

@@ -9,14 +9,22 @@ One loop iteration:
  2. else read a new entry (XREADGROUP, blocking up to a second);
  3. acquire the job's lease (SET NX PX) — without it the job is not touched — and start the
     heartbeat, which renews the lease, keeps the entry's idle time at zero and notices cancels;
- 4. validate the job (spec, checkpoint path inside ROOT, dataset, shards, vocabulary), resume
-    from the newest valid checkpoint in ROOT/JOB/ or initialise, and train: every step's
+ 4. validate the job (spec and its size bounds, checkpoint path inside ROOT, dataset, shards,
+    vocabulary), remove the debris of killed checkpoint writers in ROOT/JOB/, resume from the
+    newest checkpoint there that verifies and loads or initialise, and train: every step's
     progress goes to the job hash and its events stream (buffered while Redis is away), a
-    checkpoint every `checkpoint_every` steps and at the end;
+    checkpoint every `checkpoint_every` steps and at the end (its rename fenced by the lease);
+    cancel and SIGTERM are looked for between steps and between evaluation batches;
  5. finish through one fenced Lua call that writes the final state, acknowledges the entry and
-    releases the lease together: done; cancelled; failed (bad input at once, other errors after
-    `max_failures`) with a dead-letter entry; or re-queued (SIGTERM, or a failure below the
-    limit) as a new stream entry.
+    releases the lease together: done; cancelled; failed (deterministic errors at once, see
+    `failures.py`; others after `max_failures` attempts in a row without progress) with a
+    dead-letter entry; or re-queued (SIGTERM, or a failure below the limit) as a new entry.
+
+Failure accounting: the job hash keeps `high_step`, the furthest step any attempt reached, and
+`start_high_step`, its value when the current attempt started. An attempt that ends in an
+error, or whose worker is found dead by the next one, counts as a failure only if it never
+got past `start_high_step`; one that did resets `failures` to 0. So crashes of a job that
+advances never dead-letter it, and a job that crashes at the same place every time does.
 
 Guarantees: an entry is acknowledged only together with a final state or a re-queue, so a job
 is never lost; only the lease holder trains or writes, so a job never runs twice at once; a
@@ -41,16 +49,18 @@ import numpy as np
 import redis
 
 from . import datasets
-from .jobs import JobInputError, JobQueue, JobRecord, JobSpec, check_job_id, event
+from .checkpoint import prune_debris
+from .failures import JobInputError, is_deterministic
+from .jobs import JobQueue, JobRecord, JobSpec, check_job_id, check_vocab_size, event
 from .lease import Heartbeat, Lease, lease_holder, owner_token
 from .metrics import DaemonMetrics
-from .model.fit import ConfigDoesNotFitError
 from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
 from .shards import ShardError
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 30.0   # a progress line in the daemon's log (Redis has every step)
+CANCEL_POLL_S = 0.5  # how often a running job looks for a cancel request between flushes
 
 
 class LeaseLost(Exception):
@@ -62,7 +72,12 @@ class Interrupted(Exception):
 
 
 class TooManyFailures(Exception):
-    """The job has failed (or killed its workers) max_failures times: dead-letter it."""
+    """The job has failed (or killed its workers) max_failures times in a row without making
+    progress: dead-letter it."""
+
+    def __init__(self, message: str, failures: int):
+        super().__init__(message)
+        self.failures = failures
 
 
 @dataclass
@@ -294,12 +309,48 @@ class JobAttempt:
         self.reclaimed = reclaimed
         self.attempt = record.get_int("attempts") + 1
         self.progress = Progress(self.queue, self.job_id, self.owner, self.config.publish_every_s)
-        self.heartbeat = Heartbeat(lease, on_beat=[self._touch_entry])
+        self.heartbeat = Heartbeat(lease, on_beat=[self._touch_entry, self._poll_cancel])
+        self.cancel = threading.Event()     # a cancel request seen (heartbeat or poll)
         self.unexpected_error = False
+        # Progress, for failure accounting: the furthest step any attempt had reached when
+        # this one started, and the furthest this one has reached.
+        self.start_high = self.high_step = record.get_int("high_step")
+        self.failures = record.get_int("failures")
         self._last_log = time.monotonic()
+        self._last_cancel_poll = 0.0
 
     def _touch_entry(self) -> None:
         self.queue.touch(self.owner, self.entry_id)
+
+    def _poll_cancel(self) -> None:
+        if self.queue.cancel_requested(self.job_id):
+            self.cancel.set()
+
+    def _cancel_seen(self) -> bool:
+        """A cancel request, looked up at most every CANCEL_POLL_S (progress may be written
+        rarely, and the heartbeat beats only every TTL/3)."""
+        if self.progress.cancel_requested:
+            self.cancel.set()
+        now = time.monotonic()
+        if not self.cancel.is_set() and now - self._last_cancel_poll >= CANCEL_POLL_S:
+            self._last_cancel_poll = now
+            try:
+                self._poll_cancel()
+            except REDIS_DOWN:
+                pass                  # the next poll or flush will see it
+        return self.cancel.is_set()
+
+    def _stop_requested(self) -> bool:
+        """Anything that must end the current step's work early: a lost lease, SIGTERM, a
+        cancel (checked between evaluation batches)."""
+        return (self.heartbeat.lost.is_set() or self.daemon.stop_event.is_set()
+                or self._cancel_seen())
+
+    def _fence(self) -> None:
+        """Right before a checkpoint lands: confirm the lease, so a worker that lost it (paused,
+        cut off) never puts a checkpoint in place next to the new owner's."""
+        if not self.heartbeat.beat() and self.heartbeat.lost.is_set():
+            raise LeaseLost(self.heartbeat.lost_reason)
 
     # ---- outcome handling --------------------------------------------------------------------
 
@@ -319,24 +370,34 @@ class JobAttempt:
                         exc)
             self._requeue(f"Redis was unreachable ({exc}); re-queued", failed=False)
         except TooManyFailures as exc:
-            self._fail(str(exc), permanent=False)
-        except (JobInputError, ConfigDoesNotFitError) as exc:  # deterministic: no retry
-            self._fail(str(exc), permanent=True)
-        except Exception as exc:  # a bug, a GPU error, a full disk: maybe the next try works
-            log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
-            self.unexpected_error = True
-            failures = self.record.get_int("failures") + 1
-            limit = self._max_failures()
-            message = f"{type(exc).__name__}: {exc}"
-            if failures >= limit:
-                self._fail(f"failed {failures} times (limit {limit}); last error: {message}",
-                           permanent=False, failures=failures)
-            else:
-                self._requeue(f"attempt {self.attempt} failed ({message}); retrying",
-                              failed=True, failures=failures)
+            self._fail(str(exc), permanent=False, failures=exc.failures)
+        except Exception as exc:
+            if is_deterministic(exc):   # bad input: the same error on every retry
+                self._fail(str(exc), permanent=True, failures=self.failures + 1)
+            else:                       # a bug, a GPU error, a full disk: maybe the next works
+                self._retry_or_fail(exc)
         finally:
             self.heartbeat.stop()
             self.metrics.forget_job(self.job_id)
+
+    def _retry_or_fail(self, exc: Exception) -> None:
+        log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
+        self.unexpected_error = True
+        message = f"{type(exc).__name__}: {exc}"
+        if self.high_step > self.start_high:
+            # It got further than any attempt before it: not a failure streak, start anew.
+            self._requeue(f"attempt {self.attempt} failed at step {self.high_step} after "
+                          f"progress from step {self.start_high} ({message}); retrying, not "
+                          "counted as a failure", failed=True, failures=0)
+            return
+        failures = self.failures + 1
+        limit = self._max_failures()
+        if failures >= limit:
+            self._fail(f"failed {failures} times in a row without progress (limit {limit}); "
+                       f"last error: {message}", permanent=False, failures=failures)
+        else:
+            self._requeue(f"attempt {self.attempt} failed ({message}); retrying (failure "
+                          f"{failures} of {limit})", failed=True, failures=failures)
 
     def _max_failures(self) -> int:
         try:
@@ -374,9 +435,10 @@ class JobAttempt:
             return
         self.metrics.finished.labels(outcome=state).inc()
 
-    def _fail(self, error: str, permanent: bool, failures: int | None = None) -> None:
+    def _fail(self, error: str, permanent: bool, failures: int) -> None:
+        """Final state `failed` + a dead-letter entry; `failures` is stored and reported as is,
+        so the job hash, the dead letter and the message agree."""
         log.error("job %s failed: %s", self.job_id, error)
-        failures = failures if failures is not None else self.record.get_int("failures") + 1
         now = time.time()
         try:
             self._final_write(
@@ -410,37 +472,56 @@ class JobAttempt:
     def _attempt(self) -> str:
         rec = self.record
         takeover = self.reclaimed and rec.state == "running"
-        failures = rec.get_int("failures")
         start = {"state": "running", "owner": self.owner, "attempts": self.attempt,
                  "started_at": time.time(), "updated_at": time.time(), "error": "",
+                 "start_high_step": self.start_high,
                  "adapter": adapter_label(self.daemon.device)}
         if takeover:
-            failures += 1
             self.metrics.takeovers.inc()
+            # The previous worker died. Its crash counts as a failure only if it made no
+            # progress: it never got past the furthest step reached before it started.
+            progressed = self.start_high > rec.get_int("start_high_step")
+            self.failures = 0 if progressed else self.failures + 1
             reason = (f"worker {rec.raw.get('owner') or '?'} stopped while running the job "
-                      f"(its lease expired)")
-            start.update(failures=failures, last_error=reason)
+                      f"(its lease expired)" + (f" after progress to step {self.start_high}; "
+                                                "not counted as a failure" if progressed
+                                                else ", without progress"))
+            start.update(failures=self.failures, last_error=reason)
             self.progress.add(ev=event("takeover", previous_owner=rec.raw.get("owner"),
-                                       reason=reason, attempt=self.attempt))
-            self.record.raw["failures"] = str(failures)
+                                       reason=reason, attempt=self.attempt,
+                                       failures=self.failures))
         log.info("job %s: attempt %d%s", self.job_id, self.attempt,
                  " (taking over from a worker that stopped)" if takeover else "")
         self.progress.add(hset=start, ev=event("started", owner=self.owner, attempt=self.attempt,
                                                  takeover=takeover))
         self.progress.flush(force=True)
+        self._remove_debris()                # whatever this attempt ends in
         if rec.raw.get("cancel_requested") == "1" or self.progress.cancel_requested:
             self._finish("cancelled", "cancelled before it started")
             return "cancelled before start"
 
         spec = JobSpec.parse(rec.spec_json, origin=f"job {self.job_id} spec")
         limit = spec.max_failures or self.config.max_failures
-        if takeover and failures >= limit:
-            raise TooManyFailures(f"the job's workers stopped {failures} times without "
-                                  f"finishing (limit {limit}); last: {rec.raw.get('last_error')}")
+        if takeover and self.failures >= limit:
+            raise TooManyFailures(f"the job's workers stopped {self.failures} times in a row "
+                                  f"without progress (limit {limit}); last: "
+                                  f"{rec.raw.get('last_error')}", self.failures)
         job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
         run = self._open(spec, job_dir)
         return self._train(spec, run)
+
+    def _remove_debris(self) -> None:
+        """We hold the lease: whatever a killed writer left in the job's folder is debris (a
+        writer that lost the lease but still runs is stopped by its fence before it can rename
+        anything). Only this job's folder; a bad job id is reported later, as its error."""
+        try:
+            job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
+        except JobInputError:
+            return
+        removed = prune_debris(job_dir)
+        if removed:
+            self.progress.add(ev=event("debris_removed", names=removed, attempt=self.attempt))
 
     def _open(self, spec: JobSpec, job_dir: Path):
         from .bridge import open_run   # the training core loads only when a job needs it
@@ -449,6 +530,7 @@ class JobAttempt:
             info = datasets.get_dataset(handle, spec.dataset)
         except datasets.DatasetError as exc:
             raise JobInputError(str(exc)) from None
+        check_vocab_size(spec, info.n_vocab)
         expected = self.record.raw.get("vocab_hash") or spec.vocab_hash or ""
         if not info.vocab_hash.startswith(expected):
             raise JobInputError(
@@ -470,9 +552,20 @@ class JobAttempt:
         run = open_run(spec, self.job_id, shards, job_dir, self.daemon.device,
                        n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file,
                        eot=info.eot_id, eval_shards=eval_shards)
+        run.manager.fence = self._fence
+        run.manager.apply_retention()     # a writer killed before its pruning left extra ones
+        for path, reason in run.manager.skipped:
+            self.progress.add(ev=event("checkpoint_skipped", checkpoint=str(path),
+                                       reason=reason, attempt=self.attempt))
         if run.resumed_from is not None:
             self.progress.add(ev=event("resumed", checkpoint=str(run.resumed_from),
                                        step=run.step_count, attempt=self.attempt))
+            # The checkpoint knows the losses of the steps before it: a worker killed after
+            # its checkpoint landed but before its progress reached Redis leaves no hole.
+            losses = list(run.trainer.recent_losses)
+            first = run.step_count - len(losses) + 1
+            self.progress.add(curve=[x for k, loss in enumerate(losses)
+                                     for x in (first + k, float(loss))])
         return run
 
     def _eval_shards(self, spec: JobSpec, info) -> list | None:
@@ -504,8 +597,14 @@ class JobAttempt:
                 raise JobInputError(f"dataset {name!r}: vocabulary file name {file_name!r} "
                                     "is not a plain file name")
             (target / file_name).write_bytes(data)
-        main = min(files, key=len)
-        return target / main
+        main = target / min(files, key=len)
+        from tokenizer_svc.vocab import VocabularyError, load_vocabulary
+        try:   # a broken file would fail every checkpoint: refuse it before training
+            load_vocabulary(str(main))
+        except VocabularyError as exc:
+            raise JobInputError(f"dataset {name!r}: its stored vocabulary is unusable: {exc}; "
+                                "prepare the dataset again with --vocab") from None
+        return main
 
     def _train(self, spec: JobSpec, run) -> str:
         total = spec.steps
@@ -540,7 +639,10 @@ class JobAttempt:
                 0.9 * ema_seconds + 0.1 * metrics.seconds
             self._report(run, metrics, total, ema_seconds)
             if spec.eval_every and run.step_count % spec.eval_every == 0:
-                eval_loss = run.evaluate()
+                self.progress.flush()        # the step is visible before a long evaluation
+                eval_loss = run.evaluate(should_stop=self._stop_requested)
+                if eval_loss is None:        # stopped half-way: cancel, SIGTERM, lost lease
+                    continue
                 self.metrics.observe_eval(self.job_id, eval_loss)
                 self.progress.add(hset={"eval_loss": eval_loss},
                                   curve=[f"eval:{run.step_count}", float(eval_loss)],
@@ -566,7 +668,7 @@ class JobAttempt:
             if run.step_count != last_saved and run.step_count > 0:
                 self._checkpoint(run)
             raise Interrupted()
-        if self.progress.cancel_requested:
+        if self._cancel_seen():
             if run.step_count != last_saved and run.step_count > 0:
                 self._checkpoint(run)
             self._finish("cancelled", f"cancelled at step {run.step_count}",
@@ -575,6 +677,8 @@ class JobAttempt:
         return False
 
     def _checkpoint(self, run) -> None:
+        # The step's progress first: a crash after the checkpoint lands loses nothing.
+        self.progress.flush(force=True)
         # Confirm the lease right before writing, so a worker that lost it writes nothing.
         if not self.heartbeat.beat() and self.heartbeat.lost.is_set():
             raise LeaseLost(self.heartbeat.lost_reason)
@@ -587,6 +691,7 @@ class JobAttempt:
 
     def _report(self, run, metrics, total: int, ema_seconds: float) -> None:
         step = run.step_count
+        self.high_step = max(self.high_step, step)
         eta = (total - step) * ema_seconds
         if time.monotonic() - self._last_log >= LOG_EVERY_S or step == total:
             self._last_log = time.monotonic()
@@ -598,7 +703,7 @@ class JobAttempt:
                   "grad_norm": _finite_or_none(metrics.grad_norm) or 0.0,
                   "tokens": run.tokens_seen, "tokens_per_s": float(metrics.tokens_per_s),
                   "step_seconds": float(metrics.seconds), "eta_s": float(eta),
-                  "updated_at": time.time()},
+                  "high_step": self.high_step, "updated_at": time.time()},
             ev=event("progress", step=step, loss=float(metrics.loss), lr=float(metrics.lr),
                      grad_norm=_finite_or_none(metrics.grad_norm),
                      tokens_per_s=float(metrics.tokens_per_s), seconds=float(metrics.seconds),

