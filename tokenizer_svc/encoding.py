@@ -45,6 +45,8 @@ import numpy as np
 
 from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
                         extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
+from .model_names import encoding_name_for_model
+from .patterns import KNOWN_VOCABULARIES
 from .vocab import Vocabulary, load_vocabulary
 
 
@@ -598,7 +600,6 @@ def _last_char(data: bytes) -> tuple[str | None, int]:
 
 def _vocab_identity(vocab: Vocabulary) -> tuple:
     """How a pickled Encoding names its vocabulary: a file (and known name), or the value."""
-    from .patterns import KNOWN_VOCABULARIES
     path = os.path.abspath(vocab.source) if vocab.source and os.path.isfile(vocab.source) \
         else None
     if vocab.name in KNOWN_VOCABULARIES and vocab.hf is None and vocab.source:
@@ -668,14 +669,13 @@ def get_encoding(spec, device=None, *, lazy: bool = False) -> Encoding:
 
 
 def encoding_for_model(model_name: str, device=None) -> Encoding:
-    """tiktoken's `encoding_for_model`, from local files (model_names.py)."""
-    from .model_names import encoding_for_model as lookup
-    return lookup(model_name, device=device)
-
-
-def encoding_name_for_model(model_name: str) -> str:
-    from .model_names import encoding_name_for_model as lookup
-    return lookup(model_name)
+    """tiktoken's `encoding_for_model`, from local vocabulary files (see vocab.py)."""
+    name = encoding_name_for_model(model_name)
+    if name not in KNOWN_VOCABULARIES:
+        raise KeyError(f"model {model_name!r} uses the {name} encoding, which istanbul has no "
+                       f"vocabulary for (known: {', '.join(KNOWN_VOCABULARIES)}); load its "
+                       "file with get_encoding(path) if you have one")
+    return get_encoding(name, device=device)
 
 
 __all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "encoding_for_model",

@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .vocabulary import Vocabulary, VocabularyError
+
 SPLIT_BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
 # `tokenizers`' ByteLevel pre-tokenizer regex (pre_tokenizers/byte_level.rs), run by Oniguruma.
 BYTE_LEVEL_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -87,7 +89,6 @@ def bytes_to_unicode() -> dict:
 
 
 def load_hf_tokenizer(path: Path):
-    from .vocab import Vocabulary, VocabularyError
 
     def refuse(component: str, why: str):
         raise VocabularyError(f"{path}: {component}: {why}")
@@ -201,12 +202,7 @@ def load_hf_tokenizer(path: Path):
                        special_tokens=specials, merges=merges, hf_splits=splits,
                        hf_ignore_merges=bool(model.get("ignore_merges", False)),
                        source=str(path), hf=config)
-    try:
-        from .hf_pipeline import HFPipeline
-        HFPipeline(vocab)  # compiles every pattern: refuse now, not at the first encode
-    except ValueError as exc:
-        raise VocabularyError(f"{path}: {exc}") from None
-    return vocab
+    return vocab   # vocab.load_vocabulary compiles its pipeline (hf_pipeline) before use
 
 
 def _pre_tokenizer_steps(spec, refuse) -> list:

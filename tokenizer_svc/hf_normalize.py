@@ -167,7 +167,7 @@ def build_normalizer(spec: dict | None, origin: str = "tokenizer.json") -> Calla
 
 
 def _replace(spec: dict, origin: str) -> Callable[[str], str]:
-    from .reference import oniguruma_pattern
+    from .oniguruma import oniguruma_pattern
     pattern, content = spec.get("pattern") or {}, spec.get("content", "")
     if "String" in pattern:
         if pattern["String"] == "":

@@ -28,7 +28,7 @@ import regex
 
 from .hf_json import AddedToken
 from .hf_normalize import build_normalizer
-from .reference import oniguruma_pattern
+from .oniguruma import oniguruma_pattern
 from .unicode_table import load_table
 
 

@@ -50,15 +50,3 @@ def encoding_name_for_model(model_name: str) -> str:
     raise KeyError(f"Could not automatically map {model_name} to a tokeniser. Please use "
                    "`tokenizer_svc.encoding.get_encoding` to explicitly get the tokeniser you "
                    "expect.")
-
-
-def encoding_for_model(model_name: str, device=None):
-    """The `Encoding` of a model name, from local vocabulary files (see vocab.py)."""
-    from .encoding import get_encoding
-    from .patterns import KNOWN_VOCABULARIES
-    name = encoding_name_for_model(model_name)
-    if name not in KNOWN_VOCABULARIES:
-        raise KeyError(f"model {model_name!r} uses the {name} encoding, which istanbul has no "
-                       f"vocabulary for (known: {', '.join(KNOWN_VOCABULARIES)}); load its "
-                       "file with get_encoding(path) if you have one")
-    return get_encoding(name, device=device)
