@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from . import backends
 from .adapters import enumerate_adapters
 
 IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
@@ -14,12 +16,27 @@ IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                     "min-storage-buffer-offset-alignment")
 
 
+class _BackendChoice(argparse.Action):
+    """`--backend X` means $ISTANBUL_BACKEND=X for this process and the ones it starts
+    (`istanbul demo`'s service and daemons), so every device the command opens uses it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        os.environ[backends.ENV] = value
+        setattr(namespace, self.dest, value)
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """`--adapter` for every subcommand that opens a GPU device."""
+    """`--adapter` and `--backend` for every subcommand that opens a GPU device."""
     parser.add_argument("--adapter", default=None, metavar="A",
-                        help="GPU adapter: index from `istanbul devices` or a name substring "
-                             "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
-                             "software Vulkan)")
+                        help="GPU adapter: index from `istanbul devices --backend ...` or a "
+                             "name substring (default: $ISTANBUL_ADAPTER, else the first "
+                             "discrete GPU, else software Vulkan)")
+    parser.add_argument("--backend", choices=backends.CHOICES, default=None,
+                        action=_BackendChoice,
+                        help="WebGPU backend: wgpu (wgpu-native, naga), dawn (Dawn, Tint; "
+                             "pip install 'istanbul[dawn]') or auto: Dawn when installed and "
+                             "the adapter offers f16 subgroup matrices, else wgpu (default: "
+                             "$ISTANBUL_BACKEND, else auto)")
 
 
 def register(sub) -> None:

@@ -221,6 +221,19 @@ class Kernel:
                         "ranges: pass the inputs in another buffer")
 
 
+def _extent(res) -> tuple[int, int, int]:
+    """(buffer serial, first byte, end byte) of a Buffer or BufferView."""
+    if isinstance(res, BufferView):
+        return res.buffer.serial, res.offset, res.offset + res.nbytes
+    return res.serial, 0, res.nbytes
+
+
+def views_overlap(a, b) -> bool:
+    """Whether two Buffers/BufferViews share bytes of one buffer."""
+    (buf_a, start_a, end_a), (buf_b, start_b, end_b) = _extent(a), _extent(b)
+    return buf_a == buf_b and start_a < end_b and start_b < end_a
+
+
 def _group(kernel: Kernel, resources):
     """A bind group as given, or the kernel's (cached) group for a list of resources."""
     if isinstance(resources, (list, tuple)):
@@ -575,4 +588,5 @@ def default_device(adapter: str | int | None = None, backend: str | None = None)
 
 
 __all__ = ["BindingHazardError", "Buffer", "BufferView", "Device", "Kernel", "NoAdapterError",
-           "Recorder", "ShaderCompileError", "default_device", "fold_grid", "AdapterInfo"]
+           "Recorder", "ShaderCompileError", "default_device", "fold_grid", "views_overlap",
+           "AdapterInfo"]
