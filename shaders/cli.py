@@ -40,8 +40,13 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("devices", help="list GPU adapters with their features and limits")
+    p = sub.add_parser("devices", help="list GPU adapters with their backend, features, "
+                       "subgroup-matrix configurations and limits")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--backend", choices=backends.CHOICES, default=None,
+                   help="list this WebGPU backend's adapters (indexes are per backend); "
+                        "default ($ISTANBUL_BACKEND, else auto): wgpu's, then Dawn's if "
+                        "wgpudawn is installed")
     p.set_defaults(func=cmd_devices)
 
     k = sub.add_parser("kernels", help="the verification ladder: check or benchmark every kernel")
@@ -86,19 +91,41 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_tune)
 
 
+def format_matrix_config(c: dict) -> str:
+    """One subgroup-matrix configuration: `f16->f32 16x16x16 (subgroup 32)`, M x N x K."""
+    sizes = sorted({c.get("min_subgroup_size"), c.get("max_subgroup_size")} - {None})
+    return (f"{c.get('component_type')}->{c.get('result_component_type')} "
+            f"{c.get('m')}x{c.get('n')}x{c.get('k')} (subgroup {'-'.join(map(str, sizes))})")
+
+
 def cmd_devices(args) -> int:
     from .adapters import NoAdapterError, NO_ADAPTER_HELP
-    adapters = enumerate_adapters()
+    choice = backends.requested(args.backend)
+    names = [choice] if choice != "auto" else \
+        ["wgpu"] + (["dawn"] if backends.dawn_installed() else [])
+    adapters = []
+    for name in names:
+        try:
+            adapters += enumerate_adapters(name)
+        except backends.BackendError:
+            if choice != "auto":
+                raise
     if not adapters:
         raise NoAdapterError(NO_ADAPTER_HELP)
     if args.json:
         print(json.dumps([{"index": i.index, "name": i.name, "type": i.adapter_type,
-                           "backend": i.backend, "driver": i.driver, "features": list(i.features),
+                           "webgpu": i.webgpu, "backend": i.backend, "driver": i.driver,
+                           "features": list(i.features),
+                           "subgroup_matrix_configs": list(i.subgroup_matrix_configs),
                            "limits": i.limits} for i, _ in adapters], indent=2))
         return 0
     for info, _ in adapters:
         print(info.summary())
+        print(f"    backend: {info.webgpu} ({backends.load(info.webgpu).compiler})")
         print("    features: " + ", ".join(info.features))
+        if info.webgpu == "dawn":
+            print("    subgroup-matrix configs: " + (", ".join(
+                format_matrix_config(c) for c in info.subgroup_matrix_configs) or "none"))
         for key in IMPORTANT_LIMITS:
             print(f"    {key}: {info.limits.get(key)}")
     return 0
@@ -148,14 +175,16 @@ def cmd_bench(args) -> int:
     print(f"# kernels bench on {device.info.summary()}")
     roof = measure_roofline(device)
     print(f"# roofline: copy {roof.copy_gbs:.1f} GB/s (read+write); FMA TFLOP/s "
-          + ", ".join(f"{k} {v:.2f}" for k, v in roof.fma_tflops.items()))
+          + ", ".join(f"{k} {v:.2f}" for k, v in roof.fma_tflops.items())
+          + "".join(f"; subgroup matrix {k} {v:.1f}" for k, v in roof.matrix_tflops.items()))
     header = f"{'kernel':<34} {'time us':>10} {'GB/s':>9} {'TFLOP/s':>9} {'roofline':>9}  bound"
     print(header)
     rows = []
 
     def write_outputs():   # after every kernel: an interrupted run still leaves its table
         payload = {"device": device_record(device),
-                   "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops},
+                   "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops,
+                                "matrix_tflops": roof.matrix_tflops},
                    "kernels": rows}
         if args.json:
             write_json(args.json, payload)
@@ -235,7 +264,9 @@ def bench_markdown(payload: dict) -> str:
     lines = [f"# istanbul kernels bench — {dev['adapter']} ({dev['backend']}, {dev['driver']})", "",
              f"Roofline measured in the same run: copy {roof['copy_gbs']:.1f} GB/s (read+write); "
              "FMA ceilings " + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in
-                                          roof["fma_tflops"].items()) + ".", "",
+                                          roof["fma_tflops"].items())
+             + "".join(f"; subgroup-matrix {k} {v:.1f} TFLOP/s"
+                       for k, v in roof.get("matrix_tflops", {}).items()) + ".", "",
              "| kernel | time (us) | GB/s | TFLOP/s | roofline | bound |",
              "|---|---:|---:|---:|---:|---|"]
     for row in payload["kernels"]:
