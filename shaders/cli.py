@@ -55,6 +55,10 @@ def register(sub) -> None:
     c.add_argument("--kernel", action="append", metavar="NAME",
                    help="kernel name, family or prefix (repeatable; default: all)")
     c.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    c.add_argument("--max-variants", type=int, default=None, metavar="N",
+                   help="check each kernel on its first N input variants only (default: all; "
+                        "CI's second backend on lavapipe uses 1: every pipeline compiled and "
+                        "run once)")
     add_device_args(c)
     c.set_defaults(func=cmd_check)
     b = ksub.add_parser("bench", help="GPU-timestamp benchmark with roofline fractions")
@@ -151,12 +155,15 @@ def _select(names):
 def cmd_check(args) -> int:
     from .engine import Device
     from .ladder import check_case, device_record, write_json
+    from istanbul.errors import UserFacingError
     cases = _select(args.kernel)
+    if args.max_variants is not None and args.max_variants < 1:
+        raise UserFacingError(f"--max-variants must be >= 1, got {args.max_variants}")
     device = Device(args.adapter)
     print(f"# kernels check on {device.info.summary()}")
     results, failed = [], 0
     for case in cases:
-        for r in check_case(device, case):
+        for r in check_case(device, case, max_variants=args.max_variants):
             print(r.line(), flush=True)
             results.append(r)
             failed += r.ok is False

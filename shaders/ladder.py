@@ -121,8 +121,10 @@ def _missing(device: Device, case: KernelCase) -> list[str]:
     return [f for f in case.requires if not device.has(f)]
 
 
-def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResult]:
-    """Run the compile, run, correct and grad rungs of one case."""
+def check_case(device: Device, case: KernelCase, seed: int = 0,
+               max_variants: int | None = None) -> list[RungResult]:
+    """Run the compile, run, correct and grad rungs of one case (on its first
+    `max_variants` input variants; default all)."""
     results = []
     missing = _missing(device, case)
     if missing:
@@ -140,7 +142,8 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
         return results
 
     correct_ok, details, worst = True, [], {}
-    for i, variant in enumerate(case.variants):
+    variants = case.variants[:max_variants] if max_variants else case.variants
+    for i, variant in enumerate(variants):
         rng = np.random.default_rng(seed + i)
         try:
             inputs = case.inputs(rng, variant)
@@ -185,7 +188,7 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
                     m.get("max_abs", 0) > worst.get("max_abs", 0):
                 worst = m
     summary = "; ".join(details) if details else \
-        f"{len(case.variants)} variant(s) [{case.precision}] {M.format_metrics(worst)}"
+        f"{len(variants)} variant(s) [{case.precision}] {M.format_metrics(worst)}"
     results.append(RungResult(case.name, "correct", correct_ok, summary, worst))
 
     if case.grad is None:
