@@ -268,7 +268,9 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
 
 def bench_markdown(payload: dict) -> str:
     dev, roof = payload["device"], payload["roofline"]
-    lines = [f"# istanbul kernels bench — {dev['adapter']} ({dev['backend']}, {dev['driver']})", "",
+    webgpu = f"{dev['webgpu']} ({dev['compiler']}), " if "webgpu" in dev else ""
+    lines = [f"# istanbul kernels bench — {dev['adapter']} ({webgpu}{dev['backend']}, "
+             f"{dev['driver']})", "",
              f"Roofline measured in the same run: copy {roof['copy_gbs']:.1f} GB/s (read+write); "
              "FMA ceilings " + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in
                                           roof["fma_tflops"].items())

@@ -326,8 +326,10 @@ def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0,
 
 def device_record(device: Device) -> dict:
     return {"adapter": device.info.name, "type": device.info.adapter_type,
+            "webgpu": device.info.webgpu, "compiler": device.backend.compiler,
             "backend": device.info.backend, "driver": device.info.driver,
-            "features": sorted(device.features)}
+            "features": sorted(device.features),
+            "subgroup_matrix_configs": list(device.subgroup_matrix_configs)}
 
 
 def write_json(path: str, payload: dict) -> None:
