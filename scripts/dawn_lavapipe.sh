@@ -17,7 +17,10 @@ manifest="$dest/lvp_icd.json"
 suite=bookworm-backports
 packages=(mesa-vulkan-drivers libdrm2 libdrm-amdgpu1)
 
-if [ -f "$manifest" ] && [ -f "$(sed -n 's/.*"library_path": *"\([^"]*\)".*/\1/p' "$manifest")" ]; then
+json_field() {   # json_field NAME FILE...: the first "NAME": "value" in the files
+    sed -n "s/.*\"$1\": *\"\([^\"]*\)\".*/\1/p" "${@:2}" | head -1
+}
+if [ -f "$manifest" ] && [ -f "$(json_field library_path "$manifest")" ]; then
     exit 0
 fi
 . /etc/os-release
@@ -59,7 +62,7 @@ find "$dest/root" \( -name 'libvulkan_*.so' ! -name libvulkan_lvp.so \) -delete
 find "$dest/root" -name 'libVkLayer_*.so' -delete
 rm -rf "$dest/root/usr/share/vulkan/explicit_layer.d" "$dest/root/usr/share/vulkan/implicit_layer.d"
 version="$(dpkg-deb -f "$work"/debs/mesa-vulkan-drivers_*.deb Version)"
-api="$(sed -n 's/.*"api_version": *"\([^"]*\)".*/\1/p' "$dest"/root/usr/share/vulkan/icd.d/lvp_icd*.json | head -1)"
+api="$(json_field api_version "$dest"/root/usr/share/vulkan/icd.d/lvp_icd*.json)"
 cat > "$manifest" <<EOF
 {
     "file_format_version": "1.0.0",
