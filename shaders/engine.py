@@ -63,7 +63,8 @@ _serials = itertools.count(1)
 
 
 class ShaderCompileError(RuntimeError):
-    """naga or the driver refused a kernel; the message names the file and kernel."""
+    """The shader compiler (naga or Tint) or the driver refused a kernel; the message names
+    the file and kernel."""
 
 
 class BindingHazardError(ValueError):
@@ -194,10 +195,10 @@ class Kernel:
             self._groups.move_to_end(key)
         return group
 
-
     def _check_hazards(self, ranges) -> None:
         """WebGPU's usage rules within one dispatch, for (buffer serial, offset, size) per
-        binding: wgpu-native lets these through and the result depends on the hardware."""
+        binding: wgpu-native lets these through, Dawn and browsers refuse them, so code that
+        passes on one backend must not break on the other."""
         for i, (buf_i, off_i, size_i) in enumerate(ranges):
             for j in range(i + 1, len(ranges)):
                 buf_j, off_j, size_j = ranges[j]
