@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import backends
-from .backends import Backend, BackendError
+from .backends import Backend, NoAdapterError
 
 log = logging.getLogger("istanbul.adapters")
 
@@ -33,10 +33,6 @@ NO_ADAPTER_HELP = (
     "Vulkan ICD; in containers set NVIDIA_DRIVER_CAPABILITIES=compute,graphics,utility). "
     "`vulkaninfo --summary` shows what the Vulkan loader sees."
 )
-
-
-class NoAdapterError(RuntimeError):
-    """No usable GPU adapter (or none matching the requested one)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ def _dawn_with_subgroup_matrices(spec):
     try:
         dawn = backends.load("dawn")
         info, adapter = _pick(enumerate_adapters(dawn), spec, dawn)
-    except (NoAdapterError, BackendError) as exc:
+    except NoAdapterError as exc:  # BackendError too
         log.debug("auto backend: not Dawn (%s)", exc)
         return None
     if not backends.has_f16_subgroup_matrices(info.subgroup_matrix_configs):

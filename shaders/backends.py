@@ -54,8 +54,13 @@ FEATURE_ALIASES = {
 }
 
 
-class BackendError(RuntimeError):
-    """An unknown backend name, or a backend that is not installed or will not start."""
+class NoAdapterError(RuntimeError):
+    """No usable GPU adapter (or none matching the requested one)."""
+
+
+class BackendError(NoAdapterError):
+    """No adapter from the backend asked for: an unknown name, or a backend that is not
+    installed or will not start (the CLI prints it like NoAdapterError, without traceback)."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,15 @@ def test_requested_backend_from_argument_then_environment(monkeypatch):
         backends.requested(None)
 
 
+def test_bad_backend_is_one_clear_cli_error():
+    env = dict(os.environ, ISTANBUL_BACKEND="metal")
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "devices"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "$ISTANBUL_BACKEND is 'metal'; use one of auto, wgpu, dawn" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_dawn_without_wgpudawn_says_how_to_install(monkeypatch):
     monkeypatch.setattr(backends, "dawn_installed", lambda: False)
     with pytest.raises(backends.BackendError, match=r"pip install 'istanbul\[dawn\]'"):
