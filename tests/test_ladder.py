@@ -124,3 +124,11 @@ def test_a_later_variant_with_the_wrong_shape_fails_the_correct_rung(device):
     results = check_case(device, case)
     correct = [r for r in results if r.rung == "correct"][0]
     assert correct.ok is False and "short/y: shape" in correct.detail
+
+
+def test_max_variants_checks_only_the_first_ones(device):
+    case = load_cases()["copy_rows"]
+    results = check_case(device, case, max_variants=1)
+    correct = next(r for r in results if r.rung == "correct")
+    assert correct.ok and correct.detail.startswith("1 variant(s)")
+    assert len(case.variants) > 1
