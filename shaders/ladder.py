@@ -59,7 +59,8 @@ class KernelCase:
     grad: Callable[[Device, np.random.Generator], dict] | None = None
     requires: tuple = ()  # device features the kernel needs
     thresholds: dict = field(default_factory=dict)  # overrides of the precision's limits
-    bench_precision: str = "f32"  # which FMA ceiling the roofline uses: f32 or f16
+    # which ceiling the roofline uses: f32 or f16 (FMA), subgroup-matrix (tensor cores)
+    bench_precision: str = "f32"
     description: str = ""
 
 
