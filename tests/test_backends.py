@@ -261,3 +261,13 @@ def test_devices_command_lists_backend_features_and_matrix_configs():
     listed = json.loads(proc.stdout)
     assert {"wgpu", "dawn"} <= {a["webgpu"] for a in listed}
     assert all("subgroup_matrix_configs" in a for a in listed)
+
+
+def test_backend_flag_overrides_the_environment_for_the_command():
+    env = dict(os.environ, ISTANBUL_BACKEND="dawn")
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "check", "--backend",
+                           "wgpu", "--kernel", "copy_rows"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].endswith("; wgpu)")
+    assert "# 1 kernel(s), 0 failed rung(s)" in proc.stdout
