@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up on a fresh Debian/Ubuntu machine, idempotent: a Vulkan driver (software Vulkan,
 # Mesa's lavapipe, when the machine has none), a virtual environment in .venv, and the
-# package with the extras named in $1 (e.g. "test"). Re-running it is quick.
+# package with the extras named in $1 (e.g. "test" or "test,dawn"; with `dawn` also a
+# lavapipe that Dawn accepts, in .venv/mesa-backports/). Re-running it is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -46,6 +47,15 @@ if ! .venv/bin/python -c "$probe" 2>/dev/null; then
         echo "       \`vulkaninfo --summary\` (package vulkan-tools) shows what the loader sees" >&2
         exit 1
     fi
+fi
+# Dawn (the optional `dawn` extra) refuses Debian 12's lavapipe: without an adapter Dawn
+# accepts, unpack Mesa 25's lavapipe privately for it (the system Mesa stays as it is).
+dawn_probe='from shaders.adapters import enumerate_adapters as e; import sys
+sys.exit(0 if e("dawn") else 1)'
+if .venv/bin/python -c 'import wgpudawn' 2>/dev/null \
+        && ! .venv/bin/python -c "$dawn_probe" 2>/dev/null; then
+    bash scripts/dawn_lavapipe.sh .venv \
+        || echo "warning: Dawn has no Vulkan adapter here; --backend dawn will not work" >&2
 fi
 # Silence the harmless XDG_RUNTIME_DIR warning of Mesa's software drivers.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"

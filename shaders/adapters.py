@@ -4,16 +4,24 @@ The choice order is the one users expect from a GPU tool: an explicit `--adapter
 `ISTANBUL_ADAPTER` (an index into `istanbul devices`, or a case-insensitive substring of the
 adapter's name), else the first discrete GPU, else an integrated one, else software Vulkan
 (Mesa's lavapipe, "llvmpipe"), so tests and CI run on any machine with mesa-vulkan-drivers.
+
+Adapters come from one WebGPU backend (`backends.py`: wgpu-native or Dawn; indexes are per
+backend). With `--backend auto` the adapter is first looked up among Dawn's, and Dawn is
+taken when that adapter offers f16 subgroup matrices; otherwise wgpu-native's list decides.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import tempfile
 from dataclasses import dataclass, field
 
-import wgpu
+from . import backends
+from .backends import Backend, NoAdapterError
+
+log = logging.getLogger("istanbul.adapters")
 
 # OpenGL adapters lack subgroups and timestamps inside passes; the engine does not use them.
 USABLE_BACKENDS = ("Vulkan", "Metal", "D3D12")
@@ -29,10 +37,6 @@ NO_ADAPTER_HELP = (
 )
 
 
-class NoAdapterError(RuntimeError):
-    """No usable GPU adapter (or none matching the requested one)."""
-
-
 @dataclass(frozen=True)
 class AdapterInfo:
     index: int
@@ -41,18 +45,21 @@ class AdapterInfo:
     backend: str
     vendor: str
     driver: str
-    features: tuple[str, ...] = field(repr=False)
+    features: tuple[str, ...] = field(repr=False)  # the engine's names (backends.py)
     limits: dict = field(repr=False)
+    webgpu: str = "wgpu"  # the WebGPU backend that lists it: "wgpu" or "dawn"
+    subgroup_matrix_configs: tuple = field(default=(), repr=False)
 
     @property
     def is_software(self) -> bool:
         return self.adapter_type == "CPU"
 
     def summary(self) -> str:
-        return f"[{self.index}] {self.name} ({self.adapter_type}, {self.backend}, {self.driver})"
+        return (f"[{self.index}] {self.name} ({self.adapter_type}, {self.backend}, "
+                f"{self.driver}; {self.webgpu})")
 
 
-def _describe(index: int, adapter) -> AdapterInfo:
+def _describe(index: int, adapter, backend: Backend) -> AdapterInfo:
     info = adapter.info
     return AdapterInfo(
         index=index,
@@ -61,8 +68,10 @@ def _describe(index: int, adapter) -> AdapterInfo:
         backend=info.get("backend_type", "Unknown"),
         vendor=info.get("vendor", ""),
         driver=info.get("description", ""),
-        features=tuple(sorted(adapter.features)),
+        features=tuple(sorted(backend.canonical(adapter.features))),
         limits=dict(adapter.limits),
+        webgpu=backend.name,
+        subgroup_matrix_configs=backend.subgroup_matrix_configs(adapter),
     )
 
 
@@ -87,22 +96,55 @@ def prepare_driver_environment() -> None:
     os.environ["XDG_RUNTIME_DIR"] = path
 
 
-def enumerate_adapters() -> list[tuple[AdapterInfo, object]]:
-    """All adapters the engine can use, in a stable order, with their descriptions."""
+def enumerate_adapters(backend: str | Backend = "wgpu") -> list[tuple[AdapterInfo, object]]:
+    """All adapters of one backend the engine can use, in a stable order, described."""
     prepare_driver_environment()
-    found = []
-    for adapter in wgpu.gpu.enumerate_adapters_sync():
-        if adapter.info.get("backend_type") in USABLE_BACKENDS:
-            found.append(adapter)
-    return [(_describe(i, a), a) for i, a in enumerate(found)]
+    if isinstance(backend, str):
+        backend = backends.load(backend)
+    found = [a for a in backend.adapters() if a.info.get("backend_type") in USABLE_BACKENDS]
+    return [(_describe(i, a, backend), a) for i, a in enumerate(found)]
 
 
-def choose_adapter(spec: str | int | None = None):
-    """Pick an adapter. `spec` (or $ISTANBUL_ADAPTER) is an index or a name substring."""
+def choose_adapter(spec: str | int | None = None, backend: str | None = None):
+    """Pick (AdapterInfo, adapter). `spec` (or $ISTANBUL_ADAPTER) is an index or a name
+    substring; `backend` (or $ISTANBUL_BACKEND) is wgpu, dawn or auto; `info.webgpu` names
+    the backend chosen."""
     if spec is None or spec == "":
         spec = os.environ.get("ISTANBUL_ADAPTER") or None
-    adapters = enumerate_adapters()
+    choice = backends.requested(backend)
+    if choice == "auto":
+        tensor_cores = _dawn_with_subgroup_matrices(spec)
+        if tensor_cores is not None:
+            return tensor_cores
+        choice = "wgpu"
+    chosen = backends.load(choice)
+    return _pick(enumerate_adapters(chosen), spec, chosen)
+
+
+def _dawn_with_subgroup_matrices(spec):
+    """`auto`: Dawn's pick for `spec` if Dawn is installed and it has f16 subgroup matrices."""
+    if not backends.dawn_installed():
+        return None
+    try:
+        dawn = backends.load("dawn")
+        info, adapter = _pick(enumerate_adapters(dawn), spec, dawn)
+    except NoAdapterError as exc:  # BackendError too
+        log.debug("auto backend: not Dawn (%s)", exc)
+        return None
+    if not backends.has_f16_subgroup_matrices(info.subgroup_matrix_configs):
+        log.debug("auto backend: %s has no f16 subgroup matrices under Dawn", info.name)
+        return None
+    return info, adapter
+
+
+def _pick(adapters, spec, backend: Backend):
     if not adapters:
+        if backend.name == "dawn":
+            raise NoAdapterError(
+                "Dawn found no Vulkan adapter it accepts. Dawn refuses Mesa 22.3's lavapipe "
+                "(Debian 12's); `bash scripts/setup.sh` unpacks Mesa 25's into "
+                ".venv/mesa-backports/ for Dawn, or point $ISTANBUL_DAWN_ICD at a newer "
+                "driver's manifest. " + NO_ADAPTER_HELP)
         raise NoAdapterError(NO_ADAPTER_HELP)
     if spec is not None:
         text = str(spec).strip()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from . import backends
 from .adapters import enumerate_adapters
 
 IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
@@ -14,20 +16,41 @@ IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                     "min-storage-buffer-offset-alignment")
 
 
+class _BackendChoice(argparse.Action):
+    """`--backend X` means $ISTANBUL_BACKEND=X for this process and the ones it starts
+    (`istanbul demo`'s service and daemons), so every device the command opens uses it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        os.environ[backends.ENV] = value
+        setattr(namespace, self.dest, value)
+
+
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """`--adapter` and `--require-gpu` for every subcommand that opens a GPU device."""
+    """`--adapter`, `--backend` and `--require-gpu` for every subcommand that opens a GPU
+    device."""
     parser.add_argument("--adapter", default=None, metavar="A",
-                        help="GPU adapter: index from `istanbul devices` or a name substring "
-                             "(default: $ISTANBUL_ADAPTER, else the first discrete GPU, else "
-                             "software Vulkan)")
+                        help="GPU adapter: index from `istanbul devices --backend ...` or a "
+                             "name substring (default: $ISTANBUL_ADAPTER, else the first "
+                             "discrete GPU, else software Vulkan)")
+    parser.add_argument("--backend", choices=backends.CHOICES, default=None,
+                        action=_BackendChoice,
+                        help="WebGPU backend: wgpu (wgpu-native, naga), dawn (Dawn, Tint; "
+                             "pip install 'istanbul[dawn]') or auto: Dawn when installed and "
+                             "the adapter offers f16 subgroup matrices, else wgpu (default: "
+                             "$ISTANBUL_BACKEND, else auto)")
     parser.add_argument("--require-gpu", action="store_true",
                         help="refuse to start on software Vulkan (lavapipe): for deployments "
                              "where a missing GPU driver must not go unnoticed")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("devices", help="list GPU adapters with their features and limits")
+    p = sub.add_parser("devices", help="list GPU adapters with their backend, features, "
+                       "subgroup-matrix configurations and limits")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--backend", choices=backends.CHOICES, default=None,
+                   help="list this WebGPU backend's adapters (indexes are per backend); "
+                        "default ($ISTANBUL_BACKEND, else auto): wgpu's, then Dawn's if "
+                        "wgpudawn is installed")
     p.set_defaults(func=cmd_devices)
 
     k = sub.add_parser("kernels", help="the verification ladder: check or benchmark every kernel")
@@ -36,6 +59,10 @@ def register(sub) -> None:
     c.add_argument("--kernel", action="append", metavar="NAME",
                    help="kernel name, family or prefix (repeatable; default: all)")
     c.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    c.add_argument("--max-variants", type=int, default=None, metavar="N",
+                   help="check each kernel on its first N input variants only (default: all; "
+                        "CI's second backend on lavapipe uses 1: every pipeline compiled and "
+                        "run once)")
     add_device_args(c)
     c.set_defaults(func=cmd_check)
     b = ksub.add_parser("bench", help="GPU-timestamp benchmark with roofline fractions")
@@ -72,20 +99,42 @@ def register(sub) -> None:
     t.set_defaults(func=cmd_tune)
 
 
+def format_matrix_config(c: dict) -> str:
+    """One subgroup-matrix configuration: `f16->f32 16x16x16 (subgroup 32)`, M x N x K."""
+    sizes = sorted({c.get("min_subgroup_size"), c.get("max_subgroup_size")} - {None})
+    return (f"{c.get('component_type')}->{c.get('result_component_type')} "
+            f"{c.get('m')}x{c.get('n')}x{c.get('k')} (subgroup {'-'.join(map(str, sizes))})")
+
+
 def cmd_devices(args) -> int:
     from .adapters import NoAdapterError, NO_ADAPTER_HELP
-    adapters = enumerate_adapters()
+    choice = backends.requested(args.backend)
+    names = [choice] if choice != "auto" else \
+        ["wgpu"] + (["dawn"] if backends.dawn_installed() else [])
+    adapters = []
+    for name in names:
+        try:
+            adapters += enumerate_adapters(name)
+        except backends.BackendError:
+            if choice != "auto":
+                raise
     if not adapters:
         raise NoAdapterError(NO_ADAPTER_HELP)
     if args.json:
         print(json.dumps([{"index": i.index, "name": i.name, "type": i.adapter_type,
                            "software": i.is_software,
-                           "backend": i.backend, "driver": i.driver, "features": list(i.features),
+                           "webgpu": i.webgpu, "backend": i.backend, "driver": i.driver,
+                           "features": list(i.features),
+                           "subgroup_matrix_configs": list(i.subgroup_matrix_configs),
                            "limits": i.limits} for i, _ in adapters], indent=2))
         return 0
     for info, _ in adapters:
         print(info.summary())
+        print(f"    backend: {info.webgpu} ({backends.load(info.webgpu).compiler})")
         print("    features: " + ", ".join(info.features))
+        if info.webgpu == "dawn":
+            print("    subgroup-matrix configs: " + (", ".join(
+                format_matrix_config(c) for c in info.subgroup_matrix_configs) or "none"))
         for key in IMPORTANT_LIMITS:
             print(f"    {key}: {info.limits.get(key)}")
     return 0
@@ -111,12 +160,15 @@ def _select(names):
 def cmd_check(args) -> int:
     from .engine import Device
     from .ladder import check_case, device_record, write_json
+    from istanbul.errors import UserFacingError
     cases = _select(args.kernel)
+    if args.max_variants is not None and args.max_variants < 1:
+        raise UserFacingError(f"--max-variants must be >= 1, got {args.max_variants}")
     device = Device(args.adapter)
     print(f"# kernels check on {device.info.summary()}")
     results, failed = [], 0
     for case in cases:
-        for r in check_case(device, case):
+        for r in check_case(device, case, max_variants=args.max_variants):
             print(r.line(), flush=True)
             results.append(r)
             failed += r.ok is False
@@ -137,14 +189,16 @@ def cmd_bench(args) -> int:
     print(f"# kernels bench on {device.info.summary()}")
     roof = measure_roofline(device)
     print(f"# roofline: copy {roof.copy_gbs:.1f} GB/s (read+write); FMA TFLOP/s "
-          + ", ".join(f"{k} {v:.2f}" for k, v in roof.fma_tflops.items()))
+          + ", ".join(f"{k} {v:.2f}" for k, v in roof.fma_tflops.items())
+          + "".join(f"; subgroup matrix {k} {v:.1f}" for k, v in roof.matrix_tflops.items()))
     header = f"{'kernel':<34} {'time us':>10} {'GB/s':>9} {'TFLOP/s':>9} {'roofline':>9}  bound"
     print(header)
     rows = []
 
     def write_outputs():   # after every kernel: an interrupted run still leaves its table
         payload = {"device": device_record(device),
-                   "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops},
+                   "roofline": {"copy_gbs": roof.copy_gbs, "fma_tflops": roof.fma_tflops,
+                                "matrix_tflops": roof.matrix_tflops},
                    "kernels": rows}
         if args.json:
             write_json(args.json, payload)
@@ -221,10 +275,14 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
 
 def bench_markdown(payload: dict) -> str:
     dev, roof = payload["device"], payload["roofline"]
-    lines = [f"# istanbul kernels bench — {dev['adapter']} ({dev['backend']}, {dev['driver']})", "",
+    webgpu = f"{dev['webgpu']} ({dev['compiler']}), " if "webgpu" in dev else ""
+    lines = [f"# istanbul kernels bench — {dev['adapter']} ({webgpu}{dev['backend']}, "
+             f"{dev['driver']})", "",
              f"Roofline measured in the same run: copy {roof['copy_gbs']:.1f} GB/s (read+write); "
              "FMA ceilings " + ", ".join(f"{k} {v:.2f} TFLOP/s" for k, v in
-                                          roof["fma_tflops"].items()) + ".", "",
+                                          roof["fma_tflops"].items())
+             + "".join(f"; subgroup-matrix {k} {v:.1f} TFLOP/s"
+                       for k, v in roof.get("matrix_tflops", {}).items()) + ".", "",
              "| kernel | time (us) | GB/s | TFLOP/s | roofline | bound |",
              "|---|---:|---:|---:|---:|---|"]
     for row in payload["kernels"]:

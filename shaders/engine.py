@@ -16,6 +16,12 @@ or a `BufferView` (a sub-range of one, for multi-tensor kernels over one paramet
 Dispatch grids above the device's per-dimension limit (65,535 workgroups) are folded into 2-D;
 kernels recover the linear workgroup index with `workgroup_index()` from 00_shared.wgsl and
 bounds-check it.
+
+The device comes from one WebGPU backend (`Device(backend="dawn")`, `--backend`,
+$ISTANBUL_BACKEND; see backends.py). wgpu-native does not check WebGPU's binding rules
+and Dawn does, so the engine checks them itself, on both, when it makes a bind group: two
+writable bindings of one buffer must not overlap, and a buffer bound writable may not also
+be bound read-only or as a uniform in the same dispatch (BindingHazardError).
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import wgpu
 
-from . import source
+from . import backends, source
 from .adapters import AdapterInfo, NoAdapterError, choose_adapter
 
+# WebGPU's flag values: the same numbers in wgpu-native and Dawn.
 BufferUsage = wgpu.BufferUsage
 
 # Features we ask for whenever the adapter has them.
@@ -45,6 +52,7 @@ WANTED_FEATURES = (
     "timestamp-query-inside-passes",
     "timestamp-query-inside-encoders",
     "shader-float32-atomic",
+    "subgroup-matrix",  # Dawn's chromium-experimental-subgroup-matrix (tensor cores)
 )
 # Features wgpu 0.32 only grants with "experimental features" switched on, which wgpu-native
 # offers no way to do. We ask for them only when ISTANBUL_EXPERIMENTAL=1, and fall back.
@@ -56,7 +64,13 @@ _serials = itertools.count(1)
 
 
 class ShaderCompileError(RuntimeError):
-    """naga or the driver refused a kernel; the message names the file and kernel."""
+    """The shader compiler (naga or Tint) or the driver refused a kernel; the message names
+    the file and kernel."""
+
+
+class BindingHazardError(ValueError):
+    """A bind group that WebGPU forbids: overlapping writable ranges of one buffer, or one
+    buffer bound both writable and read-only in one dispatch."""
 
 
 def fold_grid(workgroups: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
@@ -146,9 +160,11 @@ class BufferView:
 class Kernel:
     """One compiled compute pipeline plus a cache of its bind groups."""
 
-    def __init__(self, device: "Device", file: str, name: str, constants: dict, pipeline):
+    def __init__(self, device: "Device", file: str, name: str, constants: dict, pipeline,
+                 access: dict | None = None):
         self.device, self.file, self.name, self.constants = device, file, name, constants
         self.pipeline = pipeline
+        self.access = access or {}  # binding -> source.Binding (name, read_write or not)
         self.layout = pipeline.get_bind_group_layout(0)
         self._groups: OrderedDict = OrderedDict()
 
@@ -174,6 +190,7 @@ class Kernel:
         key = tuple(key)
         group = self._groups.get(key)
         if group is None:
+            self._check_hazards(key)
             group = self.device.raw.create_bind_group(layout=self.layout, entries=entries)
             self._groups[key] = group
             if len(self._groups) > 4096:
@@ -182,12 +199,51 @@ class Kernel:
             self._groups.move_to_end(key)
         return group
 
+    def _check_hazards(self, ranges) -> None:
+        """WebGPU's usage rules within one dispatch, for (buffer serial, offset, size) per
+        binding: wgpu-native lets these through, Dawn and browsers refuse them, so code that
+        passes on one backend must not break on the other."""
+        for i, (buf_i, off_i, size_i) in enumerate(ranges):
+            for j in range(i + 1, len(ranges)):
+                buf_j, off_j, size_j = ranges[j]
+                if buf_i != buf_j:
+                    continue
+                a, b = self.access.get(i), self.access.get(j)
+                if a is None or b is None or not (a.writable or b.writable):
+                    continue
+                where = (f"{self}: bindings {i} ({a.name}, [{off_i}, {off_i + size_i})) and "
+                         f"{j} ({b.name}, [{off_j}, {off_j + size_j})) are views of one buffer")
+                if a.writable and b.writable:
+                    if off_i < off_j + size_j and off_j < off_i + size_i:
+                        raise BindingHazardError(
+                            f"{where} with overlapping writable ranges; WebGPU forbids "
+                            "writable aliasing (Dawn and browsers refuse it): bind disjoint "
+                            "ranges or separate buffers")
+                else:
+                    raise BindingHazardError(
+                        f"{where}, one writable and one read-only; WebGPU forbids a buffer "
+                        "bound writable and read-only in the same dispatch, even for disjoint "
+                        "ranges: pass the inputs in another buffer")
+
+
+def _extent(res) -> tuple[int, int, int]:
+    """(buffer serial, first byte, end byte) of a Buffer or BufferView."""
+    if isinstance(res, BufferView):
+        return res.buffer.serial, res.offset, res.offset + res.nbytes
+    return res.serial, 0, res.nbytes
+
+
+def views_overlap(a, b) -> bool:
+    """Whether two Buffers/BufferViews share bytes of one buffer."""
+    (buf_a, start_a, end_a), (buf_b, start_b, end_b) = _extent(a), _extent(b)
+    return buf_a == buf_b and start_a < end_b and start_b < end_a
+
 
 def _group(kernel: Kernel, resources):
     """A bind group as given, or the kernel's (cached) group for a list of resources."""
-    if isinstance(resources, wgpu.GPUBindGroup):
-        return resources
-    return kernel.bind_group(list(resources))
+    if isinstance(resources, (list, tuple)):
+        return kernel.bind_group(list(resources))
+    return resources  # a bind group made earlier with kernel.bind_group
 
 
 class Recorder:
@@ -334,11 +390,20 @@ class AllocationTracker:
 
 
 class Device:
-    """A wgpu device with every useful feature and the adapter's maximum limits."""
+    """A WebGPU device with every useful feature and the adapter's maximum limits.
 
-    def __init__(self, adapter: str | int | None = None):
-        self.info, self._adapter = choose_adapter(adapter)
-        self.raw, self.features, self.refused_features = self._request(self._adapter)
+    `adapter`: index or name substring (else $ISTANBUL_ADAPTER); `backend`: wgpu, dawn or
+    auto (else $ISTANBUL_BACKEND). `features` uses the engine's names on both backends;
+    `subgroup_matrix_configs` lists Dawn's tensor-core shapes when `subgroup-matrix` is on.
+    """
+
+    def __init__(self, adapter: str | int | None = None, backend: str | None = None):
+        self.info, self._adapter = choose_adapter(adapter, backend)
+        self.backend = backends.load(self.info.webgpu)
+        self.raw, self.features, self.refused_features = self._request(self._adapter,
+                                                                       self.backend)
+        self.subgroup_matrix_configs = (self.info.subgroup_matrix_configs
+                                        if "subgroup-matrix" in self.features else ())
         self.queue = self.raw.queue
         self.limits = dict(self.raw.limits)
         self.max_workgroups_per_dim = int(self.limits.get("max-compute-workgroups-per-dimension",
@@ -351,24 +416,23 @@ class Device:
         self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
 
     @staticmethod
-    def _request(adapter):
-        have = set(adapter.features)
+    def _request(adapter, backend):
+        have = backend.canonical(adapter.features)
         wanted = [f for f in WANTED_FEATURES if f in have]
         experimental = [f for f in EXPERIMENTAL_FEATURES if f in have]
+        limits = dict(adapter.limits)
         refused = []
         if experimental and os.environ.get("ISTANBUL_EXPERIMENTAL") == "1":
             try:
-                dev = adapter.request_device_sync(required_features=wanted + experimental,
-                                                  required_limits=dict(adapter.limits))
-                return dev, frozenset(dev.features), ()
+                dev = backend.request_device(adapter, wanted + experimental, limits)
+                return dev, backend.canonical(dev.features), ()
             except Exception as exc:  # wgpu refuses experimental features: keep going without
                 refused = [f"{f}: {str(exc).splitlines()[0][:200]}" for f in experimental]
         else:
             refused = [f"{f}: not requested (wgpu 0.32 requires experimental features; "
                        "set ISTANBUL_EXPERIMENTAL=1 to try)" for f in experimental]
-        dev = adapter.request_device_sync(required_features=wanted,
-                                          required_limits=dict(adapter.limits))
-        return dev, frozenset(dev.features), tuple(refused)
+        dev = backend.request_device(adapter, wanted, limits)
+        return dev, backend.canonical(dev.features), tuple(refused)
 
     def __repr__(self) -> str:
         return f"<Device {self.info.summary()}>"
@@ -394,7 +458,8 @@ class Device:
         if cached is not None:
             return cached
         wgsl = source.load_file(file)
-        code = source.compose(self.features, wgsl, name, params=params)
+        code = source.compose(self.features, wgsl, name, params=params,
+                              compiler=self.backend.compiler)
         try:
             module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
             pipeline = self.raw.create_compute_pipeline(
@@ -403,7 +468,7 @@ class Device:
         except Exception as exc:
             raise ShaderCompileError(f"{file}:{name} failed to compile on {self.name}: {exc}") \
                 from exc
-        kernel = Kernel(self, file, name, constants, pipeline)
+        kernel = Kernel(self, file, name, constants, pipeline, source.bindings(code))
         self._kernels[key] = kernel
         return kernel
 
@@ -546,13 +611,15 @@ class Device:
 _default_devices: dict = {}
 
 
-def default_device(adapter: str | int | None = None) -> Device:
-    """A process-wide device per adapter choice (tests and CLIs share one)."""
-    key = adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", "")
+def default_device(adapter: str | int | None = None, backend: str | None = None) -> Device:
+    """A process-wide device per adapter and backend choice (tests and CLIs share one)."""
+    key = (adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", ""),
+           backends.requested(backend))
     if key not in _default_devices:
-        _default_devices[key] = Device(adapter)
+        _default_devices[key] = Device(adapter, backend)
     return _default_devices[key]
 
 
-__all__ = ["Buffer", "BufferView", "Device", "Kernel", "NoAdapterError", "Recorder",
-           "ShaderCompileError", "default_device", "fold_grid", "AdapterInfo"]
+__all__ = ["BindingHazardError", "Buffer", "BufferView", "Device", "Kernel", "NoAdapterError",
+           "Recorder", "ShaderCompileError", "default_device", "fold_grid", "views_overlap",
+           "AdapterInfo"]

@@ -66,7 +66,8 @@ class KernelCase:
     grad: Callable[[Device, np.random.Generator], dict] | None = None
     requires: tuple = ()  # device features the kernel needs
     thresholds: dict = field(default_factory=dict)  # overrides of the precision's limits
-    bench_precision: str = "f32"  # which FMA ceiling the roofline uses: f32 or f16
+    # which ceiling the roofline uses: f32 or f16 (FMA), subgroup-matrix (tensor cores)
+    bench_precision: str = "f32"
     description: str = ""
 
 
@@ -154,8 +155,10 @@ def _missing(device: Device, case: KernelCase) -> list[str]:
     return [f for f in case.requires if not device.has(f)]
 
 
-def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResult]:
-    """Run the compile, run, correct and grad rungs of one case."""
+def check_case(device: Device, case: KernelCase, seed: int = 0,
+               max_variants: int | None = None) -> list[RungResult]:
+    """Run the compile, run, correct and grad rungs of one case (on its first
+    `max_variants` input variants; default all)."""
     results = []
     missing = _missing(device, case)
     if missing:
@@ -173,7 +176,8 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
         return results
 
     correct_ok, details, worst = True, [], {}
-    for i, variant in enumerate(case.variants):
+    variants = case.variants[:max_variants] if max_variants else case.variants
+    for i, variant in enumerate(variants):
         rng = np.random.default_rng(seed + i)
         try:
             inputs = case.inputs(rng, variant)
@@ -218,7 +222,7 @@ def check_case(device: Device, case: KernelCase, seed: int = 0) -> list[RungResu
                     m.get("max_abs", 0) > worst.get("max_abs", 0):
                 worst = m
     summary = "; ".join(details) if details else \
-        f"{len(case.variants)} variant(s) [{case.precision}] {M.format_metrics(worst)}"
+        f"{len(variants)} variant(s) [{case.precision}] {M.format_metrics(worst)}"
     results.append(RungResult(case.name, "correct", correct_ok, summary, worst))
 
     if case.grad is None:
@@ -246,13 +250,17 @@ def _short(exc: Exception) -> str:
 @dataclass
 class Roofline:
     copy_gbs: float  # read+write bytes per second / 1e9
-    fma_tflops: dict  # {"f32": , "vec4f32": , "vec2f16": , "vec4f16": }
+    fma_tflops: dict  # {"f32": , "vec4f32": , "vec2f16": , "vec4f16": , "*_chains4": }
+    # subgroup-matrix (tensor-core) ceilings by configuration, e.g. {"f16_f32_16x16x16": }
+    matrix_tflops: dict = field(default_factory=dict)
 
     def peak(self, precision: str) -> float:
+        if precision == "subgroup-matrix":
+            return max(self.matrix_tflops.values(), default=0.0) or self.peak("f16")
         if precision == "f16":
-            return max(self.fma_tflops.get("vec4f16", 0), self.fma_tflops.get("vec2f16", 0)) or \
+            return max((v for k, v in self.fma_tflops.items() if "f16" in k), default=0.0) or \
                 self.peak("f32")
-        return max(self.fma_tflops.get("vec4f32", 0), self.fma_tflops.get("f32", 0))
+        return max((v for k, v in self.fma_tflops.items() if "f32" in k), default=0.0)
 
     def fraction(self, gbs: float, tflops: float, precision: str) -> float:
         """Achieved / attainable, where attainable = min(peak, intensity * bandwidth)."""
@@ -283,16 +291,50 @@ def measure_roofline(device: Device) -> Roofline:
     fma = {}
     groups = 64 if software else 132 * 64
     iters = 64 if software else 4096
+    repeats = 3 if software else 10
     out = device.empty(groups * 256, np.float32)
     p = device.uniform("IfII", iters, 1.0, 0, 0)
-    for name, width in (("f32", 1), ("vec4f32", 4), ("vec2f16", 2), ("vec4f16", 4)):
+    # (kernel, vector width, independent chains, bindings); the ceiling is the best of them
+    probes = [("f32", 1, 8, [out, p]), ("vec4f32", 4, 8, [out, p]), ("vec2f16", 2, 8, [out, p]),
+              ("vec4f16", 4, 8, [out, p]), ("vec4f32_chains4", 4, 4, [out]),
+              ("vec4f16_chains4", 4, 4, [out])]
+    for name, width, chains, resources in probes:
         if "f16" in name and not device.has("shader-f16"):
             continue
-        k = device.kernel("roofline.wgsl", f"fma_{name}")
-        seconds = device.time_gpu(lambda rec: rec.dispatch(k, [out, p], groups),
-                                  repeats=3 if software else 10)
-        fma[name] = groups * 256 * iters * 8 * 2 * width / seconds / 1e12
-    return Roofline(copy_gbs=copy_gbs, fma_tflops=fma)
+        constants = {"ITERS": iters} if "chains" in name else {}
+        k = device.kernel("roofline.wgsl", f"fma_{name}", constants)
+        seconds = device.time_gpu(lambda rec: rec.dispatch(k, resources, groups),
+                                  repeats=repeats)
+        fma[name] = groups * 256 * iters * chains * 2 * width / seconds / 1e12
+    return Roofline(copy_gbs=copy_gbs, fma_tflops=fma,
+                    matrix_tflops=measure_subgroup_matrix(device, repeats))
+
+
+SGMAT_CEILINGS = {  # roofline_sgmat.wgsl kernel -> the configuration it needs
+    "sgmat_f16_f32_16x16x16": {"component_type": "f16", "result_component_type": "f32",
+                               "m": 16, "n": 16, "k": 16},
+}
+
+
+def measure_subgroup_matrix(device: Device, repeats: int = 10) -> dict:
+    """Subgroup-matrix ceilings in TFLOP/s, {config name: TFLOP/s}, for the configurations
+    the device offers that roofline_sgmat.wgsl has a kernel for ({} without the feature)."""
+    found = {}
+    for kernel, want in SGMAT_CEILINGS.items():
+        config = next((c for c in device.subgroup_matrix_configs
+                       if all(c.get(key) == value for key, value in want.items())), None)
+        if config is None:
+            continue
+        groups, iters, invocations = 132 * 32, 1024, 128
+        # the largest subgroup size gives the fewest subgroups: never an overstated ceiling
+        subgroups = max(1, invocations // int(config.get("max_subgroup_size") or 32))
+        out = device.empty(invocations * 8 * 256, np.float32)
+        k = device.kernel("roofline_sgmat.wgsl", kernel, {"ITERS": iters})
+        seconds = device.time_gpu(lambda rec: rec.dispatch(k, [out], groups), repeats=repeats)
+        flops = groups * subgroups * iters * 8 * 2 * want["m"] * want["n"] * want["k"]
+        found[kernel.removeprefix("sgmat_")] = flops / seconds / 1e12
+        out.destroy()
+    return found
 
 
 def bench_case(device: Device, case: KernelCase, roof: Roofline, seed: int = 0,
@@ -339,8 +381,10 @@ def _time_self_submitting(device: Device, launch: Launch, repeats: int, warmup: 
 
 def device_record(device: Device) -> dict:
     return {"adapter": device.info.name, "type": device.info.adapter_type,
+            "webgpu": device.info.webgpu, "compiler": device.backend.compiler,
             "backend": device.info.backend, "driver": device.info.driver,
-            "features": sorted(device.features)}
+            "features": sorted(device.features),
+            "subgroup_matrix_configs": list(device.subgroup_matrix_configs)}
 
 
 def write_json(path: str, payload: dict) -> None:

@@ -15,13 +15,15 @@ function named like the kernel. The module compiled for a kernel is:
 
     enable lines (from the device's features) + 00_shared.wgsl + file header + kernel section
 
-A template file (its kernels made with
-template parameters, `Device.kernel(..., params=...)`) has its header and section expanded by
-`shaders/wgsl_expand.py` first; the preamble is never expanded.
+A template file (its kernels made with template parameters, `Device.kernel(..., params=...)`)
+has its header and section expanded by `shaders/wgsl_expand.py` first; the preamble is never
+expanded.
 
-Enable lines are the engine's business, never a kernel file's: naga rejects `enable subgroups;`
-(subgroup builtins work once the `subgroup` feature is on) and rejects `enable f16;` unless
-`shader-f16` was enabled on the device, so the engine writes them from the device's features.
+Enable lines are the engine's business, never a kernel file's, and depend on the compiler
+(the backend's: naga for wgpu-native, Tint for Dawn). Both reject `enable f16;` unless
+`shader-f16` was enabled on the device. naga rejects `enable subgroups;` (subgroup builtins
+work once the `subgroup` feature is on); Tint requires it, and
+`enable chromium_experimental_subgroup_matrix;` for subgroup matrices.
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ from pathlib import Path
 from . import wgsl_expand
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"   # one folder per kernel family
+COMPILERS = ("naga", "tint")
 PREAMBLE_FILE = "00_shared.wgsl"   # in KERNELS_DIR: every kernel of every family includes it
 KERNEL_MARKER = re.compile(r"^\s*//\s*---\s*KERNEL:\s*([A-Za-z_][A-Za-z0-9_]*)\s*---\s*$", re.M)
 ENABLE_LINE = re.compile(r"^\s*enable\s+[^;]+;", re.M)
+# `@group(0) @binding(N) var<storage, read_write> name` (attributes in either order)
+BINDING_DECL = re.compile(
+    r"((?:@\s*(?:group|binding)\s*\(\s*\d+\s*\)\s*)+)var\s*<\s*(storage|uniform)\s*"
+    r"(?:,\s*(read_write|read)\s*)?>\s*([A-Za-z_][A-Za-z0-9_]*)")
+ATTRIBUTE = re.compile(r"@\s*(group|binding)\s*\(\s*(\d+)\s*\)")
 
 
 class ShaderSourceError(ValueError):
@@ -50,13 +58,38 @@ class WgslFile:
     kernels: dict  # name -> source of that kernel's section
 
 
-def enable_lines(features) -> str:
-    """The `enable` directives a module needs on a device with these features."""
+@dataclass(frozen=True)
+class Binding:
+    name: str
+    space: str      # "storage" or "uniform"
+    writable: bool  # storage read_write
+
+
+def enable_lines(features, compiler: str = "naga") -> str:
+    """The `enable` directives a module needs on a device with these (engine-named)
+    features, for this shader compiler."""
+    if compiler not in COMPILERS:
+        raise ValueError(f"unknown shader compiler {compiler!r}; one of {COMPILERS}")
     lines = []
     if "shader-f16" in features:
         lines.append("enable f16;")
-    # Never `enable subgroups;`: naga rejects it; the `subgroup` device feature is enough.
+    # naga rejects `enable subgroups;` (the device feature is enough); Tint requires it.
+    if compiler == "tint" and "subgroup" in features:
+        lines.append("enable subgroups;")
+    if compiler == "tint" and "subgroup-matrix" in features:
+        lines.append("enable chromium_experimental_subgroup_matrix;")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def bindings(code: str) -> dict:
+    """{binding index: Binding} of a module's group-0 buffer declarations."""
+    found = {}
+    for m in BINDING_DECL.finditer(code):
+        attrs = {k: int(v) for k, v in ATTRIBUTE.findall(m.group(1))}
+        if attrs.get("group", 0) == 0 and "binding" in attrs:
+            found[attrs["binding"]] = Binding(m.group(4), m.group(2),
+                                              m.group(2) == "storage" and m.group(3) == "read_write")
+    return found
 
 
 def split_kernels(text: str, origin: str = "<wgsl>") -> tuple[str, dict]:
@@ -132,7 +165,7 @@ def preamble_text(directory: str = str(KERNELS_DIR)) -> str:
 
 
 def compose(features, file: WgslFile, kernel: str, directory: str = str(KERNELS_DIR),
-            params: dict | None = None) -> str:
+            params: dict | None = None, *, compiler: str = "naga") -> str:
     """The full module source for one kernel on a device with `features`; `params`: the
     template parameters of a template file (header and section expanded by wgsl_expand)."""
     if kernel not in file.kernels:
@@ -142,7 +175,7 @@ def compose(features, file: WgslFile, kernel: str, directory: str = str(KERNELS_
            + f"// ---- kernel {kernel} ----\n" + file.kernels[kernel])
     if params is not None:
         own = _expanded(own, tuple(sorted(params.items())), f"{file.path.name}:{kernel}")
-    return enable_lines(features) + preamble_text(directory) + "\n" + own
+    return enable_lines(features, compiler) + preamble_text(directory) + "\n" + own
 
 
 @lru_cache(maxsize=None)

@@ -55,3 +55,13 @@ def test_bench_uses_the_software_variant_on_software_adapters(device):
     row = bench_case(device, case, Roofline(copy_gbs=1.0, fma_tflops={"f32": 1.0}))
     want = "bench_small" if device.info.is_software else "bench"
     assert asked == [want] and row["variant"] == want and row["us"] > 0
+
+
+def test_copy_rows_checks_strides_and_sizes(device):
+    x, y = device.empty(40), device.empty(40)
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="copy_rows: x_stride 3 < width 4: rows would "
+                                             "overlap"):
+            basic.copy_rows(rec, x, y, 2, 4, 3, 8)
+        with pytest.raises(ValueError, match="copy_rows: y holds 40"):
+            basic.copy_rows(rec, x, y, 5, 4, 4, 10)

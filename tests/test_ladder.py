@@ -165,3 +165,11 @@ def test_a_family_folders_case_must_name_that_family(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="'misfiled_case' says family 'rope'; a family "
                        "folder's cases belong to that family \\('rmsnorm'\\)"):
         ladder.load_cases()
+
+
+def test_max_variants_checks_only_the_first_ones(device):
+    case = load_cases()["copy_rows"]
+    results = check_case(device, case, max_variants=1)
+    correct = next(r for r in results if r.rung == "correct")
+    assert correct.ok and correct.detail.startswith("1 variant(s)")
+    assert len(case.variants) > 1

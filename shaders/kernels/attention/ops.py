@@ -20,6 +20,9 @@ fused gradient buffer (then feed it to the fused projection's backward).
 scale defaults to 1/sqrt(D). The backward writes (never accumulates) dq, dk, dv; it runs a
 prep dispatch (dvec = rowsum(do * o) into a scratch buffer), the dQ kernel and the dK/dV
 kernel (which sums the H/Hkv query heads of each kv head itself: deterministic, no atomics).
+When dk and dv are overlapping views of one buffer (the fused layout), the dK/dV kernel
+writes dv to a scratch buffer and `basic.copy_rows` moves it into place: WebGPU forbids two
+writable bindings with overlapping ranges.
 
 Kernels. The fast path (05_attention_tiled.wgsl: 4 x 4 score blocks per invocation, vec4
 workgroup tiles, the next tile's global loads prefetched into registers during this tile's
@@ -41,7 +44,9 @@ import math
 import re
 import warnings
 
+from ..elementwise import ops as basic
 from ..op_support import ceil_div, check, grid2d, grid3d, positive, scratch, workgroup_storage
+from ...engine import views_overlap
 
 FILE = "05_attention.wgsl"
 FILE_TILED = "05_attention_tiled.wgsl"   # a template (shaders/wgsl_expand.py)
@@ -378,17 +383,22 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
                      [q, k, v, do, lse, dvec, dq, params],
                      grid2d(dev, op, ceil_div(T, c_dq["BQ"]), B * H),
                      label="attention_backward_dq")
+    # WebGPU forbids overlapping writable bindings: dk and dv interleaved in one fused
+    # gradient buffer get dv through a scratch buffer of the same layout, then copy_rows.
+    dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
     t_kv = choose_config(dev, "dkv", T, D, config_dkv) if ready and tiles_dkv is None else None
     if t_kv is not None:
         rows, cols = t_kv
         name = TILED_KERNELS["dkv"]
         rec.dispatch(dev.kernel(FILE_TILED, name, tiled_constants("dkv", rows, cols, D),
                                 template_params(rows, cols, D)),
-                     [q, k, v, do, lse, dvec, dk, dv, params],
+                     [q, k, v, do, lse, dvec, dk, dv_out, params],
                      _dkv_grid(dev, op, B * Hkv, T, rows), label=name)
     else:
         c_kv = choose_tiles(dev, D, "dkv", tiles_dkv)
         rec.dispatch(dev.kernel(FILE, "attention_backward_dkv", c_kv),
-                     [q, k, v, do, lse, dvec, dk, dv, params],
+                     [q, k, v, do, lse, dvec, dk, dv_out, params],
                      grid2d(dev, op, ceil_div(T, c_kv["BKV"]), B * Hkv),
                      label="attention_backward_dkv")
+    if dv_out is not dv:
+        basic.copy_rows(rec, dv_out, dv, B * T, Hkv * D, strides[1], strides[1])

@@ -117,6 +117,46 @@ op_case("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",
         bytes_per=6, reference=reference.cast_f16_f32)
 
 
+# ---- copy_rows: a strided part into a strided part (ops.basic.copy_rows) -----------------
+
+# (rows, width, x_stride, y_stride, y_offset): y_offset places the part inside y's rows, as
+# dv sits after q and k in a fused [B*T, (H + 2Hkv) D] gradient buffer
+COPY_ROWS = {"random": (37, 100, 130, 257, 64), "one": (1, 1, 1, 1, 0),
+             "fused": (42, 64, 64, 256, 192), "bench": (8192, 768, 768, 2304, 1536)}
+
+
+def _copy_rows_inputs(rng, variant):
+    rows, width, xs, ys, off = COPY_ROWS[variant]
+    return {"x": rng.standard_normal((rows - 1) * xs + width).astype(np.float32),
+            "y": rng.standard_normal(off + (rows - 1) * ys + width).astype(np.float32),
+            "shape": (rows, width, xs, ys, off)}
+
+
+def _copy_rows_reference(inp):
+    rows, width, xs, ys, off = inp["shape"]
+    y = inp["y"].copy()
+    for r in range(rows):
+        y[off + r * ys: off + r * ys + width] = inp["x"][r * xs: r * xs + width]
+    return {"y": y}
+
+
+def _copy_rows_launch(dev, inp):
+    from ..ops import basic
+    rows, width, xs, ys, off = inp["shape"]
+    x, y = dev.upload(inp["x"]), dev.upload(inp["y"])
+    part = y.elements(off, y.nbytes // 4 - off)  # offsets are multiples of 64 floats
+    return Launch(encode=lambda rec: basic.copy_rows(rec, x, part, rows, width, xs, ys),
+                  read=lambda: {"y": dev.download(y)})
+
+
+register(KernelCase(
+    name="copy_rows", family="elementwise", precision="exact", kernels=[(FILE, "copy_rows")],
+    inputs=_copy_rows_inputs, launch=_copy_rows_launch, reference=_copy_rows_reference,
+    variants=("random", "one", "fused"),
+    bytes=lambda inp: 8 * inp["shape"][0] * inp["shape"][1], flops=lambda inp: 0.0,
+    description="ops.basic.copy_rows: rows of one strided part into another (elsewhere kept)"))
+
+
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
 
 ROW_SHAPES = {"random": (37, 1000), "one": (1, 1), "wide": (3, 100_000), "bench": (4096, 4096)}

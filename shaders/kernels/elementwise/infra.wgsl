@@ -5,6 +5,8 @@
 //   axpy            y[i] = alpha * x[i] + y[i]
 //   copy            y[i] = x[i]
 //   copy_vec4       y[i] = x[i] over vec4<f32> (the copy-bandwidth probe of the roofline)
+//   copy_rows       y[r * y_stride + e] = x[r * x_stride + e], r < rows, e < width: one
+//                   strided part of a tensor into another (own RowCopy uniform)
 //   cast_f32_f16    y[i] = f16(clamp(x[i], -65504, 65504)); NaN stays NaN
 //   cast_f16_f32    y[i] = f32(x[i])
 //   reduce_rows     per row of `cols` values: out[2r] = sum, out[2r+1] = max
@@ -85,6 +87,27 @@ fn copy_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
              @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
     if (i < p.n) { y[i] = x[i]; }
+}
+
+// --- KERNEL: copy_rows ---
+struct RowCopy {
+    rows: u32,
+    width: u32,
+    x_stride: u32,
+    y_stride: u32,
+}
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> p: RowCopy;
+
+@compute @workgroup_size(256)
+fn copy_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    if (i >= p.rows * p.width) { return; }
+    let r = i / p.width;
+    let e = i % p.width;
+    y[r * p.y_stride + e] = x[r * p.x_stride + e];
 }
 
 // --- KERNEL: cast_f32_f16 ---

@@ -4,6 +4,7 @@
     basic.axpy(rec, x, y, n, alpha)             # y += alpha * x (e.g. an out-of-place residual)
     basic.scale(rec, x, y, n, alpha)            # y = alpha * x
     basic.copy(rec, x, y, n)
+    basic.copy_rows(rec, x, y, rows, width, x_stride, y_stride)   # strided part -> strided part
     basic.cast_f32_f16(rec, x, y16, n)          # the initial f16 weight mirror (clamped)
     basic.cast_f16_f32(rec, x16, y, n)
 
@@ -61,6 +62,25 @@ def copy(rec, x, y, n: int) -> None:
     check("copy", "x", x, n)
     check("copy", "y", y, n)
     _run(rec, "copy", [x, y], n)
+
+
+def copy_rows(rec, x, y, rows: int, width: int, x_stride: int, y_stride: int) -> None:
+    """y[r * y_stride + e] = x[r * x_stride + e] for r < rows, e < width (f32): e.g. one
+    tensor's rows into its part of a fused buffer whose rows interleave several tensors."""
+    op = "copy_rows"
+    positive(op, rows=rows, width=width)
+    for name, stride in (("x_stride", x_stride), ("y_stride", y_stride)):
+        if stride < width:
+            raise ValueError(f"{op}: {name} {stride} < width {width}: rows would overlap")
+    check(op, "x", x, (rows - 1) * x_stride + width)
+    check(op, "y", y, (rows - 1) * y_stride + width)
+    if rows * width >= 1 << 32 or (rows - 1) * max(x_stride, y_stride) + width >= 1 << 32:
+        raise ValueError(f"{op}: {rows} rows of stride {max(x_stride, y_stride)} exceed the "
+                         "kernel's 32-bit element indexes; copy in parts")
+    dev = rec.device
+    params = dev.params("IIII", rows, width, x_stride, y_stride)
+    rec.dispatch(dev.kernel(FILE, "copy_rows"), [x, y, params], ceil_div(rows * width, EW),
+                 label="copy_rows")
 
 
 def cast_f32_f16(rec, x, y, n: int) -> None:

@@ -11,6 +11,11 @@
 //
 // Bindings: 0 out (read_write, one f32 per invocation), 1 uniform Params.
 // Dispatch: 256 invocations per workgroup, any number of workgroups.
+//
+//   fma_vec4f32_chains4, fma_vec4f16_chains4: four independent vec4 chains with constant
+//   operands and the trip count an override constant (ITERS), the form that reached the
+//   H200's fp32 peak under Dawn (63.8 of ~67 TFLOP/s; the loops above: ~30, below what the
+//   matmuls reach). FLOPs = invocations * ITERS * 4 * 2 * 4. Binding: 0 out only.
 
 struct Params {
     iters: u32,
@@ -94,5 +99,43 @@ fn fma_vec4f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         a4 = fma(a4, m, b); a5 = fma(a5, m, b); a6 = fma(a6, m, b); a7 = fma(a7, m, b);
     }
     let s = vec4<f32>(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
+    out[t] = s.x + s.y + s.z + s.w;
+}
+
+// --- KERNEL: fma_vec4f32_chains4 ---
+override ITERS: u32 = 4096u;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn fma_vec4f32_chains4(@builtin(global_invocation_id) gid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * 256u;
+    var a = vec4<f32>(f32(t) * 1e-9, 1.0, 2.0, 3.0);
+    var b = a + 1.0; var c = a + 2.0; var d = a + 3.0;
+    let m = vec4<f32>(0.999);
+    let k = vec4<f32>(0.001);
+    for (var i = 0u; i < ITERS; i++) {
+        a = fma(a, m, k); b = fma(b, m, k); c = fma(c, m, k); d = fma(d, m, k);
+    }
+    let s = a + b + c + d;
+    out[t] = s.x + s.y + s.z + s.w;
+}
+
+// --- KERNEL: fma_vec4f16_chains4 ---
+override ITERS: u32 = 4096u;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(256)
+fn fma_vec4f16_chains4(@builtin(global_invocation_id) gid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * 256u;
+    var a = vec4<f16>(f16(t & 7u) * 0.01h, 1.0h, 2.0h, 3.0h);
+    var b = a + 1.0h; var c = a + 2.0h; var d = a + 3.0h;
+    let m = vec4<f16>(0.999h);
+    let k = vec4<f16>(0.001h);
+    for (var i = 0u; i < ITERS; i++) {
+        a = fma(a, m, k); b = fma(b, m, k); c = fma(c, m, k); d = fma(d, m, k);
+    }
+    let s = vec4<f32>(a + b + c + d);
     out[t] = s.x + s.y + s.z + s.w;
 }
