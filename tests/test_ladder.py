@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shaders import ladder
-from shaders.ladder import KernelCase, Launch, check_case
+from shaders.ladder import KernelCase, Launch, check_case, load_cases
 
 
 @pytest.mark.parametrize("wg", [32, 64, 256, 1024])

@@ -141,7 +141,7 @@ def _copy_rows_reference(inp):
 
 
 def _copy_rows_launch(dev, inp):
-    from ..ops import basic
+    from . import ops as basic
     rows, width, xs, ys, off = inp["shape"]
     x, y = dev.upload(inp["x"]), dev.upload(inp["y"])
     part = y.elements(off, y.nbytes // 4 - off)  # offsets are multiples of 64 floats
