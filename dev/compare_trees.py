@@ -61,8 +61,11 @@ def step_timings(repeats: int, smoke: bool = False) -> dict:
     import numpy as np
 
     from shaders.engine import Device
-    from shaders.kernels.attention import ops as attention
-    from shaders.kernels.matmul import ops as linear
+    try:                                    # the kernel house (after 02206db)
+        from shaders.kernels.attention import ops as attention
+        from shaders.kernels.matmul import ops as linear
+    except ImportError:                     # a tree from before it
+        from shaders.ops import attention, linear
     dev = Device()
     rng = np.random.default_rng(0)
     out = {"_device": dev.info.name}
