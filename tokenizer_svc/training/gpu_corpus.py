@@ -1,0 +1,300 @@
+"""GPU pre-tokenization and piece counting: files -> unique pieces + counts, as corpus.py.
+
+    corpus = count_pieces_gpu(["a.txt"], "o200k", specials=["<|endoftext|>"], device=dev)
+    corpus.pieces == corpus_cpu.pieces          # always (tests/test_vocab_train_gpu_corpus.py)
+
+The pieces are those of corpus.py (the same semantics, the CPU path is the reference); only
+how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
+
+- the host checks the bytes are UTF-8, cuts the chunk at special tokens (each stretch between
+  them becomes one document of the chunk, the special's bytes left out), uploads it;
+- the encoder's own pre-tokenizer (shaders/kernels/bpe/bpe_encode.wgsl: bpe_cuts, then
+  bpe_pretok with MARK_PIECES = 1) writes at every piece start the piece's length;
+- piece_count.wgsl (shaders/kernels/bpe_train/) counts the pieces in a hash table with
+  atomics, exact (keys compared byte by byte) and lists each unique piece once;
+- only the unique pieces come back (start, length, count), and pieces longer than LONG_MIN
+  bytes, counted on the host.
+
+Chunks end at a provable piece boundary (gpu_encode.find_cut, the CPU twin of the kernels'
+`is_cut`) that is not next to a special token, so the pieces equal those of one scan of the
+whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
+`invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
+so is a file with a stretch longer than one device call that has no provable boundary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import regex
+
+from ..gpu_encode import ENCODE_FILE, PATTERN_IDS, find_cut
+from ..patterns import PATTERNS
+from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
+                     _open, _scan_file_sequential, check_files, utf8_cut)
+
+COUNT_FILE = "piece_count.wgsl"
+LONG_MIN = 512  # must equal LONG_MIN in piece_count.wgsl
+CUT_CHUNK = 128  # bytes per bpe_cuts chunk (<= 255, see bpe_encode.wgsl)
+WG = 64
+NONE = 0xFFFFFFFF
+PRETOK_BUDGET_SOFTWARE = 4000  # as gpu_encode.py: llvmpipe's loop limit
+GPU_CHUNK_BYTES = 32 << 20
+
+
+def gpu_pattern(pattern: str) -> str | None:
+    """The GPU pre-tokenizer for a pattern (a name or its regex text), None when there is none."""
+    name = {"r50k": "gpt2"}.get(pattern, pattern)
+    if name in PATTERN_IDS:
+        return name
+    for known, text in PATTERNS.items():
+        if text == pattern:
+            return {"r50k": "gpt2"}.get(known, known)
+    return None
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+class _NoCut(Exception):
+    """A stretch with no provable boundary longer than one device call."""
+
+
+class GpuPieceCounter:
+    """The device side: one chunk of text (documents) -> Counter of its pieces."""
+
+    def __init__(self, device, pattern: str):
+        from ..unicode_table import load_table
+        self.dev = device
+        self.pattern = pattern
+        pid = {"PATTERN": PATTERN_IDS[pattern]}
+        self.k_fill = device.kernel(ENCODE_FILE, "bpe_fill_none")
+        self.k_cuts = device.kernel(ENCODE_FILE, "bpe_cuts", pid)
+        self.k_pretok = device.kernel(ENCODE_FILE, "bpe_pretok", dict(pid, MARK_PIECES=1))
+        self.k_count = device.kernel(COUNT_FILE, "count_pieces")
+        self.k_list = device.kernel(COUNT_FILE, "list_pieces")
+        stage1, stage2 = load_table().two_level()
+        self.classes = device.upload(np.concatenate([stage1, stage2]).astype(np.uint32),
+                                     "unicode classes")
+        # the encoder's vocabulary, pair table, long-piece queue and scratch: unused here
+        self.unused = [device.zeros(4, np.uint32, f"unused {i}") for i in range(4)]
+        self.budget = PRETOK_BUDGET_SOFTWARE if device.info.is_software else NONE
+        binding = int(min(device.limits.get("max-storage-buffer-binding-size", 128 << 20),
+                          device.limits.get("max-buffer-size", 256 << 20)))
+        # the largest bindings: 4 bytes per text byte (lengths), 12 per slot (<= 1 per 2 bytes)
+        self.max_chunk = max(1 << 16, binding // 8 - 4096)
+
+    def count(self, data: bytes, starts: np.ndarray, counter: Counter) -> None:
+        """Add the pieces of `data` (documents [starts[d], starts[d+1])) to `counter`."""
+        dev = self.dev
+        n = len(data)
+        if n == 0:
+            return
+        words = np.zeros(-(-n // 4) * 4, np.uint8)
+        words[:n] = np.frombuffer(data, np.uint8)
+        text = dev.upload(words.view(np.uint32), "corpus text")
+        starts_buf = dev.upload(starts.astype(np.uint32), "corpus documents")
+        n_docs = int(starts.size - 1)
+        n_chunks = -(-n // CUT_CHUNK)
+        cuts = dev.zeros((n_chunks, 4), np.uint32, "corpus cuts")
+        lens = dev.zeros(n, np.uint32, "corpus piece lengths")
+        counters = dev.zeros(8, np.uint32, "corpus counters")
+        params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, CUT_CHUNK, 0, 0, 0, 0, 0, 0,
+                            0, self.budget)
+        u = self.unused
+        encode_binds = [text, starts_buf, self.classes, u[0], u[1], cuts, lens, u[2], u[3],
+                        counters, params]
+        with dev.record("corpus pre-tokenize") as rec:
+            rec.dispatch(self.k_fill, encode_binds, -(-n // WG))
+            rec.dispatch(self.k_cuts, encode_binds, -(-n_chunks // WG))
+            rec.dispatch(self.k_pretok, encode_binds, -(-n_chunks // WG))
+        while True:
+            c = dev.download(counters, np.uint32)
+            if c[2]:
+                raise RuntimeError(f"{int(c[2])} GPU pre-tokenizer segment(s) overran their end "
+                                   "(internal error; please report the input)")
+            if not c[3]:
+                break
+            counters.write(np.zeros(1, np.uint32), offset_bytes=12)  # resume (software only)
+            dev.run(self.k_pretok, encode_binds, -(-n_chunks // WG))
+        cuts.destroy()
+        counters.destroy()
+
+        n_slots = _next_pow2(n // 2 + 1024)
+        while True:
+            slots = dev.zeros(n_slots, np.uint32, "piece slots")
+            counts = dev.zeros(n_slots, np.uint32, "piece counts")
+            out = dev.zeros(3 * n_slots, np.uint32, "unique pieces")
+            longs = dev.zeros((n // (LONG_MIN + 1) + 1, 2), np.uint32, "long pieces")
+            info = dev.zeros(4, np.uint32, "piece count info")
+            cparams = dev.params("IIII", n, n_slots - 1, n_slots, 0)
+            binds = [text, lens, slots, counts, out, longs, info, cparams]
+            with dev.record("corpus count") as rec:
+                rec.dispatch(self.k_count, binds, -(-n // WG))
+                rec.dispatch(self.k_list, binds, -(-n_slots // WG))
+            found = dev.download(info, np.uint32)
+            if not found[1]:
+                break
+            for buf in (slots, counts, out, longs, info):
+                buf.destroy()
+            n_slots *= 2  # cannot happen with one slot per two bytes; exact either way
+        unique, n_long = int(found[0]), int(found[2])
+        table = dev.download(out.view(0, 12 * unique), np.uint32).reshape(-1, 3) if unique \
+            else np.zeros((0, 3), np.uint32)
+        for s, k, c in table.tolist():
+            counter[data[s:s + k]] += c
+        if n_long:
+            for s, k in dev.download(longs.view(0, 8 * n_long), np.uint32).reshape(-1, 2).tolist():
+                counter[data[s:s + k]] += 1
+        for buf in (text, starts_buf, lens, slots, counts, out, longs, info):
+            buf.destroy()
+
+
+class _FileChunker:
+    """One file as chunks that end at provable piece boundaries, with their documents."""
+
+    def __init__(self, pre: Pretokenizer, pattern: str, chunk_bytes: int, max_chunk: int):
+        self.pre = pre
+        self.pattern = pattern
+        self.chunk_bytes = chunk_bytes
+        self.max_chunk = max_chunk
+        self.longest_special = max((len(s.encode()) for s in pre.specials), default=0)
+        specials = sorted(set(pre.specials), key=lambda s: (-len(s), s))
+        self.special_re = (regex.compile(b"|".join(regex.escape(s.encode()) for s in specials))
+                           if specials else None)
+
+    def documents(self, buf: bytes, end: int):
+        """(stretches between specials of buf[:end] as byte ranges, special count)."""
+        if self.special_re is None:
+            return [(0, end)], 0
+        docs, start, n = [], 0, 0
+        for m in self.special_re.finditer(buf, 0, end):
+            docs.append((start, m.start()))
+            start = m.end()
+            n += 1
+        docs.append((start, end))
+        return docs, n
+
+    def cut(self, buf: bytes, complete: int) -> int | None:
+        """Where to end a chunk of buf[:complete] (whole characters): a provable boundary, at
+        least `margin` bytes before `complete`, not inside or just before a special."""
+        margin = self.longest_special + 16
+        hi = min(complete - margin, self.chunk_bytes)
+        arr = np.frombuffer(buf, np.uint8, count=complete)
+        while hi > 0:
+            c = find_cut(arr, max(0, hi - (1 << 20)), hi, self.pattern)
+            if c is None:
+                return None
+            if self.special_re is None:
+                return c
+            lo = max(0, c - self.longest_special)
+            near = [m for m in self.special_re.finditer(buf, lo, min(complete, c + margin))
+                    if m.start() < c < m.end() or c < m.start() <= c + 16]
+            if not near:
+                return c
+            hi = c - 1
+        return None
+
+
+def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Path,
+                   counter: Counter, progress=None) -> tuple[int, int]:
+    """Count one file's pieces into `counter`; returns (bytes, specials). Raises _NoCut or
+    UnicodeDecodeError (caught by the caller) when the file needs the CPU path."""
+    pre = chunker.pre
+    total = specials = 0
+    offset = 0  # file offset of buf[0]
+    buf = b""
+    with _open(path) as fh:
+        eof = False
+        while True:
+            want = max(chunker.chunk_bytes, len(buf) + 1) + chunker.longest_special + 64
+            while not eof and len(buf) < want:
+                try:
+                    block = fh.read(want - len(buf))
+                except OSError as exc:
+                    raise CorpusError(f"{path}: read failed: {exc.strerror or exc}") from None
+                if not block:
+                    eof = True
+                    break
+                total += len(block)
+                if progress is not None:
+                    progress.update(len(block))
+                buf += block
+            complete = len(buf) if eof else utf8_cut(buf)
+            if eof and len(buf) <= chunker.max_chunk:
+                end = len(buf)
+            else:
+                end = chunker.cut(buf, complete)
+                if end is None or end <= 0:
+                    if len(buf) >= chunker.max_chunk or eof:
+                        raise _NoCut(path)
+                    chunker.chunk_bytes = min(2 * chunker.chunk_bytes, chunker.max_chunk)
+                    continue
+            piece = buf[:end]
+            if pre.invalid_utf8 == "error":
+                pre.decode(piece, str(path), offset)  # raises CorpusError with the offset
+            else:
+                piece.decode("utf-8")  # invalid: the caller takes the CPU path
+            docs, n_special = chunker.documents(piece, end)
+            specials += n_special
+            kept = [(s, e) for s, e in docs if e > s]
+            if kept:
+                data = b"".join(piece[s:e] for s, e in kept) if n_special else piece
+                sizes = np.array([e - s for s, e in kept], np.int64)
+                starts = np.concatenate([[0], np.cumsum(sizes)])
+                counter_dev.count(data, starts, counter)
+            buf = buf[end:]
+            offset += end
+            if eof and not buf:
+                return total, specials
+
+
+def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "error",
+                     device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
+                     progress: bool = False) -> PieceCounts:
+    """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k)."""
+    files = check_files(paths)
+    name = gpu_pattern(pattern)
+    if name is None:
+        raise CorpusError(f"pattern {pattern[:80]!r} has no GPU pre-tokenizer (gpt2, cl100k, "
+                          "o200k have); use corpus.count_pieces")
+    pre = Pretokenizer(PATTERNS[name], tuple(specials), invalid_utf8)
+    if device is None:
+        from shaders.engine import default_device
+        device = default_device()
+    dev_counter = GpuPieceCounter(device, name)
+    chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
+    total_size = sum(p.stat().st_size for p in files)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total_size, unit="B", unit_scale=True,
+                   desc="pre-tokenizing + counting (GPU)", disable=None)  # no bar without a TTY
+    counter: Counter = Counter()
+    total = specials_seen = fallbacks = 0
+    try:
+        for path in files:
+            mine: Counter = Counter()
+            chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
+            try:
+                t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar)
+            except (_NoCut, UnicodeDecodeError):
+                fallbacks += 1  # the CPU path handles it exactly (see the module docstring)
+                text_counts: Counter = Counter()
+                t, _, s = _scan_file_sequential(pre, path, text_counts, DEFAULT_CHUNK_BYTES)
+                mine = Counter({k.encode("utf-8", pre.errors): v
+                                for k, v in text_counts.items()})
+            total, specials_seen = total + t, specials_seen + s
+            if counter:
+                counter.update(mine)
+            else:
+                counter = mine
+    finally:
+        if bar is not None:
+            bar.close()
+    return PieceCounts(pieces=dict(counter), files=len(files), bytes_read=total,
+                       occurrences=sum(counter.values()), specials_seen=specials_seen,
+                       fallback_chunks=fallbacks)
