@@ -42,6 +42,7 @@ WG = 64
 NONE = 0xFFFFFFFF
 PRETOK_BUDGET_SOFTWARE = 4000  # as gpu_encode.py: llvmpipe's loop limit
 GPU_CHUNK_BYTES = 32 << 20
+CONTEXT_BYTES = 64  # text after a chunk's cut the pre-tokenizer sees (matches look <= 4 ahead)
 
 
 def gpu_pattern(pattern: str) -> str | None:
@@ -66,7 +67,8 @@ class _NoCut(Exception):
 class GpuPieceCounter:
     """The device side: one chunk of text (documents) -> Counter of its pieces."""
 
-    def __init__(self, device, pattern: str):
+    def __init__(self, device, pattern: str, max_chunk: int | None = None,
+                 first_slots: int | None = None):
         from ..unicode_table import load_table
         self.dev = device
         self.pattern = pattern
@@ -86,12 +88,19 @@ class GpuPieceCounter:
                           device.limits.get("max-buffer-size", 256 << 20)))
         # the largest bindings: 4 bytes per text byte (lengths), 12 per slot (<= 1 per 2 bytes)
         self.max_chunk = max(1 << 16, binding // 8 - 4096)
+        if max_chunk is not None:  # smaller device calls (tests)
+            self.max_chunk = min(self.max_chunk, int(max_chunk))
+        self.first_slots = first_slots  # the hash table's first size (tests: force regrowth)
+        self.table_growths = 0
 
-    def count(self, data: bytes, starts: np.ndarray, counter: Counter) -> None:
-        """Add the pieces of `data` (documents [starts[d], starts[d+1])) to `counter`."""
+    def count(self, data: bytes, starts: np.ndarray, counter: Counter,
+              limit: int | None = None) -> None:
+        """Add the pieces of `data` (documents [starts[d], starts[d+1])) that start before
+        `limit` (default: all) to `counter`."""
         dev = self.dev
         n = len(data)
-        if n == 0:
+        limit = n if limit is None else int(limit)
+        if n == 0 or limit == 0:
             return
         words = np.zeros(-(-n // 4) * 4, np.uint8)
         words[:n] = np.frombuffer(data, np.uint8)
@@ -123,14 +132,14 @@ class GpuPieceCounter:
         cuts.destroy()
         counters.destroy()
 
-        n_slots = _next_pow2(n // 2 + 1024)
+        n_slots = _next_pow2(self.first_slots or n // 2 + 1024)
         while True:
             slots = dev.zeros(n_slots, np.uint32, "piece slots")
             counts = dev.zeros(n_slots, np.uint32, "piece counts")
             out = dev.zeros(3 * n_slots, np.uint32, "unique pieces")
             longs = dev.zeros((n // (LONG_MIN + 1) + 1, 2), np.uint32, "long pieces")
             info = dev.zeros(4, np.uint32, "piece count info")
-            cparams = dev.params("IIII", n, n_slots - 1, n_slots, 0)
+            cparams = dev.params("IIII", limit, n_slots - 1, n_slots, 0)
             binds = [text, lens, slots, counts, out, longs, info, cparams]
             with dev.record("corpus count") as rec:
                 rec.dispatch(self.k_count, binds, -(-n // WG))
@@ -140,7 +149,8 @@ class GpuPieceCounter:
                 break
             for buf in (slots, counts, out, longs, info):
                 buf.destroy()
-            n_slots *= 2  # cannot happen with one slot per two bytes; exact either way
+            n_slots *= 2  # not with one slot per two bytes (<= 1 piece per byte, most longer)
+            self.table_growths += 1
         unique, n_long = int(found[0]), int(found[2])
         table = dev.download(out.view(0, 12 * unique), np.uint32).reshape(-1, 3) if unique \
             else np.zeros((0, 3), np.uint32)
@@ -167,16 +177,16 @@ class _FileChunker:
                            if specials else None)
 
     def documents(self, buf: bytes, end: int):
-        """(stretches between specials of buf[:end] as byte ranges, special count)."""
+        """(stretches between specials of buf[:end] as byte ranges, the specials' starts)."""
         if self.special_re is None:
-            return [(0, end)], 0
-        docs, start, n = [], 0, 0
+            return [(0, end)], []
+        docs, start, found = [], 0, []
         for m in self.special_re.finditer(buf, 0, end):
             docs.append((start, m.start()))
             start = m.end()
-            n += 1
+            found.append(m.start())
         docs.append((start, end))
-        return docs, n
+        return docs, found
 
     def cut(self, buf: bytes, complete: int) -> int | None:
         """Where to end a chunk of buf[:complete] (whole characters): a provable boundary, at
@@ -233,19 +243,25 @@ def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Pa
                         raise _NoCut(path)
                     chunker.chunk_bytes = min(2 * chunker.chunk_bytes, chunker.max_chunk)
                     continue
-            piece = buf[:end]
+            # A few characters after the cut go along as context (never counted): the pieces
+            # that end at the cut were matched with the text after it in view.
+            ctx = min(complete, end + CONTEXT_BYTES)
+            while end < ctx < len(buf) and buf[ctx] & 0xC0 == 0x80:
+                ctx -= 1
+            window = buf[:ctx]
             if pre.invalid_utf8 == "error":
-                pre.decode(piece, str(path), offset)  # raises CorpusError with the offset
+                pre.decode(window, str(path), offset)  # raises CorpusError with the offset
             else:
-                piece.decode("utf-8")  # invalid: the caller takes the CPU path
-            docs, n_special = chunker.documents(piece, end)
-            specials += n_special
+                window.decode("utf-8")  # invalid: the caller takes the CPU path
+            docs, found = chunker.documents(window, ctx)
+            specials += sum(1 for start in found if start < end)
             kept = [(s, e) for s, e in docs if e > s]
             if kept:
-                data = b"".join(piece[s:e] for s, e in kept) if n_special else piece
+                data = b"".join(window[s:e] for s, e in kept) if found else window
                 sizes = np.array([e - s for s, e in kept], np.int64)
                 starts = np.concatenate([[0], np.cumsum(sizes)])
-                counter_dev.count(data, starts, counter)
+                limit = sum(max(0, min(e, end) - s) for s, e in kept)  # the cut, without specials
+                counter_dev.count(data, starts, counter, limit)
             buf = buf[end:]
             offset += end
             if eof and not buf:
@@ -254,8 +270,14 @@ def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Pa
 
 def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "error",
                      device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
-                     progress: bool = False) -> PieceCounts:
-    """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k)."""
+                     progress: bool = False, max_chunk_bytes: int | None = None,
+                     first_slots: int | None = None) -> PieceCounts:
+    """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k).
+
+    chunk_bytes: bytes per device call (bounded by the device's binding size; host and device
+    memory stay bounded by it); max_chunk_bytes: the most a chunk may grow to find a piece
+    boundary (default: what the device allows), beyond that the file goes the CPU path.
+    """
     files = check_files(paths)
     name = gpu_pattern(pattern)
     if name is None:
@@ -265,7 +287,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     if device is None:
         from shaders.engine import default_device
         device = default_device()
-    dev_counter = GpuPieceCounter(device, name)
+    dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots)
     chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
     total_size = sum(p.stat().st_size for p in files)
     bar = None

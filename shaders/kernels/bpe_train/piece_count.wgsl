@@ -3,7 +3,7 @@
 // as bpe_encode.wgsl's bpe_pretok writes it with MARK_PIECES = 1. The host side is
 // tokenizer_svc/training/gpu_corpus.py; the reference is reference.py:piece_count_reference.
 //
-//   count_pieces   one invocation per byte that starts a piece: FNV-1a hash of its bytes, then
+//   count_pieces   one invocation per byte before p.n_bytes that starts a piece: FNV-1a hash of its bytes, then
 //                  linear probing in `slots`, an open-addressing table holding the start + 1
 //                  of the piece's first representative (0 = empty; claimed by compare-exchange).
 //                  A slot matches only when the representative has the same length and the
@@ -32,7 +32,7 @@ const FNV_OFFSET: u32 = 2166136261u;
 const FNV_PRIME: u32 = 16777619u;
 
 struct Params {
-    n_bytes: u32,
+    n_bytes: u32,   // count the pieces that start before this byte (the rest is context)
     mask: u32,      // slots - 1
     n_slots: u32,
     unused: u32,
