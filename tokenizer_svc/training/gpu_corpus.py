@@ -31,6 +31,7 @@ import numpy as np
 import regex
 
 from ..gpu_encode import ENCODE_FILE, PATTERN_IDS, find_cut
+from ..gpu_scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
                      _open, _scan_file_sequential, check_files, utf8_cut)
@@ -92,6 +93,7 @@ class GpuPieceCounter:
             self.max_chunk = min(self.max_chunk, int(max_chunk))
         self.first_slots = first_slots  # the hash table's first size (tests: force regrowth)
         self.table_growths = 0
+        self.pool = BufferPool(device)  # reused from chunk to chunk
 
     def count(self, data: bytes, starts: np.ndarray, counter: Counter,
               limit: int | None = None) -> None:
@@ -102,15 +104,19 @@ class GpuPieceCounter:
         limit = n if limit is None else int(limit)
         if n == 0 or limit == 0:
             return
+        pool = self.pool
         words = np.zeros(-(-n // 4) * 4, np.uint8)
         words[:n] = np.frombuffer(data, np.uint8)
-        text = dev.upload(words.view(np.uint32), "corpus text")
-        starts_buf = dev.upload(starts.astype(np.uint32), "corpus documents")
+        text = pool.get("corpus text", words.nbytes)
+        text.write(words)
         n_docs = int(starts.size - 1)
+        starts_buf = pool.get("corpus documents", 4 * (n_docs + 1))
+        starts_buf.write(starts.astype(np.uint32))
         n_chunks = -(-n // CUT_CHUNK)
-        cuts = dev.zeros((n_chunks, 4), np.uint32, "corpus cuts")
-        lens = dev.zeros(n, np.uint32, "corpus piece lengths")
-        counters = dev.zeros(8, np.uint32, "corpus counters")
+        cuts = pool.get("corpus cuts", 16 * n_chunks)
+        lens = pool.get("corpus piece lengths", 4 * n)  # bpe_fill_none sets every used word
+        counters = pool.get("corpus counters", 32)
+        self.dev.zero(counters)
         params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, CUT_CHUNK, 0, 0, 0, 0, 0, 0,
                             0, self.budget)
         u = self.unused
@@ -121,7 +127,7 @@ class GpuPieceCounter:
             rec.dispatch(self.k_cuts, encode_binds, -(-n_chunks // WG))
             rec.dispatch(self.k_pretok, encode_binds, -(-n_chunks // WG))
         while True:
-            c = dev.download(counters, np.uint32)
+            c = dev.download(counters.view(0, 16), np.uint32)
             if c[2]:
                 raise RuntimeError(f"{int(c[2])} GPU pre-tokenizer segment(s) overran their end "
                                    "(internal error; please report the input)")
@@ -129,26 +135,24 @@ class GpuPieceCounter:
                 break
             counters.write(np.zeros(1, np.uint32), offset_bytes=12)  # resume (software only)
             dev.run(self.k_pretok, encode_binds, -(-n_chunks // WG))
-        cuts.destroy()
-        counters.destroy()
 
         n_slots = _next_pow2(self.first_slots or n // 2 + 1024)
+        longs = pool.get("corpus long pieces", 8 * (n // (LONG_MIN + 1) + 1))
+        info = pool.get("corpus count info", 16)
         while True:
-            slots = dev.zeros(n_slots, np.uint32, "piece slots")
-            counts = dev.zeros(n_slots, np.uint32, "piece counts")
-            out = dev.zeros(3 * n_slots, np.uint32, "unique pieces")
-            longs = dev.zeros((n // (LONG_MIN + 1) + 1, 2), np.uint32, "long pieces")
-            info = dev.zeros(4, np.uint32, "piece count info")
+            slots = pool.get("corpus piece slots", 4 * n_slots)
+            counts = pool.get("corpus piece counts", 4 * n_slots)
+            out = pool.get("corpus unique pieces", 12 * n_slots)
+            for buf in (slots.view(0, 4 * n_slots), counts.view(0, 4 * n_slots), info):
+                dev.zero(buf)
             cparams = dev.params("IIII", limit, n_slots - 1, n_slots, 0)
             binds = [text, lens, slots, counts, out, longs, info, cparams]
             with dev.record("corpus count") as rec:
-                rec.dispatch(self.k_count, binds, -(-n // WG))
+                rec.dispatch(self.k_count, binds, -(-limit // WG))
                 rec.dispatch(self.k_list, binds, -(-n_slots // WG))
             found = dev.download(info, np.uint32)
             if not found[1]:
                 break
-            for buf in (slots, counts, out, longs, info):
-                buf.destroy()
             n_slots *= 2  # not with one slot per two bytes (<= 1 piece per byte, most longer)
             self.table_growths += 1
         unique, n_long = int(found[0]), int(found[2])
@@ -159,8 +163,6 @@ class GpuPieceCounter:
         if n_long:
             for s, k in dev.download(longs.view(0, 8 * n_long), np.uint32).reshape(-1, 2).tolist():
                 counter[data[s:s + k]] += 1
-        for buf in (text, starts_buf, lens, slots, counts, out, longs, info):
-            buf.destroy()
 
 
 class _FileChunker:
@@ -315,6 +317,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
             else:
                 counter = mine
     finally:
+        dev_counter.pool.release()  # the merge phase gets the device memory back
         if bar is not None:
             bar.close()
     return PieceCounts(pieces=dict(counter), files=len(files), bytes_read=total,
