@@ -129,3 +129,17 @@ def test_patterns_without_a_gpu_pretokenizer_are_refused_clearly(device, tmp_pat
         train_vocabulary([path], 300, pattern=r"\w+|\s+", pretokenizer="gpu", device=device)
     with pytest.raises(CorpusError, match="no GPU pre-tokenizer"):
         count_pieces_gpu([path], r"\w+|\s+", device=device)
+
+
+def test_cli_gpu_pretokenizer_writes_the_cpu_pipelines_file(device, tmp_path, capsys):
+    from istanbul.cli import main
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(MIXED * 20, encoding="utf-8")
+    outs = {}
+    for where in ("gpu", "cpu"):
+        outs[where] = tmp_path / f"{where}.tiktoken"
+        assert main(["vocab", "train", str(corpus), "--size", "320", "--pattern", "o200k",
+                     "--special", EOT, "--pretokenizer", where, "--trainer", where,
+                     "--workers", "1", "--no-progress", "-o", str(outs[where])]) == 0
+    assert "pre-tokenized in" in capsys.readouterr().out
+    assert outs["gpu"].read_bytes() == outs["cpu"].read_bytes()
