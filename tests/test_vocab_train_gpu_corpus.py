@@ -81,13 +81,15 @@ def test_invalid_utf8_errors_alike_and_kept_bytes_equal_the_cpu_path(device, tmp
     assert gpu.fallback_chunks == 1 and b"\xff\xfe" in b"".join(gpu.pieces)
 
 
-@pytest.mark.parametrize("pattern", ["cl100k", "o200k"])
+@pytest.mark.parametrize("pattern,before", [("cl100k", ""), ("o200k", MIXED * 30)])
 def test_no_provable_boundary_within_a_device_call_goes_the_cpu_path(device, tmp_path,
-                                                                     pattern):
+                                                                     pattern, before):
+    # at the file's start, or after chunks the GPU counted (the CPU continues from there)
     path = tmp_path / "spaces.txt"
-    path.write_text("x" + " " * 20_000 + "y z\n" + MIXED, encoding="utf-8")
-    cpu = count_pieces([path], PATTERNS[pattern], workers=1)
-    gpu = count_pieces_gpu([path], pattern, device=device, chunk_bytes=4096,
+    path.write_text(before + "x" + " " * 20_000 + "y z\n" + MIXED * 3 + EOT + "q",
+                    encoding="utf-8")
+    cpu = count_pieces([path], PATTERNS[pattern], (EOT,), workers=1)
+    gpu = count_pieces_gpu([path], pattern, (EOT,), device=device, chunk_bytes=4096,
                            max_chunk_bytes=8192)
     same(cpu, gpu)
     assert gpu.fallback_chunks == 1

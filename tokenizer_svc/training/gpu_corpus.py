@@ -62,7 +62,12 @@ def _next_pow2(n: int) -> int:
 
 
 class _NoCut(Exception):
-    """A stretch with no provable boundary longer than one device call."""
+    """A stretch with no provable boundary longer than one device call, from `offset` on
+    (a piece boundary: the CPU path continues from there)."""
+
+    def __init__(self, offset: int, specials: int):
+        super().__init__(offset)
+        self.offset, self.specials = offset, specials
 
 
 class GpuPieceCounter:
@@ -242,7 +247,7 @@ def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Pa
                 end = chunker.cut(buf, complete)
                 if end is None or end <= 0:
                     if len(buf) >= chunker.max_chunk or eof:
-                        raise _NoCut(path)
+                        raise _NoCut(offset, specials)
                     chunker.chunk_bytes = min(2 * chunker.chunk_bytes, chunker.max_chunk)
                     continue
             # A few characters after the cut go along as context (never counted): the pieces
@@ -301,21 +306,28 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     total = specials_seen = fallbacks = 0
     try:
         for path in files:
-            mine: Counter = Counter()
+            # with --invalid-utf8 keep a file may turn out to need the CPU path after some of
+            # its chunks were counted: count it on its own until it is done
+            mine: Counter = Counter() if invalid_utf8 == "keep" else counter
             chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
+            cpu_from = None  # where the CPU path takes over, if it does
             try:
                 t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar)
-            except (_NoCut, UnicodeDecodeError):
-                fallbacks += 1  # the CPU path handles it exactly (see the module docstring)
+            except _NoCut as stop:  # the rest of the file on the CPU, from a piece boundary
+                cpu_from, s = stop.offset, stop.specials
+            except UnicodeDecodeError:  # keep mode: the whole file on the CPU
+                mine, cpu_from, s = Counter(), 0, 0
+            if cpu_from is not None:
+                fallbacks += 1
                 text_counts: Counter = Counter()
-                t, _, s = _scan_file_sequential(pre, path, text_counts, DEFAULT_CHUNK_BYTES)
-                mine = Counter({k.encode("utf-8", pre.errors): v
-                                for k, v in text_counts.items()})
+                tail, _, s_cpu = _scan_file_sequential(pre, path, text_counts,
+                                                       DEFAULT_CHUNK_BYTES, start=cpu_from)
+                for k, v in text_counts.items():
+                    mine[k.encode("utf-8", pre.errors)] += v
+                t, s = cpu_from + tail, s + s_cpu
             total, specials_seen = total + t, specials_seen + s
-            if counter:
+            if mine is not counter:
                 counter.update(mine)
-            else:
-                counter = mine
     finally:
         dev_counter.pool.release()  # the merge phase gets the device memory back
         if bar is not None:
