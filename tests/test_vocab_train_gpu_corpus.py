@@ -50,6 +50,21 @@ def test_many_chunks_and_files_equal_the_cpu_path(device, tmp_path, pattern, spe
     assert any(len(p) > LONG_MIN for p in gpu.pieces)  # host-counted long pieces are in there
 
 
+def test_many_small_files_share_device_calls_and_equal_the_cpu_path(device, tmp_path):
+    files = []
+    for i in range(40):
+        files.append(tmp_path / f"small{i:02d}.txt")
+        files[-1].write_bytes((MIXED[i:] * (i % 4) + f" file {i}\n").encode()
+                              + (b"bad \xff byte" if i == 17 else b""))
+    cpu = count_pieces(files, PATTERNS["gpt2"], (EOT,), invalid_utf8="keep", workers=1)
+    gpu = count_pieces_gpu(files, "gpt2", (EOT,), invalid_utf8="keep", device=device,
+                           chunk_bytes=4096)
+    same(cpu, gpu)
+    assert gpu.fallback_chunks == 1  # the file with the invalid byte
+    with pytest.raises(CorpusError, match="small17.txt: invalid UTF-8 at byte"):
+        count_pieces_gpu(files, "gpt2", device=device, chunk_bytes=4096)
+
+
 texts = st.lists(st.sampled_from(list("ab AB'\n\r\t1é日🙂.,-_/ ") +
                                  ["ll", "'re", "  ", "\r\n", "a" * 80, " " * 90, "7" * 50, EOT,
                                   "<|endo"]),

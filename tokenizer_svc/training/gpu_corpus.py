@@ -15,7 +15,9 @@ how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
 - only the unique pieces come back (start, length, count), and pieces longer than LONG_MIN
   bytes, counted on the host.
 
-Chunks end at a provable piece boundary (gpu_encode.find_cut, the CPU twin of the kernels'
+Files of at most a quarter chunk are read whole and gathered, many to one device call (each
+file its own documents: pieces never span files). Chunks of larger files end at a provable
+piece boundary (gpu_encode.find_cut, the CPU twin of the kernels'
 `is_cut`) that is not next to a special token, so the pieces equal those of one scan of the
 whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
 `invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
@@ -275,6 +277,51 @@ def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Pa
                 return total, specials
 
 
+class _SmallFiles:
+    """Whole small files gathered into one device call (each file its own documents)."""
+
+    def __init__(self, counter_dev: GpuPieceCounter, chunker: _FileChunker, counter: Counter,
+                 chunk_bytes: int):
+        self.dev, self.chunker, self.counter = counter_dev, chunker, counter
+        self.chunk_bytes = chunk_bytes
+        self.parts: list = []
+        self.sizes: list = []
+        self.bytes = 0
+
+    def add(self, path: Path, progress=None) -> tuple[int | None, int]:
+        """Queue one file: (bytes, specials), or (None, 0) when it needs the CPU path."""
+        pre = self.chunker.pre
+        with _open(path) as fh:
+            try:
+                data = fh.read()
+            except OSError as exc:
+                raise CorpusError(f"{path}: read failed: {exc.strerror or exc}") from None
+        if progress is not None:
+            progress.update(len(data))
+        if pre.invalid_utf8 == "error":
+            pre.decode(data, str(path), 0)  # raises CorpusError with the offset
+        else:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                return None, 0
+        docs, found = self.chunker.documents(data, len(data))
+        for s, e in docs:
+            if e > s:
+                self.parts.append(data[s:e] if found else data)
+                self.sizes.append(e - s)
+                self.bytes += e - s
+        if self.bytes >= self.chunk_bytes:
+            self.flush()
+        return len(data), len(found)
+
+    def flush(self) -> None:
+        if self.parts:
+            starts = np.concatenate([[0], np.cumsum(np.array(self.sizes, np.int64))])
+            self.dev.count(b"".join(self.parts), starts, self.counter)
+        self.parts, self.sizes, self.bytes = [], [], 0
+
+
 def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "error",
                      device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
                      progress: bool = False, max_chunk_bytes: int | None = None,
@@ -304,8 +351,22 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
                    desc="pre-tokenizing + counting (GPU)", disable=None)  # no bar without a TTY
     counter: Counter = Counter()
     total = specials_seen = fallbacks = 0
+    small = _SmallFiles(dev_counter, _FileChunker(pre, name, chunk, dev_counter.max_chunk),
+                        counter, chunk)
     try:
         for path in files:
+            if path.stat().st_size <= chunk // 4:  # many small files share one device call
+                t, s = small.add(path, bar)
+                if t is not None:
+                    total, specials_seen = total + t, specials_seen + s
+                    continue
+                fallbacks += 1  # keep mode, invalid UTF-8: the CPU path
+                text_counts = Counter()
+                t, _, s = _scan_file_sequential(pre, path, text_counts, DEFAULT_CHUNK_BYTES)
+                for k, v in text_counts.items():
+                    counter[k.encode("utf-8", pre.errors)] += v
+                total, specials_seen = total + t, specials_seen + s
+                continue
             # with --invalid-utf8 keep a file may turn out to need the CPU path after some of
             # its chunks were counted: count it on its own until it is done
             mine: Counter = Counter() if invalid_utf8 == "keep" else counter
@@ -328,6 +389,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
             total, specials_seen = total + t, specials_seen + s
             if mine is not counter:
                 counter.update(mine)
+        small.flush()
     finally:
         dev_counter.pool.release()  # the merge phase gets the device memory back
         if bar is not None:
