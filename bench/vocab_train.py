@@ -176,6 +176,7 @@ def run_istanbul(files, args, held_out: str, device, out: Path) -> tuple[dict, d
            "merges": len(result.merges), "merges_per_second": len(result.merges) / (t2 - t1),
            "tokens_per_byte": tokens_per_byte(result.ranks(), pattern, held_out),
            "unique_pieces": len(corpus.pieces), "cpu_fallback_files": corpus.fallback_chunks,
+           "pretokenize_details": corpus.details,
            "tiktoken_agrees": tiktoken_agrees(result, args, held_out, device, out),
            "details": result.details}
     return row, corpus.pieces, result
@@ -364,7 +365,8 @@ def main() -> int:
         run["unique_pieces"] = len(pieces)
         checks[f"tiktoken_agrees_{size:g}mb"] = row["tiktoken_agrees"]
         print(f"  {row['seconds']:.2f}s ({row['pretokenize_seconds']:.2f}s pre-tokenize + "
-              f"count, {row['merges_per_second']:,.0f} merges/s)", flush=True)
+              f"count: {row['pretokenize_details']}; {row['merges_per_second']:,.0f} merges/s)",
+              flush=True)
         if k == 0:  # correctness against the CPU paths on the smallest size
             print("  istanbul CPU pre-tokenizer ...", flush=True)
             cpu_row, same_pieces = run_cpu_pretokenizer(files, args, pieces)

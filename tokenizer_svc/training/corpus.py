@@ -65,6 +65,7 @@ class PieceCounts:
     # parallel chunks the main process had to scan itself; on the GPU path (gpu_corpus.py):
     # files (or their rest) pre-tokenized on the CPU
     fallback_chunks: int = 0
+    details: dict = field(default_factory=dict)  # where the time went (gpu_corpus.py)
 
     def describe(self) -> str:
         return (f"{self.files} file(s), {self.bytes_read:,} bytes, {self.occurrences:,} pieces, "
