@@ -17,9 +17,9 @@ how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
 
 Files of at most a quarter chunk are read whole and gathered, many to one device call (each
 file its own documents: pieces never span files). Chunks of larger files end at a provable
-piece boundary (gpu_encode.find_cut, the CPU twin of the kernels'
-`is_cut`) that is not next to a special token, so the pieces equal those of one scan of the
-whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
+piece boundary (gpu_encode.find_cut, the CPU twin of the kernels' `is_cut`) that is not next
+to a special token, and carry CONTEXT_BYTES after it (seen, not counted: a match may look a few
+characters ahead), so the pieces equal those of one scan of the whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
 `invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
 so is a file with a stretch longer than one device call that has no provable boundary.
 """
@@ -101,8 +101,9 @@ class GpuPieceCounter:
         self.budget = PRETOK_BUDGET_SOFTWARE if device.info.is_software else NONE
         binding = int(min(device.limits.get("max-storage-buffer-binding-size", 128 << 20),
                           device.limits.get("max-buffer-size", 256 << 20)))
-        # the largest bindings: 4 bytes per text byte (lengths), 12 per slot (<= 1 per 2 bytes)
-        self.max_chunk = max(1 << 16, binding // 8 - 4096)
+        # the largest binding: 12 bytes per table slot, up to one slot per text byte (the
+        # table is the power of two above half the text), 16 once the pool rounds it up
+        self.max_chunk = max(1 << 16, binding // 16 - 4096)
         if max_chunk is not None:  # smaller device calls (tests)
             self.max_chunk = min(self.max_chunk, int(max_chunk))
         self.first_slots = first_slots  # the hash table's first size (tests: force regrowth)
