@@ -14,7 +14,7 @@
 #   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
-#   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer)
+#   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
 #   service   bench/service.py (gRPC throughput and latency, batching on/off)
 #   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
 #             unrolled register blocks; results belong in dev/probes/results/)
@@ -55,11 +55,13 @@ run_step() {
         tests) $py -m pytest -q -p no:cacheprovider tests/test_engine.py \
                    tests/test_tokenizer_gpu.py tests/test_tokenizer_decode.py \
                    tests/test_tokenizer_hf.py \
-                   tests/test_vocab_train_gpu.py tests/test_model_parity.py \
+                   tests/test_vocab_train_gpu.py tests/test_vocab_train_gpu_corpus.py \
+                   tests/test_model_parity.py \
                    tests/test_resume.py tests/test_generate.py tests/test_lm_head.py ;;
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
-        vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus ;;
+        vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus \
+                    --sizes-mb 100,1000 ;;
         service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
                      --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
         e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \

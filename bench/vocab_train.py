@@ -1,27 +1,33 @@
 """BPE vocabulary training: istanbul (WGSL, GPU) next to HF `tokenizers` and rustbpe, same run.
 
-    python bench/vocab_train.py --out bench/results/vocab_train [--size-mb 100] [--merges 32000]
-                                [--pattern o200k] [--workers N] [--adapter A]
-                                [--skip-cpu-reference] [--corpus-dir DIR]
+    python bench/vocab_train.py --out bench/results/vocab_train [--sizes-mb 100,1000]
+                                [--merges 32000] [--pattern o200k] [--workers N] [--adapter A]
+                                [--skip-cpu-reference] [--skip-hf] [--corpus-dir DIR]
 
-1. Builds a corpus of at least --size-mb MB in OUT/corpus/ (files of 8 MB) from text found on
-   the machine: the Python standard library's sources, then the .py/.pyi/.md/.rst/.txt files of
-   site-packages, then /usr/share/doc (gzip files unpacked). If that is not enough, the text is
-   repeated with its ASCII letters rotated (ROT-k for the k-th repetition) so the repeats still
-   bring new words. About 1 MB of files is kept apart as held-out text.
-2. Times learning --merges merges (vocabulary 256 + merges) from those files, end to end
-   (files -> vocabulary), with the same pattern:
-   - istanbul, GPU: parallel CPU pre-tokenization (--workers processes), then the WGSL
-     trainer; both phases are also reported alone. Device start-up and kernel compilation are
-     done beforehand by a small warm-up training and reported separately.
-   - istanbul, CPU reference (unless --skip-cpu-reference): same pieces, and its merge list
-     must equal the GPU's (reported as a check).
+1. Builds a corpus of at least the largest --sizes-mb MB in OUT/corpus/ (files of 8 MB) from
+   text found on the machine: the Python standard library's sources, then the .py/.pyi/.md/
+   .rst/.txt files of site-packages, then /usr/share/doc (gzip files unpacked). If that is not
+   enough, the text is repeated with its ASCII letters rotated (ROT-k for the k-th repetition)
+   so the repeats still bring new words. About 1 MB of files is kept apart as held-out text.
+   Each size trains on the first files of the corpus that add up to it.
+2. For every size, times learning --merges merges (vocabulary 256 + merges) from those files,
+   end to end (files -> vocabulary), with the same pattern, one run:
+   - read: reading the files as bytes alone (also warms the page cache for every trainer);
+   - istanbul, GPU: pre-tokenization + piece counting on the GPU (training/gpu_corpus.py),
+     then the WGSL trainer; both phases reported. Device start-up and kernel compilation are
+     done beforehand by a small warm-up and reported separately.
+   - on the smallest size only: istanbul's CPU pre-tokenizer (--workers processes), whose
+     pieces must equal the GPU's, and the CPU reference trainer (unless
+     --skip-cpu-reference), whose merge list must equal the GPU's (both reported as checks);
    - Hugging Face tokenizers BpeTrainer: Split(pattern, isolated) + ByteLevel, all 256 bytes
-     as the initial alphabet, its own parallel file reading (all cores).
-   - rustbpe (karpathy/rustbpe), when importable; otherwise the row says why.
-3. Also reports each result's tokens per byte on the held-out text (lower is better; the
-   trainers differ in tie-breaks and details, so compression should be close, not equal).
-Writes OUT/vocab_train.json and OUT/vocab_train.md and prints the table.
+     as the initial alphabet, its own parallel file reading (all cores);
+   - rustbpe (karpathy/rustbpe, `pip install rustbpe`), when importable; otherwise the row
+     says why. Fed blocks of ~1 MB of whole lines.
+3. Reports each result's tokens per byte on the held-out text (lower is better; the trainers
+   differ in tie-breaks and details, so compression should be close, not equal), and checks
+   that tiktoken loads istanbul's vocabulary and encodes the held-out text to the same ids as
+   istanbul's encoder.
+Writes OUT/vocab_train.json and OUT/vocab_train.md and prints the tables.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from tokenizer_svc.patterns import PATTERNS  # noqa: E402
 from tokenizer_svc.training import cpu_reference, gpu_trainer  # noqa: E402
 from tokenizer_svc.training.corpus import count_pieces  # noqa: E402
+from tokenizer_svc.training.gpu_corpus import count_pieces_gpu  # noqa: E402
 
 PART_BYTES = 8 << 20
 HELD_OUT_BYTES = 1 << 20
@@ -138,10 +145,29 @@ def tokens_per_byte(ranks: dict, pattern: str, held_out: str) -> float:
     return len(enc.encode_ordinary(held_out)) / len(held_out.encode("utf-8"))
 
 
-def run_istanbul(files, args, pattern: str, held_out: str, device) -> tuple[dict, dict, object]:
-    n_tokens = 256 + args.merges
+def files_for(files: list[Path], size_mb: float) -> list[Path]:
+    """The first corpus files that add up to size_mb MB."""
+    chosen, total = [], 0
+    for f in files:
+        if total >= size_mb * 1e6:
+            break
+        chosen.append(f)
+        total += f.stat().st_size
+    return chosen
+
+
+def read_seconds(files) -> float:
     t0 = time.perf_counter()
-    corpus = count_pieces(files, pattern, workers=args.workers)
+    for f in files:
+        f.read_bytes()
+    return time.perf_counter() - t0
+
+
+def run_istanbul(files, args, held_out: str, device, out: Path) -> tuple[dict, dict, object]:
+    n_tokens = 256 + args.merges
+    pattern = PATTERNS[args.pattern]
+    t0 = time.perf_counter()
+    corpus = count_pieces_gpu(files, args.pattern, device=device)
     t1 = time.perf_counter()
     result = gpu_trainer.train(corpus.pieces, n_tokens, device=device)
     t2 = time.perf_counter()
@@ -149,8 +175,35 @@ def run_istanbul(files, args, pattern: str, held_out: str, device) -> tuple[dict
            "seconds": t2 - t0, "pretokenize_seconds": t1 - t0, "merge_seconds": t2 - t1,
            "merges": len(result.merges), "merges_per_second": len(result.merges) / (t2 - t1),
            "tokens_per_byte": tokens_per_byte(result.ranks(), pattern, held_out),
+           "unique_pieces": len(corpus.pieces), "cpu_fallback_files": corpus.fallback_chunks,
+           "pretokenize_details": corpus.details,
+           "tiktoken_agrees": tiktoken_agrees(result, args, held_out, device, out),
            "details": result.details}
     return row, corpus.pieces, result
+
+
+def tiktoken_agrees(result, args, held_out: str, device, out: Path) -> bool:
+    """tiktoken loads the written vocabulary and encodes held-out text as istanbul does."""
+    import tiktoken
+
+    import istanbul
+    from tokenizer_svc.vocab import load_vocabulary, save_vocabulary
+    path = out / f"istanbul-{args.pattern}-{args.merges}.tiktoken"
+    save_vocabulary(result.to_vocabulary(path.stem, PATTERNS[args.pattern]), path)
+    vocab = load_vocabulary(path)
+    enc = tiktoken.Encoding(vocab.name, pat_str=vocab.pattern, mergeable_ranks=vocab.ranks,
+                            special_tokens=vocab.special_tokens)
+    ours = istanbul.get_encoding(path, device=device)
+    return enc.encode_ordinary(held_out) == list(ours.encode_ordinary(held_out))
+
+
+def run_cpu_pretokenizer(files, args, gpu_pieces) -> tuple[dict, bool]:
+    t0 = time.perf_counter()
+    corpus = count_pieces(files, PATTERNS[args.pattern], workers=args.workers)
+    seconds = time.perf_counter() - t0
+    return ({"trainer": f"istanbul CPU pre-tokenizer ({args.workers} processes), pieces only",
+             "seconds": seconds, "pretokenize_seconds": seconds},
+            corpus.pieces == gpu_pieces)
 
 
 def run_cpu_reference(pieces, args, pattern, held_out, gpu_result, pretok_s) -> dict:
@@ -190,12 +243,20 @@ def run_rustbpe(files, args, pattern, held_out) -> dict:
         import rustbpe
     except ImportError as exc:
         return {"trainer": "rustbpe", "skipped": f"not importable here ({exc}); "
-                "`pip install rustbpe` where a registry is reachable"}
+                "`pip install rustbpe` (in istanbul[bench]) where a registry is reachable"}
 
-    def lines():
+    def lines():  # blocks of ~1 MB of whole lines: rustbpe splits and counts them in parallel
         for f in files:
             with open(f, encoding="utf-8") as fh:
-                yield from fh
+                block, size = [], 0
+                for line in fh:
+                    block.append(line)
+                    size += len(line)
+                    if size >= 1 << 20:
+                        yield "".join(block)
+                        block, size = [], 0
+                if block:
+                    yield "".join(block)
     tok = rustbpe.Tokenizer()
     t0 = time.perf_counter()
     tok.train_from_iterator(lines(), 256 + args.merges, pattern=pattern)
@@ -205,35 +266,43 @@ def run_rustbpe(files, args, pattern, held_out) -> dict:
             "seconds": seconds, "merges": len(ranks) - 256,
             "merges_per_second": None, "tokens_per_byte": tokens_per_byte(ranks, pattern,
                                                                           held_out),
-            "note": "fed line by line (pieces never span lines)"}
+            "note": "fed blocks of ~1 MB of whole lines (pieces never span blocks)"}
 
 
 # ---- report -------------------------------------------------------------------------------
 
 def markdown(payload: dict) -> str:
-    c, s = payload["corpus"], payload["settings"]
+    s, c = payload["settings"], payload["corpus"]
     lines = [f"# BPE vocabulary training: {s['merges']:,} merges on "
-             f"{c['bytes'] / 1e6:.0f} MB", "",
+             + ", ".join(f"{r['bytes'] / 1e6:,.0f} MB" for r in payload["runs"]), "",
              f"Machine: {payload['machine']['cpus']} CPU cores, {payload['machine']['platform']}; "
-             f"GPU: {payload['device']}. Pattern: {s['pattern']}. Corpus: {c['files']} files "
-             f"({c['source_texts']} source texts, {c['repetitions']} repetition(s)); "
-             f"{c.get('unique_pieces', 0):,} unique pieces. Tokens/byte on "
-             f"{c['held_out_bytes'] / 1e6:.1f} MB of held-out text.", "",
-             "| trainer | total s | pre-tokenize s | merges s | merges/s | tokens/byte |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"GPU: {payload['device']}. Pattern: {s['pattern']}. Corpus: {c['source_texts']} "
+             f"source texts, {c['repetitions']} repetition(s), files of 8 MB. Tokens/byte on "
+             f"{c['held_out_bytes'] / 1e6:.1f} MB of held-out text. One run.", ""]
 
     def num(v, fmt):
-        return format(v, fmt) if isinstance(v, (int, float)) else "—"
-    for r in payload["results"]:
-        if "skipped" in r or "error" in r:
-            lines.append(f"| {r['trainer']} | {r.get('skipped') or r.get('error')} | | | | |")
-            continue
-        lines.append(f"| {r['trainer']} | {num(r['seconds'], '.2f')} | "
-                     f"{num(r.get('pretokenize_seconds'), '.2f')} | "
-                     f"{num(r.get('merge_seconds'), '.2f')} | "
-                     f"{num(r.get('merges_per_second'), ',.0f')} | "
-                     f"{num(r.get('tokens_per_byte'), '.4f')} |")
-    lines += ["", f"Checks: {json.dumps(payload['checks'])}. Warm-up (device start, kernel "
+        return format(v, fmt) if isinstance(v, (int, float)) and v is not True else "—"
+    for run in payload["runs"]:
+        hf = next((r["seconds"] for r in run["results"]
+                   if r["trainer"].startswith("HF") and "seconds" in r), None)
+        lines += [f"## {run['bytes'] / 1e6:,.0f} MB ({run['files']} files, "
+                  f"{run.get('unique_pieces', 0):,} unique pieces; reading the files alone: "
+                  f"{run['read_seconds']:.2f} s)", "",
+                  "| trainer | total s | pre-tokenize + count s | merges s | merges/s | "
+                  "tokens/byte | vs HF |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in run["results"]:
+            if "skipped" in r or "error" in r:
+                lines.append(f"| {r['trainer']} | {r.get('skipped') or r.get('error')} "
+                             "| | | | | |")
+                continue
+            speed = f"{hf / r['seconds']:.2f}x" if hf and r.get("merges") else "—"
+            lines.append(f"| {r['trainer']} | {num(r['seconds'], '.2f')} | "
+                         f"{num(r.get('pretokenize_seconds'), '.2f')} | "
+                         f"{num(r.get('merge_seconds'), '.2f')} | "
+                         f"{num(r.get('merges_per_second'), ',.0f')} | "
+                         f"{num(r.get('tokens_per_byte'), '.4f')} | {speed} |")
+        lines.append("")
+    lines += [f"Checks: {json.dumps(payload['checks'])}. Warm-up (device start, kernel "
               f"compilation): {payload['warmup_seconds']:.2f}s, not included above."]
     return "\n".join(lines) + "\n"
 
@@ -241,74 +310,97 @@ def markdown(payload: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--size-mb", type=float, default=100.0)
+    parser.add_argument("--sizes-mb", default="100",
+                        help="corpus sizes in MB, comma-separated, e.g. 100,1000 (default 100)")
     parser.add_argument("--merges", type=int, default=32_000)
     parser.add_argument("--pattern", default="o200k", choices=sorted(PATTERNS))
-    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--workers", type=int, default=os.cpu_count(),
+                        help="processes of istanbul's CPU pre-tokenizer (the check run)")
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--corpus-dir", type=Path, default=None,
                         help="reuse (or build) the corpus here instead of OUT/corpus")
     parser.add_argument("--skip-cpu-reference", action="store_true")
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
+    try:
+        sizes = sorted(float(x) for x in args.sizes_mb.split(","))
+    except ValueError:
+        parser.error(f"--sizes-mb {args.sizes_mb!r}: give MB numbers separated by commas")
     args.out.mkdir(parents=True, exist_ok=True)
     pattern = PATTERNS[args.pattern]
 
     corpus_dir = args.corpus_dir or args.out / "corpus"
     meta_path = corpus_dir / "meta.json"
-    if meta_path.is_file() and corpus_files(corpus_dir):
-        meta = json.loads(meta_path.read_text())
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    if meta and corpus_files(corpus_dir) and meta["bytes"] >= sizes[-1] * 1e6:
         print(f"corpus: reusing {corpus_dir}")
     else:
         t = time.perf_counter()
-        meta = build_corpus(corpus_dir, args.size_mb)
+        meta = build_corpus(corpus_dir, sizes[-1])
         meta_path.write_text(json.dumps(meta))
         print(f"corpus: built {meta['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f}s")
-    files = corpus_files(corpus_dir)
-    meta["files"] = len(files)
+    all_files = corpus_files(corpus_dir)
     held_out = (corpus_dir / "held_out.txt").read_text(encoding="utf-8")
 
     from shaders.engine import Device
     t = time.perf_counter()
     device = Device(args.adapter)
-    warm = {b"warm up the kernels " * 3: 5, b"and the device": 2, b"abab": 1}
-    gpu_trainer.train(warm, 262, device=device)
+    warm = corpus_dir / "warm-up.txt"
+    warm.write_text("warm up the kernels and the device, abab 123 " * 50, encoding="utf-8")
+    gpu_trainer.train(count_pieces_gpu([warm], args.pattern, device=device).pieces, 262,
+                      device=device)
     warmup = time.perf_counter() - t
     print(f"device: {device.info.summary()} (warm-up {warmup:.2f}s)")
 
-    results, checks = [], {}
-    print("istanbul (GPU) ...", flush=True)
-    row, pieces, gpu_result = run_istanbul(files, args, pattern, held_out, device)
-    results.append(row)
-    meta["unique_pieces"] = len(pieces)
-    print(f"  {row['seconds']:.2f}s ({row['merges_per_second']:,.0f} merges/s)", flush=True)
-    if not args.skip_cpu_reference:
-        print("istanbul CPU reference ...", flush=True)
-        ref = run_cpu_reference(pieces, args, pattern, held_out, gpu_result,
-                                row["pretokenize_seconds"])
-        results.append(ref)
-        checks["gpu_merges_equal_cpu_reference"] = ref.pop("equal_to_gpu")
-        print(f"  {ref['seconds']:.2f}s, equal merges: "
-              f"{checks['gpu_merges_equal_cpu_reference']}", flush=True)
-    if not args.skip_hf:
-        print("HF tokenizers ...", flush=True)
+    runs, checks = [], {}
+    for k, size in enumerate(sizes):
+        files = files_for(all_files, size)
+        run = {"size_mb": size, "files": len(files),
+               "bytes": sum(f.stat().st_size for f in files), "results": []}
+        run["read_seconds"] = read_seconds(files)
+        results = run["results"]
+        print(f"{run['bytes'] / 1e6:,.0f} MB: istanbul (GPU) ...", flush=True)
+        row, pieces, gpu_result = run_istanbul(files, args, held_out, device, args.out)
+        results.append(row)
+        run["unique_pieces"] = len(pieces)
+        checks[f"tiktoken_agrees_{size:g}mb"] = row["tiktoken_agrees"]
+        print(f"  {row['seconds']:.2f}s ({row['pretokenize_seconds']:.2f}s pre-tokenize + "
+              f"count: {row['pretokenize_details']}; {row['merges_per_second']:,.0f} merges/s)",
+              flush=True)
+        if k == 0:  # correctness against the CPU paths on the smallest size
+            print("  istanbul CPU pre-tokenizer ...", flush=True)
+            cpu_row, same_pieces = run_cpu_pretokenizer(files, args, pieces)
+            results.append(cpu_row)
+            checks[f"gpu_pieces_equal_cpu_pieces_{size:g}mb"] = same_pieces
+            if not args.skip_cpu_reference:
+                print("  istanbul CPU reference trainer ...", flush=True)
+                ref = run_cpu_reference(pieces, args, pattern, held_out, gpu_result,
+                                        cpu_row["seconds"])  # CPU pieces, CPU merges
+                results.append(ref)
+                checks[f"gpu_merges_equal_cpu_reference_{size:g}mb"] = ref.pop("equal_to_gpu")
+        if not args.skip_hf:
+            print("  HF tokenizers ...", flush=True)
+            try:
+                results.append(run_hf(files, args, pattern, held_out))
+            except Exception as exc:  # report, keep the other rows
+                results.append({"trainer": "HF tokenizers BpeTrainer", "error": repr(exc)[:300]})
+        print("  rustbpe ...", flush=True)
         try:
-            results.append(run_hf(files, args, pattern, held_out))
-        except Exception as exc:  # report, keep the other rows
-            results.append({"trainer": "HF tokenizers BpeTrainer", "error": repr(exc)[:300]})
-        print(f"  {results[-1].get('seconds', results[-1].get('error'))}", flush=True)
-    print("rustbpe ...", flush=True)
-    try:
-        results.append(run_rustbpe(files, args, pattern, held_out))
-    except Exception as exc:
-        results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
+            results.append(run_rustbpe(files, args, pattern, held_out))
+        except Exception as exc:
+            results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
+        runs.append(run)
+    if len(runs) > 1:  # no worse than linear: time ratio <= size ratio
+        first, last = runs[0]["results"][0], runs[-1]["results"][0]
+        checks["istanbul_scales_linearly"] = (
+            last["seconds"] / first["seconds"] <= runs[-1]["bytes"] / runs[0]["bytes"])
 
     payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                            "python": platform.python_version()},
                "device": device.info.summary(), "corpus": meta,
                "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
-                            "pattern": args.pattern, "workers": args.workers},
-               "warmup_seconds": warmup, "results": results, "checks": checks}
+                            "pattern": args.pattern, "workers": args.workers, "sizes_mb": sizes},
+               "warmup_seconds": warmup, "runs": runs, "checks": checks}
     (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     table = markdown(payload)
     (args.out / "vocab_train.md").write_text(table, encoding="utf-8")

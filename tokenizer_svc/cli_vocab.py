@@ -22,7 +22,9 @@ Learn a byte-level BPE vocabulary from text files. Ranks 0-255 are the single by
 merge adds the next rank (most frequent adjacent pair; ties: lowest left rank, then lowest
 right rank); special tokens get the ids after the last merge, in the order given. The result
 loads in tiktoken: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=..., ...).
-Pre-tokenization runs on the CPU (in parallel), pair counting and merging on the GPU.
+Pre-tokenization and piece counting run on the GPU (gpt2, cl100k, o200k patterns, on a
+hardware GPU; else on the CPU in parallel: --pretokenizer), pair counting and merging on the
+GPU. Both pre-tokenizers give the same pieces.
 """
 
 
@@ -52,8 +54,13 @@ def register(sub) -> None:
     t.add_argument("--trainer", choices=("gpu", "cpu"), default="gpu",
                    help="gpu (WGSL kernels, default) or cpu (the readable reference: the "
                         "same merges; far slower than a real GPU)")
+    t.add_argument("--pretokenizer", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="where pre-tokenization and piece counting run: gpu (the encoder's "
+                        "kernels; gpt2, cl100k, o200k patterns), cpu (--workers processes) or "
+                        "auto (gpu with --trainer gpu on a hardware GPU for those patterns, "
+                        "else cpu; default)")
     t.add_argument("--workers", type=int, default=None, metavar="W",
-                   help="pre-tokenization processes (default: one per CPU core)")
+                   help="CPU pre-tokenization processes (default: one per CPU core)")
     t.add_argument("--name", default=None, help="vocabulary name (default: the output's stem)")
     t.add_argument("-o", "--output", required=True, metavar="OUT.tiktoken",
                    help="where to write the vocabulary (and OUT.tiktoken.json beside it)")
@@ -106,7 +113,7 @@ def cmd_train(args) -> int:
     out = check_output(args.output, args.files)
     name = args.name or out.name.removesuffix(".tiktoken")
     device = None
-    if args.trainer == "gpu":
+    if "gpu" in (args.trainer, args.pretokenizer):
         from shaders.engine import Device
         device = Device(args.adapter)
         print(f"device: {device.info.summary()}")
@@ -117,7 +124,7 @@ def cmd_train(args) -> int:
         vocab, report = train_vocabulary(
             args.files, args.size, args.pattern, args.special, args.max_token_bytes,
             args.invalid_utf8, args.trainer, device=device, workers=args.workers, name=name,
-            progress=not args.no_progress)
+            progress=not args.no_progress, pretokenizer=args.pretokenizer)
     except (CorpusError, TrainingError) as exc:
         raise UserFacingError(f"{exc} (no output written)") from None
     try:

@@ -8,6 +8,7 @@
 The modules, in the order data flows through them:
 
 - `corpus`: files -> unique pre-tokenized pieces with counts (streaming, optionally parallel)
+- `gpu_corpus`: the same on the GPU (the encoder's pre-tokenizer kernels + a hash table)
 - `merges`: the contract both trainers implement (ranks, tie-break, overlapping runs)
 - `cpu_reference`: the readable trainer
 - `gpu_trainer`: the WGSL trainer (shaders/kernels/bpe_train/); same merges, much faster
@@ -24,6 +25,7 @@ from .corpus import DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, count_pieces
 from .merges import N_BYTES, CorpusExhausted, TrainingError, TrainingResult, check_request
 
 TRAINERS = ("gpu", "cpu")
+PRETOKENIZERS = ("auto", "gpu", "cpu")
 
 
 @dataclass
@@ -39,9 +41,10 @@ class TrainingReport:
         merges = len(self.result.merges)
         rate = merges / self.train_seconds if self.train_seconds else 0.0
         where = self.result.details.get("device", "CPU reference")
+        where_pre = self.details.get("pretokenizer", "cpu").upper()
         return (f"corpus: {self.corpus.describe()} (pre-tokenized in "
-                f"{self.pretokenize_seconds:.1f}s); learned {merges:,} merges in "
-                f"{self.train_seconds:.1f}s ({rate:,.0f} merges/s) on {where}")
+                f"{self.pretokenize_seconds:.1f}s on the {where_pre}); learned {merges:,} "
+                f"merges in {self.train_seconds:.1f}s ({rate:,.0f} merges/s) on {where}")
 
 
 def resolve_pattern(pattern: str) -> str:
@@ -61,8 +64,14 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
                      max_token_bytes: int | None = None, invalid_utf8: str = "error",
                      trainer: str = "gpu", device=None, workers: int | None = None,
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, name: str = "trained",
-                     progress: bool = False, gpu_options=None) -> tuple[Vocabulary, TrainingReport]:
+                     progress: bool = False, gpu_options=None,
+                     pretokenizer: str = "auto") -> tuple[Vocabulary, TrainingReport]:
     """Train a byte-level BPE vocabulary of `size` ids (ordinary tokens + `specials`).
+
+    pretokenizer: where pre-tokenization and piece counting run. "gpu": on the device
+    (gpu_corpus; gpt2, cl100k and o200k patterns only); "cpu": corpus.py with `workers`
+    processes; "auto": the GPU with the GPU trainer on a hardware GPU for those patterns, else
+    the CPU (software Vulkan pre-tokenizes slower than the CPU itself). Same pieces either way.
 
     Raises CorpusError (unreadable input, invalid UTF-8, bad pattern), TrainingError (a size
     or limit that cannot work) or CorpusExhausted (too little text for `size`).
@@ -72,9 +81,25 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
     specials = list(specials)
     n_tokens = check_request(size, specials, max_token_bytes)
     regex_text = resolve_pattern(pattern)
+    if pretokenizer not in PRETOKENIZERS:
+        raise TrainingError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
+    from .gpu_corpus import count_pieces_gpu, gpu_pattern
+    if pretokenizer == "gpu" and gpu_pattern(pattern) is None:
+        raise TrainingError(f"--pretokenizer gpu needs one of the GPU patterns (gpt2, r50k, "
+                            f"cl100k, o200k), not {pattern[:80]!r}; use --pretokenizer cpu")
+    if device is None and "gpu" in (trainer, pretokenizer):
+        from shaders.engine import default_device
+        device = default_device()
+    on_gpu = pretokenizer == "gpu" or (
+        pretokenizer == "auto" and trainer == "gpu" and gpu_pattern(pattern) is not None
+        and not device.info.is_software)
     t0 = time.perf_counter()
-    corpus = count_pieces(files, regex_text, specials, invalid_utf8, workers, chunk_bytes,
-                          progress)
+    if on_gpu:
+        corpus = count_pieces_gpu(files, pattern, specials, invalid_utf8, device,
+                                  progress=progress)
+    else:
+        corpus = count_pieces(files, regex_text, specials, invalid_utf8, workers, chunk_bytes,
+                              progress)
     t1 = time.perf_counter()
     if corpus.bytes_read == 0:
         raise CorpusError("the corpus is empty: every input file has zero bytes")
@@ -108,7 +133,8 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
     t2 = time.perf_counter()
     vocab = result.to_vocabulary(name, regex_text, specials)
     return vocab, TrainingReport(corpus=corpus, result=result, trainer=trainer,
-                                 pretokenize_seconds=t1 - t0, train_seconds=t2 - t1)
+                                 pretokenize_seconds=t1 - t0, train_seconds=t2 - t1,
+                                 details={"pretokenizer": "gpu" if on_gpu else "cpu"})
 
 
 __all__ = ["CorpusError", "CorpusExhausted", "TrainingError", "TrainingReport",

@@ -62,7 +62,10 @@ class PieceCounts:
     bytes_read: int = 0
     occurrences: int = 0  # pieces in the corpus, with repeats
     specials_seen: int = 0
-    fallback_chunks: int = 0  # parallel chunks the main process had to scan itself
+    # parallel chunks the main process had to scan itself; on the GPU path (gpu_corpus.py):
+    # files (or their rest) pre-tokenized on the CPU
+    fallback_chunks: int = 0
+    details: dict = field(default_factory=dict)  # where the time went (gpu_corpus.py)
 
     def describe(self) -> str:
         return (f"{self.files} file(s), {self.bytes_read:,} bytes, {self.occurrences:,} pieces, "
@@ -230,13 +233,15 @@ def _open(path: Path):
 
 
 def _scan_file_sequential(pre: Pretokenizer, path: Path, counter: Counter, chunk_bytes: int,
-                          progress=None) -> tuple[int, int, int]:
-    """Stream one file chunk by chunk; returns (bytes, occurrences, specials)."""
+                          progress=None, start: int = 0) -> tuple[int, int, int]:
+    """Stream one file chunk by chunk from byte `start` (0, or where a piece starts and no
+    special token runs through); returns (bytes read, occurrences, specials)."""
     carry = ""
     pending = b""
-    offset = 0  # file offset of `pending`'s first byte
+    offset = start  # file offset of `pending`'s first byte
     occurrences = specials = total = 0
     with _open(path) as fh:
+        fh.seek(start)
         while True:
             try:
                 block = fh.read(max(chunk_bytes, 2 * len(carry)))  # a long piece: read more

@@ -102,6 +102,9 @@ const LONG_STARTED: u32 = 2u;
 const LONG_FINISHED: u32 = 1u;
 
 override PATTERN: u32 = 0u;   // 0 gpt2/r50k, 1 cl100k, 2 o200k
+// 1: bpe_pretok only marks pieces, tok_buf[start] = its length in bytes (vocabulary training,
+// tokenizer_svc/training/gpu_corpus.py); 0: it encodes them
+override MARK_PIECES: u32 = 0u;
 
 struct Params {
     n_bytes: u32,
@@ -975,7 +978,11 @@ fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             d += 1u;
         }
         let e = match_piece(pos, starts[d + 1u]);
-        encode_piece(pos, e - pos);
+        if (MARK_PIECES == 1u) {
+            tok_buf[pos] = e - pos;
+        } else {
+            encode_piece(pos, e - pos);
+        }
         pos = e;
     }
     cuts[c].y = NONE;

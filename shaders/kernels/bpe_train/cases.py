@@ -1,4 +1,5 @@
-"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact.
+"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact;
+and for piece_count.wgsl (the corpus's unique pieces, counted on the device).
 
 Each case builds the device state the kernel expects (the layout of
 tokenizer_svc/training/gpu_trainer.py), runs it, and compares exactly against a slow numpy /
@@ -16,8 +17,10 @@ import numpy as np
 
 from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
-                        dense_pairs, merge_reference, padded, pair_table)
+                        dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
+                        piece_counts)
 
+from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
     S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
@@ -396,3 +399,73 @@ register(KernelCase(
     inputs=_compact_inputs,
     launch=_compact_launch, reference=compact_reference, variants=("random", "all_dead"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))
+
+
+# ---- piece count: count_pieces + list_pieces (piece_count.wgsl) ----------------------------
+
+# (text bytes, alphabet size, mean piece length, table slots or None for the driver's size)
+PIECE_SIZES = {"random": (60_000, 3, 4, None), "long": (40_000, 2, 300, None),
+               "crowded": (30_000, 2, 6, 2048), "bench": (32 << 20, 26, 5, None)}
+
+
+def _piece_inputs(rng, variant):
+    n, alphabet, mean, slots = PIECE_SIZES[variant]
+    text = rng.integers(97, 97 + alphabet, size=n).astype(np.uint8)
+    lens = np.maximum(1, rng.poisson(mean, n // 2))
+    if variant == "long":  # pieces past LONG_MIN go to the host list; identical long runs
+        lens[::5] = LONG_MIN + 1 + rng.integers(0, 2, size=lens[::5].size)
+        text[:] = 97
+    ends = np.cumsum(lens)
+    starts = np.concatenate([[0], ends[:-1]])[ends <= n]
+    marks = np.full(n, NO_CAP, np.uint32)
+    marks[starts] = lens[: starts.size]
+    if slots is None:
+        slots = 1 << max(0, int(n // 2 + 1024 - 1).bit_length())
+    return {"text": text.tobytes(), "lens": marks, "limit": int(n - n // 10), "slots": slots}
+
+
+def _piece_launch(dev, inp):
+    data, n, slots = inp["text"], len(inp["text"]), inp["slots"]
+    words = np.zeros(-(-n // 4) * 4, np.uint8)
+    words[:n] = np.frombuffer(data, np.uint8)
+    keep = _Pristine(dev)
+    text, lens = dev.upload(words.view(np.uint32)), dev.upload(inp["lens"])
+    table = keep.buffer(np.zeros(slots, np.uint32), "slots")
+    counts = keep.buffer(np.zeros(slots, np.uint32), "counts")
+    info = keep.buffer(np.zeros(4, np.uint32), "info")
+    out = dev.zeros(3 * slots, np.uint32)
+    longs = dev.zeros((n // (LONG_MIN + 1) + 1, 2), np.uint32)
+    params = dev.params("IIII", inp["limit"], slots - 1, slots, 0)
+    k_count, k_list = dev.kernel(COUNT_FILE, "count_pieces"), dev.kernel(COUNT_FILE, "list_pieces")
+
+    def encode(rec):
+        keep.restore(rec)
+        binds = [text, lens, table, counts, out, longs, info, params]
+        rec.dispatch(k_count, binds, max(1, -(-n // 64)))
+        rec.dispatch(k_list, binds, max(1, -(-slots // 64)))
+
+    def read():
+        found = dev.download(info)
+        if found[1]:
+            raise RuntimeError("the piece table reported itself full")
+        got: dict = {}
+        rows = dev.download(out)[: 3 * int(found[0])].reshape(-1, 3)
+        for s, k, c in rows.tolist():
+            got[data[s:s + k]] = got.get(data[s:s + k], 0) + c
+        for s, k in dev.download(longs)[: int(found[2])].tolist():
+            got[data[s:s + k]] = got.get(data[s:s + k], 0) + 1
+        want = piece_counts(inp)  # the same keys in the same order, zeros where missing
+        long_pieces = {data[s:s + k] for s, k in dev.download(longs)[: int(found[2])].tolist()}
+        # one slot per distinct piece: a piece split over two slots shows here
+        return {"counts": np.array([got.get(k, 0) for k in sorted(want)], np.int64),
+                "unique": np.array([len(rows) + len(long_pieces)], np.int64)}
+    return Launch(encode, read)
+
+
+register(KernelCase(
+    name="bpe_train_piece_count", family="bpe_train", precision="exact",
+    description="unique pre-tokenized pieces counted in a hash table (bytes compared, exact)",
+    kernels=[(COUNT_FILE, "count_pieces"), (COUNT_FILE, "list_pieces")],
+    inputs=_piece_inputs, launch=_piece_launch, reference=piece_count_reference,
+    variants=("random", "long", "crowded"), bench_variant_software="random",
+    bytes=lambda inp: len(inp["text"]) * 9.0))

@@ -6,6 +6,8 @@
              merges.merge_piece, the CPU trainer's), its new pairs counted (pairs longer than
              the token cap not counted)
     compact: the pieces that still hold a pair (length >= 2), in a canonical (sorted) order
+    piece count: how often each distinct byte string occurs among the marked pieces of a text
+             (pieces starting at or after `limit` are context, not counted), in sorted order
 """
 
 from __future__ import annotations
@@ -82,3 +84,18 @@ def compact_reference(inp):
             if n >= 2]
     return compact_canonical([p for p, _ in keep], [c for _, c in keep],
                               len(inp["pieces"]), max(len(p) for p in inp["pieces"]))
+
+
+def piece_counts(inp) -> dict:
+    """{piece bytes: occurrences} of the pieces marked in inp["lens"] before inp["limit"]."""
+    data, lens, found = inp["text"], inp["lens"], {}
+    for i in np.flatnonzero(lens[: inp["limit"]] != NO_CAP).tolist():
+        piece = data[i:i + int(lens[i])]
+        found[piece] = found.get(piece, 0) + 1
+    return found
+
+
+def piece_count_reference(inp):
+    found = piece_counts(inp)
+    return {"counts": np.array([found[k] for k in sorted(found)], np.int64),
+            "unique": np.array([len(found)], np.int64)}

@@ -1,0 +1,415 @@
+"""GPU pre-tokenization and piece counting: files -> unique pieces + counts, as corpus.py.
+
+    corpus = count_pieces_gpu(["a.txt"], "o200k", specials=["<|endoftext|>"], device=dev)
+    corpus.pieces == corpus_cpu.pieces          # always (tests/test_vocab_train_gpu_corpus.py)
+
+The pieces are those of corpus.py (the same semantics, the CPU path is the reference); only
+how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
+
+- the host checks the bytes are UTF-8, cuts the chunk at special tokens (each stretch between
+  them becomes one document of the chunk, the special's bytes left out), uploads it;
+- the encoder's own pre-tokenizer (shaders/kernels/bpe/bpe_encode.wgsl: bpe_cuts, then
+  bpe_pretok with MARK_PIECES = 1) writes at every piece start the piece's length;
+- piece_count.wgsl (shaders/kernels/bpe_train/) counts the pieces in a hash table with
+  atomics, exact (keys compared byte by byte) and lists each unique piece once;
+- only the unique pieces come back (start, length, count), and pieces longer than LONG_MIN
+  bytes, counted on the host.
+
+Files of at most a quarter chunk are read whole and gathered, many to one device call (each
+file its own documents: pieces never span files). Chunks of larger files end at a provable
+piece boundary (gpu_encode.find_cut, the CPU twin of the kernels' `is_cut`) that is not next
+to a special token, and carry CONTEXT_BYTES after it (seen, not counted: a match may look a few
+characters ahead), so the pieces equal those of one scan of the whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
+`invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
+so is a file with a stretch longer than one device call that has no provable boundary.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import regex
+
+from ..gpu_encode import ENCODE_FILE, PATTERN_IDS, find_cut
+from ..gpu_scan import BufferPool
+from ..patterns import PATTERNS
+from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
+                     _open, _scan_file_sequential, check_files, utf8_cut)
+
+COUNT_FILE = "piece_count.wgsl"
+LONG_MIN = 512  # must equal LONG_MIN in piece_count.wgsl
+CUT_CHUNK = 128  # bytes per bpe_cuts chunk (<= 255, see bpe_encode.wgsl)
+WG = 64
+NONE = 0xFFFFFFFF
+PRETOK_BUDGET_SOFTWARE = 4000  # as gpu_encode.py: llvmpipe's loop limit
+GPU_CHUNK_BYTES = 32 << 20
+CONTEXT_BYTES = 64  # text after a chunk's cut the pre-tokenizer sees (matches look <= 4 ahead)
+
+
+def gpu_pattern(pattern: str) -> str | None:
+    """The GPU pre-tokenizer for a pattern (a name or its regex text), None when there is none."""
+    name = {"r50k": "gpt2"}.get(pattern, pattern)
+    if name in PATTERN_IDS:
+        return name
+    for known, text in PATTERNS.items():
+        if text == pattern:
+            return {"r50k": "gpt2"}.get(known, known)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _class_table() -> np.ndarray:
+    """The Unicode class table as bpe_encode.wgsl reads it (stage 1, then stage 2); ~0.2 s."""
+    from ..unicode_table import load_table
+    stage1, stage2 = load_table().two_level()
+    return np.concatenate([stage1, stage2]).astype(np.uint32)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+class _NoCut(Exception):
+    """A stretch with no provable boundary longer than one device call, from `offset` on
+    (a piece boundary: the CPU path continues from there)."""
+
+    def __init__(self, offset: int, specials: int):
+        super().__init__(offset)
+        self.offset, self.specials = offset, specials
+
+
+class GpuPieceCounter:
+    """The device side: one chunk of text (documents) -> Counter of its pieces."""
+
+    def __init__(self, device, pattern: str, max_chunk: int | None = None,
+                 first_slots: int | None = None):
+        self.dev = device
+        self.pattern = pattern
+        pid = {"PATTERN": PATTERN_IDS[pattern]}
+        self.k_fill = device.kernel(ENCODE_FILE, "bpe_fill_none")
+        self.k_cuts = device.kernel(ENCODE_FILE, "bpe_cuts", pid)
+        self.k_pretok = device.kernel(ENCODE_FILE, "bpe_pretok", dict(pid, MARK_PIECES=1))
+        self.k_count = device.kernel(COUNT_FILE, "count_pieces")
+        self.k_list = device.kernel(COUNT_FILE, "list_pieces")
+        self.classes = device.upload(_class_table(), "unicode classes")
+        # the encoder's vocabulary, pair table, long-piece queue and scratch: unused here
+        self.unused = [device.zeros(4, np.uint32, f"unused {i}") for i in range(4)]
+        self.budget = PRETOK_BUDGET_SOFTWARE if device.info.is_software else NONE
+        binding = int(min(device.limits.get("max-storage-buffer-binding-size", 128 << 20),
+                          device.limits.get("max-buffer-size", 256 << 20)))
+        # the largest binding: 12 bytes per table slot, up to one slot per text byte (the
+        # table is the power of two above half the text), 16 once the pool rounds it up
+        self.max_chunk = max(1 << 16, binding // 16 - 4096)
+        if max_chunk is not None:  # smaller device calls (tests)
+            self.max_chunk = min(self.max_chunk, int(max_chunk))
+        self.first_slots = first_slots  # the hash table's first size (tests: force regrowth)
+        self.table_growths = 0
+        self.pool = BufferPool(device)  # reused from chunk to chunk
+        self.seconds = {"device_calls": 0.0, "host_counting": 0.0}
+        self.calls = 0
+
+    def count(self, data: bytes, starts: np.ndarray, counter: Counter,
+              limit: int | None = None) -> None:
+        """Add the pieces of `data` (documents [starts[d], starts[d+1])) that start before
+        `limit` (default: all) to `counter`."""
+        dev = self.dev
+        n = len(data)
+        limit = n if limit is None else int(limit)
+        if n == 0 or limit == 0:
+            return
+        t_start = time.perf_counter()
+        pool = self.pool
+        words = np.zeros(-(-n // 4) * 4, np.uint8)
+        words[:n] = np.frombuffer(data, np.uint8)
+        text = pool.get("corpus text", words.nbytes)
+        text.write(words)
+        n_docs = int(starts.size - 1)
+        starts_buf = pool.get("corpus documents", 4 * (n_docs + 1))
+        starts_buf.write(starts.astype(np.uint32))
+        n_chunks = -(-n // CUT_CHUNK)
+        cuts = pool.get("corpus cuts", 16 * n_chunks)
+        lens = pool.get("corpus piece lengths", 4 * n)  # bpe_fill_none sets every used word
+        counters = pool.get("corpus counters", 32)
+        self.dev.zero(counters)
+        params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, CUT_CHUNK, 0, 0, 0, 0, 0, 0,
+                            0, self.budget)
+        u = self.unused
+        encode_binds = [text, starts_buf, self.classes, u[0], u[1], cuts, lens, u[2], u[3],
+                        counters, params]
+        with dev.record("corpus pre-tokenize") as rec:
+            rec.dispatch(self.k_fill, encode_binds, -(-n // WG))
+            rec.dispatch(self.k_cuts, encode_binds, -(-n_chunks // WG))
+            rec.dispatch(self.k_pretok, encode_binds, -(-n_chunks // WG))
+        while True:
+            c = dev.download(counters.view(0, 16), np.uint32)
+            if c[2]:
+                raise RuntimeError(f"{int(c[2])} GPU pre-tokenizer segment(s) overran their end "
+                                   "(internal error; please report the input)")
+            if not c[3]:
+                break
+            counters.write(np.zeros(1, np.uint32), offset_bytes=12)  # resume (software only)
+            dev.run(self.k_pretok, encode_binds, -(-n_chunks // WG))
+
+        n_slots = _next_pow2(self.first_slots or n // 2 + 1024)
+        longs = pool.get("corpus long pieces", 8 * (n // (LONG_MIN + 1) + 1))
+        info = pool.get("corpus count info", 16)
+        while True:
+            slots = pool.get("corpus piece slots", 4 * n_slots)
+            counts = pool.get("corpus piece counts", 4 * n_slots)
+            out = pool.get("corpus unique pieces", 12 * n_slots)
+            for buf in (slots.view(0, 4 * n_slots), counts.view(0, 4 * n_slots), info):
+                dev.zero(buf)
+            cparams = dev.params("IIII", limit, n_slots - 1, n_slots, 0)
+            binds = [text, lens, slots, counts, out, longs, info, cparams]
+            with dev.record("corpus count") as rec:
+                rec.dispatch(self.k_count, binds, -(-limit // WG))
+                rec.dispatch(self.k_list, binds, -(-n_slots // WG))
+            found = dev.download(info, np.uint32)
+            if not found[1]:
+                break
+            n_slots *= 2  # not with one slot per two bytes (<= 1 piece per byte, most longer)
+            self.table_growths += 1
+        t_host = time.perf_counter()
+        self.seconds["device_calls"] += t_host - t_start
+        self.calls += 1
+        unique, n_long = int(found[0]), int(found[2])
+        table = dev.download(out.view(0, 12 * unique), np.uint32).reshape(-1, 3) if unique \
+            else np.zeros((0, 3), np.uint32)
+        for s, k, c in table.tolist():
+            counter[data[s:s + k]] += c
+        if n_long:
+            for s, k in dev.download(longs.view(0, 8 * n_long), np.uint32).reshape(-1, 2).tolist():
+                counter[data[s:s + k]] += 1
+        self.seconds["host_counting"] += time.perf_counter() - t_host
+
+
+class _FileChunker:
+    """One file as chunks that end at provable piece boundaries, with their documents."""
+
+    def __init__(self, pre: Pretokenizer, pattern: str, chunk_bytes: int, max_chunk: int):
+        self.pre = pre
+        self.pattern = pattern
+        self.chunk_bytes = chunk_bytes
+        self.max_chunk = max_chunk
+        self.longest_special = max((len(s.encode()) for s in pre.specials), default=0)
+        specials = sorted(set(pre.specials), key=lambda s: (-len(s), s))
+        self.special_re = (regex.compile(b"|".join(regex.escape(s.encode()) for s in specials))
+                           if specials else None)
+
+    def documents(self, buf: bytes, end: int):
+        """(stretches between specials of buf[:end] as byte ranges, the specials' starts)."""
+        if self.special_re is None:
+            return [(0, end)], []
+        docs, start, found = [], 0, []
+        for m in self.special_re.finditer(buf, 0, end):
+            docs.append((start, m.start()))
+            start = m.end()
+            found.append(m.start())
+        docs.append((start, end))
+        return docs, found
+
+    def cut(self, buf: bytes, complete: int) -> int | None:
+        """Where to end a chunk of buf[:complete] (whole characters): a provable boundary, at
+        least `margin` bytes before `complete`, not inside or just before a special."""
+        margin = self.longest_special + 16
+        hi = min(complete - margin, self.chunk_bytes)
+        arr = np.frombuffer(buf, np.uint8, count=complete)
+        while hi > 0:
+            c = find_cut(arr, max(0, hi - (1 << 20)), hi, self.pattern)
+            if c is None:
+                return None
+            if self.special_re is None:
+                return c
+            lo = max(0, c - self.longest_special)
+            near = [m for m in self.special_re.finditer(buf, lo, min(complete, c + margin))
+                    if m.start() < c < m.end() or c < m.start() <= c + 16]
+            if not near:
+                return c
+            hi = c - 1
+        return None
+
+
+def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Path,
+                   counter: Counter, progress=None) -> tuple[int, int]:
+    """Count one file's pieces into `counter`; returns (bytes, specials). Raises _NoCut or
+    UnicodeDecodeError (caught by the caller) when the file needs the CPU path."""
+    pre = chunker.pre
+    total = specials = 0
+    offset = 0  # file offset of buf[0]
+    buf = b""
+    with _open(path) as fh:
+        eof = False
+        while True:
+            want = max(chunker.chunk_bytes, len(buf) + 1) + chunker.longest_special + 64
+            while not eof and len(buf) < want:
+                try:
+                    block = fh.read(want - len(buf))
+                except OSError as exc:
+                    raise CorpusError(f"{path}: read failed: {exc.strerror or exc}") from None
+                if not block:
+                    eof = True
+                    break
+                total += len(block)
+                if progress is not None:
+                    progress.update(len(block))
+                buf += block
+            complete = len(buf) if eof else utf8_cut(buf)
+            if eof and len(buf) <= chunker.max_chunk:
+                end = len(buf)
+            else:
+                end = chunker.cut(buf, complete)
+                if end is None or end <= 0:
+                    if len(buf) >= chunker.max_chunk or eof:
+                        raise _NoCut(offset, specials)
+                    chunker.chunk_bytes = min(2 * chunker.chunk_bytes, chunker.max_chunk)
+                    continue
+            # A few characters after the cut go along as context (never counted): the pieces
+            # that end at the cut were matched with the text after it in view.
+            ctx = min(complete, end + CONTEXT_BYTES)
+            while end < ctx < len(buf) and buf[ctx] & 0xC0 == 0x80:
+                ctx -= 1
+            window = buf[:ctx]
+            if pre.invalid_utf8 == "error":
+                pre.decode(window, str(path), offset)  # raises CorpusError with the offset
+            else:
+                window.decode("utf-8")  # invalid: the caller takes the CPU path
+            docs, found = chunker.documents(window, ctx)
+            specials += sum(1 for start in found if start < end)
+            kept = [(s, e) for s, e in docs if e > s]
+            if kept:
+                data = b"".join(window[s:e] for s, e in kept) if found else window
+                sizes = np.array([e - s for s, e in kept], np.int64)
+                starts = np.concatenate([[0], np.cumsum(sizes)])
+                limit = sum(max(0, min(e, end) - s) for s, e in kept)  # the cut, without specials
+                counter_dev.count(data, starts, counter, limit)
+            buf = buf[end:]
+            offset += end
+            if eof and not buf:
+                return total, specials
+
+
+class _SmallFiles:
+    """Whole small files gathered into one device call (each file its own documents)."""
+
+    def __init__(self, counter_dev: GpuPieceCounter, chunker: _FileChunker, counter: Counter,
+                 chunk_bytes: int):
+        self.dev, self.chunker, self.counter = counter_dev, chunker, counter
+        self.chunk_bytes = chunk_bytes
+        self.parts: list = []
+        self.sizes: list = []
+        self.bytes = 0
+
+    def add(self, path: Path, progress=None) -> tuple[int | None, int]:
+        """Queue one file: (bytes, specials), or (None, 0) when it needs the CPU path."""
+        pre = self.chunker.pre
+        with _open(path) as fh:
+            try:
+                data = fh.read()
+            except OSError as exc:
+                raise CorpusError(f"{path}: read failed: {exc.strerror or exc}") from None
+        if progress is not None:
+            progress.update(len(data))
+        if pre.invalid_utf8 == "error":
+            pre.decode(data, str(path), 0)  # raises CorpusError with the offset
+        else:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                return None, 0
+        docs, found = self.chunker.documents(data, len(data))
+        for s, e in docs:
+            if e > s:
+                self.parts.append(data[s:e] if found else data)
+                self.sizes.append(e - s)
+                self.bytes += e - s
+        if self.bytes >= self.chunk_bytes:
+            self.flush()
+        return len(data), len(found)
+
+    def flush(self) -> None:
+        if self.parts:
+            starts = np.concatenate([[0], np.cumsum(np.array(self.sizes, np.int64))])
+            self.dev.count(b"".join(self.parts), starts, self.counter)
+        self.parts, self.sizes, self.bytes = [], [], 0
+
+
+def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "error",
+                     device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
+                     progress: bool = False, max_chunk_bytes: int | None = None,
+                     first_slots: int | None = None) -> PieceCounts:
+    """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k).
+
+    chunk_bytes: bytes per device call (bounded by the device's binding size; host and device
+    memory stay bounded by it); max_chunk_bytes: the most a chunk may grow to find a piece
+    boundary (default: what the device allows), beyond that the file goes the CPU path.
+    """
+    files = check_files(paths)
+    name = gpu_pattern(pattern)
+    if name is None:
+        raise CorpusError(f"pattern {pattern[:80]!r} has no GPU pre-tokenizer (gpt2, cl100k, "
+                          "o200k have); use corpus.count_pieces")
+    pre = Pretokenizer(PATTERNS[name], tuple(specials), invalid_utf8)
+    if device is None:
+        from shaders.engine import default_device
+        device = default_device()
+    dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots)
+    chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
+    total_size = sum(p.stat().st_size for p in files)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total_size, unit="B", unit_scale=True,
+                   desc="pre-tokenizing + counting (GPU)", disable=None)  # no bar without a TTY
+    counter: Counter = Counter()
+    total = specials_seen = fallbacks = 0
+    small = _SmallFiles(dev_counter, _FileChunker(pre, name, chunk, dev_counter.max_chunk),
+                        counter, chunk)
+    try:
+        for path in files:
+            if path.stat().st_size <= chunk // 4:  # many small files share one device call
+                t, s = small.add(path, bar)
+                if t is not None:
+                    total, specials_seen = total + t, specials_seen + s
+                    continue
+                fallbacks += 1  # keep mode, invalid UTF-8: the CPU path
+                text_counts = Counter()
+                t, _, s = _scan_file_sequential(pre, path, text_counts, DEFAULT_CHUNK_BYTES)
+                for k, v in text_counts.items():
+                    counter[k.encode("utf-8", pre.errors)] += v
+                total, specials_seen = total + t, specials_seen + s
+                continue
+            # with --invalid-utf8 keep a file may turn out to need the CPU path after some of
+            # its chunks were counted: count it on its own until it is done
+            mine: Counter = Counter() if invalid_utf8 == "keep" else counter
+            chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
+            cpu_from = None  # where the CPU path takes over, if it does
+            try:
+                t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar)
+            except _NoCut as stop:  # the rest of the file on the CPU, from a piece boundary
+                cpu_from, s = stop.offset, stop.specials
+            except UnicodeDecodeError:  # keep mode: the whole file on the CPU
+                mine, cpu_from, s = Counter(), 0, 0
+            if cpu_from is not None:
+                fallbacks += 1
+                text_counts: Counter = Counter()
+                tail, _, s_cpu = _scan_file_sequential(pre, path, text_counts,
+                                                       DEFAULT_CHUNK_BYTES, start=cpu_from)
+                for k, v in text_counts.items():
+                    mine[k.encode("utf-8", pre.errors)] += v
+                t, s = cpu_from + tail, s + s_cpu
+            total, specials_seen = total + t, specials_seen + s
+            if mine is not counter:
+                counter.update(mine)
+        small.flush()
+    finally:
+        dev_counter.pool.release()  # the merge phase gets the device memory back
+        if bar is not None:
+            bar.close()
+    return PieceCounts(pieces=dict(counter), files=len(files), bytes_read=total,
+                       occurrences=sum(counter.values()), specials_seen=specials_seen,
+                       fallback_chunks=fallbacks,
+                       details=dict(dev_counter.seconds, device_calls_made=dev_counter.calls))
