@@ -29,8 +29,9 @@ class ConfigDoesNotFitError(UserFacingError):
 @dataclass(frozen=True)
 class Need:
     what: str
-    nbytes: int
+    nbytes: int             # of one buffer
     binding: bool = True    # bound whole by a kernel (must fit one storage binding)
+    count: int = 1          # this many buffers of nbytes each (e.g. one per layer)
 
 
 def _mib(n: float) -> str:
@@ -78,11 +79,11 @@ def check_fits(device, needs: list[Need], *, hint: str) -> int:
             raise ConfigDoesNotFitError(
                 f"{need.what} needs {_mib(need.nbytes)} in one binding, more than "
                 f"{device.name}'s limit of {_mib(limit)}: {hint}")
-    total = sum(n.nbytes for n in needs)
+    total = sum(n.nbytes * n.count for n in needs)
     memory = device_memory(device)
     if memory is not None and total * HEADROOM > memory:
-        largest = sorted(needs, key=lambda n: -n.nbytes)[:3]
-        parts = ", ".join(f"{n.what} {_mib(n.nbytes)}" for n in largest)
+        largest = sorted(needs, key=lambda n: -n.nbytes * n.count)[:3]
+        parts = ", ".join(f"{n.what} {_mib(n.nbytes * n.count)}" for n in largest)
         raise ConfigDoesNotFitError(
             f"this configuration needs about {_mib(total * HEADROOM)} on {device.name}, which "
             f"has {_mib(memory)} (largest: {parts}): {hint}")

@@ -60,11 +60,16 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
     """Every buffer GpuModel allocates, in bytes (what the fit check counts)."""
     n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
     qkv = n * (d + 2 * kv) * 4
-    per_layer = 5 * n * d * 4 + 2 * n * 4 + qkv + cfg.n_heads * n * 4 + n * 3 * f * 4
+    layers = cfg.n_layers   # BlockBuffers: each saved activation is its own buffer per layer
     needs = [Need("parameters", total * 4), Need("gradients", total * 4),
              Need("AdamW moments", 2 * total * 4, binding=False),
-             Need(f"activations of {cfg.n_layers} layers (B*T = {n} rows)",
-                  cfg.n_layers * per_layer, binding=False),
+             Need(f"block activations x, h, attn, xa, h2 (B*T = {n} rows x d)", n * d * 4,
+                  count=5 * layers),
+             Need("block rstd, rstd2", n * 4, count=2 * layers),
+             Need("block q|k|v", qkv, binding=fused_qkv(cfg), count=layers),
+             Need("block attention lse", cfg.n_heads * n * 4, count=layers),
+             Need(f"block gate|up (B*T x 2F = {2 * f})", n * 2 * f * 4, count=layers),
+             Need(f"block SwiGLU output (B*T x F = {f})", n * f * 4, count=layers),
              Need("FFN activations (B*T x 2F)", n * 2 * f * 4),
              Need("q|k|v (B*T x (d + 2kv))", qkv, binding=fused_qkv(cfg)),
              Need("backward scratch", (3 * n * d + n * 3 * f) * 4 + qkv, binding=False),
@@ -101,7 +106,7 @@ class GpuModel:
                                           logits_rows=rows)
         budget, memory = LOGITS_BUDGET, device_memory(device)
         if memory is not None:
-            free = int(memory / HEADROOM) - sum(x.nbytes for x in needs(0))
+            free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
             budget = max(min(budget, free), chunk_quantum(device, d) * cfg.vocab_size * 4)
         chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, budget=budget,
                                 chunk_rows=head_chunk_rows)
