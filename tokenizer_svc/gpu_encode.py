@@ -30,7 +30,7 @@ import numpy as np
 from shaders.engine import Device
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
-from .unicode_table import BIT_L, BIT_M, BIT_N, BIT_S, load_table
+from .cuts import cut_rule, find_cut  # the one cut rule (re-exported for older imports)
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
@@ -184,7 +184,7 @@ class GpuEncoder:
             lo, hi = int(starts[d]), int(starts[d + 1])
             subs.append(lo)
             while hi - lo > self.max_call_bytes:
-                cut = find_cut(data[:hi], lo, lo + self.max_call_bytes, self.pattern)
+                cut = find_cut(data[:hi], lo, lo + self.max_call_bytes, self.pattern, split=True)
                 if cut is None:
                     raise ValueError(
                         f"document {d} has no provable piece boundary in {self.max_call_bytes} "
@@ -340,54 +340,6 @@ class GpuEncoder:
         self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG),
                                               "merge_long"),
                      counters, "bpe long", n_bytes)
-
-
-def cut_rule(prev: int, cur: int, nxt: int | None, pattern: str) -> bool:
-    """Is the position between code points `prev` and `cur` (followed by `nxt`, None at the end
-    of the text) provably a piece boundary? The rules and their proofs are in the header of
-    shaders/wgsl/bpe_encode.wgsl (`is_cut`); this is the same function on the CPU."""
-    classes = load_table().class_bytes
-    pc, cc = int(classes[prev]), int(classes[cur])
-    if pc & BIT_L:                                                           # L
-        if pattern == "o200k":
-            return not cc & (BIT_L | BIT_M) and cur != 0x27
-        return not cc & BIT_L
-    if pc & BIT_N:                                                           # D
-        return not cc & BIT_N
-    crlf = (0x0A, 0x0D)
-    cur_plain_space = bool(cc & BIT_S) and cur not in crlf
-    if not pc & (BIT_L | BIT_N | BIT_S):                                     # O
-        return prev != 0x27 and (bool(cc & BIT_N) or cur_plain_space)
-    if prev in crlf and not cc & BIT_S and not (pattern == "o200k" and cur == 0x2F):   # NL
-        return True
-    if cur_plain_space:                                                      # W
-        return nxt is not None and not int(classes[nxt]) & BIT_S
-    return False
-
-
-def find_cut(data: np.ndarray, lo: int, hi: int, pattern: str) -> int | None:
-    """The last provable piece boundary p with lo < p <= hi (a code point start inside one
-    document data[..]), or None. Used to split documents larger than one device call and to
-    find the last piece for encode_bytes."""
-    pos = hi
-    while pos > lo and (data[pos] & 0xC0) == 0x80:
-        pos -= 1
-    while pos > lo:
-        prev_start = pos - 1
-        while prev_start > lo and (data[prev_start] & 0xC0) == 0x80:
-            prev_start -= 1
-        cur, cur_len = _char(data, pos)
-        nxt = _char(data, pos + cur_len)[0] if pos + cur_len < data.size else None
-        if prev_start >= lo and cut_rule(_char(data, prev_start)[0], cur, nxt, pattern):
-            return pos
-        pos = prev_start
-    return None
-
-
-def _char(data: np.ndarray, i: int) -> tuple[int, int]:
-    b0 = int(data[i])
-    n = 1 if b0 < 0x80 else 2 if b0 < 0xE0 else 3 if b0 < 0xF0 else 4
-    return ord(bytes(data[i:i + n]).decode("utf-8")), n
 
 
 __all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule", "find_cut"]

@@ -991,6 +991,7 @@ fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             d += 1u;
         }
         let e = match_piece(pos, starts[d + 1u]);
+        if (e <= pos) { break; }   // a matcher that did not advance: counted as an overrun
         encode_piece(pos, e - pos);
         pos = e;
         pieces += 1u;
