@@ -91,6 +91,7 @@ class GpuEncoder:
         self.budget = PRETOK_BUDGET_SOFTWARE if software else NONE
         self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
         self.long_budget = LONG_BUDGET_SOFTWARE
+        self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
         self.vocab_buf = device.upload(tables.vocab_words, label="bpe vocab")
         self.pairs_buf = device.upload(tables.pairs, label="bpe pairs")
@@ -283,7 +284,7 @@ class GpuEncoder:
         Every dispatch that leaves work unfinished has made progress (counters[4] > 0; each
         kernel does one piece or one merge step before its budget may stop it), so this ends;
         a round without progress is an internal error instead of a silent endless loop.
-        Rounds grow to MAX_RESUME_DISPATCHES dispatches per submit (llvmpipe's budget applies
+        Rounds grow to max_round_dispatches dispatches per submit (llvmpipe's budget applies
         per dispatch; the round trips are what costs); the interrupt check runs between rounds.
         """
         dev, per_round = self.device, 1
@@ -302,7 +303,7 @@ class GpuEncoder:
                     f"the GPU encoder made no progress on a call of {n_bytes:,} input bytes "
                     f"({unfinished} unfinished after {label}); internal error, please report "
                     "the input")
-            per_round = min(2 * per_round, MAX_RESUME_DISPATCHES)
+            per_round = min(2 * per_round, self.max_round_dispatches)
 
     def _merge_long(self, binds, longs, counters, n_long: int, long_words: int,
                     n_bytes: int) -> None:

@@ -122,7 +122,8 @@ class ServiceMetrics(BatchObserver):
 
 
 def _status_of(context, exc: BaseException | None) -> grpc.StatusCode:
-    if isinstance(exc, asyncio.CancelledError):  # the client went away or its deadline passed
+    # the client went away or its deadline passed (a closed stream sees GeneratorExit)
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             return grpc.StatusCode.DEADLINE_EXCEEDED

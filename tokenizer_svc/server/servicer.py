@@ -137,6 +137,9 @@ class TokenizerServicer:
         self.batcher = None
         self.info: pb.GetInfoResponse | None = None
         self.metrics = None
+        self.long_lane = None         # LongLane: decides which jobs are expensive (app.py)
+        self.run_long = None          # async (job, timeout) -> results, in the long lane
+        self._streams_cut = asyncio.Event()
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
@@ -195,6 +198,11 @@ class TokenizerServicer:
             self.metrics.input_bytes.labels(method).inc(nbytes)
         announced = _ANNOUNCED.get()
         _ANNOUNCED.set(False)
+        if isinstance(job, EncodeJob) and self.long_lane is not None and \
+                self.long_lane.admits(job, nbytes):
+            if announced:
+                self.batcher.withdraw()   # it will not join a batch
+            return await self.run_long(job, context.time_remaining())
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
                                          timeout=context.time_remaining(), announced=announced)
 
@@ -338,6 +346,25 @@ class TokenizerServicer:
 
     # ---- streams --------------------------------------------------------------------------
 
+    def cut_streams(self) -> None:
+        """End every open stream with UNAVAILABLE (the drain's grace period is running out)."""
+        self._streams_cut.set()
+
+    async def _or_cut(self, awaitable, answered: int):
+        """Await `awaitable` unless the streams are cut first (then UNAVAILABLE)."""
+        task = asyncio.ensure_future(awaitable)
+        cut = asyncio.ensure_future(self._streams_cut.wait())
+        try:
+            await asyncio.wait({task, cut}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                              f"the server is shutting down: stream ended after {answered} "
+                              "responses; resume the rest on a new call (another replica)")
+
     async def _pipelined(self, request_iterator, handle, context):
         """Results of `handle(request, index)` in request order, up to max_stream_inflight
         requests in progress at once (so one stream's requests share GPU batches). A failed
@@ -366,14 +393,16 @@ class TokenizerServicer:
                 await queue.put(exc)
 
         reader = asyncio.ensure_future(read())
+        answered = 0
         try:
             while True:
-                item = await queue.get()
+                item = await self._or_cut(queue.get(), answered)
                 if item is _END:
                     return
                 if isinstance(item, Exception):
                     raise item
-                yield await item
+                yield await self._or_cut(item, answered)
+                answered += 1
         finally:
             reader.cancel()
             while not queue.empty():

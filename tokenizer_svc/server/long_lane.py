@@ -1,0 +1,160 @@
+"""The long lane: expensive documents run outside the shared low-latency batch.
+
+Admission by cost (`is_long`): a request is long when one document is over `doc_bytes`, or
+holds a run of at least `piece_bytes` bytes without whitespace or of whitespace only (the
+pre-tokenizer's longest piece is no longer than the longest such run, a bound found by one
+regex scan in C). Long requests queue here, one at a time, on their own worker thread with
+their own GPU encoder (the device's queue interleaves its short submits with the batches').
+
+Each document is cut at the tokenizer's split points (tokenizer_svc/cuts.py: the ids do not
+change) into chunks of about `chunk_bytes`, encoded one after the other; between chunks, and
+between the budgeted resume rounds of one long piece inside a chunk, the lane checks the
+request's cancellation and deadline and the server's shutdown, so those stop it within one
+round. Every check is a heartbeat for the watchdog.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from ..cuts import PATTERNS, is_cut, split_points
+from .errors import NOT_READY, RequestRejected
+from .work import utf8_len
+
+MiB = 1 << 20
+_RUN = {}  # piece_bytes -> compiled regex
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    doc_bytes: int = 256 * 1024     # a document above this runs in the long lane
+    piece_bytes: int = 4096         # a run (no whitespace / whitespace only) this long, too
+    chunk_bytes: int = 256 * 1024   # encoded per step; cancellation is checked between steps
+    max_waiting: int = 16           # long requests queued or running; more: RESOURCE_EXHAUSTED
+
+
+def longest_run_at_least(doc, n: int) -> bool:
+    """Does `doc` (str or bytes) hold n consecutive non-whitespace, or whitespace, bytes?"""
+    pattern = _RUN.get(n)
+    if pattern is None:
+        pattern = _RUN[n] = re.compile(rb"[^\s]{%d}|\s{%d}" % (n, n))
+    data = doc if isinstance(doc, (bytes, bytearray)) else doc.encode("utf-8", "surrogatepass")
+    return pattern.search(data) is not None
+
+
+def is_long(docs, nbytes: int, cfg: LaneConfig) -> bool:
+    """Does this request's cost (bytes, longest piece) send it to the long lane?"""
+    if nbytes <= cfg.piece_bytes:
+        return False
+    return any(utf8_len(d) > cfg.doc_bytes or longest_run_at_least(d, cfg.piece_bytes)
+               for d in docs)
+
+
+class Interrupted(Exception):
+    """The long job was stopped between two steps (cancelled, deadline, shutdown)."""
+
+
+class LongJobControl:
+    """Shared between the event loop (which cancels) and the lane's thread (which checks)."""
+
+    def __init__(self, deadline: float | None, closing: threading.Event, heartbeat):
+        self.deadline = deadline      # time.monotonic() seconds, or None
+        self.cancelled = threading.Event()
+        self._closing = closing
+        self._heartbeat = heartbeat
+
+    def check(self) -> None:
+        self._heartbeat()
+        if self.cancelled.is_set():
+            raise Interrupted("cancelled")
+        if self._closing.is_set():
+            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                                  "the server is shutting down; retry (another replica)")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise RequestRejected(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline",
+                                  "the deadline passed while the long document was encoded")
+
+
+class LongLane:
+    """Runs one EncodeJob at a time with `encoding` (its own Encoding, not the batch's)."""
+
+    def __init__(self, encoding, finish, cfg: LaneConfig):
+        self.encoding = encoding
+        self.cfg = cfg
+        self._finish = finish          # (job, ids) -> EncodedDoc (BatchRunner._finish)
+        self.closing = threading.Event()
+        self.busy_since: float | None = None
+        self.last_beat = time.monotonic()
+        encoder = getattr(getattr(encoding, "backend", None), "encoder", None)
+        self._encoder = encoder
+        pattern = getattr(getattr(encoding, "vocab", None), "pattern_name", None)
+        self._pattern = pattern if pattern in PATTERNS else None
+
+    def admits(self, job, nbytes: int) -> bool:
+        """Is this EncodeJob expensive enough for the long lane?"""
+        return is_long(job.docs, nbytes, self.cfg)
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    def run(self, job, control: LongJobControl) -> list:
+        """On the lane's thread: one EncodedDoc per document, or raises."""
+        self.busy_since = time.monotonic()
+        self.beat()
+        try:
+            if self._encoder is not None:
+                with self._encoder.interruptible(control.check):
+                    return [self._finish(job, self._encode(doc, job, control))
+                            for doc in job.docs]
+            return [self._finish(job, self._encode(doc, job, control)) for doc in job.docs]
+        finally:
+            self.busy_since = None
+
+    def _encode(self, doc, job, control: LongJobControl) -> np.ndarray:
+        allowed = job.rule.allowed & frozenset(self.encoding.special_tokens_set)
+        parts = []
+        for chunk in self._chunks(doc, allowed):
+            control.check()
+            ids, _ = self.encoding.encode_batch_flat([chunk], allowed_special=allowed,
+                                                     disallowed_special=())
+            parts.append(np.asarray(ids, np.uint32))
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+
+    def _chunks(self, doc, allowed):
+        """The document in consecutive chunks whose ids concatenate to the document's ids."""
+        text = isinstance(doc, str)
+        data = doc.encode("utf-8", "surrogatepass") if text else bytes(doc)
+        if self._pattern is None:
+            yield doc   # no proven cut rule for this pattern: one step
+            return
+        specials = [s.encode() for s in allowed] if text else []
+        ends, _ = split_points(data, self.cfg.chunk_bytes, self._pattern)
+        start = 0
+        for end in ends[:-1]:
+            if not is_cut(data, end, self._pattern, split=True) or \
+                    not _safe_between(data, end, specials):
+                continue   # an unsafe fallback end, or inside a special token: go on
+            part = data[start:end]
+            yield part.decode("utf-8", "surrogatepass") if text else part
+            start = end
+        part = data[start:]
+        yield part.decode("utf-8", "surrogatepass") if text else part
+
+
+def _safe_between(data: bytes, end: int, specials: list) -> bool:
+    """No allowed special token's text spans byte `end`."""
+    for s in specials:
+        lo = max(0, end - len(s) + 1)
+        window = data[lo:end + len(s) - 1]
+        at = window.find(s)
+        while at >= 0:
+            if lo + at < end < lo + at + len(s):
+                return False
+            at = window.find(s, at + 1)
+    return True
