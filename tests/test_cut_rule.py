@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.cuts import is_cut, split_points
+from tokenizer_svc.cuts import cut_mask, is_cut, split_points
 from tokenizer_svc.encoding import get_encoding
 from tokenizer_svc.gpu_encode import NONE, GpuEncoder
 from trainer_svc.prepare import is_safe_point, split_document
@@ -80,3 +80,14 @@ def test_prepare_uses_the_rule_and_stops_at_invalid_utf8():
     assert all(is_safe_point(data, int(p)) for p in offsets if p < first_bad)
     # after the first invalid byte tiktoken merges the rest as one piece: no safe cut there
     assert unsafe == sum(1 for p in offsets if p > first_bad)
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k", None])
+@pytest.mark.parametrize("split", [False, True])
+def test_vectorized_rule_is_the_scalar_rule(pattern, split):
+    text = adversarial(11, 1500)
+    data = text.encode()
+    offsets = np.cumsum([0] + [len(c.encode()) for c in text])
+    mask = cut_mask(text, pattern, split=split)
+    assert mask.tolist() == [is_cut(data, int(offsets[i]), pattern, split=split)
+                             for i in range(1, len(text))]

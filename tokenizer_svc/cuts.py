@@ -130,23 +130,89 @@ def valid_utf8_prefix(data: bytes) -> int:
         return exc.start
 
 
+def cut_mask(text: str, pattern: str | None, *, split: bool = False) -> np.ndarray:
+    """The rule for every position of `text` at once (numpy): mask[i] says whether the
+    position before character i + 1 is a cut (the same answers as is_cut, per character)."""
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    if cps.size < 2:
+        return np.zeros(0, bool)
+    if pattern is None:
+        masks = [cut_mask(text, p, split=split) for p in PATTERNS]
+        return np.logical_and.reduce(masks)
+    if pattern not in PATTERNS:
+        raise ValueError(f"no cut rule for pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    cls = load_table().class_bytes
+    prev, cur = cps[:-1], cps[1:]
+    pc, cc = cls[prev].astype(np.int32), cls[cur].astype(np.int32)
+    has_nxt = np.zeros(cur.size, bool)
+    has_nxt[:-1] = True
+    nc = np.zeros(cur.size, np.int32)
+    nc[:-1] = cls[cps[2:]]
+    crlf_prev = (prev == 0x0A) | (prev == 0x0D)
+    cur_plain_space = ((cc & BIT_S) != 0) & (cur != 0x0A) & (cur != 0x0D)
+    if pattern == "o200k":
+        rule_l = ((cc & (BIT_L | BIT_M)) == 0) & (cur != 0x27)
+    else:
+        rule_l = (cc & BIT_L) == 0
+    rule_d = (cc & BIT_N) == 0
+    rule_o = (prev != 0x27) & (((cc & BIT_N) != 0) | cur_plain_space)
+    nl = crlf_prev & ((cc & BIT_S) == 0)
+    if pattern == "o200k":
+        nl &= cur != 0x2F
+    rule_w = cur_plain_space & has_nxt & ((nc & BIT_S) == 0)
+    is_l, is_n = (pc & BIT_L) != 0, (pc & BIT_N) != 0
+    is_o = (pc & (BIT_L | BIT_N | BIT_S)) == 0
+    mask = np.select([is_l, is_n, is_o, nl], [rule_l, rule_d, rule_o, True], rule_w)
+    if split:
+        space = (cls[cps].astype(np.int32) & BIT_S) != 0
+        # cut before character i + 1: prev = i, earlier = i - 1
+        bad = space[:-1] & ~space[1:]
+        bad[1:] &= space[:-2]
+        bad[0] = False
+        mask &= ~bad
+    return mask
+
+
+def _byte_offsets(text: str) -> np.ndarray:
+    """Byte offset of each character of `text` in UTF-8, plus the end."""
+    cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    lengths = 1 + (cps >= 0x80) + (cps >= 0x800) + (cps >= 0x10000)
+    offsets = np.zeros(cps.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def split_cuts(data: bytes, pattern: str | None) -> np.ndarray:
+    """Sorted byte positions where `data` (one document, raw bytes) may be cut into separate
+    documents: split cuts inside its valid UTF-8 prefix, none next to an invalid byte."""
+    valid = valid_utf8_prefix(data)
+    text = bytes(data[:valid]).decode("utf-8")
+    mask = cut_mask(text, pattern, split=True)
+    if valid < len(data) and mask.size:
+        mask[-1] = False   # the character after the cut is followed by an invalid byte
+    return _byte_offsets(text)[1:-1][mask]
+
+
 def split_points(data: bytes, limit: int, pattern: str | None) -> tuple[list[int], int]:
-    """(ends of consecutive parts, to be encoded as separate documents, of at most `limit` bytes, how many ends are not safe cuts).
+    """(ends of consecutive parts, to be encoded as separate documents, of at most `limit`
+    bytes, how many ends are not safe cuts).
 
     Each end is the last safe cut within `limit` bytes of the part's start; where there is
     none the part ends at a UTF-8 character boundary (or at the limit inside invalid bytes)
     and counts as unsafe. The last end is len(data)."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1 byte, got {limit}")
-    view = np.frombuffer(bytes(data), dtype=np.uint8)
+    data = bytes(data)
+    cuts = split_cuts(data, pattern) if len(data) > limit else np.zeros(0, np.int64)
     valid = valid_utf8_prefix(data)
     ends, unsafe, start = [], 0, 0
     while len(data) - start > limit:
-        end = find_cut(view, start, min(start + limit, valid - 1), pattern,
-                       split=True) if start + 1 < valid else None
-        if end is None:
+        k = int(np.searchsorted(cuts, start + limit, side="right")) - 1
+        if k >= 0 and cuts[k] > start:
+            end = int(cuts[k])
+        else:
             end = start + limit
-            while end > start + 1 and end < valid and (view[end] & 0xC0) == 0x80:
+            while end > start + 1 and end < valid and (data[end] & 0xC0) == 0x80:
                 end -= 1   # not inside a UTF-8 sequence
             unsafe += 1
         ends.append(end)
@@ -155,4 +221,5 @@ def split_points(data: bytes, limit: int, pattern: str | None) -> tuple[list[int
     return ends, unsafe
 
 
-__all__ = ["PATTERNS", "cut_rule", "find_cut", "is_cut", "split_points", "valid_utf8_prefix"]
+__all__ = ["PATTERNS", "cut_mask", "cut_rule", "find_cut", "is_cut", "split_cuts", "split_points",
+           "valid_utf8_prefix"]

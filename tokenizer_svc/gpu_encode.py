@@ -30,7 +30,8 @@ import numpy as np
 from shaders.engine import Device
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
-from .cuts import cut_rule, find_cut  # the one cut rule (re-exported for older imports)
+from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
+# re-exported for older imports)
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
@@ -184,8 +185,11 @@ class GpuEncoder:
             owner_first.append(len(subs))
             lo, hi = int(starts[d]), int(starts[d + 1])
             subs.append(lo)
+            cuts = split_cuts(data[lo:hi].tobytes(), self.pattern) + lo if \
+                hi - lo > self.max_call_bytes else None
             while hi - lo > self.max_call_bytes:
-                cut = find_cut(data[:hi], lo, lo + self.max_call_bytes, self.pattern, split=True)
+                k = int(np.searchsorted(cuts, lo + self.max_call_bytes, side="right")) - 1
+                cut = int(cuts[k]) if k >= 0 and cuts[k] > lo else None
                 if cut is None:
                     raise ValueError(
                         f"document {d} has no provable piece boundary in {self.max_call_bytes} "

@@ -300,9 +300,10 @@ class TokenizerServer:
         if self.config.drain_delay_s > 0:
             await asyncio.sleep(self.config.drain_delay_s)
         if self._server is not None:
-            # streams still open near the end of the grace period end with UNAVAILABLE
+            # near the end of the grace period, open streams and long-lane work end with
+            # UNAVAILABLE (clients resume elsewhere) instead of being cut off by grpc
             cut = asyncio.get_running_loop().call_later(
-                max(0.0, grace - min(1.0, grace / 10)), self.servicer.cut_streams)
+                max(0.0, grace - min(1.0, grace / 10)), self._cut_long_work)
             await self._server.stop(grace)
             cut.cancel()
         if self._loader is not None and not self._loader.done():
@@ -322,6 +323,11 @@ class TokenizerServer:
         log.info("stopped", extra={"data": {"batches": self.batcher.batches_run
                                             if self.batcher else 0}})
         self._stopped.set()
+
+    def _cut_long_work(self) -> None:
+        self.servicer.cut_streams()
+        if self.long_lane is not None:
+            self.long_lane.closing.set()
 
     async def _stop_workers(self, give_up: float) -> None:
         """Wait until `give_up` (monotonic) for the GPU threads; name the ones still busy."""

@@ -1,0 +1,177 @@
+"""One request must never stall the service: expensive documents run in the long lane while
+small requests keep their latency; a stuck GPU worker shows in health; SIGTERM always ends in
+bounded time; streams cut by a drain end with UNAVAILABLE. Real servers on loopback, real
+GPU encoding (lavapipe in CI)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.service_support import (serve_subprocess, start_server, stub_for,  # noqa: F401
+                                   tiny_encoding, tiny_vocab_path)
+from tests.tokenizer_support import tiktoken_twin
+from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.server.long_lane import LaneConfig
+
+MiB = 1 << 20
+VICTIM_P99_S = 2.0   # the bound small requests keep while 1 MiB attacks run (lavapipe, 2 cores)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _single_piece(n: int) -> str:
+    return ("vapura" * (n // 6 + 1))[:n]   # letters the tiny vocabulary merges, no spaces
+
+
+def _health(target: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=10).status
+
+
+@pytest.mark.timeout(600)
+def test_small_requests_keep_their_latency_while_megabyte_attacks_run(tiny_encoding, device):
+    tik = tiktoken_twin(tiny_encoding.vocab)
+    attacks = [pb.TokenizeRequest(text=_single_piece(MiB)),
+               pb.TokenizeRequest(data=random.Random(18).randbytes(MiB))]
+    want = [tik.encode_ordinary(attacks[0].text), tik._encode_bytes(attacks[1].data)]
+    with start_server(tiny_encoding, device) as server:
+        channel, stub = stub_for(server.target)
+        stub.Tokenize(pb.TokenizeRequest(text="warm up"), timeout=120)
+        got, attack_s = [], []
+
+        def attack():
+            for request in attacks:
+                start = time.monotonic()
+                got.append(list(stub.Tokenize(request, timeout=600).ids))
+                attack_s.append(time.monotonic() - start)
+
+        attacker = threading.Thread(target=attack)
+        attacker.start()
+        latencies = []
+        time.sleep(0.2)
+        while attacker.is_alive():
+            start = time.monotonic()
+            response = stub.Tokenize(pb.TokenizeRequest(text="three small words"), timeout=60)
+            latencies.append(time.monotonic() - start)
+            assert list(response.ids) == tiny_encoding.encode_ordinary("three small words")
+            time.sleep(0.02)
+        attacker.join()
+        channel.close()
+    assert got == want                          # the attacks themselves are answered exactly
+    assert sum(attack_s) > 3 * VICTIM_P99_S, attack_s   # they ran long enough to matter
+    assert len(latencies) >= 10
+    p99 = float(np.percentile(latencies, 99))
+    assert p99 < VICTIM_P99_S, (p99, len(latencies), attack_s)
+
+
+@pytest.mark.timeout(300)
+def test_health_is_not_serving_while_the_gpu_worker_is_stuck(tiny_encoding, device):
+    # No long lane (thresholds above the document): the 1 MiB piece holds the batch worker.
+    lane = LaneConfig(doc_bytes=64 * MiB, piece_bytes=64 * MiB)
+    with start_server(tiny_encoding, device, stall_timeout_s=1.0, long_lane=lane) as server:
+        channel, stub = stub_for(server.target)
+        stub.Tokenize(pb.TokenizeRequest(text="warm up"), timeout=120)
+        assert _health(server.target) == SERVING
+        future = stub.Tokenize.future(pb.TokenizeRequest(text=_single_piece(MiB)), timeout=600)
+        seen = set()
+        while not future.done():
+            seen.add(_health(server.target))
+            time.sleep(0.2)
+        future.result()
+        time.sleep(2.0)
+        assert NOT_SERVING in seen
+        assert _health(server.target) == SERVING      # recovered once the call returned
+        channel.close()
+
+
+@pytest.mark.timeout(300)
+def test_cancelling_a_long_request_frees_the_long_lane(tiny_encoding, device):
+    with start_server(tiny_encoding, device) as server:
+        channel, stub = stub_for(server.target)
+        stub.Tokenize(pb.TokenizeRequest(text="warm up"), timeout=120)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Tokenize(pb.TokenizeRequest(text=_single_piece(2 * MiB)), timeout=1.0)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        lane = server.server.long_lane
+        deadline = time.monotonic() + 20
+        while lane.busy_since is not None:   # it stops at its next check, not after 2 MiB
+            assert time.monotonic() < deadline, "the long lane kept working after the deadline"
+            time.sleep(0.1)
+        small = pb.TokenizeRequest(text=_single_piece(20_000))   # long lane again, at once
+        assert list(stub.Tokenize(small, timeout=60).ids) == \
+            tiny_encoding.encode_ordinary(small.text)
+        channel.close()
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_exits_within_grace_plus_margin_during_a_long_piece(tiny_vocab_path, tmp_path):
+    port_file = tmp_path / "port"
+    proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--host", "127.0.0.1", "--port",
+                            "0", "--port-file", str(port_file), "--shutdown-grace", "1",
+                            "--stall-timeout", "5")
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        target = f"127.0.0.1:{port_file.read_text().strip()}"
+        while _health(target) != SERVING:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        channel, stub = stub_for(target)
+        future = stub.Tokenize.future(pb.TokenizeRequest(text=_single_piece(4 * MiB)),
+                                      timeout=600)
+        time.sleep(1.5)
+        assert not future.done()
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        elapsed = time.monotonic() - start
+        assert elapsed < 1 + 5 + 3, elapsed
+        assert code == 0
+        with pytest.raises(grpc.RpcError) as info:
+            future.result()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        channel.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_streams_open_at_the_end_of_the_grace_end_unavailable(tiny_encoding, device):
+    server = start_server(tiny_encoding, device)
+    release = threading.Event()
+
+    def requests():
+        for k in range(3):
+            yield pb.TokenizeRequest(text=f"open stream {k}")
+        release.wait(60)   # keep the stream open (no half-close) past the drain
+
+    channel, stub = stub_for(server.target)
+    try:
+        stream = stub.TokenizeStream(requests(), timeout=60)
+        assert [list(next(stream).ids) for _ in range(3)] == \
+            [tiny_encoding.encode_ordinary(f"open stream {k}") for k in range(3)]
+        stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 1.0})
+        stopper.start()
+        with pytest.raises(grpc.RpcError) as info:
+            next(stream)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in info.value.details()
+        assert "after 3 responses" in info.value.details()
+        stopper.join(30)
+    finally:
+        release.set()
+        channel.close()
+        server.stop()
