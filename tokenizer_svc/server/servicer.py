@@ -108,13 +108,74 @@ def tolerant_deserializer(message_cls, limits):
             return message_cls.FromString(raw)
         except DecodeError as exc:
             if "UTF-8" in str(exc):
+                try:
+                    field = _invalid_utf8_field(message_cls.DESCRIPTOR, raw)
+                except Exception:   # never let the diagnosis fail the answer
+                    field = None
+                field = field or "a string field"
+                advice = ("send raw bytes in the `data` field instead" if "text" in field
+                          else "string fields must be valid UTF-8")
                 return RequestRejected(
                     grpc.StatusCode.INVALID_ARGUMENT, INVALID_UTF8,
-                    f"the {type_name} holds invalid UTF-8 in a string field (`text` must be "
-                    "valid UTF-8); send raw bytes in the `data` field instead")
+                    f"the {type_name} holds invalid UTF-8 in {field}; {advice}")
             return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED,
                                    f"the request is not a valid {type_name} message: {exc}")
     return deserialize
+
+
+def _varint(raw: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = raw[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _invalid_utf8_field(descriptor, raw: bytes, prefix: str = "") -> str | None:
+    """The name (`id`, `texts[3]`, `special.allowed[0]`) of the first string field of the
+    wire message `raw` that is not valid UTF-8, or None (the wire is walked by hand because
+    protobuf's DecodeError does not say which field it was)."""
+    counts: dict = {}
+    try:
+        i = 0
+        while i < len(raw):
+            key, i = _varint(raw, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, i = _varint(raw, i)
+                continue
+            if wire in (1, 5):
+                i += 8 if wire == 1 else 4
+                continue
+            if wire != 2:
+                return None
+            length, i = _varint(raw, i)
+            value, i = raw[i:i + length], i + length
+            field = descriptor.fields_by_number.get(number)
+            if field is None:
+                continue
+            name = prefix + field.name
+            repeated = getattr(field, "is_repeated", None)
+            if repeated is None:   # older protobuf
+                repeated = field.label == field.LABEL_REPEATED
+            if repeated:
+                k = counts[number] = counts.get(number, -1) + 1
+                name = f"{name}[{k}]"
+            if field.type == field.TYPE_STRING:
+                try:
+                    bytes(value).decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"`{name}`"
+            elif field.type == field.TYPE_MESSAGE:
+                inner = _invalid_utf8_field(field.message_type, bytes(value), name + ".")
+                if inner:
+                    return inner
+    except IndexError:
+        return None
+    return None
 
 
 def _parsed(request):
@@ -309,13 +370,14 @@ class TokenizerServicer:
         request = _parsed(request)
         self._ready()
         ids = self._ids(request.ids, "the batch")
-        bounds = np.asarray(request.seq_offsets, dtype=np.int64)
-        if bounds.size == 0 and ids.size == 0:
+        given = list(request.seq_offsets)          # uint64: shown as sent, never wrapped
+        if not given and ids.size == 0:
             return pb.DetokenizeBatchResponse()
+        bounds = np.asarray([min(v, ids.size + 1) for v in given], dtype=np.int64)
         if (bounds.size < 1 or bounds[0] != 0 or bounds[-1] != ids.size
-                or np.any(np.diff(bounds) < 0)):
+                or np.any(np.diff(bounds) < 0) or max(given) > ids.size):
             raise _bad(f"seq_offsets must be n+1 non-decreasing positions from 0 to len(ids) "
-                       f"({ids.size}); got {bounds[:8].tolist()}{'...' if bounds.size > 8 else ''}")
+                       f"({ids.size}); got {given[:8]}{'...' if len(given) > 8 else ''}")
         checks.check_batch_items(self.limits, bounds.size - 1, "sequences in the batch")
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")
