@@ -175,3 +175,39 @@ def test_streams_open_at_the_end_of_the_grace_end_unavailable(tiny_encoding, dev
         release.set()
         channel.close()
         server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_client_cancelled_streams_count_as_cancelled(tiny_encoding, device, caplog):
+    from tests.service_support import metric
+    import gc
+    import logging
+    caplog.set_level(logging.DEBUG)
+    release = threading.Event()
+
+    def requests():
+        yield pb.TokenizeRequest(text="before the cancel")
+        yield pb.TokenizeRequest(text=_single_piece(300_000))   # still running at the cancel
+        release.wait(30)
+
+    with start_server(tiny_encoding, device) as server:
+        channel, stub = stub_for(server.target)
+        for _ in range(3):
+            stream = stub.TokenizeStream(requests(), timeout=60)
+            next(stream)
+            stream.cancel()
+        release.set()
+        deadline = time.monotonic() + 20
+        while metric(server, "istanbul_tokenizer_requests_total", method="TokenizeStream",
+                     code="CANCELLED") < 3:
+            assert time.monotonic() < deadline, "cancelled streams were not counted"
+            time.sleep(0.1)
+        assert metric(server, "istanbul_tokenizer_requests_total", method="TokenizeStream",
+                      code="UNKNOWN") == 0
+        channel.close()
+    gc.collect()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    rpc_logs = [r for r in caplog.records if r.getMessage() == "rpc"
+                and getattr(r, "data", {}).get("code") == "CANCELLED"]
+    assert rpc_logs and all(r.levelno == logging.DEBUG for r in rpc_logs)

@@ -128,7 +128,8 @@ def _rss_mib(pid: int) -> float:
 def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab_path,
                                                                       token_file, tmp_path):
     """8 x 60 MiB without a token: UNAUTHENTICATED, and the server's memory does not grow by
-    the messages (it grew from 226 to 1,451 MiB when bodies were read before refusing)."""
+    the messages (480 MiB; it grew by 466 MiB here, 226 -> 1,451 MiB in the issue, when bodies
+    were read before refusing; now by what HTTP/2 flow control lets in, 90-170 MiB)."""
     import time
     from tests.service_support import serve_subprocess
     from tokenizer_svc.rpc import tokenizer_pb2 as pb
@@ -156,7 +157,7 @@ def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab
         after = _rss_mib(proc.pid)
         channel.close()
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8
-        assert after - before < 150, (before, after)
+        assert after - before < 240, (before, after)
     finally:
         proc.send_signal(2)
         try:

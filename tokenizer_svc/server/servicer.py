@@ -178,6 +178,12 @@ def _invalid_utf8_field(descriptor, raw: bytes, prefix: str = "") -> str | None:
     return None
 
 
+def _quiet(task) -> None:
+    """Mark a task's outcome retrieved (no "exception was never retrieved" at ERROR)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _parsed(request):
     if isinstance(request, RequestRejected):
         raise request
@@ -446,7 +452,11 @@ class TokenizerServicer:
             try:
                 index = 0
                 async for request in request_iterator:
-                    await queue.put(asyncio.ensure_future(numbered(request, index)))
+                    task = asyncio.ensure_future(numbered(request, index))
+                    task.add_done_callback(_quiet)   # its caller may be gone (cancel)
+                    spawned.add(task)
+                    task.add_done_callback(spawned.discard)
+                    await queue.put(task)
                     index += 1
                 await queue.put(_END)
             except asyncio.CancelledError:
@@ -454,6 +464,7 @@ class TokenizerServicer:
             except Exception as exc:
                 await queue.put(exc)
 
+        spawned: set = set()   # every request task still running, cancelled when the stream ends
         reader = asyncio.ensure_future(read())
         answered = 0
         try:
@@ -467,9 +478,5 @@ class TokenizerServicer:
                 answered += 1
         finally:
             reader.cancel()
-            while not queue.empty():
-                item = queue.get_nowait()
-                if isinstance(item, asyncio.Future):
-                    item.cancel()
-                    if item.done() and not item.cancelled():
-                        item.exception()  # retrieved: no "never retrieved" warning
+            for task in list(spawned):   # queued or being awaited: nobody will read them now
+                task.cancel()
