@@ -211,3 +211,30 @@ def test_client_cancelled_streams_count_as_cancelled(tiny_encoding, device, capl
     rpc_logs = [r for r in caplog.records if r.getMessage() == "rpc"
                 and getattr(r, "data", {}).get("code") == "CANCELLED"]
     assert rpc_logs and all(r.levelno == logging.DEBUG for r in rpc_logs)
+
+
+@pytest.mark.timeout(300)
+def test_client_stream_resumes_across_a_drain_that_cuts_it(tiny_encoding, device):
+    """A stream still open when the grace period ends gets UNAVAILABLE; the client's
+    tokenize_stream resumes on the restarted server: every document answered once, in order."""
+    from tests.service_support import free_port
+    from tokenizer_svc.client import TokenizerClient
+    port = free_port()
+    first = start_server(tiny_encoding, device, port=port)
+    docs = [f"drained {k} {'vapura ' * (k % 7)}" for k in range(300)]
+    second = None
+    try:
+        with TokenizerClient(f"127.0.0.1:{port}", timeout=60) as client:
+            stream = client.tokenize_stream(iter(docs), window=4)
+            got = [next(stream) for _ in range(40)]
+            stopper = threading.Thread(target=first.stop, kwargs={"grace_s": 1.0})
+            stopper.start()
+            got += [next(stream) for _ in range(5)]   # still served during the grace
+            stopper.join(60)
+            second = start_server(tiny_encoding, device, port=port)
+            got += list(stream)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert [ids.tolist() for ids in got] == [tiny_encoding.encode_ordinary(d) for d in docs]
