@@ -92,3 +92,31 @@ def test_interrupt_check_stops_a_long_piece_between_rounds(pair, device):
     # the encoder is usable afterwards (its lock was released, its state is per call)
     ids, _ = encoder.encode_docs(b"tokenizer tokenizer", np.array([0, 19]))
     assert ids.tolist() == enc.encode_ordinary("tokenizer tokenizer")
+
+
+def test_one_encoder_called_from_several_threads(pair, device):
+    """GpuEncoder serialises its calls (one lock per encoder: a call owns its buffer pool and
+    counters), so threads sharing one get their own, exact, results."""
+    import threading
+    enc, tik = pair
+    encoder = GpuEncoder(device, enc.backend.tables, "gpt2")
+    docs = [_word_run(3000 + 500 * k) + f" doc {k} " + "7" * (k + 1) for k in range(6)]
+    got, errors = {}, []
+
+    def work(k):
+        try:
+            data = docs[k].encode()
+            for _ in range(3):
+                ids, _ = encoder.encode_docs(data, np.array([0, len(data)]))
+                got.setdefault(k, []).append(ids.tolist())
+        except Exception as exc:   # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(docs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    for k, doc in enumerate(docs):
+        assert got[k] == [tik.encode_ordinary(doc)] * 3
