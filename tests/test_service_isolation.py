@@ -238,3 +238,20 @@ def test_client_stream_resumes_across_a_drain_that_cuts_it(tiny_encoding, device
         if second is not None:
             second.stop()
     assert [ids.tolist() for ids in got] == [tiny_encoding.encode_ordinary(d) for d in docs]
+
+
+def test_admission_bounds_the_longest_piece(tiny_encoding):
+    """Documents that could hold a piece of piece_bytes go to the long lane: also Unicode
+    whitespace mixes, and bytes after an early invalid byte (one piece for tiktoken)."""
+    from tokenizer_svc.server.long_lane import is_long, may_hold_long_piece
+    from tokenizer_svc.reference import PreTokenizer
+    cfg = LaneConfig()
+    pre = PreTokenizer(tiny_encoding.vocab)
+    mixed = " \u3000\u00a0" * 3000           # one whitespace piece of ~18 KB
+    assert max(len(p.encode()) for p in pre.split(mixed)) > cfg.piece_bytes
+    assert may_hold_long_piece(mixed, cfg.piece_bytes)
+    assert may_hold_long_piece(b"\xff" + b"ab " * 3000, cfg.piece_bytes)
+    prose = "The quick brown fox jumps over the lazy dog. " * 1000   # 45 KB, short pieces
+    assert not is_long([prose], len(prose), cfg)
+    assert not is_long([prose.encode()], len(prose), cfg)
+    assert is_long(["x" * (300 << 10)], 300 << 10, cfg)   # over doc_bytes

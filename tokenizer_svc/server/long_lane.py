@@ -1,9 +1,9 @@
 """The long lane: expensive documents run outside the shared low-latency batch.
 
 Admission by cost (`is_long`): a request is long when one document is over `doc_bytes`, or
-holds a run of at least `piece_bytes` bytes without whitespace or of whitespace only (the
-pre-tokenizer's longest piece is no longer than the longest such run, a bound found by one
-regex scan in C). Long requests queue here, one at a time, on their own worker thread with
+may pre-tokenize into a piece of `piece_bytes` or more (`may_hold_long_piece`: a bound from
+its longest run with or without whitespace, and in bytes mode the tail after the first
+invalid UTF-8 byte, which tiktoken merges as one piece). Long requests queue here, one at a time, on their own worker thread with
 their own GPU encoder (the device's queue interleaves its short submits with the batches').
 
 Each document is cut at the tokenizer's split points (tokenizer_svc/cuts.py: the ids do not
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from ..cuts import PATTERNS, is_cut, split_points
+from ..cuts import PATTERNS, is_cut, split_points, valid_utf8_prefix
 from .errors import NOT_READY, RequestRejected
 from .work import utf8_len
 
@@ -34,25 +34,41 @@ _RUN = {}  # piece_bytes -> compiled regex
 @dataclass(frozen=True)
 class LaneConfig:
     doc_bytes: int = 256 * 1024     # a document above this runs in the long lane
-    piece_bytes: int = 4096         # a run (no whitespace / whitespace only) this long, too
+    piece_bytes: int = 4096         # a document that may hold a piece this long, too
     chunk_bytes: int = 256 * 1024   # encoded per step; cancellation is checked between steps
     max_waiting: int = 16           # long requests queued or running; more: RESOURCE_EXHAUSTED
 
 
-def longest_run_at_least(doc, n: int) -> bool:
-    """Does `doc` (str or bytes) hold n consecutive non-whitespace, or whitespace, bytes?"""
+def may_hold_long_piece(doc, piece_bytes: int) -> bool:
+    r"""Could `doc` (str, or bytes encoded by tiktoken's bytes rule) pre-tokenize into a piece
+    of `piece_bytes` bytes or more?
+
+    Every piece of the known patterns is a run of whitespace, or a run without whitespace
+    plus at most one run of newlines (cl100k/o200k "others + [\r\n]*"), so it is shorter
+    than 2 x (the longest such run) + 1 characters of at most 4 bytes: a run of
+    piece_bytes // 8 characters is the threshold (Unicode \s, one regex scan in C). In bytes
+    mode everything after the first invalid UTF-8 sequence is one piece with the last one.
+    """
+    if isinstance(doc, str):
+        text = doc
+    else:
+        data = bytes(doc)
+        valid = valid_utf8_prefix(data)
+        if len(data) - valid + 1 >= piece_bytes // 2:
+            return True
+        text = data[:valid].decode("utf-8")
+    n = max(1, piece_bytes // 8)
     pattern = _RUN.get(n)
     if pattern is None:
-        pattern = _RUN[n] = re.compile(rb"[^\s]{%d}|\s{%d}" % (n, n))
-    data = doc if isinstance(doc, (bytes, bytearray)) else doc.encode("utf-8", "surrogatepass")
-    return pattern.search(data) is not None
+        pattern = _RUN[n] = re.compile(r"\S{%d}|\s{%d}" % (n, n))
+    return pattern.search(text) is not None
 
 
 def is_long(docs, nbytes: int, cfg: LaneConfig) -> bool:
     """Does this request's cost (bytes, longest piece) send it to the long lane?"""
-    if nbytes <= cfg.piece_bytes:
+    if nbytes < cfg.piece_bytes // 8:
         return False
-    return any(utf8_len(d) > cfg.doc_bytes or longest_run_at_least(d, cfg.piece_bytes)
+    return any(utf8_len(d) > cfg.doc_bytes or may_hold_long_piece(d, cfg.piece_bytes)
                for d in docs)
 
 
