@@ -255,3 +255,20 @@ def test_admission_bounds_the_longest_piece(tiny_encoding):
     assert not is_long([prose], len(prose), cfg)
     assert not is_long([prose.encode()], len(prose), cfg)
     assert is_long(["x" * (300 << 10)], 300 << 10, cfg)   # over doc_bytes
+
+
+def test_long_lane_chunks_keep_every_id_around_special_tokens(tiny_encoding):
+    """The lane's chunks (cut at split points, never next to an allowed special token) give
+    the whole document's ids."""
+    from tokenizer_svc.server.long_lane import LongJobControl, LongLane
+    from tokenizer_svc.server.work import BatchRunner, EncodeJob, SpecialRule
+    runner = BatchRunner(tiny_encoding)
+    lane = LongLane(tiny_encoding, runner.finish, LaneConfig(chunk_bytes=64))
+    doc = ("vapura  " * 12 + "<|endoftext|> x\n\nA  <|fim|>yol  \n" + "bindik " * 12) * 20 + "son"
+    rule = SpecialRule.from_policy(tiny_encoding.vocab.special_tokens, allow_all=True)
+    job = EncodeJob([doc, doc.encode()], rule)
+    chunks = list(lane._chunks(doc, rule.allowed))
+    assert len(chunks) > 10 and "".join(chunks) == doc
+    [text, raw] = lane.run(job, LongJobControl(None, threading.Event(), lane.beat))
+    assert text.ids.tolist() == tiny_encoding.encode(doc, allowed_special="all")
+    assert raw.ids.tolist() == tiny_encoding.encode_bytes(doc.encode())

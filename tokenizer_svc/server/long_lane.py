@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from ..cuts import PATTERNS, is_cut, split_points, valid_utf8_prefix
+from ..cuts import PATTERNS, split_cuts, valid_utf8_prefix
 from .errors import NOT_READY, RequestRejected
 from .work import utf8_len
 
@@ -149,28 +149,29 @@ class LongLane:
         if self._pattern is None:
             yield doc   # no proven cut rule for this pattern: one step
             return
-        specials = [s.encode() for s in allowed] if text else []
-        ends, _ = split_points(data, self.cfg.chunk_bytes, self._pattern)
-        start = 0
-        for end in ends[:-1]:
-            if not is_cut(data, end, self._pattern, split=True) or \
-                    not _safe_between(data, end, specials):
-                continue   # an unsafe fallback end, or inside a special token: go on
-            part = data[start:end]
+        specials = [s.encode() for s in allowed if s.encode() in data] if text else []
+        cuts = [int(c) for c in split_cuts(data, self._pattern)
+                if not specials or _safe_between(data, int(c), specials)]
+        start, k = 0, 0
+        while len(data) - start > self.cfg.chunk_bytes:
+            # the last cut within chunk_bytes of start, else the first one after
+            while k + 1 < len(cuts) and cuts[k + 1] <= start + self.cfg.chunk_bytes:
+                k += 1
+            while k < len(cuts) and cuts[k] <= start:
+                k += 1
+            if k >= len(cuts):
+                break
+            part, start = data[start:cuts[k]], cuts[k]
             yield part.decode("utf-8", "surrogatepass") if text else part
-            start = end
         part = data[start:]
         yield part.decode("utf-8", "surrogatepass") if text else part
 
 
 def _safe_between(data: bytes, end: int, specials: list) -> bool:
-    """No allowed special token's text spans byte `end`."""
+    """No allowed special token's text lies within a few characters of byte `end`: a special
+    ends the ordinary segment before it, which changes the rule's neighbours there (a cut
+    before the last space of a run that a special follows would split one piece in two)."""
     for s in specials:
-        lo = max(0, end - len(s) + 1)
-        window = data[lo:end + len(s) - 1]
-        at = window.find(s)
-        while at >= 0:
-            if lo + at < end < lo + at + len(s):
-                return False
-            at = window.find(s, at + 1)
+        if s in data[max(0, end - len(s) - 8):end + len(s) + 8]:
+            return False
     return True
