@@ -109,6 +109,10 @@ def test_cancelling_a_long_request_frees_the_long_lane(tiny_encoding, device):
         small = pb.TokenizeRequest(text=_single_piece(20_000))   # long lane again, at once
         assert list(stub.Tokenize(small, timeout=60).ids) == \
             tiny_encoding.encode_ordinary(small.text)
+        from tests.service_support import metric
+        assert metric(server, "istanbul_tokenizer_long_requests_total", outcome="ok") == 1
+        assert metric(server, "istanbul_tokenizer_long_requests_total", outcome="cancelled") == 1
+        assert metric(server, "istanbul_tokenizer_long_waiting") == 0
         channel.close()
 
 

@@ -232,13 +232,20 @@ class TokenizerServer:
                                                             control)
         future.add_done_callback(_retrieve)
         self._long_waiting += 1
+        self.metrics.long_waiting.set(self._long_waiting)
+        outcome = "error"
         try:
-            return await asyncio.shield(future)
+            result = await asyncio.shield(future)
+            outcome = "ok"
+            return result
         except asyncio.CancelledError:
             control.cancelled.set()   # the lane stops at its next check
+            outcome = "cancelled"
             raise
         finally:
             self._long_waiting -= 1
+            self.metrics.long_waiting.set(self._long_waiting)
+            self.metrics.long_requests.labels(outcome).inc()
 
     async def _watch(self) -> None:
         """Health NOT_SERVING while a GPU worker makes no progress for stall_timeout_s."""
@@ -257,6 +264,7 @@ class TokenizerServer:
                 for service in ("", SERVICE_NAME):
                     await self.health.set(service, status)
                 self.metrics.ready.set(0 if stuck else 1)
+                self.metrics.stalled.set(1 if stuck else 0)
                 if stuck:
                     log.error("GPU worker stalled", extra={"data": {
                         "workers": stuck, "stall_timeout_s": limit}})
