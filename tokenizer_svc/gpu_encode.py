@@ -13,6 +13,14 @@ One call records, per batch of documents that fits the device's binding limit:
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
     read the document offsets, then the ids
 
+On software Vulkan (a per-dispatch loop budget) bpe_pretok and bpe_merge_long resume in
+rounds until done; each round must show progress (counters[4]) or the call raises
+EncoderStalled naming the input size, so no input can loop forever. Documents larger than
+one call are split at the tokenizer's split points (tokenizer_svc/cuts.py).
+
+Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters).
+`interruptible(check)` runs `check()` between the submits of the calling thread's calls.
+
 `profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
 host-side upload and readback wall times) for bench/tokenize_bench.py.
 """
@@ -347,4 +355,5 @@ class GpuEncoder:
                      counters, "bpe long", n_bytes)
 
 
-__all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule", "find_cut"]
+__all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
+           "find_cut"]

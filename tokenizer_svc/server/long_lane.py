@@ -3,8 +3,9 @@
 Admission by cost (`is_long`): a request is long when one document is over `doc_bytes`, or
 may pre-tokenize into a piece of `piece_bytes` or more (`may_hold_long_piece`: a bound from
 its longest run with or without whitespace, and in bytes mode the tail after the first
-invalid UTF-8 byte, which tiktoken merges as one piece). Long requests queue here, one at a time, on their own worker thread with
-their own GPU encoder (the device's queue interleaves its short submits with the batches').
+invalid UTF-8 byte, which tiktoken merges as one piece). Long requests queue here, one at a
+time, on their own worker thread with their own GPU encoder (the device's queue interleaves
+its short submits with the batches').
 
 Each document is cut at the tokenizer's split points (tokenizer_svc/cuts.py: the ids do not
 change) into chunks of about `chunk_bytes`, encoded one after the other; between chunks, and
