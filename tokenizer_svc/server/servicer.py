@@ -424,6 +424,9 @@ class TokenizerServicer:
         cut = asyncio.ensure_future(self._streams_cut.wait())
         try:
             await asyncio.wait({task, cut}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:   # the stream itself ends (client cancel): leave nothing pending
+            task.cancel()
+            raise
         finally:
             cut.cancel()
         if task.done():
