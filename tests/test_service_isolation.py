@@ -276,3 +276,18 @@ def test_long_lane_chunks_keep_every_id_around_special_tokens(tiny_encoding):
     [text, raw] = lane.run(job, LongJobControl(None, threading.Event(), lane.beat))
     assert text.ids.tolist() == tiny_encoding.encode(doc, allowed_special="all")
     assert raw.ids.tolist() == tiny_encoding.encode_bytes(doc.encode())
+
+
+def test_long_lane_work_counts_against_the_queue_limit(tiny_encoding, device):
+    from tokenizer_svc.server.config import Limits
+    with start_server(tiny_encoding, device, limits=Limits(max_queued_bytes=300_000)) as server:
+        channel, stub = stub_for(server.target)
+        stub.Tokenize(pb.TokenizeRequest(text="warm up"), timeout=120)
+        first = stub.Tokenize.future(pb.TokenizeRequest(text=_single_piece(200_000)), timeout=300)
+        time.sleep(0.3)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Tokenize(pb.TokenizeRequest(text=_single_piece(150_000)), timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_queued_bytes" in info.value.details()
+        assert list(first.result().ids) == tiny_encoding.encode_ordinary(_single_piece(200_000))
+        channel.close()

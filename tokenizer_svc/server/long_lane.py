@@ -35,7 +35,8 @@ _RUN = {}  # piece_bytes -> compiled regex
 @dataclass(frozen=True)
 class LaneConfig:
     doc_bytes: int = 256 * 1024     # a document above this runs in the long lane
-    piece_bytes: int = 4096         # a document that may hold a piece this long, too
+    piece_bytes: int = 4096         # a document that may hold a piece this long, too (runs of
+                                    # piece_bytes / 4 characters; see may_hold_long_piece)
     chunk_bytes: int = 256 * 1024   # encoded per step; cancellation is checked between steps
     max_waiting: int = 16           # long requests queued or running; more: RESOURCE_EXHAUSTED
 
@@ -46,9 +47,10 @@ def may_hold_long_piece(doc, piece_bytes: int) -> bool:
 
     Every piece of the known patterns is a run of whitespace, or a run without whitespace
     plus at most one run of newlines (cl100k/o200k "others + [\r\n]*"), so it is shorter
-    than 2 x (the longest such run) + 1 characters of at most 4 bytes: a run of
-    piece_bytes // 8 characters is the threshold (Unicode \s, one regex scan in C). In bytes
-    mode everything after the first invalid UTF-8 sequence is one piece with the last one.
+    than 2 x (the longest such run) + 1 characters of at most 4 bytes. The threshold is a
+    run of piece_bytes // 4 characters (Unicode \s, one regex scan in C): what stays in the
+    batch has no piece of 2 x piece_bytes or more. In bytes mode everything after the first
+    invalid UTF-8 sequence is one piece with the last one.
     """
     if isinstance(doc, str):
         text = doc
@@ -58,7 +60,7 @@ def may_hold_long_piece(doc, piece_bytes: int) -> bool:
         if len(data) - valid + 1 >= piece_bytes // 2:
             return True
         text = data[:valid].decode("utf-8")
-    n = max(1, piece_bytes // 8)
+    n = max(1, piece_bytes // 4)
     pattern = _RUN.get(n)
     if pattern is None:
         pattern = _RUN[n] = re.compile(r"\S{%d}|\s{%d}" % (n, n))
@@ -67,7 +69,7 @@ def may_hold_long_piece(doc, piece_bytes: int) -> bool:
 
 def is_long(docs, nbytes: int, cfg: LaneConfig) -> bool:
     """Does this request's cost (bytes, longest piece) send it to the long lane?"""
-    if nbytes < cfg.piece_bytes // 8:
+    if nbytes < cfg.piece_bytes // 4:
         return False
     return any(utf8_len(d) > cfg.doc_bytes or may_hold_long_piece(d, cfg.piece_bytes)
                for d in docs)

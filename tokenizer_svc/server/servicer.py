@@ -269,7 +269,11 @@ class TokenizerServicer:
                 self.long_lane.admits(job, nbytes):
             if announced:
                 self.batcher.withdraw()   # it will not join a batch
-            return await self.run_long(job, context.time_remaining())
+            self.batcher.hold(nbytes)     # but it counts against max_queued_bytes
+            try:
+                return await self.run_long(job, context.time_remaining())
+            finally:
+                self.batcher.unhold(nbytes)
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
                                          timeout=context.time_remaining(), announced=announced)
 
