@@ -74,10 +74,36 @@ def test_invalid_utf8_in_text_mode_is_invalid_argument(server, stub):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert reason_of(info.value) == "invalid-utf8"
     assert "data" in info.value.details()  # says where raw bytes go instead
+    assert "`text`" in info.value.details()
     # The same bytes in the `data` field are fine.
     reply = stub.Tokenize(pb.TokenizeRequest(data=b"a\xff\xfe"), timeout=30)
     assert reply.token_count == len(reply.ids) > 0
     channel.close()
+
+
+def test_invalid_utf8_errors_name_the_field(server):
+    channel, _ = stub_for(server.target)
+    raw = channel.unary_unary("/istanbul.tokenizer.v1.Tokenizer/Tokenize")
+    bad_id = pb.TokenizeRequest(text="fine").SerializeToString() + b"\x32\x02\xff\xfe"  # id
+    with pytest.raises(grpc.RpcError) as info:
+        raw(bad_id, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "`id`" in info.value.details() and "`text`" not in info.value.details()
+    batch = channel.unary_unary("/istanbul.tokenizer.v1.Tokenizer/TokenizeBatch")
+    bad_second = pb.TokenizeBatchRequest(texts=["ok"]).SerializeToString() + b"\x0a\x01\xff"
+    with pytest.raises(grpc.RpcError) as info:
+        batch(bad_second, timeout=30)
+    assert "`texts[1]`" in info.value.details()
+    channel.close()
+
+
+def test_seq_offsets_are_echoed_as_sent(stub):
+    huge = 2**64 - 1
+    with pytest.raises(grpc.RpcError) as info:
+        stub.DetokenizeBatch(pb.DetokenizeBatchRequest(ids=[1, 2], seq_offsets=[0, huge]),
+                             timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(huge) in info.value.details() and "-1" not in info.value.details()
 
 
 @pytest.mark.parametrize("unit", ["byte", "char"])

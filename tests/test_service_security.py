@@ -115,3 +115,56 @@ def test_tls_with_auth(tiny_encoding, device, certificate):
                 pytest.raises(ServiceError) as info:
             plain.encode("plaintext")
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def _rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(300)
+def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab_path,
+                                                                      token_file, tmp_path):
+    """8 x 60 MiB without a token: UNAUTHENTICATED, and the server's memory does not grow by
+    the messages (480 MiB; it grew by 466 MiB here, 226 -> 1,451 MiB in the issue, when bodies
+    were read before refusing; now by what HTTP/2 flow control lets in, 90-170 MiB)."""
+    import time
+    from tests.service_support import serve_subprocess
+    from tokenizer_svc.rpc import tokenizer_pb2 as pb
+    port_file = tmp_path / "port"
+    proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--host", "127.0.0.1", "--port",
+                            "0", "--port-file", str(port_file), "--auth-token-file",
+                            str(token_file))
+    try:
+        deadline = time.monotonic() + 120
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        target = f"127.0.0.1:{port_file.read_text().strip()}"
+        channel, stub = stub_for(target)
+        with pytest.raises(grpc.RpcError):   # the server is up (and refuses without a token)
+            stub.CountTokens(pb.CountTokensRequest(text="x"), timeout=60)
+        before = _rss_mib(proc.pid)
+        big = pb.TokenizeRequest(data=b"\x41" * (60 << 20))
+        futures = [stub.Tokenize.future(big, timeout=120) for _ in range(8)]
+        codes = []
+        for future in futures:
+            with pytest.raises(grpc.RpcError) as info:
+                future.result()
+            codes.append(info.value.code())
+        after = _rss_mib(proc.pid)
+        channel.close()
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8
+        assert after - before < 240, (before, after)
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(30)
+        except Exception:
+            proc.kill()
+            proc.wait()
+    warnings = [line for line in proc.stderr.read().splitlines()
+                if "authentication refused" in line]
+    assert warnings and '"level": "warning"' in warnings[0] and "127.0.0.1" in warnings[0]

@@ -60,3 +60,25 @@ def test_known_names_resolve_through_the_vocab_dir(monkeypatch):
     assert vocab.name == "cl100k_base" and vocab.special_tokens["<|endofprompt|>"] == 100276
     with pytest.raises(VocabularyError, match="not a known name"):
         load_vocabulary("cl200k_nothing")
+
+
+def test_a_planted_file_in_tiktokens_cache_is_refused(tmp_path, monkeypatch):
+    """tiktoken's cache defaults to the world-writable /tmp/data-gym-cache: a known name is
+    read from there only when the file has tiktoken's published sha256."""
+    import hashlib
+    from tokenizer_svc.patterns import KNOWN_VOCABULARIES
+    from tokenizer_svc.vocab import VocabularyError, load_vocabulary, tiktoken_cache_file
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ISTANBUL_VOCAB_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    known = KNOWN_VOCABULARIES["gpt2"]
+    planted = tiktoken_cache_file(known.url)
+    planted.write_bytes(b"".join(b"%s %d\n" % (base64.b64encode(bytes([i])), i)
+                                 for i in range(256)))
+    with pytest.raises(VocabularyError, match="sha256"):
+        load_vocabulary("gpt2")
+    from tests.conftest import shared_vocab
+    real = shared_vocab("gpt2.tiktoken").read_bytes()
+    assert hashlib.sha256(real).hexdigest() == known.sha256
+    planted.write_bytes(real)
+    assert load_vocabulary("gpt2").n_vocab == 50257

@@ -6,8 +6,9 @@
 
 The port is bound at once and answers health checks with NOT_SERVING while the GPU device
 and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, no new
-requests, in-flight requests finish (up to --shutdown-grace seconds), exit 0; a second signal
-exits at once.
+requests, in-flight requests finish (up to --shutdown-grace seconds; streams still open then
+end with UNAVAILABLE), exit 0; a GPU worker still busy --stall-timeout seconds later is left
+behind (exit 1); a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     ops.add_argument("--drain-delay", type=float, default=d_cfg.drain_delay_s,
                      help="seconds to report NOT_SERVING before refusing new requests on "
                           "SIGTERM, so load balancers move away first (default 0)")
+    ops.add_argument("--stall-timeout", type=float, default=d_cfg.stall_timeout_s,
+                     help="seconds a GPU worker may work without progress before health says "
+                          "NOT_SERVING; SIGTERM exits at most this long after the grace "
+                          f"period (default {d_cfg.stall_timeout_s:g})")
     ops.add_argument("--log-format", choices=("json", "text"), default="json",
                      help="log lines as JSON objects (default) or text")
 
@@ -152,7 +157,8 @@ def config_from_args(args) -> ServerConfig:
         tls_cert=tls.get("--tls-cert"), tls_key=tls.get("--tls-key"),
         metrics_port=args.metrics_port, metrics_host=metrics_host,
         metrics_auth=args.metrics_auth,
-        shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay)
+        shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay,
+        stall_timeout_s=args.stall_timeout)
 
 
 def cmd_serve(args) -> int:
@@ -198,6 +204,12 @@ async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | No
     await server.wait_stopped()
     if draining:
         await draining[0]
+    if server.stuck_workers:   # a GPU call that never returns: do not wait for it at exit
+        logging.getLogger("tokenizer_svc.server").error(
+            "exiting with GPU workers still busy", extra={"data": {
+                "workers": server.stuck_workers}})
+        logging.shutdown()
+        os._exit(1)
     if server.load_error is not None:
         await server.drain(grace_s=0)
         raise UserFacingError(f"could not load vocabulary {vocab!r} on the GPU: "

@@ -7,11 +7,19 @@
 One call records, per batch of documents that fits the device's binding limit:
 
     upload text + document starts
-    bpe_fill_none -> bpe_cuts -> bpe_pretok           (shaders/wgsl/bpe_encode.wgsl)
+    bpe_fill_none -> bpe_cuts -> bpe_pretok           (shaders/kernels/bpe/bpe_encode.wgsl)
     read the counters (long pieces queued, boundary overruns)
     bpe_merge_long                                     (only if long pieces were queued)
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
     read the document offsets, then the ids
+
+On software Vulkan (a per-dispatch loop budget) bpe_pretok and bpe_merge_long resume in
+rounds until done; each round must show progress (counters[4]) or the call raises
+EncoderStalled naming the input size, so no input can loop forever. Documents larger than
+one call are split at the tokenizer's split points (tokenizer_svc/cuts.py).
+
+Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters).
+`interruptible(check)` runs `check()` between the submits of the calling thread's calls.
 
 `profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
 host-side upload and readback wall times) for bench/tokenize_bench.py.
@@ -19,15 +27,19 @@ host-side upload and readback wall times) for bench/tokenize_bench.py.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from shaders.engine import Device
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
-from .unicode_table import BIT_L, BIT_M, BIT_N, BIT_S, load_table
+from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
+# re-exported for older imports)
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
@@ -42,10 +54,15 @@ STATE_WORDS = 4  # per long piece, before its arrays (bpe_encode.wgsl)
 # diverge may add up; a lone lane (the _sg kernel) may not.
 PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
+MAX_RESUME_DISPATCHES = 64  # budgeted dispatches per submit when resuming (software devices)
 
 
 class BoundaryError(RuntimeError):
     """The GPU pre-tokenizer's segment proof failed (an internal error, never expected)."""
+
+
+class EncoderStalled(RuntimeError):
+    """A resumed GPU kernel made no progress (an internal error, never expected)."""
 
 
 @dataclass
@@ -83,6 +100,7 @@ class GpuEncoder:
         self.budget = PRETOK_BUDGET_SOFTWARE if software else NONE
         self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
         self.long_budget = LONG_BUDGET_SOFTWARE
+        self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
         self.vocab_buf = device.upload(tables.vocab_words, label="bpe vocab")
         self.pairs_buf = device.upload(tables.pairs, label="bpe pairs")
@@ -93,6 +111,26 @@ class GpuEncoder:
         self.scratch_limit_words = binding // 4 - 16
         self.profile = False
         self.last_profile = Profile()
+        # One call at a time per encoder: a call owns the buffer pool and the counters. Run
+        # several encoders (they may share `tables`) for work that must not wait on each other.
+        self._lock = threading.Lock()
+        self._interrupt = threading.local()  # per thread: a check run between resume rounds
+
+    @contextlib.contextmanager
+    def interruptible(self, check: Callable[[], None]):
+        """Run `check()` between the submits of this thread's calls (between resume rounds of
+        long pieces and between device calls); an exception it raises ends the call."""
+        previous = getattr(self._interrupt, "check", None)
+        self._interrupt.check = check
+        try:
+            yield self
+        finally:
+            self._interrupt.check = previous
+
+    def _check_interrupt(self) -> None:
+        check = getattr(self._interrupt, "check", None)
+        if check is not None:
+            check()
 
     # ---- public ---------------------------------------------------------------------------
 
@@ -110,6 +148,10 @@ class GpuEncoder:
     # ---- batching -------------------------------------------------------------------------
 
     def _batched(self, data, starts, pieces: bool):
+        with self._lock:
+            return self._batched_locked(data, starts, pieces)
+
+    def _batched_locked(self, data, starts, pieces: bool):
         data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
         starts = np.asarray(starts, dtype=np.int64)
         n_docs = starts.size - 1
@@ -127,6 +169,7 @@ class GpuEncoder:
             last = int(np.searchsorted(sub_starts, limit, side="right")) - 1
             last = max(min(last, n_sub), first + 1)
             lo, hi = int(sub_starts[first]), int(sub_starts[last])
+            self._check_interrupt()
             ids, offs = self._call(data[lo:hi], (sub_starts[first:last + 1] - lo), pieces)
             id_parts.append(ids)
             sub_offsets.append(offs[1:].astype(np.int64) + base)
@@ -150,8 +193,11 @@ class GpuEncoder:
             owner_first.append(len(subs))
             lo, hi = int(starts[d]), int(starts[d + 1])
             subs.append(lo)
+            cuts = split_cuts(data[lo:hi].tobytes(), self.pattern) + lo if \
+                hi - lo > self.max_call_bytes else None
             while hi - lo > self.max_call_bytes:
-                cut = find_cut(data[:hi], lo, lo + self.max_call_bytes, self.pattern)
+                k = int(np.searchsorted(cuts, lo + self.max_call_bytes, side="right")) - 1
+                cut = int(cuts[k]) if k >= 0 and cuts[k] > lo else None
                 if cut is None:
                     raise ValueError(
                         f"document {d} has no provable piece boundary in {self.max_call_bytes} "
@@ -206,20 +252,18 @@ class GpuEncoder:
                 rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
                              "pretok_merge")
         prof.add_gpu(rec.gpu_times)
-        n_long, long_words, overruns, unfinished = self._counters(counters)
-        while unfinished:  # only with a finite budget (llvmpipe): resume the segments
-            counters.write(np.zeros(1, np.uint32), offset_bytes=12)
-            with dev.record("bpe pretok resume", timing=self.profile) as rec:
-                rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
-                             "pretok_merge")
-            prof.add_gpu(rec.gpu_times)
-            n_long, long_words, overruns, unfinished = self._counters(counters)
+        n_long, long_words, overruns, unfinished, _ = self._counters(counters)
+        if unfinished:  # only with a finite budget (llvmpipe): resume the segments
+            self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(scratch, self.budget),
+                                                  -(-n_chunks // WG), "pretok_merge"),
+                         counters, "bpe pretok resume", n)
+            n_long, long_words, overruns, _, _ = self._counters(counters)
         if overruns:
             raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
                                 "a piece boundary proof failed (internal error; please report "
                                 "the input)")
         if n_long:
-            self._merge_long(binds, longs, counters, n_long, long_words)
+            self._merge_long(binds, longs, counters, n_long, long_words, n)
 
         excl = pool.get("excl", 4 * (n + 1))
         ids_buf = pool.get("ids", 4 * n)
@@ -239,18 +283,47 @@ class GpuEncoder:
         prof.calls += 1
         return ids, offsets
 
-    def _counters(self, counters) -> tuple[int, int, int, int]:
+    def _counters(self, counters) -> tuple[int, int, int, int, int]:
+        """(long pieces, scratch words, boundary overruns, unfinished, progress)."""
         t0 = time.perf_counter()
-        values = self.device.download(counters.view(0, 16), np.uint32)
+        values = self.device.download(counters.view(0, 20), np.uint32)
         self.last_profile.readback_s += time.perf_counter() - t0
         return tuple(int(v) for v in values)
 
-    def _merge_long(self, binds, longs, counters, n_long: int, long_words: int) -> None:
+    def _resume(self, record_one, counters, label: str, n_bytes: int) -> None:
+        """Dispatch a resumable kernel until nothing is unfinished.
+
+        Every dispatch that leaves work unfinished has made progress (counters[4] > 0; each
+        kernel does one piece or one merge step before its budget may stop it), so this ends;
+        a round without progress is an internal error instead of a silent endless loop.
+        Rounds grow to max_round_dispatches dispatches per submit (llvmpipe's budget applies
+        per dispatch; the round trips are what costs); the interrupt check runs between rounds.
+        """
+        dev, per_round = self.device, 1
+        while True:
+            self._check_interrupt()
+            counters.write(np.zeros(2, np.uint32), offset_bytes=12)
+            with dev.record(label, timing=self.profile) as rec:
+                for _ in range(per_round):
+                    record_one(rec)
+            self.last_profile.add_gpu(rec.gpu_times)
+            unfinished, progress = self._counters(counters)[3:]
+            if not unfinished:
+                return
+            if not progress:
+                raise EncoderStalled(
+                    f"the GPU encoder made no progress on a call of {n_bytes:,} input bytes "
+                    f"({unfinished} unfinished after {label}); internal error, please report "
+                    "the input")
+            per_round = min(2 * per_round, self.max_round_dispatches)
+
+    def _merge_long(self, binds, longs, counters, n_long: int, long_words: int,
+                    n_bytes: int) -> None:
         """Heap BPE of the queued long pieces (resumed until done when the budget is finite),
         in rounds that fit the scratch binding."""
         if long_words <= self.scratch_limit_words:
             scratch = self.pool.get("scratch", 4 * long_words)
-            self._run_long(binds, scratch, counters, n_long)
+            self._run_long(binds, scratch, counters, n_long, n_bytes)
             return
         # Too much at once: re-queue the pieces in groups with scratch bases assigned here.
         dev = self.device
@@ -270,69 +343,17 @@ class GpuEncoder:
             batch[:, 3] = 0  # LONG_NEW
             longs.write(batch)
             counters.write(np.array([j - i], np.uint32))
-            self._run_long(binds, scratch, counters, j - i)
+            self._run_long(binds, scratch, counters, j - i, n_bytes)
             i = j
 
-    def _run_long(self, binds, scratch, counters, n_long: int) -> None:
-        dev = self.device
+    def _run_long(self, binds, scratch, counters, n_long: int, n_bytes: int) -> None:
         kernel, budget = self.k_long, self.budget
         if self.k_long_sg is not None:
             kernel, budget = self.k_long_sg, self.long_budget
-        while True:
-            counters.write(np.zeros(1, np.uint32), offset_bytes=12)
-            with dev.record("bpe long", timing=self.profile) as rec:
-                rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG), "merge_long")
-            self.last_profile.add_gpu(rec.gpu_times)
-            if not self._counters(counters)[3]:
-                return
+        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG),
+                                              "merge_long"),
+                     counters, "bpe long", n_bytes)
 
 
-def cut_rule(prev: int, cur: int, nxt: int | None, pattern: str) -> bool:
-    """Is the position between code points `prev` and `cur` (followed by `nxt`, None at the end
-    of the text) provably a piece boundary? The rules and their proofs are in the header of
-    shaders/wgsl/bpe_encode.wgsl (`is_cut`); this is the same function on the CPU."""
-    classes = load_table().class_bytes
-    pc, cc = int(classes[prev]), int(classes[cur])
-    if pc & BIT_L:                                                           # L
-        if pattern == "o200k":
-            return not cc & (BIT_L | BIT_M) and cur != 0x27
-        return not cc & BIT_L
-    if pc & BIT_N:                                                           # D
-        return not cc & BIT_N
-    crlf = (0x0A, 0x0D)
-    cur_plain_space = bool(cc & BIT_S) and cur not in crlf
-    if not pc & (BIT_L | BIT_N | BIT_S):                                     # O
-        return prev != 0x27 and (bool(cc & BIT_N) or cur_plain_space)
-    if prev in crlf and not cc & BIT_S and not (pattern == "o200k" and cur == 0x2F):   # NL
-        return True
-    if cur_plain_space:                                                      # W
-        return nxt is not None and not int(classes[nxt]) & BIT_S
-    return False
-
-
-def find_cut(data: np.ndarray, lo: int, hi: int, pattern: str) -> int | None:
-    """The last provable piece boundary p with lo < p <= hi (a code point start inside one
-    document data[..]), or None. Used to split documents larger than one device call and to
-    find the last piece for encode_bytes."""
-    pos = hi
-    while pos > lo and (data[pos] & 0xC0) == 0x80:
-        pos -= 1
-    while pos > lo:
-        prev_start = pos - 1
-        while prev_start > lo and (data[prev_start] & 0xC0) == 0x80:
-            prev_start -= 1
-        cur, cur_len = _char(data, pos)
-        nxt = _char(data, pos + cur_len)[0] if pos + cur_len < data.size else None
-        if prev_start >= lo and cut_rule(_char(data, prev_start)[0], cur, nxt, pattern):
-            return pos
-        pos = prev_start
-    return None
-
-
-def _char(data: np.ndarray, i: int) -> tuple[int, int]:
-    b0 = int(data[i])
-    n = 1 if b0 < 0x80 else 2 if b0 < 0xE0 else 3 if b0 < 0xF0 else 4
-    return ord(bytes(data[i:i + n]).decode("utf-8")), n
-
-
-__all__ = ["BoundaryError", "GpuEncoder", "NONE", "Profile", "cut_rule", "find_cut"]
+__all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
+           "find_cut"]

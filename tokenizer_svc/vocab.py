@@ -193,7 +193,16 @@ def find_known(name: str) -> Path | None:
             if (d / candidate).is_file():
                 return d / candidate
     cached = tiktoken_cache_file(known.url)
-    return cached if cached.is_file() else None
+    if not cached.is_file():
+        return None
+    # tiktoken's cache may be world-writable (/tmp/data-gym-cache): trust only its hash
+    digest = hashlib.sha256(cached.read_bytes()).hexdigest()
+    if known.sha256 and digest != known.sha256:
+        raise VocabularyError(
+            f"vocabulary {name!r}: the file in tiktoken's cache {cached} has sha256 {digest}, "
+            f"not tiktoken's published {known.sha256}; someone may have planted it. Delete it, "
+            f"or put a verified {known.filename} in $ISTANBUL_VOCAB_DIR")
+    return cached
 
 
 def not_found_message(name: str) -> str:

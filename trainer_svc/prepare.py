@@ -4,11 +4,12 @@ The tokenizer is the gRPC service (`service_source`: one TokenizeStream call) or
 encoder in this process (`local_source`, when no --tokenizer is given: one machine, no
 server). Every input file is one document. Documents are encoded in order (raw bytes,
 special-token text encoded as ordinary text), and the ids are packed by a `DatasetWriter`
-(Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than the service's per-document limit is sent in pieces cut
-where the split cannot change the tokens (`is_safe_point`: after a line break between
-words, or before a single space between words). With the GPT-2, cl100k and o200k patterns no
-pre-token spans such a point (tests/test_prepare_split.py checks it with tiktoken), so the
-pieces' ids concatenate to the whole file's ids. A file with no such point within the limit
+(Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than
+the service's per-document limit is sent in pieces cut where the split cannot change the
+tokens: the tokenizer's cut rule (tokenizer_svc/cuts.py) for every known pattern at once.
+With the GPT-2, cl100k and o200k patterns no pre-token spans such a point
+(tests/test_prepare_split.py checks it with tiktoken), so the pieces' ids concatenate to the
+whole file's ids. A file with no such point within the limit
 is cut at a character boundary, and the summary counts those cuts.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from istanbul_errors import UserFacingError
+from tokenizer_svc.cuts import is_cut, split_points
 
 log = logging.getLogger(__name__)
 
@@ -51,79 +52,17 @@ def expand_inputs(paths: list[str], include: list[str] | None = None) -> list[Pa
     return out
 
 
-def _is_word_char(data: bytes, end: int) -> bool:
-    """Is the character that ends at byte `end` (exclusive) printable ASCII (not space) or a
-    non-ASCII letter or digit?"""
-    start = end - 1
-    while start > 0 and end - start < 4 and (data[start] & 0xC0) == 0x80:
-        start -= 1
-    try:
-        ch = data[start:end].decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    if len(ch) != 1:
-        return False
-    if ch.isascii():
-        return 0x21 <= ord(ch) <= 0x7E
-    return unicodedata.category(ch)[0] in "LN"
-
-
-def _char_at(data: bytes, start: int) -> str | None:
-    for size in (1, 2, 3, 4):
-        try:
-            return data[start:start + size].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return None
-
-
 def is_safe_point(data: bytes, p: int) -> bool:
-    """May a document be cut before byte p without changing its tokens? Two kinds of point:
-    right after a newline that follows a word character and precedes a character that is not
-    whitespace and not '/' (o200k lets punctuation absorb a following newline and slash); and
-    right before a single space between a word character and a character that is not
-    whitespace (the space starts the next pre-token in every pattern)."""
-    if not (2 <= p < len(data) - 1):
-        return False
-    if data[p] == 0x20:
-        after = _char_at(data, p + 1)
-        return after is not None and not after.isspace() and _is_word_char(data, p)
-    if data[p - 1] != 0x0A or not _is_word_char(data, p - 1):
-        return False
-    ch = _char_at(data, p)
-    if ch is None or ch == "/" or ch.isspace():
-        return False
-    return ch.isascii() and 0x21 <= ord(ch) <= 0x7E or unicodedata.category(ch)[0] in "LN"
-
-
-def _safe_cut(data: bytes, start: int, limit: int) -> tuple[int, bool]:
-    """End of the piece starting at `start` (at most `limit` bytes): the last safe point
-    (after a newline if there is one), or a UTF-8 character boundary. Returns (end, safe)."""
-    end = min(len(data), start + limit)
-    if end == len(data):
-        return end, True
-    for sep, offset in ((b"\n", 1), (b" ", 0)):
-        at = data.rfind(sep, start + 1, end)
-        while at > start:
-            if at + offset < end and is_safe_point(data, at + offset):
-                return at + offset, True
-            at = data.rfind(sep, start + 1, at)
-    while end > start + 1 and (data[end] & 0xC0) == 0x80:   # not inside a UTF-8 sequence
-        end -= 1
-    return end, False
+    """May a document be cut before byte p without changing its tokens? The tokenizer's one
+    cut rule (tokenizer_svc/cuts.py), for every known pattern at once (split_document also
+    keeps cuts before the first invalid UTF-8 byte)."""
+    return is_cut(data, p, None, split=True)
 
 
 def split_document(data: bytes, limit: int) -> tuple[list[bytes], int]:
     """(pieces, number of unsafe cuts) of one document for a per-request byte limit."""
-    if len(data) <= limit:
-        return [data], 0
-    pieces, unsafe, start = [], 0, 0
-    while start < len(data):
-        end, safe = _safe_cut(data, start, limit)
-        pieces.append(data[start:end])
-        unsafe += (not safe)
-        start = end
-    return pieces, unsafe
+    ends, unsafe = split_points(data, limit, None)
+    return [data[a:b] for a, b in zip([0, *ends], ends)], unsafe
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,12 @@
     drain()   health NOT_SERVING, wait drain_delay_s (load balancers notice), stop accepting new
               RPCs, let in-flight ones finish (up to shutdown_grace_s), finish the batcher
 
-All GPU work (loading and every batch) runs on one worker thread, the GPU thread, so the
-device is only ever used from one thread and the event loop never blocks on it.
+Batches run on one worker thread, the GPU thread; documents that are expensive (long, or
+holding a long piece) run on a second one, the long lane, with their own encoder and in
+budgeted steps (long_lane.py), so they never hold up the batches. A watchdog turns health
+NOT_SERVING while a worker is busy for `stall_timeout_s` without progress. drain() always
+ends within the grace period plus the stall timeout: a worker still busy then is left
+behind (`stuck_workers`; the CLI exits non-zero at once).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from ..rpc import tokenizer_pb2 as pb
 from .auth import BearerAuthInterceptor
 from .batcher import DynamicBatcher
 from .config import ServerConfig
+from .long_lane import LongJobControl, LongLane
 from .health import HealthServicer
+from .errors import RequestRejected, limit_reason
 from .limits import queue_full
 from .metrics import ServiceMetrics, TelemetryInterceptor
 from .servicer import SERVICE_NAME, TokenizerServicer
@@ -53,6 +59,16 @@ def adapter_info(device) -> pb.Adapter:
                       driver=info.driver, software=info.is_software)
 
 
+LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)
+LONG_LANE_ROUND_DISPATCHES = 8      # dispatches per long-lane submit
+
+
+def _retrieve(future) -> None:
+    """Mark a long-lane result retrieved (its caller may have gone: cancel, deadline)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class TokenizerServer:
     """The gRPC tokenizer service.
 
@@ -71,6 +87,14 @@ class TokenizerServer:
         self.servicer = TokenizerServicer(config)
         self.health = HealthServicer()
         self.gpu_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu")
+        self.long_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-long")
+        self.long_lane: LongLane | None = None
+        self.runner: BatchRunner | None = None
+        self.batch_started: float | None = None   # monotonic start of the running batch
+        self.stalled = False
+        self.stuck_workers: list[str] = []
+        self._watchdog: asyncio.Task | None = None
+        self._long_waiting = 0
         self.batcher: DynamicBatcher | None = None
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -140,15 +164,18 @@ class TokenizerServer:
                                                                           self._load)
             runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds,
                                  max_call_bytes=self.config.batching.max_bytes)
+            long_encoding = await loop.run_in_executor(self.gpu_thread, self._long_encoding)
         except Exception as exc:
             self.load_error = exc
             log.error("loading the tokenizer failed", exc_info=True,
                       extra={"data": {"error": str(exc)}})
             self._stopped.set()
             return
+        self.runner = runner
+        self.long_lane = LongLane(long_encoding, runner.finish, self.config.long_lane)
         b = self.config.batching
         self.batcher = DynamicBatcher(
-            runner, self.gpu_thread, window_s=b.effective_window_s,
+            self._timed_batch, self.gpu_thread, window_s=b.effective_window_s,
             max_items=b.effective_max_items, max_bytes=b.max_bytes,
             max_queued_bytes=self.config.limits.max_queued_bytes,
             reject_queue_full=lambda queued, nbytes: queue_full(self.config.limits, queued,
@@ -156,6 +183,8 @@ class TokenizerServer:
             observer=self.metrics, eager=b.eager)
         self.batcher.start()
         self.servicer.attach(self._encoding, self.batcher, self._info(), self.metrics)
+        self.servicer.long_lane, self.servicer.run_long = self.long_lane, self.run_long
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         if self._draining:
             return
         for service in ("", SERVICE_NAME):
@@ -170,6 +199,82 @@ class TokenizerServer:
             "n_vocab": self._encoding.n_vocab, "adapter": adapter.name,
             "software_vulkan": adapter.software,
             "load_seconds": round(time.perf_counter() - start, 3)}})
+
+    def _long_encoding(self):
+        """The long lane's own Encoding (its own encoder, buffers and counters), whose budgeted
+        dispatches stay short on GPUs too, so the batches' submits interleave with them."""
+        enc = self._encoding
+        if getattr(getattr(enc, "backend", None), "kind", None) != "gpu":
+            return enc
+        from ..encoding import Encoding
+        long_enc = Encoding(enc.vocab, enc.backend.device)
+        encoder = long_enc.backend.encoder
+        if not encoder.device.info.is_software:
+            encoder.budget = encoder.long_budget = LONG_LANE_GPU_BUDGET
+        encoder.max_round_dispatches = LONG_LANE_ROUND_DISPATCHES
+        return long_enc
+
+    def _timed_batch(self, jobs: list) -> list:
+        self.batch_started = time.monotonic()
+        try:
+            return self.runner(jobs)
+        finally:
+            self.batch_started = None
+
+    async def run_long(self, job, timeout: float | None):
+        """Run one expensive EncodeJob (LongLane.admits) in the long lane."""
+        lane = self.long_lane
+        refusal = self.runner.refusal(job)
+        if refusal is not None:
+            raise refusal
+        if self._long_waiting >= lane.cfg.max_waiting:
+            raise RequestRejected(grpc.StatusCode.RESOURCE_EXHAUSTED, limit_reason("long_lane"),
+                                  f"{self._long_waiting} long documents are already waiting for "
+                                  "the long lane; retry with backoff, or add replicas")
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        control = LongJobControl(deadline, lane.closing, lane.beat)
+        future = asyncio.get_running_loop().run_in_executor(self.long_thread, lane.run, job,
+                                                            control)
+        future.add_done_callback(_retrieve)
+        self._long_waiting += 1
+        self.metrics.long_waiting.set(self._long_waiting)
+        outcome = "error"
+        try:
+            result = await asyncio.shield(future)
+            outcome = "ok"
+            return result
+        except asyncio.CancelledError:
+            control.cancelled.set()   # the lane stops at its next check
+            outcome = "cancelled"
+            raise
+        finally:
+            self._long_waiting -= 1
+            self.metrics.long_waiting.set(self._long_waiting)
+            self.metrics.long_requests.labels(outcome).inc()
+
+    async def _watch(self) -> None:
+        """Health NOT_SERVING while a GPU worker makes no progress for stall_timeout_s."""
+        limit = self.config.stall_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            now = time.monotonic()
+            lane = self.long_lane
+            stuck = [name for name, since in (
+                ("batch", self.batch_started),
+                ("long lane", lane.last_beat if lane and lane.busy_since else None))
+                if since is not None and now - since > limit]
+            if bool(stuck) != self.stalled and not self._draining:
+                self.stalled = bool(stuck)
+                status = NOT_SERVING if stuck else SERVING
+                for service in ("", SERVICE_NAME):
+                    await self.health.set(service, status)
+                self.metrics.ready.set(0 if stuck else 1)
+                self.metrics.stalled.set(1 if stuck else 0)
+                if stuck:
+                    log.error("GPU worker stalled", extra={"data": {
+                        "workers": stuck, "stall_timeout_s": limit}})
+                else:
+                    log.warning("GPU worker recovered")
 
     def _info(self) -> pb.GetInfoResponse:
         enc, cfg = self._encoding, self.config
@@ -208,16 +313,48 @@ class TokenizerServer:
         if self.config.drain_delay_s > 0:
             await asyncio.sleep(self.config.drain_delay_s)
         if self._server is not None:
+            # near the end of the grace period, open streams and long-lane work end with
+            # UNAVAILABLE (clients resume elsewhere) instead of being cut off by grpc
+            cut = asyncio.get_running_loop().call_later(
+                max(0.0, grace - min(1.0, grace / 10)), self._cut_long_work)
             await self._server.stop(grace)
+            cut.cancel()
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.long_lane is not None:
+            self.long_lane.closing.set()
+        give_up = time.monotonic() + self.config.stall_timeout_s   # one margin for all below
         if self.batcher is not None:
-            await self.batcher.close()
+            try:
+                await asyncio.wait_for(self.batcher.close(), self.config.stall_timeout_s)
+            except asyncio.TimeoutError:
+                pass
         self.metrics.stop_http()
-        self.gpu_thread.shutdown(wait=True)
+        await self._stop_workers(give_up)
         log.info("stopped", extra={"data": {"batches": self.batcher.batches_run
                                             if self.batcher else 0}})
         self._stopped.set()
+
+    def _cut_long_work(self) -> None:
+        self.servicer.cut_streams()
+        if self.long_lane is not None:
+            self.long_lane.closing.set()
+
+    async def _stop_workers(self, give_up: float) -> None:
+        """Wait until `give_up` (monotonic) for the GPU threads; name the ones still busy."""
+        loop = asyncio.get_running_loop()
+        for name, pool in (("gpu", self.gpu_thread), ("gpu-long", self.long_thread)):
+            pool.shutdown(wait=False, cancel_futures=True)
+            done = loop.run_in_executor(None, pool.shutdown, True)
+            try:
+                await asyncio.wait_for(asyncio.shield(done), max(0.0, give_up - time.monotonic()))
+            except asyncio.TimeoutError:
+                self.stuck_workers.append(name)
+        if self.stuck_workers:
+            log.error("GPU worker still busy after the grace period; leaving it behind",
+                      extra={"data": {"workers": self.stuck_workers}})
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -4,11 +4,17 @@ The token file holds one or more tokens, one per line (several lines let tokens 
 without downtime); blank lines and lines starting with `#` are ignored. Health checks
 (grpc.health.v1) stay open so that load balancers and container probes need no secret;
 everything else, reflection included, needs a valid token or gets UNAUTHENTICATED.
+
+The decision is made from the metadata, before any request body is read: a refused call is
+answered by a streaming handler that never reads its request stream, so an unauthenticated
+client cannot make the server receive (and hold) a large message. Refusals are logged at
+WARNING with the peer.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from pathlib import Path
 
 import grpc
@@ -16,6 +22,8 @@ import grpc
 from istanbul_errors import UserFacingError
 
 from .errors import ERROR_METADATA_KEY, UNAUTHENTICATED
+
+log = logging.getLogger("tokenizer_svc.server.auth")
 
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 
@@ -70,20 +78,22 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _refusing(handler, message: str):
-    """A handler of the same shape as `handler` that answers UNAUTHENTICATED."""
+    """A handler that answers UNAUTHENTICATED without reading the request: request-streaming
+    handlers only receive a message when they iterate, and this one never does (the caller
+    sees the same status whatever the method's shape)."""
     metadata = ((ERROR_METADATA_KEY, UNAUTHENTICATED),)
 
-    async def refuse(request, context):
+    async def refuse(request_iterator, context):
+        log.warning("authentication refused", extra={"data": {
+            "peer": context.peer(), "reason": message}})
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=metadata)
 
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer)
-    return grpc.stream_stream_rpc_method_handler(
-        refuse, handler.request_deserializer, handler.response_serializer)
+    if handler.unary_unary or handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
+
+    async def refuse_stream(request_iterator, context):
+        await refuse(request_iterator, context)
+        yield  # pragma: no cover (abort raises)
+
+    return grpc.stream_stream_rpc_method_handler(refuse_stream, None,
+                                                 handler.response_serializer)

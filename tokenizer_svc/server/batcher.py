@@ -104,6 +104,21 @@ class DynamicBatcher:
         self._announced -= 1
         self._wakeup.set()
 
+    def hold(self, nbytes: int) -> None:
+        """Count `nbytes` of work run elsewhere (the long lane) as queued: the same
+        max_queued_bytes limit, the same refusal. Give it back with `unhold`."""
+        if self._closing:
+            raise BatcherClosed("the server is shutting down")
+        if self._queued_bytes and self._queued_bytes + nbytes > self.max_queued_bytes:
+            self._observer.dropped("queue_full")
+            raise self._reject_queue_full(self._queued_bytes, nbytes)
+        self._queued_bytes += nbytes
+        self._observer.queued_bytes(self._queued_bytes)
+
+    def unhold(self, nbytes: int) -> None:
+        self._queued_bytes -= nbytes
+        self._observer.queued_bytes(self._queued_bytes)
+
     async def submit(self, payload, *, items: int, nbytes: int,
                      timeout: float | None = None, announced: bool = False) -> Any:
         """Queue `payload` (`items` documents, `nbytes` input bytes) and await its result.

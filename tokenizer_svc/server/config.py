@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .long_lane import LaneConfig
+
 MiB = 1 << 20
 
 
@@ -65,6 +67,9 @@ class ServerConfig:
     metrics_auth: bool = False            # /metrics also requires one of auth_tokens
     shutdown_grace_s: float = 30.0        # in-flight requests get this long to finish on SIGTERM
     drain_delay_s: float = 0.0            # NOT_SERVING this long before refusing new requests
+    stall_timeout_s: float = 30.0         # a GPU worker busy this long without progress: health
+                                          # NOT_SERVING (and at exit: give up waiting for it)
+    long_lane: LaneConfig = field(default_factory=LaneConfig)
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -84,10 +84,16 @@ class ServiceMetrics(BatchObserver):
         self.queued = Gauge("istanbul_tokenizer_queued_bytes", "input bytes accepted and not yet "
                             "answered", registry=r)
         self.ready = Gauge("istanbul_tokenizer_ready", "1 once the device and vocabulary are "
-                           "ready, 0 while starting or draining", registry=r)
+                           "ready, 0 while starting, draining or stalled", registry=r)
         self.adapter_info = Gauge("istanbul_tokenizer_adapter", "the GPU adapter in use (1); "
                                   "software=\"true\": software Vulkan, not a GPU",
                                   ["adapter", "type", "software"], registry=r)
+        self.long_requests = Counter("istanbul_tokenizer_long_requests", "requests run in the "
+                                     "long lane, by outcome", ["outcome"], registry=r)
+        self.long_waiting = Gauge("istanbul_tokenizer_long_waiting", "requests queued or "
+                                  "running in the long lane", registry=r)
+        self.stalled = Gauge("istanbul_tokenizer_stalled", "1 while a GPU worker makes no "
+                             "progress for the stall timeout (health NOT_SERVING)", registry=r)
         self._http = None
 
     # ---- BatchObserver --------------------------------------------------------------------
@@ -132,7 +138,8 @@ class ServiceMetrics(BatchObserver):
 
 
 def _status_of(context, exc: BaseException | None) -> grpc.StatusCode:
-    if isinstance(exc, asyncio.CancelledError):  # the client went away or its deadline passed
+    # the client went away or its deadline passed (a closed stream sees GeneratorExit)
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             return grpc.StatusCode.DEADLINE_EXCEEDED

@@ -108,13 +108,80 @@ def tolerant_deserializer(message_cls, limits):
             return message_cls.FromString(raw)
         except DecodeError as exc:
             if "UTF-8" in str(exc):
+                try:
+                    field = _invalid_utf8_field(message_cls.DESCRIPTOR, raw)
+                except Exception:   # never let the diagnosis fail the answer
+                    field = None
+                field = field or "a string field"
+                advice = ("send raw bytes in the `data` field instead" if "text" in field
+                          else "string fields must be valid UTF-8")
                 return RequestRejected(
                     grpc.StatusCode.INVALID_ARGUMENT, INVALID_UTF8,
-                    f"the {type_name} holds invalid UTF-8 in a string field (`text` must be "
-                    "valid UTF-8); send raw bytes in the `data` field instead")
+                    f"the {type_name} holds invalid UTF-8 in {field}; {advice}")
             return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED,
                                    f"the request is not a valid {type_name} message: {exc}")
     return deserialize
+
+
+def _varint(raw: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = raw[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _invalid_utf8_field(descriptor, raw: bytes, prefix: str = "") -> str | None:
+    """The name (`id`, `texts[3]`, `special.allowed[0]`) of the first string field of the
+    wire message `raw` that is not valid UTF-8, or None (the wire is walked by hand because
+    protobuf's DecodeError does not say which field it was)."""
+    counts: dict = {}
+    try:
+        i = 0
+        while i < len(raw):
+            key, i = _varint(raw, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, i = _varint(raw, i)
+                continue
+            if wire in (1, 5):
+                i += 8 if wire == 1 else 4
+                continue
+            if wire != 2:
+                return None
+            length, i = _varint(raw, i)
+            value, i = raw[i:i + length], i + length
+            field = descriptor.fields_by_number.get(number)
+            if field is None:
+                continue
+            name = prefix + field.name
+            repeated = getattr(field, "is_repeated", None)
+            if repeated is None:   # older protobuf
+                repeated = field.label == field.LABEL_REPEATED
+            if repeated:
+                k = counts[number] = counts.get(number, -1) + 1
+                name = f"{name}[{k}]"
+            if field.type == field.TYPE_STRING:
+                try:
+                    bytes(value).decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"`{name}`"
+            elif field.type == field.TYPE_MESSAGE:
+                inner = _invalid_utf8_field(field.message_type, bytes(value), name + ".")
+                if inner:
+                    return inner
+    except IndexError:
+        return None
+    return None
+
+
+def _quiet(task) -> None:
+    """Mark a task's outcome retrieved (no "exception was never retrieved" at ERROR)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _parsed(request):
@@ -137,6 +204,9 @@ class TokenizerServicer:
         self.batcher = None
         self.info: pb.GetInfoResponse | None = None
         self.metrics = None
+        self.long_lane = None         # LongLane: decides which jobs are expensive (app.py)
+        self.run_long = None          # async (job, timeout) -> results, in the long lane
+        self._streams_cut = asyncio.Event()
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
@@ -195,6 +265,15 @@ class TokenizerServicer:
             self.metrics.input_bytes.labels(method).inc(nbytes)
         announced = _ANNOUNCED.get()
         _ANNOUNCED.set(False)
+        if isinstance(job, EncodeJob) and self.long_lane is not None and \
+                self.long_lane.admits(job, nbytes):
+            if announced:
+                self.batcher.withdraw()   # it will not join a batch
+            self.batcher.hold(nbytes)     # but it counts against max_queued_bytes
+            try:
+                return await self.run_long(job, context.time_remaining())
+            finally:
+                self.batcher.unhold(nbytes)
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
                                          timeout=context.time_remaining(), announced=announced)
 
@@ -301,13 +380,14 @@ class TokenizerServicer:
         request = _parsed(request)
         self._ready()
         ids = self._ids(request.ids, "the batch")
-        bounds = np.asarray(request.seq_offsets, dtype=np.int64)
-        if bounds.size == 0 and ids.size == 0:
+        given = list(request.seq_offsets)          # uint64: shown as sent, never wrapped
+        if not given and ids.size == 0:
             return pb.DetokenizeBatchResponse()
+        bounds = np.asarray([min(v, ids.size + 1) for v in given], dtype=np.int64)
         if (bounds.size < 1 or bounds[0] != 0 or bounds[-1] != ids.size
-                or np.any(np.diff(bounds) < 0)):
+                or np.any(np.diff(bounds) < 0) or max(given) > ids.size):
             raise _bad(f"seq_offsets must be n+1 non-decreasing positions from 0 to len(ids) "
-                       f"({ids.size}); got {bounds[:8].tolist()}{'...' if bounds.size > 8 else ''}")
+                       f"({ids.size}); got {given[:8]}{'...' if len(given) > 8 else ''}")
         checks.check_batch_items(self.limits, bounds.size - 1, "sequences in the batch")
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")
@@ -338,6 +418,28 @@ class TokenizerServicer:
 
     # ---- streams --------------------------------------------------------------------------
 
+    def cut_streams(self) -> None:
+        """End every open stream with UNAVAILABLE (the drain's grace period is running out)."""
+        self._streams_cut.set()
+
+    async def _or_cut(self, awaitable, answered: int):
+        """Await `awaitable` unless the streams are cut first (then UNAVAILABLE)."""
+        task = asyncio.ensure_future(awaitable)
+        cut = asyncio.ensure_future(self._streams_cut.wait())
+        try:
+            await asyncio.wait({task, cut}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:   # the stream itself ends (client cancel): leave nothing pending
+            task.cancel()
+            raise
+        finally:
+            cut.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                              f"the server is shutting down: stream ended after {answered} "
+                              "responses; resume the rest on a new call (another replica)")
+
     async def _pipelined(self, request_iterator, handle, context):
         """Results of `handle(request, index)` in request order, up to max_stream_inflight
         requests in progress at once (so one stream's requests share GPU batches). A failed
@@ -357,7 +459,11 @@ class TokenizerServicer:
             try:
                 index = 0
                 async for request in request_iterator:
-                    await queue.put(asyncio.ensure_future(numbered(request, index)))
+                    task = asyncio.ensure_future(numbered(request, index))
+                    task.add_done_callback(_quiet)   # its caller may be gone (cancel)
+                    spawned.add(task)
+                    task.add_done_callback(spawned.discard)
+                    await queue.put(task)
                     index += 1
                 await queue.put(_END)
             except asyncio.CancelledError:
@@ -365,20 +471,19 @@ class TokenizerServicer:
             except Exception as exc:
                 await queue.put(exc)
 
+        spawned: set = set()   # every request task still running, cancelled when the stream ends
         reader = asyncio.ensure_future(read())
+        answered = 0
         try:
             while True:
-                item = await queue.get()
+                item = await self._or_cut(queue.get(), answered)
                 if item is _END:
                     return
                 if isinstance(item, Exception):
                     raise item
-                yield await item
+                yield await self._or_cut(item, answered)
+                answered += 1
         finally:
             reader.cancel()
-            while not queue.empty():
-                item = queue.get_nowait()
-                if isinstance(item, asyncio.Future):
-                    item.cancel()
-                    if item.done() and not item.cancelled():
-                        item.exception()  # retrieved: no "never retrieved" warning
+            for task in list(spawned):   # queued or being awaited: nobody will read them now
+                task.cancel()

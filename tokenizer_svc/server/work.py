@@ -93,7 +93,7 @@ class BatchRunner:
 
     # ---- encoding -------------------------------------------------------------------------
 
-    def _refusal(self, job: EncodeJob) -> RequestRejected | None:
+    def refusal(self, job: EncodeJob) -> RequestRejected | None:
         if not job.rule.disallowed:
             return None
         for n, doc in enumerate(job.docs):
@@ -113,7 +113,7 @@ class BatchRunner:
         groups: dict = {}  # allowed specials -> indices of the jobs that share them
         for k, job in enumerate(jobs):
             if isinstance(job, EncodeJob):
-                refusal = self._refusal(job)
+                refusal = self.refusal(job)
                 if refusal is not None:
                     results[k] = refusal
                 else:
@@ -132,7 +132,7 @@ class BatchRunner:
             i = 0
             for k in members:
                 job = jobs[k]
-                results[k] = [self._finish(job, ids) for ids in encoded[i:i + len(job.docs)]]
+                results[k] = [self.finish(job, ids) for ids in encoded[i:i + len(job.docs)]]
                 i += len(job.docs)
         self._on_encode_seconds(time.perf_counter() - start)
 
@@ -148,7 +148,7 @@ class BatchRunner:
         if docs:
             yield docs[start:]
 
-    def _finish(self, job: EncodeJob, ids: np.ndarray) -> EncodedDoc:
+    def finish(self, job: EncodeJob, ids: np.ndarray) -> EncodedDoc:
         count = int(ids.size)
         offsets = self.encoding.token_offsets(ids, job.offsets) if job.offsets else None
         if job.max_tokens and count > job.max_tokens:

@@ -29,7 +29,8 @@
 //   8 scratch   array<u32>         rw    per long piece: state (4 words), then prev, pri,
 //                                        heap slots, heap index (length words each)
 //   9 counters  array<atomic<u32>> rw    [0] long pieces, [1] scratch words, [2] boundary
-//                                        overruns, [3] unfinished (resume needed)
+//                                        overruns, [3] unfinished (resume needed),
+//                                        [4] progress (pieces matched / long-merge steps)
 //  10 p         uniform Params
 // Dispatch: workgroups of 64 invocations, one invocation per byte / chunk / piece as listed,
 // ceil(count / 64) workgroups (folded into 2-D by the engine when large).
@@ -40,7 +41,10 @@
 // returns cost extra, hence the driver's margins); bpe_pretok and bpe_merge_long
 // stop between two pieces / merges once `work` exceeds p.budget, save where they are (cuts.y,
 // the long piece's state words) and count themselves in counters[3]; the driver dispatches
-// again until nothing is unfinished. On real GPUs the budget is unlimited: one dispatch.
+// again until nothing is unfinished. Each invocation does at least one piece / one merge
+// step before the budget can stop it and adds what it did to counters[4], so a resume that
+// made no progress is an internal error the driver raises instead of looping forever.
+// On real GPUs the budget is unlimited: one dispatch.
 //
 // Why chunks can be processed independently: a segment starts only at a position p that is
 // provably the start of a piece, so the pieces found from p on are the ones a sequential
@@ -135,6 +139,7 @@ struct WsRun {
 }
 
 var<private> work: u32;
+var<private> steps: u32;   // bpe_long steps taken in this dispatch (counters[4]: progress)
 
 fn touch_all() {
     _ = &text; _ = &starts; _ = &classes; _ = &vocab; _ = &pairs;
@@ -754,7 +759,10 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
     work += 1u;
     loop {
         work += 1u;
+        // The first piece of an invocation always gets one step (work starts near 0), so
+        // every dispatch with an unfinished piece makes progress.
         if (phase == PH_DONE || work >= p.budget) { break; }
+        steps += 1u;
         if (phase == PH_START) {
             phase = PH_INIT;
             k = 0u;
@@ -831,6 +839,7 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
 
 fn merge_long_from(first: u32, stride: u32) {
     work = 0u;
+    steps = 0u;
     let total = atomicLoad(&counters[0]);
     work += 1u;
     for (var i = first; i < total; i += stride) {
@@ -848,6 +857,7 @@ fn merge_long_from(first: u32, stride: u32) {
             atomicAdd(&counters[3], 1u);
         }
     }
+    if (steps > 0u) { atomicAdd(&counters[4], steps); }
 }
 
 // --- KERNEL: bpe_fill_none ---
@@ -954,38 +964,47 @@ fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (c >= p.n_chunks) { return; }
     let resume = cuts[c].y;
     if (resume == NONE) { return; }   // no boundary in this chunk, or segment finished
-    var j = c + 1u;
-    work += 1u;
-    while (j < p.n_chunks && cuts[j].x == NONE) {
-        work += 1u;
-        j += 1u;
-    }
-    var seg_end = p.n_bytes;
-    if (j < p.n_chunks) { seg_end = cuts[j].x; }
+    // The segment ends at the first boundary of a later chunk. It is found lazily, looking
+    // only at the chunks the matched pieces reach (chunk k is looked at once its start is
+    // <= pos), so the search costs O(pieces' bytes / chunk), never the whole remaining text.
+    var k = max(c + 1u, resume / p.chunk);
+    var seg_end = NONE;
     var d = doc_of(resume);
     var pos = resume;
+    var pieces = 0u;
     work += 1u;
     loop {
-        if (pos >= seg_end) { break; }
-        if (work >= p.budget) {
+        work += 1u;
+        while (seg_end == NONE && k < p.n_chunks && k * p.chunk <= pos) {
+            work += 1u;
+            seg_end = cuts[k].x;
+            k += 1u;
+        }
+        if (seg_end == NONE && k >= p.n_chunks) { seg_end = p.n_bytes; }
+        if (seg_end != NONE && pos >= seg_end) { break; }
+        // Progress: at least one piece per dispatch before the budget may stop the segment.
+        if (pieces > 0u && work >= p.budget) {
             cuts[c].y = pos;
             atomicAdd(&counters[3], 1u);
+            atomicAdd(&counters[4], pieces);   // a finite budget only, as below
             return;
         }
-        work += 1u;
         while (starts[d + 1u] <= pos) {
             work += 1u;
             d += 1u;
         }
         let e = match_piece(pos, starts[d + 1u]);
+        if (e <= pos) { break; }   // a matcher that did not advance: counted as an overrun
         if (MARK_PIECES == 1u) {
             tok_buf[pos] = e - pos;
         } else {
             encode_piece(pos, e - pos);
         }
         pos = e;
+        pieces += 1u;
     }
     cuts[c].y = NONE;
+    if (p.budget != NONE) { atomicAdd(&counters[4], pieces); }   // progress is only read then
     if (pos != seg_end) { atomicAdd(&counters[2], 1u); }
 }
 
