@@ -160,7 +160,7 @@ def _select(names):
 def cmd_check(args) -> int:
     from .engine import Device
     from .ladder import check_case, device_record, write_json
-    from istanbul.errors import UserFacingError
+    from istanbul_errors import UserFacingError
     cases = _select(args.kernel)
     if args.max_variants is not None and args.max_variants < 1:
         raise UserFacingError(f"--max-variants must be >= 1, got {args.max_variants}")

