@@ -603,3 +603,31 @@ def test_hypothesis_against_tokenizers(rich_json, text):
     assert ours.encode_hf(text) == hf.encode(text).ids
     assert ours.encode(text, allowed_special="all") == \
         hf.encode(text, add_special_tokens=False).ids
+
+
+def test_normalizer_data_for_another_python_is_probed_from_tokenizers_and_cached(
+        tmp_path, monkeypatch):
+    # the shipped corrections are differences from the unicodedata of the Python that probed
+    # them (3.11: 14.0.0); on another Python (3.12: 15.0.0) they are read out of `tokenizers`
+    # once and cached, never applied to the wrong tables (found on the H200's Python 3.12)
+    import json as json_
+    import sys
+    from tokenizer_svc import hf_normalize
+    shipped = json_.loads(hf_normalize.DATA_FILE.read_text())
+    other = tmp_path / "hf_normalization.json"
+    other.write_text(json_.dumps(dict(shipped, unicodedata_version="0.0.0")))
+    monkeypatch.setattr(hf_normalize, "DATA_FILE", other)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    hf_normalize.load_normalization_table.cache_clear()
+    try:
+        table = hf_normalize.load_normalization_table()
+        cached = hf_normalize._cache_file()
+        assert cached.is_file() and cached.parent == tmp_path / "cache" / "istanbul"
+        assert table["unknown"] == frozenset(shipped["unknown"])   # same Python: same probe
+        hf_normalize.load_normalization_table.cache_clear()
+        cached.unlink()
+        monkeypatch.setitem(sys.modules, "tokenizers", None)      # not installed
+        with pytest.raises(ValueError, match="pip install tokenizers"):
+            hf_normalize.load_normalization_table()
+    finally:
+        hf_normalize.load_normalization_table.cache_clear()

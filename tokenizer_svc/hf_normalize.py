@@ -27,6 +27,7 @@ what was read out of `tokenizers` itself (`probe_normalization`, written by
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
@@ -95,15 +96,44 @@ def write_normalization_table(path: Path = DATA_FILE) -> dict:
     return data
 
 
-@lru_cache(maxsize=1)
-def load_normalization_table() -> dict:
+def _cache_file() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "istanbul" / f"hf_normalization-unicodedata-{unicodedata.unidata_version}.json"
+
+
+def _table_for_this_python() -> dict:
+    """The committed table when it was probed with this Python's unicodedata; else one probed
+    here from `tokenizers` (a few seconds, once: cached in ~/.cache/istanbul/). The
+    corrections are differences from *this* Python's tables, so another unicodedata version
+    needs its own probe, never the committed one."""
     data = json.loads(DATA_FILE.read_text(encoding="utf-8"))
     if data.get("format") != "istanbul-hf-normalization":
         raise ValueError(f"{DATA_FILE}: not an istanbul normalization table")
-    if data["unicodedata_version"] != unicodedata.unidata_version:
-        raise ValueError(f"{DATA_FILE} was probed with Python's unicodedata "
-                         f"{data['unicodedata_version']}, this Python has "
-                         f"{unicodedata.unidata_version}; run scripts/gen_unicode_table.py")
+    if data["unicodedata_version"] == unicodedata.unidata_version:
+        return data
+    cached = _cache_file()
+    if cached.is_file():
+        data = json.loads(cached.read_text(encoding="utf-8"))
+        if data.get("unicodedata_version") == unicodedata.unidata_version:
+            return data
+    try:
+        data = probe_normalization()
+    except ImportError:
+        raise ValueError(
+            f"tokenizer.json normalizers need `tokenizers`' Unicode data for this Python's "
+            f"unicodedata {unicodedata.unidata_version} (the shipped table is for "
+            f"{data['unicodedata_version']}): `pip install tokenizers` once, and istanbul "
+            f"reads it out of `tokenizers` into {cached}") from None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, ensure_ascii=True) + "\n", encoding="utf-8")
+    os.replace(tmp, cached)
+    return data
+
+
+@lru_cache(maxsize=1)
+def load_normalization_table() -> dict:
+    data = _table_for_this_python()
     unknown = frozenset(data["unknown"])
     return {"unknown": unknown,
             "unknown_re": regex.compile("[" + "".join(f"\\U{c:08x}" for c in sorted(unknown))

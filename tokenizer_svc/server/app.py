@@ -201,13 +201,17 @@ class TokenizerServer:
             "load_seconds": round(time.perf_counter() - start, 3)}})
 
     def _long_encoding(self):
-        """The long lane's own Encoding (its own encoder, buffers and counters), whose budgeted
-        dispatches stay short on GPUs too, so the batches' submits interleave with them."""
+        """The long lane's own Encoding on its own device (same adapter): its own queue,
+        encoder, buffers and lock, so a long call never holds the lock the batches' GPU calls
+        take (tokenizer_svc/gpu_backend.py: one lock per device), and its budgeted dispatches
+        stay short on GPUs too."""
         enc = self._encoding
         if getattr(getattr(enc, "backend", None), "kind", None) != "gpu":
             return enc
+        from shaders.engine import Device
         from ..encoding import Encoding
-        long_enc = Encoding(enc.vocab, enc.backend.device)
+        shared = enc.backend.device
+        long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu))
         encoder = long_enc.backend.encoder
         if not encoder.device.info.is_software:
             encoder.budget = encoder.long_budget = LONG_LANE_GPU_BUDGET
