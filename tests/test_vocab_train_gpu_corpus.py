@@ -160,3 +160,28 @@ def test_cli_gpu_pretokenizer_writes_the_cpu_pipelines_file(device, tmp_path, ca
                      "--workers", "1", "--no-progress", "-o", str(outs[where])]) == 0
     assert "pre-tokenized in" in capsys.readouterr().out
     assert outs["gpu"].read_bytes() == outs["cpu"].read_bytes()
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "o200k"])
+def test_code_points_newer_than_tiktokens_tables_split_alike(device, tmp_path, pattern):
+    # `regex` (newer Unicode) calls e.g. Kirat Rai (U+16D40.., Unicode 16) letters, tiktoken's
+    # tables do not: on the H200's 100 MB corpus the CPU path split ' "𖻃",' apart and the GPU
+    # kept it whole. Both now use tiktoken's classes: every code point where the two tables
+    # disagree, in context, gives the same pieces (and the CPU ones are tiktoken's split).
+    import regex
+    from tokenizer_svc.unicode_table import all_code_points_text, load_table
+    table, text = load_table("tiktoken"), all_code_points_text()
+    odd = []
+    for key, prop in (("L", r"\p{L}"), ("N", r"\p{N}"), ("S", r"\s")):
+        theirs = {ord(c) for c in regex.findall(prop, text)}
+        mine = set(np.flatnonzero(table.members(key)).tolist())
+        odd += sorted(theirs ^ mine)
+    assert 0x16EC3 in odd                     # the corpus' example
+    chars = [chr(c) for c in odd if not 0xD800 <= c < 0xE000]
+    doc = "".join(f' "{c}",\n x{c}y {c}{c}7 ' for c in chars)
+    path = tmp_path / "newer.txt"
+    path.write_text(doc, encoding="utf-8")
+    cpu = count_pieces([path], PATTERNS[pattern], (), workers=1)
+    same(cpu, count_pieces_gpu([path], pattern, (), device=device, chunk_bytes=1 << 16))
+    if pattern == "o200k":                  # the H200 corpus' piece, whole as on the GPU
+        assert ' "\U00016ec3",\n'.encode() in cpu.pieces

@@ -169,18 +169,19 @@ _REGEX_PROPERTY = {"S": r"\s", "D": r"\d", "W": r"\w", "Symbol": r"\p{S}"}
 
 
 @lru_cache(maxsize=None)
-def _onig_class(key: str) -> str:
-    r"""Oniguruma's class `key` as an item of a `regex` VERSION1 character class.
+def table_class_item(family: str, key: str) -> str:
+    r"""The class `key` of `family`'s Unicode table (unicode_table.FAMILIES) as an item of a
+    `regex` VERSION1 character class.
 
     Written as the regex module's own property minus the code points where its (newer)
-    Unicode tables say yes and Oniguruma's say no, plus the opposite ones:
+    Unicode tables say yes and the table says no, plus the opposite ones:
     `[\p{L}--[...]][...]`. Exactly the table's members, and several times faster to match
     than the table's full range list.
     """
     import numpy as np
 
     from .unicode_table import MAX_CP, all_code_points_text, to_ranges
-    table = load_table("tokenizers")
+    table = load_table(family)
     prop = _REGEX_PROPERTY.get(key, f"\\p{{{key}}}")
     text = all_code_points_text()
     theirs = np.zeros(MAX_CP, dtype=bool)
@@ -193,3 +194,8 @@ def _onig_class(key: str) -> str:
     extra, missing = theirs & ~mine, mine & ~theirs
     item = f"[{prop}--[{ranges(extra)}]]" if extra.any() else prop
     return item + (f"[{ranges(missing)}]" if missing.any() else "")
+
+
+def _onig_class(key: str) -> str:
+    """Oniguruma's class `key` (the "tokenizers" table) as a VERSION1 class item."""
+    return table_class_item("tokenizers", key)

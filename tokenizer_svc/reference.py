@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import regex
 
-from .oniguruma import oniguruma_pattern
+from .oniguruma import oniguruma_pattern, table_class_item
 from .unicode_table import load_table
 from .vocabulary import Vocabulary
 
@@ -125,7 +125,7 @@ def fix_surrogates(text: str) -> str:
 
 # ---- pre-tokenization -----------------------------------------------------------------------
 
-def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
+def exact_pattern(pattern: str, family: str = "tiktoken", fast: bool = False) -> str:
     """Rewrite a pattern so its Unicode classes are the explicit ones of `family`'s engine.
 
     "tiktoken": every `\\p{X}` / `\\s` / `\\S` becomes the explicit class tiktoken uses;
@@ -136,6 +136,13 @@ def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
     if family == "tokenizers":
         return oniguruma_pattern(pattern)
     table = load_table(family)
+    if fast:    # the same classes as `regex`'s own properties minus/plus the differences:
+        # a VERSION1 pattern that matches ~10x faster than the full range lists
+        def class_body(key):
+            return table_class_item(family, key)
+    else:
+        def class_body(key):
+            return table.regex_class_body(key)
     names = {"L": "L", "Lu": "Lu", "Ll": "Ll", "Lt": "Lt", "Lm": "Lm", "Lo": "Lo", "M": "M",
              "N": "N"}
     out, i, in_class = [], 0, False
@@ -148,19 +155,19 @@ def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
                 name = pattern[i + 3:close]
                 if nxt == "P" or name not in names:
                     raise ValueError(f"cannot rewrite {pattern[i:close + 1]!r} exactly")
-                body = table.regex_class_body(names[name])
+                body = class_body(names[name])
                 out.append(body if in_class else f"[{body}]")
                 i = close + 1
                 continue
             if nxt == "s":
-                body = table.regex_class_body("S")
+                body = class_body("S")
                 out.append(body if in_class else f"[{body}]")
                 i += 2
                 continue
             if nxt == "S":
                 if in_class:
                     raise ValueError("cannot rewrite \\S inside a character class")
-                out.append(f"[^{table.regex_class_body('S')}]")
+                out.append(f"[^{class_body('S')}]")
                 i += 2
                 continue
             out.append(pattern[i:i + 2])
@@ -178,7 +185,7 @@ def exact_pattern(pattern: str, family: str = "tiktoken") -> str:
             in_class = False
         out.append(ch)
         i += 1
-    return "".join(out)
+    return ("(?V1)" if fast else "") + "".join(out)
 
 
 def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:

@@ -74,6 +74,19 @@ class PieceCounts:
 
 # ---- pre-tokenization of one text ----------------------------------------------------------
 
+def matching_pattern(pattern: str) -> str:
+    """The regex that pre-tokenizes with `pattern`. The built-in patterns (gpt2, cl100k,
+    o200k) get tiktoken's Unicode classes, as the GPU pre-tokenizer and tiktoken itself have
+    them: `regex`'s own tables are newer (e.g. Kirat Rai, Unicode 16, is a letter there and
+    not in tiktoken) and differ between `regex` versions, which made the CPU and GPU pieces of
+    one corpus differ on such text. Other patterns run as given."""
+    from ..patterns import pattern_name_for
+    from ..reference import exact_pattern
+    if pattern_name_for(pattern) is None:
+        return pattern
+    return exact_pattern(pattern, "tiktoken", fast=True)
+
+
 @dataclass
 class Pretokenizer:
     """Splits text into pieces: cut at special tokens, then the pattern's matches."""
@@ -89,7 +102,7 @@ class Pretokenizer:
             raise CorpusError(f"invalid_utf8 must be one of {INVALID_UTF8_MODES}, "
                               f"got {self.invalid_utf8!r}")
         try:
-            self._regex = regex.compile(self.pattern)
+            self._regex = regex.compile(matching_pattern(self.pattern))
         except regex.error as exc:
             raise CorpusError(f"pattern {self.pattern[:80]!r} is not a valid regex: {exc}") \
                 from None
