@@ -67,7 +67,7 @@ def test_the_engine_compiles_a_kernel_named_either_way(device):
 def test_the_wheel_ships_every_kernel_file(tmp_path):
     tree = tmp_path / "src"
     tree.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "istanbul_errors.py"):
         shutil.copy(ROOT / name, tree / name)
     for package in ("istanbul", "shaders", "tokenizer_svc", "trainer_svc", "proto"):
         shutil.copytree(ROOT / package, tree / package,
@@ -77,6 +77,11 @@ def test_the_wheel_ships_every_kernel_file(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
-    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".wgsl")}
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    # no generic top-level import name beyond the design card's packages (proto/ is source)
+    assert top == {"istanbul", "istanbul_errors.py", "shaders", "tokenizer_svc",
+                   "trainer_svc"}, top
+    shipped = {n for n in names if n.endswith(".wgsl")}
     wanted = {p.relative_to(ROOT).as_posix() for p in (ROOT / "shaders").rglob("*.wgsl")}
     assert wanted and shipped == wanted, sorted(wanted ^ shipped)
