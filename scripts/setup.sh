@@ -59,4 +59,5 @@ if .venv/bin/python -c 'import wgpudawn' 2>/dev/null \
 fi
 # Silence the harmless XDG_RUNTIME_DIR warning of Mesa's software drivers.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-.venv/bin/istanbul devices | head -1
+devices="$(.venv/bin/istanbul devices)"     # no `| head`: a closed pipe would fail the script
+echo "${devices%%$'\n'*}"
