@@ -102,7 +102,7 @@ def op_case(name, *, reference, n_inputs, alpha=1.0, inout=False, dtype_in=np.fl
         kernels=[("infra_vec4.wgsl", vec)], inputs=inputs, launch=launch,
         reference=reference, variants=("random", "one", "odd", "ragged"), requires=requires,
         bytes=lambda inp: inp["x"].size * bytes_per, flops=lambda inp: 0.0,
-        description=f"ops.basic.{name}: vec4 kernel, 16 elements per invocation"))
+        description=f"ops.{name}: vec4 kernel, 16 elements per invocation"))
 
 
 VEC4_KERNELS = {"copy": "copy_vec4x4"}
@@ -117,7 +117,7 @@ op_case("cast_f16_f32", n_inputs=1, dtype_in=np.float16, requires=("shader-f16",
         bytes_per=6, reference=reference.cast_f16_f32)
 
 
-# ---- copy_rows: a strided part into a strided part (ops.basic.copy_rows) -----------------
+# ---- copy_rows: a strided part into a strided part (ops.copy_rows) -----------------
 
 # (rows, width, x_stride, y_stride, y_offset): y_offset places the part inside y's rows, as
 # dv sits after q and k in a fused [B*T, (H + 2Hkv) D] gradient buffer
@@ -154,7 +154,7 @@ register(KernelCase(
     inputs=_copy_rows_inputs, launch=_copy_rows_launch, reference=_copy_rows_reference,
     variants=("random", "one", "fused"),
     bytes=lambda inp: 8 * inp["shape"][0] * inp["shape"][1], flops=lambda inp: 0.0,
-    description="ops.basic.copy_rows: rows of one strided part into another (elsewhere kept)"))
+    description="ops.copy_rows: rows of one strided part into another (elsewhere kept)"))
 
 
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------
