@@ -10,7 +10,14 @@ from the rest of the engine:
   `enable subgroups;`, Tint requires it;
 - Dawn's toggles, given before its instance is created: `allow_unsafe_apis` (experimental
   features such as subgroup matrices), `vulkan_enable_f16_on_nvidia` (`shader-f16` on
-  NVIDIA), plus any named in $ISTANBUL_DAWN_TOGGLES (e.g. `disable_robustness`);
+  NVIDIA), plus any named in $ISTANBUL_DAWN_TOGGLES (e.g. `disable_robustness`); and on
+  every Dawn device (DAWN_DEVICE_TOGGLES): bounds checks by the driver's robustBufferAccess2
+  (also for subgroup-matrix loads and stores) instead of Tint's index clamping where Vulkan
+  offers it, clamping skipped where range analysis proves an index in bounds, and exact
+  timestamps (Dawn quantizes them by default, a browser's anti-fingerprinting measure: GPU
+  times came out in multiples of ~33 us on the H200). Out-of-bounds accesses stay harmless
+  either way (robustness itself stays on unless $ISTANBUL_DAWN_TOGGLES says
+  `disable_robustness`);
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its
   driver manifest is added to Dawn's Vulkan loader only (DAWN_ICD_ENV).
@@ -42,6 +49,12 @@ DAWN_ICD_ENV = "ISTANBUL_DAWN_ICD"
 PRIVATE_ICD = Path(sys.prefix) / "mesa-backports" / "lvp_icd.json"
 # Always on under Dawn: experimental features need the first, f16 on NVIDIA the second.
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+# Every Dawn device: robustness by the driver where it can (Tint's index clamping cost the
+# tensor-core matmuls ~30% on the H200, bench/results/h200/sgmat.md), exact timestamps.
+DAWN_DEVICE_TOGGLES = ("vulkan_use_buffer_robust_access_2",
+                       "vulkan_use_cooperative_matrix_robust_access",
+                       "enable_integer_range_analysis_in_robustness")
+DAWN_DEVICE_DISABLED = ("timestamp_quantization",)
 
 # Dawn's feature name -> the engine's (wgpu-native's where it has one).
 FEATURE_ALIASES = {
@@ -96,11 +109,12 @@ class Backend:
     def request_device(self, adapter, features, limits):
         """A device with these (engine-named) features and limits."""
         features = self.native(features)
-        if self.name == "dawn" and self.device_toggles:
+        if self.name == "dawn":
             from wgpudawn.backends.dawn import extras
+            toggles = list(dict.fromkeys((*DAWN_DEVICE_TOGGLES, *self.device_toggles)))
             return extras.request_device_sync(adapter, required_features=features,
-                                              required_limits=limits,
-                                              enable_toggles=list(self.device_toggles))
+                                              required_limits=limits, enable_toggles=toggles,
+                                              disable_toggles=list(DAWN_DEVICE_DISABLED))
         return adapter.request_device_sync(required_features=features, required_limits=limits)
 
 

@@ -235,6 +235,7 @@ class CheckpointManager:
             "rng": trainer.rng_state(),
             "recent_losses": [float(x) for x in trainer.recent_losses],
             "skipped_steps": trainer.skipped_steps,
+            "loss_scale": trainer.loss_scale_state(),
             "vocab": vocab_entry,
             "data_position": state.pop("data_position", None),
             "caller": state,
@@ -429,6 +430,7 @@ def load_checkpoint(path, device, *, expected_vocab_hash: str | None = None,
     trainer.step_count = ck["step"]
     trainer.tokens_seen = ck["tokens_seen"]
     trainer.skipped_steps = int(state.get("skipped_steps", 0))
+    trainer.set_loss_scale_state(state.get("loss_scale"))
     trainer.recent_losses.extend(state.get("recent_losses", []))
     if state.get("rng"):
         trainer.set_rng_state(state["rng"])

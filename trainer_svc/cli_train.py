@@ -54,10 +54,12 @@ def register(sub) -> None:
                    help="linear warmup steps, as in `istanbul submit`")
     t.add_argument("--weight-decay", type=float, default=_spec_default("weight_decay"),
                    metavar="X", help="AdamW weight decay")
-    t.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
+    t.add_argument("--precision", choices=("mixed", "fp32", "f16"), default="mixed",
                    help="mixed: f16 weight mirror in the matmuls, f32 master weights and "
                         "gradients; fp32: f32 throughout (on the H200 fp32 is ~5%% faster: "
-                        "bench/results/train)")
+                        "bench/results/train); f16: every matmul on the tensor cores with f16 "
+                        "operands (Dawn backend on a GPU with f16 subgroup matrices; "
+                        "elsewhere the mixed kernels), dynamic loss scaling")
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
                         "accuracy; on the H200 not faster than f32 math yet)")
@@ -181,7 +183,7 @@ def cmd_train(args) -> int:
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
     device = default_device(args.adapter)
-    if tc.precision == "mixed" and not device.has("shader-f16"):
+    if tc.precision in ("mixed", "f16") and not device.has("shader-f16"):
         log.warning("%s lacks shader-f16: training in fp32", device.name)
         tc = TrainConfig(**{**tc.to_dict(), "precision": "fp32", "f16_math": False})
 
@@ -243,6 +245,10 @@ def cmd_train(args) -> int:
         m = trainer.step(stream.next_accumulated(tc.grad_accum))
         bar.update(0 if m.skipped else 1)
         bar.set_postfix(loss=f"{m.loss:.4f}", tok_s=f"{m.tokens_per_s:,.0f}")
+        if m.skipped and m.scale_backoff:
+            tqdm.write(f"step {m.step + 1}: f16 gradients overflowed at loss scale "
+                       f"{m.loss_scale:g}: update skipped, scale halved")
+            continue
         if m.skipped:
             tqdm.write(f"step {m.step + 1}: non-finite gradients (loss={m.loss}), update "
                        "skipped")

@@ -623,6 +623,10 @@ class JobAttempt:
                     f"learning rate {metrics.lr:.3g}; the run diverged. Lower lr or raise "
                     f"warmup and resubmit; the last good checkpoint is "
                     f"{run.checkpoint_paths()[-1] if run.checkpoint_paths() else 'none'}")
+            if metrics.skipped and metrics.scale_backoff:   # f16: the loss scale halved
+                self.progress.add(ev=event("loss_scale_backoff", step=run.step_count + 1,
+                                           scale=metrics.loss_scale / 2))
+                continue
             if metrics.skipped:
                 skipped_in_a_row += 1
                 self.progress.add(ev=event("skipped", step=run.step_count + 1,

@@ -77,7 +77,7 @@ class JobSpec(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="global-norm clip; 0 disables it")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     z_loss: float = Field(0.0, ge=0)
-    precision: Literal["mixed", "fp32"] = "mixed"
+    precision: Literal["mixed", "fp32", "f16"] = "mixed"
     seed: int = Field(1234, ge=0, lt=2**63)
     checkpoint_every: int = Field(100, gt=0, le=10**9, description="steps between checkpoints")
     keep_last: int = Field(3, ge=1, le=1000, description="newest checkpoints kept")

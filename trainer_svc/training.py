@@ -12,9 +12,13 @@ after it: the per-token losses and the gradient statistics. A step whose gradien
 finite leaves weights and moments untouched and comes back with `skipped=True`.
 
 Precision: "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
-weights; master weights, activations, gradients and moments are f32) or "fp32". With
-`f16_math` (mixed only) the forward matmuls also round their activations to f16 and multiply
-in packed vec4<f16> (f32 accumulation): about twice the FMA rate, f16-level forward accuracy.
+weights; master weights, activations, gradients and moments are f32), "fp32", or "f16": the
+mirror as in mixed, every matmul on the tensor cores where the device has f16 subgroup
+matrices (Dawn on the H200: both operands rounded to f16, f32 accumulation; elsewhere the
+mixed kernels), and dynamic loss scaling (loss_scale.py; an overflow skips the step and
+halves the scale, reported as `skipped` with `scale_backoff`). With `f16_math` (mixed only)
+the forward matmuls also round their activations to f16 and multiply in packed vec4<f16>
+(f32 accumulation): about twice the FMA rate, f16-level forward accuracy.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .loss_scale import LossScaler
 from .model.config import ModelConfig
 from .model.gpu import GpuModel
 from .model.init import init_parameters
 from .model.layout import ParameterLayout
 from .schedule import learning_rate
 
-PRECISIONS = ("mixed", "fp32")
+PRECISIONS = ("mixed", "fp32", "f16")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,9 @@ class StepMetrics:
     seconds: float         # wall time of the step, read-back included
     tokens_per_s: float
     skipped: bool          # gradients (or loss) not finite: no update was applied
+    loss_scale: float = 1.0      # f16 precision: the scale this step's gradients carried
+    scale_backoff: bool = False  # f16: skipped for an overflow of the scale (now halved),
+                                 # not for divergence
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,7 +143,8 @@ class Trainer:
         self.model.set_parameters(parameters)
         self.step_count = 0
         self.tokens_seen = 0
-        self.skipped_steps = 0
+        self.skipped_steps = 0      # updates skipped for non-finite gradients or loss
+        self.scale_backoffs = 0     # f16: updates skipped because the loss scale overflowed
         self.recent_losses: collections.deque = collections.deque(maxlen=100)
         self.rng = np.random.Generator(np.random.PCG64(train_config.seed))
 
@@ -185,7 +194,10 @@ class Trainer:
         seconds = time.perf_counter() - start
         tokens = int(micro.shape[0] * micro.shape[1] * tc.seq)
         skipped = bool(result.skipped) or not math.isfinite(result.loss)
-        if skipped:
+        backoff = skipped and bool(result.scale_backoff) and math.isfinite(result.loss)
+        if backoff:
+            self.scale_backoffs += 1   # f16: the loss scale was too high, now halved
+        elif skipped:
             self.skipped_steps += 1
         else:
             self.step_count += 1
@@ -194,7 +206,8 @@ class Trainer:
         return StepMetrics(step=self.step_count, loss=result.loss, grad_norm=result.grad_norm,
                            lr=lr, tokens=tokens, seconds=seconds,
                            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-                           skipped=skipped)
+                           skipped=skipped, loss_scale=result.loss_scale,
+                           scale_backoff=backoff)
 
     def loss_and_gradients(self, batch) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and named f32 gradients of one step's batch, without updating anything."""
@@ -230,6 +243,16 @@ class Trainer:
 
     def load_optimizer_state(self, m: np.ndarray, v: np.ndarray) -> None:
         self._live_model().set_moments(m, v)
+
+    def loss_scale_state(self) -> dict | None:
+        """The dynamic loss scaler's state (f16 precision), else None."""
+        scaler = self._live_model().scaler
+        return scaler.state() if scaler is not None else None
+
+    def set_loss_scale_state(self, state: dict | None) -> None:
+        model = self._live_model()
+        if model.scaler is not None and state:
+            model.scaler = LossScaler.from_state(state)
 
     def rng_state(self) -> dict:
         return self.rng.bit_generator.state

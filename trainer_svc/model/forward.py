@@ -190,7 +190,8 @@ class KVCache:
 
 def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, ids,
                   B: int, T: int, rope_table, *, pos0: int = 0,
-                  caches: list | None = None, f16_math: bool = False) -> None:
+                  caches: list | None = None, f16_math: bool = False,
+                  tensor_cores: bool = False) -> None:
     """Embedding and every block (see the module docstring) for B*T tokens at positions
     pos0..; the last block writes `x_final`. `caches` (generation, B == 1): a KVCache per
     layer, written at pos0..pos0+T-1; T > 1 is a prefill (pos0 == 0), T == 1 a decode step."""
@@ -198,7 +199,7 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
     H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     if caches is not None and (B != 1 or (T > 1 and pos0 != 0)):
         raise ValueError("KV-cache forward: one sequence, and a prefill starts at position 0")
-    fm = {"f16_math": f16_math}
+    fm = {"f16_math": f16_math, "tensor_cores": tensor_cores}
     embedding.forward(rec, ids, weights.p("embed"), acts[0].x if acts else x_final, n, d,
                       cfg.vocab_size)
     for i, L in enumerate(acts):

@@ -1,6 +1,6 @@
 """The model on the GPU: buffers for B x T, and the recorded forward, backward and update.
 
-    model = GpuModel(cfg, layout, device, batch=8, seq=128, precision="mixed")
+    model = GpuModel(cfg, layout, device, batch=8, seq=128, precision="mixed")   # or "f16"
     model.set_parameters(flat)                       # f32 master weights (+ f16 mirror)
     out = model.train_step(micro_batches, lr=..., step=1, tc=train_config)   # ONE submit
 
@@ -16,6 +16,12 @@ Before anything is allocated, the configuration is checked against the device (f
 parameters, gradients, moments, the f16 mirror, activations and the logits chunk; a tensor
 over the binding limit, or a total over the device's memory, is a ConfigDoesNotFitError
 saying what to change.
+
+Precision "f16": the f16 weight mirror as in "mixed", every matmul on the tensor cores
+where the device has f16 subgroup matrices (`linear.has_tensor_cores`: both operands rounded
+to f16, f32 accumulation; elsewhere the "mixed" kernels), and dynamic loss scaling
+(trainer_svc/loss_scale.py): the cross-entropy's gradient carries the scale, the gradient
+statistics divide it out, an overflow skips the step and halves the scale.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from shaders.kernels.rope import ops as rope
 from shaders.kernels.attention import ops as attention
 from shaders.kernels.matmul import ops as linear
 
+from ..loss_scale import LossScaler
 from .config import ModelConfig
 from .fit import HEADROOM, Need, check_fits, device_memory
 from .forward import BlockBuffers, QKVBuffers, Weights, fused_qkv, record_blocks
@@ -49,6 +56,8 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool
+    loss_scale: float = 1.0     # the scale this step's gradients carried (f16 precision)
+    scale_backoff: bool = False  # skipped for an f16 overflow the halved scale should avoid
 
 
 def _align64(n: int) -> int:
@@ -89,9 +98,13 @@ class GpuModel:
         self.cfg, self.layout, self.dev = cfg, layout, device
         self.batch, self.seq, self.precision = batch, seq, precision
         self.accum = grad_accum
-        self.mixed = precision == "mixed"
-        if f16_math and not self.mixed:
+        if precision not in ("mixed", "fp32", "f16"):
+            raise ValueError(f"precision must be mixed, fp32 or f16, got {precision!r}")
+        self.mixed = precision in ("mixed", "f16")   # the f16 weight mirror
+        if f16_math and precision != "mixed":
             raise ValueError("f16_math needs precision='mixed' (it multiplies the f16 weights)")
+        self.scaler = LossScaler() if precision == "f16" else None
+        self.tensor_cores = precision == "f16" and linear.has_tensor_cores(device)
         self.f16_math = f16_math  # forward matmuls in packed f16 (speed; looser accuracy)
         if self.mixed and not device.has("shader-f16"):
             raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
@@ -228,14 +241,16 @@ class GpuModel:
         `with_grad` dh (in self.dh) and the head's weight gradient (accumulated)."""
         cfg, n, d = self.cfg, self.n, self.cfg.d_model
         record_blocks(rec, cfg, self.weights, self.layers, self.x_final, self.ids, self.batch,
-                      self.seq, self.rope_table, f16_math=self.f16_math)
+                      self.seq, self.rope_table, f16_math=self.f16_math,
+                      tensor_cores=self.tensor_cores)
         rmsnorm.forward(rec, self.x_final, self.p("final_norm"), self.h_final,
                         self.rstd_final, n, d, cfg.norm_eps)
         head = self.weights.head_name
         grads = {"dh": self.dh, "dw": self.g(head)} if with_grad else {}
         self.head.record(rec, self.h_final, self.w(head), self.targets, self.losses,
                          grad_scale=loss_scale, label_smoothing=tc.label_smoothing,
-                         z_loss=tc.z_loss, f16_math=self.f16_math, **grads)
+                         z_loss=tc.z_loss, f16_math=self.f16_math,
+                         tensor_cores=self.tensor_cores, **grads)
 
     def record_backward(self, rec) -> None:
         """Backward pass from dh (the head's, left by record_forward); gradients accumulate
@@ -244,24 +259,25 @@ class GpuModel:
             self.cfg.ffn_hidden
         B, T, H, KV, hd = self.batch, self.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         W, G = self.weights, self.grad_views
+        tcs = {"tensor_cores": self.tensor_cores}
         mm_dw = lambda dy, x, dw, N, K, M: linear.matmul_tn(rec, dy, x, dw, N, K, M,  # noqa
-                                                           accumulate=True)
+                                                           accumulate=True, **tcs)
         rmsnorm.backward(rec, self.x_final, self.p("final_norm"), self.dh, self.rstd_final,
                          self.dx, self.g("final_norm"), n, d, accumulate_dx=False)
         for i in reversed(range(cfg.n_layers)):
             L, pre = self.layers[i], f"layers.{i}."
             # FFN: x_out = xa + s · Wdownᵀ ; dx holds d x_out
             mm_dw(self.dx, L.s, G.w(pre + "w_down"), d, f, n)
-            linear.matmul_nn(rec, self.dx, W.w(pre + "w_down"), self.ds, n, f, d)
+            linear.matmul_nn(rec, self.dx, W.w(pre + "w_down"), self.ds, n, f, d, **tcs)
             activations.swiglu_backward(rec, L.gu, self.ds, self.dgu, n, f)
             mm_dw(self.dgu, L.h2, G.w13(i), 2 * f, d, n)
-            linear.matmul_nn(rec, self.dgu, W.w13(i), self.dh, n, d, 2 * f)
+            linear.matmul_nn(rec, self.dgu, W.w13(i), self.dh, n, d, 2 * f, **tcs)
             # dx (= d xa now) += rmsnorm_backward(dh)
             rmsnorm.backward(rec, L.xa, self.p(pre + "ffn_norm"), self.dh, L.rstd2, self.dx,
                              self.g(pre + "ffn_norm"), n, d, accumulate_dx=True)
             # attention: xa = x + a · Woᵀ
             mm_dw(self.dx, L.a, G.w(pre + "wo"), d, d, n)
-            linear.matmul_nn(rec, self.dx, W.w(pre + "wo"), self.da, n, d, d)
+            linear.matmul_nn(rec, self.dx, W.w(pre + "wo"), self.da, n, d, d, **tcs)
             qkv, dqkv = L.qkv, self.dqkv
             attention.backward(rec, qkv.q, qkv.k, qkv.v, L.a, self.da, L.lse, dqkv.q, dqkv.k,
                                dqkv.v, B, T, H, KV, hd, q_stride=qkv.stride,
@@ -271,16 +287,16 @@ class GpuModel:
                           token_stride=dqkv.stride)
             if dqkv.fused is not None:
                 mm_dw(dqkv.fused, L.h, G.wqkv(i), d + 2 * kv, d, n)
-                linear.matmul_nn(rec, dqkv.fused, W.wqkv(i), self.dh, n, d, d + 2 * kv)
+                linear.matmul_nn(rec, dqkv.fused, W.wqkv(i), self.dh, n, d, d + 2 * kv, **tcs)
             else:
                 mm_dw(dqkv.q, L.h, G.w(pre + "wq"), d, d, n)
                 mm_dw(dqkv.k, L.h, G.w(pre + "wk"), kv, d, n)
                 mm_dw(dqkv.v, L.h, G.w(pre + "wv"), kv, d, n)
-                linear.matmul_nn(rec, dqkv.q, W.w(pre + "wq"), self.dh, n, d, d)
+                linear.matmul_nn(rec, dqkv.q, W.w(pre + "wq"), self.dh, n, d, d, **tcs)
                 linear.matmul_nn(rec, dqkv.k, W.w(pre + "wk"), self.dh, n, d, kv,
-                                 accumulate=True)
+                                 accumulate=True, **tcs)
                 linear.matmul_nn(rec, dqkv.v, W.w(pre + "wv"), self.dh, n, d, kv,
-                                 accumulate=True)
+                                 accumulate=True, **tcs)
             rmsnorm.backward(rec, L.x, self.p(pre + "attn_norm"), self.dh, L.rstd, self.dx,
                              self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
         embedding.backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
@@ -295,11 +311,18 @@ class GpuModel:
     def record_update(self, rec, *, tc) -> None:
         """Global gradient norm, clip scale and NaN/Inf flag, then AdamW (+ f16 mirror),
         reading the hyper-parameters `write_hyper` put into `self.hyper`."""
-        optim.grad_stats(rec, self.grads, self.stats, max_norm=tc.grad_clip)
+        optim.grad_stats(rec, self.grads, self.stats, max_norm=tc.grad_clip,
+                         unscale=1.0 / self.loss_scale)
         (d0, d1), (n0, n1) = self.layout.decay_range(), self.layout.no_decay_range()
         optim.adamw_ranges(rec, self.params, self.grads, self.m, self.v, self.hyper,
                            self.stats, [(d0, d1 - d0, True), (n0, n1 - n0, False)],
                            mirror=self.w16)
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor the next step's loss (so its gradients) is multiplied by: the dynamic
+        loss scale in f16 precision, else 1."""
+        return self.scaler.scale if self.scaler is not None else 1.0
 
     # ---- one optimizer step, one evaluation -------------------------------------------
 
@@ -314,7 +337,8 @@ class GpuModel:
         accum = micro.shape[0]
         self._upload_tokens(micro)
         self.write_hyper(lr=lr, step=step, tc=tc)
-        key = (accum, repr(tc))
+        scale = self.loss_scale
+        key = (accum, repr(tc), scale)   # the scale is recorded into two kernels' parameters
         pending, self._next_step = self._next_step, None
         fresh = pending is None or pending[0] != key
         self.dev.submit(self._record_step_commands(accum, tc) if fresh else pending[1])
@@ -323,7 +347,10 @@ class GpuModel:
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
         stats = results[accum * self.stride:]
         loss = float(losses.astype(np.float64).mean())
-        return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=bool(stats[3] != 0))
+        skipped = bool(stats[3] != 0)
+        backoff = self.scaler.update(skipped) if self.scaler is not None else False
+        return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=skipped,
+                          loss_scale=scale, scale_backoff=backoff)
 
     def _record_step_commands(self, accum: int, tc):
         rec = self.dev.record("train step")
@@ -340,7 +367,7 @@ class GpuModel:
         basic.fill(rec, self.grads, self.layout.total, 0.0)
         for a in range(accum):
             self.select_micro_batch(a)
-            self.record_forward(rec, loss_scale=1.0 / (self.n * accum), tc=tc)
+            self.record_forward(rec, loss_scale=self.loss_scale / (self.n * accum), tc=tc)
             self.record_backward(rec)
         self.select_micro_batch(0)
 
@@ -362,7 +389,8 @@ class GpuModel:
         with self.dev.record("gradients") as rec:
             self._record_gradients(rec, accum, tc)
         losses = self.dev.download(self.all_losses).reshape(accum, self.stride)[:, :self.n]
-        return float(losses.astype(np.float64).mean()), self.dev.download(self.grads)
+        return (float(losses.astype(np.float64).mean()),
+                self.dev.download(self.grads) / np.float32(self.loss_scale))
 
     def eval_loss(self, rows: np.ndarray, tc) -> float:
         """Mean loss of one (B, T+1) batch; weights, gradients and moments untouched."""

@@ -113,7 +113,8 @@ class ChunkedHead:
 
     def record(self, rec, h, w, targets, losses, *, grad_scale: float, dh=None, dw=None,
                label_smoothing: float = 0.0, z_loss: float = 0.0,
-               ignore_index: int = cross_entropy.IGNORE, f16_math: bool = False) -> None:
+               ignore_index: int = cross_entropy.IGNORE, f16_math: bool = False,
+               tensor_cores: bool = False) -> None:
         """Per-token losses into `losses`; with dh and dw also the gradients (dh written,
         dw accumulated) of grad_scale * sum of the losses. h [rows, d], w [vocab, d]."""
         if (dh is None) != (dw is None):
@@ -123,12 +124,15 @@ class ChunkedHead:
             c = min(self.chunk, self.rows - r0)
             x = _row_view(h, r0, c, d)
             logits = self.logits.elements(0, c * V, (c, V))
-            linear.matmul_nt(rec, x, w, logits, c, V, d, f16_math=f16_math)
+            linear.matmul_nt(rec, x, w, logits, c, V, d, f16_math=f16_math,
+                             tensor_cores=tensor_cores)
             cross_entropy.rows_chunk(
                 rec, logits, targets, losses, self.stats, r0, c, V,
                 grad="inplace" if dh is not None else "none", ignore_index=ignore_index,
                 label_smoothing=label_smoothing, z_loss=z_loss, grad_scale=grad_scale)
             if dh is None:
                 continue
-            linear.matmul_tn(rec, logits, x, dw, V, d, c, accumulate=True)
-            linear.matmul_nn(rec, logits, w, _row_view(dh, r0, c, d), c, d, V)
+            linear.matmul_tn(rec, logits, x, dw, V, d, c, accumulate=True,
+                             tensor_cores=tensor_cores)
+            linear.matmul_nn(rec, logits, w, _row_view(dh, r0, c, d), c, d, V,
+                             tensor_cores=tensor_cores)

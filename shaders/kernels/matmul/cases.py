@@ -90,6 +90,8 @@ def variant_config(dev, inp, layout, b16, f16_math, config):
     if inp.get("variant") != "split":
         return config
     M, N, K = inp["M"], inp["N"], inp["K"]
+    if isinstance(config, linear.SgmatConfig):
+        return config.with_splits(3)
     base = linear.MatmulConfig.parse(config) if config is not None else linear.choose_config(
         dev, layout, np.float16 if b16 else np.float32, f16_math, M, N, K)
     return base.with_splits(3)
@@ -199,6 +201,41 @@ for _suffix, _key, _mode, _b16, _f16, _config, _what in FAST_CASES:
     _register(f"matmul_{_key}_tiled{_suffix}", _key[:2], _mode, b16=_b16, f16_math=_f16,
               fast=True, config=_config, precision="f16" if _f16 else "f32",
               description=f"fast path: {_what}")
+
+
+# ---- the tensor-core path (03_linear_sgmat.wgsl): devices with f16 subgroup matrices --------
+# (suffix, layout, mode, b16, config, what): every layout and epilogue, f32 and f16 B, every
+# tile arrangement the tuner may pick (1-8 subgroups, 16 and 32 deep slices, pad 0 and 8).
+SGMAT_CASES = (
+    ("", "nt", "store", False, "sg2x2-t4x4-k32-p8-s1", "forward, f32 B rounded"),
+    ("", "nt_w16", "residual", True, "sg2x4-t4x4-k16-p8-s1", "forward from f16 weights + residual"),
+    ("", "nn_w16", "store", True, "sg4x2-t4x4-k16-p8-s1", "dX from f16 weights"),
+    ("_accumulate", "nn", "accumulate", False, "sg2x2-t2x2-k32-p0-s1", "dX += alpha dy @ W"),
+    ("", "tn", "accumulate", False, "sg2x2-t4x4-k16-p8-s1", "dW += dy^T @ x"),
+    ("_small", "tn", "store", False, "sg1x1-t2x2-k16-p8-s1", "one subgroup, 32x32 tiles"),
+)
+
+
+def _register_sgmat(suffix, key, mode, b16, config, what):
+    layout = key[:2]
+    cfg = linear.SgmatConfig.parse(config)
+    _, name = linear.kernel_name(layout, np.float16 if b16 else np.float32)
+    register(KernelCase(
+        name=f"matmul_{key}_sgmat{suffix}", family="matmul", precision="f32",
+        kernels=[(linear.FILE_SGMAT, name + "_sgmat", {}, cfg.template_params(layout)),
+                 (linear.FILE_SPLITK, "matmul_splitk_reduce")],
+        inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
+        launch=lambda dev, inp: make_launch(dev, inp, layout, config=cfg, b16=b16, fast=True),
+        reference=lambda inp: reference.tensor_core_matmul(inp, layout),
+        variants=VARIANTS_TILED, bench_variant_software="bench_small",
+        requires=("subgroup-matrix", "shader-f16"), bench_precision="subgroup-matrix",
+        flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
+        bytes=lambda inp: inp["a"].nbytes + inp["b"].nbytes + inp["out"].nbytes,
+        description=f"tensor cores: {what} (f16 operands, f32 accumulation)"))
+
+
+for _case in SGMAT_CASES:
+    _register_sgmat(*_case)
 
 
 # ---- linear backward: dX (matmul_nn) and dW (matmul_tn) against autograd ----------------

@@ -37,6 +37,12 @@ multiple of 4 and 16-byte-aligned operands; anything else runs the general kerne
                                                        per device class; else the general
                                                        kernel
 
+Tensor cores. `tensor_cores=True` runs 03_linear_sgmat.wgsl where the device has f16 x f16 ->
+f32 subgroup matrices (Dawn's chromium-experimental-subgroup-matrix: the H200 under
+`--backend dawn`): both operands rounded to f16 when staged, f32 accumulation, the same
+epilogues and split-K. Elsewhere the call runs the kernels above (the caller's numerics then
+keep f32 activations). Its configurations are SgmatConfig ("sg2x2-t4x4-k32-p8-s1").
+
 `plan(...)` tells which kernel and configuration a call would use.
 """
 
@@ -227,6 +233,137 @@ class MatmulConfig:
         return out
 
 
+# ---- the tensor-core path: subgroup matrices ---------------------------------------------------
+
+FILE_SGMAT = "03_linear_sgmat.wgsl"   # a template (shaders/wgsl_expand.py)
+SGMAT_TILE = 16                       # the f16 -> f32 subgroup-matrix shape used: 16 x 16 x 16
+SGMAT_SUBGROUP = 32
+_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)$")
+
+
+def has_tensor_cores(device) -> bool:
+    """Whether `device` offers the 16x16x16 f16 -> f32 subgroup matrices at subgroup size 32."""
+    if not device.has("subgroup-matrix") or not device.has("shader-f16"):
+        return False
+    return any(c.get("component_type") == "f16" and c.get("result_component_type") == "f32"
+               and (c.get("m"), c.get("n"), c.get("k")) == (SGMAT_TILE,) * 3
+               and c.get("min_subgroup_size", 0) <= SGMAT_SUBGROUP
+               <= c.get("max_subgroup_size", 0)
+               for c in getattr(device, "subgroup_matrix_configs", ()) or ())
+
+
+@dataclass(frozen=True)
+class SgmatConfig:
+    """One configuration of 03_linear_sgmat.wgsl: sgr x sgc subgroups per workgroup, each with
+    ti x tj result tiles of 16 x 16 (the workgroup's tile of C is bm = 16 sgr ti by
+    bn = 16 sgc tj); bk: the K slice per step (multiple of 16); pad: f16 elements added to each
+    staged row; splits: split-K factor. Written "sg2x2-t4x4-k32-p8-s1"."""
+
+    sgr: int = 2
+    sgc: int = 2
+    ti: int = 4
+    tj: int = 4
+    bk: int = 32
+    pad: int = 8
+    splits: int = 1
+
+    def __str__(self) -> str:
+        return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
+                f"-s{self.splits}")
+
+    @classmethod
+    def parse(cls, text) -> "SgmatConfig":
+        if isinstance(text, SgmatConfig):
+            return text
+        m = _SGMAT_RE.match(str(text).strip())
+        if not m:
+            raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
+                             "sgRxC-tIxJ-kBK-pPAD-sS (e.g. sg2x2-t4x4-k32-p8-s1)")
+        return cls(*(int(g) for g in m.groups()))
+
+    def with_splits(self, splits: int) -> "SgmatConfig":
+        return dataclasses.replace(self, splits=int(splits))
+
+    @property
+    def bm(self) -> int:
+        return SGMAT_TILE * self.sgr * self.ti
+
+    @property
+    def bn(self) -> int:
+        return SGMAT_TILE * self.sgc * self.tj
+
+    @property
+    def invocations(self) -> int:
+        return SGMAT_SUBGROUP * self.sgr * self.sgc
+
+    def loads(self) -> tuple[float, float]:
+        """vec4 loads of A and of B per invocation per slice."""
+        return (self.bm * self.bk / 4 / self.invocations,
+                self.bn * self.bk / 4 / self.invocations)
+
+    def workgroup_bytes(self, layout: str) -> int:
+        a_rows, a_row = (self.bk, self.bm) if layout == "tn" else (self.bm, self.bk)
+        b_rows, b_row = (self.bn, self.bk) if layout == "nt" else (self.bk, self.bn)
+        staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
+        return 2 * 2 * staged + 4 * 256 * self.sgr * self.sgc
+
+    def template_params(self, layout: str) -> dict:
+        la, lb = self.loads()
+        return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
+                "PAD": self.pad, "LA": int(la), "LB": int(lb), "CLAMP_A": layout == "nt"}
+
+    def problems(self, device, layout: str = "nt") -> list[str]:
+        out = []
+        if not has_tensor_cores(device):
+            return [f"{device.name} has no f16 -> f32 16x16x16 subgroup matrices (tensor cores "
+                    "need the Dawn backend on a GPU that offers them)"]
+        if min(self.sgr, self.sgc, self.ti, self.tj) < 1:
+            out.append("subgroups and tiles must be >= 1")
+            return out
+        if self.bk < 16 or self.bk % 16:
+            out.append(f"BK {self.bk} is not a positive multiple of 16")
+        if self.pad < 0 or self.pad % 4:
+            out.append(f"pad {self.pad} is not a multiple of 4")
+        for name, n in zip("AB", self.loads()):
+            if n != int(n) or not 1 <= n <= MAX_LOADS:
+                out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
+                           f"number from 1 to {MAX_LOADS}: change BK or the tiles)")
+        if self.splits < 1:
+            out.append("splits must be >= 1")
+        max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
+        if self.invocations > max_wg:
+            out.append(f"{self.invocations} invocations per workgroup (device allows {max_wg})")
+        limit = workgroup_storage(device) - PREAMBLE_BYTES
+        if self.workgroup_bytes(layout) > limit:
+            out.append(f"stages {self.workgroup_bytes(layout)} bytes of workgroup memory "
+                       f"(device allows {limit} next to the preamble)")
+        return out
+
+
+def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
+    """The tensor-core configuration used when nothing was tuned (H200 measurements:
+    bench/results/h200/sgmat.md)."""
+    cfg = SgmatConfig(2, 2, 4, 4, 32, 8)
+    if M < 128 or N < 128:
+        cfg = SgmatConfig(2, 2, 2, 2, 32, 8)
+    return cfg.with_splits(default_splits(device, cfg, M, N, K))
+
+
+def choose_sgmat_config(device, layout: str, b_dtype, M: int, N: int, K: int) -> SgmatConfig:
+    from ... import tuned_cache
+    key = tuning_key(layout, b_dtype, False) + "_sgmat"
+    text = tuned_cache.lookup(device, "matmul", key, (M, N, K))
+    if text is not None:
+        try:
+            cfg = SgmatConfig.parse(text)
+        except ValueError as exc:
+            _warn_once(f"ignoring the tuned entry matmul/{key}/{M}x{N}x{K}: {exc}")
+        else:
+            if not cfg.problems(device, layout):
+                return cfg
+    return default_sgmat_config(device, layout, M, N, K)
+
+
 def tuning_key(layout: str, b_dtype, f16_math: bool) -> str:
     """The autotune cache's kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16."""
     if f16_math:
@@ -390,8 +527,10 @@ class Plan:
 
 def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: bool = False,
          lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
-         operands=(), config=None, tiles=None) -> Plan:
+         operands=(), config=None, tiles=None, tensor_cores: bool = False) -> Plan:
     """The kernel and configuration `matmul` would run for these shapes and operands."""
+    if isinstance(config, SgmatConfig) or (isinstance(config, str) and config.startswith("sg")):
+        tensor_cores = True
     a_cols = M if layout == "tn" else K
     b_cols = K if layout == "nt" else N
     lda = a_cols if lda is None else lda
@@ -408,6 +547,23 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
     ready = (_vec4_ready(a, a_cols, lda) and _vec4_ready(b, b_cols, ldb)
              and _vec4_ready(out, N, ldc) and all(_vec4_ready(r, N, ldc) for r in extra)
              and (not f16_math or device.has("shader-f16")))
+    if tensor_cores and (config is None or isinstance(config, (SgmatConfig, str))
+                         and str(config).startswith("sg")) and not f16_math:
+        if config is not None:
+            cfg = SgmatConfig.parse(config)
+            problems = ([] if ready else ["it needs contiguous and leading dimensions that "
+                                          "are multiples of 4, 16-byte-aligned operands"])
+            problems += cfg.problems(device, layout)
+            if problems:
+                raise ValueError(f"matmul_{layout}: config {cfg} cannot run on {device.name}: "
+                                 + "; ".join(problems))
+        elif ready and has_tensor_cores(device):
+            cfg = choose_sgmat_config(device, layout, b_dtype, M, N, K)
+        else:
+            cfg = None
+        if cfg is not None:
+            _, name = kernel_name(layout, b_dtype)
+            return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
     if config is not None:
         cfg = MatmulConfig.parse(config)
         if not ready:
@@ -432,7 +588,7 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
 def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: bool = False,
            residual=None, alpha: float = 1.0, lda: int | None = None, ldb: int | None = None,
            ldc: int | None = None, f16_math: bool = False, tiles=None,
-           config=None) -> None:
+           config=None, tensor_cores: bool = False) -> None:
     """Record out[M,N] (=, +=) alpha * op(A) @ op(B) (+ residual); see the module docstring."""
     op = f"matmul_{layout}"
     positive(op, M=M, N=N, K=K)
@@ -457,7 +613,8 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
                                                               else "store"]
     operands = [a, b, out] + ([residual] if residual is not None else [])
     chosen = plan(dev, layout, M, N, K, b_dtype=b_dtype, f16_math=f16_math, lda=lda, ldb=ldb,
-                  ldc=ldc, operands=operands, config=config, tiles=tiles)
+                  ldc=ldc, operands=operands, config=config, tiles=tiles,
+                  tensor_cores=tensor_cores)
     res = residual if residual is not None else dummy(dev)
     if chosen.path == "tiled":
         _record_tiled(rec, chosen, a, b, res, out, M, N, K, mode, float(alpha), lda, ldb, ldc,
@@ -485,8 +642,12 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     dev = rec.device
     cfg = chosen.config
     op = chosen.kernel
-    kern = dev.kernel(chosen.file, chosen.kernel, cfg.constants(f16_math),
-                      cfg.template_params(f16_math))
+    if isinstance(cfg, SgmatConfig):
+        layout = chosen.kernel.split("_")[1]
+        kern = dev.kernel(chosen.file, chosen.kernel, {}, cfg.template_params(layout))
+    else:
+        kern = dev.kernel(chosen.file, chosen.kernel, cfg.constants(f16_math),
+                          cfg.template_params(f16_math))
     k_split, splits = split_k(cfg, K)
     grid_xy = grid2d(dev, op, ceil_div(N, cfg.bn), ceil_div(M, cfg.bm))
     if splits > dev.max_workgroups_per_dim:
@@ -522,13 +683,16 @@ def matmul_tn(rec, a, b, out, M, N, K, **kw) -> None:
 
 
 def linear_backward(rec, dy, x, w, dx, dw, tokens: int, d_in: int, d_out: int, *,
-                    accumulate_dx: bool = False, accumulate_dw: bool = True) -> None:
+                    accumulate_dx: bool = False, accumulate_dw: bool = True,
+                    tensor_cores: bool = False) -> None:
     """Backward of y = x @ W^T: dx (=, +=) dy @ W and dW (+=) dy^T @ x.
 
     dy [tokens, d_out], x [tokens, d_in], w [d_out, d_in] (f32, or the f16 mirror),
     dx [tokens, d_in], dw [d_out, d_in] (f32). Either of dx/dw may be None to skip it.
     """
     if dx is not None:
-        matmul_nn(rec, dy, w, dx, tokens, d_in, d_out, accumulate=accumulate_dx)
+        matmul_nn(rec, dy, w, dx, tokens, d_in, d_out, accumulate=accumulate_dx,
+                  tensor_cores=tensor_cores)
     if dw is not None:
-        matmul_tn(rec, dy, x, dw, d_out, d_in, tokens, accumulate=accumulate_dw)
+        matmul_tn(rec, dy, x, dw, d_out, d_in, tokens, accumulate=accumulate_dw,
+                  tensor_cores=tensor_cores)

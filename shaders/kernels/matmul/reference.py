@@ -19,10 +19,26 @@ def logical(inp, layout, f16_math=False):
     return A @ B
 
 
-def matmul(inp, layout, f16_math=False):
-    """out after the case's epilogue (store, accumulate, residual), in float64 then f32."""
+def tensor_core_matmul(inp, layout):
+    """What 03_linear_sgmat.wgsl computes: alpha * A and B each rounded to f16 (the forward's
+    A and an f32 B first clamped to f16's range), products summed exactly enough (f32
+    accumulation), then the epilogue."""
+    M, N, K, alpha = inp["M"], inp["N"], inp["K"], inp["alpha"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = np.float32(alpha) * inp["a"].astype(np.float32)
+        if layout == "nt":
+            a = np.clip(a, -65504, 65504)
+        b = inp["b"]
+        if b.dtype != np.float16:
+            b = np.clip(b, -65504, 65504) if layout == "nt" else b
+        a16, b16 = f64(a.astype(np.float16)), f64(b.astype(np.float16))
+    A = a16[:K, :M].T if layout == "tn" else a16[:M, :K]
+    B = b16[:N, :K].T if layout == "nt" else b16[:K, :N]
+    return epilogue(inp, A @ B)
+
+
+def epilogue(inp, prod):
     N = inp["N"]
-    prod = inp["alpha"] * logical(inp, layout, f16_math)
     out = f64(inp["out"]).copy()
     if inp["mode"] == "accumulate":
         out[:, :N] += prod
@@ -31,6 +47,11 @@ def matmul(inp, layout, f16_math=False):
     else:
         out[:, :N] = prod
     return {"out": out.astype(np.float32)}
+
+
+def matmul(inp, layout, f16_math=False):
+    """out after the case's epilogue (store, accumulate, residual), in float64 then f32."""
+    return epilogue(inp, inp["alpha"] * logical(inp, layout, f16_math))
 
 
 def linear_backward_reference(inp):

@@ -2,13 +2,17 @@
 //
 //   reduce_norm_sq[_vec4]   part[slot0 + wg] = sum of g^2 over this workgroup's grid-stride
 //                           share of one gradient range (one dispatch per range)
-//   finalize_grad_stats     stats = (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0):
-//                           |g|^2 = sum of all partials; clip = min(1, max_norm / (|g| + 1e-6))
-//                           when max_norm > 0, else 1; flag = 1 when |g|^2 is Inf/NaN (a NaN
-//                           or Inf gradient, or squares beyond f32's range), else 0
+//   finalize_grad_stats     stats = (|g|^2, |g|, gradient factor, non-finite flag, clip, 0, 0,
+//                           0) of the true gradient g = unscale * (what the ranges hold: the
+//                           loss-scaled gradient in f16 training, else unscale = 1):
+//                           |g|^2 = unscale^2 * sum of all partials; clip = min(1, max_norm /
+//                           (|g| + 1e-6)) when max_norm > 0, else 1; factor = clip * unscale
+//                           (what AdamW multiplies the stored gradient by); flag = 1 when the
+//                           sum is Inf/NaN (a NaN or Inf gradient, e.g. an f16 overflow, or
+//                           squares beyond f32's range), else 0
 //   adamw[_vec4]            for one parameter range (PyTorch's AdamW, decoupled decay):
 //                             if flag: nothing (the step is skipped; moments stay)
-//                             g = grad * clip
+//                             g = grad * factor
 //                             p = p * (1 - lr * wd * decay)
 //                             m = m + (1 - b1) (g - m);  v = b2 v + (1 - b2) g^2
 //                             p = p - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
@@ -37,7 +41,7 @@ struct Params {
     flags: u32,      // adamw: bit 0 has_mirror
     max_norm: f32,   // finalize
     decay: f32,      // adamw: weight-decay multiplier of this range (0 or 1)
-    _pad0: u32,
+    unscale: f32,    // finalize: 1 / the loss scale the gradients carry (0 means 1)
     _pad1: u32,
 }
 
@@ -99,17 +103,19 @@ fn finalize_grad_stats(@builtin(local_invocation_index) lid: u32,
     let sg = Subgroup(sg_id, lane, sg_size, num_sg);
     var acc = 0.0;
     for (var i = lid; i < p.groups; i += EW) { acc += part[i]; }
-    let norm_sq = wg_sum(acc, sg);
+    let scaled_sq = wg_sum(acc, sg);
     if (lid == 0u) {
-        let bad = not_finite(norm_sq);
+        let unscale = select(1.0, p.unscale, p.unscale > 0.0);
+        let bad = not_finite(scaled_sq);
+        let norm_sq = scaled_sq * unscale * unscale;
         let norm = sqrt(norm_sq);
         var clip = 1.0;
         if (p.max_norm > 0.0 && !bad) { clip = min(1.0, p.max_norm / (norm + 1e-6)); }
         stats[0] = norm_sq;
         stats[1] = norm;
-        stats[2] = clip;
+        stats[2] = clip * unscale;
         stats[3] = select(0.0, 1.0, bad);
-        stats[4] = 0.0;
+        stats[4] = clip;
         stats[5] = 0.0;
         stats[6] = 0.0;
         stats[7] = 0.0;

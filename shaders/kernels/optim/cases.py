@@ -22,10 +22,14 @@ STATS = {
     "overflow": ((64,), "huge", 1.0),
     "zero": ((128,), "zero", 1.0),
     "one": ((1,), None, 0.0),
+    "scaled": ((4096, 100), "scaled", 1.0),      # loss-scaled gradients (f16 training)
+    "scaled_overflow": ((256,), "scaled_inf", 1.0),   # an f16 overflow came back as inf
     "bench": ((124_000_000,), None, 1.0),
     "bench_small": ((16_000_000,), None, 1.0),
 }
-STATS_VARIANTS = ("random", "vec", "ranges", "nan", "inf", "overflow", "zero", "one")
+STATS_VARIANTS = ("random", "vec", "ranges", "nan", "inf", "overflow", "zero", "one",
+                  "scaled", "scaled_overflow")
+LOSS_SCALE = 32768.0   # the "scaled" variants: the ranges hold the gradient times this
 
 
 def stats_inputs(rng, variant):
@@ -39,7 +43,13 @@ def stats_inputs(rng, variant):
         gs[0][:] = 1e20   # finite, but the squares overflow f32
     elif fill == "zero":
         gs[0][:] = 0.0
-    return {"grads": gs, "max_norm": max_norm}
+    unscale = 1.0
+    if fill in ("scaled", "scaled_inf"):
+        gs = [g * np.float32(LOSS_SCALE) for g in gs]
+        unscale = 1.0 / LOSS_SCALE
+        if fill == "scaled_inf":
+            gs[0][17] = np.inf
+    return {"grads": gs, "max_norm": max_norm, "unscale": unscale}
 
 
 def stats_launch(dev, inp):
@@ -57,10 +67,10 @@ def stats_launch(dev, inp):
 
     def read():
         out = dev.download(stats)
-        return {"norm_sq": out[0:1], "norm": out[1:2], "clip": out[2:3],
-                "flag": out[3:4].astype(np.int32)}
-    return Launch(lambda rec: optim.grad_stats(rec, views, stats, max_norm=inp["max_norm"]),
-                  read)
+        return {"norm_sq": out[0:1], "norm": out[1:2], "factor": out[2:3],
+                "flag": out[3:4].astype(np.int32), "clip": out[4:5]}
+    return Launch(lambda rec: optim.grad_stats(rec, views, stats, max_norm=inp["max_norm"],
+                                               unscale=inp["unscale"]), read)
 
 
 register(KernelCase(
@@ -71,7 +81,8 @@ register(KernelCase(
     variants=STATS_VARIANTS, bench_variant_software="bench_small",
     flops=lambda inp: 2.0 * sum(g.size for g in inp["grads"]),
     bytes=lambda inp: 4.0 * sum(g.size for g in inp["grads"]),
-    description="reduce_norm_sq -> finalize_grad_stats: |g|, clip scale, NaN/Inf flag"))
+    description="reduce_norm_sq -> finalize_grad_stats: |g|, clip, gradient factor (clip "
+                "x unscale of loss-scaled gradients), NaN/Inf flag"))
 
 
 # ---- AdamW ----------------------------------------------------------------------------------

@@ -4,14 +4,17 @@ One parameter buffer holds every tensor (f32), with gradients, first and second 
 buffers of the same layout and the f16 mirror of the weights (read by the forward pass) at the
 same element offsets. A step is:
 
-    optim.grad_stats(rec, [grads], stats, max_norm=1.0)   # stats f32[8]: |g|^2, |g|, clip, flag
+    optim.grad_stats(rec, [grads], stats, max_norm=1.0)   # stats f32[8]: |g|^2, |g|, factor, flag
     hyper.write(optim.adamw_hyper(lr, step=t, ...))       # host, before the submit
     optim.adamw_ranges(rec, params, grads, m, v, hyper, stats,
                        [(start, count, decay), ...], mirror=mirror16)
 
 `grad_stats` takes whole buffers or views; their partial sums go to a scratch buffer, then
-one workgroup writes stats = (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0) with
-clip = min(1, max_norm / (|g| + 1e-6)) (1 when max_norm <= 0). `adamw_ranges` dispatches
+one workgroup writes stats = (|g|^2, |g|, gradient factor, non-finite flag, clip, 0, 0, 0)
+with clip = min(1, max_norm / (|g| + 1e-6)) (1 when max_norm <= 0) and factor = clip *
+unscale, where `unscale` = 1 / the loss scale the stored gradients carry (f16 training's
+dynamic loss scaling; 1 otherwise): |g| is the true gradient's norm, and AdamW multiplies the
+stored gradient by the factor. `adamw_ranges` dispatches
 once per run of consecutive ranges with the same decay, each through sub-range views of the
 four buffers (and the mirror): params/m/v/mirror are updated in place, grads only read, and
 nothing at all changes when stats' flag is set (NaN/Inf gradient: the step is skipped).
@@ -54,8 +57,9 @@ def _length(res) -> int:
     return res.nbytes // dtype.itemsize
 
 
-def grad_stats(rec, grads, stats, *, max_norm: float = 0.0) -> None:
-    """stats = (|g|^2, |g|, clip, flag, 0...) over one or several gradient buffers/views."""
+def grad_stats(rec, grads, stats, *, max_norm: float = 0.0, unscale: float = 1.0) -> None:
+    """stats = (|g|^2, |g|, factor, flag, clip, 0...) over one or several gradient
+    buffers/views holding the gradient times 1 / unscale."""
     op = "grad_stats"
     ranges = grads if isinstance(grads, (list, tuple)) else [grads]
     if not ranges:
@@ -75,10 +79,12 @@ def grad_stats(rec, grads, stats, *, max_norm: float = 0.0) -> None:
     slot0 = 0
     for g, vec, count, groups in plan:
         name = "reduce_norm_sq_vec4" if vec else "reduce_norm_sq"
-        params = dev.params("IIIIffII", count, groups, slot0, 0, 0.0, 0.0, 0, 0)
+        params = dev.params("IIIIfffI", count, groups, slot0, 0, 0.0, 0.0, 0.0, 0)
         rec.dispatch(dev.kernel(FILE, name), [g, part, params], groups, label=name)
         slot0 += groups
-    params = dev.params("IIIIffII", 0, slots, 0, 0, float(max_norm), 0.0, 0, 0)
+    if not unscale > 0:
+        raise ValueError(f"{op}: unscale must be > 0, got {unscale}")
+    params = dev.params("IIIIfffI", 0, slots, 0, 0, float(max_norm), 0.0, float(unscale), 0)
     rec.dispatch(dev.kernel(FILE, "finalize_grad_stats"), [part, stats, params], 1,
                  label="finalize_grad_stats")
 
@@ -99,8 +105,8 @@ def adamw(rec, params, grads, m, v, hyper, stats, n: int, *, mirror=None,
     vec = n % 4 == 0 and all(getattr(b, "offset", 0) % 16 == 0 for b in views)
     count = n // 4 if vec else n
     name = "adamw_vec4" if vec else "adamw"
-    uniform = dev.params("IIIIffII", count, 0, 0, int(mirror is not None), 0.0,
-                         1.0 if decay else 0.0, 0, 0)
+    uniform = dev.params("IIIIfffI", count, 0, 0, int(mirror is not None), 0.0,
+                         1.0 if decay else 0.0, 0.0, 0)
     rec.dispatch(dev.kernel(FILE, name),
                  [grads, stats, hyper, params, m, v,
                   mirror if mirror is not None else dummy(dev), uniform],

@@ -1,7 +1,8 @@
 """Numpy references of the gradient statistics and AdamW (float64).
 
-    stats: norm_sq = sum of g^2 over every range (f32), norm, clip = min(1, max_norm /
-           (norm + 1e-6)), flag = 1 when norm_sq is not finite (then the update is skipped)
+    stats: the ranges hold g / unscale; norm_sq = unscale^2 * sum over every range of what
+           they hold, squared (the sum in f32), norm, clip = min(1, max_norm / (norm + 1e-6)),
+           factor = clip * unscale, flag = 1 when the sum is not finite (the update is skipped)
     AdamW: g *= clip; p *= 1 - lr wd (decayed ranges); m += (1 - b1)(g - m);
            v = b2 v + (1 - b2) g^2;  p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 """
@@ -15,16 +16,19 @@ from ..case_support import f64
 
 def stats_reference(inp):
     with np.errstate(over="ignore", invalid="ignore"):
+        unscale = float(inp.get("unscale", 1.0))
         sq = sum(float(np.sum(f64(g) ** 2)) for g in inp["grads"])
-        norm_sq = np.float32(sq)   # the f32 result overflows for "overflow", as on the GPU
-        bad = not np.isfinite(norm_sq)
-        norm = np.sqrt(np.float64(norm_sq))
+        scaled_sq = np.float32(sq)   # the f32 sum overflows for "overflow", as on the GPU
+        bad = not np.isfinite(scaled_sq)
+        norm_sq = np.float64(scaled_sq) * unscale * unscale
+        norm = np.sqrt(norm_sq)
         clip = 1.0
         if inp["max_norm"] > 0 and not bad:
             clip = min(1.0, inp["max_norm"] / (norm + 1e-6))
     return {"norm_sq": np.array([norm_sq], np.float32), "norm": np.array([norm], np.float32),
-            "clip": np.array([clip], np.float32),
-            "flag": np.array([1 if bad else 0], np.int32)}
+            "factor": np.array([clip * unscale], np.float32),
+            "flag": np.array([1 if bad else 0], np.int32),
+            "clip": np.array([clip], np.float32)}
 
 
 HYPER = dict(lr=3e-3, step=3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

@@ -1,0 +1,187 @@
+"""Which tensor-core (subgroup-matrix) matmul configurations win at the 124M shapes, and are
+they right?
+
+    ISTANBUL_BACKEND=dawn python dev/sgmat_sweep.py --out dev/results/h200/sgmat [--budget-s 150]
+
+Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). First a correctness battery
+of 03_linear_sgmat.wgsl against numpy (every layout, f32 and f16 B, the three epilogues, alpha,
+shapes that are not multiples of the tiles, split-K); then, for the products of one 124M
+training step (8 x 1024 tokens), GPU-timestamp times of each configuration next to the f32
+tiled kernel the same call would otherwise run. Writes OUT/sgmat.md and OUT/sgmat.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from shaders.engine import Device  # noqa: E402
+from shaders.kernels.matmul import ops as linear  # noqa: E402
+
+CONFIGS = ["sg2x2-t4x4-k32-p8-s1", "sg2x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k32-p0-s1",
+           "sg2x4-t4x2-k16-p8-s1", "sg4x2-t2x4-k16-p8-s1", "sg2x4-t4x4-k16-p8-s1",
+           "sg4x2-t4x4-k16-p8-s1", "sg2x2-t4x2-k32-p8-s1", "sg2x2-t2x4-k32-p8-s1",
+           "sg2x2-t2x2-k32-p8-s1", "sg4x4-t2x2-k16-p8-s1"]
+
+
+def jobs(tokens=8 * 1024, d=768, f=2048, vocab=50304):
+    """(layout, b is f16, M, N, K, what) of one 124M step's products."""
+    return [
+        ("nt", True, tokens, 2 * f, d, "w13 forward"),
+        ("nt", True, tokens, 3 * d, d, "qkv forward"),
+        ("nt", True, tokens, d, d, "wo forward"),
+        ("nt", True, tokens, d, f, "w_down forward"),
+        ("nt", True, 2048, vocab, d, "head forward (chunk)"),
+        ("nn", True, tokens, d, 2 * f, "w13 dX"),
+        ("nn", True, tokens, f, d, "w_down dX"),
+        ("nn", True, tokens, d, 3 * d, "qkv dX"),
+        ("nn", True, 2048, d, vocab, "head dX (chunk)"),
+        ("tn", False, 2 * f, d, tokens, "w13 dW"),
+        ("tn", False, d, f, tokens, "w_down dW"),
+        ("tn", False, 3 * d, d, tokens, "qkv dW"),
+        ("tn", False, d, d, tokens, "wo dW"),
+        ("tn", False, vocab, d, 2048, "head dW (chunk)"),
+    ]
+
+
+def operands(rng, layout, M, N, K):
+    a_shape = (K, M) if layout == "tn" else (M, K)
+    b_shape = (N, K) if layout == "nt" else (K, N)
+    return (rng.standard_normal(a_shape).astype(np.float32),
+            rng.standard_normal(b_shape).astype(np.float32))
+
+
+def reference(layout, a, b, alpha):
+    a16 = (alpha * a).astype(np.float16).astype(np.float64)
+    b16 = b.astype(np.float16).astype(np.float64)
+    if layout == "tn":
+        a16 = a16.T
+    if layout == "nt":
+        b16 = b16.T
+    return a16 @ b16
+
+
+def check_case(dev, rng, layout, w16, M, N, K, mode, alpha, config):
+    a, b = operands(rng, layout, M, N, K)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32)
+    A, B = dev.upload(a), dev.upload(b.astype(np.float16) if w16 else b)
+    C, R = dev.upload(c0), dev.upload(r)
+    with dev.record() as rec:
+        linear.matmul(rec, A, B, C, M, N, K, layout=layout, alpha=alpha, config=config,
+                      accumulate=mode == "accumulate",
+                      residual=R if mode == "residual" else None)
+    got = dev.download(C).reshape(M, N).astype(np.float64)
+    ref = reference(layout, a, b, alpha)
+    if mode == "accumulate":
+        ref = ref + c0
+    elif mode == "residual":
+        ref = ref + r
+    scale = float(np.max(np.abs(ref))) or 1.0
+    err = float(np.max(np.abs(got - ref)) / scale)
+    cos = float(np.dot(got.ravel(), ref.ravel()) / (np.linalg.norm(got) * np.linalg.norm(ref)))
+    return {"layout": layout, "w16": w16, "shape": [M, N, K], "mode": mode, "alpha": alpha,
+            "config": str(config), "max_rel_err": err, "cos": cos, "ok": err < 2e-5 * max(1, K / 256)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = Device()
+    print(dev, "tensor cores:", linear.has_tensor_cores(dev), flush=True)
+    result = {"device": dev.info.summary(), "backend": dev.backend.name,
+              "toggles": list(dev.backend.device_toggles), "checks": [], "times": []}
+    rng = np.random.default_rng(0)
+    configs = [c for c in args.configs.split(",") if c]
+    cases = []
+    for layout in ("nt", "nn", "tn"):
+        for w16 in ((False, True) if layout != "tn" else (False,)):
+            cases += [(layout, w16, 256, 256, 256, "store", 1.0),
+                      (layout, w16, 100, 196, 48, "accumulate", 0.5),
+                      (layout, w16, 300, 72, 520, "residual", 2.0)]
+    for cfg in configs:
+        for case in cases:
+            try:
+                row = check_case(dev, rng, *case, cfg)
+            except Exception as exc:  # a configuration that does not compile: say why
+                row = {"config": cfg, "case": list(case), "error": f"{type(exc).__name__}: "
+                       f"{str(exc)[:600]}"}
+            result["checks"].append(row)
+            if not row.get("ok"):
+                print("CHECK", row, flush=True)
+        # split-K on one case
+    for case in [("tn", False, 512, 256, 4096, "accumulate", 1.0)]:
+        row = check_case(dev, rng, *case, configs[0].replace("-s1", "-s4"))
+        result["checks"].append(row)
+        print("split-K", row, flush=True)
+    bad = [c for c in result["checks"] if not c.get("ok")]
+    print(f"{len(result['checks'])} checks, {len(bad)} failed", flush=True)
+    broken = {c["config"] for c in bad}
+
+    start = time.perf_counter()
+    for layout, w16, M, N, K, what in jobs():
+        a, b = operands(rng, layout, M, N, K)
+        A, B = dev.upload(a), dev.upload(b.astype(np.float16) if w16 else b)
+        C = dev.zeros((M, N))
+        flops = 2.0 * M * N * K
+        row = {"layout": layout, "w16": w16, "shape": [M, N, K], "what": what, "times": {}}
+        try:
+            t = dev.time_gpu(lambda rec: linear.matmul(rec, A, B, C, M, N, K, layout=layout))
+            row["times"]["f32 tiled (default)"] = t
+        except Exception as exc:
+            row["times"]["f32 tiled (default)"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        t = dev.time_gpu(lambda rec: linear.matmul(rec, A, B, C, M, N, K, layout=layout,
+                                                   tensor_cores=True))
+        row["times"]["sgmat (default)"] = t
+        for cfg in configs:
+            if cfg in broken or time.perf_counter() - start > args.budget_s:
+                continue
+            c = linear.SgmatConfig.parse(cfg)
+            c = c.with_splits(linear.default_splits(dev, c, M, N, K))
+            if c.problems(dev, layout):
+                continue
+            try:
+                row["times"][str(c)] = dev.time_gpu(
+                    lambda rec: linear.matmul(rec, A, B, C, M, N, K, layout=layout, config=c))
+            except Exception as exc:
+                row["times"][str(c)] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["tflops"] = {k: round(flops / v / 1e12, 1) for k, v in row["times"].items()
+                         if isinstance(v, float)}
+        best = max(row["tflops"].items(), key=lambda kv: kv[1] if "sg" in kv[0] else 0)
+        print(f"{layout}{'_w16' if w16 else ''} {M}x{N}x{K} {what}: f32 "
+              f"{row['tflops'].get('f32 tiled (default)')} | best {best}", flush=True)
+        result["times"].append(row)
+        dev.sync()
+        for buf in (A, B, C):
+            buf.destroy()
+    (out / "sgmat.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# Tensor-core matmuls at the 124M shapes ({result['device']}, backend "
+             f"{result['backend']}, toggles {result['toggles']})", "",
+             f"Checks: {len(result['checks'])}, failed: {len(bad)}", "",
+             "| product | shape | f32 tiled | sgmat default | best sgmat | config |",
+             "|---|---|---:|---:|---:|---|"]
+    for row in result["times"]:
+        tf = row["tflops"]
+        sg = {k: v for k, v in tf.items() if k.startswith("sg")}
+        best = max(sg.items(), key=lambda kv: kv[1]) if sg else ("-", 0)
+        lines.append(f"| {row['what']} ({row['layout']}) | {'x'.join(map(str, row['shape']))} | "
+                     f"{tf.get('f32 tiled (default)', '-')} | {tf.get('sgmat (default)', '-')} | "
+                     f"{best[1]} | {best[0]} |")
+    (out / "sgmat.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
