@@ -13,10 +13,12 @@ istanbul's full training step (forward, backward, global-norm clip, AdamW; one s
 read-back per step), then one step recorded with GPU timestamps around every dispatch, summed
 by kernel: each kernel's share of the step. PyTorch eager runs the same model
 (tests/torch_reference.py: same architecture, same weights) with torch.optim.AdamW in fp32
-with TF32 off, with TF32 on, and under bf16 autocast, when CUDA torch is present (otherwise
-the rows say why they are missing). istanbul runs in fp32, in mixed precision (f16 weight
-mirror, f32 arithmetic) and in mixed precision with packed-f16 forward matmuls. Writes
-OUT/train.json and OUT/train.md and prints the table.
+with TF32 off, with TF32 on, under bf16 autocast and under fp16 autocast with GradScaler, when
+CUDA torch is present (otherwise the rows say why they are missing). istanbul runs in fp32,
+in mixed precision (f16 weight mirror, f32 arithmetic), in mixed precision with packed-f16
+forward matmuls, and in f16 precision (tensor-core matmuls with f16 operands where the
+device has subgroup matrices, dynamic loss scaling). Writes OUT/train.json and OUT/train.md
+and prints the table.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ def vocab_size(text: str) -> int:
 
 
 def istanbul_run(device, cfg, args, mode: str) -> dict:
-    """mode: "fp32", "mixed" (f16 weights, f32 math) or "mixed+f16" (packed-f16 forward)."""
+    """mode: "fp32", "mixed" (f16 weights, f32 math), "mixed+f16" (packed-f16 forward) or
+    "f16" (tensor cores, loss scaling)."""
+    precision = {"fp32": "fp32", "f16": "f16"}.get(mode, "mixed")
     tc = TrainConfig(batch=args.batch, seq=args.seq or cfg.max_seq, steps=10_000, lr=3e-4,
-                     min_lr=3e-5, warmup=10, precision="fp32" if mode == "fp32" else "mixed",
+                     min_lr=3e-5, warmup=10, precision=precision,
                      f16_math=mode == "mixed+f16", seed=0)
     import gc
     gc.collect()
@@ -80,8 +84,10 @@ def istanbul_run(device, cfg, args, mode: str) -> dict:
     peak = device.memory.peak - base     # before the profiled step's timestamp buffers
     head = trainer.model.head
     shares = kernel_shares(trainer, batches[0])
+    tensor_cores = trainer.model.tensor_cores
     trainer.close()
     return {"engine": "istanbul", "mode": mode, "batch": tc.batch, "seq": tc.seq,
+            "tensor_cores": tensor_cores,
             "vocab": cfg.vocab_size, "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "tflops": cfg.flops_per_token(tc.seq) * tokens / step_s / 1e12,
             "final_loss": losses[-1], "peak_gpu_bytes": peak,
@@ -120,7 +126,7 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
     from tests.torch_reference import TorchReference
     seq = args.seq or cfg.max_seq
     out = []
-    for mode in ("fp32", "tf32", "bf16"):
+    for mode in ("fp32", "tf32", "bf16", "fp16"):
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
@@ -131,14 +137,17 @@ def torch_runs(cfg, trainer_params: dict, args) -> list[dict]:
         rng = np.random.default_rng(0)
         batch = torch.as_tensor(rng.integers(0, args.n_vocab, size=(args.batch, seq + 1)),
                                 device=device)
-        autocast = torch.bfloat16 if mode == "bf16" else None
+        autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+        scaler = torch.amp.GradScaler(device, enabled=mode == "fp16")
 
-        def step(ref=ref, opt=opt, batch=batch, autocast=autocast):
+        def step(ref=ref, opt=opt, batch=batch, autocast=autocast, scaler=scaler):
             opt.zero_grad(set_to_none=True)
             loss = ref.loss(batch, autocast_dtype=autocast)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(list(ref.params.values()), 1.0)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             return loss
 
         for _ in range(args.warmup):
@@ -182,7 +191,8 @@ def markdown(results: dict) -> str:
                 else "- | -"
             chunks = f"{r['head_chunks']} x {r['head_chunk_rows']}" if "head_chunks" in r \
                 else "-"
-            lines.append(f"| {model} | {r['engine']} | {r['mode']} | {r['batch']} x {r['seq']} "
+            mode = r["mode"] + (" (tensor cores)" if r.get("tensor_cores") else "")
+            lines.append(f"| {model} | {r['engine']} | {mode} | {r['batch']} x {r['seq']} "
                          f"| {r.get('vocab', '-')} | {r['step_ms']:.1f} "
                          f"| {r['tokens_per_s']:,.0f} | {r['tflops']:.2f} | {mem} | {chunks} |")
     for model, rows in results["models"].items():
@@ -207,9 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=0, help="0: each preset's max_seq")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--precision", default="fp32,mixed,mixed+f16",
+    ap.add_argument("--precision", default="fp32,mixed,mixed+f16,f16",
                     help="istanbul modes: fp32, mixed (f16 weights), mixed+f16 (packed-f16 "
-                         "forward matmuls)")
+                         "forward matmuls), f16 (tensor-core matmuls, loss scaling)")
     ap.add_argument("--vocab", default="gpt2",
                     help="vocabulary size: gpt2 (50257, default), cl100k_base, o200k_base "
                          "(200019) or a number of ids; token ids are random in [0, size)")
