@@ -59,13 +59,13 @@ def operands(rng, layout, M, N, K):
 
 
 def reference(layout, a, b, alpha):
-    a16 = (alpha * a).astype(np.float16).astype(np.float64)
+    a16 = a.astype(np.float16).astype(np.float64)
     b16 = b.astype(np.float16).astype(np.float64)
     if layout == "tn":
         a16 = a16.T
     if layout == "nt":
         b16 = b16.T
-    return a16 @ b16
+    return alpha * (a16 @ b16)
 
 
 def check_case(dev, rng, layout, w16, M, N, K, mode, alpha, config):

@@ -12,8 +12,7 @@ from the rest of the engine:
   features such as subgroup matrices), `vulkan_enable_f16_on_nvidia` (`shader-f16` on
   NVIDIA), plus any named in $ISTANBUL_DAWN_TOGGLES (e.g. `disable_robustness`); and on
   every Dawn device (DAWN_DEVICE_TOGGLES): bounds checks by the driver's robustBufferAccess2
-  (also for subgroup-matrix loads and stores) instead of Tint's index clamping where Vulkan
-  offers it, clamping skipped where range analysis proves an index in bounds, and exact
+  instead of Tint's index clamping where Vulkan offers it, clamping skipped where range analysis proves an index in bounds, and exact
   timestamps (Dawn quantizes them by default, a browser's anti-fingerprinting measure: GPU
   times came out in multiples of ~33 us on the H200). Out-of-bounds accesses stay harmless
   either way (robustness itself stays on unless $ISTANBUL_DAWN_TOGGLES says
@@ -49,10 +48,13 @@ DAWN_ICD_ENV = "ISTANBUL_DAWN_ICD"
 PRIVATE_ICD = Path(sys.prefix) / "mesa-backports" / "lvp_icd.json"
 # Always on under Dawn: experimental features need the first, f16 on NVIDIA the second.
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
-# Every Dawn device: robustness by the driver where it can (Tint's index clamping cost the
-# tensor-core matmuls ~30% on the H200, bench/results/h200/sgmat.md), exact timestamps.
+# Every Dawn device: robustness by the driver where it can, clamping skipped where provably in
+# bounds, exact timestamps. (On the H200 these toggles left the tensor-core matmuls where
+# they were; robustness off, ISTANBUL_DAWN_TOGGLES=disable_robustness, makes them 20-40%
+# faster: dev/results/h200/sgmat/.)
+# (vulkan_use_cooperative_matrix_robust_access: the H200's driver lacks the feature, Dawn
+# forces the toggle off with a warning, so it is not asked for.)
 DAWN_DEVICE_TOGGLES = ("vulkan_use_buffer_robust_access_2",
-                       "vulkan_use_cooperative_matrix_robust_access",
                        "enable_integer_range_analysis_in_robustness")
 DAWN_DEVICE_DISABLED = ("timestamp_quantization",)
 

@@ -8,8 +8,8 @@
 //   matmul_nt_w16_sgmat   as matmul_nt_sgmat, B the f16 weight mirror
 //   matmul_nn_w16_sgmat   as matmul_nn_sgmat, B the f16 weight mirror
 //
-// Numerics: both operands are rounded to f16 when staged (A scaled by alpha first), products
-// accumulate in f32 over all of K (or of a K split). The forward (nt) clamps A to f16's range
+// Numerics: both operands are rounded to f16 when staged, products accumulate in f32 over all
+// of K (or of a K split), alpha scales the f32 sum. The forward (nt) clamps A to f16's range
 // (+-65504, as the packed-f16 kernel); nn/tn do not, so a gradient that overflows f16 becomes
 // inf and the optimizer's NaN/Inf guard skips the step (dynamic loss scaling).
 //
@@ -65,8 +65,8 @@ var<workgroup> As: array<f16, 2u * STAGE_A>;
 var<workgroup> Bs: array<f16, 2u * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside),
-// scaled by alpha and rounded to f16.
+// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
+// to f16.
 fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     let i = lid + t * WG;
     var v = vec4<f32>();
@@ -79,7 +79,6 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
         let k = k0 + 4u * (i % (BK / 4u));
         if (m < p.m && k < k_end) { v = a_in[(m * p.lda + k) / 4u]; }
     }
-    v = p.alpha * v;
 // @if CLAMP_A
     v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
 // @endif
@@ -151,7 +150,7 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
         let col = c0 + q;
         if (row < p.m && col < p.n) {
             let s = sg * 256u + r * 16u + q;
-            let v = vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
+            let v = p.alpha * vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
             let o = (split * p.c_split + row * p.ldc + col) / 4u;
             if (p.mode == 1u) {
                 c_out[o] = c_out[o] + v;

@@ -342,9 +342,11 @@ class SgmatConfig:
 
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
     """The tensor-core configuration used when nothing was tuned (H200 measurements:
-    bench/results/h200/sgmat.md)."""
-    cfg = SgmatConfig(2, 2, 4, 4, 32, 8)
-    if M < 128 or N < 128:
+    dev/results/h200/sgmat/)."""
+    # 8 subgroups of 4x4 tiles (128 x 256 per workgroup, BK 16) for the forward and dX;
+    # 4 subgroups for the dW products, which split K
+    cfg = SgmatConfig(2, 2, 4, 4, 16, 8) if layout == "tn" else SgmatConfig(4, 2, 4, 4, 16, 8)
+    if M < 256 or N < 256:
         cfg = SgmatConfig(2, 2, 2, 2, 32, 8)
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
 

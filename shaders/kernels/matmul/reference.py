@@ -20,12 +20,12 @@ def logical(inp, layout, f16_math=False):
 
 
 def tensor_core_matmul(inp, layout):
-    """What 03_linear_sgmat.wgsl computes: alpha * A and B each rounded to f16 (the forward's
-    A and an f32 B first clamped to f16's range), products summed exactly enough (f32
-    accumulation), then the epilogue."""
+    """What 03_linear_sgmat.wgsl computes: A and B each rounded to f16 (the forward's A and
+    an f32 B first clamped to f16's range), products summed exactly enough (f32
+    accumulation), times alpha, then the epilogue."""
     M, N, K, alpha = inp["M"], inp["N"], inp["K"], inp["alpha"]
     with np.errstate(invalid="ignore", over="ignore"):
-        a = np.float32(alpha) * inp["a"].astype(np.float32)
+        a = inp["a"].astype(np.float32)
         if layout == "nt":
             a = np.clip(a, -65504, 65504)
         b = inp["b"]
@@ -34,7 +34,7 @@ def tensor_core_matmul(inp, layout):
         a16, b16 = f64(a.astype(np.float16)), f64(b.astype(np.float16))
     A = a16[:K, :M].T if layout == "tn" else a16[:M, :K]
     B = b16[:N, :K].T if layout == "nt" else b16[:K, :N]
-    return epilogue(inp, A @ B)
+    return epilogue(inp, alpha * (A @ B))
 
 
 def epilogue(inp, prod):
