@@ -120,3 +120,13 @@ def vec_width(n: int, *views) -> int:
 def row_workgroup(elems: int) -> int:
     """Invocations per workgroup for a one-row-per-workgroup kernel over `elems` elements."""
     return 64 if elems <= 1024 else 256
+
+
+def has_tensor_cores(device) -> bool:
+    """Whether `device` offers the 16x16x16 f16 -> f32 subgroup matrices at subgroup size 32."""
+    if not device.has("subgroup-matrix") or not device.has("shader-f16"):
+        return False
+    return any(c.get("component_type") == "f16" and c.get("result_component_type") == "f32"
+               and (c.get("m"), c.get("n"), c.get("k")) == (16, 16, 16)
+               and c.get("min_subgroup_size", 0) <= 32 <= c.get("max_subgroup_size", 0)
+               for c in getattr(device, "subgroup_matrix_configs", ()) or ())

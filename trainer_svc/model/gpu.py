@@ -281,7 +281,7 @@ class GpuModel:
             qkv, dqkv = L.qkv, self.dqkv
             attention.backward(rec, qkv.q, qkv.k, qkv.v, L.a, self.da, L.lse, dqkv.q, dqkv.k,
                                dqkv.v, B, T, H, KV, hd, q_stride=qkv.stride,
-                               kv_stride=qkv.stride)
+                               kv_stride=qkv.stride, **tcs)
             rope.backward(rec, dqkv.q, self.rope_table, B, T, H, hd, token_stride=dqkv.stride)
             rope.backward(rec, dqkv.k, self.rope_table, B, T, KV, hd,
                           token_stride=dqkv.stride)

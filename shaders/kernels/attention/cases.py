@@ -113,17 +113,18 @@ def tiled_configs(dev, inp, pinned=None):
     return out
 
 
-def forward_launch(dev, inp, tiles=None, configs=None):
+def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
     config = configs["forward"] if configs else None
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
-                                                tiles=tiles, config=config, **strides),
+                                                tiles=tiles, config=config,
+                                                tensor_cores=tensor_cores, **strides),
                   lambda: {"o": dev.download(o), "lse": dev.download(lse)})
 
 
-def backward_launch(dev, inp, tiles=None, configs=None):
+def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
     """Forward then backward (the backward needs the forward's o and lse)."""
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
@@ -140,10 +141,10 @@ def backward_launch(dev, inp, tiles=None, configs=None):
 
     def encode(rec):
         attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tiles=tq, config=cf,
-                          **strides)
+                          tensor_cores=tensor_cores, **strides)
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                            tiles_dq=tdq, tiles_dkv=tdkv, config_dq=cdq, config_dkv=cdkv,
-                           **strides)
+                           tensor_cores=tensor_cores, **strides)
 
     def read():
         stride_q = strides.get("q_stride", H * D)
@@ -295,3 +296,44 @@ register(KernelCase(
     flops=lambda inp: 9.0 * _units(inp),
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="fast attention with 4x8 tiles at head dim 32: 32 prefetch registers"))
+
+
+# ---- the tensor-core kernels (05_attention_sgmat.wgsl): devices with f16 subgroup matrices --
+# Head dims 16, 32 and 64, GQA, fused qkv, T not a multiple of the 64-row tiles, peaked
+# softmaxes; f16 operands, so checked at "f16" against the float64 reference.
+SGMAT_SHAPES = {"sg_random": (2, 37, 4, 2, 16, False, 1.0), "sg_gqa4": (2, 19, 4, 1, 32, False, 1.0),
+                "sg_fused": (2, 150, 2, 1, 64, True, 1.0), "sg_peaked": (1, 40, 2, 1, 16, False, 4.0),
+                "sg_long": (1, 1024, 2, 2, 64, False, 1.0)}
+SHAPES.update(SGMAT_SHAPES)
+VARIANTS_SGMAT = tuple(SGMAT_SHAPES)
+
+
+def _sgmat_kernels(D):
+    return [(attention.FILE_SGMAT, attention.SGMAT_KERNELS[k], {}, attention.sgmat_params(D))
+            for k in ("forward", "dq", "dkv")]
+
+
+register(KernelCase(
+    name="attention_forward_sgmat", family="attention", precision="f16",
+    kernels=_sgmat_kernels(64)[:1],
+    inputs=make_inputs,
+    launch=lambda dev, inp: forward_launch(dev, inp, tensor_cores=True),
+    reference=reference.forward_reference, variants=VARIANTS_SGMAT,
+    bench_variant_software="bench_small", requires=("subgroup-matrix", "shader-f16"),
+    bench_precision="subgroup-matrix",
+    flops=lambda inp: 2.0 * _units(inp),
+    bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
+                       + 4.0 * inp["B"] * inp["H"] * inp["T"]),
+    description="tensor cores: forward, 64 queries x 64 keys per tile, online softmax in f32"))
+
+register(KernelCase(
+    name="attention_backward_sgmat", family="attention", precision="f16",
+    kernels=_sgmat_kernels(64),
+    inputs=make_inputs,
+    launch=lambda dev, inp: backward_launch(dev, inp, tensor_cores=True),
+    reference=reference.backward_reference, variants=VARIANTS_SGMAT,
+    bench_variant_software="bench_small", requires=("subgroup-matrix", "shader-f16"),
+    bench_precision="subgroup-matrix",
+    flops=lambda inp: 9.0 * _units(inp),
+    bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
+    description="tensor cores: forward + prep + dQ + dK/dV (timed together)"))

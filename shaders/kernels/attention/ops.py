@@ -45,11 +45,28 @@ import re
 import warnings
 
 from ..elementwise import ops as basic
-from ..op_support import ceil_div, check, grid2d, grid3d, positive, scratch, workgroup_storage
+from ..op_support import (ceil_div, check, grid2d, grid3d, has_tensor_cores, positive, scratch,
+                          workgroup_storage)
 from ...engine import views_overlap
 
 FILE = "05_attention.wgsl"
 FILE_TILED = "05_attention_tiled.wgsl"   # a template (shaders/wgsl_expand.py)
+FILE_SGMAT = "05_attention_sgmat.wgsl"   # tensor cores; a template of the head dim
+SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward_dq_sgmat",
+                 "dkv": "attention_backward_dkv_sgmat"}
+SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
+
+
+def sgmat_params(D: int) -> dict:
+    """Template parameters of 05_attention_sgmat.wgsl for head dim D."""
+    return {"HD": D, "DT": D // 16}
+
+
+def uses_tensor_cores(device, D: int, strides, *views) -> bool:
+    """Whether tensor_cores=True runs 05_attention_sgmat.wgsl here: f16 subgroup matrices,
+    head dim a multiple of 16 up to 64, vec4-ready layouts."""
+    return (has_tensor_cores(device) and D % 16 == 0 and D <= 64
+            and _vec4_ready(D, strides, *views))
 MAX_COLS, MAX_ROWS = 32, 16
 MAX_DV = 4                 # output vec4s per row and invocation in the tiled kernels
 PREAMBLE_BYTES = 1024      # the preamble's reduction slots may count against the limit
@@ -296,8 +313,10 @@ def _params(dev, B, T, H, Hkv, strides, scale):
 def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             scale: float | None = None, q_stride: int | None = None,
             kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
-            config=None) -> None:
-    """o = causal softmax(q k^T * scale) v per head; lse saved for the backward."""
+            config=None, tensor_cores: bool = False) -> None:
+    """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
+    `tensor_cores`: on devices with f16 subgroup matrices (and D a multiple of 16 up to 64)
+    05_attention_sgmat.wgsl runs instead: q, k, v and p rounded to f16 in the products."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     check(op, "q", q, nq)
@@ -307,6 +326,12 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     check(op, "lse", lse, B * H * T)
     dev = rec.device
     params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
+    if tensor_cores and tiles is None and config is None \
+            and uses_tensor_cores(dev, D, strides, q, k, v, o):
+        name = SGMAT_KERNELS["forward"]
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)), [q, k, v, o, lse, params],
+                     grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)), label=name)
+        return
     tiled = None
     if tiles is None:
         if config is not None and not _vec4_ready(D, strides, q, k, v, o):
@@ -349,8 +374,10 @@ def _dkv_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, in
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
              *, scale: float | None = None, q_stride: int | None = None,
              kv_stride: int | None = None, o_stride: int | None = None,
-             tiles_dq=None, tiles_dkv=None, config_dq=None, config_dkv=None) -> None:
-    """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse."""
+             tiles_dq=None, tiles_dkv=None, config_dq=None, config_dkv=None,
+             tensor_cores: bool = False) -> None:
+    """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse.
+    `tensor_cores`: as for forward (q, k, v, do, p and ds rounded to f16 in the products)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
@@ -364,6 +391,21 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     rec.dispatch(prep, [o, do, dvec, params], ceil_div(B * T * H, 256),
                  label="attention_backward_prep")
     ready = _vec4_ready(D, strides, q, k, v, o, do, dq, dk, dv)
+    if tensor_cores and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq,
+                                                       config_dkv)) \
+            and uses_tensor_cores(dev, D, strides, q, k, v, o, do, dq, dk, dv):
+        dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
+        name = SGMAT_KERNELS["dq"]
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)),
+                     [q, k, v, do, lse, dvec, dq, params],
+                     grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)), label=name)
+        name = SGMAT_KERNELS["dkv"]
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)),
+                     [q, k, v, do, lse, dvec, dk, dv_out, params],
+                     grid2d(dev, op, B * Hkv, ceil_div(T, SGMAT_ROWS)), label=name)
+        if dv_out is not dv:
+            basic.copy_rows(rec, dv_out, dv, B * T, Hkv * D, strides[1], strides[1])
+        return
     for name, pinned in (("dq", config_dq), ("dkv", config_dkv)):
         if pinned is not None and not ready:
             raise ValueError(f"{op}: config_{name} {pinned} needs the tiled kernel, which needs "

@@ -56,8 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..op_support import (F16, F32, ceil_div, check, dummy, grid2d, positive, scratch,
-                      workgroup_storage)
+from ..op_support import (F16, F32, ceil_div, check, dummy, grid2d, has_tensor_cores,
+                          positive, scratch, workgroup_storage)
 
 FILE = "03_linear.wgsl"
 FILE_H16 = "03_linear_h16.wgsl"
@@ -237,19 +237,8 @@ class MatmulConfig:
 
 FILE_SGMAT = "03_linear_sgmat.wgsl"   # a template (shaders/wgsl_expand.py)
 SGMAT_TILE = 16                       # the f16 -> f32 subgroup-matrix shape used: 16 x 16 x 16
-SGMAT_SUBGROUP = 32
+SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the device has it)
 _SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)$")
-
-
-def has_tensor_cores(device) -> bool:
-    """Whether `device` offers the 16x16x16 f16 -> f32 subgroup matrices at subgroup size 32."""
-    if not device.has("subgroup-matrix") or not device.has("shader-f16"):
-        return False
-    return any(c.get("component_type") == "f16" and c.get("result_component_type") == "f32"
-               and (c.get("m"), c.get("n"), c.get("k")) == (SGMAT_TILE,) * 3
-               and c.get("min_subgroup_size", 0) <= SGMAT_SUBGROUP
-               <= c.get("max_subgroup_size", 0)
-               for c in getattr(device, "subgroup_matrix_configs", ()) or ())
 
 
 @dataclass(frozen=True)
