@@ -12,7 +12,8 @@
 // p and ds are rounded to f16 where they enter a product; every product accumulates in f32,
 // the softmax statistics (row max, sum, lse) and the output rescaling are f32.
 //
-// Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
+// Staged rows are HD + 8 f16 long (the rows that later hold p or ds: at least the tile's key
+// count + 8). Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
 // and dq, keys for dkv), its lane 2r + h the half h of row r's columns. Tiles are staged in
 // workgroup memory as f16 rows of HD + 8 (padding spreads the 16-row matrix loads over
 // banks); the rows' own operand (q, or k and v for dkv; do for dq) is loaded into subgroup
@@ -34,6 +35,8 @@
 const HD: u32 = {{HD}}u;
 const DT: u32 = HD / 16u;        // 16-wide column tiles of a head row
 const SH: u32 = HD + 8u;         // f16 row stride of staged head rows
+const SPF: u32 = max(HD, 64u) + 8u;   // forward: q rows, then p rows of 64 keys
+const SPQ: u32 = max(HD, 32u) + 8u;   // dq: q, do rows, then ds rows of 32 keys
 const H4: u32 = HD / 4u;
 const WG: u32 = 128u;
 const LOG2E: f32 = 1.4426950408889634;
@@ -69,7 +72,7 @@ fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq 
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
-var<workgroup> QP: array<f16, 64u * SH>;    // the q tile, then p of the current key tile
+var<workgroup> QP: array<f16, 64u * SPF>;    // the q tile, then p of the current key tile
 var<workgroup> Ks: array<f16, 64u * SH>;
 var<workgroup> Vs: array<f16, 64u * SH>;
 var<workgroup> Ss: array<f32, 64u * 64u>;   // scores, then p @ v (a subgroup's 16 rows each)
@@ -102,12 +105,12 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         let r = i / H4;
         var v = vec4<f32>();
         if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
-        put4(r * SH + 4u * (i % H4), v, 0u);
+        put4(r * SPF + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
     var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
     for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SH + 16u * d, false, SH);
+        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * d, false, SPF);
     }
     let r = 16u * sg + lane / 2u;            // this lane's row of the tile and half of it
     let half = lane % 2u;
@@ -154,7 +157,7 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         for (var c = 0u; c < 32u; c++) {   // @unroll
             let pc = exp2(sv[c] - m_new);
             sum += pc;
-            QP[r * SH + 32u * half + c] = f16(pc);
+            QP[r * SPF + 32u * half + c] = f16(pc);
         }
         sum += subgroupShuffleXor(sum, 1u);
         l = l * alpha + sum;
@@ -163,7 +166,7 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
             var acc = subgroup_matrix_result<f32, 16, 16>();
             for (var ks = 0u; ks < 4u; ks++) {   // @unroll
-                let pa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SH + 16u * ks, false, SH);
+                let pa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * ks, false, SPF);
                 let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * ks * SH + 16u * d, false, SH);
                 acc = subgroupMatrixMultiplyAccumulate(pa, vb, acc);
             }
@@ -194,7 +197,7 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
 @group(0) @binding(7) var<uniform> p: Params;
 
-var<workgroup> QP: array<f16, 64u * SH>;    // q, then do (both loaded once), then ds
+var<workgroup> QP: array<f16, 64u * SPQ>;    // q, then do (both loaded once), then ds
 var<workgroup> Ks: array<f16, 32u * SH>;
 var<workgroup> Vs: array<f16, 32u * SH>;
 var<workgroup> Ss: array<f32, 64u * 32u>;   // scores, then do v^T; at the end dq
@@ -227,24 +230,24 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         let r = i / H4;
         var v = vec4<f32>();
         if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
-        put4(r * SH + 4u * (i % H4), v, 0u);
+        put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
     var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
     for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SH + 16u * d, false, SH);
+        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * d, false, SPQ);
     }
     workgroupBarrier();
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
         if (q0 + r < p.seq) { v = do_in[o_row(b, q0 + r, h) + i % H4]; }
-        put4(r * SH + 4u * (i % H4), v, 0u);
+        put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
     var da: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
     for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-        da[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SH + 16u * d, false, SH);
+        da[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * d, false, SPQ);
     }
     let r = 16u * sg + lane / 2u;
     let half = lane % 2u;
@@ -298,12 +301,12 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();
         for (var c = 0u; c < 16u; c++) {   // @unroll
-            QP[r * SH + 16u * half + c] = f16(pr[c] * (Ss[r * 32u + 16u * half + c] - dvec));
+            QP[r * SPQ + 16u * half + c] = f16(pr[c] * (Ss[r * 32u + 16u * half + c] - dvec));
         }
         workgroupBarrier();
         for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
             for (var ks = 0u; ks < 2u; ks++) {   // @unroll
-                let dsa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SH + 16u * ks, false, SH);
+                let dsa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * ks, false, SPQ);
                 let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * ks * SH + 16u * d, false, SH);
                 dq[d] = subgroupMatrixMultiplyAccumulate(dsa, kb, dq[d]);
             }
