@@ -315,8 +315,11 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
             config=None, tensor_cores: bool = False) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
-    `tensor_cores`: on devices with f16 subgroup matrices (and D a multiple of 16 up to 64)
-    05_attention_sgmat.wgsl runs instead: q, k, v and p rounded to f16 in the products."""
+
+    `tensor_cores` changes nothing here: the f32 tiled forward is the faster one on the H200
+    (8.6-9.8 ms for the 124M step's 12 layers vs 13.6 for 05_attention_sgmat.wgsl's forward,
+    dev/RESULTS.md). `config="sgmat"` runs the tensor-core forward (q, k, v and p rounded to
+    f16 in the products) where the device has f16 subgroup matrices: the ladder checks it."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     check(op, "q", q, nq)
@@ -326,8 +329,10 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     check(op, "lse", lse, B * H * T)
     dev = rec.device
     params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
-    if tensor_cores and tiles is None and config is None \
-            and uses_tensor_cores(dev, D, strides, q, k, v, o):
+    if config == "sgmat":
+        if not uses_tensor_cores(dev, D, strides, q, k, v, o):
+            raise ValueError(f"{op}: config sgmat needs f16 subgroup matrices, D a multiple of "
+                             "16 up to 64 and vec4-ready layouts")
         name = SGMAT_KERNELS["forward"]
         rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)), [q, k, v, o, lse, params],
                      grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)), label=name)
@@ -377,7 +382,10 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
              tiles_dq=None, tiles_dkv=None, config_dq=None, config_dkv=None,
              tensor_cores: bool = False) -> None:
     """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse.
-    `tensor_cores`: as for forward (q, k, v, do, p and ds rounded to f16 in the products)."""
+    `tensor_cores`: where the device has f16 subgroup matrices (D a multiple of 16 up to 64,
+    vec4-ready layouts) dQ and dK/dV run 05_attention_sgmat.wgsl (q, k, v, do, p and ds
+    rounded to f16 in the products, f32 accumulation; 26.6 vs 44 ms for the 124M step's 12
+    layers on the H200, bench/results/train/train_f16.md)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
