@@ -35,10 +35,12 @@ from .errors import RequestRejected, limit_reason
 from .limits import queue_full
 from .metrics import ServiceMetrics, TelemetryInterceptor
 from .servicer import SERVICE_NAME, TokenizerServicer
+from .tei import TEI_SERVICE_NAME, TeiTokenizeServicer
 from .work import BatchRunner
 
 log = logging.getLogger("tokenizer_svc.server")
 
+SERVICES = ("", SERVICE_NAME, TEI_SERVICE_NAME)   # health entries (the server, each service)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -85,6 +87,7 @@ class TokenizerServer:
         self._encoding, self._device, self._load = encoding, device, load
         self.metrics = ServiceMetrics()
         self.servicer = TokenizerServicer(config)
+        self.tei = TeiTokenizeServicer(self.servicer)
         self.health = HealthServicer()
         self.gpu_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu")
         self.long_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-long")
@@ -126,15 +129,17 @@ class TokenizerServer:
         if cfg.auth_tokens:
             interceptors.append(BearerAuthInterceptor(cfg.auth_tokens))
         server = grpc.aio.server(interceptors=interceptors, options=self._grpc_options())
-        handlers = self.servicer.method_handlers()
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
-                                                                              handlers),))
-        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        for name, handlers in ((SERVICE_NAME, self.servicer.method_handlers()),
+                               (TEI_SERVICE_NAME, self.tei.method_handlers())):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name,
+                                                                                  handlers),))
+            server.add_registered_method_handlers(name, handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            (SERVICE_NAME, TEI_SERVICE_NAME,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        for service in ("", SERVICE_NAME):
+        for service in SERVICES:
             await self.health.set(service, NOT_SERVING)
         if cfg.tls_cert is not None:
             creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
@@ -187,7 +192,7 @@ class TokenizerServer:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         if self._draining:
             return
-        for service in ("", SERVICE_NAME):
+        for service in SERVICES:
             await self.health.set(service, SERVING)
         self.metrics.ready.set(1)
         adapter = adapter_info(self._device or getattr(self._encoding, "device", None))
@@ -270,7 +275,7 @@ class TokenizerServer:
             if bool(stuck) != self.stalled and not self._draining:
                 self.stalled = bool(stuck)
                 status = NOT_SERVING if stuck else SERVING
-                for service in ("", SERVICE_NAME):
+                for service in SERVICES:
                     await self.health.set(service, status)
                 self.metrics.ready.set(0 if stuck else 1)
                 self.metrics.stalled.set(1 if stuck else 0)
