@@ -193,8 +193,11 @@ async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | No
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    from .server.ports import PortUnavailable
     try:
         port = await server.start()
+    except PortUnavailable as exc:
+        raise UserFacingError(str(exc)) from None
     except OSError as exc:
         raise UserFacingError(f"cannot listen on {config.address}: {exc}") from None
     if port_file is not None:

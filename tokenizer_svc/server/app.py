@@ -34,6 +34,7 @@ from .health import HealthServicer
 from .errors import RequestRejected, limit_reason
 from .limits import queue_full
 from .metrics import ServiceMetrics, TelemetryInterceptor
+from .ports import check_free, port_error
 from .servicer import SERVICE_NAME, TokenizerServicer
 from .tei import TEI_SERVICE_NAME, TeiTokenizeServicer
 from .work import BatchRunner
@@ -141,19 +142,30 @@ class TokenizerServer:
              reflection.SERVICE_NAME), server)
         for service in SERVICES:
             await self.health.set(service, NOT_SERVING)
-        if cfg.tls_cert is not None:
-            creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
-            self.port = server.add_secure_port(cfg.address, creds)
-        else:
-            self.port = server.add_insecure_port(cfg.address)
+        check_free("gRPC port", "--port", cfg.host, cfg.port)
+        if cfg.metrics_port is not None:
+            check_free("metrics port", "--metrics-port", cfg.metrics_host, cfg.metrics_port)
+        try:
+            if cfg.tls_cert is not None:
+                creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+                self.port = server.add_secure_port(cfg.address, creds)
+            else:
+                self.port = server.add_insecure_port(cfg.address)
+        except RuntimeError as exc:   # grpc's "Failed to bind to address ..."
+            raise port_error("gRPC port", "--port", cfg.host, cfg.port, exc) from None
         if not self.port:
-            raise OSError(f"could not bind {cfg.address}")
+            raise port_error("gRPC port", "--port", cfg.host, cfg.port)
+        if cfg.metrics_port is not None:
+            try:
+                self.metrics_port = self.metrics.serve_http(
+                    cfg.metrics_host, cfg.metrics_port,
+                    tokens=cfg.auth_tokens if cfg.metrics_auth else ())
+            except OSError as exc:
+                await server.stop(0)
+                raise port_error("metrics port", "--metrics-port", cfg.metrics_host,
+                                 cfg.metrics_port, exc) from None
         await server.start()
         self._server = server
-        if cfg.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(
-                cfg.metrics_host, cfg.metrics_port,
-                tokens=cfg.auth_tokens if cfg.metrics_auth else ())
         log.info("listening", extra={"data": {
             "address": f"{cfg.host}:{self.port}", "tls": cfg.tls_cert is not None,
             "auth": bool(cfg.auth_tokens), "metrics_port": self.metrics_port}})
