@@ -57,6 +57,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"gRPC port (default {d_cfg.port}; 0: any free port, see --port-file)")
     p.add_argument("--port-file", type=Path, metavar="PATH",
                    help="write the bound port to PATH once listening")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="server processes sharing the port (SO_REUSEPORT), each with its own "
+                        "GPU device and batcher: request handling on N cores (default 1; "
+                        "tokenizer_svc/server/workers.py)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -166,10 +170,21 @@ def cmd_serve(args) -> int:
     setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
                   else logging.INFO)
     config = config_from_args(args)
+    if args.workers < 1:
+        raise UserFacingError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        from .server.workers import run_workers
+        from .server.ports import PortUnavailable
+        try:
+            return run_workers(config, args.vocab, args.adapter, args.port_file, args.workers,
+                               args.log_format, getattr(args, "verbose", False))
+        except PortUnavailable as exc:
+            raise UserFacingError(str(exc)) from None
     return asyncio.run(_serve(config, args.vocab, args.adapter, args.port_file))
 
 
-async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None) -> int:
+async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
+                 on_listening=None) -> int:
     from .server.app import TokenizerServer
 
     def load():
@@ -204,7 +219,16 @@ async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | No
         tmp = port_file.with_name(port_file.name + ".tmp")
         tmp.write_text(f"{port}\n")
         tmp.replace(port_file)
+    if on_listening is not None:   # a worker tells its supervisor (workers.py)
+        on_listening("listening", port, server.metrics_port)
+
+        async def tell_ready():
+            await server.ready.wait()
+            on_listening("ready", port, server.metrics_port)
+        notify = loop.create_task(tell_ready())
     await server.wait_stopped()
+    if on_listening is not None:
+        notify.cancel()
     if draining:
         await draining[0]
     if server.stuck_workers:   # a GPU call that never returns: do not wait for it at exit

@@ -115,11 +115,12 @@ class TokenizerServer:
         limit = self.config.limits.max_message_bytes
         # grpc's own limit sits above ours, so our deserializer answers with the clearer
         # message; responses may be larger than requests (ids and offsets). Without
-        # SO_REUSEPORT a second server on a taken port fails instead of sharing it silently.
+        # SO_REUSEPORT a second server on a taken port fails instead of sharing it silently;
+        # workers of one `serve --workers N` share it on purpose (workers.py).
         wire = min(2 * limit + (1 << 20), 2**31 - 1)
         return [("grpc.max_receive_message_length", wire),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0)]
+                ("grpc.so_reuseport", 1 if self.config.reuse_port else 0)]
 
     async def start(self) -> int:
         """Bind and start serving (NOT_SERVING until the Encoding is ready); returns the port."""
@@ -142,7 +143,8 @@ class TokenizerServer:
              reflection.SERVICE_NAME), server)
         for service in SERVICES:
             await self.health.set(service, NOT_SERVING)
-        check_free("gRPC port", "--port", cfg.host, cfg.port)
+        if not cfg.reuse_port:   # a worker's port is held by its supervisor
+            check_free("gRPC port", "--port", cfg.host, cfg.port)
         if cfg.metrics_port is not None:
             check_free("metrics port", "--metrics-port", cfg.metrics_host, cfg.metrics_port)
         try:
