@@ -4,7 +4,7 @@
                             [--workers 1,4] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
 
 For each server configuration in --workers (`istanbul serve --workers N`: N server processes
-on one port, each with its own GPU device and batcher; default 1 and a quarter of the CPUs),
+on one port, each with its own GPU device and batcher; default 1 and 3/8 of the CPUs),
 it starts the real server and drives it with closed-loop clients (each sends Tokenize, waits
 for the reply, sends the next) for every combination of --clients and --sizes; `mixed` draws
 each request's text from 100 B (60%), 1 KB (30%) and 64 KB (10%). Clients are asyncio tasks,
@@ -427,9 +427,9 @@ def main(argv=None) -> int:
                    "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR, ../shared/vocab or "
                    "shared/vocab)")
     p.add_argument("--adapter", default=None, help="GPU adapter for the server")
-    p.add_argument("--workers", default=",".join(map(str, sorted({1, max(1, cpus // 4)}))),
+    p.add_argument("--workers", default=",".join(map(str, sorted({1, max(2, cpus * 3 // 8)}))),
                    help="comma-separated server configurations, `istanbul serve --workers N` "
-                        "(default: 1 and a quarter of the CPUs)")
+                        "(default: 1 and 3/8 of the CPUs, 6 on 16)")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
