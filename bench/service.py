@@ -294,7 +294,7 @@ def _tree_cpu_seconds(pid: int) -> float:
             except OSError:
                 continue
             stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    tree, total, grew = {pid}, 0.0, True
+    tree, grew = {pid}, True
     while grew:
         grew = False
         for p, (parent, _) in stats.items():

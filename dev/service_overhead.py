@@ -15,7 +15,6 @@ the repeated field vs the packed bytes field. This is a measurement, not a produ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import io
 import json

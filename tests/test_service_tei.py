@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.service_support import (SPECIALS, server, start_server, tiny_encoding,  # noqa: F401
+from tests.service_support import (server, start_server, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 
 DATA = Path(__file__).resolve().parent / "data"

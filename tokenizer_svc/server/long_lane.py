@@ -26,7 +26,7 @@ import numpy as np
 
 from ..cuts import PATTERNS, split_cuts, valid_utf8_prefix
 from .errors import NOT_READY, RequestRejected
-from .work import utf8_len
+from .work import encode_flat, utf8_len
 
 MiB = 1 << 20
 _RUN = {}  # piece_bytes -> compiled regex
@@ -154,9 +154,8 @@ class LongLane:
         parts = []
         for chunk in self._chunks(doc, allowed):
             control.check()
-            ids, _ = self.encoding.encode_batch_flat([chunk], allowed_special=allowed,
-                                                     disallowed_special=())
-            parts.append(np.asarray(ids, np.uint32))
+            ids, _ = encode_flat(self.encoding, [chunk], allowed)
+            parts.append(ids)
         return np.concatenate(parts) if parts else np.zeros(0, np.uint32)
 
     def _chunks(self, doc, allowed):

@@ -8,6 +8,7 @@ and message, from tokenizer_svc.reference), so one bad request never fails its n
 All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
 each decode job is retried alone so that only the guilty one fails.
 
+`encode_flat` is the service's one call into the encode path (batches and long lane alike).
 `token_spans` is the one place that turns ids into (start, end) offsets; it reads the
 Encoding's per-token tables (byte lengths, characters started), which the public
 `token_offsets` uses for the starts.
@@ -38,6 +39,15 @@ def disallowed_special_message(token: str) -> str:
             f"`special.allow_all`) to encode it as that special token, or set "
             f"`special.disallow_none` (or list other tokens in `special.disallowed`) to "
             f"encode it as ordinary text")
+
+
+def encode_flat(encoding, docs: list, allowed: frozenset) -> tuple[np.ndarray, np.ndarray]:
+    """The service's one call into the encode path: (ids as np.uint32, offsets with n+1
+    entries) of `docs`, the `allowed` special tokens recognised, no refusal (that was
+    checked per job). The batches and the long lane both come through here."""
+    ids, offsets = encoding.encode_batch_flat(docs, allowed_special=allowed,
+                                              disallowed_special=())
+    return np.asarray(ids, np.uint32), offsets
 
 
 def special_ids(vocab) -> set:
@@ -170,9 +180,7 @@ class BatchRunner:
             docs = [doc for k in members for doc in jobs[k].docs]
             encoded = []  # per document, in order
             for chunk in self._chunks(docs):
-                ids, offsets = self.encoding.encode_batch_flat(chunk, allowed_special=allowed,
-                                                               disallowed_special=())
-                ids = np.asarray(ids, np.uint32)
+                ids, offsets = encode_flat(self.encoding, chunk, allowed)
                 encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
             i = 0
             for k in members:

@@ -51,13 +51,13 @@ log = logging.getLogger("tokenizer_svc.server")
 
 def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, log_format: str,
                  verbose: bool, status) -> None:
-    """One worker: a whole TokenizerServer in this (spawned) process."""
+    """One worker: a whole TokenizerServer in this (spawned) process (process.serve)."""
     os.setpgid(0, 0)     # Ctrl-C at a terminal reaches the supervisor only
     _die_with_parent()
     import asyncio
     import sys
     from istanbul_errors import UserFacingError
-    from ..cli_serve import _serve
+    from .process import serve
     from .logs import setup_logging
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
     log.info("worker starting", extra={"data": {"worker": index, "pid": os.getpid()}})
@@ -66,7 +66,7 @@ def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, log_form
         status.put((state, index, port, metrics_port))
 
     try:
-        code = asyncio.run(_serve(config, vocab, adapter, None, on_listening=on_listening))
+        code = asyncio.run(serve(config, vocab, adapter, None, on_listening=on_listening))
     except UserFacingError as exc:
         print(f"istanbul serve: worker {index}: error: {exc}", file=sys.stderr)
         code = 1
