@@ -166,3 +166,10 @@ def test_add_and_skip_special_tokens_follow_the_tokenizer_json(tmp_path, device,
             assert decode[k].get("text", "") == hf.decode(hf.encode(text).ids,
                                                            skip_special_tokens=skip)
             k += 1
+
+
+def test_tei_calls_need_the_bearer_token_like_every_other(tiny_encoding, device, tei_stubs):
+    with start_server(tiny_encoding, device, auth_tokens=("s3cret",)) as srv:
+        [refused] = tei_calls(tei_stubs, srv.target,
+                              [{"rpc": "Tokenize", "requests": [{"inputs": "hello"}]}])
+    assert refused["error"] == "UNAUTHENTICATED"
