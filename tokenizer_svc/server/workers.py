@@ -135,6 +135,12 @@ class WorkerMetrics:
 def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
                 workers: int, log_format: str = "json", verbose: bool = False) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code."""
+    from istanbul_errors import UserFacingError
+    from ..vocab import load_vocabulary
+    try:   # once here, so a bad --vocab is one error instead of one per worker
+        load_vocabulary(vocab)
+    except ValueError as exc:
+        raise UserFacingError(f"could not load vocabulary {vocab!r}: {exc}") from None
     check_free("gRPC port", "--port", config.host, config.port)
     if config.metrics_port is not None:
         check_free("metrics port", "--metrics-port", config.metrics_host, config.metrics_port)
