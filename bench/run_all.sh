@@ -39,7 +39,7 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
-                  [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240 [probe]=60)
+                  [tokenize]=200 [vtrain]=150 [service]=210 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1
