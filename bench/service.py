@@ -1,7 +1,8 @@
 """Benchmark of the gRPC tokenizer service: throughput and latency under concurrent clients.
 
     python bench/service.py --out bench/results/service [--vocab PATH] [--adapter A]
-                            [--workers 1,4] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
+                            [--workers 1,6] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
+                            [--formats packed,repeated]
 
 For each server configuration in --workers (`istanbul serve --workers N`: N server processes
 on one port, each with its own GPU device and batcher; default 1 and 3/8 of the CPUs),
@@ -10,7 +11,8 @@ for the reply, sends the next) for every combination of --clients and --sizes; `
 each request's text from 100 B (60%), 1 KB (30%) and 64 KB (10%). Clients are asyncio tasks,
 each with its own gRPC connection, spread over load-generator processes (started once,
 reused by every cell) so that the load generator is not the bottleneck. Requests ask for
-packed ids (ID_FORMAT_PACKED) and EVERY reply is compared with tiktoken's ids for its text
+packed ids (ID_FORMAT_PACKED; `--formats packed,repeated` also measures the repeated field
+that older clients read) and EVERY reply is compared with tiktoken's ids for its text
 (precomputed; a wrong reply counts as an error, `mismatch`). Per cell it reports requests/s
 (requests completed inside the window), MB/s, tokens/s, latency p50/p95/p99, and from the
 server: the mean number of requests per GPU call, the GPU threads' busy share (time inside
@@ -109,21 +111,23 @@ def _worker(conn) -> None:
         if msg[0] == "texts":   # (size label, texts, weights, expected packed ids per text)
             cells[msg[1]] = msg[2:]
         elif msg[0] == "cell":
-            _, target, n_clients, size, warmup, duration, seed = msg
-            conn.send(asyncio.run(_drive(conn, target, n_clients, *cells[size], warmup,
+            _, target, n_clients, size, packed, warmup, duration, seed = msg
+            conn.send(asyncio.run(_drive(conn, target, n_clients, *cells[size], packed, warmup,
                                          duration, seed)))
         else:
             return
 
 
-async def _drive(conn, target, n_clients, texts, weights, expected, warmup, duration,
+async def _drive(conn, target, n_clients, texts, weights, expected, packed, warmup, duration,
                  seed) -> dict:
     import grpc
     from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc as pb_grpc
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
                ("grpc.max_send_message_length", -1)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(n_clients)]
-    requests = [pb.TokenizeRequest(text=t, format=pb.ID_FORMAT_PACKED) for t in texts]
+    import numpy as np
+    form = pb.ID_FORMAT_PACKED if packed else pb.ID_FORMAT_REPEATED
+    requests = [pb.TokenizeRequest(text=t, format=form) for t in texts]
     sizes = [len(t.encode()) for t in texts]
     latencies, nbytes, tokens, errors, checked = [], 0, 0, {}, 0
     await asyncio.gather(*(c.channel_ready() for c in channels))
@@ -152,7 +156,8 @@ async def _drive(conn, target, n_clients, texts, weights, expected, warmup, dura
                     errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                 continue
             done = time.perf_counter()
-            exact = reply.ids_packed == expected[i]    # every reply, against tiktoken
+            got = reply.ids_packed if packed else np.asarray(reply.ids, "<u4").tobytes()
+            exact = got == expected[i]    # every reply, against tiktoken
             checked += 1
             # a request counts when it completes inside the window (closed-loop throughput;
             # with latencies longer than the window, "sent inside it too" would count none)
@@ -162,7 +167,7 @@ async def _drive(conn, target, n_clients, texts, weights, expected, warmup, dura
                     continue
                 latencies.append(done - sent)
                 nbytes += sizes[i]
-                tokens += len(reply.ids_packed) // 4
+                tokens += len(got) // 4
             elif not exact:
                 errors["mismatch (outside the window)"] = \
                     errors.get("mismatch (outside the window)", 0) + 1
@@ -190,12 +195,12 @@ class LoadGenerator:
                 conn.send(("texts", size, *payload))
 
     def run_cell(self, target: str, clients: int, size: str, warmup: float,
-                 duration: float) -> dict:
+                 duration: float, packed: bool = True) -> dict:
         workers = self.workers[:max(1, min(len(self.workers), clients))]
         n = len(workers)
         shares = [clients // n + (1 if k < clients % n else 0) for k in range(n)]
         for k, ((_, conn), share) in enumerate(zip(workers, shares)):
-            conn.send(("cell", target, share, size, warmup, duration, k))
+            conn.send(("cell", target, share, size, packed, warmup, duration, k))
         for _, conn in workers:   # every client connected: start together
             if conn.recv() != "ready":
                 raise RuntimeError("load generator out of step")
@@ -378,13 +383,14 @@ def markdown(report: dict) -> str:
         "requests per GPU call; `GPU busy`: time inside encode calls / wall time, summed over "
         "the workers' devices; `server CPU`: cores the server's processes used.",
         "",
-        "| workers | clients | text | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
+        "| workers | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
         "| req/batch | GPU busy | server CPU | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in report["cells"]:
         lines.append(
             f"| {cell['workers']} | {cell['clients']} | {_label(cell['size'])} "
+            f"| {cell.get('format', 'packed')} "
             f"| {_fmt(cell['requests_per_s'])} | {_fmt(cell['mb_per_s'], 2)} "
             f"| {_fmt(cell['tokens_per_s'], 0)} | {_fmt(cell['p50_ms'], 2)} "
             f"| {_fmt(cell['p95_ms'], 2)} | {_fmt(cell['p99_ms'], 2)} "
@@ -435,6 +441,10 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
                    help="comma-separated text sizes in bytes, or `mixed` (default "
                         "100,1024,65536,mixed)")
+    p.add_argument("--formats", default="packed",
+                   help="reply formats to measure: packed (ids_packed bytes), repeated (the "
+                        "repeated ids field, what old clients read), or both comma-separated "
+                        "(default packed)")
     p.add_argument("--window-ms", type=float, default=2.0, help="batching window (default 2)")
     p.add_argument("--duration", type=float, default=2.0, help="measured seconds per cell "
                    "(default 2)")
@@ -447,6 +457,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     preflight()
     workers_list = [int(x) for x in args.workers.split(",")]
+    formats = [f.strip() for f in args.formats.split(",")]
+    if not set(formats) <= {"packed", "repeated"}:
+        raise SystemExit(f"--formats: {args.formats!r}; use packed, repeated or both")
     clients = [int(x) for x in args.clients.split(",")]
     sizes = [x.strip() for x in args.sizes.split(",")]
     for size in sizes:
@@ -468,6 +481,7 @@ def main(argv=None) -> int:
         exp = cell_texts(expected, size)[0]
         cells[size] = (pool, weights, exp)
     report = {"config": {"workers": workers_list, "clients": clients, "sizes": sizes,
+                         "formats": formats,
                          "window_ms": args.window_ms, "duration_s": args.duration,
                          "warmup_s": args.warmup, "processes": args.processes,
                          "vocab": args.vocab, "mixed": MIXED},
@@ -487,31 +501,31 @@ def main(argv=None) -> int:
                                     "vocabulary_hash": info.vocabulary_hash}
                 for n in sorted(needed):  # warm-up: kernels compiled, buffers grown
                     server.client.encode_batch_flat(texts[n][:32])
-                for size in sizes:
-                    for n in clients:
-                        before = server.metrics()
-                        wall = time.perf_counter()
-                        cell = load.run_cell(server.target, n, size, args.warmup,
-                                             args.duration)
-                        wall = time.perf_counter() - wall
-                        after = server.metrics()
-                        delta = {k: after[k] - before[k] for k in after}
-                        batches = delta["istanbul_tokenizer_batch_requests_count"]
-                        verified += cell.pop("checked")
-                        cell.update(workers=workers, clients=n, size=size,
-                                    requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
-                                                        / batches if batches else None),
-                                    gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall,
-                                    server_cpu_cores=delta["cpu_seconds"] / wall)
-                        report["cells"].append(cell)
-                        report["verified_replies"] = verified
-                        write_report(args.out, report, final=False)  # a time limit keeps what ran
-                        print(f"workers {workers:2} clients {n:4} text {_label(size):>6}: "
-                              f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
-                              f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
-                              f"req/batch {_fmt(cell['requests_per_batch'])} "
-                              f"cpu {cell['server_cpu_cores']:.1f} "
-                              f"errors {sum(cell['errors'].values())}", flush=True)
+                for size, n, form in ((size, n, form) for size in sizes for n in clients
+                                      for form in formats):
+                    before = server.metrics()
+                    wall = time.perf_counter()
+                    cell = load.run_cell(server.target, n, size, args.warmup,
+                                         args.duration, packed=form == "packed")
+                    wall = time.perf_counter() - wall
+                    after = server.metrics()
+                    delta = {k: after[k] - before[k] for k in after}
+                    batches = delta["istanbul_tokenizer_batch_requests_count"]
+                    verified += cell.pop("checked")
+                    cell.update(workers=workers, clients=n, size=size, format=form,
+                                requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
+                                                    / batches if batches else None),
+                                gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall,
+                                server_cpu_cores=delta["cpu_seconds"] / wall)
+                    report["cells"].append(cell)
+                    report["verified_replies"] = verified
+                    write_report(args.out, report, final=False)  # a time limit keeps what ran
+                    print(f"workers {workers:2} clients {n:4} text {_label(size):>6} {form}: "
+                          f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
+                          f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
+                          f"req/batch {_fmt(cell['requests_per_batch'])} "
+                          f"cpu {cell['server_cpu_cores']:.1f} "
+                          f"errors {sum(cell['errors'].values())}", flush=True)
             finally:
                 code = server.stop()
                 if code != 0:
