@@ -263,7 +263,7 @@ class TokenizerServicer:
                                   "the server is starting (loading the GPU device and the "
                                   "vocabulary); retry shortly")
 
-    def _doc(self, request, what: str):
+    def _doc(self, request):
         which = request.WhichOneof("input")
         if which is None:
             raise _bad(f"the {type(request).__name__} has no input: set `text` (UTF-8) or "
@@ -349,7 +349,7 @@ class TokenizerServicer:
     async def _tokenize_one(self, request, context, what: str, method: str) -> pb.TokenizeResponse:
         request = _parsed(request)
         self._ready()
-        doc, nbytes = self._doc(request, what)
+        doc, nbytes = self._doc(request)
         job = self._encode_job([doc], request)
         [result] = await self._run(job, 1, nbytes, context, method)
         self.metrics.tokens.labels("encode").inc(result.ids.size)
@@ -433,7 +433,7 @@ class TokenizerServicer:
     async def CountTokens(self, request, context):
         request = _parsed(request)
         self._ready()
-        doc, nbytes = self._doc(request, "the text")
+        doc, nbytes = self._doc(request)
         job = EncodeJob([doc], self._rule(request.special))
         [result] = await self._run(job, 1, nbytes, context, "CountTokens")
         return pb.CountTokensResponse(count=result.token_count, n_tokens=result.token_count)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
 
 from ..rpc import tei_pb2
@@ -42,7 +43,6 @@ class TeiTokenizeServicer:
         return self.main.batcher
 
     def method_handlers(self) -> dict:
-        import grpc
         handlers = {}
         for method in TEI_SERVICE.methods:
             request_cls = getattr(tei_pb2, method.input_type.name)
