@@ -1,6 +1,7 @@
 """`istanbul serve --workers 2`: two real server processes on one port (SO_REUSEPORT) under a
 supervisor: connections reach both, replies are exact, /metrics shows both workers, SIGTERM
-drains every worker (exit 0), and a worker that dies takes the group down (exit 1)."""
+drains every worker (exit 0), a killed worker is restarted, and workers that cannot start
+stop the group (exit 1)."""
 
 from __future__ import annotations
 
@@ -94,14 +95,43 @@ def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_e
             proc.wait()
 
 
-def test_a_dead_worker_takes_the_group_down(tiny_vocab_path, tmp_path):
-    proc, target, _ = _start(tiny_vocab_path, tmp_path)
+def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_encoding,
+                                                       tmp_path):
+    proc, target, metrics_port = _start(tiny_vocab_path, tmp_path)
     try:
-        workers = _children(proc.pid)
-        assert len(workers) >= 2
-        os.kill(workers[0], signal.SIGKILL)
-        assert proc.wait(120) == 1
-        assert "worker exited" in proc.stderr.read()
+        first = _children(proc.pid)
+        assert len(first) == 2
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:   # a new worker process, both workers' metrics answering again
+            now = _children(proc.pid)
+            page = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                          timeout=30).read().decode()
+            if len(now) == 2 and first[0] not in now and \
+                    _per_worker(page, "istanbul_tokenizer_worker_up") == {"0": 1.0, "1": 1.0}:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the killed worker was not restarted"
+            time.sleep(0.2)
+        with TokenizerClient(target) as client:
+            client.wait_ready(120)
+            for text in TEXTS[:4]:
+                assert client.encode(text) == list(tiny_encoding.encode(text))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        assert "worker exited; restarting it" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_workers_that_cannot_start_stop_the_group(tiny_vocab_path, tmp_path):
+    proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--workers", "2", "--port", "0",
+                            "--adapter", "no-such-adapter")
+    try:
+        assert proc.wait(180) == 1
+        assert "worker failed to start; stopping the group" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

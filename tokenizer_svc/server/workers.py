@@ -27,8 +27,11 @@ The supervisor (this module, the `istanbul serve` process itself):
 - serves `--metrics-port` itself: every worker's metrics (each on a loopback port of its
   own) under one endpoint, with a `worker` label;
 - forwards SIGTERM/SIGINT to every worker (each drains as a single server does) and exits
-  with the worst worker exit code. A worker that dies on its own takes the group down (exit
-  1): the orchestrator restarts the whole service, as it would a single process.
+  with the worst worker exit code;
+- restarts a worker that dies on its own (the others keep serving meanwhile: the kernel
+  sends new connections only to listening sockets), at once if it had been serving, else
+  after 1 s, 2 s; a worker that dies MAX_START_FAILURES times in a row before serving (a
+  broken adapter, say) stops the group with exit 1.
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class WorkerMetrics:
         up = Metric("istanbul_tokenizer_worker_up", "1 for each worker whose metrics answered",
                     "gauge")
         for k, port in enumerate(self.ports):
+            if port is None:   # (re)starting
+                up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 0)
+                continue
             request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
             if self.token:
                 request.add_header("Authorization", f"Bearer {self.token}")
@@ -149,61 +155,45 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     worker_config = replace(config, port=port, reuse_port=True,
                             metrics_port=0 if config.metrics_port is not None else None,
                             metrics_host="127.0.0.1")
-    ctx = mp.get_context("spawn")
-    status = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
-                         args=(k, worker_config, vocab, adapter, log_format, verbose, status))
-             for k in range(workers)]
+    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose)
     stopping: list = []
 
     def on_signal(signum, frame):
         if stopping:       # a second signal: stop now, as a single server does
-            for p in procs:
-                if p.pid:
-                    _kill(p.pid, signal.SIGKILL)
+            group.signal_all(signal.SIGKILL)
             os._exit(1)
         stopping.append(signum)
         log.info("signal", extra={"data": {"signal": signal.Signals(signum).name,
                                            "workers": workers}})
-        for p in procs:
-            if p.pid:
-                _kill(p.pid, signal.SIGTERM)
+        group.signal_all(signal.SIGTERM)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    metrics_server = None
+    metrics_server, announced = None, False
     try:
-        for p in procs:
-            p.start()
-        metrics_ports: list = [None] * workers
-        listening = 0   # workers SERVING (each reports "listening", then "ready")
-        while listening < workers and not stopping:
-            if any(p.exitcode is not None for p in procs):
-                break
-            try:
-                kind, k, _, worker_metrics = status.get(timeout=0.2)
-            except Exception:   # queue.Empty
-                continue
-            metrics_ports[k] = worker_metrics
-            if kind == "ready":
-                listening += 1
-        if listening == workers and not stopping:
-            if config.metrics_port is not None:
-                from prometheus_client import CollectorRegistry
-                from ..exposure import serve_metrics
-                registry = CollectorRegistry()
-                token = config.auth_tokens[0] if config.metrics_auth else None
-                registry.register(WorkerMetrics(metrics_ports, token))
-                metrics_server = serve_metrics(registry, config.metrics_host,
-                                               config.metrics_port,
-                                               config.auth_tokens if config.metrics_auth else ())
-            if port_file is not None:
-                tmp = port_file.with_name(port_file.name + ".tmp")
-                tmp.write_text(f"{port}\n")
-                tmp.replace(port_file)
-            log.info("workers listening", extra={"data": {
-                "address": f"{config.host}:{port}", "workers": workers,
-                "metrics_port": metrics_server.server_port if metrics_server else None}})
-        code = _wait(procs, stopping, config)
+        group.start_all()
+        while not stopping and not group.failed:
+            group.step()
+            if group.all_ready_once and not announced:
+                if config.metrics_port is not None:
+                    from prometheus_client import CollectorRegistry
+                    from ..exposure import serve_metrics
+                    registry = CollectorRegistry()
+                    token = config.auth_tokens[0] if config.metrics_auth else None
+                    registry.register(WorkerMetrics(group.metrics_ports, token))
+                    metrics_server = serve_metrics(
+                        registry, config.metrics_host, config.metrics_port,
+                        config.auth_tokens if config.metrics_auth else ())
+                if port_file is not None:
+                    tmp = port_file.with_name(port_file.name + ".tmp")
+                    tmp.write_text(f"{port}\n")
+                    tmp.replace(port_file)
+                log.info("workers serving", extra={"data": {
+                    "address": f"{config.host}:{port}", "workers": workers,
+                    "metrics_port": metrics_server.server_port if metrics_server else None}})
+                announced = True
+        if group.failed:
+            group.signal_all(signal.SIGTERM)
+        codes = group.wait_all()
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
@@ -211,7 +201,85 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
         holder.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code
+    if group.failed:
+        return 1
+    return max(0, *(c if c >= 0 else 1 for c in codes))
+
+
+MAX_START_FAILURES = 3   # a worker that dies this many times in a row before serving
+
+
+class _Group:
+    """The worker processes: started, watched, restarted (see the module doc)."""
+
+    def __init__(self, n: int, config: ServerConfig, vocab: str, adapter, log_format: str,
+                 verbose: bool):
+        self.ctx = mp.get_context("spawn")
+        self.status = self.ctx.Queue()
+        self.args = (config, vocab, adapter, log_format, verbose, self.status)
+        self.procs: list = [None] * n
+        self.metrics_ports: list = [None] * n   # read by WorkerMetrics (same list object)
+        self.ready = [False] * n                 # SERVING since its last start
+        self.start_failures = [0] * n            # deaths before SERVING, in a row
+        self.restart_at = [None] * n             # monotonic time of a pending restart
+        self.all_ready_once = False
+        self.failed = False
+
+    def start(self, k: int) -> None:
+        self.ready[k] = False
+        self.restart_at[k] = None
+        self.procs[k] = self.ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
+                                         args=(k, *self.args))
+        self.procs[k].start()
+
+    def start_all(self) -> None:
+        for k in range(len(self.procs)):
+            self.start(k)
+
+    def signal_all(self, signum) -> None:
+        for p in self.procs:
+            if p is not None and p.pid and p.exitcode is None:
+                _kill(p.pid, signum)
+
+    def step(self) -> None:
+        """One round: read the workers' reports, restart the ones that died."""
+        try:
+            kind, k, _, metrics_port = self.status.get(timeout=0.1)
+            self.metrics_ports[k] = metrics_port
+            if kind == "ready":
+                self.ready[k] = True
+                self.start_failures[k] = 0
+                self.all_ready_once = self.all_ready_once or all(self.ready)
+        except Exception:   # queue.Empty
+            pass
+        now = time.monotonic()
+        for k, p in enumerate(self.procs):
+            if p.exitcode is None:
+                continue
+            if self.restart_at[k] is None:
+                if not self.ready[k]:
+                    self.start_failures[k] += 1
+                if self.start_failures[k] >= MAX_START_FAILURES:
+                    log.error("worker failed to start; stopping the group", extra={"data": {
+                        "worker": k, "exit_code": p.exitcode,
+                        "attempts": self.start_failures[k]}})
+                    self.failed = True
+                    return
+                delay = float(self.start_failures[k])   # 0 after serving, then 1 s, 2 s
+                log.warning("worker exited; restarting it", extra={"data": {
+                    "worker": k, "exit_code": p.exitcode, "restart_in_s": delay}})
+                self.metrics_ports[k] = None
+                self.ready[k] = False
+                self.restart_at[k] = now + delay
+            if now >= self.restart_at[k]:
+                self.start(k)
+
+    def wait_all(self) -> list:
+        """Exit codes once every worker exited (they were signalled, or died)."""
+        for p in self.procs:
+            if p is not None:
+                p.join()
+        return [p.exitcode for p in self.procs if p is not None]
 
 
 def _kill(pid: int, signum) -> None:
@@ -219,22 +287,3 @@ def _kill(pid: int, signum) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def _wait(procs: list, stopping: list, config: ServerConfig) -> int:
-    """Until every worker exited; the first one to exit unasked stops the others."""
-    failed = False
-    while any(p.exitcode is None for p in procs):
-        for p in procs:
-            if p.exitcode is not None and not stopping and not failed:
-                failed = True
-                log.error("worker exited; stopping the others", extra={"data": {
-                    "worker": p.name, "exit_code": p.exitcode}})
-                for other in procs:
-                    if other.exitcode is None:
-                        _kill(other.pid, signal.SIGTERM)
-        time.sleep(0.1)
-    codes = [p.exitcode for p in procs]
-    if failed:
-        return max(1, *[c for c in codes if c is not None and c > 0] or [1])
-    return max(0, *(c if c >= 0 else 1 for c in codes))
