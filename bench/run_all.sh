@@ -15,7 +15,7 @@
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
-#   service   bench/service.py (gRPC throughput and latency, batching on/off)
+#   service   bench/service.py (gRPC throughput and latency, --workers 1 and 6, every reply checked)
 #   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
 #             unrolled register blocks; results belong in dev/probes/results/)
 #   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
@@ -39,7 +39,7 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
-                  [tokenize]=200 [vtrain]=150 [service]=150 [e2e]=240 [probe]=60)
+                  [tokenize]=200 [vtrain]=150 [service]=210 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1

@@ -1,18 +1,26 @@
 """Benchmark of the gRPC tokenizer service: throughput and latency under concurrent clients.
 
     python bench/service.py --out bench/results/service [--vocab PATH] [--adapter A]
+                            [--workers 1,6] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
+                            [--formats packed,repeated]
 
-For batching on and off, it starts the real server (`python -m tokenizer_svc`, its own GPU
-device) and drives it with closed-loop clients (each sends Tokenize, waits for the reply,
-sends the next) for every combination of 1, 16, 64 and 256 clients and 100 B, 1 KB and 64 KB
-texts. Clients are asyncio tasks, each with its own gRPC connection, spread over several
-processes (started once, reused by every cell) so that the load generator is not the
-bottleneck. Per cell it reports requests/s (requests completed inside the window),
-MB/s, tokens/s, latency p50/p95/p99 and, from the server's Prometheus metrics, the mean number
-of requests per GPU call and the GPU thread's busy fraction. Writes service.json and
-service.md into --out. Texts are cut from real text (--corpus files, default the Python
-standard library's sources); a sample of replies is checked against tiktoken when it is
-installed.
+For each server configuration in --workers (`istanbul serve --workers N`: N server processes
+on one port, each with its own GPU device and batcher; default 1 and 3/8 of the CPUs),
+it starts the real server and drives it with closed-loop clients (each sends Tokenize, waits
+for the reply, sends the next) for every combination of --clients and --sizes; `mixed` draws
+each request's text from 100 B (60%), 1 KB (30%) and 64 KB (10%). Clients are asyncio tasks,
+each with its own gRPC connection, spread over load-generator processes (started once,
+reused by every cell) so that the load generator is not the bottleneck. Requests ask for
+packed ids (ID_FORMAT_PACKED; `--formats packed,repeated` also measures the repeated field
+that older clients read) and EVERY reply is compared with tiktoken's ids for its text
+(precomputed; a wrong reply counts as an error, `mismatch`). Per cell it reports requests/s
+(requests completed inside the window), MB/s, tokens/s, latency p50/p95/p99, and from the
+server: the mean number of requests per GPU call, the GPU threads' busy share (time inside
+encode calls / wall time, summed over workers: above 1 with several devices busy at once)
+and the server's CPU use in cores (its processes' CPU seconds / wall time). Writes
+service.json and service.md into --out; about 2.5 minutes at the defaults on a 16-core
+machine. Texts are cut from real text (--corpus files, default the Python standard library's
+sources).
 """
 
 from __future__ import annotations
@@ -37,7 +45,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DEFAULT_CLIENTS = (1, 16, 64, 256)
-DEFAULT_SIZES = (100, 1024, 65536)
+DEFAULT_SIZES = ("100", "1024", "65536", "mixed")
+MIXED = ((100, 0.6), (1024, 0.3), (65536, 0.1))   # (text bytes, share of requests)
+TARGETS = (  # (clients, text, metric, comparison, target, at least this; SPEC.md section 11)
+    (64, "65536", "mb_per_s", ">=", 400.0, 150.0),
+    (256, "100", "requests_per_s", ">=", 20000.0, 10000.0),
+    (1, "1024", "p50_ms", "<=", 1.5, None),
+)
 
 
 def default_vocab() -> str:
@@ -59,7 +73,7 @@ def load_corpus(paths: list[str], limit: int = 16 << 20) -> bytes:
         if total >= limit:
             break
     corpus = b"\n".join(chunks)
-    if len(corpus) < max(DEFAULT_SIZES) * 2:
+    if len(corpus) < 65536 * 2:
         raise SystemExit(f"corpus too small ({len(corpus)} bytes); give --corpus files")
     return corpus
 
@@ -74,34 +88,48 @@ def make_texts(corpus: bytes, size: int, count: int, seed: int) -> list[str]:
     return out
 
 
+def cell_texts(texts: dict, size: str) -> tuple[list, list]:
+    """(texts, weights) that a cell's clients draw from."""
+    if size == "mixed":
+        pool, weights = [], []
+        for nbytes, share in MIXED:
+            pool += texts[nbytes]
+            weights += [share / len(texts[nbytes])] * len(texts[nbytes])
+        return pool, weights
+    return texts[int(size)], [1.0] * len(texts[int(size)])
+
+
 # ---- the load generator (runs in worker processes) -----------------------------------------
 
 def _worker(conn) -> None:
     """A load-generator process kept for the whole run: per cell it opens its clients'
     connections, reports ready, waits for the common start time, drives, and sends back
     its measurements (spawning processes per cell cost seconds of Python start-up each)."""
-    texts_by_size: dict = {}
+    cells: dict = {}
     while True:
         msg = conn.recv()
-        if msg[0] == "texts":
-            texts_by_size[msg[1]] = msg[2]
+        if msg[0] == "texts":   # (size label, texts, weights, expected packed ids per text)
+            cells[msg[1]] = msg[2:]
         elif msg[0] == "cell":
-            _, target, n_clients, size, warmup, duration, seed = msg
-            conn.send(asyncio.run(_drive(conn, target, n_clients, texts_by_size[size], warmup,
+            _, target, n_clients, size, packed, warmup, duration, seed = msg
+            conn.send(asyncio.run(_drive(conn, target, n_clients, *cells[size], packed, warmup,
                                          duration, seed)))
         else:
             return
 
 
-async def _drive(conn, target, n_clients, texts, warmup, duration, seed) -> dict:
+async def _drive(conn, target, n_clients, texts, weights, expected, packed, warmup, duration,
+                 seed) -> dict:
     import grpc
     from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc as pb_grpc
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
                ("grpc.max_send_message_length", -1)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(n_clients)]
-    requests = [pb.TokenizeRequest(text=t) for t in texts]
+    import numpy as np
+    form = pb.ID_FORMAT_PACKED if packed else pb.ID_FORMAT_REPEATED
+    requests = [pb.TokenizeRequest(text=t, format=form) for t in texts]
     sizes = [len(t.encode()) for t in texts]
-    latencies, nbytes, tokens, errors, samples = [], 0, 0, {}, []
+    latencies, nbytes, tokens, errors, checked = [], 0, 0, {}, 0
     await asyncio.gather(*(c.channel_ready() for c in channels))
     conn.send("ready")
     start_at = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
@@ -110,14 +138,17 @@ async def _drive(conn, target, n_clients, texts, warmup, duration, seed) -> dict
     measure_from, measure_to = begin + warmup, begin + warmup + duration
 
     async def client(k: int):
-        nonlocal nbytes, tokens
+        nonlocal nbytes, tokens, checked
         stub = pb_grpc.TokenizerStub(channels[k])
         rng = random.Random(seed * 100003 + k)
+        order = rng.choices(range(len(requests)), weights, k=4096)
+        n = 0
         while True:
             sent = time.perf_counter()
             if sent >= measure_to:
                 return
-            i = rng.randrange(len(requests))
+            i = order[n % len(order)]
+            n += 1
             try:
                 reply = await stub.Tokenize(requests[i], timeout=120)
             except grpc.aio.AioRpcError as exc:
@@ -125,26 +156,33 @@ async def _drive(conn, target, n_clients, texts, warmup, duration, seed) -> dict
                     errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                 continue
             done = time.perf_counter()
+            got = reply.ids_packed if packed else np.asarray(reply.ids, "<u4").tobytes()
+            exact = got == expected[i]    # every reply, against tiktoken
+            checked += 1
             # a request counts when it completes inside the window (closed-loop throughput;
             # with latencies longer than the window, "sent inside it too" would count none)
             if measure_from <= done <= measure_to:
+                if not exact:
+                    errors["mismatch"] = errors.get("mismatch", 0) + 1
+                    continue
                 latencies.append(done - sent)
                 nbytes += sizes[i]
-                tokens += len(reply.ids)
-                if len(samples) < 4 and rng.random() < 0.01:
-                    samples.append((i, list(reply.ids)))
+                tokens += len(got) // 4
+            elif not exact:
+                errors["mismatch (outside the window)"] = \
+                    errors.get("mismatch (outside the window)", 0) + 1
 
     await asyncio.gather(*(client(k) for k in range(n_clients)))
     for channel in channels:
         await channel.close()
     return {"latencies": latencies, "bytes": nbytes, "tokens": tokens, "errors": errors,
-            "samples": samples}
+            "checked": checked}
 
 
 class LoadGenerator:
     """`processes` worker processes that drive the closed-loop clients of every cell."""
 
-    def __init__(self, processes: int, texts: dict):
+    def __init__(self, processes: int, cells: dict):
         ctx = mp.get_context("spawn")
         self.workers = []
         for _ in range(max(1, processes)):
@@ -153,16 +191,16 @@ class LoadGenerator:
             proc.start()
             self.workers.append((proc, parent))
         for _, conn in self.workers:
-            for size, batch in texts.items():
-                conn.send(("texts", size, batch))
+            for size, payload in cells.items():
+                conn.send(("texts", size, *payload))
 
-    def run_cell(self, target: str, clients: int, size: int, warmup: float,
-                 duration: float) -> dict:
+    def run_cell(self, target: str, clients: int, size: str, warmup: float,
+                 duration: float, packed: bool = True) -> dict:
         workers = self.workers[:max(1, min(len(self.workers), clients))]
         n = len(workers)
         shares = [clients // n + (1 if k < clients % n else 0) for k in range(n)]
         for k, ((_, conn), share) in enumerate(zip(workers, shares)):
-            conn.send(("cell", target, share, size, warmup, duration, k))
+            conn.send(("cell", target, share, size, packed, warmup, duration, k))
         for _, conn in workers:   # every client connected: start together
             if conn.recv() != "ready":
                 raise RuntimeError("load generator out of step")
@@ -193,26 +231,32 @@ def summarize(results: list[dict], duration: float) -> dict:
             "tokens_per_s": sum(r["tokens"] for r in results) / duration,
             "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
             "mean_ms": sum(latencies) / len(latencies) * 1e3 if latencies else None,
-            "errors": errors, "samples": [s for r in results for s in r["samples"]]}
+            "errors": errors, "checked": sum(r["checked"] for r in results)}
 
 
 # ---- the server ----------------------------------------------------------------------------
 
+METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_requests_count",
+           "istanbul_tokenizer_batch_documents_sum", "istanbul_tokenizer_gpu_seconds_sum",
+           "istanbul_tokenizer_batch_seconds_sum")
+
+
 class Server:
-    def __init__(self, vocab: str, adapter: str | None, batching: bool, window_ms: float,
+    def __init__(self, vocab: str, adapter: str | None, workers: int, window_ms: float,
                  workdir: Path, logdir: Path):
-        self.port_file = workdir / f"port-{int(batching)}"
+        self.workers = workers
+        self.port_file = workdir / f"port-{workers}"
         self.metrics_port = _free_port()
-        self.log = open(logdir / f"server-batching-{'on' if batching else 'off'}.log", "w")
+        self.log = open(logdir / f"server-workers-{workers}.log", "w")
         cmd = [sys.executable, "-m", "tokenizer_svc", "--vocab", vocab, "--host", "127.0.0.1",
                "--port", "0", "--port-file", str(self.port_file), "--metrics-port",
-               str(self.metrics_port), "--metrics-host", "127.0.0.1",
+               str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
                "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms)]
-        if not batching:
-            cmd.append("--no-batching")
         if adapter is not None:
             cmd += ["--adapter", adapter]
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        # the parent's PYTHONPATH is kept: packages may be installed there (--target dirs)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=self.log)
         deadline = time.monotonic() + 300
         while not self.port_file.exists():
@@ -225,14 +269,13 @@ class Server:
         self.client.wait_ready(300)
 
     def metrics(self) -> dict:
+        """The server's counters (summed over workers) and its CPU seconds so far."""
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                       timeout=30).read().decode()
-        values = {}
-        for name in ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_requests_count",
-                     "istanbul_tokenizer_batch_documents_sum", "istanbul_tokenizer_gpu_seconds_sum",
-                     "istanbul_tokenizer_batch_seconds_sum"):
-            found = re.search(rf"^{name} (\S+)$", text, re.M)
-            values[name] = float(found.group(1)) if found else 0.0
+        values = {name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$",
+                                                         text, re.M))
+                  for name in METRICS}
+        values["cpu_seconds"] = _tree_cpu_seconds(self.proc.pid)
         return values
 
     def stop(self) -> int:
@@ -244,6 +287,28 @@ class Server:
             self.log.close()
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of `pid` and its descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, grew = {pid}, True
+    while grew:
+        grew = False
+        for p, (parent, _) in stats.items():
+            if parent in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -252,18 +317,20 @@ def _free_port() -> int:
 
 
 def _reference(vocab_path: str):
-    """tiktoken with the same ranks and pattern, to spot-check replies (None if unavailable)."""
+    """tiktoken with the same ranks and pattern: every reply is checked against it."""
     try:
         import tiktoken
-        from tokenizer_svc.vocab import load_vocabulary
     except ImportError:
-        return None
+        raise SystemExit("bench/service.py checks every reply against tiktoken: install it "
+                         "(pip install tiktoken)") from None
+    from tokenizer_svc.vocab import load_vocabulary
     try:
         v = load_vocabulary(vocab_path)
     except ValueError as exc:
         raise SystemExit(f"bench/service.py: {exc}") from None
     if v.merges is not None:
-        return None
+        raise SystemExit(f"bench/service.py: {vocab_path} is a tokenizer.json; give a "
+                         ".tiktoken vocabulary (replies are checked against tiktoken)")
     return tiktoken.Encoding(v.name, pat_str=v.pattern, mergeable_ranks=v.ranks,
                              special_tokens=v.special_tokens)
 
@@ -274,40 +341,74 @@ def _fmt(value, digits=1):
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _label(size: str) -> str:
+    if size == "mixed":
+        return "mixed"
+    n = int(size)
+    return f"{n // 1024} KB" if n >= 1024 else f"{n} B"
+
+
+def targets(report: dict) -> list[dict]:
+    """Each SPEC target against the best server configuration's cell."""
+    out = []
+    for clients, size, metric, op, target, floor in TARGETS:
+        cells = [c for c in report["cells"] if c["clients"] == clients and c["size"] == size
+                 and c[metric] is not None]
+        if not cells:
+            continue
+        best = (max if op == ">=" else min)(cells, key=lambda c: c[metric])
+        value = best[metric]
+        met = value >= target if op == ">=" else value <= target
+        out.append({"clients": clients, "size": size, "metric": metric, "target": target,
+                    "floor": floor, "value": value, "workers": best["workers"], "met": met,
+                    "floor_met": (value >= floor) if floor is not None else met})
+    return out
+
+
 def markdown(report: dict) -> str:
-    info = report["server"]
+    info, cfg = report["server"], report["config"]
     lines = [
         "# Tokenizer service benchmark",
         "",
         *([] if report.get("complete", True) else
           ["**Partial**: the run was stopped before every cell was measured.", ""]),
-        f"Server: `python -m tokenizer_svc` on **{info['adapter']}** ({info['adapter_type']}), "
+        f"Server: `istanbul serve --workers N` on **{info['adapter']}** ({info['adapter_type']}), "
         f"vocabulary **{info['vocabulary']}** (n_vocab {info['n_vocab']}); host "
         f"{report['host']['cpus']} CPUs, Python {report['host']['python']}. Closed-loop "
-        f"clients over loopback, each with its own connection, in {report['config']['processes']}"
-        f" load processes; {report['config']['duration_s']} s measured per cell after "
-        f"{report['config']['warmup_s']} s warm-up. Batching on: window "
-        f"{report['config']['window_ms']} ms. `req/batch`: mean Tokenize requests per GPU call; "
-        "`GPU busy`: fraction of the cell's time the server's GPU thread spent in "
-        "encode_batch_flat.",
+        f"clients over loopback, each with its own connection, in {cfg['processes']} load "
+        f"processes; {cfg['duration_s']} s measured per cell after {cfg['warmup_s']} s "
+        f"warm-up; batching window {cfg['window_ms']} ms. Requests ask for packed ids; every "
+        "reply is compared with tiktoken's ids (a difference counts as an error). `mixed`: "
+        "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `req/batch`: mean Tokenize "
+        "requests per GPU call; `GPU busy`: time inside encode calls / wall time, summed over "
+        "the workers' devices; `server CPU`: cores the server's processes used.",
         "",
-        "| batching | clients | text | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
-        "| req/batch | GPU busy | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| workers | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
+        "| req/batch | GPU busy | server CPU | errors |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in report["cells"]:
-        size = cell["text_bytes"]
-        label = f"{size // 1024} KB" if size >= 1024 else f"{size} B"
         lines.append(
-            f"| {'on' if cell['batching'] else 'off'} | {cell['clients']} | {label} "
+            f"| {cell['workers']} | {cell['clients']} | {_label(cell['size'])} "
+            f"| {cell.get('format', 'packed')} "
             f"| {_fmt(cell['requests_per_s'])} | {_fmt(cell['mb_per_s'], 2)} "
             f"| {_fmt(cell['tokens_per_s'], 0)} | {_fmt(cell['p50_ms'], 2)} "
             f"| {_fmt(cell['p95_ms'], 2)} | {_fmt(cell['p99_ms'], 2)} "
             f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell['gpu_busy'], 2)} "
-            f"| {sum(cell['errors'].values())} |")
-    checked = report.get("verified_replies")
-    lines += ["", f"Replies checked against tiktoken: {checked}." if checked is not None else
-              "Replies not checked (tiktoken not installed).", ""]
+            f"| {_fmt(cell['server_cpu_cores'], 1)} | {sum(cell['errors'].values())} |")
+    met = targets(report)
+    if met:
+        lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
+                  "| cell | target | measured | workers | met |", "|---|---:|---:|---:|---|"]
+        for t in met:
+            unit = {"mb_per_s": "MB/s", "requests_per_s": "req/s", "p50_ms": "ms p50"}[t["metric"]]
+            op = ">=" if t["metric"] != "p50_ms" else "<="
+            floor = f" (at least {t['floor']:,.0f})" if t["floor"] is not None else ""
+            lines.append(f"| {t['clients']} x {_label(t['size'])} | {op} {t['target']:,.1f} "
+                         f"{unit}{floor} | {_fmt(t['value'], 2)} | {t['workers']} "
+                         f"| {'yes' if t['met'] else ('floor only' if t['floor_met'] else 'no')} |")
+    lines += ["", f"Replies checked against tiktoken: {report.get('verified_replies', 0):,} "
+              f"(every reply of every cell, warm-up included).", ""]
     return "\n".join(lines)
 
 
@@ -324,6 +425,7 @@ def preflight() -> None:
 
 
 def main(argv=None) -> int:
+    cpus = os.cpu_count() or 2
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="directory for service.json and "
                    "service.md")
@@ -331,80 +433,106 @@ def main(argv=None) -> int:
                    "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR, ../shared/vocab or "
                    "shared/vocab)")
     p.add_argument("--adapter", default=None, help="GPU adapter for the server")
+    p.add_argument("--workers", default=",".join(map(str, sorted({1, max(2, cpus * 3 // 8)}))),
+                   help="comma-separated server configurations, `istanbul serve --workers N` "
+                        "(default: 1 and 3/8 of the CPUs, 6 on 16)")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
-    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
-                   help="comma-separated text sizes in bytes (default 100,1024,65536)")
-    p.add_argument("--modes", default="on,off", help="batching modes to run (default on,off)")
+    p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
+                   help="comma-separated text sizes in bytes, or `mixed` (default "
+                        "100,1024,65536,mixed)")
+    p.add_argument("--formats", default="packed",
+                   help="reply formats to measure: packed (ids_packed bytes), repeated (the "
+                        "repeated ids field, what old clients read), or both comma-separated "
+                        "(default packed)")
     p.add_argument("--window-ms", type=float, default=2.0, help="batching window (default 2)")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per cell")
-    p.add_argument("--processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+    p.add_argument("--duration", type=float, default=2.0, help="measured seconds per cell "
+                   "(default 2)")
+    p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds per cell "
+                   "(default 0.5)")
+    p.add_argument("--processes", type=int, default=max(1, min(8, cpus // 2)),
                    help="load-generator processes (default: half the CPUs, at most 8)")
     p.add_argument("--corpus", nargs="*", default=[], help="text files to cut texts from "
                    "(default: the Python standard library's sources)")
     args = p.parse_args(argv)
     preflight()
+    workers_list = [int(x) for x in args.workers.split(",")]
+    formats = [f.strip() for f in args.formats.split(",")]
+    if not set(formats) <= {"packed", "repeated"}:
+        raise SystemExit(f"--formats: {args.formats!r}; use packed, repeated or both")
     clients = [int(x) for x in args.clients.split(",")]
-    sizes = [int(x) for x in args.sizes.split(",")]
-    modes = [m.strip() for m in args.modes.split(",")]
+    sizes = [x.strip() for x in args.sizes.split(",")]
+    for size in sizes:
+        if size != "mixed" and not size.isdigit():
+            raise SystemExit(f"--sizes: {size!r} is neither a number of bytes nor `mixed`")
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus(args.corpus)
-    texts = {size: make_texts(corpus, size, 64 if size >= 16384 else 256, seed=size)
-             for size in sizes}
+    needed = {int(x) for x in sizes if x != "mixed"}
+    if "mixed" in sizes:
+        needed |= {n for n, _ in MIXED}
+    texts = {n: make_texts(corpus, n, 64 if n >= 16384 else 256, seed=n) for n in needed}
     reference = _reference(args.vocab)
-    report = {"config": {"clients": clients, "sizes": sizes, "window_ms": args.window_ms,
-                         "duration_s": args.duration, "warmup_s": args.warmup,
-                         "processes": args.processes, "vocab": args.vocab},
-              "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
+    import numpy as np
+    expected = {n: [np.asarray(reference.encode_ordinary(t), "<u4").tobytes() for t in batch]
+                for n, batch in texts.items()}
+    cells = {}
+    for size in sizes:
+        pool, weights = cell_texts(texts, size)
+        exp = cell_texts(expected, size)[0]
+        cells[size] = (pool, weights, exp)
+    report = {"config": {"workers": workers_list, "clients": clients, "sizes": sizes,
+                         "formats": formats,
+                         "window_ms": args.window_ms, "duration_s": args.duration,
+                         "warmup_s": args.warmup, "processes": args.processes,
+                         "vocab": args.vocab, "mixed": MIXED},
+              "host": {"cpus": cpus, "python": platform.python_version(),
                        "platform": platform.platform()},
               "cells": []}
     verified = 0
-    load = LoadGenerator(args.processes, texts)
+    load = LoadGenerator(args.processes, cells)
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
-            server = Server(args.vocab, args.adapter, mode == "on", args.window_ms, Path(tmp),
+        for workers in workers_list:
+            server = Server(args.vocab, args.adapter, workers, args.window_ms, Path(tmp),
                             args.out)
             try:
                 info = server.client.info()
                 report["server"] = {"adapter": info.adapter.name, "adapter_type": info.adapter.type,
                                     "vocabulary": info.vocabulary_name, "n_vocab": info.n_vocab,
                                     "vocabulary_hash": info.vocabulary_hash}
-                for size in sizes:  # warm-up: kernels compiled, buffers grown
-                    server.client.encode_batch_flat(texts[size][:32])
-                for size in sizes:
-                    for n in clients:
-                        before = server.metrics()
-                        wall = time.perf_counter()
-                        cell = load.run_cell(server.target, n, size, args.warmup,
-                                             args.duration)
-                        wall = time.perf_counter() - wall
-                        after = server.metrics()
-                        delta = {k: after[k] - before[k] for k in after}
-                        batches = delta["istanbul_tokenizer_batch_requests_count"]
-                        cell.update(batching=mode == "on", clients=n, text_bytes=size,
-                                    requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
-                                                        / batches if batches else None),
-                                    gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall)
-                        if reference is not None:
-                            for i, ids in cell["samples"]:
-                                if reference.encode_ordinary(texts[size][i]) != ids:
-                                    raise SystemExit(f"reply differs from tiktoken (size {size}, "
-                                                     f"text {i})")
-                                verified += 1
-                        del cell["samples"]
-                        report["cells"].append(cell)
-                        write_report(args.out, report, final=False)  # a time limit keeps what ran
-                        print(f"batching {mode:3} clients {n:4} text {size:6} B: "
-                              f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
-                              f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
-                              f"req/batch {_fmt(cell['requests_per_batch'])}", flush=True)
+                for n in sorted(needed):  # warm-up: kernels compiled, buffers grown
+                    server.client.encode_batch_flat(texts[n][:32])
+                for size, n, form in ((size, n, form) for size in sizes for n in clients
+                                      for form in formats):
+                    before = server.metrics()
+                    wall = time.perf_counter()
+                    cell = load.run_cell(server.target, n, size, args.warmup,
+                                         args.duration, packed=form == "packed")
+                    wall = time.perf_counter() - wall
+                    after = server.metrics()
+                    delta = {k: after[k] - before[k] for k in after}
+                    batches = delta["istanbul_tokenizer_batch_requests_count"]
+                    verified += cell.pop("checked")
+                    cell.update(workers=workers, clients=n, size=size, format=form,
+                                requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
+                                                    / batches if batches else None),
+                                gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall,
+                                server_cpu_cores=delta["cpu_seconds"] / wall)
+                    report["cells"].append(cell)
+                    report["verified_replies"] = verified
+                    write_report(args.out, report, final=False)  # a time limit keeps what ran
+                    print(f"workers {workers:2} clients {n:4} text {_label(size):>6} {form}: "
+                          f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
+                          f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
+                          f"req/batch {_fmt(cell['requests_per_batch'])} "
+                          f"cpu {cell['server_cpu_cores']:.1f} "
+                          f"errors {sum(cell['errors'].values())}", flush=True)
             finally:
                 code = server.stop()
                 if code != 0:
                     print(f"warning: server exited with {code}", file=sys.stderr)
     load.close()
-    report["verified_replies"] = verified if reference is not None else None
+    report["verified_replies"] = verified
+    report["targets"] = targets(report)
     write_report(args.out, report, final=True)
     print(f"wrote {args.out / 'service.json'} and {args.out / 'service.md'}")
     return 0

@@ -70,7 +70,10 @@ def main(argv=None) -> int:
            "--port", "0", "--port-file", str(port_file), "--log-format", "text"]
     if args.adapter is not None:
         cmd += ["--adapter", args.adapter]
-    server = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    # keep the parent's PYTHONPATH: packages may be installed there (pip install --target)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    server = subprocess.Popen(cmd, cwd=REPO, env=env)
     report = {"machine": platform.node(), "vocab": vocab.name, "phases": [], "attacks": []}
     try:
         while not port_file.exists():

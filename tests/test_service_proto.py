@@ -88,3 +88,19 @@ class _NoChannel:
 
     def __getattr__(self, kind):
         return lambda *args, **kwargs: kind
+
+
+def test_the_tei_service_has_every_method_of_teis_tokenize_service():
+    from tokenizer_svc.rpc import tei_pb2, tei_pb2_grpc
+    from tokenizer_svc.server.config import ServerConfig
+    from tokenizer_svc.server.servicer import TokenizerServicer
+    from tokenizer_svc.server.tei import TeiTokenizeServicer
+    service = tei_pb2.DESCRIPTOR.services_by_name["Tokenize"]
+    assert service.full_name == "tei.v1.Tokenize"
+    names = {m.name for m in service.methods}
+    assert names == {"Tokenize", "TokenizeStream", "Decode", "DecodeStream"}
+    assert names <= set(vars(tei_pb2_grpc.TokenizeStub(_NoChannel())))
+    handlers = TeiTokenizeServicer(TokenizerServicer(ServerConfig())).method_handlers()
+    assert set(handlers) == names
+    grpc_py = (Path(generate.OUT_DIR) / "tei_pb2_grpc.py").read_text()
+    assert "from . import tei_pb2" in grpc_py and "GRPC_GENERATED_VERSION" not in grpc_py

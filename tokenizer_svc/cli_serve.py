@@ -2,6 +2,7 @@
 `istanbul health HOST:PORT`: probe one (exit 0 if SERVING; for container healthchecks).
 
     istanbul serve --vocab o200k_base --port 50051 [--adapter 0] [--metrics-port 9090]
+    istanbul serve --vocab o200k_base --port 50051 --workers 4    # 4 processes, one port
     istanbul health 127.0.0.1:50051
 
 The port is bound at once and answers health checks with NOT_SERVING while the GPU device
@@ -16,9 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import re
-import signal
 import sys
 from pathlib import Path
 
@@ -57,6 +56,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"gRPC port (default {d_cfg.port}; 0: any free port, see --port-file)")
     p.add_argument("--port-file", type=Path, metavar="PATH",
                    help="write the bound port to PATH once listening")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="server processes sharing the port (SO_REUSEPORT), each with its own "
+                        "GPU device and batcher: request handling on N cores (default 1; "
+                        "tokenizer_svc/server/workers.py)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -166,61 +169,25 @@ def cmd_serve(args) -> int:
     setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
                   else logging.INFO)
     config = config_from_args(args)
-    return asyncio.run(_serve(config, args.vocab, args.adapter, args.port_file))
-
-
-async def _serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None) -> int:
-    from .server.app import TokenizerServer
-
-    def load():
-        from shaders.engine import Device
-        from .encoding import get_encoding
-        device = Device(adapter)
-        return get_encoding(vocab, device=device), device
-
-    server = TokenizerServer(config, load=load)
-    loop = asyncio.get_running_loop()
-    draining = []
-
-    def on_signal(signum):
-        log = logging.getLogger("tokenizer_svc.server")
-        log.info("signal", extra={"data": {"signal": signal.Signals(signum).name}})
-        if not draining:
-            draining.append(loop.create_task(server.drain()))
-        else:  # a second signal while draining: stop now, in-flight requests or not
-            log.warning("second signal: exiting without finishing in-flight requests")
-            os._exit(1)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
-        port = await server.start()
-    except OSError as exc:
-        raise UserFacingError(f"cannot listen on {config.address}: {exc}") from None
-    if port_file is not None:
-        tmp = port_file.with_name(port_file.name + ".tmp")
-        tmp.write_text(f"{port}\n")
-        tmp.replace(port_file)
-    await server.wait_stopped()
-    if draining:
-        await draining[0]
-    if server.stuck_workers:   # a GPU call that never returns: do not wait for it at exit
-        logging.getLogger("tokenizer_svc.server").error(
-            "exiting with GPU workers still busy", extra={"data": {
-                "workers": server.stuck_workers}})
-        logging.shutdown()
-        os._exit(1)
-    if server.load_error is not None:
-        await server.drain(grace_s=0)
-        raise UserFacingError(f"could not load vocabulary {vocab!r} on the GPU: "
-                              f"{server.load_error}")
-    return 0
+    if args.workers < 1:
+        raise UserFacingError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        from .server.workers import run_workers
+        from .server.ports import PortUnavailable
+        try:
+            return run_workers(config, args.vocab, args.adapter, args.port_file, args.workers,
+                               args.log_format, getattr(args, "verbose", False))
+        except PortUnavailable as exc:
+            raise UserFacingError(str(exc)) from None
+    from .server.process import serve
+    return asyncio.run(serve(config, args.vocab, args.adapter, args.port_file))
 
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="run the gRPC tokenizer service on this machine's GPU",
                        description="Run the gRPC tokenizer service "
-                       "(istanbul.tokenizer.v1.Tokenizer) with dynamic GPU batching, health, "
+                       "(istanbul.tokenizer.v1.Tokenizer, and Hugging Face TEI's tei.v1.Tokenize "
+                       "on the same port) with dynamic GPU batching, health, "
                        "reflection and Prometheus metrics. SIGTERM drains it gracefully.")
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)

@@ -45,13 +45,23 @@ import grpc
 import numpy as np
 
 from .encoding import InvalidTokenError as LocalInvalidTokenError
-from .reference import DisallowedSpecialTokenError
+from .reference import DisallowedSpecialTokenError, disallowed_message
 from .rpc import tokenizer_pb2 as pb
 from .rpc import tokenizer_pb2_grpc as pb_grpc
 
 ERROR_METADATA_KEY = "istanbul-error"   # the server's machine-readable reason (server/errors.py)
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document" (server/work.py)
 DOCUMENT_METADATA_KEY = "istanbul-document"  # the failed document of a batch request
+SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed token (server/work.py)
+PACKED = pb.ID_FORMAT_PACKED   # the client asks for packed ids: np.frombuffer, no lists
+
+
+def reply_ids(reply) -> np.ndarray:
+    """The ids of a Tokenize/TokenizeBatch reply as np.uint32: `ids_packed` (little-endian
+    uint32), or `ids` from a server older than the packed field."""
+    if reply.ids_packed:
+        return np.frombuffer(reply.ids_packed, "<u4").astype(np.uint32, copy=False)
+    return np.asarray(reply.ids, np.uint32)
 RETRY_REASONS = ("limit:max_queued_bytes",)  # RESOURCE_EXHAUSTED that is worth retrying
 
 
@@ -89,12 +99,17 @@ class DisallowedSpecialError(RequestError, DisallowedSpecialTokenError):
     a `reference.DisallowedSpecialTokenError`, with the local text. `document` says which
     document of a batch, counted over the whole call."""
 
-    def __init__(self, code, details, reason="", target="", document: int | None = None):
+    def __init__(self, code, details, reason="", target="", document: int | None = None,
+                 token: str | None = None):
         super().__init__(code, details, reason, target)
         self.document = document
-        prefix = f"document {document}: "
-        self.message = details[len(prefix):] if document is not None and \
-            details.startswith(prefix) else details
+        self.token = token
+        if token is not None:   # the server speaks protocol fields; Python callers tiktoken
+            self.message = disallowed_message(token)
+        else:
+            prefix = f"document {document}: "
+            self.message = details[len(prefix):] if document is not None and \
+                details.startswith(prefix) else details
 
     def __str__(self) -> str:
         return self.message
@@ -197,7 +212,8 @@ class TokenizerClient:
         if reason == "disallowed-special":
             document = trailers.get(DOCUMENT_METADATA_KEY)
             return DisallowedSpecialError(code, details, reason, self.target,
-                                          int(document) if document is not None else None)
+                                          int(document) if document is not None else None,
+                                          trailers.get(SPECIAL_TOKEN_METADATA_KEY))
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return RequestError(code, details, reason, self.target)
         return ServiceError(code, details, reason, self.target)
@@ -293,16 +309,26 @@ class TokenizerClient:
     def encode(self, text: str, *, allowed_special=frozenset(), disallowed_special="all"
                ) -> list[int]:
         """Text to ids with tiktoken's special-token rules (default: specials are refused)."""
-        request = self._request(text, special_policy(allowed_special, disallowed_special))
-        return list(self._call(self.stub.Tokenize, request).ids)
+        request = self._request(text, special_policy(allowed_special, disallowed_special),
+                                format=PACKED)
+        return reply_ids(self._call(self.stub.Tokenize, request)).tolist()
+
+    def encode_to_numpy(self, text: str, *, allowed_special=frozenset(),
+                        disallowed_special="all") -> np.ndarray:
+        """As `encode`, the ids as np.uint32 straight from the packed reply."""
+        request = self._request(text, special_policy(allowed_special, disallowed_special),
+                                format=PACKED)
+        return reply_ids(self._call(self.stub.Tokenize, request))
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Text to ids, special tokens encoded as ordinary text."""
-        return list(self._call(self.stub.Tokenize, self._request(text, ORDINARY)).ids)
+        request = self._request(text, ORDINARY, format=PACKED)
+        return reply_ids(self._call(self.stub.Tokenize, request)).tolist()
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Raw bytes (may be invalid UTF-8) to ids, as tiktoken's _encode_bytes."""
-        return list(self._call(self.stub.Tokenize, self._request(bytes(data), ORDINARY)).ids)
+        request = self._request(bytes(data), ORDINARY, format=PACKED)
+        return reply_ids(self._call(self.stub.Tokenize, request)).tolist()
 
     def encode_with_offsets(self, text: str, unit: str = "byte", *,
                             allowed_special=frozenset(), disallowed_special="all"
@@ -354,8 +380,9 @@ class TokenizerClient:
     @staticmethod
     def _batch_request(docs: list, raw: bool, policy) -> pb.TokenizeBatchRequest:
         if raw:
-            return pb.TokenizeBatchRequest(data=[bytes(d) for d in docs])
-        return pb.TokenizeBatchRequest(texts=[_fix_surrogates(d) for d in docs], special=policy)
+            return pb.TokenizeBatchRequest(data=[bytes(d) for d in docs], format=PACKED)
+        return pb.TokenizeBatchRequest(texts=[_fix_surrogates(d) for d in docs], special=policy,
+                                       format=PACKED)
 
     def encode_batch_flat(self, docs: list, *, allowed_special=frozenset(),
                           disallowed_special=()) -> tuple[np.ndarray, np.ndarray]:
@@ -382,7 +409,7 @@ class TokenizerClient:
             except DisallowedSpecialError as exc:  # count the document over the whole call
                 exc.document = first + (exc.document or 0)
                 raise
-            parts.append(np.asarray(reply.ids, np.uint32))
+            parts.append(reply_ids(reply))
             counts.append(np.diff(np.asarray(reply.doc_offsets, np.int64)))
 
         for first, request in self._batches(docs, policy):
@@ -462,7 +489,7 @@ class _ResumableStream:
     def _requests(self, generation: int, replay: list):
         """Request iterator of one call: the replayed documents, then new ones from source."""
         for doc in replay:
-            yield self.client._request(doc, self.policy)
+            yield self.client._request(doc, self.policy, format=PACKED)
         while True:
             while not self.slots.acquire(timeout=0.1):
                 if generation != self.generation:
@@ -486,7 +513,7 @@ class _ResumableStream:
                     self.slots.release()
                     return
                 self.unanswered.append(doc)
-            yield self.client._request(doc, self.policy)
+            yield self.client._request(doc, self.policy, format=PACKED)
 
     def _run(self):
         client = self.client
@@ -507,7 +534,7 @@ class _ResumableStream:
                             self.unanswered.popleft()
                         self.slots.release()
                         attempt, deadline = 0, None
-                        yield np.asarray(reply.ids, np.uint32)
+                        yield reply_ids(reply)
                     with self.lock:
                         if self.exhausted and not self.unanswered:
                             if self.source_error is not None:

@@ -1,12 +1,13 @@
-"""Regenerate the checked-in Python code for proto/istanbul/tokenizer/v1/tokenizer.proto.
+"""Regenerate the checked-in Python code for the service's .proto files.
 
-    python -m tokenizer_svc.rpc.generate          # rewrite tokenizer_svc/rpc/tokenizer_pb2*.py
+    python -m tokenizer_svc.rpc.generate          # rewrite tokenizer_svc/rpc/*_pb2*.py
     python -m tokenizer_svc.rpc.generate --check  # exit 1 if the checked-in code is stale
 
-Needs grpcio-tools (a test extra); the service itself only needs protobuf and grpcio. The
-output of protoc is post-processed in two ways, so that it imports under every protobuf and
-grpcio the project supports (pyproject: protobuf>=5.27, grpcio>=1.66), not only the exact
-versions of the generator:
+The files: proto/istanbul/tokenizer/v1/tokenizer.proto (tokenizer_pb2*) and
+proto/tei/v1/tei.proto (tei_pb2*, TEI's tokenizer API). Needs grpcio-tools (a test extra); the
+service itself only needs protobuf and grpcio. The output of protoc is post-processed in two
+ways, so that it imports under every protobuf and grpcio the project supports (pyproject:
+protobuf>=5.27, grpcio>=1.66), not only the exact versions of the generator:
 
 - the protobuf runtime-version gate (`ValidateProtobufRuntimeVersion`) and grpcio's
   `GRPC_GENERATED_VERSION` gate are removed: the code uses only APIs older than both minimums;
@@ -24,9 +25,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO / "proto"
-PROTO_FILE = "istanbul/tokenizer/v1/tokenizer.proto"
+PROTO_FILES = ("istanbul/tokenizer/v1/tokenizer.proto", "tei/v1/tei.proto")
+PROTO_FILE = PROTO_FILES[0]
 OUT_DIR = Path(__file__).resolve().parent
-GENERATED = ("tokenizer_pb2.py", "tokenizer_pb2.pyi", "tokenizer_pb2_grpc.py")
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATED = tuple(Path(f).stem + suffix for f in PROTO_FILES for suffix in SUFFIXES)
 
 
 def tools_version() -> str:
@@ -37,15 +40,18 @@ def tools_version() -> str:
 def _post_process(name: str, text: str) -> str:
     banner = (f"# Post-processed by tokenizer_svc.rpc.generate (grpcio-tools {tools_version()}): "
               "version gates removed, relative import.\n")
-    if name == "tokenizer_pb2.py":
+    stem = name.split("_pb2")[0]
+    package = next(str(Path(f).parent).replace("/", ".") for f in PROTO_FILES
+                   if Path(f).stem == stem)
+    if name.endswith("_pb2.py"):
         text = text.replace("from google.protobuf import runtime_version as _runtime_version\n", "")
         text, n = re.subn(r"_runtime_version\.ValidateProtobufRuntimeVersion\(\n(?:.*\n)*?\)\n",
                           "", text)
         if n != 1:
             raise RuntimeError("protoc output changed: no protobuf runtime-version gate found")
-    elif name == "tokenizer_pb2_grpc.py":
-        text, n = re.subn(r"^from istanbul\.tokenizer\.v1 import tokenizer_pb2 as",
-                          "from . import tokenizer_pb2 as", text, flags=re.M)
+    elif name.endswith("_pb2_grpc.py"):
+        text, n = re.subn(rf"^from {re.escape(package)} import {stem}_pb2 as",
+                          f"from . import {stem}_pb2 as", text, flags=re.M)
         if n != 1:
             raise RuntimeError("protoc output changed: messages import not found")
         text, n = re.subn(r"\nGRPC_GENERATED_VERSION = .*?\n    \)\n", "\n", text, flags=re.S)
@@ -60,20 +66,22 @@ def generate(out_dir: Path) -> list[Path]:
     from grpc_tools import protoc
     import grpc_tools
     include = Path(grpc_tools.__file__).resolve().parent / "_proto"
-    with tempfile.TemporaryDirectory() as tmp:
-        rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{include}",
-                          f"--python_out={tmp}", f"--pyi_out={tmp}", f"--grpc_python_out={tmp}",
-                          str(PROTO_ROOT / PROTO_FILE)])
-        if rc != 0:
-            raise RuntimeError(f"protoc failed on {PROTO_ROOT / PROTO_FILE} (exit {rc})")
-        produced = Path(tmp) / Path(PROTO_FILE).parent
-        written = []
-        for name in GENERATED:
-            text = (produced / name).read_text(encoding="utf-8")
-            target = Path(out_dir) / name
-            target.write_text(_post_process(name, text), encoding="utf-8")
-            written.append(target)
-        return written
+    written = []
+    for proto_file in PROTO_FILES:
+        with tempfile.TemporaryDirectory() as tmp:
+            rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{include}",
+                              f"--python_out={tmp}", f"--pyi_out={tmp}",
+                              f"--grpc_python_out={tmp}", str(PROTO_ROOT / proto_file)])
+            if rc != 0:
+                raise RuntimeError(f"protoc failed on {PROTO_ROOT / proto_file} (exit {rc})")
+            produced = Path(tmp) / Path(proto_file).parent
+            for suffix in SUFFIXES:
+                name = Path(proto_file).stem + suffix
+                text = (produced / name).read_text(encoding="utf-8")
+                target = Path(out_dir) / name
+                target.write_text(_post_process(name, text), encoding="utf-8")
+                written.append(target)
+    return written
 
 
 def stale_files() -> list[str]:

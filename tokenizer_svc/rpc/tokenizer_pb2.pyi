@@ -14,6 +14,11 @@ class OffsetUnit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFSET_UNIT_BYTE: _ClassVar[OffsetUnit]
     OFFSET_UNIT_CHAR: _ClassVar[OffsetUnit]
 
+class IdFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ID_FORMAT_REPEATED: _ClassVar[IdFormat]
+    ID_FORMAT_PACKED: _ClassVar[IdFormat]
+
 class TruncationSide(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATION_SIDE_RIGHT: _ClassVar[TruncationSide]
@@ -27,6 +32,8 @@ class DecodeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 OFFSET_UNIT_NONE: OffsetUnit
 OFFSET_UNIT_BYTE: OffsetUnit
 OFFSET_UNIT_CHAR: OffsetUnit
+ID_FORMAT_REPEATED: IdFormat
+ID_FORMAT_PACKED: IdFormat
 TRUNCATION_SIDE_RIGHT: TruncationSide
 TRUNCATION_SIDE_LEFT: TruncationSide
 DECODE_MODE_BYTES: DecodeMode
@@ -54,60 +61,92 @@ class Truncation(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., side: _Optional[_Union[TruncationSide, str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "data", "special", "offsets", "truncation", "id")
+    __slots__ = ("text", "data", "special", "offsets", "truncation", "id", "format", "token_texts")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATION_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TEXTS_FIELD_NUMBER: _ClassVar[int]
     text: str
     data: bytes
     special: SpecialTokenPolicy
     offsets: OffsetUnit
     truncation: Truncation
     id: str
-    def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
+    format: IdFormat
+    token_texts: bool
+    def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., id: _Optional[str] = ..., format: _Optional[_Union[IdFormat, str]] = ..., token_texts: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("ids", "offsets", "token_count", "truncated", "id")
+    __slots__ = ("ids", "offsets", "token_count", "truncated", "id", "ids_packed", "starts", "ends", "offsets_packed", "n_tokens", "texts", "special")
     IDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     token_count: int
     truncated: bool
     id: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_count: _Optional[int] = ..., truncated: _Optional[bool] = ..., id: _Optional[str] = ...) -> None: ...
+    ids_packed: bytes
+    starts: _containers.RepeatedScalarFieldContainer[int]
+    ends: _containers.RepeatedScalarFieldContainer[int]
+    offsets_packed: bytes
+    n_tokens: int
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    special: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_count: _Optional[int] = ..., truncated: _Optional[bool] = ..., id: _Optional[str] = ..., ids_packed: _Optional[bytes] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ..., n_tokens: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., special: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class TokenizeBatchRequest(_message.Message):
-    __slots__ = ("texts", "data", "special", "offsets", "truncation")
+    __slots__ = ("texts", "data", "special", "offsets", "truncation", "format")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     data: _containers.RepeatedScalarFieldContainer[bytes]
     special: SpecialTokenPolicy
     offsets: OffsetUnit
     truncation: Truncation
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., data: _Optional[_Iterable[bytes]] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ...) -> None: ...
+    format: IdFormat
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., data: _Optional[_Iterable[bytes]] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., format: _Optional[_Union[IdFormat, str]] = ...) -> None: ...
 
 class TokenizeBatchResponse(_message.Message):
-    __slots__ = ("ids", "doc_offsets", "offsets", "token_counts")
+    __slots__ = ("ids", "doc_offsets", "offsets", "token_counts", "ids_packed", "doc_bounds", "n_tokens", "starts", "ends", "offsets_packed")
     IDS_FIELD_NUMBER: _ClassVar[int]
     DOC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    DOC_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_PACKED_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     doc_offsets: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     token_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., doc_offsets: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    ids_packed: bytes
+    doc_bounds: _containers.RepeatedScalarFieldContainer[int]
+    n_tokens: _containers.RepeatedScalarFieldContainer[int]
+    starts: _containers.RepeatedScalarFieldContainer[int]
+    ends: _containers.RepeatedScalarFieldContainer[int]
+    offsets_packed: bytes
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., doc_offsets: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ..., ids_packed: _Optional[bytes] = ..., doc_bounds: _Optional[_Iterable[int]] = ..., n_tokens: _Optional[_Iterable[int]] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("text", "data", "special")
@@ -120,20 +159,24 @@ class CountTokensRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ...) -> None: ...
 
 class CountTokensResponse(_message.Message):
-    __slots__ = ("count",)
+    __slots__ = ("count", "n_tokens")
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     count: int
-    def __init__(self, count: _Optional[int] = ...) -> None: ...
+    n_tokens: int
+    def __init__(self, count: _Optional[int] = ..., n_tokens: _Optional[int] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
-    __slots__ = ("ids", "mode", "id")
+    __slots__ = ("ids", "mode", "id", "ids_packed")
     IDS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     mode: DecodeMode
     id: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ..., id: _Optional[str] = ...) -> None: ...
+    ids_packed: bytes
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ..., id: _Optional[str] = ..., ids_packed: _Optional[bytes] = ...) -> None: ...
 
 class DetokenizeResponse(_message.Message):
     __slots__ = ("data", "text", "id")
@@ -146,14 +189,16 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., text: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
 
 class DetokenizeBatchRequest(_message.Message):
-    __slots__ = ("ids", "seq_offsets", "mode")
+    __slots__ = ("ids", "seq_offsets", "mode", "ids_packed")
     IDS_FIELD_NUMBER: _ClassVar[int]
     SEQ_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     seq_offsets: _containers.RepeatedScalarFieldContainer[int]
     mode: DecodeMode
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., seq_offsets: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ...) -> None: ...
+    ids_packed: bytes
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., seq_offsets: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[DecodeMode, str]] = ..., ids_packed: _Optional[bytes] = ...) -> None: ...
 
 class DetokenizeBatchResponse(_message.Message):
     __slots__ = ("data", "texts")

@@ -1,4 +1,5 @@
-"""The gRPC tokenizer service (istanbul.tokenizer.v1.Tokenizer) on the server's own GPU device.
+"""The gRPC tokenizer service (istanbul.tokenizer.v1.Tokenizer, and tei.v1.Tokenize) on the
+server's own GPU device.
 
 One concept per module:
 
@@ -8,8 +9,13 @@ One concept per module:
 - `batcher`: the dynamic batcher (coalesces concurrent requests into one GPU call);
 - `work`: what one batch does with the Encoding (`BatchRunner`);
 - `servicer`: the RPCs (protobuf in, jobs to the batcher, protobuf out);
+- `tei`: tei.v1.Tokenize (text-embeddings-inference's tokenizer API) on the same batcher;
+- `long_lane`: expensive documents, one at a time, on a device of their own;
 - `auth`, `metrics`, `logs`, `health`: bearer tokens, Prometheus, JSON logs, grpc.health.v1;
 - `app`: `TokenizerServer`, the lifecycle (bind, load, health, drain, stop);
+- `ports`: one-line errors for a port that cannot be bound;
+- `process`: one server process (signals, port file, start-up errors);
+- `workers`: `serve --workers N`, N processes on one port under a supervisor;
 - `background`: a server on a thread of its own, for tests and embedded use.
 """
 

@@ -34,11 +34,14 @@ from .health import HealthServicer
 from .errors import RequestRejected, limit_reason
 from .limits import queue_full
 from .metrics import ServiceMetrics, TelemetryInterceptor
+from .ports import check_free, port_error
 from .servicer import SERVICE_NAME, TokenizerServicer
+from .tei import TEI_SERVICE_NAME, TeiTokenizeServicer
 from .work import BatchRunner
 
 log = logging.getLogger("tokenizer_svc.server")
 
+SERVICES = ("", SERVICE_NAME, TEI_SERVICE_NAME)   # health entries (the server, each service)
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -85,6 +88,7 @@ class TokenizerServer:
         self._encoding, self._device, self._load = encoding, device, load
         self.metrics = ServiceMetrics()
         self.servicer = TokenizerServicer(config)
+        self.tei = TeiTokenizeServicer(self.servicer)
         self.health = HealthServicer()
         self.gpu_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu")
         self.long_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-long")
@@ -111,11 +115,12 @@ class TokenizerServer:
         limit = self.config.limits.max_message_bytes
         # grpc's own limit sits above ours, so our deserializer answers with the clearer
         # message; responses may be larger than requests (ids and offsets). Without
-        # SO_REUSEPORT a second server on a taken port fails instead of sharing it silently.
+        # SO_REUSEPORT a second server on a taken port fails instead of sharing it silently;
+        # workers of one `serve --workers N` share it on purpose (workers.py).
         wire = min(2 * limit + (1 << 20), 2**31 - 1)
         return [("grpc.max_receive_message_length", wire),
                 ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0)]
+                ("grpc.so_reuseport", 1 if self.config.reuse_port else 0)]
 
     async def start(self) -> int:
         """Bind and start serving (NOT_SERVING until the Encoding is ready); returns the port."""
@@ -126,29 +131,43 @@ class TokenizerServer:
         if cfg.auth_tokens:
             interceptors.append(BearerAuthInterceptor(cfg.auth_tokens))
         server = grpc.aio.server(interceptors=interceptors, options=self._grpc_options())
-        handlers = self.servicer.method_handlers()
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
-                                                                              handlers),))
-        server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        for name, handlers in ((SERVICE_NAME, self.servicer.method_handlers()),
+                               (TEI_SERVICE_NAME, self.tei.method_handlers())):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name,
+                                                                                  handlers),))
+            server.add_registered_method_handlers(name, handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            (SERVICE_NAME, TEI_SERVICE_NAME,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        for service in ("", SERVICE_NAME):
+        for service in SERVICES:
             await self.health.set(service, NOT_SERVING)
-        if cfg.tls_cert is not None:
-            creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
-            self.port = server.add_secure_port(cfg.address, creds)
-        else:
-            self.port = server.add_insecure_port(cfg.address)
+        if not cfg.reuse_port:   # a worker's port is held by its supervisor
+            check_free("gRPC port", "--port", cfg.host, cfg.port)
+        if cfg.metrics_port is not None:
+            check_free("metrics port", "--metrics-port", cfg.metrics_host, cfg.metrics_port)
+        try:
+            if cfg.tls_cert is not None:
+                creds = grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)])
+                self.port = server.add_secure_port(cfg.address, creds)
+            else:
+                self.port = server.add_insecure_port(cfg.address)
+        except RuntimeError as exc:   # grpc's "Failed to bind to address ..."
+            raise port_error("gRPC port", "--port", cfg.host, cfg.port, exc) from None
         if not self.port:
-            raise OSError(f"could not bind {cfg.address}")
+            raise port_error("gRPC port", "--port", cfg.host, cfg.port)
+        if cfg.metrics_port is not None:
+            try:
+                self.metrics_port = self.metrics.serve_http(
+                    cfg.metrics_host, cfg.metrics_port,
+                    tokens=cfg.auth_tokens if cfg.metrics_auth else ())
+            except OSError as exc:
+                await server.stop(0)
+                raise port_error("metrics port", "--metrics-port", cfg.metrics_host,
+                                 cfg.metrics_port, exc) from None
         await server.start()
         self._server = server
-        if cfg.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(
-                cfg.metrics_host, cfg.metrics_port,
-                tokens=cfg.auth_tokens if cfg.metrics_auth else ())
         log.info("listening", extra={"data": {
             "address": f"{cfg.host}:{self.port}", "tls": cfg.tls_cert is not None,
             "auth": bool(cfg.auth_tokens), "metrics_port": self.metrics_port}})
@@ -187,7 +206,7 @@ class TokenizerServer:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         if self._draining:
             return
-        for service in ("", SERVICE_NAME):
+        for service in SERVICES:
             await self.health.set(service, SERVING)
         self.metrics.ready.set(1)
         adapter = adapter_info(self._device or getattr(self._encoding, "device", None))
@@ -270,7 +289,7 @@ class TokenizerServer:
             if bool(stuck) != self.stalled and not self._draining:
                 self.stalled = bool(stuck)
                 status = NOT_SERVING if stuck else SERVING
-                for service in ("", SERVICE_NAME):
+                for service in SERVICES:
                     await self.health.set(service, status)
                 self.metrics.ready.set(0 if stuck else 1)
                 self.metrics.stalled.set(1 if stuck else 0)

@@ -70,6 +70,8 @@ class ServerConfig:
     stall_timeout_s: float = 30.0         # a GPU worker busy this long without progress: health
                                           # NOT_SERVING (and at exit: give up waiting for it)
     long_lane: LaneConfig = field(default_factory=LaneConfig)
+    reuse_port: bool = False              # bind with SO_REUSEPORT: one of several workers on
+                                          # the port (workers.py); else a taken port fails
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -162,12 +162,25 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: ServiceMetrics):
         self.metrics = metrics
+        # the wrapped handler of each (method, handler), built once instead of per call: the
+        # service's handlers are fixed objects; the auth interceptor's refusals are made per
+        # call, so the cache is emptied when it grows past a bound
+        self._wrapped: dict = {}
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None:
             return None
-        method = method_name(details.method)
+        key = (details.method, handler)
+        wrapped = self._wrapped.get(key)
+        if wrapped is None:
+            wrapped = self._wrap(handler, method_name(details.method))
+            if len(self._wrapped) >= 256:
+                self._wrapped.clear()
+            self._wrapped[key] = wrapped
+        return wrapped
+
+    def _wrap(self, handler, method: str):
         metrics = self.metrics
 
         def finish(context, start, peer, exc):

@@ -22,13 +22,14 @@ from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected)
-from .work import DecodeJob, EncodeJob, SpecialRule, utf8_len
+from .work import DecodeJob, EncodeJob, SpecialRule, special_ids, utf8_len
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Tokenizer"]
 SERVICE_NAME = SERVICE.full_name
 OFFSET_UNITS = {pb.OFFSET_UNIT_NONE: None, pb.OFFSET_UNIT_BYTE: "byte", pb.OFFSET_UNIT_CHAR: "char"}
+ID_FORMATS = (pb.ID_FORMAT_REPEATED, pb.ID_FORMAT_PACKED)
 DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE_TEXT_REPLACE)
 _END = object()
 # True while the current unary RPC has announced itself to the batcher and not yet submitted.
@@ -194,6 +195,30 @@ def _bad(message: str) -> RequestRejected:
     return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT, message)
 
 
+def packed_u32(values: np.ndarray) -> bytes:
+    """The little-endian uint32 bytes of `values` (the `*_packed` fields)."""
+    return np.asarray(values).astype("<u4", copy=False).tobytes()
+
+
+def _pairs(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    out = np.empty(2 * starts.size, np.uint32)
+    out[0::2], out[1::2] = starts, ends
+    return out
+
+
+def unpack_ids(request, field: str = "ids_packed") -> np.ndarray:
+    """The ids of a detokenize request: `ids` or `ids_packed`, not both."""
+    packed = getattr(request, field)
+    if packed and len(request.ids):
+        raise _bad(f"the {type(request).__name__} has both `ids` and `{field}`; give one")
+    if packed:
+        if len(packed) % 4:
+            raise _bad(f"`{field}` is {len(packed)} bytes, not a whole number of "
+                       "little-endian uint32 ids (4 bytes each)")
+        return np.frombuffer(packed, "<u4").astype(np.uint32, copy=False)
+    return np.asarray(request.ids, dtype=np.uint32)
+
+
 class TokenizerServicer:
     """Implements every method of the service; `attach` makes it ready."""
 
@@ -207,6 +232,8 @@ class TokenizerServicer:
         self.long_lane = None         # LongLane: decides which jobs are expensive (app.py)
         self.run_long = None          # async (job, timeout) -> results, in the long lane
         self._streams_cut = asyncio.Event()
+        self._texts_cache: dict = {}
+        self._special_ids = None
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
@@ -236,13 +263,14 @@ class TokenizerServicer:
                                   "the server is starting (loading the GPU device and the "
                                   "vocabulary); retry shortly")
 
-    def _doc(self, request, what: str):
+    def _doc(self, request):
         which = request.WhichOneof("input")
         if which is None:
-            raise _bad(f"{what} has no input: set `text` (UTF-8) or `data` (raw bytes)")
+            raise _bad(f"the {type(request).__name__} has no input: set `text` (UTF-8) or "
+                       "`data` (raw bytes)")
         doc = request.text if which == "text" else bytes(request.data)
         nbytes = utf8_len(doc)
-        checks.check_text_bytes(self.limits, nbytes, what)
+        checks.check_text_bytes(self.limits, nbytes, f"`{which}`")
         return doc, nbytes
 
     def _rule(self, policy: pb.SpecialTokenPolicy) -> SpecialRule:
@@ -254,6 +282,8 @@ class TokenizerServicer:
     def _encode_job(self, docs: list, request) -> EncodeJob:
         if request.offsets not in OFFSET_UNITS:
             raise _bad(f"offsets: unknown OffsetUnit value {request.offsets}")
+        if request.format not in ID_FORMATS:
+            raise _bad(f"format: unknown IdFormat value {request.format}")
         if request.truncation.side not in (pb.TRUNCATION_SIDE_RIGHT, pb.TRUNCATION_SIDE_LEFT):
             raise _bad(f"truncation.side: unknown TruncationSide value {request.truncation.side}")
         return EncodeJob(docs, self._rule(request.special), OFFSET_UNITS[request.offsets],
@@ -277,9 +307,26 @@ class TokenizerServicer:
         return await self.batcher.submit(job, items=items, nbytes=nbytes,
                                          timeout=context.time_remaining(), announced=announced)
 
-    def _ids(self, values, what: str) -> np.ndarray:
-        checks.check_decode_ids(self.limits, len(values))
-        return np.asarray(values, dtype=np.uint32)
+    def _ids(self, request) -> np.ndarray:
+        ids = unpack_ids(request)
+        checks.check_decode_ids(self.limits, ids.size)
+        return ids
+
+    def _token_texts(self, ids: np.ndarray) -> tuple[list, np.ndarray]:
+        """(text of each token, special flag of each token) for TokenizeResponse.texts."""
+        cache, enc = self._texts_cache, self.encoding
+        texts = []
+        for t in ids.tolist():
+            text = cache.get(t)
+            if text is None:
+                text = cache[t] = enc.decode_single_token_bytes(t).decode("utf-8", "replace")
+            texts.append(text)
+        return texts, np.isin(ids, self.special_id_array())
+
+    def special_id_array(self) -> np.ndarray:
+        if self._special_ids is None:
+            self._special_ids = np.array(sorted(special_ids(self.encoding.vocab)), np.int64)
+        return self._special_ids
 
     @staticmethod
     def _decoded(data: bytes, mode: int, what: str):
@@ -302,14 +349,31 @@ class TokenizerServicer:
     async def _tokenize_one(self, request, context, what: str, method: str) -> pb.TokenizeResponse:
         request = _parsed(request)
         self._ready()
-        doc, nbytes = self._doc(request, what)
+        doc, nbytes = self._doc(request)
         job = self._encode_job([doc], request)
         [result] = await self._run(job, 1, nbytes, context, method)
         self.metrics.tokens.labels("encode").inc(result.ids.size)
-        return pb.TokenizeResponse(
-            ids=result.ids.tolist(),
-            offsets=result.offsets.tolist() if result.offsets is not None else (),
-            token_count=result.token_count, truncated=result.truncated, id=request.id)
+        response = pb.TokenizeResponse(token_count=result.token_count,
+                                       n_tokens=result.token_count,
+                                       truncated=result.truncated, id=request.id)
+        packed = request.format == pb.ID_FORMAT_PACKED
+        if packed:
+            response.ids_packed = packed_u32(result.ids)
+        else:
+            response.ids.extend(result.ids.tolist())
+        if result.offsets is not None:
+            if packed:
+                response.offsets_packed = packed_u32(_pairs(result.offsets, result.ends))
+            else:
+                starts = result.offsets.tolist()
+                response.offsets.extend(starts)
+                response.starts.extend(starts)
+                response.ends.extend(result.ends.tolist())
+        if request.token_texts:
+            texts, special = self._token_texts(result.ids)
+            response.texts.extend(texts)
+            response.special.extend(special.tolist())
+        return response
 
     @unary
     async def Tokenize(self, request, context):
@@ -322,12 +386,13 @@ class TokenizerServicer:
         if request.texts and request.data:
             raise _bad("TokenizeBatchRequest has both `texts` and `data`; send one kind per "
                        "request")
+        field = "texts" if request.texts else "data"
         docs = list(request.texts) if request.texts else [bytes(d) for d in request.data]
-        checks.check_batch_items(self.limits, len(docs), "documents in the batch")
+        checks.check_batch_items(self.limits, len(docs), f"documents in `{field}`")
         nbytes = 0
         for n, doc in enumerate(docs):
             size = utf8_len(doc)
-            checks.check_text_bytes(self.limits, size, f"document {n}")
+            checks.check_text_bytes(self.limits, size, f"`{field}[{n}]`")
             nbytes += size
         job = self._encode_job(docs, request)
         results = await self._run(job, max(len(docs), 1), nbytes, context, "TokenizeBatch") \
@@ -337,10 +402,24 @@ class TokenizerServicer:
         np.cumsum(counts, out=doc_offsets[1:])
         ids = np.concatenate([r.ids for r in results]) if results else np.zeros(0, np.uint32)
         self.metrics.tokens.labels("encode").inc(ids.size)
-        response = pb.TokenizeBatchResponse(ids=ids.tolist(), doc_offsets=doc_offsets.tolist(),
-                                            token_counts=[r.token_count for r in results])
+        bounds = doc_offsets.tolist()
+        token_counts = [r.token_count for r in results]
+        response = pb.TokenizeBatchResponse(doc_offsets=bounds, doc_bounds=bounds,
+                                            token_counts=token_counts, n_tokens=token_counts)
+        packed = request.format == pb.ID_FORMAT_PACKED
+        if packed:
+            response.ids_packed = packed_u32(ids)
+        else:
+            response.ids.extend(ids.tolist())
         if job.offsets and results:
-            response.offsets.extend(np.concatenate([r.offsets for r in results]).tolist())
+            starts = np.concatenate([r.offsets for r in results])
+            ends = np.concatenate([r.ends for r in results])
+            if packed:
+                response.offsets_packed = packed_u32(_pairs(starts, ends))
+            else:
+                response.offsets.extend(starts.tolist())
+                response.starts.extend(starts.tolist())
+                response.ends.extend(ends.tolist())
         return response
 
     @streaming
@@ -354,17 +433,17 @@ class TokenizerServicer:
     async def CountTokens(self, request, context):
         request = _parsed(request)
         self._ready()
-        doc, nbytes = self._doc(request, "the text")
+        doc, nbytes = self._doc(request)
         job = EncodeJob([doc], self._rule(request.special))
         [result] = await self._run(job, 1, nbytes, context, "CountTokens")
-        return pb.CountTokensResponse(count=result.token_count)
+        return pb.CountTokensResponse(count=result.token_count, n_tokens=result.token_count)
 
     # ---- detokenize -----------------------------------------------------------------------
 
     async def _detokenize_one(self, request, context, what: str) -> pb.DetokenizeResponse:
         request = _parsed(request)
         self._ready()
-        ids = self._ids(request.ids, what)
+        ids = self._ids(request)
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")
         result = await self._run(DecodeJob([ids]), 1, 4 * ids.size, context, "Detokenize")
@@ -379,15 +458,16 @@ class TokenizerServicer:
     async def DetokenizeBatch(self, request, context):
         request = _parsed(request)
         self._ready()
-        ids = self._ids(request.ids, "the batch")
+        ids = self._ids(request)
         given = list(request.seq_offsets)          # uint64: shown as sent, never wrapped
         if not given and ids.size == 0:
             return pb.DetokenizeBatchResponse()
         bounds = np.asarray([min(v, ids.size + 1) for v in given], dtype=np.int64)
         if (bounds.size < 1 or bounds[0] != 0 or bounds[-1] != ids.size
                 or np.any(np.diff(bounds) < 0) or max(given) > ids.size):
-            raise _bad(f"seq_offsets must be n+1 non-decreasing positions from 0 to len(ids) "
-                       f"({ids.size}); got {given[:8]}{'...' if len(given) > 8 else ''}")
+            raise _bad(f"`seq_offsets` must be n+1 non-decreasing positions from 0 to the "
+                       f"number of ids ({ids.size}); got {given[:8]}"
+                       f"{'...' if len(given) > 8 else ''}")
         checks.check_batch_items(self.limits, bounds.size - 1, "sequences in the batch")
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")

@@ -7,6 +7,11 @@ that spells a disallowed special token is refused per job before the call (tikto
 and message, from tokenizer_svc.reference), so one bad request never fails its neighbours.
 All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
 each decode job is retried alone so that only the guilty one fails.
+
+`encode_flat` is the service's one call into the encode path (batches and long lane alike).
+`token_spans` is the one place that turns ids into (start, end) offsets; it reads the
+Encoding's per-token tables (byte lengths, characters started), which the public
+`token_offsets` uses for the starts.
 """
 
 from __future__ import annotations
@@ -18,11 +23,59 @@ from typing import Callable
 import grpc
 import numpy as np
 
-from ..reference import DisallowedSpecialTokenError, check_disallowed, resolve_special
+from ..reference import resolve_special, special_regex
 from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
 
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
 DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
+SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed special token found
+
+
+def disallowed_special_message(token: str) -> str:
+    """The refusal in the protocol's terms (SpecialTokenPolicy fields), for any client; the
+    Python client rewrites it into tiktoken's wording from the trailer."""
+    return (f"the text contains the special token {token!r}, which the request's "
+            f"SpecialTokenPolicy does not allow: add it to `special.allowed` (or set "
+            f"`special.allow_all`) to encode it as that special token, or set "
+            f"`special.disallow_none` (or list other tokens in `special.disallowed`) to "
+            f"encode it as ordinary text")
+
+
+def encode_flat(encoding, docs: list, allowed: frozenset) -> tuple[np.ndarray, np.ndarray]:
+    """The service's one call into the encode path: (ids as np.uint32, offsets with n+1
+    entries) of `docs`, the `allowed` special tokens recognised, no refusal (that was
+    checked per job). The batches and the long lane both come through here."""
+    ids, offsets = encoding.encode_batch_flat(docs, allowed_special=allowed,
+                                              disallowed_special=())
+    return np.asarray(ids, np.uint32), offsets
+
+
+def special_ids(vocab) -> set:
+    """Ids flagged `special` in replies: a tokenizer.json's added tokens marked special, a
+    .tiktoken vocabulary's special tokens."""
+    hf = getattr(vocab, "hf", None)
+    if hf is not None:
+        return {a.id for a in hf.added if a.special}
+    return set(vocab.special_tokens.values())
+
+
+def post_process(encoding, ids: list) -> list:
+    """`ids` with the vocabulary's post-processor tokens (tokenizers' add_special_tokens=True,
+    what Encoding.encode_hf applies); unchanged for vocabularies without one."""
+    pipeline = getattr(encoding, "_hf", None)
+    return pipeline.post_process(ids) if pipeline is not None else list(ids)
+
+
+def token_spans(encoding, ids: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of each token of a whole document's `ids` in bytes or characters:
+    token i covers [starts[i], ends[i]). In characters a token that begins (ends) inside a
+    multi-byte character covers that whole character, so neighbours may share one."""
+    starts = encoding.token_offsets(ids, unit)
+    if unit == "byte":
+        ends = starts + encoding._token_lengths[ids]
+    else:   # characters that began before the token's end
+        ends = np.cumsum(encoding._token_chars[ids]) if ids.size else np.zeros(0, np.int64)
+    return starts, ends.astype(np.int64, copy=False)
 
 
 def utf8_len(doc) -> int:
@@ -61,8 +114,9 @@ class EncodeJob:
 @dataclass
 class EncodedDoc:
     ids: np.ndarray                # uint32, after truncation
-    offsets: np.ndarray | None     # one per id, when asked for
+    offsets: np.ndarray | None     # start of each id, when asked for
     token_count: int               # before truncation
+    ends: np.ndarray | None = None # end of each id, when asked for
 
     @property
     def truncated(self) -> bool:
@@ -96,17 +150,18 @@ class BatchRunner:
     def refusal(self, job: EncodeJob) -> RequestRejected | None:
         if not job.rule.disallowed:
             return None
+        pattern = special_regex(job.rule.disallowed)
         for n, doc in enumerate(job.docs):
-            if isinstance(doc, str):
-                try:
-                    check_disallowed(doc, job.rule.disallowed)
-                except DisallowedSpecialTokenError as exc:
-                    if len(job.docs) == 1:
-                        return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT,
-                                               DISALLOWED_SPECIAL, str(exc).strip())
-                    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
-                                           f"document {n}: {str(exc).strip()}",
-                                           ((DOCUMENT_METADATA_KEY, str(n)),))
+            found = pattern.search(doc) if isinstance(doc, str) else None
+            if found:
+                token = ((SPECIAL_TOKEN_METADATA_KEY, found.group()),)
+                message = disallowed_special_message(found.group())
+                if len(job.docs) == 1:
+                    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                           DISALLOWED_SPECIAL, message, token)
+                return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
+                                       f"document {n} (`texts[{n}]`): {message}",
+                                       ((DOCUMENT_METADATA_KEY, str(n)), *token))
         return None
 
     def _encode(self, jobs: list, results: list) -> None:
@@ -125,9 +180,7 @@ class BatchRunner:
             docs = [doc for k in members for doc in jobs[k].docs]
             encoded = []  # per document, in order
             for chunk in self._chunks(docs):
-                ids, offsets = self.encoding.encode_batch_flat(chunk, allowed_special=allowed,
-                                                               disallowed_special=())
-                ids = np.asarray(ids, np.uint32)
+                ids, offsets = encode_flat(self.encoding, chunk, allowed)
                 encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
             i = 0
             for k in members:
@@ -150,12 +203,15 @@ class BatchRunner:
 
     def finish(self, job: EncodeJob, ids: np.ndarray) -> EncodedDoc:
         count = int(ids.size)
-        offsets = self.encoding.token_offsets(ids, job.offsets) if job.offsets else None
+        offsets = ends = None
+        if job.offsets:
+            offsets, ends = token_spans(self.encoding, ids, job.offsets)
         if job.max_tokens and count > job.max_tokens:
             cut = slice(count - job.max_tokens, None) if job.keep_end else slice(0, job.max_tokens)
             ids = ids[cut]
-            offsets = offsets[cut] if offsets is not None else None
-        return EncodedDoc(ids, offsets, count)
+            if offsets is not None:
+                offsets, ends = offsets[cut], ends[cut]
+        return EncodedDoc(ids, offsets, count, ends)
 
     # ---- decoding -------------------------------------------------------------------------
 

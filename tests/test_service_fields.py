@@ -1,0 +1,155 @@
+"""The protocol's newer fields through a real server on loopback: packed little-endian ids and
+offsets, (start, end) offset pairs in bytes and characters, token texts and special flags,
+uint32 counts beside the uint64 ones, packed detokenize input, and error messages that name
+protocol fields (the Python client still speaks tiktoken's words)."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf import json_format
+
+from tokenizer_svc.client import DisallowedSpecialError
+from tokenizer_svc.reference import disallowed_message
+from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tests.service_support import (TEXTS, client, reason_of, server, stub_for,  # noqa: F401
+                                   tiny_encoding, tiny_vocab_path)
+
+SPECIAL_TEXT = "alpha <|endoftext|> beta ğü<|fim|>gamma"
+ALL = pb.SpecialTokenPolicy(allow_all=True)
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel, stub = stub_for(server.target)
+    yield stub
+    channel.close()
+
+
+def expected_spans(encoding, text: str, unit: str):
+    """(start, end) of each token, from the token bytes: bytes exactly; characters covering
+    every character any byte of the token belongs to."""
+    data = text.encode()
+    char_of = np.zeros(len(data) + 1, np.int64)   # character holding each byte
+    char = -1
+    for i, b in enumerate(data):
+        if not 0x80 <= b < 0xC0:
+            char += 1
+        char_of[i] = char
+    spans, at = [], 0
+    for token in encoding.encode(text, allowed_special="all"):
+        n = len(encoding.decode_single_token_bytes(token))
+        spans.append((at, at + n) if unit == "byte" else
+                     (int(char_of[at]), int(char_of[at + n - 1]) + 1))
+        at += n
+    return spans
+
+
+def test_packed_ids_equal_the_repeated_ones(stub, tiny_encoding):
+    for text in TEXTS:
+        plain = stub.Tokenize(pb.TokenizeRequest(text=text), timeout=60)
+        packed = stub.Tokenize(pb.TokenizeRequest(text=text, format=pb.ID_FORMAT_PACKED),
+                               timeout=60)
+        want = list(tiny_encoding.encode(text))
+        assert list(plain.ids) == want and not plain.ids_packed
+        assert np.frombuffer(packed.ids_packed, "<u4").tolist() == want and not packed.ids
+        assert packed.n_tokens == packed.token_count == plain.n_tokens == len(want)
+
+
+@pytest.mark.parametrize("unit, value", [("byte", pb.OFFSET_UNIT_BYTE),
+                                         ("char", pb.OFFSET_UNIT_CHAR)])
+def test_offset_pairs_in_bytes_and_characters(stub, tiny_encoding, unit, value):
+    for text in TEXTS + [SPECIAL_TEXT]:
+        want = expected_spans(tiny_encoding, text, unit)
+        reply = stub.Tokenize(pb.TokenizeRequest(text=text, special=ALL, offsets=value),
+                              timeout=60)
+        assert list(zip(reply.starts, reply.ends)) == want, text
+        assert list(reply.offsets) == [a for a, _ in want]    # the older start-only field
+        packed = stub.Tokenize(pb.TokenizeRequest(text=text, special=ALL, offsets=value,
+                                                  format=pb.ID_FORMAT_PACKED), timeout=60)
+        pairs = np.frombuffer(packed.offsets_packed, "<u4").reshape(-1, 2)
+        assert [tuple(p) for p in pairs.tolist()] == want
+        assert not packed.starts and not packed.offsets
+    data = SPECIAL_TEXT.encode()
+    reply = stub.Tokenize(pb.TokenizeRequest(text=SPECIAL_TEXT, special=ALL,
+                                             offsets=pb.OFFSET_UNIT_BYTE), timeout=60)
+    assert b"".join(data[a:b] for a, b in zip(reply.starts, reply.ends)) == data
+
+
+def test_offset_pairs_survive_truncation_and_batches(stub, tiny_encoding):
+    text = TEXTS[7]
+    want = expected_spans(tiny_encoding, text, "char")
+    reply = stub.Tokenize(pb.TokenizeRequest(
+        text=text, offsets=pb.OFFSET_UNIT_CHAR,
+        truncation=pb.Truncation(max_tokens=3, side=pb.TRUNCATION_SIDE_LEFT)), timeout=60)
+    assert list(zip(reply.starts, reply.ends)) == want[-3:]
+    batch = stub.TokenizeBatch(pb.TokenizeBatchRequest(texts=TEXTS, offsets=pb.OFFSET_UNIT_BYTE,
+                                                       format=pb.ID_FORMAT_PACKED), timeout=60)
+    ids = np.frombuffer(batch.ids_packed, "<u4")
+    pairs = np.frombuffer(batch.offsets_packed, "<u4").reshape(-1, 2)
+    assert list(batch.doc_bounds) == list(batch.doc_offsets)
+    assert list(batch.n_tokens) == list(batch.token_counts)
+    for k, text in enumerate(TEXTS):
+        a, b = batch.doc_bounds[k], batch.doc_bounds[k + 1]
+        assert ids[a:b].tolist() == list(tiny_encoding.encode(text))
+        assert [tuple(p) for p in pairs[a:b].tolist()] == \
+            expected_spans(tiny_encoding, text, "byte")
+
+
+def test_token_texts_and_special_flags(stub, tiny_encoding):
+    reply = stub.Tokenize(pb.TokenizeRequest(text=SPECIAL_TEXT, special=ALL, token_texts=True),
+                          timeout=60)
+    specials = set(tiny_encoding.vocab.special_tokens.values())
+    assert list(reply.special) == [i in specials for i in reply.ids]
+    assert any(reply.special)
+    assert list(reply.texts) == [tiny_encoding.decode_single_token_bytes(i).decode(
+        "utf-8", "replace") for i in reply.ids]
+    assert "<|fim|>" in reply.texts
+    plain = stub.Tokenize(pb.TokenizeRequest(text=SPECIAL_TEXT, special=ALL), timeout=60)
+    assert not plain.texts and not plain.special   # only on request
+
+
+def test_counts_are_json_numbers(stub):
+    """uint32 fields print as JSON numbers (the uint64 ones as strings, kept for old
+    clients)."""
+    reply = stub.Tokenize(pb.TokenizeRequest(text="hello world"), timeout=60)
+    as_json = json_format.MessageToDict(reply)
+    assert isinstance(as_json["nTokens"], int) and isinstance(as_json["tokenCount"], str)
+    count = stub.CountTokens(pb.CountTokensRequest(text="hello world"), timeout=60)
+    assert count.n_tokens == count.count == reply.n_tokens
+
+
+def test_detokenize_takes_packed_ids(stub, tiny_encoding):
+    ids = tiny_encoding.encode(TEXTS[2])
+    packed = np.asarray(ids, "<u4").tobytes()
+    reply = stub.Detokenize(pb.DetokenizeRequest(ids_packed=packed), timeout=60)
+    assert reply.data == TEXTS[2].encode()
+    batch = stub.DetokenizeBatch(pb.DetokenizeBatchRequest(
+        ids_packed=packed + packed, seq_offsets=[0, len(ids), 2 * len(ids)]), timeout=60)
+    assert list(batch.data) == [TEXTS[2].encode()] * 2
+    for bad, field in ((pb.DetokenizeRequest(ids_packed=packed[:-1]), "`ids_packed`"),
+                       (pb.DetokenizeRequest(ids=[1], ids_packed=packed), "`ids`")):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Detokenize(bad, timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in info.value.details()
+
+
+def test_errors_name_protocol_fields_not_python_arguments(stub, client):
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Tokenize(pb.TokenizeRequest(text=SPECIAL_TEXT), timeout=60)
+    details = info.value.details()
+    assert reason_of(info.value) == "disallowed-special"
+    assert "`special.allowed`" in details and "`special.disallow_none`" in details
+    assert "allowed_special" not in details and "disallowed_special=" not in details
+    with pytest.raises(grpc.RpcError) as info:
+        stub.TokenizeBatch(pb.TokenizeBatchRequest(texts=["ok", SPECIAL_TEXT]), timeout=60)
+    assert "`texts[1]`" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Tokenize(pb.TokenizeRequest(text="x", format=7), timeout=60)
+    assert info.value.details().startswith("format:")
+    # the Python client speaks tiktoken's words again, from the trailer
+    with pytest.raises(DisallowedSpecialError) as local:
+        client.encode(SPECIAL_TEXT)
+    assert str(local.value) == disallowed_message("<|endoftext|>")

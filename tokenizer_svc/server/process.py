@@ -1,0 +1,79 @@
+"""One server process: `istanbul serve` without --workers, and each worker of a group.
+
+Loads the vocabulary on the GPU (after the port is bound, health NOT_SERVING meanwhile),
+drains on SIGTERM/SIGINT (a second signal exits at once), writes the port file, tells a
+supervisor (workers.py) when it listens and when it serves, and turns every way of failing
+to start into one `UserFacingError` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from istanbul_errors import UserFacingError
+
+from .app import TokenizerServer
+from .config import ServerConfig
+from .ports import PortUnavailable
+
+
+async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
+                 on_listening=None) -> int:
+    def load():
+        from shaders.engine import Device
+        from ..encoding import get_encoding
+        device = Device(adapter)
+        return get_encoding(vocab, device=device), device
+
+    server = TokenizerServer(config, load=load)
+    loop = asyncio.get_running_loop()
+    draining = []
+
+    def on_signal(signum):
+        log = logging.getLogger("tokenizer_svc.server")
+        log.info("signal", extra={"data": {"signal": signal.Signals(signum).name}})
+        if not draining:
+            draining.append(loop.create_task(server.drain()))
+        else:  # a second signal while draining: stop now, in-flight requests or not
+            log.warning("second signal: exiting without finishing in-flight requests")
+            os._exit(1)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        port = await server.start()
+    except PortUnavailable as exc:
+        raise UserFacingError(str(exc)) from None
+    except OSError as exc:
+        raise UserFacingError(f"cannot listen on {config.address}: {exc}") from None
+    if port_file is not None:
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(port_file)
+    if on_listening is not None:   # a worker tells its supervisor (workers.py)
+        on_listening("listening", port, server.metrics_port)
+
+        async def tell_ready():
+            await server.ready.wait()
+            on_listening("ready", port, server.metrics_port)
+        notify = loop.create_task(tell_ready())
+    await server.wait_stopped()
+    if on_listening is not None:
+        notify.cancel()
+    if draining:
+        await draining[0]
+    if server.stuck_workers:   # a GPU call that never returns: do not wait for it at exit
+        logging.getLogger("tokenizer_svc.server").error(
+            "exiting with GPU workers still busy", extra={"data": {
+                "workers": server.stuck_workers}})
+        logging.shutdown()
+        os._exit(1)
+    if server.load_error is not None:
+        await server.drain(grace_s=0)
+        raise UserFacingError(f"could not load vocabulary {vocab!r} on the GPU: "
+                              f"{server.load_error}")
+    return 0

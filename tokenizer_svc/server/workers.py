@@ -1,0 +1,289 @@
+"""`istanbul serve --workers N`: N server processes on one port (SO_REUSEPORT), one supervisor.
+
+Why processes: a request costs the server Python work on top of the GPU call (HTTP/2 and
+protobuf handling in grpc's event loop, UTF-8 checks, batch bookkeeping, building the
+reply), and one Python process runs that on one core; on the H200's 16 cores the GPU
+thread of one process was busy 21-29% while its event loop was saturated. So the request
+handling is replicated: each worker is a whole `TokenizerServer` (asyncio grpc server,
+dynamic batcher, long lane, health, reflection, drain) with its own GPU device on the same
+adapter, and exactly one batcher per device. The kernel spreads new connections over the
+workers' listening sockets (SO_REUSEPORT); a connection and its streams stay with one
+worker, so ordering, deadlines, cancellation and backpressure (`--max-queued-bytes`, per
+worker) work as in a single process. What this gives up: requests of different workers
+never share a GPU call (each worker batches its own connections; with several clients per
+worker batches still form), and each worker holds its own device buffers. A single GPU
+process fed by front-end processes through shared memory would batch across all
+connections, but its one Python thread would again split and pack every reply; measured
+first where it matters (bench/service.py on the H200) before building it.
+
+The supervisor (this module, the `istanbul serve` process itself):
+
+- checks that the port can be bound, then holds it with a socket that is bound with
+  SO_REUSEPORT but never listens (so `--port 0` gets one port for all workers and nobody
+  else takes it while workers restart);
+- starts the workers (spawned processes in their own process group: a Ctrl-C reaches only
+  the supervisor, which forwards one SIGTERM), writes `--port-file` once all are SERVING
+  (until then a connection may reach a worker that still loads: NOT_SERVING, UNAVAILABLE);
+- serves `--metrics-port` itself: every worker's metrics (each on a loopback port of its
+  own) under one endpoint, with a `worker` label;
+- forwards SIGTERM/SIGINT to every worker (each drains as a single server does) and exits
+  with the worst worker exit code;
+- restarts a worker that dies on its own (the others keep serving meanwhile: the kernel
+  sends new connections only to listening sockets), at once if it had been serving, else
+  after 1 s, 2 s; a worker that dies MAX_START_FAILURES times in a row before serving (a
+  broken adapter, say) stops the group with exit 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from .config import ServerConfig
+from .ports import check_free, port_error
+
+log = logging.getLogger("tokenizer_svc.server")
+
+
+def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, log_format: str,
+                 verbose: bool, status) -> None:
+    """One worker: a whole TokenizerServer in this (spawned) process (process.serve)."""
+    os.setpgid(0, 0)     # Ctrl-C at a terminal reaches the supervisor only
+    _die_with_parent()
+    import asyncio
+    import sys
+    from istanbul_errors import UserFacingError
+    from .process import serve
+    from .logs import setup_logging
+    setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
+    log.info("worker starting", extra={"data": {"worker": index, "pid": os.getpid()}})
+
+    def on_listening(state: str, port: int, metrics_port: int | None) -> None:
+        status.put((state, index, port, metrics_port))
+
+    try:
+        code = asyncio.run(serve(config, vocab, adapter, None, on_listening=on_listening))
+    except UserFacingError as exc:
+        print(f"istanbul serve: worker {index}: error: {exc}", file=sys.stderr)
+        code = 1
+    raise SystemExit(code)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this worker when the supervisor dies (even by SIGKILL): no orphans serving."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT that never listens: it fixes the port
+    (port 0: the kernel picks one) for the workers, which bind it too."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise port_error("gRPC port", "--port", host, port, exc) from None
+    return sock
+
+
+class WorkerMetrics:
+    """A prometheus Collector: every worker's /metrics, each sample labelled worker="k"."""
+
+    def __init__(self, ports: list, token: str | None):
+        self.ports, self.token = ports, token
+
+    def collect(self):
+        from prometheus_client.core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+        families: dict = {}
+        up = Metric("istanbul_tokenizer_worker_up", "1 for each worker whose metrics answered",
+                    "gauge")
+        for k, port in enumerate(self.ports):
+            if port is None:   # (re)starting
+                up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 0)
+                continue
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            try:
+                with urllib.request.urlopen(request, timeout=5) as reply:
+                    text = reply.read().decode("utf-8")
+            except OSError:
+                up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 0)
+                continue
+            up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 1)
+            for family in text_string_to_metric_families(text):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation,
+                                                            family.type)
+                for s in family.samples:
+                    merged.add_sample(s.name, {**s.labels, "worker": str(k)}, s.value,
+                                      s.timestamp)
+        yield up
+        yield from families.values()
+
+
+def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
+                workers: int, log_format: str = "json", verbose: bool = False) -> int:
+    """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code."""
+    from istanbul_errors import UserFacingError
+    from ..vocab import load_vocabulary
+    try:   # once here, so a bad --vocab is one error instead of one per worker
+        load_vocabulary(vocab)
+    except ValueError as exc:
+        raise UserFacingError(f"could not load vocabulary {vocab!r}: {exc}") from None
+    check_free("gRPC port", "--port", config.host, config.port)
+    if config.metrics_port is not None:
+        check_free("metrics port", "--metrics-port", config.metrics_host, config.metrics_port)
+    holder = _reserve(config.host, config.port)
+    port = holder.getsockname()[1]
+    worker_config = replace(config, port=port, reuse_port=True,
+                            metrics_port=0 if config.metrics_port is not None else None,
+                            metrics_host="127.0.0.1")
+    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose)
+    stopping: list = []
+
+    def on_signal(signum, frame):
+        if stopping:       # a second signal: stop now, as a single server does
+            group.signal_all(signal.SIGKILL)
+            os._exit(1)
+        stopping.append(signum)
+        log.info("signal", extra={"data": {"signal": signal.Signals(signum).name,
+                                           "workers": workers}})
+        group.signal_all(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    metrics_server, announced = None, False
+    try:
+        group.start_all()
+        while not stopping and not group.failed:
+            group.step()
+            if group.all_ready_once and not announced:
+                if config.metrics_port is not None:
+                    from prometheus_client import CollectorRegistry
+                    from ..exposure import serve_metrics
+                    registry = CollectorRegistry()
+                    token = config.auth_tokens[0] if config.metrics_auth else None
+                    registry.register(WorkerMetrics(group.metrics_ports, token))
+                    metrics_server = serve_metrics(
+                        registry, config.metrics_host, config.metrics_port,
+                        config.auth_tokens if config.metrics_auth else ())
+                if port_file is not None:
+                    tmp = port_file.with_name(port_file.name + ".tmp")
+                    tmp.write_text(f"{port}\n")
+                    tmp.replace(port_file)
+                log.info("workers serving", extra={"data": {
+                    "address": f"{config.host}:{port}", "workers": workers,
+                    "metrics_port": metrics_server.server_port if metrics_server else None}})
+                announced = True
+        if group.failed:
+            group.signal_all(signal.SIGTERM)
+        codes = group.wait_all()
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        holder.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if group.failed:
+        return 1
+    return max(0, *(c if c >= 0 else 1 for c in codes))
+
+
+MAX_START_FAILURES = 3   # a worker that dies this many times in a row before serving
+
+
+class _Group:
+    """The worker processes: started, watched, restarted (see the module doc)."""
+
+    def __init__(self, n: int, config: ServerConfig, vocab: str, adapter, log_format: str,
+                 verbose: bool):
+        self.ctx = mp.get_context("spawn")
+        self.status = self.ctx.Queue()
+        self.args = (config, vocab, adapter, log_format, verbose, self.status)
+        self.procs: list = [None] * n
+        self.metrics_ports: list = [None] * n   # read by WorkerMetrics (same list object)
+        self.ready = [False] * n                 # SERVING since its last start
+        self.start_failures = [0] * n            # deaths before SERVING, in a row
+        self.restart_at = [None] * n             # monotonic time of a pending restart
+        self.all_ready_once = False
+        self.failed = False
+
+    def start(self, k: int) -> None:
+        self.ready[k] = False
+        self.restart_at[k] = None
+        self.procs[k] = self.ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
+                                         args=(k, *self.args))
+        self.procs[k].start()
+
+    def start_all(self) -> None:
+        for k in range(len(self.procs)):
+            self.start(k)
+
+    def signal_all(self, signum) -> None:
+        for p in self.procs:
+            if p is not None and p.pid and p.exitcode is None:
+                _kill(p.pid, signum)
+
+    def step(self) -> None:
+        """One round: read the workers' reports, restart the ones that died."""
+        try:
+            kind, k, _, metrics_port = self.status.get(timeout=0.1)
+            self.metrics_ports[k] = metrics_port
+            if kind == "ready":
+                self.ready[k] = True
+                self.start_failures[k] = 0
+                self.all_ready_once = self.all_ready_once or all(self.ready)
+        except Exception:   # queue.Empty
+            pass
+        now = time.monotonic()
+        for k, p in enumerate(self.procs):
+            if p.exitcode is None:
+                continue
+            if self.restart_at[k] is None:
+                if not self.ready[k]:
+                    self.start_failures[k] += 1
+                if self.start_failures[k] >= MAX_START_FAILURES:
+                    log.error("worker failed to start; stopping the group", extra={"data": {
+                        "worker": k, "exit_code": p.exitcode,
+                        "attempts": self.start_failures[k]}})
+                    self.failed = True
+                    return
+                delay = float(self.start_failures[k])   # 0 after serving, then 1 s, 2 s
+                log.warning("worker exited; restarting it", extra={"data": {
+                    "worker": k, "exit_code": p.exitcode, "restart_in_s": delay}})
+                self.metrics_ports[k] = None
+                self.ready[k] = False
+                self.restart_at[k] = now + delay
+            if now >= self.restart_at[k]:
+                self.start(k)
+
+    def wait_all(self) -> list:
+        """Exit codes once every worker exited (they were signalled, or died)."""
+        for p in self.procs:
+            if p is not None:
+                p.join()
+        return [p.exitcode for p in self.procs if p is not None]
+
+
+def _kill(pid: int, signum) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
