@@ -23,6 +23,7 @@ rank sums b x T tokens instead of B x T and the sums meet in a different order.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -117,7 +118,7 @@ class DataParallelTrainer:
     `local` is rank 0's own Trainer, built with `rank_train_config(train_config, world)`;
     `train_config` is the job's (the whole batch). Its checkpoint state is rank 0's: every
     rank holds the same, and a checkpoint resumes on any number of GPUs that divides the
-    batch. `on_close` stops the rank processes (launch.py).
+    batch. `on_close(told=...)` reaps the rank processes (launch.RankProcesses.stop).
     """
 
     def __init__(self, local: Trainer, group: RankGroup, train_config: TrainConfig,
@@ -132,6 +133,7 @@ class DataParallelTrainer:
         self.tokens_seen = local.tokens_seen
         self.recent_losses = collections.deque(local.recent_losses, maxlen=100)
         self._on_close = on_close
+        self._broken = False
         self.sync = GradientAllReduce(group)
         local._live_model().gradient_hook = self.sync
         info = {"model": local.model_config.to_json(), "train": local.train_config.to_dict(),
@@ -161,8 +163,9 @@ class DataParallelTrainer:
                              f"({tc.grad_accum}, {tc.batch}, {tc.seq + 1})")
         start = time.perf_counter()
         micro = micro.astype(np.uint32)
-        self.group.broadcast_object(("step", micro))
-        metrics = _rank_step(self.local, self.group, micro)
+        with self._collective():
+            self.group.broadcast_object(("step", micro))
+            metrics = _rank_step(self.local, self.group, micro)
         seconds = time.perf_counter() - start
         if not metrics.skipped:
             self.tokens_seen += metrics.tokens
@@ -176,13 +179,28 @@ class DataParallelTrainer:
         if arr.shape[-2:] != (tc.batch, tc.seq + 1):
             raise ValueError(f"evaluate: batch shape {arr.shape}, expected (..., {tc.batch}, "
                              f"{tc.seq + 1})")
-        self.group.broadcast_object(("eval", arr.astype(np.uint32)))
-        return _rank_eval(self.local, self.group, arr)
+        with self._collective():
+            self.group.broadcast_object(("eval", arr.astype(np.uint32)))
+            return _rank_eval(self.local, self.group, arr)
 
     def rank_hashes(self) -> list[str]:
         """sha256 of every rank's weights and moments; RankFailed when they differ."""
-        self.group.broadcast_object(("hashes",))
-        return _check_hashes(self.group, self.group.all_gather_object(state_hash(self.local)))
+        with self._collective():
+            self.group.broadcast_object(("hashes",))
+            return _check_hashes(self.group,
+                                 self.group.all_gather_object(state_hash(self.local)))
+
+    @contextlib.contextmanager
+    def _collective(self):
+        """A command's collectives; after a failure the group is broken (no more commands:
+        `close` then only reaps the processes)."""
+        if self.group is None or self._broken:
+            raise RankFailed("the group of ranks is closed or broken; start a new one")
+        try:
+            yield
+        except BaseException:
+            self._broken = True
+            raise
 
     # state for checkpoints: rank 0's copy
     def parameters(self) -> np.ndarray:
@@ -199,9 +217,11 @@ class DataParallelTrainer:
 
     def close(self) -> None:
         """Stop the ranks (best effort: some may be dead already) and free the GPU."""
+        told = False
         try:
-            if self.group is not None:
+            if self.group is not None and not self._broken:
                 self.group.broadcast_object(("stop",))
+                told = True
         except Exception as exc:  # noqa: BLE001 - a dead rank: the launcher reaps it
             log.debug("stopping the ranks: %s", exc)
         finally:
@@ -209,7 +229,7 @@ class DataParallelTrainer:
                 self.group.close()
                 self.group = None
             if self._on_close is not None:
-                self._on_close()
+                self._on_close(told=told)
                 self._on_close = None
             self.local.close()
 

@@ -85,13 +85,21 @@ class RankProcesses:
             parts.append(f"rank {rank} process {how}" + (f" (log: {tail})" if tail else ""))
         return "; ".join(parts)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Wait for the ranks to exit (after "stop"), else kill them."""
+    def stop(self, timeout: float = 30.0, told: bool = False) -> None:
+        """Reap the ranks: `told` (they got "stop") waits for them to exit on their own;
+        then their stdin closes (a rank still waiting for commands exits on EOF); a rank
+        still alive at `timeout` is killed."""
         deadline = time.monotonic() + timeout
+        if told:
+            for p in self.procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
         for p in self.procs:
             if p.stdin is not None:
                 try:
-                    p.stdin.close()      # a rank still waiting for commands exits on EOF
+                    p.stdin.close()
                 except OSError:
                     pass
         for p in self.procs:

@@ -65,4 +65,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    # not sys.exit: interpreter shutdown would trip over the thread blocked reading stdin
+    os._exit(code)

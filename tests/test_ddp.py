@@ -1,0 +1,192 @@
+"""Data parallel training over real rank processes: Gloo on loopback, each rank its own wgpu
+device (lavapipe here: every rank on the software adapter), the real tiny model.
+
+Tolerances, and why: two ranks each sum b = B/2 rows' token losses and gradients, and the
+all-reduce adds the two halves; one rank sums all B rows in one accumulation. The terms are
+the same, their order is not, so the results differ by fp32 rounding: relative 1e-7 per
+addition, up to ~1e-6 of the largest gradient over a few hundred terms (we allow 1e-5 of
+max |g|). AdamW divides by sqrt(v), so a gradient element near zero turns a rounding
+difference into a visible but lr-bounded weight difference: after 3 steps at lr 1e-3 we allow
+2e-5 absolute (measured: 2.4e-6). The ranks among themselves agree to the bit (sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer_svc.training import TrainConfig, Trainer
+
+from .model_helpers import tiny_config
+
+pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def device():
+    from shaders import default_device
+    return default_device()
+
+
+def _launch(world: int = 2):
+    from trainer_svc.distributed.launch import launch_group, rank_adapters
+    return launch_group(world, rank_adapters(world))
+
+
+def test_two_ranks_give_the_loss_gradients_and_weights_of_one_rank_on_the_full_batch(device):
+    from trainer_svc.distributed.data_parallel import DataParallelTrainer, rank_train_config
+    cfg = tiny_config()
+    tc = TrainConfig(batch=4, seq=32, grad_accum=2, precision="fp32", warmup=0, lr=1e-3)
+    single = Trainer(cfg, tc, device)
+    initial = single.parameters()
+    group, ranks = _launch(2)
+    dp = DataParallelTrainer(Trainer(cfg, rank_train_config(tc, 2), device), group, tc,
+                             on_close=ranks.stop)
+    try:
+        assert np.array_equal(dp.parameters(), initial)
+        rng = np.random.default_rng(7)
+        seen = set()
+        for step in range(3):
+            batch = rng.integers(0, cfg.vocab_size, (2, 4, 33))
+            full_loss, full_grads = single.loss_and_gradients(batch)
+            one, two = single.step(batch), dp.step(batch)
+            assert two.step == one.step == step + 1 and not two.skipped
+            assert two.tokens == one.tokens == 2 * 4 * 32
+            assert two.loss == pytest.approx(one.loss, rel=1e-6)
+            assert one.loss == pytest.approx(full_loss, rel=1e-12)
+            # the averaged gradients are still in rank 0's gradient buffer after the update
+            model = dp.local.model
+            averaged = dp.layout.unpack(model.dev.download(model.grads))
+            scale = max(float(np.abs(g).max()) for g in full_grads.values())
+            for name, g in full_grads.items():
+                np.testing.assert_allclose(averaged[name], g, rtol=0, atol=1e-5 * scale,
+                                           err_msg=name)
+            np.testing.assert_allclose(dp.parameters(), single.parameters(), rtol=0, atol=2e-5)
+            hashes = dp.rank_hashes()
+            assert len(hashes) == 2 and len(set(hashes)) == 1
+            seen.add(hashes[0])
+        assert len(seen) == 3                      # the weights moved every step
+        assert not np.array_equal(dp.parameters(), initial)
+        assert dp.tokens_seen == 3 * 256
+        # the held-out loss: the mean of the ranks' halves is the whole batch's
+        held = rng.integers(0, cfg.vocab_size, (4, 33))
+        assert dp.evaluate(held) == pytest.approx(single.evaluate(held), rel=1e-6)
+    finally:
+        dp.close()
+        single.close()
+    assert all(code == 0 for _, code in ranks.dead()) and len(ranks.dead()) == 1
+
+
+def test_the_hash_check_catches_ranks_whose_weights_differ(device):
+    from trainer_svc.distributed.data_parallel import DataParallelTrainer, rank_train_config
+    from trainer_svc.distributed.group import RankFailed
+    cfg = tiny_config()
+    tc = TrainConfig(batch=2, seq=16, precision="fp32", warmup=0)
+    group, ranks = _launch(2)
+    dp = DataParallelTrainer(Trainer(cfg, rank_train_config(tc, 2), device), group, tc,
+                             on_close=ranks.stop)
+    try:
+        params = dp.parameters()
+        params[5] += 1e-3                           # rank 0 alone
+        dp.local.model.set_parameters(params)
+        with pytest.raises(RankFailed, match="weights differ"):
+            dp.rank_hashes()
+        with pytest.raises(RankFailed, match="broken"):   # no more commands to a broken group
+            dp.step(np.zeros((2, 17), np.uint32))
+    finally:
+        dp.close()
+
+
+def test_a_batch_that_does_not_split_over_the_gpus_is_refused():
+    from trainer_svc.distributed.data_parallel import rank_train_config
+    from trainer_svc.jobs import JobSpec, JobSpecError
+    with pytest.raises(JobSpecError, match="batch 6 does not divide by gpus 4"):
+        JobSpec.parse({"dataset": "d", "steps": 10, "batch": 6, "gpus": 4})
+    with pytest.raises(ValueError, match="multiple of the number of GPUs"):
+        rank_train_config(TrainConfig(batch=6), 4)
+    assert JobSpec.parse({"dataset": "d", "steps": 10, "batch": 8, "gpus": 4}).gpus == 4
+
+
+def test_a_rank_that_cannot_start_fails_the_launch_with_its_own_error():
+    from trainer_svc.distributed.launch import launch_group
+    from trainer_svc.distributed.group import RankFailed
+    from istanbul_errors import UserFacingError
+    start = time.monotonic()
+    with pytest.raises((RankFailed, UserFacingError), match="rank 1 could not start.*999"):
+        launch_group(2, ["0", "999"])              # no adapter 999
+    assert time.monotonic() - start < 60
+
+
+# ---- the daemon: one job over a group of two ranks ---------------------------------------
+
+def _worker_pids(parent: int) -> list[int]:
+    """Rank processes (python -m trainer_svc.distributed.worker) started by `parent`."""
+    found = []
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"trainer_svc.distributed.worker" in cmd:
+                found.append(int(pid))
+    return found
+
+
+def _weights_digest(checkpoint: Path) -> str:
+    return hashlib.sha256((checkpoint / "model.safetensors").read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_daemon_group_survives_a_dead_rank_and_restarts_from_the_last_checkpoint(
+        redis_server, tmp_path):
+    from trainer_svc.jobs import JobQueue
+    from trainer_svc.redis_conn import connect
+    from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
+
+    handle = connect(redis_server.url)
+    handle.text.flushdb()
+    vocab_path, vocab = tiny_vocabulary(tmp_path / "vocab")
+    make_dataset(handle, "text", vocab, vocab_path=vocab_path)
+    queue = JobQueue(handle)
+    spec = dict(steps=40, checkpoint_every=10, gpus=2, precision="fp32")
+    root = tmp_path / "ckpt"
+    daemon = DaemonProcess(redis_server.url, root, tmp_path / "daemon.log", "--gpus", "2",
+                           "--lease-ttl", "5")
+    try:
+        clean = submit(handle, "text", job_id="clean", **spec)
+        wait_for(lambda: (queue.get(clean).state == "done"), 300, what="the clean job")
+        killed = submit(handle, "text", job_id="killed", **spec)
+        wait_for(lambda: queue.get(killed).get_int("step") >= 13, 300,
+                 what="the second job to pass step 13")
+        pids = _worker_pids(daemon.pid)
+        assert len(pids) == 1, daemon.output()
+        os.kill(pids[0], signal.SIGKILL)           # rank 1 dies mid-run
+        wait_for(lambda: queue.get(killed).state in ("done", "failed"), 300,
+                 what="the killed job to end")
+        rec = queue.get(killed)
+        assert rec.state == "done" and rec.get_int("step") == 40, (rec.raw, daemon.output())
+        assert rec.get_int("failures") == 0 and rec.get_int("attempts") == 2
+        assert queue.dead_letters() == []
+        events = [(k, d) for _, k, d in queue.events(killed)]
+        requeued = [d for k, d in events if k == "requeued"]
+        assert len(requeued) == 1 and "rank" in requeued[0]["reason"], requeued
+        resumed = [d for k, d in events if k == "resumed"]
+        assert len(resumed) == 1 and resumed[0]["step"] in (10, 20), resumed
+        # the restarted group recomputed the steps after its checkpoint exactly: the final
+        # weights are the uninterrupted job's, bit for bit
+        assert _weights_digest(root / "killed" / "latest") == \
+            _weights_digest(root / "clean" / "latest")
+        curve = queue.loss_curve(killed)
+        assert sorted(curve) == list(range(1, 41))
+        assert _worker_pids(daemon.pid) == []      # every rank process of both jobs reaped
+    finally:
+        daemon.stop()
+        handle.close()
