@@ -192,3 +192,62 @@ def test_daemon_group_survives_a_dead_rank_and_restarts_from_the_last_checkpoint
     finally:
         daemon.stop()
         handle.close()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_a_group_job_waits_for_a_trainer_with_enough_gpus_and_is_taken_over_when_rank_0_dies(
+        redis_server, tmp_path):
+    from trainer_svc.jobs import JobQueue
+    from trainer_svc.redis_conn import connect
+    from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
+
+    handle = connect(redis_server.url)
+    handle.text.flushdb()
+    vocab_path, vocab = tiny_vocabulary(tmp_path / "vocab")
+    make_dataset(handle, "text", vocab, vocab_path=vocab_path)
+    queue = JobQueue(handle)
+    root = tmp_path / "ckpt"
+    started = []
+
+    def daemon(*args):
+        d = DaemonProcess(redis_server.url, root, tmp_path / f"daemon{len(started)}.log",
+                          "--lease-ttl", "2", *args)
+        started.append(d)
+        return d
+
+    def events(kind):
+        return [d for _, k, d in queue.events(job) if k == kind]
+
+    try:
+        job = submit(handle, "text", job_id="group", steps=40, checkpoint_every=10, gpus=2)
+        small = daemon()                                   # one GPU: hands the job back
+        wait_for(lambda: events("requeued"), 120, what="the one-GPU trainer to re-queue")
+        assert "asks for 2 GPUs" in events("requeued")[0]["reason"]
+        small.signal(signal.SIGTERM)
+        assert small.wait(60) == 0, small.output()
+        assert queue.get(job).get_int("failures") == 0
+
+        first = daemon("--gpus", "2")
+        wait_for(lambda: queue.get(job).get_int("step") >= 13, 300, what="step 13")
+        ranks = _worker_pids(first.pid)
+        assert len(ranks) == 1
+        first.signal(signal.SIGKILL)                       # rank 0 dies
+        assert first.wait(30) == -signal.SIGKILL
+        # its rank process notices (its stdin pipe closes) and exits: no orphan holds a GPU
+        wait_for(lambda: not Path(f"/proc/{ranks[0]}").exists() or
+                 "Z" in Path(f"/proc/{ranks[0]}/stat").read_text().split()[2], 30,
+                 what="the orphaned rank to exit")
+
+        second = daemon("--gpus", "2", "--exit-when-idle")
+        assert second.wait(300) == 0, second.output()
+        rec = queue.get(job)
+        assert rec.state == "done" and rec.get_int("step") == 40, rec.raw
+        assert rec.get_int("failures") == 0
+        assert len(events("takeover")) == 1 and len(events("resumed")) == 1
+        assert sorted(queue.loss_curve(job)) == list(range(1, 41))
+        assert queue.dead_letters() == []
+    finally:
+        for d in started:
+            d.stop()
+        handle.close()
