@@ -178,7 +178,8 @@ def test_daemon_group_survives_a_dead_rank_and_restarts_from_the_last_checkpoint
         assert queue.dead_letters() == []
         events = [(k, d) for _, k, d in queue.events(killed)]
         requeued = [d for k, d in events if k == "requeued"]
-        assert len(requeued) == 1 and "rank" in requeued[0]["reason"], requeued
+        assert len(requeued) == 1 and "rank 1 process killed by SIGKILL" in \
+            requeued[0]["reason"], requeued
         resumed = [d for k, d in events if k == "resumed"]
         assert len(resumed) == 1 and resumed[0]["step"] in (10, 20), resumed
         # the restarted group recomputed the steps after its checkpoint exactly: the final

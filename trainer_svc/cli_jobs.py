@@ -453,8 +453,11 @@ def cmd_status(args) -> int:
     print(f"  dataset {data['dataset']}  model {data['model']}  tokens {data['tokens']:,}  "
           f"attempts {data['attempts']}  failures {data['failures']}"
           + (f"  owner {data['owner']}" if data["owner"] else ""))
+    gpus = data["spec"].get("gpus", 1) if isinstance(data.get("spec"), dict) else 1
     if data.get("adapter"):
-        print(f"  adapter {data['adapter']}")
+        print(f"  adapter {data['adapter']}" + (f" (rank 0 of {gpus} GPUs)" if gpus > 1 else ""))
+    elif gpus > 1:
+        print(f"  needs {gpus} GPUs (a trainer started with --gpus {gpus} or more)")
     if data["eval_loss"] is not None:
         print(f"  eval loss {data['eval_loss']:.4f}")
     if data["checkpoints"]:
