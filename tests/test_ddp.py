@@ -252,3 +252,31 @@ def test_a_group_job_waits_for_a_trainer_with_enough_gpus_and_is_taken_over_when
         for d in started:
             d.stop()
         handle.close()
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+def test_gpus_options_are_checked_before_anything_starts(tmp_path):
+    from istanbul.cli import build_parser
+    from trainer_svc.cli_jobs import build_spec_dict
+    from trainer_svc.jobs import JobSpec, JobSpecError
+    from .test_cli import istanbul, without
+    submit = build_parser().parse_args(["submit", "--dataset", "d", "--steps", "9",
+                                        "--batch", "8", "--gpus", "4"])
+    assert JobSpec.parse(build_spec_dict(submit)).gpus == 4
+    odd = build_parser().parse_args(["submit", "--dataset", "d", "--steps", "9", "--batch",
+                                     "8", "--gpus", "3"])
+    with pytest.raises(JobSpecError, match="batch 8 does not divide by gpus 3"):
+        JobSpec.parse(build_spec_dict(odd))
+
+    ckpt = str(tmp_path / "ckpt")
+    done = istanbul(tmp_path, "trainer", "--checkpoints", ckpt, "--gpus", "2", "--adapter", "0")
+    assert done.returncode != 0 and "use --adapters A,B,..." in done.stderr, done.stderr
+    done = istanbul(tmp_path, "trainer", "--checkpoints", ckpt, "--adapters", "0,1")
+    assert done.returncode != 0 and "--adapters is for --gpus N > 1" in done.stderr
+    done = istanbul(tmp_path, "trainer", "--checkpoints", ckpt, "--gpus", "2", "--adapters",
+                    "0")
+    assert done.returncode != 0 and "names 1 adapter(s) for 2 GPUs" in done.stderr
+    done = istanbul(tmp_path, python=without("torch", "trainer", "--checkpoints", ckpt,
+                                             "--gpus", "2"))
+    assert done.returncode != 0 and "pip install 'istanbul[ddp]'" in done.stderr, done.stderr
