@@ -45,9 +45,12 @@ def test_two_ranks_give_the_loss_gradients_and_weights_of_one_rank_on_the_full_b
     single = Trainer(cfg, tc, device)
     initial = single.parameters()
     group, ranks = _launch(2)
+    # small buckets: several all-reduces per step, the last one ragged
     dp = DataParallelTrainer(Trainer(cfg, rank_train_config(tc, 2), device), group, tc,
-                             on_close=ranks.stop)
+                             on_close=ranks.stop, bucket_bytes=100_000)
     try:
+        assert len(dp.sync.buckets(dp.layout.total)) >= 3
+        assert dp.layout.total % dp.sync.bucket_elements
         assert np.array_equal(dp.parameters(), initial)
         rng = np.random.default_rng(7)
         seen = set()

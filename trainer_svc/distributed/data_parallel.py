@@ -34,7 +34,7 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..model.layout import ParameterLayout
 from ..training import StepMetrics, TrainConfig, Trainer
-from .grad_sync import GradientAllReduce
+from .grad_sync import DEFAULT_BUCKET_BYTES, GradientAllReduce
 from .group import RankFailed, RankGroup
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class DataParallelTrainer:
     """
 
     def __init__(self, local: Trainer, group: RankGroup, train_config: TrainConfig,
-                 on_close=None):
+                 on_close=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         if local.train_config != rank_train_config(train_config, group.world):
             raise ValueError("the local trainer must use rank_train_config(train_config, "
                              f"{group.world})")
@@ -134,10 +134,11 @@ class DataParallelTrainer:
         self.recent_losses = collections.deque(local.recent_losses, maxlen=100)
         self._on_close = on_close
         self._broken = False
-        self.sync = GradientAllReduce(group)
+        self.sync = GradientAllReduce(group, bucket_bytes)
         local._live_model().gradient_hook = self.sync
         info = {"model": local.model_config.to_json(), "train": local.train_config.to_dict(),
-                "step": local.step_count, "skipped_steps": local.skipped_steps}
+                "step": local.step_count, "skipped_steps": local.skipped_steps,
+                "bucket_bytes": bucket_bytes}   # every rank's all-reduces must pair up
         group.broadcast_object(("init", info))
         _receive_state(local, group, info)
 
@@ -251,7 +252,7 @@ def serve_rank(group: RankGroup, device) -> None:
     placeholder = np.zeros(ParameterLayout.for_config(model).total, np.float32)  # rank 0's next
     local = Trainer(model, TrainConfig.from_dict(info["train"]), device, parameters=placeholder)
     try:
-        local._live_model().gradient_hook = GradientAllReduce(group)
+        local._live_model().gradient_hook = GradientAllReduce(group, info["bucket_bytes"])
         _receive_state(local, group, info)
         while True:
             message = group.broadcast_object()
