@@ -77,7 +77,8 @@ def time_steps(trainer, data, args, sync=None) -> dict:
     return out
 
 
-def istanbul_rows(args, cfg, adapters: list[str]) -> list[dict]:
+def istanbul_rows(args, cfg, adapters: list[str]) -> tuple[list[dict], str]:
+    """The istanbul rows, and rank 0's adapter."""
     from shaders.engine import Device
     from trainer_svc.distributed.data_parallel import DataParallelTrainer, rank_train_config
     from trainer_svc.distributed.launch import launch_group
@@ -107,7 +108,7 @@ def istanbul_rows(args, cfg, adapters: list[str]) -> list[dict]:
         r["efficiency"] = r["tokens_per_s"] / (r["gpus"] * base_tokens_per_s(base, args, cfg))
         if "sync_ms" in r:
             r["sync_share"] = r["sync_ms"] / r["step_ms"]
-    return rows
+    return rows, device.info.summary()
 
 
 def base_tokens_per_s(base: dict, args, cfg) -> float:
@@ -123,15 +124,18 @@ def _torch_rank(rank: int, world: int, port: int, cfg_json: str, args_dict: dict
     from tests.torch_reference import TorchReference
     from trainer_svc.model.init import init_parameters
     from trainer_svc.model.layout import ParameterLayout
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    on_cpu = args_dict["torch_on_cpu"]
+    where = "cpu" if on_cpu else f"cuda:{rank}"
+    if not on_cpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("gloo" if on_cpu else "nccl",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    sync = (lambda: None) if on_cpu else torch.cuda.synchronize
     torch.backends.cuda.matmul.allow_tf32 = mode != "fp32"
     torch.backends.cudnn.allow_tf32 = mode != "fp32"
     cfg = ModelConfig.from_json(cfg_json)
     layout = ParameterLayout.for_config(cfg)
-    ref = TorchReference(cfg, layout.unpack(init_parameters(cfg, layout, 0)),
-                         device=f"cuda:{rank}")
+    ref = TorchReference(cfg, layout.unpack(init_parameters(cfg, layout, 0)), device=where)
     ref.params = {k: torch.nn.Parameter(v.detach()) for k, v in ref.params.items()}
 
     class Loss(torch.nn.Module):
@@ -142,16 +146,17 @@ def _torch_rank(rank: int, world: int, port: int, cfg_json: str, args_dict: dict
         def forward(self, batch):
             return ref.loss(batch, autocast_dtype=torch.bfloat16 if mode == "bf16" else None)
 
-    model = torch.nn.parallel.DistributedDataParallel(Loss(), device_ids=[rank])
+    model = torch.nn.parallel.DistributedDataParallel(Loss(),
+                                                      device_ids=None if on_cpu else [rank])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     seq = args_dict["seq"] or cfg.max_seq
     rng = np.random.default_rng(rank)
     batch = torch.as_tensor(rng.integers(0, args_dict["n_vocab"],
                                          size=(args_dict["batch"], seq + 1)),
-                            device=f"cuda:{rank}")
+                            device=where)
     times = []
     for i in range(args_dict["warmup"] + args_dict["steps"]):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = model(batch)
@@ -175,7 +180,10 @@ def torch_rows(args, cfg, n_cuda: int, tmp: Path) -> list[dict]:
             result = tmp / f"torch_{mode}_{n}.json"
             mp.spawn(_torch_rank, args=(n, free_port(), cfg.to_json(), vars_for_torch(args),
                                         mode, str(result)), nprocs=n, join=True)
-            rows.append({"engine": "pytorch DDP (NCCL)", "mode": mode, "gpus": n,
+            rows.append({"engine": "pytorch DDP (" + ("Gloo, CPU" if args.torch_on_cpu
+                                                      else "NCCL") + ")",
+                         "mode": mode, "gpus": n, "path": "CPU tensors (a dry run)"
+                         if args.torch_on_cpu else "DistributedDataParallel, NCCL on device",
                          **json.loads(result.read_text())})
         base = next(r for r in rows if r["mode"] == mode and r["gpus"] == 1)
         for r in rows:
@@ -189,7 +197,7 @@ def torch_rows(args, cfg, n_cuda: int, tmp: Path) -> list[dict]:
 
 def vars_for_torch(args) -> dict:
     return {"seq": args.seq, "batch": args.batch, "n_vocab": args.n_vocab,
-            "warmup": args.warmup, "steps": args.steps}
+            "warmup": args.warmup, "steps": args.steps, "torch_on_cpu": args.torch_on_cpu}
 
 
 # ---- what exists, the table ------------------------------------------------------------------
@@ -220,7 +228,7 @@ def markdown(results: dict) -> str:
     for r in results["rows"]:
         sync = f"{r['sync_ms']:.1f} ({100 * r['sync_share']:.0f}%)" if "sync_ms" in r else "-"
         lines.append(f"| {r['engine']} | {r.get('mode', results['precision'])} | {r['gpus']} "
-                     f"| {r.get('path', 'NCCL on device')} | {r['step_ms']:.1f} "
+                     f"| {r['path']} | {r['step_ms']:.1f} "
                      f"| {r['tokens_per_s']:,.0f} | {100 * r['efficiency']:.0f}% | {sync} |")
     if results["not_available"]:
         lines += ["", "Not available on this machine: " + "; ".join(results["not_available"])]
@@ -239,14 +247,23 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--precision", choices=("mixed", "fp32"), default="mixed")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch DDP rows")
+    p.add_argument("--torch-on-cpu", type=int, default=0, metavar="N",
+                   help="try the PyTorch DDP rows without CUDA: N CPU processes over Gloo")
+    p.add_argument("--adapters", default=None, metavar="A,B,...",
+                   help="istanbul's rank adapters (default: the hardware GPUs; '0,0' runs two "
+                        "ranks on one adapter, e.g. lavapipe, to try the path)")
     args = p.parse_args()
     args.gpus = sorted({int(x) for x in args.gpus.split(",")})
     args.n_vocab = args.vocab
     cfg = ModelConfig.preset(args.model, args.vocab)
     args.out.mkdir(parents=True, exist_ok=True)
     adapters, n_hardware = hardware_adapters()
-    n_cuda, why_no_cuda = (0, "--no-torch") if args.no_torch else cuda_count()
-    missing = [f"{n} GPUs for istanbul (wgpu lists {n_hardware} hardware adapter(s))"
+    if args.adapters:
+        adapters = args.adapters.split(",")
+    n_cuda, why_no_cuda = (0, "--no-torch") if args.no_torch else \
+        (args.torch_on_cpu, "") if args.torch_on_cpu else cuda_count()
+    missing = [f"{n} GPUs for istanbul ({len(adapters)} adapter(s): wgpu lists {n_hardware} "
+               "GPU(s))"
                for n in args.gpus if n > len(adapters)]
     if not n_cuda:
         missing.append(f"PyTorch DDP ({why_no_cuda})")
@@ -254,15 +271,13 @@ def main() -> int:
         missing += [f"{n} GPUs for PyTorch DDP ({n_cuda} CUDA device(s))"
                     for n in args.gpus if n > n_cuda]
     start = time.perf_counter()
-    rows = istanbul_rows(args, cfg, adapters)
+    rows, adapter = istanbul_rows(args, cfg, adapters)
     if n_cuda:
         import tempfile
         with tempfile.TemporaryDirectory() as tmp:
             rows += torch_rows(args, cfg, n_cuda, Path(tmp))
-    from shaders.adapters import enumerate_adapters
-    info = {i.index: i for i, _ in enumerate_adapters("wgpu")}[int(adapters[0])]
     results = {"model": args.model, "batch": args.batch, "seq": args.seq or cfg.max_seq,
-               "precision": args.precision, "adapter": info.name, "host": platform.node(),
+               "precision": args.precision, "adapter": adapter, "host": platform.node(),
                "rows": rows, "not_available": missing,
                "wall_s": time.perf_counter() - start,
                "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
