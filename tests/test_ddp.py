@@ -117,11 +117,11 @@ def test_a_batch_that_does_not_split_over_the_gpus_is_refused():
 
 def test_a_rank_that_cannot_start_fails_the_launch_with_its_own_error():
     from trainer_svc.distributed.launch import launch_group
-    from trainer_svc.distributed.group import RankFailed
-    from istanbul_errors import UserFacingError
+    from trainer_svc.failures import JobInputError
     start = time.monotonic()
-    with pytest.raises((RankFailed, UserFacingError), match="rank 1 could not start.*999"):
-        launch_group(2, ["0", "999"])              # no adapter 999
+    # bad input on a rank (no adapter 999): the job fails at once, with the rank's message
+    with pytest.raises(JobInputError, match="rank 1 could not start.*999"):
+        launch_group(2, ["0", "999"])
     assert time.monotonic() - start < 60
 
 

@@ -221,11 +221,12 @@ class Daemon:
     def launch_ranks(self, world: int):
         """(group, rank processes) for a job on `world` of this trainer's GPUs; this process
         is rank 0 on `self.device` (rank_adapters[0])."""
-        from .distributed.launch import launch_group
+        from .distributed.launch import launch_group, rank_adapters
         if world > self.config.gpus:
             raise NotEnoughGpus(f"the job asks for {world} GPUs, this trainer has "
                                 f"{self.config.gpus}")
-        return launch_group(world, list(self.config.rank_adapters[:world]))
+        adapters = list(self.config.rank_adapters) or rank_adapters(self.config.gpus)
+        return launch_group(world, adapters[:world])
 
     def _queue_idle(self) -> bool:
         counts = self.queue.counts_by_state()

@@ -13,6 +13,7 @@ tail is quoted when a rank fails.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from istanbul_errors import UserFacingError
 
-from .group import JOIN_TIMEOUT_S, RankFailed, RankGroup
+from ..failures import JobInputError
+from .group import ERROR_KEY, JOIN_TIMEOUT_S, RankFailed, RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +154,6 @@ def launch_group(world: int, adapters: list[str], backend: str | None = None,
 def _wait_ready(store, ranks: RankProcesses, world: int, timeout_s: float) -> None:
     """Until every rank has opened its device; a rank that exits first fails the launch
     with its own error (bad input: JobInputError) or its log."""
-    from .group import ERROR_KEY, JobInputError
-    import json
     keys = [READY_KEY.format(rank=r) for r in range(1, world)]
     deadline = time.monotonic() + timeout_s
     while not store.check(keys):
