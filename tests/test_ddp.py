@@ -116,13 +116,27 @@ def test_a_batch_that_does_not_split_over_the_gpus_is_refused():
 
 
 def test_a_rank_that_cannot_start_fails_the_launch_with_its_own_error():
+    from trainer_svc.distributed.group import RankFailed
     from trainer_svc.distributed.launch import launch_group
-    from trainer_svc.failures import JobInputError
     start = time.monotonic()
-    # bad input on a rank (no adapter 999): the job fails at once, with the rank's message
-    with pytest.raises(JobInputError, match="rank 1 could not start.*999"):
+    # this worker's problem, not the job's: retried (maybe by a trainer that has the GPU)
+    with pytest.raises(RankFailed, match="rank 1 could not start: NoAdapterError.*999"):
         launch_group(2, ["0", "999"])
     assert time.monotonic() - start < 60
+
+
+def test_a_ranks_bad_input_error_fails_the_job_and_others_are_retried():
+    from trainer_svc.distributed.group import RankFailed, RankGroup, report_error
+    from trainer_svc.failures import JobInputError
+    group = RankGroup.create(0, 1, store=RankGroup.host_store(1))
+    try:
+        assert isinstance(group.failure("all-reduce failed"), RankFailed)
+        report_error(group.store, 0, JobInputError("model does not fit: lower the batch"))
+        failure = group.failure("all-reduce failed")
+        assert isinstance(failure, JobInputError)
+        assert "rank 0 failed: JobInputError: model does not fit" in str(failure)
+    finally:
+        group.close()
 
 
 # ---- the daemon: one job over a group of two ranks ---------------------------------------
