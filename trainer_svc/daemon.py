@@ -20,6 +20,11 @@ One loop iteration:
     `failures.py`; others after `max_failures` attempts in a row without progress) with a
     dead-letter entry; or re-queued (SIGTERM, or a failure below the limit) as a new entry.
 
+A job with `gpus: N` > 1 runs on a trainer started with `--gpus` >= N (others re-queue it):
+this process is rank 0 and holds the lease, N-1 rank processes are started for the attempt
+and stopped with it (`distributed/`); a dead rank fails the step like any transient error,
+and the next attempt starts a fresh group from the last checkpoint.
+
 Failure accounting: the job hash keeps `high_step`, the furthest step any attempt reached, and
 `start_high_step`, its value when the current attempt started. An attempt that ends in an
 error, or whose worker is found dead by the next one, counts as a failure only if it never

@@ -1,7 +1,8 @@
 """One training job over several GPUs: data parallel through `torch.distributed` (Gloo).
 
-    group = launch_group(world=2, adapters=["0", "1"])       # rank 0 here, ranks 1.. spawned
-    trainer = DataParallelTrainer(Trainer(model, rank_tc, device), group, global_tc)
+    group, ranks = launch_group(2, ["0", "1"])        # rank 0 here, rank 1 a child process
+    trainer = DataParallelTrainer(Trainer(model, rank_train_config(tc, 2), device), group, tc,
+                                  on_close=ranks.stop)
     trainer.step(batch)             # (A, B, T+1): rank r trains rows [r*B/N, (r+1)*B/N)
 
 One process per GPU (rank), each with its own wgpu device and its own copy of the model. Every
