@@ -104,15 +104,16 @@ def istanbul_rows(args, cfg, adapters: list[str]) -> tuple[list[dict], str]:
                      **row})
     base = rows[0]
     for r in rows:
-        r["tokens_per_s"] = r["gpus"] * args.batch * (args.seq or cfg.max_seq) / (r["step_ms"] / 1e3)
+        r["tokens_per_s"] = r["gpus"] * base_tokens_per_s(r, args, cfg)
         r["efficiency"] = r["tokens_per_s"] / (r["gpus"] * base_tokens_per_s(base, args, cfg))
         if "sync_ms" in r:
             r["sync_share"] = r["sync_ms"] / r["step_ms"]
     return rows, device.info.summary()
 
 
-def base_tokens_per_s(base: dict, args, cfg) -> float:
-    return args.batch * (args.seq or cfg.max_seq) / (base["step_ms"] / 1e3)
+def base_tokens_per_s(row: dict, args, cfg) -> float:
+    """Tokens per second of one GPU's share of a row's step."""
+    return args.batch * (args.seq or cfg.max_seq) / (row["step_ms"] / 1e3)
 
 
 # ---- PyTorch DDP ----------------------------------------------------------------------------
@@ -188,8 +189,7 @@ def torch_rows(args, cfg, n_cuda: int, tmp: Path) -> list[dict]:
         base = next(r for r in rows if r["mode"] == mode and r["gpus"] == 1)
         for r in rows:
             if r["mode"] == mode:
-                r["tokens_per_s"] = r["gpus"] * args.batch * (args.seq or cfg.max_seq) / \
-                    (r["step_ms"] / 1e3)
+                r["tokens_per_s"] = r["gpus"] * base_tokens_per_s(r, args, cfg)
                 r["efficiency"] = r["tokens_per_s"] / (r["gpus"] * base_tokens_per_s(base, args,
                                                                                      cfg))
     return rows
@@ -224,7 +224,8 @@ def markdown(results: dict) -> str:
     lines = [f"# Data-parallel training ({results['model']}, {results['batch']} x "
              f"{results['seq']} per GPU, {results['adapter']})", "",
              "| engine | mode | GPUs | path | step ms | tokens/s | scaling efficiency | "
-             "all-reduce after the backward, ms (share) |", "|---|---|---:|---|---:|---:|---:|---:|"]
+             "all-reduce after the backward, ms (share) |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
     for r in results["rows"]:
         sync = f"{r['sync_ms']:.1f} ({100 * r['sync_share']:.0f}%)" if "sync_ms" in r else "-"
         lines.append(f"| {r['engine']} | {r.get('mode', results['precision'])} | {r['gpus']} "
