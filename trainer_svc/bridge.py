@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 # resumes under another. (`steps` sets the learning-rate schedule; whether eval is on decides
 # which documents are held out; shuffle and its seed the data order: all matter.)
 RESUMABLE_FIELDS = {"checkpoint_every", "keep_last", "keep_every", "eval_every",
-                    "eval_batches", "max_failures"}
+                    "eval_batches", "max_failures", "gpus"}
+# (`gpus` splits the same batch over more ranks: the same computation up to fp32 rounding.)
 
 
 def model_config_for(spec: JobSpec, n_vocab: int) -> ModelConfig:
@@ -133,6 +134,8 @@ class TrainingRun:
         return float(np.mean(losses))
 
     def save(self) -> Path:
+        if hasattr(self.trainer, "rank_hashes"):
+            self.trainer.rank_hashes()      # data parallel: every rank holds the same state
         state = {"data_position": self.stream.position, "job_id": self.job_id,
                  "vocab_hash": self.vocab_hash, "spec_fingerprint": spec_fingerprint(self.spec),
                  "spec": json.loads(self.spec.to_json())}
@@ -141,20 +144,47 @@ class TrainingRun:
     def checkpoint_paths(self) -> list[str]:
         return [str(path) for _, path in self.manager.checkpoints()]
 
+    def close(self) -> None:
+        """Free the GPU memory; a data-parallel run also stops its rank processes."""
+        self.trainer.close()
+
 
 def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path, device, *,
              n_vocab: int, vocab_hash: str, vocab_file: Path | None = None,
-             eot: int | None = None, eval_shards: list[np.ndarray] | None = None
-             ) -> TrainingRun:
+             eot: int | None = None, eval_shards: list[np.ndarray] | None = None,
+             launch_ranks=None) -> TrainingRun:
     """Resume the job from its newest valid checkpoint, or start it. `eot`: the dataset's
     end-of-text id (documents for the held-out split); `eval_shards`: a separate eval
-    dataset's shards (spec.eval_dataset)."""
+    dataset's shards (spec.eval_dataset); `launch_ranks(world)`: (group, rank processes)
+    for a job with gpus > 1 (this process is rank 0, on `device`)."""
     model = model_config_for(spec, n_vocab)
     train_config = train_config_for(spec, model)
     train_shards, eval_shards = split_for_eval(spec, shards, train_config.seq, eot,
                                                eval_shards)
     manager = CheckpointManager(job_dir, keep_last=spec.keep_last, keep_every=spec.keep_every)
-    loaded = manager.load_newest(device, train_config=train_config)
+    if spec.gpus == 1:
+        return _open_on(spec, job_id, device, model, train_config, train_config, manager,
+                        train_shards, eval_shards, vocab_hash, vocab_file, job_dir, None)
+    if launch_ranks is None:
+        raise JobInputError(f"job {job_id} asks for {spec.gpus} GPUs; run it with a trainer "
+                            f"started with --gpus {spec.gpus} (or more)")
+    from .distributed.data_parallel import rank_train_config
+    group, ranks = launch_ranks(spec.gpus)
+    try:
+        return _open_on(spec, job_id, device, model, train_config,
+                        rank_train_config(train_config, spec.gpus), manager, train_shards,
+                        eval_shards, vocab_hash, vocab_file, job_dir, (group, ranks))
+    except BaseException:
+        group.close()
+        ranks.stop(timeout=1.0)
+        raise
+
+
+def _open_on(spec, job_id, device, model, train_config, local_config, manager, train_shards,
+             eval_shards, vocab_hash, vocab_file, job_dir, ranks) -> TrainingRun:
+    """open_run on this process's device: `local_config` is its share of the batch; with
+    `ranks` (group, processes) the trainer drives the group (DataParallelTrainer)."""
+    loaded = manager.load_newest(device, train_config=local_config)
     latest = None
     position = None
     if loaded is not None:
@@ -171,7 +201,15 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
         position = state.get("data_position")
         log.info("job %s: resuming from %s (step %d)", job_id, latest, trainer.step_count)
     else:
-        trainer = Trainer(model, train_config, device)
+        trainer = Trainer(model, local_config, device)
+    if ranks is not None:
+        from .distributed.data_parallel import DataParallelTrainer
+        group, processes = ranks
+        try:
+            trainer = DataParallelTrainer(trainer, group, train_config, on_close=processes.stop)
+        except BaseException:
+            trainer.close()
+            raise
     try:
         seed = spec.seed if spec.shuffle_seed is None else spec.shuffle_seed
         stream = TokenStream(train_shards, train_config.batch, train_config.seq,
@@ -181,6 +219,7 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
             evals = TokenStream(eval_shards, train_config.batch, train_config.seq)
             eval_batches = np.stack([evals.next_batch() for _ in range(spec.eval_batches)])
     except DataError as exc:
+        trainer.close()
         raise JobInputError(f"dataset: {exc}") from None
     return TrainingRun(spec, job_id, trainer, stream, manager, vocab_hash, vocab_file,
                        eval_batches, latest)

@@ -66,6 +66,14 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                    help="checkpoint root: job JOB writes ROOT/JOB/step_XXXXXXXX/")
     add_redis_args(p)
     add_device_args(p)
+    p.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="GPUs this trainer drives: it runs jobs that ask for up to N (`submit "
+                        "--gpus`), one rank process per GPU; a job asking for more is "
+                        "re-queued for a bigger trainer (default 1)")
+    p.add_argument("--adapters", metavar="A,B,...", default=None,
+                   help="with --gpus: the adapter of each rank, comma-separated indexes or "
+                        "names (default: the first N GPUs of `istanbul devices`; on a machine "
+                        "without a GPU every rank uses software Vulkan)")
     p.add_argument("--lease-ttl", type=float, default=30.0, metavar="S",
                    help="seconds a job's lease lives without renewal; a dead worker's job is "
                         "taken over after this long (renewed every S/3)")
@@ -144,6 +152,8 @@ def register(sub) -> None:
             ("--batch", int, "sequences per micro-batch"),
             ("--seq", int, "tokens per sequence (default: the model's max_seq)"),
             ("--grad-accum", int, "micro-batches per step"),
+            ("--gpus", int, "GPUs that train the job together (data parallel: each trains "
+                            "batch/gpus rows; needs a trainer with --gpus >= N)"),
             ("--lr", float, "peak learning rate"),
             ("--min-lr", float, "final learning rate of the cosine (default: lr/10)"),
             ("--warmup", int, "linear warmup steps, as in `istanbul train`"),
@@ -304,7 +314,7 @@ def _parse_scalar(text: str):
     return text
 
 
-SPEC_FLAGS = ("dataset", "model", "steps", "batch", "seq", "grad_accum", "lr", "min_lr",
+SPEC_FLAGS = ("dataset", "model", "steps", "batch", "seq", "grad_accum", "gpus", "lr", "min_lr",
               "warmup", "weight_decay", "grad_clip", "seed", "precision", "checkpoint_every",
               "keep_last", "keep_every", "eval_every", "eval_batches", "max_failures",
               "eval_fraction", "eval_dataset", "shuffle", "shuffle_seed")
@@ -443,8 +453,11 @@ def cmd_status(args) -> int:
     print(f"  dataset {data['dataset']}  model {data['model']}  tokens {data['tokens']:,}  "
           f"attempts {data['attempts']}  failures {data['failures']}"
           + (f"  owner {data['owner']}" if data["owner"] else ""))
+    gpus = data["spec"].get("gpus", 1) if isinstance(data.get("spec"), dict) else 1
     if data.get("adapter"):
-        print(f"  adapter {data['adapter']}")
+        print(f"  adapter {data['adapter']}" + (f" (rank 0 of {gpus} GPUs)" if gpus > 1 else ""))
+    elif gpus > 1:
+        print(f"  needs {gpus} GPUs (a trainer started with --gpus {gpus} or more)")
     if data["eval_loss"] is not None:
         print(f"  eval loss {data['eval_loss']:.4f}")
     if data["checkpoints"]:
@@ -575,13 +588,15 @@ def run_trainer(args) -> int:
     if args.metrics_port is not None and not is_loopback(metrics_host) and not tokens:
         log.warning("metrics on %s without --metrics-auth: anyone who reaches the port can "
                     "read them", metrics_host)
+    adapters = _rank_adapters(args)
     handle = _connect(args)
-    device = Device(args.adapter)
+    device = Device(adapters[0] if adapters else args.adapter)
     log.info("GPU: %s%s", device.info.summary(),
              " -- software Vulkan, not a GPU" if device.info.is_software else "")
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
-                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs)
+                          exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs,
+                          gpus=args.gpus, rank_adapters=tuple(adapters))
     metrics = DaemonMetrics(JobQueue(handle))
     if args.metrics_port is not None:
         metrics.adapter(device.info.name, device.info.adapter_type, device.info.is_software)
@@ -591,6 +606,27 @@ def run_trainer(args) -> int:
     daemon = Daemon(handle, config, device=device, metrics=metrics)
     daemon.install_signal_handlers()
     return daemon.run()
+
+
+def _rank_adapters(args) -> list[str]:
+    """With --gpus N > 1: one adapter per rank (rank 0's is this process's device)."""
+    if args.gpus < 1:
+        raise UserFacingError(f"--gpus must be at least 1, got {args.gpus}")
+    listed = [a.strip() for a in args.adapters.split(",") if a.strip()] if args.adapters \
+        else None
+    if args.gpus == 1:
+        if listed:
+            raise UserFacingError("--adapters is for --gpus N > 1; with one GPU use --adapter")
+        return []
+    if args.adapter is not None and not listed:
+        raise UserFacingError(f"--gpus {args.gpus} takes one adapter per GPU: use --adapters "
+                              f"A,B,... instead of --adapter")
+    from .distributed.group import torch_distributed
+    from .distributed.launch import rank_adapters
+    torch_distributed()          # a missing extra is an error at start, not at the first job
+    adapters = rank_adapters(args.gpus, listed, getattr(args, "backend", None))
+    log.info("--gpus %d: rank adapters %s", args.gpus, ", ".join(adapters))
+    return adapters
 
 
 def cmd_trainer(args) -> int:

@@ -20,6 +20,11 @@ One loop iteration:
     `failures.py`; others after `max_failures` attempts in a row without progress) with a
     dead-letter entry; or re-queued (SIGTERM, or a failure below the limit) as a new entry.
 
+A job with `gpus: N` > 1 runs on a trainer started with `--gpus` >= N (others re-queue it):
+this process is rank 0 and holds the lease, N-1 rank processes are started for the attempt
+and stopped with it (`distributed/`); a dead rank fails the step like any transient error,
+and the next attempt starts a fresh group from the last checkpoint.
+
 Failure accounting: the job hash keeps `high_step`, the furthest step any attempt reached, and
 `start_high_step`, its value when the current attempt started. An attempt that ends in an
 error, or whose worker is found dead by the next one, counts as a failure only if it never
@@ -71,6 +76,10 @@ class Interrupted(Exception):
     """SIGTERM: checkpoint, hand the job back to the queue, exit."""
 
 
+class NotEnoughGpus(Exception):
+    """The job asks for more GPUs than this trainer drives: back to the queue, for another."""
+
+
 class TooManyFailures(Exception):
     """The job has failed (or killed its workers) max_failures times in a row without making
     progress: dead-letter it."""
@@ -90,6 +99,8 @@ class DaemonConfig:
     max_skipped_steps: int = 5          # consecutive non-finite-gradient steps before failing
     exit_when_idle: bool = False        # stop once no job is waiting (tests, demo)
     max_jobs: int | None = None         # stop after this many jobs (tests)
+    gpus: int = 1                       # ranks this trainer can run one job on
+    rank_adapters: tuple = ()           # with gpus > 1: the adapter of each rank
     consumer: str = field(default_factory=owner_token)
 
 
@@ -212,6 +223,16 @@ class Daemon:
         log.info("trainer %s stopped after %d job(s)", self.consumer, self.jobs_run)
         return 0
 
+    def launch_ranks(self, world: int):
+        """(group, rank processes) for a job on `world` of this trainer's GPUs; this process
+        is rank 0 on `self.device` (rank_adapters[0])."""
+        from .distributed.launch import launch_group, rank_adapters
+        if world > self.config.gpus:
+            raise NotEnoughGpus(f"the job asks for {world} GPUs, this trainer has "
+                                f"{self.config.gpus}")
+        adapters = list(self.config.rank_adapters) or rank_adapters(self.config.gpus)
+        return launch_group(world, adapters[:world])
+
     def _queue_idle(self) -> bool:
         counts = self.queue.counts_by_state()
         return counts.get("queued", 0) == 0 and counts.get("running", 0) == 0
@@ -318,6 +339,7 @@ class JobAttempt:
         self.failures = record.get_int("failures")
         self._last_log = time.monotonic()
         self._last_cancel_poll = 0.0
+        self.training_run = None            # the open run (closed when the attempt ends)
 
     def _touch_entry(self) -> None:
         self.queue.touch(self.owner, self.entry_id)
@@ -365,6 +387,10 @@ class JobAttempt:
                         self.job_id, self.heartbeat.lost_reason or exc)
         except Interrupted:
             self._requeue("the daemon was stopped (SIGTERM); re-queued", failed=False)
+        except NotEnoughGpus as exc:
+            log.info("job %s: %s", self.job_id, exc)
+            self._requeue(str(exc), failed=False)
+            self.daemon.stop_event.wait(1.0)   # let a bigger trainer read it first
         except REDIS_DOWN as exc:  # not the job's fault: hand it back once Redis answers
             log.warning("job %s: Redis unreachable while preparing the job (%s)", self.job_id,
                         exc)
@@ -377,8 +403,18 @@ class JobAttempt:
             else:                       # a bug, a GPU error, a full disk: maybe the next works
                 self._retry_or_fail(exc)
         finally:
+            self._close_run()
             self.heartbeat.stop()
             self.metrics.forget_job(self.job_id)
+
+    def _close_run(self) -> None:
+        """Free the GPU memory and stop a data-parallel job's rank processes."""
+        run, self.training_run = self.training_run, None
+        if run is not None:
+            try:
+                run.close()
+            except Exception:  # noqa: BLE001 - the outcome is recorded already
+                log.exception("job %s: closing the run", self.job_id)
 
     def _retry_or_fail(self, exc: Exception) -> None:
         log.exception("job %s: attempt %d failed", self.job_id, self.attempt)
@@ -501,6 +537,10 @@ class JobAttempt:
             return "cancelled before start"
 
         spec = JobSpec.parse(rec.spec_json, origin=f"job {self.job_id} spec")
+        if spec.gpus > self.config.gpus:
+            raise NotEnoughGpus(f"the job asks for {spec.gpus} GPUs and this trainer drives "
+                                f"{self.config.gpus} (start one with --gpus {spec.gpus}); "
+                                "re-queued for another trainer")
         limit = spec.max_failures or self.config.max_failures
         if takeover and self.failures >= limit:
             raise TooManyFailures(f"the job's workers stopped {self.failures} times in a row "
@@ -551,7 +591,9 @@ class JobAttempt:
         vocab_file = self._vocab_file(spec.dataset, info, job_dir)
         run = open_run(spec, self.job_id, shards, job_dir, self.daemon.device,
                        n_vocab=info.n_vocab, vocab_hash=vocab_hash, vocab_file=vocab_file,
-                       eot=info.eot_id, eval_shards=eval_shards)
+                       eot=info.eot_id, eval_shards=eval_shards,
+                       launch_ranks=self.daemon.launch_ranks if spec.gpus > 1 else None)
+        self.training_run = run
         run.manager.fence = self._fence
         run.manager.apply_retention()     # a writer killed before its pruning left extra ones
         for path, reason in run.manager.skipped:

@@ -45,6 +45,7 @@ MAX_STEP_TOKENS = 1 << 24            # grad_accum x batch x seq: ids held for on
 MAX_EVAL_TOKENS = 1 << 24            # eval_batches x batch x seq: the held-out ids kept
 MAX_PARAMETERS = 1 << 30             # f32 master weights in one buffer (4 GiB)
 MAX_VOCAB = 1 << 20                  # ids of a dataset's vocabulary (embedding rows)
+MAX_GPUS = 64                        # ranks of one data-parallel job
 MODEL_FIELD_MAX = {"d_model": 16384, "n_layers": 256, "n_heads": 256, "n_kv_heads": 256,
                    "ffn_hidden": 65536, "max_seq": 1 << 20}
 
@@ -68,6 +69,9 @@ class JobSpec(BaseModel):
     seq: int | None = Field(None, gt=0, le=1 << 20,
                             description="tokens per sequence (default: the model's max_seq)")
     grad_accum: int = Field(1, gt=0, le=4096, description="micro-batches per optimizer step")
+    gpus: int = Field(1, gt=0, le=MAX_GPUS, description=(
+        "GPUs that train the job together, data parallel (one rank each, batch / gpus rows "
+        "per rank); batch must be a multiple; needs a trainer started with --gpus >= this"))
     lr: float = Field(1e-3, gt=0, description="peak learning rate (warmup, then cosine)")
     min_lr: float | None = Field(None, ge=0, description="final learning rate (default lr/10)")
     warmup: int = Field(0, ge=0, le=10**9, description="linear warmup steps")
@@ -145,6 +149,9 @@ class JobSpec(BaseModel):
             raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
         if self.warmup > self.steps:
             raise ValueError(f"warmup {self.warmup} exceeds steps {self.steps}")
+        if self.batch % self.gpus:
+            raise ValueError(f"batch {self.batch} does not divide by gpus {self.gpus}: every "
+                             "GPU trains batch / gpus rows; use a multiple of gpus")
         self._check_sizes()
         return self
 

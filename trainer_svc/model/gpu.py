@@ -92,6 +92,11 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
 
 
 class GpuModel:
+    # Called as hook(model) between the backward pass and the update of every train_step,
+    # once the gradients are submitted (they are complete when a download returns): data
+    # parallel training averages them over the ranks here (trainer_svc/distributed/).
+    gradient_hook = None
+
     def __init__(self, cfg: ModelConfig, layout: ParameterLayout, device, *, batch: int,
                  seq: int, precision: str = "mixed", grad_accum: int = 1,
                  f16_math: bool = False, head_chunk_rows: int | None = None):
@@ -338,11 +343,17 @@ class GpuModel:
         self._upload_tokens(micro)
         self.write_hyper(lr=lr, step=step, tc=tc)
         scale = self.loss_scale
-        key = (accum, repr(tc), scale)   # the scale is recorded into two kernels' parameters
+        hook = self.gradient_hook
+        # the scale is recorded into two kernels' parameters; a hook splits the step in two
+        key = (accum, repr(tc), scale, hook is not None)
         pending, self._next_step = self._next_step, None
         fresh = pending is None or pending[0] != key
-        self.dev.submit(self._record_step_commands(accum, tc) if fresh else pending[1])
-        self._next_step = (key, self._record_step_commands(accum, tc))
+        parts = self._record_step_commands(accum, tc, hook) if fresh else pending[1]
+        self.dev.submit(parts[0])
+        self._next_step = (key, self._record_step_commands(accum, tc, hook))
+        if hook is not None:     # gradients ready -> the hook (all-reduce) -> the update
+            hook(self)
+            self.dev.submit(parts[1])
         results = self.dev.download(self.results)
         losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
         stats = results[accum * self.stride:]
@@ -352,10 +363,16 @@ class GpuModel:
         return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=skipped,
                           loss_scale=scale, scale_backoff=backoff)
 
-    def _record_step_commands(self, accum: int, tc):
-        rec = self.dev.record("train step")
-        self._record_step(rec, accum, tc)
-        return rec.finish()
+    def _record_step_commands(self, accum: int, tc, hook=None) -> list:
+        """[the whole step], or with a gradient hook [gradients, update]: two submits."""
+        if hook is None:
+            rec = self.dev.record("train step")
+            self._record_step(rec, accum, tc)
+            return [rec.finish()]
+        grads, update = self.dev.record("gradients"), self.dev.record("update")
+        self._record_gradients(grads, accum, tc)
+        self.record_update(update, tc=tc)
+        return [grads.finish(), update.finish()]
 
     def _record_step(self, rec, accum: int, tc) -> None:
         self._record_gradients(rec, accum, tc)
