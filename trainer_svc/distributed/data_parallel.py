@@ -77,6 +77,7 @@ def _receive_state(local: Trainer, group: RankGroup, info: dict) -> None:
         local._live_model().set_parameters(params)
         local.load_optimizer_state(m, v)
         local.step_count, local.skipped_steps = info["step"], info["skipped_steps"]
+        local.set_loss_scale_state(info.get("loss_scale"))   # f16: every rank's scale agrees
 
 
 def _rank_step(local: Trainer, group: RankGroup, micro: np.ndarray) -> StepMetrics:
@@ -138,6 +139,7 @@ class DataParallelTrainer:
         local._live_model().gradient_hook = self.sync
         info = {"model": local.model_config.to_json(), "train": local.train_config.to_dict(),
                 "step": local.step_count, "skipped_steps": local.skipped_steps,
+                "loss_scale": local.loss_scale_state(),
                 "bucket_bytes": bucket_bytes}   # every rank's all-reduces must pair up
         group.broadcast_object(("init", info))
         _receive_state(local, group, info)
@@ -215,6 +217,9 @@ class DataParallelTrainer:
 
     def rng_state(self) -> dict:
         return self.local.rng_state()
+
+    def loss_scale_state(self) -> dict | None:
+        return self.local.loss_scale_state()
 
     def close(self) -> None:
         """Stop the ranks (best effort: some may be dead already) and free the GPU."""
