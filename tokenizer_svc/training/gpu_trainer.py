@@ -41,7 +41,7 @@ from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, to
 
 FILE = "bpe_train.wgsl"
 WG = 256
-SELECT_ITEMS = 4096
+SELECT_ITEMS = 1024
 N_BYTE_PAIRS = N_BYTES * N_BYTES
 NO_CAP = 0xFFFFFFFF
 

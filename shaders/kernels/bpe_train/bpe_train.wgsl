@@ -26,7 +26,7 @@
 // One merge is three dispatches, recorded many times per submit (no host round trip, no
 // indirect dispatch: wgpu validates each indirect dispatch with a dispatch of its own):
 //   select_partial   makes the previous merge's new pairs keys, then the best pair of each
-//                    block of SELECT_ITEMS keys and of those new pairs [ceil(key_cap / 4096)]
+//                    block of SELECT_ITEMS keys and of those new pairs [ceil(key_cap / 1024)]
 //   select_final     best of the blocks; records the merge in state and current   [1]
 //   find_and_merge   one invocation per position; the first to see the pair in a piece claims
 //                    the piece and rewrites it, subtracting the pairs it destroys and adding
@@ -42,7 +42,7 @@
 // scalars live in `state`, which kernels update on the device).
 
 const WG: u32 = 256u;
-const SELECT_ITEMS: u32 = 4096u;  // keys per select_partial workgroup
+const SELECT_ITEMS: u32 = 1024u;  // keys per select_partial workgroup (4 per invocation)
 const EMPTY: u32 = 0xffffffffu;
 const NO_CAP: u32 = 0xffffffffu;
 
@@ -157,7 +157,7 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // --- KERNEL: select_partial ---
-// partials[g] = the best pair among keys [g*4096, (g+1)*4096) with a count above zero, and
+// partials[g] = the best pair among keys [g*1024, (g+1)*1024) with a count above zero, and
 // among the new pairs of the previous merge, which this dispatch also makes keys (what a
 // separate register_pairs dispatch did: one dispatch less per merge). Each code listed in
 // new_codes becomes key num_keys + j (j its place in the list): its pair, its count from
@@ -165,7 +165,7 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 // only keys below num_keys, so it never meets a key being written; select_final adds the
 // registered codes to num_keys. Nothing registers while a merge is still pending (software
 // continuation passes): its list is not complete.
-// Dispatch: ceil(key_cap / 4096) workgroups of 256 (every one writes its partial; the new
+// Dispatch: ceil(key_cap / 1024) workgroups of 256 (every one writes its partial; the new
 // codes are spread over all of them, grid-stride).
 @group(0) @binding(0) var<storage, read> new_codes: array<u32>;
 @group(0) @binding(1) var<storage, read_write> keys: array<vec2<u32>>;
@@ -176,9 +176,9 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 @group(0) @binding(6) var<storage, read_write> partials: array<vec4<u32>>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
+var<workgroup> st: array<u32, S_WORDS>;  // the state words, one parallel load (select_final)
 
-fn insert_key(k: u32, a: u32, b: u32) {
-    let mask = atomicLoad(&state[S_HASH_MASK]);
+fn insert_key(k: u32, a: u32, b: u32, mask: u32) {
     var h = pair_hash(a, b) & mask;
     for (var probe = 0u; probe <= mask; probe++) {
         loop {  // a weak compare-exchange may fail spuriously on an empty slot: retry it
@@ -197,12 +197,15 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
                   @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
                   @builtin(num_subgroups) num_sg: u32) {
     let block = workgroup_index(wg, nwg);
-    let n_keys = atomicLoad(&state[S_NUM_KEYS]);
-    let settled = atomicLoad(&state[S_PENDING]) == 0u;
+    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
+    workgroupBarrier();
+    let n_keys = st[S_NUM_KEYS];
+    let settled = st[S_PENDING] == 0u;
     var best = no_best();
     if (settled) {
-        let total = atomicLoad(&state[S_NEW_CODES]);
-        let n = atomicLoad(&state[S_N]);
+        let total = st[S_NEW_CODES];
+        let n = st[S_N];
+        let mask = st[S_HASH_MASK];
         let stride = nwg.x * nwg.y * WG;
         for (var j = block * WG + lid; j < total; j += stride) {
             let code = new_codes[j];
@@ -218,13 +221,13 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
             keys[k] = vec2<u32>(a, b);
             counts[2u * k] = lo;
             counts[2u * k + 1u] = hi;
-            insert_key(k, a, b);
+            insert_key(k, a, b, mask);
             let c = Best(hi, lo, a, b);
             if ((lo | hi) != 0u && better(c, best)) { best = c; }
         }
     }
     let base = block * SELECT_ITEMS;
-    if (settled && atomicLoad(&state[S_STATUS]) == ST_RUNNING && base < n_keys) {
+    if (settled && st[S_STATUS] == ST_RUNNING && base < n_keys) {
         for (var j = lid; j < SELECT_ITEMS; j += WG) {
             let k = base + j;
             if (k < n_keys) {
@@ -264,11 +267,16 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 @group(0) @binding(4) var<storage, read_write> current: array<u32>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
+// The state words, loaded by S_WORDS invocations at once: the deciding invocation then makes
+// one round trip to memory instead of a dozen dependent atomic loads (this kernel is on the
+// critical path of every merge).
+var<workgroup> st: array<u32, S_WORDS>;
 
 @compute @workgroup_size(256)
 fn select_final(@builtin(local_invocation_index) lid: u32,
                 @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
                 @builtin(num_subgroups) num_sg: u32) {
+    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
     let blocks = ceil_div(atomicLoad(&state[S_KEY_CAP]), SELECT_ITEMS);  // = select_partial's grid
     var best = no_best();
     for (var i = lid; i < blocks; i += WG) {
@@ -283,7 +291,7 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     // Nothing runs this step unless a merge is recorded below.
     current[C_ACTIVE] = 0u;
     // The last merge is still being applied (continuation passes): leave everything as it is.
-    if (atomicLoad(&state[S_PENDING]) != 0u) { return; }
+    if (st[S_PENDING] != 0u) { return; }
     var r = no_best();
     for (var s = 0u; s < num_sg; s++) {
         let v = sg_best[s];
@@ -291,23 +299,24 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
         if ((c.hi | c.lo) != 0u && better(c, r)) { r = c; }
     }
     // select_partial made the previous merge's new pairs keys num_keys.. num_keys + codes - 1
-    let n_keys = atomicLoad(&state[S_NUM_KEYS]) + atomicExchange(&state[S_NEW_CODES], 0u);
+    let n_keys = st[S_NUM_KEYS] + st[S_NEW_CODES];
+    atomicStore(&state[S_NEW_CODES], 0u);
     atomicStore(&state[S_NUM_KEYS], n_keys);
-    if (atomicLoad(&state[S_STATUS]) != ST_RUNNING) { return; }
+    if (st[S_STATUS] != ST_RUNNING) { return; }
     if ((r.hi | r.lo) == 0u) {
         atomicStore(&state[S_STATUS], ST_EXHAUSTED);
         return;
     }
-    let n = atomicLoad(&state[S_NEXT_ID]);
+    let n = st[S_NEXT_ID];
     // Room for this merge's new keys: at most one per code (2n + 1 of them) and at most two
     // per occurrence (occurrences <= count).
     var room = 2u * n + 1u;
     if (r.hi == 0u && r.lo < 0x7fffffffu) { room = min(room, 2u * r.lo); }
-    if (n_keys + room > atomicLoad(&state[S_KEY_CAP])) {
+    if (n_keys + room > st[S_KEY_CAP]) {
         atomicStore(&state[S_STATUS], ST_PAUSED_KEYS);
         return;
     }
-    let m = atomicLoad(&state[S_MERGES]);
+    let m = st[S_MERGES];
     merges[m] = vec4<u32>(r.a, r.b, r.lo, r.hi);
     tok_len[n] = tok_len[r.a] + tok_len[r.b];
     atomicStore(&state[S_A], r.a);
@@ -316,16 +325,16 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     atomicStore(&state[S_STAMP], m + 1u);
     atomicStore(&state[S_MERGES], m + 1u);
     atomicStore(&state[S_NEXT_ID], n + 1u);
-    if (n + 1u >= atomicLoad(&state[S_TARGET])) { atomicStore(&state[S_STATUS], ST_DONE); }
+    if (n + 1u >= st[S_TARGET]) { atomicStore(&state[S_STATUS], ST_DONE); }
     current[C_A] = r.a;
     current[C_B] = r.b;
     current[C_N] = n;
     current[C_STAMP] = m + 1u;
-    current[C_CAP] = atomicLoad(&state[S_CAP]);
-    current[C_BUDGET] = atomicLoad(&state[S_BUDGET]);
-    current[C_N_POSITIONS] = atomicLoad(&state[S_N_POSITIONS]);
-    current[C_HASH_MASK] = atomicLoad(&state[S_HASH_MASK]);
-    current[C_N_PIECES] = atomicLoad(&state[S_N_PIECES]);
+    current[C_CAP] = st[S_CAP];
+    current[C_BUDGET] = st[S_BUDGET];
+    current[C_N_POSITIONS] = st[S_N_POSITIONS];
+    current[C_HASH_MASK] = st[S_HASH_MASK];
+    current[C_N_PIECES] = st[S_N_PIECES];
     current[C_ACTIVE] = 1u;
 }
 
