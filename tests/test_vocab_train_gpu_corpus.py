@@ -50,6 +50,20 @@ def test_many_chunks_and_files_equal_the_cpu_path(device, tmp_path, pattern, spe
     assert any(len(p) > LONG_MIN for p in gpu.pieces)  # host-counted long pieces are in there
 
 
+def test_the_device_store_grows_across_chunks_and_stays_exact(device, tmp_path):
+    # a store of 8 records to start with: its records, bytes and table grow (the table is
+    # rehashed on the device) while later chunks add to counts of pieces stored earlier
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"{MIXED} w{i % 97} n{i * 7919 % 1009} " for i in range(300)),
+                    encoding="utf-8")
+    cpu = count_pieces([path], PATTERNS["o200k"], (EOT,), workers=1)
+    gpu = count_pieces_gpu([path], "o200k", (EOT,), device=device, chunk_bytes=4096,
+                           first_store_records=8)
+    same(cpu, gpu)
+    assert gpu.details["store_growths"] >= 4
+    assert gpu.details["device_calls_made"] >= 10
+
+
 def test_many_small_files_share_device_calls_and_equal_the_cpu_path(device, tmp_path):
     files = []
     for i in range(40):
@@ -119,6 +133,7 @@ def test_a_full_hash_table_grows_and_stays_exact(device):
     got: Counter = Counter()
     counter.count(data, np.array([0, len(data)], np.int64), got)
     assert counter.table_growths >= 2
+    got.update(counter.store.pieces())  # the device store holds all but the long pieces
     assert got == want
 
 

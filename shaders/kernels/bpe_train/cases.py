@@ -1,5 +1,6 @@
 """Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact;
-and for piece_count.wgsl (the corpus's unique pieces, counted on the device).
+for piece_count.wgsl (one chunk's unique pieces, counted on the device) and piece_store.wgsl
+(the corpus's unique pieces, kept on the device from chunk to chunk).
 
 Each case builds the device state the kernel expects (the layout of
 tokenizer_svc/training/gpu_trainer.py), runs it, and compares exactly against a slow numpy /
@@ -18,7 +19,7 @@ import numpy as np
 from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
                         dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
-                        piece_counts)
+                        piece_counts, piece_store_reference)
 
 from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
@@ -500,3 +501,88 @@ register(KernelCase(
     inputs=_piece_inputs, launch=_piece_launch, reference=piece_count_reference,
     variants=("random", "long", "crowded"), bench_variant_software="random",
     bytes=lambda inp: len(inp["text"]) * 9.0))
+
+
+# ---- piece store: store_begin + store_pieces (piece_store.wgsl) ----------------------------
+
+# (text bytes, alphabet size, mean piece length, pieces per call)
+STORE_SIZES = {"random": (40_000, 3, 4, 3000), "bench": (8 << 20, 26, 5, 200_000)}
+
+
+def _store_inputs(rng, variant):
+    """A text and two calls' lists of distinct pieces (start, length, count) into it; the
+    calls overlap (the second adds to pieces the first stored) and counts near 2^32 carry."""
+    n, alphabet, mean, per_call = STORE_SIZES[variant]
+    text = rng.integers(97, 97 + alphabet, size=n).astype(np.uint8)
+    calls = []
+    for _ in range(2):
+        seen, rows = set(), []
+        while len(rows) < per_call:
+            k = int(max(1, rng.poisson(mean)))
+            s = int(rng.integers(0, n - k))
+            piece = text[s:s + k].tobytes()
+            if piece not in seen:  # one call's pieces are distinct, as list_pieces gives them
+                seen.add(piece)
+                rows.append((s, k, int(rng.integers(1, 1 << 31)) + (1 << 31)))
+        calls.append(np.array(rows, np.uint32))
+    return {"text": text.tobytes(), "calls": calls}
+
+
+def _store_launch(dev, inp):
+    from tokenizer_svc.training.gpu_piece_store import FILE as STORE_FILE
+    data, calls = inp["text"], inp["calls"]
+    words = np.zeros(-(-len(data) // 4) * 4, np.uint8)
+    words[:len(data)] = np.frombuffer(data, np.uint8)
+    records = sum(len(c) for c in calls)
+    slots_n = 1 << int(2 * records - 1).bit_length()
+    keep = _Pristine(dev)
+    text = dev.upload(words.view(np.uint32))
+    found = [dev.upload(c.reshape(-1)) for c in calls]
+    slots = keep.buffer(np.zeros(slots_n, np.uint32), "slots")
+    recs = keep.buffer(np.zeros(2 * records, np.uint32), "records")
+    counts = keep.buffer(np.zeros(2 * records, np.uint32), "counts")
+    arena = keep.buffer(np.zeros(len(data) // 2 + 2 * records, np.uint32), "arena")
+    info = keep.buffer(np.zeros(4, np.uint32), "info")
+    params = [dev.params("IIII", len(c), slots_n - 1, 0, 0) for c in calls]
+    k_begin = dev.kernel(STORE_FILE, "store_begin")
+    k_store = dev.kernel(STORE_FILE, "store_pieces")
+
+    def encode(rec):
+        keep.restore(rec)
+        for f, p, c in zip(found, params, calls):
+            rec.dispatch(k_begin, [info], 1)
+            rec.dispatch(k_store, [text, f, slots, recs, counts, arena, info, p],
+                         max(1, -(-len(c) // 64)))
+
+    def read():
+        used = int(dev.download(info)[0])
+        rows = dev.download(recs).reshape(-1, 2)[:used]
+        c = dev.download(counts).reshape(-1, 2)[:used]
+        mem = dev.download(arena).tobytes()
+        got = {}
+        for (w, k), (lo, hi) in zip(rows.tolist(), c.tolist()):
+            if k:
+                piece = mem[4 * w:4 * w + k]
+                if piece in got:
+                    raise RuntimeError(f"piece {piece!r} stored twice")
+                got[piece] = lo | hi << 32
+        want = piece_store_reference(inp)["keys"]
+        return {"counts": np.array([got.get(k, 0) for k in want], np.int64),
+                "unique": np.array([len(got)], np.int64)}
+    return Launch(encode, read)
+
+
+def _store_reference(inp):
+    out = piece_store_reference(inp)
+    del out["keys"]
+    return out
+
+
+register(KernelCase(
+    name="bpe_train_piece_store", family="bpe_train", precision="exact",
+    description="the corpus's unique pieces kept on the device across calls (bytes compared, "
+                "64-bit counts)",
+    kernels=[("piece_store.wgsl", "store_begin"), ("piece_store.wgsl", "store_pieces")],
+    inputs=_store_inputs, launch=_store_launch, reference=_store_reference,
+    variants=("random",), bench_variant_software="random",
+    bytes=lambda inp: sum(len(c) for c in inp["calls"]) * 24.0))
