@@ -18,7 +18,7 @@ from tokenizer_svc.patterns import PATTERNS
 from tokenizer_svc.training import cpu_reference, gpu_trainer
 from tokenizer_svc.training.corpus import pieces_of_text
 from tokenizer_svc.training.gpu_trainer import TrainerOptions
-from tokenizer_svc.training.merges import CorpusExhausted
+from tokenizer_svc.training.merges import CorpusExhausted, TrainingError
 
 from tests.conftest import SHARED_VOCAB
 
@@ -154,3 +154,13 @@ def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
     with device.record() as rec:
         rec.dispatch(fill, group, 4)
     assert (device.download(y) == 2.5).all()
+
+
+def test_a_corpus_too_large_for_the_device_is_refused_before_allocating(device):
+    pieces = {f"piece{i}".encode(): 1 for i in range(5000)}
+    before = device.memory.allocated
+    with pytest.raises(TrainingError, match=r"need [\d.]+ MiB in one buffer, more than this "
+                       r"device allows .*fewer unique pieces"):
+        gpu_trainer.train(pieces, 300, device=device,
+                          options=TrainerOptions(buffer_limit=64 << 10))
+    assert device.memory.allocated == before  # nothing was left allocated

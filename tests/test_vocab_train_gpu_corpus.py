@@ -200,3 +200,13 @@ def test_code_points_newer_than_tiktokens_tables_split_alike(device, tmp_path, p
     same(cpu, count_pieces_gpu([path], pattern, (), device=device, chunk_bytes=1 << 16))
     if pattern == "o200k":                  # the H200 corpus' piece, whole as on the GPU
         assert ' "\U00016ec3",\n'.encode() in cpu.pieces
+
+
+def test_too_many_unique_pieces_for_the_device_fail_clearly(device, tmp_path):
+    # the store's buffers scaled down to 4 KiB: ~300 distinct pieces cannot fit
+    path = tmp_path / "varied.txt"
+    path.write_text(" ".join(f"w{i}" for i in range(3000)), encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"more unique pieces than this device can count"
+                       r".*needed.*MiB.*--pretokenizer cpu"):
+        count_pieces_gpu([path], "o200k", device=device, first_store_records=8,
+                         buffer_limit=4096)

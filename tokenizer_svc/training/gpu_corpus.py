@@ -88,7 +88,8 @@ class GpuPieceCounter:
     """The device side: one chunk of text (documents) -> Counter of its pieces."""
 
     def __init__(self, device, pattern: str, max_chunk: int | None = None,
-                 first_slots: int | None = None, first_store_records: int | None = None):
+                 first_slots: int | None = None, first_store_records: int | None = None,
+                 buffer_limit: int | None = None):
         self.dev = device
         self.pattern = pattern
         pid = {"PATTERN": PATTERN_IDS[pattern]}
@@ -113,7 +114,7 @@ class GpuPieceCounter:
         self.pool = BufferPool(device)  # reused from chunk to chunk
         self.seconds = {"device_calls": 0.0, "host_counting": 0.0}
         self.calls = 0
-        self.store = PieceStore(device, first_store_records or 1 << 16)
+        self.store = PieceStore(device, first_store_records or 1 << 16, buffer_limit)
 
     def count(self, data: bytes, starts: np.ndarray, counter: Counter,
               limit: int | None = None, to_store: bool = True) -> None:
@@ -347,14 +348,16 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
                      device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
                      progress: bool = False, max_chunk_bytes: int | None = None,
                      first_slots: int | None = None,
-                     first_store_records: int | None = None) -> PieceCounts:
+                     first_store_records: int | None = None,
+                     buffer_limit: int | None = None) -> PieceCounts:
     """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k).
 
     chunk_bytes: bytes per device call (bounded by the device's binding size; host and device
     memory stay bounded by it); max_chunk_bytes: the most a chunk may grow to find a piece
     boundary (default: what the device allows), beyond that the file goes the CPU path;
     first_slots, first_store_records: first sizes of the chunk table and of the device store
-    (tests: force them to grow).
+    (tests: force them to grow); buffer_limit: the largest store buffer (default: what the
+    device allows; tests scale it down to see the error for too many unique pieces).
 
     Peak memory: host, a few copies of one chunk (reading, cutting, joining documents) plus
     the result; device, per chunk byte ~22 bytes (text, piece lengths, the chunk's table: 12
@@ -372,7 +375,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
         from shaders.engine import default_device
         device = default_device()
     dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots,
-                                  first_store_records)
+                                  first_store_records, buffer_limit)
     chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
     total_size = sum(p.stat().st_size for p in files)
     bar = None

@@ -31,13 +31,14 @@ def _next_pow2(n: int) -> int:
 
 
 class PieceStore:
-    def __init__(self, device, first_records: int = 1 << 16):
+    def __init__(self, device, first_records: int = 1 << 16, buffer_limit: int | None = None):
         self.dev = device
         self.k_begin = device.kernel(FILE, "store_begin")
         self.k_store = device.kernel(FILE, "store_pieces")
         self.k_rehash = device.kernel(FILE, "store_rehash")
         self.limit = int(min(device.limits.get("max-storage-buffer-binding-size", 128 << 20),
-                             device.limits.get("max-buffer-size", 256 << 20)))
+                             device.limits.get("max-buffer-size", 256 << 20),
+                             buffer_limit or 1 << 62))  # tests scale it down
         self.used = 0  # records (an upper bound between calls: holes count)
         self.arena_used = 0  # words
         self.n_records = 0
@@ -55,8 +56,8 @@ class PieceStore:
         if nbytes > self.limit:
             raise CorpusError(
                 f"the corpus has more unique pieces than this device can count ({records:,} "
-                f"needed: its {what} would take {nbytes / 2**20:,.0f} MiB in one buffer, the "
-                f"device allows {self.limit / 2**20:,.0f} MiB); use --pretokenizer cpu, a "
+                f"needed: its {what} would take {nbytes / 2**20:,.1f} MiB in one buffer, the "
+                f"device allows {self.limit / 2**20:,.1f} MiB); use --pretokenizer cpu, a "
                 "GPU with larger buffers, or less varied text")
 
     def _grown(self, old, new_bytes: int, used_bytes: int, label: str):

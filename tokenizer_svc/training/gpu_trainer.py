@@ -86,12 +86,20 @@ class TrainerOptions:
     # Time each kernel with GPU timestamps in a few sampled rounds (details["gpu_profile"])
     profile: bool = False
     profile_rounds: int = 6
+    # The largest buffer the trainer may use (None: what the device allows); tests scale it
+    # down to see the error a corpus too large for the device gets
+    buffer_limit: int | None = None
 
 
 class GpuTrainer:
     def __init__(self, device: Device, pieces: dict, n_tokens: int,
                  max_token_bytes: int | None = None, n_specials: int = 0,
                  options: TrainerOptions | None = None):
+        t_init = time.perf_counter()
+        # host seconds by phase: init (arrays, uploads, kernels), setup (initial pair counts),
+        # then per round recording, submitting, waiting for the device, deciding the next
+        self.phases = {"init": 0.0, "setup": 0.0, "record": 0.0, "submit": 0.0, "wait": 0.0,
+                       "between_rounds": 0.0, "download": 0.0}
         self.dev = device
         self.n_tokens = n_tokens
         self.n_merges = n_tokens - N_BYTES
@@ -101,8 +109,6 @@ class GpuTrainer:
         words = [p for p in pieces if len(p) >= 2]
         self.n_pieces = len(words)
         self.stats = {"rounds": 0, "steps_recorded": 0, "compactions": 0, "key_growths": 0}
-        self.phases = {"setup": 0.0, "record": 0.0, "submit": 0.0, "wait": 0.0,
-                       "between_rounds": 0.0, "download": 0.0}
         self.profile: dict = {}  # kernel -> [gpu seconds, dispatches]
         self.profiled_rounds = 0
         self.profiled_steps = 0
@@ -120,8 +126,13 @@ class GpuTrainer:
         table[:, 3] = (counts >> np.uint64(32)).astype(np.uint32)
         piece_of = np.repeat(np.arange(len(words), dtype=np.uint32), lens)
 
+        # Every per-piece buffer is checked before the first allocation (the largest is the
+        # resume cursors, 32 bytes per piece); the pair table is checked by _alloc_keys.
         self._check_fits("the corpus's unique pieces", self.n_positions * 4)
         self._check_fits("the piece table", len(words) * 16)
+        self._check_fits("the rewrite cursors", len(words) * 32)
+        room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
+        self._check_fits("the pair table", _next_pow2(2 * (N_BYTE_PAIRS + room)) * 4)
         self.sets = [_PieceSet(tokens=device.upload(flat, "bpe tokens"),
                                piece_of=device.upload(piece_of, "bpe piece_of"),
                                pieces=device.upload(table, "bpe pieces"),
@@ -140,7 +151,6 @@ class GpuTrainer:
         else:  # ~8 iterations per position covers the usual lookups; waiting steps do the rest
             self.continue_passes = min(4, max(1, -(-8 * self.longest // self.budget) - 1))
 
-        room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
         self._alloc_keys(N_BYTE_PAIRS + room)
         byte_pairs = np.stack([np.arange(N_BYTE_PAIRS) >> 8, np.arange(N_BYTE_PAIRS) & 255],
                               axis=1).astype(np.uint32)
@@ -173,17 +183,21 @@ class GpuTrainer:
                    "rehash", "compact", "compact_tokens", "compact_finish")}
         self.k["continue_merge"] = device.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
         self._bind()
+        self.phases["init"] = time.perf_counter() - t_init
 
     # ---- buffers ---------------------------------------------------------------------------
 
     def _check_fits(self, what: str, nbytes: int) -> None:
         limit = min(self.dev.limits.get("max-storage-buffer-binding-size", 128 << 20),
                     self.dev.limits.get("max-buffer-size", 256 << 20))
+        if self.opt.buffer_limit is not None:
+            limit = min(limit, int(self.opt.buffer_limit))
         if nbytes > limit:
             raise TrainingError(
-                f"{what} need {nbytes / 2**20:.0f} MiB in one buffer, more than this device "
-                f"allows ({limit / 2**20:.0f} MiB on {self.dev.name}); use a GPU with larger "
-                "buffers, or fewer unique pieces (less or less varied text)")
+                f"{what} need {nbytes / 2**20:,.1f} MiB in one buffer, more than this device "
+                f"allows ({limit / 2**20:,.1f} MiB on {self.dev.name}; {self.n_pieces:,} "
+                "unique pieces of two or more bytes); use a GPU with larger buffers, or fewer "
+                "unique pieces (less or less varied text)")
 
     def _alloc_keys(self, key_cap: int) -> None:
         self.key_cap = key_cap
