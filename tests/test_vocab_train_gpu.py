@@ -130,6 +130,13 @@ def test_key_table_growth_and_compaction_every_round(device):
     assert result.details["compactions"] >= 10
 
 
+def test_a_capped_merge_grid_visits_every_position(device):
+    # 3 workgroups of find_and_merge: each invocation strides over many positions
+    pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["o200k"])
+    result = same_merges(device, pieces, 400, options=TrainerOptions(find_groups=3))
+    assert result.details["rounds"] >= 2
+
+
 def test_cap_applies_on_the_gpu(device):
     pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["gpt2"])
     result = same_merges(device, pieces, 600, cap=3)

@@ -86,6 +86,10 @@ class TrainerOptions:
     # Time each kernel with GPU timestamps in a few sampled rounds (details["gpu_profile"])
     profile: bool = False
     profile_rounds: int = 6
+    # At most this many find_and_merge workgroups per merge, each invocation then visiting
+    # several positions (None: one invocation per position). Leave it unset on software
+    # Vulkan for large corpora: the grid-stride loop is outside the work budget
+    find_groups: int | None = None
     # The largest buffer the trainer may use (None: what the device allows); tests scale it
     # down to see the error a corpus too large for the device gets
     buffer_limit: int | None = None
@@ -267,6 +271,8 @@ class GpuTrainer:
         k = self.k
         select_groups = -(-self.key_cap // SELECT_ITEMS)  # = partials rows (select_final)
         find_groups = max(1, -(-positions_bound // WG))
+        if self.opt.find_groups:
+            find_groups = min(find_groups, max(1, int(self.opt.find_groups)))
         continue_groups = max(1, -(-pieces_bound // WG))
         for _ in range(steps):
             rec.dispatch(k["select_partial"], g["select_partial"], select_groups)

@@ -356,7 +356,8 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
 // invocation per piece) resumes such pieces. While any piece is pending, select_final and
 // select_partial's registration wait (do nothing), so extra steps simply finish the merge first.
 // Dispatch: ceil(n_positions / 256) workgroups of 256 as the host last knew n_positions (a
-// bound: compaction only shrinks it; folded into 2-D); with CONTINUE: ceil(pieces / 256).
+// bound: compaction only shrinks it; folded into 2-D), or fewer (grid-stride); with
+// CONTINUE: ceil(pieces / 256).
 override CONTINUE: bool = false;
 
 @group(0) @binding(0) var<storage, read> piece_of: array<u32>;
@@ -505,15 +506,21 @@ fn find_and_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         settle(i, pc, c, true);
         return;
     }
-    if (current[C_ACTIVE] == 0u || i + 1u >= current[C_N_POSITIONS]) { return; }
-    if (tokens[i] != a || tokens[i + 1u] != b) { return; }
-    let p = piece_of[i];
-    let pc = pieces[p];
-    if (i + 1u >= pc.x + pc.y) { return; }  // straddles two pieces, or a stale tail
+    if (current[C_ACTIVE] == 0u) { return; }
+    // Positions i, i + stride, ...: one each when the grid covers them all (software devices,
+    // and the default), several when the host caps the grid (TrainerOptions.find_groups).
+    let limit = current[C_N_POSITIONS];
+    let stride = nwg.x * nwg.y * WG;
     let stamp = current[C_STAMP];
-    if (atomicMax(&stamps[p], stamp) >= stamp) { return; }  // another invocation owns it
-    let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
-    settle(p, pc, c, false);
+    for (var at = i; at + 1u < limit; at += stride) {
+        if (tokens[at] != a || tokens[at + 1u] != b) { continue; }
+        let p = piece_of[at];
+        let pc = pieces[p];
+        if (at + 1u >= pc.x + pc.y) { continue; }  // straddles two pieces, or a stale tail
+        if (atomicMax(&stamps[p], stamp) >= stamp) { continue; }  // another invocation owns it
+        let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
+        settle(p, pc, c, false);
+    }
 }
 
 // --- KERNEL: rehash ---
