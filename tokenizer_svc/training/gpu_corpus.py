@@ -360,9 +360,9 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     device allows; tests scale it down to see the error for too many unique pieces).
 
     Peak memory: host, a few copies of one chunk (reading, cutting, joining documents) plus
-    the result; device, per chunk byte ~22 bytes (text, piece lengths, the chunk's table: 12
-    bytes per slot, one slot per two bytes rounded up to a power of two) plus the store
-    (gpu_piece_store.py: ~40 bytes per unique piece and its bytes). Neither grows with the
+    the result; device, ~15-25 bytes per chunk byte (text, piece lengths, the chunk's table:
+    20 bytes per slot, one slot per two bytes rounded up to a power of two) plus the store
+    (gpu_piece_store.py: 30-60 bytes per unique piece and its bytes). Neither grows with the
     corpus, only with its unique pieces.
     """
     files = check_files(paths)

@@ -9,8 +9,8 @@ coming back to the host chunk by chunk: the host loop that added every chunk's l
 Python Counter was half of the counting phase (100 MB on the H200: 0.43 s of 0.84 s).
 
 Memory: per unique piece one record (8 bytes), its 64-bit count (8 bytes), its bytes rounded
-up to words and 2-4 table slots (4 bytes each, the table at most half full): ~40 bytes plus
-the piece. The buffers grow before a call could overflow them (doubling, contents copied;
+up to words and 2-4 table slots (4 bytes each, the table at most half full): 24-32 bytes plus
+the piece, up to twice that right after a buffer doubled. The buffers grow before a call could overflow them (doubling, contents copied;
 the table rehashed on the device), and a store that would outgrow one binding of the device
 is refused with an error naming the numbers before anything is allocated.
 """
