@@ -118,8 +118,8 @@ class GpuTrainer:
         self.profiled_steps = 0
         if not words:
             return
-        lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
-        counts = np.fromiter((pieces[w] for w in words), dtype=np.uint64, count=len(words))
+        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        counts = np.fromiter(map(pieces.__getitem__, words), dtype=np.uint64, count=len(words))
         self.n_positions = int(lens.sum())
         self.longest = int(lens.max())
         flat = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.uint32)
