@@ -23,7 +23,8 @@ bpe_train.wgsl. This module is the host side:
 Where the time goes is in `result.details["phases"]` (host seconds: recording, submitting,
 waiting for the device, between rounds) and, with `TrainerOptions(profile=True)`, in
 `details["gpu_profile"]`: GPU timestamps of each kernel over a few sampled rounds (those
-rounds run one pass per dispatch, slower; the totals exclude them).
+rounds run one pass per dispatch and wait for their timestamps: left out of the phases, but
+not of the wall time, so time a run without the profile).
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ class GpuTrainer:
         table[:, 3] = (counts >> np.uint64(32)).astype(np.uint32)
         piece_of = np.repeat(np.arange(len(words), dtype=np.uint32), lens)
 
-        # Every per-piece buffer is checked before the first allocation (the largest is the
-        # resume cursors, 32 bytes per piece); the pair table is checked by _alloc_keys.
+        # Every per-piece buffer and the pair table's first size are checked before the first
+        # allocation (the largest per piece: the resume cursors, 32 bytes).
         self._check_fits("the corpus's unique pieces", self.n_positions * 4)
         self._check_fits("the piece table", len(words) * 16)
         self._check_fits("the rewrite cursors", len(words) * 32)
