@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenizer_svc.patterns import PATTERNS
-from tokenizer_svc.training import TrainingError, train_vocabulary
+from tokenizer_svc.training import TrainingError, cpu_reference, gpu_trainer, train_vocabulary
 from tokenizer_svc.training.corpus import CorpusError, count_pieces
 from tokenizer_svc.training.gpu_corpus import (LONG_MIN, GpuPieceCounter, count_pieces_gpu,
                                                gpu_pattern)
@@ -150,6 +150,31 @@ def test_training_with_gpu_pieces_equals_cpu_pieces(device, tmp_path):
     on_cpu, _ = train_vocabulary([path], pretokenizer="cpu", trainer="cpu", **common)
     assert report.details["pretokenizer"] == "gpu"
     assert on_gpu.ranks == on_cpu.ranks and on_gpu.special_tokens == on_cpu.special_tokens
+
+
+def test_the_gpu_trainer_takes_counted_pieces_without_a_dict(device, tmp_path):
+    # stored pieces, host-counted long pieces and a file on the CPU path (kept invalid
+    # UTF-8) whose pieces are also in the store: the trainer's arrays hold those twice, with
+    # their two counts, and must learn the CPU reference's merges from them
+    files = [tmp_path / "a.txt", tmp_path / "bad.bin"]
+    files[0].write_text(MIXED * 30 + LONG, encoding="utf-8")
+    files[1].write_bytes(MIXED.encode() * 10 + b"ok \xff\xfe bad " + MIXED.encode())
+    # small files (a quarter chunk at most): the valid one goes to the store, the other to
+    # the CPU path
+    gpu = count_pieces_gpu(files, "o200k", invalid_utf8="keep", device=device,
+                           chunk_bytes=1 << 20)
+    cpu = count_pieces(files, PATTERNS["o200k"], invalid_utf8="keep", workers=1)
+    assert gpu.fallback_chunks == 1
+    pieces = gpu.pieces
+    assert pieces.has_pair() and gpu.occurrences == cpu.occurrences
+    flat, lens, counts = pieces.trainer_arrays()
+    assert lens.size > sum(1 for p in cpu.pieces if len(p) >= 2)  # the CPU file's come twice
+    assert int(lens.sum()) == flat.size
+    got = gpu_trainer.train(pieces, 560, device=device)
+    assert pieces._dict is None  # training built no dict of the pieces
+    want = cpu_reference.train(cpu.pieces, 560)
+    assert got.merges == want.merges
+    assert len(pieces) == len(cpu.pieces) and pieces == cpu.pieces
 
 
 def test_patterns_without_a_gpu_pretokenizer_are_refused_clearly(device, tmp_path):

@@ -40,7 +40,7 @@ from ..gpu_scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
                      _open, _scan_file_sequential, check_files, utf8_cut)
-from .gpu_piece_store import PieceStore
+from .gpu_piece_store import CorpusPieces, PieceStore
 
 COUNT_FILE = "piece_count.wgsl"
 LONG_MIN = 512  # must equal LONG_MIN in piece_count.wgsl
@@ -427,16 +427,15 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
                 counter.update(mine)
         small.flush()
         t_store = time.perf_counter()
-        for piece, n in dev_counter.store.pieces().items():
-            counter[piece] += n
+        pieces = CorpusPieces(dev_counter.store.download(), dict(counter))
         dev_counter.seconds["store_download"] = time.perf_counter() - t_store
     finally:
         dev_counter.pool.release()  # the merge phase gets the device memory back
         dev_counter.store.release()
         if bar is not None:
             bar.close()
-    return PieceCounts(pieces=dict(counter), files=len(files), bytes_read=total,
-                       occurrences=sum(counter.values()), specials_seen=specials_seen,
+    return PieceCounts(pieces=pieces, files=len(files), bytes_read=total,
+                       occurrences=pieces.occurrences(), specials_seen=specials_seen,
                        fallback_chunks=fallbacks,
                        details=dict(dev_counter.seconds, device_calls_made=dev_counter.calls,
                                     store_growths=dev_counter.store.growths))

@@ -111,40 +111,45 @@ class GpuTrainer:
         self.cap = max_token_bytes
         self.n_specials = n_specials
         self.opt = options or TrainerOptions()
-        words = [p for p in pieces if len(p) >= 2]
-        self.n_pieces = len(words)
+        if hasattr(pieces, "trainer_arrays"):  # gpu_piece_store.CorpusPieces: no dict made
+            flat8, lens, counts = pieces.trainer_arrays()
+        else:
+            words = [p for p in pieces if len(p) >= 2]
+            lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+            counts = np.fromiter(map(pieces.__getitem__, words), dtype=np.uint64,
+                                 count=len(words))
+            flat8 = np.frombuffer(b"".join(words), dtype=np.uint8)
+        self.n_pieces = int(lens.size)
         self.stats = {"rounds": 0, "steps_recorded": 0, "compactions": 0, "key_growths": 0}
         self.profile: dict = {}  # kernel -> [gpu seconds, dispatches]
         self.profiled_rounds = 0
         self.profiled_steps = 0
-        if not words:
+        if not self.n_pieces:
             return
-        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        counts = np.fromiter(map(pieces.__getitem__, words), dtype=np.uint64, count=len(words))
         self.n_positions = int(lens.sum())
         self.longest = int(lens.max())
-        flat = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.uint32)
-        table = np.empty((len(words), 4), dtype=np.uint32)
+        flat = flat8.astype(np.uint32)
+        table = np.empty((self.n_pieces, 4), dtype=np.uint32)
         table[:, 0] = np.concatenate([[0], np.cumsum(lens)[:-1]])
         table[:, 1] = lens
         table[:, 2] = (counts & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         table[:, 3] = (counts >> np.uint64(32)).astype(np.uint32)
-        piece_of = np.repeat(np.arange(len(words), dtype=np.uint32), lens)
+        piece_of = np.repeat(np.arange(self.n_pieces, dtype=np.uint32), lens)
 
         # Every per-piece buffer and the pair table's first size are checked before the first
         # allocation (the largest per piece: the resume cursors, 32 bytes).
         self._check_fits("the corpus's unique pieces", self.n_positions * 4)
-        self._check_fits("the piece table", len(words) * 16)
-        self._check_fits("the rewrite cursors", len(words) * 32)
+        self._check_fits("the piece table", self.n_pieces * 16)
+        self._check_fits("the rewrite cursors", self.n_pieces * 32)
         room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
         self._check_fits("the pair table", _next_pow2(2 * (N_BYTE_PAIRS + room)) * 4)
         self.sets = [_PieceSet(tokens=device.upload(flat, "bpe tokens"),
                                piece_of=device.upload(piece_of, "bpe piece_of"),
                                pieces=device.upload(table, "bpe pieces"),
-                               stamps=device.zeros(len(words), np.uint32, "bpe stamps"))]
+                               stamps=device.zeros(self.n_pieces, np.uint32, "bpe stamps"))]
         self.current = 0
-        self.resume = device.zeros((2 * len(words), 4), np.uint32, "bpe resume cursors")
-        self.moved = device.zeros((len(words), 2), np.uint32, "bpe compaction moves")
+        self.resume = device.zeros((2 * self.n_pieces, 4), np.uint32, "bpe resume cursors")
+        self.moved = device.zeros((self.n_pieces, 2), np.uint32, "bpe compaction moves")
         budget = self.opt.work_budget
         if budget is None and device.info.is_software:
             budget = 12_000
@@ -175,7 +180,7 @@ class GpuTrainer:
         state[S_TARGET] = n_tokens
         state[S_NUM_KEYS] = N_BYTE_PAIRS
         state[S_KEY_CAP] = self.key_cap
-        state[S_N_PIECES] = len(words)
+        state[S_N_PIECES] = self.n_pieces
         state[S_N_POSITIONS] = self.n_positions
         state[S_LIVE] = self.n_positions
         state[S_CAP] = NO_CAP if max_token_bytes is None else max_token_bytes
