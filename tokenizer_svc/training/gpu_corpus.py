@@ -128,10 +128,15 @@ class GpuPieceCounter:
             return
         t_start = time.perf_counter()
         pool = self.pool
-        words = np.zeros(-(-n // 4) * 4, np.uint8)
-        words[:n] = np.frombuffer(data, np.uint8)
-        text = pool.get("corpus text", words.nbytes)
-        text.write(words)
+        # uploaded straight from `data` (a padded copy of 32 MB cost more than the upload):
+        # the whole words, then the last partial word padded with zeros
+        text = pool.get("corpus text", -(-n // 4) * 4)
+        head = n - n % 4
+        if head:
+            text.write(np.frombuffer(data, np.uint8, count=head))
+        if n % 4:
+            text.write(np.frombuffer(bytes(data[head:]) + bytes(4 - n % 4), np.uint8),
+                       offset_bytes=head)
         n_docs = int(starts.size - 1)
         starts_buf = pool.get("corpus documents", 4 * (n_docs + 1))
         starts_buf.write(starts.astype(np.uint32))
