@@ -15,6 +15,8 @@
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
+#   vprobe    dev/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
+#             schedule knobs on vtrain's 100 MB corpus; results belong in dev/results/)
 #   service   bench/service.py (gRPC throughput and latency, --workers 1 and 6, every reply checked)
 #   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
 #             unrolled register blocks; results belong in dev/probes/results/)
@@ -39,7 +41,7 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
-                  [tokenize]=200 [vtrain]=150 [service]=210 [e2e]=240 [probe]=60)
+                  [tokenize]=200 [vtrain]=560 [vprobe]=150 [service]=210 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1
@@ -61,7 +63,9 @@ run_step() {
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
         vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus \
-                    --sizes-mb 100,1000 ;;
+                    --sizes 100,1000 ;;
+        vprobe) $py dev/vocab_merge_probe.py --out "$out/vocab_merge_probe" \
+                    --corpus-dir /tmp/vt_corpus ;;
         service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
                      --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
         e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \

@@ -1,8 +1,13 @@
 """BPE vocabulary training: istanbul (WGSL, GPU) next to HF `tokenizers` and rustbpe, same run.
 
-    python bench/vocab_train.py --out bench/results/vocab_train [--sizes-mb 100,1000]
+    python bench/vocab_train.py --out bench/results/vocab_train [--sizes 100,1000]
                                 [--merges 32000] [--pattern o200k] [--workers N] [--adapter A]
-                                [--skip-cpu-reference] [--skip-hf] [--corpus-dir DIR]
+                                [--skip-cpu-reference] [--skip-hf] [--no-profile]
+                                [--corpus-dir DIR | --corpus DIR]
+
+Expected wall time on the H200 (16 cores) with --sizes 100,1000: about 5-6 minutes (building
+the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbpe at 1 GB
+~1-2 min each); --sizes 100: about 1.5 minutes.
 
 1. Builds a corpus of at least the largest --sizes-mb MB in OUT/corpus/ (files of 8 MB) from
    text found on the machine: the Python standard library's sources, then the .py/.pyi/.md/
@@ -14,8 +19,12 @@
    end to end (files -> vocabulary), with the same pattern, one run:
    - read: reading the files as bytes alone (also warms the page cache for every trainer);
    - istanbul, GPU: pre-tokenization + piece counting on the GPU (training/gpu_corpus.py),
-     then the WGSL trainer; both phases reported. Device start-up and kernel compilation are
-     done beforehand by a small warm-up and reported separately.
+     then the WGSL trainer; both phases reported, the merge phase also split into host
+     phases (recording, submitting, waiting for the device), with the peak host RSS and
+     device memory. Device start-up and kernel compilation are done beforehand by a small
+     warm-up and reported separately. On the smallest size the merges run once more with
+     GPU timestamps on a few sampled rounds (per-kernel microseconds per merge; not timed
+     as a result, --no-profile skips it).
    - on the smallest size only: istanbul's CPU pre-tokenizer (--workers processes), whose
      pieces must equal the GPU's, and the CPU reference trainer (unless
      --skip-cpu-reference), whose merge list must equal the GPU's (both reported as checks);
@@ -137,6 +146,24 @@ def corpus_files(corpus: Path) -> list[Path]:
     return sorted(corpus.glob("part-*.txt"))
 
 
+def own_corpus(folder: Path) -> tuple[list[Path], str, dict]:
+    """--corpus: every file under `folder` in name order; the last ~1 MB is held out."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if not files:
+        raise SystemExit(f"--corpus {folder}: no files there")
+    held, held_bytes = [], 0
+    while len(files) > 1 and held_bytes < HELD_OUT_BYTES:
+        held.append(files.pop())
+        held_bytes += held[-1].stat().st_size
+    try:
+        text = "".join(p.read_text(encoding="utf-8") for p in reversed(held))
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"--corpus {folder}: the held-out files are not UTF-8 ({exc})")
+    return files, text, {"bytes": sum(p.stat().st_size for p in files),
+                         "source_texts": len(files), "repetitions": 1,
+                         "held_out_bytes": held_bytes, "from": str(folder)}
+
+
 # ---- trainers -----------------------------------------------------------------------------
 
 def tokens_per_byte(ranks: dict, pattern: str, held_out: str) -> float:
@@ -163,12 +190,20 @@ def read_seconds(files) -> float:
     return time.perf_counter() - t0
 
 
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def run_istanbul(files, args, held_out: str, device, out: Path) -> tuple[dict, dict, object]:
     n_tokens = 256 + args.merges
     pattern = PATTERNS[args.pattern]
+    device.memory.reset_peak()
     t0 = time.perf_counter()
     corpus = count_pieces_gpu(files, args.pattern, device=device)
     t1 = time.perf_counter()
+    count_peak = device.memory.peak
+    device.memory.reset_peak()
     result = gpu_trainer.train(corpus.pieces, n_tokens, device=device)
     t2 = time.perf_counter()
     row = {"trainer": "istanbul (GPU, WGSL)", "device": device.info.summary(),
@@ -177,9 +212,20 @@ def run_istanbul(files, args, held_out: str, device, out: Path) -> tuple[dict, d
            "tokens_per_byte": tokens_per_byte(result.ranks(), pattern, held_out),
            "unique_pieces": len(corpus.pieces), "cpu_fallback_files": corpus.fallback_chunks,
            "pretokenize_details": corpus.details,
+           "peak_host_rss_mb": round(peak_rss_mb(), 1),
+           "peak_device_mb": {"counting": round(count_peak / 2**20, 1),
+                              "merging": round(device.memory.peak / 2**20, 1)},
            "tiktoken_agrees": tiktoken_agrees(result, args, held_out, device, out),
            "details": result.details}
     return row, corpus.pieces, result
+
+
+def profile_merges(pieces, args, device) -> dict:
+    """The merge phase once more, with GPU timestamps on sampled rounds (not a timed row)."""
+    options = gpu_trainer.TrainerOptions(profile=True)
+    result = gpu_trainer.train(pieces, 256 + args.merges, device=device, options=options)
+    return {"seconds": result.seconds, "phases": result.details["phases"],
+            "gpu_profile": result.details.get("gpu_profile")}
 
 
 def tiktoken_agrees(result, args, held_out: str, device, out: Path) -> bool:
@@ -238,7 +284,15 @@ def run_hf(files, args, pattern, held_out) -> dict:
             "threads": os.environ.get("RAYON_NUM_THREADS", f"all ({os.cpu_count()})")}
 
 
-def run_rustbpe(files, args, pattern, held_out) -> dict:
+def agreement(ours: dict, theirs: dict) -> dict:
+    """How far two merge lists (bytes -> rank) agree: the first rank whose token differs."""
+    a = sorted(ours, key=ours.get)
+    b = sorted(theirs, key=theirs.get)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"identical": a == b, "equal_prefix_tokens": first}
+
+
+def run_rustbpe(files, args, pattern, held_out, ours: dict) -> dict:
     try:
         import rustbpe
     except ImportError as exc:
@@ -266,7 +320,8 @@ def run_rustbpe(files, args, pattern, held_out) -> dict:
             "seconds": seconds, "merges": len(ranks) - 256,
             "merges_per_second": None, "tokens_per_byte": tokens_per_byte(ranks, pattern,
                                                                           held_out),
-            "note": "fed blocks of ~1 MB of whole lines (pieces never span blocks)"}
+            "note": "fed blocks of ~1 MB of whole lines (pieces never span blocks)",
+            "vs_istanbul": agreement(ours, ranks)}
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -301,6 +356,27 @@ def markdown(payload: dict) -> str:
                          f"{num(r.get('merge_seconds'), '.2f')} | "
                          f"{num(r.get('merges_per_second'), ',.0f')} | "
                          f"{num(r.get('tokens_per_byte'), '.4f')} | {speed} |")
+        ist = run["results"][0]
+        if "details" in ist:
+            lines += ["", f"istanbul merge phase, host seconds: {ist['details'].get('phases')}; "
+                      f"{ist['details'].get('rounds')} rounds, "
+                      f"{ist['details'].get('dispatches_per_merge')} dispatches per merge. "
+                      f"Peak host RSS {ist.get('peak_host_rss_mb')} MB (the whole process); "
+                      f"peak device memory {ist.get('peak_device_mb')} MB."]
+        rust = next((r for r in run["results"] if "vs_istanbul" in r), None)
+        if rust:
+            v = rust["vs_istanbul"]
+            lines += ["", f"rustbpe's vocabulary against istanbul's (same tie-break rule; "
+                      f"rustbpe's own regex tables and line blocks): "
+                      f"{'identical' if v['identical'] else 'first ' + format(v['equal_prefix_tokens'], ',') + ' ranks identical'}."]
+        prof = (run.get("merge_profile") or {}).get("gpu_profile")
+        if prof:
+            kernels = ", ".join(f"{k} {v['us_per_step']:.1f}" for k, v in prof["kernels"].items())
+            lines += ["", f"GPU time per merge step, µs (timestamps, {prof['steps']} steps in "
+                      f"{prof['rounds']} sampled rounds, one pass per dispatch): {kernels}; "
+                      f"total {prof['us_per_step']:.1f} µs. The timed run above: "
+                      f"{1e6 * ist['merge_seconds'] / max(1, ist['merges']):.1f} µs per merge "
+                      "wall."]
         lines.append("")
     lines += [f"Checks: {json.dumps(payload['checks'])}. Warm-up (device start, kernel "
               f"compilation): {payload['warmup_seconds']:.2f}s, not included above."]
@@ -310,7 +386,7 @@ def markdown(payload: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="output directory")
-    parser.add_argument("--sizes-mb", default="100",
+    parser.add_argument("--sizes", "--sizes-mb", dest="sizes_mb", default="100",
                         help="corpus sizes in MB, comma-separated, e.g. 100,1000 (default 100)")
     parser.add_argument("--merges", type=int, default=32_000)
     parser.add_argument("--pattern", default="o200k", choices=sorted(PATTERNS))
@@ -318,7 +394,12 @@ def main() -> int:
                         help="processes of istanbul's CPU pre-tokenizer (the check run)")
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--corpus-dir", type=Path, default=None,
-                        help="reuse (or build) the corpus here instead of OUT/corpus")
+                        help="reuse (or build) the generated corpus here instead of OUT/corpus")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="a folder of your own UTF-8 text files to train on instead (all "
+                        "files, in name order; the last ~1 MB of files is held out)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the GPU-timestamp profile of the merge phase")
     parser.add_argument("--skip-cpu-reference", action="store_true")
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
@@ -329,18 +410,23 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pattern = PATTERNS[args.pattern]
 
-    corpus_dir = args.corpus_dir or args.out / "corpus"
-    meta_path = corpus_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    if meta and corpus_files(corpus_dir) and meta["bytes"] >= sizes[-1] * 1e6:
-        print(f"corpus: reusing {corpus_dir}")
+    if args.corpus is not None:
+        all_files, held_out, meta = own_corpus(args.corpus)
+        corpus_dir = args.out / "corpus"
+        corpus_dir.mkdir(exist_ok=True)
     else:
-        t = time.perf_counter()
-        meta = build_corpus(corpus_dir, sizes[-1])
-        meta_path.write_text(json.dumps(meta))
-        print(f"corpus: built {meta['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f}s")
-    all_files = corpus_files(corpus_dir)
-    held_out = (corpus_dir / "held_out.txt").read_text(encoding="utf-8")
+        corpus_dir = args.corpus_dir or args.out / "corpus"
+        meta_path = corpus_dir / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+        if meta and corpus_files(corpus_dir) and meta["bytes"] >= sizes[-1] * 1e6:
+            print(f"corpus: reusing {corpus_dir}")
+        else:
+            t = time.perf_counter()
+            meta = build_corpus(corpus_dir, sizes[-1])
+            meta_path.write_text(json.dumps(meta))
+            print(f"corpus: built {meta['bytes'] / 1e6:.0f} MB in {time.perf_counter() - t:.1f}s")
+        all_files = corpus_files(corpus_dir)
+        held_out = (corpus_dir / "held_out.txt").read_text(encoding="utf-8")
 
     from shaders.engine import Device
     t = time.perf_counter()
@@ -367,6 +453,11 @@ def main() -> int:
         print(f"  {row['seconds']:.2f}s ({row['pretokenize_seconds']:.2f}s pre-tokenize + "
               f"count: {row['pretokenize_details']}; {row['merges_per_second']:,.0f} merges/s)",
               flush=True)
+        print(f"  merge phases (host s): {row['details']['phases']}", flush=True)
+        if k == 0 and not args.no_profile:
+            print("  istanbul merges again, GPU-profiled ...", flush=True)
+            run["merge_profile"] = profile_merges(pieces, args, device)
+            print(f"  {run['merge_profile']['gpu_profile']}", flush=True)
         if k == 0:  # correctness against the CPU paths on the smallest size
             print("  istanbul CPU pre-tokenizer ...", flush=True)
             cpu_row, same_pieces = run_cpu_pretokenizer(files, args, pieces)
@@ -386,7 +477,7 @@ def main() -> int:
                 results.append({"trainer": "HF tokenizers BpeTrainer", "error": repr(exc)[:300]})
         print("  rustbpe ...", flush=True)
         try:
-            results.append(run_rustbpe(files, args, pattern, held_out))
+            results.append(run_rustbpe(files, args, pattern, held_out, gpu_result.ranks()))
         except Exception as exc:
             results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
         runs.append(run)

@@ -18,7 +18,7 @@ from tokenizer_svc.patterns import PATTERNS
 from tokenizer_svc.training import cpu_reference, gpu_trainer
 from tokenizer_svc.training.corpus import pieces_of_text
 from tokenizer_svc.training.gpu_trainer import TrainerOptions
-from tokenizer_svc.training.merges import CorpusExhausted
+from tokenizer_svc.training.merges import CorpusExhausted, TrainingError
 
 from tests.conftest import SHARED_VOCAB
 
@@ -130,6 +130,13 @@ def test_key_table_growth_and_compaction_every_round(device):
     assert result.details["compactions"] >= 10
 
 
+def test_a_capped_merge_grid_visits_every_position(device):
+    # 3 workgroups of find_and_merge: each invocation strides over many positions
+    pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["o200k"])
+    result = same_merges(device, pieces, 400, options=TrainerOptions(find_groups=3))
+    assert result.details["rounds"] >= 2
+
+
 def test_cap_applies_on_the_gpu(device):
     pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["gpt2"])
     result = same_merges(device, pieces, 600, cap=3)
@@ -154,3 +161,13 @@ def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
     with device.record() as rec:
         rec.dispatch(fill, group, 4)
     assert (device.download(y) == 2.5).all()
+
+
+def test_a_corpus_too_large_for_the_device_is_refused_before_allocating(device):
+    pieces = {f"piece{i}".encode(): 1 for i in range(5000)}
+    before = device.memory.allocated
+    with pytest.raises(TrainingError, match=r"need [\d.]+ MiB in one buffer, more than this "
+                       r"device allows .*fewer unique pieces"):
+        gpu_trainer.train(pieces, 300, device=device,
+                          options=TrainerOptions(buffer_limit=64 << 10))
+    assert device.memory.allocated == before  # nothing was left allocated

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenizer_svc.patterns import PATTERNS
-from tokenizer_svc.training import TrainingError, train_vocabulary
+from tokenizer_svc.training import TrainingError, cpu_reference, gpu_trainer, train_vocabulary
 from tokenizer_svc.training.corpus import CorpusError, count_pieces
 from tokenizer_svc.training.gpu_corpus import (LONG_MIN, GpuPieceCounter, count_pieces_gpu,
                                                gpu_pattern)
@@ -48,6 +48,20 @@ def test_many_chunks_and_files_equal_the_cpu_path(device, tmp_path, pattern, spe
     same(cpu, gpu)
     assert gpu.fallback_chunks == 0
     assert any(len(p) > LONG_MIN for p in gpu.pieces)  # host-counted long pieces are in there
+
+
+def test_the_device_store_grows_across_chunks_and_stays_exact(device, tmp_path):
+    # a store of 8 records to start with: its records, bytes and table grow (the table is
+    # rehashed on the device) while later chunks add to counts of pieces stored earlier
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"{MIXED} w{i % 97} n{i * 7919 % 1009} " for i in range(300)),
+                    encoding="utf-8")
+    cpu = count_pieces([path], PATTERNS["o200k"], (EOT,), workers=1)
+    gpu = count_pieces_gpu([path], "o200k", (EOT,), device=device, chunk_bytes=4096,
+                           first_store_records=8)
+    same(cpu, gpu)
+    assert gpu.details["store_growths"] >= 4
+    assert gpu.details["device_calls_made"] >= 10
 
 
 def test_many_small_files_share_device_calls_and_equal_the_cpu_path(device, tmp_path):
@@ -119,6 +133,7 @@ def test_a_full_hash_table_grows_and_stays_exact(device):
     got: Counter = Counter()
     counter.count(data, np.array([0, len(data)], np.int64), got)
     assert counter.table_growths >= 2
+    got.update(counter.store.pieces())  # the device store holds all but the long pieces
     assert got == want
 
 
@@ -135,6 +150,31 @@ def test_training_with_gpu_pieces_equals_cpu_pieces(device, tmp_path):
     on_cpu, _ = train_vocabulary([path], pretokenizer="cpu", trainer="cpu", **common)
     assert report.details["pretokenizer"] == "gpu"
     assert on_gpu.ranks == on_cpu.ranks and on_gpu.special_tokens == on_cpu.special_tokens
+
+
+def test_the_gpu_trainer_takes_counted_pieces_without_a_dict(device, tmp_path):
+    # stored pieces, host-counted long pieces and a file on the CPU path (kept invalid
+    # UTF-8) whose pieces are also in the store: the trainer's arrays hold those twice, with
+    # their two counts, and must learn the CPU reference's merges from them
+    files = [tmp_path / "a.txt", tmp_path / "bad.bin"]
+    files[0].write_text(MIXED * 30 + LONG, encoding="utf-8")
+    files[1].write_bytes(MIXED.encode() * 10 + b"ok \xff\xfe bad " + MIXED.encode())
+    # small files (a quarter chunk at most): the valid one goes to the store, the other to
+    # the CPU path
+    gpu = count_pieces_gpu(files, "o200k", invalid_utf8="keep", device=device,
+                           chunk_bytes=1 << 20)
+    cpu = count_pieces(files, PATTERNS["o200k"], invalid_utf8="keep", workers=1)
+    assert gpu.fallback_chunks == 1
+    pieces = gpu.pieces
+    assert pieces.has_pair() and gpu.occurrences == cpu.occurrences
+    flat, lens, counts = pieces.trainer_arrays()
+    assert lens.size > sum(1 for p in cpu.pieces if len(p) >= 2)  # the CPU file's come twice
+    assert int(lens.sum()) == flat.size
+    got = gpu_trainer.train(pieces, 560, device=device)
+    assert pieces._dict is None  # training built no dict of the pieces
+    want = cpu_reference.train(cpu.pieces, 560)
+    assert got.merges == want.merges
+    assert len(pieces) == len(cpu.pieces) and pieces == cpu.pieces
 
 
 def test_patterns_without_a_gpu_pretokenizer_are_refused_clearly(device, tmp_path):
@@ -185,3 +225,13 @@ def test_code_points_newer_than_tiktokens_tables_split_alike(device, tmp_path, p
     same(cpu, count_pieces_gpu([path], pattern, (), device=device, chunk_bytes=1 << 16))
     if pattern == "o200k":                  # the H200 corpus' piece, whole as on the GPU
         assert ' "\U00016ec3",\n'.encode() in cpu.pieces
+
+
+def test_too_many_unique_pieces_for_the_device_fail_clearly(device, tmp_path):
+    # the store's buffers scaled down to 4 KiB: ~300 distinct pieces cannot fit
+    path = tmp_path / "varied.txt"
+    path.write_text(" ".join(f"w{i}" for i in range(3000)), encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"more unique pieces than this device can count"
+                       r".*needed.*MiB.*--pretokenizer cpu"):
+        count_pieces_gpu([path], "o200k", device=device, first_store_records=8,
+                         buffer_limit=4096)

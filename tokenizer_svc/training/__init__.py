@@ -103,7 +103,8 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
     t1 = time.perf_counter()
     if corpus.bytes_read == 0:
         raise CorpusError("the corpus is empty: every input file has zero bytes")
-    if not any(len(p) >= 2 for p in corpus.pieces):
+    has_pair = getattr(corpus.pieces, "has_pair", None)  # GPU-counted: without a dict
+    if not (has_pair() if has_pair else any(len(p) >= 2 for p in corpus.pieces)):
         raise CorpusExhausted(
             "the corpus has no piece of two or more bytes, so there is no pair to merge "
             f"({corpus.describe()}); give more text, or a pattern that keeps characters "

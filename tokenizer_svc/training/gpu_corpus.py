@@ -12,8 +12,9 @@ how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
   bpe_pretok with MARK_PIECES = 1) writes at every piece start the piece's length;
 - piece_count.wgsl (shaders/kernels/bpe_train/) counts the pieces in a hash table with
   atomics, exact (keys compared byte by byte) and lists each unique piece once;
-- only the unique pieces come back (start, length, count), and pieces longer than LONG_MIN
-  bytes, counted on the host.
+- the chunk's unique pieces go into a store on the device that lives for the whole corpus
+  (gpu_piece_store.py, piece_store.wgsl): the store comes back once, at the end; pieces
+  longer than LONG_MIN bytes are counted on the host (rare: long runs of one kind).
 
 Files of at most a quarter chunk are read whole and gathered, many to one device call (each
 file its own documents: pieces never span files). Chunks of larger files end at a provable
@@ -39,6 +40,7 @@ from ..gpu_scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
                      _open, _scan_file_sequential, check_files, utf8_cut)
+from .gpu_piece_store import CorpusPieces, PieceStore
 
 COUNT_FILE = "piece_count.wgsl"
 LONG_MIN = 512  # must equal LONG_MIN in piece_count.wgsl
@@ -86,7 +88,8 @@ class GpuPieceCounter:
     """The device side: one chunk of text (documents) -> Counter of its pieces."""
 
     def __init__(self, device, pattern: str, max_chunk: int | None = None,
-                 first_slots: int | None = None):
+                 first_slots: int | None = None, first_store_records: int | None = None,
+                 buffer_limit: int | None = None):
         self.dev = device
         self.pattern = pattern
         pid = {"PATTERN": PATTERN_IDS[pattern]}
@@ -111,11 +114,13 @@ class GpuPieceCounter:
         self.pool = BufferPool(device)  # reused from chunk to chunk
         self.seconds = {"device_calls": 0.0, "host_counting": 0.0}
         self.calls = 0
+        self.store = PieceStore(device, first_store_records or 1 << 16, buffer_limit)
 
     def count(self, data: bytes, starts: np.ndarray, counter: Counter,
-              limit: int | None = None) -> None:
+              limit: int | None = None, to_store: bool = True) -> None:
         """Add the pieces of `data` (documents [starts[d], starts[d+1])) that start before
-        `limit` (default: all) to `counter`."""
+        `limit` (default: all) to the device store (`to_store`, the pieces longer than
+        LONG_MIN to `counter`), or all of them to `counter`."""
         dev = self.dev
         n = len(data)
         limit = n if limit is None else int(limit)
@@ -123,10 +128,15 @@ class GpuPieceCounter:
             return
         t_start = time.perf_counter()
         pool = self.pool
-        words = np.zeros(-(-n // 4) * 4, np.uint8)
-        words[:n] = np.frombuffer(data, np.uint8)
-        text = pool.get("corpus text", words.nbytes)
-        text.write(words)
+        # uploaded straight from `data` (a padded copy of 32 MB cost more than the upload):
+        # the whole words, then the last partial word padded with zeros
+        text = pool.get("corpus text", -(-n // 4) * 4)
+        head = n - n % 4
+        if head:
+            text.write(np.frombuffer(data, np.uint8, count=head))
+        if n % 4:
+            text.write(np.frombuffer(bytes(data[head:]) + bytes(4 - n % 4), np.uint8),
+                       offset_bytes=head)
         n_docs = int(starts.size - 1)
         starts_buf = pool.get("corpus documents", 4 * (n_docs + 1))
         starts_buf.write(starts.astype(np.uint32))
@@ -177,10 +187,12 @@ class GpuPieceCounter:
         self.seconds["device_calls"] += t_host - t_start
         self.calls += 1
         unique, n_long = int(found[0]), int(found[2])
-        table = dev.download(out.view(0, 12 * unique), np.uint32).reshape(-1, 3) if unique \
-            else np.zeros((0, 3), np.uint32)
-        for s, k, c in table.tolist():
-            counter[data[s:s + k]] += c
+        if to_store:
+            self.store.add(text, out, unique, n)
+        elif unique:
+            table = dev.download(out.view(0, 12 * unique), np.uint32).reshape(-1, 3)
+            for s, k, c in table.tolist():
+                counter[data[s:s + k]] += c
         if n_long:
             for s, k in dev.download(longs.view(0, 8 * n_long), np.uint32).reshape(-1, 2).tolist():
                 counter[data[s:s + k]] += 1
@@ -234,7 +246,7 @@ class _FileChunker:
 
 
 def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Path,
-                   counter: Counter, progress=None) -> tuple[int, int]:
+                   counter: Counter, progress=None, to_store: bool = True) -> tuple[int, int]:
     """Count one file's pieces into `counter`; returns (bytes, specials). Raises _NoCut or
     UnicodeDecodeError (caught by the caller) when the file needs the CPU path."""
     pre = chunker.pre
@@ -285,7 +297,7 @@ def _scan_file_gpu(counter_dev: GpuPieceCounter, chunker: _FileChunker, path: Pa
                 sizes = np.array([e - s for s, e in kept], np.int64)
                 starts = np.concatenate([[0], np.cumsum(sizes)])
                 limit = sum(max(0, min(e, end) - s) for s, e in kept)  # the cut, without specials
-                counter_dev.count(data, starts, counter, limit)
+                counter_dev.count(data, starts, counter, limit, to_store)
             buf = buf[end:]
             offset += end
             if eof and not buf:
@@ -340,12 +352,23 @@ class _SmallFiles:
 def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "error",
                      device=None, chunk_bytes: int = GPU_CHUNK_BYTES,
                      progress: bool = False, max_chunk_bytes: int | None = None,
-                     first_slots: int | None = None) -> PieceCounts:
+                     first_slots: int | None = None,
+                     first_store_records: int | None = None,
+                     buffer_limit: int | None = None) -> PieceCounts:
     """corpus.count_pieces on the GPU for the built-in patterns (gpt2, cl100k, o200k).
 
     chunk_bytes: bytes per device call (bounded by the device's binding size; host and device
     memory stay bounded by it); max_chunk_bytes: the most a chunk may grow to find a piece
-    boundary (default: what the device allows), beyond that the file goes the CPU path.
+    boundary (default: what the device allows), beyond that the file goes the CPU path;
+    first_slots, first_store_records: first sizes of the chunk table and of the device store
+    (tests: force them to grow); buffer_limit: the largest store buffer (default: what the
+    device allows; tests scale it down to see the error for too many unique pieces).
+
+    Peak memory: host, a few copies of one chunk (reading, cutting, joining documents) plus
+    the result; device, ~15-25 bytes per chunk byte (text, piece lengths, the chunk's table:
+    20 bytes per slot, one slot per two bytes rounded up to a power of two) plus the store
+    (gpu_piece_store.py: 30-60 bytes per unique piece and its bytes). Neither grows with the
+    corpus, only with its unique pieces.
     """
     files = check_files(paths)
     name = gpu_pattern(pattern)
@@ -356,7 +379,8 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     if device is None:
         from shaders.engine import default_device
         device = default_device()
-    dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots)
+    dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots,
+                                  first_store_records, buffer_limit)
     chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
     total_size = sum(p.stat().st_size for p in files)
     bar = None
@@ -383,12 +407,14 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
                 total, specials_seen = total + t, specials_seen + s
                 continue
             # with --invalid-utf8 keep a file may turn out to need the CPU path after some of
-            # its chunks were counted: count it on its own until it is done
+            # its chunks were counted: count it on its own (on the host, not in the device
+            # store, which cannot take pieces back) until it is done
             mine: Counter = Counter() if invalid_utf8 == "keep" else counter
             chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
             cpu_from = None  # where the CPU path takes over, if it does
             try:
-                t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar)
+                t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar,
+                                      to_store=mine is counter)
             except _NoCut as stop:  # the rest of the file on the CPU, from a piece boundary
                 cpu_from, s = stop.offset, stop.specials
             except UnicodeDecodeError:  # keep mode: the whole file on the CPU
@@ -405,11 +431,16 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
             if mine is not counter:
                 counter.update(mine)
         small.flush()
+        t_store = time.perf_counter()
+        pieces = CorpusPieces(dev_counter.store.download(), dict(counter))
+        dev_counter.seconds["store_download"] = time.perf_counter() - t_store
     finally:
         dev_counter.pool.release()  # the merge phase gets the device memory back
+        dev_counter.store.release()
         if bar is not None:
             bar.close()
-    return PieceCounts(pieces=dict(counter), files=len(files), bytes_read=total,
-                       occurrences=sum(counter.values()), specials_seen=specials_seen,
+    return PieceCounts(pieces=pieces, files=len(files), bytes_read=total,
+                       occurrences=pieces.occurrences(), specials_seen=specials_seen,
                        fallback_chunks=fallbacks,
-                       details=dict(dev_counter.seconds, device_calls_made=dev_counter.calls))
+                       details=dict(dev_counter.seconds, device_calls_made=dev_counter.calls,
+                                    store_growths=dev_counter.store.growths))

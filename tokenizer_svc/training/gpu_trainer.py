@@ -7,17 +7,24 @@ The contract is merges.py; the kernels and their data layout are described at th
 bpe_train.wgsl. This module is the host side:
 
 - upload the unique pieces (two bytes or more) once, count the byte pairs on the device;
-- record rounds of merge steps (4 dispatches each: select_partial, select_final,
-  find_and_merge, register_pairs; on software Vulkan also a few CONTINUE passes, see the work
-  budget in bpe_train.wgsl) into one submit, with no read-back inside a round: the kernels
-  size each other's dispatches through indirect-argument buffers, and steps recorded past
-  the end do nothing;
+- record rounds of merge steps (3 dispatches each: select_partial, which also makes the
+  previous merge's new pairs keys, select_final, find_and_merge; on software Vulkan also a
+  few CONTINUE passes, see the work budget in bpe_train.wgsl) into one submit, with no
+  read-back inside a round and no indirect dispatch: select_final tells find_and_merge
+  through `current` whether there is a merge to apply, so steps recorded past the end do
+  nothing;
 - keep two rounds in flight and read only the small state block of the older one (copied to
   a mappable buffer at the end of each round): that drives the progress bar and decisions;
 - between rounds, when that state says so: compact the pieces (drop those that became one
   token, so every later step scans fewer positions), or grow the key list and hash table
   (the device pauses itself before a merge whose new pairs might not fit);
 - at the end, download the merge list once.
+
+Where the time goes is in `result.details["phases"]` (host seconds: recording, submitting,
+waiting for the device, between rounds) and, with `TrainerOptions(profile=True)`, in
+`details["gpu_profile"]`: GPU timestamps of each kernel over a few sampled rounds (those
+rounds run one pass per dispatch and wait for their timestamps: left out of the phases, but
+not of the wall time, so time a run without the profile).
 """
 
 from __future__ import annotations
@@ -29,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import wgpu
 
-from shaders.engine import INDIRECT_STORAGE, Device
+from shaders.engine import Device
 
 from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, tokens_from_merges
 
 FILE = "bpe_train.wgsl"
 WG = 256
-SELECT_ITEMS = 4096
+SELECT_ITEMS = 1024
 N_BYTE_PAIRS = N_BYTES * N_BYTES
 NO_CAP = 0xFFFFFFFF
 
@@ -77,44 +84,72 @@ class TrainerOptions:
     # the longest piece at ~8 iterations per position, at most 4; steps that find a piece
     # still pending wait, and their passes finish it)
     continue_passes: int | None = None
+    # Time each kernel with GPU timestamps in a few sampled rounds (details["gpu_profile"])
+    profile: bool = False
+    profile_rounds: int = 6
+    # At most this many find_and_merge workgroups per merge, each invocation then visiting
+    # several positions (None: one invocation per position). Leave it unset on software
+    # Vulkan for large corpora: the grid-stride loop is outside the work budget
+    find_groups: int | None = None
+    # The largest buffer the trainer may use (None: what the device allows); tests scale it
+    # down to see the error a corpus too large for the device gets
+    buffer_limit: int | None = None
 
 
 class GpuTrainer:
     def __init__(self, device: Device, pieces: dict, n_tokens: int,
                  max_token_bytes: int | None = None, n_specials: int = 0,
                  options: TrainerOptions | None = None):
+        t_init = time.perf_counter()
+        # host seconds by phase: init (arrays, uploads, kernels), setup (initial pair counts),
+        # then per round recording, submitting, waiting for the device, deciding the next
+        self.phases = {"init": 0.0, "setup": 0.0, "record": 0.0, "submit": 0.0, "wait": 0.0,
+                       "between_rounds": 0.0, "download": 0.0}
         self.dev = device
         self.n_tokens = n_tokens
         self.n_merges = n_tokens - N_BYTES
         self.cap = max_token_bytes
         self.n_specials = n_specials
         self.opt = options or TrainerOptions()
-        words = [p for p in pieces if len(p) >= 2]
-        self.n_pieces = len(words)
+        if hasattr(pieces, "trainer_arrays"):  # gpu_piece_store.CorpusPieces: no dict made
+            flat8, lens, counts = pieces.trainer_arrays()
+        else:
+            words = [p for p in pieces if len(p) >= 2]
+            lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+            counts = np.fromiter(map(pieces.__getitem__, words), dtype=np.uint64,
+                                 count=len(words))
+            flat8 = np.frombuffer(b"".join(words), dtype=np.uint8)
+        self.n_pieces = int(lens.size)
         self.stats = {"rounds": 0, "steps_recorded": 0, "compactions": 0, "key_growths": 0}
-        if not words:
+        self.profile: dict = {}  # kernel -> [gpu seconds, dispatches]
+        self.profiled_rounds = 0
+        self.profiled_steps = 0
+        if not self.n_pieces:
             return
-        lens = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
-        counts = np.fromiter((pieces[w] for w in words), dtype=np.uint64, count=len(words))
         self.n_positions = int(lens.sum())
         self.longest = int(lens.max())
-        flat = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.uint32)
-        table = np.empty((len(words), 4), dtype=np.uint32)
+        flat = flat8.astype(np.uint32)
+        table = np.empty((self.n_pieces, 4), dtype=np.uint32)
         table[:, 0] = np.concatenate([[0], np.cumsum(lens)[:-1]])
         table[:, 1] = lens
         table[:, 2] = (counts & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         table[:, 3] = (counts >> np.uint64(32)).astype(np.uint32)
-        piece_of = np.repeat(np.arange(len(words), dtype=np.uint32), lens)
+        piece_of = np.repeat(np.arange(self.n_pieces, dtype=np.uint32), lens)
 
+        # Every per-piece buffer and the pair table's first size are checked before the first
+        # allocation (the largest per piece: the resume cursors, 32 bytes).
         self._check_fits("the corpus's unique pieces", self.n_positions * 4)
-        self._check_fits("the piece table", len(words) * 16)
+        self._check_fits("the piece table", self.n_pieces * 16)
+        self._check_fits("the rewrite cursors", self.n_pieces * 32)
+        room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
+        self._check_fits("the pair table", _next_pow2(2 * (N_BYTE_PAIRS + room)) * 4)
         self.sets = [_PieceSet(tokens=device.upload(flat, "bpe tokens"),
                                piece_of=device.upload(piece_of, "bpe piece_of"),
                                pieces=device.upload(table, "bpe pieces"),
-                               stamps=device.zeros(len(words), np.uint32, "bpe stamps"))]
+                               stamps=device.zeros(self.n_pieces, np.uint32, "bpe stamps"))]
         self.current = 0
-        self.resume = device.zeros((2 * len(words), 4), np.uint32, "bpe resume cursors")
-        self.moved = device.zeros((len(words), 2), np.uint32, "bpe compaction moves")
+        self.resume = device.zeros((2 * self.n_pieces, 4), np.uint32, "bpe resume cursors")
+        self.moved = device.zeros((self.n_pieces, 2), np.uint32, "bpe compaction moves")
         budget = self.opt.work_budget
         if budget is None and device.info.is_software:
             budget = 12_000
@@ -126,7 +161,6 @@ class GpuTrainer:
         else:  # ~8 iterations per position covers the usual lookups; waiting steps do the rest
             self.continue_passes = min(4, max(1, -(-8 * self.longest // self.budget) - 1))
 
-        room = self.opt.key_room if self.opt.key_room is not None else 4 * n_tokens + 4096
         self._alloc_keys(N_BYTE_PAIRS + room)
         byte_pairs = np.stack([np.arange(N_BYTE_PAIRS) >> 8, np.arange(N_BYTE_PAIRS) & 255],
                               axis=1).astype(np.uint32)
@@ -139,10 +173,6 @@ class GpuTrainer:
         tok_len[:N_BYTES] = 1
         self.tok_len = device.upload(tok_len, "bpe token lengths")
         self.merges = device.zeros((self.n_merges, 4), np.uint32, "bpe merges")
-        self.find_args = device.buffer(16, np.uint32, (4,), "bpe find_and_merge grid",
-                                       usage=INDIRECT_STORAGE)
-        self.register_args = device.buffer(16, np.uint32, (4,), "bpe register_pairs grid",
-                                           usage=INDIRECT_STORAGE)
         self.current_merge = device.zeros(16, np.uint32, "bpe current merge")
         state = np.zeros(S_WORDS, np.uint32)
         state[S_STATUS] = ST_RUNNING
@@ -150,7 +180,7 @@ class GpuTrainer:
         state[S_TARGET] = n_tokens
         state[S_NUM_KEYS] = N_BYTE_PAIRS
         state[S_KEY_CAP] = self.key_cap
-        state[S_N_PIECES] = len(words)
+        state[S_N_PIECES] = self.n_pieces
         state[S_N_POSITIONS] = self.n_positions
         state[S_LIVE] = self.n_positions
         state[S_CAP] = NO_CAP if max_token_bytes is None else max_token_bytes
@@ -160,20 +190,24 @@ class GpuTrainer:
         self._staging_free: list = []
         self.k = {name: device.kernel(FILE, name) for name in
                   ("count_pairs", "select_partial", "select_final", "find_and_merge",
-                   "register_pairs", "rehash", "compact", "compact_tokens", "compact_finish")}
+                   "rehash", "compact", "compact_tokens", "compact_finish")}
         self.k["continue_merge"] = device.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
         self._bind()
+        self.phases["init"] = time.perf_counter() - t_init
 
     # ---- buffers ---------------------------------------------------------------------------
 
     def _check_fits(self, what: str, nbytes: int) -> None:
         limit = min(self.dev.limits.get("max-storage-buffer-binding-size", 128 << 20),
                     self.dev.limits.get("max-buffer-size", 256 << 20))
+        if self.opt.buffer_limit is not None:
+            limit = min(limit, int(self.opt.buffer_limit))
         if nbytes > limit:
             raise TrainingError(
-                f"{what} need {nbytes / 2**20:.0f} MiB in one buffer, more than this device "
-                f"allows ({limit / 2**20:.0f} MiB on {self.dev.name}); use a GPU with larger "
-                "buffers, or fewer unique pieces (less or less varied text)")
+                f"{what} need {nbytes / 2**20:,.1f} MiB in one buffer, more than this device "
+                f"allows ({limit / 2**20:,.1f} MiB on {self.dev.name}; {self.n_pieces:,} "
+                "unique pieces of two or more bytes); use a GPU with larger buffers, or fewer "
+                "unique pieces (less or less varied text)")
 
     def _alloc_keys(self, key_cap: int) -> None:
         self.key_cap = key_cap
@@ -191,17 +225,15 @@ class GpuTrainer:
         k = self.k
         merge_resources = [s.piece_of, self.slots, self.keys, self.tok_len, self.current_merge,
                            s.tokens, s.pieces, s.stamps, self.resume, self.counts, self.step,
-                           self.new_codes, self.state, self.register_args]
+                           self.new_codes, self.state]
         self.groups = {
             "select_partial": k["select_partial"].bind_group(
-                [self.keys, self.counts, self.state, self.partials]),
+                [self.new_codes, self.keys, self.counts, self.step, self.slots, self.state,
+                 self.partials]),
             "select_final": k["select_final"].bind_group(
-                [self.partials, self.tok_len, self.merges, self.state, self.find_args,
-                 self.register_args, self.current_merge]),
+                [self.partials, self.tok_len, self.merges, self.state, self.current_merge]),
             "find_and_merge": k["find_and_merge"].bind_group(merge_resources),
             "continue_merge": k["continue_merge"].bind_group(merge_resources),
-            "register_pairs": k["register_pairs"].bind_group(
-                [self.new_codes, self.keys, self.counts, self.step, self.slots, self.state]),
         }
 
     def _other_set(self) -> _PieceSet:
@@ -240,30 +272,60 @@ class GpuTrainer:
         self._bind()
         self.stats["compactions"] += 1
 
-    def _record_steps(self, rec, steps: int, pieces_bound: int) -> None:
+    def _record_steps(self, rec, steps: int, pieces_bound: int, positions_bound: int) -> None:
         g = self.groups
         k = self.k
-        select_groups = -(-self.key_cap // SELECT_ITEMS)
+        select_groups = -(-self.key_cap // SELECT_ITEMS)  # = partials rows (select_final)
+        find_groups = max(1, -(-positions_bound // WG))
+        if self.opt.find_groups:
+            find_groups = min(find_groups, max(1, int(self.opt.find_groups)))
         continue_groups = max(1, -(-pieces_bound // WG))
         for _ in range(steps):
             rec.dispatch(k["select_partial"], g["select_partial"], select_groups)
             rec.dispatch(k["select_final"], g["select_final"], 1)
-            rec.dispatch_indirect(k["find_and_merge"], g["find_and_merge"], self.find_args)
+            rec.dispatch(k["find_and_merge"], g["find_and_merge"], find_groups)
             for _ in range(self.continue_passes):
-                rec.dispatch(k["continue_merge"], g["continue_merge"], continue_groups)
-            rec.dispatch_indirect(k["register_pairs"], g["register_pairs"], self.register_args)
+                rec.dispatch(k["continue_merge"], g["continue_merge"], continue_groups,
+                             label="continue_merge")
         self.stats["steps_recorded"] += steps
 
+    def _profile_now(self) -> bool:
+        """Whether the next round is one of the GPU-timed samples (spread over the run)."""
+        if not self.opt.profile or self.profiled_rounds >= self.opt.profile_rounds:
+            return False
+        r = self.stats["rounds"]
+        return r >= 1 and r & (r - 1) == 0  # rounds 1, 2, 4, 8, ...: early and late merges
+
     def _submit_round(self, steps: int, compact: bool, pieces_bound: int,
-                      positions_bound: int):
+                      positions_bound: int, live: int):
+        """Record and submit one round (after a compaction, if asked: `live` tokens then are
+        the positions the steps scan); returns (staging buffer of its state, steps)."""
         staging = self._staging()
-        with self.dev.record("bpe merges") as rec:
-            if compact:
-                self._record_compaction(rec, pieces_bound, positions_bound)
-            self._record_steps(rec, steps, pieces_bound)
-            rec.copy(self.state, staging, S_WORDS * 4)
+        timed = self._profile_now()
+        if timed:  # a timed recording: one pass per dispatch, at most 2048 of them
+            steps = min(steps, 2000 // (3 + self.continue_passes) - 4)
+        t0 = time.perf_counter()
+        rec = self.dev.record("bpe merges", timing=timed)
+        if compact:
+            self._record_compaction(rec, pieces_bound, positions_bound)
+            positions_bound = live
+        self._record_steps(rec, steps, pieces_bound, positions_bound)
+        rec.copy(self.state, staging, S_WORDS * 4)
+        t1 = time.perf_counter()
+        rec.submit()
+        t2 = time.perf_counter()
+        if timed:
+            for label, seconds in rec.gpu_times:
+                entry = self.profile.setdefault(label, [0.0, 0])
+                entry[0] += seconds
+                entry[1] += 1
+            self.profiled_rounds += 1
+            self.profiled_steps += steps
+        else:
+            self.phases["record"] += t1 - t0
+            self.phases["submit"] += t2 - t1
         self.stats["rounds"] += 1
-        return staging
+        return staging, steps
 
     def _grow_keys(self, snap: np.ndarray) -> None:
         """More room in the key list: copy keys and counts over, rebuild the hash table."""
@@ -297,9 +359,11 @@ class GpuTrainer:
         with self.dev.record("bpe count pairs") as rec:
             rec.dispatch(self.k["count_pairs"], [s.tokens, s.piece_of, s.pieces, self.state,
                                                  self.counts], max(1, -(-self.n_positions // WG)))
+        self.phases["setup"] += time.perf_counter() - start
         steps = self.opt.round_merges
         inflight: deque = deque()  # (staging, steps) of submitted rounds, oldest first
         snap = np.zeros(S_WORDS, np.uint32)  # the state after the last round read back
+        snap[S_LIVE] = self.n_positions
         pieces_bound, positions_bound = self.n_pieces, self.n_positions
         want_compact = False
         last_time = time.perf_counter()
@@ -315,12 +379,17 @@ class GpuTrainer:
                 compact = want_compact and not snap[S_PENDING]
                 want_compact &= not compact
                 n = min(steps, remaining) if remaining > 0 else 4
-                inflight.append((self._submit_round(n, compact, pieces_bound, positions_bound),
-                                 n))
+                inflight.append(self._submit_round(n, compact, pieces_bound, positions_bound,
+                                                   int(snap[S_LIVE])))
+                if compact:
+                    positions_bound = min(positions_bound, int(snap[S_LIVE]))
             if not inflight:
                 break
             staging, n = inflight.popleft()
+            t_wait = time.perf_counter()
             snap = self._read_staging(staging)
+            t_read = time.perf_counter()
+            self.phases["wait"] += t_read - t_wait
             if snap[S_ERRORS]:
                 raise RuntimeError("GPU trainer internal error: " + "; ".join(
                     why for bit, why in ERRORS.items() if snap[S_ERRORS] & bit))
@@ -346,7 +415,9 @@ class GpuTrainer:
             live, positions = int(snap[S_LIVE]), int(snap[S_N_POSITIONS])
             if positions and live < self.opt.compact_below * positions:
                 want_compact = True
+            self.phases["between_rounds"] += time.perf_counter() - t_read
 
+        t_end = time.perf_counter()
         final = self.dev.download(self.state)
         done = int(final[S_MERGES])
         if int(final[S_STATUS]) == ST_EXHAUSTED or done < self.n_merges:
@@ -355,10 +426,24 @@ class GpuTrainer:
         merges = [Merge(int(a), int(b), N_BYTES + i, int(lo) | (int(hi) << 32))
                   for i, (a, b, lo, hi) in enumerate(raw[:done])]
         seconds = time.perf_counter() - start
+        self.phases["download"] += time.perf_counter() - t_end
         details = dict(self.stats, merges_per_second=done / seconds if seconds else 0.0,
-                       device=self.dev.name)
+                       device=self.dev.name, dispatches_per_merge=3 + self.continue_passes,
+                       phases={k: round(v, 4) for k, v in self.phases.items()})
+        if self.profile:
+            details["gpu_profile"] = self._profile_summary()
         return TrainingResult(merges=merges, tokens=tokens_from_merges(merges),
                               pieces=self.n_pieces, seconds=seconds, details=details)
+
+    def _profile_summary(self) -> dict:
+        """GPU microseconds per merge step of each kernel, from the sampled rounds."""
+        steps = max(1, self.profiled_steps)
+        kernels = {label: {"us_per_step": round(1e6 * total / steps, 3),
+                           "us_per_dispatch": round(1e6 * total / max(1, count), 3)}
+                   for label, (total, count) in self.profile.items()}
+        return {"rounds": self.profiled_rounds, "steps": self.profiled_steps,
+                "kernels": kernels,
+                "us_per_step": round(1e6 * sum(t for t, _ in self.profile.values()) / steps, 3)}
 
 
 def train(pieces: dict, n_tokens: int, max_token_bytes: int | None = None,

@@ -22,29 +22,27 @@
 //   state[]          the loop's scalars (S_* below)
 //   current[]        what find_and_merge needs of the merge being applied (C_* below), a
 //                    plain read-only copy written by select_final: no atomics per position
-//   find_args, register_args   indirect dispatch sizes (x, y, z) of find_and_merge and
-//                    register_pairs (two buffers: a dispatch may not write its own)
 //
-// One merge is four dispatches, recorded many times per submit (no host round trip):
-//   select_partial   best pair of each block of SELECT_ITEMS keys     [ceil(key_cap / 4096)]
-//   select_final     best of the blocks; records the merge, sizes the next two dispatches [1]
+// One merge is three dispatches, recorded many times per submit (no host round trip, no
+// indirect dispatch: wgpu validates each indirect dispatch with a dispatch of its own):
+//   select_partial   makes the previous merge's new pairs keys, then the best pair of each
+//                    block of SELECT_ITEMS keys and of those new pairs [ceil(key_cap / 1024)]
+//   select_final     best of the blocks; records the merge in state and current   [1]
 //   find_and_merge   one invocation per position; the first to see the pair in a piece claims
 //                    the piece and rewrites it, subtracting the pairs it destroys and adding
-//                    the ones it creates                                [indirect: find_args]
+//                    the ones it creates (to the step table)  [ceil(positions / 256), host-sized]
 //                    (on software devices also a few CONTINUE passes: see its work budget)
-//   register_pairs   the new pairs (all hold the new token) become keys [indirect: register_args]
 // and, outside the merge loop: count_pairs (initial byte-pair counts), compact,
 // compact_tokens and compact_finish (drop pieces that became a single token), rehash (after
 // the key list grew).
-// A status other than RUNNING makes select_final size the next dispatches to zero, so steps
+// A status other than RUNNING makes select_final leave current[C_ACTIVE] = 0, so steps
 // recorded past the end (or past a pause for more key room) do nothing.
 //
 // Bindings (group 0) per kernel: read-only inputs, then read_write outputs; no uniforms (the
 // scalars live in `state`, which kernels update on the device).
 
 const WG: u32 = 256u;
-const SELECT_ITEMS: u32 = 4096u;  // keys per select_partial workgroup
-const MAX_GROUPS: u32 = 65535u;
+const SELECT_ITEMS: u32 = 1024u;  // keys per select_partial workgroup (4 per invocation)
 const EMPTY: u32 = 0xffffffffu;
 const NO_CAP: u32 = 0xffffffffu;
 
@@ -83,6 +81,7 @@ const C_BUDGET: u32 = 5u;
 const C_N_POSITIONS: u32 = 6u;
 const C_HASH_MASK: u32 = 7u;
 const C_N_PIECES: u32 = 8u;
+const C_ACTIVE: u32 = 9u;        // 1: a merge was recorded this step; 0: find_and_merge does nothing
 
 const ST_RUNNING: u32 = 0u;
 const ST_DONE: u32 = 1u;
@@ -134,13 +133,6 @@ fn subgroup_best(v: Best) -> Best {
     return Best(hi, lo, a, b);
 }
 
-// Workgroup counts (x, y, 1) for `groups` workgroups, folded like engine.fold_grid.
-fn folded(groups: u32) -> vec3<u32> {
-    if (groups <= MAX_GROUPS) { return vec3<u32>(groups, 1u, 1u); }
-    let rows = ceil_div(groups, MAX_GROUPS);
-    return vec3<u32>(ceil_div(groups, rows), rows, 1u);
-}
-
 // --- KERNEL: count_pairs ---
 // Initial counts: every position i whose pair (tokens[i], tokens[i+1]) lies inside one piece
 // adds the piece's count to byte pair tokens[i]*256 + tokens[i+1]. Tokens are bytes here.
@@ -165,14 +157,39 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // --- KERNEL: select_partial ---
-// partials[g] = the best pair among keys [g*4096, (g+1)*4096) with a count above zero.
-// Dispatch: ceil(key_cap / 4096) workgroups of 256 (blocks past num_keys do nothing).
-@group(0) @binding(0) var<storage, read> keys: array<vec2<u32>>;
-@group(0) @binding(1) var<storage, read> counts: array<u32>;
-@group(0) @binding(2) var<storage, read> state: array<u32>;
-@group(0) @binding(3) var<storage, read_write> partials: array<vec4<u32>>;
+// partials[g] = the best pair among keys [g*1024, (g+1)*1024) with a count above zero, and
+// among the new pairs of the previous merge, which this dispatch also makes keys (what a
+// separate register_pairs dispatch did: one dispatch less per merge). Each code listed in
+// new_codes becomes key num_keys + j (j its place in the list): its pair, its count from
+// the step table (cleared for the next merge) and a hash table entry. The block scan reads
+// only keys below num_keys, so it never meets a key being written; select_final adds the
+// registered codes to num_keys. Nothing registers while a merge is still pending (software
+// continuation passes): its list is not complete.
+// Dispatch: ceil(key_cap / 1024) workgroups of 256 (every one writes its partial; the new
+// codes are spread over all of them, grid-stride).
+@group(0) @binding(0) var<storage, read> new_codes: array<u32>;
+@group(0) @binding(1) var<storage, read_write> keys: array<vec2<u32>>;
+@group(0) @binding(2) var<storage, read_write> counts: array<u32>;
+@group(0) @binding(3) var<storage, read_write> step: array<atomic<u32>>;
+@group(0) @binding(4) var<storage, read_write> slots: array<atomic<u32>>;
+@group(0) @binding(5) var<storage, read_write> state: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> partials: array<vec4<u32>>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
+var<workgroup> st: array<u32, S_WORDS>;  // the state words, one parallel load (select_final)
+
+fn insert_key(k: u32, a: u32, b: u32, mask: u32) {
+    var h = pair_hash(a, b) & mask;
+    for (var probe = 0u; probe <= mask; probe++) {
+        loop {  // a weak compare-exchange may fail spuriously on an empty slot: retry it
+            let got = atomicCompareExchangeWeak(&slots[h], 0u, k + 1u);
+            if (got.exchanged) { return; }
+            if (got.old_value != 0u) { break; }
+        }
+        h = (h + 1u) & mask;
+    }
+    atomicOr(&state[S_ERRORS], ERR_TABLE_FULL);
+}
 
 @compute @workgroup_size(256)
 fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -180,13 +197,40 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
                   @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
                   @builtin(num_subgroups) num_sg: u32) {
     let block = workgroup_index(wg, nwg);
-    let n = state[S_NUM_KEYS];
-    let base = block * SELECT_ITEMS;
+    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
+    workgroupBarrier();
+    let n_keys = st[S_NUM_KEYS];
+    let settled = st[S_PENDING] == 0u;
     var best = no_best();
-    if (state[S_STATUS] == ST_RUNNING && base < n) {
+    if (settled) {
+        let total = st[S_NEW_CODES];
+        let n = st[S_N];
+        let mask = st[S_HASH_MASK];
+        let stride = nwg.x * nwg.y * WG;
+        for (var j = block * WG + lid; j < total; j += stride) {
+            let code = new_codes[j];
+            var a = n;
+            var b = n;
+            if ((code & 1u) == 0u) { a = code >> 1u; } else { b = code >> 1u; }
+            let lo = atomicLoad(&step[3u * code]);
+            let hi = atomicLoad(&step[3u * code + 1u]);
+            atomicStore(&step[3u * code], 0u);
+            atomicStore(&step[3u * code + 1u], 0u);
+            atomicStore(&step[3u * code + 2u], 0u);
+            let k = n_keys + j;
+            keys[k] = vec2<u32>(a, b);
+            counts[2u * k] = lo;
+            counts[2u * k + 1u] = hi;
+            insert_key(k, a, b, mask);
+            let c = Best(hi, lo, a, b);
+            if ((lo | hi) != 0u && better(c, best)) { best = c; }
+        }
+    }
+    let base = block * SELECT_ITEMS;
+    if (settled && st[S_STATUS] == ST_RUNNING && base < n_keys) {
         for (var j = lid; j < SELECT_ITEMS; j += WG) {
             let k = base + j;
-            if (k < n) {
+            if (k < n_keys) {
                 let lo = counts[2u * k];
                 let hi = counts[2u * k + 1u];
                 if ((lo | hi) != 0u) {
@@ -200,7 +244,7 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     let r = subgroup_best(best);
     if (lane == 0u) { sg_best[sg_id] = vec4<u32>(r.hi, r.lo, r.a, r.b); }
     workgroupBarrier();
-    if (lid == 0u && base < n) {
+    if (lid == 0u) {
         var w = no_best();
         for (var s = 0u; s < num_sg; s++) {
             let v = sg_best[s];
@@ -213,23 +257,27 @@ fn select_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
 
 // --- KERNEL: select_final ---
 // The best of the partials becomes merge number state[S_MERGES] (or the corpus is exhausted,
-// or the key list needs room first); sizes find_and_merge and register_pairs.
+// or the key list needs room first); current[] tells find_and_merge what to apply
+// (C_ACTIVE = 0: nothing this step).
 // Dispatch: 1 workgroup of 256.
 @group(0) @binding(0) var<storage, read> partials: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> tok_len: array<u32>;
 @group(0) @binding(2) var<storage, read_write> merges: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> find_args: array<u32>;
-@group(0) @binding(5) var<storage, read_write> register_args: array<u32>;
-@group(0) @binding(6) var<storage, read_write> current: array<u32>;
+@group(0) @binding(4) var<storage, read_write> current: array<u32>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
+// The state words, loaded by S_WORDS invocations at once: the deciding invocation then makes
+// one round trip to memory instead of a dozen dependent atomic loads (this kernel is on the
+// critical path of every merge).
+var<workgroup> st: array<u32, S_WORDS>;
 
 @compute @workgroup_size(256)
 fn select_final(@builtin(local_invocation_index) lid: u32,
                 @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
                 @builtin(num_subgroups) num_sg: u32) {
-    let blocks = ceil_div(atomicLoad(&state[S_NUM_KEYS]), SELECT_ITEMS);
+    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
+    let blocks = ceil_div(atomicLoad(&state[S_KEY_CAP]), SELECT_ITEMS);  // = select_partial's grid
     var best = no_best();
     for (var i = lid; i < blocks; i += WG) {
         let v = partials[i];
@@ -240,37 +288,35 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     if (lane == 0u) { sg_best[sg_id] = vec4<u32>(r0.hi, r0.lo, r0.a, r0.b); }
     workgroupBarrier();
     if (lid != 0u) { return; }
+    // Nothing runs this step unless a merge is recorded below.
+    current[C_ACTIVE] = 0u;
     // The last merge is still being applied (continuation passes): leave everything as it is.
-    if (atomicLoad(&state[S_PENDING]) != 0u) { return; }
+    if (st[S_PENDING] != 0u) { return; }
     var r = no_best();
     for (var s = 0u; s < num_sg; s++) {
         let v = sg_best[s];
         let c = Best(v.x, v.y, v.z, v.w);
         if ((c.hi | c.lo) != 0u && better(c, r)) { r = c; }
     }
-    // Nothing runs this step unless a merge is recorded below.
-    find_args[0] = 0u;
-    find_args[1] = 1u;
-    find_args[2] = 1u;
-    register_args[0] = 0u;
-    register_args[1] = 1u;
-    register_args[2] = 1u;
+    // select_partial made the previous merge's new pairs keys num_keys.. num_keys + codes - 1
+    let n_keys = st[S_NUM_KEYS] + st[S_NEW_CODES];
     atomicStore(&state[S_NEW_CODES], 0u);
-    if (atomicLoad(&state[S_STATUS]) != ST_RUNNING) { return; }
+    atomicStore(&state[S_NUM_KEYS], n_keys);
+    if (st[S_STATUS] != ST_RUNNING) { return; }
     if ((r.hi | r.lo) == 0u) {
         atomicStore(&state[S_STATUS], ST_EXHAUSTED);
         return;
     }
-    let n = atomicLoad(&state[S_NEXT_ID]);
+    let n = st[S_NEXT_ID];
     // Room for this merge's new keys: at most one per code (2n + 1 of them) and at most two
     // per occurrence (occurrences <= count).
     var room = 2u * n + 1u;
     if (r.hi == 0u && r.lo < 0x7fffffffu) { room = min(room, 2u * r.lo); }
-    if (atomicLoad(&state[S_NUM_KEYS]) + room > atomicLoad(&state[S_KEY_CAP])) {
+    if (n_keys + room > st[S_KEY_CAP]) {
         atomicStore(&state[S_STATUS], ST_PAUSED_KEYS);
         return;
     }
-    let m = atomicLoad(&state[S_MERGES]);
+    let m = st[S_MERGES];
     merges[m] = vec4<u32>(r.a, r.b, r.lo, r.hi);
     tok_len[n] = tok_len[r.a] + tok_len[r.b];
     atomicStore(&state[S_A], r.a);
@@ -279,20 +325,17 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
     atomicStore(&state[S_STAMP], m + 1u);
     atomicStore(&state[S_MERGES], m + 1u);
     atomicStore(&state[S_NEXT_ID], n + 1u);
-    if (n + 1u >= atomicLoad(&state[S_TARGET])) { atomicStore(&state[S_STATUS], ST_DONE); }
-    let positions = atomicLoad(&state[S_N_POSITIONS]);
+    if (n + 1u >= st[S_TARGET]) { atomicStore(&state[S_STATUS], ST_DONE); }
     current[C_A] = r.a;
     current[C_B] = r.b;
     current[C_N] = n;
     current[C_STAMP] = m + 1u;
-    current[C_CAP] = atomicLoad(&state[S_CAP]);
-    current[C_BUDGET] = atomicLoad(&state[S_BUDGET]);
-    current[C_N_POSITIONS] = positions;
-    current[C_HASH_MASK] = atomicLoad(&state[S_HASH_MASK]);
-    current[C_N_PIECES] = atomicLoad(&state[S_N_PIECES]);
-    let grid = folded(ceil_div(positions, WG));
-    find_args[0] = grid.x;
-    find_args[1] = grid.y;
+    current[C_CAP] = st[S_CAP];
+    current[C_BUDGET] = st[S_BUDGET];
+    current[C_N_POSITIONS] = st[S_N_POSITIONS];
+    current[C_HASH_MASK] = st[S_HASH_MASK];
+    current[C_N_PIECES] = st[S_N_PIECES];
+    current[C_ACTIVE] = 1u;
 }
 
 // --- KERNEL: find_and_merge ---
@@ -311,9 +354,10 @@ fn select_final(@builtin(local_invocation_index) lid: u32,
 // stops after `budget` loop iterations, saves its cursor in resume[2p..2p+1] and counts the
 // piece in state[S_PENDING]; the same entry point compiled with CONTINUE = true (one
 // invocation per piece) resumes such pieces. While any piece is pending, select_final and
-// register_pairs wait (do nothing), so extra steps simply finish the merge first.
-// Dispatch: indirect (find_args), ceil(n_positions / 256) workgroups of 256 (folded into
-// 2-D); with CONTINUE: ceil(pieces / 256) workgroups.
+// select_partial's registration wait (do nothing), so extra steps simply finish the merge first.
+// Dispatch: ceil(n_positions / 256) workgroups of 256 as the host last knew n_positions (a
+// bound: compaction only shrinks it; folded into 2-D), or fewer (grid-stride); with
+// CONTINUE: ceil(pieces / 256).
 override CONTINUE: bool = false;
 
 @group(0) @binding(0) var<storage, read> piece_of: array<u32>;
@@ -329,7 +373,6 @@ override CONTINUE: bool = false;
 @group(0) @binding(10) var<storage, read_write> step: array<atomic<u32>>;
 @group(0) @binding(11) var<storage, read_write> new_codes: array<u32>;
 @group(0) @binding(12) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(13) var<storage, read_write> register_args: array<atomic<u32>>;
 
 var<private> work: u32;  // loop iterations so far (entering a loop counts one)
 
@@ -385,9 +428,7 @@ fn gain_new_pair(a: u32, b: u32, n: u32, lo: u32, hi: u32, cap: u32) {
     let carry = select(0u, 1u, old + lo < old);
     if (hi + carry != 0u) { atomicAdd(&step[3u * code + 1u], hi + carry); }
     if (atomicExchange(&step[3u * code + 2u], 1u) == 0u) {
-        let j = atomicAdd(&state[S_NEW_CODES], 1u);
-        new_codes[j] = code;
-        if (j % WG == 0u && j / WG < MAX_GROUPS) { atomicAdd(&register_args[0], 1u); }
+        new_codes[atomicAdd(&state[S_NEW_CODES], 1u)] = code;
     }
 }
 
@@ -465,64 +506,20 @@ fn find_and_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
         settle(i, pc, c, true);
         return;
     }
-    if (i + 1u >= current[C_N_POSITIONS]) { return; }
-    if (tokens[i] != a || tokens[i + 1u] != b) { return; }
-    let p = piece_of[i];
-    let pc = pieces[p];
-    if (i + 1u >= pc.x + pc.y) { return; }  // straddles two pieces, or a stale tail
-    let stamp = current[C_STAMP];
-    if (atomicMax(&stamps[p], stamp) >= stamp) { return; }  // another invocation owns it
-    let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
-    settle(p, pc, c, false);
-}
-
-// --- KERNEL: register_pairs ---
-// Each code listed by find_and_merge becomes a key: its pair, its count from the step table
-// (which is cleared for the next merge), and a hash table entry.
-// Dispatch: indirect, ceil(codes / 256) workgroups of 256 (capped at 65535; grid-stride).
-@group(0) @binding(0) var<storage, read> new_codes: array<u32>;
-@group(0) @binding(1) var<storage, read_write> keys: array<vec2<u32>>;
-@group(0) @binding(2) var<storage, read_write> counts: array<atomic<u32>>;
-@group(0) @binding(3) var<storage, read_write> step: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> slots: array<atomic<u32>>;
-@group(0) @binding(5) var<storage, read_write> state: array<atomic<u32>>;
-
-fn insert_key(k: u32, a: u32, b: u32) {
-    let mask = atomicLoad(&state[S_HASH_MASK]);
-    var h = pair_hash(a, b) & mask;
-    for (var probe = 0u; probe <= mask; probe++) {
-        loop {  // a weak compare-exchange may fail spuriously on an empty slot: retry it
-            let got = atomicCompareExchangeWeak(&slots[h], 0u, k + 1u);
-            if (got.exchanged) { return; }
-            if (got.old_value != 0u) { break; }
-        }
-        h = (h + 1u) & mask;
-    }
-    atomicOr(&state[S_ERRORS], ERR_TABLE_FULL);
-}
-
-@compute @workgroup_size(256)
-fn register_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    if (atomicLoad(&state[S_PENDING]) != 0u) { return; }  // the merge is not fully applied yet
-    let total = atomicLoad(&state[S_NEW_CODES]);
-    let n = atomicLoad(&state[S_N]);
+    if (current[C_ACTIVE] == 0u) { return; }
+    // Positions i, i + stride, ...: one each when the grid covers them all (software devices,
+    // and the default), several when the host caps the grid (TrainerOptions.find_groups).
+    let limit = current[C_N_POSITIONS];
     let stride = nwg.x * nwg.y * WG;
-    for (var j = workgroup_index(wg, nwg) * WG + lid; j < total; j += stride) {
-        let code = new_codes[j];
-        var a = n;
-        var b = n;
-        if ((code & 1u) == 0u) { a = code >> 1u; } else { b = code >> 1u; }
-        let lo = atomicLoad(&step[3u * code]);
-        let hi = atomicLoad(&step[3u * code + 1u]);
-        atomicStore(&step[3u * code], 0u);
-        atomicStore(&step[3u * code + 1u], 0u);
-        atomicStore(&step[3u * code + 2u], 0u);
-        let k = atomicAdd(&state[S_NUM_KEYS], 1u);
-        keys[k] = vec2<u32>(a, b);
-        atomicStore(&counts[2u * k], lo);
-        atomicStore(&counts[2u * k + 1u], hi);
-        insert_key(k, a, b);
+    let stamp = current[C_STAMP];
+    for (var at = i; at + 1u < limit; at += stride) {
+        if (tokens[at] != a || tokens[at + 1u] != b) { continue; }
+        let p = piece_of[at];
+        let pc = pieces[p];
+        if (at + 1u >= pc.x + pc.y) { continue; }  // straddles two pieces, or a stale tail
+        if (atomicMax(&stamps[p], stamp) >= stamp) { continue; }  // another invocation owns it
+        let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), a, b, n, cap, budget);
+        settle(p, pc, c, false);
     }
 }
 

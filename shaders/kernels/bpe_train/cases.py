@@ -1,5 +1,6 @@
 """Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact;
-and for piece_count.wgsl (the corpus's unique pieces, counted on the device).
+for piece_count.wgsl (one chunk's unique pieces, counted on the device) and piece_store.wgsl
+(the corpus's unique pieces, kept on the device from chunk to chunk).
 
 Each case builds the device state the kernel expects (the layout of
 tokenizer_svc/training/gpu_trainer.py), runs it, and compares exactly against a slow numpy /
@@ -18,12 +19,12 @@ import numpy as np
 from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
                         dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
-                        piece_counts)
+                        piece_counts, piece_store_reference)
 
 from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
-    S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
+    S_N_PIECES, S_N_POSITIONS, S_NEW_CODES, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
     SELECT_ITEMS, WG)
 
 STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
@@ -51,13 +52,6 @@ def split64(values) -> tuple[np.ndarray, np.ndarray]:
 
 def join64(lo, hi) -> np.ndarray:
     return np.asarray(lo, np.uint64) | (np.asarray(hi, np.uint64) << np.uint64(32))
-
-
-def folded(groups: int) -> tuple[int, int, int]:
-    if groups <= 65535:
-        return (groups, 1, 1)
-    rows = -(-groups // 65535)
-    return (-(-groups // rows), rows, 1)
 
 
 def _piece_arrays(pieces: list, counts) -> dict:
@@ -148,7 +142,10 @@ register(KernelCase(
 
 # ---- best pair: select_partial + select_final ---------------------------------------------
 
-BEST_SIZES = {"random": 20_000, "ties": 9000, "one": 70_000, "bench": 4_000_000}
+BEST_SIZES = {"random": 20_000, "ties": 9000, "one": 70_000, "new": 20_000, "bench": 4_000_000}
+# "new": the previous merge's new pairs wait in the step table (select_partial makes them
+# keys in the same dispatch); the best pair is among them, tied with an older key
+NEW_N = 50_000  # the previous merge's token in the "new" variant
 
 
 def _best_inputs(rng, variant):
@@ -165,32 +162,75 @@ def _best_inputs(rng, variant):
         counts = rng.integers(0, 1 << 40, len(keys)).astype(np.uint64)
         counts[rng.integers(len(keys), size=20)] = counts.max()  # ties at the top
         counts[rng.integers(len(keys), size=len(keys) // 3)] = 0
-    return {"keys": keys, "counts": counts}
+    inp = {"keys": keys, "counts": counts, "codes": np.zeros(0, np.uint32),
+           "code_counts": np.zeros(0, np.uint64)}
+    if variant == "new":  # codes 2x: (x, NEW_N); 2y + 1: (NEW_N, y); none is a key yet
+        codes = rng.choice(2 * NEW_N, size=3000, replace=False).astype(np.uint32)
+        code_counts = rng.integers(1, 1 << 40, codes.size).astype(np.uint64)
+        code_counts[rng.integers(codes.size, size=5)] = counts.max()  # ties with old keys
+        inp.update(codes=codes, code_counts=code_counts)
+    return inp
+
+
+def _best_with_new_pairs(inp):
+    """best_reference over the keys and the new pairs (what select_partial registers)."""
+    codes = inp["codes"].astype(np.int64)
+    pairs = np.where((codes & 1)[:, None] == 0,
+                     np.stack([codes >> 1, np.full_like(codes, NEW_N)], 1),
+                     np.stack([np.full_like(codes, NEW_N), codes >> 1], 1))
+    return best_reference({"keys": np.concatenate([inp["keys"].astype(np.int64), pairs]),
+                           "counts": np.concatenate([inp["counts"], inp["code_counts"]])})
 
 
 def _best_launch(dev, inp):
-    keys = inp["keys"]
+    keys, codes = inp["keys"], inp["codes"]
     n = len(keys)
+    key_cap = n + codes.size + 4 * 65536
     lo, hi = split64(inp["counts"])
     keep = _Pristine(dev)
-    k_buf = dev.upload(keys)
-    c_buf = dev.upload(np.stack([lo, hi], 1).reshape(-1))
-    partials = dev.zeros((-(-n // SELECT_ITEMS), 4), np.uint32)
+    all_keys = np.zeros((key_cap, 2), np.uint32)
+    all_keys[:n] = keys
+    all_counts = np.zeros((key_cap, 2), np.uint32)
+    all_counts[:n, 0], all_counts[:n, 1] = lo, hi
+    # only registration writes keys, counts, the step table and slots: restored per launch
+    # only when there are new pairs (the benchmark rung times the selection, not copies)
+    changed = keep.buffer if codes.size else (lambda array, label: dev.upload(array, label))
+    k_buf = changed(all_keys, "keys")
+    c_buf = changed(all_counts.reshape(-1), "counts")
+    step = np.zeros((2 * NEW_N + 2, 3), np.uint32)
+    step[codes, 0], step[codes, 1] = split64(inp["code_counts"])
+    step[codes, 2] = 1
+    step_buf = changed(step.reshape(-1), "step")
+    new_codes = dev.upload(np.concatenate([codes, np.zeros(1, np.uint32)]))
+    slots_n = 1 << int(2 * key_cap - 1).bit_length()
+    slots = changed(np.zeros(slots_n, np.uint32), "slots")
+    partials = dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32)
     tok_len = dev.upload(np.ones(65536, np.uint32))
     merges = dev.zeros((1, 4), np.uint32)
-    state = keep.buffer(_state(num_keys=n, key_cap=n + 4 * 65536, next_id=60_000,
-                               target=65_000), "state")
-    find_args = dev.zeros(4, np.uint32)
-    reg_args = dev.zeros(4, np.uint32)
+    state = _state(num_keys=n, key_cap=key_cap, next_id=60_000, target=65_000,
+                   hash_mask=slots_n - 1, n=NEW_N)
+    state[S_NEW_CODES] = codes.size
+    state = keep.buffer(state, "state")
     current = dev.zeros(16, np.uint32)
     k1, k2 = dev.kernel(FILE, "select_partial"), dev.kernel(FILE, "select_final")
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch(k1, [k_buf, c_buf, state, partials], -(-n // SELECT_ITEMS))
-        rec.dispatch(k2, [partials, tok_len, merges, state, find_args, reg_args, current], 1)
+        rec.dispatch(k1, [new_codes, k_buf, c_buf, step_buf, slots, state, partials],
+                     -(-key_cap // SELECT_ITEMS))
+        rec.dispatch(k2, [partials, tok_len, merges, state, current], 1)
 
     def read():
+        st = dev.download(state)
+        if st[S_NUM_KEYS] != n + codes.size or st[S_NEW_CODES] or st[S_ERRORS]:
+            raise RuntimeError(f"select_final left num_keys {st[S_NUM_KEYS]}, new codes "
+                               f"{st[S_NEW_CODES]}, errors {st[S_ERRORS]}; want {n + codes.size}, 0, 0")
+        got = dev.download(k_buf)[n:n + codes.size].astype(np.int64)
+        c = codes  # the registered keys, in new_codes order.astype(np.int64)
+        want = np.where((c & 1)[:, None] == 0, np.stack([c >> 1, np.full_like(c, NEW_N)], 1),
+                        np.stack([np.full_like(c, NEW_N), c >> 1], 1))
+        if (got != want).any() or dev.download(step_buf).any():
+            raise RuntimeError("select_partial registered the wrong keys or left the step table")
         m = dev.download(merges)[0]
         return {"merge": np.array([m[0], m[1], int(join64(m[2], m[3]))], np.int64)}
     return Launch(encode, read)
@@ -200,11 +240,12 @@ register(KernelCase(
     name="bpe_train_best_pair", family="bpe_train", precision="exact",
     description="highest 64-bit count, then lowest left id, then lowest right id",
     kernels=[(FILE, "select_partial"), (FILE, "select_final")], inputs=_best_inputs,
-    launch=_best_launch, reference=best_reference, variants=("random", "ties", "one"),
+    launch=_best_launch, reference=_best_with_new_pairs,
+    variants=("random", "ties", "one", "new"),
     bytes=lambda inp: len(inp["keys"]) * 8.0))
 
 
-# ---- merge: find_and_merge + register_pairs -------------------------------------------------
+# ---- merge: find_and_merge, then select_partial making the new pairs keys ------------------
 
 MERGE_SIZES = {"random": (2000, 10), "runs": (600, 30), "capped": (1500, 10),
                "budget": (300, 12), "bench": (200_000, 8)}
@@ -271,8 +312,8 @@ def _merge_launch(dev, inp):
     piece_of = dev.upload(arr["piece_of"])
     tok_len = dev.upload(inp["tok_len"])
     current = np.zeros(16, np.uint32)  # what select_final would have written (C_* words)
-    current[:9] = [inp["a"], inp["b"], inp["n"], 1, inp["cap"], inp["budget"], n_pos,
-                   slots_n - 1, n_pieces]
+    current[:10] = [inp["a"], inp["b"], inp["n"], 1, inp["cap"], inp["budget"], n_pos,
+                    slots_n - 1, n_pieces, 1]
     current = dev.upload(current)
     bufs = {"tokens": keep.buffer(arr["tokens"], "tokens"),
             "pieces": keep.buffer(arr["table"], "pieces"),
@@ -283,27 +324,21 @@ def _merge_launch(dev, inp):
             "step": keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
             "new_codes": keep.buffer(np.zeros(codes, np.uint32), "new codes"),
             "state": keep.buffer(state, "state")}
-    from shaders.engine import INDIRECT_STORAGE
-    find_args = dev.buffer(16, np.uint32, (4,), usage=INDIRECT_STORAGE)
-    reg_args = dev.buffer(16, np.uint32, (4,), usage=INDIRECT_STORAGE)
-    pristine_find = dev.upload(np.array(folded(max(1, -(-n_pos // WG))) + (0,), np.uint32))
-    pristine_reg = dev.upload(np.array([0, 1, 1, 0], np.uint32))
-    k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "register_pairs")
+    partials = dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32)
+    k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "select_partial")
     k_more = dev.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
     b = bufs
     merge_resources = [piece_of, b["slots"], b["keys"], tok_len, current, b["tokens"],
                        b["pieces"], b["stamps"], b["resume"], b["counts"], b["step"],
-                       b["new_codes"], b["state"], reg_args]
+                       b["new_codes"], b["state"]]
 
     def encode(rec):
         keep.restore(rec)
-        rec.copy(pristine_find, find_args, 16)
-        rec.copy(pristine_reg, reg_args, 16)
-        rec.dispatch_indirect(k_find, merge_resources, find_args)
+        rec.dispatch(k_find, merge_resources, max(1, -(-n_pos // WG)))
         for _ in range(inp["passes"]):
             rec.dispatch(k_more, merge_resources, -(-n_pieces // WG))
-        rec.dispatch_indirect(k_reg, [b["new_codes"], b["keys"], b["counts"], b["step"],
-                                      b["slots"], b["state"]], reg_args)
+        rec.dispatch(k_reg, [b["new_codes"], b["keys"], b["counts"], b["step"], b["slots"],
+                             b["state"], partials], -(-key_cap // SELECT_ITEMS))
 
     def read():
         st = dev.download(b["state"])
@@ -313,7 +348,7 @@ def _merge_launch(dev, inp):
         table_out = dev.download(b["pieces"])
         toks = dev.download(b["tokens"])
         new = [toks[s:s + min(n, len(p))] for (s, n, _, _), p in zip(table_out, inp["pieces"])]
-        kk = dev.download(b["keys"])[: min(st[S_NUM_KEYS], key_cap)]
+        kk = dev.download(b["keys"])[: min(st[S_NUM_KEYS] + st[S_NEW_CODES], key_cap)]
         cc = dev.download(b["counts"]).reshape(-1, 2)[: len(kk)]
         gpu_table = {}
         for (x, y), (lo, hi) in zip(kk.tolist(), cc.tolist()):
@@ -330,7 +365,7 @@ register(KernelCase(
     description="apply one merge to every piece (overlapping runs) and update pair counts",
     inputs=_merge_inputs,
     kernels=[(FILE, "find_and_merge"), (FILE, "find_and_merge", {"CONTINUE": 1}),
-             (FILE, "register_pairs")],
+             (FILE, "select_partial")],
     launch=_merge_launch, reference=merge_reference,
     variants=("random", "runs", "capped", "budget"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
@@ -469,3 +504,88 @@ register(KernelCase(
     inputs=_piece_inputs, launch=_piece_launch, reference=piece_count_reference,
     variants=("random", "long", "crowded"), bench_variant_software="random",
     bytes=lambda inp: len(inp["text"]) * 9.0))
+
+
+# ---- piece store: store_begin + store_pieces (piece_store.wgsl) ----------------------------
+
+# (text bytes, alphabet size, mean piece length, pieces per call)
+STORE_SIZES = {"random": (40_000, 3, 4, 3000), "bench": (8 << 20, 26, 5, 200_000)}
+
+
+def _store_inputs(rng, variant):
+    """A text and two calls' lists of distinct pieces (start, length, count) into it; the
+    calls overlap (the second adds to pieces the first stored) and counts near 2^32 carry."""
+    n, alphabet, mean, per_call = STORE_SIZES[variant]
+    text = rng.integers(97, 97 + alphabet, size=n).astype(np.uint8)
+    calls = []
+    for _ in range(2):
+        seen, rows = set(), []
+        while len(rows) < per_call:
+            k = int(max(1, rng.poisson(mean)))
+            s = int(rng.integers(0, n - k))
+            piece = text[s:s + k].tobytes()
+            if piece not in seen:  # one call's pieces are distinct, as list_pieces gives them
+                seen.add(piece)
+                rows.append((s, k, int(rng.integers(1, 1 << 31)) + (1 << 31)))
+        calls.append(np.array(rows, np.uint32))
+    return {"text": text.tobytes(), "calls": calls}
+
+
+def _store_launch(dev, inp):
+    from tokenizer_svc.training.gpu_piece_store import FILE as STORE_FILE
+    data, calls = inp["text"], inp["calls"]
+    words = np.zeros(-(-len(data) // 4) * 4, np.uint8)
+    words[:len(data)] = np.frombuffer(data, np.uint8)
+    records = sum(len(c) for c in calls)
+    slots_n = 1 << int(2 * records - 1).bit_length()
+    keep = _Pristine(dev)
+    text = dev.upload(words.view(np.uint32))
+    found = [dev.upload(c.reshape(-1)) for c in calls]
+    slots = keep.buffer(np.zeros(slots_n, np.uint32), "slots")
+    recs = keep.buffer(np.zeros(2 * records, np.uint32), "records")
+    counts = keep.buffer(np.zeros(2 * records, np.uint32), "counts")
+    arena = keep.buffer(np.zeros(len(data) // 2 + 2 * records, np.uint32), "arena")
+    info = keep.buffer(np.zeros(4, np.uint32), "info")
+    params = [dev.params("IIII", len(c), slots_n - 1, 0, 0) for c in calls]
+    k_begin = dev.kernel(STORE_FILE, "store_begin")
+    k_store = dev.kernel(STORE_FILE, "store_pieces")
+
+    def encode(rec):
+        keep.restore(rec)
+        for f, p, c in zip(found, params, calls):
+            rec.dispatch(k_begin, [info], 1)
+            rec.dispatch(k_store, [text, f, slots, recs, counts, arena, info, p],
+                         max(1, -(-len(c) // 64)))
+
+    def read():
+        used = int(dev.download(info)[0])
+        rows = dev.download(recs).reshape(-1, 2)[:used]
+        c = dev.download(counts).reshape(-1, 2)[:used]
+        mem = dev.download(arena).tobytes()
+        got = {}
+        for (w, k), (lo, hi) in zip(rows.tolist(), c.tolist()):
+            if k:
+                piece = mem[4 * w:4 * w + k]
+                if piece in got:
+                    raise RuntimeError(f"piece {piece!r} stored twice")
+                got[piece] = lo | hi << 32
+        want = piece_store_reference(inp)["keys"]
+        return {"counts": np.array([got.get(k, 0) for k in want], np.int64),
+                "unique": np.array([len(got)], np.int64)}
+    return Launch(encode, read)
+
+
+def _store_reference(inp):
+    out = piece_store_reference(inp)
+    del out["keys"]
+    return out
+
+
+register(KernelCase(
+    name="bpe_train_piece_store", family="bpe_train", precision="exact",
+    description="the corpus's unique pieces kept on the device across calls (bytes compared, "
+                "64-bit counts)",
+    kernels=[("piece_store.wgsl", "store_begin"), ("piece_store.wgsl", "store_pieces")],
+    inputs=_store_inputs, launch=_store_launch, reference=_store_reference,
+    variants=("random",), bench_variant_software="random",
+    bytes=lambda inp: sum(len(c) for c in inp["calls"]) * 24.0))

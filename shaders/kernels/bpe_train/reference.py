@@ -8,6 +8,7 @@
     compact: the pieces that still hold a pair (length >= 2), in a canonical (sorted) order
     piece count: how often each distinct byte string occurs among the marked pieces of a text
              (pieces starting at or after `limit` are context, not counted), in sorted order
+    piece store: the sum of several calls' counts per distinct piece, in sorted order
 """
 
 from __future__ import annotations
@@ -99,3 +100,15 @@ def piece_count_reference(inp):
     found = piece_counts(inp)
     return {"counts": np.array([found[k] for k in sorted(found)], np.int64),
             "unique": np.array([len(found)], np.int64)}
+
+
+def piece_store_reference(inp):
+    """Sum of the calls' counts per distinct piece, in sorted order of the pieces."""
+    total: dict = {}
+    for call in inp["calls"]:
+        for s, k, c in call.tolist():
+            piece = inp["text"][s:s + k]
+            total[piece] = total.get(piece, 0) + c
+    keys = sorted(total)
+    return {"counts": np.array([total[k] for k in keys], np.int64),
+            "unique": np.array([len(keys)], np.int64), "keys": keys}
