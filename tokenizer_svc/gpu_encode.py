@@ -46,14 +46,24 @@ COMPACT_FILE = "bpe_compact.wgsl"
 PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
 WG = 64
 SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
-SCRATCH_WORDS_PER_BYTE = 4
-STATE_WORDS = 4  # per long piece, before its arrays (bpe_encode.wgsl)
+SCRATCH_WORDS_PER_BYTE = 5  # per byte of a long-piece window (bpe_encode.wgsl SCRATCH_PER_BYTE)
+STATE_WORDS = 4  # per long-piece window, before its arrays (bpe_encode.wgsl)
+JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
+# Long pieces are merged in windows of LONG_WINDOW bytes (+ LONG_OVERLAP of the next) and
+# stitched where two windows agree on a token (exact: bpe_encode.wgsl, "Long pieces"). A
+# piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
+# longer, then as one window. 5760 = 2^7 3^2 5: runs of one character in the real
+# vocabularies repeat their tokens every 1 to 128 bytes, which divides it.
+LONG_WINDOW = 5760
+LONG_OVERLAP = 512
+LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
 # heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
 # diverge may add up; a lone lane (the _sg kernel) may not.
 PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
+LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
 MAX_RESUME_DISPATCHES = 64  # budgeted dispatches per submit when resuming (software devices)
 
 
@@ -80,20 +90,29 @@ class Profile:
 
 class GpuEncoder:
     def __init__(self, device: Device, tables: VocabTables, pattern: str | None,
-                 chunk: int = 128, max_call_bytes: int | None = None):
+                 chunk: int = 128, max_call_bytes: int | None = None,
+                 long_window: int = LONG_WINDOW, long_overlap: int = LONG_OVERLAP):
         self.device = device
         self.tables = tables
         self.pattern = pattern
         self.chunk = chunk
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        if long_overlap < 1 or long_window <= long_overlap + tables.layout["max_tok_len"]:
+            raise ValueError(f"long_window ({long_window}) must exceed long_overlap "
+                             f"({long_overlap}) plus the longest token "
+                             f"({tables.layout['max_tok_len']} bytes), and long_overlap be >= 1")
+        self.long_window, self.long_overlap = long_window, long_overlap
+        windows = {"LONG_WINDOW": long_window, "LONG_OVERLAP": long_overlap}
         constants = {"PATTERN": PATTERN_IDS[pattern]} if pattern in PATTERN_IDS else {}
         k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
         self.k_fill = k("bpe_fill_none")
         self.k_cuts = k("bpe_cuts", constants) if constants else None
-        self.k_pretok = k("bpe_pretok", constants) if constants else None
-        self.k_pieces = k("bpe_merge_pieces")
+        self.k_pretok = k("bpe_pretok", dict(constants, **windows)) if constants else None
+        self.k_pieces = k("bpe_merge_pieces", windows)
         self.k_long = k("bpe_merge_long")
+        self.k_stitch = k("bpe_long_stitch")
+        self.k_copy = k("bpe_long_copy")
         # llvmpipe ends every loop of an invocation after 65,535 iterations in total
         # (shaders/NOTES.md): there the kernels work in budgeted rounds; GPUs run unbounded.
         software = device.info.is_software
@@ -227,7 +246,7 @@ class GpuEncoder:
         n_chunks = -(-n // self.chunk)
         cuts = pool.get("cuts", 16 * n_chunks)
         tok_buf = pool.get("tok_buf", 4 * n)
-        longs = pool.get("longs", 16 * (n // (SHORT_MAX + 1) + 1))
+        longs = pool.get("longs", 4 * JOB_WORDS * (n // (SHORT_MAX + 1) + 1))
         counters = pool.get("counters", 32)
         counters.write(np.zeros(8, np.uint32))
         scratch = pool.get("scratch_dummy", 16)
@@ -252,12 +271,12 @@ class GpuEncoder:
                 rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
                              "pretok_merge")
         prof.add_gpu(rec.gpu_times)
-        n_long, long_words, overruns, unfinished, _ = self._counters(counters)
+        n_long, long_words, overruns, unfinished = self._counters(counters)[:4]
         if unfinished:  # only with a finite budget (llvmpipe): resume the segments
             self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(scratch, self.budget),
                                                   -(-n_chunks // WG), "pretok_merge"),
                          counters, "bpe pretok resume", n)
-            n_long, long_words, overruns, _, _ = self._counters(counters)
+            n_long, long_words, overruns = self._counters(counters)[:3]
         if overruns:
             raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
                                 "a piece boundary proof failed (internal error; please report "
@@ -283,10 +302,11 @@ class GpuEncoder:
         prof.calls += 1
         return ids, offsets
 
-    def _counters(self, counters) -> tuple[int, int, int, int, int]:
-        """(long pieces, scratch words, boundary overruns, unfinished, progress)."""
+    def _counters(self, counters) -> tuple[int, ...]:
+        """(long-piece windows, scratch words, boundary overruns, unfinished, progress,
+        failed seams)."""
         t0 = time.perf_counter()
-        values = self.device.download(counters.view(0, 20), np.uint32)
+        values = self.device.download(counters.view(0, 24), np.uint32)
         self.last_profile.readback_s += time.perf_counter() - t0
         return tuple(int(v) for v in values)
 
@@ -307,7 +327,7 @@ class GpuEncoder:
                 for _ in range(per_round):
                     record_one(rec)
             self.last_profile.add_gpu(rec.gpu_times)
-            unfinished, progress = self._counters(counters)[3:]
+            unfinished, progress = self._counters(counters)[3:5]
             if not unfinished:
                 return
             if not progress:
@@ -317,42 +337,91 @@ class GpuEncoder:
                     "the input")
             per_round = min(2 * per_round, self.max_round_dispatches)
 
-    def _merge_long(self, binds, longs, counters, n_long: int, long_words: int,
+    def _merge_long(self, binds, longs, counters, n_jobs: int, words: int,
                     n_bytes: int) -> None:
-        """Heap BPE of the queued long pieces (resumed until done when the budget is finite),
-        in rounds that fit the scratch binding."""
-        if long_words <= self.scratch_limit_words:
-            scratch = self.pool.get("scratch", 4 * long_words)
-            self._run_long(binds, scratch, counters, n_long, n_bytes)
-            return
-        # Too much at once: re-queue the pieces in groups with scratch bases assigned here.
-        dev = self.device
-        queue = dev.download(longs.view(0, 16 * n_long), np.uint32).reshape(-1, 4).copy()
-        need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * queue[:, 1].astype(np.int64)
+        """Merge the queued windows of long pieces, stitch them into tok_buf, and merge the
+        pieces whose seams did not stitch again with longer windows, at last as one window."""
+        if words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
+            scratch = self.pool.get("scratch", 4 * words)
+            if not self._run_windows(binds, scratch, counters, n_jobs, n_bytes):
+                return
+            failed = self._failed_pieces(longs, n_jobs)
+        else:
+            queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
+            failed = self._run_queue(binds, longs, counters, queue.reshape(-1, JOB_WORDS), n_bytes)
+        window = self.long_window
+        while failed:
+            window = window * LONG_RETRY_FACTOR if window else None
+            if window and window > max(pl for _, pl in failed):
+                window = None   # one window per piece: the plain heap merge, it cannot fail
+            jobs = self._windows(failed, window)
+            failed = self._run_queue(binds, longs, counters, jobs, n_bytes)
+
+    def _windows(self, pieces, window: int | None) -> np.ndarray:
+        """Queue entries (bases unset) for `pieces` [(start, length)] in windows of `window`
+        bytes (None: one window each), as bpe_encode.wgsl's encode_piece lays them out."""
+        rows, ov = [], self.long_overlap
+        for ps, pl in pieces:
+            m = 1 if window is None or pl <= window + ov else -(-(pl - ov) // window)
+            for k in range(m):
+                length = window + ov if k + 1 < m else pl - k * (window or 0)
+                rows.append((ps + k * (window or 0), length, 0, 0, ps, pl, k, m))
+        return np.array(rows, dtype=np.uint32).reshape(-1, JOB_WORDS)
+
+    def _failed_pieces(self, longs, n_jobs: int) -> list[tuple[int, int]]:
+        queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
+        queue = queue.reshape(-1, JOB_WORDS)
+        bad = queue[queue[:, 3] == LONG_SEAM_FAILED]
+        return sorted({(int(ps), int(pl)) for ps, pl in bad[:, 4:6]})
+
+    def _run_queue(self, binds, longs, counters, jobs: np.ndarray, n_bytes: int):
+        """Run `jobs` in groups that fit the scratch binding (a piece's windows stay in one
+        group); returns the pieces with a failed seam."""
+        need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * jobs[:, 1].astype(np.int64)
         if int(need.max()) > self.scratch_limit_words:
-            raise ValueError(f"a single pre-tokenized piece of {int(queue[:, 1].max())} bytes "
+            raise ValueError(f"a single pre-tokenized piece of {int(jobs[:, 5].max())} bytes "
                              "exceeds the device's long-piece work space "
                              f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
-        scratch = self.pool.get("scratch", 4 * self.scratch_limit_words)
-        i = 0
-        while i < n_long:
-            j = i + max(int(np.searchsorted(np.cumsum(need[i:]), self.scratch_limit_words,
-                                            side="right")), 1)
-            batch = queue[i:j].copy()
-            batch[:, 2] = np.concatenate([[0], np.cumsum(need[i:j - 1])])
+        scratch = self.pool.get("scratch", 4 * min(int(need.sum()), self.scratch_limit_words))
+        firsts = np.flatnonzero(jobs[:, 6] == 0)
+        piece_need = np.add.reduceat(need, firsts)
+        failed, i = [], 0
+        while i < firsts.size:
+            # as many whole pieces as fit (at least one)
+            fit = np.searchsorted(np.cumsum(piece_need[i:]), self.scratch_limit_words,
+                                  side="right")
+            j = i + max(int(fit), 1)
+            lo = int(firsts[i])
+            hi = int(firsts[j]) if j < firsts.size else jobs.shape[0]
+            if int(need[lo:hi].sum()) > self.scratch_limit_words:
+                raise ValueError(f"a single pre-tokenized piece of {int(jobs[lo, 5])} bytes "
+                                 "exceeds the device's long-piece work space "
+                                 f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
+            batch = jobs[lo:hi].copy()
+            batch[:, 2] = np.concatenate([[0], np.cumsum(need[lo:hi - 1])])
             batch[:, 3] = 0  # LONG_NEW
             longs.write(batch)
-            counters.write(np.array([j - i], np.uint32))
-            self._run_long(binds, scratch, counters, j - i, n_bytes)
+            counters.write(np.array([hi - lo], np.uint32))
+            if self._run_windows(binds, scratch, counters, hi - lo, n_bytes):
+                failed += self._failed_pieces(longs, hi - lo)
             i = j
+        return failed
 
-    def _run_long(self, binds, scratch, counters, n_long: int, n_bytes: int) -> None:
+    def _run_windows(self, binds, scratch, counters, n_jobs: int, n_bytes: int) -> int:
+        """Heap-merge the queued windows (resumed until done when the budget is finite),
+        then stitch and copy them into tok_buf; returns the number of failed seams."""
         kernel, budget = self.k_long, self.budget
         if self.k_long_sg is not None:
             kernel, budget = self.k_long_sg, self.long_budget
-        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG),
+        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_jobs // WG),
                                               "merge_long"),
                      counters, "bpe long", n_bytes)
+        counters.write(np.zeros(1, np.uint32), offset_bytes=20)
+        with self.device.record("bpe long stitch", timing=self.profile) as rec:
+            rec.dispatch(self.k_stitch, binds(scratch, self.budget), -(-n_jobs // WG), "stitch")
+            rec.dispatch(self.k_copy, binds(scratch, self.budget), n_jobs, "long_copy")
+        self.last_profile.add_gpu(rec.gpu_times)
+        return self._counters(counters)[5]
 
 
 __all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
