@@ -82,6 +82,8 @@ class Profile:
     host_s: float = 0.0
     gpu: dict = field(default_factory=dict)  # dispatch label -> seconds
     calls: int = 0
+    long_windows: int = 0   # windows of long pieces merged (retries included)
+    long_retried: int = 0   # long pieces merged again because a seam did not stitch
 
     def add_gpu(self, times) -> None:
         for label, seconds in times:
@@ -282,6 +284,7 @@ class GpuEncoder:
                                 "a piece boundary proof failed (internal error; please report "
                                 "the input)")
         if n_long:
+            prof.long_windows += n_long
             self._merge_long(binds, longs, counters, n_long, long_words, n)
 
         excl = pool.get("excl", 4 * (n + 1))
@@ -355,6 +358,8 @@ class GpuEncoder:
             if window and window > max(pl for _, pl in failed):
                 window = None   # one window per piece: the plain heap merge, it cannot fail
             jobs = self._windows(failed, window)
+            self.last_profile.long_retried += len(failed)
+            self.last_profile.long_windows += jobs.shape[0]
             failed = self._run_queue(binds, longs, counters, jobs, n_bytes)
 
     def _windows(self, pieces, window: int | None) -> np.ndarray:
