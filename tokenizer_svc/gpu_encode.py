@@ -35,7 +35,8 @@ from typing import Callable
 
 import numpy as np
 
-from shaders.engine import Device
+from shaders.engine import Buffer, Device
+from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
@@ -64,7 +65,10 @@ LONG_RETRY_FACTOR = 7
 PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
 LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
-MAX_RESUME_DISPATCHES = 64  # budgeted dispatches per submit when resuming (software devices)
+MAX_RESUME_DISPATCHES = 64
+# Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
+# dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
+PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
 
 
 class BoundaryError(RuntimeError):
@@ -130,12 +134,27 @@ class GpuEncoder:
         # tok_buf and the scan take 4 bytes per input byte; keep every binding under the limit
         self.max_call_bytes = max_call_bytes or (binding // 4 - 1024)
         self.scratch_limit_words = binding // 4 - 16
+        self.pipeline_bytes = PIPELINE_BYTES
+        self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
+        self._staging: dict[int, Buffer] = {}
         self.profile = False
         self.last_profile = Profile()
         # One call at a time per encoder: a call owns the buffer pool and the counters. Run
         # several encoders (they may share `tables`) for work that must not wait on each other.
         self._lock = threading.Lock()
         self._interrupt = threading.local()  # per thread: a check run between resume rounds
+
+    def staging(self, slot: int, nbytes: int) -> Buffer:
+        """The slot's mappable readback buffer, grown by powers of two and otherwise reused."""
+        buf = self._staging.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            if buf is not None:
+                buf.destroy()
+            size = 1 << max(int(nbytes) - 1, 15).bit_length()
+            buf = self._staging[slot] = self.device.buffer(
+                size, np.uint32, label=f"bpe staging {slot}",
+                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
+        return buf
 
     @contextlib.contextmanager
     def interruptible(self, check: Callable[[], None]):
@@ -155,50 +174,90 @@ class GpuEncoder:
 
     # ---- public ---------------------------------------------------------------------------
 
-    def encode_docs(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece."""
+    def encode_docs(self, data, starts, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece.
+
+        `out`: a 1-D uint32 array of at least len(data) elements (no input byte starts two
+        tokens) that receives the ids; the ids returned are then its first elements (a view).
+        """
         if self.k_pretok is None:
             raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
                              "the CPU and call merge_pieces")
-        return self._batched(data, starts, pieces=False)
+        return self._batched(data, starts, pieces=False, out=out)
 
-    def merge_pieces(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
+    def merge_pieces(self, data, starts, out: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """BPE each piece [starts[i], starts[i+1]) on the GPU; offsets are per piece."""
-        return self._batched(data, starts, pieces=True)
+        return self._batched(data, starts, pieces=True, out=out)
 
     # ---- batching -------------------------------------------------------------------------
 
-    def _batched(self, data, starts, pieces: bool):
+    def _batched(self, data, starts, pieces: bool, out=None):
         with self._lock:
-            return self._batched_locked(data, starts, pieces)
+            return self._batched_locked(data, starts, pieces, out)
 
-    def _batched_locked(self, data, starts, pieces: bool):
+    def _batched_locked(self, data, starts, pieces: bool, out=None):
         data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
         starts = np.asarray(starts, dtype=np.int64)
         n_docs = starts.size - 1
         if self.profile:
             self.last_profile = Profile()
+        if out is not None and (out.dtype != np.uint32 or out.ndim != 1
+                                or out.size < int(data.size)):
+            raise ValueError(f"out must be a 1-D uint32 array of at least {int(data.size):,} "
+                             f"elements (one per input byte), got {out.dtype} {out.shape}")
         if n_docs <= 0:
-            return np.zeros(0, np.uint32), np.zeros(max(n_docs + 1, 1), np.int64)
+            return (out[:0] if out is not None else np.zeros(0, np.uint32)), \
+                np.zeros(max(n_docs + 1, 1), np.int64)
         sub_starts, owner_first = self._split_oversize(data, starts, pieces)
-        id_parts, sub_offsets, base = [], [np.zeros(1, np.int64)], 0
-        first = 0
-        n_sub = sub_starts.size - 1
+        ids = out if out is not None else np.empty(int(data.size), np.uint32)
+        sub_offsets = np.zeros(sub_starts.size, np.int64)
+        # chunks of whole sub-documents, about pipeline_bytes each (at least one sub-document)
+        limit = min(self.pipeline_bytes, self.max_call_bytes)
+        bounds, first, n_sub = [0], 0, sub_starts.size - 1
         while first < n_sub:
-            # as many whole sub-documents as fit one call
-            limit = sub_starts[first] + self.max_call_bytes
-            last = int(np.searchsorted(sub_starts, limit, side="right")) - 1
-            last = max(min(last, n_sub), first + 1)
-            lo, hi = int(sub_starts[first]), int(sub_starts[last])
-            self._check_interrupt()
-            ids, offs = self._call(data[lo:hi], (sub_starts[first:last + 1] - lo), pieces)
-            id_parts.append(ids)
-            sub_offsets.append(offs[1:].astype(np.int64) + base)
-            base += ids.size
-            first = last
-        ids = np.concatenate(id_parts) if len(id_parts) > 1 else id_parts[0]
-        sub_offsets = np.concatenate(sub_offsets)
-        return ids, sub_offsets[owner_first]
+            last = int(np.searchsorted(sub_starts, sub_starts[first] + limit, side="right")) - 1
+            first = max(min(last, n_sub), first + 1)
+            bounds.append(first)
+        total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
+        return ids[:total], sub_offsets[owner_first]
+
+    def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
+        """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
+        work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
+        submitted before chunk k's ids are copied out of their mapped staging buffer (the
+        host-written buffers and the staging buffers alternate between two slots; the rest
+        is only written by the GPU, in queue order). Returns the number of ids written to
+        `ids`; fills sub_offsets[1:]."""
+        def upload(k):
+            lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
+            return _Chunk(self, data[lo:hi], sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
+                          pieces, slot=k % 2, first_sub=bounds[k])
+
+        base, n_chunks = 0, len(bounds) - 1
+        self._check_interrupt()
+        chunk = upload(0)
+        chunk.dispatch()
+        for k in range(n_chunks):
+            following = upload(k + 1) if k + 1 < n_chunks else None   # while chunk k runs
+            chunk.wait()
+            if following is not None:
+                self._check_interrupt()
+                following.dispatch()
+            base = self._collect(chunk, ids, sub_offsets, base)   # while chunk k+1 runs
+            chunk = following
+        return base
+
+    def _collect(self, chunk, ids, sub_offsets, base: int) -> int:
+        t0 = time.perf_counter()
+        offsets, n = chunk.offsets, chunk.total
+        ids[base:base + n] = chunk.ids_view[:n]
+        sub_offsets[chunk.first_sub + 1:chunk.first_sub + offsets.size] = offsets[1:] + base
+        chunk.release()
+        self.last_profile.readback_s += time.perf_counter() - t0
+        self.last_profile.calls += 1
+        return base + n
 
     def _split_oversize(self, data, starts, pieces: bool):
         """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each
@@ -232,78 +291,60 @@ class GpuEncoder:
 
     # ---- one device call ------------------------------------------------------------------
 
-    def _call(self, data: np.ndarray, starts: np.ndarray, pieces: bool):
-        dev, pool, prof = self.device, self.pool, self.last_profile
-        n = int(data.size)
-        n_docs = int(starts.size - 1)
-        if n == 0:
-            return np.zeros(0, np.uint32), np.zeros(n_docs + 1, np.int64)
-        t0 = time.perf_counter()
-        words = np.zeros(-(-n // 4) * 4, dtype=np.uint8)
-        words[:n] = data
-        text = pool.get("text", words.nbytes)
-        text.write(words)
-        starts_buf = pool.get("starts", 4 * (n_docs + 1))
-        starts_buf.write(starts.astype(np.uint32))
-        n_chunks = -(-n // self.chunk)
-        cuts = pool.get("cuts", 16 * n_chunks)
-        tok_buf = pool.get("tok_buf", 4 * n)
-        longs = pool.get("longs", 4 * JOB_WORDS * (n // (SHORT_MAX + 1) + 1))
-        counters = pool.get("counters", 32)
-        counters.write(np.zeros(8, np.uint32))
-        scratch = pool.get("scratch_dummy", 16)
+    def _binds(self, chunk, scratch_buf, budget):
         lay = self.tables.layout
-        prof.upload_s += time.perf_counter() - t0
+        params = self.device.params(
+            "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
+            lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+            lay["max_tok_len"], int(self.tables.whole_piece), budget)
+        return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
+                chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
 
-        def binds(scratch_buf, budget):
-            params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, self.chunk,
-                                lay["info_off"], lay["bytes_off"], lay["piece_off"],
-                                lay["piece_mask"], lay["pair_mask"], lay["max_tok_len"],
-                                int(self.tables.whole_piece), budget)
-            return [text, starts_buf, self.classes_buf, self.vocab_buf, self.pairs_buf, cuts,
-                    tok_buf, longs, scratch_buf, counters, params]
+    def _record_encode(self, rec, chunk) -> None:
+        binds = self._binds(chunk, self.pool.get("scratch_dummy", 16), self.budget)
+        rec.dispatch(self.k_fill, binds, -(-chunk.n // WG), "fill")
+        if chunk.pieces:
+            rec.dispatch(self.k_pieces, binds, -(-chunk.n_docs // WG), "merge_pieces")
+        else:
+            rec.dispatch(self.k_cuts, binds, -(-chunk.n_chunks // WG), "cuts")
+            rec.dispatch(self.k_pretok, binds, -(-chunk.n_chunks // WG), "pretok_merge")
 
-        with dev.record("bpe encode", timing=self.profile) as rec:
-            rec.dispatch(self.k_fill, binds(scratch, self.budget), -(-n // WG), "fill")
-            if pieces:
-                rec.dispatch(self.k_pieces, binds(scratch, self.budget), -(-n_docs // WG),
-                             "merge_pieces")
-            else:
-                rec.dispatch(self.k_cuts, binds(scratch, self.budget), -(-n_chunks // WG), "cuts")
-                rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
-                             "pretok_merge")
-        prof.add_gpu(rec.gpu_times)
-        n_long, long_words, overruns, unfinished = self._counters(counters)[:4]
-        if unfinished:  # only with a finite budget (llvmpipe): resume the segments
-            self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(scratch, self.budget),
-                                                  -(-n_chunks // WG), "pretok_merge"),
+    def _record_compact(self, rec, chunk) -> None:
+        n, n_docs = chunk.n, chunk.n_docs
+        cparams = self.device.params("IIII", n, n_docs, 0, 0)
+        self.scan.record(rec, chunk.tok_buf, n, chunk.excl, mode=1)
+        rec.dispatch(self.k_compact, [chunk.tok_buf, chunk.excl, chunk.starts, chunk.ids_buf,
+                                      chunk.doc_off, cparams],
+                     -(-max(n, n_docs + 1) // 256), "compact")
+
+    def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int) -> None:
+        """Resume the pre-tokenizer (finite budgets), merge long pieces, compact again and read
+        the chunk back exactly (the one-submit guess of the fast path did not hold)."""
+        dev, counters, n = self.device, chunk.counters, chunk.n
+        binds = lambda scratch, budget: self._binds(chunk, scratch, budget)  # noqa: E731
+        dummy = self.pool.get("scratch_dummy", 16)
+        if unfinished:
+            self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(dummy, self.budget),
+                                                  -(-chunk.n_chunks // WG), "pretok_merge"),
                          counters, "bpe pretok resume", n)
             n_long, long_words, overruns = self._counters(counters)[:3]
-        if overruns:
-            raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
-                                "a piece boundary proof failed (internal error; please report "
-                                "the input)")
+            if overruns:
+                raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
+                                    "a piece boundary proof failed (internal error; please "
+                                    "report the input)")
         if n_long:
-            prof.long_windows += n_long
-            self._merge_long(binds, longs, counters, n_long, long_words, n)
-
-        excl = pool.get("excl", 4 * (n + 1))
-        ids_buf = pool.get("ids", 4 * n)
-        doc_off = pool.get("doc_off", 4 * (n_docs + 1))
-        cparams = dev.params("IIII", n, n_docs, 0, 0)
+            self.last_profile.long_windows += n_long
+            self._merge_long(binds, chunk.longs, counters, n_long, long_words, n)
         with dev.record("bpe compact", timing=self.profile) as rec:
-            self.scan.record(rec, tok_buf, n, excl, mode=1)
-            rec.dispatch(self.k_compact, [tok_buf, excl, starts_buf, ids_buf, doc_off, cparams],
-                         -(-max(n, n_docs + 1) // 256), "compact")
-        prof.add_gpu(rec.gpu_times)
+            self._record_compact(rec, chunk)
+        self.last_profile.add_gpu(rec.gpu_times)
         t0 = time.perf_counter()
-        offsets = dev.download(doc_off.view(0, 4 * (n_docs + 1)), np.uint32).astype(np.int64)
-        total = int(offsets[-1])
-        ids = dev.download(ids_buf.view(0, 4 * total), np.uint32) if total else \
-            np.zeros(0, np.uint32)
-        prof.readback_s += time.perf_counter() - t0
-        prof.calls += 1
-        return ids, offsets
+        chunk.offsets = dev.download(chunk.doc_off.view(0, 4 * (chunk.n_docs + 1)),
+                                     np.uint32).astype(np.int64)
+        chunk.total = int(chunk.offsets[-1])
+        chunk.ids_view = dev.download(chunk.ids_buf.view(0, 4 * chunk.total), np.uint32) \
+            if chunk.total else np.zeros(0, np.uint32)
+        self.last_profile.readback_s += time.perf_counter() - t0
 
     def _counters(self, counters) -> tuple[int, ...]:
         """(long-piece windows, scratch words, boundary overruns, unfinished, progress,
@@ -427,6 +468,95 @@ class GpuEncoder:
             rec.dispatch(self.k_copy, binds(scratch, self.budget), n_jobs, "long_copy")
         self.last_profile.add_gpu(rec.gpu_times)
         return self._counters(counters)[5]
+
+
+class _Chunk:
+    """One device call of the pipeline: its host-written buffers (slot 0 or 1), its mapped
+    staging buffer, and after wait() its offsets and ids.
+
+    dispatch() records everything a chunk of ordinary text needs in ONE submit: encode,
+    compact, and copies of the counters, the document offsets and a guess of the ids into the
+    staging buffer (the guess: 1.25 x the previous chunk's ids per byte, at most one id per
+    byte). wait() maps it once; when the counters show long pieces, unfinished budgeted
+    segments or a wrong guess, the chunk finishes on the slow path (more submits)."""
+
+    def __init__(self, enc: GpuEncoder, data: np.ndarray, starts: np.ndarray, pieces: bool,
+                 slot: int, first_sub: int):
+        self.enc, self.pieces, self.first_sub = enc, pieces, first_sub
+        self.n, self.n_docs = int(data.size), int(starts.size - 1)
+        self.n_chunks = -(-self.n // enc.chunk)
+        pool, t0 = enc.pool, time.perf_counter()
+        self.text = pool.get(f"text{slot}", -(-self.n // 4) * 4)
+        aligned = self.n & ~3
+        if aligned:
+            enc.device.queue.write_buffer(self.text.raw, 0, data[:aligned])
+        if self.n > aligned:
+            tail = np.zeros(4, np.uint8)
+            tail[:self.n - aligned] = data[aligned:]
+            enc.device.queue.write_buffer(self.text.raw, aligned, tail)
+        self.starts = pool.get(f"starts{slot}", 4 * (self.n_docs + 1))
+        self.starts.write(starts.astype(np.uint32))
+        self.counters = pool.get(f"counters{slot}", 32)
+        self.counters.write(np.zeros(8, np.uint32))
+        enc.last_profile.upload_s += time.perf_counter() - t0
+        self.cuts = pool.get("cuts", 16 * self.n_chunks)
+        self.tok_buf = pool.get("tok_buf", 4 * self.n)
+        self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
+        self.excl = pool.get("excl", 4 * (self.n + 1))
+        self.ids_buf = pool.get("ids", 4 * self.n)
+        self.doc_off = pool.get("doc_off", 4 * (self.n_docs + 1))
+        self.guess = min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.ids_at = 32 + 4 * (self.n_docs + 1)
+        self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)
+        self.offsets = self.ids_view = None
+        self.total = 0
+        self.mapped = False
+
+    def dispatch(self) -> None:
+        enc = self.enc
+        if self.n == 0:
+            return
+        with enc.device.record("bpe encode", timing=enc.profile) as rec:
+            enc._record_encode(rec, self)
+            enc._record_compact(rec, self)
+            rec.copy(self.counters, self.staging, 32)
+            rec.copy(self.doc_off, self.staging, 4 * (self.n_docs + 1), dst_offset=32)
+            if self.guess:
+                rec.copy(self.ids_buf, self.staging, 4 * self.guess, dst_offset=self.ids_at)
+        enc.last_profile.add_gpu(rec.gpu_times)
+
+    def wait(self) -> None:
+        enc, t0 = self.enc, time.perf_counter()
+        if self.n == 0:   # only empty documents
+            self.offsets, self.ids_view = np.zeros(self.n_docs + 1, np.int64), np.zeros(0, np.uint32)
+            return
+        raw = self.staging.raw
+        raw.map_async("READ", 0, self.ids_at + 4 * self.guess).sync_wait()
+        self.mapped = True
+        view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
+        counters = np.frombuffer(view, np.uint32, count=8)
+        n_long, long_words, overruns, unfinished = (int(v) for v in counters[:4])
+        offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1, offset=32)
+        self.offsets = offsets.astype(np.int64)
+        self.total = int(self.offsets[-1])
+        enc.last_profile.readback_s += time.perf_counter() - t0
+        if overruns:
+            self.release()
+            raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
+                                "a piece boundary proof failed (internal error; please report "
+                                "the input)")
+        if n_long or unfinished or self.total > self.guess:
+            self.release()
+            enc._finish_slow(self, n_long, long_words, unfinished)
+        else:
+            self.ids_view = np.frombuffer(view, np.uint32, count=self.total, offset=self.ids_at)
+        if self.n:
+            enc.ids_per_byte = max(self.total / self.n, 0.05)
+
+    def release(self) -> None:
+        if self.mapped:
+            self.staging.raw.unmap()
+            self.mapped = False
 
 
 __all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
