@@ -499,12 +499,6 @@ class _Chunk:
         self.counters = pool.get(f"counters{slot}", 32)
         self.counters.write(np.zeros(8, np.uint32))
         enc.last_profile.upload_s += time.perf_counter() - t0
-        self.cuts = pool.get("cuts", 16 * self.n_chunks)
-        self.tok_buf = pool.get("tok_buf", 4 * self.n)
-        self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
-        self.excl = pool.get("excl", 4 * (self.n + 1))
-        self.ids_buf = pool.get("ids", 4 * self.n)
-        self.doc_off = pool.get("doc_off", 4 * (self.n_docs + 1))
         self.guess = min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
         self.ids_at = 32 + 4 * (self.n_docs + 1)
         self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)
@@ -513,9 +507,18 @@ class _Chunk:
         self.mapped = False
 
     def dispatch(self) -> None:
-        enc = self.enc
+        enc, pool = self.enc, self.enc.pool
         if self.n == 0:
             return
+        # Buffers only the GPU writes are shared by both slots (queue order keeps chunks
+        # apart); they are taken here, not at upload, because a bigger next chunk may grow
+        # (replace) them while this one may still need them on its slow path.
+        self.cuts = pool.get("cuts", 16 * self.n_chunks)
+        self.tok_buf = pool.get("tok_buf", 4 * self.n)
+        self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
+        self.excl = pool.get("excl", 4 * (self.n + 1))
+        self.ids_buf = pool.get("ids", 4 * self.n)
+        self.doc_off = pool.get("doc_off", 4 * (self.n_docs + 1))
         with enc.device.record("bpe encode", timing=enc.profile) as rec:
             enc._record_encode(rec, self)
             enc._record_compact(rec, self)
