@@ -129,6 +129,7 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
         kernels=[("bpe_encode.wgsl", k, {"PATTERN": {"gpt2": 0, "cl100k": 1, "o200k": 2}[_pattern]})
                  for k in ("bpe_cuts", "bpe_pretok")] +
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
+                                                  "bpe_long_stitch", "bpe_long_copy",
                                                   "bpe_merge_pieces")] +
                 [("bpe_compact.wgsl", "bpe_compact")],
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
