@@ -2,27 +2,44 @@
 
     enc = GpuEncoder(device, VocabTables.build(vocab), pattern="cl100k")
     ids, offsets = enc.encode_docs(data, starts)     # data: uint8, starts: n_docs + 1 offsets
+    ids, offsets = enc.encode_docs(data, starts, out=buf)  # ids written into buf (a view back)
     ids, offsets = enc.merge_pieces(data, piece_starts)   # pieces cut on the CPU
 
-One call records, per batch of documents that fits the device's binding limit:
+`out=` (for callers that keep one array, e.g. the service): a 1-D uint32 numpy array of at
+least len(data) elements (no byte starts two tokens); the returned ids are its first
+elements, so the ids are copied once, from the mapped readback buffer into it. Without it the
+encoder allocates such an array per call (np.empty: pages past the ids are never touched).
 
-    upload text + document starts
-    bpe_fill_none -> bpe_cuts -> bpe_pretok           (shaders/kernels/bpe/bpe_encode.wgsl)
-    read the counters (long pieces queued, boundary overruns)
-    bpe_merge_long                                     (only if long pieces were queued)
+A call is a pipeline of chunks of whole documents (~PIPELINE_BYTES each; a document larger
+than one device call is first split at the tokenizer's split points, tokenizer_svc/cuts.py).
+Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
+
+    write text + document starts                       (host; overlaps the previous chunk)
+    bpe_fill_none -> bpe_cuts -> bpe_pretok            (bpe_encode.wgsl)
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
-    read the document offsets, then the ids
+    copy counters, document offsets and a guess of the ids into a mapped staging buffer
+
+then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
+copied out, so the host's copy runs while the GPU works. The number of Python operations is
+constant per chunk (none per document). The slow path, taken per chunk when the counters say
+so: long pieces were queued (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, then compact
+again), a budgeted segment is unfinished (software Vulkan), or the ids guess was short.
+
+Long pieces (over SHORT_MAX bytes) are merged in windows of LONG_WINDOW bytes in parallel and
+stitched where two neighbouring windows hold the same token; the proof that this is exactly
+tiktoken's result is in bpe_encode.wgsl ("Long pieces"). A piece whose seams do not all
+stitch is merged again with longer windows, at last as one window (the plain heap merge).
 
 On software Vulkan (a per-dispatch loop budget) bpe_pretok and bpe_merge_long resume in
 rounds until done; each round must show progress (counters[4]) or the call raises
-EncoderStalled naming the input size, so no input can loop forever. Documents larger than
-one call are split at the tokenizer's split points (tokenizer_svc/cuts.py).
+EncoderStalled naming the input size, so no input can loop forever.
 
 Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters).
 `interruptible(check)` runs `check()` between the submits of the calling thread's calls.
 
-`profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
-host-side upload and readback wall times) for bench/tokenize_bench.py.
+`profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch, host
+upload and readback wall times, long-piece windows and retries) for bench/tokenize_bench.py;
+timed recordings wait for each submit, so a profiled call does not overlap chunks.
 """
 
 from __future__ import annotations
