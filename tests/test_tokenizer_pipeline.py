@@ -120,3 +120,22 @@ def test_one_encoder_is_reusable_after_many_shapes(chunked):
 def _packed(docs: list[str]):
     raw = [d.encode() for d in docs]
     return b"".join(raw), np.concatenate([[0], np.cumsum([len(r) for r in raw])])
+
+
+def test_an_interrupt_between_chunks_leaves_the_encoder_usable(chunked):
+    """An interrupt raised between two chunks (one mapped for readback, the next uploaded)
+    ends the call; the next call maps the same staging buffers again."""
+    _, small, tik = chunked
+    docs = ["hello world " * 30] * 12
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise TimeoutError("deadline")
+
+    with pytest.raises(TimeoutError), small.interruptible(check):
+        small.encode_docs(*_packed(docs))
+    ids, offsets = small.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]

@@ -254,16 +254,21 @@ class GpuEncoder:
 
         base, n_chunks = 0, len(bounds) - 1
         self._check_interrupt()
-        chunk = upload(0)
-        chunk.dispatch()
-        for k in range(n_chunks):
-            following = upload(k + 1) if k + 1 < n_chunks else None   # while chunk k runs
-            chunk.wait()
-            if following is not None:
-                self._check_interrupt()
-                following.dispatch()
-            base = self._collect(chunk, ids, sub_offsets, base)   # while chunk k+1 runs
-            chunk = following
+        chunk = following = upload(0)
+        try:
+            chunk.dispatch()
+            for k in range(n_chunks):
+                following = upload(k + 1) if k + 1 < n_chunks else None  # while chunk k runs
+                chunk.wait()
+                if following is not None:
+                    self._check_interrupt()
+                    following.dispatch()
+                base = self._collect(chunk, ids, sub_offsets, base)   # while chunk k+1 runs
+                chunk = following
+        finally:   # an error or an interrupt leaves no staging buffer mapped
+            for c in (chunk, following):
+                if c is not None:
+                    c.release()
         return base
 
     def _collect(self, chunk, ids, sub_offsets, base: int) -> int:
