@@ -553,7 +553,8 @@ class _Chunk:
     def wait(self) -> None:
         enc, t0 = self.enc, time.perf_counter()
         if self.n == 0:   # only empty documents
-            self.offsets, self.ids_view = np.zeros(self.n_docs + 1, np.int64), np.zeros(0, np.uint32)
+            self.offsets = np.zeros(self.n_docs + 1, np.int64)
+            self.ids_view = np.zeros(0, np.uint32)
             return
         raw = self.staging.raw
         raw.map_async("READ", 0, self.ids_at + 4 * self.guess).sync_wait()

@@ -706,7 +706,8 @@ fn encode_piece(s: u32, n: u32) {
     var m = 1u;
     if (n > LONG_WINDOW + LONG_OVERLAP) { m = (n - LONG_OVERLAP + LONG_WINDOW - 1u) / LONG_WINDOW; }
     let slot = atomicAdd(&counters[0], m);
-    var base = atomicAdd(&counters[1], m * STATE_WORDS + SCRATCH_PER_BYTE * (n + (m - 1u) * LONG_OVERLAP));
+    var base = atomicAdd(&counters[1],
+                         m * STATE_WORDS + SCRATCH_PER_BYTE * (n + (m - 1u) * LONG_OVERLAP));
     work += 1u;
     for (var k = 0u; k < m; k += 1u) {
         work += 1u;
