@@ -139,3 +139,14 @@ def test_an_interrupt_between_chunks_leaves_the_encoder_usable(chunked):
     ids, offsets = small.encode_docs(*_packed(docs))
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
         [tik.encode_ordinary(d) for d in docs]
+
+
+@pytest.mark.parametrize("docs", [["plain ascii", "", "only ascii here " * 50],
+                                  ["naïve", "日本語", "", "mixed ascii and ü"],
+                                  ["lone \ud800 surrogate", "fine"]],
+                         ids=["ascii", "non-ascii", "surrogate"])
+def test_texts_packed_with_one_join(chunked, docs):
+    """Encoding packs str documents with one join (byte starts from the lengths); a lone
+    surrogate falls back to encoding each text with tiktoken's replacement."""
+    enc, _, tik = chunked
+    assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]

@@ -106,6 +106,14 @@ class GpuBackend:
         np.cumsum(per_segment, out=first_piece[1:])
         return ids, piece_offsets[first_piece]
 
+    def encode_packed(self, data: bytes, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like encode_segments for segments already joined: `starts` holds n + 1 offsets."""
+        if not self.on_gpu_pretok:
+            return self.encode_segments([data[starts[i]:starts[i + 1]]
+                                         for i in range(starts.size - 1)])
+        with self.lock:
+            return self.encoder.encode_docs(data, starts)
+
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         if self.cpu_merges is not None:
             parts = [self.cpu_merges.bpe(p) for p in pieces]
