@@ -150,3 +150,25 @@ def test_texts_packed_with_one_join(chunked, docs):
     surrogate falls back to encoding each text with tiktoken's replacement."""
     enc, _, tik = chunked
     assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]
+
+
+@pytest.mark.parametrize("window", [200, 201])
+def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
+    """On GPUs (no loop budget) long pieces are merged, stitched and copied in the chunk's
+    one submit, and only pieces whose seams failed (window 201: odd, so "x" runs never
+    stitch) take the slow path. Forced here on lavapipe with inputs small enough for its loop
+    limit; the same ids as the budgeted path and as tiktoken."""
+    _, small, tik = chunked
+    inline = GpuEncoder(device, small.tables, small.pattern, long_window=window,
+                        long_overlap=32)
+    inline.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    inline.k_long_sg = None
+    inline.pipeline_bytes = 2000
+    inline.profile = True
+    docs = ["x" * 640, "short words here", "日本語" * 200, "tokenizer" * 70 + " end"]
+    assert inline.inline_long_for(2000)
+    ids, offsets = inline.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    assert inline.last_profile.gpu.get("stitch", 0) > 0
+    assert (inline.last_profile.long_retried > 0) == (window == 201)

@@ -83,6 +83,12 @@ PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
 LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
 MAX_RESUME_DISPATCHES = 64
+# Long pieces merged inside a chunk's one submit (GPUs): a work space of 6 words per input
+# byte bounds any queue when LONG_OVERLAP <= 0.18 LONG_WINDOW (5 words per window byte, so
+# 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes:
+# < 6), and the windows' kernels run grid-stride.
+INLINE_WORDS_PER_BYTE = 6
+INLINE_LONG_WORKGROUPS = 1024
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -152,6 +158,7 @@ class GpuEncoder:
         self.max_call_bytes = max_call_bytes or (binding // 4 - 1024)
         self.scratch_limit_words = binding // 4 - 16
         self.pipeline_bytes = PIPELINE_BYTES
+        self.inline_long = True   # False: long pieces always on the slow path (tests compare)
         self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
         self._staging: dict[int, Buffer] = {}
         self.profile = False
@@ -330,6 +337,23 @@ class GpuEncoder:
         else:
             rec.dispatch(self.k_cuts, binds, -(-chunk.n_chunks // WG), "cuts")
             rec.dispatch(self.k_pretok, binds, -(-chunk.n_chunks // WG), "pretok_merge")
+        if chunk.inline_long:
+            # long pieces in the same submit: windows, stitch, copy over however many windows
+            # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
+            binds = self._binds(chunk, self.pool.get("scratch", 4 * INLINE_WORDS_PER_BYTE
+                                                     * chunk.n), NONE)
+            rec.dispatch(self.k_long, binds, INLINE_LONG_WORKGROUPS, "merge_long")
+            rec.dispatch(self.k_stitch, binds, INLINE_LONG_WORKGROUPS, "stitch")
+            rec.dispatch(self.k_copy, binds, INLINE_LONG_WORKGROUPS, "long_copy")
+
+    def inline_long_for(self, n: int) -> bool:
+        """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
+        loop budget) when the worst-case work space fits one binding."""
+        limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
+                    int(self.device.limits.get("max-buffer-size", 1 << 30)))
+        return self.budget == NONE and self.inline_long and \
+            100 * self.long_overlap <= 18 * self.long_window and \
+            4 * INLINE_WORDS_PER_BYTE * n <= limit
 
     def _record_compact(self, rec, chunk) -> None:
         n, n_docs = chunk.n, chunk.n_docs
@@ -340,8 +364,10 @@ class GpuEncoder:
                      -(-max(n, n_docs + 1) // 256), "compact")
 
     def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int) -> None:
-        """Resume the pre-tokenizer (finite budgets), merge long pieces, compact again and read
-        the chunk back exactly (the one-submit guess of the fast path did not hold)."""
+        """Resume the pre-tokenizer (finite budgets), merge long pieces (or, when they were
+        merged in the chunk's submit, merge again those whose seams failed), compact again
+        and read the chunk back exactly (the one-submit guess of the fast path did not
+        hold)."""
         dev, counters, n = self.device, chunk.counters, chunk.n
         binds = lambda scratch, budget: self._binds(chunk, scratch, budget)  # noqa: E731
         dummy = self.pool.get("scratch_dummy", 16)
@@ -356,7 +382,8 @@ class GpuEncoder:
                                     "report the input)")
         if n_long:
             self.last_profile.long_windows += n_long
-            self._merge_long(binds, chunk.longs, counters, n_long, long_words, n)
+            self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
+                             merged=chunk.inline_long)
         with dev.record("bpe compact", timing=self.profile) as rec:
             self._record_compact(rec, chunk)
         self.last_profile.add_gpu(rec.gpu_times)
@@ -404,10 +431,13 @@ class GpuEncoder:
             per_round = min(2 * per_round, self.max_round_dispatches)
 
     def _merge_long(self, binds, longs, counters, n_jobs: int, words: int,
-                    n_bytes: int) -> None:
+                    n_bytes: int, merged: bool = False) -> None:
         """Merge the queued windows of long pieces, stitch them into tok_buf, and merge the
-        pieces whose seams did not stitch again with longer windows, at last as one window."""
-        if words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
+        pieces whose seams did not stitch again with longer windows, at last as one window.
+        `merged`: the first round already ran (in the chunk's own submit)."""
+        if merged:
+            failed = self._failed_pieces(longs, n_jobs)
+        elif words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
             scratch = self.pool.get("scratch", 4 * words)
             if not self._run_windows(binds, scratch, counters, n_jobs, n_bytes):
                 return
@@ -522,6 +552,7 @@ class _Chunk:
         self.counters.write(np.zeros(8, np.uint32))
         enc.last_profile.upload_s += time.perf_counter() - t0
         self.guess = min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.inline_long = enc.inline_long_for(self.n)
         self.ids_at = 32 + 4 * (self.n_docs + 1)
         self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)
         self.offsets = self.ids_view = None
@@ -561,7 +592,7 @@ class _Chunk:
         self.mapped = True
         view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
         counters = np.frombuffer(view, np.uint32, count=8)
-        n_long, long_words, overruns, unfinished = (int(v) for v in counters[:4])
+        n_long, long_words, overruns, unfinished, _, failed = (int(v) for v in counters[:6])
         offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1, offset=32)
         self.offsets = offsets.astype(np.int64)
         self.total = int(self.offsets[-1])
@@ -571,7 +602,8 @@ class _Chunk:
             raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
                                 "a piece boundary proof failed (internal error; please report "
                                 "the input)")
-        if n_long or unfinished or self.total > self.guess:
+        if (n_long and not self.inline_long) or failed or unfinished or \
+                self.total > self.guess:
             self.release()
             enc._finish_slow(self, n_long, long_words, unfinished)
         else:

@@ -1149,16 +1149,12 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
 @group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
 @group(0) @binding(10) var<uniform> p: Params;
 
-// Per window (one invocation each): its seam, the first position of the overlap with the
-// window on its left where both windows' encodings hold a token with the same start and id
-// (scratch state word 3; the piece's start for its first window). None: LONG_SEAM_FAILED and
-// counters[5] += 1, and the driver encodes that piece again with longer windows.
-@compute @workgroup_size(64)
-fn bpe_long_stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    touch_all();
-    let j = linear_index(wg, nwg, lid);
-    if (j >= atomicLoad(&counters[0])) { return; }
+// Per window (grid-stride over the queued windows): its seam, the first position of the
+// overlap with the window on its left where both windows' encodings hold a token with the
+// same start and id (scratch state word 3; the piece's start for its first window). None:
+// LONG_SEAM_FAILED and counters[5] += 1, and the driver merges that piece again with longer
+// windows.
+fn stitch_one(j: u32) {
     let win = longs[2u * j];
     let info = longs[2u * j + 1u];
     if (info.z == 0u) {
@@ -1185,6 +1181,18 @@ fn bpe_long_stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
 }
 
+@compute @workgroup_size(64)
+fn bpe_long_stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let total = atomicLoad(&counters[0]);
+    work += 1u;
+    for (var j = linear_index(wg, nwg, lid); j < total; j += nwg.x * nwg.y * WG) {
+        work += 1u;
+        stitch_one(j);
+    }
+}
+
 // --- KERNEL: bpe_long_copy ---
 @group(0) @binding(0) var<storage, read> text: array<u32>;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
@@ -1198,15 +1206,11 @@ fn bpe_long_stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 @group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
 @group(0) @binding(10) var<uniform> p: Params;
 
-// One workgroup per window: tok_buf[x] = the window's toks for x in [its seam, the next
-// window's seam) (the piece's end for the last window). Skipped for a piece with a failed
-// seam (the driver encodes it again) and for a piece that is itself a token (done).
-@compute @workgroup_size(64)
-fn bpe_long_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-    touch_all();
-    let j = workgroup_index(wg, nwg);
-    if (j >= atomicLoad(&counters[0])) { return; }
+// Per window (one workgroup, workgroup-stride over the queued windows): tok_buf[x] = the
+// window's toks for x in [its seam, the next window's seam) (the piece's end for the last
+// window). Skipped for a piece with a failed seam (the driver merges it again) and for a
+// piece that is itself a token (done).
+fn copy_one(j: u32, lid: u32) {
     let win = longs[2u * j];
     let info = longs[2u * j + 1u];
     if (scratch[win.z] == PH_DIRECT) { return; }
@@ -1224,5 +1228,17 @@ fn bpe_long_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     for (var x = lo + lid; x < hi; x += WG) {
         work += 1u;
         tok_buf[x] = scratch[toks + x - win.x];
+    }
+}
+
+@compute @workgroup_size(64)
+fn bpe_long_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let total = atomicLoad(&counters[0]);
+    work += 1u;
+    for (var j = workgroup_index(wg, nwg); j < total; j += nwg.x * nwg.y) {
+        work += 1u;
+        copy_one(j, lid);
     }
 }
