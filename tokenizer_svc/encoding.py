@@ -553,10 +553,22 @@ class Encoding:
     def decode_bytes_batch(self, batch: Sequence[Sequence[int]], *,
                            num_threads: int = 8) -> list[bytes]:
         """All documents in one GPU call."""
-        arrays = [np.asarray(b, dtype=np.int64).reshape(-1) for b in batch]
+        arrays = [np.asarray(b).reshape(-1) for b in batch]
+        if not all(a.dtype == np.uint32 for a in arrays):   # numpy uint32 (encode's) as is
+            arrays = [a.astype(np.int64) for a in arrays]
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        counts = np.array([a.size for a in arrays], dtype=np.int64)
+        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        from .gpu_decode import InvalidIdError
+        decode_docs = getattr(self.backend, "decode_docs", None)
         try:
+            if decode_docs is not None and flat.dtype == np.uint32:
+                starts = np.zeros(len(arrays) + 1, np.int64)
+                np.cumsum(counts, out=starts[1:])
+                try:
+                    return decode_docs(flat, starts)
+                except InvalidIdError as exc:
+                    raise InvalidTokenError(exc.token, exc.position, self.name,
+                                            self.n_vocab) from None
             data = self._decode(flat)
         except InvalidTokenError as exc:
             doc = int(np.searchsorted(np.cumsum(counts), exc.position, side="right"))

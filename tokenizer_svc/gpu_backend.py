@@ -140,3 +140,8 @@ class GpuBackend:
     def decode(self, ids: np.ndarray) -> bytes:
         with self.lock:
             return self.decoder.decode(ids)
+
+    def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
+        """uint32 ids of many documents (doc_starts: n + 1 token offsets) -> their bytes."""
+        with self.lock:
+            return self.decoder.decode_docs(ids, doc_starts)
