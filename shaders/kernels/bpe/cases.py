@@ -200,7 +200,7 @@ register(KernelCase(
     name="bpe_decode", family="bpe", precision="exact",
     description="ids -> bytes: token lengths, prefix sum, gather",
     kernels=[("bpe_decode.wgsl", "dec_lengths"), ("bpe_decode.wgsl", "dec_gather"),
-             ("bpe_decode.wgsl", "dec_total")],
+             ("bpe_decode.wgsl", "dec_total"), ("bpe_decode.wgsl", "dec_bounds")],
     inputs=_decode_inputs, launch=_decode_launch, reference=_decode_reference,
     variants=("random", "one"),
     bytes=lambda inp: 4.0 * inp["ids"].size * 4 + 8.0 * inp["ids"].size))
