@@ -93,3 +93,15 @@ def test_decode_batch_of_uint32_arrays_names_the_document_of_a_bad_id(pair):
         enc.decode_bytes_batch(batch)
     assert info.value.token == enc.n_vocab + 7
     assert info.value.document == 1 and info.value.position == 1
+
+
+def test_decode_batch_larger_than_one_call(pair):
+    enc, tik = pair
+    docs = ["hello world " * 20, "", "日本語" * 40, "end"]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    saved, decoder.max_call_ids = decoder.max_call_ids, 7
+    try:
+        assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    finally:
+        decoder.max_call_ids = saved

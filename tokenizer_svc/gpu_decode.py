@@ -78,11 +78,10 @@ class GpuDecoder:
         ids = np.ascontiguousarray(ids, dtype=np.uint32)
         n_docs = int(doc_starts.size - 1)
         if ids.size == 0 or ids.size > self.max_call_ids:
-            data = self.decode(ids)
-            byte_ends = np.concatenate([[0], np.cumsum(
-                self.tables.token_lengths[ids.astype(np.int64)])]) if ids.size else \
-                np.zeros(1, np.int64)
-            bounds = byte_ends[doc_starts].tolist()
+            data = self.decode(ids)   # several calls (or none): offsets from the lengths
+            byte_ends = np.zeros(ids.size + 1, np.int64)
+            np.cumsum(self.tables.token_lengths[ids], dtype=np.int64, out=byte_ends[1:])
+            bounds = byte_ends[np.asarray(doc_starts, np.int64)].tolist()
             return [data[bounds[i]:bounds[i + 1]] for i in range(n_docs)]
         return self._call(ids, np.ascontiguousarray(doc_starts, dtype=np.uint32))
 
