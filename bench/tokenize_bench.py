@@ -21,7 +21,8 @@ every document (the count of documents that differ is reported), then timed (med
   hf         tokenizers (the vocabulary converted by trainer_svc.export_hf.tokenizer_json),
              encode_batch / decode_batch, all cores
   peers      gigatoken, toktok-rs, bpe-openai, tokie: only if importable (skipped with a note)
-plus a lone 1 KB document (istanbul encode_ordinary, p50/p99 of --lone-calls calls) and
+plus a lone 1 KB document (istanbul encode_ordinary, p50/p99 of --lone-calls calls), single
+pieces of --piece-bytes (one letter, CJK, random letters: istanbul and tiktoken, exact?) and
 istanbul's time split by phase in one profiled pass: upload (host writes), GPU kernels per
 phase (GPU timestamps), readback (waiting for and copying the results).
 Runs on either WebGPU implementation: ISTANBUL_BACKEND=wgpu or dawn.
@@ -263,6 +264,23 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     lone_ms = {"bytes": len(lone.encode()), "p50_ms": float(np.percentile(lone_s, 50)) * 1e3,
                "p99_ms": float(np.percentile(lone_s, 99)) * 1e3}
 
+    # single long pieces (one pre-token each): time and exactness, istanbul and tiktoken
+    single = []
+    rng = np.random.default_rng(7)
+    letters = "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1, args.piece_bytes))
+    for kind, text in (("one letter", "x" * args.piece_bytes),
+                       ("CJK without spaces",
+                        ("日本語中文漢字" * args.piece_bytes)[:args.piece_bytes // 3]),
+                       ("random letters", letters)):
+        start = time.perf_counter()
+        got = enc.encode_ordinary(text)
+        ist_s = time.perf_counter() - start
+        start = time.perf_counter()
+        ref = tik.encode_ordinary(text)
+        tik_s = time.perf_counter() - start
+        single.append({"piece": kind, "bytes": len(text.encode()), "exact": got == ref,
+                       "istanbul_s": ist_s, "tiktoken_s": tik_s})
+
     # where istanbul's time goes (one profiled run: per-dispatch timestamps)
     encoder = enc.backend.encoder
     encoder.profile = True
@@ -318,7 +336,8 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     fastest = max(exact_peers, key=lambda r: r["encode_MBps"])
     return {"vocab": name, "tokens": int(flat_want.size), "rows": rows, "notes": notes,
             "istanbul_phases_s": phases, "istanbul_profiled_wall_s": wall,
-            "istanbul_lone_1kb": lone_ms, "istanbul_long_windows": prof.long_windows,
+            "istanbul_lone_1kb": lone_ms, "single_long_pieces": single,
+            "istanbul_long_windows": prof.long_windows,
             "istanbul_long_retried": prof.long_retried,
             "fastest_exact_peer": fastest["impl"],
             "speedup_vs_fastest_exact_peer": rows[0]["encode_MBps"] / fastest["encode_MBps"],
@@ -346,6 +365,11 @@ def markdown(result: dict) -> str:
                   f"p99 {lone['p99_ms']:.2f} ms (target <= 1 ms). Long pieces: "
                   f"{v['istanbul_long_windows']} windows, {v['istanbul_long_retried']} pieces "
                   "merged again.", "",
+                  "| single piece | bytes | exact | istanbul s | tiktoken s |",
+                  "|---|---:|---|---:|---:|"] + [
+                  f"| {p['piece']} | {p['bytes']:,} | {'yes' if p['exact'] else 'NO'} | "
+                  f"{p['istanbul_s']:.3f} | {p['tiktoken_s']:.3f} |"
+                  for p in v["single_long_pieces"]] + ["",
                   "istanbul encode, one profiled run (GPU timestamps per phase; the profiled run "
                   "waits for every submit, so its wall time is above the timed runs'):", "",
                   "| phase | ms |", "|---|---|"]
@@ -369,6 +393,8 @@ def main(argv=None) -> int:
                         help="share of the corpus generated (multilingual, adversarial)")
     parser.add_argument("--lone-calls", type=int, default=200,
                         help="calls timed for the lone 1 KB document")
+    parser.add_argument("--piece-bytes", type=int, default=1_000_000,
+                        help="size of the single long pieces timed (default 1 MB)")
     parser.add_argument("--adapter", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
