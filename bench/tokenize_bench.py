@@ -215,6 +215,14 @@ def hf_encoder(vocab):
 
 
 def mismatches(got, want) -> int:
+    """Documents whose ids differ (a vectorised check first: all equal is the common case)."""
+    try:
+        if len(got) == len(want) and [len(g) for g in got] == [len(w) for w in want] and \
+                np.array_equal(np.concatenate([np.asarray(g, np.int64) for g in got] or [[]]),
+                               np.concatenate([np.asarray(w, np.int64) for w in want] or [[]])):
+            return 0
+    except (TypeError, ValueError):
+        pass
     return sum(1 for g, w in zip(got, want) if list(map(int, g)) != w) + abs(len(got) - len(want))
 
 
