@@ -276,10 +276,12 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     single = []
     rng = np.random.default_rng(7)
     letters = "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1, args.piece_bytes))
-    for kind, text in (("one letter", "x" * args.piece_bytes),
-                       ("CJK without spaces",
-                        ("日本語中文漢字" * args.piece_bytes)[:args.piece_bytes // 3]),
-                       ("random letters", letters)):
+    pieces = [(kind, size) for size in (args.piece_bytes // 100, args.piece_bytes // 10,
+                                        args.piece_bytes)
+              for kind in ("one letter", "CJK without spaces", "random letters")]
+    for kind, size in pieces:   # 10 KB, 100 KB, 1 MB by default: the scaling
+        text = {"one letter": "x" * size, "CJK without spaces": ("日本語中文漢字" * size)[:size // 3],
+                "random letters": letters[:size]}[kind]
         start = time.perf_counter()
         got = enc.encode_ordinary(text)
         ist_s = time.perf_counter() - start
@@ -402,7 +404,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lone-calls", type=int, default=200,
                         help="calls timed for the lone 1 KB document")
     parser.add_argument("--piece-bytes", type=int, default=1_000_000,
-                        help="size of the single long pieces timed (default 1 MB)")
+                        help="largest single long piece timed, also 1/10 and 1/100 of it "
+                             "(default 1 MB)")
     parser.add_argument("--adapter", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
