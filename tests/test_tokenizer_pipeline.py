@@ -164,6 +164,7 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
     inline.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
     inline.k_long_sg = None
     inline.pipeline_bytes = 2000
+    inline.inline_min_bytes = 0
     inline.profile = True
     docs = ["x" * 640, "short words here", "日本語" * 200, "tokenizer" * 70 + " end"]
     assert inline.inline_long_for(2000)

@@ -89,6 +89,9 @@ MAX_RESUME_DISPATCHES = 64
 # < 6), and the windows' kernels run grid-stride.
 INLINE_WORDS_PER_BYTE = 6
 INLINE_LONG_WORKGROUPS = 1024
+# Below this a chunk records no long-piece dispatches (a lone small request pays for none;
+# the rare long piece in it takes the slow path).
+INLINE_MIN_BYTES = 64 << 10
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -159,6 +162,7 @@ class GpuEncoder:
         self.scratch_limit_words = binding // 4 - 16
         self.pipeline_bytes = PIPELINE_BYTES
         self.inline_long = True   # False: long pieces always on the slow path (tests compare)
+        self.inline_min_bytes = INLINE_MIN_BYTES
         self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
         self._staging: dict[int, Buffer] = {}
         self.profile = False
@@ -348,10 +352,11 @@ class GpuEncoder:
 
     def inline_long_for(self, n: int) -> bool:
         """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
-        loop budget) when the worst-case work space fits one binding."""
+        loop budget), for chunks of at least inline_min_bytes, when the worst-case work space
+        fits one binding."""
         limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
                     int(self.device.limits.get("max-buffer-size", 1 << 30)))
-        return self.budget == NONE and self.inline_long and \
+        return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
             100 * self.long_overlap <= 18 * self.long_window and \
             4 * INLINE_WORDS_PER_BYTE * n <= limit
 
