@@ -173,3 +173,30 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
         [tik.encode_ordinary(d) for d in docs]
     assert inline.last_profile.gpu.get("stitch", 0) > 0
     assert (inline.last_profile.long_retried > 0) == (window == 201)
+
+
+def test_encode_batch_flat_into_a_callers_array(chunked):
+    enc, _, tik = chunked
+    eot = "<|endoftext|>"
+    docs = ["hello world", "", "日本語 " * 100, "x" * 300]
+    need = sum(len(d.encode()) for d in docs)
+    out = np.full(need + 3, 7, np.uint32)
+    ids, offsets = enc.encode_batch_flat(docs, out=out)
+    assert np.shares_memory(ids, out)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    # special tokens and bytes documents take the general path, then copy into out
+    with_eot = docs + [eot + "a"]
+    out = np.zeros(need + 20, np.uint32)
+    ids, offsets = enc.encode_batch_flat(with_eot, allowed_special="all", out=out)
+    assert np.shares_memory(ids, out)
+    assert ids[offsets[-2]:].tolist() == tik.encode(eot + "a", allowed_special="all")
+    raw = [b"\xff ok", b""]
+    ids, offsets = enc.encode_batch_flat(raw, out=np.zeros(16, np.uint32))
+    assert ids.tolist() == tik._encode_bytes(raw[0])
+    with pytest.raises(ValueError, match="need up to"):
+        enc.encode_batch_flat(docs, out=np.zeros(need - 1, np.uint32))
+    with pytest.raises(ValueError, match="1-D numpy uint32"):
+        enc.encode_batch_flat(docs, out=np.zeros(need, np.int32))
+    with pytest.raises(ValueError, match="disallowed special"):
+        enc.encode_batch_flat([eot], disallowed_special="all", out=np.zeros(64, np.uint32))

@@ -366,15 +366,22 @@ class Encoding:
 
     def encode_batch_flat(self, docs: Sequence[str | bytes], *,
                           allowed_special: Literal["all"] | AbstractSet[str] = frozenset(),
-                          disallowed_special: Literal["all"] | Collection[str] = ()
-                          ) -> tuple[np.ndarray, np.ndarray]:
+                          disallowed_special: Literal["all"] | Collection[str] = (),
+                          out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Many documents in one GPU call -> (ids uint32, offsets int64 of len(docs) + 1).
 
         Document i is ids[offsets[i]:offsets[i+1]]. `str` documents follow `encode` with the
         given special-token arguments (default: like `encode_ordinary`); `bytes` documents
         follow `encode_bytes` (raw bytes, special-token text is ordinary text).
+
+        `out`: a 1-D uint32 array with at least as many elements as the documents have UTF-8
+        bytes (no document has more tokens than bytes); the ids are written into it and the
+        ids returned are its first elements. For ordinary `str` documents on the GPU the ids
+        go straight from the readback buffer into it.
         """
         docs = list(docs)
+        if out is not None:
+            return self._into(out, docs, allowed_special, disallowed_special)
         if all(isinstance(d, str) for d in docs):
             return self._encode_texts(docs, allowed_special, disallowed_special)
         if all(isinstance(d, (bytes, bytearray, memoryview)) for d in docs):
@@ -388,6 +395,30 @@ class Encoding:
             for k, i in enumerate(group):
                 parts[i] = ids[offsets[k]:offsets[k + 1]]
         return _flatten(parts)
+
+    def _into(self, out, docs, allowed_special, disallowed_special):
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
+            raise ValueError("out must be a 1-D numpy uint32 array, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} "
+                             f"{getattr(out, 'shape', '')}")
+        allowed, _ = resolve_special(self.vocab.special_tokens, allowed_special,
+                                     disallowed_special)
+        if not allowed and self._hf is None and all(isinstance(d, str) for d in docs):
+            packed_encode = getattr(self.backend, "encode_packed", None)
+            packed = _pack_utf8(docs) if packed_encode is not None else None
+            if packed is not None:
+                self._encode_texts(docs, allowed_special, disallowed_special, check_only=True)
+                if out.size < len(packed[0]):
+                    raise ValueError(f"out has {out.size:,} elements; these documents need "
+                                     f"up to {len(packed[0]):,} (one per UTF-8 byte)")
+                return packed_encode(*packed, out=out)
+        ids, offsets = self.encode_batch_flat(docs, allowed_special=allowed_special,
+                                              disallowed_special=disallowed_special)
+        if out.size < ids.size:
+            raise ValueError(f"out has {out.size:,} elements; these documents have "
+                             f"{ids.size:,} tokens")
+        out[:ids.size] = ids
+        return out[:ids.size], offsets
 
     def encode_with_offsets(self, text: str, unit: Literal["byte", "char"] = "byte", *,
                             allowed_special: Literal["all"] | AbstractSet[str] = set(),
@@ -417,12 +448,14 @@ class Encoding:
         raise ValueError(f"unit must be 'byte' or 'char', got {unit!r}")
 
     def _encode_texts(self, texts: list[str], allowed_special, disallowed_special,
-                      hf_all: bool = False):
+                      hf_all: bool = False, check_only: bool = False):
         allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
                                               disallowed_special)
         if disallowed:
             for text in texts:
                 check_disallowed(text, disallowed)
+        if check_only:   # the disallowed-special check alone (encode_batch_flat's out=)
+            return None
         if not allowed:
             return self._encode_ordinary_many(texts)
         if self._hf is not None:  # tokenizers' added-token rules, restricted to `allowed`

@@ -106,13 +106,19 @@ class GpuBackend:
         np.cumsum(per_segment, out=first_piece[1:])
         return ids, piece_offsets[first_piece]
 
-    def encode_packed(self, data: bytes, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Like encode_segments for segments already joined: `starts` holds n + 1 offsets."""
+    def encode_packed(self, data: bytes, starts: np.ndarray, out: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Like encode_segments for segments already joined: `starts` holds n + 1 offsets;
+        `out` as GpuEncoder.encode_docs."""
         if not self.on_gpu_pretok:
-            return self.encode_segments([data[starts[i]:starts[i + 1]]
-                                         for i in range(starts.size - 1)])
+            ids, offsets = self.encode_segments([data[starts[i]:starts[i + 1]]
+                                                 for i in range(starts.size - 1)])
+            if out is None:
+                return ids, offsets
+            out[:ids.size] = ids
+            return out[:ids.size], offsets
         with self.lock:
-            return self.encoder.encode_docs(data, starts)
+            return self.encoder.encode_docs(data, starts, out=out)
 
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         if self.cpu_merges is not None:
