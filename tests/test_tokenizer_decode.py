@@ -70,3 +70,38 @@ def test_large_decode_matches(device):
     rng = np.random.default_rng(1)
     ids = rng.integers(0, len(vocab.ranks), 300_000).tolist()
     assert enc.decode_bytes(ids) == tik.decode_bytes(ids)
+
+
+@pytest.mark.parametrize("bytes_per_id", [0.0, 200.0])
+def test_decode_output_guess_short_or_long(pair, bytes_per_id):
+    """The decoder sizes its one-submit output by a guess; a short one gathers again at the
+    exact size, a long one reads only the bytes there are."""
+    enc, tik = pair
+    docs = ["hello world " * 50, "日本語のテキスト" * 30, "", "x"]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    enc.backend.decoder.bytes_per_id = bytes_per_id
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    enc.backend.decoder.bytes_per_id = bytes_per_id
+    flat = np.concatenate(batch)
+    assert enc.decode_bytes(flat.tolist()) == tik.decode_bytes(flat.tolist())
+
+
+def test_decode_batch_of_uint32_arrays_names_the_document_of_a_bad_id(pair):
+    enc, _ = pair
+    batch = [np.array([1, 2], np.uint32), np.array([3, enc.n_vocab + 7], np.uint32)]
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch(batch)
+    assert info.value.token == enc.n_vocab + 7
+    assert info.value.document == 1 and info.value.position == 1
+
+
+def test_decode_batch_larger_than_one_call(pair):
+    enc, tik = pair
+    docs = ["hello world " * 20, "", "日本語" * 40, "end"]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    saved, decoder.max_call_ids = decoder.max_call_ids, 7
+    try:
+        assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    finally:
+        decoder.max_call_ids = saved

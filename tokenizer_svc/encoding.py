@@ -272,6 +272,10 @@ class Encoding:
     def _encode_ordinary_many(self, texts: list[str]):
         if self._hf is not None:
             texts = [self._hf.normalize(fix_surrogates(t)) for t in texts]
+        packed_encode = getattr(self.backend, "encode_packed", None)
+        packed = _pack_utf8(texts) if packed_encode is not None else None
+        if packed is not None:
+            return packed_encode(*packed)
         return self.backend.encode_segments([_utf8(t) for t in texts])
 
     def encode_batch(self, text: Sequence[str], *, num_threads: int = 8,
@@ -362,15 +366,22 @@ class Encoding:
 
     def encode_batch_flat(self, docs: Sequence[str | bytes], *,
                           allowed_special: Literal["all"] | AbstractSet[str] = frozenset(),
-                          disallowed_special: Literal["all"] | Collection[str] = ()
-                          ) -> tuple[np.ndarray, np.ndarray]:
+                          disallowed_special: Literal["all"] | Collection[str] = (),
+                          out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Many documents in one GPU call -> (ids uint32, offsets int64 of len(docs) + 1).
 
         Document i is ids[offsets[i]:offsets[i+1]]. `str` documents follow `encode` with the
         given special-token arguments (default: like `encode_ordinary`); `bytes` documents
         follow `encode_bytes` (raw bytes, special-token text is ordinary text).
+
+        `out`: a 1-D uint32 array with at least as many elements as the documents have UTF-8
+        bytes (no document has more tokens than bytes); the ids are written into it and the
+        ids returned are its first elements. For ordinary `str` documents on the GPU the ids
+        go straight from the readback buffer into it.
         """
         docs = list(docs)
+        if out is not None:
+            return self._into(out, docs, allowed_special, disallowed_special)
         if all(isinstance(d, str) for d in docs):
             return self._encode_texts(docs, allowed_special, disallowed_special)
         if all(isinstance(d, (bytes, bytearray, memoryview)) for d in docs):
@@ -384,6 +395,30 @@ class Encoding:
             for k, i in enumerate(group):
                 parts[i] = ids[offsets[k]:offsets[k + 1]]
         return _flatten(parts)
+
+    def _into(self, out, docs, allowed_special, disallowed_special):
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
+            raise ValueError("out must be a 1-D numpy uint32 array, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} "
+                             f"{getattr(out, 'shape', '')}")
+        allowed, _ = resolve_special(self.vocab.special_tokens, allowed_special,
+                                     disallowed_special)
+        if not allowed and self._hf is None and all(isinstance(d, str) for d in docs):
+            packed_encode = getattr(self.backend, "encode_packed", None)
+            packed = _pack_utf8(docs) if packed_encode is not None else None
+            if packed is not None:
+                self._encode_texts(docs, allowed_special, disallowed_special, check_only=True)
+                if out.size < len(packed[0]):
+                    raise ValueError(f"out has {out.size:,} elements; these documents need "
+                                     f"up to {len(packed[0]):,} (one per UTF-8 byte)")
+                return packed_encode(*packed, out=out)
+        ids, offsets = self.encode_batch_flat(docs, allowed_special=allowed_special,
+                                              disallowed_special=disallowed_special)
+        if out.size < ids.size:
+            raise ValueError(f"out has {out.size:,} elements; these documents have "
+                             f"{ids.size:,} tokens")
+        out[:ids.size] = ids
+        return out[:ids.size], offsets
 
     def encode_with_offsets(self, text: str, unit: Literal["byte", "char"] = "byte", *,
                             allowed_special: Literal["all"] | AbstractSet[str] = set(),
@@ -413,12 +448,14 @@ class Encoding:
         raise ValueError(f"unit must be 'byte' or 'char', got {unit!r}")
 
     def _encode_texts(self, texts: list[str], allowed_special, disallowed_special,
-                      hf_all: bool = False):
+                      hf_all: bool = False, check_only: bool = False):
         allowed, disallowed = resolve_special(self.vocab.special_tokens, allowed_special,
                                               disallowed_special)
         if disallowed:
             for text in texts:
                 check_disallowed(text, disallowed)
+        if check_only:   # the disallowed-special check alone (encode_batch_flat's out=)
+            return None
         if not allowed:
             return self._encode_ordinary_many(texts)
         if self._hf is not None:  # tokenizers' added-token rules, restricted to `allowed`
@@ -549,10 +586,22 @@ class Encoding:
     def decode_bytes_batch(self, batch: Sequence[Sequence[int]], *,
                            num_threads: int = 8) -> list[bytes]:
         """All documents in one GPU call."""
-        arrays = [np.asarray(b, dtype=np.int64).reshape(-1) for b in batch]
+        arrays = [np.asarray(b).reshape(-1) for b in batch]
+        if not all(a.dtype == np.uint32 for a in arrays):   # numpy uint32 (encode's) as is
+            arrays = [a.astype(np.int64) for a in arrays]
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        counts = np.array([a.size for a in arrays], dtype=np.int64)
+        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        from .gpu_decode import InvalidIdError
+        decode_docs = getattr(self.backend, "decode_docs", None)
         try:
+            if decode_docs is not None and flat.dtype == np.uint32:
+                starts = np.zeros(len(arrays) + 1, np.int64)
+                np.cumsum(counts, out=starts[1:])
+                try:
+                    return decode_docs(flat, starts)
+                except InvalidIdError as exc:
+                    raise InvalidTokenError(exc.token, exc.position, self.name,
+                                            self.n_vocab) from None
             data = self._decode(flat)
         except InvalidTokenError as exc:
             doc = int(np.searchsorted(np.cumsum(counts), exc.position, side="right"))
@@ -636,6 +685,24 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         return fix_surrogates(text).encode("utf-8")
+
+
+def _pack_utf8(texts: list[str]) -> tuple[bytes, np.ndarray] | None:
+    """(the texts' UTF-8 joined, their n + 1 byte starts) with a constant number of Python
+    operations (one join and encode, C-level maps for the lengths); None if a text holds a
+    lone surrogate (then each text is encoded on its own, with tiktoken's replacement)."""
+    try:
+        data = "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    if len(data) == int(chars.sum()):   # all ASCII: characters are bytes
+        np.cumsum(chars, out=starts[1:])
+    else:
+        np.cumsum(np.fromiter(map(len, map(str.encode, texts)), dtype=np.int64,
+                              count=len(texts)), out=starts[1:])
+    return data, starts
 
 
 def _split(ids: np.ndarray, offsets: np.ndarray) -> list[list[int]]:

@@ -106,6 +106,20 @@ class GpuBackend:
         np.cumsum(per_segment, out=first_piece[1:])
         return ids, piece_offsets[first_piece]
 
+    def encode_packed(self, data: bytes, starts: np.ndarray, out: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Like encode_segments for segments already joined: `starts` holds n + 1 offsets;
+        `out` as GpuEncoder.encode_docs."""
+        if not self.on_gpu_pretok:
+            ids, offsets = self.encode_segments([data[starts[i]:starts[i + 1]]
+                                                 for i in range(starts.size - 1)])
+            if out is None:
+                return ids, offsets
+            out[:ids.size] = ids
+            return out[:ids.size], offsets
+        with self.lock:
+            return self.encoder.encode_docs(data, starts, out=out)
+
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         if self.cpu_merges is not None:
             parts = [self.cpu_merges.bpe(p) for p in pieces]
@@ -132,3 +146,8 @@ class GpuBackend:
     def decode(self, ids: np.ndarray) -> bytes:
         with self.lock:
             return self.decoder.decode(ids)
+
+    def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
+        """uint32 ids of many documents (doc_starts: n + 1 token offsets) -> their bytes."""
+        with self.lock:
+            return self.decoder.decode_docs(ids, doc_starts)

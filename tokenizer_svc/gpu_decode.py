@@ -3,8 +3,11 @@
     dec = GpuDecoder(device, tables, encoder_pool)
     data = dec.decode(np.array(ids, np.uint32))        # bytes; raises InvalidIdError
 
-Two submissions: lengths + prefix sum + total (one small read: first invalid position and the
-byte count), then the gather and the read of the bytes.
+One submission on the fast path: lengths + prefix sum + total + the gather into an output
+sized by a guess (1.25 x the previous call's bytes per id), with the status words and the
+bytes copied into a persistent mapped staging buffer, then one map. A guess that was short
+(or an invalid id) is found in the status words: then the gather runs again at the exact size
+(a second submit and read).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import time
 
 import numpy as np
 
-from shaders.engine import Device
+from shaders.engine import Buffer, Device
+from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
 
@@ -39,10 +43,13 @@ class GpuDecoder:
         self.scan = GpuScan(device, self.pool)
         self.k_lengths = device.kernel(DECODE_FILE, "dec_lengths")
         self.k_total = device.kernel(DECODE_FILE, "dec_total")
+        self.k_bounds = device.kernel(DECODE_FILE, "dec_bounds")
         self.k_gather = device.kernel(DECODE_FILE, "dec_gather")
         binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
         # out may hold up to max_tok_len bytes per id; stay under the binding limit
         self.max_call_ids = max(1, binding // max(4, tables.layout["max_tok_len"]) - 1024)
+        self.bytes_per_id = 4.0   # the output guess; updated from every call
+        self._staging: Buffer | None = None
         self.profile = False
         self.gpu_times: list = []
         self.upload_s = 0.0
@@ -64,7 +71,32 @@ class GpuDecoder:
                 raise InvalidIdError(exc.token, exc.position + lo) from None
         return b"".join(parts)
 
-    def _call(self, ids: np.ndarray) -> bytes:
+    def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
+        """The bytes of each document: ids (uint32) of all documents, doc_starts their n + 1
+        token offsets. One call when the ids fit one (the documents' byte offsets come from
+        the GPU with the bytes, each document is copied once out of the mapped buffer)."""
+        ids = np.ascontiguousarray(ids, dtype=np.uint32)
+        n_docs = int(doc_starts.size - 1)
+        if ids.size == 0 or ids.size > self.max_call_ids:
+            data = self.decode(ids)   # several calls (or none): offsets from the lengths
+            byte_ends = np.zeros(ids.size + 1, np.int64)
+            np.cumsum(self.tables.token_lengths[ids], dtype=np.int64, out=byte_ends[1:])
+            bounds = byte_ends[np.asarray(doc_starts, np.int64)].tolist()
+            return [data[bounds[i]:bounds[i + 1]] for i in range(n_docs)]
+        return self._call(ids, np.ascontiguousarray(doc_starts, dtype=np.uint32))
+
+    def _staging_for(self, nbytes: int) -> Buffer:
+        if self._staging is None or self._staging.nbytes < nbytes:
+            if self._staging is not None:
+                self._staging.destroy()
+            size = 1 << max(int(nbytes) - 1, 15).bit_length()
+            self._staging = self.device.buffer(size, np.uint8, label="bpe decode staging",
+                                               usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
+        return self._staging
+
+    def _call(self, ids: np.ndarray, doc_starts: np.ndarray | None = None):
+        """The bytes of `ids`; with doc_starts (n_docs + 1 token offsets), a list of each
+        document's bytes."""
         dev, pool = self.device, self.pool
         n = int(ids.size)
         lay = self.tables.layout
@@ -78,22 +110,55 @@ class GpuDecoder:
         dummy_r = pool.get("dec_dummy_r", 16)
         dummy_w = pool.get("dec_dummy_w", 16)
         self.upload_s += time.perf_counter() - t0
+        guess = min(n * max(4, lay["max_tok_len"]), int(self.bytes_per_id * 1.25 * n) + 64)
+        guess = -(-guess // 4) * 4
+        out = pool.get("dec_out", guess)
+        n_bounds = 0 if doc_starts is None else int(doc_starts.size)
+        at = 16 + 4 * n_bounds   # staging: status | document byte offsets | bytes
+        staging = self._staging_for(at + guess)
+        if n_bounds:
+            starts_buf = pool.get("dec_doc_starts", 4 * n_bounds)
+            starts_buf.write(doc_starts)
+            doc_bytes = pool.get("dec_doc_bytes", 4 * n_bounds)
         params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
-                            0, 0, 0, 0)
-        with dev.record("bpe decode lengths", timing=self.profile) as rec:
+                            guess, 0, 0, 0)
+        with dev.record("bpe decode", timing=self.profile) as rec:
             rec.dispatch(self.k_lengths, [ids_buf, self.vocab_buf, dummy_r, lens, dummy_w, status,
                                           params], -(-n // 256), "dec_lengths")
             self.scan.record(rec, lens, n, offs, mode=0)
             rec.dispatch(self.k_total, [ids_buf, self.vocab_buf, offs, dummy_w, dummy_r, status,
                                         params], 1, "dec_total")
+            rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
+                                         params], -(-n // 256), "dec_gather")
+            if n_bounds:
+                bparams = dev.params("IIIIIIII", n_bounds, lay["n_table"], 0, 0, 0, 0, 0, 0)
+                rec.dispatch(self.k_bounds, [starts_buf, self.vocab_buf, offs, doc_bytes,
+                                             dummy_w, status, bparams], -(-n_bounds // 256),
+                             "dec_bounds")
+                rec.copy(doc_bytes, staging, 4 * n_bounds, dst_offset=16)
+            rec.copy(status, staging, 16)
+            rec.copy(out, staging, guess, dst_offset=at)
         self.gpu_times += rec.gpu_times
         t0 = time.perf_counter()
-        first_bad, total = (int(v) for v in dev.download(status.view(0, 16), np.uint32)[:2])
+        staging.raw.map_async("READ", 0, at + guess).sync_wait()
+        try:
+            view = staging.raw.read_mapped(0, at + guess, copy=False)
+            first_bad, total = (int(v) for v in np.frombuffer(view, np.uint32, count=2))
+            bounds = np.frombuffer(view, np.uint32, count=n_bounds, offset=16).tolist()
+            data = None
+            if first_bad == NONE and total <= guess:
+                body = view[at:at + total]
+                data = bytes(body) if not n_bounds else \
+                    [bytes(body[bounds[i]:bounds[i + 1]]) for i in range(n_bounds - 1)]
+        finally:
+            staging.raw.unmap()
         self.readback_s += time.perf_counter() - t0
         if first_bad != NONE:
             raise InvalidIdError(int(ids[first_bad]), first_bad)
-        if total == 0:
-            return b""
+        self.bytes_per_id = max(total / n, 1.0)
+        if data is not None:
+            return data
+        # the guess was short: gather again at the exact size
         out = pool.get("dec_out", -(-total // 4) * 4)
         params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
                             total, 0, 0, 0)
@@ -104,4 +169,6 @@ class GpuDecoder:
         t0 = time.perf_counter()
         data = dev.download(out.view(0, -(-total // 4) * 4), np.uint8)[:total].tobytes()
         self.readback_s += time.perf_counter() - t0
+        if n_bounds:
+            return [data[bounds[i]:bounds[i + 1]] for i in range(n_bounds - 1)]
         return data

@@ -2,27 +2,44 @@
 
     enc = GpuEncoder(device, VocabTables.build(vocab), pattern="cl100k")
     ids, offsets = enc.encode_docs(data, starts)     # data: uint8, starts: n_docs + 1 offsets
+    ids, offsets = enc.encode_docs(data, starts, out=buf)  # ids written into buf (a view back)
     ids, offsets = enc.merge_pieces(data, piece_starts)   # pieces cut on the CPU
 
-One call records, per batch of documents that fits the device's binding limit:
+`out=` (for callers that keep one array, e.g. the service): a 1-D uint32 numpy array of at
+least len(data) elements (no byte starts two tokens); the returned ids are its first
+elements, so the ids are copied once, from the mapped readback buffer into it. Without it the
+encoder allocates such an array per call (np.empty: pages past the ids are never touched).
 
-    upload text + document starts
-    bpe_fill_none -> bpe_cuts -> bpe_pretok           (shaders/kernels/bpe/bpe_encode.wgsl)
-    read the counters (long pieces queued, boundary overruns)
-    bpe_merge_long                                     (only if long pieces were queued)
+A call is a pipeline of chunks of whole documents (~PIPELINE_BYTES each; a document larger
+than one device call is first split at the tokenizer's split points, tokenizer_svc/cuts.py).
+Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
+
+    write text + document starts                       (host; overlaps the previous chunk)
+    bpe_fill_none -> bpe_cuts -> bpe_pretok            (bpe_encode.wgsl)
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
-    read the document offsets, then the ids
+    copy counters, document offsets and a guess of the ids into a mapped staging buffer
+
+then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
+copied out, so the host's copy runs while the GPU works. The number of Python operations is
+constant per chunk (none per document). The slow path, taken per chunk when the counters say
+so: long pieces were queued (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, then compact
+again), a budgeted segment is unfinished (software Vulkan), or the ids guess was short.
+
+Long pieces (over SHORT_MAX bytes) are merged in windows of LONG_WINDOW bytes in parallel and
+stitched where two neighbouring windows hold the same token; the proof that this is exactly
+tiktoken's result is in bpe_encode.wgsl ("Long pieces"). A piece whose seams do not all
+stitch is merged again with longer windows, at last as one window (the plain heap merge).
 
 On software Vulkan (a per-dispatch loop budget) bpe_pretok and bpe_merge_long resume in
 rounds until done; each round must show progress (counters[4]) or the call raises
-EncoderStalled naming the input size, so no input can loop forever. Documents larger than
-one call are split at the tokenizer's split points (tokenizer_svc/cuts.py).
+EncoderStalled naming the input size, so no input can loop forever.
 
 Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters).
 `interruptible(check)` runs `check()` between the submits of the calling thread's calls.
 
-`profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch plus
-host-side upload and readback wall times) for bench/tokenize_bench.py.
+`profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch, host
+upload and readback wall times, long-piece windows and retries) for bench/tokenize_bench.py;
+timed recordings wait for each submit, so a profiled call does not overlap chunks.
 """
 
 from __future__ import annotations
@@ -35,7 +52,8 @@ from typing import Callable
 
 import numpy as np
 
-from shaders.engine import Device
+from shaders.engine import Buffer, Device
+from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
@@ -46,15 +64,37 @@ COMPACT_FILE = "bpe_compact.wgsl"
 PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
 WG = 64
 SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
-SCRATCH_WORDS_PER_BYTE = 4
-STATE_WORDS = 4  # per long piece, before its arrays (bpe_encode.wgsl)
+SCRATCH_WORDS_PER_BYTE = 5  # per byte of a long-piece window (bpe_encode.wgsl SCRATCH_PER_BYTE)
+STATE_WORDS = 4  # per long-piece window, before its arrays (bpe_encode.wgsl)
+JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
+# Long pieces are merged in windows of LONG_WINDOW bytes (+ LONG_OVERLAP of the next) and
+# stitched where two windows agree on a token (exact: bpe_encode.wgsl, "Long pieces"). A
+# piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
+# longer, then as one window. 5760 = 2^7 3^2 5: runs of one character in the real
+# vocabularies repeat their tokens every 1 to 128 bytes, which divides it.
+LONG_WINDOW = 5760
+LONG_OVERLAP = 512
+LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
 # heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
 # diverge may add up; a lone lane (the _sg kernel) may not.
 PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
-MAX_RESUME_DISPATCHES = 64  # budgeted dispatches per submit when resuming (software devices)
+LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
+MAX_RESUME_DISPATCHES = 64
+# Long pieces merged inside a chunk's one submit (GPUs): a work space of 6 words per input
+# byte bounds any queue when LONG_OVERLAP <= 0.18 LONG_WINDOW (5 words per window byte, so
+# 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes:
+# < 6), and the windows' kernels run grid-stride.
+INLINE_WORDS_PER_BYTE = 6
+INLINE_LONG_WORKGROUPS = 1024
+# Below this a chunk records no long-piece dispatches (a lone small request pays for none;
+# the rare long piece in it takes the slow path).
+INLINE_MIN_BYTES = 64 << 10
+# Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
+# dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
+PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
 
 
 class BoundaryError(RuntimeError):
@@ -72,6 +112,8 @@ class Profile:
     host_s: float = 0.0
     gpu: dict = field(default_factory=dict)  # dispatch label -> seconds
     calls: int = 0
+    long_windows: int = 0   # windows of long pieces merged (retries included)
+    long_retried: int = 0   # long pieces merged again because a seam did not stitch
 
     def add_gpu(self, times) -> None:
         for label, seconds in times:
@@ -80,20 +122,29 @@ class Profile:
 
 class GpuEncoder:
     def __init__(self, device: Device, tables: VocabTables, pattern: str | None,
-                 chunk: int = 128, max_call_bytes: int | None = None):
+                 chunk: int = 128, max_call_bytes: int | None = None,
+                 long_window: int = LONG_WINDOW, long_overlap: int = LONG_OVERLAP):
         self.device = device
         self.tables = tables
         self.pattern = pattern
         self.chunk = chunk
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        if long_overlap < 1 or long_window <= long_overlap + tables.layout["max_tok_len"]:
+            raise ValueError(f"long_window ({long_window}) must exceed long_overlap "
+                             f"({long_overlap}) plus the longest token "
+                             f"({tables.layout['max_tok_len']} bytes), and long_overlap be >= 1")
+        self.long_window, self.long_overlap = long_window, long_overlap
+        windows = {"LONG_WINDOW": long_window, "LONG_OVERLAP": long_overlap}
         constants = {"PATTERN": PATTERN_IDS[pattern]} if pattern in PATTERN_IDS else {}
         k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
         self.k_fill = k("bpe_fill_none")
         self.k_cuts = k("bpe_cuts", constants) if constants else None
-        self.k_pretok = k("bpe_pretok", constants) if constants else None
-        self.k_pieces = k("bpe_merge_pieces")
+        self.k_pretok = k("bpe_pretok", dict(constants, **windows)) if constants else None
+        self.k_pieces = k("bpe_merge_pieces", windows)
         self.k_long = k("bpe_merge_long")
+        self.k_stitch = k("bpe_long_stitch")
+        self.k_copy = k("bpe_long_copy")
         # llvmpipe ends every loop of an invocation after 65,535 iterations in total
         # (shaders/NOTES.md): there the kernels work in budgeted rounds; GPUs run unbounded.
         software = device.info.is_software
@@ -109,12 +160,29 @@ class GpuEncoder:
         # tok_buf and the scan take 4 bytes per input byte; keep every binding under the limit
         self.max_call_bytes = max_call_bytes or (binding // 4 - 1024)
         self.scratch_limit_words = binding // 4 - 16
+        self.pipeline_bytes = PIPELINE_BYTES
+        self.inline_long = True   # False: long pieces always on the slow path (tests compare)
+        self.inline_min_bytes = INLINE_MIN_BYTES
+        self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
+        self._staging: dict[int, Buffer] = {}
         self.profile = False
         self.last_profile = Profile()
         # One call at a time per encoder: a call owns the buffer pool and the counters. Run
         # several encoders (they may share `tables`) for work that must not wait on each other.
         self._lock = threading.Lock()
         self._interrupt = threading.local()  # per thread: a check run between resume rounds
+
+    def staging(self, slot: int, nbytes: int) -> Buffer:
+        """The slot's mappable readback buffer, grown by powers of two and otherwise reused."""
+        buf = self._staging.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            if buf is not None:
+                buf.destroy()
+            size = 1 << max(int(nbytes) - 1, 15).bit_length()
+            buf = self._staging[slot] = self.device.buffer(
+                size, np.uint32, label=f"bpe staging {slot}",
+                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
+        return buf
 
     @contextlib.contextmanager
     def interruptible(self, check: Callable[[], None]):
@@ -134,50 +202,95 @@ class GpuEncoder:
 
     # ---- public ---------------------------------------------------------------------------
 
-    def encode_docs(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece."""
+    def encode_docs(self, data, starts, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece.
+
+        `out`: a 1-D uint32 array of at least len(data) elements (no input byte starts two
+        tokens) that receives the ids; the ids returned are then its first elements (a view).
+        """
         if self.k_pretok is None:
             raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
                              "the CPU and call merge_pieces")
-        return self._batched(data, starts, pieces=False)
+        return self._batched(data, starts, pieces=False, out=out)
 
-    def merge_pieces(self, data, starts) -> tuple[np.ndarray, np.ndarray]:
+    def merge_pieces(self, data, starts, out: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """BPE each piece [starts[i], starts[i+1]) on the GPU; offsets are per piece."""
-        return self._batched(data, starts, pieces=True)
+        return self._batched(data, starts, pieces=True, out=out)
 
     # ---- batching -------------------------------------------------------------------------
 
-    def _batched(self, data, starts, pieces: bool):
+    def _batched(self, data, starts, pieces: bool, out=None):
         with self._lock:
-            return self._batched_locked(data, starts, pieces)
+            return self._batched_locked(data, starts, pieces, out)
 
-    def _batched_locked(self, data, starts, pieces: bool):
+    def _batched_locked(self, data, starts, pieces: bool, out=None):
         data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
         starts = np.asarray(starts, dtype=np.int64)
         n_docs = starts.size - 1
         if self.profile:
             self.last_profile = Profile()
+        if out is not None and (out.dtype != np.uint32 or out.ndim != 1
+                                or out.size < int(data.size)):
+            raise ValueError(f"out must be a 1-D uint32 array of at least {int(data.size):,} "
+                             f"elements (one per input byte), got {out.dtype} {out.shape}")
         if n_docs <= 0:
-            return np.zeros(0, np.uint32), np.zeros(max(n_docs + 1, 1), np.int64)
+            return (out[:0] if out is not None else np.zeros(0, np.uint32)), \
+                np.zeros(max(n_docs + 1, 1), np.int64)
         sub_starts, owner_first = self._split_oversize(data, starts, pieces)
-        id_parts, sub_offsets, base = [], [np.zeros(1, np.int64)], 0
-        first = 0
-        n_sub = sub_starts.size - 1
+        ids = out if out is not None else np.empty(int(data.size), np.uint32)
+        sub_offsets = np.zeros(sub_starts.size, np.int64)
+        # chunks of whole sub-documents, about pipeline_bytes each (at least one sub-document)
+        limit = min(self.pipeline_bytes, self.max_call_bytes)
+        bounds, first, n_sub = [0], 0, sub_starts.size - 1
         while first < n_sub:
-            # as many whole sub-documents as fit one call
-            limit = sub_starts[first] + self.max_call_bytes
-            last = int(np.searchsorted(sub_starts, limit, side="right")) - 1
-            last = max(min(last, n_sub), first + 1)
-            lo, hi = int(sub_starts[first]), int(sub_starts[last])
-            self._check_interrupt()
-            ids, offs = self._call(data[lo:hi], (sub_starts[first:last + 1] - lo), pieces)
-            id_parts.append(ids)
-            sub_offsets.append(offs[1:].astype(np.int64) + base)
-            base += ids.size
-            first = last
-        ids = np.concatenate(id_parts) if len(id_parts) > 1 else id_parts[0]
-        sub_offsets = np.concatenate(sub_offsets)
-        return ids, sub_offsets[owner_first]
+            last = int(np.searchsorted(sub_starts, sub_starts[first] + limit, side="right")) - 1
+            first = max(min(last, n_sub), first + 1)
+            bounds.append(first)
+        total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
+        return ids[:total], sub_offsets[owner_first]
+
+    def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
+        """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
+        work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
+        submitted before chunk k's ids are copied out of their mapped staging buffer (the
+        host-written buffers and the staging buffers alternate between two slots; the rest
+        is only written by the GPU, in queue order). Returns the number of ids written to
+        `ids`; fills sub_offsets[1:]."""
+        def upload(k):
+            lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
+            return _Chunk(self, data[lo:hi], sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
+                          pieces, slot=k % 2, first_sub=bounds[k])
+
+        base, n_chunks = 0, len(bounds) - 1
+        self._check_interrupt()
+        chunk = following = upload(0)
+        try:
+            chunk.dispatch()
+            for k in range(n_chunks):
+                following = upload(k + 1) if k + 1 < n_chunks else None  # while chunk k runs
+                chunk.wait()
+                if following is not None:
+                    self._check_interrupt()
+                    following.dispatch()
+                base = self._collect(chunk, ids, sub_offsets, base)   # while chunk k+1 runs
+                chunk = following
+        finally:   # an error or an interrupt leaves no staging buffer mapped
+            for c in (chunk, following):
+                if c is not None:
+                    c.release()
+        return base
+
+    def _collect(self, chunk, ids, sub_offsets, base: int) -> int:
+        t0 = time.perf_counter()
+        offsets, n = chunk.offsets, chunk.total
+        ids[base:base + n] = chunk.ids_view[:n]
+        sub_offsets[chunk.first_sub + 1:chunk.first_sub + offsets.size] = offsets[1:] + base
+        chunk.release()
+        self.last_profile.readback_s += time.perf_counter() - t0
+        self.last_profile.calls += 1
+        return base + n
 
     def _split_oversize(self, data, starts, pieces: bool):
         """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each
@@ -211,82 +324,87 @@ class GpuEncoder:
 
     # ---- one device call ------------------------------------------------------------------
 
-    def _call(self, data: np.ndarray, starts: np.ndarray, pieces: bool):
-        dev, pool, prof = self.device, self.pool, self.last_profile
-        n = int(data.size)
-        n_docs = int(starts.size - 1)
-        if n == 0:
-            return np.zeros(0, np.uint32), np.zeros(n_docs + 1, np.int64)
-        t0 = time.perf_counter()
-        words = np.zeros(-(-n // 4) * 4, dtype=np.uint8)
-        words[:n] = data
-        text = pool.get("text", words.nbytes)
-        text.write(words)
-        starts_buf = pool.get("starts", 4 * (n_docs + 1))
-        starts_buf.write(starts.astype(np.uint32))
-        n_chunks = -(-n // self.chunk)
-        cuts = pool.get("cuts", 16 * n_chunks)
-        tok_buf = pool.get("tok_buf", 4 * n)
-        longs = pool.get("longs", 16 * (n // (SHORT_MAX + 1) + 1))
-        counters = pool.get("counters", 32)
-        counters.write(np.zeros(8, np.uint32))
-        scratch = pool.get("scratch_dummy", 16)
+    def _binds(self, chunk, scratch_buf, budget):
         lay = self.tables.layout
-        prof.upload_s += time.perf_counter() - t0
+        params = self.device.params(
+            "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
+            lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+            lay["max_tok_len"], int(self.tables.whole_piece), budget)
+        return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
+                chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
 
-        def binds(scratch_buf, budget):
-            params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, self.chunk,
-                                lay["info_off"], lay["bytes_off"], lay["piece_off"],
-                                lay["piece_mask"], lay["pair_mask"], lay["max_tok_len"],
-                                int(self.tables.whole_piece), budget)
-            return [text, starts_buf, self.classes_buf, self.vocab_buf, self.pairs_buf, cuts,
-                    tok_buf, longs, scratch_buf, counters, params]
+    def _record_encode(self, rec, chunk) -> None:
+        binds = self._binds(chunk, self.pool.get("scratch_dummy", 16), self.budget)
+        rec.dispatch(self.k_fill, binds, -(-chunk.n // WG), "fill")
+        if chunk.pieces:
+            rec.dispatch(self.k_pieces, binds, -(-chunk.n_docs // WG), "merge_pieces")
+        else:
+            rec.dispatch(self.k_cuts, binds, -(-chunk.n_chunks // WG), "cuts")
+            rec.dispatch(self.k_pretok, binds, -(-chunk.n_chunks // WG), "pretok_merge")
+        if chunk.inline_long:
+            # long pieces in the same submit: windows, stitch, copy over however many windows
+            # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
+            binds = self._binds(chunk, self.pool.get("scratch", 4 * INLINE_WORDS_PER_BYTE
+                                                     * chunk.n), NONE)
+            rec.dispatch(self.k_long, binds, INLINE_LONG_WORKGROUPS, "merge_long")
+            rec.dispatch(self.k_stitch, binds, INLINE_LONG_WORKGROUPS, "stitch")
+            rec.dispatch(self.k_copy, binds, INLINE_LONG_WORKGROUPS, "long_copy")
 
-        with dev.record("bpe encode", timing=self.profile) as rec:
-            rec.dispatch(self.k_fill, binds(scratch, self.budget), -(-n // WG), "fill")
-            if pieces:
-                rec.dispatch(self.k_pieces, binds(scratch, self.budget), -(-n_docs // WG),
-                             "merge_pieces")
-            else:
-                rec.dispatch(self.k_cuts, binds(scratch, self.budget), -(-n_chunks // WG), "cuts")
-                rec.dispatch(self.k_pretok, binds(scratch, self.budget), -(-n_chunks // WG),
-                             "pretok_merge")
-        prof.add_gpu(rec.gpu_times)
-        n_long, long_words, overruns, unfinished, _ = self._counters(counters)
-        if unfinished:  # only with a finite budget (llvmpipe): resume the segments
-            self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(scratch, self.budget),
-                                                  -(-n_chunks // WG), "pretok_merge"),
+    def inline_long_for(self, n: int) -> bool:
+        """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
+        loop budget), for chunks of at least inline_min_bytes, when the worst-case work space
+        fits one binding."""
+        limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
+                    int(self.device.limits.get("max-buffer-size", 1 << 30)))
+        return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
+            100 * self.long_overlap <= 18 * self.long_window and \
+            4 * INLINE_WORDS_PER_BYTE * n <= limit
+
+    def _record_compact(self, rec, chunk) -> None:
+        n, n_docs = chunk.n, chunk.n_docs
+        cparams = self.device.params("IIII", n, n_docs, 0, 0)
+        self.scan.record(rec, chunk.tok_buf, n, chunk.excl, mode=1)
+        rec.dispatch(self.k_compact, [chunk.tok_buf, chunk.excl, chunk.starts, chunk.ids_buf,
+                                      chunk.doc_off, cparams],
+                     -(-max(n, n_docs + 1) // 256), "compact")
+
+    def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int) -> None:
+        """Resume the pre-tokenizer (finite budgets), merge long pieces (or, when they were
+        merged in the chunk's submit, merge again those whose seams failed), compact again
+        and read the chunk back exactly (the one-submit guess of the fast path did not
+        hold)."""
+        dev, counters, n = self.device, chunk.counters, chunk.n
+        binds = lambda scratch, budget: self._binds(chunk, scratch, budget)  # noqa: E731
+        dummy = self.pool.get("scratch_dummy", 16)
+        if unfinished:
+            self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(dummy, self.budget),
+                                                  -(-chunk.n_chunks // WG), "pretok_merge"),
                          counters, "bpe pretok resume", n)
-            n_long, long_words, overruns, _, _ = self._counters(counters)
-        if overruns:
-            raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
-                                "a piece boundary proof failed (internal error; please report "
-                                "the input)")
+            n_long, long_words, overruns = self._counters(counters)[:3]
+            if overruns:
+                raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
+                                    "a piece boundary proof failed (internal error; please "
+                                    "report the input)")
         if n_long:
-            self._merge_long(binds, longs, counters, n_long, long_words, n)
-
-        excl = pool.get("excl", 4 * (n + 1))
-        ids_buf = pool.get("ids", 4 * n)
-        doc_off = pool.get("doc_off", 4 * (n_docs + 1))
-        cparams = dev.params("IIII", n, n_docs, 0, 0)
+            self.last_profile.long_windows += n_long
+            self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
+                             merged=chunk.inline_long)
         with dev.record("bpe compact", timing=self.profile) as rec:
-            self.scan.record(rec, tok_buf, n, excl, mode=1)
-            rec.dispatch(self.k_compact, [tok_buf, excl, starts_buf, ids_buf, doc_off, cparams],
-                         -(-max(n, n_docs + 1) // 256), "compact")
-        prof.add_gpu(rec.gpu_times)
+            self._record_compact(rec, chunk)
+        self.last_profile.add_gpu(rec.gpu_times)
         t0 = time.perf_counter()
-        offsets = dev.download(doc_off.view(0, 4 * (n_docs + 1)), np.uint32).astype(np.int64)
-        total = int(offsets[-1])
-        ids = dev.download(ids_buf.view(0, 4 * total), np.uint32) if total else \
-            np.zeros(0, np.uint32)
-        prof.readback_s += time.perf_counter() - t0
-        prof.calls += 1
-        return ids, offsets
+        chunk.offsets = dev.download(chunk.doc_off.view(0, 4 * (chunk.n_docs + 1)),
+                                     np.uint32).astype(np.int64)
+        chunk.total = int(chunk.offsets[-1])
+        chunk.ids_view = dev.download(chunk.ids_buf.view(0, 4 * chunk.total), np.uint32) \
+            if chunk.total else np.zeros(0, np.uint32)
+        self.last_profile.readback_s += time.perf_counter() - t0
 
-    def _counters(self, counters) -> tuple[int, int, int, int, int]:
-        """(long pieces, scratch words, boundary overruns, unfinished, progress)."""
+    def _counters(self, counters) -> tuple[int, ...]:
+        """(long-piece windows, scratch words, boundary overruns, unfinished, progress,
+        failed seams)."""
         t0 = time.perf_counter()
-        values = self.device.download(counters.view(0, 20), np.uint32)
+        values = self.device.download(counters.view(0, 24), np.uint32)
         self.last_profile.readback_s += time.perf_counter() - t0
         return tuple(int(v) for v in values)
 
@@ -307,7 +425,7 @@ class GpuEncoder:
                 for _ in range(per_round):
                     record_one(rec)
             self.last_profile.add_gpu(rec.gpu_times)
-            unfinished, progress = self._counters(counters)[3:]
+            unfinished, progress = self._counters(counters)[3:5]
             if not unfinished:
                 return
             if not progress:
@@ -317,42 +435,191 @@ class GpuEncoder:
                     "the input")
             per_round = min(2 * per_round, self.max_round_dispatches)
 
-    def _merge_long(self, binds, longs, counters, n_long: int, long_words: int,
-                    n_bytes: int) -> None:
-        """Heap BPE of the queued long pieces (resumed until done when the budget is finite),
-        in rounds that fit the scratch binding."""
-        if long_words <= self.scratch_limit_words:
-            scratch = self.pool.get("scratch", 4 * long_words)
-            self._run_long(binds, scratch, counters, n_long, n_bytes)
-            return
-        # Too much at once: re-queue the pieces in groups with scratch bases assigned here.
-        dev = self.device
-        queue = dev.download(longs.view(0, 16 * n_long), np.uint32).reshape(-1, 4).copy()
-        need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * queue[:, 1].astype(np.int64)
+    def _merge_long(self, binds, longs, counters, n_jobs: int, words: int,
+                    n_bytes: int, merged: bool = False) -> None:
+        """Merge the queued windows of long pieces, stitch them into tok_buf, and merge the
+        pieces whose seams did not stitch again with longer windows, at last as one window.
+        `merged`: the first round already ran (in the chunk's own submit)."""
+        if merged:
+            failed = self._failed_pieces(longs, n_jobs)
+        elif words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
+            scratch = self.pool.get("scratch", 4 * words)
+            if not self._run_windows(binds, scratch, counters, n_jobs, n_bytes):
+                return
+            failed = self._failed_pieces(longs, n_jobs)
+        else:
+            queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
+            failed = self._run_queue(binds, longs, counters, queue.reshape(-1, JOB_WORDS), n_bytes)
+        window = self.long_window
+        while failed:
+            window = window * LONG_RETRY_FACTOR if window else None
+            if window and window > max(pl for _, pl in failed):
+                window = None   # one window per piece: the plain heap merge, it cannot fail
+            jobs = self._windows(failed, window)
+            self.last_profile.long_retried += len(failed)
+            self.last_profile.long_windows += jobs.shape[0]
+            failed = self._run_queue(binds, longs, counters, jobs, n_bytes)
+
+    def _windows(self, pieces, window: int | None) -> np.ndarray:
+        """Queue entries (bases unset) for `pieces` [(start, length)] in windows of `window`
+        bytes (None: one window each), as bpe_encode.wgsl's encode_piece lays them out."""
+        rows, ov = [], self.long_overlap
+        for ps, pl in pieces:
+            m = 1 if window is None or pl <= window + ov else -(-(pl - ov) // window)
+            for k in range(m):
+                length = window + ov if k + 1 < m else pl - k * (window or 0)
+                rows.append((ps + k * (window or 0), length, 0, 0, ps, pl, k, m))
+        return np.array(rows, dtype=np.uint32).reshape(-1, JOB_WORDS)
+
+    def _failed_pieces(self, longs, n_jobs: int) -> list[tuple[int, int]]:
+        queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
+        queue = queue.reshape(-1, JOB_WORDS)
+        bad = queue[queue[:, 3] == LONG_SEAM_FAILED]
+        return sorted({(int(ps), int(pl)) for ps, pl in bad[:, 4:6]})
+
+    def _run_queue(self, binds, longs, counters, jobs: np.ndarray, n_bytes: int):
+        """Run `jobs` in groups that fit the scratch binding (a piece's windows stay in one
+        group); returns the pieces with a failed seam."""
+        need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * jobs[:, 1].astype(np.int64)
         if int(need.max()) > self.scratch_limit_words:
-            raise ValueError(f"a single pre-tokenized piece of {int(queue[:, 1].max())} bytes "
+            raise ValueError(f"a single pre-tokenized piece of {int(jobs[:, 5].max())} bytes "
                              "exceeds the device's long-piece work space "
                              f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
-        scratch = self.pool.get("scratch", 4 * self.scratch_limit_words)
-        i = 0
-        while i < n_long:
-            j = i + max(int(np.searchsorted(np.cumsum(need[i:]), self.scratch_limit_words,
-                                            side="right")), 1)
-            batch = queue[i:j].copy()
-            batch[:, 2] = np.concatenate([[0], np.cumsum(need[i:j - 1])])
+        scratch = self.pool.get("scratch", 4 * min(int(need.sum()), self.scratch_limit_words))
+        firsts = np.flatnonzero(jobs[:, 6] == 0)
+        piece_need = np.add.reduceat(need, firsts)
+        failed, i = [], 0
+        while i < firsts.size:
+            # as many whole pieces as fit (at least one)
+            fit = np.searchsorted(np.cumsum(piece_need[i:]), self.scratch_limit_words,
+                                  side="right")
+            j = i + max(int(fit), 1)
+            lo = int(firsts[i])
+            hi = int(firsts[j]) if j < firsts.size else jobs.shape[0]
+            if int(need[lo:hi].sum()) > self.scratch_limit_words:
+                raise ValueError(f"a single pre-tokenized piece of {int(jobs[lo, 5])} bytes "
+                                 "exceeds the device's long-piece work space "
+                                 f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
+            batch = jobs[lo:hi].copy()
+            batch[:, 2] = np.concatenate([[0], np.cumsum(need[lo:hi - 1])])
             batch[:, 3] = 0  # LONG_NEW
             longs.write(batch)
-            counters.write(np.array([j - i], np.uint32))
-            self._run_long(binds, scratch, counters, j - i, n_bytes)
+            counters.write(np.array([hi - lo], np.uint32))
+            if self._run_windows(binds, scratch, counters, hi - lo, n_bytes):
+                failed += self._failed_pieces(longs, hi - lo)
             i = j
+        return failed
 
-    def _run_long(self, binds, scratch, counters, n_long: int, n_bytes: int) -> None:
+    def _run_windows(self, binds, scratch, counters, n_jobs: int, n_bytes: int) -> int:
+        """Heap-merge the queued windows (resumed until done when the budget is finite),
+        then stitch and copy them into tok_buf; returns the number of failed seams."""
         kernel, budget = self.k_long, self.budget
         if self.k_long_sg is not None:
             kernel, budget = self.k_long_sg, self.long_budget
-        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_long // WG),
+        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_jobs // WG),
                                               "merge_long"),
                      counters, "bpe long", n_bytes)
+        counters.write(np.zeros(1, np.uint32), offset_bytes=20)
+        with self.device.record("bpe long stitch", timing=self.profile) as rec:
+            rec.dispatch(self.k_stitch, binds(scratch, self.budget), -(-n_jobs // WG), "stitch")
+            rec.dispatch(self.k_copy, binds(scratch, self.budget), n_jobs, "long_copy")
+        self.last_profile.add_gpu(rec.gpu_times)
+        return self._counters(counters)[5]
+
+
+class _Chunk:
+    """One device call of the pipeline: its host-written buffers (slot 0 or 1), its mapped
+    staging buffer, and after wait() its offsets and ids.
+
+    dispatch() records everything a chunk of ordinary text needs in ONE submit: encode,
+    compact, and copies of the counters, the document offsets and a guess of the ids into the
+    staging buffer (the guess: 1.25 x the previous chunk's ids per byte, at most one id per
+    byte). wait() maps it once; when the counters show long pieces, unfinished budgeted
+    segments or a wrong guess, the chunk finishes on the slow path (more submits)."""
+
+    def __init__(self, enc: GpuEncoder, data: np.ndarray, starts: np.ndarray, pieces: bool,
+                 slot: int, first_sub: int):
+        self.enc, self.pieces, self.first_sub = enc, pieces, first_sub
+        self.n, self.n_docs = int(data.size), int(starts.size - 1)
+        self.n_chunks = -(-self.n // enc.chunk)
+        pool, t0 = enc.pool, time.perf_counter()
+        self.text = pool.get(f"text{slot}", -(-self.n // 4) * 4)
+        aligned = self.n & ~3
+        if aligned:
+            enc.device.queue.write_buffer(self.text.raw, 0, data[:aligned])
+        if self.n > aligned:
+            tail = np.zeros(4, np.uint8)
+            tail[:self.n - aligned] = data[aligned:]
+            enc.device.queue.write_buffer(self.text.raw, aligned, tail)
+        self.starts = pool.get(f"starts{slot}", 4 * (self.n_docs + 1))
+        self.starts.write(starts.astype(np.uint32))
+        self.counters = pool.get(f"counters{slot}", 32)
+        self.counters.write(np.zeros(8, np.uint32))
+        enc.last_profile.upload_s += time.perf_counter() - t0
+        self.guess = min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.inline_long = enc.inline_long_for(self.n)
+        self.ids_at = 32 + 4 * (self.n_docs + 1)
+        self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)
+        self.offsets = self.ids_view = None
+        self.total = 0
+        self.mapped = False
+
+    def dispatch(self) -> None:
+        enc, pool = self.enc, self.enc.pool
+        if self.n == 0:
+            return
+        # Buffers only the GPU writes are shared by both slots (queue order keeps chunks
+        # apart); they are taken here, not at upload, because a bigger next chunk may grow
+        # (replace) them while this one may still need them on its slow path.
+        self.cuts = pool.get("cuts", 16 * self.n_chunks)
+        self.tok_buf = pool.get("tok_buf", 4 * self.n)
+        self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
+        self.excl = pool.get("excl", 4 * (self.n + 1))
+        self.ids_buf = pool.get("ids", 4 * self.n)
+        self.doc_off = pool.get("doc_off", 4 * (self.n_docs + 1))
+        with enc.device.record("bpe encode", timing=enc.profile) as rec:
+            enc._record_encode(rec, self)
+            enc._record_compact(rec, self)
+            rec.copy(self.counters, self.staging, 32)
+            rec.copy(self.doc_off, self.staging, 4 * (self.n_docs + 1), dst_offset=32)
+            if self.guess:
+                rec.copy(self.ids_buf, self.staging, 4 * self.guess, dst_offset=self.ids_at)
+        enc.last_profile.add_gpu(rec.gpu_times)
+
+    def wait(self) -> None:
+        enc, t0 = self.enc, time.perf_counter()
+        if self.n == 0:   # only empty documents
+            self.offsets = np.zeros(self.n_docs + 1, np.int64)
+            self.ids_view = np.zeros(0, np.uint32)
+            return
+        raw = self.staging.raw
+        raw.map_async("READ", 0, self.ids_at + 4 * self.guess).sync_wait()
+        self.mapped = True
+        view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
+        counters = np.frombuffer(view, np.uint32, count=8)
+        n_long, long_words, overruns, unfinished, _, failed = (int(v) for v in counters[:6])
+        offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1, offset=32)
+        self.offsets = offsets.astype(np.int64)
+        self.total = int(self.offsets[-1])
+        enc.last_profile.readback_s += time.perf_counter() - t0
+        if overruns:
+            self.release()
+            raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
+                                "a piece boundary proof failed (internal error; please report "
+                                "the input)")
+        if (n_long and not self.inline_long) or failed or unfinished or \
+                self.total > self.guess:
+            self.release()
+            enc._finish_slow(self, n_long, long_words, unfinished)
+        else:
+            self.ids_view = np.frombuffer(view, np.uint32, count=self.total, offset=self.ids_at)
+        if self.n:
+            enc.ids_per_byte = max(self.total / self.n, 0.05)
+
+    def release(self) -> None:
+        if self.mapped:
+            self.staging.raw.unmap()
+            self.mapped = False
 
 
 __all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",

@@ -58,9 +58,9 @@ class GpuScan:
         blocks = -(-n_out // BLOCK)
         sums = self.pool.get(f"scan_sums{level}", 4 * blocks)
         params = self.device.params("IIII", n_src, n_out, 0, 0)
-        rec.dispatch(self.blocks[mode], [src, dst, sums, params], blocks)
+        rec.dispatch(self.blocks[mode], [src, dst, sums, params], blocks, "scan")
         if blocks > 1:
             scanned = self.pool.get(f"scan_offs{level}", 4 * (blocks + 1))
             self.record(rec, sums, blocks, scanned, 0, level + 1)
             dummy = self.pool.get("scan_dummy", 16)
-            rec.dispatch(self.add, [dummy, dst, scanned, params], blocks)
+            rec.dispatch(self.add, [dummy, dst, scanned, params], blocks, "scan")

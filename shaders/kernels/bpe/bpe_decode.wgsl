@@ -7,6 +7,7 @@
 //                bytes [offs[t], offs[t+1]) is assembled from this and the following
 //                tokens and written whole (no two invocations write the same word).
 //   dec_total    status[1] = offs[n_ids] (one invocation), so one read brings both values.
+//   dec_bounds   per document of a batch: the byte offset of its first token.
 //
 // Bindings (group 0), the same for both kernels:
 //   0 ids     array<u32>         read
@@ -26,7 +27,7 @@ struct Params {
     n_table: u32,
     info_off: u32,
     bytes_off: u32,
-    n_out: u32,     // output bytes
+    n_out: u32,     // bytes `out` holds (the gather writes no further)
     _a: u32,
     _b: u32,
     _c: u32,
@@ -81,14 +82,17 @@ fn dec_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (t >= p.n_ids) { return; }
     let lo = offs[t];
     let hi = offs[t + 1u];
+    // bytes past the last token or past `out` (sized by the driver's guess, possibly short:
+    // it then gathers again) are not written
+    let limit = min(p.n_out, offs[p.n_ids]);
     // first word whose first byte is inside this token
-    for (var w = (lo + 3u) / 4u; 4u * w < hi; w += 1u) {
+    for (var w = (lo + 3u) / 4u; 4u * w < min(hi, limit); w += 1u) {
         var word = 0u;
         var tt = t;
         var tok_end = hi;
         for (var k = 0u; k < 4u; k += 1u) {
             let b = 4u * w + k;
-            if (b >= p.n_out) { break; }
+            if (b >= limit) { break; }
             while (b >= tok_end) {
                 tt += 1u;
                 tok_end = offs[tt + 1u];
@@ -113,4 +117,25 @@ fn dec_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 fn dec_total() {
     touch_all();
     atomicStore(&status[1], offs[p.n_ids]);
+}
+
+// --- KERNEL: dec_bounds ---
+@group(0) @binding(0) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read> vocab: array<u32>;
+@group(0) @binding(2) var<storage, read> offs: array<u32>;
+@group(0) @binding(3) var<storage, read_write> lens: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;
+@group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+// Byte offsets of documents: lens[d] = offs[ids[d]] for d < p.n_ids, where `ids` holds the
+// documents' first token positions (n_docs + 1 of them) and `offs` the tokens' byte offsets
+// of the main pass, so a batch learns where each document's bytes start without reading the
+// per-token offsets back. Bound to those buffers, not the main pass's ids and lens.
+@compute @workgroup_size(256)
+fn dec_bounds(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let d = workgroup_index(wg, nwg) * 256u + lid;
+    if (d < p.n_ids) { lens[d] = offs[ids[d]]; }
 }

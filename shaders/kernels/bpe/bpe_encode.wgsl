@@ -10,8 +10,12 @@
 //                     the PATTERN's rules, BPE each piece of <= SHORT_MAX bytes in registers,
 //                     queue longer ones                                       (one per chunk)
 //   bpe_merge_pieces  per piece cut on the CPU ([starts[i], starts[i+1])): BPE or queue
-//   bpe_merge_long    per queued long piece: BPE with a binary heap in `scratch` (grid-stride;
-//   bpe_merge_long_sg   the _sg variant uses only lane 0 of each subgroup, see `budget`)
+//   bpe_merge_long    per queued window of a long piece: BPE with a binary heap in `scratch`
+//   bpe_merge_long_sg   (grid-stride; the _sg variant uses only lane 0 of each subgroup, see
+//                       `budget`)
+//   bpe_long_stitch   per window: its seam with the window on its left    (one per window)
+//   bpe_long_copy     per window: its tokens between its seam and the next one -> tok_buf
+//                                                                  (one workgroup per window)
 //
 // Bindings (group 0), the same for every kernel of this file (each kernel calls touch_all()):
 //   0 text      array<u32>         read  input bytes, 4 per word, little-endian
@@ -24,13 +28,17 @@
 //   5 cuts      array<vec4<u32>>   rw    per chunk: (boundary, resume position, summary0,
 //                                        summary1), see bpe_cuts
 //   6 tok_buf   array<u32>         rw    one per input byte
-//   7 longs     array<vec4<u32>>   rw    queued long pieces: (start, length, scratch base,
-//                                        LONG_NEW / LONG_STARTED / LONG_FINISHED)
-//   8 scratch   array<u32>         rw    per long piece: state (4 words), then prev, pri,
-//                                        heap slots, heap index (length words each)
-//   9 counters  array<atomic<u32>> rw    [0] long pieces, [1] scratch words, [2] boundary
+//   7 longs     array<vec4<u32>>   rw    queued windows of long pieces, two entries each:
+//                                        (start, length, scratch base, LONG_NEW / _STARTED /
+//                                        _FINISHED / _SEAM_FAILED), (piece start, piece
+//                                        length, window index k, windows of the piece m)
+//   8 scratch   array<u32>         rw    per window: state (phase, position, heap size,
+//                                        seam), then prev, pri, heap slots, heap index, toks
+//                                        (length words each)
+//   9 counters  array<atomic<u32>> rw    [0] windows, [1] scratch words, [2] boundary
 //                                        overruns, [3] unfinished (resume needed),
-//                                        [4] progress (pieces matched / long-merge steps)
+//                                        [4] progress (pieces matched / long-merge steps),
+//                                        [5] failed seams
 //  10 p         uniform Params
 // Dispatch: workgroups of 64 invocations, one invocation per byte / chunk / piece as listed,
 // ceil(count / 64) workgroups (folded into 2-D by the engine when large).
@@ -73,6 +81,33 @@
 // the reference on every code point; a segment's invocation also checks that its last piece
 // ends exactly at the next boundary and counts an overrun otherwise (the driver raises).
 //
+// Long pieces (over SHORT_MAX bytes) are merged in windows, in parallel, and stitched exactly.
+// Write BPE(x) for tiktoken's merge loop on the bytes x (lowest rank first, leftmost on
+// ties) without the whole-piece lookup, which only applies to pieces of at most the longest
+// token. Two facts about it, true for any rank table (BPE(x) picks its merges from the
+// pairs inside x, and a pair's rank depends only on its two tokens):
+//  (II)  if BPE(x) has a token boundary at q, then BPE(x) = BPE(x[..q]) ++ BPE(x[q..]): the
+//        merges on either side are the ones the whole run made there, in the same order.
+//  (III) if BPE(a) ends with token t and BPE(b) starts with t, where a and b overlap in
+//        exactly t's bytes, then BPE(a ∪ b) = BPE(a) ++ BPE(b) without its first t: a run on
+//        a ∪ b that merged across one of t's two edges would, at its first such merge, make
+//        the same choice as the run on a (or on b) from the same state, which never merges
+//        across it.
+// A piece of n > LONG_WINDOW + LONG_OVERLAP bytes gets windows k = 0..m-1 of
+// [k W, (k+1) W + OVERLAP) (the last to the end), each merged on its own (bpe_merge_long).
+// The seam of window k > 0 is the first position q in its overlap with window k-1 where both
+// encodings hold a token t with the same start and id. By induction the tokens of window 0
+// before seam 1, of window 1 from seam 1 to seam 2, ... are BPE of the piece: the stitched
+// result so far is BPE(piece[..end of window k-1]) and holds window k-1's tokens after seam
+// k-1 (W > OVERLAP + the longest token puts seam k after t_{k-1}), so it has t at q; by (II)
+// its part up to t is BPE(piece[..q + |t|]) and window k's part from t is
+// BPE(piece[q..end of window k]); by (III) together they are BPE(piece[..end of window k]).
+// When a seam has no shared token (a periodic run whose token period does not divide W; on
+// real vocabularies runs of one character have periods of 1 to 128 bytes and W = 5760 =
+// 2^7 3^2 5) the driver encodes that piece again with longer windows, at last as one window,
+// which is the plain heap merge. Every window costs O(W log W), so the work is linear in n
+// and the windows run in parallel.
+//
 // Long runs: bpe_cuts records per chunk the AND and OR of its characters' classes, the offset
 // of its first and last character, of its last \r/\n and the end of its last "lower" (o200k)
 // character; a run scan that reaches a chunk's first character and finds the whole chunk in
@@ -82,7 +117,8 @@ const NONE: u32 = 0xffffffffu;
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged in registers
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
-const STATE_WORDS: u32 = 4u;  // per long piece: phase, position, heap size, unused
+const STATE_WORDS: u32 = 4u;  // per long-piece window: phase, position, heap size, seam
+const SCRATCH_PER_BYTE: u32 = 5u;   // per window byte: prev, pri, heap slot, heap index, toks
 
 // Unicode class bits (tokenizer_svc/unicode_table.py BIT_*), plus END for "no character".
 const CL_L: u32 = 1u;
@@ -100,15 +136,21 @@ const PH_PAIRS: u32 = 2u;
 const PH_HEAPIFY: u32 = 3u;
 const PH_MERGE: u32 = 4u;
 const PH_DONE: u32 = 5u;
+const PH_DIRECT: u32 = 6u;   // done: the whole piece is one token, written to tok_buf
 // longs[i].w
 const LONG_NEW: u32 = 0u;       // queued; its state words are not initialised yet
 const LONG_STARTED: u32 = 2u;
 const LONG_FINISHED: u32 = 1u;
+const LONG_SEAM_FAILED: u32 = 4u;   // set by bpe_long_stitch: no shared token with the left window
 
 override PATTERN: u32 = 0u;   // 0 gpt2/r50k, 1 cl100k, 2 o200k
 // 1: bpe_pretok only marks pieces, tok_buf[start] = its length in bytes (vocabulary training,
 // tokenizer_svc/training/gpu_corpus.py); 0: it encodes them
 override MARK_PIECES: u32 = 0u;
+// Long pieces are cut into windows of LONG_WINDOW bytes plus LONG_OVERLAP bytes of the next
+// one (see "Long pieces" above). LONG_WINDOW > LONG_OVERLAP + the longest token.
+override LONG_WINDOW: u32 = 5760u;
+override LONG_OVERLAP: u32 = 512u;
 
 struct Params {
     n_bytes: u32,
@@ -659,9 +701,23 @@ fn encode_piece(s: u32, n: u32) {
         bpe_short(s, n);
         return;
     }
-    let slot = atomicAdd(&counters[0], 1u);
-    let base = atomicAdd(&counters[1], STATE_WORDS + 4u * n);
-    longs[slot] = vec4<u32>(s, n, base, LONG_NEW);
+    // Windows k = 0..m-1 cover [s + k W, s + (k+1) W + OVERLAP) (the last one to the piece's
+    // end, at least OVERLAP long); a piece of at most W + OVERLAP bytes is one window.
+    var m = 1u;
+    if (n > LONG_WINDOW + LONG_OVERLAP) { m = (n - LONG_OVERLAP + LONG_WINDOW - 1u) / LONG_WINDOW; }
+    let slot = atomicAdd(&counters[0], m);
+    var base = atomicAdd(&counters[1],
+                         m * STATE_WORDS + SCRATCH_PER_BYTE * (n + (m - 1u) * LONG_OVERLAP));
+    work += 1u;
+    for (var k = 0u; k < m; k += 1u) {
+        work += 1u;
+        let ws = s + k * LONG_WINDOW;
+        var len = n - k * LONG_WINDOW;
+        if (k + 1u < m) { len = LONG_WINDOW + LONG_OVERLAP; }
+        longs[2u * (slot + k)] = vec4<u32>(ws, len, base, LONG_NEW);
+        longs[2u * (slot + k) + 1u] = vec4<u32>(s, n, k, m);
+        base += STATE_WORDS + SCRATCH_PER_BYTE * len;
+    }
 }
 
 // Indexed binary min-heap of part starts keyed by (priority of the pair starting there, start).
@@ -747,12 +803,15 @@ fn heap_set(h: Heap, size: u32, pos: u32, pri: u32) -> u32 {
     return size;
 }
 
-// The same rule as bpe_short for a piece of any length, in O(n log n), resumable: parts are
-// linked through the token lengths (next) and `prev`; tok_buf holds the part ids in place.
+// The same rule as bpe_short for the n bytes at text offset s (a window of a long piece), in
+// O(n log n), resumable: parts are linked through the token lengths (next) and `prev`; the
+// window's own `toks` array in scratch holds the part ids in place (id at a token's first
+// byte, NONE elsewhere), so overlapping windows never write the same word.
 // Returns true when the piece is finished.
-fn bpe_long(s: u32, n: u32, base: u32) -> bool {
+fn bpe_long(s: u32, n: u32, base: u32, whole_ok: bool) -> bool {
     let prev = base + STATE_WORDS;
     let h = Heap(prev + n, prev + 2u * n, prev + 3u * n);
+    let toks = prev + 4u * n;
     var phase = scratch[base];
     var k = scratch[base + 1u];
     var size = scratch[base + 2u];
@@ -761,21 +820,21 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
         work += 1u;
         // The first piece of an invocation always gets one step (work starts near 0), so
         // every dispatch with an unfinished piece makes progress.
-        if (phase == PH_DONE || work >= p.budget) { break; }
+        if (phase >= PH_DONE || work >= p.budget) { break; }
         steps += 1u;
         if (phase == PH_START) {
             phase = PH_INIT;
             k = 0u;
-            if (p.whole_piece != 0u && n <= p.max_tok_len) {
+            if (whole_ok && p.whole_piece != 0u && n <= p.max_tok_len) {
                 let whole = lookup_piece(s, n);
                 if (whole != NONE) {
-                    tok_buf[s] = whole;
-                    phase = PH_DONE;
+                    tok_buf[s] = whole;   // the rest of the piece is NONE (bpe_fill_none)
+                    phase = PH_DIRECT;
                 }
             }
         } else if (phase == PH_INIT) {
             work += 1u;
-            tok_buf[s + k] = vocab[byte_at(s + k)];
+            scratch[toks + k] = vocab[byte_at(s + k)];
             scratch[prev + k] = k - 1u;   // NONE for k = 0
             scratch[h.idx + k] = NONE;
             k += 1u;
@@ -787,7 +846,7 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
         } else if (phase == PH_PAIRS) {
             work += 1u;
             var pri = NONE;
-            if (k + 1u < n) { pri = pair_lookup(tok_buf[s + k], tok_buf[s + k + 1u]).x; }
+            if (k + 1u < n) { pri = pair_lookup(scratch[toks + k], scratch[toks + k + 1u]).x; }
             scratch[h.pri + k] = pri;
             if (pri != NONE) {
                 heap_put(h, size, k);
@@ -811,30 +870,30 @@ fn bpe_long(s: u32, n: u32, base: u32) -> bool {
                 continue;
             }
             let i = scratch[h.slots];
-            let ti = tok_buf[s + i];
+            let ti = scratch[toks + i];
             let j = i + tok_len(ti);
-            let tj = tok_buf[s + j];
+            let tj = scratch[toks + j];
             let merged = pair_lookup(ti, tj).y;
-            tok_buf[s + i] = merged;
-            tok_buf[s + j] = NONE;
+            scratch[toks + i] = merged;
+            scratch[toks + j] = NONE;
             size = heap_set(h, size, j, NONE);
             let nk = j + tok_len(tj);
             if (nk < n) {
                 scratch[prev + nk] = i;
-                size = heap_set(h, size, i, pair_lookup(merged, tok_buf[s + nk]).x);
+                size = heap_set(h, size, i, pair_lookup(merged, scratch[toks + nk]).x);
             } else {
                 size = heap_set(h, size, i, NONE);
             }
             let l = scratch[prev + i];
             if (l != NONE) {
-                size = heap_set(h, size, l, pair_lookup(tok_buf[s + l], merged).x);
+                size = heap_set(h, size, l, pair_lookup(scratch[toks + l], merged).x);
             }
         }
     }
     scratch[base] = phase;
     scratch[base + 1u] = k;
     scratch[base + 2u] = size;
-    return phase == PH_DONE;
+    return phase >= PH_DONE;
 }
 
 fn merge_long_from(first: u32, stride: u32) {
@@ -843,16 +902,16 @@ fn merge_long_from(first: u32, stride: u32) {
     let total = atomicLoad(&counters[0]);
     work += 1u;
     for (var i = first; i < total; i += stride) {
-        let piece = longs[i];
+        let piece = longs[2u * i];
         if (piece.w == LONG_FINISHED) { continue; }   // in an earlier dispatch
         if (piece.w == LONG_NEW) {
             scratch[piece.z] = PH_START;
             scratch[piece.z + 1u] = 0u;
             scratch[piece.z + 2u] = 0u;
-            longs[i].w = LONG_STARTED;
+            longs[2u * i].w = LONG_STARTED;
         }
-        if (bpe_long(piece.x, piece.y, piece.z)) {
-            longs[i].w = LONG_FINISHED;
+        if (bpe_long(piece.x, piece.y, piece.z, longs[2u * i + 1u].w == 1u)) {
+            longs[2u * i].w = LONG_FINISHED;
         } else {
             atomicAdd(&counters[3], 1u);
         }
@@ -1075,4 +1134,111 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     touch_all();
     if (lane != 0u) { return; }
     merge_long_from(workgroup_index(wg, nwg) * sg_count + sg_id, nwg.x * nwg.y * sg_count);
+}
+
+// --- KERNEL: bpe_long_stitch ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// Per window (grid-stride over the queued windows): its seam, the first position of the
+// overlap with the window on its left where both windows' encodings hold a token with the
+// same start and id (scratch state word 3; the piece's start for its first window). None:
+// LONG_SEAM_FAILED and counters[5] += 1, and the driver merges that piece again with longer
+// windows.
+fn stitch_one(j: u32) {
+    let win = longs[2u * j];
+    let info = longs[2u * j + 1u];
+    if (info.z == 0u) {
+        scratch[win.z + 3u] = win.x;
+        return;
+    }
+    let left = longs[2u * (j - 1u)];
+    let toks = win.z + STATE_WORDS + 4u * win.y;
+    let left_toks = left.z + STATE_WORDS + 4u * left.y;
+    var seam = NONE;
+    work += 1u;
+    for (var x = win.x; x < left.x + left.y; x += 1u) {
+        work += 1u;
+        let t = scratch[toks + x - win.x];
+        if (t != NONE && scratch[left_toks + x - left.x] == t) {
+            seam = x;
+            break;
+        }
+    }
+    scratch[win.z + 3u] = seam;
+    if (seam == NONE) {
+        longs[2u * j].w = LONG_SEAM_FAILED;
+        atomicAdd(&counters[5], 1u);
+    }
+}
+
+@compute @workgroup_size(64)
+fn bpe_long_stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let total = atomicLoad(&counters[0]);
+    work += 1u;
+    for (var j = linear_index(wg, nwg, lid); j < total; j += nwg.x * nwg.y * WG) {
+        work += 1u;
+        stitch_one(j);
+    }
+}
+
+// --- KERNEL: bpe_long_copy ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// Per window (one workgroup, workgroup-stride over the queued windows): tok_buf[x] = the
+// window's toks for x in [its seam, the next window's seam) (the piece's end for the last
+// window). Skipped for a piece with a failed seam (the driver merges it again) and for a
+// piece that is itself a token (done).
+fn copy_one(j: u32, lid: u32) {
+    let win = longs[2u * j];
+    let info = longs[2u * j + 1u];
+    if (scratch[win.z] == PH_DIRECT) { return; }
+    let first = j - info.z;
+    work += 1u;
+    for (var k = 0u; k < info.w; k += 1u) {
+        work += 1u;
+        if (longs[2u * (first + k)].w == LONG_SEAM_FAILED) { return; }
+    }
+    let lo = scratch[win.z + 3u];
+    var hi = win.x + win.y;
+    if (info.z + 1u < info.w) { hi = scratch[longs[2u * (j + 1u)].z + 3u]; }
+    let toks = win.z + STATE_WORDS + 4u * win.y;
+    work += 1u;
+    for (var x = lo + lid; x < hi; x += WG) {
+        work += 1u;
+        tok_buf[x] = scratch[toks + x - win.x];
+    }
+}
+
+@compute @workgroup_size(64)
+fn bpe_long_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let total = atomicLoad(&counters[0]);
+    work += 1u;
+    for (var j = workgroup_index(wg, nwg); j < total; j += nwg.x * nwg.y) {
+        work += 1u;
+        copy_one(j, lid);
+    }
 }

@@ -129,6 +129,7 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
         kernels=[("bpe_encode.wgsl", k, {"PATTERN": {"gpt2": 0, "cl100k": 1, "o200k": 2}[_pattern]})
                  for k in ("bpe_cuts", "bpe_pretok")] +
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
+                                                  "bpe_long_stitch", "bpe_long_copy",
                                                   "bpe_merge_pieces")] +
                 [("bpe_compact.wgsl", "bpe_compact")],
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
@@ -199,7 +200,7 @@ register(KernelCase(
     name="bpe_decode", family="bpe", precision="exact",
     description="ids -> bytes: token lengths, prefix sum, gather",
     kernels=[("bpe_decode.wgsl", "dec_lengths"), ("bpe_decode.wgsl", "dec_gather"),
-             ("bpe_decode.wgsl", "dec_total")],
+             ("bpe_decode.wgsl", "dec_total"), ("bpe_decode.wgsl", "dec_bounds")],
     inputs=_decode_inputs, launch=_decode_launch, reference=_decode_reference,
     variants=("random", "one"),
     bytes=lambda inp: 4.0 * inp["ids"].size * 4 + 8.0 * inp["ids"].size))

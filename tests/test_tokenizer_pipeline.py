@@ -1,0 +1,202 @@
+"""The pipelined host path of GpuEncoder: chunk and pipeline boundaries, the one-submit fast
+path and its fall-backs, ids into a caller's array; ids identical to tiktoken's throughout.
+
+A tiny `pipeline_bytes` (and `max_call_bytes`) turns a few kilobytes into dozens of chunks, so
+every boundary case below crosses chunks the way 64 MB crosses 16 MB ones.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tokenizer_svc.encoding import get_encoding
+from tokenizer_svc.gpu_encode import GpuEncoder
+
+from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
+
+
+@pytest.fixture(scope="module", params=["cl100k_base", "o200k_base"])
+def chunked(request, device):
+    vocab = vocabulary_for(request.param)
+    enc = get_encoding(vocab, device=device)
+    small = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern,
+                       max_call_bytes=4096)
+    small.pipeline_bytes = 300
+    small.profile = True
+    chunked_enc = get_encoding(vocab, device=device)
+    chunked_enc.backend.encoder = small   # the Encoding's own paths, through the small chunks
+    return chunked_enc, small, tiktoken_twin(vocab)
+
+
+def _docs() -> list[str]:
+    rng = random.Random(21)
+    docs = list(TRICKY) + list(MULTILINGUAL)
+    docs += ["", "", "a", ""]                                  # empty documents between others
+    docs += ["word " * rng.randrange(1, 200) for _ in range(20)]
+    docs += ["x" * 900, " " * 700 + "end", "日本語" * 150]      # longer than a chunk
+    docs += [""] * 30                                          # chunks of only empty documents
+    docs += ["tail"]
+    rng.shuffle(docs)
+    return docs
+
+
+def test_many_chunks_equal_tiktoken(chunked):
+    enc, small, tik = chunked
+    docs = _docs()
+    ids, offsets = enc.encode_batch_flat(docs)
+    assert small.last_profile.calls >= 10                      # it did cross many chunks
+    assert offsets.size == len(docs) + 1 and offsets[-1] == ids.size
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode_ordinary(doc), i
+
+
+def test_documents_larger_than_one_call_are_cut_exactly(chunked):
+    enc, _, tik = chunked
+    doc = " ".join(f"w{i} 日本 {i * 7}" for i in range(1500)) + "\n" * 5 + "done"
+    assert len(doc.encode()) > 4 * 4096
+    assert enc.encode_ordinary(doc) == tik.encode_ordinary(doc)
+
+
+def test_special_tokens_at_chunk_and_document_edges(chunked):
+    enc, _, tik = chunked
+    eot = "<|endoftext|>"
+    docs = [eot, eot + "hello", "hello" + eot, eot * 3, "a" + eot + eot + "b", "", eot + " " * 400,
+            ("text " * 70 + eot) * 3]
+    ids, offsets = enc.encode_batch_flat(docs, allowed_special="all")
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode(doc, allowed_special="all")
+
+
+def test_invalid_utf8_in_bytes_mode_across_chunks(chunked):
+    enc, _, tik = chunked
+    rng = random.Random(22)
+    docs = [rng.randbytes(rng.randrange(0, 500)) for _ in range(30)]
+    docs += [b"ok \xff\xfe tail", b"\xe6\x97", "日本".encode()[:4], b"", b"\x80" * 600]
+    ids, offsets = enc.encode_batch_flat(docs)
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik._encode_bytes(doc), i
+
+
+@pytest.mark.parametrize("ids_per_byte", [0.0, 1.0])
+def test_a_wrong_readback_guess_still_reads_every_id(chunked, ids_per_byte):
+    """The fast path copies a guess of the ids with the offsets; a guess too small falls back
+    to an exact read, one too large reads only what is there."""
+    enc, small, tik = chunked
+    docs = ["日本語のテキスト" * 40, "hello world " * 40, "x"]
+    small.ids_per_byte = ids_per_byte
+    ids, offsets = small.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+
+
+def test_ids_into_a_callers_array(chunked):
+    _, small, tik = chunked
+    docs = ["hello world", "", "日本語 " * 100]
+    data, starts = _packed(docs)
+    out = np.full(len(data) + 7, 0xDEAD, np.uint32)
+    ids, offsets = small.encode_docs(data, starts, out=out)
+    assert ids.base is out or np.shares_memory(ids, out)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    assert (out[ids.size:] == 0xDEAD).all()                    # nothing written past the ids
+    with pytest.raises(ValueError, match="out must be a 1-D uint32 array of at least"):
+        small.encode_docs(data, starts, out=np.zeros(len(data) - 1, np.uint32))
+    with pytest.raises(ValueError, match="out must be a 1-D uint32 array"):
+        small.encode_docs(data, starts, out=np.zeros(len(data), np.int64))
+
+
+def test_one_encoder_is_reusable_after_many_shapes(chunked):
+    """Pool and staging buffers grow and are reused between calls of different sizes."""
+    _, small, tik = chunked
+    for docs in (["a"], ["hello " * 2000], ["", ""], ["b" * 70, "c"]):
+        ids, offsets = small.encode_docs(*_packed(docs))
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+            [tik.encode_ordinary(d) for d in docs]
+
+
+def _packed(docs: list[str]):
+    raw = [d.encode() for d in docs]
+    return b"".join(raw), np.concatenate([[0], np.cumsum([len(r) for r in raw])])
+
+
+def test_an_interrupt_between_chunks_leaves_the_encoder_usable(chunked):
+    """An interrupt raised between two chunks (one mapped for readback, the next uploaded)
+    ends the call; the next call maps the same staging buffers again."""
+    _, small, tik = chunked
+    docs = ["hello world " * 30] * 12
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise TimeoutError("deadline")
+
+    with pytest.raises(TimeoutError), small.interruptible(check):
+        small.encode_docs(*_packed(docs))
+    ids, offsets = small.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+
+
+@pytest.mark.parametrize("docs", [["plain ascii", "", "only ascii here " * 50],
+                                  ["naïve", "日本語", "", "mixed ascii and ü"],
+                                  ["lone \ud800 surrogate", "fine"]],
+                         ids=["ascii", "non-ascii", "surrogate"])
+def test_texts_packed_with_one_join(chunked, docs):
+    """Encoding packs str documents with one join (byte starts from the lengths); a lone
+    surrogate falls back to encoding each text with tiktoken's replacement."""
+    enc, _, tik = chunked
+    assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]
+
+
+@pytest.mark.parametrize("window", [200, 201])
+def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
+    """On GPUs (no loop budget) long pieces are merged, stitched and copied in the chunk's
+    one submit, and only pieces whose seams failed (window 201: odd, so "x" runs never
+    stitch) take the slow path. Forced here on lavapipe with inputs small enough for its loop
+    limit; the same ids as the budgeted path and as tiktoken."""
+    _, small, tik = chunked
+    inline = GpuEncoder(device, small.tables, small.pattern, long_window=window,
+                        long_overlap=32)
+    inline.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    inline.k_long_sg = None
+    inline.pipeline_bytes = 2000
+    inline.inline_min_bytes = 0
+    inline.profile = True
+    docs = ["x" * 640, "short words here", "日本語" * 200, "tokenizer" * 70 + " end"]
+    assert inline.inline_long_for(2000)
+    ids, offsets = inline.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    assert inline.last_profile.gpu.get("stitch", 0) > 0
+    assert (inline.last_profile.long_retried > 0) == (window == 201)
+
+
+def test_encode_batch_flat_into_a_callers_array(chunked):
+    enc, _, tik = chunked
+    eot = "<|endoftext|>"
+    docs = ["hello world", "", "日本語 " * 100, "x" * 300]
+    need = sum(len(d.encode()) for d in docs)
+    out = np.full(need + 3, 7, np.uint32)
+    ids, offsets = enc.encode_batch_flat(docs, out=out)
+    assert np.shares_memory(ids, out)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    # special tokens and bytes documents take the general path, then copy into out
+    with_eot = docs + [eot + "a"]
+    out = np.zeros(need + 20, np.uint32)
+    ids, offsets = enc.encode_batch_flat(with_eot, allowed_special="all", out=out)
+    assert np.shares_memory(ids, out)
+    assert ids[offsets[-2]:].tolist() == tik.encode(eot + "a", allowed_special="all")
+    raw = [b"\xff ok", b""]
+    ids, offsets = enc.encode_batch_flat(raw, out=np.zeros(16, np.uint32))
+    assert ids.tolist() == tik._encode_bytes(raw[0])
+    with pytest.raises(ValueError, match="need up to"):
+        enc.encode_batch_flat(docs, out=np.zeros(need - 1, np.uint32))
+    with pytest.raises(ValueError, match="1-D numpy uint32"):
+        enc.encode_batch_flat(docs, out=np.zeros(need, np.int32))
+    with pytest.raises(ValueError, match="disallowed special"):
+        enc.encode_batch_flat([eot], disallowed_special="all", out=np.zeros(64, np.uint32))
