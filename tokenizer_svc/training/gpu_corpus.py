@@ -40,10 +40,9 @@ from ..gpu_scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
                      _open, _scan_file_sequential, check_files, utf8_cut)
-from .gpu_piece_store import CorpusPieces, PieceStore
+from .gpu_piece_store import LONG_MIN, CorpusPieces, PieceStore
 
 COUNT_FILE = "piece_count.wgsl"
-LONG_MIN = 512  # must equal LONG_MIN in piece_count.wgsl
 CUT_CHUNK = 128  # bytes per bpe_cuts chunk (<= 255, see bpe_encode.wgsl)
 WG = 64
 NONE = 0xFFFFFFFF

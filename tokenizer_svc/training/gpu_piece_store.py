@@ -27,6 +27,8 @@ import numpy as np
 
 from .corpus import CorpusError
 
+LONG_MIN = 512  # longer pieces are counted on the host; must equal LONG_MIN in piece_count.wgsl
+
 FILE = "piece_store.wgsl"
 WG = 64
 INFO_WORDS = 4  # records used, arena words used, records before this call, unused
@@ -184,7 +186,6 @@ class CorpusPieces(Mapping):
         self.extras = extras
         # long pieces (the only ones counted on the host unless a file took the CPU path)
         # never are in the store, which holds pieces of at most LONG_MIN bytes
-        from .gpu_corpus import LONG_MIN
         self._disjoint = all(len(k) > LONG_MIN for k in extras)
         self._dict: dict | None = None
 
