@@ -246,7 +246,7 @@ def main() -> int:
     p.add_argument("--gpus", default="1,2,4,8", help="GPU counts to try (default 1,2,4,8)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--precision", choices=("mixed", "fp32"), default="mixed")
+    p.add_argument("--precision", choices=("mixed", "fp32", "f16"), default="mixed")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch DDP rows")
     p.add_argument("--torch-on-cpu", type=int, default=0, metavar="N",
                    help="try the PyTorch DDP rows without CUDA: N CPU processes over Gloo")
