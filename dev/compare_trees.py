@@ -11,13 +11,16 @@ both alike), through the ops' public API with no configuration pinned, i.e. with
 configuration each tree's own op picks (its tuned cache, else its default). The table gives
 the median over rounds per tree and new / old. `--kernels-bench` also runs
 `istanbul kernels bench` for the matmul and attention cases whose names both trees share.
-A tree is a checkout (e.g. `git worktree add /tmp/old 02206db`); the step timing runs this
-file's `--step` mode with that tree first on the import path.
+A tree is a checkout (e.g. `git worktree add /tmp/old 02206db`); the step timing and the
+`istanbul kernels` runs use this file's `--step` / `--kernels` modes with that tree first on the
+import path, and that tree's kernel house by its own import name (`house()`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -47,25 +50,43 @@ def products(tokens: int = 8192, vocab: int = 50304):
 
 
 ATTENTION = (8, 1024, 12, 12, 64)
-# `istanbul kernels ...` through shaders.cli alone (the top CLI also imports the services)
-KERNELS_CLI = ("import argparse, sys; from shaders import cli; p = argparse.ArgumentParser(); "
-               "cli.register(p.add_subparsers(required=True)); a = p.parse_args(); "
-               "sys.exit(a.func(a))")
 SHARED_CASES = ("matmul_nt", "matmul_nn", "matmul_tn", "matmul_tn_accumulate",
                 "matmul_nn_accumulate", "matmul_nt_residual", "linear_backward",
                 "attention_forward", "attention_backward")
 
 
+def house() -> str:
+    """The kernel house's import name in this process's tree (the working directory):
+    `istanbul.shaders`, or the top-level name `shaders` in a tree from before issue 15 gave it
+    that name. Only a house inside the tree counts (not an editable install's elsewhere)."""
+    spec = importlib.util.find_spec("istanbul.shaders")
+    if spec and spec.origin and Path(spec.origin).resolve().is_relative_to(Path.cwd().resolve()):
+        return "istanbul.shaders"
+    return "shaders"
+
+
+def kernels_cli(argv: list[str]) -> int:
+    """`istanbul kernels ARGV` through the house's CLI alone (the top CLI also imports the
+    services, which an old tree may lack)."""
+    cli = importlib.import_module(f"{house()}.cli")
+    parser = argparse.ArgumentParser(prog="istanbul")
+    cli.register(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
 def step_timings(repeats: int, smoke: bool = False) -> dict:
-    """{name: {"us", "kernel"}} for this process's tree (the first `shaders` on the path)."""
+    """{name: {"us", "kernel"}} for this process's tree."""
     import numpy as np
 
-    from shaders.engine import Device
+    name = house()
+    Device = importlib.import_module(f"{name}.engine").Device
     try:                                    # the kernel house (after 02206db)
-        from shaders.kernels.attention import ops as attention
-        from shaders.kernels.matmul import ops as linear
-    except ImportError:                     # a tree from before it
-        from shaders.ops import attention, linear
+        attention = importlib.import_module(f"{name}.kernels.attention.ops")
+        linear = importlib.import_module(f"{name}.kernels.matmul.ops")
+    except ModuleNotFoundError:             # a tree from before it
+        attention = importlib.import_module(f"{name}.ops.attention")
+        linear = importlib.import_module(f"{name}.ops.linear")
     dev = Device()
     rng = np.random.default_rng(0)
     out = {"_device": dev.info.name}
@@ -125,7 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="first run `istanbul kernels check` "
                     "for the matmul, attention and decode families in the new tree")
     ap.add_argument("--step", type=Path, metavar="JSON", help=argparse.SUPPRESS)
+    ap.add_argument("--kernels", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.kernels is not None:    # inside one tree's process: `istanbul kernels ...`
+        return kernels_cli(["kernels", *args.kernels])
     if args.step:   # inside one tree's process
         args.step.write_text(json.dumps(step_timings(args.repeats, args.smoke), indent=1))
         return 0
@@ -170,14 +194,15 @@ def main(argv=None) -> int:
     print(table, flush=True)
     if args.check:
         proc = _run_tree(args.trees[1].resolve(), [
-            "-c", KERNELS_CLI, "kernels", "check", "--json", str(out_dir / "check_new.json"),
+            str(Path(__file__).resolve()), "--kernels", "check", "--json",
+            str(out_dir / "check_new.json"),
             "--kernel", "matmul", "--kernel", "linear_backward", "--kernel", "attention", "--kernel", "decode"])
         print(f"# kernels check, new tree:\n{proc.stdout[-8000:]}{proc.stderr[-2000:]}",
               flush=True)
     if args.kernels_bench:
         for label, tree in zip(labels, args.trees):
             path = out_dir / f"kernels_bench_{label}.json"
-            cmd = ["-c", KERNELS_CLI, "kernels", "bench", "--json", str(path)]
+            cmd = [str(Path(__file__).resolve()), "--kernels", "bench", "--json", str(path)]
             for case in SHARED_CASES:
                 cmd += ["--kernel", case]
             proc = _run_tree(tree.resolve(), cmd)

@@ -214,7 +214,7 @@ def test_dockerignore_keeps_the_build_context_small_and_complete():
                         re.M)
     sources = [s for line in copied for s in line.split()]
     assert {"istanbul", "shaders", "tokenizer_svc", "trainer_svc", "proto",
-            "pyproject.toml", "istanbul_errors.py"} <= set(sources)
+            "pyproject.toml", "setup.py", "istanbul_errors.py"} <= set(sources)
     for source in sources:
         for pattern in patterns:
             assert not fnmatch.fnmatch(source, pattern.removeprefix("**/")), (source, pattern)

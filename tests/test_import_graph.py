@@ -10,26 +10,15 @@ one without the other; a function-local import only hides it from Python, not fr
 from __future__ import annotations
 
 import ast
-from pathlib import Path
+import subprocess
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("istanbul", "shaders", "tokenizer_svc", "trainer_svc")
+from tests.package_names import ROOT, mapped_folders, product_modules
+
 # Cycles that exist today in files whose owners are changing them, each with the issue that
 # removes it. The test fails when one of them is gone (so the list shrinks) or a new one shows.
 KNOWN_CYCLES: dict[frozenset, str] = {}
-
-
-def product_modules() -> dict[str, Path]:
-    modules = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            modules[".".join(parts)] = path
-    return modules
 
 
 def _targets(node, module: str, is_package: bool, modules) -> list[str]:
@@ -110,10 +99,12 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset]:
 
 def test_the_graph_sees_function_local_and_relative_imports():
     graph = import_graph()
-    assert "shaders.engine" in graph["shaders.kernels.op_support"]          # from ..engine
-    assert "shaders.kernels.rmsnorm.ops" in graph["shaders.kernels.rmsnorm.cases"]  # . import
-    assert "shaders.tuned_cache" in graph["shaders.kernels.matmul.ops"]             # inside a function
-    assert "tokenizer_svc.gpu_encode" in graph["shaders.kernels.bpe.cases"]
+    house = "istanbul.shaders"    # the folder shaders/, by its import name
+    assert f"{house}.engine" in graph[f"{house}.kernels.op_support"]           # from ..engine
+    assert f"{house}.kernels.rmsnorm.ops" in graph[f"{house}.kernels.rmsnorm.cases"]  # . import
+    assert f"{house}.tuned_cache" in graph[f"{house}.kernels.matmul.ops"]      # inside a function
+    assert "tokenizer_svc.gpu_encode" in graph[f"{house}.kernels.bpe.cases"]
+    assert any(f"{house}.engine" in graph[m] for m in graph if m.startswith("tokenizer_svc."))
 
 
 def test_the_cycle_finder_finds_a_hidden_loop():
@@ -128,3 +119,27 @@ def test_no_import_cycles():
     assert not new, f"import cycles: {new}; break them (move the shared part down a layer)"
     if gone:
         pytest.fail(f"known cycles no longer exist, remove them from KNOWN_CYCLES: {gone}")
+
+
+def test_nothing_imports_a_mapped_folder_by_its_folder_name():
+    """shaders/ is imported as `istanbul.shaders` only: importing the folder name (possible in a
+    checkout, where the repo root is on sys.path) would load a second copy of every module."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others",
+                             "--exclude-standard", "*.py"], capture_output=True, text=True)
+    files = ([ROOT / n for n in listed.stdout.split()] if listed.returncode == 0
+             else sorted(ROOT.rglob("*.py")))
+    wrong = []
+    for path in files:
+        if not path.is_file() or ".venv" in path.parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            for name in names:
+                folder = name.split(".")[0]
+                if folder in mapped_folders():
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name} "
+                                 f"(write {mapped_folders()[folder]}{name[len(folder):]})")
+    assert not wrong, wrong

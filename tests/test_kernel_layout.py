@@ -1,8 +1,10 @@
 """The kernel house layout: every family folder is complete, kernel files are found by name
-or as family/file, names are unique, and the wheel ships every kernel file."""
+or as family/file, names are unique, the wheel ships every kernel file, and the folder shaders/
+imports as `istanbul.shaders` installed and from a checkout (no generic top-level name)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -64,10 +66,11 @@ def test_the_engine_compiles_a_kernel_named_either_way(device):
     assert device.kernel("infra.wgsl", "scale").pipeline is not None
 
 
-def test_the_wheel_ships_every_kernel_file(tmp_path):
+def build_wheel(tmp_path: Path) -> Path:
+    """The wheel of a copy of the files the Dockerfile copies (pip wheel, no deps)."""
     tree = tmp_path / "src"
     tree.mkdir()
-    for name in ("pyproject.toml", "README.md", "istanbul_errors.py"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "istanbul_errors.py"):
         shutil.copy(ROOT / name, tree / name)
     for package in ("istanbul", "shaders", "tokenizer_svc", "trainer_svc", "proto"):
         shutil.copytree(ROOT / package, tree / package,
@@ -77,11 +80,52 @@ def test_the_wheel_ships_every_kernel_file(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
+    return wheel
+
+
+def python(code: str, cwd: Path, *path: Path) -> subprocess.CompletedProcess:
+    """`python -c CODE` with only `path` before the interpreter's own site-packages."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "XDG_RUNTIME_DIR": "/tmp",
+           "PYTHONPATH": os.pathsep.join(map(str, path))}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+# in a subprocess: where the house was imported from, and a kernel file found through it
+WHERE = ("import istanbul.shaders as h, istanbul.shaders.source as s; "
+         "print(h.__file__); print(s.find_file('rmsnorm/02_rmsnorm.wgsl'))")
+
+
+def test_the_wheel_installs_no_generic_top_level_name_and_every_kernel_file(tmp_path):
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
-    # no generic top-level import name beyond the design card's packages (proto/ is source)
-    assert top == {"istanbul", "istanbul_errors.py", "shaders", "tokenizer_svc",
-                   "trainer_svc"}, top
+    # the kernel house (folder shaders/) installs as istanbul.shaders; proto/ is source
+    assert top == {"istanbul", "istanbul_errors.py", "tokenizer_svc", "trainer_svc"}, top
     shipped = {n for n in names if n.endswith(".wgsl")}
-    wanted = {p.relative_to(ROOT).as_posix() for p in (ROOT / "shaders").rglob("*.wgsl")}
+    wanted = {f"istanbul/{p.relative_to(ROOT).as_posix()}"
+              for p in (ROOT / "shaders").rglob("*.wgsl")}
     assert wanted and shipped == wanted, sorted(wanted ^ shipped)
+    assert "istanbul/shaders/tuned/nvidia-h200-vulkan.json" in names
+    # installed on its own (pip install --target, no checkout on the path), it imports
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                           str(site), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = python(WHERE, tmp_path, site)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(site / "istanbul" / "shaders" / "__init__.py"),
+                                   str(site / "istanbul" / "shaders" / "kernels" / "rmsnorm" /
+                                       "02_rmsnorm.wgsl")]
+
+
+def test_a_checkout_imports_the_house_as_istanbul_shaders_and_refuses_the_folder_name(tmp_path):
+    done = python(WHERE, tmp_path, ROOT)        # PYTHONPATH=<repo>, no install
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(ROOT / "shaders" / "__init__.py"),
+                                   str(KERNELS / "rmsnorm" / "02_rmsnorm.wgsl")]
+    # the folder name imports in a checkout (the repo root is on the path) but would load a
+    # second copy of every module: refused, saying what to write instead
+    wrong = python("import shaders", tmp_path, ROOT)   # rename: keep (the old name on purpose)
+    assert wrong.returncode == 1
+    assert "imported as `istanbul.shaders`, not `shaders`" in wrong.stderr, wrong.stderr
