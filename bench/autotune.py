@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shaders.cli import run_tuning  # noqa: E402
-from shaders.engine import Device  # noqa: E402
+from istanbul.shaders.cli import run_tuning  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -229,7 +229,7 @@ def mismatches(got, want) -> int:
 # ---- main -----------------------------------------------------------------------------------
 
 def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int, args) -> dict:
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.vocab import load_vocabulary
 
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     device = default_device(args.adapter)
     docs, corpus = build_corpus(args.mb, args.generated_share)
     print(f"corpus: {corpus['bytes'] / 1e6:.1f} MB, {corpus['documents']} documents; "

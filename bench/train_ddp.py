@@ -79,7 +79,7 @@ def time_steps(trainer, data, args, sync=None) -> dict:
 
 def istanbul_rows(args, cfg, adapters: list[str]) -> tuple[list[dict], str]:
     """The istanbul rows, and rank 0's adapter."""
-    from shaders.engine import Device
+    from istanbul.shaders.engine import Device
     from trainer_svc.distributed.data_parallel import DataParallelTrainer, rank_train_config
     from trainer_svc.distributed.launch import launch_group
     device = Device(adapters[0])
@@ -205,7 +205,7 @@ def vars_for_torch(args) -> dict:
 def hardware_adapters() -> tuple[list[str], int]:
     """(adapters to use, hardware GPUs): without a GPU, the software adapter for N=1."""
     from trainer_svc.distributed.launch import rank_adapters
-    from shaders.adapters import enumerate_adapters
+    from istanbul.shaders.adapters import enumerate_adapters
     n = sum(1 for info, _ in enumerate_adapters("wgpu") if not info.is_software)
     return (rank_adapters(n) if n else rank_adapters(1)), n
 

@@ -29,7 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shaders.engine import default_device  # noqa: E402
+from istanbul.shaders.engine import default_device  # noqa: E402
 from trainer_svc.data import TokenStream  # noqa: E402
 from trainer_svc.loss_scale import LossScaler  # noqa: E402
 from trainer_svc.model.config import ModelConfig  # noqa: E402

@@ -428,7 +428,7 @@ def main() -> int:
         all_files = corpus_files(corpus_dir)
         held_out = (corpus_dir / "held_out.txt").read_text(encoding="utf-8")
 
-    from shaders.engine import Device
+    from istanbul.shaders.engine import Device
     t = time.perf_counter()
     device = Device(args.adapter)
     warm = corpus_dir / "warm-up.txt"

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shaders import source  # noqa: E402
+from istanbul.shaders import source  # noqa: E402
 
 BASE = "02206db"
 BASELINE = REPO / "tests" / "data" / "expansion_baseline.json"

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from shaders import autotune, tuned_cache  # noqa: E402
-from shaders.engine import Device  # noqa: E402
-from shaders.kernels.matmul import ops as linear  # noqa: E402
+from istanbul.shaders import autotune, tuned_cache  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
 
 ATTENTION_SHARE = 0.17
 

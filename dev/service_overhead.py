@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     import numpy as np
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.server import BackgroundServer, ServerConfig
     device = default_device()

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from shaders.engine import Device  # noqa: E402
-from shaders.kernels.matmul import ops as linear  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
 
 CONFIGS = ["sg2x2-t4x4-k32-p8-s1", "sg2x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k32-p0-s1",
            "sg2x4-t4x2-k16-p8-s1", "sg4x2-t2x4-k16-p8-s1", "sg2x4-t4x4-k16-p8-s1",

@@ -59,7 +59,7 @@ def main() -> int:
         meta_path.write_text(json.dumps(bench.build_corpus(args.corpus_dir, args.size_mb)))
     files = bench.files_for(bench.corpus_files(args.corpus_dir), args.size_mb)
 
-    from shaders.engine import Device
+    from istanbul.shaders.engine import Device
     device = Device(args.adapter)
     t = time.perf_counter()
     pieces = count_pieces_gpu(files, args.pattern, device=device).pieces

@@ -79,7 +79,7 @@ LAZY_EXPORTS = {
     "load_vocabulary": ("tokenizer_svc.vocab", "load_vocabulary"),
     "Vocabulary": ("tokenizer_svc.vocab", "Vocabulary"),
     "TokenizerClient": ("tokenizer_svc.client", "TokenizerClient"),
-    "Device": ("shaders.engine", "Device"),
+    "Device": ("istanbul.shaders.engine", "Device"),
     "ModelConfig": ("trainer_svc.model", "ModelConfig"),
     "TrainConfig": ("trainer_svc.training", "TrainConfig"),
     "Trainer": ("trainer_svc.training", "Trainer"),

@@ -23,7 +23,7 @@ from . import __version__
 from .errors import UserFacingError
 
 COMMAND_MODULES = [
-    "shaders.cli",           # devices, kernels check/bench/list
+    "istanbul.shaders.cli",           # devices, kernels check/bench/list
     "tokenizer_svc.cli_vocab",  # vocab train, vocab fetch
     "tokenizer_svc.cli",     # encode, decode
     "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
@@ -197,7 +197,7 @@ def check_required_gpu(args) -> None:
     missing would otherwise train at CPU speed and look healthy)."""
     if not getattr(args, "require_gpu", False):
         return
-    from shaders.adapters import choose_adapter
+    from istanbul.shaders.adapters import choose_adapter
     info, _ = choose_adapter(getattr(args, "adapter", None))
     if info.is_software:
         raise UserFacingError(
@@ -208,7 +208,7 @@ def check_required_gpu(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shaders.adapters import NoAdapterError
+    from istanbul.shaders.adapters import NoAdapterError
     parser = build_parser()
     args = parse_args(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -215,7 +215,7 @@ class Pipeline:
 def settings_for(args) -> dict:
     software = True
     try:
-        from shaders.adapters import choose_adapter
+        from istanbul.shaders.adapters import choose_adapter
         software = choose_adapter(args.adapter)[0].is_software
     except Exception:
         pass  # the first step reports a missing adapter clearly

@@ -38,7 +38,7 @@ spec="."
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec"
 
 # A Vulkan adapter is all the engine needs: a GPU driver with Vulkan, or lavapipe.
-probe='from shaders.adapters import enumerate_adapters as e; import sys; sys.exit(0 if e() else 1)'
+probe='from istanbul.shaders.adapters import enumerate_adapters as e; import sys; sys.exit(0 if e() else 1)'
 if ! .venv/bin/python -c "$probe" 2>/dev/null; then
     echo "no Vulkan adapter found: installing Mesa's software Vulkan (mesa-vulkan-drivers)"
     apt_install mesa-vulkan-drivers libvulkan1
@@ -50,7 +50,7 @@ if ! .venv/bin/python -c "$probe" 2>/dev/null; then
 fi
 # Dawn (the optional `dawn` extra) refuses Debian 12's lavapipe: without an adapter Dawn
 # accepts, unpack Mesa 25's lavapipe privately for it (the system Mesa stays as it is).
-dawn_probe='from shaders.adapters import enumerate_adapters as e; import sys
+dawn_probe='from istanbul.shaders.adapters import enumerate_adapters as e; import sys
 sys.exit(0 if e("dawn") else 1)'
 if .venv/bin/python -c 'import wgpudawn' 2>/dev/null \
         && ! .venv/bin/python -c "$dawn_probe" 2>/dev/null; then

@@ -15,7 +15,7 @@ SHARED_VOCAB = Path(os.environ.get("ISTANBUL_SHARED_VOCAB", REPO.parent / "share
 
 @pytest.fixture(scope="session")
 def device():
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     return default_device()
 
 

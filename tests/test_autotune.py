@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from shaders import autotune, tuned_cache
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders import autotune, tuned_cache
+from istanbul.shaders.kernels.matmul import ops as linear
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_cli_tune_rejects_unknown_key(cache_dir):
 
 
 def test_attention_tuning_picks_a_tile_the_op_then_uses(device, cache_dir):
-    from shaders.kernels.attention import ops as attention
+    from istanbul.shaders.kernels.attention import ops as attention
     entry = autotune.tune_attention(device, "forward", B=1, T=32, H=2, Hkv=1, D=16)
     assert entry["config"] in entry["candidates"]
     tuned_cache.save(device, {"attention/forward/32x16": entry})

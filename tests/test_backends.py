@@ -12,15 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from shaders import backends, source
-from shaders.engine import BindingHazardError, Device, views_overlap
+from istanbul.shaders import backends, source
+from istanbul.shaders.engine import BindingHazardError, Device, views_overlap
 
 
 def _dawn_device():
     """A Dawn device on this machine, or skip saying why there is none."""
     if not backends.dawn_installed():
         pytest.skip("wgpudawn is not installed (pip install 'istanbul[dawn]')")
-    from shaders.adapters import NoAdapterError
+    from istanbul.shaders.adapters import NoAdapterError
     try:
         return Device(backend="dawn")
     except NoAdapterError as exc:
@@ -56,7 +56,7 @@ def test_dawn_without_wgpudawn_says_how_to_install(monkeypatch):
     with pytest.raises(backends.BackendError, match=r"pip install 'istanbul\[dawn\]'"):
         backends.load("dawn")
     # auto quietly takes wgpu-native when Dawn is absent
-    from shaders.adapters import choose_adapter
+    from istanbul.shaders.adapters import choose_adapter
     info, _ = choose_adapter(None, "auto")
     assert info.webgpu == "wgpu"
 
@@ -119,7 +119,7 @@ def test_binding_declarations_are_read_from_the_module():
 # ---- binding hazards: refused on every backend ---------------------------------------------
 
 def _cache_write(device, k_cache, v_cache, k, v, T=4, D=8):
-    from shaders.kernels.attention import decode
+    from istanbul.shaders.kernels.attention import decode
     with device.record() as rec:
         decode.cache_write(rec, k, v, k_cache, v_cache, 1, T, 1, D, pos=0, t_max=T)
 
@@ -172,7 +172,7 @@ def test_views_overlap(device):
 def test_fused_attention_backward_binds_no_overlapping_writable_views(device):
     """dq/dk/dv as interleaved views of one fused buffer (the model's layout) must give the
     same gradients as separate buffers, with no hazard raised."""
-    from shaders.kernels.attention import ops as attention
+    from istanbul.shaders.kernels.attention import ops as attention
     B, T, H, Hkv, D = 1, 9, 2, 1, 16
     width = (H + 2 * Hkv) * D
     rng = np.random.default_rng(1)
@@ -226,7 +226,7 @@ def test_dawn_device_runs_a_subgroup_kernel_with_engine_feature_names():
 
 def test_auto_takes_wgpu_without_f16_subgroup_matrices():
     dev = _dawn_device()
-    from shaders.adapters import choose_adapter
+    from istanbul.shaders.adapters import choose_adapter
     info, _ = choose_adapter(None, "auto")
     expected = "dawn" if backends.has_f16_subgroup_matrices(dev.subgroup_matrix_configs) \
         else "wgpu"
@@ -234,7 +234,7 @@ def test_auto_takes_wgpu_without_f16_subgroup_matrices():
 
 
 def test_subgroup_matrix_ceiling_only_with_the_feature(device):
-    from shaders.ladder import Roofline, measure_subgroup_matrix
+    from istanbul.shaders.ladder import Roofline, measure_subgroup_matrix
     if not device.has("subgroup-matrix"):
         assert measure_subgroup_matrix(device) == {}
     roof = Roofline(copy_gbs=100.0, fma_tflops={"vec4f32": 30.0, "vec4f32_chains4": 60.0,

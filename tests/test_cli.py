@@ -58,7 +58,7 @@ def test_no_driver_noise_without_xdg_runtime_dir(tmp_path):
 
 
 def test_the_private_runtime_dir_is_the_users_alone(tmp_path):
-    program = ("import os, stat; from shaders.adapters import prepare_driver_environment as p; "
+    program = ("import os, stat; from istanbul.shaders.adapters import prepare_driver_environment as p; "
                "p(); d = os.environ['XDG_RUNTIME_DIR']; st = os.stat(d); "
                "print(d, oct(stat.S_IMODE(st.st_mode)), st.st_uid == os.getuid())")
     done = istanbul(tmp_path, python=("-c", program))

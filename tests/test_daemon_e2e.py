@@ -81,7 +81,7 @@ def test_prepare_submit_train_checkpoints_done(service, vocab_path, tmp_path, ca
     assert status["spec"]["steps"] == 12 and status["spec"]["checkpoint_every"] == 5
     assert status["loss"] is not None and status["eval_loss"] is not None
     assert status["tokens"] == 12 * 4 * 32
-    from shaders.engine import default_device     # the daemon names the adapter it trains on
+    from istanbul.shaders.engine import default_device     # the daemon names the adapter it trains on
     info = default_device().info
     assert status["adapter"] == (f"{info.name} (software Vulkan)" if info.is_software
                                  else f"{info.name} ({info.adapter_type})")

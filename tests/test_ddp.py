@@ -29,7 +29,7 @@ pytest.importorskip("torch.distributed")
 
 @pytest.fixture(scope="module")
 def device():
-    from shaders import default_device
+    from istanbul.shaders import default_device
     return default_device()
 
 
@@ -37,7 +37,7 @@ def _adapters(world: int = 2) -> list[str]:
     """One GPU per rank where the machine has enough, else every rank on the tests' device
     (lavapipe on CI; the one GPU of a one-GPU machine)."""
     from istanbul_errors import UserFacingError
-    from shaders import default_device
+    from istanbul.shaders import default_device
     from trainer_svc.distributed.launch import rank_adapters
     try:
         return rank_adapters(world)

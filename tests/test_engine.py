@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from shaders import engine, source
-from shaders.engine import fold_grid
+from istanbul.shaders import engine, source
+from istanbul.shaders.engine import fold_grid
 
 
 def test_enable_f16_only_with_shader_f16_and_never_subgroups():
@@ -159,7 +159,7 @@ def test_no_vulkan_adapter_gives_one_clear_error():
 
 
 def test_adapter_choice_by_index_and_name(device):
-    from shaders.adapters import NoAdapterError, choose_adapter
+    from istanbul.shaders.adapters import NoAdapterError, choose_adapter
     info, _ = choose_adapter("0")
     assert info.index == 0
     info2, _ = choose_adapter(info.name[:5])
@@ -180,7 +180,7 @@ def test_time_gpu_warms_up_for_a_minimum_time(device):
     """time_gpu keeps warming up for min_warmup_s after the first run (which may compile),
     and runs only the counted warm-up when min_warmup_s is 0."""
     import time
-    from shaders.kernels.elementwise import ops as basic
+    from istanbul.shaders.kernels.elementwise import ops as basic
     buf = device.empty(1024, np.float32)
     calls = []
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from shaders.ladder import check_case, load_cases
+from istanbul.shaders.ladder import check_case, load_cases
 
 CASES = load_cases()
 # the family folders shaders/kernels/<family>/ (their cases.py and *_cases.py)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shaders import source
+from istanbul.shaders import source
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "shaders" / "kernels"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.activations import ops as activations
+from istanbul.shaders.kernels.activations import ops as activations
 
 
 def test_saturated_inputs_stay_finite(device):

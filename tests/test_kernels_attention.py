@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from shaders.kernels.attention import ops as attention
+from istanbul.shaders.kernels.attention import ops as attention
 
 
 @pytest.mark.parametrize("storage", [32768, 49152])   # lavapipe, H200
@@ -77,7 +77,7 @@ def test_tiled_defaults_fit_and_prefer_big_blocks(storage, D, kernel, monkeypatc
 
 def test_tiled_kernels_run_by_default_and_general_ones_otherwise(device, monkeypatch):
     labels = []
-    from shaders.engine import Recorder
+    from istanbul.shaders.engine import Recorder
     original = Recorder.dispatch
 
     def spy(self, kernel, resources, workgroups, label=""):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.elementwise import ops as basic
+from istanbul.shaders.kernels.elementwise import ops as basic
 
 
 def test_helpers_compose_in_one_recording(device):
@@ -38,7 +38,7 @@ def test_sizes_and_dtypes_are_checked(device):
 
 
 def test_bench_uses_the_software_variant_on_software_adapters(device):
-    from shaders.ladder import KernelCase, Launch, Roofline, bench_case
+    from istanbul.shaders.ladder import KernelCase, Launch, Roofline, bench_case
     asked = []
 
     def inputs(rng, variant):

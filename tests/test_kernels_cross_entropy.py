@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.cross_entropy import ops as ce
+from istanbul.shaders.kernels.cross_entropy import ops as ce
 
 
 def _run(device, logits, targets, vocab, **kw):

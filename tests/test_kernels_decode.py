@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.attention import ops as attention
-from shaders.kernels.attention import decode
+from istanbul.shaders.kernels.attention import ops as attention
+from istanbul.shaders.kernels.attention import decode
 
 
 def test_prefill_then_steps_match_full_causal_attention(device):

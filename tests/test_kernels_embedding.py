@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.embedding import ops as embedding
+from istanbul.shaders.kernels.embedding import ops as embedding
 
 
 def test_backward_plan_groups_tokens_by_id_in_position_order():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders.kernels.matmul import ops as linear
 
 
 def test_weight_as_sub_range_of_one_parameter_buffer(device):
@@ -135,7 +135,7 @@ def test_f16_math_is_the_callers_choice(device, monkeypatch):
     # (the model passes its config's f16_math); no environment switch inside the op.
     if not device.has("shader-f16"):
         pytest.skip("device lacks shader-f16 (the packed-f16 kernel needs it)")
-    from shaders.engine import Recorder
+    from istanbul.shaders.engine import Recorder
     labels = []
     original = Recorder.dispatch
 

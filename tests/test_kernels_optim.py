@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.optim import ops as optim
+from istanbul.shaders.kernels.optim import ops as optim
 
 
 def _model(device, rng):

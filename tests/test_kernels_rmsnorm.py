@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.rmsnorm import ops as rmsnorm
+from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
 
 
 def test_many_rows_fold_and_weight_gradient_accumulates(device):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.rope import ops as rope
+from istanbul.shaders.kernels.rope import ops as rope
 
 
 def test_forward_then_backward_is_identity_and_preserves_norms(device):

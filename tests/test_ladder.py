@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from shaders import ladder
-from shaders.ladder import KernelCase, Launch, check_case, load_cases
+from istanbul.shaders import ladder
+from istanbul.shaders.ladder import KernelCase, Launch, check_case, load_cases
 
 
 @pytest.mark.parametrize("wg", [32, 64, 256, 1024])
@@ -22,7 +22,7 @@ def test_back_to_back_reductions_are_race_free(device, wg):
     rng = np.random.default_rng(wg)
     x = rng.standard_normal((200, 3 * wg + 5)).astype(np.float32) * 1000
     x[:, 7] = 1e6  # max is unmistakable
-    from shaders.kernels.elementwise.cases import _rows_launch
+    from istanbul.shaders.kernels.elementwise.cases import _rows_launch
     for _ in range(5):
         run = _rows_launch(device, {"x": x}, wg)
         with device.record() as rec:
@@ -33,7 +33,7 @@ def test_back_to_back_reductions_are_race_free(device, wg):
 
 
 def _broken_scale_case():
-    from shaders.kernels.elementwise.cases import FILE
+    from istanbul.shaders.kernels.elementwise.cases import FILE
 
     def launch(dev, inp):
         n = inp["x"].size
@@ -88,7 +88,7 @@ def test_cli_check_unknown_kernel_is_an_error():
 
 
 def test_metrics_thresholds():
-    from shaders import metrics as M
+    from istanbul.shaders import metrics as M
     ref = np.linspace(-1, 1, 1000).astype(np.float32)
     m = M.compare(ref + 1e-7, ref)
     assert M.passes(m, "f32")[0]
@@ -119,7 +119,7 @@ def test_a_later_variant_with_the_wrong_shape_fails_the_correct_rung(device):
 def test_bench_times_a_self_submitting_launch_by_its_reported_gpu_time(device):
     # the BPE cases run GpuEncoder.encode_docs, which submits and reads back itself: the
     # bench rung must time what the launch reports, not its (empty) recording
-    from shaders.kernels.elementwise.cases import FILE
+    from istanbul.shaders.kernels.elementwise.cases import FILE
     calls = []
 
     def launch(dev, inp):
@@ -156,7 +156,7 @@ def test_a_family_folders_case_must_name_that_family(tmp_path, monkeypatch):
     (tmp_path / "fake_house" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "cases.py").write_text(
-        "from shaders.ladder import KernelCase, register\n"
+        "from istanbul.shaders.ladder import KernelCase, register\n"
         "register(KernelCase(name='misfiled_case', family='rope', precision='f32', kernels=[],"
         " inputs=None, launch=None, reference=None))\n")
     monkeypatch.syspath_prepend(str(tmp_path))

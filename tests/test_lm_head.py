@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shaders.kernels.cross_entropy.ops import IGNORE
+from istanbul.shaders.kernels.cross_entropy.ops import IGNORE
 from tests.model_helpers import random_batches, tiny_config
 from tests.torch_reference import TorchReference
 from trainer_svc.model import ModelConfig

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shaders import source, wgsl_expand
-from shaders.engine import Recorder
-from shaders.kernels.attention import ops as attention
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders import source, wgsl_expand
+from istanbul.shaders.engine import Recorder
+from istanbul.shaders.kernels.attention import ops as attention
+from istanbul.shaders.kernels.matmul import ops as linear
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = json.loads((REPO / "tests" / "data" / "expansion_baseline.json").read_text())
@@ -198,7 +198,7 @@ def test_config_strings_explain_themselves_and_old_spellings_upgrade():
 
 
 def test_tuned_entries_of_retired_kernels_fall_back_with_a_warning(monkeypatch):
-    from shaders import tuned_cache
+    from istanbul.shaders import tuned_cache
     monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-db")
     with pytest.warns(UserWarning, match="retired -db"):
         assert attention.choose_config(H200, "forward", 1024, 64) == \

@@ -90,7 +90,7 @@ def test_encode_needs_a_vocabulary_or_a_server(monkeypatch):
 
 
 def test_health_command_for_container_healthchecks(monkeypatch, server):
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     info = default_device().info    # the fixture's server encodes on the default device
     code, out, _ = _cli(monkeypatch, ["health", server.target], b"")
     software = ", software Vulkan" if info.is_software else ""

@@ -56,7 +56,7 @@ def _run(device, precision, batches):
 
 
 def test_f16_without_tensor_cores_equals_mixed(f16_device):
-    from shaders.kernels.matmul import ops as linear
+    from istanbul.shaders.kernels.matmul import ops as linear
     if linear.has_tensor_cores(f16_device):
         pytest.skip("this device has tensor cores: f16 rounds activations, unlike mixed")
     batches = random_batches(np.random.default_rng(5), 4, B, T, tiny_config().vocab_size)

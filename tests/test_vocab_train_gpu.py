@@ -147,7 +147,7 @@ def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
     # the two engine additions the trainer relies on: workgroup counts read from a buffer
     # when the dispatch runs, and dispatching with a bind group made once
     import numpy as np
-    from shaders.engine import INDIRECT_STORAGE
+    from istanbul.shaders.engine import INDIRECT_STORAGE
     fill = device.kernel("infra.wgsl", "fill")
     y = device.zeros(4 * 256, np.float32)
     params = device.uniform("IIfI", 4 * 256, 0, 2.5, 0)

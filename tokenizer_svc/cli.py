@@ -13,7 +13,7 @@ import json
 import sys
 
 from istanbul_errors import UserFacingError
-from shaders.cli import add_device_args
+from istanbul.shaders.cli import add_device_args
 
 from .server_option import add_tokenizer_arguments, client_from_args
 
@@ -73,7 +73,7 @@ def _encoding(args):
         raise UserFacingError(str(exc)) from None
     if args.cpu:
         return get_encoding(vocab, device="cpu")
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     return get_encoding(vocab, device=default_device(args.adapter))
 
 

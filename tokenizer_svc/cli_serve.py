@@ -23,7 +23,7 @@ from pathlib import Path
 
 from istanbul_errors import UserFacingError
 
-from shaders.cli import add_device_args
+from istanbul.shaders.cli import add_device_args
 
 from .exposure import bind_address, is_loopback
 from .server.config import BatchingConfig, Limits, ServerConfig

@@ -29,7 +29,7 @@ GPU. Both pre-tokenizers give the same pieces.
 
 
 def register(sub) -> None:
-    from shaders.cli import add_device_args
+    from istanbul.shaders.cli import add_device_args
     from .patterns import KNOWN_VOCABULARIES, PATTERNS
 
     v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files, fetch a "
@@ -114,7 +114,7 @@ def cmd_train(args) -> int:
     name = args.name or out.name.removesuffix(".tiktoken")
     device = None
     if "gpu" in (args.trainer, args.pretokenizer):
-        from shaders.engine import Device
+        from istanbul.shaders.engine import Device
         device = Device(args.adapter)
         print(f"device: {device.info.summary()}")
         if device.info.is_software:

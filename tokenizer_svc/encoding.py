@@ -9,7 +9,7 @@
 
 `get_encoding(spec, device=None)`: `spec` is a known name (gpt2, r50k_base, cl100k_base,
 o200k_base), a path (.tiktoken, with an optional sidecar; tokenizer.json) or a `Vocabulary`;
-`device` is a `shaders.engine.Device`, None for the process-wide default GPU, or "cpu" for the
+`device` is an `istanbul.shaders.engine.Device`, None for the process-wide default GPU, or "cpu" for the
 plain-Python reference (slow; for checking and for machines where no Vulkan device exists).
 
 Semantics are tiktoken's (tokenizer_svc/reference.py defines them): special tokens are cut out
@@ -178,7 +178,7 @@ class Encoding:
                     if self._device == "cpu":
                         self._backend = CpuBackend(self.vocab)
                     else:
-                        from shaders.engine import default_device
+                        from istanbul.shaders.engine import default_device
                         from .gpu_backend import GpuBackend
                         device = self._device if self._device is not None else default_device()
                         _note_gpu_use()

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from shaders.engine import Device
+from istanbul.shaders.engine import Device
 from .gpu_decode import GpuDecoder
 from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
 from .gpu_tables import VocabTables

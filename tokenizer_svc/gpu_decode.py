@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from shaders.engine import Buffer, Device
+from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables

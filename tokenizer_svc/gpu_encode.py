@@ -52,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-from shaders.engine import Buffer, Device
+from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan
 from .gpu_tables import NONE, VocabTables

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shaders.engine import Buffer, Device
+from istanbul.shaders.engine import Buffer, Device
 
 SCAN_FILE = "bpe_scan.wgsl"
 BLOCK = 1024

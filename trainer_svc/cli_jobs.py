@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 from istanbul_errors import UserFacingError
-from shaders.cli import add_device_args
+from istanbul.shaders.cli import add_device_args
 from tokenizer_svc.server_option import add_tokenizer_arguments
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def cmd_prepare(args) -> int:
         if args.tokenizer:
             source, client = _service_source(args)
         else:
-            from shaders.engine import default_device
+            from istanbul.shaders.engine import default_device
             source = local_source(args.vocab, default_device(args.adapter))
         vocab_files = vocabulary_files_for(args.vocab, source.vocab_hash) if args.vocab \
             else None
@@ -565,7 +565,7 @@ def cmd_cancel(args) -> int:
 
 def run_trainer(args) -> int:
     """Connect, open the GPU, serve metrics, run the daemon until SIGTERM."""
-    from shaders.engine import Device
+    from istanbul.shaders.engine import Device
     from tokenizer_svc.exposure import bind_address, is_loopback
     from tokenizer_svc.server.auth import load_tokens
     from .daemon import Daemon, DaemonConfig

@@ -21,7 +21,7 @@ log = logging.getLogger("istanbul.train")
 
 
 def register(sub) -> None:
-    from shaders.cli import add_device_args
+    from istanbul.shaders.cli import add_device_args
     from .model.config import PRESETS
 
     t = sub.add_parser("train", help="train a model locally on shards or text files",
@@ -158,7 +158,7 @@ def _load_shards(args, codec):
 
 def cmd_train(args) -> int:
     from tqdm import tqdm
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
     from .data import DataError, TokenStream, split_documents
     from .model.config import ModelConfig
@@ -274,7 +274,7 @@ def cmd_train(args) -> int:
 # ---- generate and export -----------------------------------------------------------------------
 
 def cmd_generate(args) -> int:
-    from shaders.engine import default_device
+    from istanbul.shaders.engine import default_device
     from .checkpoint import CheckpointError, read_checkpoint
     from .generate import GenerationError, Generator
     try:

@@ -24,9 +24,9 @@ from typing import Iterator
 
 import numpy as np
 
-from shaders.kernels.rmsnorm import ops as rmsnorm
-from shaders.kernels.rope import ops as rope
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
+from istanbul.shaders.kernels.rope import ops as rope
+from istanbul.shaders.kernels.matmul import ops as linear
 
 from .model.config import ModelConfig
 from .model.forward import BlockBuffers, KVCache, Weights, record_blocks

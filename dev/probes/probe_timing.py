@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from shaders.engine import Device, Kernel
+from istanbul.shaders.engine import Device, Kernel
 
 
 def probe_setup(doc: str, argv=None):

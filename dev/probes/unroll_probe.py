@@ -25,10 +25,10 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from shaders import autotune  # noqa: E402
-from shaders.engine import Device  # noqa: E402
-from shaders.kernels.attention import ops as attention  # noqa: E402
-from shaders.kernels.matmul import ops as linear  # noqa: E402
+from istanbul.shaders import autotune  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
+from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
 
 # (layout, M, N, K, config): the 124M step's matmul shapes at 8 x 1024 tokens
 MATMULS = (("nt", 8192, 768, 768, "128x128x8-8x8-s1"),

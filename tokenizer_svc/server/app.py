@@ -227,7 +227,7 @@ class TokenizerServer:
         enc = self._encoding
         if getattr(getattr(enc, "backend", None), "kind", None) != "gpu":
             return enc
-        from shaders.engine import Device
+        from istanbul.shaders.engine import Device
         from ..encoding import Encoding
         shared = enc.backend.device
         long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu))

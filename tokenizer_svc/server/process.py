@@ -24,7 +24,7 @@ from .ports import PortUnavailable
 async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
                  on_listening=None) -> int:
     def load():
-        from shaders.engine import Device
+        from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
         device = Device(adapter)
         return get_encoding(vocab, device=device), device

@@ -88,7 +88,7 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
         raise TrainingError(f"--pretokenizer gpu needs one of the GPU patterns (gpt2, r50k, "
                             f"cl100k, o200k), not {pattern[:80]!r}; use --pretokenizer cpu")
     if device is None and "gpu" in (trainer, pretokenizer):
-        from shaders.engine import default_device
+        from istanbul.shaders.engine import default_device
         device = default_device()
     on_gpu = pretokenizer == "gpu" or (
         pretokenizer == "auto" and trainer == "gpu" and gpu_pattern(pattern) is not None

@@ -376,7 +376,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
                           "o200k have); use corpus.count_pieces")
     pre = Pretokenizer(PATTERNS[name], tuple(specials), invalid_utf8)
     if device is None:
-        from shaders.engine import default_device
+        from istanbul.shaders.engine import default_device
         device = default_device()
     dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots,
                                   first_store_records, buffer_limit)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import wgpu
 
-from shaders.engine import Device
+from istanbul.shaders.engine import Device
 
 from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, tokens_from_merges
 
@@ -451,7 +451,7 @@ def train(pieces: dict, n_tokens: int, max_token_bytes: int | None = None,
           options: TrainerOptions | None = None) -> TrainingResult:
     """Learn merges on the GPU until there are `n_tokens` ordinary tokens (see merges.py)."""
     if device is None:
-        from shaders.engine import default_device
+        from istanbul.shaders.engine import default_device
         device = default_device()
     trainer = GpuTrainer(device, pieces, n_tokens, max_token_bytes, n_specials, options)
     return trainer.run(progress)

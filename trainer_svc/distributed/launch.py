@@ -48,8 +48,8 @@ def rank_adapters(world: int, adapters: list[str] | None = None,
             raise UserFacingError(f"--adapters names {len(adapters)} adapter(s) for {world} "
                                   "GPUs; name one per GPU")
         return [str(a) for a in adapters[:world]]
-    from shaders import backends
-    from shaders.adapters import enumerate_adapters
+    from istanbul.shaders import backends
+    from istanbul.shaders.adapters import enumerate_adapters
     choice = backends.requested(backend)
     if choice == "auto":
         choice = "dawn" if backends.dawn_installed() else "wgpu"

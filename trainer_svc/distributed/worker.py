@@ -48,7 +48,7 @@ def main(argv=None) -> int:
                           timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
     group = None
     try:
-        from shaders.engine import Device
+        from istanbul.shaders.engine import Device
         device = Device(args.adapter, args.backend)
         logging.info("device %s", device.info.summary())
         store.set(READY_KEY.format(rank=args.rank), "1")

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shaders.kernels.activations import ops as activations
-from shaders.kernels.embedding import ops as embedding
-from shaders.kernels.rmsnorm import ops as rmsnorm
-from shaders.kernels.rope import ops as rope
-from shaders.kernels.attention import ops as attention
-from shaders.kernels.attention import decode
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders.kernels.activations import ops as activations
+from istanbul.shaders.kernels.embedding import ops as embedding
+from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
+from istanbul.shaders.kernels.rope import ops as rope
+from istanbul.shaders.kernels.attention import ops as attention
+from istanbul.shaders.kernels.attention import decode
+from istanbul.shaders.kernels.matmul import ops as linear
 
 from .config import ModelConfig
 from .layout import ParameterLayout

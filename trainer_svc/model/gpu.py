@@ -30,14 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shaders.kernels.activations import ops as activations
-from shaders.kernels.elementwise import ops as basic
-from shaders.kernels.embedding import ops as embedding
-from shaders.kernels.optim import ops as optim
-from shaders.kernels.rmsnorm import ops as rmsnorm
-from shaders.kernels.rope import ops as rope
-from shaders.kernels.attention import ops as attention
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders.kernels.activations import ops as activations
+from istanbul.shaders.kernels.elementwise import ops as basic
+from istanbul.shaders.kernels.embedding import ops as embedding
+from istanbul.shaders.kernels.optim import ops as optim
+from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
+from istanbul.shaders.kernels.rope import ops as rope
+from istanbul.shaders.kernels.attention import ops as attention
+from istanbul.shaders.kernels.matmul import ops as linear
 
 from ..loss_scale import LossScaler
 from .config import ModelConfig

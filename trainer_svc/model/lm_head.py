@@ -26,8 +26,8 @@ import math
 
 import numpy as np
 
-from shaders.kernels.cross_entropy import ops as cross_entropy
-from shaders.kernels.matmul import ops as linear
+from istanbul.shaders.kernels.cross_entropy import ops as cross_entropy
+from istanbul.shaders.kernels.matmul import ops as linear
 
 from .fit import ConfigDoesNotFitError
 
