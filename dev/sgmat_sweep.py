@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from istanbul.shaders.engine import Device  # noqa: E402
 from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
+from istanbul.shaders.kernels.matmul import reference  # noqa: E402
 
 CONFIGS = ["sg2x2-t4x4-k32-p8-s1", "sg2x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k32-p0-s1",
            "sg2x4-t4x2-k16-p8-s1", "sg4x2-t2x4-k16-p8-s1", "sg2x4-t4x4-k16-p8-s1",
@@ -58,16 +59,6 @@ def operands(rng, layout, M, N, K):
             rng.standard_normal(b_shape).astype(np.float32))
 
 
-def reference(layout, a, b, alpha):
-    a16 = a.astype(np.float16).astype(np.float64)
-    b16 = b.astype(np.float16).astype(np.float64)
-    if layout == "tn":
-        a16 = a16.T
-    if layout == "nt":
-        b16 = b16.T
-    return alpha * (a16 @ b16)
-
-
 def check_case(dev, rng, layout, w16, M, N, K, mode, alpha, config):
     a, b = operands(rng, layout, M, N, K)
     c0 = rng.standard_normal((M, N)).astype(np.float32)
@@ -79,11 +70,9 @@ def check_case(dev, rng, layout, w16, M, N, K, mode, alpha, config):
                       accumulate=mode == "accumulate",
                       residual=R if mode == "residual" else None)
     got = dev.download(C).reshape(M, N).astype(np.float64)
-    ref = reference(layout, a, b, alpha)
-    if mode == "accumulate":
-        ref = ref + c0
-    elif mode == "residual":
-        ref = ref + r
+    ref = reference.tensor_core_matmul(
+        {"M": M, "N": N, "K": K, "alpha": alpha, "mode": mode, "a": a, "out": c0,
+         "residual": r, "b": b.astype(np.float16) if w16 else b}, layout)["out"].astype(np.float64)
     scale = float(np.max(np.abs(ref))) or 1.0
     err = float(np.max(np.abs(got - ref)) / scale)
     cos = float(np.dot(got.ravel(), ref.ravel()) / (np.linalg.norm(got) * np.linalg.norm(ref)))

@@ -120,8 +120,7 @@ def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
     config = "sgmat" if tensor_cores else configs["forward"] if configs else None
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
-                                                tiles=tiles, config=config,
-                                                tensor_cores=tensor_cores, **strides),
+                                                tiles=tiles, config=config, **strides),
                   lambda: {"o": dev.download(o), "lse": dev.download(lse)})
 
 
@@ -144,7 +143,7 @@ def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
 
     def encode(rec):
         attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tiles=tq, config=cf,
-                          tensor_cores=tensor_cores, **strides)
+                          **strides)
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                            tiles_dq=tdq, tiles_dkv=tdkv, config_dq=cdq, config_dkv=cdkv,
                            tensor_cores=tensor_cores, **strides)

@@ -313,13 +313,13 @@ def _params(dev, B, T, H, Hkv, strides, scale):
 def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             scale: float | None = None, q_stride: int | None = None,
             kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
-            config=None, tensor_cores: bool = False) -> None:
+            config=None) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
 
-    `tensor_cores` changes nothing here: the f32 tiled forward is the faster one on the H200
-    (8.6-9.8 ms for the 124M step's 12 layers vs 13.6 for 05_attention_sgmat.wgsl's forward,
-    dev/RESULTS.md). `config="sgmat"` runs the tensor-core forward (q, k, v and p rounded to
-    f16 in the products) where the device has f16 subgroup matrices: the ladder checks it."""
+    `config="sgmat"` runs the tensor-core forward of 05_attention_sgmat.wgsl (q, k, v and p
+    rounded to f16 in the products) where the device has f16 subgroup matrices: the ladder
+    checks it. The model does not: the f32 tiled forward is the faster one on the H200
+    (8.6-9.8 ms for the 124M step's 12 layers vs 13.6, dev/RESULTS.md)."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     check(op, "q", q, nq)

@@ -520,8 +520,8 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
          lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
          operands=(), config=None, tiles=None, tensor_cores: bool = False) -> Plan:
     """The kernel and configuration `matmul` would run for these shapes and operands."""
-    if isinstance(config, SgmatConfig) or (isinstance(config, str) and config.startswith("sg")):
-        tensor_cores = True
+    sgmat = isinstance(config, SgmatConfig) or (isinstance(config, str)
+                                                and config.startswith("sg"))
     a_cols = M if layout == "tn" else K
     b_cols = K if layout == "nt" else N
     lda = a_cols if lda is None else lda
@@ -538,23 +538,22 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
     ready = (_vec4_ready(a, a_cols, lda) and _vec4_ready(b, b_cols, ldb)
              and _vec4_ready(out, N, ldc) and all(_vec4_ready(r, N, ldc) for r in extra)
              and (not f16_math or device.has("shader-f16")))
-    if tensor_cores and (config is None or isinstance(config, (SgmatConfig, str))
-                         and str(config).startswith("sg")) and not f16_math:
-        if config is not None:
+    if sgmat or (tensor_cores and config is None and not f16_math and ready
+                 and has_tensor_cores(device)):
+        if not sgmat:
+            cfg = choose_sgmat_config(device, layout, b_dtype, M, N, K)
+        else:   # a pinned tensor-core configuration
             cfg = SgmatConfig.parse(config)
-            problems = ([] if ready else ["it needs contiguous and leading dimensions that "
-                                          "are multiples of 4, 16-byte-aligned operands"])
+            problems = ["f16_math is the packed-f16 kernel's option"] if f16_math else []
+            if not ready:
+                problems.append("it needs contiguous and leading dimensions that are "
+                                "multiples of 4, 16-byte-aligned operands")
             problems += cfg.problems(device, layout)
             if problems:
-                raise ValueError(f"matmul_{layout}: config {cfg} cannot run on {device.name}: "
-                                 + "; ".join(problems))
-        elif ready and has_tensor_cores(device):
-            cfg = choose_sgmat_config(device, layout, b_dtype, M, N, K)
-        else:
-            cfg = None
-        if cfg is not None:
-            _, name = kernel_name(layout, b_dtype)
-            return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
+                raise ValueError(f"matmul_{layout}: config {cfg} cannot run on "
+                                 f"{device.name}: " + "; ".join(problems))
+        _, name = kernel_name(layout, b_dtype)
+        return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
     if config is not None:
         cfg = MatmulConfig.parse(config)
         if not ready:
@@ -674,16 +673,13 @@ def matmul_tn(rec, a, b, out, M, N, K, **kw) -> None:
 
 
 def linear_backward(rec, dy, x, w, dx, dw, tokens: int, d_in: int, d_out: int, *,
-                    accumulate_dx: bool = False, accumulate_dw: bool = True,
-                    tensor_cores: bool = False) -> None:
+                    accumulate_dx: bool = False, accumulate_dw: bool = True) -> None:
     """Backward of y = x @ W^T: dx (=, +=) dy @ W and dW (+=) dy^T @ x.
 
     dy [tokens, d_out], x [tokens, d_in], w [d_out, d_in] (f32, or the f16 mirror),
     dx [tokens, d_in], dw [d_out, d_in] (f32). Either of dx/dw may be None to skip it.
     """
     if dx is not None:
-        matmul_nn(rec, dy, w, dx, tokens, d_in, d_out, accumulate=accumulate_dx,
-                  tensor_cores=tensor_cores)
+        matmul_nn(rec, dy, w, dx, tokens, d_in, d_out, accumulate=accumulate_dx)
     if dw is not None:
-        matmul_tn(rec, dy, x, dw, d_out, d_in, tokens, accumulate=accumulate_dw,
-                  tensor_cores=tensor_cores)
+        matmul_tn(rec, dy, x, dw, d_out, d_in, tokens, accumulate=accumulate_dw)
