@@ -6,8 +6,9 @@ import argparse
 import json
 import os
 import sys
+import types
 
-from . import backends
+from . import backends, tuned_cache
 from .adapters import enumerate_adapters
 
 IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
@@ -137,6 +138,9 @@ def cmd_devices(args) -> int:
                 format_matrix_config(c) for c in info.subgroup_matrix_configs) or "none"))
         for key in IMPORTANT_LIMITS:
             print(f"    {key}: {info.limits.get(key)}")
+        print("    tuning cache: " + (", ".join(
+            f"{path} ({n} entries{', borrowed' if borrowed else ''})" for path, n, borrowed in
+            tuned_cache.sources(types.SimpleNamespace(info=info))) or "none (op defaults)"))
     return 0
 
 
@@ -244,7 +248,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
     bench/autotune.py)."""
     import pathlib
     import shutil
-    from . import autotune, tuned_cache
+    from . import autotune
     from .ladder import device_record, write_json
     known = autotune.matmul_keys(device)
     for key in keys or ():

@@ -6,12 +6,21 @@ per-device-class default. This module only reads and writes the cache and import
 tuner that fills it (shaders/autotune.py, driven by `istanbul kernels tune` or
 bench/autotune.py) sits on top of the ops.
 
-Where the cache lives, per adapter (`adapter_key`: the adapter's name and backend, e.g.
-`nvidia-h200-vulkan.json`):
+Where the cache lives, per adapter and WebGPU implementation (`adapter_key`: the adapter's
+name, its graphics API and the implementation, e.g. `nvidia-h200-vulkan-wgpu.json` and
+`nvidia-h200-vulkan-dawn.json`: naga and Tint compile the same WGSL differently, so a
+configuration that wins on one may lose on the other):
 
     $ISTANBUL_AUTOTUNE_DIR/<key>.json      when the variable is set (read and written), else
     ~/.cache/istanbul/autotune/<key>.json  (read and written),
-    shaders/tuned/<key>.json               the committed results (read only, consulted last)
+    shaders/tuned/<key>.json               the committed results (read only),
+
+then, for an (op, key) this implementation has no entry for, the same adapter's files of the
+other implementation ("borrowed": the kernels are the same WGSL, so the configuration is
+valid; only its rank may differ), and a cache written before the key named the implementation
+(`<name>-<api>.json`, read as wgpu's: only wgpu-native existed then). `istanbul kernels tune`
+under one implementation writes that implementation's file, which then wins over borrowed
+entries.
 
 An entry is {"config": "...", "us": best time, "candidates": {config: us, ...}}. A shape
 that was not tuned takes the entry of the nearest tuned shape of the same op and key (by
@@ -31,13 +40,23 @@ from pathlib import Path
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 NEAREST_FACTOR = 4.0
 _memory: dict = {}
-_answers: dict = {}   # (cache files, op, key, shape) -> config: ops call lookup every step
+_answers: dict = {}   # (own cache files, op, key, shape) -> config: ops call lookup every step
+WEBGPU_IMPLEMENTATIONS = ("wgpu", "dawn")
 
 
-def adapter_key(device) -> str:
-    """A file-name-safe key of the adapter (name and backend; the driver is recorded inside)."""
-    text = f"{device.info.name}-{device.info.backend}".lower()
-    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown-adapter"
+def adapter_key(device, webgpu: str | None = None) -> str:
+    """A file-name-safe key of the adapter and WebGPU implementation (the driver is recorded
+    inside): `webgpu` names another implementation's file of the same adapter."""
+    impl = webgpu or _webgpu(device)
+    return _safe(f"{device.info.name}-{device.info.backend}-{impl}")
+
+
+def _webgpu(device) -> str:
+    return str(getattr(device.info, "webgpu", None) or "wgpu").lower()
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown-adapter"
 
 
 def user_dir() -> Path:
@@ -48,9 +67,30 @@ def user_dir() -> Path:
 
 
 def cache_paths(device) -> list[Path]:
-    """Files consulted for this adapter, first match wins: the user's cache, then shipped."""
+    """This implementation's files for the adapter, first match wins: the user's, shipped."""
     name = adapter_key(device) + ".json"
-    return [user_dir() / name, SHIPPED_DIR / name]
+    paths = [user_dir() / name, SHIPPED_DIR / name]
+    if _webgpu(device) == "wgpu":
+        paths.append(_legacy_path(device))
+    return paths
+
+
+def borrowed_paths(device) -> list[Path]:
+    """The same adapter's files of the other implementation(s), consulted after this one's."""
+    paths = []
+    for impl in WEBGPU_IMPLEMENTATIONS:
+        if impl != _webgpu(device):
+            name = adapter_key(device, impl) + ".json"
+            paths += [user_dir() / name, SHIPPED_DIR / name]
+            if impl == "wgpu":
+                paths.append(_legacy_path(device))
+    return paths
+
+
+def _legacy_path(device) -> Path:
+    """A user cache written before the key named the implementation: wgpu-native's (the only
+    implementation then)."""
+    return user_dir() / (_safe(f"{device.info.name}-{device.info.backend}") + ".json")
 
 
 def shape_key(shape) -> str:
@@ -66,11 +106,24 @@ def _read(path: Path) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def _tables(device) -> list[dict]:
-    paths = tuple(cache_paths(device))
+def _tables(device) -> list[list[dict]]:
+    """[this implementation's tables, borrowed tables]: a lookup tries the first group fully
+    (exact shape, then nearest) before the second."""
+    paths = (tuple(cache_paths(device)), tuple(borrowed_paths(device)))
     if paths not in _memory:
-        _memory[paths] = [_read(p) for p in paths]
+        _memory[paths] = [[_read(p) for p in group] for group in paths]
     return _memory[paths]
+
+
+def sources(device) -> list[tuple[Path, int, bool]]:
+    """(file, entries, borrowed) of each cache file that exists for the adapter, in lookup
+    order (`device` needs only `.info`)."""
+    found = []
+    for group, borrowed in ((cache_paths(device), False), (borrowed_paths(device), True)):
+        for path in group:
+            if path.is_file():
+                found.append((path, len(_read(path)), borrowed))
+    return found
 
 
 def forget(device=None) -> None:
@@ -90,15 +143,23 @@ def lookup(device, op: str, key: str, shape) -> str | None:
 
 
 def _lookup(device, op: str, key: str, shape) -> str | None:
+    for tables in _tables(device):
+        found = _lookup_in(tables, op, key, shape)
+        if found is not None:
+            return found
+    return None
+
+
+def _lookup_in(tables: list[dict], op: str, key: str, shape) -> str | None:
     prefix = f"{op}/{key}/"
     exact = prefix + shape_key(shape)
-    for table in _tables(device):
+    for table in tables:
         entry = table.get(exact)
         if isinstance(entry, dict) and isinstance(entry.get("config"), str):
             return entry["config"]
     best, best_dist = None, math.inf
     want = [max(int(s), 1) for s in shape]
-    for table in _tables(device):
+    for table in tables:
         for name, entry in table.items():
             if not name.startswith(prefix) or not isinstance(entry, dict):
                 continue
@@ -125,7 +186,7 @@ def save(device, results: dict, path: Path | None = None) -> Path:
     entries = _read(path) if path.exists() else {}
     entries.update(results)
     payload = {"adapter": device.info.name, "backend": device.info.backend,
-               "driver": device.info.driver, "adapter_key": adapter_key(device),
+               "webgpu": _webgpu(device), "driver": device.info.driver, "adapter_key": adapter_key(device),
                "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "entries": dict(sorted(entries.items()))}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")

@@ -55,6 +55,40 @@ def test_a_broken_or_impossible_cache_entry_falls_back(device, cache_dir):
     assert linear.plan(device, "nt", 64, 64, 64).path == "tiled"
 
 
+def test_each_webgpu_implementation_has_its_cache_and_borrows_the_others(device, cache_dir):
+    """A configuration tuned under wgpu-native serves Dawn until Dawn is tuned (and back):
+    naga and Tint rank configurations differently, so the implementation's own entry wins."""
+    import types
+    other = "dawn" if device.info.webgpu == "wgpu" else "wgpu"
+    assert tuned_cache.adapter_key(device).endswith("-" + device.info.webgpu)
+    twin = types.SimpleNamespace(info=types.SimpleNamespace(
+        name=device.info.name, backend=device.info.backend, driver=device.info.driver,
+        webgpu=other))
+    assert tuned_cache.adapter_key(twin) == tuned_cache.adapter_key(device, other)
+    default = str(linear.plan(device, "nt", 256, 256, 256).config)
+    mine, theirs = ("32x32x8-4x4-s1", "64x64x8-4x4-s1") if default != "32x32x8-4x4-s1" \
+        else ("64x64x8-4x4-s1", "16x16x8-2x2-s1")
+    tuned_cache.save(twin, {"matmul/nt/256x256x256": {"config": theirs, "us": 1.0}})
+    assert (cache_dir / (tuned_cache.adapter_key(device, other) + ".json")).exists()
+    assert str(linear.plan(device, "nt", 256, 256, 256).config) == theirs      # borrowed
+    assert str(linear.plan(device, "nt", 300, 200, 256).config) == theirs      # nearest too
+    tuned_cache.save(device, {"matmul/nt/512x512x512": {"config": mine, "us": 1.0}})
+    # this implementation's nearest entry wins over the other's exact one
+    assert str(linear.plan(device, "nt", 256, 256, 256).config) == mine
+    assert tuned_cache.lookup(twin, "matmul", "nt", (256, 256, 256)) == theirs
+
+
+def test_a_cache_written_before_keys_named_the_implementation_is_wgpu_native_s(device,
+                                                                              cache_dir):
+    default = str(linear.plan(device, "nt", 256, 256, 256).config)
+    tuned = "32x32x8-4x4-s1" if default != "32x32x8-4x4-s1" else "64x64x8-4x4-s1"
+    legacy = tuned_cache.adapter_key(device).rsplit("-", 1)[0] + ".json"
+    tuned_cache.save(device, {"matmul/nt/256x256x256": {"config": tuned, "us": 1.0}},
+                     cache_dir / legacy)
+    # wgpu-native reads it as its own; Dawn borrows it
+    assert tuned_cache.lookup(device, "matmul", "nt", (256, 256, 256)) == tuned
+
+
 def test_tuner_times_candidates_and_the_winner_is_correct(device, cache_dir):
     entry = autotune.tune_matmul(device, "tn", 64, 32, 128, mode="accumulate")
     assert entry["config"] in entry["candidates"] and entry["us"] > 0
@@ -135,3 +169,14 @@ def test_tuned_shapes_follow_the_model_presets(monkeypatch):
                                                             vocab=50304, tokens=256)
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of 124m, small, tiny"):
         autotune.model_dims("huge")
+
+
+def test_devices_lists_the_tuning_cache_files_in_lookup_order(device, cache_dir):
+    tuned_cache.save(device, {"matmul/nt/64x64x64": {"config": "32x32x8-4x4-s1", "us": 1.0}})
+    mine = cache_dir / (tuned_cache.adapter_key(device) + ".json")
+    env = dict(os.environ, ISTANBUL_AUTOTUNE_DIR=str(cache_dir))
+    proc = subprocess.run([sys.executable, "-m", "istanbul", "devices", "--backend",
+                           device.info.webgpu], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"tuning cache: {mine} (1 entries)" in proc.stdout, proc.stdout

@@ -26,7 +26,9 @@ from istanbul.shaders.kernels.matmul import ops as linear
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = json.loads((REPO / "tests" / "data" / "expansion_baseline.json").read_text())
-TUNED = json.loads((REPO / "shaders" / "tuned" / "nvidia-h200-vulkan.json").read_text())
+TUNED_FILES = {impl: json.loads((REPO / "shaders" / "tuned" / f"nvidia-h200-vulkan-{impl}.json")
+                                .read_text()) for impl in ("wgpu", "dawn")}
+TUNED = {"entries": {**TUNED_FILES["wgpu"]["entries"], **TUNED_FILES["dawn"]["entries"]}}
 H200 = types.SimpleNamespace(
     limits={"max-compute-workgroup-storage-size": 49152,
             "max-compute-invocations-per-workgroup": 1024,
@@ -142,6 +144,11 @@ def test_expanded_kernels_hold_no_private_arrays_or_template_syntax():
 
 def test_h200_tuned_and_default_configurations_are_fingerprinted_kernels():
     labels = set(BASELINE["fingerprints"])
+    # each committed file holds what was tuned under its implementation: tensor-core kernels
+    # only exist under Dawn
+    for impl, data in TUNED_FILES.items():
+        assert data["webgpu"] == impl and data["adapter_key"] == f"nvidia-h200-vulkan-{impl}"
+        assert all(("_sgmat/" in name) == (impl == "dawn") for name in data["entries"]), impl
     for name, entry in TUNED["entries"].items():
         op, key, shape = name.split("/")
         dims = tuple(int(s) for s in shape.split("x"))
