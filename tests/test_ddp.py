@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -125,6 +126,26 @@ def test_a_batch_that_does_not_split_over_the_gpus_is_refused():
     with pytest.raises(ValueError, match="multiple of the number of GPUs"):
         rank_train_config(TrainConfig(batch=6), 4)
     assert JobSpec.parse({"dataset": "d", "steps": 10, "batch": 8, "gpus": 4}).gpus == 4
+
+
+def test_a_failed_collective_waits_briefly_for_the_dead_peers_exit_status(tmp_path):
+    """A killed peer's sockets close before its exit status is readable: the description of
+    the failure waits for it instead of saying nothing about the dead rank."""
+    import subprocess
+    from trainer_svc.distributed.launch import RankProcesses
+    log = tmp_path / "rank1.log"
+    log.write_text("opening the device\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); exit(3)"])
+    ranks = RankProcesses([proc], [log], None)
+    try:
+        assert ranks.describe() == ""                      # still running
+        start = time.monotonic()
+        text = ranks.describe_failure(grace_s=30)
+        assert text.startswith("rank 1 process exit code 3") and "opening the device" in text
+        assert time.monotonic() - start < 10
+        assert ranks.describe_failure(grace_s=30) == text  # already dead: no wait
+    finally:
+        ranks.stop(timeout=5)
 
 
 def test_a_rank_that_cannot_start_fails_the_launch_with_its_own_error():

@@ -31,6 +31,8 @@ from .group import ERROR_KEY, JOIN_TIMEOUT_S, RankFailed, RankGroup
 log = logging.getLogger(__name__)
 
 READY_KEY = "istanbul/rank_ready/{rank}"
+# A failed collective waits this long for a dead peer's exit status before describing it.
+FAILURE_GRACE_S = 3.0
 
 
 def rank_adapters(world: int, adapters: list[str] | None = None,
@@ -86,6 +88,15 @@ class RankProcesses:
             tail = _tail(self.logs[rank - 1])
             parts.append(f"rank {rank} process {how}" + (f" (log: {tail})" if tail else ""))
         return "; ".join(parts)
+
+    def describe_failure(self, grace_s: float = FAILURE_GRACE_S) -> str:
+        """`describe()` for a failed collective: a killed peer's sockets close before its exit
+        status can be read (the kernel closes files first), so wait up to `grace_s` for a
+        rank process to be seen exiting before saying what happened."""
+        deadline = time.monotonic() + grace_s
+        while not self.dead() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.describe()
 
     def stop(self, timeout: float = 30.0, told: bool = False) -> None:
         """Reap the ranks: `told` (they got "stop") waits for them to exit on their own;
@@ -146,7 +157,7 @@ def launch_group(world: int, adapters: list[str], backend: str | None = None,
     except BaseException:
         ranks.stop(timeout=1.0)
         raise
-    group.describe_failure = ranks.describe
+    group.describe_failure = ranks.describe_failure
     log.info("group of %d ranks up (adapters %s)", world, ", ".join(adapters))
     return group, ranks
 
