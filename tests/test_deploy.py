@@ -238,6 +238,16 @@ def test_dockerfile_targets_and_commands_match_compose(compose):
         assert '"--require-gpu"' in cmd and '"--listen-public"' in cmd
     assert compose["services"]["tokenizer"]["command"][:2] == ["istanbul", "serve"]
     assert compose["services"]["trainer"]["command"][:2] == ["istanbul", "trainer"]
+    # the trainer image installs the extras compose passes (each one pyproject defines)
+    default = re.search(r"^ARG TRAINER_EXTRAS=(\S*)$", text, re.M).group(1)
+    assert '".[$TRAINER_EXTRAS]"' in text
+    passed = compose["services"]["trainer"]["build"]["args"]["TRAINER_EXTRAS"]
+    assert passed == default == "dawn"
+    import tomllib
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {"dawn", "ddp"} <= set(extras)
+    assert "TRAINER_EXTRAS=dawn" in (DEPLOY / ".env.example").read_text()
 
 
 # ---- the services' commands, run here ----------------------------------------------------------
