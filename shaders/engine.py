@@ -305,6 +305,25 @@ class Recorder:
         cpass.dispatch_workgroups(*grid)
         self.dispatch_count += 1
 
+    def dispatch_many(self, kernel: Kernel, resources, grids, label: str = "") -> None:
+        """Dispatch `kernel` with the same bind group once per grid of `grids` ((x, y, z)
+        tuples), in order: the pipeline and bind group are set once, then each dispatch is one
+        call (hot loops: each wgpu-py call costs ~0.6 us of Python; measured in
+        dev/RESULTS.md). Timed recordings give each dispatch its own pass, as `dispatch`."""
+        if self.timing:
+            for grid in grids:
+                self.dispatch(kernel, resources, grid, label)
+            return
+        cpass = self._compute_pass(label or kernel.name)
+        cpass.set_pipeline(kernel.pipeline)
+        cpass.set_bind_group(0, _group(kernel, resources))
+        dispatch = cpass.dispatch_workgroups
+        count = 0
+        for grid in grids:
+            dispatch(*grid)
+            count += 1
+        self.dispatch_count += count
+
     def dispatch_indirect(self, kernel: Kernel, resources, indirect, offset: int = 0,
                           label: str = "") -> None:
         """Dispatch `kernel` with the workgroup counts (x, y, z: u32) that the GPU reads from
