@@ -131,7 +131,7 @@ def test_key_table_growth_and_compaction_every_round(device):
 
 
 def test_a_capped_merge_grid_visits_every_position(device):
-    # 3 workgroups of find_and_merge: each invocation strides over many positions
+    # 3 apply workgroups (4 with two rows): each invocation strides over many positions
     pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["o200k"])
     result = same_merges(device, pieces, 400, options=TrainerOptions(find_groups=3))
     assert result.details["rounds"] >= 2
@@ -143,9 +143,9 @@ def test_cap_applies_on_the_gpu(device):
     assert max(len(t) for t in result.tokens) <= 3
 
 
-def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
-    # the two engine additions the trainer relies on: workgroup counts read from a buffer
-    # when the dispatch runs, and dispatching with a bind group made once
+def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_many(device):
+    # the engine additions the trainer relies on: workgroup counts read from a buffer when
+    # the dispatch runs, dispatching with a bind group made once, several grids at once
     import numpy as np
     from istanbul.shaders.engine import INDIRECT_STORAGE
     fill = device.kernel("infra.wgsl", "fill")
@@ -161,6 +161,24 @@ def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
     with device.record() as rec:
         rec.dispatch(fill, group, 4)
     assert (device.download(y) == 2.5).all()
+    # dispatch_many: one pipeline and bind group, several grids in order (the merge loop's)
+    device.zero(y)
+    params = device.uniform("IIfI", 4 * 256, 0, 1.0, 0)
+    add = device.uniform("IIfI", 4 * 256, 0, 7.0, 0)
+    with device.record() as rec:
+        rec.dispatch_many(fill, [y, params], [(4, 1, 1), (1, 1, 1)])
+        rec.dispatch_many(fill, [y, add], [(1, 2, 1)])
+        assert rec.dispatch_count == 3
+    out = device.download(y)
+    assert (out[:512] == 7.0).all() and (out[512:] == 1.0).all()
+
+
+def test_apply_grids_have_two_rows_or_more_and_cover_the_workgroups():
+    # merge_step tells its halves apart by the grid: one row is select, more is apply
+    for count in (1, 2, 3, 255, 65535, 65536, 2 * 65535, 2 * 65535 + 1, 10**6):
+        x, y, z = gpu_trainer.apply_grid(count)
+        assert y >= 2 and z == 1 and x <= 65535 and x * y >= count
+        assert x * y < count + max(x, y) + 2  # a few idle workgroups at most
 
 
 def test_a_corpus_too_large_for_the_device_is_refused_before_allocating(device):
