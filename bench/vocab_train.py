@@ -19,12 +19,14 @@ the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbp
    end to end (files -> vocabulary), with the same pattern, one run:
    - read: reading the files as bytes alone (also warms the page cache for every trainer);
    - istanbul, GPU: pre-tokenization + piece counting on the GPU (training/gpu_corpus.py),
-     then the WGSL trainer; both phases reported, the merge phase also split into host
-     phases (recording, submitting, waiting for the device), with the peak host RSS and
-     device memory. Device start-up and kernel compilation are done beforehand by a small
+     then the WGSL trainer (two dispatches of one kernel per merge, recorded as bare
+     dispatches); both phases reported, the merge phase also split into host phases
+     (recording, finishing the command buffers, submitting, waiting for the device; the
+     first three also per merge), with the peak host RSS and device memory. Device start-up and kernel compilation are done beforehand by a small
      warm-up and reported separately. On the smallest size the merges run once more with
-     GPU timestamps on a few sampled rounds (per-kernel microseconds per merge; not timed
-     as a result, --no-profile skips it).
+     GPU timestamps on a few sampled rounds (microseconds per merge of each half of the
+     merge step, select and apply, and of the CONTINUE passes on software devices; not
+     timed as a result, --no-profile skips it).
    - on the smallest size only: istanbul's CPU pre-tokenizer (--workers processes), whose
      pieces must equal the GPU's, and the CPU reference trainer (unless
      --skip-cpu-reference), whose merge list must equal the GPU's (both reported as checks);
@@ -358,8 +360,11 @@ def markdown(payload: dict) -> str:
                          f"{num(r.get('tokens_per_byte'), '.4f')} | {speed} |")
         ist = run["results"][0]
         if "details" in ist:
-            lines += ["", f"istanbul merge phase, host seconds: {ist['details'].get('phases')}; "
-                      f"{ist['details'].get('rounds')} rounds, "
+            phases, done = ist["details"].get("phases") or {}, max(1, ist.get("merges") or 1)
+            per_merge = ", ".join(f"{k} {1e6 * phases[k] / done:.1f}"
+                                  for k in ("record", "finish", "submit") if k in phases)
+            lines += ["", f"istanbul merge phase, host seconds: {phases}; host µs per merge: "
+                      f"{per_merge}; {ist['details'].get('rounds')} rounds, "
                       f"{ist['details'].get('dispatches_per_merge')} dispatches per merge. "
                       f"Peak host RSS {ist.get('peak_host_rss_mb')} MB (the whole process); "
                       f"peak device memory {ist.get('peak_device_mb')} MB."]
