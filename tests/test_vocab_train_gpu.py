@@ -61,6 +61,17 @@ def test_stdlib_sources(device, pattern, files, size):
     assert result.details["rounds"] >= 2  # several submits, two in flight
 
 
+def test_the_gpu_schedule_two_bare_dispatches_per_merge(device):
+    # what hardware GPUs run: no work budget, no CONTINUE passes, whole rounds recorded as
+    # select/apply pairs with one pipeline and bind group (short pieces keep llvmpipe's
+    # loop limit far away)
+    pieces = pieces_of_text(stdlib_text("json/decoder.py", "shlex.py"), PATTERNS["o200k"])
+    result = same_merges(device, pieces, 700,
+                         options=TrainerOptions(work_budget=gpu_trainer.NO_CAP))
+    assert result.details["dispatches_per_merge"] == 2 and result.details["rounds"] >= 2
+    assert result.details["compactions"] >= 1
+
+
 def test_turkish_seed_documents_with_a_token_length_cap(device):
     if not SEEDS.is_dir():
         pytest.skip(f"the seed documents are not at {SEEDS} (../shared is absent; set "
