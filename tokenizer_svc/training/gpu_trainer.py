@@ -25,7 +25,8 @@ bpe_train.wgsl. This module is the host side:
 Where the time goes is in `result.details["phases"]` (host seconds: recording, finishing
 the command buffer (wgpu-native's encoding), submitting, waiting for the device, between
 rounds) and, with `TrainerOptions(profile=True)`, in
-`details["gpu_profile"]`: GPU timestamps of each kernel over a few sampled rounds (those
+`details["gpu_profile"]`: GPU timestamps of select, apply and the CONTINUE passes over a few
+sampled rounds (those
 rounds run one pass per dispatch and wait for their timestamps: left out of the phases, but
 not of the wall time, so time a run without the profile).
 """
@@ -46,6 +47,7 @@ from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, to
 FILE = "bpe_train.wgsl"
 WG = 256
 SELECT_ITEMS = 1024
+APPLY_TILE = 1024  # positions per apply workgroup (bpe_train.wgsl)
 N_BYTE_PAIRS = N_BYTES * N_BYTES
 NO_CAP = 0xFFFFFFFF
 
@@ -99,9 +101,9 @@ class TrainerOptions:
     # Time each kernel with GPU timestamps in a few sampled rounds (details["gpu_profile"])
     profile: bool = False
     profile_rounds: int = 6
-    # At most this many find_and_merge workgroups per merge, each invocation then visiting
-    # several positions (None: one invocation per position). Leave it unset on software
-    # Vulkan for large corpora: the grid-stride loop is outside the work budget
+    # At most this many apply workgroups per merge, each then visiting several tiles of
+    # 1024 positions (None: one tile each). Leave it unset on software Vulkan for large
+    # corpora: the grid-stride loop is outside the work budget
     find_groups: int | None = None
     # The largest buffer the trainer may use (None: what the device allows); tests scale it
     # down to see the error a corpus too large for the device gets
@@ -287,7 +289,7 @@ class GpuTrainer:
         k = self.k
         limit = self.dev.max_workgroups_per_dim
         select = (self.select_groups, 1, 1)
-        apply_groups = max(1, -(-positions_bound // WG))
+        apply_groups = max(1, -(-positions_bound // APPLY_TILE))
         if self.opt.find_groups:
             apply_groups = min(apply_groups, max(1, int(self.opt.find_groups)))
         apply = apply_grid(apply_groups, limit)

@@ -30,14 +30,15 @@
 // group for a whole round: the host records a step as two bare dispatches (no pipeline or
 // bind group calls: those were most of its recording time, dev/RESULTS.md). The grid's
 // shape says which half runs:
-//   select  (one row of workgroups, ceil(key_cap / 1024) of them): makes the last merge's
-//           new pairs keys, then writes the best pair of each block of SELECT_ITEMS keys and
-//           of those new pairs to partials[]; workgroup 0 copies the state to seen[]
-//   apply   (two rows or more, ceil(positions / 256) workgroups in all, host-sized): every
-//           workgroup reduces partials[] itself (the same answer everywhere: the order is
-//           total) and decides from seen[] whether and what to merge; workgroup 0 records
-//           the merge in state, merges[] and tok_len[]; then one invocation per position:
-//           the first to see the pair in a piece claims the piece and rewrites it,
+//   select  (one row of workgroups, ceil(key_cap / 1024) of them): each makes the last
+//           merge's new pairs in its block of SELECT_ITEMS keys counted keys and writes the
+//           block's best pair to partials[]; workgroup 0 copies the state to seen[]
+//   apply   (two rows or more, ceil(positions / 1024) workgroups in all, host-sized):
+//           every workgroup reduces partials[] itself (the same answer everywhere: the
+//           order is total; the reads are amortized over a tile of 1024 positions, whose
+//           first loads are issued before it) and decides from seen[] whether and what to
+//           merge; workgroup 0 records the merge in state, merges[] and tok_len[]; then the
+//           first invocation to see the pair in a piece claims the piece and rewrites it,
 //           subtracting the pairs it destroys and adding the ones it creates (to the step
 //           table and the key list)
 // Hundreds of steps go into one submit with no read-back and no indirect dispatch (wgpu
@@ -52,7 +53,10 @@
 // scalars live in `state`, which kernels update on the device).
 
 const WG: u32 = 256u;
-const SELECT_ITEMS: u32 = 1024u;  // keys per select workgroup (4 per invocation)
+const SELECT_ITEMS: u32 = 1024u;  // keys per select workgroup
+const ITEMS_PER_INVOCATION: u32 = 4u;  // SELECT_ITEMS / WG
+const APPLY_SPAN: u32 = 4u;  // positions per apply invocation
+const APPLY_TILE: u32 = 1024u;  // positions per apply workgroup: WG * APPLY_SPAN
 const EMPTY: u32 = 0xffffffffu;
 const NO_CAP: u32 = 0xffffffffu;
 
@@ -156,12 +160,11 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 // --- KERNEL: merge_step ---
 // One merge step, select or apply by the grid's shape (see the top of the file).
 //
-// select: the previous merge's new pairs, keys [num_keys, key_end), get their counts from the
-// step table (cleared for the next merge) and a hash table entry; then the best pair among
-// keys [g*1024, (g+1)*1024) with a count above zero and among those new pairs goes to
-// partials[g]. The block scan reads only keys below num_keys, so it never meets a key being
-// counted; apply makes key_end the new num_keys. Nothing registers while a merge is still
-// pending (software continuation passes): its list is not complete.
+// select: workgroup g takes keys [g*1024, (g+1)*1024): those of the previous merge's new
+// pairs, keys [num_keys, key_end), get their counts from the step table (cleared for the
+// next merge) and a hash table entry; the best of the block's keys with a count above zero
+// goes to partials[g]. apply makes key_end the new num_keys. Nothing registers while a
+// merge is still pending (software continuation passes): its list is not complete.
 //
 // apply: the best of the partials becomes merge number seen[S_MERGES] (or the corpus is
 // exhausted, or the key list needs room first), then it is applied (A, B) -> N to every
@@ -183,8 +186,9 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 // registration and apply's decision wait (do nothing), so extra steps finish the merge first.
 //
 // Dispatch: select (ceil(key_cap / 1024), 1, 1); apply (x, y >= 2, 1) covering
-// ceil(n_positions / 256) workgroups as the host last knew n_positions (a bound: compaction
-// only shrinks it), or fewer (grid-stride); with CONTINUE: ceil(pieces / 256) workgroups.
+// ceil(n_positions / 1024) workgroups (tiles of APPLY_TILE positions) as the host last knew
+// n_positions (a bound: compaction only shrinks it), or fewer (grid-stride over tiles);
+// with CONTINUE: ceil(pieces / 256) workgroups.
 override CONTINUE: bool = false;
 
 @group(0) @binding(0) var<storage, read> piece_of: array<u32>;
@@ -251,46 +255,52 @@ fn insert_key(k: u32, a: u32, b: u32, mask: u32) {
     atomicOr(&state[S_ERRORS], ERR_TABLE_FULL);
 }
 
-fn select_pairs(block: u32, nwg: vec3<u32>, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
+fn select_pairs(block: u32, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
     if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
     workgroupBarrier();
     if (block == 0u && lid < S_WORDS) { seen[lid] = st[lid]; }
     let n_keys = st[S_NUM_KEYS];
+    let key_end = st[S_KEY_END];
+    let n = st[S_N];
+    let mask = st[S_HASH_MASK];
     let settled = st[S_PENDING] == 0u;
-    var best = no_best();
-    if (settled) {  // the last merge's new pairs (x, N) and (N, y) become counted keys
-        let fresh = st[S_KEY_END] - n_keys;
-        let n = st[S_N];
-        let mask = st[S_HASH_MASK];
-        for (var j = block * WG + lid; j < fresh; j += nwg.x * WG) {
-            let k = n_keys + j;
+    let running = settled && st[S_STATUS] == ST_RUNNING;
+    // This block's keys, SELECT_ITEMS / WG per invocation: counts of the old ones loaded all
+    // at once (independent loads in flight together), the new ones counted and hashed.
+    var lo: array<u32, ITEMS_PER_INVOCATION>;
+    var hi: array<u32, ITEMS_PER_INVOCATION>;
+    for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
+        let k = block * SELECT_ITEMS + q * WG + lid;
+        lo[q] = 0u;
+        hi[q] = 0u;
+        if (k < n_keys) {
+            if (running) {
+                lo[q] = atomicLoad(&counts[2u * k]);
+                hi[q] = atomicLoad(&counts[2u * k + 1u]);
+            }
+        } else if (settled && k < key_end) {  // a new pair (x, N) or (N, y) of the last merge
             let key = keys[k];
             let code = select(2u * key.y + 1u, 2u * key.x, key.y == n);
-            let lo = atomicLoad(&step[3u * code]);
-            let hi = atomicLoad(&step[3u * code + 1u]);
+            lo[q] = atomicLoad(&step[3u * code]);
+            hi[q] = atomicLoad(&step[3u * code + 1u]);
             atomicStore(&step[3u * code], 0u);
             atomicStore(&step[3u * code + 1u], 0u);
             atomicStore(&step[3u * code + 2u], 0u);
-            atomicStore(&counts[2u * k], lo);
-            atomicStore(&counts[2u * k + 1u], hi);
+            atomicStore(&counts[2u * k], lo[q]);
+            atomicStore(&counts[2u * k + 1u], hi[q]);
             insert_key(k, key.x, key.y, mask);
-            let c = Best(hi, lo, key.x, key.y);
-            if ((lo | hi) != 0u && better(c, best)) { best = c; }
+            if (!running) {  // counted for later, not a candidate now
+                lo[q] = 0u;
+                hi[q] = 0u;
+            }
         }
     }
-    let base = block * SELECT_ITEMS;
-    if (settled && st[S_STATUS] == ST_RUNNING && base < n_keys) {
-        for (var j = lid; j < SELECT_ITEMS; j += WG) {
-            let k = base + j;
-            if (k < n_keys) {
-                let lo = atomicLoad(&counts[2u * k]);
-                let hi = atomicLoad(&counts[2u * k + 1u]);
-                if ((lo | hi) != 0u) {
-                    let key = keys[k];
-                    let c = Best(hi, lo, key.x, key.y);
-                    if (better(c, best)) { best = c; }
-                }
-            }
+    var best = no_best();
+    for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
+        if ((lo[q] | hi[q]) != 0u) {
+            let key = keys[block * SELECT_ITEMS + q * WG + lid];
+            let c = Best(hi[q], lo[q], key.x, key.y);
+            if (better(c, best)) { best = c; }
         }
     }
     let w = workgroup_best(best, lid, sg_id, lane, num_sg);
@@ -454,16 +464,22 @@ fn settle(p: u32, pc: vec4<u32>, c: Cursor, was_pending: bool) {
 }
 
 fn apply_merge(index: u32, nwg: vec3<u32>, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
-    let i = index * WG + lid;
     let limit = seen[S_N_POSITIONS];
-    // This invocation's first pair, loaded now: the load overlaps the reduction below.
-    var x = EMPTY;
-    var y = EMPTY;
-    if (i + 1u < limit) {
-        x = tokens[i];
-        y = tokens[i + 1u];
+    // This invocation's first pairs (a tile of WG * APPLY_SPAN positions per workgroup),
+    // loaded now: the loads overlap the reduction below.
+    var x: array<u32, APPLY_SPAN>;
+    var y: array<u32, APPLY_SPAN>;
+    for (var q = 0u; q < APPLY_SPAN; q++) {
+        let at = index * APPLY_TILE + q * WG + lid;
+        x[q] = EMPTY;
+        y[q] = EMPTY;
+        if (at + 1u < limit) {
+            x[q] = tokens[at];
+            y[q] = tokens[at + 1u];
+        }
     }
-    let blocks = ceil_div(seen[S_KEY_CAP], SELECT_ITEMS);  // = select's grid
+    // select's partials: only the blocks that held keys can hold a best
+    let blocks = ceil_div(seen[S_KEY_END], SELECT_ITEMS);
     var best = no_best();
     for (var j = lid; j < blocks; j += WG) {
         let v = partials[j];
@@ -480,22 +496,32 @@ fn apply_merge(index: u32, nwg: vec3<u32>, lid: u32, sg_id: u32, lane: u32, num_
     new_len = d.n_len;
     let cap = seen[S_CAP];
     let budget = seen[S_BUDGET];
-    // Positions i, i + stride, ...: one each when the grid covers them all (software devices,
-    // and the default), several when the host caps the grid (TrainerOptions.find_groups).
-    let stride = nwg.x * nwg.y * WG;
-    for (var at = i; at + 1u < limit; at += stride) {
-        if (at != i) {
-            x = tokens[at];
-            y = tokens[at + 1u];
+    // Tiles index, index + tiles in the grid, ...: one each when the grid covers them all
+    // (the default), several when the host caps the grid (TrainerOptions.find_groups).
+    let tiles = nwg.x * nwg.y;
+    for (var tile = index; tile * APPLY_TILE + 1u < limit; tile += tiles) {
+        for (var q = 0u; q < APPLY_SPAN; q++) {
+            let at = tile * APPLY_TILE + q * WG + lid;
+            if (tile != index) {
+                x[q] = EMPTY;
+                y[q] = EMPTY;
+                if (at + 1u < limit) {
+                    x[q] = tokens[at];
+                    y[q] = tokens[at + 1u];
+                }
+            }
         }
-        if (x != d.a || y != d.b) { continue; }
-        let p = piece_of[at];
-        let pc = pieces[p];
-        if (at + 1u >= pc.x + pc.y) { continue; }  // straddles two pieces, or a stale tail
-        if (atomicMax(&stamps[p], d.stamp) >= d.stamp) { continue; }  // another owns it
-        let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), d.a, d.b, d.n, cap,
-                          budget);
-        settle(p, pc, c, false);
+        for (var q = 0u; q < APPLY_SPAN; q++) {
+            let at = tile * APPLY_TILE + q * WG + lid;
+            if (x[q] != d.a || y[q] != d.b) { continue; }  // (EMPTY past the end)
+            let p = piece_of[at];
+            let pc = pieces[p];
+            if (at + 1u >= pc.x + pc.y) { continue; }  // straddles two pieces, or a stale tail
+            if (atomicMax(&stamps[p], d.stamp) >= d.stamp) { continue; }  // another owns it
+            let c = merge_run(pc, Cursor(pc.x, pc.x, EMPTY, EMPTY, EMPTY, 0u), d.a, d.b, d.n,
+                              cap, budget);
+            settle(p, pc, c, false);
+        }
     }
 }
 
@@ -525,7 +551,7 @@ fn merge_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if (CONTINUE) {
         continue_merge(index * WG + lid);
     } else if (nwg.y == 1u) {
-        select_pairs(index, nwg, lid, sg_id, lane, num_sg);
+        select_pairs(index, lid, sg_id, lane, num_sg);
     } else {
         apply_merge(index, nwg, lid, sg_id, lane, num_sg);
     }

@@ -27,7 +27,7 @@ from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_KEY_END,
     S_LIVE, S_MERGES, S_N, S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING,
-    S_TARGET, S_WORDS, SELECT_ITEMS, WG, apply_grid)
+    S_TARGET, S_WORDS, APPLY_TILE, SELECT_ITEMS, WG, apply_grid)
 
 STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
                "key_cap": S_KEY_CAP, "key_end": S_KEY_END, "live": S_LIVE, "n": S_N,
@@ -329,7 +329,8 @@ def _merge_inputs(rng, variant):
             "best_row": BEST_ROW[variant]}
 
 
-# where the best row sits among the partials apply reduces: first, last, middle, second
+# where the best row sits among the partials apply reduces (the blocks that hold keys; select
+# leaves the others empty): first, last, middle, second
 BEST_ROW = {"random": 0, "runs": -1, "capped": None, "budget": 1, "bench": None}
 
 
@@ -372,14 +373,17 @@ def _merge_launch(dev, inp):
                    key_cap=key_cap, hash_mask=slots_n - 1, budget=inp["budget"])
     keep = _Pristine(dev)
     rows = -(-key_cap // SELECT_ITEMS)
+    used = -(-n_keys // SELECT_ITEMS)  # blocks holding keys: the partials apply reads
     bufs = _step_buffers(dev, keep, arr, n_pieces)
     bufs.update(keys=keep.buffer(keys, "keys"), counts=keep.buffer(counts, "counts"),
                 slots=keep.buffer(_hash_keys(keys, 65536, n_keys, slots_n), "slots"),
                 step=keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
                 tok_len=keep.buffer(inp["tok_len"], "tok_len"),
                 merges=dev.zeros((1, 4), np.uint32),
-                partials=keep.buffer(_merge_partials(rows, inp["a"], inp["b"], inp["best_row"],
-                                                     np.random.default_rng(5)), "partials"),
+                partials=keep.buffer(np.concatenate([
+                    _merge_partials(used, inp["a"], inp["b"], inp["best_row"],
+                                    np.random.default_rng(5)),
+                    np.zeros((rows - used, 4), np.uint32)]), "partials"),
                 seen=keep.buffer(state, "seen"), state=keep.buffer(state, "state"))
     kern = dev.kernel(FILE, "merge_step")
     more = dev.kernel(FILE, "merge_step", {"CONTINUE": 1})
@@ -387,7 +391,7 @@ def _merge_launch(dev, inp):
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch_many(kern, resources, [apply_grid(-(-n_pos // WG))])
+        rec.dispatch_many(kern, resources, [apply_grid(-(-n_pos // APPLY_TILE))])
         rec.dispatch_many(more, resources, [(-(-n_pieces // WG), 1, 1)] * inp["passes"])
         rec.dispatch_many(kern, resources, [(rows, 1, 1)])  # select: the new pairs become keys
 
