@@ -38,7 +38,8 @@ the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbp
    differ in tie-breaks and details, so compression should be close, not equal), and checks
    that tiktoken loads istanbul's vocabulary and encodes the held-out text to the same ids as
    istanbul's encoder.
-Writes OUT/vocab_train.json and OUT/vocab_train.md and prints the tables.
+Writes OUT/vocab_train.json and OUT/vocab_train.md (after every size, so a run cut short
+keeps the sizes it finished) and prints the tables.
 """
 
 from __future__ import annotations
@@ -486,20 +487,22 @@ def main() -> int:
         except Exception as exc:
             results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
         runs.append(run)
-    if len(runs) > 1:  # no worse than linear: time ratio <= size ratio
-        first, last = runs[0]["results"][0], runs[-1]["results"][0]
-        checks["istanbul_scales_linearly"] = (
-            last["seconds"] / first["seconds"] <= runs[-1]["bytes"] / runs[0]["bytes"])
-
-    payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version()},
-               "device": device.info.summary(), "corpus": meta,
-               "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
-                            "pattern": args.pattern, "workers": args.workers, "sizes_mb": sizes},
-               "warmup_seconds": warmup, "runs": runs, "checks": checks}
-    (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    table = markdown(payload)
-    (args.out / "vocab_train.md").write_text(table, encoding="utf-8")
+        if len(runs) > 1:  # no worse than linear: time ratio <= size ratio
+            first, last = runs[0]["results"][0], runs[-1]["results"][0]
+            checks["istanbul_scales_linearly"] = (
+                last["seconds"] / first["seconds"] <= runs[-1]["bytes"] / runs[0]["bytes"])
+        # written after every size: a run cut short by a time limit keeps the sizes it did
+        payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                               "python": platform.python_version()},
+                   "device": device.info.summary(), "corpus": meta,
+                   "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
+                                "pattern": args.pattern, "workers": args.workers,
+                                "sizes_mb": sizes},
+                   "warmup_seconds": warmup, "runs": runs, "checks": checks}
+        (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str)
+                                                   + "\n")
+        table = markdown(payload)
+        (args.out / "vocab_train.md").write_text(table, encoding="utf-8")
     print(table)
     return 0 if all(checks.values()) else 1
 
