@@ -64,12 +64,13 @@ def test_stdlib_sources(device, pattern, files, size):
 def test_the_gpu_schedule_two_bare_dispatches_per_merge(device):
     # what hardware GPUs run: no work budget, no CONTINUE passes, whole rounds recorded as
     # select/apply pairs with one pipeline and bind group (short pieces keep llvmpipe's
-    # loop limit far away)
+    # loop limit far away); rounds of 32 merges, each wanting a compaction
     pieces = pieces_of_text(stdlib_text("json/decoder.py", "shlex.py"), PATTERNS["o200k"])
-    result = same_merges(device, pieces, 700,
-                         options=TrainerOptions(work_budget=gpu_trainer.NO_CAP))
-    assert result.details["dispatches_per_merge"] == 2 and result.details["rounds"] >= 2
-    assert result.details["compactions"] >= 1
+    options = TrainerOptions(work_budget=gpu_trainer.NO_CAP, round_merges=32,
+                             max_round_merges=32, compact_below=1.01)
+    result = same_merges(device, pieces, 700, options=options)
+    assert result.details["dispatches_per_merge"] == 2 and result.details["rounds"] >= 10
+    assert result.details["compactions"] >= 2
 
 
 def test_turkish_seed_documents_with_a_token_length_cap(device):

@@ -207,7 +207,8 @@ override CONTINUE: bool = false;
 @group(0) @binding(13) var<storage, read_write> state: array<atomic<u32>>;
 
 var<workgroup> sg_best: array<vec4<u32>, 256>;
-var<workgroup> st: array<u32, S_WORDS>;  // select: the state words, one parallel load
+// The state words, one parallel load: select's from state[], apply's from seen[]
+var<workgroup> st: array<u32, S_WORDS>;
 
 // apply: what every invocation of the workgroup needs of the merge (written by invocation 0)
 struct Merge {
@@ -269,6 +270,7 @@ fn select_pairs(block: u32, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
     // at once (independent loads in flight together), the new ones counted and hashed.
     var lo: array<u32, ITEMS_PER_INVOCATION>;
     var hi: array<u32, ITEMS_PER_INVOCATION>;
+    var pair: array<vec2<u32>, ITEMS_PER_INVOCATION>;
     for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
         let k = block * SELECT_ITEMS + q * WG + lid;
         lo[q] = 0u;
@@ -277,9 +279,11 @@ fn select_pairs(block: u32, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
             if (running) {
                 lo[q] = atomicLoad(&counts[2u * k]);
                 hi[q] = atomicLoad(&counts[2u * k + 1u]);
+                pair[q] = keys[k];  // with the counts: one round trip to memory, not two
             }
         } else if (settled && k < key_end) {  // a new pair (x, N) or (N, y) of the last merge
             let key = keys[k];
+            pair[q] = key;
             let code = select(2u * key.y + 1u, 2u * key.x, key.y == n);
             lo[q] = atomicLoad(&step[3u * code]);
             hi[q] = atomicLoad(&step[3u * code + 1u]);
@@ -297,41 +301,38 @@ fn select_pairs(block: u32, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
     }
     var best = no_best();
     for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
-        if ((lo[q] | hi[q]) != 0u) {
-            let key = keys[block * SELECT_ITEMS + q * WG + lid];
-            let c = Best(hi[q], lo[q], key.x, key.y);
-            if (better(c, best)) { best = c; }
-        }
+        let c = Best(hi[q], lo[q], pair[q].x, pair[q].y);
+        if ((lo[q] | hi[q]) != 0u && better(c, best)) { best = c; }
     }
     let w = workgroup_best(best, lid, sg_id, lane, num_sg);
     if (lid == 0u) { partials[block] = vec4<u32>(w.hi, w.lo, w.a, w.b); }
 }
 
 // Invocation 0 of each apply workgroup: the merge this step makes, from the partials' best
-// `r` and the state as select saw it. Workgroup 0 alone writes it down (no other reads it in
-// this dispatch).
+// `r` and the state as select saw it (st[], the workgroup's copy of seen[]). Workgroup 0
+// alone writes it down (no other reads it in this dispatch).
 fn decide(r: Best, writer: bool) -> Merge {
     var none = Merge(0u, 0u, 0u, 0u, 0u, 0u);
     // The last merge is still being applied (continuation passes): leave everything as it is.
-    if (seen[S_PENDING] != 0u) { return none; }
+    if (st[S_PENDING] != 0u) { return none; }
     // select made the last merge's new pairs keys num_keys .. key_end - 1
-    let n_keys = seen[S_KEY_END];
+    let n_keys = st[S_KEY_END];
     if (writer) { atomicStore(&state[S_NUM_KEYS], n_keys); }
-    if (seen[S_STATUS] != ST_RUNNING) { return none; }
+    if (st[S_STATUS] != ST_RUNNING) { return none; }
     if ((r.hi | r.lo) == 0u) {
         if (writer) { atomicStore(&state[S_STATUS], ST_EXHAUSTED); }
         return none;
     }
-    let n = seen[S_NEXT_ID];
+    let n = st[S_NEXT_ID];
     // Room for this merge's new keys: at most one per code (2n + 1 of them) and at most two
     // per occurrence (occurrences <= count).
     var room = 2u * n + 1u;
     if (r.hi == 0u && r.lo < 0x7fffffffu) { room = min(room, 2u * r.lo); }
-    if (n_keys + room > seen[S_KEY_CAP]) {
+    if (n_keys + room > st[S_KEY_CAP]) {
         if (writer) { atomicStore(&state[S_STATUS], ST_PAUSED_KEYS); }
         return none;
     }
-    let m = seen[S_MERGES];
+    let m = st[S_MERGES];
     let n_len = tok_len[r.a] + tok_len[r.b];
     if (writer) {
         merges[m] = vec4<u32>(r.a, r.b, r.lo, r.hi);
@@ -341,7 +342,7 @@ fn decide(r: Best, writer: bool) -> Merge {
         atomicStore(&state[S_N], n);
         atomicStore(&state[S_MERGES], m + 1u);
         atomicStore(&state[S_NEXT_ID], n + 1u);
-        if (n + 1u >= seen[S_TARGET]) { atomicStore(&state[S_STATUS], ST_DONE); }
+        if (n + 1u >= st[S_TARGET]) { atomicStore(&state[S_STATUS], ST_DONE); }
     }
     return Merge(1u, r.a, r.b, n, m + 1u, n_len);
 }
@@ -464,6 +465,7 @@ fn settle(p: u32, pc: vec4<u32>, c: Cursor, was_pending: bool) {
 }
 
 fn apply_merge(index: u32, nwg: vec3<u32>, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
+    if (lid < S_WORDS) { st[lid] = seen[lid]; }  // for decide (workgroup_best's barrier)
     let limit = seen[S_N_POSITIONS];
     // This invocation's first pairs (a tile of WG * APPLY_SPAN positions per workgroup),
     // loaded now: the loads overlap the reduction below.
@@ -491,11 +493,11 @@ fn apply_merge(index: u32, nwg: vec3<u32>, lid: u32, sg_id: u32, lane: u32, num_
     workgroupBarrier();
     let d = decided;
     if (d.go == 0u) { return; }
-    hash_mask = seen[S_HASH_MASK];
+    hash_mask = st[S_HASH_MASK];
     new_token = d.n;
     new_len = d.n_len;
-    let cap = seen[S_CAP];
-    let budget = seen[S_BUDGET];
+    let cap = st[S_CAP];
+    let budget = st[S_BUDGET];
     // Tiles index, index + tiles in the grid, ...: one each when the grid covers them all
     // (the default), several when the host caps the grid (TrainerOptions.find_groups).
     let tiles = nwg.x * nwg.y;
