@@ -185,12 +185,19 @@ def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_many(device)
     assert (out[:512] == 7.0).all() and (out[512:] == 1.0).all()
 
 
-def test_apply_grids_have_two_rows_or_more_and_cover_the_workgroups():
-    # merge_step tells its halves apart by the grid: one row is select, more is apply
-    for count in (1, 2, 3, 255, 65535, 65536, 2 * 65535, 2 * 65535 + 1, 10**6):
-        x, y, z = gpu_trainer.apply_grid(count)
-        assert y >= 2 and z == 1 and x <= 65535 and x * y >= count
-        assert x * y < count + max(x, y) + 2  # a few idle workgroups at most
+def test_kernels_sharing_a_layout_switch_pipelines_under_one_bind_group(device):
+    # the merge loop's recording: one bind group for the round, set_pipeline per kernel
+    import numpy as np
+    select, apply, more = device.kernels_sharing_layout(gpu_trainer.FILE, [
+        "merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])
+    assert select.layout is apply.layout is more.layout
+    assert device.kernels_sharing_layout(gpu_trainer.FILE, [
+        "merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])[0] is select  # cached
+    from istanbul.shaders.engine import ShaderCompileError
+    # fill's binding 0 is its output, scale's its input: no layout fits both
+    with pytest.raises(ShaderCompileError, match=r"binding 0 is x \(read\) in scale but y "
+                       r"\(read_write\) in fill; kernels sharing a layout must agree"):
+        device.kernels_sharing_layout("infra.wgsl", ["fill", "scale"])
 
 
 def test_a_corpus_too_large_for_the_device_is_refused_before_allocating(device):

@@ -7,12 +7,12 @@ The contract is merges.py; the kernels and their data layout are described at th
 bpe_train.wgsl. This module is the host side:
 
 - upload the unique pieces (two bytes or more) once, count the byte pairs on the device;
-- record rounds of merge steps into one submit: a step is two dispatches of one kernel,
-  merge_step (select: the best pair of each key block, after making the previous merge's
-  new pairs keys; apply: every workgroup finds the best of those itself, then the merge is
-  applied), so a round sets its pipeline and bind group once and records two bare
-  dispatches per step (`Recorder.dispatch_many`); on software Vulkan also a few CONTINUE
-  passes per step (see the work budget in bpe_train.wgsl). No read-back inside a round, no
+- record rounds of merge steps into one submit: a step is two dispatches, merge_select
+  (the best pair of each key block, after making the previous merge's new pairs keys) and
+  merge_apply (every workgroup finds the best of those itself, then the merge is applied),
+  which share one bind group layout: a round sets its bind group once and records a step
+  as set_pipeline + dispatch twice (`Recorder.dispatch_sequence`); on software Vulkan also
+  a few CONTINUE passes per step (see the work budget in bpe_train.wgsl). No read-back inside a round, no
   indirect dispatch: apply decides on the device whether there is a merge to make, so
   steps recorded past the end do nothing;
 - keep two rounds in flight and read only the small state block of the older one (copied to
@@ -63,15 +63,6 @@ ERRORS = {1: "a pair to subtract was missing from the hash table",
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
-
-
-def apply_grid(workgroups: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
-    """merge_step's apply grid: at least `workgroups` workgroups in two rows or more (one
-    row means select: the kernel tells the halves apart by the grid's shape)."""
-    workgroups = max(2, int(workgroups))
-    if -(-workgroups // 2) <= max_per_dim:
-        return (-(-workgroups // 2), 2, 1)
-    return fold_grid(workgroups, max_per_dim)  # more than 2 * max_per_dim: three rows or more
 
 
 @dataclass
@@ -203,9 +194,9 @@ class GpuTrainer:
         self.state = device.upload(state, "bpe state")
         self._staging_free: list = []
         self.k = {name: device.kernel(FILE, name) for name in
-                  ("count_pairs", "merge_step", "rehash", "compact", "compact_tokens",
-                   "compact_finish")}
-        self.k["continue_merge"] = device.kernel(FILE, "merge_step", {"CONTINUE": 1})
+                  ("count_pairs", "rehash", "compact", "compact_tokens", "compact_finish")}
+        self.k["select"], self.k["apply"], self.k["continue"] = device.kernels_sharing_layout(
+            FILE, ["merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])
         self._bind()
         self.phases["init"] = time.perf_counter() - t_init
 
@@ -227,12 +218,7 @@ class GpuTrainer:
         self.key_cap = key_cap
         self.hash_slots = _next_pow2(2 * key_cap)
         self._check_fits("the pair table", self.hash_slots * 4)
-        self.select_groups = -(-key_cap // SELECT_ITEMS)  # select's grid: one row
-        if self.select_groups > self.dev.max_workgroups_per_dim:
-            raise TrainingError(
-                f"{key_cap:,} pair keys need {self.select_groups:,} select workgroups in one "
-                f"row, more than this device allows ({self.dev.max_workgroups_per_dim:,} on "
-                f"{self.dev.name}); train fewer tokens or on less varied text")
+        self.select_groups = -(-key_cap // SELECT_ITEMS)  # = partials rows
         self.keys = self.dev.zeros((key_cap, 2), np.uint32, "bpe keys")
         self.counts = self.dev.zeros(2 * key_cap, np.uint32, "bpe pair counts")
         self.slots = self.dev.zeros(self.hash_slots, np.uint32, "bpe hash slots")
@@ -245,8 +231,7 @@ class GpuTrainer:
         resources = [s.piece_of, s.tokens, s.pieces, s.stamps, self.resume, self.keys,
                      self.counts, self.slots, self.step, self.tok_len, self.merges,
                      self.partials, self.seen, self.state]
-        self.groups = {name: self.k[name].bind_group(resources)
-                       for name in ("merge_step", "continue_merge")}
+        self.group = self.k["select"].bind_group(resources)  # binds for all three
 
     def _other_set(self) -> _PieceSet:
         if len(self.sets) == 1:
@@ -285,30 +270,22 @@ class GpuTrainer:
         self.stats["compactions"] += 1
 
     def _record_steps(self, rec, steps: int, pieces_bound: int, positions_bound: int) -> None:
-        g = self.groups
         k = self.k
         limit = self.dev.max_workgroups_per_dim
-        select = (self.select_groups, 1, 1)
         apply_groups = max(1, -(-positions_bound // APPLY_TILE))
         if self.opt.find_groups:
             apply_groups = min(apply_groups, max(1, int(self.opt.find_groups)))
-        apply = apply_grid(apply_groups, limit)
-        if rec.timing:  # one pass per dispatch, labelled by half
-            passes = [(k["merge_step"], g["merge_step"], select, "select"),
-                      (k["merge_step"], g["merge_step"], apply, "apply")]
-            passes += [(k["continue_merge"], g["continue_merge"],
-                        fold_grid(max(1, -(-pieces_bound // WG)), limit), "continue")
-                       ] * self.continue_passes
+        step = [(k["select"], fold_grid(self.select_groups, limit), "select"),
+                (k["apply"], fold_grid(apply_groups, limit), "apply")]
+        step += [(k["continue"], fold_grid(max(1, -(-pieces_bound // WG)), limit),
+                  "continue")] * self.continue_passes
+        if rec.timing:  # one pass per dispatch, labelled by kernel
             for _ in range(steps):
-                for kernel, group, grid, label in passes:
-                    rec.dispatch(kernel, group, grid, label=label)
-        elif not self.continue_passes:  # GPUs: the whole round is two bare dispatches a step
-            rec.dispatch_many(k["merge_step"], g["merge_step"], [select, apply] * steps)
-        else:
-            more = [fold_grid(max(1, -(-pieces_bound // WG)), limit)] * self.continue_passes
-            for _ in range(steps):
-                rec.dispatch_many(k["merge_step"], g["merge_step"], (select, apply))
-                rec.dispatch_many(k["continue_merge"], g["continue_merge"], more)
+                for kernel, grid, label in step:
+                    rec.dispatch(kernel, self.group, grid, label=label)
+        else:  # one bind group for the round; per step set_pipeline + dispatch each
+            rec.dispatch_sequence(self.group, [(kernel, grid) for kernel, grid, _ in step]
+                                  * steps)
         self.stats["steps_recorded"] += steps
 
     def _profile_now(self) -> bool:

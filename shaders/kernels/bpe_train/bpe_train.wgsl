@@ -16,45 +16,45 @@
 //                    an open-addressing hash table (linear probing) holding key index + 1
 //                    (0 = empty, so a zeroed buffer is an empty table). Keys
 //                    [num_keys, key_end) are the last merge's new pairs: in the list, not
-//                    yet counted or hashed (the next select does that)
+//                    yet counted or hashed (the next merge_select does that)
 //   step[3c..3c+2]   the last merge's new pairs by code c (2x: (x, N); 2y+1: (N, y)): count
 //                    lo, count hi, "listed" flag
 //   tok_len[t]       bytes of token t (for --max-token-bytes)
 //   merges[m]        (left, right, count_lo, count_hi) of merge m; its token is 256 + m
 //   state[]          the loop's scalars (S_* below)
-//   seen[]           the state words as select saw them: what apply decides from (state
-//                    itself changes while apply runs)
-//   partials[g]      select's best pair of key block g
+//   seen[]           the state words as merge_select saw them: what merge_apply decides
+//                    from (state itself changes while apply runs)
+//   partials[g]      merge_select's best pair of key block g
 //
-// One merge step is two dispatches of one kernel, merge_step, with one pipeline and one bind
-// group for a whole round: the host records a step as two bare dispatches (no pipeline or
-// bind group calls: those were most of its recording time, dev/RESULTS.md). The grid's
-// shape says which half runs:
-//   select  (one row of workgroups, ceil(key_cap / 1024) of them): each makes the last
-//           merge's new pairs in its block of SELECT_ITEMS keys counted keys and writes the
-//           block's best pair to partials[]; workgroup 0 copies the state to seen[]
-//   apply   (two rows or more, ceil(positions / 1024) workgroups in all, host-sized):
-//           every workgroup reduces partials[] itself (the same answer everywhere: the
-//           order is total; the reads are amortized over a tile of 1024 positions, whose
-//           first loads are issued before it) and decides from seen[] whether and what to
-//           merge; workgroup 0 records the merge in state, merges[] and tok_len[]; then the
-//           first invocation to see the pair in a piece claims the piece and rewrites it,
-//           subtracting the pairs it destroys and adding the ones it creates (to the step
-//           table and the key list)
-// Hundreds of steps go into one submit with no read-back and no indirect dispatch (wgpu
-// validates each indirect dispatch with a dispatch of its own). A status other than RUNNING
-// makes apply do nothing, so steps recorded past the end (or past a pause for more key
-// room) are no-ops. On software devices merge_step compiled with CONTINUE also runs a few
-// passes per step (see the work budget below). Outside the merge loop: count_pairs (initial
-// byte-pair counts), compact, compact_tokens and compact_finish (drop pieces that became a
-// single token), rehash (after the key list grew).
+// One merge step is two dispatches, recorded many times per submit:
+//   merge_select  (ceil(key_cap / 1024) workgroups): makes the last merge's new pairs in
+//                 its block of SELECT_ITEMS keys counted keys and writes the block's best
+//                 pair to partials[]; workgroup 0 copies the state to seen[]
+//   merge_apply   (ceil(positions / 1024) workgroups, host-sized): every workgroup reduces
+//                 partials[] itself (the same answer everywhere: the order is total; the
+//                 reads are amortized over a tile of 1024 positions, whose first loads are
+//                 issued before it) and decides from seen[] whether and what to merge;
+//                 workgroup 0 records the merge in state, merges[] and tok_len[]; then the
+//                 first invocation to see the pair in a piece claims the piece and rewrites
+//                 it, subtracting the pairs it destroys and adding the ones it creates (to
+//                 the step table and the key list)
+// The two share one bind group layout (Device.kernels_sharing_layout), so the host sets
+// one bind group per round and records a step as set_pipeline + dispatch twice (the
+// pipeline and bind group calls of three separate kernels were most of its recording time,
+// dev/RESULTS.md). No read-back inside a round and no indirect dispatch (wgpu validates
+// each indirect dispatch with a dispatch of its own). A status other than RUNNING makes
+// apply do nothing, so steps recorded past the end (or past a pause for more key room)
+// are no-ops. On software devices merge_apply compiled with CONTINUE also runs a few passes
+// per step (see its work budget). Outside the merge loop: count_pairs (initial byte-pair
+// counts), compact, compact_tokens and compact_finish (drop pieces that became a single
+// token), rehash (after the key list grew).
 //
-// Bindings (group 0) per kernel: read-only inputs, then read_write outputs; no uniforms (the
-// scalars live in `state`, which kernels update on the device).
+// Bindings (group 0) per kernel: read-only inputs, then read_write outputs (merge_select and
+// merge_apply: the indices of their shared layout); no uniforms (the scalars live in
+// `state`, which kernels update on the device).
 
 const WG: u32 = 256u;
 const SELECT_ITEMS: u32 = 1024u;  // keys per select workgroup
-const ITEMS_PER_INVOCATION: u32 = 4u;  // SELECT_ITEMS / WG
 const APPLY_SPAN: u32 = 4u;  // positions per apply invocation
 const APPLY_TILE: u32 = 1024u;  // positions per apply workgroup: WG * APPLY_SPAN
 const EMPTY: u32 = 0xffffffffu;
@@ -134,6 +134,25 @@ fn subgroup_best(v: Best) -> Best {
     return Best(hi, lo, a, b);
 }
 
+// select's and apply's workgroup-wide best (merge_select, merge_apply)
+var<workgroup> sg_best: array<vec4<u32>, 256>;
+
+// The best of the workgroup's values, at invocation 0 (every invocation must call it).
+fn workgroup_best(v: Best, lid: u32, sg_id: u32, lane: u32, num_sg: u32) -> Best {
+    let r = subgroup_best(v);
+    if (lane == 0u) { sg_best[sg_id] = vec4<u32>(r.hi, r.lo, r.a, r.b); }
+    workgroupBarrier();
+    var w = no_best();
+    if (lid == 0u) {
+        for (var s = 0u; s < num_sg; s++) {
+            let x = sg_best[s];
+            let c = Best(x.x, x.y, x.z, x.w);
+            if ((c.hi | c.lo) != 0u && better(c, w)) { w = c; }
+        }
+    }
+    return w;
+}
+
 // --- KERNEL: count_pairs ---
 // Initial counts: every position i whose pair (tokens[i], tokens[i+1]) lies inside one piece
 // adds the piece's count to byte pair tokens[i]*256 + tokens[i+1]. Tokens are bytes here.
@@ -157,14 +176,90 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if (pc.w + carry != 0u) { atomicAdd(&counts[2u * k + 1u], pc.w + carry); }
 }
 
-// --- KERNEL: merge_step ---
-// One merge step, select or apply by the grid's shape (see the top of the file).
-//
-// select: workgroup g takes keys [g*1024, (g+1)*1024): those of the previous merge's new
-// pairs, keys [num_keys, key_end), get their counts from the step table (cleared for the
-// next merge) and a hash table entry; the best of the block's keys with a count above zero
-// goes to partials[g]. apply makes key_end the new num_keys. Nothing registers while a
-// merge is still pending (software continuation passes): its list is not complete.
+// --- KERNEL: merge_select ---
+// The first half of a merge step. Workgroup g takes keys [g*1024, (g+1)*1024): those of the
+// previous merge's new pairs, keys [num_keys, key_end), get their counts from the step
+// table (cleared for the next merge) and a hash table entry; the best of the block's keys
+// with a count above zero goes to partials[g]; workgroup 0 copies the state to seen[] (what
+// merge_apply decides from). merge_apply makes key_end the new num_keys. Nothing registers
+// while a merge is still pending (software continuation passes): its list is not complete.
+// Dispatch: ceil(key_cap / 1024) workgroups of 256. Shares merge_apply's bind group layout.
+@group(0) @binding(5) var<storage, read_write> keys: array<vec2<u32>>;
+@group(0) @binding(6) var<storage, read_write> counts: array<u32>;
+@group(0) @binding(7) var<storage, read_write> slots: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> step: array<atomic<u32>>;
+@group(0) @binding(11) var<storage, read_write> partials: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read_write> seen: array<u32>;
+@group(0) @binding(13) var<storage, read_write> state: array<atomic<u32>>;
+
+var<workgroup> st: array<u32, S_WORDS>;  // the state words, one parallel load
+
+fn insert_key(k: u32, a: u32, b: u32, mask: u32) {
+    var h = pair_hash(a, b) & mask;
+    for (var probe = 0u; probe <= mask; probe++) {
+        loop {  // a weak compare-exchange may fail spuriously on an empty slot: retry it
+            let got = atomicCompareExchangeWeak(&slots[h], 0u, k + 1u);
+            if (got.exchanged) { return; }
+            if (got.old_value != 0u) { break; }
+        }
+        h = (h + 1u) & mask;
+    }
+    atomicOr(&state[S_ERRORS], ERR_TABLE_FULL);
+}
+
+@compute @workgroup_size(256)
+fn merge_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32,
+                @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
+                @builtin(num_subgroups) num_sg: u32) {
+    let block = workgroup_index(wg, nwg);
+    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
+    workgroupBarrier();
+    if (block == 0u && lid < S_WORDS) { seen[lid] = st[lid]; }
+    let n_keys = st[S_NUM_KEYS];
+    let key_end = st[S_KEY_END];
+    let n = st[S_N];
+    let mask = st[S_HASH_MASK];
+    let settled = st[S_PENDING] == 0u;
+    let running = settled && st[S_STATUS] == ST_RUNNING;
+    var best = no_best();
+    for (var j = lid; j < SELECT_ITEMS; j += WG) {
+        let k = block * SELECT_ITEMS + j;
+        var lo = 0u;
+        var hi = 0u;
+        if (k < n_keys) {
+            if (running) {
+                lo = counts[2u * k];
+                hi = counts[2u * k + 1u];
+            }
+        } else if (settled && k < key_end) {  // a new pair (x, N) or (N, y) of the last merge
+            let key = keys[k];
+            let code = select(2u * key.y + 1u, 2u * key.x, key.y == n);
+            lo = atomicLoad(&step[3u * code]);
+            hi = atomicLoad(&step[3u * code + 1u]);
+            atomicStore(&step[3u * code], 0u);
+            atomicStore(&step[3u * code + 1u], 0u);
+            atomicStore(&step[3u * code + 2u], 0u);
+            counts[2u * k] = lo;
+            counts[2u * k + 1u] = hi;
+            insert_key(k, key.x, key.y, mask);
+            if (!running) {  // counted for later, not a candidate now
+                lo = 0u;
+                hi = 0u;
+            }
+        }
+        if ((lo | hi) != 0u) {
+            let key = keys[k];
+            let c = Best(hi, lo, key.x, key.y);
+            if (better(c, best)) { best = c; }
+        }
+    }
+    let w = workgroup_best(best, lid, sg_id, lane, num_sg);
+    if (lid == 0u) { partials[block] = vec4<u32>(w.hi, w.lo, w.a, w.b); }
+}
+
+// --- KERNEL: merge_apply ---
+// The second half of a merge step (shares merge_select's bind group layout).
 //
 // apply: the best of the partials becomes merge number seen[S_MERGES] (or the corpus is
 // exhausted, or the key list needs room first), then it is applied (A, B) -> N to every
@@ -185,10 +280,9 @@ fn count_pairs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 // invocation per piece, any grid) resumes such pieces. While any piece is pending, select's
 // registration and apply's decision wait (do nothing), so extra steps finish the merge first.
 //
-// Dispatch: select (ceil(key_cap / 1024), 1, 1); apply (x, y >= 2, 1) covering
-// ceil(n_positions / 1024) workgroups (tiles of APPLY_TILE positions) as the host last knew
-// n_positions (a bound: compaction only shrinks it), or fewer (grid-stride over tiles);
-// with CONTINUE: ceil(pieces / 256) workgroups.
+// Dispatch: ceil(n_positions / 1024) workgroups of 256 (tiles of APPLY_TILE positions) as
+// the host last knew n_positions (a bound: compaction only shrinks it; folded into 2-D), or
+// fewer (grid-stride over tiles); with CONTINUE: ceil(pieces / 256) workgroups.
 override CONTINUE: bool = false;
 
 @group(0) @binding(0) var<storage, read> piece_of: array<u32>;
@@ -198,16 +292,15 @@ override CONTINUE: bool = false;
 @group(0) @binding(4) var<storage, read_write> resume: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> keys: array<vec2<u32>>;
 @group(0) @binding(6) var<storage, read_write> counts: array<atomic<u32>>;
-@group(0) @binding(7) var<storage, read_write> slots: array<atomic<u32>>;
+@group(0) @binding(7) var<storage, read_write> slots: array<u32>;  // read only here
 @group(0) @binding(8) var<storage, read_write> step: array<atomic<u32>>;
 @group(0) @binding(9) var<storage, read_write> tok_len: array<u32>;
 @group(0) @binding(10) var<storage, read_write> merges: array<vec4<u32>>;
-@group(0) @binding(11) var<storage, read_write> partials: array<vec4<u32>>;
-@group(0) @binding(12) var<storage, read_write> seen: array<u32>;
+@group(0) @binding(11) var<storage, read_write> partials: array<vec4<u32>>;  // read only here
+@group(0) @binding(12) var<storage, read_write> seen: array<u32>;  // read only here
 @group(0) @binding(13) var<storage, read_write> state: array<atomic<u32>>;
 
-var<workgroup> sg_best: array<vec4<u32>, 256>;
-// The state words, one parallel load: select's from state[], apply's from seen[]
+// The state words as select saw them, one parallel load from seen[]
 var<workgroup> st: array<u32, S_WORDS>;
 
 // apply: what every invocation of the workgroup needs of the merge (written by invocation 0)
@@ -226,87 +319,6 @@ var<private> hash_mask: u32;
 // This merge's token and its length: tok_len[new_token] is being written while apply runs.
 var<private> new_token: u32;
 var<private> new_len: u32;
-
-// The best of the workgroup's values, at invocation 0 (every invocation must call it).
-fn workgroup_best(v: Best, lid: u32, sg_id: u32, lane: u32, num_sg: u32) -> Best {
-    let r = subgroup_best(v);
-    if (lane == 0u) { sg_best[sg_id] = vec4<u32>(r.hi, r.lo, r.a, r.b); }
-    workgroupBarrier();
-    var w = no_best();
-    if (lid == 0u) {
-        for (var s = 0u; s < num_sg; s++) {
-            let x = sg_best[s];
-            let c = Best(x.x, x.y, x.z, x.w);
-            if ((c.hi | c.lo) != 0u && better(c, w)) { w = c; }
-        }
-    }
-    return w;
-}
-
-fn insert_key(k: u32, a: u32, b: u32, mask: u32) {
-    var h = pair_hash(a, b) & mask;
-    for (var probe = 0u; probe <= mask; probe++) {
-        loop {  // a weak compare-exchange may fail spuriously on an empty slot: retry it
-            let got = atomicCompareExchangeWeak(&slots[h], 0u, k + 1u);
-            if (got.exchanged) { return; }
-            if (got.old_value != 0u) { break; }
-        }
-        h = (h + 1u) & mask;
-    }
-    atomicOr(&state[S_ERRORS], ERR_TABLE_FULL);
-}
-
-fn select_pairs(block: u32, lid: u32, sg_id: u32, lane: u32, num_sg: u32) {
-    if (lid < S_WORDS) { st[lid] = atomicLoad(&state[lid]); }
-    workgroupBarrier();
-    if (block == 0u && lid < S_WORDS) { seen[lid] = st[lid]; }
-    let n_keys = st[S_NUM_KEYS];
-    let key_end = st[S_KEY_END];
-    let n = st[S_N];
-    let mask = st[S_HASH_MASK];
-    let settled = st[S_PENDING] == 0u;
-    let running = settled && st[S_STATUS] == ST_RUNNING;
-    // This block's keys, SELECT_ITEMS / WG per invocation: counts of the old ones loaded all
-    // at once (independent loads in flight together), the new ones counted and hashed.
-    var lo: array<u32, ITEMS_PER_INVOCATION>;
-    var hi: array<u32, ITEMS_PER_INVOCATION>;
-    var pair: array<vec2<u32>, ITEMS_PER_INVOCATION>;
-    for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
-        let k = block * SELECT_ITEMS + q * WG + lid;
-        lo[q] = 0u;
-        hi[q] = 0u;
-        if (k < n_keys) {
-            if (running) {
-                lo[q] = atomicLoad(&counts[2u * k]);
-                hi[q] = atomicLoad(&counts[2u * k + 1u]);
-                pair[q] = keys[k];  // with the counts: one round trip to memory, not two
-            }
-        } else if (settled && k < key_end) {  // a new pair (x, N) or (N, y) of the last merge
-            let key = keys[k];
-            pair[q] = key;
-            let code = select(2u * key.y + 1u, 2u * key.x, key.y == n);
-            lo[q] = atomicLoad(&step[3u * code]);
-            hi[q] = atomicLoad(&step[3u * code + 1u]);
-            atomicStore(&step[3u * code], 0u);
-            atomicStore(&step[3u * code + 1u], 0u);
-            atomicStore(&step[3u * code + 2u], 0u);
-            atomicStore(&counts[2u * k], lo[q]);
-            atomicStore(&counts[2u * k + 1u], hi[q]);
-            insert_key(k, key.x, key.y, mask);
-            if (!running) {  // counted for later, not a candidate now
-                lo[q] = 0u;
-                hi[q] = 0u;
-            }
-        }
-    }
-    var best = no_best();
-    for (var q = 0u; q < ITEMS_PER_INVOCATION; q++) {
-        let c = Best(hi[q], lo[q], pair[q].x, pair[q].y);
-        if ((lo[q] | hi[q]) != 0u && better(c, best)) { best = c; }
-    }
-    let w = workgroup_best(best, lid, sg_id, lane, num_sg);
-    if (lid == 0u) { partials[block] = vec4<u32>(w.hi, w.lo, w.a, w.b); }
-}
 
 // Invocation 0 of each apply workgroup: the merge this step makes, from the partials' best
 // `r` and the state as select saw it (st[], the workgroup's copy of seen[]). Workgroup 0
@@ -374,7 +386,7 @@ fn key_of(a: u32, b: u32) -> u32 {
     work += 1u;
     for (var probe = 0u; probe <= hash_mask; probe++) {
         work += 1u;
-        let slot = atomicLoad(&slots[h]);
+        let slot = slots[h];
         if (slot == 0u) { break; }
         let key = keys[slot - 1u];
         if (key.x == a && key.y == b) { return slot - 1u; }
@@ -545,15 +557,13 @@ fn continue_merge(i: u32) {
 }
 
 @compute @workgroup_size(256)
-fn merge_step(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32,
-              @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
-              @builtin(num_subgroups) num_sg: u32) {
+fn merge_apply(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32,
+               @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
+               @builtin(num_subgroups) num_sg: u32) {
     let index = workgroup_index(wg, nwg);
     if (CONTINUE) {
         continue_merge(index * WG + lid);
-    } else if (nwg.y == 1u) {
-        select_pairs(index, lid, sg_id, lane, num_sg);
     } else {
         apply_merge(index, nwg, lid, sg_id, lane, num_sg);
     }

@@ -1,6 +1,6 @@
-"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair (merge_step's
-select, then apply deciding), merge (apply from prepared partials, then select making the new
-pairs keys), compact;
+"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair (merge_select,
+then merge_apply deciding), merge (merge_apply from prepared partials, then merge_select
+making the new pairs keys), compact;
 for piece_count.wgsl (one chunk's unique pieces, counted on the device) and piece_store.wgsl
 (the corpus's unique pieces, kept on the device from chunk to chunk).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...engine import fold_grid
 from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
                         dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
@@ -27,7 +28,7 @@ from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_KEY_END,
     S_LIVE, S_MERGES, S_N, S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING,
-    S_TARGET, S_WORDS, APPLY_TILE, SELECT_ITEMS, WG, apply_grid)
+    S_TARGET, S_WORDS, APPLY_TILE, SELECT_ITEMS, WG)
 
 STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
                "key_cap": S_KEY_CAP, "key_end": S_KEY_END, "live": S_LIVE, "n": S_N,
@@ -142,10 +143,12 @@ register(KernelCase(
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))
 
 
-# ---- merge_step: its two halves, select and apply -------------------------------------------
+# ---- a merge step: merge_select and merge_apply (one bind group layout) ---------------------
+
+STEP_KERNELS = ["merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})]
 
 def _step_buffers(dev, keep, arr, n_pieces: int) -> dict:
-    """The piece buffers of merge_step (restored per launch where the kernel writes them)."""
+    """The piece buffers of merge_select and merge_apply (restored per launch where the kernel writes them)."""
     return {"piece_of": dev.upload(arr["piece_of"]),
             "tokens": keep.buffer(arr["tokens"], "tokens"),
             "pieces": keep.buffer(arr["table"], "pieces"),
@@ -179,7 +182,8 @@ def _lookup(slots: np.ndarray, keys: np.ndarray, x: int, y: int) -> int:
     return -1
 
 
-# best pair: select, then apply over no positions (it only decides and records the merge)
+# best pair: merge_select, then merge_apply over no positions (it only decides and records
+# the merge)
 
 BEST_SIZES = {"random": 20_000, "ties": 9000, "one": 70_000, "new": 20_000, "bench": 4_000_000}
 # "new": the previous merge's new pairs wait in the key list, uncounted (select counts and
@@ -252,13 +256,13 @@ def _best_launch(dev, inp):
                 tok_len=dev.upload(np.ones(65536, np.uint32)), merges=dev.zeros((1, 4), np.uint32),
                 partials=dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32),
                 seen=dev.zeros(S_WORDS, np.uint32), state=keep.buffer(state, "state"))
-    kern = dev.kernel(FILE, "merge_step")
+    select, apply, _ = dev.kernels_sharing_layout(FILE, STEP_KERNELS)
     resources = [bufs[name] for name in STEP_BINDINGS]
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch_many(kern, resources, [(-(-key_cap // SELECT_ITEMS), 1, 1),
-                                            apply_grid(1)])
+        rec.dispatch_sequence(resources, [(select, fold_grid(-(-key_cap // SELECT_ITEMS))),
+                                          (apply, (2, 1, 1))])
 
     def read():
         st = dev.download(bufs["state"])
@@ -283,14 +287,14 @@ def _best_launch(dev, inp):
 register(KernelCase(
     name="bpe_train_best_pair", family="bpe_train", precision="exact",
     description="highest 64-bit count, then lowest left id, then lowest right id",
-    kernels=[(FILE, "merge_step")], inputs=_best_inputs,
+    kernels=[(FILE, "merge_select"), (FILE, "merge_apply")], inputs=_best_inputs,
     launch=_best_launch, reference=_best_with_new_pairs,
     variants=("random", "ties", "one", "new"),
     bytes=lambda inp: len(inp["keys"]) * 8.0))
 
 
-# merge: apply (the merge decided from prepared partials), CONTINUE passes, then select
-# making the new pairs keys
+# merge: merge_apply (the merge decided from prepared partials), CONTINUE passes, then
+# merge_select making the new pairs keys
 
 MERGE_SIZES = {"random": (2000, 10), "runs": (600, 30), "capped": (1500, 10),
                "budget": (300, 12), "bench": (200_000, 8)}
@@ -385,15 +389,14 @@ def _merge_launch(dev, inp):
                                     np.random.default_rng(5)),
                     np.zeros((rows - used, 4), np.uint32)]), "partials"),
                 seen=keep.buffer(state, "seen"), state=keep.buffer(state, "state"))
-    kern = dev.kernel(FILE, "merge_step")
-    more = dev.kernel(FILE, "merge_step", {"CONTINUE": 1})
+    select, apply, more = dev.kernels_sharing_layout(FILE, STEP_KERNELS)
     resources = [bufs[name] for name in STEP_BINDINGS]
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch_many(kern, resources, [apply_grid(-(-n_pos // APPLY_TILE))])
-        rec.dispatch_many(more, resources, [(-(-n_pieces // WG), 1, 1)] * inp["passes"])
-        rec.dispatch_many(kern, resources, [(rows, 1, 1)])  # select: the new pairs become keys
+        rec.dispatch_sequence(resources, [(apply, fold_grid(-(-n_pos // APPLY_TILE)))]
+                              + [(more, fold_grid(-(-n_pieces // WG)))] * inp["passes"]
+                              + [(select, fold_grid(rows))])  # the new pairs become keys
 
     def read():
         st = dev.download(bufs["state"])
@@ -425,7 +428,8 @@ register(KernelCase(
     description="decide the merge from the partials, apply it to every piece (overlapping "
                 "runs), update pair counts, make the new pairs keys",
     inputs=_merge_inputs,
-    kernels=[(FILE, "merge_step"), (FILE, "merge_step", {"CONTINUE": 1})],
+    kernels=[(FILE, "merge_apply"), (FILE, "merge_apply", {"CONTINUE": 1}),
+             (FILE, "merge_select")],
     launch=_merge_launch, reference=merge_reference,
     variants=("random", "runs", "capped", "budget"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
