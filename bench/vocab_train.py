@@ -19,14 +19,14 @@ the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbp
    end to end (files -> vocabulary), with the same pattern, one run:
    - read: reading the files as bytes alone (also warms the page cache for every trainer);
    - istanbul, GPU: pre-tokenization + piece counting on the GPU (training/gpu_corpus.py),
-     then the WGSL trainer (two dispatches of one kernel per merge, recorded as bare
-     dispatches); both phases reported, the merge phase also split into host phases
-     (recording, finishing the command buffers, submitting, waiting for the device; the
-     first three also per merge), with the peak host RSS and device memory. Device start-up and kernel compilation are done beforehand by a small
-     warm-up and reported separately. On the smallest size the merges run once more with
-     GPU timestamps on a few sampled rounds (microseconds per merge of each half of the
-     merge step, select and apply, and of the CONTINUE passes on software devices; not
-     timed as a result, --no-profile skips it).
+     then the WGSL trainer (two dispatches per merge, merge_select and merge_apply, under
+     one bind group per round); both phases reported, the merge phase also split into host
+     phases (recording, finishing the command buffers, submitting, waiting for the device;
+     the first three also per merge), with the peak host RSS and device memory. Device
+     start-up and kernel compilation are done beforehand by a small warm-up and reported
+     separately. On the smallest size the merges run once more with GPU timestamps on a
+     few sampled rounds (microseconds per merge of select, apply and, on software devices,
+     the CONTINUE passes; not timed as a result, --no-profile skips it).
    - on the smallest size only: istanbul's CPU pre-tokenizer (--workers processes), whose
      pieces must equal the GPU's, and the CPU reference trainer (unless
      --skip-cpu-reference), whose merge list must equal the GPU's (both reported as checks);

@@ -305,18 +305,13 @@ class Recorder:
         cpass.dispatch_workgroups(*grid)
         self.dispatch_count += 1
 
-    def dispatch_many(self, kernel: Kernel, resources, grids, label: str = "") -> None:
-        """Dispatch `kernel` with the same bind group once per grid of `grids` ((x, y, z)
-        tuples), in order: the pipeline and bind group are set once, then each dispatch is one
-        call (hot loops: each wgpu-py call costs ~0.6 us of Python; measured in
-        dev/RESULTS.md). Timed recordings give each dispatch its own pass, as `dispatch`."""
-        self.dispatch_sequence(resources, [(kernel, grid) for grid in grids], label)
-
     def dispatch_sequence(self, resources, steps, label: str = "") -> None:
-        """Dispatch each (kernel, grid) of `steps` in order with one bind group: the kernels
-        must share their layout (`Device.kernels_sharing_layout`) unless there is one kernel.
-        The bind group is set once and the pipeline only when it changes, so a step of two
-        kernels costs two set_pipeline and two dispatch calls."""
+        """Dispatch each (kernel, grid (x, y, z)) of `steps` in order with one bind group: the
+        kernels must share their layout (`Device.kernels_sharing_layout`) unless there is one
+        kernel. The bind group is set once and the pipeline only when it changes (hot loops:
+        each wgpu-py call costs ~0.6 us of Python, dev/RESULTS.md), so a merge step of two
+        kernels is two set_pipeline and two dispatch calls. Timed recordings give each
+        dispatch its own pass, as `dispatch`."""
         steps = list(steps)
         if not steps:
             return

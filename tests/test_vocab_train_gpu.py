@@ -143,7 +143,7 @@ def test_key_table_growth_and_compaction_every_round(device):
 
 
 def test_a_capped_merge_grid_visits_every_position(device):
-    # 3 apply workgroups (4 with two rows): each invocation strides over many positions
+    # 3 apply workgroups: each strides over many tiles of 1024 positions
     pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["o200k"])
     result = same_merges(device, pieces, 400, options=TrainerOptions(find_groups=3))
     assert result.details["rounds"] >= 2
@@ -155,7 +155,7 @@ def test_cap_applies_on_the_gpu(device):
     assert max(len(t) for t in result.tokens) <= 3
 
 
-def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_many(device):
+def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_sequence(device):
     # the engine additions the trainer relies on: workgroup counts read from a buffer when
     # the dispatch runs, dispatching with a bind group made once, several grids at once
     import numpy as np
@@ -173,13 +173,13 @@ def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_many(device)
     with device.record() as rec:
         rec.dispatch(fill, group, 4)
     assert (device.download(y) == 2.5).all()
-    # dispatch_many: one pipeline and bind group, several grids in order (the merge loop's)
+    # dispatch_sequence: one bind group, several grids in order (the merge loop's recording)
     device.zero(y)
     params = device.uniform("IIfI", 4 * 256, 0, 1.0, 0)
     add = device.uniform("IIfI", 4 * 256, 0, 7.0, 0)
     with device.record() as rec:
-        rec.dispatch_many(fill, [y, params], [(4, 1, 1), (1, 1, 1)])
-        rec.dispatch_many(fill, [y, add], [(1, 2, 1)])
+        rec.dispatch_sequence([y, params], [(fill, (4, 1, 1)), (fill, (1, 1, 1))])
+        rec.dispatch_sequence([y, add], [(fill, (1, 2, 1))])
         assert rec.dispatch_count == 3
     out = device.download(y)
     assert (out[:512] == 7.0).all() and (out[512:] == 1.0).all()

@@ -223,35 +223,33 @@ fn merge_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let settled = st[S_PENDING] == 0u;
     let running = settled && st[S_STATUS] == ST_RUNNING;
     var best = no_best();
-    for (var j = lid; j < SELECT_ITEMS; j += WG) {
-        let k = block * SELECT_ITEMS + j;
-        var lo = 0u;
-        var hi = 0u;
-        if (k < n_keys) {
-            if (running) {
-                lo = counts[2u * k];
-                hi = counts[2u * k + 1u];
-            }
-        } else if (settled && k < key_end) {  // a new pair (x, N) or (N, y) of the last merge
+    let base = block * SELECT_ITEMS;
+    let block_end = base + SELECT_ITEMS;
+    if (settled) {  // this block's new pairs (x, N) and (N, y) of the last merge
+        for (var k = max(n_keys, base) + lid; k < min(key_end, block_end); k += WG) {
             let key = keys[k];
             let code = select(2u * key.y + 1u, 2u * key.x, key.y == n);
-            lo = atomicLoad(&step[3u * code]);
-            hi = atomicLoad(&step[3u * code + 1u]);
+            let lo = atomicLoad(&step[3u * code]);
+            let hi = atomicLoad(&step[3u * code + 1u]);
             atomicStore(&step[3u * code], 0u);
             atomicStore(&step[3u * code + 1u], 0u);
             atomicStore(&step[3u * code + 2u], 0u);
             counts[2u * k] = lo;
             counts[2u * k + 1u] = hi;
             insert_key(k, key.x, key.y, mask);
-            if (!running) {  // counted for later, not a candidate now
-                lo = 0u;
-                hi = 0u;
-            }
-        }
-        if ((lo | hi) != 0u) {
-            let key = keys[k];
             let c = Best(hi, lo, key.x, key.y);
-            if (better(c, best)) { best = c; }
+            if (running && (lo | hi) != 0u && better(c, best)) { best = c; }
+        }
+    }
+    if (running) {  // and its counted keys
+        for (var k = base + lid; k < min(n_keys, block_end); k += WG) {
+            let lo = counts[2u * k];
+            let hi = counts[2u * k + 1u];
+            if ((lo | hi) != 0u) {
+                let key = keys[k];
+                let c = Best(hi, lo, key.x, key.y);
+                if (better(c, best)) { best = c; }
+            }
         }
     }
     let w = workgroup_best(best, lid, sg_id, lane, num_sg);
