@@ -12,9 +12,9 @@ bpe_train.wgsl. This module is the host side:
   merge_apply (every workgroup finds the best of those itself, then the merge is applied),
   which share one bind group layout: a round sets its bind group once and records a step
   as set_pipeline + dispatch twice (`Recorder.dispatch_sequence`); on software Vulkan also
-  a few CONTINUE passes per step (see the work budget in bpe_train.wgsl). No read-back inside a round, no
-  indirect dispatch: apply decides on the device whether there is a merge to make, so
-  steps recorded past the end do nothing;
+  a few CONTINUE passes per step (see the work budget in bpe_train.wgsl). No read-back
+  inside a round, no indirect dispatch: apply decides on the device whether there is a
+  merge to make, so steps recorded past the end do nothing;
 - keep two rounds in flight and read only the small state block of the older one (copied to
   a mappable buffer at the end of each round): that drives the progress bar and decisions;
 - between rounds, when that state says so: compact the pieces (drop those that became one
@@ -24,11 +24,11 @@ bpe_train.wgsl. This module is the host side:
 
 Where the time goes is in `result.details["phases"]` (host seconds: recording, finishing
 the command buffer (wgpu-native's encoding), submitting, waiting for the device, between
-rounds) and, with `TrainerOptions(profile=True)`, in
-`details["gpu_profile"]`: GPU timestamps of select, apply and the CONTINUE passes over a few
-sampled rounds (those
-rounds run one pass per dispatch and wait for their timestamps: left out of the phases, but
-not of the wall time, so time a run without the profile).
+rounds) and, with `TrainerOptions(profile=True)`, in `details["gpu_profile"]`: GPU
+timestamps of select, apply and the CONTINUE passes over a few sampled rounds (those rounds
+run one pass per dispatch and wait for their timestamps: left out of the phases, but not of
+the wall time, so time a run without the profile). dev/vocab_host_probe.py measures the
+recording alone.
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ class GpuTrainer:
                  options: TrainerOptions | None = None):
         t_init = time.perf_counter()
         # host seconds by phase: init (arrays, uploads, kernels), setup (initial pair counts),
-        # then per round recording, submitting, waiting for the device, deciding the next
+        # then per round recording, finishing, submitting, waiting for the device, deciding
+        # the next
         self.phases = {"init": 0.0, "setup": 0.0, "record": 0.0, "finish": 0.0, "submit": 0.0,
                        "wait": 0.0, "between_rounds": 0.0, "download": 0.0}
         self.dev = device

@@ -148,7 +148,8 @@ register(KernelCase(
 STEP_KERNELS = ["merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})]
 
 def _step_buffers(dev, keep, arr, n_pieces: int) -> dict:
-    """The piece buffers of merge_select and merge_apply (restored per launch where the kernel writes them)."""
+    """The piece buffers of merge_select and merge_apply (restored per launch where the
+    kernels write them)."""
     return {"piece_of": dev.upload(arr["piece_of"]),
             "tokens": keep.buffer(arr["tokens"], "tokens"),
             "pieces": keep.buffer(arr["table"], "pieces"),
@@ -275,7 +276,8 @@ def _best_launch(dev, inp):
         if codes.size:  # the new pairs: counted, hashed, and the step table cleared
             c = dev.download(bufs["counts"]).reshape(-1, 2)[n:n + codes.size]
             slots = dev.download(bufs["slots"])
-            found = [_lookup(slots, all_keys, int(x), int(y)) for x, y in all_keys[n:n + codes.size]]
+            found = [_lookup(slots, all_keys, int(x), int(y))
+                     for x, y in all_keys[n:n + codes.size]]
             if ((join64(c[:, 0], c[:, 1]) != inp["code_counts"]).any()
                     or found != list(range(n, n + codes.size)) or dev.download(bufs["step"]).any()):
                 raise RuntimeError("select registered the new pairs wrongly (counts, hash "
