@@ -185,9 +185,9 @@ def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_sequence(dev
     assert (out[:512] == 7.0).all() and (out[512:] == 1.0).all()
 
 
-def test_kernels_sharing_a_layout_switch_pipelines_under_one_bind_group(device):
+def test_kernels_sharing_a_layout_and_kernels_that_cannot(device):
     # the merge loop's recording: one bind group for the round, set_pipeline per kernel
-    import numpy as np
+    # (every trainer test above runs it); kernels whose bindings disagree are refused
     select, apply, more = device.kernels_sharing_layout(gpu_trainer.FILE, [
         "merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])
     assert select.layout is apply.layout is more.layout
