@@ -19,12 +19,14 @@ the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbp
    end to end (files -> vocabulary), with the same pattern, one run:
    - read: reading the files as bytes alone (also warms the page cache for every trainer);
    - istanbul, GPU: pre-tokenization + piece counting on the GPU (training/gpu_corpus.py),
-     then the WGSL trainer; both phases reported, the merge phase also split into host
-     phases (recording, submitting, waiting for the device), with the peak host RSS and
-     device memory. Device start-up and kernel compilation are done beforehand by a small
-     warm-up and reported separately. On the smallest size the merges run once more with
-     GPU timestamps on a few sampled rounds (per-kernel microseconds per merge; not timed
-     as a result, --no-profile skips it).
+     then the WGSL trainer (two dispatches per merge, merge_select and merge_apply, under
+     one bind group per round); both phases reported, the merge phase also split into host
+     phases (recording, finishing the command buffers, submitting, waiting for the device;
+     the first three also per merge), with the peak host RSS and device memory. Device
+     start-up and kernel compilation are done beforehand by a small warm-up and reported
+     separately. On the smallest size the merges run once more with GPU timestamps on a
+     few sampled rounds (microseconds per merge of select, apply and, on software devices,
+     the CONTINUE passes; not timed as a result, --no-profile skips it).
    - on the smallest size only: istanbul's CPU pre-tokenizer (--workers processes), whose
      pieces must equal the GPU's, and the CPU reference trainer (unless
      --skip-cpu-reference), whose merge list must equal the GPU's (both reported as checks);
@@ -36,7 +38,8 @@ the 1 GB corpus ~1 min, the 100 MB run with its CPU checks ~1 min, HF and rustbp
    differ in tie-breaks and details, so compression should be close, not equal), and checks
    that tiktoken loads istanbul's vocabulary and encodes the held-out text to the same ids as
    istanbul's encoder.
-Writes OUT/vocab_train.json and OUT/vocab_train.md and prints the tables.
+Writes OUT/vocab_train.json and OUT/vocab_train.md (after every size, so a run cut short
+keeps the sizes it finished) and prints the tables.
 """
 
 from __future__ import annotations
@@ -358,8 +361,11 @@ def markdown(payload: dict) -> str:
                          f"{num(r.get('tokens_per_byte'), '.4f')} | {speed} |")
         ist = run["results"][0]
         if "details" in ist:
-            lines += ["", f"istanbul merge phase, host seconds: {ist['details'].get('phases')}; "
-                      f"{ist['details'].get('rounds')} rounds, "
+            phases, done = ist["details"].get("phases") or {}, max(1, ist.get("merges") or 1)
+            per_merge = ", ".join(f"{k} {1e6 * phases[k] / done:.1f}"
+                                  for k in ("record", "finish", "submit") if k in phases)
+            lines += ["", f"istanbul merge phase, host seconds: {phases}; host µs per merge: "
+                      f"{per_merge}; {ist['details'].get('rounds')} rounds, "
                       f"{ist['details'].get('dispatches_per_merge')} dispatches per merge. "
                       f"Peak host RSS {ist.get('peak_host_rss_mb')} MB (the whole process); "
                       f"peak device memory {ist.get('peak_device_mb')} MB."]
@@ -481,20 +487,22 @@ def main() -> int:
         except Exception as exc:
             results.append({"trainer": "rustbpe", "error": repr(exc)[:300]})
         runs.append(run)
-    if len(runs) > 1:  # no worse than linear: time ratio <= size ratio
-        first, last = runs[0]["results"][0], runs[-1]["results"][0]
-        checks["istanbul_scales_linearly"] = (
-            last["seconds"] / first["seconds"] <= runs[-1]["bytes"] / runs[0]["bytes"])
-
-    payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version()},
-               "device": device.info.summary(), "corpus": meta,
-               "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
-                            "pattern": args.pattern, "workers": args.workers, "sizes_mb": sizes},
-               "warmup_seconds": warmup, "runs": runs, "checks": checks}
-    (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    table = markdown(payload)
-    (args.out / "vocab_train.md").write_text(table, encoding="utf-8")
+        if len(runs) > 1:  # no worse than linear: time ratio <= size ratio
+            first, last = runs[0]["results"][0], runs[-1]["results"][0]
+            checks["istanbul_scales_linearly"] = (
+                last["seconds"] / first["seconds"] <= runs[-1]["bytes"] / runs[0]["bytes"])
+        # written after every size: a run cut short by a time limit keeps the sizes it did
+        payload = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                               "python": platform.python_version()},
+                   "device": device.info.summary(), "corpus": meta,
+                   "settings": {"merges": args.merges, "vocab_size": 256 + args.merges,
+                                "pattern": args.pattern, "workers": args.workers,
+                                "sizes_mb": sizes},
+                   "warmup_seconds": warmup, "runs": runs, "checks": checks}
+        (args.out / "vocab_train.json").write_text(json.dumps(payload, indent=2, default=str)
+                                                   + "\n")
+        table = markdown(payload)
+        (args.out / "vocab_train.md").write_text(table, encoding="utf-8")
     print(table)
     return 0 if all(checks.values()) else 1
 

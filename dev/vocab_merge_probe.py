@@ -31,8 +31,8 @@ from tokenizer_svc.training.gpu_trainer import TrainerOptions  # noqa: E402
 VARIANTS = {
     "default": {},
     "GPU profile (sampled rounds timed)": {"profile": True, "profile_rounds": 8},
-    "find_and_merge capped at 1024 workgroups": {"find_groups": 1024},
-    "find_and_merge capped at 4096 workgroups": {"find_groups": 4096},
+    "apply capped at 1024 workgroups": {"find_groups": 1024},
+    "apply capped at 4096 workgroups": {"find_groups": 4096},
     "rounds of 5 ms": {"round_seconds": 0.005},
     "rounds of 50 ms, up to 2048 merges": {"round_seconds": 0.05, "max_round_merges": 2048},
     "compact below 80% live": {"compact_below": 0.8},
@@ -83,13 +83,14 @@ def main() -> int:
              f"{args.size_mb:g} MB ({args.pattern})", "",
              f"Device: {device.info.summary()}. Pieces counted in {count_s:.2f}s (once). One run "
              "per row; host phases in seconds.", "",
-             "| variant | s | µs/merge | rounds | compactions | record | submit | wait | "
-             "same merges |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| variant | s | µs/merge | rounds | compactions | record | finish | submit | wait | "
+             "same merges |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         d, ph = r["details"], r["details"]["phases"]
         lines.append(f"| {r['variant']} | {r['seconds']:.2f} | {r['us_per_merge']:.1f} | "
                      f"{d['rounds']} | {d['compactions']} | {ph['record']:.2f} | "
-                     f"{ph['submit']:.2f} | {ph['wait']:.2f} | {r['same_merges']} |")
+                     f"{ph.get('finish', 0.0):.2f} | {ph['submit']:.2f} | {ph['wait']:.2f} | "
+                     f"{r['same_merges']} |")
     prof = next((r["details"].get("gpu_profile") for r in rows
                  if r["details"].get("gpu_profile")), None)
     if prof:

@@ -305,6 +305,31 @@ class Recorder:
         cpass.dispatch_workgroups(*grid)
         self.dispatch_count += 1
 
+    def dispatch_sequence(self, resources, steps, label: str = "") -> None:
+        """Dispatch each (kernel, grid (x, y, z)) of `steps` in order with one bind group: the
+        kernels must share their layout (`Device.kernels_sharing_layout`) unless there is one
+        kernel. The bind group is set once and the pipeline only when it changes (hot loops:
+        each wgpu-py call costs ~0.6 us of Python, dev/RESULTS.md), so a merge step of two
+        kernels is two set_pipeline and two dispatch calls. Timed recordings give each
+        dispatch its own pass, as `dispatch`."""
+        steps = list(steps)
+        if not steps:
+            return
+        if self.timing:
+            for kernel, grid in steps:
+                self.dispatch(kernel, resources, grid, label)
+            return
+        cpass = self._compute_pass(label or steps[0][0].name)
+        cpass.set_bind_group(0, _group(steps[0][0], resources))
+        set_pipeline, dispatch = cpass.set_pipeline, cpass.dispatch_workgroups
+        current = None
+        for kernel, grid in steps:
+            if kernel is not current:
+                set_pipeline(kernel.pipeline)
+                current = kernel
+            dispatch(*grid)
+        self.dispatch_count += len(steps)
+
     def dispatch_indirect(self, kernel: Kernel, resources, indirect, offset: int = 0,
                           label: str = "") -> None:
         """Dispatch `kernel` with the workgroup counts (x, y, z: u32) that the GPU reads from
@@ -471,6 +496,58 @@ class Device:
         kernel = Kernel(self, file, name, constants, pipeline, source.bindings(code))
         self._kernels[key] = kernel
         return kernel
+
+    def kernels_sharing_layout(self, file: str, specs) -> list[Kernel]:
+        """Kernels of one file compiled with one explicit bind group layout, so a bind group
+        made through any of them binds for all, and a pass can switch between them with
+        set_pipeline alone (`Recorder.dispatch_sequence`). `specs`: kernel names or
+        (name, constants). Their sections must agree on each binding they both declare
+        (the same index, read-only or read_write; the WGSL types may differ, e.g. atomic in
+        one kernel and plain in another); the layout holds the union of their bindings."""
+        specs = [(s, {}) if isinstance(s, str) else (s[0], dict(s[1])) for s in specs]
+        key = ("shared layout", file, tuple((n, tuple(sorted(c.items()))) for n, c in specs))
+        cached = self._kernels.get(key)
+        if cached is not None:
+            return cached
+        wgsl = source.load_file(file)
+        codes = [source.compose(self.features, wgsl, name, compiler=self.backend.compiler)
+                 for name, _ in specs]
+        union: dict = {}
+        for (name, _), code in zip(specs, codes):
+            for index, binding in source.bindings(code).items():
+                other = union.setdefault(index, (name, binding))
+                if other[1].writable != binding.writable or other[1].space != binding.space:
+                    raise ShaderCompileError(
+                        f"{file}: binding {index} is {binding.name} "
+                        f"({'read_write' if binding.writable else 'read'}) in {name} but "
+                        f"{other[1].name} ({'read_write' if other[1].writable else 'read'}) "
+                        f"in {other[0]}; kernels sharing a layout must agree on every binding")
+        kinds = {True: wgpu.BufferBindingType.storage,
+                 False: wgpu.BufferBindingType.read_only_storage}
+        entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": (wgpu.BufferBindingType.uniform if b.space == "uniform"
+                                        else kinds[b.writable])}}
+                   for i, (_, b) in sorted(union.items())]
+        try:
+            group_layout = self.raw.create_bind_group_layout(label=f"{file} shared",
+                                                             entries=entries)
+            layout = self.raw.create_pipeline_layout(bind_group_layouts=[group_layout])
+            kernels = []
+            for (name, constants), code in zip(specs, codes):
+                module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
+                pipeline = self.raw.create_compute_pipeline(
+                    label=f"{file}:{name}", layout=layout,
+                    compute={"module": module, "entry_point": name, "constants": constants})
+                kernel = Kernel(self, file, name, constants, pipeline,
+                                {i: b for i, (_, b) in union.items()})
+                kernel.layout = group_layout
+                kernels.append(kernel)
+        except Exception as exc:
+            raise ShaderCompileError(f"{file}: {', '.join(n for n, _ in specs)} failed to "
+                                     f"compile with a shared layout on {self.name}: {exc}") \
+                from exc
+        self._kernels[key] = kernels
+        return kernels
 
     # ---- buffers -------------------------------------------------------------------------
 

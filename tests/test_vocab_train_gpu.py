@@ -61,6 +61,18 @@ def test_stdlib_sources(device, pattern, files, size):
     assert result.details["rounds"] >= 2  # several submits, two in flight
 
 
+def test_the_gpu_schedule_two_bare_dispatches_per_merge(device):
+    # what hardware GPUs run: no work budget, no CONTINUE passes, whole rounds recorded as
+    # select/apply pairs with one pipeline and bind group (short pieces keep llvmpipe's
+    # loop limit far away); rounds of 32 merges, each wanting a compaction
+    pieces = pieces_of_text(stdlib_text("json/decoder.py", "shlex.py"), PATTERNS["o200k"])
+    options = TrainerOptions(work_budget=gpu_trainer.NO_CAP, round_merges=32,
+                             max_round_merges=32, compact_below=1.01)
+    result = same_merges(device, pieces, 700, options=options)
+    assert result.details["dispatches_per_merge"] == 2 and result.details["rounds"] >= 10
+    assert result.details["compactions"] >= 2
+
+
 def test_turkish_seed_documents_with_a_token_length_cap(device):
     if not SEEDS.is_dir():
         pytest.skip(f"the seed documents are not at {SEEDS} (../shared is absent; set "
@@ -131,7 +143,7 @@ def test_key_table_growth_and_compaction_every_round(device):
 
 
 def test_a_capped_merge_grid_visits_every_position(device):
-    # 3 workgroups of find_and_merge: each invocation strides over many positions
+    # 3 apply workgroups: each strides over many tiles of 1024 positions
     pieces = pieces_of_text(stdlib_text("textwrap.py"), PATTERNS["o200k"])
     result = same_merges(device, pieces, 400, options=TrainerOptions(find_groups=3))
     assert result.details["rounds"] >= 2
@@ -143,9 +155,9 @@ def test_cap_applies_on_the_gpu(device):
     assert max(len(t) for t in result.tokens) <= 3
 
 
-def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
-    # the two engine additions the trainer relies on: workgroup counts read from a buffer
-    # when the dispatch runs, and dispatching with a bind group made once
+def test_engine_indirect_dispatch_prebuilt_bind_groups_and_dispatch_sequence(device):
+    # the engine additions the trainer relies on: workgroup counts read from a buffer when
+    # the dispatch runs, dispatching with a bind group made once, several grids at once
     import numpy as np
     from istanbul.shaders.engine import INDIRECT_STORAGE
     fill = device.kernel("infra.wgsl", "fill")
@@ -161,6 +173,31 @@ def test_engine_indirect_dispatch_and_prebuilt_bind_groups(device):
     with device.record() as rec:
         rec.dispatch(fill, group, 4)
     assert (device.download(y) == 2.5).all()
+    # dispatch_sequence: one bind group, several grids in order (the merge loop's recording)
+    device.zero(y)
+    params = device.uniform("IIfI", 4 * 256, 0, 1.0, 0)
+    add = device.uniform("IIfI", 4 * 256, 0, 7.0, 0)
+    with device.record() as rec:
+        rec.dispatch_sequence([y, params], [(fill, (4, 1, 1)), (fill, (1, 1, 1))])
+        rec.dispatch_sequence([y, add], [(fill, (1, 2, 1))])
+        assert rec.dispatch_count == 3
+    out = device.download(y)
+    assert (out[:512] == 7.0).all() and (out[512:] == 1.0).all()
+
+
+def test_kernels_sharing_a_layout_and_kernels_that_cannot(device):
+    # the merge loop's recording: one bind group for the round, set_pipeline per kernel
+    # (every trainer test above runs it); kernels whose bindings disagree are refused
+    select, apply, more = device.kernels_sharing_layout(gpu_trainer.FILE, [
+        "merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])
+    assert select.layout is apply.layout is more.layout
+    assert device.kernels_sharing_layout(gpu_trainer.FILE, [
+        "merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])[0] is select  # cached
+    from istanbul.shaders.engine import ShaderCompileError
+    # fill's binding 0 is its output, scale's its input: no layout fits both
+    with pytest.raises(ShaderCompileError, match=r"binding 0 is x \(read\) in scale but y "
+                       r"\(read_write\) in fill; kernels sharing a layout must agree"):
+        device.kernels_sharing_layout("infra.wgsl", ["fill", "scale"])
 
 
 def test_a_corpus_too_large_for_the_device_is_refused_before_allocating(device):

@@ -7,12 +7,14 @@ The contract is merges.py; the kernels and their data layout are described at th
 bpe_train.wgsl. This module is the host side:
 
 - upload the unique pieces (two bytes or more) once, count the byte pairs on the device;
-- record rounds of merge steps (3 dispatches each: select_partial, which also makes the
-  previous merge's new pairs keys, select_final, find_and_merge; on software Vulkan also a
-  few CONTINUE passes, see the work budget in bpe_train.wgsl) into one submit, with no
-  read-back inside a round and no indirect dispatch: select_final tells find_and_merge
-  through `current` whether there is a merge to apply, so steps recorded past the end do
-  nothing;
+- record rounds of merge steps into one submit: a step is two dispatches, merge_select
+  (the best pair of each key block, after making the previous merge's new pairs keys) and
+  merge_apply (every workgroup finds the best of those itself, then the merge is applied),
+  which share one bind group layout: a round sets its bind group once and records a step
+  as set_pipeline + dispatch twice (`Recorder.dispatch_sequence`); on software Vulkan also
+  a few CONTINUE passes per step (see the work budget in bpe_train.wgsl). No read-back
+  inside a round, no indirect dispatch: apply decides on the device whether there is a
+  merge to make, so steps recorded past the end do nothing;
 - keep two rounds in flight and read only the small state block of the older one (copied to
   a mappable buffer at the end of each round): that drives the progress bar and decisions;
 - between rounds, when that state says so: compact the pieces (drop those that became one
@@ -20,11 +22,13 @@ bpe_train.wgsl. This module is the host side:
   (the device pauses itself before a merge whose new pairs might not fit);
 - at the end, download the merge list once.
 
-Where the time goes is in `result.details["phases"]` (host seconds: recording, submitting,
-waiting for the device, between rounds) and, with `TrainerOptions(profile=True)`, in
-`details["gpu_profile"]`: GPU timestamps of each kernel over a few sampled rounds (those
-rounds run one pass per dispatch and wait for their timestamps: left out of the phases, but
-not of the wall time, so time a run without the profile).
+Where the time goes is in `result.details["phases"]` (host seconds: recording, finishing
+the command buffer (wgpu-native's encoding), submitting, waiting for the device, between
+rounds) and, with `TrainerOptions(profile=True)`, in `details["gpu_profile"]`: GPU
+timestamps of select, apply and the CONTINUE passes over a few sampled rounds (those rounds
+run one pass per dispatch and wait for their timestamps: left out of the phases, but not of
+the wall time, so time a run without the profile). dev/vocab_host_probe.py measures the
+recording alone.
 """
 
 from __future__ import annotations
@@ -36,20 +40,21 @@ from dataclasses import dataclass
 import numpy as np
 import wgpu
 
-from istanbul.shaders.engine import Device
+from istanbul.shaders.engine import Device, fold_grid
 
 from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, tokens_from_merges
 
 FILE = "bpe_train.wgsl"
 WG = 256
 SELECT_ITEMS = 1024
+APPLY_TILE = 1024  # positions per apply workgroup (bpe_train.wgsl)
 N_BYTE_PAIRS = N_BYTES * N_BYTES
 NO_CAP = 0xFFFFFFFF
 
 # state[] words and status values: the S_* / ST_* constants of bpe_train.wgsl
 S_STATUS, S_MERGES, S_NEXT_ID, S_TARGET, S_NUM_KEYS, S_KEY_CAP, S_N_PIECES, S_N_POSITIONS, \
-    S_LIVE, S_DEAD, S_A, S_B, S_N, S_STAMP, S_CAP, S_NEW_CODES, S_ERRORS, S_HASH_MASK, \
-    S_COMPACT_PIECES, S_COMPACT_POSITIONS, S_PENDING, S_BUDGET = range(22)
+    S_LIVE, S_DEAD, S_A, S_B, S_N, S_KEY_END, S_CAP, S_ERRORS, S_HASH_MASK, \
+    S_COMPACT_PIECES, S_COMPACT_POSITIONS, S_PENDING, S_BUDGET = range(21)
 S_WORDS = 32
 ST_RUNNING, ST_DONE, ST_EXHAUSTED, ST_PAUSED_KEYS = range(4)
 ERRORS = {1: "a pair to subtract was missing from the hash table",
@@ -87,9 +92,9 @@ class TrainerOptions:
     # Time each kernel with GPU timestamps in a few sampled rounds (details["gpu_profile"])
     profile: bool = False
     profile_rounds: int = 6
-    # At most this many find_and_merge workgroups per merge, each invocation then visiting
-    # several positions (None: one invocation per position). Leave it unset on software
-    # Vulkan for large corpora: the grid-stride loop is outside the work budget
+    # At most this many apply workgroups per merge, each then visiting several tiles of
+    # 1024 positions (None: one tile each). Leave it unset on software Vulkan for large
+    # corpora: the grid-stride loop is outside the work budget
     find_groups: int | None = None
     # The largest buffer the trainer may use (None: what the device allows); tests scale it
     # down to see the error a corpus too large for the device gets
@@ -102,9 +107,10 @@ class GpuTrainer:
                  options: TrainerOptions | None = None):
         t_init = time.perf_counter()
         # host seconds by phase: init (arrays, uploads, kernels), setup (initial pair counts),
-        # then per round recording, submitting, waiting for the device, deciding the next
-        self.phases = {"init": 0.0, "setup": 0.0, "record": 0.0, "submit": 0.0, "wait": 0.0,
-                       "between_rounds": 0.0, "download": 0.0}
+        # then per round recording, finishing, submitting, waiting for the device, deciding
+        # the next
+        self.phases = {"init": 0.0, "setup": 0.0, "record": 0.0, "finish": 0.0, "submit": 0.0,
+                       "wait": 0.0, "between_rounds": 0.0, "download": 0.0}
         self.dev = device
         self.n_tokens = n_tokens
         self.n_merges = n_tokens - N_BYTES
@@ -168,17 +174,17 @@ class GpuTrainer:
 
         codes = 2 * n_tokens + 2  # (x, N) -> 2x, (N, y) -> 2y + 1
         self.step = device.zeros(3 * codes, np.uint32, "bpe step table")
-        self.new_codes = device.zeros(codes, np.uint32, "bpe new codes")
         tok_len = np.zeros(n_tokens, np.uint32)
         tok_len[:N_BYTES] = 1
         self.tok_len = device.upload(tok_len, "bpe token lengths")
         self.merges = device.zeros((self.n_merges, 4), np.uint32, "bpe merges")
-        self.current_merge = device.zeros(16, np.uint32, "bpe current merge")
+        self.seen = device.zeros(S_WORDS, np.uint32, "bpe state as select saw it")
         state = np.zeros(S_WORDS, np.uint32)
         state[S_STATUS] = ST_RUNNING
         state[S_NEXT_ID] = N_BYTES
         state[S_TARGET] = n_tokens
         state[S_NUM_KEYS] = N_BYTE_PAIRS
+        state[S_KEY_END] = N_BYTE_PAIRS
         state[S_KEY_CAP] = self.key_cap
         state[S_N_PIECES] = self.n_pieces
         state[S_N_POSITIONS] = self.n_positions
@@ -189,9 +195,9 @@ class GpuTrainer:
         self.state = device.upload(state, "bpe state")
         self._staging_free: list = []
         self.k = {name: device.kernel(FILE, name) for name in
-                  ("count_pairs", "select_partial", "select_final", "find_and_merge",
-                   "rehash", "compact", "compact_tokens", "compact_finish")}
-        self.k["continue_merge"] = device.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
+                  ("count_pairs", "rehash", "compact", "compact_tokens", "compact_finish")}
+        self.k["select"], self.k["apply"], self.k["continue"] = device.kernels_sharing_layout(
+            FILE, ["merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})])
         self._bind()
         self.phases["init"] = time.perf_counter() - t_init
 
@@ -213,6 +219,7 @@ class GpuTrainer:
         self.key_cap = key_cap
         self.hash_slots = _next_pow2(2 * key_cap)
         self._check_fits("the pair table", self.hash_slots * 4)
+        self.select_groups = -(-key_cap // SELECT_ITEMS)  # = partials rows
         self.keys = self.dev.zeros((key_cap, 2), np.uint32, "bpe keys")
         self.counts = self.dev.zeros(2 * key_cap, np.uint32, "bpe pair counts")
         self.slots = self.dev.zeros(self.hash_slots, np.uint32, "bpe hash slots")
@@ -222,19 +229,10 @@ class GpuTrainer:
     def _bind(self) -> None:
         """Bind groups for the current buffers (made once; dispatches reuse them)."""
         s = self.sets[self.current]
-        k = self.k
-        merge_resources = [s.piece_of, self.slots, self.keys, self.tok_len, self.current_merge,
-                           s.tokens, s.pieces, s.stamps, self.resume, self.counts, self.step,
-                           self.new_codes, self.state]
-        self.groups = {
-            "select_partial": k["select_partial"].bind_group(
-                [self.new_codes, self.keys, self.counts, self.step, self.slots, self.state,
-                 self.partials]),
-            "select_final": k["select_final"].bind_group(
-                [self.partials, self.tok_len, self.merges, self.state, self.current_merge]),
-            "find_and_merge": k["find_and_merge"].bind_group(merge_resources),
-            "continue_merge": k["continue_merge"].bind_group(merge_resources),
-        }
+        resources = [s.piece_of, s.tokens, s.pieces, s.stamps, self.resume, self.keys,
+                     self.counts, self.slots, self.step, self.tok_len, self.merges,
+                     self.partials, self.seen, self.state]
+        self.group = self.k["select"].bind_group(resources)  # binds for all three
 
     def _other_set(self) -> _PieceSet:
         if len(self.sets) == 1:
@@ -273,20 +271,22 @@ class GpuTrainer:
         self.stats["compactions"] += 1
 
     def _record_steps(self, rec, steps: int, pieces_bound: int, positions_bound: int) -> None:
-        g = self.groups
         k = self.k
-        select_groups = -(-self.key_cap // SELECT_ITEMS)  # = partials rows (select_final)
-        find_groups = max(1, -(-positions_bound // WG))
+        limit = self.dev.max_workgroups_per_dim
+        apply_groups = max(1, -(-positions_bound // APPLY_TILE))
         if self.opt.find_groups:
-            find_groups = min(find_groups, max(1, int(self.opt.find_groups)))
-        continue_groups = max(1, -(-pieces_bound // WG))
-        for _ in range(steps):
-            rec.dispatch(k["select_partial"], g["select_partial"], select_groups)
-            rec.dispatch(k["select_final"], g["select_final"], 1)
-            rec.dispatch(k["find_and_merge"], g["find_and_merge"], find_groups)
-            for _ in range(self.continue_passes):
-                rec.dispatch(k["continue_merge"], g["continue_merge"], continue_groups,
-                             label="continue_merge")
+            apply_groups = min(apply_groups, max(1, int(self.opt.find_groups)))
+        step = [(k["select"], fold_grid(self.select_groups, limit), "select"),
+                (k["apply"], fold_grid(apply_groups, limit), "apply")]
+        step += [(k["continue"], fold_grid(max(1, -(-pieces_bound // WG)), limit),
+                  "continue")] * self.continue_passes
+        if rec.timing:  # one pass per dispatch, labelled by kernel
+            for _ in range(steps):
+                for kernel, grid, label in step:
+                    rec.dispatch(kernel, self.group, grid, label=label)
+        else:  # one bind group for the round; per step set_pipeline + dispatch each
+            rec.dispatch_sequence(self.group, [(kernel, grid) for kernel, grid, _ in step]
+                                  * steps)
         self.stats["steps_recorded"] += steps
 
     def _profile_now(self) -> bool:
@@ -303,7 +303,7 @@ class GpuTrainer:
         staging = self._staging()
         timed = self._profile_now()
         if timed:  # a timed recording: one pass per dispatch, at most 2048 of them
-            steps = min(steps, 2000 // (3 + self.continue_passes) - 4)
+            steps = min(steps, 2000 // (2 + self.continue_passes) - 4)
         t0 = time.perf_counter()
         rec = self.dev.record("bpe merges", timing=timed)
         if compact:
@@ -312,8 +312,14 @@ class GpuTrainer:
         self._record_steps(rec, steps, pieces_bound, positions_bound)
         rec.copy(self.state, staging, S_WORDS * 4)
         t1 = time.perf_counter()
-        rec.submit()
-        t2 = time.perf_counter()
+        if timed:
+            rec.submit()  # resolves the timestamps
+            t2 = t3 = time.perf_counter()
+        else:
+            commands = rec.finish()
+            t2 = time.perf_counter()
+            self.dev.submit(commands)
+            t3 = time.perf_counter()
         if timed:
             for label, seconds in rec.gpu_times:
                 entry = self.profile.setdefault(label, [0.0, 0])
@@ -323,7 +329,8 @@ class GpuTrainer:
             self.profiled_steps += steps
         else:
             self.phases["record"] += t1 - t0
-            self.phases["submit"] += t2 - t1
+            self.phases["finish"] += t2 - t1
+            self.phases["submit"] += t3 - t2
         self.stats["rounds"] += 1
         return staging, steps
 
@@ -423,12 +430,12 @@ class GpuTrainer:
         if int(final[S_STATUS]) == ST_EXHAUSTED or done < self.n_merges:
             raise exhausted(N_BYTES + done, self.n_tokens, self.n_specials, self.cap)
         raw = self.dev.download(self.merges)
-        merges = [Merge(int(a), int(b), N_BYTES + i, int(lo) | (int(hi) << 32))
-                  for i, (a, b, lo, hi) in enumerate(raw[:done])]
+        merges = [Merge(a, b, N_BYTES + i, lo | (hi << 32))  # tolist: Python ints, ~25% faster
+                  for i, (a, b, lo, hi) in enumerate(raw[:done].tolist())]
         seconds = time.perf_counter() - start
         self.phases["download"] += time.perf_counter() - t_end
         details = dict(self.stats, merges_per_second=done / seconds if seconds else 0.0,
-                       device=self.dev.name, dispatches_per_merge=3 + self.continue_passes,
+                       device=self.dev.name, dispatches_per_merge=2 + self.continue_passes,
                        phases={k: round(v, 4) for k, v in self.phases.items()})
         if self.profile:
             details["gpu_profile"] = self._profile_summary()

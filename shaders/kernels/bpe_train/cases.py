@@ -1,4 +1,6 @@
-"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair, merge, compact;
+"""Ladder entries for bpe_train.wgsl (vocabulary training): pair count, best pair (merge_select,
+then merge_apply deciding), merge (merge_apply from prepared partials, then merge_select
+making the new pairs keys), compact;
 for piece_count.wgsl (one chunk's unique pieces, counted on the device) and piece_store.wgsl
 (the corpus's unique pieces, kept on the device from chunk to chunk).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...engine import fold_grid
 from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
                         dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
@@ -23,14 +26,14 @@ from .reference import (best_reference, compact_canonical, compact_reference, co
 
 from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
 from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
-    FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_LIVE, S_N,
-    S_N_PIECES, S_N_POSITIONS, S_NEW_CODES, S_NEXT_ID, S_NUM_KEYS, S_PENDING, S_STAMP, S_TARGET, S_WORDS,
-    SELECT_ITEMS, WG)
+    FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_KEY_END,
+    S_LIVE, S_MERGES, S_N, S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING,
+    S_TARGET, S_WORDS, APPLY_TILE, SELECT_ITEMS, WG)
 
 STATE_WORDS = {"a": S_A, "b": S_B, "budget": S_BUDGET, "cap": S_CAP, "hash_mask": S_HASH_MASK,
-               "key_cap": S_KEY_CAP, "live": S_LIVE, "n": S_N, "n_pieces": S_N_PIECES,
-               "n_positions": S_N_POSITIONS, "next_id": S_NEXT_ID, "num_keys": S_NUM_KEYS,
-               "stamp": S_STAMP, "target": S_TARGET}
+               "key_cap": S_KEY_CAP, "key_end": S_KEY_END, "live": S_LIVE, "n": S_N,
+               "n_pieces": S_N_PIECES, "n_positions": S_N_POSITIONS, "next_id": S_NEXT_ID,
+               "num_keys": S_NUM_KEYS, "target": S_TARGET}
 
 
 def pair_hash(a: int, b: int) -> int:
@@ -140,11 +143,52 @@ register(KernelCase(
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 12.0))
 
 
-# ---- best pair: select_partial + select_final ---------------------------------------------
+# ---- a merge step: merge_select and merge_apply (one bind group layout) ---------------------
+
+STEP_KERNELS = ["merge_select", "merge_apply", ("merge_apply", {"CONTINUE": 1})]
+
+def _step_buffers(dev, keep, arr, n_pieces: int) -> dict:
+    """The piece buffers of merge_select and merge_apply (restored per launch where the
+    kernels write them)."""
+    return {"piece_of": dev.upload(arr["piece_of"]),
+            "tokens": keep.buffer(arr["tokens"], "tokens"),
+            "pieces": keep.buffer(arr["table"], "pieces"),
+            "stamps": keep.buffer(np.zeros(max(1, n_pieces), np.uint32), "stamps"),
+            "resume": keep.buffer(np.zeros((2 * max(1, n_pieces), 4), np.uint32), "resume")}
+
+
+STEP_BINDINGS = ("piece_of", "tokens", "pieces", "stamps", "resume", "keys", "counts", "slots",
+                 "step", "tok_len", "merges", "partials", "seen", "state")
+
+
+def _hash_keys(keys: np.ndarray, first: int, end: int, slots_n: int) -> np.ndarray:
+    """The hash table of keys [first, end) as the kernels build it (linear probing)."""
+    slots = np.zeros(slots_n, np.uint32)
+    for k in range(first, end):
+        h = pair_hash(int(keys[k, 0]), int(keys[k, 1])) & (slots_n - 1)
+        while slots[h]:
+            h = (h + 1) & (slots_n - 1)
+        slots[h] = k + 1
+    return slots
+
+
+def _lookup(slots: np.ndarray, keys: np.ndarray, x: int, y: int) -> int:
+    """Key index of pair (x, y) through the device's hash table, -1 if absent."""
+    h = pair_hash(x, y) & (slots.size - 1)
+    while slots[h]:
+        k = int(slots[h]) - 1
+        if keys[k, 0] == x and keys[k, 1] == y:
+            return k
+        h = (h + 1) & (slots.size - 1)
+    return -1
+
+
+# best pair: merge_select, then merge_apply over no positions (it only decides and records
+# the merge)
 
 BEST_SIZES = {"random": 20_000, "ties": 9000, "one": 70_000, "new": 20_000, "bench": 4_000_000}
-# "new": the previous merge's new pairs wait in the step table (select_partial makes them
-# keys in the same dispatch); the best pair is among them, tied with an older key
+# "new": the previous merge's new pairs wait in the key list, uncounted (select counts and
+# hashes them in the same dispatch); the best pair is among them, tied with an older key
 NEW_N = 50_000  # the previous merge's token in the "new" variant
 
 
@@ -155,9 +199,9 @@ def _best_inputs(rng, variant):
     keys = keys[rng.permutation(len(keys))].astype(np.uint32)
     if variant == "ties":  # one count everywhere: the ids decide
         counts = np.full(len(keys), 5 << 32 | 7, np.uint64)
-    elif variant == "one":  # all zero but one, near the end
+    elif variant == "one":  # all zero but one, in the first block (partials row 0)
         counts = np.zeros(len(keys), np.uint64)
-        counts[-3] = 1
+        counts[3] = 1
     else:
         counts = rng.integers(0, 1 << 40, len(keys)).astype(np.uint64)
         counts[rng.integers(len(keys), size=20)] = counts.max()  # ties at the top
@@ -172,13 +216,16 @@ def _best_inputs(rng, variant):
     return inp
 
 
+def _code_pairs(codes) -> np.ndarray:
+    c = np.asarray(codes, np.int64)
+    return np.where((c & 1)[:, None] == 0, np.stack([c >> 1, np.full_like(c, NEW_N)], 1),
+                    np.stack([np.full_like(c, NEW_N), c >> 1], 1))
+
+
 def _best_with_new_pairs(inp):
-    """best_reference over the keys and the new pairs (what select_partial registers)."""
-    codes = inp["codes"].astype(np.int64)
-    pairs = np.where((codes & 1)[:, None] == 0,
-                     np.stack([codes >> 1, np.full_like(codes, NEW_N)], 1),
-                     np.stack([np.full_like(codes, NEW_N), codes >> 1], 1))
-    return best_reference({"keys": np.concatenate([inp["keys"].astype(np.int64), pairs]),
+    """best_reference over the keys and the new pairs (what select registers)."""
+    return best_reference({"keys": np.concatenate([inp["keys"].astype(np.int64),
+                                                   _code_pairs(inp["codes"])]),
                            "counts": np.concatenate([inp["counts"], inp["code_counts"]])})
 
 
@@ -190,48 +237,51 @@ def _best_launch(dev, inp):
     keep = _Pristine(dev)
     all_keys = np.zeros((key_cap, 2), np.uint32)
     all_keys[:n] = keys
+    all_keys[n:n + codes.size] = _code_pairs(codes)  # listed by the last merge, not counted
     all_counts = np.zeros((key_cap, 2), np.uint32)
     all_counts[:n, 0], all_counts[:n, 1] = lo, hi
-    # only registration writes keys, counts, the step table and slots: restored per launch
-    # only when there are new pairs (the benchmark rung times the selection, not copies)
+    # only registration writes counts, the step table and slots: restored per launch only
+    # when there are new pairs (the benchmark rung times the selection, not copies)
     changed = keep.buffer if codes.size else (lambda array, label: dev.upload(array, label))
-    k_buf = changed(all_keys, "keys")
-    c_buf = changed(all_counts.reshape(-1), "counts")
     step = np.zeros((2 * NEW_N + 2, 3), np.uint32)
     step[codes, 0], step[codes, 1] = split64(inp["code_counts"])
     step[codes, 2] = 1
-    step_buf = changed(step.reshape(-1), "step")
-    new_codes = dev.upload(np.concatenate([codes, np.zeros(1, np.uint32)]))
     slots_n = 1 << int(2 * key_cap - 1).bit_length()
-    slots = changed(np.zeros(slots_n, np.uint32), "slots")
-    partials = dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32)
-    tok_len = dev.upload(np.ones(65536, np.uint32))
-    merges = dev.zeros((1, 4), np.uint32)
-    state = _state(num_keys=n, key_cap=key_cap, next_id=60_000, target=65_000,
-                   hash_mask=slots_n - 1, n=NEW_N)
-    state[S_NEW_CODES] = codes.size
-    state = keep.buffer(state, "state")
-    current = dev.zeros(16, np.uint32)
-    k1, k2 = dev.kernel(FILE, "select_partial"), dev.kernel(FILE, "select_final")
+    state = _state(num_keys=n, key_end=n + codes.size, key_cap=key_cap, next_id=60_000,
+                   target=65_000, hash_mask=slots_n - 1, n=NEW_N)
+    # one piece for the buffers' shapes; n_positions = 0: apply only decides
+    bufs = _step_buffers(dev, keep, _piece_arrays([[0, 0]], [1]), 1)
+    bufs.update(keys=dev.upload(all_keys), counts=changed(all_counts.reshape(-1), "counts"),
+                step=changed(step.reshape(-1), "step"),
+                slots=changed(np.zeros(slots_n, np.uint32), "slots"),
+                tok_len=dev.upload(np.ones(65536, np.uint32)), merges=dev.zeros((1, 4), np.uint32),
+                partials=dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32),
+                seen=dev.zeros(S_WORDS, np.uint32), state=keep.buffer(state, "state"))
+    select, apply, _ = dev.kernels_sharing_layout(FILE, STEP_KERNELS)
+    resources = [bufs[name] for name in STEP_BINDINGS]
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch(k1, [new_codes, k_buf, c_buf, step_buf, slots, state, partials],
-                     -(-key_cap // SELECT_ITEMS))
-        rec.dispatch(k2, [partials, tok_len, merges, state, current], 1)
+        rec.dispatch_sequence(resources, [(select, fold_grid(-(-key_cap // SELECT_ITEMS))),
+                                          (apply, (2, 1, 1))])
 
     def read():
-        st = dev.download(state)
-        if st[S_NUM_KEYS] != n + codes.size or st[S_NEW_CODES] or st[S_ERRORS]:
-            raise RuntimeError(f"select_final left num_keys {st[S_NUM_KEYS]}, new codes "
-                               f"{st[S_NEW_CODES]}, errors {st[S_ERRORS]}; want {n + codes.size}, 0, 0")
-        got = dev.download(k_buf)[n:n + codes.size].astype(np.int64)
-        c = codes  # the registered keys, in new_codes order.astype(np.int64)
-        want = np.where((c & 1)[:, None] == 0, np.stack([c >> 1, np.full_like(c, NEW_N)], 1),
-                        np.stack([np.full_like(c, NEW_N), c >> 1], 1))
-        if (got != want).any() or dev.download(step_buf).any():
-            raise RuntimeError("select_partial registered the wrong keys or left the step table")
-        m = dev.download(merges)[0]
+        st = dev.download(bufs["state"])
+        m = dev.download(bufs["merges"])[0]
+        if (st[S_NUM_KEYS] != n + codes.size or st[S_ERRORS] or st[S_MERGES] != 1
+                or st[S_NEXT_ID] != 60_001 or (st[S_A], st[S_B]) != (m[0], m[1])):
+            raise RuntimeError(f"apply left num_keys {st[S_NUM_KEYS]} (want {n + codes.size}), "
+                               f"errors {st[S_ERRORS]}, merges {st[S_MERGES]} (want 1), "
+                               f"next id {st[S_NEXT_ID]}, pair {st[S_A]}, {st[S_B]}")
+        if codes.size:  # the new pairs: counted, hashed, and the step table cleared
+            c = dev.download(bufs["counts"]).reshape(-1, 2)[n:n + codes.size]
+            slots = dev.download(bufs["slots"])
+            found = [_lookup(slots, all_keys, int(x), int(y))
+                     for x, y in all_keys[n:n + codes.size]]
+            if ((join64(c[:, 0], c[:, 1]) != inp["code_counts"]).any()
+                    or found != list(range(n, n + codes.size)) or dev.download(bufs["step"]).any()):
+                raise RuntimeError("select registered the new pairs wrongly (counts, hash "
+                                   "table or step table)")
         return {"merge": np.array([m[0], m[1], int(join64(m[2], m[3]))], np.int64)}
     return Launch(encode, read)
 
@@ -239,19 +289,21 @@ def _best_launch(dev, inp):
 register(KernelCase(
     name="bpe_train_best_pair", family="bpe_train", precision="exact",
     description="highest 64-bit count, then lowest left id, then lowest right id",
-    kernels=[(FILE, "select_partial"), (FILE, "select_final")], inputs=_best_inputs,
+    kernels=[(FILE, "merge_select"), (FILE, "merge_apply")], inputs=_best_inputs,
     launch=_best_launch, reference=_best_with_new_pairs,
     variants=("random", "ties", "one", "new"),
     bytes=lambda inp: len(inp["keys"]) * 8.0))
 
 
-# ---- merge: find_and_merge, then select_partial making the new pairs keys ------------------
+# merge: merge_apply (the merge decided from prepared partials), CONTINUE passes, then
+# merge_select making the new pairs keys
 
 MERGE_SIZES = {"random": (2000, 10), "runs": (600, 30), "capped": (1500, 10),
                "budget": (300, 12), "bench": (200_000, 8)}
 # "budget": a few 3,000-token runs rewritten 300 loop iterations at a time (the software-
-# device path): find_and_merge saves cursors, CONTINUE passes resume them.
+# device path): apply saves cursors, CONTINUE passes resume them.
 BUDGET_VARIANT = (300, 80)  # (iterations per pass, CONTINUE passes recorded)
+MERGE_COUNT = 1 << 40  # the merged pair's count in the partials (the reference ignores it)
 
 
 def _merge_inputs(rng, variant):
@@ -276,11 +328,33 @@ def _merge_inputs(rng, variant):
     counts[::5] += np.uint64(0xFFFFFF00)
     tok_len = np.ones(vocab + 1, np.uint32)
     tok_len[256:vocab] = rng.integers(2, 6, size=vocab - 256)
-    tok_len[vocab] = tok_len[a] + tok_len[b]
     cap = 7 if variant == "capped" else NO_CAP
     budget, passes = BUDGET_VARIANT if variant == "budget" else (NO_CAP, 0)
     return {"pieces": pieces, "counts": counts, "a": a, "b": b, "n": vocab,
-            "tok_len": tok_len, "cap": cap, "budget": budget, "passes": passes}
+            "tok_len": tok_len, "cap": cap, "budget": budget, "passes": passes,
+            "best_row": BEST_ROW[variant]}
+
+
+# where the best row sits among the partials apply reduces (the blocks that hold keys; select
+# leaves the others empty): first, last, middle, second
+BEST_ROW = {"random": 0, "runs": -1, "capped": None, "budget": 1, "bench": None}
+
+
+def _merge_partials(rows: int, a: int, b: int, best_row, rng) -> np.ndarray:
+    """Select's output as apply finds it: (a, b) the best, beside rows it must beat (the same
+    count with a higher left or right id, lower counts) and empty ones."""
+    lo, hi = split64([MERGE_COUNT])
+    part = np.zeros((rows, 4), np.uint32)
+    for r in range(rows):
+        kind = r % 4
+        if kind == 1:
+            part[r] = (hi[0], lo[0], a + 1, 0)  # tied count, higher left id
+        elif kind == 2:
+            part[r] = (hi[0], lo[0], a, b + 1)  # tied count, same left id, higher right id
+        elif kind == 3:
+            part[r] = (0, int(rng.integers(1, 1 << 30)), 0, 0)  # a lower count, lowest ids
+    part[rows // 2 if best_row is None else best_row] = (hi[0], lo[0], a, b)
+    return part
 
 
 def _merge_launch(dev, inp):
@@ -292,64 +366,55 @@ def _merge_launch(dev, inp):
     key_cap = n_keys + 4 * (inp["n"] + 1) + 16
     keys = np.zeros((key_cap, 2), np.uint32)
     keys[:65536, 0], keys[:65536, 1] = np.arange(65536) >> 8, np.arange(65536) & 255
+    keys[65536:n_keys] = np.array(others, np.uint32).reshape(-1, 2)
     counts = np.zeros(2 * key_cap, np.uint32)
     slots_n = 1 << int(2 * key_cap - 1).bit_length()
-    slots = np.zeros(slots_n, np.uint32)
     for (x, y), c in table.items():
         k = x * 256 + y if x < 256 and y < 256 else 65536 + others.index((x, y))
-        keys[k] = (x, y)
         counts[2 * k], counts[2 * k + 1] = c & 0xFFFFFFFF, c >> 32
-        if k >= 65536:  # linear probing, as the kernels do
-            h = pair_hash(x, y) & (slots_n - 1)
-            while slots[h]:
-                h = (h + 1) & (slots_n - 1)
-            slots[h] = k + 1
     codes = 2 * (inp["n"] + 1) + 2
-    state = _state(n_positions=n_pos, n_pieces=n_pieces, live=n_pos, a=inp["a"], b=inp["b"],
-                   n=inp["n"], stamp=1, cap=inp["cap"], num_keys=n_keys, key_cap=key_cap,
-                   hash_mask=slots_n - 1, budget=inp["budget"])
+    # the state as select saw it: running, nothing pending, merge 0 makes token n
+    state = _state(n_positions=n_pos, n_pieces=n_pieces, live=n_pos, next_id=inp["n"],
+                   target=inp["n"] + 10, cap=inp["cap"], num_keys=n_keys, key_end=n_keys,
+                   key_cap=key_cap, hash_mask=slots_n - 1, budget=inp["budget"])
     keep = _Pristine(dev)
-    piece_of = dev.upload(arr["piece_of"])
-    tok_len = dev.upload(inp["tok_len"])
-    current = np.zeros(16, np.uint32)  # what select_final would have written (C_* words)
-    current[:10] = [inp["a"], inp["b"], inp["n"], 1, inp["cap"], inp["budget"], n_pos,
-                    slots_n - 1, n_pieces, 1]
-    current = dev.upload(current)
-    bufs = {"tokens": keep.buffer(arr["tokens"], "tokens"),
-            "pieces": keep.buffer(arr["table"], "pieces"),
-            "stamps": keep.buffer(np.zeros(n_pieces, np.uint32), "stamps"),
-            "resume": keep.buffer(np.zeros((2 * n_pieces, 4), np.uint32), "resume"),
-            "keys": keep.buffer(keys, "keys"), "counts": keep.buffer(counts, "counts"),
-            "slots": keep.buffer(slots, "slots"),
-            "step": keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
-            "new_codes": keep.buffer(np.zeros(codes, np.uint32), "new codes"),
-            "state": keep.buffer(state, "state")}
-    partials = dev.zeros((-(-key_cap // SELECT_ITEMS), 4), np.uint32)
-    k_find, k_reg = dev.kernel(FILE, "find_and_merge"), dev.kernel(FILE, "select_partial")
-    k_more = dev.kernel(FILE, "find_and_merge", {"CONTINUE": 1})
-    b = bufs
-    merge_resources = [piece_of, b["slots"], b["keys"], tok_len, current, b["tokens"],
-                       b["pieces"], b["stamps"], b["resume"], b["counts"], b["step"],
-                       b["new_codes"], b["state"]]
+    rows = -(-key_cap // SELECT_ITEMS)
+    used = -(-n_keys // SELECT_ITEMS)  # blocks holding keys: the partials apply reads
+    bufs = _step_buffers(dev, keep, arr, n_pieces)
+    bufs.update(keys=keep.buffer(keys, "keys"), counts=keep.buffer(counts, "counts"),
+                slots=keep.buffer(_hash_keys(keys, 65536, n_keys, slots_n), "slots"),
+                step=keep.buffer(np.zeros(3 * codes, np.uint32), "step"),
+                tok_len=keep.buffer(inp["tok_len"], "tok_len"),
+                merges=dev.zeros((1, 4), np.uint32),
+                partials=keep.buffer(np.concatenate([
+                    _merge_partials(used, inp["a"], inp["b"], inp["best_row"],
+                                    np.random.default_rng(5)),
+                    np.zeros((rows - used, 4), np.uint32)]), "partials"),
+                seen=keep.buffer(state, "seen"), state=keep.buffer(state, "state"))
+    select, apply, more = dev.kernels_sharing_layout(FILE, STEP_KERNELS)
+    resources = [bufs[name] for name in STEP_BINDINGS]
 
     def encode(rec):
         keep.restore(rec)
-        rec.dispatch(k_find, merge_resources, max(1, -(-n_pos // WG)))
-        for _ in range(inp["passes"]):
-            rec.dispatch(k_more, merge_resources, -(-n_pieces // WG))
-        rec.dispatch(k_reg, [b["new_codes"], b["keys"], b["counts"], b["step"], b["slots"],
-                             b["state"], partials], -(-key_cap // SELECT_ITEMS))
+        rec.dispatch_sequence(resources, [(apply, fold_grid(-(-n_pos // APPLY_TILE)))]
+                              + [(more, fold_grid(-(-n_pieces // WG)))] * inp["passes"]
+                              + [(select, fold_grid(rows))])  # the new pairs become keys
 
     def read():
-        st = dev.download(b["state"])
+        st = dev.download(bufs["state"])
         if st[S_ERRORS] or st[S_PENDING]:
             raise RuntimeError(f"kernel error flags {st[S_ERRORS]}, {st[S_PENDING]} pieces "
                                "left unfinished")
-        table_out = dev.download(b["pieces"])
-        toks = dev.download(b["tokens"])
+        m = dev.download(bufs["merges"])[0]
+        if (st[S_MERGES] != 1 or (m[0], m[1]) != (inp["a"], inp["b"])
+                or int(join64(m[2], m[3])) != MERGE_COUNT):
+            raise RuntimeError(f"apply merged ({m[0]}, {m[1]}) count {join64(m[2], m[3])}, "
+                               f"not the partials' best ({inp['a']}, {inp['b']}) {MERGE_COUNT}")
+        table_out = dev.download(bufs["pieces"])
+        toks = dev.download(bufs["tokens"])
         new = [toks[s:s + min(n, len(p))] for (s, n, _, _), p in zip(table_out, inp["pieces"])]
-        kk = dev.download(b["keys"])[: min(st[S_NUM_KEYS] + st[S_NEW_CODES], key_cap)]
-        cc = dev.download(b["counts"]).reshape(-1, 2)[: len(kk)]
+        kk = dev.download(bufs["keys"])[: min(st[S_KEY_END], key_cap)]
+        cc = dev.download(bufs["counts"]).reshape(-1, 2)[: len(kk)]
         gpu_table = {}
         for (x, y), (lo, hi) in zip(kk.tolist(), cc.tolist()):
             if (lo or hi) and max(x, y) <= inp["n"]:
@@ -362,10 +427,11 @@ def _merge_launch(dev, inp):
 
 register(KernelCase(
     name="bpe_train_merge", family="bpe_train", precision="exact",
-    description="apply one merge to every piece (overlapping runs) and update pair counts",
+    description="decide the merge from the partials, apply it to every piece (overlapping "
+                "runs), update pair counts, make the new pairs keys",
     inputs=_merge_inputs,
-    kernels=[(FILE, "find_and_merge"), (FILE, "find_and_merge", {"CONTINUE": 1}),
-             (FILE, "select_partial")],
+    kernels=[(FILE, "merge_apply"), (FILE, "merge_apply", {"CONTINUE": 1}),
+             (FILE, "merge_select")],
     launch=_merge_launch, reference=merge_reference,
     variants=("random", "runs", "capped", "budget"),
     bytes=lambda inp: sum(len(p) for p in inp["pieces"]) * 8.0))
