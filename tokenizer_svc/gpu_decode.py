@@ -18,7 +18,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan
+from .gpu_scan import BufferPool, GpuScan, UniformSlots
 from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
@@ -41,6 +41,7 @@ class GpuDecoder:
         self.vocab_buf = vocab_buf
         self.pool = pool or BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
         self.k_lengths = device.kernel(DECODE_FILE, "dec_lengths")
         self.k_total = device.kernel(DECODE_FILE, "dec_total")
         self.k_bounds = device.kernel(DECODE_FILE, "dec_bounds")
@@ -120,8 +121,8 @@ class GpuDecoder:
             starts_buf = pool.get("dec_doc_starts", 4 * n_bounds)
             starts_buf.write(doc_starts)
             doc_bytes = pool.get("dec_doc_bytes", 4 * n_bounds)
-        params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
-                            guess, 0, 0, 0)
+        params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
+                                   lay["bytes_off"], guess, 0, 0, 0)
         with dev.record("bpe decode", timing=self.profile) as rec:
             rec.dispatch(self.k_lengths, [ids_buf, self.vocab_buf, dummy_r, lens, dummy_w, status,
                                           params], -(-n // 256), "dec_lengths")
@@ -131,7 +132,8 @@ class GpuDecoder:
             rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
                                          params], -(-n // 256), "dec_gather")
             if n_bounds:
-                bparams = dev.params("IIIIIIII", n_bounds, lay["n_table"], 0, 0, 0, 0, 0, 0)
+                bparams = self.uniforms.get("decode bounds", "IIIIIIII", n_bounds,
+                                            lay["n_table"], 0, 0, 0, 0, 0, 0)
                 rec.dispatch(self.k_bounds, [starts_buf, self.vocab_buf, offs, doc_bytes,
                                              dummy_w, status, bparams], -(-n_bounds // 256),
                              "dec_bounds")
@@ -160,8 +162,8 @@ class GpuDecoder:
             return data
         # the guess was short: gather again at the exact size
         out = pool.get("dec_out", -(-total // 4) * 4)
-        params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
-                            total, 0, 0, 0)
+        params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
+                                   lay["bytes_off"], total, 0, 0, 0)
         with dev.record("bpe decode gather", timing=self.profile) as rec:
             rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
                                          params], -(-n // 256), "dec_gather")

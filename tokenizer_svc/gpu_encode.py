@@ -54,7 +54,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan
+from .gpu_scan import BufferPool, GpuScan, UniformSlots
 from .gpu_tables import NONE, VocabTables
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
 # re-exported for older imports)
@@ -130,6 +130,7 @@ class GpuEncoder:
         self.chunk = chunk
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
         if long_overlap < 1 or long_window <= long_overlap + tables.layout["max_tok_len"]:
             raise ValueError(f"long_window ({long_window}) must exceed long_overlap "
                              f"({long_overlap}) plus the longest token "
@@ -326,8 +327,9 @@ class GpuEncoder:
 
     def _binds(self, chunk, scratch_buf, budget):
         lay = self.tables.layout
-        params = self.device.params(
-            "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
+        # one role per budget: a recording may bind both (the inline long-piece dispatches)
+        params = self.uniforms.get(
+            f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
             lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
             lay["max_tok_len"], int(self.tables.whole_piece), budget)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
@@ -362,7 +364,7 @@ class GpuEncoder:
 
     def _record_compact(self, rec, chunk) -> None:
         n, n_docs = chunk.n, chunk.n_docs
-        cparams = self.device.params("IIII", n, n_docs, 0, 0)
+        cparams = self.uniforms.get("compact", "IIII", n, n_docs, 0, 0)
         self.scan.record(rec, chunk.tok_buf, n, chunk.excl, mode=1)
         rec.dispatch(self.k_compact, [chunk.tok_buf, chunk.excl, chunk.starts, chunk.ids_buf,
                                       chunk.doc_off, cparams],
