@@ -105,3 +105,24 @@ def test_decode_batch_larger_than_one_call(pair):
         assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
     finally:
         decoder.max_call_ids = saved
+
+
+def test_decode_batch_packs_whole_documents_into_calls(pair, monkeypatch):
+    """Several documents per call (offsets from the GPU), empty ones, one larger than a call,
+    and a bad id in a later call named by its document and position there."""
+    enc, tik = pair
+    docs = ["hello world", "", "日本語 text", "x = [1, 2, 3]\n" * 4, "", "é" * 5, "end", "a b"]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    calls = []   # documents per packed call
+    real_call = decoder._call
+    monkeypatch.setattr(decoder, "_call", lambda ids, starts=None: calls.append(
+        None if starts is None else starts.size - 1) or real_call(ids, starts))
+    monkeypatch.setattr(decoder, "max_call_ids", 12)
+    assert len(batch[3]) > 12 and sum(len(b) for b in batch) - len(batch[3]) > 12
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    assert None in calls and max(c or 0 for c in calls) >= 2   # split one, packed others
+    bad = batch[:-1] + [np.array([5, enc.n_vocab + 3], np.uint32)]
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch(bad)
+    assert info.value.document == len(docs) - 1 and info.value.position == 1

@@ -74,17 +74,33 @@ class GpuDecoder:
 
     def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
         """The bytes of each document: ids (uint32) of all documents, doc_starts their n + 1
-        token offsets. One call when the ids fit one (the documents' byte offsets come from
-        the GPU with the bytes, each document is copied once out of the mapped buffer)."""
+        token offsets. Whole documents go into calls of at most max_call_ids ids (usually
+        one call): each call's document byte offsets come from the GPU with the bytes, and
+        each document is copied once out of the mapped buffer. A document larger than one
+        call is decoded on its own in several."""
         ids = np.ascontiguousarray(ids, dtype=np.uint32)
-        n_docs = int(doc_starts.size - 1)
-        if ids.size == 0 or ids.size > self.max_call_ids:
-            data = self.decode(ids)   # several calls (or none): offsets from the lengths
-            byte_ends = np.zeros(ids.size + 1, np.int64)
-            np.cumsum(self.tables.token_lengths[ids], dtype=np.int64, out=byte_ends[1:])
-            bounds = byte_ends[np.asarray(doc_starts, np.int64)].tolist()
-            return [data[bounds[i]:bounds[i + 1]] for i in range(n_docs)]
-        return self._call(ids, np.ascontiguousarray(doc_starts, dtype=np.uint32))
+        starts = np.asarray(doc_starts, np.int64)
+        n_docs = int(starts.size - 1)
+        out: list[bytes] = []
+        first = 0
+        while first < n_docs:
+            lo = int(starts[first])
+            # documents [first, last) end within one call's ids from lo
+            last = int(np.searchsorted(starts, lo + self.max_call_ids, side="right")) - 1
+            try:
+                if last <= first:   # document `first` alone is larger than one call
+                    out.append(self.decode(ids[lo:int(starts[first + 1])]))
+                    first += 1
+                    continue
+                hi = int(starts[last])
+                if hi == lo:
+                    out += [b""] * (last - first)
+                else:
+                    out += self._call(ids[lo:hi], (starts[first:last + 1] - lo).astype(np.uint32))
+            except InvalidIdError as exc:
+                raise InvalidIdError(exc.token, exc.position + lo) from None
+            first = last
+        return out
 
     def _staging_for(self, nbytes: int) -> Buffer:
         if self._staging is None or self._staging.nbytes < nbytes:
