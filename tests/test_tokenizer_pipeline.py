@@ -200,3 +200,53 @@ def test_encode_batch_flat_into_a_callers_array(chunked):
         enc.encode_batch_flat(docs, out=np.zeros(need, np.int32))
     with pytest.raises(ValueError, match="disallowed special"):
         enc.encode_batch_flat([eot], disallowed_special="all", out=np.zeros(64, np.uint32))
+
+
+def test_new_sizes_make_no_buffers_or_bind_groups(chunked, device, monkeypatch):
+    """After one call has grown the pools, calls of other (smaller) sizes reuse every buffer
+    and bind group: the per-call parameters live in rewritten uniform slots, not in a new
+    buffer per size (a service sees a new size on nearly every request)."""
+    enc, small, tik = chunked
+    monkeypatch.setattr(small, "profile", False)   # timed recordings make query buffers
+    base = "The quick brown fox, 日本語, 123 + 4.5 = x;\n" * 40
+    enc.encode_ordinary_batch([base, base[:700]])
+    enc.decode_bytes_batch([np.array(tik.encode_ordinary(base), np.uint32)] * 2)
+    made = {"buffers": 0, "bind groups": 0}
+    for name, key in (("create_buffer", "buffers"), ("create_bind_group", "bind groups")):
+        real = getattr(device.raw, name)
+        monkeypatch.setattr(device.raw, name, lambda *a, _r=real, _k=key, **kw: (
+            made.__setitem__(_k, made[_k] + 1), _r(*a, **kw))[1])
+    for n in (1, 2, 37, 300, 301, 999, 1000, 1777):
+        docs = [base[:n], base[n // 2:n]]
+        want = [tik.encode_ordinary(d) for d in docs]
+        assert enc.encode_ordinary_batch(docs) == want
+        assert enc.decode_bytes_batch([np.array(w, np.uint32) for w in want]) == \
+            [d.encode() for d in docs]
+    assert made == {"buffers": 0, "bind groups": 0}
+
+
+def test_threads_sharing_one_encoding_with_different_sizes(chunked):
+    """Calls of different sizes from several threads (each call holds the device lock; the
+    uniform slots and pools are rewritten call after call): every thread gets its own ids."""
+    import threading
+    enc, _, tik = chunked
+    texts = [("word 日本 " * (k + 1) * 13)[:50 + 97 * k] for k in range(8)]
+    want = [tik.encode_ordinary(t) for t in texts]
+    errors = []
+
+    def work(k):
+        try:
+            for r in range(3):
+                i = (k + r) % len(texts)
+                got = enc.encode_ordinary_batch([texts[i], texts[-1 - i]])
+                assert got == [want[i], want[-1 - i]], (k, r)
+                assert enc.decode(got[0]) == texts[i]
+        except Exception as exc:   # reported below, with the thread's index
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
