@@ -126,3 +126,22 @@ def test_decode_batch_packs_whole_documents_into_calls(pair, monkeypatch):
     with pytest.raises(InvalidTokenError) as info:
         enc.decode_bytes_batch(bad)
     assert info.value.document == len(docs) - 1 and info.value.position == 1
+
+
+def test_calls_whose_bytes_overflow_a_binding_are_split(pair, monkeypatch):
+    """A call's bytes are known only after its scan; one larger than a binding (forced here
+    with a 64-byte limit) is split, for a batch (by documents, then inside one document) and
+    for a flat decode, with the same bytes."""
+    enc, tik = pair
+    docs = ["hello world, " * 12, "", "日本語 " * 9, "a", "x = [1, 2, 3]\n" * 3, "end."]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    monkeypatch.setattr(decoder, "max_out_bytes", 64)
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    flat = np.concatenate(batch)
+    assert enc.decode_bytes(flat.tolist()) == "".join(docs).encode()
+    bad = flat.copy()
+    bad[-2] = enc.n_vocab + 11
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes(bad.tolist())
+    assert info.value.position == flat.size - 2

@@ -7,7 +7,9 @@ One submission on the fast path: lengths + prefix sum + total + the gather into 
 sized by a guess (1.25 x the previous call's bytes per id), with the status words and the
 bytes copied into a persistent mapped staging buffer, then one map. A guess that was short
 (or an invalid id) is found in the status words: then the gather runs again at the exact size
-(a second submit and read).
+(a second submit and read). A batch of documents (`decode_docs`) packs whole documents into
+calls of at most max_call_ids ids (4 bytes per id in each binding) whose bytes fit one
+binding (max_out_bytes; a call found larger after its scan is split in two and run again).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class InvalidIdError(ValueError):
         self.position = position
 
 
+class _OutputTooLarge(Exception):
+    """A call's bytes exceed one binding (the caller splits the call)."""
+
+
 class GpuDecoder:
     def __init__(self, device: Device, tables: VocabTables, vocab_buf, pool: BufferPool | None = None):
         self.device = device
@@ -47,8 +53,11 @@ class GpuDecoder:
         self.k_bounds = device.kernel(DECODE_FILE, "dec_bounds")
         self.k_gather = device.kernel(DECODE_FILE, "dec_gather")
         binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
-        # out may hold up to max_tok_len bytes per id; stay under the binding limit
-        self.max_call_ids = max(1, binding // max(4, tables.layout["max_tok_len"]) - 1024)
+        # ids, lengths and offsets take 4 bytes per id; the bytes a call gives back must fit
+        # one binding too: a call whose total is larger (known after its scan) is split
+        self.max_call_ids = max(1, binding // 4 - 1024)
+        self.max_out_bytes = binding // 16 * 16
+        self.max_staging_bytes = int(device.limits.get("max-buffer-size", 1 << 30)) // 16 * 16
         self.bytes_per_id = 4.0   # the output guess; updated from every call
         self._staging: Buffer | None = None
         self.profile = False
@@ -66,31 +75,41 @@ class GpuDecoder:
         ids = ids.astype(np.uint32)
         parts = []
         for lo in range(0, ids.size, self.max_call_ids):
-            try:
-                parts.append(self._call(ids[lo:lo + self.max_call_ids]))
-            except InvalidIdError as exc:
-                raise InvalidIdError(exc.token, exc.position + lo) from None
+            parts.append(self._decode_split(ids[lo:lo + self.max_call_ids], lo))
         return b"".join(parts)
+
+    def _decode_split(self, ids: np.ndarray, base: int) -> bytes:
+        """One call for `ids` (positions from `base` in errors), halved while their bytes do
+        not fit one binding."""
+        try:
+            return self._call(ids)
+        except InvalidIdError as exc:
+            raise InvalidIdError(exc.token, exc.position + base) from None
+        except _OutputTooLarge:
+            half = ids.size // 2
+            return self._decode_split(ids[:half], base) + \
+                self._decode_split(ids[half:], base + half)
 
     def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
         """The bytes of each document: ids (uint32) of all documents, doc_starts their n + 1
-        token offsets. Whole documents go into calls of at most max_call_ids ids (usually
-        one call): each call's document byte offsets come from the GPU with the bytes, and
-        each document is copied once out of the mapped buffer. A document larger than one
-        call is decoded on its own in several."""
+        token offsets. Whole documents go into calls of at most max_call_ids ids and
+        max_out_bytes bytes (usually one call): each call's document byte offsets come from
+        the GPU with the bytes, and each document is copied once out of the mapped buffer. A
+        document larger than one call is decoded on its own in several."""
         ids = np.ascontiguousarray(ids, dtype=np.uint32)
         starts = np.asarray(doc_starts, np.int64)
         n_docs = int(starts.size - 1)
         out: list[bytes] = []
-        first = 0
+        first, span = 0, n_docs   # span: documents per call, halved when the bytes overflow
         while first < n_docs:
             lo = int(starts[first])
             # documents [first, last) end within one call's ids from lo
             last = int(np.searchsorted(starts, lo + self.max_call_ids, side="right")) - 1
+            last = min(last, first + span)
             try:
                 if last <= first:   # document `first` alone is larger than one call
                     out.append(self.decode(ids[lo:int(starts[first + 1])]))
-                    first += 1
+                    first, span = first + 1, n_docs
                     continue
                 hi = int(starts[last])
                 if hi == lo:
@@ -99,14 +118,18 @@ class GpuDecoder:
                     out += self._call(ids[lo:hi], (starts[first:last + 1] - lo).astype(np.uint32))
             except InvalidIdError as exc:
                 raise InvalidIdError(exc.token, exc.position + lo) from None
-            first = last
+            except _OutputTooLarge:
+                span = (last - first) // 2   # 0: the one document alone, in several calls
+                continue
+            first, span = last, n_docs
         return out
 
     def _staging_for(self, nbytes: int) -> Buffer:
         if self._staging is None or self._staging.nbytes < nbytes:
             if self._staging is not None:
                 self._staging.destroy()
-            size = 1 << max(int(nbytes) - 1, 15).bit_length()
+            size = max(min(1 << max(int(nbytes) - 1, 15).bit_length(),
+                           self.max_staging_bytes), int(nbytes))
             self._staging = self.device.buffer(size, np.uint8, label="bpe decode staging",
                                                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
         return self._staging
@@ -128,7 +151,7 @@ class GpuDecoder:
         dummy_w = pool.get("dec_dummy_w", 16)
         self.upload_s += time.perf_counter() - t0
         guess = min(n * max(4, lay["max_tok_len"]), int(self.bytes_per_id * 1.25 * n) + 64)
-        guess = -(-guess // 4) * 4
+        guess = min(-(-guess // 4) * 4, self.max_out_bytes)
         out = pool.get("dec_out", guess)
         n_bounds = 0 if doc_starts is None else int(doc_starts.size)
         at = 16 + 4 * n_bounds   # staging: status | document byte offsets | bytes
@@ -174,6 +197,8 @@ class GpuDecoder:
         if first_bad != NONE:
             raise InvalidIdError(int(ids[first_bad]), first_bad)
         self.bytes_per_id = max(total / n, 1.0)
+        if data is None and total > self.max_out_bytes:
+            raise _OutputTooLarge(total)
         if data is not None:
             return data
         # the guess was short: gather again at the exact size
