@@ -250,3 +250,19 @@ def test_threads_sharing_one_encoding_with_different_sizes(chunked):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_bytes_documents_packed_when_all_valid(chunked):
+    """Bytes documents go to the GPU in one packed call when every one is valid UTF-8; a
+    character cut between two documents (the join valid, each half not), a stray
+    continuation byte or an invalid tail takes the per-document path: tiktoken's
+    _encode_bytes for each either way."""
+    enc, _, tik = chunked
+    text = "naïve café, 日本語 and 😀 " * 9
+    valid = [text.encode(), b"", "ünïcode".encode(), b"plain ascii " * 30, b""]
+    cut = "é".encode()
+    for docs in (valid, valid + [b"caf" + cut[:1], cut[1:] + b" ok"], [cut[1:] + b"x"] + valid,
+                 valid + [b"tail \xff\xfe", b"\xe6\x97"]):
+        ids, offsets = enc.encode_batch_flat(docs)
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+            [tik._encode_bytes(d) for d in docs]
