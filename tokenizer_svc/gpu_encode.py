@@ -21,7 +21,9 @@ Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
 then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
 copied out, so the host's copy runs while the GPU works. The number of Python operations is
-constant per chunk (none per document). The slow path, taken per chunk when the counters say
+constant per chunk (none per document), and a chunk creates no device objects once the
+pools have grown: its parameters are written into uniform slots (gpu_scan.UniformSlots), so
+every kernel's bind group is made once. The slow path, taken per chunk when the counters say
 so: long pieces were queued (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, then compact
 again), a budgeted segment is unfinished (software Vulkan), or the ids guess was short.
 
