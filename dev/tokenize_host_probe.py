@@ -4,13 +4,16 @@
 
     python dev/tokenize_host_probe.py --out dev/results/tokenize_host [--mb 16]
                                       [--vocab cl100k_base] [--lone-calls 200] [--cprofile 25]
+                                      [--chunks 128,64,32,16]
 
 (a2) is the same over documents of 100 different lengths (a service's traffic: a new size
 per request). For each case: the host split of bench/host_split.py (per step: calls, wall ms, the calling
 thread's own CPU ms; lavapipe's GPU work runs in driver threads, so wall - own CPU is
 waiting), then cProfile's top functions by tottime. The lone document is timed over
 --lone-calls calls (p50, and the split divided by the calls); the corpus (bench/
-tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up. Every
+tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up; (d) the
+lone document through encoders of other pre-tokenizer chunk sizes (p50 and GPU timestamps per
+kernel: does a small input's latency fall with shorter chunks on a real GPU?). Every
 result is checked against tiktoken (ids) and the corpus (bytes). Writes DIR/host_probe.md and
 DIR/host_probe.json.
 """
@@ -55,6 +58,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lone-calls", type=int, default=200)
     parser.add_argument("--cprofile", type=int, default=25, help="functions listed per case")
     parser.add_argument("--label", default="", help="a note for the tables (e.g. before/after)")
+    parser.add_argument("--chunks", default="128,64,32,16",
+                        help="pre-tokenizer chunk sizes for the lone document (case d)")
     args = parser.parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
@@ -146,6 +151,42 @@ def main(argv=None) -> int:
            f"({nbytes / 1e6 / split.wall_s:.2f} MB/s), exact: {dec_ok}", "", split.table(), "",
            "cProfile, by tottime:", "", "```", prof, "```", ""]
     print("\n".join(md[-9 - prof.count("\n"):]), flush=True)
+
+    # (d) the lone document with other pre-tokenizer chunk sizes (bytes per invocation of
+    # bpe_cuts / bpe_pretok; exact for any size, tests/test_tokenizer_gpu.py): a small input
+    # has few invocations, each sequential over its chunk, so latency may fall with the size
+    from tokenizer_svc.gpu_encode import GpuEncoder
+    data = np.frombuffer(lone.encode(), np.uint8)
+    starts = np.array([0, data.size])
+    sweep = []
+    for chunk in [int(c) for c in args.chunks.split(",") if c]:
+        encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk)
+        for _ in range(5):
+            got, _ = encoder.encode_docs(data, starts)
+        assert got.tolist() == tik.encode_ordinary(lone), chunk
+        times = []
+        for _ in range(args.lone_calls):
+            t0 = time.perf_counter()
+            encoder.encode_docs(data, starts)
+            times.append(time.perf_counter() - t0)
+        encoder.profile = True
+        gpu: dict = {}
+        for _ in range(10):
+            encoder.encode_docs(data, starts)
+            for k, v in encoder.last_profile.gpu.items():
+                gpu[k] = gpu.get(k, 0.0) + v / 10
+        sweep.append({"chunk": chunk, "p50_ms": float(np.percentile(times, 50)) * 1e3,
+                      "gpu_ms": {k: v * 1e3 for k, v in gpu.items()}})
+    result["cases"]["lone_chunk_sweep"] = sweep
+    kernels = sorted({k for row in sweep for k in row["gpu_ms"]})
+    md += [f"## (d) the lone document by chunk size (GpuEncoder.encode_docs; p50 of "
+           f"{args.lone_calls} calls, GPU timestamps: mean of 10 profiled calls)", "",
+           "| chunk | p50 ms | " + " | ".join(f"GPU {k} ms" for k in kernels) + " |",
+           "|---:|---:|" + "---:|" * len(kernels)]
+    md += [f"| {row['chunk']} | {row['p50_ms']:.3f} | " +
+           " | ".join(f"{row['gpu_ms'].get(k, 0):.3f}" for k in kernels) + " |" for row in sweep]
+    md.append("")
+    print("\n".join(md[-len(sweep) - 4:]), flush=True)
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
