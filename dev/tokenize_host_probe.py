@@ -13,7 +13,9 @@ waiting), then cProfile's top functions by tottime. The lone document is timed o
 --lone-calls calls (p50, and the split divided by the calls); the corpus (bench/
 tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up; (d) the
 lone document through encoders of other pre-tokenizer chunk sizes (p50 and GPU timestamps per
-kernel: does a small input's latency fall with shorter chunks on a real GPU?). Every
+kernel: does a small input's latency fall with shorter chunks on a real GPU?); (e) a lone
+document with one long piece, its long-piece merge in the one submit or on the slow path
+(GPUs only: software devices always take the slow path). Every
 result is checked against tiktoken (ids) and the corpus (bytes). Writes DIR/host_probe.md and
 DIR/host_probe.json.
 """
@@ -187,6 +189,40 @@ def main(argv=None) -> int:
            " | ".join(f"{row['gpu_ms'].get(k, 0):.3f}" for k in kernels) + " |" for row in sweep]
     md.append("")
     print("\n".join(md[-len(sweep) - 4:]), flush=True)
+
+    # (e) a lone document with one long piece (a comment rule of 80 dashes, common in
+    # sources): its long-piece merge in the call's one submit (inline_min_bytes 0, the
+    # default) or on the slow path (64 KB, the earlier default). GPUs only: a software device
+    # has loop budgets and always takes the slow path.
+    ruled = lone[:400] + "\n# " + "-" * 80 + "\n" + lone[400:900]
+    data = np.frombuffer(ruled.encode(), np.uint8)
+    starts = np.array([0, data.size])
+    rows = []
+    for min_bytes in (0, 64 << 10):
+        encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
+        encoder.inline_min_bytes = min_bytes
+        for _ in range(5):
+            got, _ = encoder.encode_docs(data, starts)
+        assert got.tolist() == tik.encode_ordinary(ruled), min_bytes
+        times = []
+        with HostSplit() as split:
+            for _ in range(args.lone_calls):
+                t0 = time.perf_counter()
+                encoder.encode_docs(data, starts)
+                times.append(time.perf_counter() - t0)
+        steps = split.as_dict()["steps"]
+        rows.append({"inline_min_bytes": min_bytes, "inline": encoder.inline_long_for(data.size),
+                     "p50_ms": float(np.percentile(times, 50)) * 1e3,
+                     "submits_per_call": steps.get("wgpu: queue.submit", {}).get("calls", 0)
+                     / args.lone_calls})
+    result["cases"]["lone_long_piece"] = rows
+    md += [f"## (e) a lone {data.size} B document with one 82-byte piece, by inline_min_bytes",
+           "", "| inline_min_bytes | merged in the one submit | p50 ms | submits per call |",
+           "|---:|---|---:|---:|"]
+    md += [f"| {r['inline_min_bytes']} | {r['inline']} | {r['p50_ms']:.3f} | "
+           f"{r['submits_per_call']:g} |" for r in rows]
+    md.append("")
+    print("\n".join(md[-6:]), flush=True)
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

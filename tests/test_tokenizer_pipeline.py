@@ -266,3 +266,18 @@ def test_bytes_documents_packed_when_all_valid(chunked):
         ids, offsets = enc.encode_batch_flat(docs)
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
             [tik._encode_bytes(d) for d in docs]
+
+
+def test_a_small_request_with_a_long_piece_stays_on_the_fast_path(chunked, device, monkeypatch):
+    """On GPUs a lone small document whose one long piece (a comment rule of 80 dashes) needs
+    the long-piece merge gets it in its one submit, with grids sized by the document (forced
+    here on lavapipe as above): no slow-path round trips, tiktoken's ids."""
+    _, small, tik = chunked
+    gpu_like = GpuEncoder(device, small.tables, small.pattern)
+    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    gpu_like.k_long_sg = None
+    assert gpu_like.inline_min_bytes == 0 and gpu_like.inline_long_for(200)
+    monkeypatch.setattr(gpu_like, "_finish_slow", lambda *a: pytest.fail("slow path taken"))
+    for doc in ["# " + "-" * 80 + "\ncode = 1\n", "short, no long piece", "=" * 65]:
+        ids, offsets = gpu_like.encode_docs(*_packed([doc]))
+        assert ids.tolist() == tik.encode_ordinary(doc), doc

@@ -90,10 +90,12 @@ MAX_RESUME_DISPATCHES = 64
 # 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes:
 # < 6), and the windows' kernels run grid-stride.
 INLINE_WORDS_PER_BYTE = 6
-INLINE_LONG_WORKGROUPS = 1024
-# Below this a chunk records no long-piece dispatches (a lone small request pays for none;
-# the rare long piece in it takes the slow path).
-INLINE_MIN_BYTES = 64 << 10
+INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
+# Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
+# path (at least four more round trips). 0: every chunk merges them in its one submit; the
+# three dispatches cost a small chunk one workgroup each of reading a zero count, less than
+# one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
+INLINE_MIN_BYTES = 0
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -350,14 +352,20 @@ class GpuEncoder:
             # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
             binds = self._binds(chunk, self.pool.get("scratch", 4 * INLINE_WORDS_PER_BYTE
                                                      * chunk.n), NONE)
-            rec.dispatch(self.k_long, binds, INLINE_LONG_WORKGROUPS, "merge_long")
-            rec.dispatch(self.k_stitch, binds, INLINE_LONG_WORKGROUPS, "stitch")
-            rec.dispatch(self.k_copy, binds, INLINE_LONG_WORKGROUPS, "long_copy")
+            # grids sized by the most windows the chunk can queue (pieces of > SHORT_MAX
+            # bytes, plus one per long_window of them): merge and stitch one invocation per
+            # window, copy one workgroup per window; grid-stride beyond that, so any grid is
+            # exact
+            windows = chunk.n // (SHORT_MAX + 1) + chunk.n // self.long_window + 1
+            groups = min(INLINE_LONG_WORKGROUPS, -(-windows // WG))
+            rec.dispatch(self.k_long, binds, groups, "merge_long")
+            rec.dispatch(self.k_stitch, binds, groups, "stitch")
+            rec.dispatch(self.k_copy, binds, min(INLINE_LONG_WORKGROUPS, windows), "long_copy")
 
     def inline_long_for(self, n: int) -> bool:
         """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
-        loop budget), for chunks of at least inline_min_bytes, when the worst-case work space
-        fits one binding."""
+        loop budget), for chunks of at least inline_min_bytes (default 0: all), when the
+        worst-case work space fits one binding."""
         limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
                     int(self.device.limits.get("max-buffer-size", 1 << 30)))
         return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
