@@ -155,6 +155,7 @@ class GpuDecoder:
         out = pool.get("dec_out", guess)
         n_bounds = 0 if doc_starts is None else int(doc_starts.size)
         at = 16 + 4 * n_bounds   # staging: status | document byte offsets | bytes
+        guess = max(4, min(guess, (self.max_staging_bytes - at) // 4 * 4))
         staging = self._staging_for(at + guess)
         if n_bounds:
             starts_buf = pool.get("dec_doc_starts", 4 * n_bounds)
