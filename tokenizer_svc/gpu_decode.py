@@ -20,7 +20,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, UniformSlots
+from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
@@ -182,7 +182,7 @@ class GpuDecoder:
             rec.copy(out, staging, guess, dst_offset=at)
         self.gpu_times += rec.gpu_times
         t0 = time.perf_counter()
-        staging.raw.map_async("READ", 0, at + guess).sync_wait()
+        map_staging(staging, at + guess)
         try:
             view = staging.raw.read_mapped(0, at + guess, copy=False)
             first_bad, total = (int(v) for v in np.frombuffer(view, np.uint32, count=2))

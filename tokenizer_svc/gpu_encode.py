@@ -56,7 +56,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, UniformSlots
+from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
 # re-exported for older imports)
@@ -605,7 +605,7 @@ class _Chunk:
             self.ids_view = np.zeros(0, np.uint32)
             return
         raw = self.staging.raw
-        raw.map_async("READ", 0, self.ids_at + 4 * self.guess).sync_wait()
+        map_staging(self.staging, self.ids_at + 4 * self.guess)
         self.mapped = True
         view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
         counters = np.frombuffer(view, np.uint32, count=8)
