@@ -23,9 +23,11 @@ then one map of that staging buffer; the next chunk is submitted before this chu
 copied out, so the host's copy runs while the GPU works. The number of Python operations is
 constant per chunk (none per document), and a chunk creates no device objects once the
 pools have grown: its parameters are written into uniform slots (gpu_scan.UniformSlots), so
-every kernel's bind group is made once. The slow path, taken per chunk when the counters say
-so: long pieces were queued (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, then compact
-again), a budgeted segment is unfinished (software Vulkan), or the ids guess was short.
+every kernel's bind group is made once. On GPUs the chunk's submit also merges its long
+pieces (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, grids sized by the chunk). The
+slow path, taken per chunk when the counters say so: long pieces were queued on a software
+device (loop budgets) or a seam failed to stitch (merged again, then compact again), a
+budgeted segment is unfinished (software Vulkan), or the ids guess was short.
 
 Long pieces (over SHORT_MAX bytes) are merged in windows of LONG_WINDOW bytes in parallel and
 stitched where two neighbouring windows hold the same token; the proof that this is exactly
@@ -333,8 +335,8 @@ class GpuEncoder:
         lay = self.tables.layout
         # one role per budget: a recording may bind both (the inline long-piece dispatches)
         params = self.uniforms.get(
-            f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
-            lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+            f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
+            self.chunk, lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
             lay["max_tok_len"], int(self.tables.whole_piece), budget)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
                 chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
