@@ -4,14 +4,15 @@
 
     python dev/tokenize_host_probe.py --out dev/results/tokenize_host [--mb 16]
                                       [--vocab cl100k_base] [--lone-calls 200] [--cprofile 25]
-                                      [--chunks 128,64,32,16]
+                                      [--chunks 128,64,32,16] [--pipeline-mb 16] [--repeats 1]
 
 (a2) is the same over documents of 100 different lengths (a service's traffic: a new size
 per request). For each case: the host split of bench/host_split.py (per step: calls, wall ms, the calling
 thread's own CPU ms; lavapipe's GPU work runs in driver threads, so wall - own CPU is
 waiting), then cProfile's top functions by tottime. The lone document is timed over
 --lone-calls calls (p50, and the split divided by the calls); the corpus (bench/
-tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up; (d) the
+tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up; (b2) the
+corpus encode by pipeline chunk size (--pipeline-mb, median of --repeats); (d) the
 lone document through encoders of other pre-tokenizer chunk sizes (p50 and GPU timestamps per
 kernel: does a small input's latency fall with shorter chunks on a real GPU?); (e) a lone
 document with one long piece, its long-piece merge in the one submit or on the slow path
@@ -60,6 +61,10 @@ def main(argv=None) -> int:
     parser.add_argument("--lone-calls", type=int, default=200)
     parser.add_argument("--cprofile", type=int, default=25, help="functions listed per case")
     parser.add_argument("--label", default="", help="a note for the tables (e.g. before/after)")
+    parser.add_argument("--pipeline-mb", default="16",
+                        help="pipeline chunk sizes in MB for the corpus encode (case b2; "
+                             "default 16, the encoder's own)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes per size in b2")
     parser.add_argument("--chunks", default="128,64,32,16",
                         help="pre-tokenizer chunk sizes for the lone document (case d)")
     args = parser.parse_args(argv)
@@ -138,6 +143,29 @@ def main(argv=None) -> int:
            f"{split.wall_s:.3f} s ({nbytes / 1e6 / split.wall_s:.2f} MB/s), exact: {got_ok}",
            "", split.table(), "", "cProfile, by tottime:", "", "```", prof, "```", ""]
     print("\n".join(md[-9 - prof.count("\n"):]), flush=True)
+
+    # (b2) the corpus by pipeline chunk size (GpuEncoder.pipeline_bytes): smaller chunks
+    # overlap more of the host's packing, upload and copy-out with the GPU, larger ones pay
+    # fewer per-chunk costs
+    encoder = enc.backend.encoder
+    default_bytes, sweep_b = encoder.pipeline_bytes, []
+    for mb in [float(m) for m in args.pipeline_mb.split(",") if m]:
+        encoder.pipeline_bytes = int(mb * (1 << 20))
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            got, got_off = enc.encode_batch_flat(docs)
+            walls.append(time.perf_counter() - t0)
+        assert np.array_equal(got, ids) and np.array_equal(got_off, offsets), mb
+        sweep_b.append({"pipeline_MB": mb, "median_s": float(np.median(walls)),
+                        "MBps": nbytes / 1e6 / float(np.median(walls))})
+    encoder.pipeline_bytes = default_bytes
+    result["cases"]["corpus_pipeline_sweep"] = sweep_b
+    md += [f"## (b2) encode_batch_flat by pipeline chunk size (median of {args.repeats})", "",
+           "| chunk MB | median s | MB/s |", "|---:|---:|---:|"]
+    md += [f"| {r['pipeline_MB']:g} | {r['median_s']:.3f} | {r['MBps']:.1f} |" for r in sweep_b]
+    md.append("")
+    print("\n".join(md[-len(sweep_b) - 4:]), flush=True)
 
     # (c) decode of the same ids
     batch = [ids[offsets[i]:offsets[i + 1]] for i in range(len(docs))]
