@@ -36,6 +36,14 @@ class InvalidIdError(ValueError):
         self.position = position
 
 
+def _document_bytes(body, bounds: list[int] | None):
+    """`body` (a mapped memoryview or bytes) as one bytes object, or with `bounds` (n + 1
+    byte offsets) each document's bytes: the only copy out of the mapped buffer."""
+    if bounds is None:
+        return bytes(body)
+    return [bytes(body[bounds[i]:bounds[i + 1]]) for i in range(len(bounds) - 1)]
+
+
 class _OutputTooLarge(Exception):
     """A call's bytes exceed one binding (the caller splits the call)."""
 
@@ -189,9 +197,7 @@ class GpuDecoder:
             bounds = np.frombuffer(view, np.uint32, count=n_bounds, offset=16).tolist()
             data = None
             if first_bad == NONE and total <= guess:
-                body = view[at:at + total]
-                data = bytes(body) if not n_bounds else \
-                    [bytes(body[bounds[i]:bounds[i + 1]]) for i in range(n_bounds - 1)]
+                data = _document_bytes(view[at:at + total], bounds if n_bounds else None)
         finally:
             staging.raw.unmap()
         self.readback_s += time.perf_counter() - t0
@@ -213,6 +219,4 @@ class GpuDecoder:
         t0 = time.perf_counter()
         data = dev.download(out.view(0, -(-total // 4) * 4), np.uint8)[:total].tobytes()
         self.readback_s += time.perf_counter() - t0
-        if n_bounds:
-            return [data[bounds[i]:bounds[i + 1]] for i in range(n_bounds - 1)]
-        return data
+        return _document_bytes(data, bounds) if n_bounds else data
