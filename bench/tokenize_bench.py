@@ -24,7 +24,9 @@ every document (the count of documents that differ is reported), then timed (med
 plus a lone 1 KB document (istanbul encode_ordinary, p50/p99 of --lone-calls calls), single
 pieces of --piece-bytes (one letter, CJK, random letters: istanbul and tiktoken, exact?) and
 istanbul's time split by phase in one profiled pass: upload (host writes), GPU kernels per
-phase (GPU timestamps), readback (waiting for and copying the results).
+phase (GPU timestamps), readback (waiting for and copying the results), the same for decode,
+and the host split of one encode, one decode and the lone calls (bench/host_split.py: per
+step the calls, wall and the calling thread's own CPU, and the wgpu calls made).
 Runs on either WebGPU implementation: ISTANBUL_BACKEND=wgpu or dawn.
 
 Writes DIR/tokenize.json and DIR/tokenize.md and prints the table.
@@ -261,7 +263,9 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
                  "encode_s": enc_s, "decode_s": dec_s})
 
     # a lone 1 KB document (what one small request costs)
-    lone = next((d for d in docs if 900 <= len(d.encode()) <= 1100 and d.isascii()), docs[0][:1024])
+    lone = next((d for d in docs if 900 <= len(d.encode()) <= 1100 and d.isascii()), None) or \
+        next((d[:1000] for d in docs if len(d) > 1100 and d.isascii() and
+              len(set(d[:1000])) > 30), docs[0][:1024])   # small corpora: real text, not "x" * n
     for _ in range(5):
         enc.encode_ordinary(lone)
     lone_s = []
@@ -291,8 +295,10 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
         single.append({"piece": kind, "bytes": len(text.encode()), "exact": got == ref,
                        "istanbul_s": ist_s, "tiktoken_s": tik_s})
 
-    # where istanbul's time goes (one profiled run: per-dispatch timestamps)
-    encoder = enc.backend.encoder
+    # where istanbul's time goes (one profiled run: per-dispatch timestamps), then the host
+    # split (bench/host_split.py) of one untimed-GPU run of each: encode, decode, lone calls
+    from bench.host_split import HostSplit
+    encoder, decoder = enc.backend.encoder, enc.backend.decoder
     encoder.profile = True
     start = time.perf_counter()
     enc.encode_batch_flat(docs)
@@ -303,6 +309,31 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
               **{f"gpu:{k}": v for k, v in prof.gpu.items()}}
     phases["rest of wall (submits, host work, GPU wait)"] = max(
         0.0, wall - prof.upload_s - prof.readback_s)
+    decoder.profile, decoder.gpu_times = True, []
+    decoder.upload_s = decoder.readback_s = 0.0
+    start = time.perf_counter()
+    enc.decode_bytes_batch(batch)
+    dec_wall = time.perf_counter() - start
+    decoder.profile = False
+    dec_phases = {"upload (ids)": decoder.upload_s, "map + read": decoder.readback_s}
+    for label, seconds in decoder.gpu_times:
+        dec_phases[f"gpu:{label}"] = dec_phases.get(f"gpu:{label}", 0.0) + seconds
+    dec_phases["rest of wall"] = max(0.0, dec_wall - decoder.upload_s - decoder.readback_s)
+    splits = {}
+    with HostSplit() as split:
+        enc.encode_batch_flat(docs)
+    splits["encode_batch_flat (corpus)"] = (split, 1)
+    with HostSplit() as split:
+        enc.decode_bytes_batch(batch)
+    splits["decode_bytes_batch (corpus)"] = (split, 1)
+    with HostSplit() as split:
+        for _ in range(args.lone_calls):
+            enc.encode_ordinary(lone)
+    splits[f"lone {lone_ms['bytes']} B document (per call)"] = (split, args.lone_calls)
+    encoder.profile = True
+    enc.encode_ordinary(lone)
+    encoder.profile = False
+    lone_ms["gpu_s"] = dict(encoder.last_profile.gpu)
 
     # tiktoken
     tk_enc = median_of(lambda: tik.encode_ordinary_batch(docs, num_threads=cores), args.repeats)
@@ -346,6 +377,10 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     fastest = max(exact_peers, key=lambda r: r["encode_MBps"])
     return {"vocab": name, "tokens": int(flat_want.size), "rows": rows, "notes": notes,
             "istanbul_phases_s": phases, "istanbul_profiled_wall_s": wall,
+            "istanbul_decode_phases_s": dec_phases, "istanbul_decode_profiled_wall_s": dec_wall,
+            "istanbul_host_split": {k: dict(sp.as_dict(), calls=n)
+                                    for k, (sp, n) in splits.items()},
+            "istanbul_host_split_md": {k: sp.table(n) for k, (sp, n) in splits.items()},
             "istanbul_lone_1kb": lone_ms, "single_long_pieces": single,
             "istanbul_long_windows": prof.long_windows,
             "istanbul_long_retried": prof.long_retried,
@@ -385,6 +420,18 @@ def markdown(result: dict) -> str:
                   "| phase | ms |", "|---|---|"]
         for k, s in v["istanbul_phases_s"].items():
             lines.append(f"| {k} | {s * 1e3:.1f} |")
+        lines += ["", "istanbul decode, one profiled run "
+                      f"({v['istanbul_decode_profiled_wall_s'] * 1e3:.1f} ms wall):", "",
+                  "| phase | ms |", "|---|---|"]
+        for k, s in v["istanbul_decode_phases_s"].items():
+            lines.append(f"| {k} | {s * 1e3:.1f} |")
+        gpu = v["istanbul_lone_1kb"].get("gpu_s", {})
+        if gpu:
+            lines += ["", "Lone document, GPU timestamps of one profiled call: " + ", ".join(
+                f"{k} {s * 1e3:.3f} ms" for k, s in gpu.items())]
+        for k, table in v.get("istanbul_host_split_md", {}).items():
+            lines += ["", f"Host split, {k} (bench/host_split.py; inclusive steps; own CPU is "
+                          "the calling thread's; wall - own CPU is waiting):", "", table]
         lines += [""] + [f"- {n}" for n in v["notes"]] + [""]
     return "\n".join(lines)
 

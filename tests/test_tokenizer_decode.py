@@ -105,3 +105,43 @@ def test_decode_batch_larger_than_one_call(pair):
         assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
     finally:
         decoder.max_call_ids = saved
+
+
+def test_decode_batch_packs_whole_documents_into_calls(pair, monkeypatch):
+    """Several documents per call (offsets from the GPU), empty ones, one larger than a call,
+    and a bad id in a later call named by its document and position there."""
+    enc, tik = pair
+    docs = ["hello world", "", "日本語 text", "x = [1, 2, 3]\n" * 4, "", "é" * 5, "end", "a b"]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    calls = []   # documents per packed call
+    real_call = decoder._call
+    monkeypatch.setattr(decoder, "_call", lambda ids, starts=None: calls.append(
+        None if starts is None else starts.size - 1) or real_call(ids, starts))
+    monkeypatch.setattr(decoder, "max_call_ids", 12)
+    assert len(batch[3]) > 12 and sum(len(b) for b in batch) - len(batch[3]) > 12
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    assert None in calls and max(c or 0 for c in calls) >= 2   # split one, packed others
+    bad = batch[:-1] + [np.array([5, enc.n_vocab + 3], np.uint32)]
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch(bad)
+    assert info.value.document == len(docs) - 1 and info.value.position == 1
+
+
+def test_calls_whose_bytes_overflow_a_binding_are_split(pair, monkeypatch):
+    """A call's bytes are known only after its scan; one larger than a binding (forced here
+    with a 64-byte limit) is split, for a batch (by documents, then inside one document) and
+    for a flat decode, with the same bytes."""
+    enc, tik = pair
+    docs = ["hello world, " * 12, "", "日本語 " * 9, "a", "x = [1, 2, 3]\n" * 3, "end."]
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    decoder = enc.backend.decoder
+    monkeypatch.setattr(decoder, "max_out_bytes", 64)
+    assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
+    flat = np.concatenate(batch)
+    assert enc.decode_bytes(flat.tolist()) == "".join(docs).encode()
+    bad = flat.copy()
+    bad[-2] = enc.n_vocab + 11
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes(bad.tolist())
+    assert info.value.position == flat.size - 2

@@ -200,3 +200,84 @@ def test_encode_batch_flat_into_a_callers_array(chunked):
         enc.encode_batch_flat(docs, out=np.zeros(need, np.int32))
     with pytest.raises(ValueError, match="disallowed special"):
         enc.encode_batch_flat([eot], disallowed_special="all", out=np.zeros(64, np.uint32))
+
+
+def test_new_sizes_make_no_buffers_or_bind_groups(chunked, device, monkeypatch):
+    """After one call has grown the pools, calls of other (smaller) sizes reuse every buffer
+    and bind group: the per-call parameters live in rewritten uniform slots, not in a new
+    buffer per size (a service sees a new size on nearly every request)."""
+    enc, small, tik = chunked
+    monkeypatch.setattr(small, "profile", False)   # timed recordings make query buffers
+    base = "The quick brown fox, 日本語, 123 + 4.5 = x;\n" * 40
+    enc.encode_ordinary_batch([base, base[:700]])
+    enc.decode_bytes_batch([np.array(tik.encode_ordinary(base), np.uint32)] * 2)
+    made = {"buffers": 0, "bind groups": 0}
+    for name, key in (("create_buffer", "buffers"), ("create_bind_group", "bind groups")):
+        real = getattr(device.raw, name)
+        monkeypatch.setattr(device.raw, name, lambda *a, _r=real, _k=key, **kw: (
+            made.__setitem__(_k, made[_k] + 1), _r(*a, **kw))[1])
+    for n in (1, 2, 37, 300, 301, 999, 1000, 1777):
+        docs = [base[:n], base[n // 2:n]]
+        want = [tik.encode_ordinary(d) for d in docs]
+        assert enc.encode_ordinary_batch(docs) == want
+        assert enc.decode_bytes_batch([np.array(w, np.uint32) for w in want]) == \
+            [d.encode() for d in docs]
+    assert made == {"buffers": 0, "bind groups": 0}
+
+
+def test_threads_sharing_one_encoding_with_different_sizes(chunked):
+    """Calls of different sizes from several threads (each call holds the device lock; the
+    uniform slots and pools are rewritten call after call): every thread gets its own ids."""
+    import threading
+    enc, _, tik = chunked
+    texts = [("word 日本 " * (k + 1) * 13)[:50 + 97 * k] for k in range(8)]
+    want = [tik.encode_ordinary(t) for t in texts]
+    errors = []
+
+    def work(k):
+        try:
+            for r in range(3):
+                i = (k + r) % len(texts)
+                got = enc.encode_ordinary_batch([texts[i], texts[-1 - i]])
+                assert got == [want[i], want[-1 - i]], (k, r)
+                assert enc.decode(got[0]) == texts[i]
+        except Exception as exc:   # reported below, with the thread's index
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_bytes_documents_packed_when_all_valid(chunked):
+    """Bytes documents go to the GPU in one packed call when every one is valid UTF-8; a
+    character cut between two documents (the join valid, each half not), a stray
+    continuation byte or an invalid tail takes the per-document path: tiktoken's
+    _encode_bytes for each either way."""
+    enc, _, tik = chunked
+    text = "naïve café, 日本語 and 😀 " * 9
+    valid = [text.encode(), b"", "ünïcode".encode(), b"plain ascii " * 30, b""]
+    cut = "é".encode()
+    for docs in (valid, valid + [b"caf" + cut[:1], cut[1:] + b" ok"], [cut[1:] + b"x"] + valid,
+                 valid + [b"tail \xff\xfe", b"\xe6\x97"]):
+        ids, offsets = enc.encode_batch_flat(docs)
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+            [tik._encode_bytes(d) for d in docs]
+
+
+def test_a_small_request_with_a_long_piece_stays_on_the_fast_path(chunked, device, monkeypatch):
+    """On GPUs a lone small document whose one long piece (a comment rule of 80 dashes) needs
+    the long-piece merge gets it in its one submit, with grids sized by the document (forced
+    here on lavapipe as above): no slow-path round trips, tiktoken's ids."""
+    _, small, tik = chunked
+    gpu_like = GpuEncoder(device, small.tables, small.pattern)
+    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    gpu_like.k_long_sg = None
+    assert gpu_like.inline_min_bytes == 0 and gpu_like.inline_long_for(200)
+    monkeypatch.setattr(gpu_like, "_finish_slow", lambda *a: pytest.fail("slow path taken"))
+    for doc in ["# " + "-" * 80 + "\ncode = 1\n", "short, no long piece", "=" * 65]:
+        ids, offsets = gpu_like.encode_docs(*_packed([doc]))
+        assert ids.tolist() == tik.encode_ordinary(doc), doc

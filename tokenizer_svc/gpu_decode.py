@@ -7,7 +7,9 @@ One submission on the fast path: lengths + prefix sum + total + the gather into 
 sized by a guess (1.25 x the previous call's bytes per id), with the status words and the
 bytes copied into a persistent mapped staging buffer, then one map. A guess that was short
 (or an invalid id) is found in the status words: then the gather runs again at the exact size
-(a second submit and read).
+(a second submit and read). A batch of documents (`decode_docs`) packs whole documents into
+calls of at most max_call_ids ids (4 bytes per id in each binding) whose bytes fit one
+binding (max_out_bytes; a call found larger after its scan is split in two and run again).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan
+from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
@@ -34,6 +36,18 @@ class InvalidIdError(ValueError):
         self.position = position
 
 
+def _document_bytes(body, bounds: list[int] | None):
+    """`body` (a mapped memoryview or bytes) as one bytes object, or with `bounds` (n + 1
+    byte offsets) each document's bytes: the only copy out of the mapped buffer."""
+    if bounds is None:
+        return bytes(body)
+    return [bytes(body[bounds[i]:bounds[i + 1]]) for i in range(len(bounds) - 1)]
+
+
+class _OutputTooLarge(Exception):
+    """A call's bytes exceed one binding (the caller splits the call)."""
+
+
 class GpuDecoder:
     def __init__(self, device: Device, tables: VocabTables, vocab_buf, pool: BufferPool | None = None):
         self.device = device
@@ -41,13 +55,17 @@ class GpuDecoder:
         self.vocab_buf = vocab_buf
         self.pool = pool or BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
         self.k_lengths = device.kernel(DECODE_FILE, "dec_lengths")
         self.k_total = device.kernel(DECODE_FILE, "dec_total")
         self.k_bounds = device.kernel(DECODE_FILE, "dec_bounds")
         self.k_gather = device.kernel(DECODE_FILE, "dec_gather")
         binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
-        # out may hold up to max_tok_len bytes per id; stay under the binding limit
-        self.max_call_ids = max(1, binding // max(4, tables.layout["max_tok_len"]) - 1024)
+        # ids, lengths and offsets take 4 bytes per id; the bytes a call gives back must fit
+        # one binding too: a call whose total is larger (known after its scan) is split
+        self.max_call_ids = max(1, binding // 4 - 1024)
+        self.max_out_bytes = binding // 16 * 16
+        self.max_staging_bytes = int(device.limits.get("max-buffer-size", 1 << 30)) // 16 * 16
         self.bytes_per_id = 4.0   # the output guess; updated from every call
         self._staging: Buffer | None = None
         self.profile = False
@@ -65,31 +83,61 @@ class GpuDecoder:
         ids = ids.astype(np.uint32)
         parts = []
         for lo in range(0, ids.size, self.max_call_ids):
-            try:
-                parts.append(self._call(ids[lo:lo + self.max_call_ids]))
-            except InvalidIdError as exc:
-                raise InvalidIdError(exc.token, exc.position + lo) from None
+            parts.append(self._decode_split(ids[lo:lo + self.max_call_ids], lo))
         return b"".join(parts)
+
+    def _decode_split(self, ids: np.ndarray, base: int) -> bytes:
+        """One call for `ids` (positions from `base` in errors), halved while their bytes do
+        not fit one binding."""
+        try:
+            return self._call(ids)
+        except InvalidIdError as exc:
+            raise InvalidIdError(exc.token, exc.position + base) from None
+        except _OutputTooLarge:
+            half = ids.size // 2
+            return self._decode_split(ids[:half], base) + \
+                self._decode_split(ids[half:], base + half)
 
     def decode_docs(self, ids: np.ndarray, doc_starts: np.ndarray) -> list[bytes]:
         """The bytes of each document: ids (uint32) of all documents, doc_starts their n + 1
-        token offsets. One call when the ids fit one (the documents' byte offsets come from
-        the GPU with the bytes, each document is copied once out of the mapped buffer)."""
+        token offsets. Whole documents go into calls of at most max_call_ids ids and
+        max_out_bytes bytes (usually one call): each call's document byte offsets come from
+        the GPU with the bytes, and each document is copied once out of the mapped buffer. A
+        document larger than one call is decoded on its own in several."""
         ids = np.ascontiguousarray(ids, dtype=np.uint32)
-        n_docs = int(doc_starts.size - 1)
-        if ids.size == 0 or ids.size > self.max_call_ids:
-            data = self.decode(ids)   # several calls (or none): offsets from the lengths
-            byte_ends = np.zeros(ids.size + 1, np.int64)
-            np.cumsum(self.tables.token_lengths[ids], dtype=np.int64, out=byte_ends[1:])
-            bounds = byte_ends[np.asarray(doc_starts, np.int64)].tolist()
-            return [data[bounds[i]:bounds[i + 1]] for i in range(n_docs)]
-        return self._call(ids, np.ascontiguousarray(doc_starts, dtype=np.uint32))
+        starts = np.asarray(doc_starts, np.int64)
+        n_docs = int(starts.size - 1)
+        out: list[bytes] = []
+        first, span = 0, n_docs   # span: documents per call, halved when the bytes overflow
+        while first < n_docs:
+            lo = int(starts[first])
+            # documents [first, last) end within one call's ids from lo
+            last = int(np.searchsorted(starts, lo + self.max_call_ids, side="right")) - 1
+            last = min(last, first + span)
+            try:
+                if last <= first:   # document `first` alone is larger than one call
+                    out.append(self.decode(ids[lo:int(starts[first + 1])]))
+                    first, span = first + 1, n_docs
+                    continue
+                hi = int(starts[last])
+                if hi == lo:
+                    out += [b""] * (last - first)
+                else:
+                    out += self._call(ids[lo:hi], (starts[first:last + 1] - lo).astype(np.uint32))
+            except InvalidIdError as exc:
+                raise InvalidIdError(exc.token, exc.position + lo) from None
+            except _OutputTooLarge:
+                span = (last - first) // 2   # 0: the one document alone, in several calls
+                continue
+            first, span = last, n_docs
+        return out
 
     def _staging_for(self, nbytes: int) -> Buffer:
         if self._staging is None or self._staging.nbytes < nbytes:
             if self._staging is not None:
                 self._staging.destroy()
-            size = 1 << max(int(nbytes) - 1, 15).bit_length()
+            size = max(min(1 << max(int(nbytes) - 1, 15).bit_length(),
+                           self.max_staging_bytes), int(nbytes))
             self._staging = self.device.buffer(size, np.uint8, label="bpe decode staging",
                                                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
         return self._staging
@@ -111,17 +159,18 @@ class GpuDecoder:
         dummy_w = pool.get("dec_dummy_w", 16)
         self.upload_s += time.perf_counter() - t0
         guess = min(n * max(4, lay["max_tok_len"]), int(self.bytes_per_id * 1.25 * n) + 64)
-        guess = -(-guess // 4) * 4
+        guess = min(-(-guess // 4) * 4, self.max_out_bytes)
         out = pool.get("dec_out", guess)
         n_bounds = 0 if doc_starts is None else int(doc_starts.size)
         at = 16 + 4 * n_bounds   # staging: status | document byte offsets | bytes
+        guess = max(4, min(guess, (self.max_staging_bytes - at) // 4 * 4))
         staging = self._staging_for(at + guess)
         if n_bounds:
             starts_buf = pool.get("dec_doc_starts", 4 * n_bounds)
             starts_buf.write(doc_starts)
             doc_bytes = pool.get("dec_doc_bytes", 4 * n_bounds)
-        params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
-                            guess, 0, 0, 0)
+        params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
+                                   lay["bytes_off"], guess, 0, 0, 0)
         with dev.record("bpe decode", timing=self.profile) as rec:
             rec.dispatch(self.k_lengths, [ids_buf, self.vocab_buf, dummy_r, lens, dummy_w, status,
                                           params], -(-n // 256), "dec_lengths")
@@ -131,7 +180,8 @@ class GpuDecoder:
             rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
                                          params], -(-n // 256), "dec_gather")
             if n_bounds:
-                bparams = dev.params("IIIIIIII", n_bounds, lay["n_table"], 0, 0, 0, 0, 0, 0)
+                bparams = self.uniforms.get("decode bounds", "IIIIIIII", n_bounds,
+                                            lay["n_table"], 0, 0, 0, 0, 0, 0)
                 rec.dispatch(self.k_bounds, [starts_buf, self.vocab_buf, offs, doc_bytes,
                                              dummy_w, status, bparams], -(-n_bounds // 256),
                              "dec_bounds")
@@ -140,28 +190,28 @@ class GpuDecoder:
             rec.copy(out, staging, guess, dst_offset=at)
         self.gpu_times += rec.gpu_times
         t0 = time.perf_counter()
-        staging.raw.map_async("READ", 0, at + guess).sync_wait()
+        map_staging(staging, at + guess)
         try:
             view = staging.raw.read_mapped(0, at + guess, copy=False)
             first_bad, total = (int(v) for v in np.frombuffer(view, np.uint32, count=2))
             bounds = np.frombuffer(view, np.uint32, count=n_bounds, offset=16).tolist()
             data = None
             if first_bad == NONE and total <= guess:
-                body = view[at:at + total]
-                data = bytes(body) if not n_bounds else \
-                    [bytes(body[bounds[i]:bounds[i + 1]]) for i in range(n_bounds - 1)]
+                data = _document_bytes(view[at:at + total], bounds if n_bounds else None)
         finally:
             staging.raw.unmap()
         self.readback_s += time.perf_counter() - t0
         if first_bad != NONE:
             raise InvalidIdError(int(ids[first_bad]), first_bad)
         self.bytes_per_id = max(total / n, 1.0)
+        if data is None and total > self.max_out_bytes:
+            raise _OutputTooLarge(total)
         if data is not None:
             return data
         # the guess was short: gather again at the exact size
         out = pool.get("dec_out", -(-total // 4) * 4)
-        params = dev.params("IIIIIIII", n, lay["n_table"], lay["info_off"], lay["bytes_off"],
-                            total, 0, 0, 0)
+        params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
+                                   lay["bytes_off"], total, 0, 0, 0)
         with dev.record("bpe decode gather", timing=self.profile) as rec:
             rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
                                          params], -(-n // 256), "dec_gather")
@@ -169,6 +219,4 @@ class GpuDecoder:
         t0 = time.perf_counter()
         data = dev.download(out.view(0, -(-total // 4) * 4), np.uint8)[:total].tobytes()
         self.readback_s += time.perf_counter() - t0
-        if n_bounds:
-            return [data[bounds[i]:bounds[i + 1]] for i in range(n_bounds - 1)]
-        return data
+        return _document_bytes(data, bounds) if n_bounds else data

@@ -21,9 +21,13 @@ Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
 then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
 copied out, so the host's copy runs while the GPU works. The number of Python operations is
-constant per chunk (none per document). The slow path, taken per chunk when the counters say
-so: long pieces were queued (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, then compact
-again), a budgeted segment is unfinished (software Vulkan), or the ids guess was short.
+constant per chunk (none per document), and a chunk creates no device objects once the
+pools have grown: its parameters are written into uniform slots (gpu_scan.UniformSlots), so
+every kernel's bind group is made once. On GPUs the chunk's submit also merges its long
+pieces (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, grids sized by the chunk). The
+slow path, taken per chunk when the counters say so: long pieces were queued on a software
+device (loop budgets) or a seam failed to stitch (merged again, then compact again), a
+budgeted segment is unfinished (software Vulkan), or the ids guess was short.
 
 Long pieces (over SHORT_MAX bytes) are merged in windows of LONG_WINDOW bytes in parallel and
 stitched where two neighbouring windows hold the same token; the proof that this is exactly
@@ -54,7 +58,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan
+from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
 # re-exported for older imports)
@@ -88,10 +92,12 @@ MAX_RESUME_DISPATCHES = 64
 # 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes:
 # < 6), and the windows' kernels run grid-stride.
 INLINE_WORDS_PER_BYTE = 6
-INLINE_LONG_WORKGROUPS = 1024
-# Below this a chunk records no long-piece dispatches (a lone small request pays for none;
-# the rare long piece in it takes the slow path).
-INLINE_MIN_BYTES = 64 << 10
+INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
+# Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
+# path (at least four more round trips). 0: every chunk merges them in its one submit; the
+# three dispatches cost a small chunk one workgroup each of reading a zero count, less than
+# one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
+INLINE_MIN_BYTES = 0
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -130,6 +136,7 @@ class GpuEncoder:
         self.chunk = chunk
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
+        self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
         if long_overlap < 1 or long_window <= long_overlap + tables.layout["max_tok_len"]:
             raise ValueError(f"long_window ({long_window}) must exceed long_overlap "
                              f"({long_overlap}) plus the longest token "
@@ -326,9 +333,10 @@ class GpuEncoder:
 
     def _binds(self, chunk, scratch_buf, budget):
         lay = self.tables.layout
-        params = self.device.params(
-            "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks, self.chunk, lay["info_off"],
-            lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+        # one role per budget: a recording may bind both (the inline long-piece dispatches)
+        params = self.uniforms.get(
+            f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
+            self.chunk, lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
             lay["max_tok_len"], int(self.tables.whole_piece), budget)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
                 chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
@@ -346,14 +354,20 @@ class GpuEncoder:
             # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
             binds = self._binds(chunk, self.pool.get("scratch", 4 * INLINE_WORDS_PER_BYTE
                                                      * chunk.n), NONE)
-            rec.dispatch(self.k_long, binds, INLINE_LONG_WORKGROUPS, "merge_long")
-            rec.dispatch(self.k_stitch, binds, INLINE_LONG_WORKGROUPS, "stitch")
-            rec.dispatch(self.k_copy, binds, INLINE_LONG_WORKGROUPS, "long_copy")
+            # grids sized by the most windows the chunk can queue (pieces of > SHORT_MAX
+            # bytes, plus one per long_window of them): merge and stitch one invocation per
+            # window, copy one workgroup per window; grid-stride beyond that, so any grid is
+            # exact
+            windows = chunk.n // (SHORT_MAX + 1) + chunk.n // self.long_window + 1
+            groups = min(INLINE_LONG_WORKGROUPS, -(-windows // WG))
+            rec.dispatch(self.k_long, binds, groups, "merge_long")
+            rec.dispatch(self.k_stitch, binds, groups, "stitch")
+            rec.dispatch(self.k_copy, binds, min(INLINE_LONG_WORKGROUPS, windows), "long_copy")
 
     def inline_long_for(self, n: int) -> bool:
         """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
-        loop budget), for chunks of at least inline_min_bytes, when the worst-case work space
-        fits one binding."""
+        loop budget), for chunks of at least inline_min_bytes (default 0: all), when the
+        worst-case work space fits one binding."""
         limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
                     int(self.device.limits.get("max-buffer-size", 1 << 30)))
         return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
@@ -362,7 +376,7 @@ class GpuEncoder:
 
     def _record_compact(self, rec, chunk) -> None:
         n, n_docs = chunk.n, chunk.n_docs
-        cparams = self.device.params("IIII", n, n_docs, 0, 0)
+        cparams = self.uniforms.get("compact", "IIII", n, n_docs, 0, 0)
         self.scan.record(rec, chunk.tok_buf, n, chunk.excl, mode=1)
         rec.dispatch(self.k_compact, [chunk.tok_buf, chunk.excl, chunk.starts, chunk.ids_buf,
                                       chunk.doc_off, cparams],
@@ -593,7 +607,7 @@ class _Chunk:
             self.ids_view = np.zeros(0, np.uint32)
             return
         raw = self.staging.raw
-        raw.map_async("READ", 0, self.ids_at + 4 * self.guess).sync_wait()
+        map_staging(self.staging, self.ids_at + 4 * self.guess)
         self.mapped = True
         view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
         counters = np.frombuffer(view, np.uint32, count=8)
