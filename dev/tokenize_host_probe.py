@@ -16,7 +16,8 @@ corpus encode by pipeline chunk size (--pipeline-mb, median of --repeats); (d) t
 lone document through encoders of other pre-tokenizer chunk sizes (p50 and GPU timestamps per
 kernel: does a small input's latency fall with shorter chunks on a real GPU?); (e) a lone
 document with one long piece, its long-piece merge in the one submit or on the slow path
-(GPUs only: software devices always take the slow path). Every
+(GPUs only: software devices always take the slow path); (f) single long pieces (--piece-mb
+each: one letter, CJK without spaces, random letters) by long-piece window (--windows). Every
 result is checked against tiktoken (ids) and the corpus (bytes). Writes DIR/host_probe.md and
 DIR/host_probe.json.
 """
@@ -65,6 +66,10 @@ def main(argv=None) -> int:
                         help="pipeline chunk sizes in MB for the corpus encode (case b2; "
                              "default 16, the encoder's own)")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per size in b2")
+    parser.add_argument("--windows", default="1536,2304,3072,4096,5760",
+                        help="long-piece window sizes in bytes (case f; overlap 512)")
+    parser.add_argument("--piece-mb", type=float, default=1.0,
+                        help="size of each single long piece in case f")
     parser.add_argument("--chunks", default="128,64,32,16",
                         help="pre-tokenizer chunk sizes for the lone document (case d)")
     args = parser.parse_args(argv)
@@ -252,12 +257,58 @@ def main(argv=None) -> int:
     md.append("")
     print("\n".join(md[-6:]), flush=True)
 
+    # (f) single long pieces by window size: bpe_merge_long merges each window in ONE
+    # invocation (sequentially), so a window's length is the piece's latency and the number
+    # of windows its parallelism; shorter windows redo more overlap (LONG_OVERLAP bytes each).
+    size = int(args.piece_mb * 1e6)
+    rng = np.random.default_rng(7)
+    pieces = {"one letter": "x" * size,
+              "CJK without spaces": ("日本語中文漢字" * size)[:size // 3],
+              "random letters": "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1,
+                                                                      size))}
+    want = {kind: tik.encode_ordinary(text) for kind, text in pieces.items()}
+    rows, windows_ok = [], True
+    for window in (int(w) for w in args.windows.split(",")):
+        encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern,
+                             long_window=window)
+        for kind, text in pieces.items():
+            data = np.frombuffer(text.encode(), np.uint8)
+            starts = np.array([0, data.size])
+            got, _ = encoder.encode_docs(data, starts)         # warm-up, and the check
+            exact = got.tolist() == want[kind]
+            windows_ok &= exact
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                encoder.encode_docs(data, starts)
+                times.append(time.perf_counter() - t0)
+            encoder.profile = True
+            encoder.encode_docs(data, starts)
+            gpu = dict(encoder.last_profile.gpu)
+            encoder.profile = False
+            rows.append({"window": window, "piece": kind, "bytes": int(data.size),
+                         "exact": exact, "median_s": float(np.median(times)),
+                         "gpu_ms": {k: v * 1e3 for k, v in gpu.items()}})
+    result["cases"]["long_piece_windows"] = rows
+    kernels = sorted({k for row in rows for k in row["gpu_ms"] if "long" in k or k == "stitch"})
+    from tokenizer_svc.gpu_encode import LONG_OVERLAP
+    md += [f"## (f) single long pieces by long_window (overlap {LONG_OVERLAP} B; median of 3 "
+           "calls, GPU timestamps of one profiled call)", "",
+           "| window | piece | bytes | exact | median s | " +
+           " | ".join(f"GPU {k} ms" for k in kernels) + " |",
+           "|---:|---|---:|---|---:|" + "---:|" * len(kernels)]
+    md += [f"| {r['window']} | {r['piece']} | {r['bytes']:,} | {'yes' if r['exact'] else 'NO'} "
+           f"| {r['median_s']:.3f} | " + " | ".join(f"{r['gpu_ms'].get(k, 0):.2f}"
+                                                    for k in kernels) + " |" for r in rows]
+    md.append("")
+    print("\n".join(md[-len(rows) - 4:]), flush=True)
+
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "host_probe.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "host_probe.md").write_text("\n".join(md) + "\n")
     print(f"wrote {out_dir / 'host_probe.md'}")
-    return 0 if got_ok and dec_ok else 1
+    return 0 if got_ok and dec_ok and windows_ok else 1
 
 
 if __name__ == "__main__":
