@@ -14,6 +14,9 @@
 #   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
+#   tprobe    dev/tokenize_host_probe.py (the tokenizer's host split, pipeline chunk sizes, the
+#             lone document by pre-tokenizer chunk, long pieces inline or not and by window
+#             size; results belong in dev/results/tokenize_host/)
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
 #   vprobe    dev/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
 #             schedule knobs on vtrain's 100 MB corpus; results belong in dev/results/)
@@ -41,7 +44,7 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
-                  [tokenize]=200 [vtrain]=560 [vprobe]=150 [service]=210 [e2e]=240 [probe]=60)
+                  [tokenize]=200 [tprobe]=200 [vtrain]=560 [vprobe]=150 [service]=210 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1
@@ -62,6 +65,8 @@ run_step() {
                    tests/test_resume.py tests/test_generate.py tests/test_lm_head.py ;;
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
+        tprobe) $py dev/tokenize_host_probe.py --out "$out/tokenize_host" --mb 64 \
+                    --pipeline-mb 4,8,16,32 --repeats 3 ;;
         vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus \
                     --sizes 100,1000 ;;
         vprobe) $py dev/vocab_merge_probe.py --out "$out/vocab_merge_probe" \
