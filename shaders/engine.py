@@ -485,17 +485,21 @@ class Device:
         wgsl = source.load_file(file)
         code = source.compose(self.features, wgsl, name, params=params,
                               compiler=self.backend.compiler)
+        pipeline = self._compile(file, name, code, constants, "auto")
+        kernel = Kernel(self, file, name, constants, pipeline, source.bindings(code))
+        self._kernels[key] = kernel
+        return kernel
+
+    def _compile(self, file: str, name: str, code: str, constants: dict, layout):
+        """The compute pipeline of entry point `name` in `code` (layout "auto" or explicit)."""
         try:
             module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
-            pipeline = self.raw.create_compute_pipeline(
-                label=f"{file}:{name}", layout="auto",
+            return self.raw.create_compute_pipeline(
+                label=f"{file}:{name}", layout=layout,
                 compute={"module": module, "entry_point": name, "constants": constants})
         except Exception as exc:
             raise ShaderCompileError(f"{file}:{name} failed to compile on {self.name}: {exc}") \
                 from exc
-        kernel = Kernel(self, file, name, constants, pipeline, source.bindings(code))
-        self._kernels[key] = kernel
-        return kernel
 
     def kernels_sharing_layout(self, file: str, specs) -> list[Kernel]:
         """Kernels of one file compiled with one explicit bind group layout, so a bind group
@@ -532,20 +536,17 @@ class Device:
             group_layout = self.raw.create_bind_group_layout(label=f"{file} shared",
                                                              entries=entries)
             layout = self.raw.create_pipeline_layout(bind_group_layouts=[group_layout])
-            kernels = []
-            for (name, constants), code in zip(specs, codes):
-                module = self.raw.create_shader_module(label=f"{file}:{name}", code=code)
-                pipeline = self.raw.create_compute_pipeline(
-                    label=f"{file}:{name}", layout=layout,
-                    compute={"module": module, "entry_point": name, "constants": constants})
-                kernel = Kernel(self, file, name, constants, pipeline,
-                                {i: b for i, (_, b) in union.items()})
-                kernel.layout = group_layout
-                kernels.append(kernel)
         except Exception as exc:
-            raise ShaderCompileError(f"{file}: {', '.join(n for n, _ in specs)} failed to "
-                                     f"compile with a shared layout on {self.name}: {exc}") \
-                from exc
+            raise ShaderCompileError(f"{file}: the shared layout of "
+                                     f"{', '.join(n for n, _ in specs)} was refused on "
+                                     f"{self.name}: {exc}") from exc
+        access = {i: b for i, (_, b) in union.items()}
+        kernels = []
+        for (name, constants), code in zip(specs, codes):
+            kernel = Kernel(self, file, name, constants,
+                            self._compile(file, name, code, constants, layout), access)
+            kernel.layout = group_layout   # the one layout every bind group is made for
+            kernels.append(kernel)
         self._kernels[key] = kernels
         return kernels
 
