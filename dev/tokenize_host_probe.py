@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                         help="pipeline chunk sizes in MB for the corpus encode (case b2; "
                              "default 16, the encoder's own)")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per size in b2")
-    parser.add_argument("--windows", default="1536,2304,3072,4096,5760",
+    parser.add_argument("--windows", default="1024,1536,2304,5760",
                         help="long-piece window sizes in bytes (case f; overlap 512)")
     parser.add_argument("--piece-mb", type=float, default=1.0,
                         help="size of each single long piece in case f")
@@ -263,6 +263,7 @@ def main(argv=None) -> int:
     size = int(args.piece_mb * 1e6)
     rng = np.random.default_rng(7)
     pieces = {"one letter": "x" * size,
+              "space + one letter": " " + "x" * (size - 1),   # a phase the first window sets
               "CJK without spaces": ("日本語中文漢字" * size)[:size // 3],
               "random letters": "".join(chr(c) for c in rng.integers(ord("a"), ord("z") + 1,
                                                                       size))}
@@ -285,20 +286,22 @@ def main(argv=None) -> int:
             encoder.profile = True
             encoder.encode_docs(data, starts)
             gpu = dict(encoder.last_profile.gpu)
+            retried, widened = encoder.last_profile.long_retried, encoder.last_profile.long_widened
             encoder.profile = False
             rows.append({"window": window, "piece": kind, "bytes": int(data.size),
                          "exact": exact, "median_s": float(np.median(times)),
+                         "retried": retried, "widened": widened,
                          "gpu_ms": {k: v * 1e3 for k, v in gpu.items()}})
     result["cases"]["long_piece_windows"] = rows
     kernels = sorted({k for row in rows for k in row["gpu_ms"] if "long" in k or k == "stitch"})
     from tokenizer_svc.gpu_encode import LONG_OVERLAP
     md += [f"## (f) single long pieces by long_window (overlap {LONG_OVERLAP} B; median of 3 "
            "calls, GPU timestamps of one profiled call)", "",
-           "| window | piece | bytes | exact | median s | " +
-           " | ".join(f"GPU {k} ms" for k in kernels) + " |",
-           "|---:|---|---:|---|---:|" + "---:|" * len(kernels)]
+           "| window | piece | bytes | exact | median s | pieces merged again (aligned / "
+           "widened) | " + " | ".join(f"GPU {k} ms" for k in kernels) + " |",
+           "|---:|---|---:|---|---:|---|" + "---:|" * len(kernels)]
     md += [f"| {r['window']} | {r['piece']} | {r['bytes']:,} | {'yes' if r['exact'] else 'NO'} "
-           f"| {r['median_s']:.3f} | " + " | ".join(f"{r['gpu_ms'].get(k, 0):.2f}"
+           f"| {r['median_s']:.3f} | {r['retried'] - r['widened']} / {r['widened']} | " + " | ".join(f"{r['gpu_ms'].get(k, 0):.2f}"
                                                     for k in kernels) + " |" for r in rows]
     md.append("")
     print("\n".join(md[-len(rows) - 4:]), flush=True)

@@ -4,7 +4,7 @@ seams, and the retry path taken when seams do not stitch.
 
 Small windows (LONG_WINDOW 320 = 2^6 5, overlap 48, for vocabularies whose longest token is
 128 bytes) put a seam every 320 bytes, so pieces of a few kilobytes exercise what a megabyte
-exercises with the default 5760.
+exercises with the default window (gpu_encode.LONG_WINDOW).
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def test_seams_that_do_not_stitch_are_merged_again(windowed, device):
     docs = ["x" * 5000, "=" * 3000, "tokenizer " * 50]
     assert _encode(odd, [d.encode() for d in docs]) == [tik.encode_ordinary(d) for d in docs]
     assert odd.last_profile.long_retried >= 2
+    assert odd.last_profile.long_widened >= 2   # aligned windows of 321 bytes fail as well
 
 
 def test_many_long_pieces_in_scratch_groups(windowed, device):
@@ -124,11 +125,55 @@ def test_many_long_pieces_in_scratch_groups(windowed, device):
 
 
 def test_default_windows_on_a_long_piece(windowed):
-    """The shipped window (5760 bytes): a 40 KB piece is seven windows."""
+    """The shipped window: a 40 KB piece is dozens of windows."""
     vocab, enc, _, tik = windowed
     for kind in ("vocabulary words", "one letter", "CJK"):
         text = adversarial_pieces(vocab, 40_000)[kind]
         assert enc.encode_ordinary(text) == tik.encode_ordinary(text), kind
+
+
+# one-character runs whose token periods the shipped window must divide (a seam that does not
+# stitch costs the piece a merge with 7x longer windows): every printable ASCII character,
+# whitespace runs (spaces repeat every 128 bytes in cl100k/o200k), 2-, 3- and 4-byte characters
+RUN_UNITS = [chr(c) for c in range(33, 127)] + [
+    " ", "\t", "\n", "\r\n", " \n", "\u3000", "\u00a0", "中", "é", "я", "ا", "😀", "あ", "한",
+    "ह", "ß", "ñ", "λ", "ж", "ש", "ก", "👍🏽"]
+
+
+def test_shipped_window_stitches_one_character_runs_without_retries(windowed, device):
+    """Every run of RUN_UNITS long enough for three seams at the shipped window stitches at
+    every seam (no piece merged again), the ids equal tiktoken's."""
+    vocab, enc, _, tik = windowed
+    shipped = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
+    shipped.profile = True
+    n = 3 * shipped.long_window + shipped.long_overlap + 7
+    docs = [(u * (n // len(u) + 1))[:n] for u in RUN_UNITS]
+    docs += [adversarial_pieces(vocab, n)[k] for k in ("random letters", "vocabulary words")]
+    got = _encode(shipped, [d.encode() for d in docs])
+    for d, ids in zip(docs, got):
+        assert ids == tik.encode_ordinary(d), repr(d[:8])
+    assert shipped.last_profile.long_windows >= 3 * len(docs)
+    assert shipped.last_profile.long_retried == 0
+
+
+def test_runs_after_another_first_character_stitch_on_aligned_windows(windowed, device):
+    """A run that starts one character into its piece (" xxxx", "<!!!!", "Qxxxx") tokenizes
+    in a phase that character sets, so windows at multiples of the window size never share
+    a token; the driver merges such a piece once more with windows started on a token
+    boundary of its first window, and those stitch: nothing is merged with longer windows or
+    whole (which would cost a 1 MB piece seconds)."""
+    vocab, enc, _, tik = windowed
+    shipped = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
+    shipped.profile = True
+    n = 3 * shipped.long_window + shipped.long_overlap + 7
+    units = [u for u in RUN_UNITS if u.strip() and len(u) == 1][::3]
+    docs = [first + (u * (n // len(u) + 1))[:n]
+            for u in units for first in (" ", "<", "Q")]
+    got = _encode(shipped, [d.encode() for d in docs])
+    for d, ids in zip(docs, got):
+        assert ids == tik.encode_ordinary(d), repr(d[:8])
+    assert shipped.last_profile.long_retried > 0      # some of them needed the second round
+    assert shipped.last_profile.long_widened == 0
 
 
 def test_window_must_exceed_overlap_plus_longest_token(windowed, device):

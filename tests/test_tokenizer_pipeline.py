@@ -155,8 +155,9 @@ def test_texts_packed_with_one_join(chunked, docs):
 @pytest.mark.parametrize("window", [200, 201])
 def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
     """On GPUs (no loop budget) long pieces are merged, stitched and copied in the chunk's
-    one submit, and only pieces whose seams failed (window 201: odd, so "x" runs never
-    stitch) take the slow path. Forced here on lavapipe with inputs small enough for its loop
+    one submit, and only pieces whose seams failed take the slow path: window 201 is odd, so
+    "x" runs never stitch and are merged with longer windows; at 200 a run after a space
+    stitches at the latest on windows aligned to its first window's tokens. Forced here on lavapipe with inputs small enough for its loop
     limit; the same ids as the budgeted path and as tiktoken."""
     _, small, tik = chunked
     inline = GpuEncoder(device, small.tables, small.pattern, long_window=window,
@@ -166,13 +167,14 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
     inline.pipeline_bytes = 2000
     inline.inline_min_bytes = 0
     inline.profile = True
-    docs = ["x" * 640, "short words here", "日本語" * 200, "tokenizer" * 70 + " end"]
+    docs = ["x" * 640, "short words here", "日本語" * 200, "tokenizer" * 70 + " end",
+            "a " + "x" * 700]
     assert inline.inline_long_for(2000)
     ids, offsets = inline.encode_docs(*_packed(docs))
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
         [tik.encode_ordinary(d) for d in docs]
     assert inline.last_profile.gpu.get("stitch", 0) > 0
-    assert (inline.last_profile.long_retried > 0) == (window == 201)
+    assert (inline.last_profile.long_widened > 0) == (window == 201)
 
 
 def test_encode_batch_flat_into_a_callers_array(chunked):

@@ -74,10 +74,16 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # Long pieces are merged in windows of LONG_WINDOW bytes (+ LONG_OVERLAP of the next) and
 # stitched where two windows agree on a token (exact: bpe_encode.wgsl, "Long pieces"). A
 # piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
-# longer, then as one window. 5760 = 2^7 3^2 5: runs of one character in the real
-# vocabularies repeat their tokens every 1 to 128 bytes, which divides it.
-LONG_WINDOW = 5760
-LONG_OVERLAP = 512
+# longer, then as one window. A window is heap-merged by one invocation, so a piece's time is
+# about one window's: shorter windows are faster (H200, a 1 MB piece: 27 ms of merge_long at
+# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 1536 = 2^9 3: runs of one character in the
+# real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte characters:
+# multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) fail those seams
+# (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The overlap holds
+# two of the longest tokens and keeps LONG_OVERLAP <= 0.18 LONG_WINDOW (the inline work-space
+# bound below).
+LONG_WINDOW = 1536
+LONG_OVERLAP = 256
 LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
@@ -120,6 +126,7 @@ class Profile:
     calls: int = 0
     long_windows: int = 0   # windows of long pieces merged (retries included)
     long_retried: int = 0   # long pieces merged again because a seam did not stitch
+    long_widened: int = 0   # of those, pieces the phase-aligned windows did not stitch either
 
     def add_gpu(self, times) -> None:
         for label, seconds in times:
@@ -455,15 +462,29 @@ class GpuEncoder:
         pieces whose seams did not stitch again with longer windows, at last as one window.
         `merged`: the first round already ran (in the chunk's own submit)."""
         if merged:
-            failed = self._failed_pieces(longs, n_jobs)
+            failed = self._failed_pieces(longs, n_jobs, align=True)
         elif words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
             scratch = self.pool.get("scratch", 4 * words)
             if not self._run_windows(binds, scratch, counters, n_jobs, n_bytes):
                 return
-            failed = self._failed_pieces(longs, n_jobs)
+            failed = self._failed_pieces(longs, n_jobs, align=True)
         else:
             queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
-            failed = self._run_queue(binds, longs, counters, queue.reshape(-1, JOB_WORDS), n_bytes)
+            failed = self._run_queue(binds, longs, counters, queue.reshape(-1, JOB_WORDS),
+                                     n_bytes, align=True)
+        # first again with windows of the same size whose starts sit on a token boundary of
+        # the piece's first window (a periodic run after a different first character, e.g.
+        # " xxxx..." or "<!!!!...", tokenizes in a phase set by that character: windows that
+        # start at multiples of LONG_WINDOW from the piece's start never share a token)
+        aligned = [f for f in failed if f[2]]
+        failed = [f[:2] for f in failed if not f[2]]
+        if aligned:
+            self.last_profile.long_retried += len(aligned)
+            jobs = self._aligned_windows(aligned)
+            self.last_profile.long_windows += jobs.shape[0]
+            failed += self._run_queue(binds, longs, counters, jobs, n_bytes)
+        failed = sorted(set(failed))
+        self.last_profile.long_widened += len(failed)
         window = self.long_window
         while failed:
             window = window * LONG_RETRY_FACTOR if window else None
@@ -485,15 +506,62 @@ class GpuEncoder:
                 rows.append((ps + k * (window or 0), length, 0, 0, ps, pl, k, m))
         return np.array(rows, dtype=np.uint32).reshape(-1, JOB_WORDS)
 
-    def _failed_pieces(self, longs, n_jobs: int) -> list[tuple[int, int]]:
+    def _aligned_windows(self, pieces) -> np.ndarray:
+        """Queue entries for `pieces` [(start, length, b)]: a first window [start, b +
+        overlap), then windows of long_window bytes from b (the last to the piece's end)."""
+        rows, w, ov = [], self.long_window, self.long_overlap
+        for ps, pl, b in pieces:
+            end, rest = ps + pl, ps + pl - b
+            m = 1 + (1 if rest <= w + ov else -(-(rest - ov) // w))
+            starts = [ps] + [b + k * w for k in range(m - 1)]
+            for k, ws in enumerate(starts):
+                we = starts[k + 1] + ov if k + 1 < m else end
+                rows.append((ws, we - ws, 0, 0, ps, pl, k, m))
+        return np.array(rows, dtype=np.uint32).reshape(-1, JOB_WORDS)
+
+    def _failed_pieces(self, longs, n_jobs: int, align: bool = False) -> list[tuple]:
+        """The pieces of the last run whose seams did not all stitch: (start, length), or with
+        `align` (start, length, b): b the last token start of the piece's first window in
+        (its second window's start - the longest token, that start], 0 when there is none
+        (while the scratch still holds that run's windows)."""
         queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
         queue = queue.reshape(-1, JOB_WORDS)
         bad = queue[queue[:, 3] == LONG_SEAM_FAILED]
-        return sorted({(int(ps), int(pl)) for ps, pl in bad[:, 4:6]})
+        pieces = sorted({(int(ps), int(pl)) for ps, pl in bad[:, 4:6]})
+        if not align or not pieces:
+            return pieces
+        # a first window's tokens just left of where the second one started (the spacing of
+        # window starts must stay above overlap + the longest token: bpe_encode.wgsl's proof)
+        d = int(self.tables.layout["max_tok_len"])
+        w, ov = self.long_window, self.long_overlap
+        lo_rel = max(w - d, ov + d + 1)
+        firsts = queue[(queue[:, 6] == 0) & (queue[:, 7] > 1)]
+        first_of = {(int(r[4]), int(r[5])): r for r in firsts}
+        rows = [first_of.get(pc) for pc in pieces]
+        usable = [r is not None and lo_rel <= w for r in rows]
+        span = w - lo_rel + 1
+        tails = np.full((len(pieces), max(span, 1)), NONE, np.uint32)
+        if any(usable):
+            scratch = self.pool.get("scratch", 16)   # the buffer that run merged in
+            gather = self.pool.get("align_gather", 4 * span * len(pieces))
+            with self.device.record("bpe long align") as rec:
+                for i, r in enumerate(rows):
+                    if usable[i]:
+                        toks = int(r[2]) + STATE_WORDS + 4 * int(r[1])   # bpe_encode.wgsl layout
+                        rec.copy(scratch, gather, 4 * span, src_offset=4 * (toks + lo_rel),
+                                 dst_offset=4 * span * i)
+            tails = self.device.download(gather.view(0, 4 * span * len(pieces)),
+                                         np.uint32).reshape(len(pieces), span)
+        out = []
+        for i, (ps, pl) in enumerate(pieces):
+            hits = np.flatnonzero(tails[i] != NONE) if usable[i] else []
+            out.append((ps, pl, ps + lo_rel + int(hits[-1]) if len(hits) else 0))
+        return out
 
-    def _run_queue(self, binds, longs, counters, jobs: np.ndarray, n_bytes: int):
+    def _run_queue(self, binds, longs, counters, jobs: np.ndarray, n_bytes: int,
+                   align: bool = False):
         """Run `jobs` in groups that fit the scratch binding (a piece's windows stay in one
-        group); returns the pieces with a failed seam."""
+        group); returns the pieces with a failed seam (`_failed_pieces`, `align` as there)."""
         need = STATE_WORDS + SCRATCH_WORDS_PER_BYTE * jobs[:, 1].astype(np.int64)
         if int(need.max()) > self.scratch_limit_words:
             raise ValueError(f"a single pre-tokenized piece of {int(jobs[:, 5].max())} bytes "
@@ -520,7 +588,7 @@ class GpuEncoder:
             longs.write(batch)
             counters.write(np.array([hi - lo], np.uint32))
             if self._run_windows(binds, scratch, counters, hi - lo, n_bytes):
-                failed += self._failed_pieces(longs, hi - lo)
+                failed += self._failed_pieces(longs, hi - lo, align)
             i = j
         return failed
 
