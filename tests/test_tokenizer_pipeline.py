@@ -175,6 +175,9 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
         [tik.encode_ordinary(d) for d in docs]
     assert inline.last_profile.gpu.get("stitch", 0) > 0
     assert (inline.last_profile.long_widened > 0) == (window == 201)
+    if window == 200:   # all seams stitch: the fast path, its windows still counted
+        inline.encode_docs(*_packed(["x" * 640]))
+        assert inline.last_profile.long_retried == 0 and inline.last_profile.long_windows >= 3
 
 
 def test_encode_batch_flat_into_a_callers_array(chunked):

@@ -406,19 +406,34 @@ class GpuEncoder:
                 raise BoundaryError(f"{overruns} GPU pre-tokenizer segment(s) overran their end: "
                                     "a piece boundary proof failed (internal error; please "
                                     "report the input)")
+        changed = bool(unfinished)   # tok_buf changed since the chunk's own compact
         if n_long:
             self.last_profile.long_windows += n_long
-            self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
-                             merged=chunk.inline_long)
-        with dev.record("bpe compact", timing=self.profile) as rec:
-            self._record_compact(rec, chunk)
-        self.last_profile.add_gpu(rec.gpu_times)
+            changed |= self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
+                                        merged=chunk.inline_long)
+        if changed:
+            with dev.record("bpe compact", timing=self.profile) as rec:
+                self._record_compact(rec, chunk)
+            self.last_profile.add_gpu(rec.gpu_times)
+            t0 = time.perf_counter()
+            chunk.total = int(dev.download(chunk.doc_off.view(0, 4 * (chunk.n_docs + 1)),
+                                           np.uint32)[-1])
+            self.last_profile.readback_s += time.perf_counter() - t0
+        # the whole result into the slot's staging buffer (grown if need be) and mapped, as
+        # on the fast path: the ids are copied once on the host, by _collect
         t0 = time.perf_counter()
-        chunk.offsets = dev.download(chunk.doc_off.view(0, 4 * (chunk.n_docs + 1)),
-                                     np.uint32).astype(np.int64)
-        chunk.total = int(chunk.offsets[-1])
-        chunk.ids_view = dev.download(chunk.ids_buf.view(0, 4 * chunk.total), np.uint32) \
-            if chunk.total else np.zeros(0, np.uint32)
+        size = chunk.ids_at + 4 * chunk.total
+        chunk.staging = self.staging(chunk.slot, size)
+        with dev.record("bpe readback") as rec:
+            rec.copy(chunk.doc_off, chunk.staging, 4 * (chunk.n_docs + 1), dst_offset=32)
+            if chunk.total:
+                rec.copy(chunk.ids_buf, chunk.staging, 4 * chunk.total, dst_offset=chunk.ids_at)
+        map_staging(chunk.staging, size)
+        chunk.mapped = True
+        view = chunk.staging.raw.read_mapped(0, size, copy=False)
+        chunk.offsets = np.frombuffer(view, np.uint32, count=chunk.n_docs + 1,
+                                      offset=32).astype(np.int64)
+        chunk.ids_view = np.frombuffer(view, np.uint32, count=chunk.total, offset=chunk.ids_at)
         self.last_profile.readback_s += time.perf_counter() - t0
 
     def _counters(self, counters) -> tuple[int, ...]:
@@ -460,18 +475,20 @@ class GpuEncoder:
                     n_bytes: int, merged: bool = False) -> None:
         """Merge the queued windows of long pieces, stitch them into tok_buf, and merge the
         pieces whose seams did not stitch again with longer windows, at last as one window.
-        `merged`: the first round already ran (in the chunk's own submit)."""
+        `merged`: the first round already ran (in the chunk's own submit). Returns whether
+        tok_buf was written (not when that first round left nothing to merge again)."""
         if merged:
             failed = self._failed_pieces(longs, n_jobs, align=True)
         elif words <= self.scratch_limit_words:   # the common case: the queue as bpe_pretok left it
             scratch = self.pool.get("scratch", 4 * words)
             if not self._run_windows(binds, scratch, counters, n_jobs, n_bytes):
-                return
+                return True
             failed = self._failed_pieces(longs, n_jobs, align=True)
         else:
             queue = self.device.download(longs.view(0, 4 * JOB_WORDS * n_jobs), np.uint32)
             failed = self._run_queue(binds, longs, counters, queue.reshape(-1, JOB_WORDS),
                                      n_bytes, align=True)
+        changed = not merged or bool(failed)
         # first again with windows of the same size whose starts sit on a token boundary of
         # the piece's first window (a periodic run after a different first character, e.g.
         # " xxxx..." or "<!!!!...", tokenizes in a phase set by that character: windows that
@@ -494,6 +511,7 @@ class GpuEncoder:
             self.last_profile.long_retried += len(failed)
             self.last_profile.long_windows += jobs.shape[0]
             failed = self._run_queue(binds, longs, counters, jobs, n_bytes)
+        return changed
 
     def _windows(self, pieces, window: int | None) -> np.ndarray:
         """Queue entries (bases unset) for `pieces` [(start, length)] in windows of `window`
@@ -621,6 +639,7 @@ class _Chunk:
 
     def __init__(self, enc: GpuEncoder, data: np.ndarray, starts: np.ndarray, pieces: bool,
                  slot: int, first_sub: int):
+        self.slot = slot
         self.enc, self.pieces, self.first_sub = enc, pieces, first_sub
         self.n, self.n_docs = int(data.size), int(starts.size - 1)
         self.n_chunks = -(-self.n // enc.chunk)
@@ -695,6 +714,7 @@ class _Chunk:
             enc._finish_slow(self, n_long, long_words, unfinished)
         else:
             self.ids_view = np.frombuffer(view, np.uint32, count=self.total, offset=self.ids_at)
+            enc.last_profile.long_windows += n_long   # merged in the chunk's submit
         if self.n:
             enc.ids_per_byte = max(self.total / self.n, 0.05)
 
