@@ -67,10 +67,12 @@ def test_small_requests_keep_their_latency_while_megabyte_attacks_run(tiny_encod
         attacker.join()
         channel.close()
     assert got == want                          # the attacks themselves are answered exactly
-    assert sum(attack_s) > 3 * VICTIM_P99_S, attack_s   # they ran long enough to matter
     assert len(latencies) >= 10
     p99 = float(np.percentile(latencies, 99))
     assert p99 < VICTIM_P99_S, (p99, len(latencies), attack_s)
+    # each attack ran long enough to matter: a small request queued behind it would have
+    # waited several times what the small requests' p99 was
+    assert min(attack_s) > 3 * p99, (attack_s, p99)
 
 
 @pytest.mark.timeout(300)
