@@ -334,6 +334,7 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     enc.encode_ordinary(lone)
     encoder.profile = False
     lone_ms["gpu_s"] = dict(encoder.last_profile.gpu)
+    lone_ms["pretok_chunk"] = encoder.call_chunk   # bytes per pre-tokenizer invocation
 
     # tiktoken
     tk_enc = median_of(lambda: tik.encode_ordinary_batch(docs, num_threads=cores), args.repeats)

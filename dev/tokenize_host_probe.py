@@ -12,7 +12,8 @@ thread's own CPU ms; lavapipe's GPU work runs in driver threads, so wall - own C
 waiting), then cProfile's top functions by tottime. The lone document is timed over
 --lone-calls calls (p50, and the split divided by the calls); the corpus (bench/
 tokenize_bench.py's build_corpus, --mb MB) and its decode once each after a warm-up; (b2) the
-corpus encode by pipeline chunk size (--pipeline-mb, median of --repeats); (d) the
+corpus encode by pipeline chunk size (--pipeline-mb, median of --repeats); (b3) by
+pre-tokenizer chunk size (--corpus-chunks: bytes per invocation); (d) the
 lone document through encoders of other pre-tokenizer chunk sizes (p50 and GPU timestamps per
 kernel: does a small input's latency fall with shorter chunks on a real GPU?); (e) a lone
 document with one long piece, its long-piece merge in the one submit or on the slow path
@@ -70,6 +71,8 @@ def main(argv=None) -> int:
                         help="long-piece window sizes in bytes (case f; overlap 512)")
     parser.add_argument("--piece-mb", type=float, default=1.0,
                         help="size of each single long piece in case f")
+    parser.add_argument("--corpus-chunks", default="32,64,128,256",
+                        help="pre-tokenizer chunk sizes for the corpus encode (case b3)")
     parser.add_argument("--chunks", default="128,64,32,16",
                         help="pre-tokenizer chunk sizes for the lone document (case d)")
     args = parser.parse_args(argv)
@@ -172,6 +175,40 @@ def main(argv=None) -> int:
     md.append("")
     print("\n".join(md[-len(sweep_b) - 4:]), flush=True)
 
+    # (b3) the corpus by pre-tokenizer chunk size (bytes per bpe_cuts / bpe_pretok
+    # invocation): more, shorter invocations against more segment boundaries
+    from tokenizer_svc.encoding import _pack_utf8
+    from tokenizer_svc.gpu_encode import GpuEncoder as _Encoder
+    packed, packed_starts = _pack_utf8(docs)
+    sweep_c = []
+    for chunk in [int(c) for c in args.corpus_chunks.split(",") if c]:
+        encoder = _Encoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk)
+        encoder.small_call_bytes = 0
+        got, got_off = encoder.encode_docs(packed, packed_starts)   # warm-up, and the check
+        assert np.array_equal(got, ids) and np.array_equal(got_off, offsets), chunk
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            encoder.encode_docs(packed, packed_starts)
+            walls.append(time.perf_counter() - t0)
+        encoder.profile = True
+        encoder.encode_docs(packed, packed_starts)
+        encoder.profile = False
+        gpu = {k: v * 1e3 for k, v in encoder.last_profile.gpu.items()}
+        sweep_c.append({"chunk": chunk, "median_s": float(np.median(walls)),
+                        "MBps": nbytes / 1e6 / float(np.median(walls)), "gpu_ms": gpu})
+        encoder.pool.release()
+    result["cases"]["corpus_chunk_sweep"] = sweep_c
+    md += [f"## (b3) the corpus by pre-tokenizer chunk size (GpuEncoder.encode_docs on the "
+           f"packed corpus, median of {args.repeats}; GPU timestamps of one profiled call)", "",
+           "| chunk | median s | MB/s | GPU cuts ms | GPU pretok_merge ms | GPU merge_long ms |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    md += [f"| {r['chunk']} | {r['median_s']:.3f} | {r['MBps']:.1f} | "
+           f"{r['gpu_ms'].get('cuts', 0):.2f} | {r['gpu_ms'].get('pretok_merge', 0):.2f} | "
+           f"{r['gpu_ms'].get('merge_long', 0):.2f} |" for r in sweep_c]
+    md.append("")
+    print("\n".join(md[-len(sweep_c) - 4:]), flush=True)
+
     # (c) decode of the same ids
     batch = [ids[offsets[i]:offsets[i + 1]] for i in range(len(docs))]
     enc.decode_bytes_batch(batch)   # warm-up
@@ -196,6 +233,7 @@ def main(argv=None) -> int:
     sweep = []
     for chunk in [int(c) for c in args.chunks.split(",") if c]:
         encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk)
+        encoder.small_call_bytes = 0   # this chunk for every call (not SMALL_CHUNK)
         for _ in range(5):
             got, _ = encoder.encode_docs(data, starts)
         assert got.tolist() == tik.encode_ordinary(lone), chunk

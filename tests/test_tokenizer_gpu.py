@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import GpuEncoder
+from tokenizer_svc.gpu_encode import NONE, SMALL_CALL_BYTES, SMALL_CHUNK, GpuEncoder
 from tokenizer_svc.reference import fix_surrogates
 from tokenizer_svc.unicode_table import all_code_points_text
 
@@ -124,19 +124,42 @@ def test_offsets_match_tiktoken(pair):
 
 
 @pytest.mark.parametrize("pair", [v for v in VOCABS if v != "trained-custom"], indirect=True)
-@pytest.mark.parametrize("chunk", [4, 7, 32])
+@pytest.mark.parametrize("chunk", [4, 7, 16, 32])
 def test_small_chunks_stress_segment_boundaries(pair, device, chunk):
     """Tiny chunks: many more segments, cuts and run skips; same ids. (The custom pattern is
     pre-tokenized on the CPU: it has no GPU segments to stress.)"""
     enc, tik = pair
     assert enc.backend.on_gpu_pretok
     small = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name, chunk=chunk)
+    small.small_call_bytes = 0   # this chunk size on GPUs too (not SMALL_CHUNK)
     docs = TRICKY + MULTILINGUAL + corpus_docs()[:10] + [r[:700] for r in long_runs()]
     data = [d.encode() for d in docs]
     starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
     ids, offsets = small.encode_docs(b"".join(data), starts)
     want = tik.encode_ordinary_batch(docs)
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+
+
+def test_small_calls_pre_tokenize_in_small_chunks_on_gpus(device):
+    """On GPUs (unbudgeted) a call of at most small_call_bytes runs SMALL_CHUNK bytes per
+    pre-tokenizer invocation, a larger one `chunk`; software Vulkan always `chunk`. Forced
+    here on lavapipe with inputs its loop limit allows; the ids equal tiktoken's."""
+    vocab = vocabulary_for("trained-cl100k")
+    enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
+    gpu_like = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name)
+    docs = [d for d in corpus_docs() if 200 < len(d) < 4000][:40] + TRICKY
+    small_doc, big_docs = docs[0], docs * (1 + (SMALL_CALL_BYTES // sum(len(d) for d in docs)))
+    for encoder, budgeted in ((enc.backend.encoder, True), (gpu_like, False)):
+        if not budgeted:
+            encoder.budget = NONE
+            encoder.k_long_sg = None
+        for batch, want_chunk in (([small_doc], SMALL_CHUNK), (big_docs, encoder.chunk)):
+            data = [d.encode() for d in batch]
+            starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+            ids, offsets = encoder.encode_docs(b"".join(data), starts)
+            assert encoder.call_chunk == (encoder.chunk if budgeted else want_chunk)
+            want = tik.encode_ordinary_batch(batch)
+            assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(batch))] == want
 
 
 def test_hundred_thousand_one_character_documents(device):

@@ -178,6 +178,14 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
     if window == 200:   # all seams stitch: the fast path, its windows still counted
         inline.encode_docs(*_packed(["x" * 640]))
         assert inline.last_profile.long_retried == 0 and inline.last_profile.long_windows >= 3
+        # the same with a staging guess that is too short: the slow path reads the ids back
+        # without merging or compacting again
+        more = ["x" * 640, "日本語" * 200]
+        inline.ids_per_byte = 0.0
+        ids, offsets = inline.encode_docs(*_packed(more))
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(more))] == \
+            [tik.encode_ordinary(d) for d in more]
+        assert offsets[-1] > 16 and inline.last_profile.long_retried == 0   # guess was 16
 
 
 def test_encode_batch_flat_into_a_callers_array(chunked):

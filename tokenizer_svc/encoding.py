@@ -46,6 +46,7 @@ import numpy as np
 from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
                         extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
 from .model_names import encoding_name_for_model
+from .packed_text import PackedText
 from .patterns import KNOWN_VOCABULARIES
 from .vocab import Vocabulary, load_vocabulary
 
@@ -691,19 +692,20 @@ def _utf8(text: str) -> bytes:
         return fix_surrogates(text).encode("utf-8")
 
 
-def _pack_utf8(texts: list[str]) -> tuple[bytes, np.ndarray] | None:
-    """(the texts' UTF-8 joined, their n + 1 byte starts) with a constant number of Python
-    operations (C-level maps: each text encoded once, its length taken from its bytes, one
-    join of bytes); None if a text holds a lone surrogate (then each text is encoded on its
-    own, with tiktoken's replacement). Joining the str first would widen the whole batch to
-    4 bytes per character for one astral character and still need each text's length."""
+def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:
+    """(the texts' UTF-8 as a PackedText, their n + 1 byte starts) with a constant number of
+    Python operations (C-level maps: each text encoded once, its length taken from its
+    bytes; the encoder joins them range by range while the GPU works); None if a text holds
+    a lone surrogate (then each text is encoded on its own, with tiktoken's replacement).
+    Joining the str first would widen the whole batch to 4 bytes per character for one
+    astral character and still need each text's length."""
     try:
         parts = list(map(str.encode, texts))
     except UnicodeEncodeError:
         return None
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)), out=starts[1:])
-    return b"".join(parts), starts
+    return PackedText(parts, starts), starts
 
 
 def _pack_valid_utf8(docs: list[bytes]) -> tuple[bytes, np.ndarray] | None:

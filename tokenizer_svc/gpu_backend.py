@@ -23,6 +23,7 @@ from istanbul.shaders.engine import Device
 from .gpu_decode import GpuDecoder
 from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
 from .gpu_tables import VocabTables
+from .packed_text import PackedText
 from .hf_json import BYTE_LEVEL_REGEX
 from .reference import PreTokenizer, ReferenceTokenizer
 from .unicode_table import load_table
@@ -106,13 +107,14 @@ class GpuBackend:
         np.cumsum(per_segment, out=first_piece[1:])
         return ids, piece_offsets[first_piece]
 
-    def encode_packed(self, data: bytes, starts: np.ndarray, out: np.ndarray | None = None
+    def encode_packed(self, data, starts: np.ndarray, out: np.ndarray | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
-        """Like encode_segments for segments already joined: `starts` holds n + 1 offsets;
-        `out` as GpuEncoder.encode_docs."""
+        """Like encode_segments for segments already packed (bytes or a PackedText): `starts`
+        holds n + 1 offsets; `out` as GpuEncoder.encode_docs."""
         if not self.on_gpu_pretok:
-            ids, offsets = self.encode_segments([data[starts[i]:starts[i + 1]]
-                                                 for i in range(starts.size - 1)])
+            segments = data.parts if isinstance(data, PackedText) else \
+                [data[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
+            ids, offsets = self.encode_segments(segments)
             if out is None:
                 return ids, offsets
             out[:ids.size] = ids

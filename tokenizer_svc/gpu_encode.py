@@ -5,6 +5,9 @@
     ids, offsets = enc.encode_docs(data, starts, out=buf)  # ids written into buf (a view back)
     ids, offsets = enc.merge_pieces(data, piece_starts)   # pieces cut on the CPU
 
+`data`: bytes, a uint8 array, or a PackedText (documents joined range by range as the
+pipeline uploads them, so the joins overlap with GPU work).
+
 `out=` (for callers that keep one array, e.g. the service): a 1-D uint32 numpy array of at
 least len(data) elements (no byte starts two tokens); the returned ids are its first
 elements, so the ids are copied once, from the mapped readback buffer into it. Without it the
@@ -60,6 +63,7 @@ from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
 from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
+from .packed_text import PackedText, byte_range
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
 # re-exported for older imports)
 
@@ -104,6 +108,14 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # three dispatches cost a small chunk one workgroup each of reading a zero count, less than
 # one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
 INLINE_MIN_BYTES = 0
+# Calls of at most SMALL_CALL_BYTES on a GPU pre-tokenize in chunks of SMALL_CHUNK bytes per
+# invocation instead of `chunk` (128): a small input fills few invocations, each sequential
+# over its chunk, so shorter chunks cut its latency (H200, a lone 914 B document: p50 0.87 ms
+# at 16 vs 1.14 ms at 128, GPU pretok_merge 0.17 vs 0.38 ms; dev/tokenize_host_probe.py case
+# d). The chunk is a kernel parameter, so no second set of pipelines. Software Vulkan keeps
+# `chunk` (lavapipe ran shorter chunks slower: 0.94 vs 0.75 ms at 16 vs 128).
+SMALL_CALL_BYTES = 64 << 10
+SMALL_CHUNK = 16
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -141,6 +153,8 @@ class GpuEncoder:
         self.tables = tables
         self.pattern = pattern
         self.chunk = chunk
+        self.small_chunk = min(chunk, SMALL_CHUNK)   # for calls of <= small_call_bytes (GPUs)
+        self.small_call_bytes = SMALL_CALL_BYTES
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
         self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
@@ -178,6 +192,7 @@ class GpuEncoder:
         self.inline_long = True   # False: long pieces always on the slow path (tests compare)
         self.inline_min_bytes = INLINE_MIN_BYTES
         self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
+        self.call_chunk = chunk
         self._staging: dict[int, Buffer] = {}
         self.profile = False
         self.last_profile = Profile()
@@ -240,7 +255,8 @@ class GpuEncoder:
             return self._batched_locked(data, starts, pieces, out)
 
     def _batched_locked(self, data, starts, pieces: bool, out=None):
-        data = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        if not isinstance(data, (np.ndarray, PackedText)):
+            data = np.frombuffer(data, dtype=np.uint8)
         starts = np.asarray(starts, dtype=np.int64)
         n_docs = starts.size - 1
         if self.profile:
@@ -274,10 +290,13 @@ class GpuEncoder:
         `ids`; fills sub_offsets[1:]."""
         def upload(k):
             lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
-            return _Chunk(self, data[lo:hi], sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
+            return _Chunk(self, byte_range(data, lo, hi), sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
                           pieces, slot=k % 2, first_sub=bounds[k])
 
         base, n_chunks = 0, len(bounds) - 1
+        # bytes per pre-tokenizer invocation for this call (see SMALL_CHUNK)
+        small = self.budget == NONE and int(sub_starts[-1]) <= self.small_call_bytes
+        self.call_chunk = self.small_chunk if small else self.chunk
         self._check_interrupt()
         chunk = following = upload(0)
         try:
@@ -320,7 +339,7 @@ class GpuEncoder:
             owner_first.append(len(subs))
             lo, hi = int(starts[d]), int(starts[d + 1])
             subs.append(lo)
-            cuts = split_cuts(data[lo:hi].tobytes(), self.pattern) + lo if \
+            cuts = split_cuts(byte_range(data, lo, hi).tobytes(), self.pattern) + lo if \
                 hi - lo > self.max_call_bytes else None
             while hi - lo > self.max_call_bytes:
                 k = int(np.searchsorted(cuts, lo + self.max_call_bytes, side="right")) - 1
@@ -343,7 +362,7 @@ class GpuEncoder:
         # one role per budget: a recording may bind both (the inline long-piece dispatches)
         params = self.uniforms.get(
             f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
-            self.chunk, lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+            chunk.chunk_bytes, lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
             lay["max_tok_len"], int(self.tables.whole_piece), budget)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
                 chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
@@ -389,7 +408,8 @@ class GpuEncoder:
                                       chunk.doc_off, cparams],
                      -(-max(n, n_docs + 1) // 256), "compact")
 
-    def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int) -> None:
+    def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int,
+                     failed: int = 0) -> None:
         """Resume the pre-tokenizer (finite budgets), merge long pieces (or, when they were
         merged in the chunk's submit, merge again those whose seams failed), compact again
         and read the chunk back exactly (the one-submit guess of the fast path did not
@@ -407,7 +427,9 @@ class GpuEncoder:
                                     "a piece boundary proof failed (internal error; please "
                                     "report the input)")
         changed = bool(unfinished)   # tok_buf changed since the chunk's own compact
-        if n_long:
+        if n_long and chunk.inline_long and not failed:   # merged and stitched in its submit
+            self.last_profile.long_windows += n_long
+        elif n_long:
             self.last_profile.long_windows += n_long
             changed |= self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
                                         merged=chunk.inline_long)
@@ -642,7 +664,8 @@ class _Chunk:
         self.slot = slot
         self.enc, self.pieces, self.first_sub = enc, pieces, first_sub
         self.n, self.n_docs = int(data.size), int(starts.size - 1)
-        self.n_chunks = -(-self.n // enc.chunk)
+        self.chunk_bytes = enc.call_chunk
+        self.n_chunks = -(-self.n // self.chunk_bytes)
         pool, t0 = enc.pool, time.perf_counter()
         self.text = pool.get(f"text{slot}", -(-self.n // 4) * 4)
         aligned = self.n & ~3
@@ -711,7 +734,7 @@ class _Chunk:
         if (n_long and not self.inline_long) or failed or unfinished or \
                 self.total > self.guess:
             self.release()
-            enc._finish_slow(self, n_long, long_words, unfinished)
+            enc._finish_slow(self, n_long, long_words, unfinished, failed)
         else:
             self.ids_view = np.frombuffer(view, np.uint32, count=self.total, offset=self.ids_at)
             enc.last_profile.long_windows += n_long   # merged in the chunk's submit
