@@ -55,6 +55,16 @@ def top_tottime(fn, lines: int) -> str:
     return text[text.find("   ncalls"):].rstrip()
 
 
+def wall_times(call, n: int) -> list[float]:
+    """Seconds of each of n calls of `call()`."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -186,11 +196,7 @@ def main(argv=None) -> int:
         encoder.small_call_bytes = 0
         got, got_off = encoder.encode_docs(packed, packed_starts)   # warm-up, and the check
         assert np.array_equal(got, ids) and np.array_equal(got_off, offsets), chunk
-        walls = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            encoder.encode_docs(packed, packed_starts)
-            walls.append(time.perf_counter() - t0)
+        walls = wall_times(lambda: encoder.encode_docs(packed, packed_starts), args.repeats)
         encoder.profile = True
         encoder.encode_docs(packed, packed_starts)
         encoder.profile = False
@@ -237,11 +243,7 @@ def main(argv=None) -> int:
         for _ in range(5):
             got, _ = encoder.encode_docs(data, starts)
         assert got.tolist() == tik.encode_ordinary(lone), chunk
-        times = []
-        for _ in range(args.lone_calls):
-            t0 = time.perf_counter()
-            encoder.encode_docs(data, starts)
-            times.append(time.perf_counter() - t0)
+        times = wall_times(lambda: encoder.encode_docs(data, starts), args.lone_calls)
         encoder.profile = True
         gpu: dict = {}
         for _ in range(10):
