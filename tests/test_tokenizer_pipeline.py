@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.encoding import get_encoding
+from tokenizer_svc.encoding import Encoding, get_encoding
 from tokenizer_svc.gpu_encode import GpuEncoder
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
@@ -26,8 +26,10 @@ def chunked(request, device):
                        max_call_bytes=4096)
     small.pipeline_bytes = 300
     small.profile = True
-    chunked_enc = get_encoding(vocab, device=device)
-    chunked_enc.backend.encoder = small   # the Encoding's own paths, through the small chunks
+    # an Encoding of its own (get_encoding's are cached and shared with other tests), whose
+    # own paths go through the small chunks
+    chunked_enc = Encoding(vocab, device)
+    chunked_enc.backend.encoder = small
     return chunked_enc, small, tiktoken_twin(vocab)
 
 

@@ -95,8 +95,8 @@ class GpuBackend:
             lengths = np.fromiter((len(s) for s in segments), dtype=np.int64, count=len(segments))
             starts = np.zeros(len(segments) + 1, dtype=np.int64)
             np.cumsum(lengths, out=starts[1:])
-            with self.lock:
-                return self.encoder.encode_docs(b"".join(segments), starts)
+            with self.lock:   # joined range by range as the encoder uploads them
+                return self.encoder.encode_docs(PackedText(segments, starts), starts)
         pieces, per_segment = [], []
         for seg in segments:
             cut = [p.encode("utf-8") for p in self.pre.split(seg.decode("utf-8"))]
