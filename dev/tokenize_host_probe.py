@@ -83,6 +83,8 @@ def main(argv=None) -> int:
                         help="size of each single long piece in case f")
     parser.add_argument("--corpus-chunks", default="32,64,128,256",
                         help="pre-tokenizer chunk sizes for the corpus encode (case b3)")
+    parser.add_argument("--corpus-windows", default="1536/256",
+                        help="long-piece window/overlap pairs also run in case b3 (chunk 128)")
     parser.add_argument("--chunks", default="128,64,32,16",
                         help="pre-tokenizer chunk sizes for the lone document (case d)")
     args = parser.parse_args(argv)
@@ -190,9 +192,13 @@ def main(argv=None) -> int:
     from tokenizer_svc.encoding import _pack_utf8
     from tokenizer_svc.gpu_encode import GpuEncoder as _Encoder
     packed, packed_starts = _pack_utf8(docs)
+    from tokenizer_svc.gpu_encode import LONG_OVERLAP as _OV, LONG_WINDOW as _W
+    configs = [(int(c), _W, _OV) for c in args.corpus_chunks.split(",") if c]
+    configs += [(128, *map(int, wo.split("/"))) for wo in args.corpus_windows.split(",") if wo]
     sweep_c = []
-    for chunk in [int(c) for c in args.corpus_chunks.split(",") if c]:
-        encoder = _Encoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk)
+    for chunk, window, overlap in configs:
+        encoder = _Encoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk,
+                           long_window=window, long_overlap=overlap)
         encoder.small_call_bytes = 0
         got, got_off = encoder.encode_docs(packed, packed_starts)   # warm-up, and the check
         assert np.array_equal(got, ids) and np.array_equal(got_off, offsets), chunk
@@ -201,15 +207,17 @@ def main(argv=None) -> int:
         encoder.encode_docs(packed, packed_starts)
         encoder.profile = False
         gpu = {k: v * 1e3 for k, v in encoder.last_profile.gpu.items()}
-        sweep_c.append({"chunk": chunk, "median_s": float(np.median(walls)),
+        sweep_c.append({"chunk": chunk, "window": window, "overlap": overlap,
+                        "median_s": float(np.median(walls)),
                         "MBps": nbytes / 1e6 / float(np.median(walls)), "gpu_ms": gpu})
         encoder.pool.release()
     result["cases"]["corpus_chunk_sweep"] = sweep_c
     md += [f"## (b3) the corpus by pre-tokenizer chunk size (GpuEncoder.encode_docs on the "
            f"packed corpus, median of {args.repeats}; GPU timestamps of one profiled call)", "",
-           "| chunk | median s | MB/s | GPU cuts ms | GPU pretok_merge ms | GPU merge_long ms |",
-           "|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['chunk']} | {r['median_s']:.3f} | {r['MBps']:.1f} | "
+           "| chunk | long window (+ overlap) | median s | MB/s | GPU cuts ms | "
+           "GPU pretok_merge ms | GPU merge_long ms |",
+           "|---:|---|---:|---:|---:|---:|---:|"]
+    md += [f"| {r['chunk']} | {r['window']} (+{r['overlap']}) | {r['median_s']:.3f} | {r['MBps']:.1f} | "
            f"{r['gpu_ms'].get('cuts', 0):.2f} | {r['gpu_ms'].get('pretok_merge', 0):.2f} | "
            f"{r['gpu_ms'].get('merge_long', 0):.2f} |" for r in sweep_c]
     md.append("")

@@ -80,14 +80,13 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
 # longer, then as one window. A window is heap-merged by one invocation, so a piece's time is
 # about one window's: shorter windows are faster (H200, a 1 MB piece: 27 ms of merge_long at
-# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 1536 = 2^9 3: runs of one character in the
+# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 768 = 2^8 3: runs of one character in the
 # real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte characters:
 # multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) fail those seams
 # (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The overlap holds
-# two of the longest tokens and keeps LONG_OVERLAP <= 0.18 LONG_WINDOW (the inline work-space
-# bound below).
-LONG_WINDOW = 1536
-LONG_OVERLAP = 256
+# the 128-byte space period with room (136 bytes failed cl100k's runs of spaces).
+LONG_WINDOW = 768
+LONG_OVERLAP = 192
 LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
@@ -97,11 +96,11 @@ PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
 LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
 MAX_RESUME_DISPATCHES = 64
-# Long pieces merged inside a chunk's one submit (GPUs): a work space of 6 words per input
-# byte bounds any queue when LONG_OVERLAP <= 0.18 LONG_WINDOW (5 words per window byte, so
-# 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes:
-# < 6), and the windows' kernels run grid-stride.
-INLINE_WORDS_PER_BYTE = 6
+# Long pieces merged inside a chunk's one submit (GPUs): a work space of 7 words per input
+# byte bounds any queue when 5 (1 + overlap / window) + 0.07 <= 7 (5 words per window byte,
+# so 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes,
+# < 4 / 65; see inline_long_for), and the windows' kernels run grid-stride.
+INLINE_WORDS_PER_BYTE = 7
 INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
 # Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
 # path (at least four more round trips). 0: every chunk merges them in its one submit; the
@@ -397,7 +396,8 @@ class GpuEncoder:
         limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
                     int(self.device.limits.get("max-buffer-size", 1 << 30)))
         return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
-            100 * self.long_overlap <= 18 * self.long_window and \
+            100 * SCRATCH_WORDS_PER_BYTE * (self.long_window + self.long_overlap) + \
+            7 * self.long_window <= 100 * INLINE_WORDS_PER_BYTE * self.long_window and \
             4 * INLINE_WORDS_PER_BYTE * n <= limit
 
     def _record_compact(self, rec, chunk) -> None:
