@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                         help="size of each single long piece in case f")
     parser.add_argument("--corpus-chunks", default="32,64,128,256",
                         help="pre-tokenizer chunk sizes for the corpus encode (case b3)")
-    parser.add_argument("--corpus-windows", default="1536/256",
+    parser.add_argument("--corpus-windows", default="768/192",
                         help="long-piece window/overlap pairs also run in case b3 (chunk 128)")
     parser.add_argument("--chunks", default="128,64,32,16",
                         help="pre-tokenizer chunk sizes for the lone document (case d)")
@@ -217,7 +217,8 @@ def main(argv=None) -> int:
            "| chunk | long window (+ overlap) | median s | MB/s | GPU cuts ms | "
            "GPU pretok_merge ms | GPU merge_long ms |",
            "|---:|---|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['chunk']} | {r['window']} (+{r['overlap']}) | {r['median_s']:.3f} | {r['MBps']:.1f} | "
+    md += [f"| {r['chunk']} | {r['window']} (+{r['overlap']}) | {r['median_s']:.3f} | "
+           f"{r['MBps']:.1f} | "
            f"{r['gpu_ms'].get('cuts', 0):.2f} | {r['gpu_ms'].get('pretok_merge', 0):.2f} | "
            f"{r['gpu_ms'].get('merge_long', 0):.2f} |" for r in sweep_c]
     md.append("")

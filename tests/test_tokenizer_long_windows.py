@@ -136,8 +136,8 @@ def test_default_windows_on_a_long_piece(windowed):
 # stitch costs the piece a merge with 7x longer windows): every printable ASCII character,
 # whitespace runs (spaces repeat every 128 bytes in cl100k/o200k), 2-, 3- and 4-byte characters
 RUN_UNITS = [chr(c) for c in range(33, 127)] + [
-    " ", "\t", "\n", "\r\n", " \n", "\u3000", "\u00a0", "中", "é", "я", "ا", "😀", "あ", "한",
-    "ह", "ß", "ñ", "λ", "ж", "ש", "ก", "👍🏽"]
+    " ", "\t", "\n", "\r\n", " \n", "\u3000", "\u00a0", "中", "é", "я", "ا", "😀", "あ",
+    "한", "ह", "ß", "ñ", "λ", "ж", "ש", "ก", "👍🏽"]
 
 
 def test_shipped_window_stitches_one_character_runs_without_retries(windowed, device):

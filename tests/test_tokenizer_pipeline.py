@@ -154,16 +154,18 @@ def test_texts_packed_with_one_join(chunked, docs):
     assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]
 
 
-@pytest.mark.parametrize("window", [200, 201])
-def test_long_pieces_inside_the_chunks_submit(chunked, device, window):
+@pytest.mark.parametrize("window,overlap", [(200, 32), (201, 32), (200, 64)])
+def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap):
     """On GPUs (no loop budget) long pieces are merged, stitched and copied in the chunk's
     one submit, and only pieces whose seams failed take the slow path: window 201 is odd, so
     "x" runs never stitch and are merged with longer windows; at 200 a run after a space
-    stitches at the latest on windows aligned to its first window's tokens. Forced here on lavapipe with inputs small enough for its loop
-    limit; the same ids as the budgeted path and as tiktoken."""
+    stitches at the latest on windows aligned to its first window's tokens. Overlap 64 needs
+    7 words of work space per byte (32: 6). Forced here on lavapipe with inputs small enough
+    for its loop limit; the same ids as the budgeted path and as tiktoken."""
     _, small, tik = chunked
     inline = GpuEncoder(device, small.tables, small.pattern, long_window=window,
-                        long_overlap=32)
+                        long_overlap=overlap)
+    assert inline.inline_words_per_byte == (7 if overlap == 64 else 6)
     inline.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
     inline.k_long_sg = None
     inline.pipeline_bytes = 2000

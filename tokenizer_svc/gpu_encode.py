@@ -80,13 +80,15 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
 # longer, then as one window. A window is heap-merged by one invocation, so a piece's time is
 # about one window's: shorter windows are faster (H200, a 1 MB piece: 27 ms of merge_long at
-# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 768 = 2^8 3: runs of one character in the
+# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 1536 = 2^9 3: runs of one character in the
 # real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte characters:
 # multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) fail those seams
 # (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The overlap holds
-# the 128-byte space period with room (136 bytes failed cl100k's runs of spaces).
-LONG_WINDOW = 768
-LONG_OVERLAP = 192
+# the 128-byte space period with room (136 bytes failed cl100k's runs of spaces). 768 (+192)
+# also stitches every run tried and should halve a chunk's merge_long time, but needs 7 words
+# of inline work space per byte and is not yet measured on a GPU (probe case b3 runs it).
+LONG_WINDOW = 1536
+LONG_OVERLAP = 256
 LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
@@ -96,11 +98,11 @@ PRETOK_BUDGET_SOFTWARE = 4000
 LONG_BUDGET_SOFTWARE = 6000
 LONG_SEAM_FAILED = 4  # longs[2 i].w after bpe_long_stitch found no shared token
 MAX_RESUME_DISPATCHES = 64
-# Long pieces merged inside a chunk's one submit (GPUs): a work space of 7 words per input
-# byte bounds any queue when 5 (1 + overlap / window) + 0.07 <= 7 (5 words per window byte,
-# so 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes,
-# < 4 / 65; see inline_long_for), and the windows' kernels run grid-stride.
-INLINE_WORDS_PER_BYTE = 7
+# Long pieces merged inside a chunk's one submit (GPUs) get a work space of w words per input
+# byte, w the least integer >= 5 (1 + overlap / window) + 0.07 (5 words per window byte, so
+# 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes,
+# < 4 / 65): no queue can outgrow it (6 for the shipped windows), and the windows' kernels
+# run grid-stride.
 INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
 # Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
 # path (at least four more round trips). 0: every chunk merges them in its one submit; the
@@ -162,6 +164,8 @@ class GpuEncoder:
                              f"({long_overlap}) plus the longest token "
                              f"({tables.layout['max_tok_len']} bytes), and long_overlap be >= 1")
         self.long_window, self.long_overlap = long_window, long_overlap
+        words = 100 * SCRATCH_WORDS_PER_BYTE * (long_window + long_overlap) + 7 * long_window
+        self.inline_words_per_byte = -(-words // (100 * long_window))   # see INLINE_LONG_*
         windows = {"LONG_WINDOW": long_window, "LONG_OVERLAP": long_overlap}
         constants = {"PATTERN": PATTERN_IDS[pattern]} if pattern in PATTERN_IDS else {}
         k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
@@ -289,7 +293,8 @@ class GpuEncoder:
         `ids`; fills sub_offsets[1:]."""
         def upload(k):
             lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
-            return _Chunk(self, byte_range(data, lo, hi), sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
+            return _Chunk(self, byte_range(data, lo, hi),
+                          sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
                           pieces, slot=k % 2, first_sub=bounds[k])
 
         base, n_chunks = 0, len(bounds) - 1
@@ -361,7 +366,8 @@ class GpuEncoder:
         # one role per budget: a recording may bind both (the inline long-piece dispatches)
         params = self.uniforms.get(
             f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
-            chunk.chunk_bytes, lay["info_off"], lay["bytes_off"], lay["piece_off"], lay["piece_mask"], lay["pair_mask"],
+            chunk.chunk_bytes, lay["info_off"], lay["bytes_off"], lay["piece_off"],
+            lay["piece_mask"], lay["pair_mask"],
             lay["max_tok_len"], int(self.tables.whole_piece), budget)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
                 chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
@@ -377,7 +383,7 @@ class GpuEncoder:
         if chunk.inline_long:
             # long pieces in the same submit: windows, stitch, copy over however many windows
             # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
-            binds = self._binds(chunk, self.pool.get("scratch", 4 * INLINE_WORDS_PER_BYTE
+            binds = self._binds(chunk, self.pool.get("scratch", 4 * self.inline_words_per_byte
                                                      * chunk.n), NONE)
             # grids sized by the most windows the chunk can queue (pieces of > SHORT_MAX
             # bytes, plus one per long_window of them): merge and stitch one invocation per
@@ -396,9 +402,7 @@ class GpuEncoder:
         limit = min(int(self.device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
                     int(self.device.limits.get("max-buffer-size", 1 << 30)))
         return self.budget == NONE and self.inline_long and n >= self.inline_min_bytes and \
-            100 * SCRATCH_WORDS_PER_BYTE * (self.long_window + self.long_overlap) + \
-            7 * self.long_window <= 100 * INLINE_WORDS_PER_BYTE * self.long_window and \
-            4 * INLINE_WORDS_PER_BYTE * n <= limit
+            4 * self.inline_words_per_byte * n <= limit
 
     def _record_compact(self, rec, chunk) -> None:
         n, n_docs = chunk.n, chunk.n_docs
