@@ -16,8 +16,10 @@ that older clients read) and EVERY reply is compared with tiktoken's ids for its
 (precomputed; a wrong reply counts as an error, `mismatch`). Per cell it reports requests/s
 (requests completed inside the window), MB/s, tokens/s, latency p50/p95/p99, and from the
 server: the mean number of requests per GPU call, the GPU threads' busy share (time inside
-encode calls / wall time, summed over workers: above 1 with several devices busy at once)
-and the server's CPU use in cores (its processes' CPU seconds / wall time). Writes
+encode calls / wall time, summed over workers: above 1 with several devices busy at once),
+the server's CPU use in cores (its processes' CPU seconds / wall time), and where a
+request's time goes inside the server (means of its histograms: the RPC, the wait for a
+batch, one GPU call; the client's mean minus the server's is gRPC and the loopback). Writes
 service.json and service.md into --out; about 2.5 minutes at the defaults on a 16-core
 machine. Texts are cut from real text (--corpus files, default the Python standard library's
 sources).
@@ -238,7 +240,16 @@ def summarize(results: list[dict], duration: float) -> dict:
 
 METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_requests_count",
            "istanbul_tokenizer_batch_documents_sum", "istanbul_tokenizer_gpu_seconds_sum",
-           "istanbul_tokenizer_batch_seconds_sum")
+           "istanbul_tokenizer_gpu_seconds_count", "istanbul_tokenizer_batch_seconds_sum",
+           "istanbul_tokenizer_request_seconds_sum", "istanbul_tokenizer_request_seconds_count",
+           "istanbul_tokenizer_queue_wait_seconds_sum",
+           "istanbul_tokenizer_queue_wait_seconds_count")
+
+
+def _mean_ms(delta: dict, name: str) -> float | None:
+    """Mean of a histogram over a cell, in ms (from its _sum and _count deltas)."""
+    count = delta[f"{name}_count"]
+    return delta[f"{name}_sum"] / count * 1e3 if count else None
 
 
 class Server:
@@ -381,11 +392,16 @@ def markdown(report: dict) -> str:
         "reply is compared with tiktoken's ids (a difference counts as an error). `mixed`: "
         "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `req/batch`: mean Tokenize "
         "requests per GPU call; `GPU busy`: time inside encode calls / wall time, summed over "
-        "the workers' devices; `server CPU`: cores the server's processes used.",
+        "the workers' devices; `server CPU`: cores the server's processes used. Server-side "
+        "means (the server's own histograms): `server ms` an RPC from its arrival in the "
+        "servicer to its reply, `queue ms` its wait for a batch, `GPU call ms` one encode "
+        "call; the client's mean minus `server ms` is gRPC, HTTP/2 and the loopback.",
         "",
         "| workers | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
-        "| req/batch | GPU busy | server CPU | errors |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mean ms | server ms | queue ms | GPU call ms | req/batch | GPU busy | server CPU "
+        "| errors |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+        "|---:|",
     ]
     for cell in report["cells"]:
         lines.append(
@@ -394,6 +410,8 @@ def markdown(report: dict) -> str:
             f"| {_fmt(cell['requests_per_s'])} | {_fmt(cell['mb_per_s'], 2)} "
             f"| {_fmt(cell['tokens_per_s'], 0)} | {_fmt(cell['p50_ms'], 2)} "
             f"| {_fmt(cell['p95_ms'], 2)} | {_fmt(cell['p99_ms'], 2)} "
+            f"| {_fmt(cell.get('mean_ms'), 2)} | {_fmt(cell.get('server_ms'), 2)} "
+            f"| {_fmt(cell.get('queue_ms'), 2)} | {_fmt(cell.get('gpu_call_ms'), 2)} "
             f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell['gpu_busy'], 2)} "
             f"| {_fmt(cell['server_cpu_cores'], 1)} | {sum(cell['errors'].values())} |")
     met = targets(report)
@@ -516,6 +534,11 @@ def main(argv=None) -> int:
                                 requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
                                                     / batches if batches else None),
                                 gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall,
+                                # where a request's time goes on the server side (means):
+                                # the RPC inside the server, its wait for a batch, one GPU call
+                                server_ms=_mean_ms(delta, "istanbul_tokenizer_request_seconds"),
+                                queue_ms=_mean_ms(delta, "istanbul_tokenizer_queue_wait_seconds"),
+                                gpu_call_ms=_mean_ms(delta, "istanbul_tokenizer_gpu_seconds"),
                                 server_cpu_cores=delta["cpu_seconds"] / wall)
                     report["cells"].append(cell)
                     report["verified_replies"] = verified
