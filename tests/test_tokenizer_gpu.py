@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenizer_svc.encoding import Encoding, get_encoding
 from tokenizer_svc.gpu_encode import NONE, SMALL_CALL_BYTES, SMALL_CHUNK, GpuEncoder
+from tokenizer_svc.packed_text import PackedText
 from tokenizer_svc.reference import fix_surrogates
 from tokenizer_svc.unicode_table import all_code_points_text
 
@@ -179,9 +180,10 @@ def test_documents_larger_than_one_call_are_split_at_boundaries(device):
     docs = [megabyte_document()[:40_000], "tail doc", "日本語、" * 1500]
     data = [d.encode() for d in docs]
     starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
-    ids, offsets = small.encode_docs(b"".join(data), starts)
     want = tik.encode_ordinary_batch(docs)
-    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    for packed in (b"".join(data), PackedText(data, starts)):   # joined, or range by range
+        ids, offsets = small.encode_docs(packed, starts)
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
     with pytest.raises(ValueError, match="no provable piece boundary"):
         small.encode_docs(b" " * 5000, np.array([0, 5000]))
 
