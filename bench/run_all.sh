@@ -15,8 +15,9 @@
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
 #   tprobe    dev/tokenize_host_probe.py (the tokenizer's host split, pipeline chunk sizes, the
-#             lone document by pre-tokenizer chunk, long pieces inline or not and by window
-#             size; results belong in dev/results/tokenize_host/)
+#             corpus by pre-tokenizer chunk and at 768-byte long-piece windows beside the
+#             default, the lone document by pre-tokenizer chunk, long pieces inline or not and
+#             by window size; results belong in dev/results/tokenize_host/)
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
 #   vprobe    dev/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
 #             schedule knobs on vtrain's 100 MB corpus; results belong in dev/results/)
@@ -66,7 +67,8 @@ run_step() {
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
         tprobe) $py dev/tokenize_host_probe.py --out "$out/tokenize_host" --mb 64 \
-                    --pipeline-mb 4,8,16,32 --repeats 3 ;;
+                    --pipeline-mb 8,16 --repeats 2 --corpus-chunks 32,64,128 \
+                    --corpus-windows 768/192 --chunks 128,16,8 --windows 768,1536 ;;
         vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus \
                     --sizes 100,1000 ;;
         vprobe) $py dev/vocab_merge_probe.py --out "$out/vocab_merge_probe" \
