@@ -122,6 +122,13 @@ def test_many_long_pieces_in_scratch_groups(windowed, device):
     pieces = list(adversarial_pieces(vocab, 1500).values())
     docs = [p + " and " + q for p, q in zip(pieces, reversed(pieces))]
     assert _encode(grouped, [d.encode() for d in docs]) == [tik.encode_ordinary(d) for d in docs]
+    # runs one character into their piece: the aligned second round works group by group
+    # ("x": its token period, 8 bytes, divides the 320-byte window)
+    grouped.profile = True
+    prefixed = [first + "x" * n for first in (" ", "<", "Q", "-") for n in (1500, 1700)]
+    assert _encode(grouped, [d.encode() for d in prefixed]) == \
+        [tik.encode_ordinary(d) for d in prefixed]
+    assert grouped.last_profile.long_retried > 0 and grouped.last_profile.long_widened == 0
 
 
 def test_default_windows_on_a_long_piece(windowed):
