@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                              "default 16, the encoder's own)")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per size in b2")
     parser.add_argument("--windows", default="1024,1536,2304,5760",
-                        help="long-piece window sizes in bytes (case f; overlap 512)")
+                        help="long-piece window sizes in bytes (case f; the shipped overlap)")
     parser.add_argument("--piece-mb", type=float, default=1.0,
                         help="size of each single long piece in case f")
     parser.add_argument("--corpus-chunks", default="32,64,128,256",
@@ -91,7 +91,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
     from istanbul.shaders.engine import default_device
-    from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.encoding import _pack_utf8, get_encoding
+    from tokenizer_svc.gpu_encode import LONG_OVERLAP, LONG_WINDOW, GpuEncoder
     from tokenizer_svc.vocab import load_vocabulary
 
     device = default_device()
@@ -189,15 +190,12 @@ def main(argv=None) -> int:
 
     # (b3) the corpus by pre-tokenizer chunk size (bytes per bpe_cuts / bpe_pretok
     # invocation): more, shorter invocations against more segment boundaries
-    from tokenizer_svc.encoding import _pack_utf8
-    from tokenizer_svc.gpu_encode import GpuEncoder as _Encoder
     packed, packed_starts = _pack_utf8(docs)
-    from tokenizer_svc.gpu_encode import LONG_OVERLAP as _OV, LONG_WINDOW as _W
-    configs = [(int(c), _W, _OV) for c in args.corpus_chunks.split(",") if c]
+    configs = [(int(c), LONG_WINDOW, LONG_OVERLAP) for c in args.corpus_chunks.split(",") if c]
     configs += [(128, *map(int, wo.split("/"))) for wo in args.corpus_windows.split(",") if wo]
     sweep_c = []
     for chunk, window, overlap in configs:
-        encoder = _Encoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk,
+        encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk,
                            long_window=window, long_overlap=overlap)
         encoder.small_call_bytes = 0
         got, got_off = encoder.encode_docs(packed, packed_starts)   # warm-up, and the check
@@ -242,7 +240,6 @@ def main(argv=None) -> int:
     # (d) the lone document with other pre-tokenizer chunk sizes (bytes per invocation of
     # bpe_cuts / bpe_pretok; exact for any size, tests/test_tokenizer_gpu.py): a small input
     # has few invocations, each sequential over its chunk, so latency may fall with the size
-    from tokenizer_svc.gpu_encode import GpuEncoder
     data = np.frombuffer(lone.encode(), np.uint8)
     starts = np.array([0, data.size])
     sweep = []
@@ -343,7 +340,6 @@ def main(argv=None) -> int:
                          "gpu_ms": {k: v * 1e3 for k, v in gpu.items()}})
     result["cases"]["long_piece_windows"] = rows
     kernels = sorted({k for row in rows for k in row["gpu_ms"] if "long" in k or k == "stitch"})
-    from tokenizer_svc.gpu_encode import LONG_OVERLAP
     md += [f"## (f) single long pieces by long_window (overlap {LONG_OVERLAP} B; median of 3 "
            "calls, GPU timestamps of one profiled call)", "",
            "| window | piece | bytes | exact | median s | pieces merged again (aligned / "

@@ -431,10 +431,9 @@ class GpuEncoder:
                                     "a piece boundary proof failed (internal error; please "
                                     "report the input)")
         changed = bool(unfinished)   # tok_buf changed since the chunk's own compact
-        if n_long and chunk.inline_long and not failed:   # merged and stitched in its submit
+        if n_long:
             self.last_profile.long_windows += n_long
-        elif n_long:
-            self.last_profile.long_windows += n_long
+        if n_long and not (chunk.inline_long and not failed):   # else stitched in its submit
             changed |= self._merge_long(binds, chunk.longs, counters, n_long, long_words, n,
                                         merged=chunk.inline_long)
         if changed:
