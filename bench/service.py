@@ -243,7 +243,11 @@ METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_re
            "istanbul_tokenizer_gpu_seconds_count", "istanbul_tokenizer_batch_seconds_sum",
            "istanbul_tokenizer_request_seconds_sum", "istanbul_tokenizer_request_seconds_count",
            "istanbul_tokenizer_queue_wait_seconds_sum",
-           "istanbul_tokenizer_queue_wait_seconds_count")
+           "istanbul_tokenizer_queue_wait_seconds_count",
+           # the shared GPU process (--gpu-process shared): its calls and worker batches per round
+           "istanbul_tokenizer_gpu_host_seconds_sum", "istanbul_tokenizer_gpu_host_seconds_count",
+           "istanbul_tokenizer_gpu_host_messages_sum",
+           "istanbul_tokenizer_gpu_host_messages_count")
 
 
 def _mean_ms(delta: dict, name: str) -> float | None:
@@ -253,16 +257,18 @@ def _mean_ms(delta: dict, name: str) -> float | None:
 
 
 class Server:
-    def __init__(self, vocab: str, adapter: str | None, workers: int, window_ms: float,
-                 workdir: Path, logdir: Path):
+    def __init__(self, vocab: str, adapter: str | None, workers: int, gpu_process: str,
+                 window_ms: float, workdir: Path, logdir: Path):
         self.workers = workers
-        self.port_file = workdir / f"port-{workers}"
+        self.port_file = workdir / f"port-{workers}-{gpu_process}"
         self.metrics_port = _free_port()
-        self.log = open(logdir / f"server-workers-{workers}.log", "w")
+        self.log = open(logdir / f"server-workers-{workers}-{gpu_process}.log", "w")
         cmd = [sys.executable, "-m", "tokenizer_svc", "--vocab", vocab, "--host", "127.0.0.1",
                "--port", "0", "--port-file", str(self.port_file), "--metrics-port",
                str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
                "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms)]
+        if workers > 1:
+            cmd += ["--gpu-process", gpu_process]
         if adapter is not None:
             cmd += ["--adapter", adapter]
         # the parent's PYTHONPATH is kept: packages may be installed there (--target dirs)
@@ -371,7 +377,8 @@ def targets(report: dict) -> list[dict]:
         value = best[metric]
         met = value >= target if op == ">=" else value <= target
         out.append({"clients": clients, "size": size, "metric": metric, "target": target,
-                    "floor": floor, "value": value, "workers": best["workers"], "met": met,
+                    "floor": floor, "value": value, "workers": best["workers"],
+                    "gpu_process": best.get("gpu_process", "own"), "met": met,
                     "floor_met": (value >= floor) if floor is not None else met})
     return out
 
@@ -390,40 +397,51 @@ def markdown(report: dict) -> str:
         f"processes; {cfg['duration_s']} s measured per cell after {cfg['warmup_s']} s "
         f"warm-up; batching window {cfg['window_ms']} ms. Requests ask for packed ids; every "
         "reply is compared with tiktoken's ids (a difference counts as an error). `mixed`: "
-        "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `req/batch`: mean Tokenize "
-        "requests per GPU call; `GPU busy`: time inside encode calls / wall time, summed over "
-        "the workers' devices; `server CPU`: cores the server's processes used. Server-side "
-        "means (the server's own histograms): `server ms` an RPC from its arrival in the "
-        "servicer to its reply, `queue ms` its wait for a batch, `GPU call ms` one encode "
-        "call; the client's mean minus `server ms` is gRPC, HTTP/2 and the loopback.",
+        "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `GPU`: who owns the device "
+        "(`own`: the one server process; `shared`: one GPU process encodes every worker's "
+        "batches, `--gpu-process shared`; `per-worker`: each worker has a device of its own). "
+        "`req/batch`: mean Tokenize requests per worker batch; `batches/call`: worker batches "
+        "per call of the shared GPU process; `GPU busy`: time inside encode calls / wall time "
+        "(the GPU process's calls when shared, else summed over the workers' devices); "
+        "`server CPU`: cores the server's processes used. Server-side means (the server's own "
+        "histograms): `server ms` an RPC from its arrival in the servicer to its reply, `queue "
+        "ms` its wait for a batch, `GPU call ms` one encode call as the worker waits for it "
+        "(with the shared GPU process: the round trip to it), `host call ms` one call inside "
+        "the GPU process; the client's mean minus `server ms` is gRPC, HTTP/2 and the "
+        "loopback.",
         "",
-        "| workers | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms | p99 ms "
-        "| mean ms | server ms | queue ms | GPU call ms | req/batch | GPU busy | server CPU "
-        "| errors |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-        "|---:|",
+        "| workers | GPU | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms "
+        "| p99 ms | mean ms | server ms | queue ms | GPU call ms | host call ms | req/batch "
+        "| batches/call | GPU busy | server CPU | errors |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+        "|---:|---:|---:|---:|",
     ]
     for cell in report["cells"]:
         lines.append(
-            f"| {cell['workers']} | {cell['clients']} | {_label(cell['size'])} "
+            f"| {cell['workers']} | {cell.get('gpu_process', 'own')} | {cell['clients']} "
+            f"| {_label(cell['size'])} "
             f"| {cell.get('format', 'packed')} "
             f"| {_fmt(cell['requests_per_s'])} | {_fmt(cell['mb_per_s'], 2)} "
             f"| {_fmt(cell['tokens_per_s'], 0)} | {_fmt(cell['p50_ms'], 2)} "
             f"| {_fmt(cell['p95_ms'], 2)} | {_fmt(cell['p99_ms'], 2)} "
             f"| {_fmt(cell.get('mean_ms'), 2)} | {_fmt(cell.get('server_ms'), 2)} "
             f"| {_fmt(cell.get('queue_ms'), 2)} | {_fmt(cell.get('gpu_call_ms'), 2)} "
-            f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell['gpu_busy'], 2)} "
+            f"| {_fmt(cell.get('host_call_ms'), 2)} "
+            f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell.get('batches_per_call'), 1)} "
+            f"| {_fmt(cell['gpu_busy'], 2)} "
             f"| {_fmt(cell['server_cpu_cores'], 1)} | {sum(cell['errors'].values())} |")
     met = targets(report)
     if met:
         lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
-                  "| cell | target | measured | workers | met |", "|---|---:|---:|---:|---|"]
+                  "| cell | target | measured | workers | GPU | met |",
+                  "|---|---:|---:|---:|---|---|"]
         for t in met:
             unit = {"mb_per_s": "MB/s", "requests_per_s": "req/s", "p50_ms": "ms p50"}[t["metric"]]
             op = ">=" if t["metric"] != "p50_ms" else "<="
             floor = f" (at least {t['floor']:,.0f})" if t["floor"] is not None else ""
             lines.append(f"| {t['clients']} x {_label(t['size'])} | {op} {t['target']:,.1f} "
                          f"{unit}{floor} | {_fmt(t['value'], 2)} | {t['workers']} "
+                         f"| {t.get('gpu_process', 'own')} "
                          f"| {'yes' if t['met'] else ('floor only' if t['floor_met'] else 'no')} |")
     lines += ["", f"Replies checked against tiktoken: {report.get('verified_replies', 0):,} "
               f"(every reply of every cell, warm-up included).", ""]
@@ -454,6 +472,10 @@ def main(argv=None) -> int:
     p.add_argument("--workers", default=",".join(map(str, sorted({1, max(2, cpus * 3 // 8)}))),
                    help="comma-separated server configurations, `istanbul serve --workers N` "
                         "(default: 1 and 3/8 of the CPUs, 6 on 16)")
+    p.add_argument("--gpu-process", default="shared,per-worker",
+                   help="for configurations of more than one worker: `istanbul serve "
+                        "--gpu-process` layouts to measure, comma-separated (default "
+                        "shared,per-worker)")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
@@ -475,6 +497,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     preflight()
     workers_list = [int(x) for x in args.workers.split(",")]
+    layouts = [x.strip() for x in args.gpu_process.split(",")]
+    for layout in layouts:
+        if layout not in ("shared", "per-worker"):
+            raise SystemExit(f"--gpu-process: {layout!r}; use shared, per-worker or both")
+    configs = [(w, layout) for w in workers_list for layout in (layouts if w > 1 else ["own"])]
     formats = [f.strip() for f in args.formats.split(",")]
     if not set(formats) <= {"packed", "repeated"}:
         raise SystemExit(f"--formats: {args.formats!r}; use packed, repeated or both")
@@ -498,7 +525,8 @@ def main(argv=None) -> int:
         pool, weights = cell_texts(texts, size)
         exp = cell_texts(expected, size)[0]
         cells[size] = (pool, weights, exp)
-    report = {"config": {"workers": workers_list, "clients": clients, "sizes": sizes,
+    report = {"config": {"workers": workers_list, "gpu_process": layouts,
+                         "clients": clients, "sizes": sizes,
                          "formats": formats,
                          "window_ms": args.window_ms, "duration_s": args.duration,
                          "warmup_s": args.warmup, "processes": args.processes,
@@ -509,9 +537,9 @@ def main(argv=None) -> int:
     verified = 0
     load = LoadGenerator(args.processes, cells)
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in workers_list:
-            server = Server(args.vocab, args.adapter, workers, args.window_ms, Path(tmp),
-                            args.out)
+        for workers, layout in configs:
+            server = Server(args.vocab, args.adapter, workers, layout, args.window_ms,
+                            Path(tmp), args.out)
             try:
                 info = server.client.info()
                 report["server"] = {"adapter": info.adapter.name, "adapter_type": info.adapter.type,
@@ -529,24 +557,34 @@ def main(argv=None) -> int:
                     after = server.metrics()
                     delta = {k: after[k] - before[k] for k in after}
                     batches = delta["istanbul_tokenizer_batch_requests_count"]
+                    rounds = delta["istanbul_tokenizer_gpu_host_messages_count"]
+                    shared = layout == "shared"
                     verified += cell.pop("checked")
-                    cell.update(workers=workers, clients=n, size=size, format=form,
+                    cell.update(workers=workers, gpu_process=layout, clients=n, size=size,
+                                format=form,
                                 requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
                                                     / batches if batches else None),
-                                gpu_busy=delta["istanbul_tokenizer_gpu_seconds_sum"] / wall,
+                                batches_per_call=(delta["istanbul_tokenizer_gpu_host_messages_sum"]
+                                                  / rounds if rounds else None),
+                                gpu_busy=delta["istanbul_tokenizer_gpu_host_seconds_sum" if shared
+                                               else "istanbul_tokenizer_gpu_seconds_sum"] / wall,
                                 # where a request's time goes on the server side (means):
                                 # the RPC inside the server, its wait for a batch, one GPU call
                                 server_ms=_mean_ms(delta, "istanbul_tokenizer_request_seconds"),
                                 queue_ms=_mean_ms(delta, "istanbul_tokenizer_queue_wait_seconds"),
                                 gpu_call_ms=_mean_ms(delta, "istanbul_tokenizer_gpu_seconds"),
+                                host_call_ms=(_mean_ms(delta, "istanbul_tokenizer_gpu_host_seconds")
+                                              if shared else None),
                                 server_cpu_cores=delta["cpu_seconds"] / wall)
                     report["cells"].append(cell)
                     report["verified_replies"] = verified
                     write_report(args.out, report, final=False)  # a time limit keeps what ran
-                    print(f"workers {workers:2} clients {n:4} text {_label(size):>6} {form}: "
+                    print(f"workers {workers:2} {layout:>10} clients {n:4} text "
+                          f"{_label(size):>6} {form}: "
                           f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
                           f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
                           f"req/batch {_fmt(cell['requests_per_batch'])} "
+                          f"batches/call {_fmt(cell['batches_per_call'])} "
                           f"cpu {cell['server_cpu_cores']:.1f} "
                           f"errors {sum(cell['errors'].values())}", flush=True)
             finally:

@@ -1,7 +1,8 @@
 """`istanbul serve --workers 2`: two real server processes on one port (SO_REUSEPORT) under a
-supervisor: connections reach both, replies are exact, /metrics shows both workers, SIGTERM
-drains every worker (exit 0), a killed worker is restarted, and workers that cannot start
-stop the group (exit 1)."""
+supervisor, with the shared GPU process (the default) or a device per worker: connections
+reach both workers, replies are exact, /metrics shows every member, SIGTERM drains every
+worker and then stops the GPU process (exit 0), a killed worker or GPU process is restarted
+and the group serves again, and members that cannot start stop the group (exit 1)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.service_support import (TEXTS, free_port, serve_subprocess, tiny_enco
 
 
 def _start(vocab, tmp_path, *extra):
+    """(supervisor process, target, metrics port) once the group serves."""
     port_file, metrics_port = tmp_path / "port", free_port()
     proc = serve_subprocess("--vocab", str(vocab), "--workers", "2", "--port", "0",
                             "--port-file", str(port_file), "--metrics-port", str(metrics_port),
@@ -40,32 +42,39 @@ def _start(vocab, tmp_path, *extra):
 def _per_worker(page: str, name: str) -> dict:
     out: dict = {}
     for labels, value in re.findall(rf"^{name}\{{(.*)\}} (\S+)$", page, re.M):
-        worker = re.search(r'worker="(\d+)"', labels).group(1)
+        worker = re.search(r'worker="([^"]+)"', labels).group(1)
         out[worker] = out.get(worker, 0.0) + float(value)
     return out
 
 
-def _children(pid: int) -> list:
-    """The worker processes of supervisor `pid` (multiprocessing's spawned children)."""
-    found = []
+def _children(pid: int) -> dict:
+    """The live members of supervisor `pid` by process name (istanbul-w0, ..., istanbul-gpu)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
+                name = open(f"/proc/{entry}/comm").read().strip()
             except OSError:
                 continue
-            if int(fields[1]) == pid and b"spawn_main" in open(f"/proc/{entry}/cmdline",
-                                                               "rb").read():
-                found.append(int(entry))
+            if int(fields[1]) == pid and fields[0] != "Z" and name.startswith("istanbul-"):
+                found[name] = int(entry)
     return found
 
 
+MEMBERS = {"shared": {"istanbul-w0", "istanbul-w1", "istanbul-gpu"},
+           "per-worker": {"istanbul-w0", "istanbul-w1"}}
+LABELS = {"shared": {"0": 1.0, "1": 1.0, "gpu": 1.0}, "per-worker": {"0": 1.0, "1": 1.0}}
+
+
+@pytest.mark.parametrize("layout", ["shared", "per-worker"])
 def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_encoding,
-                                                         tmp_path):
-    proc, target, metrics_port = _start(tiny_vocab_path, tmp_path)
+                                                         tmp_path, layout):
+    proc, target, metrics_port = _start(tiny_vocab_path, tmp_path, "--gpu-process", layout)
     try:
-        workers = _children(proc.pid)
+        members = _children(proc.pid)
+        assert set(members) == MEMBERS[layout]
         # separate connections (no shared subchannel): the kernel spreads them over workers
         channels = [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
                     for _ in range(16)]
@@ -82,13 +91,23 @@ def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_e
         served = _per_worker(page, "istanbul_tokenizer_requests_total")
         assert set(served) == {"0", "1"} and all(v > 0 for v in served.values()), served
         assert sum(served.values()) >= 16 * 6
-        assert _per_worker(page, "istanbul_tokenizer_worker_up") == {"0": 1.0, "1": 1.0}
+        assert _per_worker(page, "istanbul_tokenizer_worker_up") == LABELS[layout]
+        rounds = _per_worker(page, "istanbul_tokenizer_gpu_host_messages_count")
+        if layout == "shared":   # every batch of both workers went through the GPU process
+            batches = _per_worker(page, "istanbul_tokenizer_batch_requests_count")
+            assert rounds["gpu"] > 0
+            assert _per_worker(page, "istanbul_tokenizer_gpu_host_messages_sum")["gpu"] == \
+                sum(batches.values())
+        else:
+            assert rounds == {}
         for channel in channels:
             channel.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
-        assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")
-                    and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+        assert not [pid for pid in members.values() if os.path.exists(f"/proc/{pid}")
+                    and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        if layout == "shared":
+            assert "GPU process stopped" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -100,15 +119,15 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
     proc, target, metrics_port = _start(tiny_vocab_path, tmp_path)
     try:
         first = _children(proc.pid)
-        assert len(first) == 2
-        os.kill(first[0], signal.SIGKILL)
+        assert set(first) == MEMBERS["shared"]
+        os.kill(first["istanbul-w0"], signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while True:   # a new worker process, both workers' metrics answering again
+        while True:   # a new worker process, every member's metrics answering again
             now = _children(proc.pid)
             page = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                           timeout=30).read().decode()
-            if len(now) == 2 and first[0] not in now and \
-                    _per_worker(page, "istanbul_tokenizer_worker_up") == {"0": 1.0, "1": 1.0}:
+            if set(now) == MEMBERS["shared"] and now["istanbul-w0"] != first["istanbul-w0"] \
+                    and _per_worker(page, "istanbul_tokenizer_worker_up") == LABELS["shared"]:
                 break
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "the killed worker was not restarted"
@@ -131,7 +150,46 @@ def test_workers_that_cannot_start_stop_the_group(tiny_vocab_path, tmp_path):
                             "--adapter", "no-such-adapter")
     try:
         assert proc.wait(180) == 1
-        assert "worker failed to start; stopping the group" in proc.stderr.read()
+        assert re.search("(worker|GPU process) failed to start; stopping the group",
+                         proc.stderr.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
+        tiny_vocab_path, tiny_encoding, tmp_path):
+    proc, target, _ = _start(tiny_vocab_path, tmp_path)
+    try:
+        first = _children(proc.pid)
+        os.kill(first["istanbul-gpu"], signal.SIGKILL)
+        stub = tokenizer_pb2_grpc.TokenizerStub(grpc.insecure_channel(target))
+        deadline, refused, text = time.monotonic() + 120, 0, TEXTS[0]
+        while True:   # each reply exact, or UNAVAILABLE naming the GPU process; then exact
+            try:
+                reply = stub.Tokenize(pb.TokenizeRequest(text=text), timeout=60)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                assert "GPU process" in exc.details() and "retry" in exc.details()
+                refused += 1
+            else:
+                assert list(reply.ids) == list(tiny_encoding.encode(text))
+                now = _children(proc.pid)
+                if now.get("istanbul-gpu") not in (None, first["istanbul-gpu"]):
+                    break
+            assert time.monotonic() < deadline, "the GPU process was not restarted"
+            time.sleep(0.05)
+        for k in range(8):   # both workers reconnected (connections spread over them)
+            channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool",
+                                                              1)])
+            reply = tokenizer_pb2_grpc.TokenizerStub(channel).Tokenize(
+                pb.TokenizeRequest(text=f"{text} {k}"), timeout=60)
+            assert list(reply.ids) == list(tiny_encoding.encode(f"{text} {k}"))
+            channel.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        assert "GPU process exited; restarting it" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

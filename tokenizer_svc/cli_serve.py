@@ -58,8 +58,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the bound port to PATH once listening")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="server processes sharing the port (SO_REUSEPORT), each with its own "
-                        "GPU device and batcher: request handling on N cores (default 1; "
+                        "batcher: request handling on N cores (default 1; "
                         "tokenizer_svc/server/workers.py)")
+    p.add_argument("--gpu-process", choices=("shared", "per-worker"), default="shared",
+                   help="with --workers N > 1: `shared` (default) runs one more process that "
+                        "owns the GPU and encodes every worker's batches in common calls "
+                        "(tokenizer_svc/server/gpu_host.py); `per-worker` gives each worker "
+                        "a device of its own (N contexts time-slice one GPU)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -176,7 +181,8 @@ def cmd_serve(args) -> int:
         from .server.ports import PortUnavailable
         try:
             return run_workers(config, args.vocab, args.adapter, args.port_file, args.workers,
-                               args.log_format, getattr(args, "verbose", False))
+                               args.log_format, getattr(args, "verbose", False),
+                               gpu_process=args.gpu_process)
         except PortUnavailable as exc:
             raise UserFacingError(str(exc)) from None
     from .server.process import serve

@@ -226,11 +226,15 @@ class TokenizerServer:
         stay short on GPUs too."""
         enc = self._encoding
         if getattr(getattr(enc, "backend", None), "kind", None) != "gpu":
-            return enc
-        from istanbul.shaders.engine import Device
-        from ..encoding import Encoding
-        shared = enc.backend.device
-        long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu))
+            return getattr(enc, "local", enc)
+        local = getattr(enc, "local", None)   # a RemoteEncoding: batches run elsewhere, so
+        if local is not None:                 # the worker's own device is the long lane's
+            long_enc = local
+        else:
+            from istanbul.shaders.engine import Device
+            from ..encoding import Encoding
+            shared = enc.backend.device
+            long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu))
         encoder = long_enc.backend.encoder
         if not encoder.device.info.is_software:
             encoder.budget = encoder.long_budget = LONG_LANE_GPU_BUDGET

@@ -21,13 +21,23 @@ from .config import ServerConfig
 from .ports import PortUnavailable
 
 
+GPU_HOST_CONNECT_S = 600.0   # a worker waits this long for the GPU process to load and listen
+
+
 async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
-                 on_listening=None) -> int:
+                 on_listening=None, gpu_host: tuple | None = None) -> int:
+    """Serve until drained; `gpu_host` (address, key): the batches run in the group's GPU
+    process (gpu_host.py), this process's own device serves the long lane."""
     def load():
         from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
         device = Device(adapter)
-        return get_encoding(vocab, device=device), device
+        encoding = get_encoding(vocab, device=device)
+        if gpu_host is not None:
+            from .gpu_host import RemoteEncoding
+            encoding = RemoteEncoding(encoding, *gpu_host)
+            encoding.connect(GPU_HOST_CONNECT_S)
+        return encoding, device
 
     server = TokenizerServer(config, load=load)
     loop = asyncio.get_running_loop()

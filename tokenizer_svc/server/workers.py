@@ -39,8 +39,10 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import urllib.request
 from dataclasses import replace
@@ -52,11 +54,12 @@ from .ports import check_free, port_error
 log = logging.getLogger("tokenizer_svc.server")
 
 
-def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, log_format: str,
-                 verbose: bool, status) -> None:
-    """One worker: a whole TokenizerServer in this (spawned) process (process.serve)."""
-    os.setpgid(0, 0)     # Ctrl-C at a terminal reaches the supervisor only
-    _die_with_parent()
+def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, gpu_host,
+                 log_format: str, verbose: bool, status) -> None:
+    """One worker: a whole TokenizerServer in this (spawned) process (process.serve); with
+    `gpu_host` (address, key) its batches run in the group's GPU process (gpu_host.py)."""
+    from .child import become_child
+    become_child(f"istanbul-w{index}")
     import asyncio
     import sys
     from istanbul_errors import UserFacingError
@@ -69,21 +72,12 @@ def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, log_form
         status.put((state, index, port, metrics_port))
 
     try:
-        code = asyncio.run(serve(config, vocab, adapter, None, on_listening=on_listening))
+        code = asyncio.run(serve(config, vocab, adapter, None, on_listening=on_listening,
+                                 gpu_host=gpu_host))
     except UserFacingError as exc:
         print(f"istanbul serve: worker {index}: error: {exc}", file=sys.stderr)
         code = 1
     raise SystemExit(code)
-
-
-def _die_with_parent() -> None:
-    """SIGTERM this worker when the supervisor dies (even by SIGKILL): no orphans serving."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
 
 
 def _reserve(host: str, port: int) -> socket.socket:
@@ -101,10 +95,12 @@ def _reserve(host: str, port: int) -> socket.socket:
 
 
 class WorkerMetrics:
-    """A prometheus Collector: every worker's /metrics, each sample labelled worker="k"."""
+    """A prometheus Collector: every worker's /metrics, each sample labelled worker="k"
+    (and the GPU process's, worker="gpu")."""
 
-    def __init__(self, ports: list, token: str | None):
+    def __init__(self, ports: list, token: str | None, labels: list | None = None):
         self.ports, self.token = ports, token
+        self.labels = labels or [str(k) for k in range(len(ports))]
 
     def collect(self):
         from prometheus_client.core import Metric
@@ -112,9 +108,9 @@ class WorkerMetrics:
         families: dict = {}
         up = Metric("istanbul_tokenizer_worker_up", "1 for each worker whose metrics answered",
                     "gauge")
-        for k, port in enumerate(self.ports):
+        for k, port in zip(self.labels, self.ports):
             if port is None:   # (re)starting
-                up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 0)
+                up.add_sample("istanbul_tokenizer_worker_up", {"worker": k}, 0)
                 continue
             request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
             if self.token:
@@ -123,26 +119,36 @@ class WorkerMetrics:
                 with urllib.request.urlopen(request, timeout=5) as reply:
                     text = reply.read().decode("utf-8")
             except OSError:
-                up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 0)
+                up.add_sample("istanbul_tokenizer_worker_up", {"worker": k}, 0)
                 continue
-            up.add_sample("istanbul_tokenizer_worker_up", {"worker": str(k)}, 1)
+            up.add_sample("istanbul_tokenizer_worker_up", {"worker": k}, 1)
             for family in text_string_to_metric_families(text):
                 merged = families.get(family.name)
                 if merged is None:
                     merged = families[family.name] = Metric(family.name, family.documentation,
                                                             family.type)
                 for s in family.samples:
-                    merged.add_sample(s.name, {**s.labels, "worker": str(k)}, s.value,
+                    merged.add_sample(s.name, {**s.labels, "worker": k}, s.value,
                                       s.timestamp)
         yield up
         yield from families.values()
 
 
+GPU_PROCESS_CHOICES = ("shared", "per-worker")
+
+
 def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
-                workers: int, log_format: str = "json", verbose: bool = False) -> int:
-    """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code."""
+                workers: int, log_format: str = "json", verbose: bool = False,
+                gpu_process: str = "shared") -> int:
+    """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code.
+
+    `gpu_process`: "shared" (one GPU process batches for all workers, gpu_host.py) or
+    "per-worker" (each worker owns a device and batches its own connections)."""
     from istanbul_errors import UserFacingError
     from ..vocab import load_vocabulary
+    if gpu_process not in GPU_PROCESS_CHOICES:
+        raise UserFacingError(f"--gpu-process must be one of {', '.join(GPU_PROCESS_CHOICES)}, "
+                              f"got {gpu_process!r}")
     try:   # once here, so a bad --vocab is one error instead of one per worker
         load_vocabulary(vocab)
     except ValueError as exc:
@@ -155,12 +161,17 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     worker_config = replace(config, port=port, reuse_port=True,
                             metrics_port=0 if config.metrics_port is not None else None,
                             metrics_host="127.0.0.1")
-    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose)
+    socket_dir = None
+    gpu_host = None
+    if gpu_process == "shared":   # a private directory: only this user reaches the socket
+        socket_dir = tempfile.mkdtemp(prefix="istanbul-serve-")
+        gpu_host = (os.path.join(socket_dir, "gpu.sock"), os.urandom(32))
+    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose, gpu_host)
     stopping: list = []
 
     def on_signal(signum, frame):
         if stopping:       # a second signal: stop now, as a single server does
-            group.signal_all(signal.SIGKILL)
+            group.signal_all(signal.SIGKILL, host=True)
             os._exit(1)
         stopping.append(signum)
         log.info("signal", extra={"data": {"signal": signal.Signals(signum).name,
@@ -179,7 +190,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
                     from ..exposure import serve_metrics
                     registry = CollectorRegistry()
                     token = config.auth_tokens[0] if config.metrics_auth else None
-                    registry.register(WorkerMetrics(group.metrics_ports, token))
+                    registry.register(WorkerMetrics(group.metrics_ports, token, group.labels))
                     metrics_server = serve_metrics(
                         registry, config.metrics_host, config.metrics_port,
                         config.auth_tokens if config.metrics_auth else ())
@@ -189,6 +200,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
                     tmp.replace(port_file)
                 log.info("workers serving", extra={"data": {
                     "address": f"{config.host}:{port}", "workers": workers,
+                    "gpu_process": gpu_process,
                     "metrics_port": metrics_server.server_port if metrics_server else None}})
                 announced = True
         if group.failed:
@@ -199,6 +211,9 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
             metrics_server.shutdown()
             metrics_server.server_close()
         holder.close()
+        group.signal_all(signal.SIGKILL, host=True)   # nothing outlives the supervisor
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
     if group.failed:
@@ -206,45 +221,66 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     return max(0, *(c if c >= 0 else 1 for c in codes))
 
 
-MAX_START_FAILURES = 3   # a worker that dies this many times in a row before serving
+MAX_START_FAILURES = 3   # a worker (or the GPU process) that dies this often before serving
+GPU = "gpu"              # the GPU process's name in reports and metrics labels
 
 
 class _Group:
-    """The worker processes: started, watched, restarted (see the module doc)."""
+    """The worker processes and the GPU process: started, watched, restarted (module doc).
+
+    Members are indexed 0..n-1 (workers) and n (the GPU process, when shared); `labels`
+    names them for the metrics ("0".., "gpu")."""
 
     def __init__(self, n: int, config: ServerConfig, vocab: str, adapter, log_format: str,
-                 verbose: bool):
+                 verbose: bool, gpu_host: tuple | None = None):
         self.ctx = mp.get_context("spawn")
         self.status = self.ctx.Queue()
-        self.args = (config, vocab, adapter, log_format, verbose, self.status)
-        self.procs: list = [None] * n
-        self.metrics_ports: list = [None] * n   # read by WorkerMetrics (same list object)
-        self.ready = [False] * n                 # SERVING since its last start
-        self.start_failures = [0] * n            # deaths before SERVING, in a row
-        self.restart_at = [None] * n             # monotonic time of a pending restart
+        self.n = n
+        self.gpu_host = gpu_host
+        self.worker_args = (config, vocab, adapter, gpu_host, log_format, verbose, self.status)
+        self.host_args = ((config, vocab, adapter, *gpu_host, log_format, verbose, self.status)
+                          if gpu_host else None)
+        members = n + (1 if gpu_host else 0)
+        self.labels = [str(k) for k in range(n)] + ([GPU] if gpu_host else [])
+        self.procs: list = [None] * members
+        self.metrics_ports: list = [None] * members  # read by WorkerMetrics (same list object)
+        self.ready = [False] * members               # SERVING since its last start
+        self.start_failures = [0] * members          # deaths before SERVING, in a row
+        self.restart_at = [None] * members           # monotonic time of a pending restart
         self.all_ready_once = False
         self.failed = False
+
+    def _name(self, k: int) -> str:
+        return "GPU process" if k == self.n else "worker"
 
     def start(self, k: int) -> None:
         self.ready[k] = False
         self.restart_at[k] = None
-        self.procs[k] = self.ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
-                                         args=(k, *self.args))
-        self.procs[k].start()
+        if k == self.n:
+            from .gpu_host import host_main
+            proc = self.ctx.Process(target=host_main, name="tokenizer-gpu", args=self.host_args)
+        else:
+            proc = self.ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
+                                    args=(k, *self.worker_args))
+        self.procs[k] = proc
+        proc.start()
 
     def start_all(self) -> None:
-        for k in range(len(self.procs)):
+        for k in reversed(range(len(self.procs))):   # the GPU process first: it loads longest
             self.start(k)
 
-    def signal_all(self, signum) -> None:
-        for p in self.procs:
-            if p is not None and p.pid and p.exitcode is None:
+    def signal_all(self, signum, host: bool = False) -> None:
+        """Signal the workers (and with `host`, the GPU process, which must outlive their
+        drain: wait_all stops it once they exited)."""
+        for k, p in enumerate(self.procs):
+            if (k < self.n or host) and p is not None and p.pid and p.exitcode is None:
                 _kill(p.pid, signum)
 
     def step(self) -> None:
-        """One round: read the workers' reports, restart the ones that died."""
+        """One round: read the members' reports, restart the ones that died."""
         try:
             kind, k, _, metrics_port = self.status.get(timeout=0.1)
+            k = self.n if k == GPU else k
             self.metrics_ports[k] = metrics_port
             if kind == "ready":
                 self.ready[k] = True
@@ -260,14 +296,14 @@ class _Group:
                 if not self.ready[k]:
                     self.start_failures[k] += 1
                 if self.start_failures[k] >= MAX_START_FAILURES:
-                    log.error("worker failed to start; stopping the group", extra={"data": {
-                        "worker": k, "exit_code": p.exitcode,
-                        "attempts": self.start_failures[k]}})
+                    log.error(f"{self._name(k)} failed to start; stopping the group",
+                              extra={"data": {"worker": self.labels[k], "exit_code": p.exitcode,
+                                              "attempts": self.start_failures[k]}})
                     self.failed = True
                     return
                 delay = float(self.start_failures[k])   # 0 after serving, then 1 s, 2 s
-                log.warning("worker exited; restarting it", extra={"data": {
-                    "worker": k, "exit_code": p.exitcode, "restart_in_s": delay}})
+                log.warning(f"{self._name(k)} exited; restarting it", extra={"data": {
+                    "worker": self.labels[k], "exit_code": p.exitcode, "restart_in_s": delay}})
                 self.metrics_ports[k] = None
                 self.ready[k] = False
                 self.restart_at[k] = now + delay
@@ -275,10 +311,16 @@ class _Group:
                 self.start(k)
 
     def wait_all(self) -> list:
-        """Exit codes once every worker exited (they were signalled, or died)."""
-        for p in self.procs:
+        """Exit codes once every member exited: the workers (signalled, or dead), then the GPU
+        process, stopped once no worker can need it."""
+        for p in self.procs[:self.n]:
             if p is not None:
                 p.join()
+        if self.gpu_host is not None and self.procs[self.n] is not None:
+            host = self.procs[self.n]
+            if host.exitcode is None:
+                _kill(host.pid, signal.SIGTERM)
+            host.join()
         return [p.exitcode for p in self.procs if p is not None]
 
 

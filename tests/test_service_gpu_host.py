@@ -1,0 +1,186 @@
+"""The shared GPU process (tokenizer_svc/server/gpu_host.py) with a real Encoding on this
+machine's device: one round answers every waiting worker message with one Encoding call per
+allowed-special set, splits calls between messages (never inside one), fails only the
+message with an invalid id (with the Encoding's own words), and `RemoteEncoding` gives the
+ids a local Encoding gives, over a real Unix socket, before and after the process it talks
+to went away."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from multiprocessing import Pipe
+from multiprocessing.connection import Client, Listener
+
+import grpc
+import numpy as np
+import pytest
+
+from tokenizer_svc.server.errors import RequestRejected
+from tokenizer_svc.server.gpu_host import GpuHost, RemoteEncoding, RemoteInvalidToken, _Message
+from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
+
+SPECIAL = "<|endoftext|>"
+
+
+class Counting:
+    """The real Encoding, counting its encode and decode calls."""
+
+    def __init__(self, encoding):
+        self.encoding, self.encode_calls, self.decode_calls = encoding, [], 0
+
+    def encode_batch_flat(self, docs, **kw):
+        self.encode_calls.append(len(docs))
+        return self.encoding.encode_batch_flat(docs, **kw)
+
+    def decode_bytes_batch(self, seqs):
+        self.decode_calls += 1
+        return self.encoding.decode_bytes_batch(seqs)
+
+
+def _worker_messages(bodies: list) -> tuple[list, list]:
+    """(host-side _Messages, worker-side ends) for message tuples sent over real pipes."""
+    messages, ends = [], []
+    for body in bodies:
+        host_end, worker_end = Pipe()
+        worker_end.send(body)
+        got = host_end.recv()
+        messages.append(_Message(host_end, got[0], got[1:]))
+        ends.append(worker_end)
+    return messages, ends
+
+
+def _expected(encoding, docs, allowed=frozenset()):
+    return [list(encoding.encode(d, allowed_special=set(allowed))) for d in docs]
+
+
+def _split(reply):
+    assert reply[0] == "ok", reply
+    ids, offsets = reply[1]
+    return [ids[offsets[n]:offsets[n + 1]].tolist() for n in range(len(offsets) - 1)]
+
+
+def test_one_round_is_one_call_per_allowed_set(tiny_encoding):
+    counting = Counting(tiny_encoding)
+    host = GpuHost(counting, max_call_bytes=1 << 20)
+    a, b = TEXTS[:3], TEXTS[3:5]
+    special = [f"one {SPECIAL} two", "plain"]
+    bodies = [("encode", a, frozenset(), sum(len(t.encode()) for t in a)),
+              ("encode", b, frozenset(), sum(len(t.encode()) for t in b)),
+              ("encode", special, frozenset({SPECIAL}), 30)]
+    messages, ends = _worker_messages(bodies)
+    host.run_round(messages)
+    assert sorted(counting.encode_calls) == [2, 5]   # a+b together, the special set alone
+    assert _split(ends[0].recv()) == _expected(tiny_encoding, a)
+    assert _split(ends[1].recv()) == _expected(tiny_encoding, b)
+    got = _split(ends[2].recv())
+    assert got == _expected(tiny_encoding, special, {SPECIAL})
+    assert tiny_encoding.encode_single_token(SPECIAL) in got[0]
+
+
+def test_calls_split_between_messages_never_inside_one(tiny_encoding):
+    counting = Counting(tiny_encoding)
+    host = GpuHost(counting, max_call_bytes=100)
+    big = ["x" * 80, "y" * 80]           # one message over the limit: still one call
+    small = ["hello there"]
+    messages, ends = _worker_messages([("encode", big, frozenset(), 160),
+                                       ("encode", small, frozenset(), 11),
+                                       ("encode", small, frozenset(), 11)])
+    host.run_round(messages)
+    assert counting.encode_calls == [2, 2]   # [big], then both small ones together
+    assert _split(ends[0].recv()) == _expected(tiny_encoding, big)
+    assert _split(ends[1].recv()) == _split(ends[2].recv()) == _expected(tiny_encoding, small)
+
+
+def test_an_invalid_id_fails_only_its_own_decode_message(tiny_encoding):
+    counting = Counting(tiny_encoding)
+    host = GpuHost(counting, max_call_bytes=1 << 20)
+    good = [np.asarray(tiny_encoding.encode(t), np.uint32) for t in TEXTS[:2]]
+    bad = [good[0], np.array([1, 10**6], np.uint32)]
+    messages, ends = _worker_messages([("decode", good), ("decode", bad), ("decode", [])])
+    host.run_round(messages)
+    assert ends[0].recv() == ("ok", [t.encode() for t in TEXTS[:2]])
+    kind, message, token, position, document = ends[1].recv()
+    with pytest.raises(ValueError) as local:
+        tiny_encoding.decode_bytes_batch(bad)
+    assert (kind, message) == ("invalid_token", str(local.value))
+    assert (token, position, document) == (10**6, 1, 1)
+    assert ends[2].recv() == ("ok", [])
+    assert counting.decode_calls == 1 + 3    # all together, then each message alone
+
+
+@pytest.fixture
+def served(tiny_encoding, tmp_path):
+    """A GpuHost serving on a real Unix socket (its loop on a thread), and its address."""
+    address, key = str(tmp_path / "gpu.sock"), os.urandom(16)
+    listener = Listener(address, family="AF_UNIX", authkey=key)
+    host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20)
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                host.attach(listener.accept())
+            except OSError:
+                return
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    yield host, address, key, listener
+    stop.set()
+    host.stop()
+    listener.close()
+
+
+def test_messages_waiting_together_are_one_round(served, tiny_encoding):
+    host, address, key, _ = served
+    clients = [Client(address, family="AF_UNIX", authkey=key) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while len(host._new) < 2:        # both accepted before the loop starts
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for k, c in enumerate(clients):
+        c.send(("encode", [TEXTS[k]], frozenset(), len(TEXTS[k].encode())))
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    for k, c in enumerate(clients):
+        assert _split(c.recv()) == _expected(tiny_encoding, [TEXTS[k]])
+    assert host.rounds == 1 and host.encoding.encode_calls == [2]
+    for c in clients:
+        c.close()
+
+
+def test_remote_encoding_matches_the_local_one_and_says_when_the_host_is_gone(
+        served, tiny_encoding):
+    host, address, key, listener = served
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    remote.connect(30)
+    ids, offsets = remote.encode_batch_flat(TEXTS, allowed_special=frozenset(),
+                                            disallowed_special=())
+    local_ids, local_offsets = tiny_encoding.encode_batch_flat(TEXTS, allowed_special=set(),
+                                                               disallowed_special=())
+    assert np.array_equal(ids, local_ids) and np.array_equal(offsets, local_offsets)
+    assert remote.decode_bytes_batch([local_ids]) == [b"".join(t.encode() for t in TEXTS)]
+    with pytest.raises(RemoteInvalidToken) as bad:
+        remote.decode_bytes_batch([np.array([10**6], np.uint32)])
+    assert bad.value.token == 10**6 and "not in vocabulary" in str(bad.value)
+    assert remote.n_vocab == tiny_encoding.n_vocab      # the rest is the worker's own
+    with pytest.raises(ValueError, match="disallowed_special"):
+        remote.encode_batch_flat(["x"], disallowed_special="all")
+    host.stop()                                           # the GPU process goes away
+    loop.join(30)
+    listener.close()
+    with pytest.raises(RequestRejected) as gone:
+        remote.encode_batch_flat(["hello"])
+    assert gone.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "GPU process" in gone.value.message and "retry" in gone.value.message
+    with pytest.raises(RequestRejected, match="restarting"):
+        remote.encode_batch_flat(["hello"])             # nobody listening: fails fast
+
+
+def test_connect_names_the_socket_when_nobody_listens(tiny_encoding, tmp_path):
+    remote = RemoteEncoding(tiny_encoding, str(tmp_path / "absent.sock"), b"k")
+    with pytest.raises(ConnectionError, match="absent.sock"):
+        remote.connect(0.2)

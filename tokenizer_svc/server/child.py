@@ -1,0 +1,23 @@
+"""What every process the `serve --workers N` supervisor spawns does first (workers.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def become_child(name: str) -> None:
+    """Own process group (a Ctrl-C at a terminal reaches only the supervisor, which forwards
+    one SIGTERM), `name` in ps/top (/proc/PID/comm, at most 15 bytes), and SIGTERM when the
+    supervisor dies, even by SIGKILL: no orphans serving."""
+    os.setpgid(0, 0)
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15])
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)   # Linux
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,399 @@
+"""The GPU process of `istanbul serve --workers N`: one Encoding on the device for every worker.
+
+Why: on an NVIDIA H200, six workers that each owned a device time-sliced the GPU between six
+Vulkan contexts and batched ~5 requests per GPU call (64 clients x 64 KB: 123 MB/s,
+bench/results/service/); one process that owns the only device batches across every worker's
+connections (`--gpu-process shared`, the default for N > 1).
+
+What runs where. A worker keeps all per-request work: gRPC, parsing, limits, the special-
+token refusal, its dynamic batcher, truncation, offsets, replies, and its long lane (on the
+worker's own device, in budgeted steps: long documents never enter this process's calls).
+Its batch path's two GPU calls, `encode_batch_flat` and `decode_bytes_batch`, come here
+through `RemoteEncoding`: one message per call over a Unix socket (multiprocessing.connection,
+authenticated with the group's key). ONE thread of this process waits on every connection,
+reads a message from each readable one and runs them as one round: the documents of all
+encode messages that allow the same special tokens go into one Encoding call (up to
+`max_call_bytes` of input; a message is never split), the ids of all decode messages into
+one call, and each message is answered with its own slice. A worker has at most one message
+in flight (its GPU thread waits for the answer), so the workers' batchers are the
+backpressure and a call merges at most one batch per worker.
+
+Failures: an invalid id fails only its own message (decode is retried message by message,
+the answer carries the Encoding's own error). If this process dies, every waiting worker's
+call fails with UNAVAILABLE (clients retry), the supervisor restarts it, and each worker
+reconnects on its next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener, wait
+
+import grpc
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from .errors import NOT_READY, RequestRejected
+from .work import utf8_len
+
+log = logging.getLogger("tokenizer_svc.server")
+
+SOCKET_NAME = "gpu.sock"
+CONNECT_RETRY_S = 0.05
+
+
+# ---- messages ---------------------------------------------------------------------------
+# worker -> host: ("encode", docs, allowed_special, nbytes) | ("decode", seqs)
+# host -> worker: ("ok", result) | ("invalid_token", message, token, position, document)
+#                 | ("failed", message)
+
+class RemoteInvalidToken(ValueError):
+    """An invalid id in a decode message, with the host Encoding's message and details (the
+    attributes BatchRunner reads from the Encoding's InvalidTokenError)."""
+
+    def __init__(self, message: str, token, position, document):
+        super().__init__(message)
+        self.token, self.position, self.document = token, position, document
+
+
+class HostCallFailed(RuntimeError):
+    """The GPU process's Encoding call raised (a device loss, a bug): the batch fails."""
+
+
+def _unavailable(why: str) -> RequestRejected:
+    return RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                           f"the server's GPU process {why}; retry")
+
+
+# ---- the worker's side ------------------------------------------------------------------
+
+class RemoteEncoding:
+    """A worker's Encoding for the batch path: `encode_batch_flat` and `decode_bytes_batch`
+    run in the group's GPU process; every other attribute (vocabulary, per-token tables,
+    special tokens, offsets, HF post-processing) is the worker's own Encoding, `local`."""
+
+    def __init__(self, local, address: str, authkey: bytes):
+        self.local = local
+        self._address, self._authkey = address, authkey
+        self._conn = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        if name == "local":   # not yet set (unpickling, __init__ not run)
+            raise AttributeError(name)
+        return getattr(self.local, name)
+
+    def connect(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the GPU process to accept (it listens once loaded)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._conn is None:
+                try:
+                    self._conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
+                except (FileNotFoundError, ConnectionRefusedError) as exc:
+                    if time.monotonic() >= deadline:
+                        raise ConnectionError(f"the GPU process at {self._address} did not "
+                                              f"accept within {timeout_s:.0f} s: {exc}") from None
+                    time.sleep(CONNECT_RETRY_S)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def encode_batch_flat(self, docs, *, allowed_special=frozenset(), disallowed_special=()):
+        if disallowed_special:   # the service checks refusals per job before the call
+            raise ValueError("RemoteEncoding encodes with disallowed_special=() only")
+        docs = list(docs)
+        return self._call(("encode", docs, allowed_special, sum(map(utf8_len, docs))))
+
+    def decode_bytes_batch(self, batch):
+        return self._call(("decode", list(batch)))
+
+    def _call(self, message):
+        with self._lock:
+            # A connection to a GPU process that died since the last call fails at once: the
+            # message then goes once more over a new connection (encode and decode are pure).
+            for attempt in (0, 1):
+                fresh = self._conn is None
+                if fresh:
+                    try:
+                        self._conn = Client(self._address, family="AF_UNIX",
+                                            authkey=self._authkey)
+                    except OSError:
+                        raise _unavailable("is restarting") from None
+                try:
+                    self._conn.send(message)
+                    reply = self._conn.recv()
+                    break
+                except (EOFError, OSError):
+                    self._conn.close()
+                    self._conn = None
+                    if fresh or attempt:
+                        raise _unavailable("stopped while answering") from None
+        kind = reply[0]
+        if kind == "ok":
+            return reply[1]
+        if kind == "invalid_token":
+            raise RemoteInvalidToken(*reply[1:])
+        raise HostCallFailed(f"GPU process: {reply[1]}")
+
+
+# ---- the host's side --------------------------------------------------------------------
+
+class HostMetrics:
+    """The GPU process's own /metrics (the supervisor serves them under worker="gpu")."""
+
+    def __init__(self):
+        from .metrics import BYTE_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS
+        self.registry = r = CollectorRegistry()
+        self.call_seconds = Histogram(
+            "istanbul_tokenizer_gpu_host_seconds", "one Encoding call of the GPU process "
+            "(encode or decode)", ["kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.messages = Histogram(
+            "istanbul_tokenizer_gpu_host_messages", "worker batches answered per round of "
+            "the GPU process", buckets=COUNT_BUCKETS, registry=r)
+        self.call_bytes = Histogram(
+            "istanbul_tokenizer_gpu_host_bytes", "input bytes per encode call of the GPU "
+            "process", buckets=BYTE_BUCKETS, registry=r)
+        self.connections = Gauge("istanbul_tokenizer_gpu_host_connections",
+                                 "workers connected to the GPU process", registry=r)
+        self._http = None
+
+    def serve_http(self, host: str, port: int, tokens: tuple = ()) -> int:
+        from ..exposure import serve_metrics
+        self._http = serve_metrics(self.registry, host, port, tokens)
+        return self._http.server_port
+
+
+@dataclass
+class _Message:
+    conn: object
+    kind: str
+    body: tuple
+
+
+class GpuHost:
+    """Answers the workers' messages with one Encoding (see the module doc).
+
+    One thread (`serve_forever`) does everything: it waits until connections are readable,
+    reads one message from each, runs the round, answers: no hand-off between threads on a
+    request's way (a lone request pays two process wake-ups, not four)."""
+
+    def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None):
+        self.encoding = encoding
+        self.max_call_bytes = max_call_bytes
+        self.metrics = metrics or HostMetrics()
+        self._conns: list = []
+        self._new: list = []            # accepted, not yet watched (attach -> serve_forever)
+        self._new_lock = threading.Lock()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        self.rounds = 0
+
+    def attach(self, conn) -> None:
+        """Watch `conn` (a worker's accepted connection) from the next round on."""
+        with self._new_lock:
+            self._new.append(conn)
+        self._wake()
+
+    def stop(self) -> None:
+        """`serve_forever` returns after the round in progress."""
+        self._stopping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def serve_forever(self) -> None:
+        try:
+            while not self._stopping:
+                readable = wait([self._wake_r, *self._conns])
+                messages = []
+                for conn in readable:
+                    if conn is self._wake_r:
+                        self._wake_r.recv(4096)
+                        with self._new_lock:
+                            self._conns += self._new
+                            self.metrics.connections.set(len(self._conns))
+                            self._new.clear()
+                        continue
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):   # the worker went away
+                        self._conns.remove(conn)
+                        self.metrics.connections.set(len(self._conns))
+                        conn.close()
+                        continue
+                    messages.append(_Message(conn, message[0], message[1:]))
+                if messages:
+                    self.run_round(messages)
+        finally:
+            for conn in self._conns:
+                conn.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def run_round(self, messages: list) -> None:
+        """Answer every message: one Encoding call per run of encode messages that share
+        their allowed special tokens (up to max_call_bytes), one for all decode messages."""
+        self.rounds += 1
+        self.metrics.messages.observe(len(messages))
+        groups: dict = {}
+        decodes = []
+        for m in messages:
+            if m.kind == "encode":
+                groups.setdefault(m.body[1], []).append(m)
+            elif m.kind == "decode":
+                decodes.append(m)
+            else:
+                self._answer(m, ("failed", f"unknown message kind {m.kind!r}"))
+        for allowed, group in groups.items():
+            for call in self._calls(group):
+                self._encode(call, allowed)
+        if decodes:
+            self._decode(decodes)
+
+    def _calls(self, group: list):
+        """Consecutive runs of messages of at most max_call_bytes (at least one message)."""
+        run, size = [], 0
+        for m in group:
+            nbytes = m.body[2]
+            if run and size + nbytes > self.max_call_bytes:
+                yield run
+                run, size = [], 0
+            run.append(m)
+            size += nbytes
+        if run:
+            yield run
+
+    def _encode(self, call: list, allowed) -> None:
+        from .work import encode_flat
+        docs = [doc for m in call for doc in m.body[0]]
+        start = time.perf_counter()
+        try:
+            ids, offsets = encode_flat(self.encoding, docs, allowed)
+        except Exception as exc:
+            log.exception("GPU process: encode call of %d documents failed", len(docs))
+            for m in call:
+                self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+            return
+        self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
+        self.metrics.call_bytes.observe(sum(m.body[2] for m in call))
+        n = 0
+        for m in call:
+            k = len(m.body[0])
+            lo, hi = int(offsets[n]), int(offsets[n + k])
+            self._answer(m, ("ok", (ids[lo:hi], offsets[n:n + k + 1] - lo)))
+            n += k
+
+    def _decode(self, decodes: list) -> None:
+        seqs = [seq for m in decodes for seq in m.body[0]]
+        start = time.perf_counter()
+        try:
+            out = self.encoding.decode_bytes_batch(seqs)
+        except ValueError:   # an invalid id somewhere: each message alone finds the guilty
+            for m in decodes:
+                self._decode_one(m)
+            return
+        except Exception as exc:
+            log.exception("GPU process: decode call of %d sequences failed", len(seqs))
+            for m in decodes:
+                self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+            return
+        self.metrics.call_seconds.labels("decode").observe(time.perf_counter() - start)
+        n = 0
+        for m in decodes:
+            k = len(m.body[0])
+            self._answer(m, ("ok", out[n:n + k]))
+            n += k
+
+    def _decode_one(self, m: _Message) -> None:
+        try:
+            out = self.encoding.decode_bytes_batch(m.body[0])
+        except ValueError as exc:   # InvalidTokenError: its message and details travel back
+            self._answer(m, ("invalid_token", str(exc), getattr(exc, "token", ""),
+                             getattr(exc, "position", ""), getattr(exc, "document", "")))
+            return
+        except Exception as exc:
+            self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+            return
+        self._answer(m, ("ok", out))
+
+    @staticmethod
+    def _answer(m: _Message, reply: tuple) -> None:
+        try:
+            m.conn.send(reply)
+        except OSError:   # the worker went away (killed, restarting): nobody to answer
+            pass
+
+
+# ---- the process --------------------------------------------------------------------------
+
+class _Stop(Exception):
+    pass
+
+
+def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_format: str,
+              verbose: bool, status) -> None:
+    """The GPU process (spawned by workers.run_workers): load, listen, serve until SIGTERM."""
+    import sys
+    from istanbul_errors import UserFacingError
+    from .child import become_child
+    from .logs import setup_logging
+    become_child("istanbul-gpu")
+    setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
+    log.info("GPU process starting", extra={"data": {"pid": os.getpid()}})
+    try:
+        from istanbul.shaders.engine import Device
+        from ..encoding import get_encoding
+        start = time.perf_counter()
+        encoding = get_encoding(vocab, device=Device(adapter))
+    except (UserFacingError, Exception) as exc:
+        print(f"istanbul serve: GPU process: error: could not load vocabulary {vocab!r} on "
+              f"the GPU: {exc}", file=sys.stderr)
+        raise SystemExit(1)
+    host = GpuHost(encoding, max_call_bytes=config.batching.max_bytes)
+    metrics_port = None
+    if config.metrics_port is not None:
+        metrics_port = host.metrics.serve_http(
+            "127.0.0.1", 0, config.auth_tokens if config.metrics_auth else ())
+    if os.path.exists(address):   # left by a GPU process that died: this one replaces it
+        os.unlink(address)
+    listener = Listener(address, family="AF_UNIX", authkey=authkey, backlog=128)
+    gpu = threading.Thread(target=host.serve_forever, name="gpu", daemon=True)
+    gpu.start()
+
+    def on_signal(signum, frame):
+        raise _Stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    log.info("GPU process serving", extra={"data": {
+        "vocabulary": encoding.name, "load_seconds": round(time.perf_counter() - start, 3)}})
+    status.put(("ready", "gpu", None, metrics_port))
+    try:
+        while True:
+            try:
+                host.attach(listener.accept())
+            except (OSError, EOFError, AuthenticationError) as exc:   # a failed handshake
+                log.warning("GPU process: a connection failed", extra={"data": {
+                    "error": str(exc)}})
+    except _Stop:
+        pass
+    finally:
+        listener.close()
+        host.stop()
+        gpu.join(config.stall_timeout_s)
+    log.info("GPU process stopped", extra={"data": {"rounds": host.rounds}})
+    raise SystemExit(0)
