@@ -16,6 +16,8 @@ One concept per module:
 - `ports`: one-line errors for a port that cannot be bound;
 - `process`: one server process (signals, port file, start-up errors);
 - `workers`: `serve --workers N`, N processes on one port under a supervisor;
+- `gpu_host`: the group's GPU process, which runs every worker's batches (`RemoteEncoding`);
+- `child`: what each process the supervisor spawns does first;
 - `background`: a server on a thread of its own, for tests and embedded use.
 """
 
