@@ -231,9 +231,10 @@ def main(argv=None) -> int:
     args.n_vocab = vocab_size(args.vocab)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = default_device(args.adapter)
+    device = default_device(args.adapter, robustness=False)   # as the trainer's (engine.Device)
     results = {"device": {"adapter": device.info.name, "backend": device.info.backend,
-                          "features": sorted(device.features)},
+                          "features": sorted(device.features),
+                          "webgpu": device.backend.name, "robustness": device.robustness},
                "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
                "args": vars(args), "models": {}}
     for name in args.models.split(","):

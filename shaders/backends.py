@@ -15,8 +15,11 @@ from the rest of the engine:
   instead of Tint's index clamping where Vulkan offers it, clamping skipped where range analysis proves an index in bounds, and exact
   timestamps (Dawn quantizes them by default, a browser's anti-fingerprinting measure: GPU
   times came out in multiples of ~33 us on the H200). Out-of-bounds accesses stay harmless
-  either way (robustness itself stays on unless $ISTANBUL_DAWN_TOGGLES says
-  `disable_robustness`);
+  either way while robustness itself is on. Robustness (Tint's bounds-checking transform)
+  is on by default; the trainer's devices turn it off (`Device(robustness=False)`: they run
+  only the project's kernels, which check their own bounds; the tensor-core matmuls run
+  20-40% faster without it, dev/results/h200/sgmat/). $ISTANBUL_DAWN_ROBUSTNESS=on|off
+  overrides both, and `disable_robustness` in $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its
   driver manifest is added to Dawn's Vulkan loader only (DAWN_ICD_ENV).
@@ -43,6 +46,7 @@ log = logging.getLogger("istanbul.backends")
 CHOICES = ("auto", "wgpu", "dawn")
 ENV = "ISTANBUL_BACKEND"
 TOGGLES_ENV = "ISTANBUL_DAWN_TOGGLES"
+ROBUSTNESS_ENV = "ISTANBUL_DAWN_ROBUSTNESS"
 DAWN_ICD_ENV = "ISTANBUL_DAWN_ICD"
 # Where scripts/setup.sh puts the newer lavapipe's manifest (inside the virtual environment).
 PRIVATE_ICD = Path(sys.prefix) / "mesa-backports" / "lvp_icd.json"
@@ -108,16 +112,31 @@ class Backend:
         props = extras.get_adapter_properties(adapter) or {}
         return tuple(dict(c) for c in props.get("subgroup_matrix_configs") or ())
 
-    def request_device(self, adapter, features, limits):
-        """A device with these (engine-named) features and limits."""
+    def request_device(self, adapter, features, limits, robustness: bool = True):
+        """A device with these (engine-named) features and limits; `robustness=False` turns
+        Dawn's bounds-checking transform off (see dawn_robustness; wgpu-native has none)."""
         features = self.native(features)
         if self.name == "dawn":
             from wgpudawn.backends.dawn import extras
-            toggles = list(dict.fromkeys((*DAWN_DEVICE_TOGGLES, *self.device_toggles)))
+            off = () if robustness else ("disable_robustness",)
+            toggles = list(dict.fromkeys((*DAWN_DEVICE_TOGGLES, *self.device_toggles, *off)))
             return extras.request_device_sync(adapter, required_features=features,
                                               required_limits=limits, enable_toggles=toggles,
                                               disable_toggles=list(DAWN_DEVICE_DISABLED))
         return adapter.request_device_sync(required_features=features, required_limits=limits)
+
+
+def dawn_robustness(default: bool = True) -> bool:
+    """Whether a Dawn device keeps robustness: $ISTANBUL_DAWN_ROBUSTNESS (on/off, 1/0) if set,
+    else `default` (the caller's: True, or False for the trainer's devices)."""
+    text = os.environ.get(ROBUSTNESS_ENV, "").strip().lower()
+    if not text:
+        return bool(default)
+    if text in ("on", "1", "true", "yes"):
+        return True
+    if text in ("off", "0", "false", "no"):
+        return False
+    raise BackendError(f"${ROBUSTNESS_ENV} is {text!r}; use on or off")
 
 
 def has_f16_subgroup_matrices(configs) -> bool:

@@ -420,13 +420,20 @@ class Device:
     `adapter`: index or name substring (else $ISTANBUL_ADAPTER); `backend`: wgpu, dawn or
     auto (else $ISTANBUL_BACKEND). `features` uses the engine's names on both backends;
     `subgroup_matrix_configs` lists Dawn's tensor-core shapes when `subgroup-matrix` is on.
+    `robustness`: Dawn's bounds-checking transform (default on; the trainer passes False,
+    $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides: backends.dawn_robustness); `self.robustness`
+    says what the device got (always True under wgpu-native, whose naga clamps anyway).
     """
 
-    def __init__(self, adapter: str | int | None = None, backend: str | None = None):
+    def __init__(self, adapter: str | int | None = None, backend: str | None = None,
+                 robustness: bool = True):
         self.info, self._adapter = choose_adapter(adapter, backend)
         self.backend = backends.load(self.info.webgpu)
-        self.raw, self.features, self.refused_features = self._request(self._adapter,
-                                                                       self.backend)
+        self.robustness = (self.backend.name != "dawn"
+                           or (backends.dawn_robustness(robustness)
+                               and "disable_robustness" not in self.backend.device_toggles))
+        self.raw, self.features, self.refused_features = self._request(
+            self._adapter, self.backend, self.robustness)
         self.subgroup_matrix_configs = (self.info.subgroup_matrix_configs
                                         if "subgroup-matrix" in self.features else ())
         self.queue = self.raw.queue
@@ -441,7 +448,7 @@ class Device:
         self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
 
     @staticmethod
-    def _request(adapter, backend):
+    def _request(adapter, backend, robustness: bool = True):
         have = backend.canonical(adapter.features)
         wanted = [f for f in WANTED_FEATURES if f in have]
         experimental = [f for f in EXPERIMENTAL_FEATURES if f in have]
@@ -449,14 +456,15 @@ class Device:
         refused = []
         if experimental and os.environ.get("ISTANBUL_EXPERIMENTAL") == "1":
             try:
-                dev = backend.request_device(adapter, wanted + experimental, limits)
+                dev = backend.request_device(adapter, wanted + experimental, limits,
+                                             robustness)
                 return dev, backend.canonical(dev.features), ()
             except Exception as exc:  # wgpu refuses experimental features: keep going without
                 refused = [f"{f}: {str(exc).splitlines()[0][:200]}" for f in experimental]
         else:
             refused = [f"{f}: not requested (wgpu 0.32 requires experimental features; "
                        "set ISTANBUL_EXPERIMENTAL=1 to try)" for f in experimental]
-        dev = backend.request_device(adapter, wanted, limits)
+        dev = backend.request_device(adapter, wanted, limits, robustness)
         return dev, backend.canonical(dev.features), tuple(refused)
 
     def __repr__(self) -> str:
@@ -689,12 +697,14 @@ class Device:
 _default_devices: dict = {}
 
 
-def default_device(adapter: str | int | None = None, backend: str | None = None) -> Device:
-    """A process-wide device per adapter and backend choice (tests and CLIs share one)."""
+def default_device(adapter: str | int | None = None, backend: str | None = None,
+                   robustness: bool = True) -> Device:
+    """A process-wide device per adapter, backend choice and robustness (tests and CLIs share
+    one; training asks for robustness=False, see Device)."""
     key = (adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", ""),
-           backends.requested(backend))
+           backends.requested(backend), bool(robustness))
     if key not in _default_devices:
-        _default_devices[key] = Device(adapter, backend)
+        _default_devices[key] = Device(adapter, backend, robustness)
     return _default_devices[key]
 
 

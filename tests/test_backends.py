@@ -271,3 +271,16 @@ def test_backend_flag_overrides_the_environment_for_the_command():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].endswith("; wgpu)")
     assert "# 1 kernel(s), 0 failed rung(s)" in proc.stdout
+
+
+def test_dawn_robustness_follows_the_caller_unless_the_environment_says(monkeypatch):
+    from istanbul.shaders import backends as b
+    monkeypatch.delenv(b.ROBUSTNESS_ENV, raising=False)
+    assert b.dawn_robustness(True) and not b.dawn_robustness(False)
+    monkeypatch.setenv(b.ROBUSTNESS_ENV, "on")
+    assert b.dawn_robustness(False)
+    monkeypatch.setenv(b.ROBUSTNESS_ENV, "off")
+    assert not b.dawn_robustness(True)
+    monkeypatch.setenv(b.ROBUSTNESS_ENV, "maybe")
+    with pytest.raises(b.BackendError):
+        b.dawn_robustness(True)

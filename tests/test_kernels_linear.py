@@ -155,3 +155,15 @@ def test_f16_math_is_the_callers_choice(device, monkeypatch):
         assert labels == [want]
         np.testing.assert_allclose(device.download(y), x.astype(np.float64) @ w.T.astype(
             np.float64), rtol=2e-2, atol=2e-2)
+
+
+def test_sgmat_config_spellings_round_trip():
+    from istanbul.shaders.kernels.matmul import ops as lin
+    old = lin.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1")
+    assert (old.ahead, old.direct) == (1, False)
+    new = lin.SgmatConfig.parse("sg4x4-t2x2-k16-p8-s8-a2-d")
+    assert (new.sgr, new.sgc, new.ti, new.splits, new.ahead, new.direct) == (4, 4, 2, 8, 2, True)
+    for text in ("sg4x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k16-p8-s2-a2", "sg2x2-t4x4-k16-p8-s1-d"):
+        assert str(lin.SgmatConfig.parse(text)) == text
+    params = new.template_params("tn")
+    assert params["AHEAD"] == 2 and params["DIRECT"] is True

@@ -590,7 +590,7 @@ def run_trainer(args) -> int:
                     "read them", metrics_host)
     adapters = _rank_adapters(args)
     handle = _connect(args)
-    device = Device(adapters[0] if adapters else args.adapter)
+    device = Device(adapters[0] if adapters else args.adapter, robustness=False)
     log.info("GPU: %s%s", device.info.summary(),
              " -- software Vulkan, not a GPU" if device.info.is_software else "")
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,

@@ -182,7 +182,7 @@ def cmd_train(args) -> int:
         cfg = ModelConfig.preset(args.model, n_vocab)
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
-    device = default_device(args.adapter)
+    device = default_device(args.adapter, robustness=False)   # the project's kernels only
     if tc.precision in ("mixed", "f16") and not device.has("shader-f16"):
         log.warning("%s lacks shader-f16: training in fp32", device.name)
         tc = TrainConfig(**{**tc.to_dict(), "precision": "fp32", "f16_math": False})

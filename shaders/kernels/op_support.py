@@ -71,12 +71,15 @@ def grid3d(device, op: str, x: int, y: int, z: int) -> tuple[int, int, int]:
 _DUMMIES: dict = {}
 
 
-def dummy(device) -> Buffer:
-    """A 16-byte buffer bound where a kernel's optional operand is unused."""
-    buf = _DUMMIES.get(id(device))
+def dummy(device, nbytes: int = 16) -> Buffer:
+    """A buffer of `nbytes` (16 by default) bound where a kernel's optional operand is unused
+    (bigger where the binding's minimum size is: a subgroup-matrix load of 16 x 16 f32 needs
+    1 KiB)."""
+    key = (id(device), int(nbytes))
+    buf = _DUMMIES.get(key)
     if buf is None or buf.device is not device:
-        buf = device.zeros(4, np.float32, label="unused operand")
-        _DUMMIES[id(device)] = buf
+        buf = device.zeros(max(int(nbytes) // 4, 4), np.float32, label="unused operand")
+        _DUMMIES[key] = buf
     return buf
 
 

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     group = None
     try:
         from istanbul.shaders.engine import Device
-        device = Device(args.adapter, args.backend)
+        device = Device(args.adapter, args.backend, robustness=False)
         logging.info("device %s", device.info.summary())
         store.set(READY_KEY.format(rank=args.rank), "1")
         group = RankGroup.create(args.rank, args.world, store=store)

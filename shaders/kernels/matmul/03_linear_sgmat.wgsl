@@ -16,7 +16,8 @@
 // A template (shaders/wgsl_expand.py), parameters: SGR x SGC subgroups per workgroup, each
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
-// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), CLAMP_A.
+// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), CLAMP_A,
+// AHEAD and DIRECT (below).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -26,13 +27,23 @@
 // registers before this slice's multiplies and into the other stage after them: one barrier
 // per slice. Matrix arguments derive from @builtin(subgroup_id) (they must be subgroup-
 // uniform).
-// Epilogue: each result tile goes through the subgroup's 16 x 16 f32 slot of Cs, from where
-// the subgroup's 32 lanes write it with bounds checks and the mode (0 store, 1 accumulate,
-// 2 residual) as vec4s. Split-K as 03_linear_tiled.wgsl (partial z at z * c_split).
+// AHEAD (1 or 2): slices in flight in registers. 1: the next slice's loads are issued before
+// this slice's multiplies, so one slice of multiplies hides their latency; 2: two register
+// sets, the loads of slice s + 2 are issued at slice s (the slice loop written out in pairs,
+// so each set keeps its registers: no copies that would wait for the loads).
+// Epilogue (DIRECT): where the workgroup's whole tile of C is inside the matrix and alpha is
+// 1 (every call of the model), the accumulators start from C (accumulate) or R (residual)
+// and each subgroup stores its tiles straight to C with subgroupMatrixStore: no workgroup
+// memory, no barriers. Elsewhere (ragged edges, alpha != 1; and every tile without DIRECT),
+// each result tile goes through the subgroup's 16 x 16 f32 slot of Cs, from where the
+// subgroup's 32 lanes write it with bounds checks and the mode (0 store, 1 accumulate,
+// 2 residual), two barriers per tile. Split-K as 03_linear_tiled.wgsl (partial z at
+// z * c_split; the partials are stored, mode 0).
 // Layout requirements as the tiled kernels: contiguous and leading dimensions multiples of
 // 4, operands 16-byte aligned (8-byte for f16 B).
 // Bindings (group 0): 0 A (read, vec4<f32>), 1 B (read, vec4<f32> or vec4<f16>), 2 R (read,
-// vec4<f32>), 3 C (read_write, vec4<f32>), 4 Params (uniform).
+// vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
+// subgroupMatrixStore needs), 4 Params (uniform).
 // Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
 
 const SGR: u32 = {{SGR}}u;
@@ -151,6 +162,20 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
         if (row < p.m && col < p.n) {
             let s = sg * 256u + r * 16u + q;
             let v = p.alpha * vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
+// @if DIRECT
+            let o = split * p.c_split + row * p.ldc + col;   // C and R as f32 elements
+            var base = vec4<f32>();
+            if (p.mode == 1u) {
+                base = vec4<f32>(c_out[o], c_out[o + 1u], c_out[o + 2u], c_out[o + 3u]);
+            } else if (p.mode == 2u) {
+                base = vec4<f32>(residual[o], residual[o + 1u], residual[o + 2u], residual[o + 3u]);
+            }
+            let w = base + v;
+            c_out[o] = w.x;
+            c_out[o + 1u] = w.y;
+            c_out[o + 2u] = w.z;
+            c_out[o + 3u] = w.w;
+// @else
             let o = (split * p.c_split + row * p.ldc + col) / 4u;
             if (p.mode == 1u) {
                 c_out[o] = c_out[o] + v;
@@ -159,6 +184,7 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
             } else {
                 c_out[o] = v;
             }
+// @endif
         }
     }
     workgroupBarrier();
@@ -172,62 +198,97 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let k_begin = wg.z * p.k_split;
     let k_end = min(p.k, k_begin + p.k_split);
     let slices = (k_end - k_begin + BK - 1u) / BK;
-    var c: array<subgroup_matrix_result<f32, 16, 16>, {{TI}} * {{TJ}}>;
-    var pa: array<vec4<f16>, {{LA}}>;
-    var pb: array<vec4<f16>, {{LB}}>;
-    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-        pa[t] = fetch_a(t, lid, m0, k_begin, k_end);
-    }
-    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-        pb[t] = fetch_b(t, lid, n0, k_begin, k_end);
-    }
-    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-        stash_a(t, lid, 0u, pa[t]);
-    }
-    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-        stash_b(t, lid, 0u, pb[t]);
-    }
-    workgroupBarrier();
-
     let am = sr * (BM / SGR);   // this subgroup's first row and column in the tile
     let bn = sc * (BN / SGC);
-    for (var s = 0u; s < slices; s++) {
-        let stage = s % 2u;
-        {   // the next slice's loads land while the multiplies below run (zeros past the end)
-            let k_next = k_begin + (s + 1u) * BK;
-            for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                pa[t] = fetch_a(t, lid, m0, k_next, k_end);
-            }
-            for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                pb[t] = fetch_b(t, lid, n0, k_next, k_end);
-            }
-        }
-        for (var ks = 0u; ks < BK; ks += 16u) {
-            var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
-            var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
-            for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, a_at(stage, am + 16u * i, ks), A_KMAJOR, SA);
-            }
+    var c: array<subgroup_matrix_result<f32, 16, 16>, {{TI}} * {{TJ}}>;
+// @if DIRECT
+    // the whole tile inside C and alpha 1: accumulate from C or R, store straight to C
+    let direct = p.alpha == 1.0 && m0 + BM <= p.m && n0 + BN <= p.n;
+    if (direct && p.mode != 0u) {
+        for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
             for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, b_at(stage, ks, bn + 16u * j), !B_KMAJOR, SB);
-            }
-            for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                    c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], c[i * {{TJ}}u + j]);
+                let o = wg.z * p.c_split + (m0 + am + 16u * i) * p.ldc + n0 + bn + 16u * j;
+                if (p.mode == 1u) {
+                    c[i * {{TJ}}u + j] = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&c_out, o, false, p.ldc);
+                } else {
+                    c[i * {{TJ}}u + j] = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&residual, o, false, p.ldc);
                 }
             }
         }
-        {   // the other stage was last read before the previous barrier
-            for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                stash_a(t, lid, 1u - stage, pa[t]);
-            }
-            for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                stash_b(t, lid, 1u - stage, pb[t]);
+    }
+// @endif
+    // register set h holds the slices s with s % AHEAD == h between their loads and stashes
+    var ra: array<array<vec4<f16>, {{LA}}>, {{AHEAD}}>;
+    var rb: array<array<vec4<f16>, {{LB}}>, {{AHEAD}}>;
+    for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
+        for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+            ra[h][t] = fetch_a(t, lid, m0, k_begin + h * BK, k_end);
+        }
+        for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+            rb[h][t] = fetch_b(t, lid, n0, k_begin + h * BK, k_end);
+        }
+    }
+    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+        stash_a(t, lid, 0u, ra[0][t]);
+    }
+    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+        stash_b(t, lid, 0u, rb[0][t]);
+    }
+    workgroupBarrier();
+
+    for (var s0 = 0u; s0 < slices; s0 += {{AHEAD}}u) {
+        for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
+            let s = s0 + h;
+            if (s < slices) {
+                let stage = s % 2u;
+                {   // slice s + AHEAD's loads land while the multiplies below run (zeros past
+                    // the end); its set was stashed at the previous slice
+                    let k_next = k_begin + (s + {{AHEAD}}u) * BK;
+                    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+                        ra[h][t] = fetch_a(t, lid, m0, k_next, k_end);
+                    }
+                    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+                        rb[h][t] = fetch_b(t, lid, n0, k_next, k_end);
+                    }
+                }
+                for (var ks = 0u; ks < BK; ks += 16u) {
+                    var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
+                    var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
+                    for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
+                        a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, a_at(stage, am + 16u * i, ks), A_KMAJOR, SA);
+                    }
+                    for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
+                        b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, b_at(stage, ks, bn + 16u * j), !B_KMAJOR, SB);
+                    }
+                    for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
+                        for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
+                            c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], c[i * {{TJ}}u + j]);
+                        }
+                    }
+                }
+                {   // slice s + 1 into the other stage, last read before the previous barrier
+                    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+                        stash_a(t, lid, 1u - stage, ra[(h + 1u) % {{AHEAD}}u][t]);
+                    }
+                    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+                        stash_b(t, lid, 1u - stage, rb[(h + 1u) % {{AHEAD}}u][t]);
+                    }
+                }
+                workgroupBarrier();
             }
         }
-        workgroupBarrier();
     }
 
+// @if DIRECT
+    if (direct) {
+        for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
+            for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
+                subgroupMatrixStore(&c_out, wg.z * p.c_split + (m0 + am + 16u * i) * p.ldc + n0 + bn + 16u * j, c[i * {{TJ}}u + j], false, p.ldc);
+            }
+        }
+        return;
+    }
+// @endif
     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
         for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
             subgroupMatrixStore(&Cs, sg * 256u, c[i * {{TJ}}u + j], false, 16u);
@@ -239,8 +300,13 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 // --- KERNEL: matmul_nt_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
 @group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
@@ -257,8 +323,13 @@ fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_nn_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
 @group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
@@ -275,8 +346,13 @@ fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_tn_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
 @group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
@@ -293,8 +369,13 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
 @group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
@@ -311,8 +392,13 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
 @group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16

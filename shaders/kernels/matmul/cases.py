@@ -205,7 +205,8 @@ for _suffix, _key, _mode, _b16, _f16, _config, _what in FAST_CASES:
 
 # ---- the tensor-core path (03_linear_sgmat.wgsl): devices with f16 subgroup matrices --------
 # (suffix, layout, mode, b16, config, what): every layout and epilogue, f32 and f16 B, every
-# tile arrangement the tuner may pick (1-8 subgroups, 16 and 32 deep slices, pad 0 and 8).
+# tile arrangement the tuner may pick (1-16 subgroups, 16 and 32 deep slices, pad 0 and 8),
+# one and two slices in flight (-a2), staged and straight stores (-d).
 SGMAT_CASES = (
     ("", "nt", "store", False, "sg2x2-t4x4-k32-p8-s1", "forward, f32 B rounded"),
     ("", "nt_w16", "residual", True, "sg2x4-t4x4-k16-p8-s1", "forward from f16 weights + residual"),
@@ -213,6 +214,10 @@ SGMAT_CASES = (
     ("_accumulate", "nn", "accumulate", False, "sg2x2-t2x2-k32-p0-s1", "dX += alpha dy @ W"),
     ("", "tn", "accumulate", False, "sg2x2-t4x4-k16-p8-s1", "dW += dy^T @ x"),
     ("_small", "tn", "store", False, "sg1x1-t2x2-k16-p8-s1", "one subgroup, 32x32 tiles"),
+    ("_a2", "nt_w16", "residual", True, "sg4x2-t4x4-k16-p8-s1-a2", "two slices in flight"),
+    ("_direct", "nn_w16", "store", True, "sg2x2-t4x4-k16-p8-s1-d", "dX, straight stores"),
+    ("_direct", "tn", "accumulate", False, "sg4x4-t2x2-k16-p8-s1-a2-d",
+     "dW +=, straight stores, two slices in flight"),
 )
 
 

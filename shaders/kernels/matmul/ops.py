@@ -238,7 +238,10 @@ class MatmulConfig:
 FILE_SGMAT = "03_linear_sgmat.wgsl"   # a template (shaders/wgsl_expand.py)
 SGMAT_TILE = 16                       # the f16 -> f32 subgroup-matrix shape used: 16 x 16 x 16
 SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the device has it)
-_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)$")
+# Straight stores (SgmatConfig.direct) bind C and R as f32 arrays that 16 x 16 f32 matrices
+# are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
+SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
+_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?$")
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,11 @@ class SgmatConfig:
     """One configuration of 03_linear_sgmat.wgsl: sgr x sgc subgroups per workgroup, each with
     ti x tj result tiles of 16 x 16 (the workgroup's tile of C is bm = 16 sgr ti by
     bn = 16 sgc tj); bk: the K slice per step (multiple of 16); pad: f16 elements added to each
-    staged row; splits: split-K factor. Written "sg2x2-t4x4-k32-p8-s1"."""
+    staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
+    direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
+    workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
+    dev/RESULTS.md). Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d"); without the suffixes
+    the kernel of before round 3 (2026-12-01)."""
 
     sgr: int = 2
     sgc: int = 2
@@ -255,10 +262,13 @@ class SgmatConfig:
     bk: int = 32
     pad: int = 8
     splits: int = 1
+    ahead: int = 1
+    direct: bool = False
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
-                f"-s{self.splits}")
+                f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
+                + ("-d" if self.direct else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -267,8 +277,10 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS (e.g. sg2x2-t4x4-k32-p8-s1)")
-        return cls(*(int(g) for g in m.groups()))
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d] (e.g. sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct = m.groups()
+        return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
+                   direct=direct is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -299,7 +311,8 @@ class SgmatConfig:
     def template_params(self, layout: str) -> dict:
         la, lb = self.loads()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
-                "PAD": self.pad, "LA": int(la), "LB": int(lb), "CLAMP_A": layout == "nt"}
+                "PAD": self.pad, "LA": int(la), "LB": int(lb), "CLAMP_A": layout == "nt",
+                "AHEAD": self.ahead, "DIRECT": self.direct}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
@@ -313,6 +326,8 @@ class SgmatConfig:
             out.append(f"BK {self.bk} is not a positive multiple of 16")
         if self.pad < 0 or self.pad % 4:
             out.append(f"pad {self.pad} is not a multiple of 4")
+        if self.ahead not in (1, 2):
+            out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
         for name, n in zip("AB", self.loads()):
             if n != int(n) or not 1 <= n <= MAX_LOADS:
                 out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
@@ -332,9 +347,9 @@ class SgmatConfig:
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
     """The tensor-core configuration used when nothing was tuned (H200 measurements:
     dev/results/h200/sgmat/)."""
-    # 8 subgroups of 4x4 tiles (128 x 256 per workgroup, BK 16) for the forward and dX;
-    # 4 subgroups for the dW products, which split K
-    cfg = SgmatConfig(2, 2, 4, 4, 16, 8) if layout == "tn" else SgmatConfig(4, 2, 4, 4, 16, 8)
+    # 8 subgroups of 4x4 tiles (256 x 128 per workgroup, BK 16), two slices in flight: the
+    # least time summed over the 124M step's 14 products of the 20 configurations of round 3
+    cfg = SgmatConfig(4, 2, 4, 4, 16, 8, ahead=2)
     if M < 256 or N < 256:
         cfg = SgmatConfig(2, 2, 2, 2, 32, 8)
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
@@ -552,6 +567,9 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
             if problems:
                 raise ValueError(f"matmul_{layout}: config {cfg} cannot run on "
                                  f"{device.name}: " + "; ".join(problems))
+        if cfg.direct and min([M * N * 4] + [v.nbytes for v in (out, *extra)
+                                             if v is not None]) < SGMAT_MIN_BINDING:
+            cfg = dataclasses.replace(cfg, direct=False)   # C (or R) smaller than a matrix
         _, name = kernel_name(layout, b_dtype)
         return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
     if config is not None:
@@ -632,9 +650,14 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     dev = rec.device
     cfg = chosen.config
     op = chosen.kernel
+    unused = dummy(dev)
     if isinstance(cfg, SgmatConfig):
         layout = chosen.kernel.split("_")[1]
         kern = dev.kernel(chosen.file, chosen.kernel, {}, cfg.template_params(layout))
+        if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
+            unused = dummy(dev, SGMAT_MIN_BINDING)
+            if mode != MODES["residual"]:
+                res = unused
     else:
         kern = dev.kernel(chosen.file, chosen.kernel, cfg.constants(f16_math),
                           cfg.template_params(f16_math))
@@ -649,7 +672,7 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
         return
     partials = scratch(dev, "matmul_splitk", splits * M * N * 4)
     params = dev.params("IIIIfIIIIIII", M, N, K, 0, 1.0, lda, ldb, N, k_split, M * N, 0, 0)
-    rec.dispatch(kern, [a, b, dummy(dev), partials, params], (grid_xy[0], grid_xy[1], splits),
+    rec.dispatch(kern, [a, b, unused, partials, params], (grid_xy[0], grid_xy[1], splits),
                  label=op)
     reduce = dev.kernel(FILE_SPLITK, "matmul_splitk_reduce")
     rparams = dev.params("IIIIfIII", M, N, splits, mode, alpha, ldc, M * N, 0)
