@@ -6,6 +6,8 @@ Each row adds one layer to the one before, all on the same 1 KB document, p50 of
   encode, in-process        Encoding.encode_batch_flat([doc]) in the calling thread
   encode, executor thread   the same through a one-thread executor from an asyncio loop (the
                             server's GPU thread hop)
+  encode, idle gaps         in-process again with 2 ms of sleep between calls, as a lone
+                            client's requests come (an idle GPU and CPU between calls)
   GPU process round trip    RemoteEncoding -> GpuHost in another process: an empty decode
                             (the IPC floor) and the 1 KB encode
   gRPC GetInfo              a server's cheapest RPC (no batcher, no GPU): the gRPC floor, sync
@@ -36,9 +38,11 @@ sys.path.insert(0, str(REPO))
 from bench.service import default_vocab  # noqa: E402
 
 
-def p50_ms(fn, n: int) -> float:
+def p50_ms(fn, n: int, gap_s: float = 0.0) -> float:
     samples = []
     for _ in range(n):
+        if gap_s:
+            time.sleep(gap_s)
         t = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t)
@@ -63,7 +67,8 @@ def in_process(vocab: str, doc: str, n: int) -> list:
 
     def encode(e=enc):
         e.encode_batch_flat([doc], allowed_special=frozenset(), disallowed_special=())
-    rows = [("encode, in-process", p50_ms(encode, n))]
+    rows = [("encode, in-process", p50_ms(encode, n)),
+            ("encode, in-process, 2 ms idle gaps", p50_ms(encode, n, gap_s=0.002))]
     pool = concurrent.futures.ThreadPoolExecutor(1)
 
     async def through_executor():
@@ -140,10 +145,13 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", default=default_vocab())
     p.add_argument("--calls", type=int, default=300, help="calls per row (default 300)")
     p.add_argument("--workers", type=int, default=6, help="N of the multi-worker servers")
+    p.add_argument("--servers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure through servers (default on)")
     args = p.parse_args(argv)
     doc = (REPO / "tokenizer_svc" / "server" / "batcher.py").read_text()[:1024]
     results = [("in-process", "-", *row) for row in in_process(args.vocab, doc, args.calls)]
-    for workers, layout in ((1, "own"), (args.workers, "shared"), (args.workers, "per-worker")):
+    layouts = ((1, "own"), (args.workers, "shared"), (args.workers, "per-worker"))
+    for workers, layout in layouts if args.servers else ():
         for row in through_server(args.vocab, doc, args.calls, workers, layout):
             results.append((f"serve --workers {workers}", layout, *row))
         print(results[-1], flush=True)

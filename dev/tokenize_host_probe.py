@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     for chunk, window, overlap in configs:
         encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk,
                            long_window=window, long_overlap=overlap)
-        encoder.small_call_bytes = 0
+        encoder.fill_invocations = 0
         got, got_off = encoder.encode_docs(packed, packed_starts)   # warm-up, and the check
         assert np.array_equal(got, ids) and np.array_equal(got_off, offsets), chunk
         walls = wall_times(lambda: encoder.encode_docs(packed, packed_starts), args.repeats)
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     sweep = []
     for chunk in [int(c) for c in args.chunks.split(",") if c]:
         encoder = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern, chunk=chunk)
-        encoder.small_call_bytes = 0   # this chunk for every call (not SMALL_CHUNK)
+        encoder.fill_invocations = 0   # this chunk for every call (not sized by the call)
         for _ in range(5):
             got, _ = encoder.encode_docs(data, starts)
         assert got.tolist() == tik.encode_ordinary(lone), chunk

@@ -180,3 +180,45 @@ def test_truncation_and_offsets_are_applied_per_document(tiny_encoding):
                                  keep_end=True)])
     assert left.ids.tolist() == full[-3:] and left.offsets.tolist() == byte_offsets[-3:]
     assert left.truncated and left.token_count == len(full)
+
+
+@pytest.mark.parametrize("inflight", [1, 2])
+def test_max_inflight_batches_run_at_once_and_no_more(tiny_encoding, inflight):
+    """A batch function that waits (the shared GPU process's round trip) runs `max_inflight`
+    batches at once; the next batch forms while they run and starts when a slot frees."""
+    runner = BatchRunner(tiny_encoding)
+    rule = _rule(tiny_encoding)
+    running, most, lock = [0], [0], __import__("threading").Lock()
+    release = __import__("threading").Event()
+
+    def slow(jobs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(30)
+        try:
+            return runner(jobs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    async def main():
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            batcher = _batcher(slow, pool, window_s=0.0, max_inflight=inflight)
+            batcher.start()
+            tasks = []
+            for t in TEXTS[:3]:    # one at a time: each may start a batch of its own
+                tasks.append(asyncio.ensure_future(batcher.submit(
+                    EncodeJob([t], rule), items=1, nbytes=len(t.encode()))))
+                for _ in range(100):
+                    await asyncio.sleep(0.005)
+            started = running[0]
+            release.set()
+            results = await asyncio.gather(*tasks)
+            await batcher.close()
+            return started, results, batcher.batches_run
+    started, results, batches = _run(main())
+    assert started == inflight and most[0] == inflight
+    assert [list(r[0].ids) for r in results] == [tiny_encoding.encode(t) for t in TEXTS[:3]]
+    # with one slot the two later requests wait together and form one batch
+    assert batches == (3 if inflight == 2 else 2)

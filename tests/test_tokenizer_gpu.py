@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import NONE, SMALL_CALL_BYTES, SMALL_CHUNK, GpuEncoder
+from tokenizer_svc.gpu_encode import NONE, SMALL_CHUNK, GpuEncoder
 from tokenizer_svc.packed_text import PackedText
 from tokenizer_svc.reference import fix_surrogates
 from tokenizer_svc.unicode_table import all_code_points_text
@@ -132,7 +132,7 @@ def test_small_chunks_stress_segment_boundaries(pair, device, chunk):
     enc, tik = pair
     assert enc.backend.on_gpu_pretok
     small = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name, chunk=chunk)
-    small.small_call_bytes = 0   # this chunk size on GPUs too (not SMALL_CHUNK)
+    small.fill_invocations = 0   # this chunk size on GPUs too (not sized by the call)
     docs = TRICKY + MULTILINGUAL + corpus_docs()[:10] + [r[:700] for r in long_runs()]
     data = [d.encode() for d in docs]
     starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
@@ -141,26 +141,40 @@ def test_small_chunks_stress_segment_boundaries(pair, device, chunk):
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
 
 
-def test_small_calls_pre_tokenize_in_small_chunks_on_gpus(device):
-    """On GPUs (unbudgeted) a call of at most small_call_bytes runs SMALL_CHUNK bytes per
-    pre-tokenizer invocation, a larger one `chunk`; software Vulkan always `chunk`. Forced
-    here on lavapipe with inputs its loop limit allows; the ids equal tiktoken's."""
+def test_gpu_calls_pre_tokenize_in_chunks_sized_to_fill_the_gpu(device):
+    """On GPUs (unbudgeted) a call runs the shortest power-of-two chunk from SMALL_CHUNK to
+    `chunk` that needs at most fill_invocations invocations; software Vulkan always `chunk`.
+    Forced here on lavapipe with a small fill (inputs its loop limit allows); the ids equal
+    tiktoken's at every size."""
     vocab = vocabulary_for("trained-cl100k")
     enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
     gpu_like = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name)
+    gpu_like.budget = NONE
+    gpu_like.k_long_sg = None
+    gpu_like.fill_invocations = 256          # 4 KB at 16 bytes, 32 KB at the chunk (128)
+    assert [gpu_like.chunk_for(n) for n in (1, 4096, 4097, 8193, 16385, 32768, 10**9)] == \
+        [SMALL_CHUNK, 16, 32, 64, 128, 128, 128]
     docs = [d for d in corpus_docs() if 200 < len(d) < 4000][:40] + TRICKY
-    small_doc, big_docs = docs[0], docs * (1 + (SMALL_CALL_BYTES // sum(len(d) for d in docs)))
+    sizes = {}
+    for nbytes in (3000, 6000, 12000, 40000):
+        batch, size = [], 0
+        for d in docs * 20:
+            if size >= nbytes:
+                break
+            batch.append(d)
+            size += len(d.encode())
+        sizes[nbytes] = batch
     for encoder, budgeted in ((enc.backend.encoder, True), (gpu_like, False)):
-        if not budgeted:
-            encoder.budget = NONE
-            encoder.k_long_sg = None
-        for batch, want_chunk in (([small_doc], SMALL_CHUNK), (big_docs, encoder.chunk)):
+        for nbytes, batch in sizes.items():
             data = [d.encode() for d in batch]
             starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
             ids, offsets = encoder.encode_docs(b"".join(data), starts)
-            assert encoder.call_chunk == (encoder.chunk if budgeted else want_chunk)
+            want_chunk = encoder.chunk if budgeted else encoder.chunk_for(int(starts[-1]))
+            assert encoder.call_chunk == want_chunk
             want = tik.encode_ordinary_batch(batch)
             assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(batch))] == want
+    assert {gpu_like.chunk_for(sum(len(d.encode()) for d in b)) for b in sizes.values()} == \
+        {16, 32, 64, 128}
 
 
 def test_hundred_thousand_one_character_documents(device):

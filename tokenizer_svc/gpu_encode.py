@@ -109,14 +109,16 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # three dispatches cost a small chunk one workgroup each of reading a zero count, less than
 # one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
 INLINE_MIN_BYTES = 0
-# Calls of at most SMALL_CALL_BYTES on a GPU pre-tokenize in chunks of SMALL_CHUNK bytes per
-# invocation instead of `chunk` (128): a small input fills few invocations, each sequential
-# over its chunk, so shorter chunks cut its latency (H200, a lone 914 B document: p50 0.87 ms
-# at 16 vs 1.14 ms at 128, GPU pretok_merge 0.17 vs 0.38 ms; dev/tokenize_host_probe.py case
-# d). The chunk is a kernel parameter, so no second set of pipelines. Software Vulkan keeps
-# `chunk` (lavapipe ran shorter chunks slower: 0.94 vs 0.75 ms at 16 vs 128).
-SMALL_CALL_BYTES = 64 << 10
+# Bytes per pre-tokenizer invocation on a GPU, per call: the smallest power of two from
+# SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for the
+# call. A call that cannot fill the GPU runs few invocations, each sequential over its chunk,
+# so shorter chunks cut its time (H200, a lone 914 B document: p50 0.87 ms at 16 vs 1.14 ms
+# at 128, GPU pretok_merge 0.17 vs 0.38 ms; dev/tokenize_host_probe.py case d; calls of
+# 64 KB-16 MB: dev/call_chunk_sweep.py); a big call keeps `chunk`. The chunk is a kernel
+# parameter, so no second set of pipelines. Software Vulkan keeps `chunk` (lavapipe ran
+# shorter chunks slower: 0.94 vs 0.75 ms at 16 vs 128).
 SMALL_CHUNK = 16
+FILL_INVOCATIONS = 1 << 17
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -154,8 +156,8 @@ class GpuEncoder:
         self.tables = tables
         self.pattern = pattern
         self.chunk = chunk
-        self.small_chunk = min(chunk, SMALL_CHUNK)   # for calls of <= small_call_bytes (GPUs)
-        self.small_call_bytes = SMALL_CALL_BYTES
+        self.small_chunk = min(chunk, SMALL_CHUNK)   # the shortest chunk_for gives (GPUs)
+        self.fill_invocations = FILL_INVOCATIONS     # 0: `chunk` for every call
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
         self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
@@ -284,6 +286,15 @@ class GpuEncoder:
         total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
         return ids[:total], sub_offsets[owner_first]
 
+    def chunk_for(self, nbytes: int) -> int:
+        """Bytes per pre-tokenizer invocation for a call of `nbytes` (see FILL_INVOCATIONS)."""
+        if self.budget != NONE:   # software Vulkan
+            return self.chunk
+        c = self.small_chunk
+        while c < self.chunk and nbytes > c * self.fill_invocations:
+            c *= 2
+        return min(c, self.chunk) if self.fill_invocations else self.chunk
+
     def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
         """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
         work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
@@ -298,9 +309,7 @@ class GpuEncoder:
                           pieces, slot=k % 2, first_sub=bounds[k])
 
         base, n_chunks = 0, len(bounds) - 1
-        # bytes per pre-tokenizer invocation for this call (see SMALL_CHUNK)
-        small = self.budget == NONE and int(sub_starts[-1]) <= self.small_call_bytes
-        self.call_chunk = self.small_chunk if small else self.chunk
+        self.call_chunk = self.chunk_for(int(sub_starts[-1]))
         self._check_interrupt()
         chunk = following = upload(0)
         try:

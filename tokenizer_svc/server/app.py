@@ -62,6 +62,7 @@ def adapter_info(device) -> pb.Adapter:
                       driver=info.driver, software=info.is_software)
 
 
+REMOTE_INFLIGHT = 2                 # batches a worker keeps at the shared GPU process at once
 LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)
 LONG_LANE_ROUND_DISPATCHES = 8      # dispatches per long-lane submit
 
@@ -90,11 +91,14 @@ class TokenizerServer:
         self.servicer = TokenizerServicer(config)
         self.tei = TeiTokenizeServicer(self.servicer)
         self.health = HealthServicer()
-        self.gpu_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu")
+        # batches run here; two threads for the two batches a worker of the shared GPU
+        # process keeps in flight (REMOTE_INFLIGHT), else one batch at a time uses one
+        self.gpu_thread = concurrent.futures.ThreadPoolExecutor(REMOTE_INFLIGHT,
+                                                                thread_name_prefix="gpu")
         self.long_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpu-long")
         self.long_lane: LongLane | None = None
         self.runner: BatchRunner | None = None
-        self.batch_started: float | None = None   # monotonic start of the running batch
+        self._batch_starts: dict = {}   # running batch -> its monotonic start
         self.stalled = False
         self.stuck_workers: list[str] = []
         self._watchdog: asyncio.Task | None = None
@@ -199,7 +203,8 @@ class TokenizerServer:
             max_queued_bytes=self.config.limits.max_queued_bytes,
             reject_queue_full=lambda queued, nbytes: queue_full(self.config.limits, queued,
                                                                 nbytes),
-            observer=self.metrics, eager=b.eager)
+            observer=self.metrics, eager=b.eager,
+            max_inflight=REMOTE_INFLIGHT if hasattr(self._encoding, "local") else 1)
         self.batcher.start()
         self.servicer.attach(self._encoding, self.batcher, self._info(), self.metrics)
         self.servicer.long_lane, self.servicer.run_long = self.long_lane, self.run_long
@@ -241,12 +246,18 @@ class TokenizerServer:
         encoder.max_round_dispatches = LONG_LANE_ROUND_DISPATCHES
         return long_enc
 
+    @property
+    def batch_started(self) -> float | None:
+        """Monotonic start of the oldest running batch (None: none runs)."""
+        return min(self._batch_starts.values(), default=None)
+
     def _timed_batch(self, jobs: list) -> list:
-        self.batch_started = time.monotonic()
+        key = object()
+        self._batch_starts[key] = time.monotonic()
         try:
             return self.runner(jobs)
         finally:
-            self.batch_started = None
+            del self._batch_starts[key]
 
     async def run_long(self, job, timeout: float | None):
         """Run one expensive EncodeJob (LongLane.admits) in the long lane."""

@@ -13,6 +13,11 @@ will submit; see `announce`) has already been submitted. A lone client then pays
 while concurrent clients still share GPU calls: whatever queues while the GPU is busy forms
 the next batch.
 
+`max_inflight` batches may run at once (default 1: the next batch forms while one runs and
+starts when it ends). More than one pays when the batch function mostly waits, as a worker of
+`serve --workers N` does for the shared GPU process (gpu_host.py): its next batch is already
+there when the GPU process starts its next round. The executor needs as many threads.
+
 The batch function receives a list of payloads and returns one result per payload, in order;
 a result that is an exception instance fails only its own request.
 """
@@ -61,7 +66,8 @@ class DynamicBatcher:
     def __init__(self, run_batch: Callable[[list], list], executor: concurrent.futures.Executor,
                  *, window_s: float, max_items: int, max_bytes: int, max_queued_bytes: int,
                  reject_queue_full: Callable[[int, int], Exception],
-                 observer: BatchObserver | None = None, eager: bool = True):
+                 observer: BatchObserver | None = None, eager: bool = True,
+                 max_inflight: int = 1):
         self._run_batch = run_batch
         self._executor = executor
         self.window_s = window_s
@@ -79,6 +85,8 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._running: set = set()   # batch tasks in progress
         self.batches_run = 0
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -92,6 +100,8 @@ class DynamicBatcher:
         self._wakeup.set()
         if self._task is not None:
             await self._task
+        if self._running:
+            await asyncio.gather(*self._running)
 
     # ---- submitting -----------------------------------------------------------------------
 
@@ -159,19 +169,36 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            # The oldest request waits out its window unless the batch fills first. Requests
-            # that queued while the GPU was busy have usually waited long enough already.
-            close_at = self._queue[0].enqueued + self.window_s
-            while not (self._full() or self._closing or self._nobody_coming()):
-                remaining = close_at - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            await self._run(self._take())
+            await self._slots.acquire()   # a batch forms once it can start
+            try:
+                await self._form()
+            except BaseException:
+                self._slots.release()
+                raise
+
+    async def _form(self) -> None:
+        """Wait until the head's batch should close, then start it (holding a slot)."""
+        # The oldest request waits out its window unless the batch fills first. Requests
+        # that queued while the GPU was busy have usually waited long enough already.
+        close_at = self._queue[0].enqueued + self.window_s
+        while not (self._full() or self._closing or self._nobody_coming()):
+            remaining = close_at - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        task = asyncio.get_running_loop().create_task(self._run_and_release(self._take()))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run_and_release(self, taken: list) -> None:
+        try:
+            await self._run(taken)
+        finally:
+            self._slots.release()
 
     def _take(self) -> list[_Pending]:
         taken, items, nbytes = [], 0, 0

@@ -14,9 +14,10 @@ authenticated with the group's key). ONE thread of this process waits on every c
 reads a message from each readable one and runs them as one round: the documents of all
 encode messages that allow the same special tokens go into one Encoding call (up to
 `max_call_bytes` of input; a message is never split), the ids of all decode messages into
-one call, and each message is answered with its own slice. A worker has at most one message
-in flight (its GPU thread waits for the answer), so the workers' batchers are the
-backpressure and a call merges at most one batch per worker.
+one call, and each message is answered with its own slice. A worker keeps at most two
+batches in flight (app.REMOTE_INFLIGHT: its next batch is waiting when a round ends), each
+on a connection of its own that waits for its answer, so the workers' batchers are the
+backpressure and a round holds at most two batches per worker.
 
 Failures: an invalid id fails only its own message (decode is retried message by message,
 the answer carries the Encoding's own error). If this process dies, every waiting worker's
@@ -76,12 +77,14 @@ def _unavailable(why: str) -> RequestRejected:
 class RemoteEncoding:
     """A worker's Encoding for the batch path: `encode_batch_flat` and `decode_bytes_batch`
     run in the group's GPU process; every other attribute (vocabulary, per-token tables,
-    special tokens, offsets, HF post-processing) is the worker's own Encoding, `local`."""
+    special tokens, offsets, HF post-processing) is the worker's own Encoding, `local`.
+    Concurrent calls (a worker keeps two batches in flight) each use a connection of their
+    own from a small pool."""
 
     def __init__(self, local, address: str, authkey: bytes):
         self.local = local
         self._address, self._authkey = address, authkey
-        self._conn = None
+        self._idle: list = []          # open connections not in use
         self._lock = threading.Lock()
 
     def __getattr__(self, name):
@@ -89,24 +92,29 @@ class RemoteEncoding:
             raise AttributeError(name)
         return getattr(self.local, name)
 
+    def _open(self):
+        return Client(self._address, family="AF_UNIX", authkey=self._authkey)
+
     def connect(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the GPU process to accept (it listens once loaded)."""
         deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                conn = self._open()
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(f"the GPU process at {self._address} did not "
+                                          f"accept within {timeout_s:.0f} s: {exc}") from None
+                time.sleep(CONNECT_RETRY_S)
         with self._lock:
-            while self._conn is None:
-                try:
-                    self._conn = Client(self._address, family="AF_UNIX", authkey=self._authkey)
-                except (FileNotFoundError, ConnectionRefusedError) as exc:
-                    if time.monotonic() >= deadline:
-                        raise ConnectionError(f"the GPU process at {self._address} did not "
-                                              f"accept within {timeout_s:.0f} s: {exc}") from None
-                    time.sleep(CONNECT_RETRY_S)
+            self._idle.append(conn)
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def encode_batch_flat(self, docs, *, allowed_special=frozenset(), disallowed_special=()):
         if disallowed_special:   # the service checks refusals per job before the call
@@ -118,26 +126,30 @@ class RemoteEncoding:
         return self._call(("decode", list(batch)))
 
     def _call(self, message):
-        with self._lock:
-            # A connection to a GPU process that died since the last call fails at once: the
-            # message then goes once more over a new connection (encode and decode are pure).
-            for attempt in (0, 1):
-                fresh = self._conn is None
-                if fresh:
-                    try:
-                        self._conn = Client(self._address, family="AF_UNIX",
-                                            authkey=self._authkey)
-                    except OSError:
-                        raise _unavailable("is restarting") from None
+        # A pooled connection to a GPU process that died since it was last used fails at
+        # once: then every pooled one is stale, and the message goes once more over a new
+        # connection (encode and decode are pure).
+        for attempt in (0, 1):
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            fresh = conn is None
+            if fresh:
                 try:
-                    self._conn.send(message)
-                    reply = self._conn.recv()
-                    break
-                except (EOFError, OSError):
-                    self._conn.close()
-                    self._conn = None
-                    if fresh or attempt:
-                        raise _unavailable("stopped while answering") from None
+                    conn = self._open()
+                except OSError:
+                    raise _unavailable("is restarting") from None
+            try:
+                conn.send(message)
+                reply = conn.recv()
+            except (EOFError, OSError):
+                conn.close()
+                if fresh or attempt:
+                    raise _unavailable("stopped while answering") from None
+                self.close()
+                continue
+            with self._lock:
+                self._idle.append(conn)
+            break
         kind = reply[0]
         if kind == "ok":
             return reply[1]
