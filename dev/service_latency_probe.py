@@ -8,6 +8,8 @@ Each row adds one layer to the one before, all on the same 1 KB document, p50 of
                             server's GPU thread hop)
   encode, idle gaps         in-process again with 2 ms of sleep between calls, as a lone
                             client's requests come (an idle GPU and CPU between calls)
+  encode, bench texts       in-process over bench/service.py's 256 texts of 1 KB in turn
+                            (code cut at random places: runs of spaces), with and without gaps
   GPU process round trip    RemoteEncoding -> GpuHost in another process: an empty decode
                             (the IPC floor) and the 1 KB encode
   gRPC GetInfo              a server's cheapest RPC (no batcher, no GPU): the gRPC floor, sync
@@ -35,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.service import default_vocab  # noqa: E402
+from bench.service import default_vocab, load_corpus, make_texts  # noqa: E402
 
 
 def p50_ms(fn, n: int, gap_s: float = 0.0) -> float:
@@ -69,6 +71,13 @@ def in_process(vocab: str, doc: str, n: int) -> list:
         e.encode_batch_flat([doc], allowed_special=frozenset(), disallowed_special=())
     rows = [("encode, in-process", p50_ms(encode, n)),
             ("encode, in-process, 2 ms idle gaps", p50_ms(encode, n, gap_s=0.002))]
+    texts = iter(make_texts(load_corpus(None), 1024, 256, seed=1024) * (2 * n // 256 + 2))
+
+    def encode_next():
+        enc.encode_batch_flat([next(texts)], allowed_special=frozenset(),
+                              disallowed_special=())
+    rows += [("encode, bench texts", p50_ms(encode_next, n)),
+             ("encode, bench texts, 2 ms idle gaps", p50_ms(encode_next, n, gap_s=0.002))]
     pool = concurrent.futures.ThreadPoolExecutor(1)
 
     async def through_executor():

@@ -110,15 +110,17 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
 INLINE_MIN_BYTES = 0
 # Bytes per pre-tokenizer invocation on a GPU, per call: the smallest power of two from
-# SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for the
-# call. A call that cannot fill the GPU runs few invocations, each sequential over its chunk,
-# so shorter chunks cut its time (H200, a lone 914 B document: p50 0.87 ms at 16 vs 1.14 ms
-# at 128, GPU pretok_merge 0.17 vs 0.38 ms; dev/tokenize_host_probe.py case d; calls of
-# 64 KB-16 MB: dev/call_chunk_sweep.py); a big call keeps `chunk`. The chunk is a kernel
-# parameter, so no second set of pipelines. Software Vulkan keeps `chunk` (lavapipe ran
-# shorter chunks slower: 0.94 vs 0.75 ms at 16 vs 128).
+# SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for one
+# pipeline chunk of the call. Each invocation walks its chunk sequentially with divergent
+# control flow, so on the H200 shorter chunks were faster at every call size measured
+# (dev/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at 128, 1 MB 2.84
+# vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document p50 0.87
+# vs 1.14 ms, dev/tokenize_host_probe.py case d), up to 16 MB (a whole pipeline chunk) with
+# one million invocations. The chunk is a kernel parameter, so no second set of pipelines.
+# Software Vulkan keeps `chunk` (lavapipe ran shorter chunks slower: 0.94 vs 0.75 ms at 16
+# vs 128).
 SMALL_CHUNK = 16
-FILL_INVOCATIONS = 1 << 17
+FILL_INVOCATIONS = 1 << 20
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -309,7 +311,7 @@ class GpuEncoder:
                           pieces, slot=k % 2, first_sub=bounds[k])
 
         base, n_chunks = 0, len(bounds) - 1
-        self.call_chunk = self.chunk_for(int(sub_starts[-1]))
+        self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
         self._check_interrupt()
         chunk = following = upload(0)
         try:
