@@ -248,6 +248,21 @@ METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_re
            "istanbul_tokenizer_gpu_host_seconds_sum", "istanbul_tokenizer_gpu_host_seconds_count",
            "istanbul_tokenizer_gpu_host_messages_sum",
            "istanbul_tokenizer_gpu_host_messages_count")
+# the GPU encoder's host phases and slow paths (the device's owner: the GPU process or workers)
+ENCODER_METRICS = {"upload": 'seconds_total{{phase="upload"', "readback": 'seconds_total{{phase="readback"',
+                   "calls": 'calls_total{{path="all"', "slow": 'calls_total{{path="slow"'}
+
+
+def _encoder_phases(delta: dict, owner: str) -> dict:
+    """Per GPU encoder call of the cell: its upload and readback (map + wait) ms, and the
+    chunks that took the slow path per call."""
+    calls = delta[f"encoder_{owner}_calls"]
+    if not calls:
+        return {"encoder_upload_ms": None, "encoder_readback_ms": None,
+                "slow_paths_per_call": None}
+    return {"encoder_upload_ms": delta[f"encoder_{owner}_upload"] / calls * 1e3,
+            "encoder_readback_ms": delta[f"encoder_{owner}_readback"] / calls * 1e3,
+            "slow_paths_per_call": delta[f"encoder_{owner}_slow"] / calls}
 
 
 def _mean_ms(delta: dict, name: str) -> float | None:
@@ -292,6 +307,12 @@ class Server:
         values = {name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$",
                                                          text, re.M))
                   for name in METRICS}
+        for owner, prefix in (("workers", "istanbul_tokenizer_encoder_"),
+                              ("gpu_host", "istanbul_tokenizer_gpu_host_encoder_")):
+            for key, tail in ENCODER_METRICS.items():
+                pattern = "^" + re.escape(prefix + tail.replace("{{", "{")) + r"[^}]*\} (\S+)$"
+                values[f"encoder_{owner}_{key}"] = sum(float(v) for v in
+                                                       re.findall(pattern, text, re.M))
         values["cpu_seconds"] = _tree_cpu_seconds(self.proc.pid)
         return values
 
@@ -430,6 +451,18 @@ def markdown(report: dict) -> str:
             f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell.get('batches_per_call'), 1)} "
             f"| {_fmt(cell['gpu_busy'], 2)} "
             f"| {_fmt(cell['server_cpu_cores'], 1)} | {sum(cell['errors'].values())} |")
+    lines += ["", "The GPU encoder per call, i.e. per pipeline chunk of up to 16 MB (the device owner's counters: the GPU process when "
+              "shared, else the workers): `upload ms` writing the text, `readback ms` mapping the "
+              "result (mostly waiting for the GPU), `slow` chunks on the slow path per call (their "
+              "ids outgrew the staging guess, a long piece's seam failed, or software Vulkan's "
+              "budgeted kernels resumed: more round trips).", "",
+              "| workers | GPU | clients | text | upload ms | readback ms | slow |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
+    for cell in report["cells"]:
+        lines.append(f"| {cell['workers']} | {cell.get('gpu_process', 'own')} | {cell['clients']} "
+                     f"| {_label(cell['size'])} | {_fmt(cell.get('encoder_upload_ms'), 3)} "
+                     f"| {_fmt(cell.get('encoder_readback_ms'), 3)} "
+                     f"| {_fmt(cell.get('slow_paths_per_call'), 2)} |")
     met = targets(report)
     if met:
         lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
@@ -575,6 +608,7 @@ def main(argv=None) -> int:
                                 gpu_call_ms=_mean_ms(delta, "istanbul_tokenizer_gpu_seconds"),
                                 host_call_ms=(_mean_ms(delta, "istanbul_tokenizer_gpu_host_seconds")
                                               if shared else None),
+                                **_encoder_phases(delta, "gpu_host" if shared else "workers"),
                                 server_cpu_cores=delta["cpu_seconds"] / wall)
                     report["cells"].append(cell)
                     report["verified_replies"] = verified

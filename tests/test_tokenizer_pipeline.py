@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import GpuEncoder
+from tokenizer_svc.gpu_encode import EXACT_GUESS_BYTES, GpuEncoder
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 
@@ -89,9 +89,33 @@ def test_a_wrong_readback_guess_still_reads_every_id(chunked, ids_per_byte):
     enc, small, tik = chunked
     docs = ["日本語のテキスト" * 40, "hello world " * 40, "x"]
     small.ids_per_byte = ids_per_byte
-    ids, offsets = small.encode_docs(*_packed(docs))
+    small.exact_guess_bytes = 0   # guess even for these small chunks
+    try:
+        ids, offsets = small.encode_docs(*_packed(docs))
+    finally:
+        small.exact_guess_bytes = EXACT_GUESS_BYTES
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
         [tik.encode_ordinary(d) for d in docs]
+
+
+def test_small_chunks_need_no_guess_of_their_ids(chunked):
+    """A chunk of at most EXACT_GUESS_BYTES copies room for one id per byte: however wrong
+    the learned ids per byte, it takes no slow path (one submit, one map); guessing instead
+    takes it. On lavapipe as on a GPU (unbudgeted kernels)."""
+    enc, small, tik = chunked
+    gpu_like = GpuEncoder(small.device, small.tables, small.pattern)
+    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    gpu_like.k_long_sg = None
+    gpu_like.profile = True
+    # no long pieces: lavapipe's loop limit bounds what one unbudgeted invocation may merge
+    docs = ["日本語 のテキスト " * 40, "    indented = code(x)  # " * 20, "x"]
+    want = [tik.encode_ordinary(d) for d in docs]
+    for exact, slow in ((EXACT_GUESS_BYTES, 0), (0, 1)):
+        gpu_like.exact_guess_bytes = exact
+        gpu_like.ids_per_byte = 0.0
+        ids, offsets = gpu_like.encode_docs(*_packed(docs))
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+        assert gpu_like.last_profile.slow_paths == slow
 
 
 def test_ids_into_a_callers_array(chunked):
@@ -186,6 +210,7 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap):
         # without merging or compacting again
         more = ["x" * 640, "日本語" * 200]
         inline.ids_per_byte = 0.0
+        inline.exact_guess_bytes = 0
         ids, offsets = inline.encode_docs(*_packed(more))
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(more))] == \
             [tik.encode_ordinary(d) for d in more]

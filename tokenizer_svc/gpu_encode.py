@@ -121,6 +121,11 @@ INLINE_MIN_BYTES = 0
 # vs 128).
 SMALL_CHUNK = 16
 FILL_INVOCATIONS = 1 << 20
+# A chunk of at most EXACT_GUESS_BYTES copies room for one id per input byte (the most it can
+# have) with its offsets: no guess to miss. Larger chunks guess 1.25 x the previous chunk's
+# ids per byte; a lone 1 KB code document missed that guess in 45 of 256 calls (gpt2,
+# bench/service.py's texts), each miss one more copy and map round trip (the slow path).
+EXACT_GUESS_BYTES = 64 << 10
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -144,6 +149,7 @@ class Profile:
     long_windows: int = 0   # windows of long pieces merged (retries included)
     long_retried: int = 0   # long pieces merged again because a seam did not stitch
     long_widened: int = 0   # of those, pieces the phase-aligned windows did not stitch either
+    slow_paths: int = 0     # chunks finished on the slow path (more submits and round trips)
 
     def add_gpu(self, times) -> None:
         for label, seconds in times:
@@ -199,6 +205,7 @@ class GpuEncoder:
         self.inline_long = True   # False: long pieces always on the slow path (tests compare)
         self.inline_min_bytes = INLINE_MIN_BYTES
         self.ids_per_byte = 0.3   # the ids staging guess; updated from every chunk
+        self.exact_guess_bytes = EXACT_GUESS_BYTES   # chunks up to this size: no guess
         self.call_chunk = chunk
         self._staging: dict[int, Buffer] = {}
         self.profile = False
@@ -430,6 +437,7 @@ class GpuEncoder:
         and read the chunk back exactly (the one-submit guess of the fast path did not
         hold)."""
         dev, counters, n = self.device, chunk.counters, chunk.n
+        self.last_profile.slow_paths += 1
         binds = lambda scratch, budget: self._binds(chunk, scratch, budget)  # noqa: E731
         dummy = self.pool.get("scratch_dummy", 16)
         if unfinished:
@@ -694,7 +702,8 @@ class _Chunk:
         self.counters = pool.get(f"counters{slot}", 32)
         self.counters.write(np.zeros(8, np.uint32))
         enc.last_profile.upload_s += time.perf_counter() - t0
-        self.guess = min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.guess = self.n if self.n <= enc.exact_guess_bytes else \
+            min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
         self.inline_long = enc.inline_long_for(self.n)
         self.ids_at = 32 + 4 * (self.n_docs + 1)
         self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)

@@ -33,7 +33,7 @@ from .long_lane import LongJobControl, LongLane
 from .health import HealthServicer
 from .errors import RequestRejected, limit_reason
 from .limits import queue_full
-from .metrics import ServiceMetrics, TelemetryInterceptor
+from .metrics import ServiceMetrics, TelemetryInterceptor, last_encoder_profile
 from .ports import check_free, port_error
 from .servicer import SERVICE_NAME, TokenizerServicer
 from .tei import TEI_SERVICE_NAME, TeiTokenizeServicer
@@ -186,7 +186,9 @@ class TokenizerServer:
                 self._encoding, self._device = await loop.run_in_executor(self.gpu_thread,
                                                                           self._load)
             runner = BatchRunner(self._encoding, on_encode_seconds=self.metrics.encode_seconds,
-                                 max_call_bytes=self.config.batching.max_bytes)
+                                 max_call_bytes=self.config.batching.max_bytes,
+                                 on_encoder_profile=lambda encoding: self.metrics.encoder.observe(
+                                     last_encoder_profile(encoding)))
             long_encoding = await loop.run_in_executor(self.gpu_thread, self._long_encoding)
         except Exception as exc:
             self.load_error = exc

@@ -164,7 +164,7 @@ class HostMetrics:
     """The GPU process's own /metrics (the supervisor serves them under worker="gpu")."""
 
     def __init__(self):
-        from .metrics import BYTE_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS
+        from .metrics import BYTE_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS, EncoderMetrics
         self.registry = r = CollectorRegistry()
         self.call_seconds = Histogram(
             "istanbul_tokenizer_gpu_host_seconds", "one Encoding call of the GPU process "
@@ -177,6 +177,7 @@ class HostMetrics:
             "process", buckets=BYTE_BUCKETS, registry=r)
         self.connections = Gauge("istanbul_tokenizer_gpu_host_connections",
                                  "workers connected to the GPU process", registry=r)
+        self.encoder = EncoderMetrics(r, "istanbul_tokenizer_gpu_host_encoder")
         self._http = None
 
     def serve_http(self, host: str, port: int, tokens: tuple = ()) -> int:
@@ -290,6 +291,7 @@ class GpuHost:
             yield run
 
     def _encode(self, call: list, allowed) -> None:
+        from .metrics import last_encoder_profile
         from .work import encode_flat
         docs = [doc for m in call for doc in m.body[0]]
         start = time.perf_counter()
@@ -301,6 +303,7 @@ class GpuHost:
                 self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
             return
         self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
+        self.metrics.encoder.observe(last_encoder_profile(self.encoding))
         self.metrics.call_bytes.observe(sum(m.body[2] for m in call))
         n = 0
         for m in call:

@@ -15,6 +15,11 @@ Each server has its own registry (several servers may share a process in tests),
     istanbul_tokenizer_batch_seconds                    wall time of a whole batch (histogram)
     istanbul_tokenizer_gpu_seconds                      time inside Encoding.encode_batch_flat
                                                         (upload, kernels, download; histogram)
+    istanbul_tokenizer_encoder_seconds_total{phase}     of that, the GPU encoder's own host
+                                                        phases (upload; readback: mapping and
+                                                        waiting for the GPU; own device only)
+    istanbul_tokenizer_encoder_calls_total{path}        encoder calls, and chunks finished on
+                                                        the slow path (path="slow")
     istanbul_tokenizer_queue_wait_seconds               time from arrival to batch start
     istanbul_tokenizer_dropped_total{reason}            requests dropped before the GPU call
                                                         (cancelled, deadline, queue_full)
@@ -48,6 +53,44 @@ def method_name(full_method: str) -> str:
     return f"{service.rsplit('.', 1)[-1]}/{method}"
 
 
+class EncoderMetrics:
+    """The GPU encoder's Profile of each call (tokenizer_svc/gpu_encode.py), as counters in
+    `registry` under `prefix`: where an encode call's host time goes (upload, readback and
+    the wait for the GPU) and how often a chunk took the slow path."""
+
+    def __init__(self, registry, prefix: str):
+        self.phase_seconds = Counter(f"{prefix}_seconds", "host time of the GPU encoder's "
+                                     "calls by phase", ["phase"], registry=registry)
+        self.calls = Counter(f"{prefix}_calls", "GPU encoder calls (all), and chunks "
+                             "finished on the slow path (slow)", ["path"], registry=registry)
+        self._seen = (None, 0.0, 0.0, 0, 0)   # the profile last read and its totals then
+
+    def observe(self, profile) -> None:
+        """Count what `profile` (an encoder's running totals; a new object when it was
+        reset) gained since the last call."""
+        if profile is None:
+            return
+        now = (profile.upload_s, profile.readback_s, profile.calls, profile.slow_paths)
+        seen, *before = self._seen
+        if seen is not profile:
+            before = (0.0, 0.0, 0, 0)
+        self._seen = (profile, *now)
+        upload, readback, calls, slow = (a - b for a, b in zip(now, before))
+        self.phase_seconds.labels("upload").inc(max(upload, 0.0))
+        self.phase_seconds.labels("readback").inc(max(readback, 0.0))
+        self.calls.labels("all").inc(max(calls, 0))
+        self.calls.labels("slow").inc(max(slow, 0))
+
+
+def last_encoder_profile(encoding):
+    """The Profile of `encoding`'s last GPU encoder call, or None (no GPU encoder here, or a
+    RemoteEncoding: its calls run in the GPU process, which reports them itself)."""
+    if "local" in getattr(encoding, "__dict__", {}):
+        return None
+    encoder = getattr(getattr(encoding, "backend", None), "encoder", None)
+    return getattr(encoder, "last_profile", None)
+
+
 class ServiceMetrics(BatchObserver):
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -76,6 +119,7 @@ class ServiceMetrics(BatchObserver):
         self.gpu_seconds = Histogram("istanbul_tokenizer_gpu_seconds", "time inside "
                                      "Encoding.encode_batch_flat (upload, kernels, download)",
                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.encoder = EncoderMetrics(r, "istanbul_tokenizer_encoder")
         self.queue_wait = Histogram("istanbul_tokenizer_queue_wait_seconds", "time from arrival "
                                     "to the start of the request's batch",
                                     buckets=LATENCY_BUCKETS, registry=r)

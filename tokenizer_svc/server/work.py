@@ -133,11 +133,12 @@ class BatchRunner:
     (a list of EncodedDoc per encode job, a list of bytes per decode job, or an exception)."""
 
     def __init__(self, encoding, on_encode_seconds: Callable[[float], None] | None = None,
-                 max_call_bytes: int = 1 << 62):
+                 max_call_bytes: int = 1 << 62, on_encoder_profile: Callable | None = None):
         self.encoding = encoding
         self.max_call_bytes = max_call_bytes
         self.special_tokens = frozenset(encoding.special_tokens_set)
         self._on_encode_seconds = on_encode_seconds or (lambda seconds: None)
+        self._on_encoder_profile = on_encoder_profile or (lambda encoding: None)
 
     def __call__(self, jobs: list) -> list:
         results: list = [None] * len(jobs)
@@ -181,6 +182,7 @@ class BatchRunner:
             encoded = []  # per document, in order
             for chunk in self._chunks(docs):
                 ids, offsets = encode_flat(self.encoding, chunk, allowed)
+                self._on_encoder_profile(self.encoding)
                 encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
             i = 0
             for k in members:
