@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -98,8 +99,12 @@ def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_e
             assert rounds["gpu"] > 0
             assert _per_worker(page, "istanbul_tokenizer_gpu_host_messages_sum")["gpu"] == \
                 sum(batches.values())
+            # the GPU process's encoder did the encoding; the workers' own devices did not
+            assert _per_worker(page, "istanbul_tokenizer_gpu_host_encoder_calls_total")["gpu"] > 0
+            assert not any(_per_worker(page, "istanbul_tokenizer_encoder_calls_total").values())
         else:
             assert rounds == {}
+            assert sum(_per_worker(page, "istanbul_tokenizer_encoder_calls_total").values()) > 0
         for channel in channels:
             channel.close()
         proc.send_signal(signal.SIGTERM)
@@ -191,6 +196,69 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
         assert proc.wait(120) == 0
         assert "GPU process exited; restarting it" in proc.stderr.read()
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_shared_gpu_process_keeps_auth_metrics_auth_and_the_stall_watchdog(
+        tiny_vocab_path, tiny_encoding, tmp_path):
+    """The shared layout keeps what a single server does: bearer tokens on every RPC, /metrics
+    only with a token (the GPU process's series included), and a worker whose batch waits on
+    a GPU process that makes no progress turns NOT_SERVING after --stall-timeout, SERVING
+    again (and answers) once it runs on."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret\n")
+    proc, target, metrics_port = _start(tiny_vocab_path, tmp_path, "--auth-token-file",
+                                        str(tokens), "--metrics-auth", "--stall-timeout", "2")
+    host = None
+    try:
+        auth = (("authorization", "Bearer s3cret"),)
+        channel = grpc.insecure_channel(target)
+        stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Tokenize(pb.TokenizeRequest(text="hello"), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.Tokenize(pb.TokenizeRequest(text="hello"), timeout=60, metadata=auth)
+        assert list(reply.ids) == list(tiny_encoding.encode("hello"))
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        with pytest.raises(urllib.error.HTTPError) as no_token:
+            urllib.request.urlopen(url, timeout=30)
+        assert no_token.value.code == 401
+        page = urllib.request.urlopen(urllib.request.Request(
+            url, headers={"Authorization": "Bearer s3cret"}), timeout=30).read().decode()
+        assert _per_worker(page, "istanbul_tokenizer_worker_up") == LABELS["shared"]
+        assert _per_worker(page, "istanbul_tokenizer_gpu_host_encoder_calls_total")["gpu"] > 0
+
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status():
+            return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=30,
+                                metadata=auth).status
+        assert status() == health_pb2.HealthCheckResponse.SERVING
+        host = _children(proc.pid)["istanbul-gpu"]
+        os.kill(host, signal.SIGSTOP)
+        waiting = stub.Tokenize.future(pb.TokenizeRequest(text="stalled text"), timeout=120,
+                                       metadata=auth)
+        deadline = time.monotonic() + 60
+        while status() != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "the stalled batch never turned NOT_SERVING"
+            time.sleep(0.2)
+        os.kill(host, signal.SIGCONT)
+        host = None
+        assert list(waiting.result(60).ids) == list(tiny_encoding.encode("stalled text"))
+        deadline = time.monotonic() + 60
+        while status() != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "the worker never recovered"
+            time.sleep(0.2)
+        channel.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        assert "GPU worker stalled" in proc.stderr.read()
+    finally:
+        if host is not None:
+            os.kill(host, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
