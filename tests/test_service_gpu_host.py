@@ -184,3 +184,16 @@ def test_connect_names_the_socket_when_nobody_listens(tiny_encoding, tmp_path):
     remote = RemoteEncoding(tiny_encoding, str(tmp_path / "absent.sock"), b"k")
     with pytest.raises(ConnectionError, match="absent.sock"):
         remote.connect(0.2)
+
+
+def test_a_failing_encoding_call_fails_each_of_its_messages(tiny_encoding):
+    class Broken(Counting):
+        def encode_batch_flat(self, docs, **kw):
+            raise RuntimeError("device lost")
+    host = GpuHost(Broken(tiny_encoding), max_call_bytes=1 << 20)
+    messages, ends = _worker_messages([("encode", ["a"], frozenset(), 1),
+                                       ("encode", ["b"], frozenset(), 1),
+                                       ("decode", [np.array([1], np.uint32)])])
+    host.run_round(messages)
+    assert ends[0].recv() == ends[1].recv() == ("failed", "RuntimeError: device lost")
+    assert ends[2].recv() == ("ok", [tiny_encoding.decode_single_token_bytes(1)])

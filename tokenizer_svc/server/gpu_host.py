@@ -298,9 +298,7 @@ class GpuHost:
         try:
             ids, offsets = encode_flat(self.encoding, docs, allowed)
         except Exception as exc:
-            log.exception("GPU process: encode call of %d documents failed", len(docs))
-            for m in call:
-                self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+            self._fail(call, f"encode call of {len(docs)} documents", exc)
             return
         self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
         self.metrics.encoder.observe(last_encoder_profile(self.encoding))
@@ -322,9 +320,7 @@ class GpuHost:
                 self._decode_one(m)
             return
         except Exception as exc:
-            log.exception("GPU process: decode call of %d sequences failed", len(seqs))
-            for m in decodes:
-                self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+            self._fail(decodes, f"decode call of {len(seqs)} sequences", exc)
             return
         self.metrics.call_seconds.labels("decode").observe(time.perf_counter() - start)
         n = 0
@@ -344,6 +340,12 @@ class GpuHost:
             self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
             return
         self._answer(m, ("ok", out))
+
+    def _fail(self, messages: list, what: str, exc: Exception) -> None:
+        """An Encoding call raised (device lost, a bug): every message in it fails."""
+        log.exception("GPU process: %s failed", what)
+        for m in messages:
+            self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
 
     @staticmethod
     def _answer(m: _Message, reply: tuple) -> None:
