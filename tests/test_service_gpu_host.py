@@ -197,3 +197,30 @@ def test_a_failing_encoding_call_fails_each_of_its_messages(tiny_encoding):
     host.run_round(messages)
     assert ends[0].recv() == ends[1].recv() == ("failed", "RuntimeError: device lost")
     assert ends[2].recv() == ("ok", [tiny_encoding.decode_single_token_bytes(1)])
+
+
+def test_reachable_turns_false_on_a_failed_call_and_back_on_a_probe(served, tiny_encoding):
+    host, address, key, listener = served
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    remote.connect(30)
+    assert remote.reachable and remote.probe()
+    host.stop()
+    loop.join(30)
+    listener.close()
+    with pytest.raises(RequestRejected):
+        remote.encode_batch_flat(["hello"])
+    assert not remote.reachable and not remote.probe()   # nobody listens yet
+    again = Listener(address, family="AF_UNIX", authkey=key)   # "restarted"
+    second = GpuHost(tiny_encoding, max_call_bytes=1 << 20)
+    accepted = threading.Thread(target=lambda: second.attach(again.accept()), daemon=True)
+    accepted.start()
+    assert remote.probe() and remote.reachable
+    accepted.join(30)
+    serving = threading.Thread(target=second.serve_forever, daemon=True)
+    serving.start()
+    ids, _ = remote.encode_batch_flat(["hello"])
+    assert ids.tolist() == tiny_encoding.encode("hello")
+    second.stop()
+    again.close()

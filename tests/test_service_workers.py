@@ -194,7 +194,10 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
             channel.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
-        assert "GPU process exited; restarting it" in proc.stderr.read()
+        log = proc.stderr.read()
+        assert "GPU process exited; restarting it" in log
+        if refused:   # the worker said so, and its health was NOT_SERVING until it reconnected
+            assert "GPU process unreachable" in log and "GPU process reachable again" in log
     finally:
         if proc.poll() is None:
             proc.kill()

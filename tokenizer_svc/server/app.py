@@ -293,16 +293,24 @@ class TokenizerServer:
             self.metrics.long_requests.labels(outcome).inc()
 
     async def _watch(self) -> None:
-        """Health NOT_SERVING while a GPU worker makes no progress for stall_timeout_s."""
+        """Health NOT_SERVING while a GPU worker makes no progress for stall_timeout_s, or
+        while the group's GPU process does not answer (a RemoteEncoding's last call failed
+        and reconnecting does not work yet)."""
         limit = self.config.stall_timeout_s
+        remote = self._encoding if hasattr(self._encoding, "probe") else None
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(1.0, limit / 4))
+            if remote is not None and not remote.reachable:
+                await loop.run_in_executor(None, remote.probe)
             now = time.monotonic()
             lane = self.long_lane
             stuck = [name for name, since in (
                 ("batch", self.batch_started),
                 ("long lane", lane.last_beat if lane and lane.busy_since else None))
                 if since is not None and now - since > limit]
+            if remote is not None and not remote.reachable:
+                stuck.append("GPU process")
             if bool(stuck) != self.stalled and not self._draining:
                 self.stalled = bool(stuck)
                 status = NOT_SERVING if stuck else SERVING

@@ -79,13 +79,15 @@ class RemoteEncoding:
     run in the group's GPU process; every other attribute (vocabulary, per-token tables,
     special tokens, offsets, HF post-processing) is the worker's own Encoding, `local`.
     Concurrent calls (a worker keeps two batches in flight) each use a connection of their
-    own from a small pool."""
+    own from a small pool. `reachable` is False from a failed call until a call or `probe`
+    connects again (the worker's health says NOT_SERVING meanwhile: app.py's watchdog)."""
 
     def __init__(self, local, address: str, authkey: bytes):
         self.local = local
         self._address, self._authkey = address, authkey
         self._idle: list = []          # open connections not in use
         self._lock = threading.Lock()
+        self.reachable = True
 
     def __getattr__(self, name):
         if name == "local":   # not yet set (unpickling, __init__ not run)
@@ -94,6 +96,29 @@ class RemoteEncoding:
 
     def _open(self):
         return Client(self._address, family="AF_UNIX", authkey=self._authkey)
+
+    def _reached(self, ok: bool, error: str = "") -> None:
+        if ok != self.reachable:
+            self.reachable = ok
+            if ok:
+                log.info("GPU process reachable again", extra={"data": {
+                    "address": self._address}})
+            else:
+                log.warning("GPU process unreachable", extra={"data": {
+                    "address": self._address, "error": error}})
+
+    def probe(self) -> bool:
+        """Connect once more if the last call failed; whether the GPU process answers."""
+        if self.reachable:
+            return True
+        try:
+            conn = self._open()
+        except OSError:
+            return False
+        with self._lock:
+            self._idle.append(conn)
+        self._reached(True)
+        return True
 
     def connect(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the GPU process to accept (it listens once loaded)."""
@@ -136,19 +161,22 @@ class RemoteEncoding:
             if fresh:
                 try:
                     conn = self._open()
-                except OSError:
+                except OSError as exc:
+                    self._reached(False, str(exc))
                     raise _unavailable("is restarting") from None
             try:
                 conn.send(message)
                 reply = conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError) as exc:
                 conn.close()
                 if fresh or attempt:
+                    self._reached(False, f"{type(exc).__name__}: {exc}")
                     raise _unavailable("stopped while answering") from None
                 self.close()
                 continue
             with self._lock:
                 self._idle.append(conn)
+            self._reached(True)
             break
         kind = reply[0]
         if kind == "ok":
