@@ -21,7 +21,11 @@
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
 #   vprobe    dev/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
 #             schedule knobs on vtrain's 100 MB corpus; results belong in dev/results/)
-#   service   bench/service.py (gRPC throughput and latency, --workers 1 and 6, every reply checked)
+#   service   bench/service.py (gRPC throughput and latency, --workers 1 and 6 with the shared
+#             GPU process and with a device per worker, every reply checked)
+#   sprobe    dev/service_latency_probe.py (a lone 1 KB request layer by layer: in-process,
+#             through a thread, through the GPU process, gRPC's floor, whole requests)
+#   chunks    dev/call_chunk_sweep.py (pre-tokenizer chunk by call size, 64 KB to 16 MB)
 #   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
 #             unrolled register blocks; results belong in dev/probes/results/)
 #   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
@@ -45,7 +49,8 @@ export ISTANBUL_SHARED_VOCAB="$ISTANBUL_VOCAB_DIR"
 export ISTANBUL_AUTOTUNE_DIR="$out/tuned"
 
 declare -A limit=([devices]=30 [check]=150 [tune]=150 [kbench]=300 [train]=200 [o200k]=300 [tests]=300
-                  [tokenize]=200 [tprobe]=200 [vtrain]=560 [vprobe]=150 [service]=210 [e2e]=240 [probe]=60)
+                  [tokenize]=200 [tprobe]=200 [vtrain]=560 [vprobe]=150 [service]=330 [sprobe]=150
+                  [chunks]=90 [e2e]=240 [probe]=60)
 
 run_step() {
     local step=$1
@@ -75,6 +80,10 @@ run_step() {
                     --corpus-dir /tmp/vt_corpus ;;
         service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
                      --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
+        sprobe) $py dev/service_latency_probe.py --out "$out/service_latency" \
+                    --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
+        chunks) $py dev/call_chunk_sweep.py --out "$out/call_chunk" \
+                    --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
         e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \
                  --model tiny --steps 200 --kill-at 80 --checkpoint-every 40 &&
              latest=$(find "$out/e2e" -maxdepth 4 -name latest | head -1) &&
