@@ -145,3 +145,32 @@ def test_calls_whose_bytes_overflow_a_binding_are_split(pair, monkeypatch):
     with pytest.raises(InvalidTokenError) as info:
         enc.decode_bytes(bad.tolist())
     assert info.value.position == flat.size - 2
+
+
+def test_slices_of_one_flat_encode_decode_without_a_join(pair):
+    """encode_batch_flat's ids split per document (views side by side) decode as one array
+    over the same memory; anything else (reordered, a gap, a copy, other dtypes, lists) is
+    joined as before, with the same bytes and the same error positions."""
+    from tokenizer_svc.encoding import _adjacent_uint32
+    enc, _ = pair
+    docs = corpus_docs()[:12] + MULTILINGUAL + [""]
+    ids, offsets = enc.encode_batch_flat(docs)
+    views = [ids[offsets[i]:offsets[i + 1]] for i in range(len(docs))]
+    joined = _adjacent_uint32(views)
+    assert joined is not None and np.shares_memory(joined, ids)
+    assert joined.tolist() == ids.tolist()
+    want = [d.encode() for d in docs]
+    assert enc.decode_bytes_batch(views) == want
+    others = {"reordered": views[::-1], "gap": views[:3] + views[4:],
+              "a copy": views[:2] + [views[2].copy()] + views[3:],
+              "int64": [v.astype(np.int64) for v in views], "lists": [v.tolist() for v in views]}
+    for name, batch in others.items():
+        assert _adjacent_uint32(batch) is None, name
+    assert enc.decode_bytes_batch(others["reordered"]) == want[::-1]
+    assert enc.decode_bytes_batch(others["lists"]) == want
+    bad = np.concatenate([ids[:5], np.array([enc.n_vocab + 3], np.uint32), ids[5:]])
+    split = [bad[:2], bad[2:8], bad[8:]]             # the bad id is document 1's fourth
+    assert _adjacent_uint32(split) is not None
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch(split)
+    assert (info.value.document, info.value.position) == (1, 3)

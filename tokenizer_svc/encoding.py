@@ -591,10 +591,13 @@ class Encoding:
     def decode_bytes_batch(self, batch: Sequence[Sequence[int]], *,
                            num_threads: int = 8) -> list[bytes]:
         """All documents in one GPU call."""
-        arrays = [np.asarray(b).reshape(-1) for b in batch]
-        if not all(a.dtype == np.uint32 for a in arrays):   # numpy uint32 (encode's) as is
-            arrays = [a.astype(np.int64) for a in arrays]
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        arrays = batch if isinstance(batch, list) else list(batch)
+        flat = _adjacent_uint32(arrays)   # slices of one flat array: no copy
+        if flat is None:
+            arrays = [np.asarray(b).reshape(-1) for b in arrays]
+            if not all(a.dtype == np.uint32 for a in arrays):   # numpy uint32 (encode's) as is
+                arrays = [a.astype(np.int64) for a in arrays]
+            flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         from .gpu_decode import InvalidIdError
         decode_docs = getattr(self.backend, "decode_docs", None)
@@ -640,6 +643,33 @@ class Encoding:
             return self.backend.decode(ids)
         except InvalidIdError as exc:
             raise InvalidTokenError(exc.token, exc.position, self.name, self.n_vocab) from None
+
+
+def _adjacent_uint32(arrays: list) -> np.ndarray | None:
+    """`arrays` as one uint32 array without copying when they are consecutive slices of one
+    array (as callers split encode_batch_flat's flat ids per document), else None. Joining
+    67 MB of ids with np.concatenate cost 144 ms on a 2-core VM (fresh pages); this check
+    6 ms for 7,350 slices. Empty arrays hold nothing and may point anywhere: skipped."""
+    owner = start = at = None
+    for a in arrays:
+        if type(a) is not np.ndarray or a.ndim != 1:
+            return None
+        if not a.size:
+            continue
+        if a.dtype != np.uint32 or not a.flags.c_contiguous:
+            return None
+        base = a.base if a.base is not None else a
+        here = a.__array_interface__["data"][0]
+        if owner is None:
+            owner, start, at = base, here, here
+        elif base is not owner or here != at:
+            return None
+        at += a.nbytes
+    if type(owner) is not np.ndarray or not owner.flags.c_contiguous:
+        return None
+    origin = owner.__array_interface__["data"][0]
+    return np.frombuffer(owner, np.uint8, count=at - start,
+                         offset=start - origin).view(np.uint32)
 
 
 def _last_char(data: bytes) -> tuple[str | None, int]:
