@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,16 +23,36 @@ from tests.service_support import (TEXTS, free_port, serve_subprocess, tiny_enco
                                    tiny_vocab_path)
 
 
+def _drained(proc):
+    """`proc` with its stderr read on a thread as it comes (a full pipe would block the
+    group's logging, and so its requests: a test that provokes many error lines otherwise
+    hangs the server it tests); `_log(proc)` returns what it wrote so far."""
+    proc.log_chunks = []
+
+    def read():
+        for line in proc.stderr:
+            proc.log_chunks.append(line)
+    proc.log_reader = threading.Thread(target=read, daemon=True)
+    proc.log_reader.start()
+    return proc
+
+
+def _log(proc) -> str:
+    if proc.poll() is not None:
+        proc.log_reader.join(30)
+    return "".join(proc.log_chunks)
+
+
 def _start(vocab, tmp_path, *extra):
     """(supervisor process, target, metrics port) once the group serves."""
     port_file, metrics_port = tmp_path / "port", free_port()
-    proc = serve_subprocess("--vocab", str(vocab), "--workers", "2", "--port", "0",
-                            "--port-file", str(port_file), "--metrics-port", str(metrics_port),
-                            *extra)
+    proc = _drained(serve_subprocess("--vocab", str(vocab), "--workers", "2", "--port", "0",
+                                     "--port-file", str(port_file), "--metrics-port",
+                                     str(metrics_port), *extra))
     deadline = time.monotonic() + 180
     while not port_file.exists():
         if proc.poll() is not None:
-            pytest.fail(f"serve --workers exited with {proc.returncode}: {proc.stderr.read()}")
+            pytest.fail(f"serve --workers exited with {proc.returncode}: {_log(proc)}")
         assert time.monotonic() < deadline, "no port file"
         time.sleep(0.05)
     target = f"127.0.0.1:{port_file.read_text().strip()}"
@@ -112,7 +133,7 @@ def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_e
         assert not [pid for pid in members.values() if os.path.exists(f"/proc/{pid}")
                     and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
         if layout == "shared":
-            assert "GPU process stopped" in proc.stderr.read()
+            assert "GPU process stopped" in _log(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -134,7 +155,7 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
             if set(now) == MEMBERS["shared"] and now["istanbul-w0"] != first["istanbul-w0"] \
                     and _per_worker(page, "istanbul_tokenizer_worker_up") == LABELS["shared"]:
                 break
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, _log(proc)
             assert time.monotonic() < deadline, "the killed worker was not restarted"
             time.sleep(0.2)
         with TokenizerClient(target) as client:
@@ -143,7 +164,7 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
                 assert client.encode(text) == list(tiny_encoding.encode(text))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
-        assert "worker exited; restarting it" in proc.stderr.read()
+        assert "worker exited; restarting it" in _log(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -151,12 +172,12 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
 
 
 def test_workers_that_cannot_start_stop_the_group(tiny_vocab_path, tmp_path):
-    proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--workers", "2", "--port", "0",
-                            "--adapter", "no-such-adapter")
+    proc = _drained(serve_subprocess("--vocab", str(tiny_vocab_path), "--workers", "2",
+                                     "--port", "0", "--adapter", "no-such-adapter"))
     try:
         assert proc.wait(180) == 1
         assert re.search("(worker|GPU process) failed to start; stopping the group",
-                         proc.stderr.read())
+                         _log(proc))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -194,7 +215,7 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
             channel.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
-        log = proc.stderr.read()
+        log = _log(proc)
         assert "GPU process exited; restarting it" in log
         if refused:   # the worker said so, and its health was NOT_SERVING until it reconnected
             assert "GPU process unreachable" in log and "GPU process reachable again" in log
@@ -258,7 +279,7 @@ def test_shared_gpu_process_keeps_auth_metrics_auth_and_the_stall_watchdog(
         channel.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0
-        assert "GPU worker stalled" in proc.stderr.read()
+        assert "GPU worker stalled" in _log(proc)
     finally:
         if host is not None:
             os.kill(host, signal.SIGCONT)
