@@ -157,7 +157,11 @@ class Pretokenizer:
         if final:
             keep = len(ends)
         else:
-            keep = bisect.bisect_right(ends, len(text) - self.margin)
+            # A whitespace run that reaches the end may still grow: where its pieces end
+            # depends on what follows it (cl100k/o200k's \s*[\r\n]+ reaches back to the run's
+            # first character through any number of spaces), so nothing in it is trusted.
+            trusted_end = min(len(text) - self.margin, len(text.rstrip()))
+            keep = bisect.bisect_right(ends, trusted_end)
         del ends[keep:], pieces[keep:]
         consumed = ends[-1] if ends else 0
         if final:
