@@ -150,18 +150,22 @@ def main():
             row["times"]["f32 tiled (default)"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         tuned = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
         row["tuned"] = str(tuned)
-        tries = [dataclasses.replace(tuned, direct=False, ahead=1),
-                 dataclasses.replace(tuned, direct=True, ahead=1),
-                 dataclasses.replace(tuned, direct=True, ahead=2)]
-        for c in tries:
-            if str(c.with_splits(1)) in broken or c.problems(dev, layout):
-                continue
+        def time_config(c):
+            """GPU time of `c` on this product into row["times"] (the error, if it fails)."""
             try:
                 row["times"][str(c)] = dev.time_gpu(
                     lambda rec: linear.matmul(rec, A, B, C, M, N, K, layout=layout, config=c),
                     min_warmup_s=0.1)
             except Exception as exc:
                 row["times"][str(c)] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+        tries = [dataclasses.replace(tuned, direct=False, ahead=1),
+                 dataclasses.replace(tuned, direct=True, ahead=1),
+                 dataclasses.replace(tuned, direct=True, ahead=2)]
+        for c in tries:
+            if str(c.with_splits(1)) in broken or c.problems(dev, layout):
+                continue
+            time_config(c)
         row["old"] = str(tries[0])
         for cfg in configs:
             if time.perf_counter() - start > args.budget_s:
@@ -171,12 +175,7 @@ def main():
             if str(c) in row["times"] or c.problems(dev, layout) or \
                     str(c.with_splits(1)) in broken:
                 continue
-            try:
-                row["times"][str(c)] = dev.time_gpu(
-                    lambda rec: linear.matmul(rec, A, B, C, M, N, K, layout=layout, config=c),
-                    min_warmup_s=0.1)
-            except Exception as exc:
-                row["times"][str(c)] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            time_config(c)
         row["tflops"] = {k: round(flops / v / 1e12, 1) for k, v in row["times"].items()
                          if isinstance(v, float)}
         sg = {k: v for k, v in row["tflops"].items() if k.startswith("sg")}
