@@ -165,7 +165,8 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     gpu_host = None
     if gpu_process == "shared":   # a private directory: only this user reaches the socket
         socket_dir = tempfile.mkdtemp(prefix="istanbul-serve-")
-        gpu_host = (os.path.join(socket_dir, "gpu.sock"), os.urandom(32))
+        from .gpu_host import SOCKET_NAME
+        gpu_host = (os.path.join(socket_dir, SOCKET_NAME), os.urandom(32))
     group = _Group(workers, worker_config, vocab, adapter, log_format, verbose, gpu_host)
     stopping: list = []
 
