@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import NONE, SMALL_CHUNK, GpuEncoder
+from tokenizer_svc.gpu_encode import (MAX_LANE_SHIFT, NONE, SMALL_CHUNK,
+                                      SPREAD_INVOCATIONS, GpuEncoder)
 from tokenizer_svc.packed_text import PackedText
 from tokenizer_svc.reference import fix_surrogates
 from tokenizer_svc.unicode_table import all_code_points_text
@@ -176,6 +177,40 @@ def test_gpu_calls_pre_tokenize_in_chunks_sized_to_fill_the_gpu(device):
             assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(batch))] == want
     assert {gpu_like.chunk_for(sum(len(d.encode()) for d in b)) for b in sizes.values()} == \
         {16, 32, 64, 128}
+
+
+@pytest.mark.parametrize("pair", [v for v in VOCABS if v != "trained-custom"], indirect=True)
+@pytest.mark.parametrize("chunk", [4, 16])
+def test_chunks_spread_over_lanes_give_the_same_ids(pair, device, chunk):
+    """A small call's pre-tokenizer chunks spread one per 2^s invocations (lane_shift; GPUs
+    only by default, forced here on lavapipe, budgets included): every shift, the same ids
+    as tiktoken, at segment boundaries of tiny chunks too."""
+    enc, tik = pair
+    spread = GpuEncoder(device, enc.backend.tables, enc.vocab.pattern_name, chunk=chunk)
+    spread.fill_invocations = 0
+    docs = TRICKY + MULTILINGUAL + corpus_docs()[:6] + [r[:700] for r in long_runs()]
+    data = [d.encode() for d in docs]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
+    n_chunks = -(-int(starts[-1]) // chunk)
+    want = tik.encode_ordinary_batch(docs)
+    for shift in (1, 3, 5):
+        spread.spread_invocations = n_chunks << shift
+        assert spread.lane_shift_for(n_chunks) == shift
+        ids, offsets = spread.encode_docs(b"".join(data), starts)
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+
+
+def test_lane_shift_rule(device):
+    """The largest shift up to MAX_LANE_SHIFT within spread_invocations; 0 when off (the
+    software default) or when the chunks alone fill it."""
+    enc = get_encoding(vocabulary_for("trained-cl100k"), device=device)
+    e = GpuEncoder(device, enc.backend.tables, "cl100k")
+    assert e.spread_invocations == (0 if device.info.is_software else SPREAD_INVOCATIONS)
+    e.spread_invocations = 1 << 17
+    assert [e.lane_shift_for(n) for n in (1, 64, 4096, 4097, 1 << 16, 1 << 17, 1 << 20)] == \
+        [MAX_LANE_SHIFT, MAX_LANE_SHIFT, MAX_LANE_SHIFT, 4, 1, 0, 0]
+    e.spread_invocations = 0
+    assert e.lane_shift_for(1) == 0
 
 
 def test_hundred_thousand_one_character_documents(device):

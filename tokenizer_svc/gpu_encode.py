@@ -121,6 +121,14 @@ INLINE_MIN_BYTES = 0
 # vs 128).
 SMALL_CHUNK = 16
 FILL_INVOCATIONS = 1 << 20
+# A chunk's pre-tokenizer walk (bpe_cuts, bpe_pretok) is divergent, serial work: the lanes of
+# one subgroup that walk different text take turns. A call of few chunks leaves the GPU
+# mostly idle, so its chunks are spread: chunk c runs on invocation c << s, the largest
+# s <= MAX_LANE_SHIFT (2^5 = 32, NVIDIA's subgroup) with n_chunks << s <= SPREAD_INVOCATIONS,
+# and each walk has a subgroup to itself. 0 turns spreading off (software Vulkan never
+# spreads: its lanes are a CPU's SIMD lanes, and budgets count per dispatch).
+MAX_LANE_SHIFT = 5
+SPREAD_INVOCATIONS = 1 << 17
 # A chunk of at most EXACT_GUESS_BYTES copies room for one id per input byte (the most it can
 # have) with its offsets: no guess to miss. Larger chunks guess 1.25 x the previous chunk's
 # ids per byte; a lone 1 KB code document missed that guess in 45 of 256 calls (gpt2,
@@ -190,6 +198,7 @@ class GpuEncoder:
         # (shaders/NOTES.md): there the kernels work in budgeted rounds; GPUs run unbounded.
         software = device.info.is_software
         self.budget = PRETOK_BUDGET_SOFTWARE if software else NONE
+        self.spread_invocations = 0 if software else SPREAD_INVOCATIONS   # 0: never spread
         self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
@@ -304,6 +313,13 @@ class GpuEncoder:
             c *= 2
         return min(c, self.chunk) if self.fill_invocations else self.chunk
 
+    def lane_shift_for(self, n_chunks: int) -> int:
+        """log2 of the invocations per pre-tokenizer chunk (see SPREAD_INVOCATIONS)."""
+        shift = 0
+        while shift < MAX_LANE_SHIFT and n_chunks << (shift + 1) <= self.spread_invocations:
+            shift += 1
+        return shift
+
     def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
         """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
         work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
@@ -383,10 +399,10 @@ class GpuEncoder:
         lay = self.tables.layout
         # one role per budget: a recording may bind both (the inline long-piece dispatches)
         params = self.uniforms.get(
-            f"encode budget={budget}", "IIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
+            f"encode budget={budget}", "IIIIIIIIIIIII", chunk.n, chunk.n_docs, chunk.n_chunks,
             chunk.chunk_bytes, lay["info_off"], lay["bytes_off"], lay["piece_off"],
             lay["piece_mask"], lay["pair_mask"],
-            lay["max_tok_len"], int(self.tables.whole_piece), budget)
+            lay["max_tok_len"], int(self.tables.whole_piece), budget, chunk.lane_shift)
         return [chunk.text, chunk.starts, self.classes_buf, self.vocab_buf, self.pairs_buf,
                 chunk.cuts, chunk.tok_buf, chunk.longs, scratch_buf, chunk.counters, params]
 
@@ -396,8 +412,8 @@ class GpuEncoder:
         if chunk.pieces:
             rec.dispatch(self.k_pieces, binds, -(-chunk.n_docs // WG), "merge_pieces")
         else:
-            rec.dispatch(self.k_cuts, binds, -(-chunk.n_chunks // WG), "cuts")
-            rec.dispatch(self.k_pretok, binds, -(-chunk.n_chunks // WG), "pretok_merge")
+            rec.dispatch(self.k_cuts, binds, chunk.walk_groups, "cuts")
+            rec.dispatch(self.k_pretok, binds, chunk.walk_groups, "pretok_merge")
         if chunk.inline_long:
             # long pieces in the same submit: windows, stitch, copy over however many windows
             # bpe_pretok queued (grid-stride), in a work space no queue can outgrow
@@ -442,7 +458,7 @@ class GpuEncoder:
         dummy = self.pool.get("scratch_dummy", 16)
         if unfinished:
             self._resume(lambda rec: rec.dispatch(self.k_pretok, binds(dummy, self.budget),
-                                                  -(-chunk.n_chunks // WG), "pretok_merge"),
+                                                  chunk.walk_groups, "pretok_merge"),
                          counters, "bpe pretok resume", n)
             n_long, long_words, overruns = self._counters(counters)[:3]
             if overruns:
@@ -688,6 +704,8 @@ class _Chunk:
         self.n, self.n_docs = int(data.size), int(starts.size - 1)
         self.chunk_bytes = enc.call_chunk
         self.n_chunks = -(-self.n // self.chunk_bytes)
+        self.lane_shift = enc.lane_shift_for(self.n_chunks)
+        self.walk_groups = -(-(self.n_chunks << self.lane_shift) // WG)   # cuts, pretok
         pool, t0 = enc.pool, time.perf_counter()
         self.text = pool.get(f"text{slot}", -(-self.n // 4) * 4)
         aligned = self.n & ~3

@@ -144,8 +144,8 @@ class GpuPieceCounter:
         lens = pool.get("corpus piece lengths", 4 * n)  # bpe_fill_none sets every used word
         counters = pool.get("corpus counters", 32)
         self.dev.zero(counters)
-        params = dev.params("IIIIIIIIIIII", n, n_docs, n_chunks, CUT_CHUNK, 0, 0, 0, 0, 0, 0,
-                            0, self.budget)
+        params = dev.params("IIIIIIIIIIIII", n, n_docs, n_chunks, CUT_CHUNK, 0, 0, 0, 0, 0, 0,
+                            0, self.budget, 0)   # lane_shift 0: one chunk per invocation
         u = self.unused
         encode_binds = [text, starts_buf, self.classes, u[0], u[1], cuts, lens, u[2], u[3],
                         counters, params]

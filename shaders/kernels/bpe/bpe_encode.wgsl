@@ -167,6 +167,9 @@ struct Params {
     max_tok_len: u32,
     whole_piece: u32,  // 1: a piece that is itself a token is that token (tiktoken)
     budget: u32,       // loop iterations per invocation and dispatch (NONE: unlimited)
+    lane_shift: u32,   // bpe_cuts, bpe_pretok: chunk c runs on invocation c << lane_shift, so
+                       // a small call's chunks sit in separate subgroups (their divergent
+                       // walks no longer serialise within one); the others idle
 }
 
 struct Ch {
@@ -192,6 +195,12 @@ fn touch_all() {
 
 fn linear_index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return workgroup_index(wg, nwg) * WG + lid;
+}
+
+// The chunk of invocation i under p.lane_shift (see Params), NONE for the idle ones.
+fn spread_index(i: u32) -> u32 {
+    if ((i & ((1u << p.lane_shift) - 1u)) != 0u) { return NONE; }
+    return i >> p.lane_shift;
 }
 
 // ---- text and Unicode classes ------------------------------------------------------------
@@ -963,7 +972,7 @@ fn bpe_fill_none(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     touch_all();
-    let c = linear_index(wg, nwg, lid);
+    let c = spread_index(linear_index(wg, nwg, lid));
     if (c >= p.n_chunks) { return; }
     let lo = c * p.chunk;
     let hi = min(lo + p.chunk, p.n_bytes);
@@ -1021,7 +1030,7 @@ fn bpe_pretok(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
               @builtin(local_invocation_index) lid: u32) {
     touch_all();
     work = 0u;
-    let c = linear_index(wg, nwg, lid);
+    let c = spread_index(linear_index(wg, nwg, lid));
     if (c >= p.n_chunks) { return; }
     let resume = cuts[c].y;
     if (resume == NONE) { return; }   // no boundary in this chunk, or segment finished
