@@ -8,7 +8,8 @@ Rows (p50 of N calls on bench/service.py's 1 KB texts, in turn):
                       encoder does) and polling on the calling thread (device.sync() first)
   encode phases       Encoding.encode_batch_flat([doc]) timed whole and split into its
                       _Chunk steps: upload (text/starts/counters writes), dispatch (record +
-                      submit), wait (map of the staging buffer), collect (ids copy), and the
+                      submit; the submit, Recorder.submit: finish and queue.submit, also
+                      alone), wait (map of the staging buffer), collect (ids copy), and the
                       rest (UTF-8 packing, checks, offsets)
   with a busy thread  the same while another Python thread runs a pure-Python loop (the GIL
                       is contended, as in a server's event loop under load)
@@ -63,6 +64,7 @@ def floors(device, n: int) -> dict:
 
 def phases(enc, texts, n: int) -> dict:
     """p50 ms of the whole call and of each _Chunk step (monkeypatched timers)."""
+    from istanbul.shaders.engine import Recorder
     from tokenizer_svc import gpu_encode
     spent: dict[str, float] = {}
     originals = {}
@@ -83,8 +85,9 @@ def phases(enc, texts, n: int) -> dict:
     timed(gpu_encode._Chunk, "dispatch", "dispatch")
     timed(gpu_encode._Chunk, "wait", "wait")
     timed(gpu_encode.GpuEncoder, "_collect", "collect")
-    rows: dict[str, list] = {k: [] for k in ("total", "upload", "dispatch", "wait", "collect",
-                                             "rest")}
+    timed(Recorder, "submit", "of which submit")
+    rows: dict[str, list] = {k: [] for k in ("total", "upload", "dispatch", "of which submit",
+                                             "wait", "collect", "rest")}
     try:
         for i in range(n):
             spent.clear()
@@ -92,9 +95,10 @@ def phases(enc, texts, n: int) -> dict:
             enc.encode_batch_flat([texts[i % len(texts)]])
             total = time.perf_counter() - t
             rows["total"].append(total)
-            for k in ("upload", "dispatch", "wait", "collect"):
+            for k in ("upload", "dispatch", "of which submit", "wait", "collect"):
                 rows[k].append(spent.get(k, 0.0))
-            rows["rest"].append(total - sum(spent.values()))
+            rows["rest"].append(total - sum(v for k, v in spent.items()
+                                            if k != "of which submit"))
     finally:
         for (owner, name), fn in originals.items():
             setattr(owner, name, fn)

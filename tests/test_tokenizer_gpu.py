@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import (MAX_LANE_SHIFT, NONE, SMALL_CHUNK,
-                                      SPREAD_INVOCATIONS, GpuEncoder)
+from tokenizer_svc.gpu_encode import (MAX_LANE_SHIFT, NONE, SMALL_CHUNK, SPREAD_INVOCATIONS,
+                                      TINY_CALL_BYTES, TINY_CHUNK, GpuEncoder)
 from tokenizer_svc.packed_text import PackedText
 from tokenizer_svc.reference import fix_surrogates
 from tokenizer_svc.unicode_table import all_code_points_text
@@ -153,6 +153,8 @@ def test_gpu_calls_pre_tokenize_in_chunks_sized_to_fill_the_gpu(device):
     gpu_like.budget = NONE
     gpu_like.k_long_sg = None
     gpu_like.fill_invocations = 256          # 4 KB at 16 bytes, 32 KB at the chunk (128)
+    assert gpu_like.chunk_for(1) == gpu_like.chunk_for(TINY_CALL_BYTES) == TINY_CHUNK
+    gpu_like.tiny_call_bytes = 0
     assert [gpu_like.chunk_for(n) for n in (1, 4096, 4097, 8193, 16385, 32768, 10**9)] == \
         [SMALL_CHUNK, 16, 32, 64, 128, 128, 128]
     docs = [d for d in corpus_docs() if 200 < len(d) < 4000][:40] + TRICKY
@@ -193,7 +195,7 @@ def test_chunks_spread_over_lanes_give_the_same_ids(pair, device, chunk):
     starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])
     n_chunks = -(-int(starts[-1]) // chunk)
     want = tik.encode_ordinary_batch(docs)
-    for shift in (1, 3, 5):
+    for shift in range(1, MAX_LANE_SHIFT + 1):
         spread.spread_invocations = n_chunks << shift
         assert spread.lane_shift_for(n_chunks) == shift
         ids, offsets = spread.encode_docs(b"".join(data), starts)
@@ -206,9 +208,10 @@ def test_lane_shift_rule(device):
     enc = get_encoding(vocabulary_for("trained-cl100k"), device=device)
     e = GpuEncoder(device, enc.backend.tables, "cl100k")
     assert e.spread_invocations == (0 if device.info.is_software else SPREAD_INVOCATIONS)
-    e.spread_invocations = 1 << 17
-    assert [e.lane_shift_for(n) for n in (1, 64, 4096, 4097, 1 << 16, 1 << 17, 1 << 20)] == \
-        [MAX_LANE_SHIFT, MAX_LANE_SHIFT, MAX_LANE_SHIFT, 4, 1, 0, 0]
+    e.spread_invocations = 1 << 15
+    assert MAX_LANE_SHIFT == 3
+    assert [e.lane_shift_for(n) for n in (1, 64, 4096, 4097, 1 << 14, 1 << 15, 1 << 20)] == \
+        [3, 3, 3, 2, 1, 0, 0]
     e.spread_invocations = 0
     assert e.lane_shift_for(1) == 0
 

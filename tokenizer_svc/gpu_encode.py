@@ -109,8 +109,8 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # three dispatches cost a small chunk one workgroup each of reading a zero count, less than
 # one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
 INLINE_MIN_BYTES = 0
-# Bytes per pre-tokenizer invocation on a GPU, per call: the smallest power of two from
-# SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for one
+# Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES: TINY_CHUNK,
+# below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for one
 # pipeline chunk of the call. Each invocation walks its chunk sequentially with divergent
 # control flow, so on the H200 shorter chunks were faster at every call size measured
 # (dev/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at 128, 1 MB 2.84
@@ -122,13 +122,20 @@ INLINE_MIN_BYTES = 0
 SMALL_CHUNK = 16
 FILL_INVOCATIONS = 1 << 20
 # A chunk's pre-tokenizer walk (bpe_cuts, bpe_pretok) is divergent, serial work: the lanes of
-# one subgroup that walk different text take turns. A call of few chunks leaves the GPU
-# mostly idle, so its chunks are spread: chunk c runs on invocation c << s, the largest
-# s <= MAX_LANE_SHIFT (2^5 = 32, NVIDIA's subgroup) with n_chunks << s <= SPREAD_INVOCATIONS,
-# and each walk has a subgroup to itself. 0 turns spreading off (software Vulkan never
-# spreads: its lanes are a CPU's SIMD lanes, and budgets count per dispatch).
-MAX_LANE_SHIFT = 5
-SPREAD_INVOCATIONS = 1 << 17
+# one subgroup that walk different text take turns (a lone 1 KB document, 64 chunks in two
+# subgroups: bpe_pretok 0.83 ms on the H200). A call of few chunks leaves the GPU mostly
+# idle, so its chunks are spread: chunk c runs on invocation c << s, the largest
+# s <= MAX_LANE_SHIFT with n_chunks << s <= SPREAD_INVOCATIONS; calls of at most
+# TINY_CALL_BYTES also take TINY_CHUNK-byte chunks. H200, GPU ms of cuts + pretok_merge
+# (dev/lane_spread_sweep.py, chunk/shift): 1 KB 0.35 at 16/0, 0.056 at 8/3; 16 KB 0.51 at
+# 16/0, 0.23 at 8/3; 64 KB 0.68 at 16/0, 0.37 at 8/2; 256 KB 0.58 at 16/0, 0.53 at 8/0;
+# 1 MB and up: 16/0 best (any shift or 8-byte chunk costs there: the GPU is full).
+# spread_invocations 0 turns spreading off (software Vulkan never spreads: its lanes are a
+# CPU's SIMD lanes, and budgets count per dispatch).
+TINY_CHUNK = 8
+TINY_CALL_BYTES = 256 << 10
+MAX_LANE_SHIFT = 3
+SPREAD_INVOCATIONS = 1 << 15
 # A chunk of at most EXACT_GUESS_BYTES copies room for one id per input byte (the most it can
 # have) with its offsets: no guess to miss. Larger chunks guess 1.25 x the previous chunk's
 # ids per byte; a lone 1 KB code document missed that guess in 45 of 256 calls (gpt2,
@@ -172,7 +179,7 @@ class GpuEncoder:
         self.tables = tables
         self.pattern = pattern
         self.chunk = chunk
-        self.small_chunk = min(chunk, SMALL_CHUNK)   # the shortest chunk_for gives (GPUs)
+        self.small_chunk = min(chunk, SMALL_CHUNK)   # chunk_for's first above tiny calls
         self.fill_invocations = FILL_INVOCATIONS     # 0: `chunk` for every call
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
@@ -199,6 +206,7 @@ class GpuEncoder:
         software = device.info.is_software
         self.budget = PRETOK_BUDGET_SOFTWARE if software else NONE
         self.spread_invocations = 0 if software else SPREAD_INVOCATIONS   # 0: never spread
+        self.tiny_call_bytes = TINY_CALL_BYTES   # calls up to this take TINY_CHUNK (GPUs)
         self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
@@ -308,6 +316,8 @@ class GpuEncoder:
         """Bytes per pre-tokenizer invocation for a call of `nbytes` (see FILL_INVOCATIONS)."""
         if self.budget != NONE:   # software Vulkan
             return self.chunk
+        if self.fill_invocations and nbytes <= self.tiny_call_bytes:
+            return min(TINY_CHUNK, self.chunk)
         c = self.small_chunk
         while c < self.chunk and nbytes > c * self.fill_invocations:
             c *= 2
