@@ -174,3 +174,25 @@ def test_slices_of_one_flat_encode_decode_without_a_join(pair):
     with pytest.raises(InvalidTokenError) as info:
         enc.decode_bytes_batch(split)
     assert (info.value.document, info.value.position) == (1, 3)
+
+
+@pytest.mark.parametrize("bytes_per_id", [0.0, 4.0])
+def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id):
+    """Large calls write their ids into a persistent mappable buffer copied on the GPU
+    (MAPPED_UPLOAD_IDS; forced here for every call): the same bytes, a reused buffer that
+    grows, invalid ids still named, and the exact-size regather after a short guess."""
+    enc, tik = pair
+    decoder = enc.backend.decoder
+    monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
+    docs = corpus_docs()[:12] + MULTILINGUAL
+    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
+    for n_docs in (3, len(docs)):   # the second call grows the buffer past 32 KB
+        decoder.bytes_per_id = bytes_per_id
+        assert enc.decode_bytes_batch(batch[:n_docs]) == [d.encode() for d in docs[:n_docs]]
+    assert decoder._upload is not None
+    flat = np.concatenate(batch).tolist()
+    assert enc.decode_bytes(flat) == tik.decode_bytes(flat)
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch([batch[0], np.array([7, enc.n_vocab + 1], np.uint32)])
+    assert info.value.document == 1 and info.value.position == 1
+    assert enc.decode_bytes(flat[:50]) == tik.decode_bytes(flat[:50])   # after an error
