@@ -331,3 +331,21 @@ def test_a_small_request_with_a_long_piece_stays_on_the_fast_path(chunked, devic
     for doc in ["# " + "-" * 80 + "\ncode = 1\n", "short, no long piece", "=" * 65]:
         ids, offsets = gpu_like.encode_docs(*_packed([doc]))
         assert ids.tolist() == tik.encode_ordinary(doc), doc
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_ids_copied_out_in_parallel_slices(chunked, monkeypatch, threads):
+    """Large chunks copy their ids out of the mapped staging buffer in slices on several
+    threads (PARALLEL_COPY_IDS; forced here for every chunk, slice counts that do not divide
+    the ids): the same ids and offsets, into a caller's array too."""
+    enc, small, tik = chunked
+    monkeypatch.setattr(small, "copy_threads", threads)
+    monkeypatch.setattr(small, "parallel_copy_ids", 1)
+    docs = _docs()
+    want = [tik.encode_ordinary(d) for d in docs]
+    ids, offsets = enc.encode_batch_flat(docs)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    out = np.full(sum(len(d.encode()) for d in docs) + 8, 7, np.uint32)
+    got, got_offsets = enc.encode_batch_flat(docs, out=out)
+    assert np.shares_memory(got, out) and np.array_equal(got, ids)
+    assert np.array_equal(got_offsets, offsets)
