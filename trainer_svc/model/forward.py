@@ -227,7 +227,8 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
                              n_ctx=pos0 + 1, t_max=caches[i].t_max, q_stride=qkv.stride)
         else:
             attention.forward(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, B, T, H, KV, hd,
-                              q_stride=qkv.stride, kv_stride=qkv.stride)
+                              q_stride=qkv.stride, kv_stride=qkv.stride,
+                              tensor_cores=tensor_cores)
         linear.matmul_nt(rec, L.a, weights.w(pre + "wo"), L.xa, n, d, d, residual=L.x, **fm)
         rmsnorm.forward(rec, L.xa, weights.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
                         cfg.norm_eps)

@@ -332,7 +332,7 @@ register(KernelCase(
     name="attention_backward_sgmat", family="attention", precision="f16",
     kernels=_sgmat_kernels(64),
     inputs=make_inputs,
-    launch=lambda dev, inp: backward_launch(dev, inp, tensor_cores=True),
+    launch=lambda dev, inp: backward_launch(dev, inp, tensor_cores="staged"),
     reference=reference.backward_reference, variants=VARIANTS_SGMAT,
     bench_variant_software="bench_small", requires=("subgroup-matrix", "shader-f16"),
     bench_precision="subgroup-matrix",
@@ -340,3 +340,92 @@ register(KernelCase(
     bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]),
     description="tensor cores: forward + prep + dQ + dK/dV (timed together; the model runs "
                 "the f32 tiled forward, faster on the H200)"))
+
+
+# ---- the tensor-core kernels the model runs (05_attention_sgmat2.wgsl): the same variants;
+# "rescale" folds the forward's accumulators at every rise of a row's max (RESCALE_AT 0),
+# "small" runs 32-key forward tiles, 16-key dQ tiles and 16-query dK/dV tiles.
+def _sgmat2_kernels(D, **tiles):
+    return [(attention.FILE_SGMAT2, attention.SGMAT2_KERNELS[k], {},
+             attention.sgmat2_params(D, **tiles)) for k in ("forward", "dq", "dkv")]
+
+
+def sgmat2_forward_launch(dev, inp, rescale_at=None, sgmat_tiles=None):
+    B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
+    (q, k, v), strides = _qkv(dev, inp)
+    o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
+    return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
+                                                tensor_cores="sgmat2", rescale_at=rescale_at,
+                                                sgmat_tiles=sgmat_tiles, **strides),
+                  lambda: {"o": dev.download(o), "lse": dev.download(lse)})
+
+
+def sgmat2_backward_launch(dev, inp, sgmat_tiles=None):
+    """Forward then backward, both on the sgmat2 kernels."""
+    B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
+    (q, k, v), strides = _qkv(dev, inp)
+    offsets, _ = _layout(inp)
+    o, lse, do = dev.empty((B, T, H, D)), dev.empty((B, H, T)), dev.upload(inp["do"])
+    if offsets is None:
+        dq, dk, dv = (dev.empty((B, T, H, D)), dev.empty((B, T, Hkv, D)),
+                      dev.empty((B, T, Hkv, D)))
+    else:
+        dq, dk, dv = _parts(dev, np.zeros(inp["qkv"].size, np.float32), offsets)
+
+    def encode(rec):
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tensor_cores="sgmat2",
+                          sgmat_tiles=sgmat_tiles, **strides)
+        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                           tensor_cores="sgmat2", sgmat_tiles=sgmat_tiles, **strides)
+
+    def read():
+        stride_q = strides.get("q_stride", H * D)
+        stride_kv = strides.get("kv_stride", Hkv * D)
+        return {"dq": _extract(dev.download(dq), inp, H, stride_q),
+                "dk": _extract(dev.download(dk), inp, Hkv, stride_kv),
+                "dv": _extract(dev.download(dv), inp, Hkv, stride_kv)}
+    return Launch(encode, read)
+
+
+SMALL_SGMAT2 = {"BKF": 32, "BK": 16, "BQ2": 16}
+_SGMAT2 = dict(family="attention", precision="f16", inputs=make_inputs,
+               variants=VARIANTS_SGMAT, bench_variant_software="bench_small",
+               requires=("subgroup-matrix", "shader-f16"), bench_precision="subgroup-matrix",
+               thresholds={"min_cos": 0.9999})
+_FWD_COST = dict(flops=lambda inp: 2.0 * _units(inp),
+                 bytes=lambda inp: (_bytes(inp, 2 * inp["H"] + 2 * inp["Hkv"])
+                                    + 4.0 * inp["B"] * inp["H"] * inp["T"]))
+_BWD_COST = dict(flops=lambda inp: 9.0 * _units(inp),
+                 bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]))
+
+register(KernelCase(
+    name="attention_forward_sgmat2", kernels=_sgmat2_kernels(64)[:1],
+    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp),
+    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
+    description="tensor cores v2: forward, 64 queries x 64 keys, o in subgroup-matrix "
+                "accumulators folded lazily (RESCALE_AT 8)"))
+
+register(KernelCase(
+    name="attention_forward_sgmat2_rescale", kernels=_sgmat2_kernels(64)[:1],
+    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp, rescale_at=0.0),
+    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
+    description="the v2 forward folding at every rise of a row's max (RESCALE_AT 0)"))
+
+register(KernelCase(
+    name="attention_forward_sgmat2_small", kernels=_sgmat2_kernels(64, **SMALL_SGMAT2)[:1],
+    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2),
+    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
+    description="the v2 forward with 32-key tiles"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2", kernels=_sgmat2_kernels(64),
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp),
+    reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+    description="tensor cores v2: forward + prep + dQ (64 x 32) + dK/dV (64 keys x 32 "
+                "queries), timed together"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_small", kernels=_sgmat2_kernels(64, **SMALL_SGMAT2),
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2),
+    reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+    description="the v2 kernels with 32-key forward, 16-key dQ and 16-query dK/dV tiles"))

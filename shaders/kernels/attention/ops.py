@@ -41,6 +41,7 @@ memory.
 from __future__ import annotations
 
 import math
+import os
 import re
 import warnings
 
@@ -55,6 +56,19 @@ FILE_SGMAT = "05_attention_sgmat.wgsl"   # tensor cores; a template of the head 
 SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward_dq_sgmat",
                  "dkv": "attention_backward_dkv_sgmat"}
 SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
+# The second tensor-core version, 05_attention_sgmat2.wgsl (lazy rescaling of the forward's
+# accumulators, bank-spread score reads, fewer barriers). Written 2026-12-02 and NOT yet run on
+# hardware with subgroup matrices (the device budget ran out first): tensor_cores=True keeps
+# the verified kernels (f32 tiled forward, 05_attention_sgmat.wgsl backward) until
+# $ISTANBUL_ATTENTION_SGMAT2=1 (or tensor_cores="sgmat2") asks for the new ones; flip
+# SGMAT2_DEFAULT once `istanbul kernels check --kernel attention_forward_sgmat2 --kernel
+# attention_backward_sgmat2` passes on the H200 with robustness off (dev/RESULTS.md).
+SGMAT2_DEFAULT = False
+FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
+SGMAT2_KERNELS = {"forward": "attention_forward_sgmat2", "dq": "attention_backward_dq_sgmat2",
+                  "dkv": "attention_backward_dkv_sgmat2"}
+# key tile of the forward (BKF) and of dQ (BK), query tile of dK/dV (BQ2)
+SGMAT2_TILES = {"BKF": 64, "BK": 32, "BQ2": 32}
 
 
 def sgmat_params(D: int) -> dict:
@@ -62,8 +76,35 @@ def sgmat_params(D: int) -> dict:
     return {"HD": D, "DT": D // 16}
 
 
+def sgmat2_params(D: int, **tiles) -> dict:
+    """Template parameters of 05_attention_sgmat2.wgsl for head dim D (tiles: BKF, BK, BQ2
+    overriding SGMAT2_TILES)."""
+    return {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles}
+
+
+def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None):
+    constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
+    return dev.kernel(FILE_SGMAT2, SGMAT2_KERNELS[kernel], constants,
+                      sgmat2_params(D, **(tiles or {})))
+
+
+def sgmat_version(tensor_cores) -> str | None:
+    """Which tensor-core attention `tensor_cores` asks for: None (off), "staged" (the first
+    version, 05_attention_sgmat.wgsl) or "sgmat2"; True means the default (SGMAT2_DEFAULT,
+    $ISTANBUL_ATTENTION_SGMAT2=1|0 overrides)."""
+    if not tensor_cores:
+        return None
+    if tensor_cores in ("staged", "sgmat2"):
+        return tensor_cores
+    if tensor_cores is not True:
+        raise ValueError(f"tensor_cores={tensor_cores!r}: expected a bool, 'staged' or 'sgmat2'")
+    env = os.environ.get("ISTANBUL_ATTENTION_SGMAT2", "").strip()
+    on = SGMAT2_DEFAULT if env == "" else env not in ("0", "off", "no", "false")
+    return "sgmat2" if on else "staged"
+
+
 def uses_tensor_cores(device, D: int, strides, *views) -> bool:
-    """Whether tensor_cores=True runs 05_attention_sgmat.wgsl here: f16 subgroup matrices,
+    """Whether tensor-core attention can run here: f16 subgroup matrices,
     head dim a multiple of 16 up to 64, vec4-ready layouts."""
     return (has_tensor_cores(device) and D % 16 == 0 and D <= 64
             and _vec4_ready(D, strides, *views))
@@ -313,13 +354,18 @@ def _params(dev, B, T, H, Hkv, strides, scale):
 def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             scale: float | None = None, q_stride: int | None = None,
             kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
-            config=None) -> None:
+            config=None, tensor_cores: bool | str = False, rescale_at: float | None = None,
+            sgmat_tiles: dict | None = None) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
 
-    `config="sgmat"` runs the tensor-core forward of 05_attention_sgmat.wgsl (q, k, v and p
-    rounded to f16 in the products) where the device has f16 subgroup matrices: the ladder
-    checks it. The model does not: the f32 tiled forward is the faster one on the H200
-    (8.6-9.8 ms for the 124M step's 12 layers vs 13.6, dev/RESULTS.md)."""
+    `tensor_cores="sgmat2"` (or True with SGMAT2_DEFAULT / $ISTANBUL_ATTENTION_SGMAT2=1):
+    where the device has f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready
+    layouts) and nothing is pinned, 05_attention_sgmat2.wgsl runs (q, k, v and p rounded to
+    f16 in the products; f32 accumulation and softmax statistics); True otherwise keeps the
+    f32 kernels. `rescale_at` (log2 units, default 8) and `sgmat_tiles` ({"BKF": 32}) are
+    knobs of that kernel for the ladder and probes.
+    `config="sgmat"` runs the older tensor-core forward of 05_attention_sgmat.wgsl (tiles
+    staged through workgroup memory; slower than the f32 tiled forward, dev/RESULTS.md)."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     check(op, "q", q, nq)
@@ -328,7 +374,15 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     check(op, "o", o, no)
     check(op, "lse", lse, B * H * T)
     dev = rec.device
-    params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    if (sgmat_version(tensor_cores) == "sgmat2" and config is None and tiles is None
+            and uses_tensor_cores(dev, D, strides, q, k, v, o)):
+        rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles),
+                     [q, k, v, o, lse, _params(dev, B, T, H, Hkv, strides, scale)],
+                     grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)),
+                     label=SGMAT2_KERNELS["forward"])
+        return
+    params = _params(dev, B, T, H, Hkv, strides, scale)
     if config == "sgmat":
         if not uses_tensor_cores(dev, D, strides, q, k, v, o):
             raise ValueError(f"{op}: config sgmat needs f16 subgroup matrices, D a multiple of "
@@ -380,12 +434,14 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
              *, scale: float | None = None, q_stride: int | None = None,
              kv_stride: int | None = None, o_stride: int | None = None,
              tiles_dq=None, tiles_dkv=None, config_dq=None, config_dkv=None,
-             tensor_cores: bool = False) -> None:
+             tensor_cores: bool | str = False, sgmat_tiles: dict | None = None) -> None:
     """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse.
     `tensor_cores`: where the device has f16 subgroup matrices (D a multiple of 16 up to 64,
-    vec4-ready layouts) dQ and dK/dV run 05_attention_sgmat.wgsl (q, k, v, do, p and ds
-    rounded to f16 in the products, f32 accumulation; 26.6 vs 44 ms for the 124M step's 12
-    layers on the H200, bench/results/train/train_f16.md)."""
+    vec4-ready layouts) dQ and dK/dV run on the tensor cores (q, k, v, do, p and ds rounded
+    to f16 in the products, f32 accumulation): 05_attention_sgmat.wgsl ("staged", today's
+    default for True: 26.6 vs 44 ms for the f32 tiled pair in the 124M step,
+    bench/results/train/train_f16.md) or 05_attention_sgmat2.wgsl ("sgmat2", see
+    sgmat_version). `sgmat_tiles` ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
@@ -393,7 +449,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
                              ("dk", dk, nkv), ("dv", dv, nkv)):
         check(op, name, buf, count)
     dev = rec.device
-    params = _params(dev, B, T, H, Hkv, strides, 1 / math.sqrt(D) if scale is None else scale)
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    params = _params(dev, B, T, H, Hkv, strides, scale)
     dvec = scratch(dev, "attention_dvec", B * H * T * 4)
     prep = dev.kernel(FILE, "attention_backward_prep", {"HD": D})
     rec.dispatch(prep, [o, do, dvec, params], ceil_div(B * T * H, 256),
@@ -403,6 +460,16 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
                                                        config_dkv)) \
             and uses_tensor_cores(dev, D, strides, q, k, v, o, do, dq, dk, dv):
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
+        if sgmat_version(tensor_cores) == "sgmat2":
+            for kernel, res in (("dq", [q, k, v, do, lse, dvec, dq, params]),
+                                ("dkv", [q, k, v, do, lse, dvec, dk, dv_out, params])):
+                rows = B * H if kernel == "dq" else B * Hkv
+                rec.dispatch(_sgmat2_kernel(dev, kernel, D, tiles=sgmat_tiles), res,
+                             grid2d(dev, op, rows, ceil_div(T, SGMAT_ROWS)),
+                             label=SGMAT2_KERNELS[kernel])
+            if dv_out is not dv:
+                basic.copy_rows(rec, dv_out, dv, B * T, Hkv * D, strides[1], strides[1])
+            return
         name = SGMAT_KERNELS["dq"]
         rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)),
                      [q, k, v, do, lse, dvec, dq, params],

@@ -1,0 +1,515 @@
+// 05_attention_sgmat2.wgsl — causal GQA attention on the tensor cores (Dawn's
+// chromium_experimental_subgroup_matrix, f16 x f16 -> f32), second version: the products of
+// 05_attention_tiled.wgsl (same layouts, same bindings, same outputs), picked by
+// shaders/kernels/attention/ops.py with tensor_cores=True.
+//
+//   attention_forward_sgmat2       o = softmax(q k^T * scale + causal mask) v; lse per query
+//   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
+//   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
+//                                  the H/Hkv query heads sharing the kv head (no atomics)
+//
+// Numerics: as 05_attention_sgmat.wgsl: q (pre-scaled by scale*log2(e): scores in base 2),
+// k, v, do, p and ds are rounded to f16 where they enter a product; every product
+// accumulates in f32; the softmax statistics are f32.
+//
+// What changed from 05_attention_sgmat.wgsl (same staging: f32 rows -> f16 workgroup tiles):
+// - The forward keeps o in subgroup-matrix accumulators and rescales lazily: p =
+//   exp2(s - m) against a per-row reference max m, raised only when a row's max passes it
+//   by more than RESCALE_AT (log2 units; p <= 2^RESCALE_AT is exact enough in f16, the sums
+//   are f32). Only then (a workgroup-uniform decision: a flag in workgroup memory read with
+//   workgroupUniformLoad) do the accumulators go through workgroup memory, where the lanes
+//   fold them, rescaled, into f32 registers (ol) and restart them at zero. Exact math: the
+//   result is sum p v / sum p for any reference max. The old forward sent p v through
+//   workgroup memory to the lanes at every key tile.
+// - Lanes read score rows of stride 4 mod 32 words in a bank-spread order (lane 2r + h reads
+//   row r's columns of parity h, rows 8..15 two columns later): no bank conflicts, where the
+//   old 64- and 32-float rows put all the lanes of a subgroup on one or two banks.
+// - dQ computes s and do v^T of a tile together, dK/dV s^T and (v do^T)^T: 4 barriers a
+//   tile instead of 6 and 5.
+//
+// Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
+// and dq, keys for dkv). Forward: 64 queries x BKF keys per tile; dq: 64 queries x BK keys;
+// dkv: 64 keys x BQ2 queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple
+// of 16, <= 64), DT = HD / 16, BKF (32 or 64, >= HD), BK and BQ2 (16 or 32).
+//
+// Bindings (group 0), as 05_attention_tiled.wgsl:
+//   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
+//   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
+//   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
+// Dispatch: forward and dq (B*H, ceil(T / 64)), the last (heaviest) query tile first;
+// dkv (B*Hkv, ceil(T / 64)), the first (heaviest) key tile first. 128 invocations.
+
+const HD: u32 = {{HD}}u;
+const H4: u32 = HD / 4u;
+const WG: u32 = 128u;
+const LOG2E: f32 = 1.4426950408889634;
+const LN2: f32 = 0.6931471805599453;
+const MASKED: f32 = -1e30;
+const SH: u32 = HD + 8u;                   // f16 row stride of staged head rows
+const SPF: u32 = max(HD, {{BKF}}u) + 8u;   // forward: q rows, then p rows
+const SSF: u32 = max(HD, {{BKF}}u) + 4u;   // f32 row strides: 4 mod 32 words
+const SPQ: u32 = max(HD, {{BK}}u) + 8u;    // dq: q, do rows, then ds rows
+const SSQ: u32 = {{BK}}u + 4u;
+const SPK: u32 = {{BQ2}}u + 8u;            // dkv: p^T, ds^T rows
+const SSK: u32 = {{BQ2}}u + 4u;
+override RESCALE_AT: f32 = 8.0;
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    kv_heads: u32,
+    sq: u32,
+    skv: u32,
+    so: u32,
+    _pad: u32,
+    scale: f32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+}
+
+// vec4 indices of the first element of a head row
+fn q_row(b: u32, t: u32, h: u32) -> u32 { return ((b * p.seq + t) * p.sq + h * HD) / 4u; }
+fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return ((b * p.seq + t) * p.skv + hk * HD) / 4u; }
+fn o_row(b: u32, t: u32, h: u32) -> u32 { return ((b * p.seq + t) * p.so + h * HD) / 4u; }
+fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
+
+// --- KERNEL: attention_forward_sgmat2 ---
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+var<workgroup> QP: array<f16, 64u * SPF>;       // the q tile, then p of the current key tile
+var<workgroup> Ks: array<f16, {{BKF}}u * SH>;
+var<workgroup> Vs: array<f16, {{BKF}}u * SH>;
+var<workgroup> Ss: array<f32, 64u * SSF>;       // scores; o when it is folded or written
+var<workgroup> flag: u32;                       // key tile + 1 when some row must rescale
+
+fn put4(at: u32, v: vec4<f32>, which: u32) {
+    let h = vec4<f16>(v);
+    if (which == 0u) {
+        QP[at] = h.x; QP[at + 1u] = h.y; QP[at + 2u] = h.z; QP[at + 3u] = h.w;
+    } else if (which == 1u) {
+        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
+    } else {
+        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32,
+                            @builtin(subgroup_id) sg: u32,
+                            @builtin(subgroup_invocation_id) lane: u32) {
+    let bh = wg.x;
+    let b = bh / p.heads;
+    let h = bh % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qt = nwg.y - 1u - wg.y;              // heaviest (last) query tile first
+    let q0 = qt * 64u;
+    let qscale = p.scale * LOG2E;
+    for (var i = lid; i < 64u * H4; i += WG) {
+        let r = i / H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
+        put4(r * SPF + 4u * (i % H4), v, 0u);
+    }
+    workgroupBarrier();
+    var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * d, false, SPF);
+    }
+    let r = lane / 2u;                       // this lane's row of the subgroup's 16
+    let half = lane % 2u;                    // and the parity of its columns
+    let rot = 2u * (r / 8u);                 // rows 8..15 start two columns later (banks)
+    let row = 16u * sg + r;
+    let qpos = q0 + row;
+    let srow = row * SSF;
+    var m = MASKED;                          // reference max (base 2) of the row
+    var l = 0.0;
+    var ol: array<f32, {{HD}} / 2>;          // o folded so far: columns (2c + half + rot) % HD
+    var acc: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;   // p v since the last fold
+    let nkt = min((q0 + 64u + {{BKF}}u - 1u) / {{BKF}}u, (p.seq + {{BKF}}u - 1u) / {{BKF}}u);
+    for (var kt = 0u; kt < nkt; kt++) {
+        let k0 = kt * {{BKF}}u;
+        workgroupBarrier();                  // the previous tile's products are done
+        for (var i = lid; i < {{BKF}}u * H4; i += WG) {
+            let n = i / H4;
+            var kv = vec4<f32>();
+            var vv = vec4<f32>();
+            if (k0 + n < p.seq) {
+                kv = k_in[kv_row(b, k0 + n, hk) + i % H4];
+                vv = v_in[kv_row(b, k0 + n, hk) + i % H4];
+            }
+            put4(n * SH + 4u * (i % H4), kv, 1u);
+            put4(n * SH + 4u * (i % H4), vv, 2u);
+        }
+        workgroupBarrier();
+        for (var j = 0u; j < {{BKF}}u / 16u; j++) {   // @unroll
+            var s = subgroup_matrix_result<f32, 16, 16>();
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * j * SH + 16u * d, true, SH);
+                s = subgroupMatrixMultiplyAccumulate(qa[d], kb, s);
+            }
+            subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * j, s, false, SSF);
+        }
+        workgroupBarrier();
+        var sv: array<f32, {{BKF}} / 2>;
+        var mx = MASKED;
+        for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
+            let col = (2u * c + half + rot) % {{BKF}}u;
+            let key = k0 + col;
+            sv[c] = select(MASKED, Ss[srow + col], key <= qpos && key < p.seq);
+            mx = max(mx, sv[c]);
+        }
+        mx = max(mx, subgroupShuffleXor(mx, 1u));
+        if (kt == 0u) {
+            m = mx;                          // every row has key 0; o and l are still zero
+        } else if (mx > m + RESCALE_AT) {
+            flag = kt + 1u;                  // every writer stores the same value
+        }
+        if (workgroupUniformLoad(&flag) == kt + 1u) {   // a barrier: the scores are read
+            let m_new = max(m, mx);
+            let alpha = exp2(m - m_new);
+            l *= alpha;
+            m = m_new;
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * d, acc[d], false, SSF);
+                acc[d] = subgroup_matrix_result<f32, 16, 16>();
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
+                ol[c] = alpha * (ol[c] + Ss[srow + (2u * c + half + rot) % HD]);
+            }
+        }
+        var sum = 0.0;
+        for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
+            let pc = exp2(sv[c] - m);
+            sum += pc;
+            QP[row * SPF + (2u * c + half + rot) % {{BKF}}u] = f16(pc);
+        }
+        l += sum + subgroupShuffleXor(sum, 1u);
+        workgroupBarrier();
+        for (var ks = 0u; ks < {{BKF}}u / 16u; ks++) {   // @unroll
+            let pa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * ks, false, SPF);
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * ks * SH + 16u * d, false, SH);
+                acc[d] = subgroupMatrixMultiplyAccumulate(pa, vb, acc[d]);
+            }
+        }
+    }
+    workgroupBarrier();                      // a last fold may still be reading Ss
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * d, acc[d], false, SSF);
+    }
+    workgroupBarrier();
+    let inv = 1.0 / l;
+    for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
+        let at = srow + (2u * c + half + rot) % HD;
+        Ss[at] = inv * (ol[c] + Ss[at]);
+    }
+    workgroupBarrier();
+    if (qpos < p.seq) {
+        let base = o_row(b, qpos, h);
+        for (var c = 0u; c < {{HD}}u / 8u; c++) {   // @unroll
+            let v4 = 2u * c + half;          // this lane's vec4s of the row: every other one
+            let at = srow + 4u * v4;
+            o_out[base + v4] = vec4<f32>(Ss[at], Ss[at + 1u], Ss[at + 2u], Ss[at + 3u]);
+        }
+        if (half == 0u) { lse_out[stat_index(b, h, qpos)] = (m + log2(l)) * LN2; }
+    }
+}
+
+// --- KERNEL: attention_backward_dq_sgmat2 ---
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(7) var<uniform> p: Params;
+
+var<workgroup> QP: array<f16, 64u * SPQ>;      // q, then do (both loaded once), then ds
+var<workgroup> Ks: array<f16, {{BK}}u * SH>;
+var<workgroup> Vs: array<f16, {{BK}}u * SH>;
+var<workgroup> Ss: array<f32, 64u * SSQ>;      // scores; at the end dq
+var<workgroup> Sd: array<f32, 64u * SSQ>;      // do v^T
+
+fn put4(at: u32, v: vec4<f32>, which: u32) {
+    let h = vec4<f16>(v);
+    if (which == 0u) {
+        QP[at] = h.x; QP[at + 1u] = h.y; QP[at + 2u] = h.z; QP[at + 3u] = h.w;
+    } else if (which == 1u) {
+        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
+    } else {
+        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32,
+                                @builtin(subgroup_id) sg: u32,
+                                @builtin(subgroup_invocation_id) lane: u32) {
+    let bh = wg.x;
+    let b = bh / p.heads;
+    let h = bh % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qt = nwg.y - 1u - wg.y;
+    let q0 = qt * 64u;
+    let qscale = p.scale * LOG2E;
+    for (var i = lid; i < 64u * H4; i += WG) {
+        let r = i / H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
+        put4(r * SPQ + 4u * (i % H4), v, 0u);
+    }
+    workgroupBarrier();
+    var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * d, false, SPQ);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < 64u * H4; i += WG) {
+        let r = i / H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = do_in[o_row(b, q0 + r, h) + i % H4]; }
+        put4(r * SPQ + 4u * (i % H4), v, 0u);
+    }
+    workgroupBarrier();
+    var da: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        da[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * d, false, SPQ);
+    }
+    let r = lane / 2u;
+    let half = lane % 2u;
+    let rot = 2u * (r / 8u);
+    let row = 16u * sg + r;
+    let qpos = q0 + row;
+    let srow = row * SSQ;
+    var lse2 = 0.0;
+    var dvec = 0.0;
+    if (qpos < p.seq) {
+        lse2 = lse_in[stat_index(b, h, qpos)] * LOG2E;
+        dvec = dvec_in[stat_index(b, h, qpos)];
+    }
+    var dq: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;
+    let nkt = min((q0 + 64u + {{BK}}u - 1u) / {{BK}}u, (p.seq + {{BK}}u - 1u) / {{BK}}u);
+    for (var kt = 0u; kt < nkt; kt++) {
+        let k0 = kt * {{BK}}u;
+        workgroupBarrier();                  // the previous tile's products are done
+        for (var i = lid; i < {{BK}}u * H4; i += WG) {
+            let n = i / H4;
+            var kv = vec4<f32>();
+            var vv = vec4<f32>();
+            if (k0 + n < p.seq) {
+                kv = k_in[kv_row(b, k0 + n, hk) + i % H4];
+                vv = v_in[kv_row(b, k0 + n, hk) + i % H4];
+            }
+            put4(n * SH + 4u * (i % H4), kv, 1u);
+            put4(n * SH + 4u * (i % H4), vv, 2u);
+        }
+        workgroupBarrier();
+        for (var j = 0u; j < {{BK}}u / 16u; j++) {   // @unroll
+            var s = subgroup_matrix_result<f32, 16, 16>();
+            var t = subgroup_matrix_result<f32, 16, 16>();
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * j * SH + 16u * d, true, SH);
+                s = subgroupMatrixMultiplyAccumulate(qa[d], kb, s);
+                let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * j * SH + 16u * d, true, SH);
+                t = subgroupMatrixMultiplyAccumulate(da[d], vb, t);
+            }
+            subgroupMatrixStore(&Ss, 16u * sg * SSQ + 16u * j, s, false, SSQ);
+            subgroupMatrixStore(&Sd, 16u * sg * SSQ + 16u * j, t, false, SSQ);
+        }
+        workgroupBarrier();
+        for (var c = 0u; c < {{BK}}u / 2u; c++) {   // @unroll
+            let col = (2u * c + half + rot) % {{BK}}u;
+            let key = k0 + col;
+            let e = exp2(Ss[srow + col] - lse2);
+            let pr = select(0.0, e, key <= qpos && key < p.seq && qpos < p.seq);
+            QP[row * SPQ + col] = f16(pr * (Sd[srow + col] - dvec));
+        }
+        workgroupBarrier();
+        for (var ks = 0u; ks < {{BK}}u / 16u; ks++) {   // @unroll
+            let dsa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPQ + 16u * ks, false, SPQ);
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * ks * SH + 16u * d, false, SH);
+                dq[d] = subgroupMatrixMultiplyAccumulate(dsa, kb, dq[d]);
+            }
+        }
+    }
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        workgroupBarrier();
+        subgroupMatrixStore(&Ss, 16u * sg * SSQ, dq[d], false, SSQ);
+        workgroupBarrier();
+        if (qpos < p.seq) {   // lane (r, half): 8 of the 16 columns of this d tile
+            let s = srow + 8u * half;
+            let at = q_row(b, qpos, h) + 4u * d + 2u * half;
+            dq_out[at] = p.scale * vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
+            dq_out[at + 1u] = p.scale * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dkv_sgmat2 ---
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
+@group(0) @binding(8) var<uniform> p: Params;
+
+var<workgroup> KV: array<f16, 64u * SH>;        // k, then v of this tile (loaded once)
+var<workgroup> Qs: array<f16, {{BQ2}}u * SH>;   // the query tile, pre-scaled like the forward's
+var<workgroup> Ds: array<f16, {{BQ2}}u * SH>;   // its do rows
+var<workgroup> Ps: array<f16, 64u * SPK>;       // p^T [key][query]
+var<workgroup> DSs: array<f16, 64u * SPK>;      // ds^T
+var<workgroup> Ss: array<f32, 64u * SSK>;       // s^T; at the end dk
+var<workgroup> Sd: array<f32, 64u * SSK>;       // (v do^T)^T; at the end dv
+var<workgroup> stats: array<f32, 2u * {{BQ2}}u>;   // the query tile's lse (base 2), dvec
+
+fn put4(at: u32, v: vec4<f32>, which: u32) {
+    let h = vec4<f16>(v);
+    if (which == 0u) {
+        KV[at] = h.x; KV[at + 1u] = h.y; KV[at + 2u] = h.z; KV[at + 3u] = h.w;
+    } else if (which == 1u) {
+        Qs[at] = h.x; Qs[at + 1u] = h.y; Qs[at + 2u] = h.z; Qs[at + 3u] = h.w;
+    } else {
+        Ds[at] = h.x; Ds[at + 1u] = h.y; Ds[at + 2u] = h.z; Ds[at + 3u] = h.w;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32,
+                                 @builtin(subgroup_id) sg: u32,
+                                 @builtin(subgroup_invocation_id) lane: u32) {
+    let bhk = wg.x;
+    let b = bhk / p.kv_heads;
+    let hk = bhk % p.kv_heads;
+    let group = p.heads / p.kv_heads;
+    let k0 = wg.y * 64u;                    // heaviest (first) key tile first
+    let qscale = p.scale * LOG2E;
+    for (var i = lid; i < 64u * H4; i += WG) {
+        let n = i / H4;
+        var v = vec4<f32>();
+        if (k0 + n < p.seq) { v = k_in[kv_row(b, k0 + n, hk) + i % H4]; }
+        put4(n * SH + 4u * (i % H4), v, 0u);
+    }
+    workgroupBarrier();
+    var ka: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        ka[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&KV, 16u * sg * SH + 16u * d, false, SH);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < 64u * H4; i += WG) {
+        let n = i / H4;
+        var v = vec4<f32>();
+        if (k0 + n < p.seq) { v = v_in[kv_row(b, k0 + n, hk) + i % H4]; }
+        put4(n * SH + 4u * (i % H4), v, 0u);
+    }
+    workgroupBarrier();
+    var va: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        va[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&KV, 16u * sg * SH + 16u * d, false, SH);
+    }
+    let r = lane / 2u;                       // this lane's key row of the subgroup's 16
+    let half = lane % 2u;                    // and the parity of its query columns
+    let rot = 2u * (r / 8u);
+    let row = 16u * sg + r;
+    let kpos = k0 + row;
+    let srow = row * SSK;
+    var dk: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;
+    var dv: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;
+    let first = k0 / {{BQ2}}u;
+    let tiles = (p.seq + {{BQ2}}u - 1u) / {{BQ2}}u;
+    for (var g = 0u; g < group; g++) {
+        let h = hk * group + g;
+        for (var qt = first; qt < tiles; qt++) {
+            let q0 = qt * {{BQ2}}u;
+            workgroupBarrier();              // the previous tile's products are done
+            for (var i = lid; i < {{BQ2}}u * H4; i += WG) {
+                let n = i / H4;
+                var qv = vec4<f32>();
+                var dv4 = vec4<f32>();
+                if (q0 + n < p.seq) {
+                    qv = q_in[q_row(b, q0 + n, h) + i % H4] * qscale;
+                    dv4 = do_in[o_row(b, q0 + n, h) + i % H4];
+                }
+                put4(n * SH + 4u * (i % H4), qv, 1u);
+                put4(n * SH + 4u * (i % H4), dv4, 2u);
+            }
+            if (lid < 2u * {{BQ2}}u) {
+                let qi = q0 + lid % {{BQ2}}u;
+                var st = 0.0;
+                if (qi < p.seq) {
+                    if (lid < {{BQ2}}u) {
+                        st = lse_in[stat_index(b, h, qi)] * LOG2E;
+                    } else {
+                        st = dvec_in[stat_index(b, h, qi)];
+                    }
+                }
+                stats[lid] = st;
+            }
+            workgroupBarrier();
+            for (var j = 0u; j < {{BQ2}}u / 16u; j++) {   // @unroll
+                var s = subgroup_matrix_result<f32, 16, 16>();
+                var t = subgroup_matrix_result<f32, 16, 16>();
+                for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                    let qb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Qs, 16u * j * SH + 16u * d, true, SH);
+                    s = subgroupMatrixMultiplyAccumulate(ka[d], qb, s);
+                    let db = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ds, 16u * j * SH + 16u * d, true, SH);
+                    t = subgroupMatrixMultiplyAccumulate(va[d], db, t);
+                }
+                subgroupMatrixStore(&Ss, 16u * sg * SSK + 16u * j, s, false, SSK);
+                subgroupMatrixStore(&Sd, 16u * sg * SSK + 16u * j, t, false, SSK);
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < {{BQ2}}u / 2u; c++) {   // @unroll
+                let col = (2u * c + half + rot) % {{BQ2}}u;
+                let qi = q0 + col;
+                let e = exp2(Ss[srow + col] - stats[col]);
+                let pr = select(0.0, e, qi >= kpos && qi < p.seq && kpos < p.seq);
+                Ps[row * SPK + col] = f16(pr);
+                DSs[row * SPK + col] = f16(pr * (Sd[srow + col] - stats[{{BQ2}}u + col]));
+            }
+            workgroupBarrier();
+            for (var ks = 0u; ks < {{BQ2}}u / 16u; ks++) {   // @unroll
+                let pl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&Ps, 16u * sg * SPK + 16u * ks, false, SPK);
+                let dl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&DSs, 16u * sg * SPK + 16u * ks, false, SPK);
+                for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                    let db = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ds, 16u * ks * SH + 16u * d, false, SH);
+                    dv[d] = subgroupMatrixMultiplyAccumulate(pl, db, dv[d]);
+                    let qb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Qs, 16u * ks * SH + 16u * d, false, SH);
+                    dk[d] = subgroupMatrixMultiplyAccumulate(dl, qb, dk[d]);
+                }
+            }
+        }
+    }
+    // q was staged pre-scaled by scale*log2(e): dk = scale * sum ds q = LN2 * sum ds q'
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        workgroupBarrier();
+        subgroupMatrixStore(&Ss, 16u * sg * SSK, dk[d], false, SSK);
+        subgroupMatrixStore(&Sd, 16u * sg * SSK, dv[d], false, SSK);
+        workgroupBarrier();
+        if (kpos < p.seq) {   // lane (r, half): 8 of the 16 columns of this d tile
+            let s = srow + 8u * half;
+            let at = kv_row(b, kpos, hk) + 4u * d + 2u * half;
+            dk_out[at] = LN2 * vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
+            dk_out[at + 1u] = LN2 * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+            dv_out[at] = vec4<f32>(Sd[s], Sd[s + 1u], Sd[s + 2u], Sd[s + 3u]);
+            dv_out[at + 1u] = vec4<f32>(Sd[s + 4u], Sd[s + 5u], Sd[s + 6u], Sd[s + 7u]);
+        }
+    }
+}
