@@ -176,20 +176,23 @@ def test_slices_of_one_flat_encode_decode_without_a_join(pair):
     assert (info.value.document, info.value.position) == (1, 3)
 
 
-@pytest.mark.parametrize("bytes_per_id", [0.0, 4.0])
-def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id):
+@pytest.mark.parametrize("bytes_per_id, piece", [(0.0, 1 << 21), (4.0, 1 << 21), (4.0, 333)])
+def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id, piece):
     """Large calls write their ids into a persistent mappable buffer copied on the GPU
-    (MAPPED_UPLOAD_IDS; forced here for every call): the same bytes, a reused buffer that
-    grows, invalid ids still named, and the exact-size regather after a short guess."""
+    (MAPPED_UPLOAD_IDS; forced here for every call), in pieces of at most upload_piece_ids
+    (333: many pieces, a short last one): the same bytes, a reused buffer that grows up to
+    a piece, invalid ids still named, and the exact-size regather after a short guess."""
     enc, tik = pair
     decoder = enc.backend.decoder
     monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
+    monkeypatch.setattr(decoder, "upload_piece_ids", piece)
+    monkeypatch.setattr(decoder, "_upload", None)
     docs = corpus_docs()[:12] + MULTILINGUAL
     batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
     for n_docs in (3, len(docs)):   # the second call grows the buffer past 32 KB
         decoder.bytes_per_id = bytes_per_id
         assert enc.decode_bytes_batch(batch[:n_docs]) == [d.encode() for d in docs[:n_docs]]
-    assert decoder._upload is not None
+    assert decoder._upload is not None and decoder._upload.nbytes <= 4 * piece
     flat = np.concatenate(batch).tolist()
     assert enc.decode_bytes(flat) == tik.decode_bytes(flat)
     with pytest.raises(InvalidTokenError) as info:

@@ -25,11 +25,16 @@ from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
 # Calls of at least this many ids upload them through a persistent mappable buffer (mapped
-# for writing, filled, unmapped, copied on the GPU in the call's submit) instead of
-# queue.write_buffer: on the H200 a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a
-# fresh staging allocation each call). Smaller calls keep write_buffer: the map for writing
-# costs a round trip, more than their copy.
+# for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer: on the H200
+# a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a fresh staging allocation each
+# call). Smaller calls keep write_buffer: the map for writing costs a round trip, more than
+# their copy. The buffer holds at most UPLOAD_PIECE_IDS ids (8 MB): larger calls go up in
+# pieces, one submit each, the last one's copy in the decode's own submit. A buffer as large
+# as the call (128 MB per Encoding, kept) made every later small call of the process slower
+# on the H200 once two vocabularies had decoded a corpus: a lone 914 B encode took 4.7-5.3
+# ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/tokenize/).
 MAPPED_UPLOAD_IDS = 1 << 18
+UPLOAD_PIECE_IDS = 1 << 21
 
 
 class InvalidIdError(ValueError):
@@ -76,6 +81,7 @@ class GpuDecoder:
         self._staging: Buffer | None = None
         self._upload: Buffer | None = None   # MAP_WRITE | COPY_SRC, grown by powers of two
         self.mapped_upload_ids = MAPPED_UPLOAD_IDS
+        self.upload_piece_ids = UPLOAD_PIECE_IDS
         self.profile = False
         self.gpu_times: list = []
         self.upload_s = 0.0
@@ -150,25 +156,34 @@ class GpuDecoder:
                                                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
         return self._staging
 
-    def _mapped_upload(self, ids: np.ndarray) -> Buffer:
-        """`ids` written into the persistent upload buffer (see MAPPED_UPLOAD_IDS); the
-        caller's submit copies them into the ids buffer. Mapping waits for the last submit
-        that read the buffer, which every call has already waited for."""
-        nbytes = 4 * int(ids.size)
+    def _mapped_upload(self, ids: np.ndarray, ids_buf: Buffer) -> tuple[Buffer, int, int]:
+        """Write `ids` into `ids_buf` through the persistent upload buffer (see
+        MAPPED_UPLOAD_IDS): every piece but the last is copied by a submit of its own (mapping
+        the buffer again waits for that copy); returns (buffer, ids_buf byte offset, bytes)
+        of the last piece, which the caller's submit copies."""
+        n = int(ids.size)
+        piece = max(1, min(n, self.upload_piece_ids))
+        nbytes = 4 * piece
         buf = self._upload
         if buf is None or buf.nbytes < nbytes:
             if buf is not None:
                 buf.destroy()
-            size = min(1 << max(nbytes - 1, 15).bit_length(), self.max_staging_bytes)
             buf = self._upload = self.device.buffer(
-                max(size, nbytes), np.uint32, label="bpe decode upload",
+                nbytes, np.uint32, label="bpe decode upload",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        buf.raw.map_async("WRITE", 0, nbytes).sync_wait()
-        try:
-            buf.raw.write_mapped(ids, 0)
-        finally:
-            buf.raw.unmap()
-        return buf
+        lo = 0
+        while True:
+            hi = min(n, lo + piece)
+            buf.raw.map_async("WRITE", 0, 4 * (hi - lo)).sync_wait()
+            try:
+                buf.raw.write_mapped(ids[lo:hi], 0)
+            finally:
+                buf.raw.unmap()
+            if hi == n:
+                return buf, 4 * lo, 4 * (hi - lo)
+            with self.device.record("bpe decode upload") as rec:
+                rec.copy(buf, ids_buf, 4 * (hi - lo), dst_offset=4 * lo)
+            lo = hi
 
     def _call(self, ids: np.ndarray, doc_starts: np.ndarray | None = None):
         """The bytes of `ids`; with doc_starts (n_docs + 1 token offsets), a list of each
@@ -178,7 +193,7 @@ class GpuDecoder:
         lay = self.tables.layout
         t0 = time.perf_counter()
         ids_buf = pool.get("dec_ids", 4 * n)
-        upload = self._mapped_upload(ids) if n >= self.mapped_upload_ids else None
+        upload = self._mapped_upload(ids, ids_buf) if n >= self.mapped_upload_ids else None
         if upload is None:
             ids_buf.write(ids)
         lens = pool.get("dec_lens", 4 * n)
@@ -202,8 +217,9 @@ class GpuDecoder:
         params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
                                    lay["bytes_off"], guess, 0, 0, 0)
         with dev.record("bpe decode", timing=self.profile) as rec:
-            if upload is not None:
-                rec.copy(upload, ids_buf, 4 * n)
+            if upload is not None:   # the last piece of the ids
+                piece_buf, at_byte, piece_bytes = upload
+                rec.copy(piece_buf, ids_buf, piece_bytes, dst_offset=at_byte)
             rec.dispatch(self.k_lengths, [ids_buf, self.vocab_buf, dummy_r, lens, dummy_w, status,
                                           params], -(-n // 256), "dec_lengths")
             self.scan.record(rec, lens, n, offs, mode=0)
