@@ -111,3 +111,16 @@ def test_bad_tiled_configs_are_refused(device):
         with pytest.raises(ValueError, match="retired -db"):   # a retired kernel
             attention.backward(rec, buf, buf, buf, buf, buf, buf, buf, buf, buf, 1, 4, 1, 1,
                                64, config_dq="64x16-db")
+
+
+def test_sgmat2_attention_is_refused_without_robustness():
+    """The experimental sgmat2 kernels were wrong on the H200 with Dawn's robustness off (the
+    trainer's default; dev/RESULTS.md): a device without robustness refuses them with a clear
+    error instead of returning wrong outputs. (Under wgpu-native every device counts as robust;
+    the CI's Dawn pass runs this with a real robustness-off device.)"""
+    from istanbul.shaders.engine import default_device
+    dev = default_device(robustness=False)
+    if dev.robustness:
+        pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
+    with pytest.raises(ValueError, match="without Dawn's robustness"):
+        attention._sgmat2_kernel(dev, "forward", 64)

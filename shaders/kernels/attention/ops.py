@@ -62,7 +62,9 @@ SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per w
 # the verified kernels (f32 tiled forward, 05_attention_sgmat.wgsl backward) until
 # $ISTANBUL_ATTENTION_SGMAT2=1 (or tensor_cores="sgmat2") asks for the new ones; flip
 # SGMAT2_DEFAULT once `istanbul kernels check --kernel attention_forward_sgmat2 --kernel
-# attention_backward_sgmat2` passes on the H200 with robustness off (dev/RESULTS.md).
+# attention_backward_sgmat2` passes on the H200 with robustness off (dev/RESULTS.md). On the
+# H200 (session 9) every rung failed with robustness off, so a device without robustness
+# refuses them (_sgmat2_kernel) until that is fixed.
 SGMAT2_DEFAULT = False
 FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
 SGMAT2_KERNELS = {"forward": "attention_forward_sgmat2", "dq": "attention_backward_dq_sgmat2",
@@ -83,6 +85,13 @@ def sgmat2_params(D: int, **tiles) -> dict:
 
 
 def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None):
+    if not getattr(dev, "robustness", True):
+        # measured wrong on the H200 without Dawn's robustness (PSNR 4-31 dB, session 9,
+        # dev/RESULTS.md): refuse rather than train on wrong gradients
+        raise ValueError(f"{SGMAT2_KERNELS[kernel]}: the experimental sgmat2 attention gives "
+                         "wrong results on a device without Dawn's robustness (the trainer's "
+                         "default); unset ISTANBUL_ATTENTION_SGMAT2 or use "
+                         "ISTANBUL_DAWN_ROBUSTNESS=on")
     constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
     return dev.kernel(FILE_SGMAT2, SGMAT2_KERNELS[kernel], constants,
                       sgmat2_params(D, **(tiles or {})))
