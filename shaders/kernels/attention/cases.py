@@ -124,8 +124,9 @@ def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
                   lambda: {"o": dev.download(o), "lse": dev.download(lse)})
 
 
-def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
-    """Forward then backward (the backward needs the forward's o and lse)."""
+def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> Launch:
+    """Forward then backward (the backward needs the forward's o and lse), with the given
+    kernel choices; the gradients read back per head as the reference gives them."""
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
     offsets, _ = _layout(inp)
@@ -135,18 +136,11 @@ def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
                       dev.empty((B, T, Hkv, D)))
     else:  # gradients land in one fused [B, T, (H + 2Hkv) D] buffer, like q, k, v
         dq, dk, dv = _parts(dev, np.zeros(inp["qkv"].size, np.float32), offsets)
-    tq, tdq, tdkv = tiles or (None, None, None)
-    cf, cdq, cdkv = (configs["forward"], configs["dq"], configs["dkv"]) if configs else \
-        (None, None, None)
-    if tensor_cores:
-        cf = "sgmat"
 
     def encode(rec):
-        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tiles=tq, config=cf,
-                          **strides)
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, **forward_kwargs, **strides)
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
-                           tiles_dq=tdq, tiles_dkv=tdkv, config_dq=cdq, config_dkv=cdkv,
-                           tensor_cores=tensor_cores, **strides)
+                           **backward_kwargs, **strides)
 
     def read():
         stride_q = strides.get("q_stride", H * D)
@@ -155,6 +149,19 @@ def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
                 "dk": _extract(dev.download(dk), inp, Hkv, stride_kv),
                 "dv": _extract(dev.download(dv), inp, Hkv, stride_kv)}
     return Launch(encode, read)
+
+
+def backward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
+    """Forward then backward on the chosen tiles / configurations (tensor_cores: the first
+    tensor-core forward and backward)."""
+    tq, tdq, tdkv = tiles or (None, None, None)
+    cf, cdq, cdkv = (configs["forward"], configs["dq"], configs["dkv"]) if configs else \
+        (None, None, None)
+    if tensor_cores:
+        cf = "sgmat"
+    return _backward_launch(dev, inp, {"tiles": tq, "config": cf},
+                            {"tiles_dq": tdq, "tiles_dkv": tdkv, "config_dq": cdq,
+                             "config_dkv": cdkv, "tensor_cores": tensor_cores})
 
 
 def backward_grad(dev, rng, tiles=None, pinned=None, tiled=False):
@@ -362,29 +369,8 @@ def sgmat2_forward_launch(dev, inp, rescale_at=None, sgmat_tiles=None):
 
 def sgmat2_backward_launch(dev, inp, sgmat_tiles=None):
     """Forward then backward, both on the sgmat2 kernels."""
-    B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
-    (q, k, v), strides = _qkv(dev, inp)
-    offsets, _ = _layout(inp)
-    o, lse, do = dev.empty((B, T, H, D)), dev.empty((B, H, T)), dev.upload(inp["do"])
-    if offsets is None:
-        dq, dk, dv = (dev.empty((B, T, H, D)), dev.empty((B, T, Hkv, D)),
-                      dev.empty((B, T, Hkv, D)))
-    else:
-        dq, dk, dv = _parts(dev, np.zeros(inp["qkv"].size, np.float32), offsets)
-
-    def encode(rec):
-        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tensor_cores="sgmat2",
-                          sgmat_tiles=sgmat_tiles, **strides)
-        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
-                           tensor_cores="sgmat2", sgmat_tiles=sgmat_tiles, **strides)
-
-    def read():
-        stride_q = strides.get("q_stride", H * D)
-        stride_kv = strides.get("kv_stride", Hkv * D)
-        return {"dq": _extract(dev.download(dq), inp, H, stride_q),
-                "dk": _extract(dev.download(dk), inp, Hkv, stride_kv),
-                "dv": _extract(dev.download(dv), inp, Hkv, stride_kv)}
-    return Launch(encode, read)
+    kwargs = {"tensor_cores": "sgmat2", "sgmat_tiles": sgmat_tiles}
+    return _backward_launch(dev, inp, kwargs, kwargs)
 
 
 SMALL_SGMAT2 = {"BKF": 32, "BK": 16, "BQ2": 16}
