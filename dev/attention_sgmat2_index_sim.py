@@ -1,0 +1,496 @@
+"""(dev) Index / hazard simulation of 05_attention_sgmat2.wgsl (and the predecessor's shared arrays).
+
+Every access of a workgroup array is recorded per barrier epoch with its actor:
+  ("t", lid)  a scalar access by one invocation
+  ("m", sg)   a subgroup-matrix load/store of subgroup sg (any lane may touch any element)
+Checks: index bounds (matrix footprint offset + r*stride + c, r,c < 16), 16-byte alignment of
+matrix offset and stride, reads of never-written elements (no zero-init assumed), and
+conflicts inside one epoch (a write and another access of the same element by different
+actors; a matrix op of subgroup s and a scalar access by a lane of s also conflict).
+Storage indices: checked against the bound views' lengths (ops._layout), guards transcribed.
+
+Assumption (as in the kernel and its predecessor): subgroup size 32, 4 subgroups,
+sg = lid / 32, lane = lid % 32. Only the staging loops use lid; every consumer uses (sg, lane),
+and consumer/producer pairs are separated by barriers, so the sg<->lid mapping does not matter
+for the results reported (checked with a permuted mapping too: PERMUTE=1).
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+WG = 128
+PERMUTE = os.environ.get("PERMUTE") == "1"
+
+
+def sg_lane(lid):
+    if PERMUTE:   # an arbitrary but fixed bijection lid -> (sg, lane)
+        x = (lid * 37 + 11) % WG
+        return x % 4, x // 4
+    return lid // 32, lid % 32
+
+
+class WGMem:
+    def __init__(self, arrays, name):
+        self.size = {a: n for a, (n, _) in arrays.items()}
+        self.esize = {a: e for a, (_, e) in arrays.items()}
+        self.name = name
+        self.written = {a: set() for a in arrays}
+        self.epoch = 0
+        self.cur = defaultdict(lambda: defaultdict(lambda: [set(), set()]))  # a->i->[W,R]
+        self.problems = defaultdict(list)
+        self.ranges = defaultdict(lambda: [10**12, -1])
+        self.label = ""
+
+    def _actor_key(self, actor):
+        return actor
+
+    def access(self, arr, idx, write, actor, where):
+        n = self.size[arr]
+        r = self.ranges[(arr, where)]
+        r[0] = min(r[0], idx); r[1] = max(r[1], idx)
+        if not (0 <= idx < n):
+            self.problems["OOB"].append((self.label, where, arr, idx, n, actor))
+            return
+        if not write and idx not in self.written[arr]:
+            self.problems["UNINIT"].append((self.label, where, arr, idx, actor))
+        slot = self.cur[arr][idx]
+        slot[0 if write else 1].add((actor, where))
+        if write:
+            self.written[arr].add(idx)
+
+    def mat(self, arr, off, stride, write, sg, where):
+        e = self.esize[arr]
+        if (off * e) % 16 or (stride * e) % 16:
+            self.problems["ALIGN"].append((self.label, where, arr, off, stride))
+        for r in range(16):
+            for c in range(16):
+                self.access(arr, off + r * stride + c, write, ("m", sg), where)
+
+    def barrier(self):
+        # conflicts of the epoch just ended
+        for arr, d in self.cur.items():
+            for idx, (W, R) in d.items():
+                if not W:
+                    continue
+                allacc = W | R
+                for (a1, w1) in W:
+                    for (a2, w2) in allacc:
+                        if conflict(a1, a2):
+                            self.problems["RACE"].append((self.label, arr, idx, (a1, w1), (a2, w2)))
+                            break
+                    else:
+                        continue
+                    break
+        self.cur = defaultdict(lambda: defaultdict(lambda: [set(), set()]))
+        self.epoch += 1
+
+
+def conflict(a, b):
+    if a == b:
+        return False
+    if a[0] == "m" and b[0] == "m":
+        return a[1] != b[1]
+    if a[0] == "t" and b[0] == "t":
+        return True      # two different invocations
+    m, t = (a, b) if a[0] == "m" else (b, a)
+    return True          # a matrix op vs a scalar access (even of its own subgroup): needs a barrier
+
+
+class Storage:
+    def __init__(self, lengths):
+        self.len = lengths
+        self.problems = []
+
+    def access(self, buf, idx, where):
+        if not (0 <= idx < self.len[buf]):
+            self.problems.append((buf, idx, self.len[buf], where))
+
+
+# ---------------------------------------------------------------------------------------------
+def shapes():
+    # ops._layout: view lengths in floats; fused qkv: the token stride is (H + 2 Hkv) D
+    # (cases.SGMAT_SHAPES: B, T, H, Hkv, D, fused, peak)
+    return {"sg_random": (2, 37, 4, 2, 16, False), "sg_gqa4": (2, 19, 4, 1, 32, False),
+            "sg_fused": (2, 150, 2, 1, 64, True), "sg_peaked": (1, 40, 2, 1, 16, False),
+            "sg_long": (1, 1024, 2, 2, 64, False), "T65": (1, 65, 2, 1, 64, False),
+            "T97": (1, 97, 2, 2, 32, True), "T16": (1, 16, 1, 1, 16, False)}
+
+
+def layout(B, T, H, Hkv, D, fused):
+    sq = (H + 2 * Hkv) * D if fused else H * D
+    skv = sq if fused else Hkv * D
+    so = H * D
+    rows = B * T - 1
+    nq, nkv, no = rows * sq + H * D, rows * skv + Hkv * D, rows * so + H * D
+    return sq, skv, so, nq // 4, nkv // 4, no // 4
+
+
+class P:
+    pass
+
+
+def params(B, T, H, Hkv, D, fused):
+    p = P()
+    p.batch, p.seq, p.heads, p.kv_heads = B, T, H, Hkv
+    p.sq, p.skv, p.so, nq4, nkv4, no4 = layout(B, T, H, Hkv, D, fused)
+    lens = {"q_in": nq4, "k_in": nkv4, "v_in": nkv4, "o_out": no4, "do_in": no4,
+            "dq_out": nq4, "dk_out": nkv4, "dv_out": nkv4,
+            "lse_out": B * H * T, "lse_in": B * H * T, "dvec_in": B * H * T}
+    return p, lens
+
+
+def q_row(p, HD, b, t, h): return ((b * p.seq + t) * p.sq + h * HD) // 4
+def kv_row(p, HD, b, t, hk): return ((b * p.seq + t) * p.skv + hk * HD) // 4
+def o_row(p, HD, b, t, h): return ((b * p.seq + t) * p.so + h * HD) // 4
+def stat_index(p, b, h, t): return (b * p.heads + h) * p.seq + t
+
+
+# ---- forward ---------------------------------------------------------------------------------
+def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
+    H4, DT = HD // 4, HD // 16
+    SH, SPF, SSF = HD + 8, max(HD, BKF) + 8, max(HD, BKF) + 4
+    M = WGMem({"QP": (64 * SPF, 2), "Ks": (BKF * SH, 2), "Vs": (BKF * SH, 2),
+               "Ss": (64 * SSF, 4), "flag": (1, 4)}, "forward")
+    bh = wgx; b = bh // p.heads; h = bh % p.heads; hk = h // (p.heads // p.kv_heads)
+    qt = nwgy - 1 - wgy; q0 = qt * 64
+    for lid in range(WG):
+        for i in range(lid, 64 * H4, WG):
+            r = i // H4
+            if q0 + r < p.seq:
+                st.access("q_in", q_row(p, HD, b, q0 + r, h) + i % H4, "fwd:119")
+            at = r * SPF + 4 * (i % H4)
+            for e in range(4):
+                M.access("QP", at + e, True, ("t", lid), "fwd:120 put4 q")
+    M.barrier()
+    for sg in range(4):
+        for d in range(DT):
+            M.mat("QP", 16 * sg * SPF + 16 * d, SPF, False, sg, "fwd:125 qa load")
+    nkt = min((q0 + 64 + BKF - 1) // BKF, (p.seq + BKF - 1) // BKF)
+    for kt in range(nkt):
+        M.label = f"kt={kt}"
+        k0 = kt * BKF
+        M.barrier()
+        for lid in range(WG):
+            for i in range(lid, BKF * H4, WG):
+                n = i // H4
+                if k0 + n < p.seq:
+                    st.access("k_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "fwd:146")
+                    st.access("v_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "fwd:147")
+                for e in range(4):
+                    M.access("Ks", n * SH + 4 * (i % H4) + e, True, ("t", lid), "fwd:149")
+                    M.access("Vs", n * SH + 4 * (i % H4) + e, True, ("t", lid), "fwd:150")
+        M.barrier()
+        for sg in range(4):
+            for j in range(BKF // 16):
+                for d in range(DT):
+                    M.mat("Ks", 16 * j * SH + 16 * d, SH, False, sg, "fwd:156 kb load")
+                M.mat("Ss", 16 * sg * SSF + 16 * j, SSF, True, sg, "fwd:159 s store")
+        M.barrier()
+        for lid in range(WG):
+            sg, lane = sg_lane(lid)
+            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r
+            srow = row * SSF
+            for c in range(BKF // 2):
+                col = (2 * c + half + rot) % BKF
+                M.access("Ss", srow + col, False, ("t", lid), "fwd:167 score read")
+            if kt > 0 and fold:
+                M.access("flag", 0, True, ("t", lid), "fwd:174 flag write")
+        # workgroupUniformLoad: barrier; load; barrier (Tint's lowering)
+        M.barrier()
+        for lid in range(WG):
+            M.access("flag", 0, False, ("t", lid), "fwd:176 workgroupUniformLoad")
+        M.barrier()
+        if fold and kt > 0:
+            for sg in range(4):
+                for d in range(DT):
+                    M.mat("Ss", 16 * sg * SSF + 16 * d, SSF, True, sg, "fwd:182 fold store")
+            M.barrier()
+            for lid in range(WG):
+                sg, lane = sg_lane(lid)
+                r, half = lane // 2, lane % 2; rot = 2 * (r // 8); srow = (16 * sg + r) * SSF
+                for c in range(HD // 2):
+                    M.access("Ss", srow + (2 * c + half + rot) % HD, False, ("t", lid), "fwd:187 fold read")
+        for lid in range(WG):
+            sg, lane = sg_lane(lid)
+            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r
+            for c in range(BKF // 2):
+                M.access("QP", row * SPF + (2 * c + half + rot) % BKF, True, ("t", lid), "fwd:194 p write")
+        M.barrier()
+        for sg in range(4):
+            for ks in range(BKF // 16):
+                M.mat("QP", 16 * sg * SPF + 16 * ks, SPF, False, sg, "fwd:199 pa load")
+                for d in range(DT):
+                    M.mat("Vs", 16 * ks * SH + 16 * d, SH, False, sg, "fwd:201 vb load")
+    M.label = "epilogue"
+    M.barrier()
+    for sg in range(4):
+        for d in range(DT):
+            M.mat("Ss", 16 * sg * SSF + 16 * d, SSF, True, sg, "fwd:208 acc store")
+    M.barrier()
+    for lid in range(WG):
+        sg, lane = sg_lane(lid)
+        r, half = lane // 2, lane % 2; rot = 2 * (r // 8); srow = (16 * sg + r) * SSF
+        for c in range(HD // 2):
+            at = srow + (2 * c + half + rot) % HD
+            M.access("Ss", at, False, ("t", lid), "fwd:214 read")
+            M.access("Ss", at, True, ("t", lid), "fwd:214 write")
+    M.barrier()
+    for lid in range(WG):
+        sg, lane = sg_lane(lid)
+        r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSF
+        qpos = q0 + row
+        if qpos < p.seq:
+            base = o_row(p, HD, b, qpos, h)
+            for c in range(HD // 8):
+                v4 = 2 * c + half
+                at = srow + 4 * v4
+                for e in range(4):
+                    M.access("Ss", at + e, False, ("t", lid), "fwd:222 o read")
+                st.access("o_out", base + v4, "fwd:222 o_out")
+            if half == 0:
+                st.access("lse_out", stat_index(p, b, h, qpos), "fwd:224 lse_out")
+    M.barrier()
+    return M
+
+
+# ---- dq ----------------------------------------------------------------------------------------
+def dq(HD, BK, p, st, wgx, wgy, nwgy):
+    H4, DT = HD // 4, HD // 16
+    SH, SPQ, SSQ = HD + 8, max(HD, BK) + 8, BK + 4
+    M = WGMem({"QP": (64 * SPQ, 2), "Ks": (BK * SH, 2), "Vs": (BK * SH, 2),
+               "Ss": (64 * SSQ, 4), "Sd": (64 * SSQ, 4)}, "dq")
+    bh = wgx; b = bh // p.heads; h = bh % p.heads; hk = h // (p.heads // p.kv_heads)
+    qt = nwgy - 1 - wgy; q0 = qt * 64
+    for which, buf, rowf, line in (("q", "q_in", q_row, "271"), ("do", "do_in", o_row, "283")):
+        for lid in range(WG):
+            for i in range(lid, 64 * H4, WG):
+                r = i // H4
+                if q0 + r < p.seq:
+                    st.access(buf, rowf(p, HD, b, q0 + r, h) + i % H4, f"dq:{line}")
+                for e in range(4):
+                    M.access("QP", r * SPQ + 4 * (i % H4) + e, True, ("t", lid), f"dq:{line} put4 {which}")
+        M.barrier()
+        for sg in range(4):
+            for d in range(DT):
+                M.mat("QP", 16 * sg * SPQ + 16 * d, SPQ, False, sg, f"dq {which} load")
+        if which == "q":
+            M.barrier()
+    for lid in range(WG):
+        sg, lane = sg_lane(lid)
+        qpos = q0 + 16 * sg + lane // 2
+        if qpos < p.seq:
+            st.access("lse_in", stat_index(p, b, h, qpos), "dq:300")
+            st.access("dvec_in", stat_index(p, b, h, qpos), "dq:301")
+    nkt = min((q0 + 64 + BK - 1) // BK, (p.seq + BK - 1) // BK)
+    for kt in range(nkt):
+        M.label = f"kt={kt}"
+        k0 = kt * BK
+        M.barrier()
+        for lid in range(WG):
+            for i in range(lid, BK * H4, WG):
+                n = i // H4
+                if k0 + n < p.seq:
+                    st.access("k_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "dq:313")
+                    st.access("v_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "dq:314")
+                for e in range(4):
+                    M.access("Ks", n * SH + 4 * (i % H4) + e, True, ("t", lid), "dq:316")
+                    M.access("Vs", n * SH + 4 * (i % H4) + e, True, ("t", lid), "dq:317")
+        M.barrier()
+        for sg in range(4):
+            for j in range(BK // 16):
+                for d in range(DT):
+                    M.mat("Ks", 16 * j * SH + 16 * d, SH, False, sg, "dq:324")
+                    M.mat("Vs", 16 * j * SH + 16 * d, SH, False, sg, "dq:326")
+                M.mat("Ss", 16 * sg * SSQ + 16 * j, SSQ, True, sg, "dq:329 s store")
+                M.mat("Sd", 16 * sg * SSQ + 16 * j, SSQ, True, sg, "dq:330 t store")
+        M.barrier()
+        for lid in range(WG):
+            sg, lane = sg_lane(lid)
+            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r; srow = row * SSQ
+            for c in range(BK // 2):
+                col = (2 * c + half + rot) % BK
+                M.access("Ss", srow + col, False, ("t", lid), "dq:336")
+                M.access("Sd", srow + col, False, ("t", lid), "dq:338")
+                M.access("QP", row * SPQ + col, True, ("t", lid), "dq:338 ds write")
+        M.barrier()
+        for sg in range(4):
+            for ks in range(BK // 16):
+                M.mat("QP", 16 * sg * SPQ + 16 * ks, SPQ, False, sg, "dq:342")
+                for d in range(DT):
+                    M.mat("Ks", 16 * ks * SH + 16 * d, SH, False, sg, "dq:344")
+    M.label = "epilogue"
+    for d in range(DT):
+        M.barrier()
+        for sg in range(4):
+            M.mat("Ss", 16 * sg * SSQ, SSQ, True, sg, "dq:351")
+        M.barrier()
+        for lid in range(WG):
+            sg, lane = sg_lane(lid)
+            r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSQ
+            qpos = q0 + row
+            if qpos < p.seq:
+                s = srow + 8 * half
+                at = q_row(p, HD, b, qpos, h) + 4 * d + 2 * half
+                for e in range(8):
+                    M.access("Ss", s + e, False, ("t", lid), "dq:356-357")
+                st.access("dq_out", at, "dq:356"); st.access("dq_out", at + 1, "dq:357")
+    M.barrier()
+    return M
+
+
+# ---- dkv ---------------------------------------------------------------------------------------
+def dkv(HD, BQ2, p, st, wgx, wgy, nwgy):
+    H4, DT = HD // 4, HD // 16
+    SH, SPK, SSK = HD + 8, BQ2 + 8, BQ2 + 4
+    M = WGMem({"KV": (64 * SH, 2), "Qs": (BQ2 * SH, 2), "Ds": (BQ2 * SH, 2),
+               "Ps": (64 * SPK, 2), "DSs": (64 * SPK, 2), "Ss": (64 * SSK, 4),
+               "Sd": (64 * SSK, 4), "stats": (2 * BQ2, 4)}, "dkv")
+    bhk = wgx; b = bhk // p.kv_heads; hk = bhk % p.kv_heads; group = p.heads // p.kv_heads
+    k0 = wgy * 64
+    for which, buf, line in (("k", "k_in", "407"), ("v", "v_in", "419")):
+        for lid in range(WG):
+            for i in range(lid, 64 * H4, WG):
+                n = i // H4
+                if k0 + n < p.seq:
+                    st.access(buf, kv_row(p, HD, b, k0 + n, hk) + i % H4, f"dkv:{line}")
+                for e in range(4):
+                    M.access("KV", n * SH + 4 * (i % H4) + e, True, ("t", lid), f"dkv:{line} put4")
+        M.barrier()
+        for sg in range(4):
+            for d in range(DT):
+                M.mat("KV", 16 * sg * SH + 16 * d, SH, False, sg, f"dkv {which} load")
+        if which == "k":
+            M.barrier()
+    first = k0 // BQ2
+    tiles = (p.seq + BQ2 - 1) // BQ2
+    for g in range(group):
+        h = hk * group + g
+        for qt in range(first, tiles):
+            M.label = f"g={g} qt={qt}"
+            q0 = qt * BQ2
+            M.barrier()
+            for lid in range(WG):
+                for i in range(lid, BQ2 * H4, WG):
+                    n = i // H4
+                    if q0 + n < p.seq:
+                        st.access("q_in", q_row(p, HD, b, q0 + n, h) + i % H4, "dkv:447")
+                        st.access("do_in", o_row(p, HD, b, q0 + n, h) + i % H4, "dkv:448")
+                    for e in range(4):
+                        M.access("Qs", n * SH + 4 * (i % H4) + e, True, ("t", lid), "dkv:450")
+                        M.access("Ds", n * SH + 4 * (i % H4) + e, True, ("t", lid), "dkv:451")
+                if lid < 2 * BQ2:
+                    qi = q0 + lid % BQ2
+                    if qi < p.seq:
+                        st.access("lse_in" if lid < BQ2 else "dvec_in", stat_index(p, b, h, qi), "dkv:458/460")
+                    M.access("stats", lid, True, ("t", lid), "dkv:463")
+            M.barrier()
+            for sg in range(4):
+                for j in range(BQ2 // 16):
+                    for d in range(DT):
+                        M.mat("Qs", 16 * j * SH + 16 * d, SH, False, sg, "dkv:470")
+                        M.mat("Ds", 16 * j * SH + 16 * d, SH, False, sg, "dkv:472")
+                    M.mat("Ss", 16 * sg * SSK + 16 * j, SSK, True, sg, "dkv:475")
+                    M.mat("Sd", 16 * sg * SSK + 16 * j, SSK, True, sg, "dkv:476")
+            M.barrier()
+            for lid in range(WG):
+                sg, lane = sg_lane(lid)
+                r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r; srow = row * SSK
+                for c in range(BQ2 // 2):
+                    col = (2 * c + half + rot) % BQ2
+                    M.access("Ss", srow + col, False, ("t", lid), "dkv:482")
+                    M.access("stats", col, False, ("t", lid), "dkv:482")
+                    M.access("Ps", row * SPK + col, True, ("t", lid), "dkv:484")
+                    M.access("Sd", srow + col, False, ("t", lid), "dkv:485")
+                    M.access("stats", BQ2 + col, False, ("t", lid), "dkv:485")
+                    M.access("DSs", row * SPK + col, True, ("t", lid), "dkv:485")
+            M.barrier()
+            for sg in range(4):
+                for ks in range(BQ2 // 16):
+                    M.mat("Ps", 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:489")
+                    M.mat("DSs", 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:490")
+                    for d in range(DT):
+                        M.mat("Ds", 16 * ks * SH + 16 * d, SH, False, sg, "dkv:492")
+                        M.mat("Qs", 16 * ks * SH + 16 * d, SH, False, sg, "dkv:494")
+    M.label = "epilogue"
+    for d in range(DT):
+        M.barrier()
+        for sg in range(4):
+            M.mat("Ss", 16 * sg * SSK, SSK, True, sg, "dkv:503")
+            M.mat("Sd", 16 * sg * SSK, SSK, True, sg, "dkv:504")
+        M.barrier()
+        for lid in range(WG):
+            sg, lane = sg_lane(lid)
+            r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSK
+            kpos = k0 + row
+            if kpos < p.seq:
+                s = srow + 8 * half
+                at = kv_row(p, HD, b, kpos, hk) + 4 * d + 2 * half
+                for e in range(8):
+                    M.access("Ss", s + e, False, ("t", lid), "dkv:509-510")
+                    M.access("Sd", s + e, False, ("t", lid), "dkv:511-512")
+                for o in (at, at + 1):
+                    st.access("dk_out", o, "dkv:509"); st.access("dv_out", o, "dkv:511")
+    M.barrier()
+    return M
+
+
+def summarize(M, tag, out):
+    probs = M.problems
+    line = f"{tag}: " + ", ".join(f"{k}={len(v)}" for k, v in probs.items() if v) or "clean"
+    if not any(probs.values()):
+        line = f"{tag}: clean"
+    out.append(line)
+    for k, v in probs.items():
+        for item in v[:3]:
+            out.append(f"    {k}: {item}")
+    return M
+
+
+def main():
+    out = []
+    tiles_sets = {"default": (64, 32, 32), "small": (32, 16, 16)}
+    ranges = {}
+    for name, (B, T, H, Hkv, D, fused) in shapes().items():
+        p, lens = params(B, T, H, Hkv, D, fused)
+        nwgy = (T + 63) // 64
+        for tname, (BKF, BK, BQ2) in tiles_sets.items():
+            for wgy in range(nwgy):
+                if T >= 512 and wgy not in (0, nwgy - 1, nwgy // 2):
+                    continue
+                for wgx in sorted({0, B * H - 1}):
+                    st = Storage(lens)
+                    for fold in (False, True):
+                        M = forward(D, BKF, p, st, wgx, wgy, nwgy, fold)
+                        summarize(M, f"{name} D{D} {tname} forward fold={fold} wg=({wgx},{wgy})", out)
+                        for k, v in M.ranges.items():
+                            key = ("forward", D, tname) + k
+                            lo, hi, _ = ranges.get(key, (10**12, -1, 0))
+                            ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
+                    M = dq(D, BK, p, st, wgx, wgy, nwgy)
+                    summarize(M, f"{name} D{D} {tname} dq wg=({wgx},{wgy})", out)
+                    for k, v in M.ranges.items():
+                        key = ("dq", D, tname) + k
+                        lo, hi, _ = ranges.get(key, (10**12, -1, 0))
+                        ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
+                    for wgx2 in sorted({0, B * Hkv - 1}):
+                        M = dkv(D, BQ2, p, st, wgx2, wgy, nwgy)
+                        summarize(M, f"{name} D{D} {tname} dkv wg=({wgx2},{wgy})", out)
+                        for k, v in M.ranges.items():
+                            key = ("dkv", D, tname) + k
+                            lo, hi, _ = ranges.get(key, (10**12, -1, 0))
+                            ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
+                    if st.problems:
+                        out.append(f"  STORAGE OOB {name} {tname} wgy={wgy}: {st.problems[:3]}")
+    out.append("")
+    out.append("index ranges (kernel, HD, tiles, array, access site): min..max / size")
+    for key in sorted(ranges, key=str):
+        lo, hi, n = ranges[key]
+        flag = "  <-- OOB" if hi >= n else ""
+        out.append(f"  {key[0]:8s} HD{key[1]:<3d} {key[2]:8s} {key[3]:6s} {key[4]:32s} {lo:6d}..{hi:6d} / {n}{flag}")
+    text = "\n".join(out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
