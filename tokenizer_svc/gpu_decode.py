@@ -79,7 +79,7 @@ class GpuDecoder:
         self.max_staging_bytes = int(device.limits.get("max-buffer-size", 1 << 30)) // 16 * 16
         self.bytes_per_id = 4.0   # the output guess; updated from every call
         self._staging: Buffer | None = None
-        self._upload: Buffer | None = None   # MAP_WRITE | COPY_SRC, grown by powers of two
+        self._upload: Buffer | None = None   # MAP_WRITE | COPY_SRC, at most one piece
         self.mapped_upload_ids = MAPPED_UPLOAD_IDS
         self.upload_piece_ids = UPLOAD_PIECE_IDS
         self.profile = False

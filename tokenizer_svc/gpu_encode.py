@@ -111,10 +111,10 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # three dispatches cost a small chunk one workgroup each of reading a zero count, less than
 # one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
 INLINE_MIN_BYTES = 0
-# Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES: TINY_CHUNK,
-# below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that needs at most FILL_INVOCATIONS invocations for one
-# pipeline chunk of the call. Each invocation walks its chunk sequentially with divergent
-# control flow, so on the H200 shorter chunks were faster at every call size measured
+# Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES take
+# TINY_CHUNK, below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that
+# needs at most FILL_INVOCATIONS invocations for one pipeline chunk of the call. Each
+# invocation walks its chunk sequentially with divergent control flow, so on the H200 shorter chunks were faster at every call size measured
 # (dev/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at 128, 1 MB 2.84
 # vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document p50 0.87
 # vs 1.14 ms, dev/tokenize_host_probe.py case d), up to 16 MB (a whole pipeline chunk) with
