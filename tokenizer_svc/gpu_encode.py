@@ -80,17 +80,19 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # Long pieces are merged in windows of LONG_WINDOW bytes (+ LONG_OVERLAP of the next) and
 # stitched where two windows agree on a token (exact: bpe_encode.wgsl, "Long pieces"). A
 # piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
-# longer, then as one window. A window is heap-merged by one invocation, so a piece's time is
-# about one window's: shorter windows are faster (H200, a 1 MB piece: 27 ms of merge_long at
-# 1,536 bytes, 97 ms at 5,760; dev/RESULTS.md). 1536 = 2^9 3: runs of one character in the
-# real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte characters:
-# multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) fail those seams
-# (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The overlap holds
-# the 128-byte space period with room (136 bytes failed cl100k's runs of spaces). 768 (+192)
-# also stitches every run tried and should halve a chunk's merge_long time, but needs 7 words
-# of inline work space per byte and is not yet measured on a GPU (probe case b3 runs it).
-LONG_WINDOW = 1536
-LONG_OVERLAP = 256
+# longer, then as one window. A window is heap-merged by one invocation, so a chunk's
+# merge_long lasts about as long as its longest window: shorter windows are faster (H200,
+# the 67 MB cl100k benchmark corpus, whose CJK and long words make ~22K windows: merge_long
+# 39.7 ms at 1,536 (+256), 23.6 at 768 (+192), 15.6 at 384 (+192), ids identical, no piece
+# merged again; dev/results/long_window/h200/). 384 = 2^7 3: runs of one character in the
+# real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte
+# characters: multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) failed
+# those seams (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The
+# overlap holds the 128-byte space period with room (136 bytes failed cl100k's runs of
+# spaces). A window must exceed overlap + the longest token: vocabularies with tokens of
+# 192 bytes or more get longer windows (long_windows_for).
+LONG_WINDOW = 384
+LONG_OVERLAP = 192
 LONG_RETRY_FACTOR = 7
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
@@ -103,7 +105,7 @@ MAX_RESUME_DISPATCHES = 64
 # Long pieces merged inside a chunk's one submit (GPUs) get a work space of w words per input
 # byte, w the least integer >= 5 (1 + overlap / window) + 0.07 (5 words per window byte, so
 # 5 (1 + overlap / window) per piece byte, plus 4 per window of a piece > SHORT_MAX bytes,
-# < 4 / 65): no queue can outgrow it (6 for the shipped windows), and the windows' kernels
+# < 4 / 65): no queue can outgrow it (8 for the shipped windows), and the windows' kernels
 # run grid-stride.
 INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
 # Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
@@ -179,10 +181,25 @@ class Profile:
             self.gpu[label] = self.gpu.get(label, 0.0) + seconds
 
 
+def long_windows_for(max_tok_len: int) -> tuple[int, int]:
+    """(window, overlap) for a vocabulary whose longest token has max_tok_len bytes: the
+    shipped LONG_WINDOW / LONG_OVERLAP when the window exceeds overlap + the longest token
+    (every published vocabulary: 128 bytes), else the overlap grown to the longest token
+    + 64 (a multiple of 64) and the window doubled until it exceeds both (doubling keeps
+    its factors 2 and 3)."""
+    window, overlap = LONG_WINDOW, LONG_OVERLAP
+    if window > overlap + max_tok_len:
+        return window, overlap
+    overlap = max(overlap, -(-(max_tok_len + 64) // 64) * 64)
+    while window <= overlap + max_tok_len:
+        window *= 2
+    return window, overlap
+
+
 class GpuEncoder:
     def __init__(self, device: Device, tables: VocabTables, pattern: str | None,
                  chunk: int = 128, max_call_bytes: int | None = None,
-                 long_window: int = LONG_WINDOW, long_overlap: int = LONG_OVERLAP):
+                 long_window: int | None = None, long_overlap: int | None = None):
         self.device = device
         self.tables = tables
         self.pattern = pattern
@@ -192,6 +209,9 @@ class GpuEncoder:
         self.pool = BufferPool(device)
         self.scan = GpuScan(device, self.pool)
         self.uniforms = UniformSlots(device)   # per-call parameters: bind groups made once
+        default_window, default_overlap = long_windows_for(tables.layout["max_tok_len"])
+        long_window = default_window if long_window is None else long_window
+        long_overlap = default_overlap if long_overlap is None else long_overlap
         if long_overlap < 1 or long_window <= long_overlap + tables.layout["max_tok_len"]:
             raise ValueError(f"long_window ({long_window}) must exceed long_overlap "
                              f"({long_overlap}) plus the longest token "

@@ -104,8 +104,8 @@
 // BPE(piece[q..end of window k]); by (III) together they are BPE(piece[..end of window k]).
 // When a seam has no shared token (a periodic run whose token period does not divide W; on
 // real vocabularies runs of one character have periods of 1 to 128 bytes, multiples of 3 for
-// 3-byte characters, and W = 1536 = 2^9 3; or a run whose phase its piece's first character
-// set) the driver encodes that piece again: first with windows started on a token boundary
+// 3-byte characters, and the shipped W = 384 = 2^7 3; or a run whose phase its piece's first
+// character set) the driver encodes that piece again: first with windows started on a token boundary
 // of its first window, then with longer windows, at last as one window, which is the plain
 // heap merge. Every window costs O(W log W), so the work is linear in n and the windows run
 // in parallel.
@@ -151,8 +151,8 @@ override PATTERN: u32 = 0u;   // 0 gpt2/r50k, 1 cl100k, 2 o200k
 override MARK_PIECES: u32 = 0u;
 // Long pieces are cut into windows of LONG_WINDOW bytes plus LONG_OVERLAP bytes of the next
 // one (see "Long pieces" above). LONG_WINDOW > LONG_OVERLAP + the longest token.
-override LONG_WINDOW: u32 = 1536u;
-override LONG_OVERLAP: u32 = 256u;
+override LONG_WINDOW: u32 = 384u;
+override LONG_OVERLAP: u32 = 192u;
 
 struct Params {
     n_bytes: u32,
