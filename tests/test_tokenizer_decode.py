@@ -176,26 +176,60 @@ def test_slices_of_one_flat_encode_decode_without_a_join(pair):
     assert (info.value.document, info.value.position) == (1, 3)
 
 
-@pytest.mark.parametrize("bytes_per_id, piece", [(0.0, 1 << 21), (4.0, 1 << 21), (4.0, 333)])
-def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id, piece):
-    """Large calls write their ids into a persistent mappable buffer copied on the GPU
-    (MAPPED_UPLOAD_IDS; forced here for every call), in pieces of at most upload_piece_ids
-    (333: many pieces, a short last one): the same bytes, a reused buffer that grows up to
-    a piece, invalid ids still named, and the exact-size regather after a short guess."""
+@pytest.mark.parametrize("bytes_per_id, piece, threads", [(0.0, 1 << 21, 1), (4.0, 1 << 21, 3),
+                                                           (4.0, 333, 1), (4.0, 333, 3)])
+def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id, piece, threads):
+    """Large calls write their ids into two persistent mappable buffers in turn, copied on
+    the GPU (MAPPED_UPLOAD_IDS; forced here for every call), in pieces of at most
+    upload_piece_ids (333: many pieces, a short last one), written by `threads` threads
+    (forced for every piece): the same bytes, reused buffers that grow up to a piece,
+    invalid ids still named, and the exact-size regather after a short guess."""
     enc, tik = pair
     decoder = enc.backend.decoder
     monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
     monkeypatch.setattr(decoder, "upload_piece_ids", piece)
-    monkeypatch.setattr(decoder, "_upload", None)
+    monkeypatch.setattr(decoder, "upload_threads", threads)
+    monkeypatch.setattr(decoder, "parallel_upload_ids", 1)
+    monkeypatch.setattr(decoder, "_uploads", [None, None])
     docs = corpus_docs()[:12] + MULTILINGUAL
     batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
     for n_docs in (3, len(docs)):   # the second call grows the buffer past 32 KB
         decoder.bytes_per_id = bytes_per_id
         assert enc.decode_bytes_batch(batch[:n_docs]) == [d.encode() for d in docs[:n_docs]]
-    assert decoder._upload is not None and decoder._upload.nbytes <= 4 * piece
+    first, second = decoder._uploads
+    assert first is not None and first.nbytes <= 4 * piece
+    assert (second is not None) == (piece == 333)   # the second only for calls of many pieces
     flat = np.concatenate(batch).tolist()
     assert enc.decode_bytes(flat) == tik.decode_bytes(flat)
     with pytest.raises(InvalidTokenError) as info:
         enc.decode_bytes_batch([batch[0], np.array([7, enc.n_vocab + 1], np.uint32)])
     assert info.value.document == 1 and info.value.position == 1
     assert enc.decode_bytes(flat[:50]) == tik.decode_bytes(flat[:50])   # after an error
+
+
+def test_decode_bytes_batch_flat_inverts_encode_batch_flat(pair):
+    """decode_bytes_batch_flat(ids, offsets) gives each document's bytes straight from
+    encode_batch_flat's output (documents empty or not, offsets not starting at 0, ids of
+    any integer dtype), the same as decode_bytes_batch of the slices; bad offsets and ids are
+    named."""
+    enc, tik = pair
+    docs = corpus_docs()[:12] + MULTILINGUAL + ["", "x"]
+    ids, offsets = enc.encode_batch_flat(docs)
+    want = [d.encode() for d in docs]
+    assert enc.decode_bytes_batch_flat(ids, offsets) == want
+    assert enc.decode_bytes_batch_flat(ids.astype(np.int64), offsets.tolist()) == want
+    assert enc.decode_bytes_batch_flat(ids, offsets[3:8]) == want[3:7]
+    assert enc.decode_bytes_batch_flat(ids, [5]) == []
+    for bad_offsets in ([], [0, ids.size + 1], [4, 2]):
+        with pytest.raises(ValueError, match="offsets"):
+            enc.decode_bytes_batch_flat(ids, bad_offsets)
+    bad = ids.copy()
+    bad[offsets[2] + 1] = enc.n_vocab + 7
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch_flat(bad, offsets)
+    assert (info.value.document, info.value.position) == (2, 1)
+    with pytest.raises(InvalidTokenError) as info:
+        enc.decode_bytes_batch_flat(bad.astype(np.int64), offsets[1:])
+    assert (info.value.document, info.value.position) == (1, 1)
+    cpu = get_encoding(enc.vocab, device="cpu")
+    assert cpu.decode_bytes_batch_flat(ids, offsets) == want

@@ -245,7 +245,9 @@ def test_long_pieces_in_scratch_rounds(device):
     vocab = vocabulary_for("trained-gpt2")
     enc, tik = get_encoding(vocab, device=device), tiktoken_twin(vocab)
     small = GpuEncoder(device, enc.backend.tables, "gpt2")
-    small.scratch_limit_words = 5 * 700 + 64   # forces several rounds of long pieces
+    # forces several rounds of long pieces (a piece's windows, overlaps and retries included,
+    # must fit one round: "a" * 650 in the trained vocabulary's aligned retry needs ~5,200)
+    small.scratch_limit_words = 5 * 1100 + 64
     docs = ["a" * 650, "b" * 300 + " " + "c" * 200, "x" * 66, "日本" * 100]
     data = [d.encode() for d in docs]
     starts = np.concatenate([[0], np.cumsum([len(d) for d in data])])

@@ -188,3 +188,45 @@ def test_window_must_exceed_overlap_plus_longest_token(windowed, device):
     with pytest.raises(ValueError, match="long_window .* must exceed long_overlap"):
         GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern,
                    long_window=100, long_overlap=48)
+
+
+def _workgroup_merge_only(device, enc) -> GpuEncoder:
+    """The shipped windows merged by bpe_merge_long_wg alone (the heap merge's dispatches
+    replaced by it, no budget): every window must be merged by the workgroup kernel, or the
+    ids come out wrong."""
+    wg = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
+    assert wg.k_long_wg is not None and wg.long_window + wg.long_overlap <= 768
+    wg.long_wg = True
+    wg.k_long = wg.k_long_sg = wg.k_long_wg
+    wg.long_budget = 0xFFFFFFFF
+    wg.profile = True
+    return wg
+
+
+def test_workgroup_merge_equals_tiktoken_on_long_pieces(windowed, device):
+    """bpe_merge_long_wg (a window's parts in workgroup memory, one workgroup per window)
+    gives tiktoken's ids on one-character runs, random letters, vocabulary words, CJK, a
+    period of 11 and a cascade at the window's end, across seams."""
+    vocab, enc, _, tik = windowed
+    wg = _workgroup_merge_only(device, enc)
+    n = 3 * wg.long_window + wg.long_overlap + 7
+    pieces = adversarial_pieces(vocab, n)
+    docs = [(u * (n // len(u) + 1))[:n] for u in RUN_UNITS[::4]]
+    docs += [pieces[k] for k in ("random letters", "vocabulary words", "CJK", "period 11",
+                                 "cascade ending", "two letters", "digits")]
+    docs += ["short " + "ab" * 40 + " words", "x" * 65, "y" * 575, "z" * 577]
+    got = _encode(wg, [d.encode() for d in docs])
+    for d, ids in zip(docs, got):
+        assert ids == tik.encode_ordinary(d), repr(d[:12])
+    assert wg.last_profile.long_retried == 0   # retries' longer windows would need the heap
+    assert wg.last_profile.long_windows >= 3 * len(RUN_UNITS[::4])
+
+
+def test_workgroup_merge_in_bytes_mode(windowed, device):
+    vocab, _, _, tik = windowed
+    wg_enc = Encoding(vocab, device)   # not get_encoding's cached, shared one
+    wg_enc.backend.encoder = _workgroup_merge_only(device, wg_enc)
+    rng = random.Random(21)
+    for d in [rng.randbytes(500), b"ok " + rng.randbytes(700) + b" tail", b"\xff" * 300,
+              "é".encode() * 300]:
+        assert wg_enc.encode_bytes(d) == tik._encode_bytes(d)

@@ -178,17 +178,22 @@ def test_texts_packed_with_one_join(chunked, docs):
     assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]
 
 
-@pytest.mark.parametrize("window,overlap", [(200, 32), (201, 32), (200, 64)])
-def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap):
+@pytest.mark.parametrize("window,overlap,long_wg", [(200, 32, False), (201, 32, False),
+                                                    (200, 64, False), (200, 32, True),
+                                                    (201, 32, True)])
+def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap, long_wg):
     """On GPUs (no loop budget) long pieces are merged, stitched and copied in the chunk's
     one submit, and only pieces whose seams failed take the slow path: window 201 is odd, so
     "x" runs never stitch and are merged with longer windows; at 200 a run after a space
     stitches at the latest on windows aligned to its first window's tokens. Overlap 64 needs
     7 words of work space per byte (32: 6). Forced here on lavapipe with inputs small enough
-    for its loop limit; the same ids as the budgeted path and as tiktoken."""
+    for its loop limit; the same ids as the budgeted path and as tiktoken. `long_wg`: the
+    windows go to bpe_merge_long_wg first (the GPUs' default), the retries' longer windows
+    to the heap merge."""
     _, small, tik = chunked
     inline = GpuEncoder(device, small.tables, small.pattern, long_window=window,
                         long_overlap=overlap)
+    inline.long_wg = long_wg
     assert inline.inline_words_per_byte == (7 if overlap == 64 else 6)
     inline.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
     inline.k_long_sg = None
@@ -202,6 +207,7 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap):
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
         [tik.encode_ordinary(d) for d in docs]
     assert inline.last_profile.gpu.get("stitch", 0) > 0
+    assert ("merge_long_wg" in inline.last_profile.gpu) == long_wg
     assert (inline.last_profile.long_widened > 0) == (window == 201)
     if window == 200:   # all seams stitch: the fast path, its windows still counted
         inline.encode_docs(*_packed(["x" * 640]))

@@ -598,13 +598,34 @@ class Encoding:
             if not all(a.dtype == np.uint32 for a in arrays):   # numpy uint32 (encode's) as is
                 arrays = [a.astype(np.int64) for a in arrays]
             flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        starts = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)),
+                  out=starts[1:])
+        return self._decode_docs(flat, starts)
+
+    def decode_bytes_batch_flat(self, ids, offsets) -> list[bytes]:
+        """The inverse of encode_batch_flat: document i is ids[offsets[i]:offsets[i + 1]]
+        (offsets non-decreasing, n + 1 of them, within ids). The same bytes as
+        decode_bytes_batch of those slices, without looking at n Python objects: one GPU
+        call for the documents' ids as they lie in `ids`."""
+        ids = np.asarray(ids).reshape(-1)
+        offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+        if offsets.size == 0:
+            raise ValueError("offsets must hold n + 1 document boundaries (at least one)")
+        if offsets[0] < 0 or offsets[-1] > ids.size or np.any(np.diff(offsets) < 0):
+            raise ValueError(f"offsets must be non-decreasing within the {ids.size} ids "
+                             f"(got {offsets[0]} .. {offsets[-1]})")
+        if ids.dtype != np.uint32:
+            ids = ids.astype(np.int64)
+        return self._decode_docs(ids[offsets[0]:offsets[-1]], offsets - offsets[0])
+
+    def _decode_docs(self, flat: np.ndarray, starts: np.ndarray) -> list[bytes]:
+        """The bytes of each document: flat ids (uint32, or int64 to be checked), starts
+        their n + 1 offsets from 0; errors name the document and the position in it."""
         from .gpu_decode import InvalidIdError
         decode_docs = getattr(self.backend, "decode_docs", None)
         try:
             if decode_docs is not None and flat.dtype == np.uint32:
-                starts = np.zeros(len(arrays) + 1, np.int64)
-                np.cumsum(counts, out=starts[1:])
                 try:
                     return decode_docs(flat, starts)
                 except InvalidIdError as exc:
@@ -612,13 +633,12 @@ class Encoding:
                                             self.n_vocab) from None
             data = self._decode(flat)
         except InvalidTokenError as exc:
-            doc = int(np.searchsorted(np.cumsum(counts), exc.position, side="right"))
-            start = int(counts[:doc].sum())
-            raise InvalidTokenError(exc.token, exc.position - start, self.name, self.n_vocab,
-                                    document=doc) from None
+            doc = int(np.searchsorted(starts[1:], exc.position, side="right"))
+            raise InvalidTokenError(exc.token, exc.position - int(starts[doc]), self.name,
+                                    self.n_vocab, document=doc) from None
         byte_ends = np.concatenate([[0], np.cumsum(self._token_lengths[flat])])
-        bounds = byte_ends[np.concatenate([[0], np.cumsum(counts)])]
-        return [data[bounds[i]:bounds[i + 1]] for i in range(len(arrays))]
+        bounds = byte_ends[starts]
+        return [data[bounds[i]:bounds[i + 1]] for i in range(starts.size - 1)]
 
     def decode_single_token_bytes(self, token: int) -> bytes:
         try:

@@ -14,27 +14,33 @@ binding (max_out_bytes; a call found larger after its scan is split in two and r
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
+from .gpu_scan import BufferPool, GpuScan, ParallelCopy, UniformSlots, map_staging, mapped_array
 from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
-# Calls of at least this many ids upload them through a persistent mappable buffer (mapped
+# Calls of at least this many ids upload them through persistent mappable buffers (mapped
 # for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer: on the H200
 # a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a fresh staging allocation each
 # call). Smaller calls keep write_buffer: the map for writing costs a round trip, more than
-# their copy. The buffer holds at most UPLOAD_PIECE_IDS ids (8 MB): larger calls go up in
+# their copy. A buffer holds at most UPLOAD_PIECE_IDS ids (8 MB): larger calls go up in
 # pieces, one submit each, the last one's copy in the decode's own submit. A buffer as large
 # as the call (128 MB per Encoding, kept) made every later small call of the process slower
 # on the H200 once two vocabularies had decoded a corpus: a lone 914 B encode took 4.7-5.3
-# ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/tokenize/).
+# ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/tokenize/). With
+# one buffer each piece waited for the previous piece's GPU copy and was written by one
+# thread (20 ms of a 34M-id gpt2 decode); two buffers take turns, and a piece is written on
+# UPLOAD_THREADS threads at once.
 MAPPED_UPLOAD_IDS = 1 << 18
 UPLOAD_PIECE_IDS = 1 << 21
+UPLOAD_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
+PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
 
 
 class InvalidIdError(ValueError):
@@ -79,9 +85,12 @@ class GpuDecoder:
         self.max_staging_bytes = int(device.limits.get("max-buffer-size", 1 << 30)) // 16 * 16
         self.bytes_per_id = 4.0   # the output guess; updated from every call
         self._staging: Buffer | None = None
-        self._upload: Buffer | None = None   # MAP_WRITE | COPY_SRC, at most one piece
+        self._uploads: list[Buffer | None] = [None, None]   # MAP_WRITE | COPY_SRC, in turn
         self.mapped_upload_ids = MAPPED_UPLOAD_IDS
         self.upload_piece_ids = UPLOAD_PIECE_IDS
+        self.upload_threads = UPLOAD_THREADS
+        self.parallel_upload_ids = PARALLEL_UPLOAD_IDS
+        self._copier = ParallelCopy("istanbul-ids-upload")
         self.profile = False
         self.gpu_times: list = []
         self.upload_s = 0.0
@@ -157,33 +166,42 @@ class GpuDecoder:
         return self._staging
 
     def _mapped_upload(self, ids: np.ndarray, ids_buf: Buffer) -> tuple[Buffer, int, int]:
-        """Write `ids` into `ids_buf` through the persistent upload buffer (see
-        MAPPED_UPLOAD_IDS): every piece but the last is copied by a submit of its own (mapping
-        the buffer again waits for that copy); returns (buffer, ids_buf byte offset, bytes)
-        of the last piece, which the caller's submit copies."""
+        """Write `ids` into `ids_buf` through the two persistent upload buffers, in turn (see
+        MAPPED_UPLOAD_IDS): a piece is written into a mapped buffer on upload_threads threads
+        and, but for the last, copied by a submit of its own; mapping a buffer again waits
+        only for its own last copy, so writing one piece overlaps the GPU's copy of the one
+        before. Returns (buffer, ids_buf byte offset, bytes) of the last piece, which the
+        caller's submit copies."""
         n = int(ids.size)
         piece = max(1, min(n, self.upload_piece_ids))
-        nbytes = 4 * piece
-        buf = self._upload
-        if buf is None or buf.nbytes < nbytes:
-            if buf is not None:
-                buf.destroy()
-            buf = self._upload = self.device.buffer(
-                nbytes, np.uint32, label="bpe decode upload",
-                usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        lo = 0
+        for turn in (0, 1) if n > piece else (0,):
+            buf = self._uploads[turn]
+            if buf is None or buf.nbytes < 4 * piece:
+                if buf is not None:
+                    buf.destroy()
+                self._uploads[turn] = self.device.buffer(
+                    4 * piece, np.uint32, label=f"bpe decode upload {turn}",
+                    usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
+        lo, turn = 0, 0
         while True:
+            buf = self._uploads[turn]
             hi = min(n, lo + piece)
-            buf.raw.map_async("WRITE", 0, 4 * (hi - lo)).sync_wait()
+            size = 4 * (hi - lo)
+            buf.raw.map_async("WRITE", 0, size).sync_wait()
             try:
-                buf.raw.write_mapped(ids[lo:hi], 0)
+                dst = mapped_array(buf.raw, size, np.uint32)
+                if dst is None:
+                    buf.raw.write_mapped(ids[lo:hi], 0)
+                else:
+                    self._copier(dst, ids[lo:hi], self.upload_threads, self.parallel_upload_ids)
+                    del dst   # a view of the mapping: gone before the unmap
             finally:
                 buf.raw.unmap()
             if hi == n:
-                return buf, 4 * lo, 4 * (hi - lo)
+                return buf, 4 * lo, size
             with self.device.record("bpe decode upload") as rec:
-                rec.copy(buf, ids_buf, 4 * (hi - lo), dst_offset=4 * lo)
-            lo = hi
+                rec.copy(buf, ids_buf, size, dst_offset=4 * lo)
+            lo, turn = hi, 1 - turn
 
     def _call(self, ids: np.ndarray, doc_starts: np.ndarray | None = None):
         """The bytes of `ids`; with doc_starts (n_docs + 1 token offsets), a list of each

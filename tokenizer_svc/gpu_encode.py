@@ -51,7 +51,6 @@ timed recordings wait for each submit, so a profiled call does not overlap chunk
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import threading
@@ -63,7 +62,7 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, UniformSlots, map_staging
+from .gpu_scan import BufferPool, GpuScan, ParallelCopy, UniformSlots, map_staging
 from .gpu_tables import NONE, VocabTables
 from .packed_text import PackedText, byte_range
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
@@ -94,6 +93,13 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 LONG_WINDOW = 384
 LONG_OVERLAP = 192
 LONG_RETRY_FACTOR = 7
+# Windows of at most WG_LONG_MAX bytes (the shipped 384 + 192 included) are merged by one
+# workgroup each in workgroup memory (bpe_merge_long_wg, LW_MAX), the rest (the retries'
+# longer windows) by the one-invocation heap merge. Faster on lavapipe too (0.8 MB of the
+# benchmark corpus with gpt2: merge_long 6.1 s heap, 2.5 s workgroup; dev/encode_phase_probe.py).
+WG_LONG_MAX = 768
+WG_LONG_MAX_PRIORITY = (1 << 22) - 1   # the kernel's keys are priority << 10 | position
+WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
 # heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
@@ -236,6 +242,11 @@ class GpuEncoder:
         self.spread_invocations = 0 if software else SPREAD_INVOCATIONS   # 0: never spread
         self.tiny_call_bytes = TINY_CALL_BYTES   # calls up to this take TINY_CHUNK (GPUs)
         self.k_long_sg = k("bpe_merge_long_sg") if software and device.has("subgroup") else None
+        self.k_long_wg = None
+        if device.has("subgroup") and tables.layout.get("max_priority", NONE) <= \
+                WG_LONG_MAX_PRIORITY and long_window + long_overlap <= WG_LONG_MAX:
+            self.k_long_wg = k("bpe_merge_long_wg")
+        self.long_wg = True   # whether windows go to bpe_merge_long_wg first
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
@@ -255,7 +266,7 @@ class GpuEncoder:
         self._staging: dict[int, Buffer] = {}
         self.copy_threads = COPY_THREADS   # 1: copy the ids out on the calling thread only
         self.parallel_copy_ids = PARALLEL_COPY_IDS
-        self._copier: concurrent.futures.ThreadPoolExecutor | None = None
+        self._copier = ParallelCopy("istanbul-ids-copy")
         self.profile = False
         self.last_profile = Profile()
         # One call at a time per encoder: a call owns the buffer pool and the counters. Run
@@ -406,19 +417,7 @@ class GpuEncoder:
 
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src, in copy_threads slices at once for large arrays (PARALLEL_COPY_IDS)."""
-        n, threads = int(src.size), self.copy_threads
-        if threads <= 1 or n < self.parallel_copy_ids:
-            dst[:] = src
-            return
-        if self._copier is None:
-            self._copier = concurrent.futures.ThreadPoolExecutor(
-                threads, thread_name_prefix="istanbul-ids-copy")
-        step = -(-n // threads)
-
-        def part(lo: int) -> None:
-            dst[lo:lo + step] = src[lo:lo + step]
-        for future in [self._copier.submit(part, lo) for lo in range(0, n, step)]:
-            future.result()
+        self._copier(dst, src, self.copy_threads, self.parallel_copy_ids)
 
     def _split_oversize(self, data, starts, pieces: bool):
         """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each
@@ -482,9 +481,15 @@ class GpuEncoder:
             # exact
             windows = chunk.n // (SHORT_MAX + 1) + chunk.n // self.long_window + 1
             groups = min(INLINE_LONG_WORKGROUPS, -(-windows // WG))
+            if self._use_long_wg():
+                rec.dispatch(self.k_long_wg, binds, min(WG_LONG_GROUPS, windows),
+                             "merge_long_wg")
             rec.dispatch(self.k_long, binds, groups, "merge_long")
             rec.dispatch(self.k_stitch, binds, groups, "stitch")
             rec.dispatch(self.k_copy, binds, min(INLINE_LONG_WORKGROUPS, windows), "long_copy")
+
+    def _use_long_wg(self) -> bool:
+        return self.long_wg and self.k_long_wg is not None
 
     def inline_long_for(self, n: int) -> bool:
         """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
@@ -715,8 +720,9 @@ class GpuEncoder:
             hi = int(firsts[j]) if j < firsts.size else jobs.shape[0]
             if int(need[lo:hi].sum()) > self.scratch_limit_words:
                 raise ValueError(f"a single pre-tokenized piece of {int(jobs[lo, 5])} bytes "
-                                 "exceeds the device's long-piece work space "
-                                 f"({self.scratch_limit_words // SCRATCH_WORDS_PER_BYTE} bytes)")
+                                 f"needs {int(need[lo:hi].sum()):,} words of long-piece work "
+                                 f"space for its {hi - lo} windows, more than the device's "
+                                 f"{self.scratch_limit_words:,}")
             batch = jobs[lo:hi].copy()
             batch[:, 2] = np.concatenate([[0], np.cumsum(need[lo:hi - 1])])
             batch[:, 3] = 0  # LONG_NEW
@@ -733,9 +739,14 @@ class GpuEncoder:
         kernel, budget = self.k_long, self.budget
         if self.k_long_sg is not None:
             kernel, budget = self.k_long_sg, self.long_budget
-        self._resume(lambda rec: rec.dispatch(kernel, binds(scratch, budget), -(-n_jobs // WG),
-                                              "merge_long"),
-                     counters, "bpe long", n_bytes)
+        wg_groups = min(WG_LONG_GROUPS, n_jobs) if self._use_long_wg() else 0
+
+        def record(rec):
+            if wg_groups:   # whole windows first; the heap merge takes the rest and resumes
+                rec.dispatch(self.k_long_wg, binds(scratch, budget), wg_groups, "merge_long_wg")
+            rec.dispatch(kernel, binds(scratch, budget), -(-n_jobs // WG), "merge_long")
+
+        self._resume(record, counters, "bpe long", n_bytes)
         counters.write(np.zeros(1, np.uint32), offset_bytes=20)
         with self.device.record("bpe long stitch", timing=self.profile) as rec:
             rec.dispatch(self.k_stitch, binds(scratch, self.budget), -(-n_jobs // WG), "stitch")

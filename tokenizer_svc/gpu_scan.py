@@ -1,5 +1,5 @@
-"""Device-wide exclusive prefix sums (shaders/kernels/bpe/bpe_scan.wgsl), a small buffer pool
-and per-call uniform slots.
+"""Device-wide exclusive prefix sums (shaders/kernels/bpe/bpe_scan.wgsl), a small buffer pool,
+per-call uniform slots and a parallel host copy.
 
     scan = GpuScan(device, pool)
     with device.record() as rec:
@@ -10,6 +10,7 @@ mode 0 sums the values, mode 1 counts the entries that are not NONE (token start
 
 from __future__ import annotations
 
+import concurrent.futures
 import struct
 
 import numpy as np
@@ -61,6 +62,42 @@ def map_staging(buffer: Buffer, size: int) -> None:
     mode = "READ_NOSYNC" if type(raw).__module__.startswith("wgpu.backends.wgpu_native") \
         else "READ"
     raw.map_async(mode, 0, size).sync_wait()
+
+
+class ParallelCopy:
+    """dst[:] = src, in up to `threads` slices at once for arrays of at least `min_items`
+    (numpy copies without the GIL): what moves ids into and out of mapped buffers. The pool
+    of threads is made at the first parallel copy."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __call__(self, dst: np.ndarray, src: np.ndarray, threads: int, min_items: int) -> None:
+        n = int(src.size)
+        if threads <= 1 or n < min_items:
+            dst[:] = src
+            return
+        if self._pool is None or self._pool._max_workers < threads:
+            self._pool = concurrent.futures.ThreadPoolExecutor(threads,
+                                                               thread_name_prefix=self.name)
+        step = -(-n // threads)
+
+        def part(lo: int) -> None:
+            dst[lo:lo + step] = src[lo:lo + step]
+        for future in [self._pool.submit(part, lo) for lo in range(0, n, step)]:
+            future.result()
+
+
+def mapped_array(raw, nbytes: int, dtype) -> np.ndarray | None:
+    """A writable numpy view of the first nbytes of a buffer mapped for writing (wgpu-py's
+    `_experimental_get_mapped_range`, in wgpu-native's and Dawn's backends alike), or None
+    where the backend lacks it (then write through `write_mapped`). Valid until unmap."""
+    get = getattr(raw, "_experimental_get_mapped_range", None)
+    if get is None:
+        return None
+    view = np.frombuffer(get(0, nbytes), dtype)
+    return view if view.flags.writeable else None
 
 
 class UniformSlots:

@@ -213,7 +213,8 @@ class VocabTables:
         stage1, stage2 = load_table(vocab.unicode_family).two_level()
         layout = {"info_off": info_off, "bytes_off": bytes_off, "piece_off": piece_off,
                   "piece_mask": p_cap - 1, "pair_mask": q_cap - 1, "n_table": n_table,
-                  "max_tok_len": int(max(len(t) for t in o_bytes))}
+                  "max_tok_len": int(max(len(t) for t in o_bytes)),
+                  "max_priority": int(prio.max()) if prio.size else 0}
         return cls(vocab_words=words, pairs=pairs.reshape(-1), classes=np.concatenate(
             [stage1, stage2]).astype(np.uint32), layout=layout, token_lengths=lengths,
             token_chars=chars, token_starts_mid_char=cont, whole_piece=whole,

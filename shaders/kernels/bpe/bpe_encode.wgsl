@@ -13,6 +13,8 @@
 //   bpe_merge_long    per queued window of a long piece: BPE with a binary heap in `scratch`
 //   bpe_merge_long_sg   (grid-stride; the _sg variant uses only lane 0 of each subgroup, see
 //                       `budget`)
+//   bpe_merge_long_wg per queued window of at most LW_MAX bytes: the same merges, one
+//                     workgroup per window, its parts in workgroup memory (before the above)
 //   bpe_long_stitch   per window: its seam with the window on its left    (one per window)
 //   bpe_long_copy     per window: its tokens between its seam and the next one -> tok_buf
 //                                                                  (one workgroup per window)
@@ -1145,6 +1147,169 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     touch_all();
     if (lane != 0u) { return; }
     merge_long_from(workgroup_index(wg, nwg) * sg_count + sg_id, nwg.x * nwg.y * sg_count);
+}
+
+// --- KERNEL: bpe_merge_long_wg ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// One workgroup merges one window at a time (workgroup-stride over the queued windows), the
+// same rule as bpe_long (lowest priority, leftmost on ties) with the window's parts in
+// workgroup memory instead of a heap in `scratch`: each merge is a min over the window's pair
+// keys (priority << 10 | start: every lane scans n / 64 of them, subgroupMin, one atomicMin
+// per subgroup), invocation 0 applies it, invocations 0 and 1 look up the two new pairs. A
+// heap merge walks a chain of dependent global loads per merge on one invocation (H200, the
+// 67 MB corpus: 15.6 ms of merge_long at 384 (+192) byte windows); here a merge costs a few
+// barriers and two concurrent lookups. It takes only windows of at most LW_MAX bytes that
+// no dispatch has started (LONG_NEW), leaving the rest (the driver's longer retry windows, a
+// budget's leftovers) to bpe_merge_long, which runs after it and skips finished windows.
+// Needs priorities < 2^22 (the host checks). Under a finite budget (software Vulkan) a
+// workgroup takes a further window only while invocation 0's count is below it; a window is
+// never left half done (at most ~13K counted iterations at LW_MAX).
+const LW_MAX: u32 = 768u;   // gpu_encode.WG_LONG_MAX
+const LW_NO_PREV: u32 = 0xffffu;
+var<workgroup> w_tok: array<u32, LW_MAX>;   // id of the part starting at k, NONE inside one
+var<workgroup> w_mrg: array<u32, LW_MAX>;   // merged id of the pair starting at part k
+var<workgroup> w_key: array<u32, LW_MAX>;   // priority << 10 | k of that pair, NONE if none
+var<workgroup> w_lnk: array<u32, LW_MAX>;   // previous part start << 16 | next part start
+var<workgroup> w_best: atomic<u32>;
+var<workgroup> w_job: vec4<u32>;   // (start, length, scratch base, 0 skip / 1 merge / 2 stop)
+var<workgroup> w_ctl: u32;
+
+// (key, merged id) of the pair (a at position k, b), (NONE, NONE) if it never merges.
+fn wg_pair(k: u32, a: u32, b: u32) -> vec2<u32> {
+    let pm = pair_lookup(a, b);
+    if (pm.x == NONE) { return vec2<u32>(NONE, NONE); }
+    return vec2<u32>((pm.x << 10u) | k, pm.y);
+}
+
+@compute @workgroup_size(64)
+fn bpe_merge_long_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32,
+                     @builtin(subgroup_invocation_id) lane: u32) {
+    touch_all();
+    work = 0u;
+    if (lid == 0u) { w_ctl = atomicLoad(&counters[0]); }
+    let total = workgroupUniformLoad(&w_ctl);
+    var done = 0u;   // windows this workgroup merged (invocation 0's count)
+    work += 1u;
+    for (var j = workgroup_index(wg, nwg); j < total; j += nwg.x * nwg.y) {
+        work += 1u;
+        if (lid == 0u) {
+            let win = longs[2u * j];
+            var take = 0u;
+            if (done > 0u && work >= p.budget) {
+                take = 2u;
+            } else if (win.w == LONG_NEW && win.y <= LW_MAX) {
+                take = 1u;
+                // a piece of one window that is itself a token is that token (bpe_long)
+                if (longs[2u * j + 1u].w == 1u && p.whole_piece != 0u && win.y <= p.max_tok_len) {
+                    let whole = lookup_piece(win.x, win.y);
+                    if (whole != NONE) {
+                        tok_buf[win.x] = whole;   // the rest of the piece is NONE (bpe_fill_none)
+                        scratch[win.z] = PH_DIRECT;
+                        longs[2u * j].w = LONG_FINISHED;
+                        done += 1u;
+                        take = 0u;
+                    }
+                }
+            }
+            w_job = vec4<u32>(win.x, win.y, win.z, take);
+        }
+        let job = workgroupUniformLoad(&w_job);
+        if (job.w == 2u) { break; }
+        if (job.w == 0u) { continue; }
+        let s = job.x;
+        let n = job.y;
+        // parts start as single bytes, linked in order
+        work += 1u;
+        for (var k = lid; k < n; k += WG) {
+            work += 1u;
+            w_tok[k] = vocab[byte_at(s + k)];
+            w_lnk[k] = (select(k - 1u, LW_NO_PREV, k == 0u) << 16u) | (k + 1u);
+        }
+        workgroupBarrier();
+        work += 1u;
+        for (var k = lid; k < n; k += WG) {
+            work += 1u;
+            var km = vec2<u32>(NONE, NONE);
+            if (k + 1u < n) { km = wg_pair(k, w_tok[k], w_tok[k + 1u]); }
+            w_key[k] = km.x;
+            w_mrg[k] = km.y;
+        }
+        if (lid == 0u) { atomicStore(&w_best, NONE); }
+        workgroupBarrier();
+        work += 1u;
+        loop {
+            work += 1u;
+            var m = NONE;
+            work += 1u;
+            for (var k = lid; k < n; k += WG) {
+                work += 1u;
+                m = min(m, w_key[k]);
+            }
+            m = subgroupMin(m);
+            if (lane == 0u && m != NONE) { atomicMin(&w_best, m); }
+            workgroupBarrier();
+            if (lid == 0u) {   // apply the merge of the lowest key: part i absorbs the next one
+                let best = atomicLoad(&w_best);
+                atomicStore(&w_best, NONE);
+                w_ctl = best;
+                if (best != NONE) {
+                    let i = best & 1023u;
+                    let r = w_lnk[i] & 0xffffu;
+                    let after = w_lnk[r] & 0xffffu;
+                    w_tok[i] = w_mrg[i];
+                    w_tok[r] = NONE;
+                    w_key[r] = NONE;
+                    w_lnk[i] = (w_lnk[i] & 0xffff0000u) | after;
+                    if (after < n) { w_lnk[after] = (i << 16u) | (w_lnk[after] & 0xffffu); }
+                }
+            }
+            let best = workgroupUniformLoad(&w_ctl);
+            if (best == NONE) { break; }
+            let i = best & 1023u;
+            if (lid == 0u) {   // the pair (i, the part after it)
+                let after = w_lnk[i] & 0xffffu;
+                var km = vec2<u32>(NONE, NONE);
+                if (after < n) { km = wg_pair(i, w_tok[i], w_tok[after]); }
+                w_key[i] = km.x;
+                w_mrg[i] = km.y;
+            } else if (lid == 1u) {   // the pair (the part before i, i)
+                let l = w_lnk[i] >> 16u;
+                if (l != LW_NO_PREV) {
+                    let km = wg_pair(l, w_tok[l], w_tok[i]);
+                    w_key[l] = km.x;
+                    w_mrg[l] = km.y;
+                }
+            }
+            workgroupBarrier();
+        }
+        // the window's tokens where bpe_long leaves them (its `toks`), for stitch and copy
+        let toks = job.z + STATE_WORDS + 4u * n;
+        work += 1u;
+        for (var k = lid; k < n; k += WG) {
+            work += 1u;
+            scratch[toks + k] = w_tok[k];
+        }
+        if (lid == 0u) {
+            scratch[job.z] = PH_DONE;
+            longs[2u * j].w = LONG_FINISHED;
+            done += 1u;
+        }
+        workgroupBarrier();   // the arrays are reused by the next window
+    }
+    // progress (counters[4]) is read only under a finite budget
+    if (lid == 0u && p.budget != NONE && done > 0u) { atomicAdd(&counters[4], done); }
 }
 
 // --- KERNEL: bpe_long_stitch ---
