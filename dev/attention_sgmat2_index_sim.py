@@ -13,11 +13,27 @@ Assumption (as in the kernel and its predecessor): subgroup size 32, 4 subgroups
 sg = lid / 32, lane = lid % 32. Only the staging loops use lid; every consumer uses (sg, lane),
 and consumer/producer pairs are separated by barriers, so the sg<->lid mapping does not matter
 for the results reported (checked with a permuted mapping too: PERMUTE=1).
+
+The experiment variants (dev/attention_sgmat2_variants.py VARIANTS: f32 row pads 0/4/8/16, the
+spread, contiguous and swizzled read orders, dK/dV's KV_IN_P staging where ops.sgmat2_params
+sets it) are simulated with the template parameters ops.sgmat2_params gives them. Several
+invocations storing the same value to `flag` in one epoch (the forward's rescale vote) is
+reported apart (SAME_VALUE_WRITE), not as a race; the kernel initialises `flag` (F1).
+
+    .venv/bin/python dev/attention_sgmat2_index_sim.py [--variants current,pad0] [--jobs 2]
+                                                      [--quick]
 """
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WG = 128
 PERMUTE = os.environ.get("PERMUTE") == "1"
@@ -74,6 +90,10 @@ class WGMem:
                 if not W:
                     continue
                 allacc = W | R
+                if arr == "flag" and not R and all(w.endswith(SAME_VALUE) for _, w in W):
+                    if len({a for a, _ in W}) > 1:
+                        self.problems["SAME_VALUE_WRITE"].append((self.label, arr, idx, len(W)))
+                    continue
                 for (a1, w1) in W:
                     for (a2, w2) in allacc:
                         if conflict(a1, a2):
@@ -84,6 +104,17 @@ class WGMem:
                     break
         self.cur = defaultdict(lambda: defaultdict(lambda: [set(), set()]))
         self.epoch += 1
+
+
+SAME_VALUE = "(same value)"
+
+
+def lane_col(P, c, half, r, W):
+    """The score column lane (r, half) of a subgroup reads at step c of a W-wide row."""
+    if P["SPREAD"]:
+        rot = 2 * r if P["SWIZZLE"] else 2 * (r // 8)
+        return (2 * c + half + rot) % W
+    return W // 2 * half + c
 
 
 def conflict(a, b):
@@ -147,9 +178,10 @@ def stat_index(p, b, h, t): return (b * p.heads + h) * p.seq + t
 
 
 # ---- forward ---------------------------------------------------------------------------------
-def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
+def forward(P, p, st, wgx, wgy, nwgy, fold):
+    HD, BKF = P["HD"], P["BKF"]
     H4, DT = HD // 4, HD // 16
-    SH, SPF, SSF = HD + 8, max(HD, BKF) + 8, max(HD, BKF) + 4
+    SH, SPF, SSF = HD + 8, max(HD, BKF) + 8, max(HD, BKF) + P["SPAD"]
     M = WGMem({"QP": (64 * SPF, 2), "Ks": (BKF * SH, 2), "Vs": (BKF * SH, 2),
                "Ss": (64 * SSF, 4), "flag": (1, 4)}, "forward")
     bh = wgx; b = bh // p.heads; h = bh % p.heads; hk = h // (p.heads // p.kv_heads)
@@ -162,6 +194,8 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
             at = r * SPF + 4 * (i % H4)
             for e in range(4):
                 M.access("QP", at + e, True, ("t", lid), "fwd:120 put4 q")
+        if lid == 0:
+            M.access("flag", 0, True, ("t", lid), "fwd: flag = 0 (F1)")
     M.barrier()
     for sg in range(4):
         for d in range(DT):
@@ -189,13 +223,13 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
         M.barrier()
         for lid in range(WG):
             sg, lane = sg_lane(lid)
-            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r
+            r, half = lane // 2, lane % 2; row = 16 * sg + r
             srow = row * SSF
             for c in range(BKF // 2):
-                col = (2 * c + half + rot) % BKF
+                col = lane_col(P, c, half, r, BKF)
                 M.access("Ss", srow + col, False, ("t", lid), "fwd:167 score read")
             if kt > 0 and fold:
-                M.access("flag", 0, True, ("t", lid), "fwd:174 flag write")
+                M.access("flag", 0, True, ("t", lid), "fwd:174 flag write " + SAME_VALUE)
         # workgroupUniformLoad: barrier; load; barrier (Tint's lowering)
         M.barrier()
         for lid in range(WG):
@@ -208,14 +242,14 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
             M.barrier()
             for lid in range(WG):
                 sg, lane = sg_lane(lid)
-                r, half = lane // 2, lane % 2; rot = 2 * (r // 8); srow = (16 * sg + r) * SSF
+                r, half = lane // 2, lane % 2; srow = (16 * sg + r) * SSF
                 for c in range(HD // 2):
-                    M.access("Ss", srow + (2 * c + half + rot) % HD, False, ("t", lid), "fwd:187 fold read")
+                    M.access("Ss", srow + lane_col(P, c, half, r, HD), False, ("t", lid), "fwd:187 fold read")
         for lid in range(WG):
             sg, lane = sg_lane(lid)
-            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r
+            r, half = lane // 2, lane % 2; row = 16 * sg + r
             for c in range(BKF // 2):
-                M.access("QP", row * SPF + (2 * c + half + rot) % BKF, True, ("t", lid), "fwd:194 p write")
+                M.access("QP", row * SPF + lane_col(P, c, half, r, BKF), True, ("t", lid), "fwd:194 p write")
         M.barrier()
         for sg in range(4):
             for ks in range(BKF // 16):
@@ -230,9 +264,9 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
     M.barrier()
     for lid in range(WG):
         sg, lane = sg_lane(lid)
-        r, half = lane // 2, lane % 2; rot = 2 * (r // 8); srow = (16 * sg + r) * SSF
+        r, half = lane // 2, lane % 2; srow = (16 * sg + r) * SSF
         for c in range(HD // 2):
-            at = srow + (2 * c + half + rot) % HD
+            at = srow + lane_col(P, c, half, r, HD)
             M.access("Ss", at, False, ("t", lid), "fwd:214 read")
             M.access("Ss", at, True, ("t", lid), "fwd:214 write")
     M.barrier()
@@ -243,7 +277,7 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
         if qpos < p.seq:
             base = o_row(p, HD, b, qpos, h)
             for c in range(HD // 8):
-                v4 = 2 * c + half
+                v4 = 2 * c + half if P["SPREAD"] else H4 // 2 * half + c
                 at = srow + 4 * v4
                 for e in range(4):
                     M.access("Ss", at + e, False, ("t", lid), "fwd:222 o read")
@@ -255,9 +289,10 @@ def forward(HD, BKF, p, st, wgx, wgy, nwgy, fold):
 
 
 # ---- dq ----------------------------------------------------------------------------------------
-def dq(HD, BK, p, st, wgx, wgy, nwgy):
+def dq(P, p, st, wgx, wgy, nwgy):
+    HD, BK = P["HD"], P["BK"]
     H4, DT = HD // 4, HD // 16
-    SH, SPQ, SSQ = HD + 8, max(HD, BK) + 8, BK + 4
+    SH, SPQ, SSQ = HD + 8, max(HD, BK) + 8, BK + P["SPAD"]
     M = WGMem({"QP": (64 * SPQ, 2), "Ks": (BK * SH, 2), "Vs": (BK * SH, 2),
                "Ss": (64 * SSQ, 4), "Sd": (64 * SSQ, 4)}, "dq")
     bh = wgx; b = bh // p.heads; h = bh % p.heads; hk = h // (p.heads // p.kv_heads)
@@ -307,9 +342,9 @@ def dq(HD, BK, p, st, wgx, wgy, nwgy):
         M.barrier()
         for lid in range(WG):
             sg, lane = sg_lane(lid)
-            r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r; srow = row * SSQ
+            r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSQ
             for c in range(BK // 2):
-                col = (2 * c + half + rot) % BK
+                col = lane_col(P, c, half, r, BK)
                 M.access("Ss", srow + col, False, ("t", lid), "dq:336")
                 M.access("Sd", srow + col, False, ("t", lid), "dq:338")
                 M.access("QP", row * SPQ + col, True, ("t", lid), "dq:338 ds write")
@@ -340,12 +375,20 @@ def dq(HD, BK, p, st, wgx, wgy, nwgy):
 
 
 # ---- dkv ---------------------------------------------------------------------------------------
-def dkv(HD, BQ2, p, st, wgx, wgy, nwgy):
+def dkv(P, p, st, wgx, wgy, nwgy):
+    HD, BQ2 = P["HD"], P["BQ2"]
     H4, DT = HD // 4, HD // 16
-    SH, SPK, SSK = HD + 8, BQ2 + 8, BQ2 + 4
-    M = WGMem({"KV": (64 * SH, 2), "Qs": (BQ2 * SH, 2), "Ds": (BQ2 * SH, 2),
-               "Ps": (64 * SPK, 2), "DSs": (64 * SPK, 2), "Ss": (64 * SSK, 4),
-               "Sd": (64 * SSK, 4), "stats": (2 * BQ2, 4)}, "dkv")
+    SH, SPK, SSK = HD + 8, BQ2 + 8, BQ2 + P["SPAD"]
+    arrays = {"KV": (64 * SH, 2), "Qs": (BQ2 * SH, 2), "Ds": (BQ2 * SH, 2),
+              "Ps": (64 * SPK, 2), "DSs": (64 * SPK, 2), "Ss": (64 * SSK, 4),
+              "Sd": (64 * SSK, 4), "stats": (2 * BQ2, 4)}
+    # KV_IN_P: p^T at 0 and ds^T at DS0 of KV, which is made big enough for both
+    DS0 = 64 * SPK
+    if P["KV_IN_P"]:
+        arrays["KV"] = (max(64 * SH, 2 * DS0), 2)
+        del arrays["Ps"], arrays["DSs"]
+    PS, PS0, DSS, DSS0 = (("KV", 0, "KV", DS0) if P["KV_IN_P"] else ("Ps", 0, "DSs", 0))
+    M = WGMem(arrays, "dkv")
     bhk = wgx; b = bhk // p.kv_heads; hk = bhk % p.kv_heads; group = p.heads // p.kv_heads
     k0 = wgy * 64
     for which, buf, line in (("k", "k_in", "407"), ("v", "v_in", "419")):
@@ -395,20 +438,20 @@ def dkv(HD, BQ2, p, st, wgx, wgy, nwgy):
             M.barrier()
             for lid in range(WG):
                 sg, lane = sg_lane(lid)
-                r, half = lane // 2, lane % 2; rot = 2 * (r // 8); row = 16 * sg + r; srow = row * SSK
+                r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSK
                 for c in range(BQ2 // 2):
-                    col = (2 * c + half + rot) % BQ2
+                    col = lane_col(P, c, half, r, BQ2)
                     M.access("Ss", srow + col, False, ("t", lid), "dkv:482")
                     M.access("stats", col, False, ("t", lid), "dkv:482")
-                    M.access("Ps", row * SPK + col, True, ("t", lid), "dkv:484")
+                    M.access(PS, PS0 + row * SPK + col, True, ("t", lid), "dkv:484")
                     M.access("Sd", srow + col, False, ("t", lid), "dkv:485")
                     M.access("stats", BQ2 + col, False, ("t", lid), "dkv:485")
-                    M.access("DSs", row * SPK + col, True, ("t", lid), "dkv:485")
+                    M.access(DSS, DSS0 + row * SPK + col, True, ("t", lid), "dkv:485")
             M.barrier()
             for sg in range(4):
                 for ks in range(BQ2 // 16):
-                    M.mat("Ps", 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:489")
-                    M.mat("DSs", 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:490")
+                    M.mat(PS, PS0 + 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:489")
+                    M.mat(DSS, DSS0 + 16 * sg * SPK + 16 * ks, SPK, False, sg, "dkv:490")
                     for d in range(DT):
                         M.mat("Ds", 16 * ks * SH + 16 * d, SH, False, sg, "dkv:492")
                         M.mat("Qs", 16 * ks * SH + 16 * d, SH, False, sg, "dkv:494")
@@ -447,49 +490,119 @@ def summarize(M, tag, out):
     return M
 
 
-def main():
-    out = []
-    tiles_sets = {"default": (64, 32, 32), "small": (32, 16, 16)}
-    ranges = {}
+def coverage_and_banks(P):
+    """Per read width W: does every row's lane pair read each column exactly once, and the
+    worst bank multiplicity (32 banks of 4 bytes) of one read step over a subgroup's 32 lanes
+    at the f32 row stride of that width."""
+    HD, pad = P["HD"], P["SPAD"]
+    out = {}
+    for what, W, stride in (("forward scores", P["BKF"], max(HD, P["BKF"]) + pad),
+                            ("forward o", HD, max(HD, P["BKF"]) + pad),
+                            ("dq scores", P["BK"], P["BK"] + pad),
+                            ("dkv scores", P["BQ2"], P["BQ2"] + pad)):
+        ok = all(sorted(lane_col(P, c, h, r, W) for h in (0, 1) for c in range(W // 2))
+                 == list(range(W)) for r in range(16))
+        worst = 0
+        for c in range(W // 2):
+            banks = defaultdict(set)
+            for lane in range(32):
+                r, h = lane // 2, lane % 2
+                word = r * stride + lane_col(P, c, h, r, W)
+                banks[word % 32].add(word)
+            worst = max(worst, max(len(v) for v in banks.values()))
+        out[what] = (ok, worst, stride)
+    return out
+
+
+def simulate(job):
+    """All shapes and workgroups of one variant and tile set: (lines, ranges, tally)."""
+    vname, knobs, tname, tiles, quick = job
+    from istanbul.shaders.kernels.attention import ops
+    out, ranges, tally = [], {}, defaultdict(int)
     for name, (B, T, H, Hkv, D, fused) in shapes().items():
+        if quick and name not in ("sg_random", "sg_fused", "T65", "T97"):
+            continue
+        P = ops.sgmat2_params(D, **knobs, **tiles)
         p, lens = params(B, T, H, Hkv, D, fused)
         nwgy = (T + 63) // 64
-        for tname, (BKF, BK, BQ2) in tiles_sets.items():
-            for wgy in range(nwgy):
-                if T >= 512 and wgy not in (0, nwgy - 1, nwgy // 2):
-                    continue
-                for wgx in sorted({0, B * H - 1}):
-                    st = Storage(lens)
-                    for fold in (False, True):
-                        M = forward(D, BKF, p, st, wgx, wgy, nwgy, fold)
-                        summarize(M, f"{name} D{D} {tname} forward fold={fold} wg=({wgx},{wgy})", out)
-                        for k, v in M.ranges.items():
-                            key = ("forward", D, tname) + k
-                            lo, hi, _ = ranges.get(key, (10**12, -1, 0))
-                            ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
-                    M = dq(D, BK, p, st, wgx, wgy, nwgy)
-                    summarize(M, f"{name} D{D} {tname} dq wg=({wgx},{wgy})", out)
+        for wgy in range(nwgy):
+            if T >= 512 and wgy not in (0, nwgy - 1, nwgy // 2):
+                continue
+            for wgx in sorted({0, B * H - 1}):
+                st = Storage(lens)
+                runs = [(f"forward fold={fold} wg=({wgx},{wgy})", "forward",
+                         lambda fold=fold: forward(P, p, st, wgx, wgy, nwgy, fold))
+                        for fold in (False, True)]
+                runs.append((f"dq wg=({wgx},{wgy})", "dq", lambda: dq(P, p, st, wgx, wgy, nwgy)))
+                runs += [(f"dkv wg=({x},{wgy})", "dkv", lambda x=x: dkv(P, p, st, x, wgy, nwgy))
+                         for x in sorted({0, B * Hkv - 1})]
+                for tag, kernel, run in runs:
+                    M = run()
+                    summarize(M, f"{vname} {name} D{D} {tname} {tag}", out)
+                    tally["runs"] += 1
+                    kinds = {k for k, v in M.problems.items() if v}
+                    tally["clean" if not kinds else "with findings"] += 1
+                    for k in kinds:
+                        tally[k] += 1
                     for k, v in M.ranges.items():
-                        key = ("dq", D, tname) + k
+                        key = (vname, kernel, D, tname) + k
                         lo, hi, _ = ranges.get(key, (10**12, -1, 0))
                         ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
-                    for wgx2 in sorted({0, B * Hkv - 1}):
-                        M = dkv(D, BQ2, p, st, wgx2, wgy, nwgy)
-                        summarize(M, f"{name} D{D} {tname} dkv wg=({wgx2},{wgy})", out)
-                        for k, v in M.ranges.items():
-                            key = ("dkv", D, tname) + k
-                            lo, hi, _ = ranges.get(key, (10**12, -1, 0))
-                            ranges[key] = (min(lo, v[0]), max(hi, v[1]), M.size[k[0]])
-                    if st.problems:
-                        out.append(f"  STORAGE OOB {name} {tname} wgy={wgy}: {st.problems[:3]}")
+                if st.problems:
+                    tally["STORAGE_OOB"] += 1
+                    out.append(f"  STORAGE OOB {vname} {name} {tname} wgy={wgy}: {st.problems[:3]}")
+    return out, ranges, dict(tally)
+
+
+def main(argv=None):
+    from attention_sgmat2_variants import VARIANTS
+    from istanbul.shaders.kernels.attention import ops
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated names of dev/attention_sgmat2_variants.py VARIANTS")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quick", action="store_true", help="4 of the 8 shapes")
+    args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    tiles_sets = {"default": {}, "small": {"BKF": 32, "BK": 16, "BQ2": 16}}
+    jobs = [(v, VARIANTS[v], t, tiles, args.quick)
+            for v in names for t, tiles in tiles_sets.items()]
+    with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(simulate, jobs))
+    out, ranges, summary = [], {}, []
+    for (vname, knobs, tname, tiles, _), (lines, rng, tally) in zip(jobs, results):
+        out += lines
+        ranges.update(rng)
+        oob = sum(1 for k, (lo, hi, n) in rng.items() if hi >= n)
+        summary.append(f"  {vname:14s} {tname:8s} {tally.get('runs', 0):4d} runs, "
+                       f"{tally.get('clean', 0):4d} clean; findings: "
+                       + (", ".join(f"{k} in {n}" for k, n in sorted(tally.items())
+                                    if k not in ("runs", "clean", "with findings")) or "none")
+                       + f"; index ranges past the end: {oob}")
     out.append("")
-    out.append("index ranges (kernel, HD, tiles, array, access site): min..max / size")
+    out.append("index ranges (variant, kernel, HD, tiles, array, access site): min..max / size")
     for key in sorted(ranges, key=str):
         lo, hi, n = ranges[key]
         flag = "  <-- OOB" if hi >= n else ""
-        out.append(f"  {key[0]:8s} HD{key[1]:<3d} {key[2]:8s} {key[3]:6s} {key[4]:32s} {lo:6d}..{hi:6d} / {n}{flag}")
-    text = "\n".join(out)
-    print(text)
+        out.append(f"  {key[0]:14s} {key[1]:8s} HD{key[2]:<3d} {key[3]:8s} {key[4]:6s} "
+                   f"{key[5]:32s} {lo:6d}..{hi:6d} / {n}{flag}")
+    out.append("")
+    out.append("lane read order: every column once per row (cover) and the worst bank "
+               "multiplicity of one read step at the f32 row stride (1 = conflict-free), HD 64")
+    for v in names:
+        for tname, tiles in tiles_sets.items():
+            P = ops.sgmat2_params(64, **VARIANTS[v], **tiles)
+            cb = coverage_and_banks(P)
+            out.append(f"  {v:14s} {tname:8s} KV_IN_P={int(P['KV_IN_P'])} " + "; ".join(
+                f"{what}: stride {stride} cover {'ok' if ok else 'FAIL'} {worst}-way"
+                for what, (ok, worst, stride) in cb.items()))
+    out.append("")
+    out.append("summary (a forward run's finding SAME_VALUE_WRITE: the rescale vote, benign)")
+    out += summary
+    print("\n".join(out))
 
 
 if __name__ == "__main__":

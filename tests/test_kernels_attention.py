@@ -124,3 +124,157 @@ def test_sgmat2_attention_is_refused_without_robustness():
         pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
     with pytest.raises(ValueError, match="without Dawn's robustness"):
         attention._sgmat2_kernel(dev, "forward", 64)
+
+
+# ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):
+# every pad and read order must expand, fit the H200's 48 KiB at head dims 16/32/64, and pass
+# the local compiler with the subgroup-matrix calls stubbed out (neither lavapipe nor naga has
+# subgroup matrices; the rest of the kernel is checked by the compiler here).
+
+SGMAT2_KNOBS = [{"pad": pad, "order": order} for pad in (0, 4, 8, 16)
+                for order in ("spread", "contig", "swizzle")]
+SGMAT2_TILES = ({}, {"BKF": 32, "BK": 16, "BQ2": 16})
+
+
+def _sgmat2_code(D, knobs, tiles, kernel, features=("shader-f16", "subgroup", "subgroup-matrix"),
+                 compiler="tint"):
+    from istanbul.shaders import source
+    return source.compose(set(features), source.load_file(attention.FILE_SGMAT2),
+                          attention.SGMAT2_KERNELS[kernel],
+                          params=attention.sgmat2_params(D, **knobs, **tiles), compiler=compiler)
+
+
+def _u32(expr: str, consts: dict) -> int:
+    import re
+    py = re.sub(r"\b(\d+)u\b", r"\1", expr).replace("/", "//")
+    return int(eval(py, {"max": max, "min": min, "__builtins__": {}}, dict(consts)))
+
+
+def _workgroup_bytes(code: str) -> int:
+    """Bytes of the workgroup variables the kernel file declares (not the preamble's), read
+    from the expanded WGSL: u32 constants evaluated, arrays of f16/f32/u32."""
+    import re
+    own = code.split(f"// ---- {attention.FILE_SGMAT2} ----", 1)[1]
+    consts = {}
+    for m in re.finditer(r"^const (\w+): u32 = ([^;]+);", own, re.M):
+        consts[m.group(1)] = _u32(m.group(2), consts)
+    size = {"f16": 2, "f32": 4, "u32": 4}
+    total = 0
+    for m in re.finditer(r"^var<workgroup> \w+: (?:array<(\w+), ([^;]+)>|(\w+));", own, re.M):
+        total += size[m.group(1)] * _u32(m.group(2), consts) if m.group(1) else size[m.group(3)]
+    return total
+
+
+@pytest.mark.parametrize("knobs", SGMAT2_KNOBS, ids=lambda k: f"pad{k['pad']}-{k['order']}")
+def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
+    for D in (16, 32, 64):
+        for tiles in SGMAT2_TILES:
+            params = attention.sgmat2_params(D, **knobs, **tiles)
+            for kernel in ("forward", "dq", "dkv"):
+                code = _sgmat2_code(D, knobs, tiles, kernel)
+                got = _workgroup_bytes(code)
+                assert got == attention.sgmat2_bytes(kernel, params), (D, tiles, kernel)
+                assert got <= attention.SGMAT2_WORKGROUP_BYTES == 48 * 1024, (D, tiles, kernel)
+                assert "{{" not in code and "@if" not in code
+            # dK/dV shares k/v's array with p/ds only where it must (pads 8, 16 at D 64)
+            assert params["KV_IN_P"] == (D == 64 and not tiles and knobs["pad"] >= 8)
+
+
+def test_sgmat2_defaults_are_the_reviewed_kernel():
+    p = attention.sgmat2_params(64)
+    assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
+                 "SWIZZLE": False, "KV_IN_P": False}
+    assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
+    with pytest.raises(ValueError, match="multiple of 4"):
+        attention.sgmat2_params(64, pad=6)
+    with pytest.raises(ValueError, match="order"):
+        attention.sgmat2_params(64, order="rows")
+    with pytest.raises(ValueError, match="unknown knobs"):
+        attention.sgmat2_params(64, BKQ=16)
+
+
+def _call_args(text: str, start: int):
+    """The arguments of the call whose '(' is at text[start], and the index after its ')'."""
+    depth, args, cur = 0, [], start + 1
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+            if depth == 0:
+                args.append(text[cur:i].strip())
+                return args, i + 1
+        elif ch == "," and depth == 1:
+            args.append(text[cur:i].strip())
+            cur = i + 1
+    raise AssertionError("unbalanced call")
+
+
+def _stub_subgroup_matrices(code: str) -> str:
+    """The kernel with subgroup matrices as scalars: a load reads the last element of its
+    16 x 16 footprint (offset + 15 * stride + 15), a store writes it, a product is an fma.
+    What remains is the kernel's own WGSL, for the local compiler to check."""
+    import re
+    code = code.replace("subgroup_matrix_result<f32, 16, 16>", "f32")
+    code = re.sub(r"subgroup_matrix_(left|right)<f16, 16, 16>", "f16", code)
+    call = re.compile(r"subgroupMatrix(Load<f16>|Store|MultiplyAccumulate)\(")
+    out, i = [], 0
+    while (m := call.search(code, i)) is not None:
+        out.append(code[i:m.start()])
+        a, i = _call_args(code, m.end() - 1)
+        if m.group(1) == "MultiplyAccumulate":
+            out.append(f"fma(f32({a[0]}), f32({a[1]}), {a[2]})")
+        elif m.group(1) == "Store":
+            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[4]}) + 15u] = "
+                       f"{a[2]} + f32(select(0, 1, {a[3]}))")
+        else:
+            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[3]}) + 15u] * "
+                       f"f16(select(0, 1, {a[2]}))")
+    out.append(code[i:])
+    stubbed = "".join(out)
+    body = "\n".join(line.split("//")[0] for line in stubbed.split("\n"))
+    assert "subgroupMatrix" not in body and "subgroup_matrix" not in body
+    return stubbed
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_sgmat2_variants_pass_the_compiler_with_subgroup_matrices_stubbed(device, D):
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    for knobs in SGMAT2_KNOBS:
+        for kernel in ("forward", "dq", "dkv"):
+            code = _stub_subgroup_matrices(_sgmat2_code(
+                D, knobs, {}, kernel, features=device.features,
+                compiler=device.backend.compiler))
+            try:   # the module only: most variants pass lavapipe's 32 KiB of workgroup memory
+                device.raw.create_shader_module(label=f"sgmat2 stub {knobs}", code=code)
+            except Exception as exc:
+                raise AssertionError(f"D {D} {knobs} {kernel}: {exc}") from None
+
+
+def test_sgmat2_stub_check_catches_errors(device):
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    code = _stub_subgroup_matrices(_sgmat2_code(16, {}, {}, "forward", features=device.features,
+                                                compiler=device.backend.compiler))
+    with pytest.raises(Exception):
+        device.raw.create_shader_module(code=code.replace("let srow = row * SSF;",
+                                                          "let srow = row * SSF_;"))
+
+
+def test_sgmat2_refusal_is_lifted_only_by_the_experiment_flag(monkeypatch):
+    """dev/attention_sgmat2_variants.py sets SGMAT2_ALLOW_WITHOUT_ROBUSTNESS to run the sgmat2
+    kernels without robustness; then the refusal is gone (here the compile fails instead:
+    no subgroup matrices on lavapipe)."""
+    from istanbul.shaders.engine import default_device
+    dev = default_device(robustness=False)
+    if dev.robustness:
+        pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
+    monkeypatch.setattr(attention, "SGMAT2_ALLOW_WITHOUT_ROBUSTNESS", True)
+    try:
+        attention._sgmat2_kernel(dev, "forward", 64)
+    except ValueError as exc:
+        assert "robustness" not in str(exc)
+    except Exception:
+        pass   # the compiler's refusal where there are no subgroup matrices

@@ -30,7 +30,17 @@
 // Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
 // and dq, keys for dkv). Forward: 64 queries x BKF keys per tile; dq: 64 queries x BK keys;
 // dkv: 64 keys x BQ2 queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple
-// of 16, <= 64), DT = HD / 16, BKF (32 or 64, >= HD), BK and BQ2 (16 or 32).
+// of 16, <= 64), DT = HD / 16, BKF (32 or 64, >= HD), BK and BQ2 (16 or 32); ops.sgmat2_params
+// makes them. Experiment knobs (issue 21: wrong on the H200 without Dawn's robustness; suspects
+// in dev/results/h200/sgmat/round4_sgmat2_review.md; dev/attention_sgmat2_variants.py):
+//   SPAD     words added to the f32 score/result tiles' rows (SSF, SSQ, SSK): 4 (the default:
+//            4 mod 32 words), 0 (05_attention_sgmat.wgsl's strides), 8, 16
+//   SPREAD   lanes read score rows in the bank-spread order (the default); false: lane
+//            (r, half) reads the contiguous half `half` of row r (05_attention_sgmat.wgsl's order)
+//   SWIZZLE  (with SPREAD) every row r starts 2r columns later, not rows 8..15 two: no bank
+//            conflicts at SPAD 0 (row strides of 0 mod 32 words)
+//   KV_IN_P  dK/dV stages k and v in the array that later holds p^T and ds^T (KV is dead by
+//            then): set by ops.sgmat2_params only where separate arrays would pass 48 KiB
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -47,11 +57,11 @@ const LN2: f32 = 0.6931471805599453;
 const MASKED: f32 = -1e30;
 const SH: u32 = HD + 8u;                   // f16 row stride of staged head rows
 const SPF: u32 = max(HD, {{BKF}}u) + 8u;   // forward: q rows, then p rows
-const SSF: u32 = max(HD, {{BKF}}u) + 4u;   // f32 row strides: 4 mod 32 words
+const SSF: u32 = max(HD, {{BKF}}u) + {{SPAD}}u;   // f32 row strides (SPAD 4: 4 mod 32 words)
 const SPQ: u32 = max(HD, {{BK}}u) + 8u;    // dq: q, do rows, then ds rows
-const SSQ: u32 = {{BK}}u + 4u;
+const SSQ: u32 = {{BK}}u + {{SPAD}}u;
 const SPK: u32 = {{BQ2}}u + 8u;            // dkv: p^T, ds^T rows
-const SSK: u32 = {{BQ2}}u + 4u;
+const SSK: u32 = {{BQ2}}u + {{SPAD}}u;
 override RESCALE_AT: f32 = 8.0;
 
 struct Params {
@@ -119,20 +129,27 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
         if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
         put4(r * SPF + 4u * (i % H4), v, 0u);
     }
+    if (lid == 0u) { flag = 0u; }           // zero-initialised anyway; not relied upon
     workgroupBarrier();
     var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
     for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
         qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * d, false, SPF);
     }
     let r = lane / 2u;                       // this lane's row of the subgroup's 16
-    let half = lane % 2u;                    // and the parity of its columns
+    let half = lane % 2u;                    // and the parity (SPREAD) or half of its columns
+// @if SPREAD
+// @if SWIZZLE
+    let rot = 2u * r;                        // row r starts 2r columns later (banks)
+// @else
     let rot = 2u * (r / 8u);                 // rows 8..15 start two columns later (banks)
+// @endif
+// @endif
     let row = 16u * sg + r;
     let qpos = q0 + row;
     let srow = row * SSF;
     var m = MASKED;                          // reference max (base 2) of the row
     var l = 0.0;
-    var ol: array<f32, {{HD}} / 2>;          // o folded so far: columns (2c + half + rot) % HD
+    var ol: array<f32, {{HD}} / 2>;          // o folded so far: this lane's columns
     var acc: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;   // p v since the last fold
     let nkt = min((q0 + 64u + {{BKF}}u - 1u) / {{BKF}}u, (p.seq + {{BKF}}u - 1u) / {{BKF}}u);
     for (var kt = 0u; kt < nkt; kt++) {
@@ -162,7 +179,11 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
         var sv: array<f32, {{BKF}} / 2>;
         var mx = MASKED;
         for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
+// @if SPREAD
             let col = (2u * c + half + rot) % {{BKF}}u;
+// @else
+            let col = {{BKF}}u / 2u * half + c;
+// @endif
             let key = k0 + col;
             sv[c] = select(MASKED, Ss[srow + col], key <= qpos && key < p.seq);
             mx = max(mx, sv[c]);
@@ -184,14 +205,22 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             }
             workgroupBarrier();
             for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
+// @if SPREAD
                 ol[c] = alpha * (ol[c] + Ss[srow + (2u * c + half + rot) % HD]);
+// @else
+                ol[c] = alpha * (ol[c] + Ss[srow + HD / 2u * half + c]);
+// @endif
             }
         }
         var sum = 0.0;
         for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
             let pc = exp2(sv[c] - m);
             sum += pc;
+// @if SPREAD
             QP[row * SPF + (2u * c + half + rot) % {{BKF}}u] = f16(pc);
+// @else
+            QP[row * SPF + {{BKF}}u / 2u * half + c] = f16(pc);
+// @endif
         }
         l += sum + subgroupShuffleXor(sum, 1u);
         workgroupBarrier();
@@ -210,14 +239,22 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     workgroupBarrier();
     let inv = 1.0 / l;
     for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
+// @if SPREAD
         let at = srow + (2u * c + half + rot) % HD;
+// @else
+        let at = srow + HD / 2u * half + c;
+// @endif
         Ss[at] = inv * (ol[c] + Ss[at]);
     }
     workgroupBarrier();
     if (qpos < p.seq) {
         let base = o_row(b, qpos, h);
         for (var c = 0u; c < {{HD}}u / 8u; c++) {   // @unroll
+// @if SPREAD
             let v4 = 2u * c + half;          // this lane's vec4s of the row: every other one
+// @else
+            let v4 = H4 / 2u * half + c;     // this lane's half of the row
+// @endif
             let at = srow + 4u * v4;
             o_out[base + v4] = vec4<f32>(Ss[at], Ss[at + 1u], Ss[at + 2u], Ss[at + 3u]);
         }
@@ -290,7 +327,13 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     }
     let r = lane / 2u;
     let half = lane % 2u;
+// @if SPREAD
+// @if SWIZZLE
+    let rot = 2u * r;
+// @else
     let rot = 2u * (r / 8u);
+// @endif
+// @endif
     let row = 16u * sg + r;
     let qpos = q0 + row;
     let srow = row * SSQ;
@@ -331,7 +374,11 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();
         for (var c = 0u; c < {{BK}}u / 2u; c++) {   // @unroll
+// @if SPREAD
             let col = (2u * c + half + rot) % {{BK}}u;
+// @else
+            let col = {{BK}}u / 2u * half + c;
+// @endif
             let key = k0 + col;
             let e = exp2(Ss[srow + col] - lse2);
             let pr = select(0.0, e, key <= qpos && key < p.seq && qpos < p.seq);
@@ -370,11 +417,19 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
 @group(0) @binding(8) var<uniform> p: Params;
 
+// @if KV_IN_P
+const DS0: u32 = 64u * SPK;                     // ds^T's place in KV (p^T's is 0)
+var<workgroup> KV: array<f16, max(64u * SH, 2u * DS0)>;   // k, then v (loaded once); then p^T, ds^T
+// @else
 var<workgroup> KV: array<f16, 64u * SH>;        // k, then v of this tile (loaded once)
+// @endif
 var<workgroup> Qs: array<f16, {{BQ2}}u * SH>;   // the query tile, pre-scaled like the forward's
 var<workgroup> Ds: array<f16, {{BQ2}}u * SH>;   // its do rows
+// @if KV_IN_P
+// @else
 var<workgroup> Ps: array<f16, 64u * SPK>;       // p^T [key][query]
 var<workgroup> DSs: array<f16, 64u * SPK>;      // ds^T
+// @endif
 var<workgroup> Ss: array<f32, 64u * SSK>;       // s^T; at the end dk
 var<workgroup> Sd: array<f32, 64u * SSK>;       // (v do^T)^T; at the end dv
 var<workgroup> stats: array<f32, 2u * {{BQ2}}u>;   // the query tile's lse (base 2), dvec
@@ -425,8 +480,14 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
         va[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&KV, 16u * sg * SH + 16u * d, false, SH);
     }
     let r = lane / 2u;                       // this lane's key row of the subgroup's 16
-    let half = lane % 2u;                    // and the parity of its query columns
+    let half = lane % 2u;                    // and the parity (or half) of its query columns
+// @if SPREAD
+// @if SWIZZLE
+    let rot = 2u * r;
+// @else
     let rot = 2u * (r / 8u);
+// @endif
+// @endif
     let row = 16u * sg + r;
     let kpos = k0 + row;
     let srow = row * SSK;
@@ -477,17 +538,31 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             }
             workgroupBarrier();
             for (var c = 0u; c < {{BQ2}}u / 2u; c++) {   // @unroll
+// @if SPREAD
                 let col = (2u * c + half + rot) % {{BQ2}}u;
+// @else
+                let col = {{BQ2}}u / 2u * half + c;
+// @endif
                 let qi = q0 + col;
                 let e = exp2(Ss[srow + col] - stats[col]);
                 let pr = select(0.0, e, qi >= kpos && qi < p.seq && kpos < p.seq);
+// @if KV_IN_P
+                KV[row * SPK + col] = f16(pr);
+                KV[DS0 + row * SPK + col] = f16(pr * (Sd[srow + col] - stats[{{BQ2}}u + col]));
+// @else
                 Ps[row * SPK + col] = f16(pr);
                 DSs[row * SPK + col] = f16(pr * (Sd[srow + col] - stats[{{BQ2}}u + col]));
+// @endif
             }
             workgroupBarrier();
             for (var ks = 0u; ks < {{BQ2}}u / 16u; ks++) {   // @unroll
+// @if KV_IN_P
+                let pl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&KV, 16u * sg * SPK + 16u * ks, false, SPK);
+                let dl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&KV, DS0 + 16u * sg * SPK + 16u * ks, false, SPK);
+// @else
                 let pl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&Ps, 16u * sg * SPK + 16u * ks, false, SPK);
                 let dl = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&DSs, 16u * sg * SPK + 16u * ks, false, SPK);
+// @endif
                 for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
                     let db = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ds, 16u * ks * SH + 16u * d, false, SH);
                     dv[d] = subgroupMatrixMultiplyAccumulate(pl, db, dv[d]);

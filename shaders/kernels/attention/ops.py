@@ -71,6 +71,20 @@ SGMAT2_KERNELS = {"forward": "attention_forward_sgmat2", "dq": "attention_backwa
                   "dkv": "attention_backward_dkv_sgmat2"}
 # key tile of the forward (BKF) and of dQ (BK), query tile of dK/dV (BQ2)
 SGMAT2_TILES = {"BKF": 64, "BK": 32, "BQ2": 32}
+# Experiment knobs of the sgmat2 kernels (issue 21; dev/attention_sgmat2_variants.py): `pad`,
+# words added to the f32 score/result tiles' rows (4: rows of 4 mod 32 words, the default; 0:
+# the first kernels' 64/32-float rows), and `order`, the lanes' score-read order ("spread":
+# the default bank-spread order; "contig": each lane a contiguous half row, as
+# 05_attention_sgmat.wgsl; "swizzle": the spread order with row r rotated by 2r columns,
+# conflict-free at pad 0).
+SGMAT2_PAD = 4
+SGMAT2_ORDER = "spread"
+SGMAT2_ORDERS = ("spread", "contig", "swizzle")
+SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
+# The sgmat2 kernels were wrong on the H200 without Dawn's robustness, so such a device
+# refuses them (_sgmat2_kernel). dev/attention_sgmat2_variants.py sets this True to run them
+# there anyway and find out which variant is right; nothing else should.
+SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
 def sgmat_params(D: int) -> dict:
@@ -78,14 +92,47 @@ def sgmat_params(D: int) -> dict:
     return {"HD": D, "DT": D // 16}
 
 
-def sgmat2_params(D: int, **tiles) -> dict:
-    """Template parameters of 05_attention_sgmat2.wgsl for head dim D (tiles: BKF, BK, BQ2
-    overriding SGMAT2_TILES)."""
-    return {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles}
+def sgmat2_bytes(kernel: str, params: dict) -> int:
+    """Workgroup bytes of an sgmat2 kernel ("forward", "dq", "dkv") with template `params`
+    (sgmat2_params; the arrays as 05_attention_sgmat2.wgsl declares them)."""
+    HD, pad = params["HD"], params["SPAD"]
+    SH = HD + 8
+    if kernel == "forward":
+        width = max(HD, params["BKF"])
+        return 2 * 64 * (width + 8) + 2 * 2 * params["BKF"] * SH + 4 * 64 * (width + pad) + 4
+    if kernel == "dq":
+        BK = params["BK"]
+        return 2 * 64 * (max(HD, BK) + 8) + 2 * 2 * BK * SH + 2 * 4 * 64 * (BK + pad)
+    BQ2 = params["BQ2"]
+    SPK = BQ2 + 8
+    f16 = (max(64 * SH, 2 * 64 * SPK) if params.get("KV_IN_P") else 64 * SH + 2 * 64 * SPK)
+    return 2 * (f16 + 2 * BQ2 * SH) + 4 * (2 * 64 * (BQ2 + pad) + 2 * BQ2)
+
+
+def sgmat2_params(D: int, pad: int | None = None, order: str | None = None, **tiles) -> dict:
+    """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
+    overriding SGMAT2_TILES; `pad` and `order` the experiment knobs (SGMAT2_PAD,
+    SGMAT2_ORDER). dK/dV stages k and v in its p/ds array (KV_IN_P) only where separate
+    arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
+    unknown = set(tiles) - set(SGMAT2_TILES)
+    if unknown:
+        raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
+                         f"{sorted(SGMAT2_TILES)}, pad, order)")
+    pad = SGMAT2_PAD if pad is None else int(pad)
+    order = SGMAT2_ORDER if order is None else str(order)
+    if pad < 0 or pad % 4:
+        raise ValueError(f"sgmat2 attention: pad {pad} must be a multiple of 4 words (16-byte "
+                         "subgroup-matrix strides)")
+    if order not in SGMAT2_ORDERS:
+        raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
+    out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
+           "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False}
+    out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
+    return out
 
 
 def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None):
-    if not getattr(dev, "robustness", True):
+    if not getattr(dev, "robustness", True) and not SGMAT2_ALLOW_WITHOUT_ROBUSTNESS:
         # measured wrong on the H200 without Dawn's robustness (PSNR 4-31 dB, session 9,
         # dev/RESULTS.md): refuse rather than train on wrong gradients
         raise ValueError(f"{SGMAT2_KERNELS[kernel]}: the experimental sgmat2 attention gives "
@@ -371,8 +418,9 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     where the device has f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready
     layouts) and nothing is pinned, 05_attention_sgmat2.wgsl runs (q, k, v and p rounded to
     f16 in the products; f32 accumulation and softmax statistics); True otherwise keeps the
-    f32 kernels. `rescale_at` (log2 units, default 8) and `sgmat_tiles` ({"BKF": 32}) are
-    knobs of that kernel for the ladder and probes.
+    f32 kernels. `rescale_at` (log2 units, default 8) and `sgmat_tiles` ({"BKF": 32}; also
+    the experiment knobs "pad" and "order", see sgmat2_params) are knobs of that kernel for
+    the ladder and probes.
     `config="sgmat"` runs the older tensor-core forward of 05_attention_sgmat.wgsl (tiles
     staged through workgroup memory; slower than the f32 tiled forward, dev/RESULTS.md)."""
     op = "attention.forward"
@@ -450,7 +498,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     to f16 in the products, f32 accumulation): 05_attention_sgmat.wgsl ("staged", today's
     default for True: 26.6 vs 44 ms for the f32 tiled pair in the 124M step,
     bench/results/train/train_f16.md) or 05_attention_sgmat2.wgsl ("sgmat2", see
-    sgmat_version). `sgmat_tiles` ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles."""
+    sgmat_version). `sgmat_tiles` ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and
+    the experiment knobs "pad" and "order", see sgmat2_params)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
