@@ -10,6 +10,9 @@ For each vocabulary, on bench/tokenize_bench.py's corpus:
   walk   bpe_pretok with MARK_PIECES = 1: the pieces found but not merged (ids meaningless;
          the GPU time of the pre-tokenizer's walk alone, so pretok_merge - walk is the
          short pieces' BPE)
+  split  the pieces the walk found (their lengths, compacted: the walk's "ids") merged by
+         bpe_merge_pieces, one invocation per piece (GpuEncoder.merge_pieces): is merging
+         apart from walking cheaper than pretok_merge's both in one invocation? (ids compared)
 Each: median wall of R calls, GPU ms per phase of one profiled call; the ids of heap and wg
 compared (they must be identical). Then calls of 64 KB and 1 MB of the corpus (what the
 service's batches are) and single pieces of 1 MB, heap vs wg. Writes OUT/encode_phases.md
@@ -94,9 +97,26 @@ def probe_vocab(name: str, vocab_dir: Path, mb: float, repeats: int, device) -> 
     walk.k_pretok = device.kernel(ENCODE_FILE, "bpe_pretok", {
         "PATTERN": PATTERN_IDS[pattern], "MARK_PIECES": 1,
         "LONG_WINDOW": walk.long_window, "LONG_OVERLAP": walk.long_overlap})
-    walk.encode_docs(packed, starts)
+    lengths, _ = walk.encode_docs(packed, starts)
     out["modes"]["walk"] = profiled(walk, packed, starts)
     print(name, "walk", json.dumps(out["modes"]["walk"]), flush=True)
+    # pieces tile every document and the documents tile the packed text: the pieces' starts
+    # are the running sum of their lengths
+    piece_starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    split = GpuEncoder(device, tables, pattern)
+    got, _ = split.merge_pieces(packed, piece_starts)
+    out["split_ids_identical"] = bool(np.array_equal(got, want[0]))
+    wall = median_wall(lambda: split.merge_pieces(packed, piece_starts), repeats)
+    split.profile = True
+    split.merge_pieces(packed, piece_starts)
+    split.profile = False
+    out["modes"]["split"] = {"median_s": wall, "MBps": nbytes / 1e6 / wall, "pieces":
+                             int(lengths.size), "gpu_ms": {k: round(v * 1e3, 3) for k, v in
+                                                           split.last_profile.gpu.items()},
+                             "long_windows": split.last_profile.long_windows}
+    print(name, "split", out["split_ids_identical"], json.dumps(out["modes"]["split"]),
+          flush=True)
+    split.pool.release()
     calls = {}
     for size in (64 << 10, 1 << 20):
         sub, sub_starts = doc_prefix(docs, size)
@@ -139,18 +159,24 @@ def markdown(results: list[dict], adapter: str) -> str:
         m = r["modes"]
         lines += [f"## {r['vocab']} ({r['bytes'] / 1e6:.1f} MB, windows {r['window'][0]} "
                   f"(+{r['window'][1]}), ids of wg identical to heap: {r['wg_ids_identical']})", "",
-                  "| mode | MB/s | pretok_merge | merge_long_wg | merge_long | stitch | "
-                  "long_copy | cuts | scan | compact | windows |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for label in ("heap", "wg", "walk"):
+                  "| mode | MB/s | pretok_merge | merge_pieces | merge_long_wg | merge_long | "
+                  "stitch | long_copy | cuts | scan | compact | windows |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for label in ("heap", "wg", "walk", "split"):
+            if label not in m:
+                continue
             x = m[label]
             g = x["gpu_ms"]
             mbps = f"{x['MBps']:.0f}" if "MBps" in x else "-"
             lines.append(f"| {label} | {mbps} | {g.get('pretok_merge', 0):.1f} | "
+                         f"{g.get('merge_pieces', 0):.1f} | "
                          f"{g.get('merge_long_wg', 0):.1f} | {g.get('merge_long', 0):.1f} | "
                          f"{g.get('stitch', 0):.1f} | {g.get('long_copy', 0):.1f} | "
                          f"{g.get('cuts', 0):.1f} | {g.get('scan', 0):.1f} | "
                          f"{g.get('compact', 0):.1f} | {x['long_windows']} |")
+        if "split_ids_identical" in r:
+            lines += ["", f"split: {m['split']['pieces']:,} pieces, ids identical to the "
+                          f"one-pass encode: {r['split_ids_identical']}"]
         lines += ["", "| call | bytes | heap ms | wg ms |", "|---|---:|---:|---:|"]
         for size, c in r["calls"].items():
             lines.append(f"| {int(size) >> 10} KB of documents | {c['bytes']:,} | "
