@@ -49,3 +49,26 @@ def test_byte_range_takes_arrays_too():
     assert byte_range(data, 6, 11).tobytes() == b"world"
     packed, _ = _packed([b"hello", b" ", b"world"])
     assert byte_range(packed, 4, 7).tobytes() == b"o w"
+
+
+def test_ascii_str_parts_are_encoded_when_their_range_is_joined():
+    """_pack_utf8 keeps ASCII texts as str (their length is their UTF-8 length) and encodes
+    only the others: every range, the segments and the whole equal the encoded join; a lone
+    surrogate anywhere gives None (the caller's per-text path), one non-ASCII text too."""
+    from tokenizer_svc.encoding import _pack_utf8
+    rng = random.Random(4)
+    alphabet = ["a", "b", " ", "\n", "é", "日", "😀", "\x00", "\x7f"]
+    texts = ["".join(rng.choice(alphabet[:4] if rng.random() < 0.6 else alphabet)
+                     for _ in range(rng.choice([0, 1, 3, 9, 30]))) for _ in range(60)]
+    packed, starts = _pack_utf8(texts)
+    joined = "".join(texts).encode()
+    assert any(type(p) is str for p in packed.parts) and any(type(p) is bytes for p in packed.parts)
+    assert starts[-1] == len(joined) and packed.tobytes() == joined
+    assert packed.segments() == [t.encode() for t in texts]
+    for lo in range(0, len(joined) + 1, 3):
+        for hi in range(lo, min(len(joined), lo + 70) + 1, 2):
+            assert packed.range(lo, hi).tobytes() == joined[lo:hi], (lo, hi)
+    assert _pack_utf8(["abc", "x\ud800y", "é"]) is None
+    one, st = _pack_utf8(["abc", "日本", ""])
+    assert one.parts == ["abc", "日本".encode(), ""] and st.tolist() == [0, 3, 9, 9]
+    assert _pack_utf8([])[1].tolist() == [0]

@@ -36,6 +36,7 @@ lazily in the process that uses it. A process forked after the GPU was used cann
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -744,17 +745,24 @@ def _utf8(text: str) -> bytes:
 
 def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:
     """(the texts' UTF-8 as a PackedText, their n + 1 byte starts) with a constant number of
-    Python operations (C-level maps: each text encoded once, its length taken from its
-    bytes; the encoder joins them range by range while the GPU works); None if a text holds
-    a lone surrogate (then each text is encoded on its own, with tiktoken's replacement).
+    Python operations (C-level maps); None if a text holds a lone surrogate (then each text
+    is encoded on its own, with tiktoken's replacement). Only the non-ASCII texts are
+    encoded here (their UTF-8 length is needed now); an ASCII text's length is its UTF-8
+    length, and the encoder encodes and joins the parts range by range while the GPU works.
     Joining the str first would widen the whole batch to 4 bytes per character for one
     astral character and still need each text's length."""
-    try:
-        parts = list(map(str.encode, texts))
-    except UnicodeEncodeError:
-        return None
+    parts = list(texts)
+    wide = np.flatnonzero(~np.fromiter(map(str.isascii, texts), dtype=bool, count=len(texts)))
+    if wide.size:
+        picked = operator.itemgetter(*wide.tolist())(texts)
+        try:
+            encoded = list(map(str.encode, (picked,) if wide.size == 1 else picked))
+        except UnicodeEncodeError:
+            return None
+        for i, data in zip(wide.tolist(), encoded):   # the non-ASCII texts only
+            parts[i] = data
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)), out=starts[1:])
+    np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(texts)), out=starts[1:])
     return PackedText(parts, starts), starts
 
 

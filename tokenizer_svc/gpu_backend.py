@@ -112,7 +112,7 @@ class GpuBackend:
         """Like encode_segments for segments already packed (bytes or a PackedText): `starts`
         holds n + 1 offsets; `out` as GpuEncoder.encode_docs."""
         if not self.on_gpu_pretok:
-            segments = data.parts if isinstance(data, PackedText) else \
+            segments = data.segments() if isinstance(data, PackedText) else \
                 [data[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
             ids, offsets = self.encode_segments(segments)
             if out is None:
