@@ -12,6 +12,9 @@ VARIANTS (ops.sgmat2_params knobs; default tiles BKF 64, BK 32, BQ2 32):
   contig        E2: pad 4, each lane reads a contiguous half row (the first kernels' order)
   pad0-contig   both: the first kernels' tile layout and read order
   pad0-swizzle  pad 0 with the spread order rotated 2 columns per row (conflict-free there)
+  fold-every    pad 4, spread, the forward folding at every key tile (no flag /
+                workgroupUniformLoad / barrier under a branch): the round-5 bisection of the
+                forward (wrong at one key tile in every variant above)
 
 1. Correctness: on the first Dawn adapter with f16 subgroup matrices, one device with
    robustness off and one with it on (`--robustness`), each variant runs the ladder's sg_*
@@ -67,6 +70,7 @@ VARIANTS = {
     "contig": {"order": "contig"},
     "pad0-contig": {"pad": 0, "order": "contig"},
     "pad0-swizzle": {"pad": 0, "order": "swizzle"},
+    "fold-every": {"fold": "every"},
 }
 KERNELS = ("forward", "dq", "dkv")
 OUTPUTS = {"forward": ("o", "lse"), "dq": ("dq",), "dkv": ("dk", "dv")}
@@ -94,7 +98,9 @@ def finite(x):
 
 def knob_text(knobs: dict) -> str:
     from istanbul.shaders.kernels.attention import ops
-    return f"pad {knobs.get('pad', ops.SGMAT2_PAD)}, {knobs.get('order', ops.SGMAT2_ORDER)}"
+    fold = knobs.get("fold", ops.SGMAT2_FOLD)
+    return (f"pad {knobs.get('pad', ops.SGMAT2_PAD)}, {knobs.get('order', ops.SGMAT2_ORDER)}"
+            + ("" if fold == ops.SGMAT2_FOLD else f", fold {fold}"))
 
 
 def layout_hd64(knobs: dict) -> dict:

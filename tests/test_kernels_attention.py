@@ -113,17 +113,124 @@ def test_bad_tiled_configs_are_refused(device):
                                64, config_dq="64x16-db")
 
 
-def test_sgmat2_attention_is_refused_without_robustness():
-    """The experimental sgmat2 kernels were wrong on the H200 with Dawn's robustness off (the
-    trainer's default; dev/RESULTS.md): a device without robustness refuses them with a clear
-    error instead of returning wrong outputs. (Under wgpu-native every device counts as robust;
-    the CI's Dawn pass runs this with a real robustness-off device.)"""
+def test_sgmat2_forward_is_refused_without_robustness():
+    """The experimental sgmat2 forward is wrong on the H200 with Dawn's robustness off (the
+    trainer's default) and on (round 5): a device without robustness refuses it with a clear
+    error instead of returning wrong outputs; its dQ and dK/dV kernels (verified) are not
+    refused. (Under wgpu-native every device counts as robust; the CI's Dawn pass runs this
+    with a real robustness-off device.)"""
     from istanbul.shaders.engine import default_device
     dev = default_device(robustness=False)
     if dev.robustness:
         pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
-    with pytest.raises(ValueError, match="without Dawn's robustness"):
+    with pytest.raises(ValueError, match="robustness off .*and on"):
         attention._sgmat2_kernel(dev, "forward", 64)
+    for kernel in ("dq", "dkv"):
+        try:   # no refusal; lavapipe's compiler refuses the subgroup matrices instead
+            attention._sgmat2_kernel(dev, kernel, 64)
+        except ValueError as exc:
+            assert "robustness" not in str(exc)
+        except Exception:
+            pass
+
+
+def test_sgmat2_refusal_is_for_the_forward_without_robustness_only(monkeypatch):
+    why = attention.sgmat2_refusal("forward", robustness=False)
+    assert "robustness off" in why and "and on" in why and "round5_sgmat2_variants" in why
+    assert attention.sgmat2_refusal("forward", robustness=True) is None
+    for kernel in ("dq", "dkv"):
+        for robust in (False, True):
+            assert attention.sgmat2_refusal(kernel, robust) is None
+    monkeypatch.setattr(attention, "SGMAT2_ALLOW_WITHOUT_ROBUSTNESS", True)
+    assert attention.sgmat2_refusal("forward", robustness=False) is None
+
+
+STAGED = {k: attention.SGMAT_KERNELS[k] for k in ("forward", "dq", "dkv")}
+V2 = {k: attention.SGMAT2_KERNELS[k] for k in ("forward", "dq", "dkv")}
+
+
+def test_tensor_core_attention_plan(monkeypatch):
+    """What tensor_cores asks for (ops.sgmat_plan): True = the staged forward without
+    robustness (the f32 forward with it) and the sgmat2 backward; "staged" the old pair (f32
+    forward, staged backward); "sgmat2" all sgmat2; $ISTANBUL_ATTENTION_SGMAT2 redirects
+    True."""
+    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
+    names = attention.sgmat_kernel_names
+    assert not attention.SGMAT2_DEFAULT
+    assert names(True, robustness=False) == {"forward": STAGED["forward"], "dq": V2["dq"],
+                                             "dkv": V2["dkv"]}
+    assert names(True, robustness=True) == {"forward": None, "dq": V2["dq"], "dkv": V2["dkv"]}
+    for robust in (False, True):
+        assert names(False, robust) == {"forward": None, "dq": None, "dkv": None}
+        assert names("staged", robust) == {"forward": None, "dq": STAGED["dq"],
+                                           "dkv": STAGED["dkv"]}
+        assert names("sgmat2", robust) == V2
+        assert names("sgmat2-backward", robust) == names(True, robust)
+    for env, want in (("1", "sgmat2"), ("on", "sgmat2"), ("staged", "staged"),
+                      ("0", "sgmat2-backward"), ("", "sgmat2-backward")):
+        monkeypatch.setenv("ISTANBUL_ATTENTION_SGMAT2", env)
+        assert attention.sgmat_version(True) == want, env
+        assert attention.sgmat_version("staged") == "staged"   # explicit choices stay
+    with pytest.raises(ValueError, match="tensor_cores"):
+        attention.sgmat_version("fast")
+
+
+class _PlanDevice:
+    """The real device with a chosen robustness; kernels are their names (nothing compiles)."""
+
+    def __init__(self, real, robustness):
+        self._real, self.robustness = real, robustness
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def kernel(self, file, name, *args, **kwargs):
+        return name
+
+
+class _LabelRecorder:
+    def __init__(self, dev):
+        self.device, self.labels = dev, []
+
+    def dispatch(self, kernel, resources, grid, label=None):
+        self.labels.append(label)
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
+    """forward/backward dispatch what sgmat_plan says (uses_tensor_cores forced on: no
+    subgroup matrices here)."""
+    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
+    monkeypatch.setattr(attention, "uses_tensor_cores", lambda *a, **k: True)
+    dev = _PlanDevice(device, robust)
+    B, T, H, Hkv, D = 1, 64, 2, 1, 64
+    q, o, do, dq = (device.empty((B, T, H, D)) for _ in range(4))
+    k, v, dk, dv = (device.empty((B, T, Hkv, D)) for _ in range(4))
+    lse = device.empty((B, H, T))
+
+    def run(tensor_cores):
+        rec = _LabelRecorder(dev)
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tensor_cores=tensor_cores)
+        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                           tensor_cores=tensor_cores)
+        return rec.labels
+
+    f32_forward = {attention.TILED_KERNELS["forward"], "attention_forward"}
+    got = run(True)
+    assert got[1:] == ["attention_backward_prep", V2["dq"], V2["dkv"]]
+    assert (got[0] == STAGED["forward"]) if not robust else (got[0] in f32_forward)
+    got = run("staged")
+    assert got[0] in f32_forward
+    assert got[1:] == ["attention_backward_prep", STAGED["dq"], STAGED["dkv"]]
+    if robust:
+        assert run("sgmat2") == [V2["forward"], "attention_backward_prep", V2["dq"], V2["dkv"]]
+    else:
+        with pytest.raises(ValueError, match="robustness off"):
+            run("sgmat2")
+        rec = _LabelRecorder(dev)   # the sgmat2 backward alone runs
+        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                           tensor_cores="sgmat2")
+        assert rec.labels == ["attention_backward_prep", V2["dq"], V2["dkv"]]
 
 
 # ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):
@@ -131,8 +238,10 @@ def test_sgmat2_attention_is_refused_without_robustness():
 # the local compiler with the subgroup-matrix calls stubbed out (neither lavapipe nor naga has
 # subgroup matrices; the rest of the kernel is checked by the compiler here).
 
-SGMAT2_KNOBS = [{"pad": pad, "order": order} for pad in (0, 4, 8, 16)
-                for order in ("spread", "contig", "swizzle")]
+SGMAT2_KNOBS = ([{"pad": pad, "order": order} for pad in (0, 4, 8, 16)
+                 for order in ("spread", "contig", "swizzle")]
+                + [{"pad": pad, "order": order, "fold": "every"}   # the forward's opt-in fold
+                   for pad, order in ((4, "spread"), (0, "contig"))])
 SGMAT2_TILES = ({}, {"BKF": 32, "BK": 16, "BQ2": 16})
 
 
@@ -165,7 +274,8 @@ def _workgroup_bytes(code: str) -> int:
     return total
 
 
-@pytest.mark.parametrize("knobs", SGMAT2_KNOBS, ids=lambda k: f"pad{k['pad']}-{k['order']}")
+@pytest.mark.parametrize("knobs", SGMAT2_KNOBS,
+                         ids=lambda k: f"pad{k['pad']}-{k['order']}-{k.get('fold', 'lazy')}")
 def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
     for D in (16, 32, 64):
         for tiles in SGMAT2_TILES:
@@ -183,7 +293,7 @@ def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
-                 "SWIZZLE": False, "KV_IN_P": False}
+                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False}
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)
@@ -191,6 +301,21 @@ def test_sgmat2_defaults_are_the_reviewed_kernel():
         attention.sgmat2_params(64, order="rows")
     with pytest.raises(ValueError, match="unknown knobs"):
         attention.sgmat2_params(64, BKQ=16)
+    with pytest.raises(ValueError, match="fold"):
+        attention.sgmat2_params(64, fold="never")
+
+
+def test_sgmat2_fold_every_drops_the_lazy_fold_constructs():
+    """fold="every" (opt-in) folds at every key tile without the flag's workgroupUniformLoad
+    and the barrier under a branch; the default keeps the lazy fold."""
+    def code(knobs):
+        text = _sgmat2_code(64, knobs, {}, "forward")
+        return "\n".join(line.split("//")[0] for line in text.split("\n"))
+    lazy, every = code({}), code({"fold": "every"})
+    assert "workgroupUniformLoad(&flag)" in lazy and "RESCALE_AT)" in lazy
+    assert "workgroupUniformLoad" not in every and "mx > m + RESCALE_AT" not in every
+    for kernel in ("dq", "dkv"):   # the backward does not depend on the knob
+        assert _sgmat2_code(64, {"fold": "every"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
 
 
 def _call_args(text: str, start: int):

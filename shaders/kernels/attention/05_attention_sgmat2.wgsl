@@ -1,7 +1,9 @@
 // 05_attention_sgmat2.wgsl — causal GQA attention on the tensor cores (Dawn's
 // chromium_experimental_subgroup_matrix, f16 x f16 -> f32), second version: the products of
-// 05_attention_tiled.wgsl (same layouts, same bindings, same outputs), picked by
-// shaders/kernels/attention/ops.py with tensor_cores=True.
+// 05_attention_tiled.wgsl (same layouts, same bindings, same outputs). ops.py's
+// tensor_cores=True runs its dQ and dK/dV (verified on the H200, round 5); its forward is
+// wrong there with Dawn's robustness off and on (dev/results/h200/sgmat/
+// round5_sgmat2_variants.md) and runs only with tensor_cores="sgmat2".
 //
 //   attention_forward_sgmat2       o = softmax(q k^T * scale + causal mask) v; lse per query
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
@@ -31,8 +33,9 @@
 // and dq, keys for dkv). Forward: 64 queries x BKF keys per tile; dq: 64 queries x BK keys;
 // dkv: 64 keys x BQ2 queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple
 // of 16, <= 64), DT = HD / 16, BKF (32 or 64, >= HD), BK and BQ2 (16 or 32); ops.sgmat2_params
-// makes them. Experiment knobs (issue 21: wrong on the H200 without Dawn's robustness; suspects
-// in dev/results/h200/sgmat/round4_sgmat2_review.md; dev/attention_sgmat2_variants.py):
+// makes them. Experiment knobs (issue 21: the forward is wrong on the H200 in every pad and
+// order, robustness off and on; dev/results/h200/sgmat/round4_sgmat2_review.md and
+// round5_sgmat2_variants.md; dev/attention_sgmat2_variants.py):
 //   SPAD     words added to the f32 score/result tiles' rows (SSF, SSQ, SSK): 4 (the default:
 //            4 mod 32 words), 0 (05_attention_sgmat.wgsl's strides), 8, 16
 //   SPREAD   lanes read score rows in the bank-spread order (the default); false: lane
@@ -41,6 +44,10 @@
 //            conflicts at SPAD 0 (row strides of 0 mod 32 words)
 //   KV_IN_P  dK/dV stages k and v in the array that later holds p^T and ds^T (KV is dead by
 //            then): set by ops.sgmat2_params only where separate arrays would pass 48 KiB
+//   FOLD_EVERY  (opt-in, issue 21 bisection) the forward folds acc into ol at every key tile:
+//            no flag, no workgroupUniformLoad, no barrier or matrix store under a branch
+//            (the constructs only the sgmat2 forward has; its one-key-tile lse is wrong although
+//            that path otherwise matches 05_attention_sgmat.wgsl's)
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -189,12 +196,17 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             mx = max(mx, sv[c]);
         }
         mx = max(mx, subgroupShuffleXor(mx, 1u));
+// @if FOLD_EVERY
+        workgroupBarrier();                  // the scores are read: Ss takes acc next
+        {                                    // fold at every key tile (kt 0: alpha 0, acc 0)
+// @else
         if (kt == 0u) {
             m = mx;                          // every row has key 0; o and l are still zero
         } else if (mx > m + RESCALE_AT) {
             flag = kt + 1u;                  // every writer stores the same value
         }
         if (workgroupUniformLoad(&flag) == kt + 1u) {   // a barrier: the scores are read
+// @endif
             let m_new = max(m, mx);
             let alpha = exp2(m - m_new);
             l *= alpha;

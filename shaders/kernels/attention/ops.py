@@ -36,6 +36,24 @@ the device, raises ValueError). `tiles=...` (the general kernels' shapes, see `c
 pins the general kernels. Otherwise the tiles come from the autotune cache (op "attention",
 keys forward/dq/dkv, shape T x D) or the largest default that fits the device's workgroup
 memory.
+
+Tensor cores (`tensor_cores=...`, devices with f16 subgroup matrices, D a multiple of 16 up
+to 64, vec4-ready layouts, nothing pinned; q, k, v, do, p, ds rounded to f16 in the
+products, f32 accumulation and softmax statistics). `sgmat_plan` says which kernels run:
+
+    tensor_cores   forward                                     dQ, dK/dV
+    True           05_attention_sgmat.wgsl ("staged") without  05_attention_sgmat2.wgsl
+                   robustness, the f32 kernels with it
+    "staged"       the f32 kernels                             05_attention_sgmat.wgsl
+    "sgmat2"       05_attention_sgmat2.wgsl (experimental,     05_attention_sgmat2.wgsl
+                   wrong; refused without robustness)
+
+$ISTANBUL_ATTENTION_SGMAT2 changes what True means: 1 the "sgmat2" row, staged the "staged"
+row, 0 or unset the True row. Measured on the H200 (Dawn, robustness off, 124M shape, ms
+per layer call, dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
+staged 0.644; dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of
+attention per step. With robustness on the staged forward was slower than the f32 tiled
+one (13.6 vs 8.6 ms per step, session 5), hence the f32 forward there.
 """
 
 from __future__ import annotations
@@ -57,14 +75,16 @@ SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward
                  "dkv": "attention_backward_dkv_sgmat"}
 SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
 # The second tensor-core version, 05_attention_sgmat2.wgsl (lazy rescaling of the forward's
-# accumulators, bank-spread score reads, fewer barriers). Written 2026-12-02 and NOT yet run on
-# hardware with subgroup matrices (the device budget ran out first): tensor_cores=True keeps
-# the verified kernels (f32 tiled forward, 05_attention_sgmat.wgsl backward) until
-# $ISTANBUL_ATTENTION_SGMAT2=1 (or tensor_cores="sgmat2") asks for the new ones; flip
-# SGMAT2_DEFAULT once `istanbul kernels check --kernel attention_forward_sgmat2 --kernel
-# attention_backward_sgmat2` passes on the H200 with robustness off (dev/RESULTS.md). On the
-# H200 (session 9) every rung failed with robustness off, so a device without robustness
-# refuses them (_sgmat2_kernel) until that is fixed.
+# accumulators, bank-spread score reads, fewer barriers). On the H200 (Dawn, round 5,
+# dev/results/h200/sgmat/round5_sgmat2_variants.md) its dQ and dK/dV kernels, judged on the
+# f32 tiled forward's o and lse, are right in every variant with robustness off and on (PSNR
+# 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them;
+# its forward is wrong in every variant with robustness off AND on (e.g. sg_random, T 37,
+# D 16, one key tile: o 12 dB, lse 19-23 dB): a bug in the forward kernel, so it runs only
+# where asked for (tensor_cores="sgmat2", $ISTANBUL_ATTENTION_SGMAT2=1) and is refused
+# without robustness (sgmat2_refusal). SGMAT2_DEFAULT: whether True also runs the sgmat2
+# forward; set it once `istanbul kernels check --kernel attention_forward_sgmat2` passes on
+# the H200 with robustness off.
 SGMAT2_DEFAULT = False
 FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
 SGMAT2_KERNELS = {"forward": "attention_forward_sgmat2", "dq": "attention_backward_dq_sgmat2",
@@ -80,10 +100,15 @@ SGMAT2_TILES = {"BKF": 64, "BK": 32, "BQ2": 32}
 SGMAT2_PAD = 4
 SGMAT2_ORDER = "spread"
 SGMAT2_ORDERS = ("spread", "contig", "swizzle")
+# `fold` (the forward only): "lazy" (the default: fold acc only when a row's max rises by
+# RESCALE_AT) or "every" (fold at every key tile, without the flag / workgroupUniformLoad /
+# branch-with-barrier constructs; an opt-in candidate fix of the wrong forward, unverified)
+SGMAT2_FOLD = "lazy"
+SGMAT2_FOLDS = ("lazy", "every")
 SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
-# The sgmat2 kernels were wrong on the H200 without Dawn's robustness, so such a device
-# refuses them (_sgmat2_kernel). dev/attention_sgmat2_variants.py sets this True to run them
-# there anyway and find out which variant is right; nothing else should.
+# The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
+# trainer's) refuses it (sgmat2_refusal). dev/attention_sgmat2_variants.py sets this True to
+# run it there anyway and find out which variant is right; nothing else should.
 SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
@@ -109,54 +134,101 @@ def sgmat2_bytes(kernel: str, params: dict) -> int:
     return 2 * (f16 + 2 * BQ2 * SH) + 4 * (2 * 64 * (BQ2 + pad) + 2 * BQ2)
 
 
-def sgmat2_params(D: int, pad: int | None = None, order: str | None = None, **tiles) -> dict:
+def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
+                  fold: str | None = None, **tiles) -> dict:
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
-    overriding SGMAT2_TILES; `pad` and `order` the experiment knobs (SGMAT2_PAD,
-    SGMAT2_ORDER). dK/dV stages k and v in its p/ds array (KV_IN_P) only where separate
-    arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
+    overriding SGMAT2_TILES; `pad`, `order` and `fold` the experiment knobs (SGMAT2_PAD,
+    SGMAT2_ORDER, SGMAT2_FOLD). dK/dV stages k and v in its p/ds array (KV_IN_P) only where
+    separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
-                         f"{sorted(SGMAT2_TILES)}, pad, order)")
+                         f"{sorted(SGMAT2_TILES)}, pad, order, fold)")
     pad = SGMAT2_PAD if pad is None else int(pad)
     order = SGMAT2_ORDER if order is None else str(order)
+    fold = SGMAT2_FOLD if fold is None else str(fold)
+    if fold not in SGMAT2_FOLDS:
+        raise ValueError(f"sgmat2 attention: fold {fold!r}; use one of {SGMAT2_FOLDS}")
     if pad < 0 or pad % 4:
         raise ValueError(f"sgmat2 attention: pad {pad} must be a multiple of 4 words (16-byte "
                          "subgroup-matrix strides)")
     if order not in SGMAT2_ORDERS:
         raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
-           "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False}
+           "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
+           "FOLD_EVERY": fold == "every"}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
 
 
+def sgmat2_refusal(kernel: str, robustness: bool) -> str | None:
+    """Why an sgmat2 kernel ("forward", "dq", "dkv") must not run on a device with/without
+    Dawn's robustness, or None. Only the forward is refused (without robustness): the dQ and
+    dK/dV kernels are verified (round 5)."""
+    if kernel != "forward" or robustness or SGMAT2_ALLOW_WITHOUT_ROBUSTNESS:
+        return None
+    return (f"{SGMAT2_KERNELS[kernel]}: the experimental sgmat2 attention forward is wrong on "
+            "the H200 with Dawn's robustness off (the trainer's default) and on (o 12 dB, lse "
+            "19-23 dB PSNR even with one key tile; dev/results/h200/sgmat/"
+            "round5_sgmat2_variants.md); unset ISTANBUL_ATTENTION_SGMAT2 or use "
+            "tensor_cores=True (the sgmat2 backward with a verified forward)")
+
+
 def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None):
-    if not getattr(dev, "robustness", True) and not SGMAT2_ALLOW_WITHOUT_ROBUSTNESS:
-        # measured wrong on the H200 without Dawn's robustness (PSNR 4-31 dB, session 9,
-        # dev/RESULTS.md): refuse rather than train on wrong gradients
-        raise ValueError(f"{SGMAT2_KERNELS[kernel]}: the experimental sgmat2 attention gives "
-                         "wrong results on a device without Dawn's robustness (the trainer's "
-                         "default); unset ISTANBUL_ATTENTION_SGMAT2 or use "
-                         "ISTANBUL_DAWN_ROBUSTNESS=on")
+    why = sgmat2_refusal(kernel, getattr(dev, "robustness", True))
+    if why:
+        raise ValueError(why)
     constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
     return dev.kernel(FILE_SGMAT2, SGMAT2_KERNELS[kernel], constants,
                       sgmat2_params(D, **(tiles or {})))
 
 
+SGMAT_VERSIONS = ("staged", "sgmat2-backward", "sgmat2")
+
+
 def sgmat_version(tensor_cores) -> str | None:
     """Which tensor-core attention `tensor_cores` asks for: None (off), "staged" (the first
-    version, 05_attention_sgmat.wgsl) or "sgmat2"; True means the default (SGMAT2_DEFAULT,
-    $ISTANBUL_ATTENTION_SGMAT2=1|0 overrides)."""
+    version, 05_attention_sgmat.wgsl's backward), "sgmat2-backward" (the sgmat2 backward) or
+    "sgmat2" (also the sgmat2 forward); True means "sgmat2" if SGMAT2_DEFAULT else
+    "sgmat2-backward", and $ISTANBUL_ATTENTION_SGMAT2 overrides that (1|on: "sgmat2",
+    staged: "staged", 0|off: "sgmat2-backward")."""
     if not tensor_cores:
         return None
-    if tensor_cores in ("staged", "sgmat2"):
+    if tensor_cores in SGMAT_VERSIONS:
         return tensor_cores
     if tensor_cores is not True:
-        raise ValueError(f"tensor_cores={tensor_cores!r}: expected a bool, 'staged' or 'sgmat2'")
-    env = os.environ.get("ISTANBUL_ATTENTION_SGMAT2", "").strip()
+        raise ValueError(f"tensor_cores={tensor_cores!r}: expected a bool or one of "
+                         f"{SGMAT_VERSIONS}")
+    env = os.environ.get("ISTANBUL_ATTENTION_SGMAT2", "").strip().lower()
+    if env == "staged":
+        return "staged"
     on = SGMAT2_DEFAULT if env == "" else env not in ("0", "off", "no", "false")
-    return "sgmat2" if on else "staged"
+    return "sgmat2" if on else "sgmat2-backward"
+
+
+def sgmat_plan(tensor_cores, robustness: bool) -> dict:
+    """{"forward": f, "backward": b}: the tensor-core attention `tensor_cores` runs on a
+    device with (robustness=True) or without Dawn's robustness, where tensor cores can run
+    (uses_tensor_cores) and nothing is pinned; None: the f32 kernels (tiled where the layout
+    allows), "staged": 05_attention_sgmat.wgsl, "sgmat2": 05_attention_sgmat2.wgsl. Pure (no
+    device), so tests can check the choice; the module docstring has the table."""
+    version = sgmat_version(tensor_cores)
+    if version is None:
+        return {"forward": None, "backward": None}
+    if version == "staged":
+        return {"forward": None, "backward": "staged"}
+    if version == "sgmat2":
+        return {"forward": "sgmat2", "backward": "sgmat2"}
+    # the staged forward beats the f32 tiled one only without robustness (module docstring)
+    return {"forward": None if robustness else "staged", "backward": "sgmat2"}
+
+
+def sgmat_kernel_names(tensor_cores, robustness: bool) -> dict:
+    """{"forward", "dq", "dkv"}: the kernel names sgmat_plan picks (None: the f32 kernels)."""
+    plan = sgmat_plan(tensor_cores, robustness)
+    names = {"staged": SGMAT_KERNELS, "sgmat2": SGMAT2_KERNELS}
+    return {k: names[plan[part]][k] if plan[part] else None
+            for k, part in (("forward", "forward"), ("dq", "backward"), ("dkv", "backward"))}
 
 
 def uses_tensor_cores(device, D: int, strides, *views) -> bool:
@@ -414,15 +486,15 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             sgmat_tiles: dict | None = None) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
 
-    `tensor_cores="sgmat2"` (or True with SGMAT2_DEFAULT / $ISTANBUL_ATTENTION_SGMAT2=1):
-    where the device has f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready
-    layouts) and nothing is pinned, 05_attention_sgmat2.wgsl runs (q, k, v and p rounded to
-    f16 in the products; f32 accumulation and softmax statistics); True otherwise keeps the
-    f32 kernels. `rescale_at` (log2 units, default 8) and `sgmat_tiles` ({"BKF": 32}; also
-    the experiment knobs "pad" and "order", see sgmat2_params) are knobs of that kernel for
-    the ladder and probes.
-    `config="sgmat"` runs the older tensor-core forward of 05_attention_sgmat.wgsl (tiles
-    staged through workgroup memory; slower than the f32 tiled forward, dev/RESULTS.md)."""
+    `tensor_cores` (True, "staged", "sgmat2"; sgmat_plan and the module docstring): where the
+    device has f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready layouts) and
+    nothing is pinned, True runs the staged tensor-core forward (05_attention_sgmat.wgsl) on a
+    device without Dawn's robustness and the f32 kernels on one with it; "staged" the f32
+    kernels; "sgmat2" the experimental 05_attention_sgmat2.wgsl forward (wrong on the H200,
+    refused without robustness: sgmat2_refusal). `rescale_at` (log2 units, default 8) and
+    `sgmat_tiles` ({"BKF": 32}; also the experiment knobs "pad", "order" and "fold", see
+    sgmat2_params) are knobs of that kernel for the ladder and probes.
+    `config="sgmat"` pins the staged tensor-core forward."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     check(op, "q", q, nq)
@@ -432,13 +504,16 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     check(op, "lse", lse, B * H * T)
     dev = rec.device
     scale = 1 / math.sqrt(D) if scale is None else scale
-    if (sgmat_version(tensor_cores) == "sgmat2" and config is None and tiles is None
-            and uses_tensor_cores(dev, D, strides, q, k, v, o)):
-        rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles),
-                     [q, k, v, o, lse, _params(dev, B, T, H, Hkv, strides, scale)],
-                     grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)),
-                     label=SGMAT2_KERNELS["forward"])
-        return
+    tc = sgmat_plan(tensor_cores, getattr(dev, "robustness", True))["forward"]
+    if tc and config is None and tiles is None \
+            and uses_tensor_cores(dev, D, strides, q, k, v, o):
+        if tc == "sgmat2":
+            rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles),
+                         [q, k, v, o, lse, _params(dev, B, T, H, Hkv, strides, scale)],
+                         grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)),
+                         label=SGMAT2_KERNELS["forward"])
+            return
+        config = "sgmat"   # the staged forward, below
     params = _params(dev, B, T, H, Hkv, strides, scale)
     if config == "sgmat":
         if not uses_tensor_cores(dev, D, strides, q, k, v, o):
@@ -494,12 +569,12 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
              tensor_cores: bool | str = False, sgmat_tiles: dict | None = None) -> None:
     """dq, dk, dv (written, not accumulated) from do and the forward's q, k, v, o, lse.
     `tensor_cores`: where the device has f16 subgroup matrices (D a multiple of 16 up to 64,
-    vec4-ready layouts) dQ and dK/dV run on the tensor cores (q, k, v, do, p and ds rounded
-    to f16 in the products, f32 accumulation): 05_attention_sgmat.wgsl ("staged", today's
-    default for True: 26.6 vs 44 ms for the f32 tiled pair in the 124M step,
-    bench/results/train/train_f16.md) or 05_attention_sgmat2.wgsl ("sgmat2", see
-    sgmat_version). `sgmat_tiles` ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and
-    the experiment knobs "pad" and "order", see sgmat2_params)."""
+    vec4-ready layouts) and nothing is pinned, dQ and dK/dV run on the tensor cores (q, k, v,
+    do, p and ds rounded to f16 in the products, f32 accumulation): 05_attention_sgmat2.wgsl
+    for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
+    05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
+    ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad" and
+    "order", see sgmat2_params)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
@@ -514,11 +589,11 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     rec.dispatch(prep, [o, do, dvec, params], ceil_div(B * T * H, 256),
                  label="attention_backward_prep")
     ready = _vec4_ready(D, strides, q, k, v, o, do, dq, dk, dv)
-    if tensor_cores and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq,
-                                                       config_dkv)) \
+    tc = sgmat_plan(tensor_cores, getattr(dev, "robustness", True))["backward"]
+    if tc and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq, config_dkv)) \
             and uses_tensor_cores(dev, D, strides, q, k, v, o, do, dq, dk, dv):
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
-        if sgmat_version(tensor_cores) == "sgmat2":
+        if tc == "sgmat2":
             for kernel, res in (("dq", [q, k, v, do, lse, dvec, dq, params]),
                                 ("dkv", [q, k, v, do, lse, dvec, dk, dv_out, params])):
                 rows = B * H if kernel == "dq" else B * Hkv
