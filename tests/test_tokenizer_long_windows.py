@@ -193,7 +193,7 @@ def test_window_must_exceed_overlap_plus_longest_token(windowed, device):
 def _workgroup_merge_only(device, enc) -> GpuEncoder:
     """The shipped windows merged by bpe_merge_long_wg alone (the heap merge's dispatches
     replaced by it, no budget): every window must be merged by the workgroup kernel, or the
-    ids come out wrong."""
+    ids come out wrong. Forced here on lavapipe, where the heap merge is the default."""
     wg = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
     assert wg.k_long_wg is not None and wg.long_window + wg.long_overlap <= 768
     wg.long_wg = True

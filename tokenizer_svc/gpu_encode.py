@@ -95,8 +95,12 @@ LONG_OVERLAP = 192
 LONG_RETRY_FACTOR = 7
 # Windows of at most WG_LONG_MAX bytes (the shipped 384 + 192 included) are merged by one
 # workgroup each in workgroup memory (bpe_merge_long_wg, LW_MAX), the rest (the retries'
-# longer windows) by the one-invocation heap merge. Faster on lavapipe too (0.8 MB of the
-# benchmark corpus with gpt2: merge_long 6.1 s heap, 2.5 s workgroup; dev/encode_phase_probe.py).
+# longer windows) by the one-invocation heap merge (H200, the 67 MB benchmark corpus:
+# merge_long 14-18 ms -> 5-8 ms, gpt2 encode 647 -> 1252 MB/s; dev/results/encode_phases/).
+# Software Vulkan keeps the heap merge by default: there the workgroup merge is faster alone
+# (0.8 MB of the corpus, gpt2: 2.5 s vs 6.1 s) but spends more CPU in all (every lane scans
+# its share of the window per merge), which other requests pay for (the service's long lane
+# beside a victim's batches: victim p99 0.5 s, tests/test_service_isolation.py); tests force it.
 WG_LONG_MAX = 768
 WG_LONG_MAX_PRIORITY = (1 << 22) - 1   # the kernel's keys are priority << 10 | position
 WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
@@ -251,7 +255,7 @@ class GpuEncoder:
         if device.has("subgroup") and tables.layout.get("max_priority", NONE) <= \
                 WG_LONG_MAX_PRIORITY and long_window + long_overlap <= WG_LONG_MAX:
             self.k_long_wg = k("bpe_merge_long_wg")
-        self.long_wg = True   # whether windows go to bpe_merge_long_wg first
+        self.long_wg = not software   # whether windows go to bpe_merge_long_wg first
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
