@@ -16,7 +16,8 @@ the results.
 For each vocabulary every implementation is first checked for ids identical to tiktoken's on
 every document (the count of documents that differ is reported), then timed (median of
 --repeats passes after a warm-up, wall clock, whole batch):
-  istanbul   Encoding.encode_batch_flat / decode_bytes_batch on the GPU (one batch)
+  istanbul   Encoding.encode_batch_flat / decode_bytes_batch_flat of its (ids, offsets) on
+             the GPU (one batch; decode_bytes_batch of per-document arrays reported beside)
   tiktoken   encode_ordinary_batch / decode_bytes_batch with num_threads = all cores
   hf         tokenizers (the vocabulary converted by trainer_svc.export_hf.tokenizer_json),
              encode_batch / decode_batch, all cores
