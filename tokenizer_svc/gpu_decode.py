@@ -14,14 +14,14 @@ binding (max_out_bytes; a call found larger after its scan is split in two and r
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, ParallelCopy, UniformSlots, map_staging, mapped_array
+from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
+                       map_staging, write_through_mapping)
 from .gpu_tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
@@ -36,10 +36,9 @@ DECODE_FILE = "bpe_decode.wgsl"
 # ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/tokenize/). With
 # one buffer each piece waited for the previous piece's GPU copy and was written by one
 # thread (20 ms of a 34M-id gpt2 decode); two buffers take turns, and a piece is written on
-# UPLOAD_THREADS threads at once.
+# COPY_THREADS threads at once.
 MAPPED_UPLOAD_IDS = 1 << 18
 UPLOAD_PIECE_IDS = 1 << 21
-UPLOAD_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
 
 
@@ -88,7 +87,7 @@ class GpuDecoder:
         self._uploads: list[Buffer | None] = [None, None]   # MAP_WRITE | COPY_SRC, in turn
         self.mapped_upload_ids = MAPPED_UPLOAD_IDS
         self.upload_piece_ids = UPLOAD_PIECE_IDS
-        self.upload_threads = UPLOAD_THREADS
+        self.upload_threads = COPY_THREADS
         self.parallel_upload_ids = PARALLEL_UPLOAD_IDS
         self._copier = ParallelCopy("istanbul-ids-upload")
         self.profile = False
@@ -187,16 +186,8 @@ class GpuDecoder:
             buf = self._uploads[turn]
             hi = min(n, lo + piece)
             size = 4 * (hi - lo)
-            buf.raw.map_async("WRITE", 0, size).sync_wait()
-            try:
-                dst = mapped_array(buf.raw, size, np.uint32)
-                if dst is None:
-                    buf.raw.write_mapped(ids[lo:hi], 0)
-                else:
-                    self._copier(dst, ids[lo:hi], self.upload_threads, self.parallel_upload_ids)
-                    del dst   # a view of the mapping: gone before the unmap
-            finally:
-                buf.raw.unmap()
+            write_through_mapping(buf, ids[lo:hi], size, lambda dst, src: self._copier(
+                dst, src, self.upload_threads, self.parallel_upload_ids))
             if hi == n:
                 return buf, 4 * lo, size
             with self.device.record("bpe decode upload") as rec:

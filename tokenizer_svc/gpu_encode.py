@@ -52,7 +52,6 @@ timed recordings wait for each submit, so a profiled call does not overlap chunk
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,8 @@ import numpy as np
 
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import BufferPool, GpuScan, ParallelCopy, UniformSlots, map_staging, mapped_array
+from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
+                       map_staging, write_through_mapping)
 from .gpu_tables import NONE, VocabTables
 from .packed_text import PackedText, byte_range
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
@@ -160,7 +160,6 @@ EXACT_GUESS_BYTES = 64 << 10
 # one-thread copy of a 64 MB corpus's 34M ids took 37 ms, a third of the call (the pages of a
 # fresh ids array are faulted in by whichever thread writes them first).
 PARALLEL_COPY_IDS = 1 << 20
-COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
@@ -319,17 +318,8 @@ class GpuEncoder:
             up = self._text_up[slot] = self.device.buffer(
                 1 << (words - 1).bit_length(), np.uint8, label=f"bpe text upload {slot}",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        up.raw.map_async("WRITE", 0, words).sync_wait()
-        try:
-            dst = mapped_array(up.raw, words, np.uint8)
-            if dst is None:
-                up.raw.write_mapped(np.concatenate([data, np.zeros(words - n, np.uint8)]), 0)
-            else:
-                self._copier(dst[:n], data, self.copy_threads, self.parallel_copy_ids)
-                dst[n:] = 0
-                del dst   # a view of the mapping: gone before the unmap
-        finally:
-            up.raw.unmap()
+        write_through_mapping(up, data, words, lambda dst, src: self._copier(
+            dst, src, self.copy_threads, self.parallel_copy_ids))
         return up
 
     @contextlib.contextmanager

@@ -11,6 +11,7 @@ mode 0 sums the values, mode 1 counts the entries that are not NONE (token start
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import struct
 
 import numpy as np
@@ -64,6 +65,10 @@ def map_staging(buffer: Buffer, size: int) -> None:
     raw.map_async(mode, 0, size).sync_wait()
 
 
+# Threads of a parallel host copy (ParallelCopy) by default: up to 8, half the CPUs.
+COPY_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
 class ParallelCopy:
     """dst[:] = src, in up to `threads` slices at once for arrays of at least `min_items`
     (numpy copies without the GIL): what moves ids into and out of mapped buffers. The pool
@@ -89,15 +94,26 @@ class ParallelCopy:
             future.result()
 
 
-def mapped_array(raw, nbytes: int, dtype) -> np.ndarray | None:
-    """A writable numpy view of the first nbytes of a buffer mapped for writing (wgpu-py's
-    `_experimental_get_mapped_range`, in wgpu-native's and Dawn's backends alike), or None
-    where the backend lacks it (then write through `write_mapped`). Valid until unmap."""
-    get = getattr(raw, "_experimental_get_mapped_range", None)
-    if get is None:
-        return None
-    view = np.frombuffer(get(0, nbytes), dtype)
-    return view if view.flags.writeable else None
+def write_through_mapping(buffer: Buffer, data: np.ndarray, nbytes: int, copy) -> None:
+    """Map the first nbytes (>= data.nbytes) of a MAP_WRITE buffer, put `data` there (zeros
+    after it) and unmap. `copy(dst, src)` moves the bytes when the backend gives a writable
+    view of the mapping (wgpu-py's `_experimental_get_mapped_range`, in wgpu-native's and
+    Dawn's backends alike; e.g. a ParallelCopy); else `write_mapped` does, on this thread."""
+    raw = buffer.raw
+    raw.map_async("WRITE", 0, nbytes).sync_wait()
+    try:
+        get = getattr(raw, "_experimental_get_mapped_range", None)
+        dst = np.frombuffer(get(0, nbytes), data.dtype) if get is not None else None
+        if dst is None or not dst.flags.writeable:
+            tail = np.zeros(nbytes - data.nbytes, np.uint8)
+            raw.write_mapped(np.concatenate([data.view(np.uint8), tail]) if tail.size
+                             else data, 0)
+        else:
+            copy(dst[:data.size], data)
+            dst.view(np.uint8)[data.nbytes:] = 0
+        del dst   # a view of the mapping: gone before the unmap
+    finally:
+        raw.unmap()
 
 
 class UniformSlots:
