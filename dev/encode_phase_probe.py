@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.tokenize_bench import build_corpus  # noqa: E402
-
-
-def median_wall(fn, repeats: int) -> float:
-    walls = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - t)
-    return statistics.median(walls)
+from bench.tokenize_bench import build_corpus, median_of as median_wall  # noqa: E402
 
 
 def profiled(encoder, packed, starts) -> dict:
