@@ -9,14 +9,15 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.cuts import cut_mask, is_cut, split_points
+from tokenizer_svc.cuts import cut_mask, digit_group_starts, is_cut, split_points
 from tokenizer_svc.encoding import get_encoding
-from tokenizer_svc.gpu_encode import NONE, GpuEncoder
+from tokenizer_svc.gpu_encode import ENCODE_FILE, NONE, GpuEncoder
+from tokenizer_svc.unicode_table import BIT_N, load_table
 from trainer_svc.prepare import is_safe_point, split_document
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 
-CORNERS = list("'sSſlLdD \t\r\n\n\n  0123/!?.,ʕªǅ\u0301\u00a0\u3000日üßİ") + \
+CORNERS = list("'sSſlLdDaBǅx \t\r\n\n\n  0123/!?.,ʕªǅ\u0301\u00a0\u3000日üßİ") + \
     ["\u200d", "👍", "\u2028", "\x85", "x\n\nA", "a \n b", "\r\n\r\n"]
 CHUNK = 8   # (chunks of <= 5 bytes can overrun on 4-byte characters: a known pre-existing limit)
 
@@ -27,23 +28,101 @@ def adversarial(seed: int, n: int = 400) -> str:
     return "".join(parts) + "".join(TRICKY) + "".join(MULTILINGUAL)
 
 
+# runs of digits: ASCII, Arabic-Indic (2 bytes), fullwidth (3), mathematical (4), mixed, runs
+# ending at a document's end and starting at the next one's start, letters between
+DIGIT_DOCS = ["7" * 301, "x" + "1234567890" * 37 + "y", "\u0663" * 95 + " " + "\uff11" * 70,
+              "\U0001d7d8" * 41, "0\u0661\uff12\U0001d7dc" * 23 + ".", "12", "345" * 40,
+              "99" * 80, "a1" * 50 + "5" * 64]
+
+
+def expected_first_cuts(docs: list[str], chunk: int, pattern: str, lookback: int) -> list[int]:
+    """The first segment start of every chunk of the joined documents as bpe_cuts and then
+    bpe_digit_cuts leave it: a document start or a rule cut, else (cl100k, o200k; a chunk whose
+    characters are all digits, its run's start at most `lookback` chunks back) the first
+    digit-group start (tokenizer_svc.cuts.digit_group_starts). The look-back ends in the chunk
+    holding the character before the run (or the run's first digit, at a document start)."""
+    data = "".join(docs).encode()
+    classes = load_table().class_bytes
+    rule, groups, digit, run_start = set(), set(), {}, {}
+    doc_starts = set(np.cumsum([0] + [len(d.encode()) for d in docs]).tolist())
+    at = 0
+    for doc in docs:
+        raw = doc.encode()
+        rule.add(at)
+        rule.update(at + p for p in range(1, len(raw)) if is_cut(raw, p, pattern))
+        groups.update(at + g for g in digit_group_starts(doc, pattern))
+        start = None
+        for ch in doc:
+            is_digit = bool(int(classes[ord(ch)]) & BIT_N)
+            start = (at if start is None else start) if is_digit else None
+            digit[at], run_start[at] = is_digit, start
+            at += len(ch.encode())
+    out = []
+    for c in range(-(-len(data) // chunk)):
+        chars = [p for p in range(c * chunk, min((c + 1) * chunk, len(data))) if p in digit]
+        cut = next((p for p in chars if p in rule), None)
+        first = chars[0] if chars else 0
+        seen_from = run_start[first] if run_start.get(first) in doc_starts else \
+            (run_start.get(first) or 1) - 1   # the look-back's last chunk holds this byte
+        if cut is None and chars and all(digit[p] for p in chars) and \
+                seen_from // chunk >= c - lookback:
+            cut = next((p for p in chars if p in groups), None)
+        out.append(NONE if cut is None else cut)
+    return out
+
+
 @pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
 def test_gpu_is_cut_is_the_python_rule(device, pattern):
     """bpe_cuts reports the first cut of every chunk of CHUNK bytes: exactly the first byte of the
-    chunk where tokenizer_svc.cuts.is_cut says so (the document start counts as a cut)."""
+    chunk where tokenizer_svc.cuts.is_cut says so (the document start counts as a cut), or
+    where bpe_digit_cuts starts a digit group (chunks of digits only, cl100k and o200k)."""
     vocab = vocabulary_for(f"trained-{pattern}")
     tables = get_encoding(vocab, device=device).backend.tables
     encoder = GpuEncoder(device, tables, pattern, chunk=CHUNK)
-    data = np.frombuffer(adversarial(len(pattern)).encode(), np.uint8)
+    text = adversarial(len(pattern))
+    data = np.frombuffer(text.encode(), np.uint8)
     encoder.encode_docs(data, np.array([0, data.size]))
     n_chunks = -(-data.size // CHUNK)
     cuts = device.download(encoder.pool.get("cuts", 16).view(0, 16 * n_chunks), np.uint32)
     gpu = cuts.reshape(-1, 4)[:, 0].tolist()
-    cpu = [next((p for p in range(c * CHUNK, min((c + 1) * CHUNK, data.size))
-                 if p == 0 or is_cut(data, p, pattern)), NONE) for c in range(n_chunks)]
+    cpu = expected_first_cuts([text], CHUNK, pattern, 4096)
     diff = [(c, gpu[c], cpu[c]) for c in range(n_chunks) if gpu[c] != cpu[c]]
     assert not diff, diff[:10]
     assert sum(c != NONE for c in cpu) > n_chunks // 4
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
+@pytest.mark.parametrize("lookback", [4096, 3])
+def test_digit_runs_are_cut_at_their_groups(device, pattern, lookback):
+    """bpe_digit_cuts gives a chunk inside a run of digits its first digit-group start as a
+    segment start (cl100k, o200k; gpt2 keeps a run as one piece), looking back at most
+    DIGIT_LOOKBACK chunks for the run's start (3: a long run keeps its serial walk beyond),
+    and the ids stay tiktoken's."""
+    vocab = vocabulary_for(f"trained-{pattern}")
+    tik = tiktoken_twin(vocab)
+    tables = get_encoding(vocab, device=device).backend.tables
+    encoder = GpuEncoder(device, tables, pattern, chunk=CHUNK)
+    if encoder.k_digit_cuts is not None:
+        encoder.k_digit_cuts = device.kernel(
+            ENCODE_FILE, "bpe_digit_cuts",
+            {"PATTERN": {"cl100k": 1, "o200k": 2}[pattern], "DIGIT_LOOKBACK": lookback})
+    docs = DIGIT_DOCS + [adversarial(3, 200)]
+    raw = [d.encode() for d in docs]
+    data = np.frombuffer(b"".join(raw), np.uint8)
+    starts = np.cumsum([0] + [len(r) for r in raw])
+    ids, offsets = encoder.encode_docs(data, starts)
+    assert [ids[offsets[k]:offsets[k + 1]].tolist() for k in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+    n_chunks = -(-data.size // CHUNK)
+    cuts = device.download(encoder.pool.get("cuts", 16).view(0, 16 * n_chunks), np.uint32)
+    gpu = cuts.reshape(-1, 4)[:, 0].tolist()
+    cpu = expected_first_cuts(docs, CHUNK, pattern, lookback)
+    diff = [(c, gpu[c], cpu[c]) for c in range(n_chunks) if gpu[c] != cpu[c]]
+    assert not diff, diff[:10]
+    inside = sum(c != NONE and c not in set(starts.tolist()) and
+                 not is_cut(data.tobytes(), c, pattern) for c in cpu)
+    assert (inside > 100) if pattern != "gpt2" and lookback > 3 else True
+    assert (inside == 0) if pattern == "gpt2" else True
 
 
 @pytest.mark.parametrize("name", ["trained-gpt2", "trained-cl100k", "trained-o200k"])

@@ -57,6 +57,7 @@ def test_gpu_class_bytes_and_two_level_table():
     words = stage2[stage1[cps >> 8].astype(np.int64) * 64 + ((cps & 255) >> 2)]
     rebuilt = (words >> ((cps & 3) * 8).astype(np.uint32)) & 0xFF
     assert np.array_equal(rebuilt.astype(np.uint8), cb)
+    assert stage1[0] == 0   # bpe_encode.wgsl's class_of reads code points 0-255 from block 0
 
 
 @pytest.mark.parametrize("spec", SHARED + TRAINED[:3])

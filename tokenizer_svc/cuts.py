@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .unicode_table import BIT_L, BIT_M, BIT_N, BIT_S, load_table
+from .unicode_table import BIT_L, BIT_LO, BIT_M, BIT_N, BIT_S, BIT_UP, load_table
 
 PATTERNS = ("gpt2", "cl100k", "o200k")   # the patterns with a proven rule
 _CRLF = (0x0A, 0x0D)
+_SUFFIX_SECOND = (0x45, 0x4C)   # E, L: (?i:'re|'ve|'ll) continue an Ll with them
 
 
 def cut_rule(prev: int, cur: int, nxt: int | None, pattern: str | None) -> bool:
@@ -39,7 +40,9 @@ def cut_rule(prev: int, cur: int, nxt: int | None, pattern: str | None) -> bool:
     pc, cc = int(classes[prev]), int(classes[cur])
     if pc & BIT_L:                                                           # L
         if pattern == "o200k":
-            return not cc & (BIT_L | BIT_M) and cur != 0x27
+            return (not cc & (BIT_L | BIT_M) and cur != 0x27) or \
+                ((pc & (BIT_UP | BIT_LO)) == BIT_LO and (cc & (BIT_UP | BIT_LO)) == BIT_UP
+                 and cur not in _SUFFIX_SECOND)                                        # LU
         return not cc & BIT_L
     if pc & BIT_N:                                                           # D
         return not cc & BIT_N
@@ -121,6 +124,27 @@ def find_cut(data, lo: int, hi: int, pattern: str | None, *, split: bool = False
     return None
 
 
+def digit_group_starts(text: str, pattern: str) -> list[int]:
+    r"""Byte offsets in `text` (one document) where cl100k's and o200k's `\p{N}{1,3}` pieces
+    start inside runs of digits: every third digit from a run's first one (the run's start
+    included). No local rule proves these (rule D needs a non-digit after the digit), but they
+    are piece starts all the same; the GPU's bpe_digit_cuts (bpe_encode.wgsl) adds them as
+    segment starts so that one invocation does not walk a long run alone."""
+    if pattern not in ("cl100k", "o200k"):
+        return []
+    classes = load_table().class_bytes
+    out, run, at = [], 0, 0
+    for ch in text:
+        if int(classes[ord(ch)]) & BIT_N:
+            if run % 3 == 0:
+                out.append(at)
+            run += 1
+        else:
+            run = 0
+        at += len(ch.encode("utf-8", "surrogatepass"))
+    return out
+
+
 def valid_utf8_prefix(data: bytes) -> int:
     """Length of the longest prefix of `data` that is valid UTF-8 (cuts stay inside it)."""
     try:
@@ -151,7 +175,9 @@ def cut_mask(text: str, pattern: str | None, *, split: bool = False) -> np.ndarr
     crlf_prev = (prev == 0x0A) | (prev == 0x0D)
     cur_plain_space = ((cc & BIT_S) != 0) & (cur != 0x0A) & (cur != 0x0D)
     if pattern == "o200k":
-        rule_l = ((cc & (BIT_L | BIT_M)) == 0) & (cur != 0x27)
+        rule_l = (((cc & (BIT_L | BIT_M)) == 0) & (cur != 0x27)) | \
+            (((pc & (BIT_UP | BIT_LO)) == BIT_LO) & ((cc & (BIT_UP | BIT_LO)) == BIT_UP)
+             & ~np.isin(cur, _SUFFIX_SECOND))
     else:
         rule_l = (cc & BIT_L) == 0
     rule_d = (cc & BIT_N) == 0
@@ -221,5 +247,5 @@ def split_points(data: bytes, limit: int, pattern: str | None) -> tuple[list[int
     return ends, unsafe
 
 
-__all__ = ["PATTERNS", "cut_mask", "cut_rule", "find_cut", "is_cut", "split_cuts", "split_points",
-           "valid_utf8_prefix"]
+__all__ = ["PATTERNS", "cut_mask", "cut_rule", "digit_group_starts", "find_cut", "is_cut",
+           "split_cuts", "split_points", "valid_utf8_prefix"]

@@ -18,7 +18,7 @@ than one device call is first split at the tokenizer's split points, tokenizer_s
 Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
     write text + document starts                       (host; overlaps the previous chunk)
-    bpe_fill_none -> bpe_cuts -> bpe_pretok            (bpe_encode.wgsl)
+    bpe_fill_none -> bpe_cuts (-> bpe_digit_cuts) -> bpe_pretok   (bpe_encode.wgsl)
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
     copy counters, document offsets and a guess of the ids into a mapped staging buffer
 
@@ -71,6 +71,7 @@ from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
 PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
+DIGIT_GROUP_PATTERNS = ("cl100k", "o200k")   # \p{N}{1,3}: bpe_digit_cuts cuts their runs
 WG = 64
 SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
 SCRATCH_WORDS_PER_BYTE = 5  # per byte of a long-piece window (bpe_encode.wgsl SCRATCH_PER_BYTE)
@@ -238,6 +239,9 @@ class GpuEncoder:
         k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
         self.k_fill = k("bpe_fill_none")
         self.k_cuts = k("bpe_cuts", constants) if constants else None
+        # cuts inside runs of digits (cl100k, o200k: \p{N}{1,3} pieces; gpt2 takes a run whole)
+        self.k_digit_cuts = k("bpe_digit_cuts", constants) if pattern in DIGIT_GROUP_PATTERNS \
+            else None
         self.k_pretok = k("bpe_pretok", dict(constants, **windows)) if constants else None
         self.k_pieces = k("bpe_merge_pieces", windows)
         self.k_long = k("bpe_merge_long")
@@ -505,6 +509,8 @@ class GpuEncoder:
             rec.dispatch(self.k_pieces, binds, -(-chunk.n_docs // WG), "merge_pieces")
         else:
             rec.dispatch(self.k_cuts, binds, chunk.walk_groups, "cuts")
+            if self.k_digit_cuts is not None:
+                rec.dispatch(self.k_digit_cuts, binds, chunk.walk_groups, "digit_cuts")
             rec.dispatch(self.k_pretok, binds, chunk.walk_groups, "pretok_merge")
         if chunk.inline_long:
             # long pieces in the same submit: windows, stitch, copy over however many windows

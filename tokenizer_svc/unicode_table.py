@@ -200,9 +200,15 @@ class UnicodeTable:
 
     def two_level(self) -> tuple[np.ndarray, np.ndarray]:
         """(stage1 u32[4352], stage2 u32[n_blocks * 64]): class byte of cp is byte cp % 4 of
-        stage2[stage1[cp >> 8] * 64 + (cp & 255) / 4]."""
+        stage2[stage1[cp >> 8] * 64 + (cp & 255) / 4]. The block of code points 0-255 is
+        block 0, so for those cp the GPU reads stage2[cp / 4] directly (class_of's one-load
+        path)."""
         blocks = self.class_bytes.reshape(MAX_CP // BLOCK, BLOCK)
         unique, stage1 = np.unique(blocks, axis=0, return_inverse=True)
+        stage1 = stage1.reshape(-1)
+        order = np.arange(len(unique))   # swap block 0 and the first code points' block
+        order[[0, stage1[0]]] = order[[stage1[0], 0]]
+        unique, stage1 = unique[order], order[stage1]
         stage2 = np.ascontiguousarray(unique).view(np.uint32).reshape(-1)
         return stage1.astype(np.uint32).reshape(-1), stage2.copy()
 

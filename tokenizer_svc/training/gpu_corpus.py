@@ -95,6 +95,9 @@ class GpuPieceCounter:
         self.k_fill = device.kernel(ENCODE_FILE, "bpe_fill_none")
         self.k_cuts = device.kernel(ENCODE_FILE, "bpe_cuts", pid)
         self.k_pretok = device.kernel(ENCODE_FILE, "bpe_pretok", dict(pid, MARK_PIECES=1))
+        # runs of digits cut at their groups (cl100k, o200k), as the encoder does
+        self.k_digit_cuts = device.kernel(ENCODE_FILE, "bpe_digit_cuts", pid) \
+            if pid.get("PATTERN", 0) else None
         self.k_count = device.kernel(COUNT_FILE, "count_pieces")
         self.k_list = device.kernel(COUNT_FILE, "list_pieces")
         self.classes = device.upload(_class_table(), "unicode classes")
@@ -152,6 +155,8 @@ class GpuPieceCounter:
         with dev.record("corpus pre-tokenize") as rec:
             rec.dispatch(self.k_fill, encode_binds, -(-n // WG))
             rec.dispatch(self.k_cuts, encode_binds, -(-n_chunks // WG))
+            if self.k_digit_cuts is not None:
+                rec.dispatch(self.k_digit_cuts, encode_binds, -(-n_chunks // WG))
             rec.dispatch(self.k_pretok, encode_binds, -(-n_chunks // WG))
         while True:
             c = dev.download(counters.view(0, 16), np.uint32)

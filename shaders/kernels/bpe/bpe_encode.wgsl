@@ -6,6 +6,8 @@
 //   bpe_fill_none     tok_buf[i] = NONE for i < n_bytes                     (one per byte)
 //   bpe_cuts          per chunk of `chunk` bytes: its first provable piece boundary (or NONE)
 //                     and a summary of its characters for skipping long runs  (one per chunk)
+//   bpe_digit_cuts    (cl100k, o200k) per chunk inside a run of digits: a cut at a digit
+//                     group's start (one per chunk)
 //   bpe_pretok        per chunk with a boundary: pre-tokenize [boundary, next boundary) with
 //                     the PATTERN's rules, BPE each piece of <= SHORT_MAX bytes in registers,
 //                     queue longer ones                                       (one per chunk)
@@ -66,6 +68,12 @@
 //     `P?[Lu Lt Lm Lo M]*[Ll Lm Lo M]+C?` / `P?[..]+[..]*C?` whose suffix C starts with `'` —
 //     continues past a letter only with a letter (resp. letter, mark, `'`); no other
 //     alternative contains a letter. So the piece containing prev ends exactly at p.
+//  LU (o200k) prev is \p{Ll} (lower only: CL_LO without CL_UP), cur is \p{Lu} or \p{Lt} (CL_UP
+//     without CL_LO) other than E and L. An Ll character is matched only by a [LO] run or by
+//     the contraction suffix (?i:'s|'t|'re|'ve|'m|'ll|'d); a [LO] run is followed only by
+//     [LO] characters, the suffix (starting with `'`) or the piece's end, and within the
+//     suffix an Ll letter is followed only by e/E or l/L ('re 've 'll) or the end, so the
+//     piece containing prev ends at p ("aBaB..." is one segment per two letters, not one).
 //  D  prev is a digit, cur is not: digits only occur in digit pieces (` ?\p{N}++` or
 //     `\p{N}{1,3}` groups tiling the run from its start), which end with the run.
 //  O  prev is "other" ([^\s\p{L}\p{N}], not `'`), cur is a digit or a whitespace other than
@@ -155,6 +163,8 @@ override MARK_PIECES: u32 = 0u;
 // one (see "Long pieces" above). LONG_WINDOW > LONG_OVERLAP + the longest token.
 override LONG_WINDOW: u32 = 384u;
 override LONG_OVERLAP: u32 = 192u;
+// bpe_digit_cuts looks back at most this many chunks for the start of a run of digits
+override DIGIT_LOOKBACK: u32 = 4096u;
 
 struct Params {
     n_bytes: u32,
@@ -212,7 +222,9 @@ fn byte_at(i: u32) -> u32 {
 }
 
 fn class_of(cp: u32) -> u32 {
-    let block = classes[min(cp >> 8u, STAGE1_WORDS - 1u)];
+    // code points 0-255 are stage 2's block 0 (unicode_table.two_level): one load, not two
+    var block = 0u;
+    if (cp >= 256u) { block = classes[min(cp >> 8u, STAGE1_WORDS - 1u)]; }
     let word = classes[STAGE1_WORDS + block * 64u + ((cp & 255u) >> 2u)];
     return (word >> ((cp & 3u) * 8u)) & 0xffu;
 }
@@ -539,7 +551,11 @@ fn match_piece(p0: u32, end: u32) -> u32 {
 fn is_cut(prev: Ch, cur: Ch, at: u32, end: u32) -> bool {
     if ((cur.cls & CL_END) != 0u || (prev.cls & CL_END) != 0u) { return false; }
     if ((prev.cls & CL_L) != 0u) {                                              // L
-        if (PATTERN == 2u) { return (cur.cls & (CL_L | CL_M)) == 0u && cur.cp != 39u; }
+        if (PATTERN == 2u) {
+            let lu = (prev.cls & (CL_UP | CL_LO)) == CL_LO && (cur.cls & (CL_UP | CL_LO)) == CL_UP
+                     && cur.cp != 69u && cur.cp != 76u;
+            return ((cur.cls & (CL_L | CL_M)) == 0u && cur.cp != 39u) || lu;               // LU
+        }
         return (cur.cls & CL_L) == 0u;
     }
     if ((prev.cls & CL_N) != 0u) { return (cur.cls & CL_N) == 0u; }             // D
@@ -969,7 +985,8 @@ fn bpe_fill_none(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 // cuts[c] = (first boundary in the chunk or NONE, the same (bpe_pretok's resume position),
 //            summary0 = AND of classes | first char offset << 8 | last char offset << 16 |
 //                       (offset of its last \r/\n + 1, 0 if none) << 24,
-//            summary1 = end offset of its last CL_LO char (255 if none) | OR of classes << 8)
+//            summary1 = end offset of its last CL_LO char (255 if none) | OR of classes << 8 |
+//                       characters starting in the chunk << 16)
 @compute @workgroup_size(64)
 fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -987,6 +1004,7 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     var last = 0u;
     var crlf = 0u;
     var lo_end = 0xffu;
+    var count = 0u;   // characters starting in the chunk
     var cut = NONE;
     if (i < hi) {
         var d = doc_of(i);
@@ -1006,12 +1024,94 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             last = i - lo;
             if (is_crlf(cur.cp)) { crlf = i - lo + 1u; }
             if ((cur.cls & CL_LO) != 0u) { lo_end = i - lo + cur.len; }
+            count += 1u;
             prev = cur;
             i += cur.len;
         }
     }
     cuts[c] = vec4<u32>(cut, cut, (and_mask & 0xffu) | (first << 8u) | (last << 16u) | (crlf << 24u),
-                        lo_end | (or_mask << 8u));
+                        lo_end | (or_mask << 8u) | (count << 16u));
+}
+
+// --- KERNEL: bpe_digit_cuts ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// cl100k and o200k (PATTERN 1, 2), after bpe_cuts: no rule cuts a run of digits (rule D needs
+// a non-digit after the digit), so without this one invocation walks a whole run piece by
+// piece (65,536 "7"s: 21,846 pieces in a row, most of a 64 MB call's pre-tokenizer time).
+// But \p{N}{1,3} pieces tile a run from its first digit (proof of rule D), so every third
+// digit from the run's start begins a piece. A chunk without a cut whose characters are all
+// digits finds its run's start by looking back over the chunks' summaries (at most
+// DIGIT_LOOKBACK chunks; a longer run keeps its serial walk past that) and takes its first
+// such digit as its cut. Only cuts[c].x/.y of its own chunk are written; the summaries
+// (.z/.w) it reads are bpe_cuts'. The reference is tokenizer_svc/cuts.py:digit_group_starts.
+@compute @workgroup_size(64)
+fn bpe_digit_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let c = spread_index(linear_index(wg, nwg, lid));
+    if (PATTERN == 0u || c >= p.n_chunks || cuts[c].x != NONE) { return; }
+    let z = cuts[c].z;
+    let count = (cuts[c].w >> 16u) & 0xffu;
+    if (count == 0u || (z & CL_N) == 0u) { return; }   // not a chunk of digits only
+    let first = c * p.chunk + ((z >> 8u) & 0xffu);
+    let doc_start = starts[doc_of(first)];
+    var run = 0u;   // digits from the run's start to `first`
+    var j = c;
+    var back = 0u;
+    work += 1u;
+    loop {
+        work += 1u;
+        if (j == 0u || back == DIGIT_LOOKBACK) { return; }
+        j -= 1u;
+        back += 1u;
+        let zj = cuts[j].z;
+        let nj = (cuts[j].w >> 16u) & 0xffu;
+        let fj = j * p.chunk + ((zj >> 8u) & 0xffu);
+        if (nj == 0u) { return; }
+        if (fj > doc_start && (zj & CL_N) != 0u) {   // the whole chunk is in the run
+            run += nj;
+            continue;
+        }
+        // the run starts in chunk j or right after it: count its trailing digits (of this
+        // document only)
+        var t = 0u;
+        var i = fj;
+        let hi = (j + 1u) * p.chunk;
+        work += 1u;
+        loop {
+            work += 1u;
+            if (i >= hi) { break; }
+            let ch = ch_at(i, p.n_bytes);
+            if (i < doc_start || (ch.cls & CL_N) == 0u) { t = 0u; } else { t += 1u; }
+            i += ch.len;
+        }
+        run += t;
+        break;
+    }
+    // the chunk's first digit at a multiple of 3 from the run's start
+    let hi = min((c + 1u) * p.chunk, p.n_bytes);
+    var q = first;
+    work += 1u;
+    loop {
+        work += 1u;
+        if (q >= hi) { return; }
+        if (run % 3u == 0u) { break; }
+        run += 1u;
+        q += ch_at(q, p.n_bytes).len;
+    }
+    cuts[c].x = q;
+    cuts[c].y = q;
 }
 
 // --- KERNEL: bpe_pretok ---

@@ -1,0 +1,124 @@
+"""One encoder variant on the benchmark corpus, for A/B runs in one device call (issue 19).
+
+    python dev/encode_variant_ab.py --label NAME --out DIR [--code TREE] [--vocabs ...] [--mb 64]
+
+Run once per variant, each in its own process: the code of another checkout (`--code`, e.g.
+the commit before a change, put first on sys.path), the backend or Dawn's robustness (the
+usual environment variables: ISTANBUL_BACKEND, ISTANBUL_DAWN_ROBUSTNESS). For each vocabulary,
+on bench/tokenize_bench.py's corpus: median wall of GpuEncoder.encode_docs (MB/s), GPU ms
+per phase of one profiled call, the median of calls of 64 KB and 1 MB of the corpus, and a
+digest of the ids and offsets (variants must agree). Writes DIR/NAME.json; `--table DIR`
+prints the markdown table of every JSON there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def median_wall(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def doc_prefix(docs, nbytes):
+    out, size = [], 0
+    for d in docs:
+        b = d.encode()
+        out.append(b[:nbytes - size].decode(errors="ignore") if size + len(b) > nbytes else d)
+        size += len(out[-1].encode())
+        if size >= nbytes:
+            break
+    return out
+
+
+def run(args) -> dict:
+    import numpy as np
+    from bench.tokenize_bench import build_corpus
+    from istanbul.shaders.engine import Device
+    from tokenizer_svc.encoding import _pack_utf8, get_encoding
+    from tokenizer_svc.gpu_encode import GpuEncoder
+    device = Device(None)
+    docs, _ = build_corpus(args.mb)
+    packed, starts = _pack_utf8(docs)
+    out = {"label": args.label, "adapter": device.info.name, "backend": device.backend.name,
+           "robustness": bool(getattr(device, "robustness", True)), "bytes": int(starts[-1]),
+           "vocabs": {}}
+    for name in args.vocabs.split(","):
+        path = args.vocab_dir / f"{name}.tiktoken"
+        enc = get_encoding(str(path) if path.is_file() else name, device=device)
+        e = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
+        ids, offsets = e.encode_docs(packed, starts)
+        digest = hashlib.sha1(np.ascontiguousarray(ids).tobytes() +
+                              np.asarray(offsets, np.int64).tobytes()).hexdigest()
+        wall = median_wall(lambda: e.encode_docs(packed, starts), args.repeats)
+        e.profile = True
+        e.encode_docs(packed, starts)
+        e.profile = False
+        row = {"MBps": out["bytes"] / 1e6 / wall, "median_s": wall, "digest": digest,
+               "gpu_ms": {k: round(v * 1e3, 3) for k, v in e.last_profile.gpu.items()}}
+        for size in (64 << 10, 1 << 20):
+            sub, sub_starts = _pack_utf8(doc_prefix(docs, size))
+            row[f"call_{size >> 10}k_ms"] = 1e3 * median_wall(
+                lambda: e.encode_docs(sub, sub_starts), max(9, 3 * args.repeats))
+        out["vocabs"][name] = row
+        print(args.label, name, json.dumps(row), flush=True)
+        e.pool.release()
+    return out
+
+
+def table(folder: Path) -> str:
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    lines = ["| variant | vocab | MB/s | pretok_merge | digit_cuts | cuts | merge_long_wg | "
+             "64 KB call ms | 1 MB call ms | ids |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    first = {}
+    for r in runs:
+        for name, v in r["vocabs"].items():
+            first.setdefault(name, v["digest"])
+            g = v["gpu_ms"]
+            lines.append(f"| {r['label']} | {name} | {v['MBps']:.0f} | "
+                         f"{g.get('pretok_merge', 0):.1f} | {g.get('digit_cuts', 0):.2f} | "
+                         f"{g.get('cuts', 0):.2f} | {g.get('merge_long_wg', 0):.1f} | "
+                         f"{v['call_64k_ms']:.2f} | {v['call_1024k_ms']:.2f} | "
+                         f"{'same' if v['digest'] == first[name] else 'DIFFERENT'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--label")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--code", type=Path, default=REPO, help="checkout whose code runs")
+    p.add_argument("--vocabs", default="gpt2,cl100k_base,o200k_base")
+    p.add_argument("--vocab-dir", type=Path,
+                   default=Path(os.environ.get("ISTANBUL_VOCAB_DIR", REPO.parent / "shared" /
+                                               "vocab")))
+    p.add_argument("--mb", type=float, default=64.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--table", type=Path, help="print the table of the JSON files in this folder")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    sys.path.insert(0, str(args.code.resolve()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run(args)
+    (args.out / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
