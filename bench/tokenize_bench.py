@@ -2,7 +2,7 @@
 """Encode/decode throughput: istanbul on the GPU vs the exact CPU tokenizers, same machine.
 
     python bench/tokenize_bench.py --out bench/results/h200 [--mb 64] [--vocab gpt2,cl100k_base,o200k_base]
-                             [--vocab-dir DIR] [--repeats 3] [--adapter A]
+                             [--vocab-dir DIR] [--repeats 3] [--warm 2] [--adapter A]
 
 Corpus (>= --mb MB, no network, the same bytes on every machine with the same Python):
 --generated-share of it (default 0.2) generated from a fixed seed: word-sampled text in 14
@@ -15,7 +15,8 @@ the results.
 
 For each vocabulary every implementation is first checked for ids identical to tiktoken's on
 every document (the count of documents that differ is reported), then timed (median of
---repeats passes after a warm-up, wall clock, whole batch):
+--repeats passes after a warm-up, wall clock, whole batch; istanbul's after --warm seconds of
+calls, so the GPU has left its idle clock):
   istanbul   Encoding.encode_batch_flat / decode_bytes_batch_flat of its (ids, offsets) on
              the GPU (one batch; decode_bytes_batch of per-document arrays reported beside)
   tiktoken   encode_ordinary_batch / decode_bytes_batch with num_threads = all cores
@@ -196,8 +197,14 @@ def peer_encoder(name: str, vocab, path: Path):
     return "unknown peer"
 
 
-def median_of(fn, repeats: int) -> float:
-    """Median wall seconds of `repeats` calls (the caller has warmed `fn` up)."""
+def median_of(fn, repeats: int, warm_s: float = 0.0) -> float:
+    """Median wall seconds of `repeats` calls, after calls for at least warm_s seconds (the
+    caller has made the first: compile, allocate). A GPU idles at a low clock and needs
+    ~0.5-1 s of work to reach its full one (the H200: 345 -> 1980 MHz, dev/RESULTS.md), so a
+    single warm-up call of 50 ms would time a GPU still speeding up."""
+    end = time.perf_counter() + warm_s
+    while time.perf_counter() < end:
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -234,6 +241,7 @@ def mismatches(got, want) -> int:
 def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int, args) -> dict:
     from istanbul.shaders.engine import default_device
     from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.gpu_backend import ROBUSTNESS
     from tokenizer_svc.vocab import load_vocabulary
 
     path = None
@@ -241,7 +249,7 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
         path = vocab_dir / f"{name}.tiktoken"
     vocab = load_vocabulary(path or name)
     path = Path(vocab.source)
-    device = default_device(args.adapter)
+    device = default_device(args.adapter, robustness=ROBUSTNESS)   # as the product's
     mb = nbytes / 1e6
     rows, notes = [], []
     tik = tiktoken_encoding(vocab)
@@ -254,14 +262,14 @@ def bench_vocab(name: str, vocab_dir: Path | None, docs: list[str], nbytes: int,
     ids, offsets = enc.encode_batch_flat(docs)  # warm-up: compile, allocate
     batch = [ids[offsets[i]:offsets[i + 1]] for i in range(len(docs))]
     wrong = mismatches(batch, want)
-    enc_s = median_of(lambda: enc.encode_batch_flat(docs), args.repeats)
+    enc_s = median_of(lambda: enc.encode_batch_flat(docs), args.repeats, args.warm)
     # decode: from encode_batch_flat's own (ids, offsets), and from per-document arrays (the
     # peers' shape of input: n Python objects to look at first)
     decoded = enc.decode_bytes_batch_flat(ids, offsets)
     dec_wrong = sum(1 for d, doc in zip(decoded, docs) if d != doc.encode())
     dec_wrong += sum(1 for d, doc in zip(enc.decode_bytes_batch(batch), docs) if d != doc.encode())
-    dec_s = median_of(lambda: enc.decode_bytes_batch_flat(ids, offsets), args.repeats)
-    dec_list_s = median_of(lambda: enc.decode_bytes_batch(batch), args.repeats)
+    dec_s = median_of(lambda: enc.decode_bytes_batch_flat(ids, offsets), args.repeats, args.warm)
+    dec_list_s = median_of(lambda: enc.decode_bytes_batch(batch), args.repeats, args.warm)
     rows.append({"impl": "istanbul (GPU)", "exact": wrong == 0 and dec_wrong == 0,
                  "docs_differing": wrong, "decode_docs_differing": dec_wrong,
                  "encode_MBps": mb / enc_s, "decode_MBps": mb / dec_s,
@@ -459,6 +467,9 @@ def main(argv=None) -> int:
                         str(REPO.parent / "shared" / "vocab"))
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes per implementation, after a warm-up (median)")
+    parser.add_argument("--warm", type=float, default=2.0,
+                        help="seconds of istanbul calls before each of its timings, so the GPU "
+                             "reaches its full clock (default 2)")
     parser.add_argument("--generated-share", type=float, default=0.2,
                         help="share of the corpus generated (multilingual, adversarial)")
     parser.add_argument("--lone-calls", type=int, default=200,
@@ -471,7 +482,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
     from istanbul.shaders.engine import default_device
-    device = default_device(args.adapter)
+    device = default_device(args.adapter, robustness=ROBUSTNESS)   # as the product's
     docs, corpus = build_corpus(args.mb, args.generated_share)
     print(f"corpus: {corpus['bytes'] / 1e6:.1f} MB, {corpus['documents']} documents; "
           f"device: {device.name}", flush=True)

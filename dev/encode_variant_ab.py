@@ -24,8 +24,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def median_wall(fn, repeats: int) -> float:
+def median_wall(fn, repeats: int, warm_s: float = 0.0) -> float:
+    """Median of `repeats` timed calls after calls for at least warm_s seconds (the GPU's
+    clock rises from ~345 to 1980 MHz only after ~0.5-1 s of work: dev/RESULTS.md)."""
+    t_end = time.perf_counter() + warm_s
     fn()
+    while time.perf_counter() < t_end:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -51,7 +56,8 @@ def run(args) -> dict:
     from istanbul.shaders.engine import Device
     from tokenizer_svc.encoding import _pack_utf8, get_encoding
     from tokenizer_svc.gpu_encode import GpuEncoder
-    device = Device(None)
+    from tokenizer_svc import gpu_backend
+    device = Device(None, robustness=getattr(gpu_backend, "ROBUSTNESS", True))   # as the product
     docs, _ = build_corpus(args.mb)
     packed, starts = _pack_utf8(docs)
     out = {"label": args.label, "adapter": device.info.name, "backend": device.backend.name,
@@ -64,12 +70,15 @@ def run(args) -> dict:
         ids, offsets = e.encode_docs(packed, starts)
         digest = hashlib.sha1(np.ascontiguousarray(ids).tobytes() +
                               np.asarray(offsets, np.int64).tobytes()).hexdigest()
-        wall = median_wall(lambda: e.encode_docs(packed, starts), args.repeats)
+        wall = median_wall(lambda: e.encode_docs(packed, starts), args.repeats, args.warm)
+        row_trace = trace_call(e, packed, starts) if args.trace else None
         e.profile = True
         e.encode_docs(packed, starts)
         e.profile = False
         row = {"MBps": out["bytes"] / 1e6 / wall, "median_s": wall, "digest": digest,
                "gpu_ms": {k: round(v * 1e3, 3) for k, v in e.last_profile.gpu.items()}}
+        if row_trace is not None:
+            row["trace"] = row_trace
         for size in (64 << 10, 1 << 20):
             sub, sub_starts = _pack_utf8(doc_prefix(docs, size))
             row[f"call_{size >> 10}k_ms"] = 1e3 * median_wall(
@@ -78,6 +87,39 @@ def run(args) -> dict:
         print(args.label, name, json.dumps(row), flush=True)
         e.pool.release()
     return out
+
+
+def trace_call(e, packed, starts) -> list:
+    """One timed call's host timeline: (step, chunk, start ms, end ms) for each chunk's upload
+    (_Chunk()), dispatch, wait (the GPU's work and the map) and collect (the ids' copy)."""
+    from tokenizer_svc import gpu_encode as ge
+    events, t0 = [], time.perf_counter()
+    originals = {}
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+        originals[(owner, name)] = fn
+
+        def timed(*a, **k):
+            s = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((label, round((s - t0) * 1e3, 3),
+                               round((time.perf_counter() - t0) * 1e3, 3)))
+        setattr(owner, name, timed)
+
+    wrap(ge._Chunk, "__init__", "upload")
+    wrap(ge._Chunk, "dispatch", "dispatch")
+    wrap(ge._Chunk, "wait", "wait")
+    wrap(ge.GpuEncoder, "_collect", "collect")
+    try:
+        e.encode_docs(packed, starts)
+        events.append(("total", 0.0, round((time.perf_counter() - t0) * 1e3, 3)))
+    finally:
+        for (owner, name), fn in originals.items():
+            setattr(owner, name, fn)
+    return events
 
 
 def table(folder: Path) -> str:
@@ -107,7 +149,9 @@ def main(argv=None) -> int:
                    default=Path(os.environ.get("ISTANBUL_VOCAB_DIR", REPO.parent / "shared" /
                                                "vocab")))
     p.add_argument("--mb", type=float, default=64.0)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warm", type=float, default=2.0, help="seconds of calls before timing")
+    p.add_argument("--trace", action="store_true", help="record one call's host timeline")
     p.add_argument("--table", type=Path, help="print the table of the JSON files in this folder")
     args = p.parse_args(argv)
     if args.table:

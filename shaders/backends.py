@@ -16,9 +16,11 @@ from the rest of the engine:
   timestamps (Dawn quantizes them by default, a browser's anti-fingerprinting measure: GPU
   times came out in multiples of ~33 us on the H200). Out-of-bounds accesses stay harmless
   either way while robustness itself is on. Robustness (Tint's bounds-checking transform)
-  is on by default; the trainer's devices turn it off (`Device(robustness=False)`: they run
-  only the project's kernels, which check their own bounds; the tensor-core matmuls run
-  20-40% faster without it, dev/results/h200/sgmat/). $ISTANBUL_DAWN_ROBUSTNESS=on|off
+  is on by default; the trainer's and the tokenizer's devices turn it off
+  (`Device(robustness=False)`: they run only the project's kernels, which check their own
+  bounds; the tensor-core matmuls run 20-40% faster without it, dev/results/h200/sgmat/, and
+  the o200k pre-tokenizer twice as fast, 47.7 vs 23.1 ms per 67 MB, dev/RESULTS.md;
+  tokenizer_svc.gpu_backend.ROBUSTNESS). $ISTANBUL_DAWN_ROBUSTNESS=on|off
   overrides both, and `disable_robustness` in $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.packed_text import PackedText, byte_range
+from tokenizer_svc.packed_text import PackedRange, PackedText, byte_range
 
 
 def _packed(parts):
@@ -32,6 +32,28 @@ def test_a_range_inside_one_part_is_a_view_not_a_copy():
     view = packed.range(1, 4)
     assert view.tobytes() == b"bcd" and not view.flags.owndata
     assert np.shares_memory(view, np.frombuffer(parts[1], np.uint8))
+
+
+def test_a_range_writes_its_parts_where_they_go():
+    """PackedRange.write_into puts bytes [lo, hi) into the front of a buffer, part by part
+    (str parts encoded, bytes parts copied), touching nothing after them: every range of
+    mixed parts equals the joined bytes."""
+    rng = random.Random(5)
+    parts = [rng.choice([rng.randbytes(rng.choice([0, 1, 3, 9, 40])),
+                         "".join(rng.choice("ab \n") for _ in range(rng.choice([0, 2, 7, 33])))])
+             for _ in range(30)]
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    packed = PackedText(parts, starts)
+    joined = b"".join(p if isinstance(p, bytes) else p.encode() for p in parts)
+    for lo in range(0, len(joined) + 1, 3):
+        for hi in range(lo, min(len(joined), lo + 120) + 1, 7):
+            r = PackedRange(packed, lo, hi)
+            dst = np.full(r.size + 5, 0xEE, np.uint8)
+            r.write_into(dst)
+            assert r.size == hi - lo and dst[:r.size].tobytes() == joined[lo:hi], (lo, hi)
+            assert (dst[r.size:] == 0xEE).all() and r.array().tobytes() == joined[lo:hi]
+    with pytest.raises(IndexError):
+        PackedRange(packed, 0, len(joined) + 1)
 
 
 def test_bad_ranges_and_starts_are_refused():

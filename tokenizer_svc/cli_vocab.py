@@ -115,7 +115,8 @@ def cmd_train(args) -> int:
     device = None
     if "gpu" in (args.trainer, args.pretokenizer):
         from istanbul.shaders.engine import Device
-        device = Device(args.adapter)
+        from .gpu_backend import ROBUSTNESS
+        device = Device(args.adapter, robustness=ROBUSTNESS)
         print(f"device: {device.info.summary()}")
         if device.info.is_software:
             print("note: this is software Vulkan (no GPU found); --trainer cpu gives the "

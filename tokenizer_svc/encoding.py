@@ -181,8 +181,9 @@ class Encoding:
                         self._backend = CpuBackend(self.vocab)
                     else:
                         from istanbul.shaders.engine import default_device
-                        from .gpu_backend import GpuBackend
-                        device = self._device if self._device is not None else default_device()
+                        from .gpu_backend import ROBUSTNESS, GpuBackend
+                        device = self._device if self._device is not None else \
+                            default_device(robustness=ROBUSTNESS)
                         _note_gpu_use()
                         self._backend = GpuBackend(self.vocab, device)
                 backend = self._backend

@@ -64,7 +64,7 @@ from wgpu import BufferUsage
 from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
                        map_staging, write_through_mapping)
 from .gpu_tables import NONE, VocabTables
-from .packed_text import PackedText, byte_range
+from .packed_text import PackedRange, PackedText, byte_range
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
 # re-exported for older imports)
 
@@ -300,13 +300,16 @@ class GpuEncoder:
                 usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
         return buf
 
-    def write_text(self, slot: int, text: Buffer, data: np.ndarray) -> Buffer | None:
-        """Put `data` (uint8) into `text` (rounded up to whole words, the tail zero): through
+    def write_text(self, slot: int, text: Buffer, data) -> Buffer | None:
+        """Put `data` (a uint8 array, or a PackedRange: its parts written one by one into the
+        mapping, never joined) into `text` (rounded up to whole words, the tail zero): through
         the slot's mappable buffer on copy_threads threads for chunks of at least
         mapped_text_bytes (returns that buffer: the caller's submit copies it into `text`,
         and the slot's previous chunk has finished with it), else queue.write_buffer (None)."""
         n = int(data.size)
         aligned, words = n & ~3, -(-n // 4) * 4
+        if n < self.mapped_text_bytes and isinstance(data, PackedRange):
+            data = data.array()   # a small range: joined, then written (fewer calls)
         if n < self.mapped_text_bytes:
             if aligned:
                 self.device.queue.write_buffer(text.raw, 0, data[:aligned])
@@ -421,7 +424,8 @@ class GpuEncoder:
         `ids`; fills sub_offsets[1:]."""
         def upload(k):
             lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
-            return _Chunk(self, byte_range(data, lo, hi),
+            text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
+            return _Chunk(self, text,
                           sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
                           pieces, slot=k % 2, first_sub=bounds[k])
 

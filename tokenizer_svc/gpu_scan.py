@@ -15,6 +15,8 @@ import os
 import struct
 
 import numpy as np
+
+from .packed_text import PackedRange
 from wgpu import BufferUsage
 
 from istanbul.shaders.engine import Buffer, Device
@@ -94,23 +96,31 @@ class ParallelCopy:
             future.result()
 
 
-def write_through_mapping(buffer: Buffer, data: np.ndarray, nbytes: int, copy) -> None:
+def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:
     """Map the first nbytes (>= data.nbytes) of a MAP_WRITE buffer, put `data` there (zeros
     after it) and unmap. `copy(dst, src)` moves the bytes when the backend gives a writable
     view of the mapping (wgpu-py's `_experimental_get_mapped_range`, in wgpu-native's and
-    Dawn's backends alike; e.g. a ParallelCopy); else `write_mapped` does, on this thread."""
+    Dawn's backends alike; e.g. a ParallelCopy); else `write_mapped` does, on this thread.
+    `data` may also be a packed_text.PackedRange (uint8), written part by part."""
     raw = buffer.raw
     raw.map_async("WRITE", 0, nbytes).sync_wait()
     try:
         get = getattr(raw, "_experimental_get_mapped_range", None)
-        dst = np.frombuffer(get(0, nbytes), data.dtype) if get is not None else None
+        dtype = np.uint8 if isinstance(data, PackedRange) else data.dtype
+        dst = np.frombuffer(get(0, nbytes), dtype) if get is not None else None
+        size = data.size * np.dtype(dtype).itemsize
         if dst is None or not dst.flags.writeable:
-            tail = np.zeros(nbytes - data.nbytes, np.uint8)
+            if isinstance(data, PackedRange):
+                data = data.array()
+            tail = np.zeros(nbytes - size, np.uint8)
             raw.write_mapped(np.concatenate([data.view(np.uint8), tail]) if tail.size
                              else data, 0)
         else:
-            copy(dst[:data.size], data)
-            dst.view(np.uint8)[data.nbytes:] = 0
+            if isinstance(data, PackedRange):
+                data.write_into(dst)
+            else:
+                copy(dst[:data.size], data)
+            dst.view(np.uint8)[size:] = 0
         del dst   # a view of the mapping: gone before the unmap
     finally:
         raw.unmap()

@@ -241,7 +241,8 @@ class TokenizerServer:
             from istanbul.shaders.engine import Device
             from ..encoding import Encoding
             shared = enc.backend.device
-            long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu))
+            long_enc = Encoding(enc.vocab, Device(shared.info.index, shared.info.webgpu,
+                                                  robustness=shared.robustness))
         encoder = long_enc.backend.encoder
         if not encoder.device.info.is_software:
             encoder.budget = encoder.long_budget = LONG_LANE_GPU_BUDGET

@@ -402,8 +402,9 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
     try:
         from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
+        from ..gpu_backend import ROBUSTNESS
         start = time.perf_counter()
-        encoding = get_encoding(vocab, device=Device(adapter))
+        encoding = get_encoding(vocab, device=Device(adapter, robustness=ROBUSTNESS))
     except (UserFacingError, Exception) as exc:
         print(f"istanbul serve: GPU process: error: could not load vocabulary {vocab!r} on "
               f"the GPU: {exc}", file=sys.stderr)

@@ -31,7 +31,8 @@ async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     def load():
         from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
-        device = Device(adapter)
+        from ..gpu_backend import ROBUSTNESS
+        device = Device(adapter, robustness=ROBUSTNESS)
         encoding = get_encoding(vocab, device=device)
         if gpu_host is not None:
             from .gpu_host import RemoteEncoding
