@@ -482,6 +482,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
     from istanbul.shaders.engine import default_device
+    from tokenizer_svc.gpu_backend import ROBUSTNESS
     device = default_device(args.adapter, robustness=ROBUSTNESS)   # as the product's
     docs, corpus = build_corpus(args.mb, args.generated_share)
     print(f"corpus: {corpus['bytes'] / 1e6:.1f} MB, {corpus['documents']} documents; "

@@ -164,6 +164,9 @@ PARALLEL_COPY_IDS = 1 << 20
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
+# The first chunks of a call ramp up to PIPELINE_BYTES: 1/4, 1/2, then whole (a 67 MB gpt2
+# call on the H200 spent 4.4 ms uploading its first 16 MB with the GPU idle, dev/RESULTS.md).
+PIPELINE_RAMP = 2
 # A chunk of at least MAPPED_TEXT_BYTES writes its text into its slot's persistent mappable
 # buffer on copy_threads threads, copied to the text binding at the start of its submit;
 # smaller chunks use queue.write_buffer (one thread; a map for writing costs a round trip,
@@ -325,8 +328,12 @@ class GpuEncoder:
             up = self._text_up[slot] = self.device.buffer(
                 1 << (words - 1).bit_length(), np.uint8, label=f"bpe text upload {slot}",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        write_through_mapping(up, data, words, lambda dst, src: self._copier(
-            dst, src, self.copy_threads, self.parallel_copy_ids))
+        def copy(dst, src):
+            if isinstance(src, PackedRange):   # joined group by group, on this thread
+                src.write_into(dst)
+            else:
+                self._copier(dst, src, self.copy_threads, self.parallel_copy_ids)
+        write_through_mapping(up, data, words, copy)
         return up
 
     @contextlib.contextmanager
@@ -387,11 +394,14 @@ class GpuEncoder:
         sub_starts, owner_first = self._split_oversize(data, starts, pieces)
         ids = out if out is not None else np.empty(int(data.size), np.uint32)
         sub_offsets = np.zeros(sub_starts.size, np.int64)
-        # chunks of whole sub-documents, about pipeline_bytes each (at least one sub-document)
+        # chunks of whole sub-documents, about pipeline_bytes each (at least one sub-document);
+        # the first ones a quarter and a half of that (PIPELINE_RAMP): the GPU waits for the
+        # first chunk's upload, and the next upload overlaps only the chunk before it
         limit = min(self.pipeline_bytes, self.max_call_bytes)
         bounds, first, n_sub = [0], 0, sub_starts.size - 1
         while first < n_sub:
-            last = int(np.searchsorted(sub_starts, sub_starts[first] + limit, side="right")) - 1
+            step = limit >> max(0, PIPELINE_RAMP - len(bounds) + 1)
+            last = int(np.searchsorted(sub_starts, sub_starts[first] + step, side="right")) - 1
             first = max(min(last, n_sub), first + 1)
             bounds.append(first)
         total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
