@@ -420,7 +420,7 @@ class Device:
     `adapter`: index or name substring (else $ISTANBUL_ADAPTER); `backend`: wgpu, dawn or
     auto (else $ISTANBUL_BACKEND). `features` uses the engine's names on both backends;
     `subgroup_matrix_configs` lists Dawn's tensor-core shapes when `subgroup-matrix` is on.
-    `robustness`: Dawn's bounds-checking transform (default on; the trainer passes False,
+    `robustness`: Dawn's bounds-checking transform (default on; the trainer and the tokenizer pass False,
     $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides: backends.dawn_robustness); `self.robustness`
     says what the device got (always True under wgpu-native, whose naga clamps anyway).
     """
