@@ -271,6 +271,10 @@ def _mean_ms(delta: dict, name: str) -> float | None:
     return delta[f"{name}_sum"] / count * 1e3 if count else None
 
 
+# layout `shared-keep-clock`: the shared GPU process with `--gpu-keep-clock KEEP_CLOCK_S`
+KEEP_CLOCK, KEEP_CLOCK_S = "shared-keep-clock", 2.0
+
+
 class Server:
     def __init__(self, vocab: str, adapter: str | None, workers: int, gpu_process: str,
                  window_ms: float, workdir: Path, logdir: Path):
@@ -283,7 +287,9 @@ class Server:
                str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
                "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms)]
         if workers > 1:
-            cmd += ["--gpu-process", gpu_process]
+            cmd += ["--gpu-process", "shared" if gpu_process == KEEP_CLOCK else gpu_process]
+        if gpu_process == KEEP_CLOCK:
+            cmd += ["--gpu-keep-clock", str(KEEP_CLOCK_S)]
         if adapter is not None:
             cmd += ["--adapter", adapter]
         # the parent's PYTHONPATH is kept: packages may be installed there (--target dirs)
@@ -420,7 +426,9 @@ def markdown(report: dict) -> str:
         "reply is compared with tiktoken's ids (a difference counts as an error). `mixed`: "
         "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `GPU`: who owns the device "
         "(`own`: the one server process; `shared`: one GPU process encodes every worker's "
-        "batches, `--gpu-process shared`; `per-worker`: each worker has a device of its own). "
+        "batches, `--gpu-process shared`; `shared-keep-clock`: the same with "
+        f"`--gpu-keep-clock {KEEP_CLOCK_S:g}`, the GPU kept busy between batches so its clock "
+        "stays up; `per-worker`: each worker has a device of its own). "
         "`req/batch`: mean Tokenize requests per worker batch; `batches/call`: worker batches "
         "per call of the shared GPU process; `GPU busy`: time inside encode calls / wall time "
         "(the GPU process's calls when shared, else summed over the workers' devices); "
@@ -507,8 +515,9 @@ def main(argv=None) -> int:
                         "(default: 1 and 3/8 of the CPUs, 6 on 16)")
     p.add_argument("--gpu-process", default="shared,per-worker",
                    help="for configurations of more than one worker: `istanbul serve "
-                        "--gpu-process` layouts to measure, comma-separated (default "
-                        "shared,per-worker)")
+                        "--gpu-process` layouts to measure, comma-separated: shared, "
+                        f"per-worker, {KEEP_CLOCK} (shared with --gpu-keep-clock "
+                        f"{KEEP_CLOCK_S:g}) (default shared,per-worker)")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
@@ -532,8 +541,9 @@ def main(argv=None) -> int:
     workers_list = [int(x) for x in args.workers.split(",")]
     layouts = [x.strip() for x in args.gpu_process.split(",")]
     for layout in layouts:
-        if layout not in ("shared", "per-worker"):
-            raise SystemExit(f"--gpu-process: {layout!r}; use shared, per-worker or both")
+        if layout not in ("shared", "per-worker", KEEP_CLOCK):
+            raise SystemExit(f"--gpu-process: {layout!r}; use shared, per-worker or "
+                             f"{KEEP_CLOCK}")
     configs = [(w, layout) for w in workers_list for layout in (layouts if w > 1 else ["own"])]
     formats = [f.strip() for f in args.formats.split(",")]
     if not set(formats) <= {"packed", "repeated"}:
@@ -591,7 +601,7 @@ def main(argv=None) -> int:
                     delta = {k: after[k] - before[k] for k in after}
                     batches = delta["istanbul_tokenizer_batch_requests_count"]
                     rounds = delta["istanbul_tokenizer_gpu_host_messages_count"]
-                    shared = layout == "shared"
+                    shared = layout in ("shared", KEEP_CLOCK)
                     verified += cell.pop("checked")
                     cell.update(workers=workers, gpu_process=layout, clients=n, size=size,
                                 format=form,

@@ -112,7 +112,8 @@ def trace_call(e, packed, starts) -> list:
     wrap(ge._Chunk, "__init__", "upload")
     wrap(ge._Chunk, "dispatch", "dispatch")
     wrap(ge._Chunk, "wait", "wait")
-    wrap(ge.GpuEncoder, "_collect", "collect")
+    wrap(ge.GpuEncoder, "_collect_start", "collect start")
+    wrap(ge.GpuEncoder, "_collect_finish", "collect finish")
     try:
         e.encode_docs(packed, starts)
         events.append(("total", 0.0, round((time.perf_counter() - t0) * 1e3, 3)))

@@ -84,7 +84,8 @@ def phases(enc, texts, n: int) -> dict:
     timed(gpu_encode._Chunk, "__init__", "upload")
     timed(gpu_encode._Chunk, "dispatch", "dispatch")
     timed(gpu_encode._Chunk, "wait", "wait")
-    timed(gpu_encode.GpuEncoder, "_collect", "collect")
+    timed(gpu_encode.GpuEncoder, "_collect_start", "collect")
+    timed(gpu_encode.GpuEncoder, "_collect_finish", "collect")
     timed(Recorder, "submit", "of which submit")
     rows: dict[str, list] = {k: [] for k in ("total", "upload", "dispatch", "of which submit",
                                              "wait", "collect", "rest")}

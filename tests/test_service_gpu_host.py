@@ -224,3 +224,75 @@ def test_reachable_turns_false_on_a_failed_call_and_back_on_a_probe(served, tiny
     assert ids.tolist() == tiny_encoding.encode("hello")
     second.stop()
     again.close()
+
+
+def test_the_clock_keeper_spins_only_while_holding(tiny_encoding):
+    """ClockKeeper (--gpu-keep-clock): no spin and a blocking wait before any request or with
+    a hold of 0; after `used()` a zero wait and one real kernel per spin (waited for, so never
+    more than one queued) until the hold runs out."""
+    from tokenizer_svc.server.clock_keeper import ClockKeeper
+    device = tiny_encoding.backend.device
+    off = ClockKeeper(device, 0.0)
+    off.used()
+    off.spin()
+    assert off.wait_timeout() is None and off.spins == 0
+    keeper = ClockKeeper(device, 0.5, spin_s=1e-6)
+    assert keeper.wait_timeout() is None          # nothing arrived yet
+    keeper.used()
+    assert keeper.wait_timeout() == 0.0
+    for _ in range(3):
+        keeper.spin()
+    assert keeper.spins == 3
+    assert np.isfinite(device.download(keeper.out, np.float32)).all()   # the kernel ran
+    keeper.last_use -= 1.0                          # the hold ran out
+    keeper.spin()
+    assert keeper.spins == 3 and keeper.wait_timeout() is None
+    with pytest.raises(ValueError, match=">= 0"):
+        ClockKeeper(device, -1.0)
+
+
+def test_a_host_keeping_the_clock_spins_between_rounds_and_answers_exactly(
+        tiny_encoding, tmp_path):
+    """With a keeper the GPU process spins while no message waits (after the first request)
+    and still answers every message with the local Encoding's ids."""
+    from tokenizer_svc.server.clock_keeper import ClockKeeper
+    keeper = ClockKeeper(tiny_encoding.backend.device, 30.0, spin_s=1e-6)
+    host = GpuHost(tiny_encoding, max_call_bytes=1 << 20, keeper=keeper)
+    host_end, worker_end = Pipe()
+    host.attach(host_end)
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    try:
+        for k in range(3):
+            worker_end.send(("encode", [TEXTS[k]], frozenset(), len(TEXTS[k].encode())))
+            assert _split(worker_end.recv()) == _expected(tiny_encoding, [TEXTS[k]])
+            deadline = time.monotonic() + 30
+            spun = keeper.spins
+            while keeper.spins < spun + 2:       # it spins while idle
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+    finally:
+        host.stop()
+        loop.join(30)
+    assert host.rounds == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu-keep-clock", "5"], "needs the shared GPU process"),
+    (["--gpu-keep-clock", "5", "--workers", "2", "--gpu-process", "per-worker"],
+     "needs the shared GPU process"),
+    (["--gpu-keep-clock", "-1", "--workers", "2"], ">= 0 seconds"),
+])
+def test_keep_clock_flag_errors_are_clear(argv, message):
+    """`istanbul serve --gpu-keep-clock` is refused with one line where no GPU process would
+    hold the clock, and for negative holds; accepted with the shared GPU process."""
+    import argparse
+    from istanbul.errors import UserFacingError
+    from tokenizer_svc.cli_serve import config_from_args, register
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    with pytest.raises(UserFacingError, match=message):
+        config_from_args(parser.parse_args(["serve", "--vocab", "v.tiktoken", *argv]))
+    ok = config_from_args(parser.parse_args(["serve", "--vocab", "v.tiktoken", "--workers", "2",
+                                             "--gpu-keep-clock", "2.5"]))
+    assert ok.gpu_keep_clock_s == 2.5

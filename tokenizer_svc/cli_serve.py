@@ -65,6 +65,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "owns the GPU and encodes every worker's batches in common calls "
                         "(tokenizer_svc/server/gpu_host.py); `per-worker` gives each worker "
                         "a device of its own (N contexts time-slice one GPU)")
+    p.add_argument("--gpu-keep-clock", type=float, default=0.0, metavar="SECONDS",
+                   help="with the shared GPU process: for this many seconds after a request, "
+                        "keep a short kernel running on the GPU whenever there is nothing to "
+                        "encode, so the driver keeps its clock up (GPUs idle at a low clock "
+                        "and the service's load may never raise it: the H200 stayed at 345 "
+                        "of 1980 MHz); costs the GPU's power while in use (default 0: off; "
+                        "tokenizer_svc/server/clock_keeper.py)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -153,6 +160,11 @@ def config_from_args(args) -> ServerConfig:
     if args.metrics_auth and not args.auth_token_file:
         raise UserFacingError("--metrics-auth needs --auth-token-file (the tokens /metrics "
                               "accepts)")
+    if not args.gpu_keep_clock >= 0:
+        raise UserFacingError(f"--gpu-keep-clock must be >= 0 seconds, got {args.gpu_keep_clock}")
+    if args.gpu_keep_clock > 0 and (args.workers < 2 or args.gpu_process != "shared"):
+        raise UserFacingError("--gpu-keep-clock needs the shared GPU process (--workers N with "
+                              "N >= 2 and --gpu-process shared)")
     host = bind_address(args.host, "--host", public=args.listen_public)
     metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
     if not is_loopback(host) and not args.auth_token_file:
@@ -166,7 +178,7 @@ def config_from_args(args) -> ServerConfig:
         metrics_port=args.metrics_port, metrics_host=metrics_host,
         metrics_auth=args.metrics_auth,
         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay,
-        stall_timeout_s=args.stall_timeout)
+        stall_timeout_s=args.stall_timeout, gpu_keep_clock_s=args.gpu_keep_clock)
 
 
 def cmd_serve(args) -> int:

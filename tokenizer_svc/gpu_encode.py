@@ -442,32 +442,53 @@ class GpuEncoder:
         base, n_chunks = 0, len(bounds) - 1
         self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
         self._check_interrupt()
-        chunk = following = upload(0)
+        chunk = upload(0)
+        following = after = None
         try:
             chunk.dispatch()
+            following = upload(1) if n_chunks > 1 else None   # while chunk 0 runs
             for k in range(n_chunks):
-                following = upload(k + 1) if k + 1 < n_chunks else None  # while chunk k runs
                 chunk.wait()
                 if following is not None:
                     self._check_interrupt()
                     following.dispatch()
-                base = self._collect(chunk, ids, sub_offsets, base)   # while chunk k+1 runs
-                chunk = following
+                # chunk k's ids leave on the copy threads (numpy, without the GIL) while this
+                # thread uploads chunk k+2 (its slot's staging buffer, still mapped for chunk
+                # k, is only taken at its dispatch) and the GPU runs chunk k+1
+                copying = self._collect_start(chunk, ids, sub_offsets, base)
+                try:
+                    after = upload(k + 2) if k + 2 < n_chunks else None
+                finally:   # the copies end before the mapping does, whatever happened
+                    base = self._collect_finish(chunk, copying)
+                chunk, following, after = following, after, None
         finally:   # an error or an interrupt leaves no staging buffer mapped
-            for c in (chunk, following):
+            for c in (chunk, following, after):
                 if c is not None:
                     c.release()
         return base
 
-    def _collect(self, chunk, ids, sub_offsets, base: int) -> int:
+    def _collect_start(self, chunk, ids, sub_offsets, base: int):
+        """Start copying the chunk's ids into ids[base:] (returns what _collect_finish waits
+        for) and write its documents' offsets."""
         t0 = time.perf_counter()
         offsets, n = chunk.offsets, chunk.total
-        self._copy(ids[base:base + n], chunk.ids_view[:n])
+        copying = self._copier.start(ids[base:base + n], chunk.ids_view[:n], self.copy_threads,
+                                     self.parallel_copy_ids)
         sub_offsets[chunk.first_sub + 1:chunk.first_sub + offsets.size] = offsets[1:] + base
-        chunk.release()
+        self.last_profile.readback_s += time.perf_counter() - t0
+        return copying, base + n
+
+    def _collect_finish(self, chunk, copying) -> int:
+        t0 = time.perf_counter()
+        futures, end = copying
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            chunk.release()
         self.last_profile.readback_s += time.perf_counter() - t0
         self.last_profile.calls += 1
-        return base + n
+        return end
 
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src, in copy_threads slices at once for large arrays (PARALLEL_COPY_IDS)."""
@@ -598,7 +619,7 @@ class GpuEncoder:
                                            np.uint32)[-1])
             self.last_profile.readback_s += time.perf_counter() - t0
         # the whole result into the slot's staging buffer (grown if need be) and mapped, as
-        # on the fast path: the ids are copied once on the host, by _collect
+        # on the fast path: the ids are copied once on the host, by _collect_start
         t0 = time.perf_counter()
         size = chunk.ids_at + 4 * chunk.total
         chunk.staging = self.staging(chunk.slot, size)
@@ -838,11 +859,10 @@ class _Chunk:
         self.counters = pool.get(f"counters{slot}", 32)
         self.counters.write(np.zeros(8, np.uint32))
         enc.last_profile.upload_s += time.perf_counter() - t0
-        self.guess = self.n if self.n <= enc.exact_guess_bytes else \
-            min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.guess = 0
+        self.staging = None   # taken at dispatch: the slot's chunk before may still be mapped
         self.inline_long = enc.inline_long_for(self.n)
         self.ids_at = 32 + 4 * (self.n_docs + 1)
-        self.staging = enc.staging(slot, self.ids_at + 4 * self.guess)
         self.offsets = self.ids_view = None
         self.total = 0
         self.mapped = False
@@ -854,6 +874,9 @@ class _Chunk:
         # Buffers only the GPU writes are shared by both slots (queue order keeps chunks
         # apart); they are taken here, not at upload, because a bigger next chunk may grow
         # (replace) them while this one may still need them on its slow path.
+        self.guess = self.n if self.n <= enc.exact_guess_bytes else \
+            min(self.n, int(enc.ids_per_byte * 1.25 * self.n) + 16)
+        self.staging = enc.staging(self.slot, self.ids_at + 4 * self.guess)
         self.cuts = pool.get("cuts", 16 * self.n_chunks)
         self.tok_buf = pool.get("tok_buf", 4 * self.n)
         self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))

@@ -81,10 +81,15 @@ class ParallelCopy:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __call__(self, dst: np.ndarray, src: np.ndarray, threads: int, min_items: int) -> None:
+        for future in self.start(dst, src, threads, min_items):
+            future.result()
+
+    def start(self, dst: np.ndarray, src: np.ndarray, threads: int, min_items: int) -> list:
+        """Begin dst[:] = src; returns the futures to wait for (none: already copied here)."""
         n = int(src.size)
         if threads <= 1 or n < min_items:
             dst[:] = src
-            return
+            return []
         if self._pool is None or self._pool._max_workers < threads:
             self._pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                                thread_name_prefix=self.name)
@@ -92,8 +97,7 @@ class ParallelCopy:
 
         def part(lo: int) -> None:
             dst[lo:lo + step] = src[lo:lo + step]
-        for future in [self._pool.submit(part, lo) for lo in range(0, n, step)]:
-            future.result()
+        return [self._pool.submit(part, lo) for lo in range(0, n, step)]
 
 
 def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:

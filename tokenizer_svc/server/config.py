@@ -72,12 +72,16 @@ class ServerConfig:
     long_lane: LaneConfig = field(default_factory=LaneConfig)
     reuse_port: bool = False              # bind with SO_REUSEPORT: one of several workers on
                                           # the port (workers.py); else a taken port fails
+    gpu_keep_clock_s: float = 0.0         # the shared GPU process spins the GPU between
+                                          # batches this long after a request (clock_keeper.py)
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both a certificate and a key")
         if self.metrics_auth and not self.auth_tokens:
             raise ValueError("metrics authentication needs bearer tokens (--auth-token-file)")
+        if not self.gpu_keep_clock_s >= 0:
+            raise ValueError(f"--gpu-keep-clock must be >= 0 seconds, got {self.gpu_keep_clock_s}")
 
     @property
     def address(self) -> str:

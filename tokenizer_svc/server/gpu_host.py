@@ -228,9 +228,11 @@ class GpuHost:
     reads one message from each, runs the round, answers: no hand-off between threads on a
     request's way (a lone request pays two process wake-ups, not four)."""
 
-    def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None):
+    def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None,
+                 keeper=None):
         self.encoding = encoding
         self.max_call_bytes = max_call_bytes
+        self.keeper = keeper            # clock_keeper.ClockKeeper (--gpu-keep-clock) or None
         self.metrics = metrics or HostMetrics()
         self._conns: list = []
         self._new: list = []            # accepted, not yet watched (attach -> serve_forever)
@@ -259,7 +261,11 @@ class GpuHost:
     def serve_forever(self) -> None:
         try:
             while not self._stopping:
-                readable = wait([self._wake_r, *self._conns])
+                timeout = self.keeper.wait_timeout() if self.keeper is not None else None
+                readable = wait([self._wake_r, *self._conns], timeout)
+                if not readable:   # nothing to encode while the clock is held: one spin
+                    self.keeper.spin()
+                    continue
                 messages = []
                 for conn in readable:
                     if conn is self._wake_r:
@@ -278,6 +284,8 @@ class GpuHost:
                         continue
                     messages.append(_Message(conn, message[0], message[1:]))
                 if messages:
+                    if self.keeper is not None:
+                        self.keeper.used()
                     self.run_round(messages)
         finally:
             for conn in self._conns:
@@ -404,12 +412,17 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
         from ..encoding import get_encoding
         from ..gpu_backend import ROBUSTNESS
         start = time.perf_counter()
-        encoding = get_encoding(vocab, device=Device(adapter, robustness=ROBUSTNESS))
+        device = Device(adapter, robustness=ROBUSTNESS)
+        encoding = get_encoding(vocab, device=device)
+        keeper = None
+        if config.gpu_keep_clock_s > 0:
+            from .clock_keeper import ClockKeeper
+            keeper = ClockKeeper(device, config.gpu_keep_clock_s)
     except (UserFacingError, Exception) as exc:
         print(f"istanbul serve: GPU process: error: could not load vocabulary {vocab!r} on "
               f"the GPU: {exc}", file=sys.stderr)
         raise SystemExit(1)
-    host = GpuHost(encoding, max_call_bytes=config.batching.max_bytes)
+    host = GpuHost(encoding, max_call_bytes=config.batching.max_bytes, keeper=keeper)
     metrics_port = None
     if config.metrics_port is not None:
         metrics_port = host.metrics.serve_http(

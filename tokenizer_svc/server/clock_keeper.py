@@ -1,0 +1,56 @@
+"""Keeping the GPU's clock up while the service is in use (`istanbul serve --gpu-keep-clock S`).
+
+A GPU's driver lowers its clock when it idles and raises it only under sustained high
+utilization: the H200 idles at 345 MHz, reaches 1980 MHz after ~0.5-1 s of busy work, and the
+service's load (10-70% utilization) never got it there, so every call of the service ran at
+3-5x the GPU time it takes at full clock (a lone 914 B encode: 0.44 vs 0.12 ms,
+dev/results/clock_lone/h200/). With a hold of S seconds, the GPU process keeps one short
+register-only kernel running (roofline.wgsl's fma_f32, one workgroup, ~SPIN_S at full clock)
+whenever it has no batch to encode and a request arrived in the last S seconds: the GPU looks
+busy, the driver raises the clock, and a batch that arrives waits at most one spin. It costs
+the GPU's power while the service is in use, so it is off by default (0).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+SPIN_S = 50e-6          # one spin's length at full clock (it is longer at a low clock)
+ITERS_PER_SECOND = 1.2e8  # fma_f32 iterations per second of one workgroup at 1980 MHz (an
+                          # estimate: 8 warps x 8 FMAs per iteration, 4 warp-FMAs per cycle)
+
+
+class ClockKeeper:
+    """Spins the GPU between batches for `hold_s` seconds after the last `used()`."""
+
+    def __init__(self, device, hold_s: float, spin_s: float = SPIN_S):
+        if hold_s < 0:
+            raise ValueError(f"the clock hold must be >= 0 seconds, got {hold_s}")
+        self.device, self.hold_s = device, float(hold_s)
+        iters = max(1, int(spin_s * ITERS_PER_SECOND))
+        self.kernel = device.kernel("roofline.wgsl", "fma_f32")
+        self.out = device.buffer(256 * 4, np.float32, label="clock keeper sink")
+        self.params = device.params("IfII", iters, 1.0, 0, 0)
+        self.last_use = float("-inf")
+        self.spins = 0
+
+    def used(self) -> None:
+        """A request came in: hold the clock for hold_s seconds from now."""
+        self.last_use = time.monotonic()
+
+    def holding(self) -> bool:
+        return self.hold_s > 0 and time.monotonic() - self.last_use < self.hold_s
+
+    def wait_timeout(self) -> float | None:
+        """How long the GPU process may wait for work before the next spin (None: block)."""
+        return 0.0 if self.holding() else None
+
+    def spin(self) -> None:
+        """One spin, submitted and waited for (so at most one is ever queued)."""
+        if not self.holding():
+            return
+        self.device.run(self.kernel, [self.out, self.params], 1, "clock keeper")
+        self.device.sync()
+        self.spins += 1
