@@ -127,7 +127,7 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
         name=f"bpe_encode_{_pattern}", family="bpe", precision="exact",
         description=f"GPU pre-tokenizer ({_pattern} rules) + BPE merges + compaction",
         kernels=[("bpe_encode.wgsl", k, {"PATTERN": {"gpt2": 0, "cl100k": 1, "o200k": 2}[_pattern]})
-                 for k in ("bpe_cuts", "bpe_pretok")] +
+                 for k in ("bpe_cuts", "bpe_digit_cuts", "bpe_pretok")] +
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
                                                   "bpe_long_stitch", "bpe_long_copy",
                                                   "bpe_merge_pieces")] +
