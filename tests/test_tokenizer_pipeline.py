@@ -167,6 +167,31 @@ def test_an_interrupt_between_chunks_leaves_the_encoder_usable(chunked):
         [tik.encode_ordinary(d) for d in docs]
 
 
+def test_a_failed_upload_during_the_ids_copy_leaves_the_encoder_usable(chunked, monkeypatch):
+    """Chunk k's ids leave on the copy threads while chunk k+2 is uploaded: an upload that
+    fails then still lets those copies finish before chunk k's staging buffer is unmapped,
+    the error reaches the caller, and the next call maps the same buffers again."""
+    _, small, tik = chunked
+    monkeypatch.setattr(small, "copy_threads", 3)
+    monkeypatch.setattr(small, "parallel_copy_ids", 1)
+    docs = ["hello world " * 30] * 12
+    real, uploads = small.write_text, []
+
+    def failing(*args):
+        uploads.append(1)
+        if len(uploads) == 4:
+            raise OSError("upload failed")
+        return real(*args)
+
+    monkeypatch.setattr(small, "write_text", failing)
+    with pytest.raises(OSError, match="upload failed"):
+        small.encode_docs(*_packed(docs))
+    monkeypatch.setattr(small, "write_text", real)
+    ids, offsets = small.encode_docs(*_packed(docs))
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
+
+
 @pytest.mark.parametrize("docs", [["plain ascii", "", "only ascii here " * 50],
                                   ["naïve", "日本語", "", "mixed ascii and ü"],
                                   ["lone \ud800 surrogate", "fine"]],
