@@ -88,7 +88,7 @@ def test_a_wrong_readback_guess_still_reads_every_id(chunked, ids_per_byte):
     to an exact read, one too large reads only what is there."""
     enc, small, tik = chunked
     docs = ["日本語のテキスト" * 40, "hello world " * 40, "x"]
-    small.ids_per_byte = ids_per_byte
+    small.ids_per_byte = small.first_ids_per_byte = ids_per_byte
     small.exact_guess_bytes = 0   # guess even for these small chunks
     try:
         ids, offsets = small.encode_docs(*_packed(docs))
@@ -96,6 +96,30 @@ def test_a_wrong_readback_guess_still_reads_every_id(chunked, ids_per_byte):
         small.exact_guess_bytes = EXACT_GUESS_BYTES
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
         [tik.encode_ordinary(d) for d in docs]
+
+
+def test_a_calls_first_chunk_guesses_from_the_last_calls_first(chunked):
+    """A batch whose first chunk holds many more ids per byte than its last (CJK first, long
+    ASCII words after): the first call misses its first guess (learned from nothing like
+    it) and takes a slow path; the same batch again guesses its first chunk from the
+    previous call's first chunk, not its last, and takes none. Unbudgeted kernels and no
+    long pieces, as on a GPU (lavapipe's budgets and long pieces take the slow path anyway)."""
+    _, small, tik = chunked
+    gpu_like = GpuEncoder(small.device, small.tables, small.pattern)
+    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    gpu_like.k_long_sg = None
+    gpu_like.profile = True
+    gpu_like.exact_guess_bytes = 0        # guess even for these small chunks
+    gpu_like.pipeline_bytes = 1200        # chunks of 300, 600, then 1200 bytes
+    docs = ["日本語 のテキスト " * 12] + ["internationalization " * 12] * 8
+    want = [tik.encode_ordinary(d) for d in docs]
+    gpu_like.ids_per_byte = 0.05
+    for slow in (True, False):
+        ids, offsets = gpu_like.encode_docs(*_packed(docs))
+        assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+        assert gpu_like.last_profile.calls > 2
+        assert (gpu_like.last_profile.slow_paths > 0) == slow, gpu_like.last_profile
+    assert gpu_like.first_ids_per_byte > 2 * gpu_like.ids_per_byte
 
 
 def test_small_chunks_need_no_guess_of_their_ids(chunked):
@@ -112,7 +136,7 @@ def test_small_chunks_need_no_guess_of_their_ids(chunked):
     want = [tik.encode_ordinary(d) for d in docs]
     for exact, slow in ((EXACT_GUESS_BYTES, 0), (0, 1)):
         gpu_like.exact_guess_bytes = exact
-        gpu_like.ids_per_byte = 0.0
+        gpu_like.ids_per_byte = gpu_like.first_ids_per_byte = 0.0
         ids, offsets = gpu_like.encode_docs(*_packed(docs))
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
         assert gpu_like.last_profile.slow_paths == slow
@@ -240,7 +264,7 @@ def test_long_pieces_inside_the_chunks_submit(chunked, device, window, overlap, 
         # the same with a staging guess that is too short: the slow path reads the ids back
         # without merging or compacting again
         more = ["x" * 640, "日本語" * 200]
-        inline.ids_per_byte = 0.0
+        inline.ids_per_byte = inline.first_ids_per_byte = 0.0
         inline.exact_guess_bytes = 0
         ids, offsets = inline.encode_docs(*_packed(more))
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(more))] == \
