@@ -700,11 +700,16 @@ _default_devices: dict = {}
 def default_device(adapter: str | int | None = None, backend: str | None = None,
                    robustness: bool = True) -> Device:
     """A process-wide device per adapter, backend choice and robustness (tests and CLIs share
-    one; training asks for robustness=False, see Device)."""
+    one; training and the tokenizer ask for robustness=False, see Device), one for both
+    robustness values where the backend is not Dawn."""
     key = (adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", ""),
            backends.requested(backend), bool(robustness))
     if key not in _default_devices:
-        _default_devices[key] = Device(adapter, backend, robustness)
+        # robustness is a Dawn switch: elsewhere the device asked for with the other value
+        # serves both (the tokenizer asks for it off, tests and CLIs for it on)
+        other = _default_devices.get(key[:2] + (not key[2],))
+        _default_devices[key] = other if other is not None and other.backend.name != "dawn" \
+            else Device(adapter, backend, robustness)
     return _default_devices[key]
 
 

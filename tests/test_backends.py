@@ -284,3 +284,18 @@ def test_dawn_robustness_follows_the_caller_unless_the_environment_says(monkeypa
     monkeypatch.setenv(b.ROBUSTNESS_ENV, "maybe")
     with pytest.raises(b.BackendError):
         b.dawn_robustness(True)
+
+
+def test_default_devices_share_one_device_where_robustness_is_no_switch(device):
+    """default_device asked for with robustness on and off: one device where the backend is
+    not Dawn (robustness is Dawn's switch alone; the tokenizer asks for it off, tests and
+    CLIs on), two under Dawn, each with what it asked for."""
+    from istanbul.shaders.engine import default_device
+    on, off = default_device(robustness=True), default_device(robustness=False)
+    assert on is device and default_device(robustness=False) is off
+    from istanbul.shaders.backends import dawn_robustness
+    if device.backend.name == "dawn":
+        assert off is not on
+        assert (on.robustness, off.robustness) == (dawn_robustness(True), dawn_robustness(False))
+    else:
+        assert off is on
