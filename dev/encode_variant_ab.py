@@ -25,29 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def median_wall(fn, repeats: int, warm_s: float = 0.0) -> float:
-    """Median of `repeats` timed calls after calls for at least warm_s seconds (the GPU's
-    clock rises from ~345 to 1980 MHz only after ~0.5-1 s of work: dev/RESULTS.md)."""
-    t_end = time.perf_counter() + warm_s
+    """The tokenize bench's median_of after a first call and warm_s seconds of calls (the
+    GPU's clock rises from ~345 to 1980 MHz only after ~0.5-1 s of work: dev/RESULTS.md)."""
+    from bench.tokenize_bench import median_of
     fn()
-    while time.perf_counter() < t_end:
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
-def doc_prefix(docs, nbytes):
-    out, size = [], 0
-    for d in docs:
-        b = d.encode()
-        out.append(b[:nbytes - size].decode(errors="ignore") if size + len(b) > nbytes else d)
-        size += len(out[-1].encode())
-        if size >= nbytes:
-            break
-    return out
+    return median_of(fn, repeats, warm_s)
 
 
 def run(args) -> dict:
@@ -57,6 +39,7 @@ def run(args) -> dict:
     from tokenizer_svc.encoding import _pack_utf8, get_encoding
     from tokenizer_svc.gpu_encode import GpuEncoder
     from tokenizer_svc import gpu_backend
+    from dev.encode_phase_probe import doc_prefix
     device = Device(None, robustness=getattr(gpu_backend, "ROBUSTNESS", True))   # as the product
     docs, _ = build_corpus(args.mb)
     packed, starts = _pack_utf8(docs)
@@ -80,7 +63,7 @@ def run(args) -> dict:
         if row_trace is not None:
             row["trace"] = row_trace
         for size in (64 << 10, 1 << 20):
-            sub, sub_starts = _pack_utf8(doc_prefix(docs, size))
+            sub, sub_starts = doc_prefix(docs, size)
             row[f"call_{size >> 10}k_ms"] = 1e3 * median_wall(
                 lambda: e.encode_docs(sub, sub_starts), max(9, 3 * args.repeats))
         out["vocabs"][name] = row

@@ -309,16 +309,17 @@ class GpuEncoder:
         return buf
 
     def write_text(self, slot: int, text: Buffer, data) -> Buffer | None:
-        """Put `data` (a uint8 array, or a PackedRange: its parts written one by one into the
-        mapping, never joined) into `text` (rounded up to whole words, the tail zero): through
+        """Put `data` (a uint8 array, or a PackedRange: written into the mapping 256 KB of
+        documents at a time, never joined whole) into `text` (rounded up to whole words, the
+        tail zero): through
         the slot's mappable buffer on copy_threads threads for chunks of at least
         mapped_text_bytes (returns that buffer: the caller's submit copies it into `text`,
         and the slot's previous chunk has finished with it), else queue.write_buffer (None)."""
         n = int(data.size)
         aligned, words = n & ~3, -(-n // 4) * 4
-        if n < self.mapped_text_bytes and isinstance(data, PackedRange):
-            data = data.array()   # a small range: joined, then written (fewer calls)
         if n < self.mapped_text_bytes:
+            if isinstance(data, PackedRange):
+                data = data.array()   # a small range: joined, then written (fewer calls)
             if aligned:
                 self.device.queue.write_buffer(text.raw, 0, data[:aligned])
             if n > aligned:
@@ -333,12 +334,8 @@ class GpuEncoder:
             up = self._text_up[slot] = self.device.buffer(
                 1 << (words - 1).bit_length(), np.uint8, label=f"bpe text upload {slot}",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        def copy(dst, src):
-            if isinstance(src, PackedRange):   # joined group by group, on this thread
-                src.write_into(dst)
-            else:
-                self._copier(dst, src, self.copy_threads, self.parallel_copy_ids)
-        write_through_mapping(up, data, words, copy)
+        write_through_mapping(up, data, words, lambda dst, src: self._copier(
+            dst, src, self.copy_threads, self.parallel_copy_ids))
         return up
 
     @contextlib.contextmanager
@@ -494,10 +491,6 @@ class GpuEncoder:
         self.last_profile.readback_s += time.perf_counter() - t0
         self.last_profile.calls += 1
         return end
-
-    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        """dst[:] = src, in copy_threads slices at once for large arrays (PARALLEL_COPY_IDS)."""
-        self._copier(dst, src, self.copy_threads, self.parallel_copy_ids)
 
     def _split_oversize(self, data, starts, pieces: bool):
         """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each

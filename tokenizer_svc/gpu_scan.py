@@ -105,7 +105,8 @@ def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:
     after it) and unmap. `copy(dst, src)` moves the bytes when the backend gives a writable
     view of the mapping (wgpu-py's `_experimental_get_mapped_range`, in wgpu-native's and
     Dawn's backends alike; e.g. a ParallelCopy); else `write_mapped` does, on this thread.
-    `data` may also be a packed_text.PackedRange (uint8), which `copy` must take too."""
+    `data` may also be a packed_text.PackedRange (uint8): written into the mapping by its
+    own write_into, on this thread."""
     raw = buffer.raw
     raw.map_async("WRITE", 0, nbytes).sync_wait()
     try:
@@ -120,7 +121,10 @@ def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:
             raw.write_mapped(np.concatenate([data.view(np.uint8), tail]) if tail.size
                              else data, 0)
         else:
-            copy(dst[:data.size], data)
+            if isinstance(data, PackedRange):
+                data.write_into(dst)
+            else:
+                copy(dst[:data.size], data)
             dst.view(np.uint8)[size:] = 0
         del dst   # a view of the mapping: gone before the unmap
     finally:

@@ -76,24 +76,22 @@ class PackedRange:
         return self.packed.range(self.lo, self.hi)
 
     def write_into(self, dst: np.ndarray) -> None:
-        """dst[:size] = the bytes (dst: a writable uint8 array of at least `size`), on this
-        thread: split over 8 threads, the joins (which hold the GIL) made each other wait and
-        a 16 MB range took 7-8 ms instead of 4-5 on the H200 machine (dev/RESULTS.md)."""
-        if self.size:
-            self._write_span(dst, self.lo, self.hi)
-
-    def _write_span(self, dst: np.ndarray, a: int, b: int) -> None:
-        """dst[a - lo : b - lo] = bytes [a, b): parts joined GROUP bytes at a time."""
-        starts, parts = self.packed.starts, self.packed.parts
-        i = int(np.searchsorted(starts, a, side="right")) - 1
-        end = int(np.searchsorted(starts, b, side="left"))   # parts i..end-1 cover [a, b)
+        """dst[:size] = the bytes (dst: a writable uint8 array of at least `size`), parts
+        joined GROUP bytes at a time, on this thread: split over 8 threads, the joins (which
+        hold the GIL) made each other wait and a 16 MB range took 7-8 ms instead of 4-5 on
+        the H200 machine (dev/RESULTS.md)."""
+        starts, parts, lo, hi = self.packed.starts, self.packed.parts, self.lo, self.hi
+        if lo == hi:
+            return
+        i = int(np.searchsorted(starts, lo, side="right")) - 1
+        end = int(np.searchsorted(starts, hi, side="left"))   # parts i..end-1 cover [lo, hi)
         while i < end:
             j = min(end, max(i + 1, int(np.searchsorted(starts, int(starts[i]) + self.GROUP,
                                                         side="right")) - 1))
-            lo, hi = max(a, int(starts[i])), min(b, int(starts[j]))
+            a, b = max(lo, int(starts[i])), min(hi, int(starts[j]))
             joined = _utf8(parts[i]) if j == i + 1 else b"".join(map(_utf8, parts[i:j]))
-            off = lo - int(starts[i])
-            dst[lo - self.lo:hi - self.lo] = np.frombuffer(joined, np.uint8)[off:off + hi - lo]
+            off = a - int(starts[i])
+            dst[a - lo:b - lo] = np.frombuffer(joined, np.uint8)[off:off + b - a]
             i = j
 
 

@@ -80,8 +80,6 @@ class ServerConfig:
             raise ValueError("TLS needs both a certificate and a key")
         if self.metrics_auth and not self.auth_tokens:
             raise ValueError("metrics authentication needs bearer tokens (--auth-token-file)")
-        if not self.gpu_keep_clock_s >= 0:
-            raise ValueError(f"--gpu-keep-clock must be >= 0 seconds, got {self.gpu_keep_clock_s}")
 
     @property
     def address(self) -> str:
