@@ -143,11 +143,14 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
             subgroupMatrixStore(&Ss, 16u * sg * 64u + 16u * j, s, false, 64u);
         }
         workgroupBarrier();
+        // sv[c] is column 32 half + (c + lane) % 32: at each c the subgroup's 32 lanes read 32
+        // banks (rows are 64 words, so reading in column order put all 32 lanes on one bank)
         var sv: array<f32, 32>;
         var mx = MASKED;
         for (var c = 0u; c < 32u; c++) {   // @unroll
-            let key = k0 + 32u * half + c;
-            sv[c] = select(MASKED, Ss[r * 64u + 32u * half + c], key <= qpos && key < p.seq);
+            let col = 32u * half + ((c + lane) & 31u);
+            let key = k0 + col;
+            sv[c] = select(MASKED, Ss[r * 64u + col], key <= qpos && key < p.seq);
             mx = max(mx, sv[c]);
         }
         mx = max(mx, subgroupShuffleXor(mx, 1u));
@@ -157,7 +160,7 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         for (var c = 0u; c < 32u; c++) {   // @unroll
             let pc = exp2(sv[c] - m_new);
             sum += pc;
-            QP[r * SPF + 32u * half + c] = f16(pc);
+            QP[r * SPF + 32u * half + ((c + lane) & 31u)] = f16(pc);
         }
         sum += subgroupShuffleXor(sum, 1u);
         l = l * alpha + sum;
@@ -173,15 +176,22 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
             subgroupMatrixStore(&Ss, 16u * sg * 64u + 16u * d, acc, false, 64u);
         }
         workgroupBarrier();
+        // o[c] is column (HD / 2) half + (c + lane) % (HD / 2), read rotated as sv above
         for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
-            o[c] = alpha * o[c] + Ss[r * 64u + (HD / 2u) * half + c];
+            o[c] = alpha * o[c] + Ss[r * 64u + (HD / 2u) * half + ((c + lane) % (HD / 2u))];
         }
     }
+    // back to column order through the lane's own words of Ss: each lane rewrites exactly the
+    // words it read last (no other lane reads them), so no barrier
+    let inv = 1.0 / l;
+    for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
+        Ss[r * 64u + (HD / 2u) * half + ((c + lane) % (HD / 2u))] = inv * o[c];
+    }
     if (qpos < p.seq) {
-        let inv = 1.0 / l;
         let base = o_row(b, qpos, h) + (H4 / 2u) * half;
+        let s0 = r * 64u + (HD / 2u) * half;
         for (var c = 0u; c < {{HD}}u / 8u; c++) {   // @unroll
-            o_out[base + c] = inv * vec4<f32>(o[4u * c], o[4u * c + 1u], o[4u * c + 2u], o[4u * c + 3u]);
+            o_out[base + c] = vec4<f32>(Ss[s0 + 4u * c], Ss[s0 + 4u * c + 1u], Ss[s0 + 4u * c + 2u], Ss[s0 + 4u * c + 3u]);
         }
         if (half == 0u) { lse_out[stat_index(b, h, qpos)] = (m + log2(l)) * LN2; }
     }

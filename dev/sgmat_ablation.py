@@ -1,0 +1,159 @@
+"""Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issue 21).
+
+    ISTANBUL_BACKEND=dawn python dev/sgmat_ablation.py --out DIR [--warm-s 1.0]
+
+Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). Times, with GPU timestamps,
+the shipped kernel and copies of its template with one part removed, at a few 124M-step
+products and their tuned configurations:
+
+    base            the kernel as shipped
+    no_global       the slices' global loads replaced by a constant (staging stores, matrix
+                    loads, multiplies and barriers remain)
+    no_stash        nothing staged: no global loads, no workgroup stores (matrix loads of stale
+                    workgroup memory, multiplies and barriers remain)
+    no_stash_nobar  no_stash without the slice loop's barrier
+    stage_only      no matrix loads and no multiplies (global loads, staging stores and
+                    barriers remain)
+
+The ablated kernels compute wrong products; only their times mean anything. The difference
+to `base` bounds what removing a part could win. Writes DIR/sgmat_ablation.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from istanbul.shaders import source  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
+
+MMA = ("c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], "
+       "c[i * {{TJ}}u + j]);")
+LOOP_BARRIER = "                workgroupBarrier();\n            }\n        }\n    }\n"
+
+
+def patches() -> dict[str, list[tuple[str, str]]]:
+    """Variant name -> (old, new) text replacements of the template (each must match)."""
+    return {
+        "base": [],
+        "no_global": [
+            ("fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n",
+             "fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n"
+             "    if (k0 != 0xffffffffu) { return vec4<f16>(f16(lid & 7u)); }\n"),
+            ("fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n",
+             "fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n"
+             "    if (k0 != 0xffffffffu) { return vec4<f16>(f16(lid & 3u)); }\n")],
+        "no_stash": [
+            ("fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n",
+             "fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n"
+             "    if (t != 0xffffffffu) { return; }\n"),
+            ("fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n",
+             "fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n"
+             "    if (t != 0xffffffffu) { return; }\n")],
+        "stage_only": [(MMA, "c[i * {{TJ}}u + j] = c[i * {{TJ}}u + j];")],
+    }
+
+
+def variant_files(tmp: Path) -> dict[str, str]:
+    """Write each variant's template next to the others; name -> file name."""
+    text = source.find_file(linear.FILE_SGMAT).read_text(encoding="utf-8")
+    variants = patches()
+    variants["no_stash_nobar"] = variants["no_stash"] + [
+        (LOOP_BARRIER, LOOP_BARRIER.replace("workgroupBarrier();", "// no barrier"))]
+    names = {}
+    for name, reps in variants.items():
+        body = text
+        for old, new in reps:
+            if old not in body:
+                raise SystemExit(f"variant {name}: template text not found: {old[:60]!r}")
+            body = body.replace(old, new)
+        fname = f"03_linear_sgmat_{name}.wgsl"
+        (tmp / fname).write_text(body, encoding="utf-8")
+        names[name] = fname
+    return names
+
+
+def jobs():
+    """(layout, b is f16, M, N, K, what) of the products timed."""
+    return [("nt", True, 8192, 4096, 768, "w13 forward"),
+            ("nt", True, 8192, 768, 768, "wo forward"),
+            ("nn", True, 8192, 2048, 768, "w_down dX"),
+            ("tn", False, 4096, 768, 8192, "w13 dW"),
+            ("tn", False, 768, 768, 8192, "wo dW")]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--warm-s", type=float, default=1.0,
+                    help="seconds of calls before each timing (the GPU's clock climbs)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sgmat_ablation_"))
+    files = variant_files(tmp)
+    find = source.find_file
+    source.find_file = lambda name: tmp / name if name in files.values() else find(name)
+    dev = Device(None, robustness=False)   # as the trainer's devices
+    print(dev, "tensor cores:", linear.has_tensor_cores(dev), flush=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for layout, w16, M, N, K, what in jobs():
+        a = rng.standard_normal((K, M) if layout == "tn" else (M, K)).astype(np.float32)
+        b = rng.standard_normal((N, K) if layout == "nt" else (K, N)).astype(np.float32)
+        A, B = dev.upload(a), dev.upload(b.astype(np.float16) if w16 else b)
+        C = dev.zeros((M, N))
+        cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
+        cfgs = [cfg] + [c for c in (linear.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1-a2"),)
+                        if str(c) != str(cfg)]
+        for c in cfgs:
+            row = {"what": what, "layout": layout, "shape": [M, N, K], "config": str(c),
+                   "us": {}}
+            for name, fname in files.items():
+                plan = linear.plan(dev, layout, M, N, K, b_dtype=B.dtype,
+                                   operands=[A, B, C], config=c)
+                plan = linear.Plan(plan.path, fname, plan.kernel, plan.config)
+                def enc(rec, plan=plan):
+                    linear._record_tiled(rec, plan, A, B, linear.dummy(dev), C, M, N, K, 0,
+                                         1.0, K if layout != "tn" else M,
+                                         K if layout == "nt" else N, N, False)
+                try:
+                    t = dev.time_gpu(enc, min_warmup_s=args.warm_s)
+                    row["us"][name] = round(t * 1e6, 2)
+                except Exception as exc:
+                    row["us"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            flops = 2.0 * M * N * K
+            row["tflops_base"] = (round(flops / row["us"]["base"] / 1e6, 1)
+                                  if isinstance(row["us"]["base"], float) else None)
+            print(what, row, flush=True)
+            rows.append(row)
+        for buf in (A, B, C):
+            buf.destroy()
+    names = list(files)
+    lines = [f"# Tensor-core matmul ablation ({dev.info.summary()}, robustness off)", "",
+             "GPU us per call (median of 10 after the warm-up); ablated kernels compute wrong "
+             "products, only their times mean anything.", "",
+             "| product | shape | config | base TFLOP/s | " + " | ".join(names) + " |",
+             "|---|---|---|---:|" + "---:|" * len(names)]
+    for r in rows:
+        lines.append(f"| {r['what']} ({r['layout']}) | {'x'.join(map(str, r['shape']))} | "
+                     f"{r['config']} | {r['tflops_base']} | "
+                     + " | ".join(str(r["us"].get(n)) for n in names) + " |")
+    (out / "sgmat_ablation.md").write_text("\n".join(lines) + "\n")
+    (out / "sgmat_ablation.json").write_text(json.dumps(
+        {"device": dev.info.summary(), "when": time.strftime("%Y-%m-%d %H:%M"), "rows": rows},
+        indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
