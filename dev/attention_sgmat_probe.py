@@ -4,7 +4,8 @@ kernel family, GPU timestamps per dispatch, in one device session (issue 21).
     ISTANBUL_BACKEND=dawn python dev/attention_sgmat_probe.py --out DIR [--repeats 10]
 
 Families: "tiled" (the f32 forward and backward, 05_attention_tiled.wgsl), "staged"
-(05_attention_sgmat.wgsl: the first tensor-core forward/dQ/dK/dV), "v2"
+(05_attention_sgmat.wgsl: the first tensor-core forward/dQ/dK/dV), "model" (what the trainer
+runs without robustness: the staged forward and the sgmat2 backward), "v2"
 (05_attention_sgmat2.wgsl: lazy rescaling, bank-spread score reads, fewer barriers) with its
 default tiles, with small tiles ("v2-small": 32-key forward, 16-key dQ, 16-query dK/dV tiles;
 "v2-bk16": 16-key dQ tiles only), and with RESCALE_AT 0 ("v2-rescale0":
@@ -130,6 +131,8 @@ def main(argv=None) -> int:
     families = {
         "tiled": ({}, {}),
         "staged": ({"config": "sgmat"}, {"tensor_cores": "staged"}),
+        # what the trainer runs without robustness: the staged forward, the sgmat2 backward
+        "model": ({"config": "sgmat"}, {"tensor_cores": True}),
         "v2": ({"tensor_cores": "sgmat2"}, {"tensor_cores": "sgmat2"}),
         "v2-small": ({"tensor_cores": "sgmat2", "sgmat_tiles": SMALL},
                      {"tensor_cores": "sgmat2", "sgmat_tiles": SMALL}),

@@ -88,6 +88,14 @@ fn put4(at: u32, v: vec4<f32>, which: u32) {
     }
 }
 
+fn put4h(at: u32, h: vec4<f16>, which: u32) {
+    if (which == 1u) {
+        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
+    } else {
+        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
                            @builtin(num_workgroups) nwg: vec3<u32>,
@@ -119,21 +127,42 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     var l = 0.0;
     var o: array<f32, {{HD}} / 2>;
     let last = min(qt, (p.seq - 1u) / 64u);
+    // Key tile kt + 1's k and v rows travel in registers while tile kt is multiplied: all of
+    // a tile's loads are in flight at once and under the previous tile's work (loading and
+    // staging them row by row in one loop waited for each load in turn)
+    var kr: array<vec4<f16>, {{HD}} / 8>;
+    var vr: array<vec4<f16>, {{HD}} / 8>;
+    for (var t = 0u; t < {{HD}}u / 8u; t++) {   // @unroll
+        let i = lid + t * WG;                // 64 rows x H4 vec4 = HD / 8 per invocation
+        let n = i / H4;
+        kr[t] = vec4<f16>();
+        vr[t] = vec4<f16>();
+        if (n < p.seq) {
+            kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
+            vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+        }
+    }
     for (var kt = 0u; kt <= last; kt++) {
         let k0 = kt * 64u;
         workgroupBarrier();                  // the previous tile's readers are done
-        for (var i = lid; i < 64u * H4; i += WG) {
-            let n = i / H4;
-            var kv = vec4<f32>();
-            var vv = vec4<f32>();
-            if (k0 + n < p.seq) {
-                kv = k_in[kv_row(b, k0 + n, hk) + i % H4];
-                vv = v_in[kv_row(b, k0 + n, hk) + i % H4];
-            }
-            put4(n * SH + 4u * (i % H4), kv, 1u);
-            put4(n * SH + 4u * (i % H4), vv, 2u);
+        for (var t = 0u; t < {{HD}}u / 8u; t++) {   // @unroll
+            let i = lid + t * WG;
+            put4h((i / H4) * SH + 4u * (i % H4), kr[t], 1u);
+            put4h((i / H4) * SH + 4u * (i % H4), vr[t], 2u);
         }
         workgroupBarrier();
+        if (kt < last) {
+            for (var t = 0u; t < {{HD}}u / 8u; t++) {   // @unroll
+                let i = lid + t * WG;
+                let n = k0 + 64u + i / H4;
+                kr[t] = vec4<f16>();
+                vr[t] = vec4<f16>();
+                if (n < p.seq) {
+                    kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
+                    vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+                }
+            }
+        }
         for (var j = 0u; j < 4u; j++) {   // @unroll
             var s = subgroup_matrix_result<f32, 16, 16>();
             for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
@@ -166,12 +195,16 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         l = l * alpha + sum;
         m = m_new;
         workgroupBarrier();
+        // p's 4 key steps, loaded once for every column tile of v
+        var pa: array<subgroup_matrix_left<f16, 16, 16>, 4>;   // @let
+        for (var ks = 0u; ks < 4u; ks++) {   // @unroll
+            pa[ks] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * ks, false, SPF);
+        }
         for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
             var acc = subgroup_matrix_result<f32, 16, 16>();
             for (var ks = 0u; ks < 4u; ks++) {   // @unroll
-                let pa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * ks, false, SPF);
                 let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * ks * SH + 16u * d, false, SH);
-                acc = subgroupMatrixMultiplyAccumulate(pa, vb, acc);
+                acc = subgroupMatrixMultiplyAccumulate(pa[ks], vb, acc);
             }
             subgroupMatrixStore(&Ss, 16u * sg * 64u + 16u * d, acc, false, 64u);
         }

@@ -301,6 +301,14 @@ fn put4(at: u32, v: vec4<f32>, which: u32) {
     }
 }
 
+fn put4h(at: u32, h: vec4<f16>, which: u32) {
+    if (which == 1u) {
+        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
+    } else {
+        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                                 @builtin(num_workgroups) nwg: vec3<u32>,
@@ -357,21 +365,40 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     }
     var dq: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;
     let nkt = min((q0 + 64u + {{BK}}u - 1u) / {{BK}}u, (p.seq + {{BK}}u - 1u) / {{BK}}u);
+    // Key tile kt + 1's k and v rows travel in registers while tile kt is multiplied (as the
+    // forward of 05_attention_sgmat.wgsl): all of a tile's loads in flight at once
+    var kr: array<vec4<f16>, ({{BK}} * {{HD}} / 4 + 127) / 128>;
+    var vr: array<vec4<f16>, ({{BK}} * {{HD}} / 4 + 127) / 128>;
+    for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+        let i = lid + t * WG;
+        if (i < {{BK}}u * H4 && i / H4 < p.seq) {
+            kr[t] = vec4<f16>(k_in[kv_row(b, i / H4, hk) + i % H4]);
+            vr[t] = vec4<f16>(v_in[kv_row(b, i / H4, hk) + i % H4]);
+        }
+    }
     for (var kt = 0u; kt < nkt; kt++) {
         let k0 = kt * {{BK}}u;
         workgroupBarrier();                  // the previous tile's products are done
-        for (var i = lid; i < {{BK}}u * H4; i += WG) {
-            let n = i / H4;
-            var kv = vec4<f32>();
-            var vv = vec4<f32>();
-            if (k0 + n < p.seq) {
-                kv = k_in[kv_row(b, k0 + n, hk) + i % H4];
-                vv = v_in[kv_row(b, k0 + n, hk) + i % H4];
+        for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+            let i = lid + t * WG;
+            if (i < {{BK}}u * H4) {
+                put4h((i / H4) * SH + 4u * (i % H4), kr[t], 1u);
+                put4h((i / H4) * SH + 4u * (i % H4), vr[t], 2u);
             }
-            put4(n * SH + 4u * (i % H4), kv, 1u);
-            put4(n * SH + 4u * (i % H4), vv, 2u);
         }
         workgroupBarrier();
+        if (kt + 1u < nkt) {
+            for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+                let i = lid + t * WG;
+                let n = k0 + {{BK}}u + i / H4;
+                kr[t] = vec4<f16>();
+                vr[t] = vec4<f16>();
+                if (i < {{BK}}u * H4 && n < p.seq) {
+                    kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
+                    vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+                }
+            }
+        }
         for (var j = 0u; j < {{BK}}u / 16u; j++) {   // @unroll
             var s = subgroup_matrix_result<f32, 16, 16>();
             var t = subgroup_matrix_result<f32, 16, 16>();
@@ -457,6 +484,14 @@ fn put4(at: u32, v: vec4<f32>, which: u32) {
     }
 }
 
+fn put4h(at: u32, h: vec4<f16>, which: u32) {
+    if (which == 1u) {
+        Qs[at] = h.x; Qs[at + 1u] = h.y; Qs[at + 2u] = h.z; Qs[at + 3u] = h.w;
+    } else {
+        Ds[at] = h.x; Ds[at + 1u] = h.y; Ds[at + 2u] = h.z; Ds[at + 3u] = h.w;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                                  @builtin(local_invocation_index) lid: u32,
@@ -507,35 +542,74 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     var dv: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;
     let first = k0 / {{BQ2}}u;
     let tiles = (p.seq + {{BQ2}}u - 1u) / {{BQ2}}u;
+    // The next query tile's q and do rows and statistics travel in registers while this tile
+    // is multiplied (as the forward of 05_attention_sgmat.wgsl): all of a tile's loads in
+    // flight at once. Tiles run in (g, qt) order.
+    var qr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
+    var dr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
+    var st = 0.0;   // lanes below 2 BQ2: the tile's lse (base 2) or dvec
+    if (first < tiles) {   // the first tile, (0, first)
+        for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+            let i = lid + t * WG;
+            let n = first * {{BQ2}}u + i / H4;
+            qr[t] = vec4<f16>();
+            dr[t] = vec4<f16>();
+            if (i < {{BQ2}}u * H4 && n < p.seq) {
+                qr[t] = vec4<f16>(q_in[q_row(b, n, hk * group) + i % H4] * qscale);
+                dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group) + i % H4]);
+            }
+        }
+        st = 0.0;
+        if (lid < 2u * {{BQ2}}u && first * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+            if (lid < {{BQ2}}u) {
+                st = lse_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
+            } else {
+                st = dvec_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)];
+            }
+        }
+    }
     for (var g = 0u; g < group; g++) {
         let h = hk * group + g;
         for (var qt = first; qt < tiles; qt++) {
             let q0 = qt * {{BQ2}}u;
             workgroupBarrier();              // the previous tile's products are done
-            for (var i = lid; i < {{BQ2}}u * H4; i += WG) {
-                let n = i / H4;
-                var qv = vec4<f32>();
-                var dv4 = vec4<f32>();
-                if (q0 + n < p.seq) {
-                    qv = q_in[q_row(b, q0 + n, h) + i % H4] * qscale;
-                    dv4 = do_in[o_row(b, q0 + n, h) + i % H4];
+            for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+                let i = lid + t * WG;
+                if (i < {{BQ2}}u * H4) {
+                    put4h((i / H4) * SH + 4u * (i % H4), qr[t], 1u);
+                    put4h((i / H4) * SH + 4u * (i % H4), dr[t], 2u);
                 }
-                put4(n * SH + 4u * (i % H4), qv, 1u);
-                put4(n * SH + 4u * (i % H4), dv4, 2u);
             }
             if (lid < 2u * {{BQ2}}u) {
-                let qi = q0 + lid % {{BQ2}}u;
-                var st = 0.0;
-                if (qi < p.seq) {
-                    if (lid < {{BQ2}}u) {
-                        st = lse_in[stat_index(b, h, qi)] * LOG2E;
-                    } else {
-                        st = dvec_in[stat_index(b, h, qi)];
-                    }
-                }
                 stats[lid] = st;
             }
             workgroupBarrier();
+            var lq = qt + 1u;                // the next tile (lg, lq)
+            var lg = g;
+            if (lq == tiles) {
+                lq = first;
+                lg = g + 1u;
+            }
+            if (lg < group) {
+                for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
+                    let i = lid + t * WG;
+                    let n = lq * {{BQ2}}u + i / H4;
+                    qr[t] = vec4<f16>();
+                    dr[t] = vec4<f16>();
+                    if (i < {{BQ2}}u * H4 && n < p.seq) {
+                        qr[t] = vec4<f16>(q_in[q_row(b, n, hk * group + lg) + i % H4] * qscale);
+                        dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group + lg) + i % H4]);
+                    }
+                }
+                st = 0.0;
+                if (lid < 2u * {{BQ2}}u && lq * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+                    if (lid < {{BQ2}}u) {
+                        st = lse_in[stat_index(b, hk * group + lg, lq * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
+                    } else {
+                        st = dvec_in[stat_index(b, hk * group + lg, lq * {{BQ2}}u + lid % {{BQ2}}u)];
+                    }
+                }
+            }
             for (var j = 0u; j < {{BQ2}}u / 16u; j++) {   // @unroll
                 var s = subgroup_matrix_result<f32, 16, 16>();
                 var t = subgroup_matrix_result<f32, 16, 16>();
