@@ -1,0 +1,146 @@
+"""Where the tensor-core attention's time goes: the trainer's kernels with parts taken out
+(issue 21).
+
+    ISTANBUL_BACKEND=dawn python dev/attention_ablation.py --out DIR [--repeats 10]
+
+Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). At the 124M step's shape
+(B 8, T 1024, H 12, D 64, q/k/v in fused qkv rows), robustness off, it times the kernels the
+trainer runs (the staged forward of 05_attention_sgmat.wgsl, the sgmat2 dQ and dK/dV of
+05_attention_sgmat2.wgsl) as shipped and in copies of both files with one part removed:
+
+    base        as shipped
+    no_mma      every subgroupMatrixMultiplyAccumulate replaced by its accumulator (the
+                matrix loads that fed it go too)
+    no_exp      exp2 replaced by its argument (the softmax's special-function work)
+    no_barrier  every workgroupBarrier() removed
+    no_global   the tiles' global loads (q, k, v, do rows in the tile loops) replaced by loads
+                of 8 cached addresses
+
+The ablated kernels compute wrong results; only their times mean anything. Writes
+DIR/attention_ablation.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from istanbul.shaders import source  # noqa: E402
+from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
+
+B, T, H, HKV, D = 8, 1024, 12, 12, 64
+FILES = (attention.FILE_SGMAT, attention.FILE_SGMAT2)
+MMA = re.compile(r"(\w+(?:\[[^\]]+\])?) = subgroupMatrixMultiplyAccumulate\([^;]*\);")
+GLOBAL = re.compile(r"vec4<f16>\((k_in|v_in|q_in|do_in)\[[^;]*\);")
+
+
+def ablate(name: str, text: str) -> str:
+    if name == "base":
+        return text
+    if name == "no_mma":
+        return MMA.sub(lambda m: f"{m.group(1)} = {m.group(1)};", text)
+    if name == "no_exp":
+        return text.replace("exp2(", "(")
+    if name == "no_barrier":
+        return text.replace("workgroupBarrier();", "")
+    if name == "no_global":
+        # the binding stays in use (an unused one leaves the pipeline's layout), read at 8
+        # addresses that stay in cache
+        return GLOBAL.sub(lambda m: f"vec4<f16>({m.group(1)}[lid & 7u]);", text)
+    raise ValueError(name)
+
+
+VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="attention_ablation_"))
+    originals = {f: source.find_file(f) for f in FILES}
+    for v in VARIANTS:
+        (tmp / v).mkdir()
+        for f, path in originals.items():
+            text = path.read_text(encoding="utf-8")
+            body = ablate(v, text)
+            if v != "base" and body == text:
+                raise SystemExit(f"variant {v} changed nothing in {f}")
+            (tmp / v / f).write_text(body, encoding="utf-8")
+    current = {"variant": "base"}
+    find = source.find_file
+    source.find_file = lambda name: (tmp / current["variant"] / name if name in originals
+                                     else find(name))
+    dev = Device(None, robustness=False)
+    print(dev, flush=True)
+    rng = np.random.default_rng(0)
+    width = (H + 2 * HKV) * D
+    qkv = dev.upload(rng.standard_normal((B * T, width), dtype=np.float32))
+    q, k, v = (qkv.elements(o, B * T * width - o) for o in (0, H * D, (H + HKV) * D))
+    do = dev.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
+    strides = {"q_stride": width, "kv_stride": width}
+    o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
+    grads = dev.zeros((B * T, width))
+    dq, dk, dv = (grads.elements(o_, B * T * width - o_) for o_ in (0, H * D, (H + HKV) * D))
+
+    def step(rec):
+        attention.forward(rec, q, k, v, o, lse, B, T, H, HKV, D, config="sgmat", **strides)
+        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, HKV, D,
+                           tensor_cores=True, **strides)
+
+    kernels = {}
+    for name in VARIANTS:   # compile every variant first (each its own kernels)
+        current["variant"] = name
+        dev._kernels.clear()
+        source.load_file.cache_clear()
+        with dev.record() as rec:
+            step(rec)
+        dev.sync()
+        kernels[name] = dict(dev._kernels)
+    samples = {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):   # interleaved rounds: clock drift hits every variant alike
+        for name in VARIANTS:
+            dev._kernels.clear()
+            dev._kernels.update(kernels[name])
+            for _ in range(3):
+                with dev.record() as rec:
+                    step(rec)
+            dev.sync()
+            for _ in range(args.repeats):
+                with dev.record(timing=True) as rec:
+                    step(rec)
+                acc = {}
+                for label, s in rec.gpu_times:
+                    acc[label] = acc.get(label, 0.0) + s * 1e3
+                samples[name].append(acc)
+    result = {name: {lab: float(np.median([r[lab] for r in runs])) for lab in runs[0]}
+              for name, runs in samples.items()}
+    labels = [lab for lab in result["base"] if "sgmat" in lab]
+    lines = [f"# Tensor-core attention ablation (B {B}, T {T}, H {H}, D {D}; "
+             f"{dev.info.summary()}, robustness off)", "",
+             "ms per layer call (GPU timestamps, median); ablated kernels compute wrong "
+             "results, only their times mean anything.", "",
+             "| kernel | " + " | ".join(VARIANTS) + " |", "|---|" + "---:|" * len(VARIANTS)]
+    for lab in labels:
+        lines.append(f"| {lab} | " + " | ".join(f"{result[n].get(lab, float('nan')):.3f}"
+                                                 for n in VARIANTS) + " |")
+    (out / "attention_ablation.md").write_text("\n".join(lines) + "\n")
+    (out / "attention_ablation.json").write_text(json.dumps(result, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
