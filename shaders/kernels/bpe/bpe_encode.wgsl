@@ -127,7 +127,6 @@
 
 const NONE: u32 = 0xffffffffu;
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged in registers
-const SHORT_SMALL: u32 = 16u; // ... in arrays of this many entries up to this many bytes
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
 const STATE_WORDS: u32 = 4u;  // per long-piece window: phase, position, heap size, seam
@@ -667,80 +666,6 @@ fn bpe_short(s: u32, n: u32) {
             return;
         }
     }
-    if (n <= SHORT_SMALL) {
-        merge_small(s, n);
-    } else {
-        merge_short(s, n);
-    }
-}
-
-// The merges of a piece of at most SHORT_SMALL bytes (nearly all of them): the same as
-// merge_short over arrays a quarter as long, so each piece zero-fills and touches 192 bytes
-// of per-invocation memory instead of 768 (arrays indexed at run time live in memory, not
-// registers).
-fn merge_small(s: u32, n: u32) {
-    var ids: array<u32, SHORT_SMALL>;
-    var pri: array<u32, SHORT_SMALL>;
-    var mrg: array<u32, SHORT_SMALL>;
-    work += 1u;
-    for (var k = 0u; k < n; k += 1u) {
-        work += 1u;
-        ids[k] = vocab[byte_at(s + k)];
-    }
-    work += 1u;
-    for (var k = 0u; k + 1u < n; k += 1u) {
-        work += 1u;
-        let pm = pair_lookup(ids[k], ids[k + 1u]);
-        pri[k] = pm.x;
-        mrg[k] = pm.y;
-    }
-    var m = n;
-    work += 1u;
-    loop {
-        work += 1u;
-        var best = NONE;
-        var best_pri = NONE;
-        work += 1u;
-        for (var k = 0u; k + 1u < m; k += 1u) {
-            work += 1u;
-            if (pri[k] < best_pri) {
-                best_pri = pri[k];
-                best = k;
-            }
-        }
-        if (best == NONE) { break; }
-        ids[best] = mrg[best];
-        work += 1u;
-        for (var k = best + 1u; k + 1u < m; k += 1u) {
-            work += 1u;
-            ids[k] = ids[k + 1u];
-            pri[k] = pri[k + 1u];
-            mrg[k] = mrg[k + 1u];
-        }
-        m -= 1u;
-        if (best + 1u < m) {
-            let pm = pair_lookup(ids[best], ids[best + 1u]);
-            pri[best] = pm.x;
-            mrg[best] = pm.y;
-        }
-        if (best > 0u) {
-            let pm = pair_lookup(ids[best - 1u], ids[best]);
-            pri[best - 1u] = pm.x;
-            mrg[best - 1u] = pm.y;
-        }
-    }
-    var pos = s;
-    work += 1u;
-    for (var k = 0u; k < m; k += 1u) {
-        work += 1u;
-        tok_buf[pos] = ids[k];
-        pos += tok_len(ids[k]);
-    }
-}
-
-
-// The merges of a piece of at most SHORT_MAX bytes.
-fn merge_short(s: u32, n: u32) {
     var ids: array<u32, SHORT_MAX>;
     var pri: array<u32, SHORT_MAX>;
     var mrg: array<u32, SHORT_MAX>;
