@@ -101,7 +101,10 @@ def test_single_word_rule_uses_rust_word_characters(everything):
 
 
 def test_regex_module_disagrees_with_oniguruma(everything):
-    """Without the table the reference would be wrong: the regex module's letters differ."""
+    """Without the table the reference would be wrong: the regex module's letters differ.
+    Which ones depends on the regex module's Unicode version (regex 2026.11 lists U+0558
+    first; the older regex on the H200 machine has no U+0558 and lists U+088F first), so only
+    the count is asserted: thousands either way."""
     letters = U.load_table("tokenizers").members("L")
     newer = [ord(c) for c in regex.findall(r"\p{L}", everything) if not letters[ord(c)]]
-    assert 0x558 in newer and len(newer) > 1000
+    assert len(newer) > 1000, [hex(c) for c in newer[:8]]
