@@ -14,7 +14,8 @@
 //
 // Staged rows are HD + 8 f16 long (the rows that later hold p or ds: at least the tile's key
 // count + 8). Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
-// and dq, keys for dkv), its lane 2r + h the half h of row r's columns. Tiles are staged in
+// and dq, keys for dkv), its lane 2r + h the half h of row r's columns (the forward reads
+// them in an order rotated by lane, so each read spreads over 32 banks). Tiles are staged in
 // workgroup memory as f16 rows of HD + 8 (padding spreads the 16-row matrix loads over
 // banks); the rows' own operand (q, or k and v for dkv; do for dq) is loaded into subgroup
 // matrices once. Per tile: scores S (16 x 16 subgroup-matrix products over HD/16 steps) go
