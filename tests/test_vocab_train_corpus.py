@@ -63,7 +63,7 @@ def test_streamed_chunks_equal_a_whole_file_scan(tmp_path, pattern):
     "word " + " " * 1000 + "\r\n" + " " * 500,
 ])
 def test_streaming_keeps_whitespace_runs_longer_than_a_chunk_whole(tmp_path, text, pattern):
-    """A whitespace run that crosses a chunk edge is one region: its pieces (\s*[\r\n]+
+    r"""A whitespace run that crosses a chunk edge is one region: its pieces (\s*[\r\n]+
     spans spaces between newlines) depend on where the run ends."""
     path = tmp_path / "ws.txt"
     path.write_bytes(text.encode("utf-8"))
