@@ -15,6 +15,8 @@ trainer runs (the staged forward of 05_attention_sgmat.wgsl, the sgmat2 dQ and d
     no_barrier  every workgroupBarrier() removed
     no_global   the tiles' global loads (q, k, v, do rows in the tile loops) replaced by loads
                 of 8 cached addresses
+    contiguous  the same loads from rows laid out [B, H, T, D] (each head's rows contiguous,
+                what an f32 copy in that layout would read) instead of the fused qkv rows
 
 The ablated kernels compute wrong results; only their times mean anything. Writes
 DIR/attention_ablation.{md,json}.
@@ -41,6 +43,8 @@ B, T, H, HKV, D = 8, 1024, 12, 12, 64
 FILES = (attention.FILE_SGMAT, attention.FILE_SGMAT2)
 MMA = re.compile(r"(\w+(?:\[[^\]]+\])?) = subgroupMatrixMultiplyAccumulate\([^;]*\);")
 GLOBAL = re.compile(r"vec4<f16>\((k_in|v_in|q_in|do_in)\[[^;]*\);")
+ROW_LOAD = re.compile(r"(k_in|v_in|q_in|do_in)\[(?:kv_row|q_row|o_row)\(b, ([^,]+), [^\]]*?\) "
+                      r"\+ i % H4\]")
 
 
 def ablate(name: str, text: str) -> str:
@@ -56,10 +60,15 @@ def ablate(name: str, text: str) -> str:
         # the binding stays in use (an unused one leaves the pipeline's layout), read at 8
         # addresses that stay in cache
         return GLOBAL.sub(lambda m: f"vec4<f16>({m.group(1)}[lid & 7u]);", text)
+    if name == "contiguous":
+        # the same bytes per tile, as if each (batch, head) had its rows of HD contiguous
+        # ([B, H, T, D]) instead of every head row at the fused qkv rows' stride
+        return ROW_LOAD.sub(lambda m: f"{m.group(1)}[(wg.x * p.seq + ({m.group(2)})) * H4 + i % H4]",
+                            text)
     raise ValueError(name)
 
 
-VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global")
+VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous")
 
 
 def main():
@@ -67,12 +76,16 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if "base" not in variants or set(variants) - set(VARIANTS):
+        raise SystemExit(f"--variants: base and any of {', '.join(VARIANTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="attention_ablation_"))
     originals = {f: source.find_file(f) for f in FILES}
-    for v in VARIANTS:
+    for v in variants:
         (tmp / v).mkdir()
         for f, path in originals.items():
             text = path.read_text(encoding="utf-8")
@@ -102,7 +115,7 @@ def main():
                            tensor_cores=True, **strides)
 
     kernels = {}
-    for name in VARIANTS:   # compile every variant first (each its own kernels)
+    for name in variants:   # compile every variant first (each its own kernels)
         current["variant"] = name
         dev._kernels.clear()
         source.load_file.cache_clear()
@@ -110,9 +123,9 @@ def main():
             step(rec)
         dev.sync()
         kernels[name] = dict(dev._kernels)
-    samples = {name: [] for name in VARIANTS}
+    samples = {name: [] for name in variants}
     for _ in range(args.rounds):   # interleaved rounds: clock drift hits every variant alike
-        for name in VARIANTS:
+        for name in variants:
             dev._kernels.clear()
             dev._kernels.update(kernels[name])
             for _ in range(3):
@@ -133,10 +146,10 @@ def main():
              f"{dev.info.summary()}, robustness off)", "",
              "ms per layer call (GPU timestamps, median); ablated kernels compute wrong "
              "results, only their times mean anything.", "",
-             "| kernel | " + " | ".join(VARIANTS) + " |", "|---|" + "---:|" * len(VARIANTS)]
+             "| kernel | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
     for lab in labels:
         lines.append(f"| {lab} | " + " | ".join(f"{result[n].get(lab, float('nan')):.3f}"
-                                                 for n in VARIANTS) + " |")
+                                                 for n in variants) + " |")
     (out / "attention_ablation.md").write_text("\n".join(lines) + "\n")
     (out / "attention_ablation.json").write_text(json.dumps(result, indent=1))
     print("\n".join(lines))
