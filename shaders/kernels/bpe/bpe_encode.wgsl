@@ -9,7 +9,8 @@
 //   bpe_digit_cuts    (cl100k, o200k) per chunk inside a run of digits: a cut at a digit
 //                     group's start (one per chunk)
 //   bpe_pretok        per chunk with a boundary: pre-tokenize [boundary, next boundary) with
-//                     the PATTERN's rules, BPE each piece of <= SHORT_MAX bytes in registers,
+//                     the PATTERN's rules, BPE each piece of <= SHORT_MAX bytes (per-invocation
+//                     arrays),
 //                     queue longer ones                                       (one per chunk)
 //   bpe_merge_pieces  per piece cut on the CPU ([starts[i], starts[i+1])): BPE or queue
 //   bpe_merge_long    per queued window of a long piece: BPE with a binary heap in `scratch`
@@ -126,7 +127,7 @@
 // the run jumps over it (run scans are O(run / chunk + chunk)).
 
 const NONE: u32 = 0xffffffffu;
-const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged in registers
+const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged by one invocation
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
 const STATE_WORDS: u32 = 4u;  // per long-piece window: phase, position, heap size, seam
@@ -659,7 +660,8 @@ fn lookup_piece(s: u32, n: u32) -> u32 {
 
 // ---- BPE of one piece ---------------------------------------------------------------------
 
-// tiktoken's algorithm in registers: repeatedly merge the lowest-priority pair, leftmost first.
+// tiktoken's algorithm in the invocation's arrays: repeatedly merge the lowest-priority pair,
+// leftmost first.
 fn bpe_short(s: u32, n: u32) {
     if (n == 1u) {
         tok_buf[s] = vocab[byte_at(s)];
