@@ -10,6 +10,10 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
     h    = rmsnorm(x_i) · attn_norm         (rstd saved)
     [q|k|v] = h · [Wq; Wk; Wv]ᵀ ;  q, k = RoPE(q), RoPE(k)   (rotated q, k saved)
                  (one matmul into one buffer when d and kv are multiples of 64, else three)
+                 Training (BlockBuffers with head_major): RoPE writes q and k, and a copy v,
+                 into head-major [B, H, T, D] buffers, the layer's saved q, k, v (the
+                 projection's output is scratch shared by the layers): the attention kernels
+                 load 64-row tiles of one head, contiguous there (H200, 124M: ~4 ms a step).
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
     h2   = rmsnorm(xa) · ffn_norm
@@ -35,6 +39,7 @@ from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
 from istanbul.shaders.kernels.rope import ops as rope
 from istanbul.shaders.kernels.attention import ops as attention
 from istanbul.shaders.kernels.attention import decode
+from istanbul.shaders.kernels.elementwise import ops as basic
 from istanbul.shaders.kernels.matmul import ops as linear
 
 from .config import ModelConfig
@@ -131,12 +136,49 @@ class QKVBuffers:
 
 
 @dataclass
+class Heads:
+    """q, k, v (or their gradients) head-major: [B, H, T, D] and [B, Hkv, T, D], each head's
+    rows contiguous (separate buffers: dk and dv are written by one dispatch)."""
+    q: object
+    k: object
+    v: object
+
+
+class HeadBuffers:
+    def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str):
+        self.d, self.kv = cfg.d_model, cfg.kv_dim
+        self.q = dev.empty(capacity * self.d, np.float32, label=f"{label} q heads")
+        self.k = dev.empty(capacity * self.kv, np.float32, label=f"{label} k heads")
+        self.v = dev.empty(capacity * self.kv, np.float32, label=f"{label} v heads")
+
+    def buffers(self) -> list:
+        return [self.q, self.k, self.v]
+
+    def rows(self, n: int) -> Heads:
+        return Heads(self.q.elements(0, n * self.d), self.k.elements(0, n * self.kv),
+                     self.v.elements(0, n * self.kv))
+
+
+def head_strides(cfg: ModelConfig, T: int):
+    """(q, kv) attention.Strides of head-major Heads for sequences of T tokens."""
+    hd = cfg.head_dim
+    return (attention.head_major(T, cfg.n_heads, hd), attention.head_major(T, cfg.n_kv_heads, hd))
+
+
+def token_strides(qkv: QKV, heads: int, cfg: ModelConfig, T: int) -> tuple:
+    """(token, head, batch) strides of a q/k/v part of `qkv` with `heads` heads."""
+    stride = qkv.stride if qkv.stride is not None else heads * cfg.head_dim
+    return (stride, cfg.head_dim, T * stride)
+
+
+@dataclass
 class BlockActs:
     """The activations of one transformer block for `rows` tokens (views)."""
     x: object       # block input (residual stream)
     h: object       # rmsnorm(x)
     rstd: object
-    qkv: QKV        # after RoPE (q, k rotated in place)
+    qkv: QKV        # the projection's output (q, k rotated in place unless `heads`)
+    heads: Heads | None   # head-major rotated q, k and v (training), else None
     a: object       # attention output
     lse: object
     xa: object      # after the attention residual
@@ -150,13 +192,18 @@ class BlockBuffers:
     """Storage for one block's activations, up to `capacity` rows (`rows()` views them)."""
 
     def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str, *,
-                 share_norm: bool = False):
+                 share_norm: bool = False, qkv: QKVBuffers | None = None,
+                 head_major: bool = False):
+        """`qkv`: the projection output's buffers, when shared with other blocks (head_major:
+        the block keeps its q, k, v head-major, so its projection output is scratch)."""
         d, f = cfg.d_model, cfg.ffn_hidden
         self.cfg, self.capacity = cfg, capacity
         e = lambda shape, name: dev.empty(shape, np.float32, label=f"{label}.{name}")  # noqa
         self.x, self.h, self.rstd = e((capacity, d), "x"), e((capacity, d), "h"), \
             e(capacity, "rstd")
-        self.qkv = QKVBuffers(dev, capacity, cfg, label)
+        self.own_qkv = qkv is None
+        self.qkv = QKVBuffers(dev, capacity, cfg, label) if qkv is None else qkv
+        self.heads = HeadBuffers(dev, capacity, cfg, label) if head_major else None
         self.a, self.lse = e((capacity, d), "attn"), e(cfg.n_heads * capacity, "lse")
         self.xa = e((capacity, d), "xa")
         # generation needs no saved h2/rstd2: it reuses h and rstd
@@ -167,14 +214,16 @@ class BlockBuffers:
     def buffers(self) -> list:
         own = [self.x, self.h, self.rstd, self.a, self.lse, self.xa, self.h2, self.rstd2,
                self.gu, self.s]
-        return own + self.qkv.buffers()
+        return (own + (self.qkv.buffers() if self.own_qkv else [])
+                + (self.heads.buffers() if self.heads is not None else []))
 
     def rows(self, n: int) -> BlockActs:
         if n > self.capacity:
             raise ValueError(f"{n} rows exceed the activation buffers' {self.capacity}")
         d, f, H = self.cfg.d_model, self.cfg.ffn_hidden, self.cfg.n_heads
         return BlockActs(_rows(self.x, n, d), _rows(self.h, n, d), self.rstd.elements(0, n),
-                         self.qkv.rows(n), _rows(self.a, n, d), self.lse.elements(0, H * n),
+                         self.qkv.rows(n), self.heads.rows(n) if self.heads else None,
+                         _rows(self.a, n, d), self.lse.elements(0, H * n),
                          _rows(self.xa, n, d), _rows(self.h2, n, d),
                          self.rstd2.elements(0, n), _rows(self.gu, n, 2 * f),
                          _rows(self.s, n, f))
@@ -195,7 +244,7 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
     """Embedding and every block (see the module docstring) for B*T tokens at positions
     pos0..; the last block writes `x_final`. `caches` (generation, B == 1): a KVCache per
     layer, written at pos0..pos0+T-1; T > 1 is a prefill (pos0 == 0), T == 1 a decode step."""
-    n, d, kv, f = B * T, cfg.d_model, cfg.kv_dim, cfg.ffn_hidden
+    n, d, kv = B * T, cfg.d_model, cfg.kv_dim
     H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     if caches is not None and (B != 1 or (T > 1 and pos0 != 0)):
         raise ValueError("KV-cache forward: one sequence, and a prefill starts at position 0")
@@ -214,6 +263,17 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
             linear.matmul_nt(rec, L.h, weights.w(pre + "wq"), qkv.q, n, d, d, **fm)
             linear.matmul_nt(rec, L.h, weights.w(pre + "wk"), qkv.k, n, kv, d, **fm)
             linear.matmul_nt(rec, L.h, weights.w(pre + "wv"), qkv.v, n, kv, d, **fm)
+        if L.heads is not None:
+            if caches is not None:
+                raise ValueError("KV-cache forward: head-major blocks are for training")
+            record_heads(rec, cfg, qkv, L.heads, B, T, rope_table, pos0)
+            hq, hkv = head_strides(cfg, T)
+            attention.forward(rec, L.heads.q, L.heads.k, L.heads.v, L.a, L.lse, B, T, H, KV,
+                              hd, q_stride=hq, kv_stride=hkv, tensor_cores=tensor_cores)
+            linear.matmul_nt(rec, L.a, weights.w(pre + "wo"), L.xa, n, d, d, residual=L.x,
+                             **fm)
+            record_ffn(rec, cfg, weights, L, i, x_out, n, fm)
+            continue
         rope.forward(rec, qkv.q, rope_table, B, T, H, hd, pos_offset=pos0,
                      token_stride=qkv.stride)
         rope.forward(rec, qkv.k, rope_table, B, T, KV, hd, pos_offset=pos0,
@@ -230,9 +290,28 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
                               q_stride=qkv.stride, kv_stride=qkv.stride,
                               tensor_cores=tensor_cores)
         linear.matmul_nt(rec, L.a, weights.w(pre + "wo"), L.xa, n, d, d, residual=L.x, **fm)
-        rmsnorm.forward(rec, L.xa, weights.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
-                        cfg.norm_eps)
-        linear.matmul_nt(rec, L.h2, weights.w13(i), L.gu, n, 2 * f, d, **fm)
-        activations.swiglu_forward(rec, L.gu, L.s, n, f)
-        linear.matmul_nt(rec, L.s, weights.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
-                         **fm)
+        record_ffn(rec, cfg, weights, L, i, x_out, n, fm)
+
+
+def record_heads(rec, cfg: ModelConfig, qkv: QKV, heads: Heads, B: int, T: int, rope_table,
+                 pos0: int = 0) -> None:
+    """RoPE from the projection's q and k into head-major `heads`, v copied there."""
+    H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    hq, hkv = head_strides(cfg, T)
+    rope.forward(rec, qkv.q, rope_table, B, T, H, hd, pos_offset=pos0,
+                 token_stride=qkv.stride, out=heads.q, out_strides=hq)
+    rope.forward(rec, qkv.k, rope_table, B, T, KV, hd, pos_offset=pos0,
+                 token_stride=qkv.stride, out=heads.k, out_strides=hkv)
+    basic.copy_heads(rec, qkv.v, heads.v, B, T, KV, hd, token_strides(qkv, KV, cfg, T), hkv)
+
+
+def record_ffn(rec, cfg: ModelConfig, weights: Weights, L: BlockActs, i: int, x_out,
+               n: int, fm: dict) -> None:
+    """The block's second half: x_out = xa + SwiGLU(rmsnorm(xa)) · Wdownᵀ."""
+    d, f, pre = cfg.d_model, cfg.ffn_hidden, f"layers.{i}."
+    rmsnorm.forward(rec, L.xa, weights.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
+                    cfg.norm_eps)
+    linear.matmul_nt(rec, L.h2, weights.w13(i), L.gu, n, 2 * f, d, **fm)
+    activations.swiglu_forward(rec, L.gu, L.s, n, f)
+    linear.matmul_nt(rec, L.s, weights.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
+                     **fm)

@@ -42,7 +42,8 @@ from istanbul.shaders.kernels.matmul import ops as linear
 from ..loss_scale import LossScaler
 from .config import ModelConfig
 from .fit import HEADROOM, Need, check_fits, device_memory
-from .forward import BlockBuffers, QKVBuffers, Weights, fused_qkv, record_blocks
+from .forward import (BlockBuffers, HeadBuffers, QKVBuffers, Weights, fused_qkv, head_strides,
+                      record_blocks, token_strides)
 from .layout import ParameterLayout
 from .lm_head import LOGITS_BUDGET, ChunkedHead, chunk_quantum, plan_chunk_rows
 
@@ -75,12 +76,14 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
              Need(f"block activations x, h, attn, xa, h2 (B*T = {n} rows x d)", n * d * 4,
                   count=5 * layers),
              Need("block rstd, rstd2", n * 4, count=2 * layers),
-             Need("block q|k|v", qkv, binding=fused_qkv(cfg), count=layers),
+             Need("block q (head-major)", n * d * 4, count=layers),
+             Need("block k, v (head-major)", n * kv * 4, count=2 * layers),
              Need("block attention lse", cfg.n_heads * n * 4, count=layers),
              Need(f"block gate|up (B*T x 2F = {2 * f})", n * 2 * f * 4, count=layers),
              Need(f"block SwiGLU output (B*T x F = {f})", n * f * 4, count=layers),
              Need("FFN activations (B*T x 2F)", n * 2 * f * 4),
-             Need("q|k|v (B*T x (d + 2kv))", qkv, binding=fused_qkv(cfg)),
+             Need("q|k|v projection (B*T x (d + 2kv))", qkv, binding=fused_qkv(cfg)),
+             Need("dq (head-major)", n * d * 4), Need("dk, dv (head-major)", n * kv * 4, count=2),
              Need("backward scratch", (3 * n * d + n * 3 * f) * 4 + qkv, binding=False),
              Need("final norm (B*T x d)", 2 * n * d * 4),
              Need(f"logits chunk ({logits_rows} rows x vocab {V})", logits_rows * V * 4),
@@ -155,7 +158,10 @@ class GpuModel:
                                    label="embed plans")
         self.select_micro_batch(0)
         self._next_step = None   # (key, command buffer) recorded during the previous step
-        self.storage = [BlockBuffers(dev, n, cfg, f"L{i}") for i in range(cfg.n_layers)]
+        # q, k, v saved head-major per layer; the projection's output is scratch they share
+        self.qkv_storage = QKVBuffers(dev, n, cfg, "proj")
+        self.storage = [BlockBuffers(dev, n, cfg, f"L{i}", qkv=self.qkv_storage,
+                                     head_major=True) for i in range(cfg.n_layers)]
         self.layers = [s.rows(n) for s in self.storage]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
         self.h_final = dev.empty((n, d), np.float32, label="h final")
@@ -167,6 +173,8 @@ class GpuModel:
         self.dh = dev.empty((n, d), np.float32, label="dh")
         self.dqkv_storage = QKVBuffers(dev, n, cfg, "d")
         self.dqkv = self.dqkv_storage.rows(n)
+        self.dheads_storage = HeadBuffers(dev, n, cfg, "d")
+        self.dheads = self.dheads_storage.rows(n)
         self.da = dev.empty((n, d), np.float32, label="dattn")
         self.dgu = dev.empty((n, 2 * f), np.float32, label="dgate|dup")
         self.ds = dev.empty((n, f), np.float32, label="dact")
@@ -176,7 +184,8 @@ class GpuModel:
         self._next_step = None
         seen = set()
         owned = list(vars(self).values()) + self.head.buffers() + \
-            self.dqkv_storage.buffers() + [b for s in self.storage for b in s.buffers()]
+            self.dqkv_storage.buffers() + self.qkv_storage.buffers() + \
+            self.dheads_storage.buffers() + [b for s in self.storage for b in s.buffers()]
         for buf in owned:
             if hasattr(buf, "destroy") and id(buf) not in seen:
                 seen.add(id(buf))
@@ -283,13 +292,19 @@ class GpuModel:
             # attention: xa = x + a · Woᵀ
             mm_dw(self.dx, L.a, G.w(pre + "wo"), d, d, n)
             linear.matmul_nn(rec, self.dx, W.w(pre + "wo"), self.da, n, d, d, **tcs)
-            qkv, dqkv = L.qkv, self.dqkv
-            attention.backward(rec, qkv.q, qkv.k, qkv.v, L.a, self.da, L.lse, dqkv.q, dqkv.k,
-                               dqkv.v, B, T, H, KV, hd, q_stride=qkv.stride,
-                               kv_stride=qkv.stride, **tcs)
-            rope.backward(rec, dqkv.q, self.rope_table, B, T, H, hd, token_stride=dqkv.stride)
-            rope.backward(rec, dqkv.k, self.rope_table, B, T, KV, hd,
-                          token_stride=dqkv.stride)
+            # attention on the head-major q, k, v; RoPE's backward and a copy put the
+            # gradients into the projection's layout
+            heads, dheads, dqkv = L.heads, self.dheads, self.dqkv
+            hq, hkv = head_strides(cfg, T)
+            attention.backward(rec, heads.q, heads.k, heads.v, L.a, self.da, L.lse, dheads.q,
+                               dheads.k, dheads.v, B, T, H, KV, hd, q_stride=hq,
+                               kv_stride=hkv, **tcs)
+            rope.backward(rec, dheads.q, self.rope_table, B, T, H, hd, strides=hq,
+                          out=dqkv.q, out_strides=token_strides(dqkv, H, cfg, T))
+            rope.backward(rec, dheads.k, self.rope_table, B, T, KV, hd, strides=hkv,
+                          out=dqkv.k, out_strides=token_strides(dqkv, KV, cfg, T))
+            basic.copy_heads(rec, dheads.v, dqkv.v, B, T, KV, hd, hkv,
+                             token_strides(dqkv, KV, cfg, T))
             if dqkv.fused is not None:
                 mm_dw(dqkv.fused, L.h, G.wqkv(i), d + 2 * kv, d, n)
                 linear.matmul_nn(rec, dqkv.fused, W.wqkv(i), self.dh, n, d, d + 2 * kv, **tcs)

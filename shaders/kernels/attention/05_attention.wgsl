@@ -8,10 +8,10 @@
 //   attention_backward_dkv dk = scale * sum_queries ds q,  dv = sum_queries p do, summed over
 //                          the H/Hkv query heads that share the kv head (GQA; no atomics)
 //
-// Layouts (f32, row-major): q, dq [B, T, H, D] with token stride sq (element (b,t,h,d) at
-// (b*T+t)*sq + h*D + d); k, v, dk, dv [B, T, Hkv, D] with token stride skv; o, do
-// [B, T, H, D] with token stride so; lse, dvec [B, H, T]. Query head h reads kv head
-// h / (H / Hkv). Strides larger than the row let q/k/v live inside a fused qkv buffer.
+// Layouts (f32): element (b,t,h,d) of q and dq at b*bq + t*sq + h*hq + d; of k, v, dk, dv
+// likewise with bkv, skv, hkv; of o and do with bo, so, ho (ops.py passes all nine strides:
+// [B, T, H, D] rows, the q/k/v parts of a fused qkv buffer, or head-major [B, H, T, D]);
+// lse, dvec [B, H, T]. Query head h reads kv head h / (H / Hkv).
 //
 // Tiling: a workgroup owns BQ query rows (forward, dq) or BKV key rows (dkv) of one head,
 // with TPR = WG / rows invocations per row; each invocation keeps HD/TPR output columns in
@@ -50,14 +50,18 @@ struct Params {
     so: u32,      // token stride of o and do
     _pad: u32,
     scale: f32,
+    hq: u32,      // head strides of the same
+    hkv: u32,
+    ho: u32,
+    bq: u32,      // batch strides of the same
+    bkv: u32,
+    bo: u32,
     _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
 }
 
-fn q_index(b: u32, t: u32, h: u32) -> u32 { return (b * p.seq + t) * p.sq + h * HD; }
-fn kv_index(b: u32, t: u32, hk: u32) -> u32 { return (b * p.seq + t) * p.skv + hk * HD; }
-fn o_index(b: u32, t: u32, h: u32) -> u32 { return (b * p.seq + t) * p.so + h * HD; }
+fn q_index(b: u32, t: u32, h: u32) -> u32 { return b * p.bq + t * p.sq + h * p.hq; }
+fn kv_index(b: u32, t: u32, hk: u32) -> u32 { return b * p.bkv + t * p.skv + hk * p.hkv; }
+fn o_index(b: u32, t: u32, h: u32) -> u32 { return b * p.bo + t * p.so + h * p.ho; }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
 // --- KERNEL: attention_forward ---
@@ -172,7 +176,7 @@ fn attention_backward_prep(@builtin(workgroup_id) wg: vec3<u32>,
     if (row >= p.batch * p.seq * p.heads) { return; }
     let h = row % p.heads;
     let bt = row / p.heads;
-    let base = bt * p.so + h * HD;
+    let base = o_index(bt / p.seq, bt % p.seq, h);
     var acc = 0.0;
     for (var d = 0u; d < HD; d++) { acc = fma(do_in[base + d], o_in[base + d], acc); }
     dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc;

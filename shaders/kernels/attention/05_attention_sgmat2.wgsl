@@ -76,20 +76,24 @@ struct Params {
     seq: u32,
     heads: u32,
     kv_heads: u32,
-    sq: u32,
+    sq: u32,      // token strides (elements) of q/dq, k/v/dk/dv, o/do
     skv: u32,
     so: u32,
     _pad: u32,
     scale: f32,
+    hq: u32,      // head strides
+    hkv: u32,
+    ho: u32,
+    bq: u32,      // batch strides
+    bkv: u32,
+    bo: u32,
     _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
 }
 
 // vec4 indices of the first element of a head row
-fn q_row(b: u32, t: u32, h: u32) -> u32 { return ((b * p.seq + t) * p.sq + h * HD) / 4u; }
-fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return ((b * p.seq + t) * p.skv + hk * HD) / 4u; }
-fn o_row(b: u32, t: u32, h: u32) -> u32 { return ((b * p.seq + t) * p.so + h * HD) / 4u; }
+fn q_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bq + t * p.sq + h * p.hq) / 4u; }
+fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return (b * p.bkv + t * p.skv + hk * p.hkv) / 4u; }
+fn o_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bo + t * p.so + h * p.ho) / 4u; }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
 // --- KERNEL: attention_forward_sgmat2 ---

@@ -2,7 +2,8 @@
 reference.py).
 
 Variants cover GQA ratios 1, 2 and 4, T = 1, head dims that need 2 or 4 threads per row,
-q/k/v inside one fused qkv buffer (strided tokens), sequences spanning many tiles up to
+q/k/v inside one fused qkv buffer (strided tokens), every tensor head-major ([B, H, T, D],
+as the trainer binds q/k/v: head_major, sg_head_major), sequences spanning many tiles up to
 T = 1024 (what lavapipe does quickly), and peaked softmaxes (scores around 150).
 At scores near 1600 the f32 backward still agrees to ~75 dB PSNR: s and lse carry ~1e-4
 absolute rounding there, as they do in any f32 implementation.
@@ -26,40 +27,43 @@ from . import ops as attention
 from . import reference
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 
-# (B, T, H, Hkv, D, fused, scale of q and k)
+# (B, T, H, Hkv, D, layout, scale of q and k); layout: "rows" ([B, T, H, D] tensors),
+# "fused" (q, k, v parts of one [B, T, (H + 2Hkv) D] buffer, the gradients likewise) or
+# "head_major" (q, k, v, o, do and the gradients [B, H, T, D])
 SHAPES = {
-    "random": (2, 37, 4, 2, 16, False, 1.0),
-    "mha": (1, 70, 2, 2, 8, False, 1.0),
-    "gqa4": (2, 19, 4, 1, 32, False, 1.0),
-    "one": (1, 1, 1, 1, 4, False, 1.0),
-    "odd_dim": (1, 9, 3, 3, 6, False, 1.0),
-    "fused": (2, 21, 2, 1, 64, True, 1.0),
-    "peaked": (1, 40, 2, 1, 16, False, 12.0),
+    "random": (2, 37, 4, 2, 16, "rows", 1.0),
+    "mha": (1, 70, 2, 2, 8, "rows", 1.0),
+    "gqa4": (2, 19, 4, 1, 32, "rows", 1.0),
+    "one": (1, 1, 1, 1, 4, "rows", 1.0),
+    "odd_dim": (1, 9, 3, 3, 6, "rows", 1.0),
+    "fused": (2, 21, 2, 1, 64, "fused", 1.0),
+    "peaked": (1, 40, 2, 1, 16, "rows", 12.0),
     # head dim 24: the reg kernels' loops over D run one written-out run of 4 vec4s and a
     # remainder of 2
-    "d24": (1, 33, 3, 1, 24, False, 1.0),
+    "d24": (1, 33, 3, 1, 24, "rows", 1.0),
     # 18 kv heads: the tiled dK/dV grid's second chunk of 16 heads has 14 spare workgroups
-    "heads18": (3, 20, 12, 6, 8, False, 1.0),
-    "long": (1, 1024, 1, 1, 16, False, 1.0),
-    "bench": (8, 1024, 12, 12, 64, False, 1.0),
-    "bench_small": (1, 512, 4, 4, 64, False, 1.0),
+    "heads18": (3, 20, 12, 6, 8, "rows", 1.0),
+    "long": (1, 1024, 1, 1, 16, "rows", 1.0),
+    "head_major": (2, 37, 4, 2, 16, "head_major", 1.0),
+    "bench": (8, 1024, 12, 12, 64, "rows", 1.0),
+    "bench_small": (1, 512, 4, 4, 64, "rows", 1.0),
     # the small pinned tiles need head dim <= 32: same work as "bench" in twice the heads
-    "bench_d32": (8, 1024, 24, 24, 32, False, 1.0),
-    "bench_small_d32": (1, 512, 8, 8, 32, False, 1.0),
+    "bench_d32": (8, 1024, 24, 24, 32, "rows", 1.0),
+    "bench_small_d32": (1, 512, 8, 8, 32, "rows", 1.0),
 }
 VARIANTS = ("random", "mha", "gqa4", "one", "odd_dim", "fused", "peaked", "d24", "heads18",
-            "long")
+            "long", "head_major")
 
 
 def make_inputs(rng, variant):
-    B, T, H, Hkv, D, fused, amp = SHAPES[variant]
-    inp = {"B": B, "T": T, "H": H, "Hkv": Hkv, "D": D, "fused": fused}
+    B, T, H, Hkv, D, layout, amp = SHAPES[variant]
+    inp = {"B": B, "T": T, "H": H, "Hkv": Hkv, "D": D, "layout": layout}
 
     def tensor(heads, scale=1.0):
         return (rng.standard_normal((B, T, heads, D)) * scale).astype(np.float32)
 
     q, k, v = tensor(H, amp), tensor(Hkv, amp), tensor(Hkv)
-    if fused:
+    if layout == "fused":
         inp["qkv"] = np.concatenate([q.reshape(B, T, -1), k.reshape(B, T, -1),
                                      v.reshape(B, T, -1)], axis=-1)
     inp.update(q=q, k=k, v=v, do=tensor(H))
@@ -67,12 +71,41 @@ def make_inputs(rng, variant):
 
 
 def _layout(inp):
-    """(offsets of q, k, v in a token row, token strides) for the variant."""
-    H, Hkv, D = inp["H"], inp["Hkv"], inp["D"]
-    if inp["fused"]:
+    """(offsets of q, k, v in a token row of the fused buffer or None, the op's stride
+    arguments) for the variant."""
+    T, H, Hkv, D = inp["T"], inp["H"], inp["Hkv"], inp["D"]
+    if inp["layout"] == "fused":
         width = (H + 2 * Hkv) * D
         return (0, H * D, (H + Hkv) * D), {"q_stride": width, "kv_stride": width}
+    if inp["layout"] == "head_major":
+        return None, {"q_stride": attention.head_major(T, H, D),
+                      "kv_stride": attention.head_major(T, Hkv, D),
+                      "o_stride": attention.head_major(T, H, D)}
     return None, {}
+
+
+def _group(inp, strides, name):
+    """The Strides of tensor group `name` ("q", "kv", "o") under the op's stride arguments."""
+    heads = inp["Hkv"] if name == "kv" else inp["H"]
+    value = strides.get(f"{name}_stride")
+    if isinstance(value, attention.Strides):
+        return value
+    return attention.token_rows(inp["T"], inp["D"], heads * inp["D"] if value is None
+                                else value)
+
+
+def _scatter(x, s: attention.Strides):
+    """x [B, T, heads, D] laid out by `s` in a flat array of the span it needs."""
+    B, T, heads, D = x.shape
+    out = np.zeros((B - 1) * s.batch + (T - 1) * s.token + (heads - 1) * s.head + D, x.dtype)
+    out[_indices(B, T, heads, D, s)] = x
+    return out
+
+
+def _indices(B, T, heads, D, s: attention.Strides):
+    return (np.arange(B)[:, None, None, None] * s.batch + np.arange(T)[None, :, None, None]
+            * s.token + np.arange(heads)[None, None, :, None] * s.head
+            + np.arange(D)[None, None, None, :])
 
 
 def _parts(dev, flat, offsets):
@@ -85,17 +118,16 @@ def _parts(dev, flat, offsets):
     return [dev.upload(flat[o:]) for o in offsets]
 
 
-def _extract(flat, inp, heads, stride):
-    """[B, T, heads, D] from a part's flat contents with token stride `stride`."""
-    B, T, D = inp["B"], inp["T"], inp["D"]
-    idx = np.arange(B * T)[:, None] * stride + np.arange(heads * D)[None, :]
-    return flat.reshape(-1)[idx].reshape(B, T, heads, D)
+def _extract(flat, inp, heads, s: attention.Strides):
+    """[B, T, heads, D] from a part's flat contents laid out by `s`."""
+    return flat.reshape(-1)[_indices(inp["B"], inp["T"], heads, inp["D"], s)]
 
 
 def _qkv(dev, inp):
     offsets, strides = _layout(inp)
     if offsets is None:
-        return [dev.upload(inp[n]) for n in ("q", "k", "v")], strides
+        return [dev.upload(_scatter(inp[n], _group(inp, strides, "q" if n == "q" else "kv")))
+                for n in ("q", "k", "v")], strides
     return _parts(dev, inp["qkv"].reshape(-1), offsets), strides
 
 
@@ -121,7 +153,12 @@ def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
     config = "sgmat" if tensor_cores else configs["forward"] if configs else None
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
                                                 tiles=tiles, config=config, **strides),
-                  lambda: {"o": dev.download(o), "lse": dev.download(lse)})
+                  lambda: _forward_outputs(dev, inp, strides, o, lse))
+
+
+def _forward_outputs(dev, inp, strides, o, lse):
+    return {"o": _extract(dev.download(o), inp, inp["H"], _group(inp, strides, "o")),
+            "lse": dev.download(lse)}
 
 
 def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> Launch:
@@ -130,7 +167,8 @@ def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> L
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
     (q, k, v), strides = _qkv(dev, inp)
     offsets, _ = _layout(inp)
-    o, lse, do = dev.empty((B, T, H, D)), dev.empty((B, H, T)), dev.upload(inp["do"])
+    o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
+    do = dev.upload(_scatter(inp["do"], _group(inp, strides, "o")))
     if offsets is None:
         dq, dk, dv = (dev.empty((B, T, H, D)), dev.empty((B, T, Hkv, D)),
                       dev.empty((B, T, Hkv, D)))
@@ -143,11 +181,10 @@ def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> L
                            **backward_kwargs, **strides)
 
     def read():
-        stride_q = strides.get("q_stride", H * D)
-        stride_kv = strides.get("kv_stride", Hkv * D)
-        return {"dq": _extract(dev.download(dq), inp, H, stride_q),
-                "dk": _extract(dev.download(dk), inp, Hkv, stride_kv),
-                "dv": _extract(dev.download(dv), inp, Hkv, stride_kv)}
+        sq, skv = _group(inp, strides, "q"), _group(inp, strides, "kv")
+        return {"dq": _extract(dev.download(dq), inp, H, sq),
+                "dk": _extract(dev.download(dk), inp, Hkv, skv),
+                "dv": _extract(dev.download(dv), inp, Hkv, skv)}
     return Launch(encode, read)
 
 
@@ -227,7 +264,7 @@ register(KernelCase(
 # ---- the fast kernels (05_attention_tiled.wgsl), pinned ------------------------------------
 
 VARIANTS_TILED = ("random", "mha", "gqa4", "one", "fused", "peaked", "d24", "heads18",
-                  "long")   # D % 4 == 0
+                  "long", "head_major")   # D % 4 == 0
 VARIANTS_SMALL = ("random", "mha", "gqa4", "peaked", "long")                   # D in 8..32
 SMALL_CONFIGS = {"forward": "16x8", "dq": "8x8", "dkv": "16x8"}
 # column tiles of D/4 (D 16: 4 columns): the output blocks are 4 vec4s wide (DV = 4)
@@ -310,9 +347,10 @@ register(KernelCase(
 # ---- the tensor-core kernels (05_attention_sgmat.wgsl): devices with f16 subgroup matrices --
 # Head dims 16, 32 and 64, GQA, fused qkv, T not a multiple of the 64-row tiles, peaked
 # softmaxes; f16 operands, so checked at "f16" against the float64 reference.
-SGMAT_SHAPES = {"sg_random": (2, 37, 4, 2, 16, False, 1.0), "sg_gqa4": (2, 19, 4, 1, 32, False, 1.0),
-                "sg_fused": (2, 150, 2, 1, 64, True, 1.0), "sg_peaked": (1, 40, 2, 1, 16, False, 4.0),
-                "sg_long": (1, 1024, 2, 2, 64, False, 1.0)}
+SGMAT_SHAPES = {"sg_random": (2, 37, 4, 2, 16, "rows", 1.0), "sg_gqa4": (2, 19, 4, 1, 32, "rows", 1.0),
+                "sg_fused": (2, 150, 2, 1, 64, "fused", 1.0), "sg_peaked": (1, 40, 2, 1, 16, "rows", 4.0),
+                "sg_long": (1, 1024, 2, 2, 64, "rows", 1.0),
+                "sg_head_major": (2, 150, 4, 2, 64, "head_major", 1.0)}
 SHAPES.update(SGMAT_SHAPES)
 VARIANTS_SGMAT = tuple(SGMAT_SHAPES)
 
@@ -371,7 +409,7 @@ def sgmat2_forward_launch(dev, inp, rescale_at=None, sgmat_tiles=None):
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
                                                 tensor_cores="sgmat2", rescale_at=rescale_at,
                                                 sgmat_tiles=sgmat_tiles, **strides),
-                  lambda: {"o": dev.download(o), "lse": dev.download(lse)})
+                  lambda: _forward_outputs(dev, inp, strides, o, lse))
 
 
 def sgmat2_backward_launch(dev, inp, sgmat_tiles=None, staged_forward=False):

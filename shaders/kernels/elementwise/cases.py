@@ -9,6 +9,7 @@ from ...ladder import KernelCase, Launch, register
 from . import reference
 
 FILE = "infra.wgsl"
+FILE_VEC4 = "infra_vec4.wgsl"
 EW = 256  # invocations per workgroup of the element-wise kernels
 
 SIZES = {"random": 100_003, "one": 1, "odd": 257, "bench": 1 << 24}
@@ -155,6 +156,68 @@ register(KernelCase(
     variants=("random", "one", "fused"),
     bytes=lambda inp: 8 * inp["shape"][0] * inp["shape"][1], flops=lambda inp: 0.0,
     description="ops.copy_rows: rows of one strided part into another (elsewhere kept)"))
+
+
+# ---- copy_heads: [B, T, heads, D] between two (token, head, batch) layouts -------------
+
+# (B, T, heads, D, x layout, y layout, y offset); layouts: "fused" (the part of a fused qkv
+# buffer of token stride 3 heads D), "head_major" ([B, heads, T, D]), "rows" ([B, T, heads, D])
+COPY_HEADS = {"to_head_major": (2, 37, 3, 16, "fused", "head_major", 0),
+              "from_head_major": (3, 5, 2, 8, "head_major", "fused", 64),
+              "scalar": (2, 9, 3, 6, "rows", "head_major", 0),
+              "one": (1, 1, 1, 1, "rows", "rows", 0),
+              "bench": (8, 1024, 12, 64, "fused", "head_major", 0)}
+
+
+def _head_strides(layout, T, heads, D):
+    """(token, head, batch) strides of a layout of COPY_HEADS."""
+    if layout == "head_major":
+        return (D, T * D, heads * T * D)
+    width = 3 * heads * D if layout == "fused" else heads * D
+    return (width, D, T * width)
+
+
+def _span(B, T, heads, D, s):
+    return (B - 1) * s[2] + (T - 1) * s[0] + (heads - 1) * s[1] + D
+
+
+def _copy_heads_inputs(rng, variant):
+    B, T, heads, D, xl, yl, off = COPY_HEADS[variant]
+    xs, ys = _head_strides(xl, T, heads, D), _head_strides(yl, T, heads, D)
+    return {"x": rng.standard_normal(_span(B, T, heads, D, xs)).astype(np.float32),
+            "y": rng.standard_normal(off + _span(B, T, heads, D, ys)).astype(np.float32),
+            "shape": (B, T, heads, D, xs, ys, off)}
+
+
+def _copy_heads_reference(inp):
+    B, T, heads, D, xs, ys, off = inp["shape"]
+    y = inp["y"].copy()
+    for b in range(B):
+        for t in range(T):
+            for h in range(heads):
+                src = b * xs[2] + t * xs[0] + h * xs[1]
+                dst = off + b * ys[2] + t * ys[0] + h * ys[1]
+                y[dst:dst + D] = inp["x"][src:src + D]
+    return {"y": y}
+
+
+def _copy_heads_launch(dev, inp):
+    from . import ops as basic
+    B, T, heads, D, xs, ys, off = inp["shape"]
+    x, y = dev.upload(inp["x"]), dev.upload(inp["y"])
+    part = y.elements(off, y.nbytes // 4 - off)  # offsets are multiples of 64 floats
+    return Launch(encode=lambda rec: basic.copy_heads(rec, x, part, B, T, heads, D, xs, ys),
+                  read=lambda: {"y": dev.download(y)})
+
+
+register(KernelCase(
+    name="copy_heads", family="elementwise", precision="exact",
+    kernels=[(FILE, "copy_heads"), (FILE_VEC4, "copy_heads_vec4")],
+    inputs=_copy_heads_inputs, launch=_copy_heads_launch, reference=_copy_heads_reference,
+    variants=("to_head_major", "from_head_major", "scalar", "one"),
+    bytes=lambda inp: 8.0 * np.prod(inp["shape"][:4]), flops=lambda inp: 0.0,
+    description="ops.copy_heads: [B, T, heads, D] between layouts (fused part <-> head-major; "
+                "vec4 and scalar kernels)"))
 
 
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------

@@ -7,6 +7,9 @@
 //   copy_vec4       y[i] = x[i] over vec4<f32> (the copy-bandwidth probe of the roofline)
 //   copy_rows       y[r * y_stride + e] = x[r * x_stride + e], r < rows, e < width: one
 //                   strided part of a tensor into another (own RowCopy uniform)
+//   copy_heads      y = x for [B, T, heads, D] tensors laid out by (token, head, batch)
+//                   strides each, e.g. head-major [B, H, T, D] from a fused qkv part (own
+//                   HeadCopy uniform)
 //   cast_f32_f16    y[i] = f16(clamp(x[i], -65504, 65504)); NaN stays NaN
 //   cast_f16_f32    y[i] = f32(x[i])
 //   reduce_rows     per row of `cols` values: out[2r] = sum, out[2r+1] = max
@@ -108,6 +111,40 @@ fn copy_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = i / p.width;
     let e = i % p.width;
     y[r * p.y_stride + e] = x[r * p.x_stride + e];
+}
+
+// --- KERNEL: copy_heads ---
+struct HeadCopy {
+    n: u32,        // rows * width
+    seq: u32,      // T
+    heads: u32,
+    width: u32,    // elements per head row
+    x_token: u32,  // strides of x and y in elements
+    x_head: u32,
+    x_batch: u32,
+    y_token: u32,
+    y_head: u32,
+    y_batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> p: HeadCopy;
+
+@compute @workgroup_size(256)
+fn copy_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = workgroup_index(wg, nwg) * 256u + lid;
+    if (i >= p.n) { return; }
+    let e = i % p.width;
+    let row = i / p.width;          // (b, t, h) row-major
+    let h = row % p.heads;
+    let bt = row / p.heads;
+    let t = bt % p.seq;
+    let b = bt / p.seq;
+    y[b * p.y_batch + t * p.y_token + h * p.y_head + e] =
+        x[b * p.x_batch + t * p.x_token + h * p.x_head + e];
 }
 
 // --- KERNEL: cast_f32_f16 ---

@@ -7,6 +7,8 @@
 //   scale_vec4         y[i] = alpha * x[i]
 //   axpy_vec4          y[i] = alpha * x[i] + y[i]
 //   copy_vec4x4        y[i] = x[i]
+//   copy_heads_vec4    copy_heads of infra.wgsl over vec4s, one per invocation (its own
+//                      HeadCopy uniform, counts and strides in vec4s)
 //   cast_f32_f16_vec4  y[i] = f16(clamp(x[i], -65504, 65504)); NaN stays NaN (needs shader-f16)
 //   cast_f16_f32_vec4  y[i] = f32(x[i]) (needs shader-f16)
 //
@@ -86,6 +88,40 @@ fn copy_vec4x4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         let i = base + k * EW;
         if (i < p.n) { y[i] = x[i]; }
     }
+}
+
+// --- KERNEL: copy_heads_vec4 ---
+struct HeadCopy {
+    n: u32,        // rows * width
+    seq: u32,      // T
+    heads: u32,
+    width: u32,    // vec4s per head row
+    x_token: u32,  // strides of x and y in vec4s
+    x_head: u32,
+    x_batch: u32,
+    y_token: u32,
+    y_head: u32,
+    y_batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@group(0) @binding(2) var<uniform> p: HeadCopy;
+
+@compute @workgroup_size(256)
+fn copy_heads_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let i = workgroup_index(wg, nwg) * 256u + lid;
+    if (i >= p.n) { return; }
+    let e = i % p.width;
+    let row = i / p.width;          // (b, t, h) row-major
+    let h = row % p.heads;
+    let bt = row / p.heads;
+    let t = bt % p.seq;
+    let b = bt / p.seq;
+    y[b * p.y_batch + t * p.y_token + h * p.y_head + e] =
+        x[b * p.x_batch + t * p.x_token + h * p.x_head + e];
 }
 
 // --- KERNEL: cast_f32_f16_vec4 ---

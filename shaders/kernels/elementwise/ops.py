@@ -5,6 +5,7 @@
     basic.scale(rec, x, y, n, alpha)            # y = alpha * x
     basic.copy(rec, x, y, n)
     basic.copy_rows(rec, x, y, rows, width, x_stride, y_stride)   # strided part -> strided part
+    basic.copy_heads(rec, x, y, B, T, H, D, x_strides, y_strides)   # [B,T,H,D] re-laid out
     basic.cast_f32_f16(rec, x, y16, n)          # the initial f16 weight mirror (clamped)
     basic.cast_f16_f32(rec, x16, y, n)
 
@@ -81,6 +82,37 @@ def copy_rows(rec, x, y, rows: int, width: int, x_stride: int, y_stride: int) ->
     params = dev.params("IIII", rows, width, x_stride, y_stride)
     rec.dispatch(dev.kernel(FILE, "copy_rows"), [x, y, params], ceil_div(rows * width, EW),
                  label="copy_rows")
+
+
+def copy_heads(rec, x, y, B: int, T: int, heads: int, D: int, x_strides, y_strides) -> None:
+    """y = x for a [B, T, heads, D] f32 tensor whose element (b, t, h, d) sits at
+    b*batch + t*token + h*head + d in each, with (token, head, batch) = x_strides and
+    y_strides: e.g. the v part of a fused qkv buffer into head-major [B, heads, T, D] rows.
+    vec4s when D, every stride and the views' offsets allow (16 bytes)."""
+    op = "copy_heads"
+    positive(op, B=B, T=T, heads=heads, D=D)
+    spans = []
+    for name, s in (("x", x_strides), ("y", y_strides)):
+        if len(s) != 3 or any(int(v) < 0 for v in s):
+            raise ValueError(f"{op}: {name}_strides {tuple(s)} must be 3 (token, head, batch) "
+                             "strides >= 0")
+        spans.append((B - 1) * s[2] + (T - 1) * s[0] + (heads - 1) * s[1] + D)
+    check(op, "x", x, spans[0])
+    check(op, "y", y, spans[1])
+    n = B * T * heads * D
+    if max(spans + [n]) >= 1 << 32:
+        raise ValueError(f"{op}: {n} elements spanning {max(spans)} exceed the kernel's 32-bit "
+                         "element indexes; copy in parts")
+    dev = rec.device
+    vec = (D % 4 == 0 and all(int(v) % 4 == 0 for v in (*x_strides, *y_strides))
+           and all(getattr(r, "offset", 0) % 16 == 0 for r in (x, y)))
+    unit = 4 if vec else 1
+    xs = [int(v) // unit for v in x_strides]
+    ys = [int(v) // unit for v in y_strides]
+    params = dev.params("I" * 12, n // unit, T, heads, D // unit, *xs, *ys, 0, 0)
+    name = "copy_heads_vec4" if vec else "copy_heads"
+    rec.dispatch(dev.kernel(FILE_VEC4 if vec else FILE, name), [x, y, params],
+                 ceil_div(n // unit, EW), label=name)
 
 
 def cast_f32_f16(rec, x, y, n: int) -> None:

@@ -67,6 +67,68 @@ def _both_grads(dev, rng):
                 detail=f"scalar: {a['detail']} | vec4: {b['detail']}")
 
 
+# ---- out of place, between layouts (the trainer's q/k: fused part <-> head-major) -------
+# (B, T, H, D, x layout, out layout, pos_offset); layouts: "fused" (the first part of rows
+# of 3 H D), "head_major" ([B, H, T, D]); out's other elements must stay as they were.
+OUT_SHAPES = {"to_head_major": (2, 5, 2, 6, "fused", "head_major", 0),
+              "to_head_major8": (2, 5, 2, 16, "fused", "head_major", 3),
+              "from_head_major8": (3, 4, 2, 8, "head_major", "fused", 0),
+              "bench": (8, 1024, 12, 64, "fused", "head_major", 0)}
+OUT_VARIANTS = ("to_head_major", "to_head_major8", "from_head_major8")
+
+
+def _layout_strides(layout, T, H, D):
+    return (D, T * D, H * T * D) if layout == "head_major" else (3 * H * D, D, 3 * T * H * D)
+
+
+def _positions(B, T, H, D, s):
+    return (np.arange(B)[:, None, None, None] * s[2] + np.arange(T)[None, :, None, None] * s[0]
+            + np.arange(H)[None, None, :, None] * s[1] + np.arange(D)[None, None, None, :])
+
+
+def _span(B, T, H, D, s):
+    return (B - 1) * s[2] + (T - 1) * s[0] + (H - 1) * s[1] + D
+
+
+def make_out_inputs(rng, variant):
+    B, T, H, D, xl, yl, offset = OUT_SHAPES[variant]
+    xs, ys = _layout_strides(xl, T, H, D), _layout_strides(yl, T, H, D)
+    return {"B": B, "T": T, "H": H, "D": D, "offset": offset, "xs": xs, "ys": ys,
+            "x": rng.standard_normal(_span(B, T, H, D, xs)).astype(np.float32),
+            "y": rng.standard_normal(_span(B, T, H, D, ys)).astype(np.float32),
+            "table": rope.rope_table(offset + T + 3, D)}
+
+
+def out_reference(inp, sign):
+    B, T, H, D = inp["B"], inp["T"], inp["H"], inp["D"]
+    x = inp["x"][_positions(B, T, H, D, inp["xs"])].reshape(B, T, H * D)
+    y = f64(inp["y"]).copy()
+    y[_positions(B, T, H, D, inp["ys"])] = rotate(inp, x, sign).reshape(B, T, H, D)
+    return {"x": inp["x"], "y": y.astype(np.float32)}
+
+
+def make_out_launch(dev, inp, sign):
+    x, y, table = dev.upload(inp["x"]), dev.upload(inp["y"]), dev.upload(inp["table"])
+    fn = rope.forward if sign > 0 else rope.backward
+    return Launch(lambda rec: fn(rec, x, table, inp["B"], inp["T"], inp["H"], inp["D"],
+                                 strides=inp["xs"], pos_offset=inp["offset"], out=y,
+                                 out_strides=inp["ys"]),
+                  lambda: {"x": dev.download(x), "y": dev.download(y)})
+
+
+for direction, sign in (("forward", 1.0), ("backward", -1.0)):
+    register(KernelCase(
+        name=f"rope_{direction}_out", family="rope", precision="f32",
+        kernels=[(rope.FILE, "rope_out"), (rope.FILE, "rope_vec4_out")],
+        inputs=make_out_inputs, launch=lambda dev, inp, s=sign: make_out_launch(dev, inp, s),
+        reference=lambda inp, s=sign: out_reference(inp, s),
+        variants=OUT_VARIANTS, bench_variant_software="bench",
+        flops=lambda inp: 3.0 * inp["B"] * inp["T"] * inp["H"] * inp["D"],
+        bytes=lambda inp: 2 * 4 * inp["B"] * inp["T"] * inp["H"] * inp["D"]
+        + 4 * inp["T"] * inp["D"],
+        description=f"rotate-half RoPE {direction} into another layout (x read only)"))
+
+
 for direction, sign in (("forward", 1.0), ("backward", -1.0)):
     register(KernelCase(
         name=f"rope_{direction}", family="rope", precision="f32",

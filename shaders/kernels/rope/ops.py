@@ -1,19 +1,26 @@
-"""Rotary position embedding, in place (04_rope.wgsl).
+"""Rotary position embedding, in place or into another layout (04_rope.wgsl).
 
 Pairing is rotate-half (Hugging Face Llama): dimension i rotates with i + D/2, angle
 pos * base^(-2i/D). Layout: x f32 [B, T, H, D] (element (b,t,h,d) at
 (b*T + t)*token_stride + h*D + d; token_stride defaults to H*D, larger for the q or k part of
-a fused qkv buffer, bound as a view starting at that part). The table f32[T_max, D/2, 2]
-of (cos, sin) is computed once on the host in float64 (rope_table) and uploaded; build the
-PyTorch reference from the same table for bit-level parity.
+a fused qkv buffer, bound as a view starting at that part), or any (token, head, batch)
+`strides` (element at b*batch + t*token + h*head + d, e.g. head-major [B, H, T, D]:
+(D, T*D, H*T*D)). With `out` the rotated values go there, laid out by `out_strides` (default
+x's), and x is only read: the trainer rotates q and k from the fused qkv rows into
+head-major buffers for the tensor-core attention, and the gradients back. The table
+f32[T_max, D/2, 2] of (cos, sin) is computed once on the host in float64 (rope_table) and
+uploaded; build the PyTorch reference from the same table for bit-level parity.
 
     table = dev.upload(rope.rope_table(T_max, D))
     rope.forward(rec, q, table, B, T, H, D)              # q rotated in place
     rope.backward(rec, dq, table, B, T, H, D)            # dq <- R^T dq in place
     rope.forward(rec, k_new, table, B, 1, Hkv, D, pos_offset=t)   # decoding at position t
+    rope.forward(rec, q, table, B, T, H, D, token_stride=W, out=q_hm,
+                 out_strides=(D, T * D, H * T * D))      # fused part -> head-major
 
-Four pairs per invocation with vec4 loads (rope_vec4) when D % 8 == 0, the token stride is
-a multiple of 4 and the views are 16-byte aligned; one pair per invocation otherwise.
+Four pairs per invocation with vec4 loads (rope_vec4, rope_vec4_out) when D % 8 == 0, every
+stride is a multiple of 4 and the views are 16-byte aligned; one pair per invocation
+otherwise.
 """
 
 from __future__ import annotations
@@ -35,33 +42,64 @@ def rope_table(max_positions: int, head_dim: int, base: float = 10000.0) -> np.n
     return np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
 
 
-def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op):
-    positive(op, B=B, T=T, H=H, D=D)
-    if D % 2:
-        raise ValueError(f"{op}: head dim D must be even, got {D}")
+def _strides(op, name, T, H, D, token_stride, strides):
+    """(token, head, batch) of a tensor given a token stride or explicit strides."""
+    if strides is not None:
+        if token_stride is not None:
+            raise ValueError(f"{op}: give {name} token_stride or strides, not both")
+        s = tuple(int(v) for v in strides)
+        if len(s) != 3 or min(s) < 0:
+            raise ValueError(f"{op}: {name} strides {s} must be 3 (token, head, batch) >= 0")
+        return s
     token_stride = H * D if token_stride is None else int(token_stride)
     if token_stride < H * D:
         raise ValueError(f"{op}: token_stride {token_stride} < H*D = {H * D}")
-    check(op, "x", x, (B * T - 1) * token_stride + H * D)
+    return token_stride, D, T * token_stride
+
+
+def _span(B, T, H, D, s):
+    return (B - 1) * s[2] + (T - 1) * s[0] + (H - 1) * s[1] + D
+
+
+def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op, strides=None,
+          out=None, out_strides=None):
+    positive(op, B=B, T=T, H=H, D=D)
+    if D % 2:
+        raise ValueError(f"{op}: head dim D must be even, got {D}")
+    xs = _strides(op, "x", T, H, D, token_stride, strides)
+    check(op, "x", x, _span(B, T, H, D, xs))
     check(op, "table", table, (pos_offset + T) * D)
+    ys = xs if out_strides is None else _strides(op, "out", T, H, D, None, out_strides)
+    views = [x, table]
+    if out is not None:
+        check(op, "out", out, _span(B, T, H, D, ys))
+        views.append(out)
+    elif out_strides is not None:
+        raise ValueError(f"{op}: out_strides without out")
     dev = rec.device
-    vec = (D % 8 == 0 and token_stride % 4 == 0
-           and all(getattr(v, "offset", 0) % 16 == 0 for v in (x, table)))
-    kern = dev.kernel(FILE, "rope_vec4" if vec else "rope")
-    params = dev.params("IIIIIIfI", B * T, T, H, D // 2, token_stride, int(pos_offset),
-                        float(sign), 0)
+    vec = (D % 8 == 0 and all(v % 4 == 0 for v in xs + ys)
+           and all(getattr(v, "offset", 0) % 16 == 0 for v in views))
+    name = ("rope_vec4" if vec else "rope") + ("_out" if out is not None else "")
+    params = dev.params("IIIIIfIIIIII", B * T, T, H, D // 2, int(pos_offset), float(sign),
+                        *xs, *ys)
     pairs_per_invocation = 4 if vec else 1
-    rec.dispatch(kern, [table, x, params],
-                 ceil_div(B * T * H * (D // 2) // pairs_per_invocation, EW), label=op)
+    rec.dispatch(dev.kernel(FILE, name), [table, x] + ([out] if out is not None else [])
+                 + [params], ceil_div(B * T * H * (D // 2) // pairs_per_invocation, EW),
+                 label=op)
 
 
 def forward(rec, x, table, B: int, T: int, H: int, D: int, *, token_stride: int | None = None,
-            pos_offset: int = 0) -> None:
-    """Rotate x[B, T, H, D] in place by the angles of positions pos_offset + t."""
-    _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, 1.0, "rope.forward")
+            pos_offset: int = 0, strides=None, out=None, out_strides=None) -> None:
+    """Rotate x[B, T, H, D] by the angles of positions pos_offset + t: in place, or into
+    `out` (laid out by `out_strides`, default x's) with x unchanged."""
+    _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, 1.0, "rope.forward", strides,
+          out, out_strides)
 
 
 def backward(rec, dx, table, B: int, T: int, H: int, D: int, *,
-             token_stride: int | None = None, pos_offset: int = 0) -> None:
-    """Gradient of forward, in place: dx <- R(pos)^T dx (the inverse rotation)."""
-    _rope(rec, dx, table, B, T, H, D, token_stride, pos_offset, -1.0, "rope.backward")
+             token_stride: int | None = None, pos_offset: int = 0, strides=None, out=None,
+             out_strides=None) -> None:
+    """Gradient of forward: dx <- R(pos)^T dx (the inverse rotation), in place or into
+    `out` as forward."""
+    _rope(rec, dx, table, B, T, H, D, token_stride, pos_offset, -1.0, "rope.backward", strides,
+          out, out_strides)
