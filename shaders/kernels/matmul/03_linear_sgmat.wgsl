@@ -156,8 +156,8 @@ fn b_at(stage: u32, k: u32, n: u32) -> u32 {
 }
 
 // Write the result tile the subgroup just put in its Cs slot to rows r0.., columns c0.. of C
-// (`active`: the subgroup has a slot; producers only keep the barriers company).
-fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, active: bool) {
+// (`owns_slot`: the subgroup has a slot; producers only keep the barriers company).
+fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, owns_slot: bool) {
     workgroupBarrier();
     for (var e = 0u; e < 2u; e++) {   // @unroll
         let idx = lane + 32u * e;      // vec4 e of the lane: row idx / 4, columns 4 (idx % 4)..
@@ -165,7 +165,7 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, active: bool) {
         let q = 4u * (idx % 4u);
         let row = r0 + r;
         let col = c0 + q;
-        if (active && row < p.m && col < p.n) {
+        if (owns_slot && row < p.m && col < p.n) {
             let s = sg * 256u + r * 16u + q;
             let v = p.alpha * vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
 // @if DIRECT
