@@ -16,9 +16,8 @@
 // A template (shaders/wgsl_expand.py), parameters: SGR x SGC subgroups per workgroup, each
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
-// tile loads over banks), LA / LB (vec4 loads of A / B per staging invocation per slice),
-// CLAMP_A, AHEAD, DIRECT and WS (below; SPECIALIZED = WS > 0, SWG = the subgroups that stage:
-// WS, else SGR SGC).
+// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), CLAMP_A,
+// AHEAD and DIRECT (below).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -45,18 +44,14 @@
 // Bindings (group 0): 0 A (read, vec4<f32>), 1 B (read, vec4<f32> or vec4<f16>), 2 R (read,
 // vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
 // subgroupMatrixStore needs), 4 Params (uniform).
-// WS (producer subgroups, 0: none): WS more subgroups per workgroup that only stage while
-// the SGR x SGC subgroups only multiply (tile_body under SPECIALIZED; AHEAD is 1 there).
-// Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 (SGR SGC + WS) invocations.
+// Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
 
 const SGR: u32 = {{SGR}}u;
 const SGC: u32 = {{SGC}}u;
 const BM: u32 = 16u * SGR * {{TI}}u;
 const BN: u32 = 16u * SGC * {{TJ}}u;
 const BK: u32 = {{BK}}u;
-const NC: u32 = SGR * SGC;               // subgroups that multiply
-const WG: u32 = 32u * (NC + {{WS}}u);    // and WS subgroups that only stage (SPECIALIZED)
-const SWG: u32 = 32u * {{SWG}}u;         // invocations that stage: all, or the WS producers
+const WG: u32 = 32u * SGR * SGC;
 const SA: u32 = select(BK, BM, A_KMAJOR) + {{PAD}}u;   // f16 elements per staged row of A
 const SB: u32 = select(BK, BN, B_KMAJOR) + {{PAD}}u;
 const STAGE_A: u32 = select(BM, BK, A_KMAJOR) * SA;    // f16 elements per stage
@@ -79,12 +74,12 @@ struct Params {
 
 var<workgroup> As: array<f16, 2u * STAGE_A>;
 var<workgroup> Bs: array<f16, 2u * STAGE_B>;
-var<workgroup> Cs: array<f32, 256u * NC>;
+var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-// Global vec4 slot t of staging invocation lid's share of the A slice at k0 (zero outside),
-// rounded to f16.
+// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
+// to f16.
 fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
-    let i = lid + t * SWG;
+    let i = lid + t * WG;
     var v = vec4<f32>();
     if (A_KMAJOR) {
         let k = k0 + i / (BM / 4u);
@@ -102,7 +97,7 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
 }
 
 fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
-    let i = lid + t * SWG;
+    let i = lid + t * WG;
     if (B_KMAJOR) {
         let k = k0 + i / (BN / 4u);
         let n = n0 + 4u * (i % (BN / 4u));
@@ -117,7 +112,7 @@ fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
 
 // Slot t into stage `stage`, in the orientation it was read in (4 consecutive f16).
 fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
-    let i = lid + t * SWG;
+    let i = lid + t * WG;
     var at = stage * STAGE_A;
     if (A_KMAJOR) {
         at += (i / (BM / 4u)) * SA + 4u * (i % (BM / 4u));
@@ -131,7 +126,7 @@ fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
 }
 
 fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
-    let i = lid + t * SWG;
+    let i = lid + t * WG;
     var at = stage * STAGE_B;
     if (B_KMAJOR) {
         at += (i / (BN / 4u)) * SB + 4u * (i % (BN / 4u));
@@ -155,9 +150,8 @@ fn b_at(stage: u32, k: u32, n: u32) -> u32 {
     return stage * STAGE_B + n * SB + k;
 }
 
-// Write the result tile the subgroup just put in its Cs slot to rows r0.., columns c0.. of C
-// (`owns_slot`: the subgroup has a slot; producers only keep the barriers company).
-fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, owns_slot: bool) {
+// Write the result tile the subgroup just put in its Cs slot to rows r0.., columns c0.. of C.
+fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
     workgroupBarrier();
     for (var e = 0u; e < 2u; e++) {   // @unroll
         let idx = lane + 32u * e;      // vec4 e of the lane: row idx / 4, columns 4 (idx % 4)..
@@ -165,7 +159,7 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, owns_slot: bool)
         let q = 4u * (idx % 4u);
         let row = r0 + r;
         let col = c0 + q;
-        if (owns_slot && row < p.m && col < p.n) {
+        if (row < p.m && col < p.n) {
             let s = sg * 256u + r * 16u + q;
             let v = p.alpha * vec4<f32>(Cs[s], Cs[s + 1u], Cs[s + 2u], Cs[s + 3u]);
 // @if DIRECT
@@ -196,119 +190,6 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32, owns_slot: bool)
     workgroupBarrier();
 }
 
-// @if SPECIALIZED
-// Producers and multipliers (WS > 0): subgroups 0 .. NC - 1 only multiply, the WS after them
-// only stage. While the multipliers work on slice s in one stage, the producers store slice
-// s + 1 (loaded during slice s - 1) into the other and load slice s + 2: the staging path no
-// longer stops the multiplies (dev/sgmat_ablation.py: it was 80-120% of a kernel's time with
-// every subgroup doing both). One barrier per slice. The branches on subgroup_id are uniform
-// within each subgroup, which is what the subgroup-matrix builtins need; Tint's uniformity
-// check only knows workgroup uniformity, hence the diagnostic.
-@diagnostic(off, chromium.subgroup_matrix_uniformity)
-fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
-    let multiplier = sg < NC;
-    let sr = sg / SGC;
-    let sc = sg % SGC;
-    let m0 = wg.y * BM;
-    let n0 = wg.x * BN;
-    let k_begin = wg.z * p.k_split;
-    let k_end = min(p.k, k_begin + p.k_split);
-    let slices = (k_end - k_begin + BK - 1u) / BK;
-    let am = sr * (BM / SGR);
-    let bn = sc * (BN / SGC);
-    let slid = lid - 32u * NC;   // a producer's index among the staging invocations
-    var c: array<subgroup_matrix_result<f32, 16, 16>, {{TI}} * {{TJ}}>;
-// @if DIRECT
-    let direct = p.alpha == 1.0 && m0 + BM <= p.m && n0 + BN <= p.n;
-    if (multiplier && direct && p.mode != 0u) {
-        for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-            for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                let o = wg.z * p.c_split + (m0 + am + 16u * i) * p.ldc + n0 + bn + 16u * j;
-                if (p.mode == 1u) {
-                    c[i * {{TJ}}u + j] = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&c_out, o, false, p.ldc);
-                } else {
-                    c[i * {{TJ}}u + j] = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&residual, o, false, p.ldc);
-                }
-            }
-        }
-    }
-// @endif
-    var ra: array<vec4<f16>, {{LA}}>;
-    var rb: array<vec4<f16>, {{LB}}>;
-    if (!multiplier) {
-        for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-            stash_a(t, slid, 0u, fetch_a(t, slid, m0, k_begin, k_end));
-        }
-        for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-            stash_b(t, slid, 0u, fetch_b(t, slid, n0, k_begin, k_end));
-        }
-        for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-            ra[t] = fetch_a(t, slid, m0, k_begin + BK, k_end);
-        }
-        for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-            rb[t] = fetch_b(t, slid, n0, k_begin + BK, k_end);
-        }
-    }
-    workgroupBarrier();
-    for (var s = 0u; s < slices; s++) {
-        let stage = s % 2u;
-        if (multiplier) {
-            for (var ks = 0u; ks < BK; ks += 16u) {
-                var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
-                var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
-                for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                    a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, a_at(stage, am + 16u * i, ks), A_KMAJOR, SA);
-                }
-                for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                    b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, b_at(stage, ks, bn + 16u * j), !B_KMAJOR, SB);
-                }
-                for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                    for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                        c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], c[i * {{TJ}}u + j]);
-                    }
-                }
-            }
-        } else {
-            // slice s + 1 into the other stage (its readers finished before the last barrier),
-            // then slice s + 2's loads, in flight over the next slice (zeros past the end)
-            for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                stash_a(t, slid, 1u - stage, ra[t]);
-            }
-            for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                stash_b(t, slid, 1u - stage, rb[t]);
-            }
-            let k_next = k_begin + (s + 2u) * BK;
-            for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                ra[t] = fetch_a(t, slid, m0, k_next, k_end);
-            }
-            for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                rb[t] = fetch_b(t, slid, n0, k_next, k_end);
-            }
-        }
-        workgroupBarrier();
-    }
-// @if DIRECT
-    if (direct) {
-        if (multiplier) {
-            for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                    subgroupMatrixStore(&c_out, wg.z * p.c_split + (m0 + am + 16u * i) * p.ldc + n0 + bn + 16u * j, c[i * {{TJ}}u + j], false, p.ldc);
-                }
-            }
-        }
-        return;
-    }
-// @endif
-    for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-        for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-            if (multiplier) {
-                subgroupMatrixStore(&Cs, sg * 256u, c[i * {{TJ}}u + j], false, 16u);
-            }
-            write_tile(sg, lane, m0 + am + 16u * i, n0 + bn + 16u * j, wg.z, multiplier);
-        }
-    }
-}
-// @else
 fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let sr = sg / SGC;
     let sc = sg % SGC;
@@ -411,12 +292,11 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
         for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
             subgroupMatrixStore(&Cs, sg * 256u, c[i * {{TJ}}u + j], false, 16u);
-            write_tile(sg, lane, m0 + am + 16u * i, n0 + bn + 16u * j, wg.z, true);
+            write_tile(sg, lane, m0 + am + 16u * i, n0 + bn + 16u * j, wg.z);
         }
     }
 }
 
-// @endif
 // --- KERNEL: matmul_nt_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;

@@ -206,7 +206,7 @@ for _suffix, _key, _mode, _b16, _f16, _config, _what in FAST_CASES:
 # ---- the tensor-core path (03_linear_sgmat.wgsl): devices with f16 subgroup matrices --------
 # (suffix, layout, mode, b16, config, what): every layout and epilogue, f32 and f16 B, every
 # tile arrangement the tuner may pick (1-16 subgroups, 16 and 32 deep slices, pad 0 and 8),
-# one and two slices in flight (-a2), staged and straight stores (-d), producer subgroups (-w).
+# one and two slices in flight (-a2), staged and straight stores (-d).
 SGMAT_CASES = (
     ("", "nt", "store", False, "sg2x2-t4x4-k32-p8-s1", "forward, f32 B rounded"),
     ("", "nt_w16", "residual", True, "sg2x4-t4x4-k16-p8-s1", "forward from f16 weights + residual"),
@@ -218,14 +218,6 @@ SGMAT_CASES = (
     ("_direct", "nn_w16", "store", True, "sg2x2-t4x4-k16-p8-s1-d", "dX, straight stores"),
     ("_direct", "tn", "accumulate", False, "sg4x4-t2x2-k16-p8-s1-a2-d",
      "dW +=, straight stores, two slices in flight"),
-    # producers (-wN): subgroups that only stage, beside subgroups that only multiply
-    ("_producers", "nt_w16", "residual", True, "sg2x2-t4x4-k32-p8-s1-w4",
-     "forward + residual, 4 producer subgroups"),
-    ("_producers", "nn", "store", False, "sg2x2-t4x4-k16-p8-s1-w2", "dX, 2 producer subgroups"),
-    ("_producers", "tn", "accumulate", False, "sg2x2-t2x2-k32-p8-s1-w2",
-     "dW +=, 2 producer subgroups"),
-    ("_producers_direct", "nn_w16", "accumulate", True, "sg2x2-t4x4-k32-p8-s1-d-w2",
-     "dX +=, straight stores, 2 producers of 16 loads each"),
 )
 
 

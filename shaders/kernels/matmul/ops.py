@@ -241,8 +241,7 @@ SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the 
 # Straight stores (SgmatConfig.direct) bind C and R as f32 arrays that 16 x 16 f32 matrices
 # are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
 SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
-_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-w\d+)?$")
-MAX_LOADS_PRODUCER = 16   # producers hold no accumulators: more staging registers each
+_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?$")
 
 
 @dataclass(frozen=True)
@@ -253,10 +252,8 @@ class SgmatConfig:
     staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
     direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
-    dev/RESULTS.md); producers ("-wN"): N more subgroups per workgroup that only stage the
-    operands while the sgr x sgc subgroups only multiply (one slice in flight; ahead 1).
-    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-w4"); without the suffixes the kernel of
-    before round 3 (2026-12-01)."""
+    dev/RESULTS.md). Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d"); without the suffixes
+    the kernel of before round 3 (2026-12-01)."""
 
     sgr: int = 2
     sgc: int = 2
@@ -267,13 +264,11 @@ class SgmatConfig:
     splits: int = 1
     ahead: int = 1
     direct: bool = False
-    producers: int = 0
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
                 f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
-                + ("-d" if self.direct else "")
-                + (f"-w{self.producers}" if self.producers else ""))
+                + ("-d" if self.direct else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -282,11 +277,10 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-wN] (e.g. sg2x2-t4x4-k32-p8-s1)")
-        *dims, ahead, direct, producers = m.groups()
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d] (e.g. sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct = m.groups()
         return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
-                   direct=direct is not None,
-                   producers=int(producers[2:]) if producers else 0)
+                   direct=direct is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -301,16 +295,12 @@ class SgmatConfig:
 
     @property
     def invocations(self) -> int:
-        return SGMAT_SUBGROUP * (self.sgr * self.sgc + self.producers)
-
-    @property
-    def stagers(self) -> int:
-        """Invocations that stage the operands: the producers, else all."""
-        return SGMAT_SUBGROUP * (self.producers or self.sgr * self.sgc)
+        return SGMAT_SUBGROUP * self.sgr * self.sgc
 
     def loads(self) -> tuple[float, float]:
-        """vec4 loads of A and of B per staging invocation per slice."""
-        return (self.bm * self.bk / 4 / self.stagers, self.bn * self.bk / 4 / self.stagers)
+        """vec4 loads of A and of B per invocation per slice."""
+        return (self.bm * self.bk / 4 / self.invocations,
+                self.bn * self.bk / 4 / self.invocations)
 
     def workgroup_bytes(self, layout: str) -> int:
         a_rows, a_row = (self.bk, self.bm) if layout == "tn" else (self.bm, self.bk)
@@ -322,9 +312,7 @@ class SgmatConfig:
         la, lb = self.loads()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "CLAMP_A": layout == "nt",
-                "AHEAD": self.ahead, "DIRECT": self.direct, "WS": self.producers,
-                "SWG": self.producers or self.sgr * self.sgc,
-                "SPECIALIZED": self.producers > 0}
+                "AHEAD": self.ahead, "DIRECT": self.direct}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
@@ -340,15 +328,10 @@ class SgmatConfig:
             out.append(f"pad {self.pad} is not a multiple of 4")
         if self.ahead not in (1, 2):
             out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
-        if self.producers < 0 or (self.producers and self.ahead != 1):
-            out.append(f"producers {self.producers}: >= 0, and with ahead 1 (the producers keep "
-                       "one slice in flight)")
-        most = MAX_LOADS_PRODUCER if self.producers else MAX_LOADS
         for name, n in zip("AB", self.loads()):
-            if n != int(n) or not 1 <= n <= most:
-                out.append(f"{name} slice is {n:g} vec4 loads per staging invocation (must be a "
-                           f"whole number from 1 to {most}: change BK, the tiles or the "
-                           "producers)")
+            if n != int(n) or not 1 <= n <= MAX_LOADS:
+                out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
+                           f"number from 1 to {MAX_LOADS}: change BK or the tiles)")
         if self.splits < 1:
             out.append("splits must be >= 1")
         max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
