@@ -196,6 +196,9 @@ class _LabelRecorder:
         self.labels.append(label)
 
 
+PREP = "attention_backward_prep_vec4"   # vec4-ready layouts take the vec4 prep kernel
+
+
 @pytest.mark.parametrize("robust", [False, True])
 def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
     """forward/backward dispatch what sgmat_plan says (uses_tensor_cores forced on: no
@@ -217,20 +220,20 @@ def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
 
     f32_forward = {attention.TILED_KERNELS["forward"], "attention_forward"}
     got = run(True)
-    assert got[1:] == ["attention_backward_prep", V2["dq"], V2["dkv"]]
+    assert got[1:] == [PREP, V2["dq"], V2["dkv"]]
     assert (got[0] == STAGED["forward"]) if not robust else (got[0] in f32_forward)
     got = run("staged")
     assert got[0] in f32_forward
-    assert got[1:] == ["attention_backward_prep", STAGED["dq"], STAGED["dkv"]]
+    assert got[1:] == [PREP, STAGED["dq"], STAGED["dkv"]]
     if robust:
-        assert run("sgmat2") == [V2["forward"], "attention_backward_prep", V2["dq"], V2["dkv"]]
+        assert run("sgmat2") == [V2["forward"], PREP, V2["dq"], V2["dkv"]]
     else:
         with pytest.raises(ValueError, match="robustness off"):
             run("sgmat2")
         rec = _LabelRecorder(dev)   # the sgmat2 backward alone runs
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                            tensor_cores="sgmat2")
-        assert rec.labels == ["attention_backward_prep", V2["dq"], V2["dkv"]]
+        assert rec.labels == [PREP, V2["dq"], V2["dkv"]]
 
 
 # ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):

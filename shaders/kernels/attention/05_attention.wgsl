@@ -3,7 +3,7 @@
 //
 //   attention_forward      o = softmax(q k^T * scale + causal mask) v;  lse = log-sum-exp of
 //                          each query's scaled scores (saved for the backward)
-//   attention_backward_prep  dvec[b,h,t] = sum_d do[b,t,h,d] * o[b,t,h,d]
+//   attention_backward_prep  dvec[b,h,t] = sum_d do[b,t,h,d] * o[b,t,h,d] (_vec4: vec4 loads)
 //   attention_backward_dq  dq = scale * sum_keys ds k,  ds = p * (do.v - dvec), p = exp(s - lse)
 //   attention_backward_dkv dk = scale * sum_queries ds q,  dv = sum_queries p do, summed over
 //                          the H/Hkv query heads that share the kv head (GQA; no atomics)
@@ -180,6 +180,29 @@ fn attention_backward_prep(@builtin(workgroup_id) wg: vec3<u32>,
     var acc = 0.0;
     for (var d = 0u; d < HD; d++) { acc = fma(do_in[base + d], o_in[base + d], acc); }
     dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc;
+}
+
+// --- KERNEL: attention_backward_prep_vec4 ---
+// attention_backward_prep with vec4 loads (HD, every o/do stride a multiple of 4, 16-byte
+// aligned views): a quarter of the load instructions; the scalar kernel ran ~5x below the
+// copy bandwidth on the H200 (0.71 ms of a 124M step for 12 x 50 MB).
+@group(0) @binding(0) var<storage, read> o_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> dvec_out: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn attention_backward_prep_vec4(@builtin(workgroup_id) wg: vec3<u32>,
+                                @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_index) lid: u32) {
+    let row = workgroup_index(wg, nwg) * 256u + lid;     // (b, t, h) row-major
+    if (row >= p.batch * p.seq * p.heads) { return; }
+    let h = row % p.heads;
+    let bt = row / p.heads;
+    let base = o_index(bt / p.seq, bt % p.seq, h) / 4u;
+    var acc = vec4<f32>();
+    for (var d = 0u; d < HD / 4u; d++) { acc = fma(do_in[base + d], o_in[base + d], acc); }
+    dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc.x + acc.y + acc.z + acc.w;
 }
 
 // --- KERNEL: attention_backward_dq ---

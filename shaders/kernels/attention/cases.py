@@ -240,6 +240,7 @@ register(KernelCase(
 register(KernelCase(
     name="attention_backward", family="attention", precision="f32",
     kernels=[(attention.FILE, "attention_backward_prep", {"HD": 16}),
+             (attention.FILE, "attention_backward_prep_vec4", {"HD": 16}),
              (attention.FILE, "attention_backward_dq", {"HD": 16, "BQ": 32, "BKV": 16, "WG": 256}),
              (attention.FILE, "attention_backward_dkv", {"HD": 16, "BQ": 16, "BKV": 32, "WG": 256})],
     inputs=make_inputs, launch=backward_launch, reference=reference.backward_reference,

@@ -635,9 +635,10 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     scale = 1 / math.sqrt(D) if scale is None else scale
     params = _params(dev, B, T, H, Hkv, strides, scale)
     dvec = scratch(dev, "attention_dvec", B * H * T * 4)
-    prep = dev.kernel(FILE, "attention_backward_prep", {"HD": D})
-    rec.dispatch(prep, [o, do, dvec, params], ceil_div(B * T * H, 256),
-                 label="attention_backward_prep")
+    prep_name = "attention_backward_prep" + ("_vec4" if _vec4_ready(D, strides[2:], o, do)
+                                             else "")
+    rec.dispatch(dev.kernel(FILE, prep_name, {"HD": D}), [o, do, dvec, params],
+                 ceil_div(B * T * H, 256), label=prep_name)
     ready = _vec4_ready(D, strides, q, k, v, o, do, dq, dk, dv)
     tc = sgmat_plan(tensor_cores, getattr(dev, "robustness", True))["backward"]
     if tc and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq, config_dkv)) \
