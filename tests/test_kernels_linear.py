@@ -167,3 +167,30 @@ def test_sgmat_config_spellings_round_trip():
         assert str(lin.SgmatConfig.parse(text)) == text
     params = new.template_params("tn")
     assert params["AHEAD"] == 2 and params["DIRECT"] is True
+
+
+def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
+    # the LM head's f16 dlogits feed matmul_nn / matmul_tn as A; anywhere without the
+    # tensor-core path that is a clear error, never a silent reinterpretation of the bytes
+    if not device.has("shader-f16"):
+        pytest.skip("device lacks shader-f16")
+    a16 = device.upload(np.ones((64, 64), np.float16))
+    b, out = device.upload(np.ones((64, 64), np.float32)), device.empty((64, 64))
+    for kwargs in ({}, {"tensor_cores": True}, {"tiles": (32, 32, 16)}):
+        with pytest.raises(ValueError, match="f16 A"):
+            with device.record() as rec:
+                linear.matmul_nn(rec, a16, b, out, 64, 64, 64, **kwargs)
+    # where the device has them, the plan names the _a16 kernel (and its source reads f16 A)
+    from istanbul.shaders import source
+    monkeypatch.setattr(linear, "has_tensor_cores", lambda dev: True)
+    w16 = device.upload(np.ones((64, 64), np.float16))
+    chosen = linear.plan(device, "nn", 64, 64, 64, b_dtype=np.float16, a_dtype=np.float16,
+                         operands=(a16, w16, out), tensor_cores=True)
+    assert chosen.kernel == "matmul_nn_a16_w16_sgmat"
+    chosen = linear.plan(device, "tn", 64, 64, 64, a_dtype=np.float16,
+                         operands=(a16, b, out), tensor_cores=True)
+    assert chosen.kernel == "matmul_tn_a16_sgmat"
+    code = source.compose(("shader-f16", "subgroup-matrix"), source.load_file(linear.FILE_SGMAT),
+                          chosen.kernel, params=chosen.config.template_params("tn"),
+                          compiler="tint")
+    assert "var<storage, read> a_in: array<vec4<f16>>;" in code

@@ -66,7 +66,7 @@ def _align64(n: int) -> int:
 
 
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
-                 mixed: bool, logits_rows: int) -> list[Need]:
+                 mixed: bool, logits_rows: int, f16_dlogits: bool = False) -> list[Need]:
     """Every buffer GpuModel allocates, in bytes (what the fit check counts)."""
     n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
     qkv = n * (d + 2 * kv) * 4
@@ -91,6 +91,9 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
                   binding=False)]
     if mixed:
         needs.append(Need("f16 weight mirror", total * 2))
+    if f16_dlogits:
+        needs.append(Need(f"f16 dlogits chunk ({logits_rows} rows x vocab {V})",
+                          logits_rows * V * 2))
     return needs
 
 
@@ -122,12 +125,16 @@ class GpuModel:
         self.n = n
         # the head's chunk first, from the limits and the memory the rest leaves free: it
         # decides the logits buffer the fit check counts
+        # the tensor-core head's cross-entropy writes dlogits in f16 beside the f32 logits
+        f16_dlogits = self.tensor_cores
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
-                                          logits_rows=rows)
+                                          logits_rows=rows, f16_dlogits=f16_dlogits)
         budget, memory = LOGITS_BUDGET, device_memory(device)
         if memory is not None:
             free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
+            if f16_dlogits:   # each row of f32 logits brings half a row of f16 dlogits
+                free = free * 2 // 3
             budget = max(min(budget, free), chunk_quantum(device, d) * cfg.vocab_size * 4)
         chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, budget=budget,
                                 chunk_rows=head_chunk_rows)
@@ -166,7 +173,8 @@ class GpuModel:
         self.x_final = dev.empty((n, d), np.float32, label="x final")
         self.h_final = dev.empty((n, d), np.float32, label="h final")
         self.rstd_final = dev.empty(n, np.float32, label="rstd final")
-        self.head = ChunkedHead(dev, n, d, cfg.vocab_size, chunk_rows=chunk)
+        self.head = ChunkedHead(dev, n, d, cfg.vocab_size, chunk_rows=chunk,
+                                f16_dlogits=f16_dlogits)
         # backward scratch, reused by every layer
         f = cfg.ffn_hidden
         self.dx = dev.empty((n, d), np.float32, label="dx")

@@ -11,6 +11,10 @@ For each chunk of rows r0..r0+c-1 (one buffer of c x V logits, reused by every c
     dh[r0:r0+c] = dlogits · W                                   (matmul NN)
 With one chunk (every row fits the budget) this is exactly the unchunked computation; with
 several, dW sums the chunks' products in chunk order (the same sum, rounded differently).
+On the tensor cores (`f16_dlogits`) the cross-entropy writes dlogits in f16 into a buffer of
+their own instead of over the logits: the two backward matmuls read them as their A, which
+they round to f16 anyway (the same numbers; half the bytes of the largest operands a step
+has: 8192 x 50304 for the 124M model).
 
 Chunk rows come from the device: the logits chunk must fit one storage binding and one
 buffer (lavapipe: 128 MiB; the H200: 2 GiB / 4 GiB) and a memory budget (LOGITS_BUDGET, or
@@ -96,11 +100,16 @@ class ChunkedHead:
     """The head + cross-entropy for `rows` rows of width d over a vocabulary of `vocab`."""
 
     def __init__(self, device, rows: int, d: int, vocab: int, *, chunk_rows: int | None = None,
-                 budget: int = LOGITS_BUDGET):
+                 budget: int = LOGITS_BUDGET, f16_dlogits: bool = False):
+        """`f16_dlogits`: the cross-entropy writes dlogits in f16 into a buffer of their own,
+        which the backward's tensor-core matmuls read as their A (they would round it to f16
+        while staging anyway: the same numbers, half the bytes)."""
         self.rows, self.d, self.vocab = rows, d, vocab
         self.chunk = plan_chunk_rows(device, rows, d, vocab, budget=budget,
                                      chunk_rows=chunk_rows)
         self.logits = device.empty((self.chunk, vocab), np.float32, label="logits chunk")
+        self.dlogits16 = device.empty((self.chunk, vocab), np.float16,
+                                      label="dlogits chunk f16") if f16_dlogits else None
         self.stats = device.empty(4, np.float32, label="cross-entropy stats")  # unused: the
         # model scales by 1/tokens from the host and sums the per-token losses itself
 
@@ -109,7 +118,7 @@ class ChunkedHead:
         return -(-self.rows // self.chunk)
 
     def buffers(self) -> list:
-        return [self.logits, self.stats]
+        return [b for b in (self.logits, self.stats, self.dlogits16) if b is not None]
 
     def record(self, rec, h, w, targets, losses, *, grad_scale: float, dh=None, dw=None,
                label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -126,13 +135,17 @@ class ChunkedHead:
             logits = self.logits.elements(0, c * V, (c, V))
             linear.matmul_nt(rec, x, w, logits, c, V, d, f16_math=f16_math,
                              tensor_cores=tensor_cores)
+            grad = "inplace" if dh is not None else "none"
+            if dh is not None and tensor_cores and self.dlogits16 is not None:
+                grad = self.dlogits16.elements(0, c * V, (c, V))
             cross_entropy.rows_chunk(
-                rec, logits, targets, losses, self.stats, r0, c, V,
-                grad="inplace" if dh is not None else "none", ignore_index=ignore_index,
-                label_smoothing=label_smoothing, z_loss=z_loss, grad_scale=grad_scale)
+                rec, logits, targets, losses, self.stats, r0, c, V, grad=grad,
+                ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+                grad_scale=grad_scale)
             if dh is None:
                 continue
-            linear.matmul_tn(rec, logits, x, dw, V, d, c, accumulate=True,
+            dlogits = logits if isinstance(grad, str) else grad
+            linear.matmul_tn(rec, dlogits, x, dw, V, d, c, accumulate=True,
                              tensor_cores=tensor_cores)
-            linear.matmul_nn(rec, logits, w, _row_view(dh, r0, c, d), c, d, V,
+            linear.matmul_nn(rec, dlogits, w, _row_view(dh, r0, c, d), c, d, V,
                              tensor_cores=tensor_cores)

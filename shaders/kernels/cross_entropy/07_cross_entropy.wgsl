@@ -10,9 +10,12 @@
 //                     V..stride-1 (vocabulary padding): dx 0. A target >= V (and not the
 //                     ignore index) gives a NaN loss and NaN dx, so the NaN guard trips.
 //                     mode 0: loss only; 1: dx overwrites the logits (in place); 2: dx to dlogits.
+//   ce_rows[_vec4]_h16  the same with dlogits f16 (mode 2): the tensor-core matmuls of the LM
+//                     head's backward read it as their A (half the bytes; they round A to f16
+//                     anyway). No clamp: an overflow becomes inf, which the NaN/Inf guard catches.
 //
 // ce_count (before) and ce_finalize (after) live in 07_cross_entropy_reduce.wgsl.
-// Layouts: logits, dlogits f32[rows, stride]; targets, losses [row0 + rows] (u32, f32);
+// Layouts: logits, dlogits f32[rows, stride] (dlogits f16 for _h16); targets, losses [row0 + rows] (u32, f32);
 // stats f32[4] = (valid count, loss sum, mean loss, 0). The _vec4 kernel reads rows as
 // vec4<f32> (stride % 4 == 0; V need not be).
 //
@@ -127,7 +130,7 @@ fn ce_row(row: u32, lid: u32, sg: Subgroup) {
                 - select(Elem(0.0), Elem(c_target), idx == Idx(t));
             g = select(Elem(0.0), g, idx < Idx(p.vocab));
         }
-        if (p.mode == 1u) { logits[base + j] = g; } else { dlogits[base + j] = g; }
+        if (p.mode == 1u) { logits[base + j] = g; } else { dlogits[base + j] = to_grad(g); }
     }
 }
 
@@ -139,6 +142,7 @@ fn esum(v: Elem) -> f32 { return v; }
 fn emax(v: Elem) -> f32 { return v; }
 fn lanes(j: u32) -> Idx { return j; }
 fn lane_of(v: Elem, c: u32) -> f32 { return v; }
+fn to_grad(g: Elem) -> Elem { return g; }
 
 @group(0) @binding(0) var<storage, read> targets: array<u32>;
 @group(0) @binding(1) var<storage, read> stats: array<f32>;
@@ -163,6 +167,7 @@ fn esum(v: Elem) -> f32 { return v.x + v.y + v.z + v.w; }
 fn emax(v: Elem) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
 fn lanes(j: u32) -> Idx { return vec4<u32>(4u * j, 4u * j + 1u, 4u * j + 2u, 4u * j + 3u); }
 fn lane_of(v: Elem, c: u32) -> f32 { return v[c]; }
+fn to_grad(g: Elem) -> Elem { return g; }
 
 @group(0) @binding(0) var<storage, read> targets: array<u32>;
 @group(0) @binding(1) var<storage, read> stats: array<f32>;
@@ -173,6 +178,56 @@ fn lane_of(v: Elem, c: u32) -> f32 { return v[c]; }
 
 @compute @workgroup_size(WG)
 fn ce_rows_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32,
+                @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
+                @builtin(subgroup_size) sg_size: u32, @builtin(num_subgroups) num_sg: u32) {
+    ce_row(workgroup_index(wg, nwg), lid, Subgroup(sg_id, lane, sg_size, num_sg));
+}
+
+// --- KERNEL: ce_rows_h16 ---
+alias Elem = f32;
+alias Idx = u32;
+const W: u32 = 1u;
+fn esum(v: Elem) -> f32 { return v; }
+fn emax(v: Elem) -> f32 { return v; }
+fn lanes(j: u32) -> Idx { return j; }
+fn lane_of(v: Elem, c: u32) -> f32 { return v; }
+fn to_grad(g: Elem) -> f16 { return f16(g); }
+
+@group(0) @binding(0) var<storage, read> targets: array<u32>;
+@group(0) @binding(1) var<storage, read> stats: array<f32>;
+@group(0) @binding(2) var<storage, read_write> logits: array<Elem>;
+@group(0) @binding(3) var<storage, read_write> dlogits: array<f16>;
+@group(0) @binding(4) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+@compute @workgroup_size(WG)
+fn ce_rows_h16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32,
+           @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
+           @builtin(subgroup_size) sg_size: u32, @builtin(num_subgroups) num_sg: u32) {
+    ce_row(workgroup_index(wg, nwg), lid, Subgroup(sg_id, lane, sg_size, num_sg));
+}
+
+// --- KERNEL: ce_rows_vec4_h16 ---
+alias Elem = vec4<f32>;
+alias Idx = vec4<u32>;
+const W: u32 = 4u;
+fn esum(v: Elem) -> f32 { return v.x + v.y + v.z + v.w; }
+fn emax(v: Elem) -> f32 { return max(max(v.x, v.y), max(v.z, v.w)); }
+fn lanes(j: u32) -> Idx { return vec4<u32>(4u * j, 4u * j + 1u, 4u * j + 2u, 4u * j + 3u); }
+fn lane_of(v: Elem, c: u32) -> f32 { return v[c]; }
+fn to_grad(g: Elem) -> vec4<f16> { return vec4<f16>(g); }
+
+@group(0) @binding(0) var<storage, read> targets: array<u32>;
+@group(0) @binding(1) var<storage, read> stats: array<f32>;
+@group(0) @binding(2) var<storage, read_write> logits: array<Elem>;
+@group(0) @binding(3) var<storage, read_write> dlogits: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+@compute @workgroup_size(WG)
+fn ce_rows_vec4_h16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32,
                 @builtin(subgroup_id) sg_id: u32, @builtin(subgroup_invocation_id) lane: u32,
                 @builtin(subgroup_size) sg_size: u32, @builtin(num_subgroups) num_sg: u32) {

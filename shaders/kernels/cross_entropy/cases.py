@@ -44,17 +44,19 @@ def make_launch(dev, inp, grad="inplace", workgroup=None):
     rows, stride = inp["logits"].shape
     logits, targets = dev.upload(inp["logits"]), dev.upload(inp["targets"])
     losses, stats = dev.empty(rows), dev.empty(4)
-    out = dev.empty((rows, stride)) if grad == "buffer" else None
+    to_buffer = grad in ("buffer", "buffer16")
+    out = dev.empty((rows, stride), np.float16 if grad == "buffer16" else np.float32) \
+        if to_buffer else None
 
     def encode(rec):
         ce.forward_backward(rec, logits, targets, losses, stats, rows, inp["vocab"],
-                            stride=stride, grad=out if grad == "buffer" else grad,
+                            stride=stride, grad=out if to_buffer else grad,
                             label_smoothing=inp["eps"], z_loss=inp["z"], workgroup=workgroup)
 
     def read():
         got = {"losses": dev.download(losses), "stats": dev.download(stats)}
         if grad != "none":
-            got["dlogits"] = dev.download(out if grad == "buffer" else logits)
+            got["dlogits"] = dev.download(out if to_buffer else logits).astype(np.float32)
         return got
     return Launch(encode, read)
 
@@ -107,6 +109,15 @@ for name, grad, passes, description in (
         flops=lambda inp, n=passes: 4.0 * n * inp["logits"].size,
         bytes=lambda inp, n=passes: _bytes(inp, n), description=description))
 
+
+register(KernelCase(
+    name="cross_entropy_to_buffer_f16", family="cross_entropy", precision="f16",
+    kernels=[(ce.FILE, "ce_rows_h16", {"WG": ce.WG}), (ce.FILE, "ce_rows_vec4_h16", {"WG": ce.WG})],
+    inputs=make_inputs, launch=lambda dev, inp: make_launch(dev, inp, "buffer16"),
+    reference=forward_backward_reference, variants=VARIANTS,
+    bench_variant_software="bench_small", requires=("shader-f16",),
+    flops=lambda inp: 12.0 * inp["logits"].size, bytes=lambda inp: _bytes(inp, 2.5),
+    description="dlogits into an f16 buffer (the tensor-core LM head's backward reads it)"))
 
 register(KernelCase(
     name="cross_entropy_wg1024", family="cross_entropy", precision="f32",

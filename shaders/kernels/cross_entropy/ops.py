@@ -14,7 +14,8 @@ z * lse^2 per row; the gradient is d(sum of row losses)/dx * grad_scale / (valid
 mean_over_valid=True (the mean over non-ignored tokens, counted on the GPU), or
 * grad_scale alone with mean_over_valid=False (e.g. grad_scale = 1 / total valid tokens of all
 micro-batches, known on the host). grad: "inplace" overwrites the logits, a Buffer receives
-dlogits, "none" computes the loss only. A target >= vocab that is not ignore_index makes that
+dlogits (f32, or f16 for the tensor-core matmuls that consume it: the _h16 kernels), "none"
+computes the loss only. A target >= vocab that is not ignore_index makes that
 row's loss and dlogits NaN: the grad-stats NaN guard then skips the step.
 
 `rows_chunk` records the row kernel alone for a chunk of rows (row0.., logits of the chunk
@@ -25,7 +26,7 @@ logits of a whole batch never exist at once.
 from __future__ import annotations
 
 from ...tuned_cache import lookup
-from ..op_support import U32, check, dummy, positive, row_grid
+from ..op_support import F16, F32, U32, check, dummy, positive, row_grid
 
 FILE = "07_cross_entropy.wgsl"
 FILE_REDUCE = "07_cross_entropy_reduce.wgsl"
@@ -115,12 +116,15 @@ def rows_chunk(rec, logits, targets, losses, stats, row0: int, rows: int, vocab:
             raise ValueError(f"{op}: grad must be 'inplace', 'none' or a Buffer, got {grad!r}")
         mode, dlogits = (1 if grad == "inplace" else 0), dummy(dev)
     else:
-        check(op, "dlogits", grad, rows * stride)
         mode, dlogits = 2, grad
+    h16 = mode == 2 and check(op, "dlogits", grad, rows * stride, (F32, F16)) == F16
+    if h16 and not dev.has("shader-f16"):
+        raise ValueError(f"{op}: f16 dlogits need the shader-f16 feature, which {dev.name} "
+                         "lacks")
     params = _params(dev, rows, vocab, stride, ignore_index, mode, mean_over_valid,
                      label_smoothing, z_loss, grad_scale, row0)
     vec = stride % 4 == 0 and all(getattr(b, "offset", 0) % 16 == 0 for b in (logits, dlogits))
-    name = "ce_rows_vec4" if vec else "ce_rows"
+    name = ("ce_rows_vec4" if vec else "ce_rows") + ("_h16" if h16 else "")
     row_consts = {"WG": int(workgroup) if workgroup else row_workgroup(dev, stride)}
     rec.dispatch(dev.kernel(FILE, name, row_consts),
                  [targets, stats, logits, dlogits, losses, params], row_grid(dev, rows),

@@ -7,6 +7,9 @@
 //   matmul_tn_sgmat       C[M,N] = alpha * A[K,M]^T @ B[K,N]     (Linear dW = dy^T @ x)
 //   matmul_nt_w16_sgmat   as matmul_nt_sgmat, B the f16 weight mirror
 //   matmul_nn_w16_sgmat   as matmul_nn_sgmat, B the f16 weight mirror
+//   matmul_<layout>_a16[_w16]_sgmat   the same with A in f16 (e.g. the LM head's dlogits,
+//                         which the cross-entropy writes in f16 for them): half A's bytes,
+//                         no rounding while staging
 //
 // Numerics: both operands are rounded to f16 when staged, products accumulate in f32 over all
 // of K (or of a K split), alpha scales the f32 sum. The forward (nt) clamps A to f16's range
@@ -16,8 +19,8 @@
 // A template (shaders/wgsl_expand.py), parameters: SGR x SGC subgroups per workgroup, each
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
-// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), CLAMP_A,
-// AHEAD and DIRECT (below).
+// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), AHEAD and
+// DIRECT (below). Each kernel's load_a4 / load_b4 reads one vec4 of A / B as f16.
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -41,7 +44,7 @@
 // z * c_split; the partials are stored, mode 0).
 // Layout requirements as the tiled kernels: contiguous and leading dimensions multiples of
 // 4, operands 16-byte aligned (8-byte for f16 B).
-// Bindings (group 0): 0 A (read, vec4<f32>), 1 B (read, vec4<f32> or vec4<f16>), 2 R (read,
+// Bindings (group 0): 0 A (read, vec4<f32>; vec4<f16> for _a16), 1 B (read, vec4<f32> or vec4<f16>), 2 R (read,
 // vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
 // subgroupMatrixStore needs), 4 Params (uniform).
 // Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
@@ -76,24 +79,20 @@ var<workgroup> As: array<f16, 2u * STAGE_A>;
 var<workgroup> Bs: array<f16, 2u * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
-// to f16.
+// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), as f16
+// (each kernel's load_a4: rounded from f32, clamped first by the forward; or read as f16).
 fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     let i = lid + t * WG;
-    var v = vec4<f32>();
     if (A_KMAJOR) {
         let k = k0 + i / (BM / 4u);
         let m = m0 + 4u * (i % (BM / 4u));
-        if (k < k_end && m < p.m) { v = a_in[(k * p.lda + m) / 4u]; }
+        if (k < k_end && m < p.m) { return load_a4((k * p.lda + m) / 4u); }
     } else {
         let m = m0 + i / (BK / 4u);
         let k = k0 + 4u * (i % (BK / 4u));
-        if (m < p.m && k < k_end) { v = a_in[(m * p.lda + k) / 4u]; }
+        if (m < p.m && k < k_end) { return load_a4((m * p.lda + k) / 4u); }
     }
-// @if CLAMP_A
-    v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
-// @endif
-    return vec4<f16>(v);
+    return vec4<f16>();
 }
 
 fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
@@ -310,6 +309,7 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
+fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(a_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 
 @compute @workgroup_size(WG)
@@ -333,6 +333,7 @@ fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
+fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -356,6 +357,7 @@ fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
+fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -379,6 +381,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
+fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(a_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)
@@ -402,6 +405,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
+fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)
@@ -409,5 +413,125 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32,
                        @builtin(subgroup_id) sg: u32,
                        @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_nt_a16_sgmat ---
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = false;   // A[M,K]
+const B_KMAJOR: bool = false;   // B[N,K]
+fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
+fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
+
+@compute @workgroup_size(WG)
+fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_nn_a16_sgmat ---
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = false;   // A[M,K]
+const B_KMAJOR: bool = true;    // B[K,N]
+fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
+fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+
+@compute @workgroup_size(WG)
+fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_tn_a16_sgmat ---
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = true;    // A[K,M]
+const B_KMAJOR: bool = true;    // B[K,N]
+fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
+fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+
+@compute @workgroup_size(WG)
+fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_nt_a16_w16_sgmat ---
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = false;   // A[M,K]
+const B_KMAJOR: bool = false;   // B[N,K] in f16
+fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
+fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+
+@compute @workgroup_size(WG)
+fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_nn_a16_w16_sgmat ---
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = false;   // A[M,K]
+const B_KMAJOR: bool = true;    // B[K,N] in f16
+fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
+fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+
+@compute @workgroup_size(WG)
+fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32) {
     tile_body(wg, lid, sg, lane);
 }

@@ -59,7 +59,7 @@ def _stored(rng, rows, cols, ld, dtype=np.float32):
     return full.astype(dtype)
 
 
-def make_inputs(layout, mode, b16, rng, variant):
+def make_inputs(layout, mode, b16, rng, variant, a16=False):
     M, N, K = _shape(layout, variant)
     a_rows, a_cols = (K, M) if layout == "tn" else (M, K)
     b_rows, b_cols = (N, K) if layout == "nt" else (K, N)
@@ -72,7 +72,7 @@ def make_inputs(layout, mode, b16, rng, variant):
     inp = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, "mode": mode,
            "variant": variant,
            "alpha": 0.75 if mode != "store" else 1.0,
-           "a": _stored(rng, a_rows, a_cols, lda),
+           "a": _stored(rng, a_rows, a_cols, lda, np.float16 if a16 else np.float32),
            "b": _stored(rng, b_rows, b_cols, ldb, np.float16 if b16 else np.float32)}
     out = np.full((M, ldc), -7.0, np.float32)  # sentinel in the padding must survive
     out[:, :N] = rng.standard_normal((M, N)) if mode == "accumulate" else 0.0
@@ -218,18 +218,27 @@ SGMAT_CASES = (
     ("_direct", "nn_w16", "store", True, "sg2x2-t4x4-k16-p8-s1-d", "dX, straight stores"),
     ("_direct", "tn", "accumulate", False, "sg4x4-t2x2-k16-p8-s1-a2-d",
      "dW +=, straight stores, two slices in flight"),
+    # A in f16 (the LM head's dlogits; _a16 kernels)
+    ("", "nn_a16_w16", "store", True, "sg4x4-t2x2-k16-p8-s1-a2-d", "head dX: f16 dlogits, f16 W"),
+    ("", "tn_a16", "accumulate", False, "sg2x2-t4x4-k16-p8-s1", "head dW +=: f16 dlogits"),
+    ("", "nt_a16_w16", "residual", True, "sg4x2-t4x4-k16-p8-s1-a2", "forward, f16 A"),
+    ("", "nn_a16", "accumulate", False, "sg2x2-t2x2-k32-p0-s1", "dX +=, f16 A, f32 B"),
+    ("", "nt_a16", "store", False, "sg1x1-t2x2-k16-p8-s1", "forward, f16 A, f32 B clamped"),
 )
 
 
 def _register_sgmat(suffix, key, mode, b16, config, what):
     layout = key[:2]
+    a16 = "_a16" in key
     cfg = linear.SgmatConfig.parse(config)
     _, name = linear.kernel_name(layout, np.float16 if b16 else np.float32)
+    if a16:
+        name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
     register(KernelCase(
         name=f"matmul_{key}_sgmat{suffix}", family="matmul", precision="f32",
         kernels=[(linear.FILE_SGMAT, name + "_sgmat", {}, cfg.template_params(layout)),
                  (linear.FILE_SPLITK, "matmul_splitk_reduce")],
-        inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v),
+        inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v, a16),
         launch=lambda dev, inp: make_launch(dev, inp, layout, config=cfg, b16=b16, fast=True),
         reference=lambda inp: reference.tensor_core_matmul(inp, layout),
         variants=VARIANTS_TILED, bench_variant_software="bench_small",

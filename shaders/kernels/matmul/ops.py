@@ -41,7 +41,9 @@ Tensor cores. `tensor_cores=True` runs 03_linear_sgmat.wgsl where the device has
 f32 subgroup matrices (Dawn's chromium-experimental-subgroup-matrix: the H200 under
 `--backend dawn`): both operands rounded to f16 when staged, f32 accumulation, the same
 epilogues and split-K. Elsewhere the call runs the kernels above (the caller's numerics then
-keep f32 activations). Its configurations are SgmatConfig ("sg2x2-t4x4-k32-p8-s1").
+keep f32 activations). Its configurations are SgmatConfig ("sg2x2-t4x4-k32-p8-s1"). There A
+may also be f16 (an operand its producer wrote in f16, e.g. the LM head's dlogits): half the
+bytes and no rounding while staging; an f16 A anywhere else is a ValueError.
 
 `plan(...)` tells which kernel and configuration a call would use.
 """
@@ -311,7 +313,7 @@ class SgmatConfig:
     def template_params(self, layout: str) -> dict:
         la, lb = self.loads()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
-                "PAD": self.pad, "LA": int(la), "LB": int(lb), "CLAMP_A": layout == "nt",
+                "PAD": self.pad, "LA": int(la), "LB": int(lb),
                 "AHEAD": self.ahead, "DIRECT": self.direct}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
@@ -533,8 +535,11 @@ class Plan:
 
 def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: bool = False,
          lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
-         operands=(), config=None, tiles=None, tensor_cores: bool = False) -> Plan:
-    """The kernel and configuration `matmul` would run for these shapes and operands."""
+         operands=(), config=None, tiles=None, tensor_cores: bool = False,
+         a_dtype=F32) -> Plan:
+    """The kernel and configuration `matmul` would run for these shapes and operands (an f16
+    A only on the tensor-core path: ValueError elsewhere)."""
+    a16 = np.dtype(a_dtype) == F16
     sgmat = isinstance(config, SgmatConfig) or (isinstance(config, str)
                                                 and config.startswith("sg"))
     a_cols = M if layout == "tn" else K
@@ -545,6 +550,9 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
     if tiles is not None and config is not None:
         raise ValueError(f"matmul_{layout}: pass tiles (general kernel) or config (tiled "
                          "kernel), not both")
+    if a16 and (tiles is not None or f16_math or (config is not None and not sgmat)):
+        raise ValueError(f"matmul_{layout}: an f16 A runs only on the tensor-core kernels "
+                         "(tensor_cores=True, no tiles, f16_math or f32 config)")
     if tiles is not None:
         file, name = kernel_name(layout, b_dtype, f16_math)
         return Plan("general", file, name, tuple(int(t) for t in tiles))
@@ -571,7 +579,13 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
                                              if v is not None]) < SGMAT_MIN_BINDING:
             cfg = dataclasses.replace(cfg, direct=False)   # C (or R) smaller than a matrix
         _, name = kernel_name(layout, b_dtype)
+        if a16:
+            name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
         return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
+    if a16:
+        raise ValueError(f"matmul_{layout}: an f16 A needs the tensor-core kernels, and "
+                         f"{device.name} cannot run them here (f16 subgroup matrices, "
+                         "tensor_cores=True, vec4-ready operands)")
     if config is not None:
         cfg = MatmulConfig.parse(config)
         if not ready:
@@ -610,7 +624,7 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     if lda < a_cols or ldb < b_cols or ldc < N:
         raise ValueError(f"{op}: leading dimensions lda={lda} ldb={ldb} ldc={ldc} are shorter "
                          f"than the rows ({a_cols}, {b_cols}, {N})")
-    check(op, "a", a, (a_rows - 1) * lda + a_cols)
+    a_dtype = check(op, "a", a, (a_rows - 1) * lda + a_cols, (F32, F16))
     b_dtype = check(op, "b", b, (b_rows - 1) * ldb + b_cols, (F32, F16))
     check(op, "out", out, (M - 1) * ldc + N)
     if residual is not None:
@@ -622,7 +636,7 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     operands = [a, b, out] + ([residual] if residual is not None else [])
     chosen = plan(dev, layout, M, N, K, b_dtype=b_dtype, f16_math=f16_math, lda=lda, ldb=ldb,
                   ldc=ldc, operands=operands, config=config, tiles=tiles,
-                  tensor_cores=tensor_cores)
+                  tensor_cores=tensor_cores, a_dtype=a_dtype)
     res = residual if residual is not None else dummy(dev)
     if chosen.path == "tiled":
         _record_tiled(rec, chosen, a, b, res, out, M, N, K, mode, float(alpha), lda, ldb, ldc,
@@ -652,7 +666,7 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     op = chosen.kernel
     unused = dummy(dev)
     if isinstance(cfg, SgmatConfig):
-        layout = chosen.kernel.split("_")[1]
+        layout = chosen.kernel.split("_")[1]   # matmul_<layout>[_a16][_w16]_sgmat
         kern = dev.kernel(chosen.file, chosen.kernel, {}, cfg.template_params(layout))
         if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
             unused = dummy(dev, SGMAT_MIN_BINDING)
