@@ -16,7 +16,8 @@ instructions:
   HD, BQ, BKV), so the default never reaches a pipeline.
 
     python dev/expansion_baseline.py --write   # fingerprints of the old generated kernels,
-                                               # read from git at 02206db, into
+                                               # read from git at 02206db (with EDITS, the
+                                               # deliberate changes since, applied), into
                                                # tests/data/expansion_baseline.json
     python dev/expansion_baseline.py --diff matmul_nt_tiled TM=8 TN=8   # first difference
 
@@ -50,6 +51,31 @@ OLD_FILES = {"matmul": "shaders/wgsl/03_linear_reg.wgsl",
 NEW_FILES = {"matmul": "03_linear_tiled.wgsl", "matmul_h16": "03_linear_tiled.wgsl",
              "attention": "05_attention_tiled.wgsl"}
 BLOCKS = ((8, 8), (8, 4), (4, 8), (4, 4))
+# Deliberate changes since BASE, applied to the old kernels before they are compared, so the
+# comparison still proves that nothing ELSE changed. Session 13 (issue 21): the attention
+# Params carry head and batch strides per tensor group, and the row functions use them (any
+# (token, head, batch) layout: the trainer's head-major q, k, v).
+EDITS = {"attention": [
+    ("""    _pad: u32,
+    scale: f32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+}""", """    _pad: u32,
+    scale: f32,
+    hq: u32,
+    hkv: u32,
+    ho: u32,
+    bq: u32,
+    bkv: u32,
+    bo: u32,
+    _pad1: u32,
+}"""),
+    ("return ((b * p.seq + t) * p.sq + h * HD) / 4u;", "return (b * p.bq + t * p.sq + h * p.hq) / 4u;"),
+    ("return ((b * p.seq + t) * p.skv + hk * HD) / 4u;",
+     "return (b * p.bkv + t * p.skv + hk * p.hkv) / 4u;"),
+    ("return ((b * p.seq + t) * p.so + h * HD) / 4u;", "return (b * p.bo + t * p.so + h * p.ho) / 4u;"),
+]}
 H16_FOLDS = (16, 32)
 
 
@@ -152,6 +178,10 @@ def describe(module: str, entry: str) -> str:
 def old_module(key: str, entry: str, ref: str = BASE) -> str:
     text = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:{OLD_FILES[key]}"],
                           check=True, capture_output=True, text=True).stdout
+    for old, new in EDITS.get(key, ()):
+        if text.count(old) != 1:
+            raise SystemExit(f"edit not found exactly once in {OLD_FILES[key]}: {old[:60]!r}")
+        text = text.replace(old, new)
     header, kernels = source.split_kernels(text)
     return source.preamble_text() + header + kernels[entry]
 
