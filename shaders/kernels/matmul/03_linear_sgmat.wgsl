@@ -20,7 +20,8 @@
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
 // tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), AHEAD and
-// DIRECT (below). Each kernel's load_a4 / load_b4 reads one vec4 of A / B as f16.
+// DIRECT (below), CLAMP_A (the forward clamps an f32 A to f16's range), A16 (the _a16
+// kernels: A is f16).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -79,20 +80,29 @@ var<workgroup> As: array<f16, 2u * STAGE_A>;
 var<workgroup> Bs: array<f16, 2u * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), as f16
-// (each kernel's load_a4: rounded from f32, clamped first by the forward; or read as f16).
+// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
+// to f16 (A16: read as f16). The f32 path is written exactly as before the f16 A: a version
+// that returned from inside the bounds checks ran the forward (nt) 2x slower on the H200.
 fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     let i = lid + t * WG;
+// @if A16
+    var v = vec4<f16>();
+// @else
+    var v = vec4<f32>();
+// @endif
     if (A_KMAJOR) {
         let k = k0 + i / (BM / 4u);
         let m = m0 + 4u * (i % (BM / 4u));
-        if (k < k_end && m < p.m) { return load_a4((k * p.lda + m) / 4u); }
+        if (k < k_end && m < p.m) { v = a_in[(k * p.lda + m) / 4u]; }
     } else {
         let m = m0 + i / (BK / 4u);
         let k = k0 + 4u * (i % (BK / 4u));
-        if (m < p.m && k < k_end) { return load_a4((m * p.lda + k) / 4u); }
+        if (m < p.m && k < k_end) { v = a_in[(m * p.lda + k) / 4u]; }
     }
-    return vec4<f16>();
+// @if CLAMP_A
+    v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
+// @endif
+    return vec4<f16>(v);
 }
 
 fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
@@ -309,7 +319,6 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
-fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(a_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 
 @compute @workgroup_size(WG)
@@ -333,7 +342,6 @@ fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -357,7 +365,6 @@ fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -381,7 +388,6 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(a_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)
@@ -405,7 +411,6 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_a4(i: u32) -> vec4<f16> { return vec4<f16>(a_in[i]); }
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)
@@ -429,7 +434,6 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
-fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
 
 @compute @workgroup_size(WG)
@@ -453,7 +457,6 @@ fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -477,7 +480,6 @@ fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
 fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
 
 @compute @workgroup_size(WG)
@@ -501,7 +503,6 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)
@@ -525,7 +526,6 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_a4(i: u32) -> vec4<f16> { return a_in[i]; }   // A in f16 (no clamp: it is f16 already)
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
 
 @compute @workgroup_size(WG)

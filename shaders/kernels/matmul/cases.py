@@ -236,7 +236,7 @@ def _register_sgmat(suffix, key, mode, b16, config, what):
         name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
     register(KernelCase(
         name=f"matmul_{key}_sgmat{suffix}", family="matmul", precision="f32",
-        kernels=[(linear.FILE_SGMAT, name + "_sgmat", {}, cfg.template_params(layout)),
+        kernels=[(linear.FILE_SGMAT, name + "_sgmat", {}, cfg.template_params(layout, a16)),
                  (linear.FILE_SPLITK, "matmul_splitk_reduce")],
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v, a16),
         launch=lambda dev, inp: make_launch(dev, inp, layout, config=cfg, b16=b16, fast=True),

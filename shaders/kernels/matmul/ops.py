@@ -310,10 +310,12 @@ class SgmatConfig:
         staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
         return 2 * 2 * staged + 4 * 256 * self.sgr * self.sgc
 
-    def template_params(self, layout: str) -> dict:
+    def template_params(self, layout: str, a16: bool = False) -> dict:
+        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
         la, lb = self.loads()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
-                "PAD": self.pad, "LA": int(la), "LB": int(lb),
+                "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
+                "CLAMP_A": layout == "nt" and not a16,
                 "AHEAD": self.ahead, "DIRECT": self.direct}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
@@ -667,7 +669,8 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     unused = dummy(dev)
     if isinstance(cfg, SgmatConfig):
         layout = chosen.kernel.split("_")[1]   # matmul_<layout>[_a16][_w16]_sgmat
-        kern = dev.kernel(chosen.file, chosen.kernel, {}, cfg.template_params(layout))
+        kern = dev.kernel(chosen.file, chosen.kernel, {},
+                          cfg.template_params(layout, "_a16" in chosen.kernel))
         if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
             unused = dummy(dev, SGMAT_MIN_BINDING)
             if mode != MODES["residual"]:
