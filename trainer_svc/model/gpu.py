@@ -45,7 +45,8 @@ from .fit import HEADROOM, Need, check_fits, device_memory
 from .forward import (BlockBuffers, HeadBuffers, QKVBuffers, Weights, fused_qkv, head_strides,
                       record_blocks, token_strides)
 from .layout import ParameterLayout
-from .lm_head import LOGITS_BUDGET, ChunkedHead, chunk_quantum, plan_chunk_rows
+from .lm_head import (LOGITS_BUDGET, ChunkedHead, chunk_quantum, f16_dlogits_enabled,
+                      plan_chunk_rows)
 
 STATS_FLOATS = 8  # grad_stats: (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0)
 FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "
@@ -125,8 +126,8 @@ class GpuModel:
         self.n = n
         # the head's chunk first, from the limits and the memory the rest leaves free: it
         # decides the logits buffer the fit check counts
-        # the tensor-core head's cross-entropy writes dlogits in f16 beside the f32 logits
-        f16_dlogits = self.tensor_cores
+        # the tensor-core head's cross-entropy may write dlogits in f16 beside the f32 logits
+        f16_dlogits = self.tensor_cores and f16_dlogits_enabled()
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
                                           logits_rows=rows, f16_dlogits=f16_dlogits)

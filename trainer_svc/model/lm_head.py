@@ -11,7 +11,8 @@ For each chunk of rows r0..r0+c-1 (one buffer of c x V logits, reused by every c
     dh[r0:r0+c] = dlogits · W                                   (matmul NN)
 With one chunk (every row fits the budget) this is exactly the unchunked computation; with
 several, dW sums the chunks' products in chunk order (the same sum, rounded differently).
-On the tensor cores (`f16_dlogits`) the cross-entropy writes dlogits in f16 into a buffer of
+On the tensor cores with `f16_dlogits` (GpuModel: $ISTANBUL_F16_DLOGITS=1, off by default
+until timed on the H200) the cross-entropy writes dlogits in f16 into a buffer of
 their own instead of over the logits: the two backward matmuls read them as their A, which
 they round to f16 anyway (the same numbers; half the bytes of the largest operands a step
 has: 8192 x 50304 for the 124M model).
@@ -27,6 +28,7 @@ for the matmul tiles. A chunk's row views must start on the device's storage off
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -39,6 +41,14 @@ from .fit import ConfigDoesNotFitError
 # 8 x 1024 in one chunk on the H200 (1.6 GB, the step measured before chunking) and puts
 # o200k_base's 6.5 GB in 4 chunks of 2048 rows.
 LOGITS_BUDGET = 2 << 30
+
+
+def f16_dlogits_enabled() -> bool:
+    """Whether a tensor-core model writes its dlogits in f16 (ChunkedHead's f16_dlogits):
+    $ISTANBUL_F16_DLOGITS=1. Off by default until its final kernels are timed on the H200:
+    the first version of the f16-A matmuls (since rewritten) ran slower there, and the
+    rewrite could not be measured in the session that made it (dev/RESULTS.md)."""
+    return os.environ.get("ISTANBUL_F16_DLOGITS", "0") == "1"
 
 
 def chunk_quantum(device, d: int) -> int:
