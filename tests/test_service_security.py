@@ -129,7 +129,9 @@ def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab
                                                                       token_file, tmp_path):
     """8 x 60 MiB without a token: UNAUTHENTICATED, and the server's memory does not grow by
     the messages (480 MiB; it grew by 466 MiB here, 226 -> 1,451 MiB in the issue, when bodies
-    were read before refusing; now by what HTTP/2 flow control lets in, 90-170 MiB)."""
+    were read before refusing; now by what HTTP/2 flow control lets in before the refusal:
+    118-171 MiB in 12 runs on a 2-core machine, once 284 MiB in a CI run. That amount depends
+    on timing, so the bound sits between it and a full read: 360 MiB, 3/4 of the bodies)."""
     import time
     from tests.service_support import serve_subprocess
     from tokenizer_svc.rpc import tokenizer_pb2 as pb
@@ -157,7 +159,7 @@ def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab
         after = _rss_mib(proc.pid)
         channel.close()
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8
-        assert after - before < 240, (before, after)
+        assert after - before < 360, (before, after)
     finally:
         proc.send_signal(2)
         try:
