@@ -7,6 +7,7 @@ import types
 import numpy as np
 import pytest
 
+from tests.subgroup_matrix_stub import stub_subgroup_matrices
 from istanbul.shaders.kernels.attention import ops as attention
 
 
@@ -321,58 +322,13 @@ def test_sgmat2_fold_every_drops_the_lazy_fold_constructs():
         assert _sgmat2_code(64, {"fold": "every"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
 
 
-def _call_args(text: str, start: int):
-    """The arguments of the call whose '(' is at text[start], and the index after its ')'."""
-    depth, args, cur = 0, [], start + 1
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch in "(<[":
-            depth += 1
-        elif ch in ")>]":
-            depth -= 1
-            if depth == 0:
-                args.append(text[cur:i].strip())
-                return args, i + 1
-        elif ch == "," and depth == 1:
-            args.append(text[cur:i].strip())
-            cur = i + 1
-    raise AssertionError("unbalanced call")
-
-
-def _stub_subgroup_matrices(code: str) -> str:
-    """The kernel with subgroup matrices as scalars: a load reads the last element of its
-    16 x 16 footprint (offset + 15 * stride + 15), a store writes it, a product is an fma.
-    What remains is the kernel's own WGSL, for the local compiler to check."""
-    import re
-    code = code.replace("subgroup_matrix_result<f32, 16, 16>", "f32")
-    code = re.sub(r"subgroup_matrix_(left|right)<f16, 16, 16>", "f16", code)
-    call = re.compile(r"subgroupMatrix(Load<f16>|Store|MultiplyAccumulate)\(")
-    out, i = [], 0
-    while (m := call.search(code, i)) is not None:
-        out.append(code[i:m.start()])
-        a, i = _call_args(code, m.end() - 1)
-        if m.group(1) == "MultiplyAccumulate":
-            out.append(f"fma(f32({a[0]}), f32({a[1]}), {a[2]})")
-        elif m.group(1) == "Store":
-            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[4]}) + 15u] = "
-                       f"{a[2]} + f32(select(0, 1, {a[3]}))")
-        else:
-            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[3]}) + 15u] * "
-                       f"f16(select(0, 1, {a[2]}))")
-    out.append(code[i:])
-    stubbed = "".join(out)
-    body = "\n".join(line.split("//")[0] for line in stubbed.split("\n"))
-    assert "subgroupMatrix" not in body and "subgroup_matrix" not in body
-    return stubbed
-
-
 @pytest.mark.parametrize("D", [16, 32, 64])
 def test_sgmat2_variants_pass_the_compiler_with_subgroup_matrices_stubbed(device, D):
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
     for knobs in SGMAT2_KNOBS:
         for kernel in ("forward", "dq", "dkv"):
-            code = _stub_subgroup_matrices(_sgmat2_code(
+            code = stub_subgroup_matrices(_sgmat2_code(
                 D, knobs, {}, kernel, features=device.features,
                 compiler=device.backend.compiler))
             try:   # the module only: most variants pass lavapipe's 32 KiB of workgroup memory
@@ -384,7 +340,7 @@ def test_sgmat2_variants_pass_the_compiler_with_subgroup_matrices_stubbed(device
 def test_sgmat2_stub_check_catches_errors(device):
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
-    code = _stub_subgroup_matrices(_sgmat2_code(16, {}, {}, "forward", features=device.features,
+    code = stub_subgroup_matrices(_sgmat2_code(16, {}, {}, "forward", features=device.features,
                                                 compiler=device.backend.compiler))
     with pytest.raises(Exception):
         device.raw.create_shader_module(code=code.replace("let srow = row * SSF;",

@@ -201,3 +201,45 @@ def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
                           chosen.kernel, params=chosen.config.template_params("tn", True),
                           compiler="tint")
     assert "var<storage, read> a_in: array<vec4<f16>>;" in code
+
+
+SGMAT_STUB_CONFIGS = ("sg2x2-t4x4-k32-p8-s1", "sg4x2-t4x4-k16-p8-s1-a2",
+                      "sg4x4-t2x2-k16-p8-s8-a2-d")
+
+
+def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(device):
+    """Every entry point of 03_linear_sgmat.wgsl (f32 and f16 A, f32 and f16 B), staged and
+    straight stores, one and two slices in flight: what is not a subgroup-matrix call
+    compiles here, under naga and (CI's second run) Tint. The H200 is the only place the
+    kernels compile whole."""
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    from istanbul.shaders import source
+    from tests.subgroup_matrix_stub import stub_subgroup_matrices
+    wgsl = source.load_file(linear.FILE_SGMAT)
+    assert len(wgsl.kernels) == 10
+    for config in SGMAT_STUB_CONFIGS:
+        cfg = linear.SgmatConfig.parse(config)
+        for name in wgsl.kernels:
+            params = cfg.template_params(name.split("_")[1], "_a16" in name)
+            code = stub_subgroup_matrices(source.compose(
+                device.features, wgsl, name, params=params, compiler=device.backend.compiler))
+            try:
+                device.raw.create_shader_module(label=f"sgmat stub {name}", code=code)
+            except Exception as exc:
+                raise AssertionError(f"{name} [{config}]: {exc}") from None
+
+
+def test_the_matmul_stub_check_catches_errors(device):
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    from istanbul.shaders import source
+    from tests.subgroup_matrix_stub import stub_subgroup_matrices
+    cfg = linear.SgmatConfig.parse(SGMAT_STUB_CONFIGS[0])
+    code = stub_subgroup_matrices(source.compose(
+        device.features, source.load_file(linear.FILE_SGMAT), "matmul_nn_a16_sgmat",
+        params=cfg.template_params("nn", True), compiler=device.backend.compiler))
+    assert "var v = vec4<f16>();" in code
+    with pytest.raises(Exception):   # an f32 value into the f16 staging variable
+        device.raw.create_shader_module(code=code.replace("var v = vec4<f16>();",
+                                                          "var v = vec4<f32>();"))

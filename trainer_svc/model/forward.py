@@ -244,7 +244,7 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
     """Embedding and every block (see the module docstring) for B*T tokens at positions
     pos0..; the last block writes `x_final`. `caches` (generation, B == 1): a KVCache per
     layer, written at pos0..pos0+T-1; T > 1 is a prefill (pos0 == 0), T == 1 a decode step."""
-    n, d, kv = B * T, cfg.d_model, cfg.kv_dim
+    n, d, kv, f = B * T, cfg.d_model, cfg.kv_dim, cfg.ffn_hidden
     H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     if caches is not None and (B != 1 or (T > 1 and pos0 != 0)):
         raise ValueError("KV-cache forward: one sequence, and a prefill starts at position 0")
@@ -263,34 +263,36 @@ def record_blocks(rec, cfg: ModelConfig, weights: Weights, acts: list, x_final, 
             linear.matmul_nt(rec, L.h, weights.w(pre + "wq"), qkv.q, n, d, d, **fm)
             linear.matmul_nt(rec, L.h, weights.w(pre + "wk"), qkv.k, n, kv, d, **fm)
             linear.matmul_nt(rec, L.h, weights.w(pre + "wv"), qkv.v, n, kv, d, **fm)
-        if L.heads is not None:
+        if L.heads is not None:   # training: q, k, v head-major for the attention kernels
             if caches is not None:
                 raise ValueError("KV-cache forward: head-major blocks are for training")
             record_heads(rec, cfg, qkv, L.heads, B, T, rope_table, pos0)
             hq, hkv = head_strides(cfg, T)
             attention.forward(rec, L.heads.q, L.heads.k, L.heads.v, L.a, L.lse, B, T, H, KV,
                               hd, q_stride=hq, kv_stride=hkv, tensor_cores=tensor_cores)
-            linear.matmul_nt(rec, L.a, weights.w(pre + "wo"), L.xa, n, d, d, residual=L.x,
-                             **fm)
-            record_ffn(rec, cfg, weights, L, i, x_out, n, fm)
-            continue
-        rope.forward(rec, qkv.q, rope_table, B, T, H, hd, pos_offset=pos0,
-                     token_stride=qkv.stride)
-        rope.forward(rec, qkv.k, rope_table, B, T, KV, hd, pos_offset=pos0,
-                     token_stride=qkv.stride)
-        if caches is not None:
-            c = caches[i]
-            decode.cache_write(rec, qkv.k, qkv.v, c.k, c.v, 1, T, KV, hd, pos=pos0,
-                               t_max=c.t_max, src_stride=qkv.stride)
-        if caches is not None and T == 1:   # the new token's query against every position
-            decode.attention(rec, qkv.q, caches[i].k, caches[i].v, L.a, 1, H, KV, hd,
-                             n_ctx=pos0 + 1, t_max=caches[i].t_max, q_stride=qkv.stride)
         else:
-            attention.forward(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, B, T, H, KV, hd,
-                              q_stride=qkv.stride, kv_stride=qkv.stride,
-                              tensor_cores=tensor_cores)
+            rope.forward(rec, qkv.q, rope_table, B, T, H, hd, pos_offset=pos0,
+                         token_stride=qkv.stride)
+            rope.forward(rec, qkv.k, rope_table, B, T, KV, hd, pos_offset=pos0,
+                         token_stride=qkv.stride)
+            if caches is not None:
+                c = caches[i]
+                decode.cache_write(rec, qkv.k, qkv.v, c.k, c.v, 1, T, KV, hd, pos=pos0,
+                                   t_max=c.t_max, src_stride=qkv.stride)
+            if caches is not None and T == 1:   # the new token's query against every position
+                decode.attention(rec, qkv.q, caches[i].k, caches[i].v, L.a, 1, H, KV, hd,
+                                 n_ctx=pos0 + 1, t_max=caches[i].t_max, q_stride=qkv.stride)
+            else:
+                attention.forward(rec, qkv.q, qkv.k, qkv.v, L.a, L.lse, B, T, H, KV, hd,
+                                  q_stride=qkv.stride, kv_stride=qkv.stride,
+                                  tensor_cores=tensor_cores)
         linear.matmul_nt(rec, L.a, weights.w(pre + "wo"), L.xa, n, d, d, residual=L.x, **fm)
-        record_ffn(rec, cfg, weights, L, i, x_out, n, fm)
+        rmsnorm.forward(rec, L.xa, weights.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
+                        cfg.norm_eps)
+        linear.matmul_nt(rec, L.h2, weights.w13(i), L.gu, n, 2 * f, d, **fm)
+        activations.swiglu_forward(rec, L.gu, L.s, n, f)
+        linear.matmul_nt(rec, L.s, weights.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
+                         **fm)
 
 
 def record_heads(rec, cfg: ModelConfig, qkv: QKV, heads: Heads, B: int, T: int, rope_table,
@@ -303,15 +305,3 @@ def record_heads(rec, cfg: ModelConfig, qkv: QKV, heads: Heads, B: int, T: int, 
     rope.forward(rec, qkv.k, rope_table, B, T, KV, hd, pos_offset=pos0,
                  token_stride=qkv.stride, out=heads.k, out_strides=hkv)
     basic.copy_heads(rec, qkv.v, heads.v, B, T, KV, hd, token_strides(qkv, KV, cfg, T), hkv)
-
-
-def record_ffn(rec, cfg: ModelConfig, weights: Weights, L: BlockActs, i: int, x_out,
-               n: int, fm: dict) -> None:
-    """The block's second half: x_out = xa + SwiGLU(rmsnorm(xa)) · Wdownᵀ."""
-    d, f, pre = cfg.d_model, cfg.ffn_hidden, f"layers.{i}."
-    rmsnorm.forward(rec, L.xa, weights.p(pre + "ffn_norm"), L.h2, L.rstd2, n, d,
-                    cfg.norm_eps)
-    linear.matmul_nt(rec, L.h2, weights.w13(i), L.gu, n, 2 * f, d, **fm)
-    activations.swiglu_forward(rec, L.gu, L.s, n, f)
-    linear.matmul_nt(rec, L.s, weights.w(pre + "w_down"), x_out, n, d, f, residual=L.xa,
-                     **fm)

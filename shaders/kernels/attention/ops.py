@@ -27,8 +27,9 @@ scale defaults to 1/sqrt(D). The backward writes (never accumulates) dq, dk, dv;
 prep dispatch (dvec = rowsum(do * o) into a scratch buffer), the dQ kernel and the dK/dV
 kernel (which sums the H/Hkv query heads of each kv head itself: deterministic, no atomics).
 When dk and dv are overlapping views of one buffer (the fused layout), the dK/dV kernel
-writes dv to a scratch buffer and `basic.copy_rows` moves it into place: WebGPU forbids two
-writable bindings with overlapping ranges.
+writes dv to a scratch buffer and `copy_kv` (basic.copy_heads) moves it into place: WebGPU
+forbids two writable bindings with overlapping ranges. (The trainer binds head-major q, k, v
+and separate gradient buffers, so it never needs that copy.)
 
 Kernels. The fast path (05_attention_tiled.wgsl: 4 x 4 score blocks per invocation, vec4
 workgroup tiles, the next tile's global loads prefetched into registers during this tile's
@@ -685,7 +686,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
                      grid2d(dev, op, ceil_div(T, c_dq["BQ"]), B * H),
                      label="attention_backward_dq")
     # WebGPU forbids overlapping writable bindings: dk and dv interleaved in one fused
-    # gradient buffer get dv through a scratch buffer of the same layout, then copy_rows.
+    # gradient buffer get dv through a scratch buffer of the same layout, then copy_kv.
     dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
     t_kv = choose_config(dev, "dkv", T, D, config_dkv) if ready and tiles_dkv is None else None
     if t_kv is not None:

@@ -1,0 +1,55 @@
+"""Subgroup-matrix kernels as plain WGSL, for the local compilers (tests).
+
+Neither lavapipe nor naga has subgroup matrices, so the tensor-core kernels never reach a
+compiler in CI. `stub_subgroup_matrices` turns each matrix into a scalar of its element type
+(a load reads one element of its footprint, a store writes one, a product is an fma): what
+remains is the kernel's own WGSL, which naga and Tint then check like any other module.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def call_args(text: str, start: int):
+    """The arguments of the call whose '(' is at text[start], and the index after its ')'."""
+    depth, args, cur = 0, [], start + 1
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+            if depth == 0:
+                args.append(text[cur:i].strip())
+                return args, i + 1
+        elif ch == "," and depth == 1:
+            args.append(text[cur:i].strip())
+            cur = i + 1
+    raise AssertionError("unbalanced call")
+
+
+def stub_subgroup_matrices(code: str) -> str:
+    """The kernel with subgroup matrices as scalars: a load reads the last element of its
+    16 x 16 footprint (offset + 15 * stride + 15), a store writes it, a product is an fma.
+    What remains is the kernel's own WGSL, for the local compiler to check."""
+    code = code.replace("subgroup_matrix_result<f32, 16, 16>", "f32")
+    code = re.sub(r"subgroup_matrix_(left|right)<f16, 16, 16>", "f16", code)
+    call = re.compile(r"subgroupMatrix(Load<(f16|f32)>|Store|MultiplyAccumulate)\(")
+    out, i = [], 0
+    while (m := call.search(code, i)) is not None:
+        out.append(code[i:m.start()])
+        a, i = call_args(code, m.end() - 1)
+        if m.group(1) == "MultiplyAccumulate":
+            out.append(f"fma(f32({a[0]}), f32({a[1]}), {a[2]})")
+        elif m.group(1) == "Store":
+            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[4]}) + 15u] = "
+                       f"{a[2]} + f32(select(0, 1, {a[3]}))")
+        else:   # a load of the matrix's element type (f16 operands, f32 results)
+            out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[3]}) + 15u] * "
+                       f"{m.group(2)}(select(0, 1, {a[2]}))")
+    out.append(code[i:])
+    stubbed = "".join(out)
+    body = "\n".join(line.split("//")[0] for line in stubbed.split("\n"))
+    assert "subgroupMatrix" not in body and "subgroup_matrix" not in body
+    return stubbed
