@@ -175,22 +175,22 @@ class Kernel:
     def bind_group(self, resources) -> object:
         """Bind group for these resources (cached: reusing it costs nothing)."""
         key = []
-        entries = []
         for i, res in enumerate(resources):
             if isinstance(res, BufferView):
-                buf, offset, size = res.buffer, res.offset, res.nbytes
+                key.append((res.buffer.serial, res.offset, res.nbytes))
             elif isinstance(res, Buffer):
-                buf, offset, size = res, 0, res.nbytes
+                key.append((res.serial, 0, res.nbytes))
             else:
                 raise TypeError(f"{self}: binding {i} is {type(res).__name__}, "
                                 "expected Buffer or BufferView")
-            key.append((buf.serial, offset, size))
-            entries.append({"binding": i, "resource": {"buffer": buf.raw, "offset": offset,
-                                                       "size": size}})
         key = tuple(key)
         group = self._groups.get(key)
-        if group is None:
+        if group is None:   # the entries only for a new group: a hit builds no dicts
             self._check_hazards(key)
+            entries = [{"binding": i, "resource": {
+                "buffer": (res.buffer if isinstance(res, BufferView) else res).raw,
+                "offset": offset, "size": size}}
+                for i, (res, (_, offset, size)) in enumerate(zip(resources, key))]
             group = self.device.raw.create_bind_group(layout=self.layout, entries=entries)
             self._groups[key] = group
             if len(self._groups) > 4096:

@@ -374,18 +374,43 @@ def test_bytes_documents_packed_when_all_valid(chunked):
 
 
 def test_a_small_request_with_a_long_piece_stays_on_the_fast_path(chunked, device, monkeypatch):
-    """On GPUs a lone small document whose one long piece (a comment rule of 80 dashes) needs
-    the long-piece merge gets it in its one submit, with grids sized by the document (forced
-    here on lavapipe as above): no slow-path round trips, tiktoken's ids."""
+    """On GPUs, with inline_min_bytes 0, a lone small document whose one long piece (a comment
+    rule of 80 dashes) needs the long-piece merge gets it in its one submit, with grids sized
+    by the document (forced here on lavapipe as above): no slow-path round trips, tiktoken's
+    ids."""
     _, small, tik = chunked
     gpu_like = GpuEncoder(device, small.tables, small.pattern)
     gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
     gpu_like.k_long_sg = None
-    assert gpu_like.inline_min_bytes == 0 and gpu_like.inline_long_for(200)
+    gpu_like.inline_min_bytes = 0
+    assert gpu_like.inline_long_for(200)
     monkeypatch.setattr(gpu_like, "_finish_slow", lambda *a: pytest.fail("slow path taken"))
     for doc in ["# " + "-" * 80 + "\ncode = 1\n", "short, no long piece", "=" * 65]:
         ids, offsets = gpu_like.encode_docs(*_packed([doc]))
         assert ids.tolist() == tik.encode_ordinary(doc), doc
+
+
+def test_small_chunks_leave_long_pieces_to_the_slow_path(chunked, device, monkeypatch):
+    """By default (INLINE_MIN_BYTES) a GPU chunk under 4 KB records no long-piece dispatches:
+    a lone small request waits for every dispatch of its submit, and a long piece in it is
+    rare. Such a piece takes the slow path (tiktoken's ids all the same); a small document
+    without one, or a chunk of at least 4 KB with one, stays on the fast path."""
+    _, small, tik = chunked
+    gpu_like = GpuEncoder(device, small.tables, small.pattern)
+    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
+    gpu_like.k_long_sg = None
+    assert gpu_like.inline_min_bytes == 4096
+    assert not gpu_like.inline_long_for(4095) and gpu_like.inline_long_for(4096)
+    slow = []
+    finish_slow = gpu_like._finish_slow
+    monkeypatch.setattr(gpu_like, "_finish_slow", lambda *a: slow.append(1) or finish_slow(*a))
+    big = "# " + "-" * 80 + "\n" + "word " * 1000
+    for doc, slow_paths in [("# " + "-" * 80 + "\ncode = 1\n", 1), ("short, no long piece", 0),
+                            (big, 0)]:
+        slow.clear()
+        ids, offsets = gpu_like.encode_docs(*_packed([doc]))
+        assert ids.tolist() == tik.encode_ordinary(doc), doc[:40]
+        assert len(slow) == slow_paths, doc[:40]
 
 
 @pytest.mark.parametrize("threads", [2, 3, 5])

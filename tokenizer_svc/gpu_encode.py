@@ -19,8 +19,10 @@ Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
     write text + document starts                       (host; overlaps the previous chunk)
     bpe_fill_none -> bpe_cuts (-> bpe_digit_cuts) -> bpe_pretok   (bpe_encode.wgsl)
-    scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl)
-    copy counters, document offsets and a guess of the ids into a mapped staging buffer
+    scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl;
+        one bpe_scan_compact dispatch for chunks of at most SMALL_COMPACT_BYTES)
+    copy counters, document offsets and a guess of the ids (bpe_compact lays them out in one
+    buffer as the host reads them) into a mapped staging buffer: one copy
 
 then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
 copied out, so the host's copy runs while the GPU works. The number of Python operations is
@@ -70,6 +72,8 @@ from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, 
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
+COUNTER_WORDS = 8   # the counters (bpe_encode.wgsl), first in bpe_compact's `out` and staging
+SMALL_COMPACT_BYTES = 4095   # bpe_compact.wgsl SMALL_BYTES: one-workgroup scan + compact
 PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
 DIGIT_GROUP_PATTERNS = ("cl100k", "o200k")   # \p{N}{1,3}: bpe_digit_cuts cuts their runs
 WG = 64
@@ -120,10 +124,12 @@ MAX_RESUME_DISPATCHES = 64
 # run grid-stride.
 INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
 # Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
-# path (at least four more round trips). 0: every chunk merges them in its one submit; the
-# three dispatches cost a small chunk one workgroup each of reading a zero count, less than
-# one round trip (dev/tokenize_host_probe.py case e measures both on a GPU).
-INLINE_MIN_BYTES = 0
+# path (more round trips). A lone small request waits for every dispatch of its submit, so
+# the four long-piece dispatches (each one workgroup reading a zero count) cost it more than
+# the rare slow path: H200, a lone 1 KB text per call, p50 0.98 -> 0.84 ms (o200k), 0.55 ->
+# 0.48 (gpt2), 1% of bench/service.py's 1 KB texts then took the slow path
+# (dev/lone_ops_probe.py, dev/results/lone_ops/). 0: every chunk merges them in its submit.
+INLINE_MIN_BYTES = 4096
 # Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES take
 # TINY_CHUNK, below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that
 # needs at most FILL_INVOCATIONS invocations for one pipeline chunk of the call. Each
@@ -172,6 +178,11 @@ PIPELINE_RAMP = 2
 # smaller chunks use queue.write_buffer (one thread; a map for writing costs a round trip,
 # more than a small copy). write_buffer took 9 ms of a 67 MB gpt2 encode on the H200.
 MAPPED_TEXT_BYTES = 4 << 20
+# A text of at most this many bytes whose length is not a multiple of 4 is padded in a host
+# copy and written at once, not as its whole words plus a tail: each queue.write_buffer is
+# one more copy in the GPU's queue before the chunk's dispatches (~12 us each on the H200,
+# dev/lone_ops_probe.py's floor rows), and the copy here costs less up to this size.
+ONE_WRITE_TEXT_BYTES = 256 << 10
 
 
 class BoundaryError(RuntimeError):
@@ -265,6 +276,7 @@ class GpuEncoder:
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
+        self.k_scan_compact = device.kernel(COMPACT_FILE, "bpe_scan_compact")
         self.vocab_buf = device.upload(tables.vocab_words, label="bpe vocab")
         self.pairs_buf = device.upload(tables.pairs, label="bpe pairs")
         self.classes_buf = device.upload(tables.classes, label="unicode classes")
@@ -320,6 +332,11 @@ class GpuEncoder:
         if n < self.mapped_text_bytes:
             if isinstance(data, PackedRange):
                 data = data.array()   # a small range: joined, then written (fewer calls)
+            if n > aligned and n <= ONE_WRITE_TEXT_BYTES:   # padded on the host: one write
+                padded = np.zeros(words, np.uint8)
+                padded[:n] = data
+                self.device.queue.write_buffer(text.raw, 0, padded)
+                return None
             if aligned:
                 self.device.queue.write_buffer(text.raw, 0, data[:aligned])
             if n > aligned:
@@ -578,10 +595,12 @@ class GpuEncoder:
     def _record_compact(self, rec, chunk) -> None:
         n, n_docs = chunk.n, chunk.n_docs
         cparams = self.uniforms.get("compact", "IIII", n, n_docs, 0, 0)
+        binds = [chunk.tok_buf, chunk.excl, chunk.starts, chunk.counters, chunk.out, cparams]
+        if n <= SMALL_COMPACT_BYTES:
+            rec.dispatch(self.k_scan_compact, binds, 1, "scan_compact")
+            return
         self.scan.record(rec, chunk.tok_buf, n, chunk.excl, mode=1)
-        rec.dispatch(self.k_compact, [chunk.tok_buf, chunk.excl, chunk.starts, chunk.ids_buf,
-                                      chunk.doc_off, cparams],
-                     -(-max(n, n_docs + 1) // 256), "compact")
+        rec.dispatch(self.k_compact, binds, -(-max(n, n_docs + 1) // 256), "compact")
 
     def _finish_slow(self, chunk, n_long: int, long_words: int, unfinished: int,
                      failed: int = 0) -> None:
@@ -613,8 +632,10 @@ class GpuEncoder:
                 self._record_compact(rec, chunk)
             self.last_profile.add_gpu(rec.gpu_times)
             t0 = time.perf_counter()
-            chunk.total = int(dev.download(chunk.doc_off.view(0, 4 * (chunk.n_docs + 1)),
-                                           np.uint32)[-1])
+            # the last document offset (views start on the device's offset alignment)
+            align = int(dev.limits.get("min-storage-buffer-offset-alignment", 256))
+            lo = (chunk.ids_at - 4) // align * align
+            chunk.total = int(dev.download(chunk.out.view(lo, chunk.ids_at - lo), np.uint32)[-1])
             self.last_profile.readback_s += time.perf_counter() - t0
         # the whole result into the slot's staging buffer (grown if need be) and mapped, as
         # on the fast path: the ids are copied once on the host, by _collect_start
@@ -622,9 +643,7 @@ class GpuEncoder:
         size = chunk.ids_at + 4 * chunk.total
         chunk.staging = self.staging(chunk.slot, size)
         with dev.record("bpe readback") as rec:
-            rec.copy(chunk.doc_off, chunk.staging, 4 * (chunk.n_docs + 1), dst_offset=32)
-            if chunk.total:
-                rec.copy(chunk.ids_buf, chunk.staging, 4 * chunk.total, dst_offset=chunk.ids_at)
+            rec.copy(chunk.out, chunk.staging, size)
         map_staging(chunk.staging, size)
         chunk.mapped = True
         view = chunk.staging.raw.read_mapped(0, size, copy=False)
@@ -855,13 +874,12 @@ class _Chunk:
         self.text_up = enc.write_text(slot, self.text, data)   # copied at dispatch, if any
         self.starts = pool.get(f"starts{slot}", 4 * (self.n_docs + 1))
         self.starts.write(starts.astype(np.uint32))
-        self.counters = pool.get(f"counters{slot}", 32)
-        self.counters.write(np.zeros(8, np.uint32))
+        self.counters = pool.get(f"counters{slot}", 4 * COUNTER_WORDS)   # bpe_fill_none zeroes
         enc.last_profile.upload_s += time.perf_counter() - t0
         self.guess = 0
         self.staging = None   # taken at dispatch: the slot's chunk before may still be mapped
         self.inline_long = enc.inline_long_for(self.n)
-        self.ids_at = 32 + 4 * (self.n_docs + 1)
+        self.ids_at = 4 * (COUNTER_WORDS + self.n_docs + 1)   # in `out` and the staging
         self.offsets = self.ids_view = None
         self.total = 0
         self.mapped = False
@@ -882,17 +900,13 @@ class _Chunk:
         self.tok_buf = pool.get("tok_buf", 4 * self.n)
         self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
         self.excl = pool.get("excl", 4 * (self.n + 1))
-        self.ids_buf = pool.get("ids", 4 * self.n)
-        self.doc_off = pool.get("doc_off", 4 * (self.n_docs + 1))
+        self.out = pool.get("out", self.ids_at + 4 * self.n)   # counters, offsets, ids
         with enc.device.record("bpe encode", timing=enc.profile) as rec:
             if self.text_up is not None:
                 rec.copy(self.text_up, self.text, -(-self.n // 4) * 4)
             enc._record_encode(rec, self)
             enc._record_compact(rec, self)
-            rec.copy(self.counters, self.staging, 32)
-            rec.copy(self.doc_off, self.staging, 4 * (self.n_docs + 1), dst_offset=32)
-            if self.guess:
-                rec.copy(self.ids_buf, self.staging, 4 * self.guess, dst_offset=self.ids_at)
+            rec.copy(self.out, self.staging, self.ids_at + 4 * self.guess)
         enc.last_profile.add_gpu(rec.gpu_times)
 
     def wait(self) -> None:

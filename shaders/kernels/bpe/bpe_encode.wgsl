@@ -3,7 +3,7 @@
 // Output: tok_buf[i] = id of the token that starts at byte i of the input, NONE elsewhere;
 // bpe_compact.wgsl then compacts it into ids. The reference is tokenizer_svc/reference.py.
 //
-//   bpe_fill_none     tok_buf[i] = NONE for i < n_bytes                     (one per byte)
+//   bpe_fill_none     tok_buf[i] = NONE for i < n_bytes, counters = 0       (one per byte)
 //   bpe_cuts          per chunk of `chunk` bytes: its first provable piece boundary (or NONE)
 //                     and a summary of its characters for skipping long runs  (one per chunk)
 //   bpe_digit_cuts    (cl100k, o200k) per chunk inside a run of digits: a cut at a digit
@@ -127,6 +127,7 @@
 // the run jumps over it (run scans are O(run / chunk + chunk)).
 
 const NONE: u32 = 0xffffffffu;
+const COUNTER_WORDS: u32 = 8u;   // counters' length (tokenizer_svc/gpu_encode.py)
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged by one invocation
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
@@ -972,6 +973,9 @@ fn bpe_fill_none(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     touch_all();
     let i = linear_index(wg, nwg, lid);
     if (i < p.n_bytes) { tok_buf[i] = NONE; }
+    // the counters start at zero here: the host writes nothing per call (a write is one more
+    // GPU operation that a lone small request waits for)
+    if (i < COUNTER_WORDS) { atomicStore(&counters[i], 0u); }
 }
 
 // --- KERNEL: bpe_cuts ---

@@ -71,6 +71,8 @@ def _docs(rng, variant: str) -> list[str]:
         n_docs, words = 2000, 400   # ~4 MB
     elif variant == "many":
         n_docs, words = 3000, 2
+    elif variant == "small":   # < 4 KB: bpe_scan_compact's one-workgroup path
+        n_docs, words = 4, 60
     else:
         n_docs, words = 40, 60
     docs = []
@@ -131,9 +133,9 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
                                                   "bpe_long_stitch", "bpe_long_copy",
                                                   "bpe_merge_pieces")] +
-                [("bpe_compact.wgsl", "bpe_compact")],
+                [("bpe_compact.wgsl", k) for k in ("bpe_compact", "bpe_scan_compact")],
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
-        variants=("random", "unicode", "long", "many"),
+        variants=("random", "unicode", "long", "many", "small"),
         bytes=lambda inp: 21.0 * len(inp["data"])))
 
 
