@@ -11,7 +11,8 @@ Rows (p50 ms of N back-to-back calls, the regime of tokenize_bench's lone docume
   encode         Encoding.encode_batch_flat of one 1 KB text per call (bench/service.py's
                  texts, in turn) per vocabulary, as shipped and with variants set on the
                  live encoder: `no-inline-long` (inline_min_bytes above the call: the four
-                 long-piece dispatches only on the slow path, when a piece needs them)
+                 long-piece dispatches only on the slow path, when a piece needs them) and
+                 `inline-long` (inline_min_bytes 0: recorded in every submit)
   gpu            GPU timestamps per dispatch label (profile=True), mean per call, per variant
 Writes DIR/lone_ops.md and .json.
 """
@@ -94,6 +95,7 @@ def encode_rows(enc, texts, calls: int) -> dict:
 VARIANTS = {
     "shipped": {},
     "no-inline-long": {"inline_min_bytes": 1 << 20},
+    "inline-long": {"inline_min_bytes": 0},
 }
 
 
