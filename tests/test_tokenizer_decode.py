@@ -115,9 +115,9 @@ def test_decode_batch_packs_whole_documents_into_calls(pair, monkeypatch):
     batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
     decoder = enc.backend.decoder
     calls = []   # documents per packed call
-    real_start = decoder._start
-    monkeypatch.setattr(decoder, "_start", lambda ids, starts=None, slot=0: calls.append(
-        None if starts is None else starts.size - 1) or real_start(ids, starts, slot))
+    real_call = decoder._call
+    monkeypatch.setattr(decoder, "_call", lambda ids, starts=None: calls.append(
+        None if starts is None else starts.size - 1) or real_call(ids, starts))
     monkeypatch.setattr(decoder, "max_call_ids", 12)
     assert len(batch[3]) > 12 and sum(len(b) for b in batch) - len(batch[3]) > 12
     assert enc.decode_bytes_batch(batch) == [d.encode() for d in docs]
@@ -233,34 +233,3 @@ def test_decode_bytes_batch_flat_inverts_encode_batch_flat(pair):
     assert (info.value.document, info.value.position) == (1, 1)
     cpu = get_encoding(enc.vocab, device="cpu")
     assert cpu.decode_bytes_batch_flat(ids, offsets) == want
-
-
-@pytest.mark.parametrize("mapped, threads", [(False, 1), (True, 1), (True, 3)])
-def test_decode_calls_run_as_a_two_slot_pipeline(pair, monkeypatch, mapped, threads):
-    """decode_docs keeps two calls in flight (PIPELINE_IDS; forced small here): the next
-    call's ids are written (by copy threads, into a mapped upload buffer, when `mapped`)
-    while this call's documents are read. The same bytes; both slots' staging buffers used;
-    a bad id in a later call named by its document and position, with nothing left mapped
-    (the next decode works); calls whose bytes overflow a binding split inside the
-    pipeline."""
-    enc, tik = pair
-    decoder = enc.backend.decoder
-    monkeypatch.setattr(decoder, "mapped_upload_ids", 1 if mapped else 1 << 30)
-    monkeypatch.setattr(decoder, "upload_threads", threads)
-    monkeypatch.setattr(decoder, "parallel_upload_ids", 1)
-    docs = [d[:300] for d in corpus_docs()[:16]] + MULTILINGUAL + ["", "x"]
-    batch = [np.array(tik.encode_ordinary(d), np.uint32) for d in docs]
-    per_call = 2 * max(b.size for b in batch)   # a few documents per call, many calls
-    monkeypatch.setattr(decoder, "pipeline_ids", per_call)
-    assert sum(b.size for b in batch) > 6 * per_call
-    want = [d.encode() for d in docs]
-    assert enc.decode_bytes_batch(batch) == want
-    assert all(buf is not None for buf in decoder._staging)
-    bad = [b.copy() for b in batch]
-    bad[7][3] = enc.n_vocab + 5
-    with pytest.raises(InvalidTokenError) as info:
-        enc.decode_bytes_batch(bad)
-    assert (info.value.document, info.value.position) == (7, 3)
-    assert enc.decode_bytes_batch(batch[:4]) == want[:4]
-    monkeypatch.setattr(decoder, "max_out_bytes", 64)
-    assert enc.decode_bytes_batch(batch) == want
