@@ -296,3 +296,23 @@ def test_keep_clock_flag_errors_are_clear(argv, message):
     ok = config_from_args(parser.parse_args(["serve", "--vocab", "v.tiktoken", "--workers", "2",
                                              "--gpu-keep-clock", "2.5"]))
     assert ok.gpu_keep_clock_s == 2.5
+
+
+def test_a_connection_attached_as_the_host_stops_is_closed_not_left_waiting(tiny_encoding):
+    """A worker's connection accepted while the host stops (attached after its loop ended,
+    or before the loop watched it) is closed: the worker sees EOF instead of waiting for
+    ever for a reply (a CI run hung 900 s in the reachability test on that race)."""
+    host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20)
+    watched, worker_side = Pipe()
+    host.attach(watched)          # attached, never watched: the loop stops at once
+    host.stop()
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    loop.join(30)
+    assert not loop.is_alive()
+    late, late_worker = Pipe()
+    host.attach(late)             # after the loop ended
+    for conn in (worker_side, late_worker):
+        assert conn.poll(5)
+        with pytest.raises(EOFError):
+            conn.recv()

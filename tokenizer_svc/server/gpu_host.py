@@ -239,12 +239,18 @@ class GpuHost:
         self._new_lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
+        self._closed = False   # serve_forever has ended: attach closes what it is given
         self.rounds = 0
 
     def attach(self, conn) -> None:
         """Watch `conn` (a worker's accepted connection) from the next round on."""
         with self._new_lock:
-            self._new.append(conn)
+            if not self._closed:
+                self._new.append(conn)
+                conn = None
+        if conn is not None:   # the loop has ended: no one would ever answer it
+            conn.close()
+            return
         self._wake()
 
     def stop(self) -> None:
@@ -288,7 +294,12 @@ class GpuHost:
                         self.keeper.used()
                     self.run_round(messages)
         finally:
-            for conn in self._conns:
+            # the connections attached but not yet watched too: a worker waiting on one
+            # would otherwise wait for ever (its reply never comes, its socket stays open)
+            with self._new_lock:
+                self._closed = True
+                pending, self._new = self._new, []
+            for conn in self._conns + pending:
                 conn.close()
             self._wake_r.close()
             self._wake_w.close()
