@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,10 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.service import load_corpus, make_texts  # noqa: E402
-
-
-def p50(samples) -> float:
-    return statistics.median(samples[len(samples) // 10:]) * 1e3
+from dev.lone_encode_phases import p50  # noqa: E402   (the same statistic as that probe)
 
 
 def floor_rows(device, calls: int) -> dict:

@@ -632,10 +632,8 @@ class GpuEncoder:
                 self._record_compact(rec, chunk)
             self.last_profile.add_gpu(rec.gpu_times)
             t0 = time.perf_counter()
-            # the last document offset (views start on the device's offset alignment)
-            align = int(dev.limits.get("min-storage-buffer-offset-alignment", 256))
-            lo = (chunk.ids_at - 4) // align * align
-            chunk.total = int(dev.download(chunk.out.view(lo, chunk.ids_at - lo), np.uint32)[-1])
+            # counters and document offsets; the last offset is the total
+            chunk.total = int(dev.download(chunk.out.view(0, chunk.ids_at), np.uint32)[-1])
             self.last_profile.readback_s += time.perf_counter() - t0
         # the whole result into the slot's staging buffer (grown if need be) and mapped, as
         # on the fast path: the ids are copied once on the host, by _collect_start
@@ -648,7 +646,7 @@ class GpuEncoder:
         chunk.mapped = True
         view = chunk.staging.raw.read_mapped(0, size, copy=False)
         chunk.offsets = np.frombuffer(view, np.uint32, count=chunk.n_docs + 1,
-                                      offset=32).astype(np.int64)
+                                      offset=4 * COUNTER_WORDS).astype(np.int64)
         chunk.ids_view = np.frombuffer(view, np.uint32, count=chunk.total, offset=chunk.ids_at)
         self.last_profile.readback_s += time.perf_counter() - t0
 
@@ -919,9 +917,10 @@ class _Chunk:
         map_staging(self.staging, self.ids_at + 4 * self.guess)
         self.mapped = True
         view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
-        counters = np.frombuffer(view, np.uint32, count=8)
+        counters = np.frombuffer(view, np.uint32, count=COUNTER_WORDS)
         n_long, long_words, overruns, unfinished, _, failed = (int(v) for v in counters[:6])
-        offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1, offset=32)
+        offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1,
+                                offset=4 * COUNTER_WORDS)
         self.offsets = offsets.astype(np.int64)
         self.total = int(self.offsets[-1])
         enc.last_profile.readback_s += time.perf_counter() - t0
