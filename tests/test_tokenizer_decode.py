@@ -176,18 +176,19 @@ def test_slices_of_one_flat_encode_decode_without_a_join(pair):
     assert (info.value.document, info.value.position) == (1, 3)
 
 
-@pytest.mark.parametrize("bytes_per_id, piece, threads", [(0.0, 1 << 21, 1), (4.0, 1 << 21, 3),
-                                                           (4.0, 333, 1), (4.0, 333, 3)])
+@pytest.mark.parametrize("bytes_per_id, piece, threads", [(0.0, 1 << 23, 1), (4.0, 1 << 23, 3),
+                                                           (4.0, 1332, 1), (4.0, 1332, 3)])
 def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id, piece, threads):
     """Large calls write their ids into two persistent mappable buffers in turn, copied on
     the GPU (MAPPED_UPLOAD_IDS; forced here for every call), in pieces of at most
-    upload_piece_ids (333: many pieces, a short last one), written by `threads` threads
-    (forced for every piece): the same bytes, reused buffers that grow up to a piece,
-    invalid ids still named, and the exact-size regather after a short guess."""
+    upload_piece_bytes (1332: many pieces, a short last one; 333 ids, or 666 narrowed to 16
+    bits), written by `threads` threads (forced for every piece): the same bytes, reused
+    buffers that grow up to a piece, invalid ids still named, and the exact-size regather
+    after a short guess."""
     enc, tik = pair
     decoder = enc.backend.decoder
     monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
-    monkeypatch.setattr(decoder, "upload_piece_ids", piece)
+    monkeypatch.setattr(decoder, "upload_piece_bytes", piece)
     monkeypatch.setattr(decoder, "upload_threads", threads)
     monkeypatch.setattr(decoder, "parallel_upload_ids", 1)
     monkeypatch.setattr(decoder, "_uploads", [None, None])
@@ -197,14 +198,42 @@ def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id,
         decoder.bytes_per_id = bytes_per_id
         assert enc.decode_bytes_batch(batch[:n_docs]) == [d.encode() for d in docs[:n_docs]]
     first, second = decoder._uploads
-    assert first is not None and first.nbytes <= 4 * piece
-    assert (second is not None) == (piece == 333)   # the second only for calls of many pieces
+    assert first is not None and first.nbytes <= piece
+    assert (second is not None) == (piece == 1332)   # the second only for calls of many pieces
     flat = np.concatenate(batch).tolist()
     assert enc.decode_bytes(flat) == tik.decode_bytes(flat)
     with pytest.raises(InvalidTokenError) as info:
         enc.decode_bytes_batch([batch[0], np.array([7, enc.n_vocab + 1], np.uint32)])
     assert info.value.document == 1 and info.value.position == 1
     assert enc.decode_bytes(flat[:50]) == tik.decode_bytes(flat[:50])   # after an error
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_ids_narrowed_to_16_bits_for_small_vocabularies(pair, monkeypatch, mapped):
+    """A vocabulary of at most 65,535 ids uploads its ids two per word (half the bytes); an
+    id that does not fit 16 bits must not wrap onto a valid one (65,536 + 7 is not 7): the
+    call goes again in 32-bit words and the error names the id and where it is, through
+    write_buffer and through the mapped pieces alike."""
+    enc, tik = pair
+    decoder = enc.backend.decoder
+    assert decoder.narrow_ids == (max(enc.vocab.decoder) < 0xFFFF)
+    if mapped:
+        monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
+        monkeypatch.setattr(decoder, "upload_piece_bytes", 64)
+        monkeypatch.setattr(decoder, "_uploads", [None, None])
+    doc = corpus_docs()[0] + MULTILINGUAL[0]
+    ids = np.array(tik.encode_ordinary(doc), np.uint32)
+    for n in (1, 2, 3, 33, ids.size):   # odd and even counts: the last word half empty
+        assert enc.decode_bytes(ids[:n].tolist()) == tik.decode_bytes(ids[:n].tolist())
+    if not decoder.narrow_ids:
+        pytest.skip(f"{enc.name} has more than 65,535 ids: nothing to narrow")
+    for wide in (0xFFFF, 0x10000 + 7, 0xFFFFFFFE):
+        bad = ids.copy()
+        bad[40] = wide
+        with pytest.raises(InvalidTokenError) as info:
+            enc.decode_bytes_batch_flat(bad, [0, 30, bad.size])
+        assert (info.value.token, info.value.document, info.value.position) == (wide, 1, 10)
+    assert enc.decode_bytes(ids.tolist()) == tik.decode_bytes(ids.tolist())   # after errors
 
 
 def test_decode_bytes_batch_flat_inverts_encode_batch_flat(pair):

@@ -29,7 +29,7 @@ DECODE_FILE = "bpe_decode.wgsl"
 # for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer: on the H200
 # a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a fresh staging allocation each
 # call). Smaller calls keep write_buffer: the map for writing costs a round trip, more than
-# their copy. A buffer holds at most UPLOAD_PIECE_IDS ids (8 MB): larger calls go up in
+# their copy. A buffer holds at most UPLOAD_PIECE_BYTES (8 MB): larger calls go up in
 # pieces, one submit each, the last one's copy in the decode's own submit. A buffer as large
 # as the call (128 MB per Encoding, kept) made every later small call of the process slower
 # on the H200 once two vocabularies had decoded a corpus: a lone 914 B encode took 4.7-5.3
@@ -38,8 +38,14 @@ DECODE_FILE = "bpe_decode.wgsl"
 # thread (20 ms of a 34M-id gpt2 decode); two buffers take turns, and a piece is written on
 # COPY_THREADS threads at once.
 MAPPED_UPLOAD_IDS = 1 << 18
-UPLOAD_PIECE_IDS = 1 << 21
+UPLOAD_PIECE_BYTES = 8 << 20
 PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
+# A vocabulary of at most 65,535 ids (gpt2's 50,257) gets its ids uploaded two per word:
+# half the bytes through the mapping and over the bus, the upload that held gpt2's decode
+# (16.7 of 38 ms for 34M ids on the H200). Each piece's largest id is taken while it is
+# narrowed, so an id that does not fit 16 bits (never a valid one: 0xFFFF is not either)
+# sends the call back to 32-bit words, where the GPU names the first invalid one.
+NARROW_IDS_MAX_TABLE = 0xFFFF
 
 
 class InvalidIdError(ValueError):
@@ -64,6 +70,19 @@ class _OutputTooLarge(Exception):
     """A call's bytes exceed one binding (the caller splits the call)."""
 
 
+class _WideId(Exception):
+    """An id of a narrowed (16-bit) upload does not fit 16 bits: upload 32-bit words."""
+
+
+def _narrowed(ids: np.ndarray) -> np.ndarray:
+    """uint32 ids as uint16 words, padded to whole 32-bit words (raises _WideId)."""
+    if ids.size and int(ids.max()) > 0xFFFF:
+        raise _WideId()
+    out = np.zeros(-(-ids.size // 2) * 2, np.uint16)
+    out[:ids.size] = ids
+    return out
+
+
 class GpuDecoder:
     def __init__(self, device: Device, tables: VocabTables, vocab_buf, pool: BufferPool | None = None):
         self.device = device
@@ -85,8 +104,9 @@ class GpuDecoder:
         self.bytes_per_id = 4.0   # the output guess; updated from every call
         self._staging: Buffer | None = None
         self._uploads: list[Buffer | None] = [None, None]   # MAP_WRITE | COPY_SRC, in turn
+        self.narrow_ids = tables.layout["n_table"] <= NARROW_IDS_MAX_TABLE
         self.mapped_upload_ids = MAPPED_UPLOAD_IDS
-        self.upload_piece_ids = UPLOAD_PIECE_IDS
+        self.upload_piece_bytes = UPLOAD_PIECE_BYTES
         self.upload_threads = COPY_THREADS
         self.parallel_upload_ids = PARALLEL_UPLOAD_IDS
         self._copier = ParallelCopy("istanbul-ids-upload")
@@ -164,35 +184,64 @@ class GpuDecoder:
                                                usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
         return self._staging
 
-    def _mapped_upload(self, ids: np.ndarray, ids_buf: Buffer) -> tuple[Buffer, int, int]:
-        """Write `ids` into `ids_buf` through the two persistent upload buffers, in turn (see
-        MAPPED_UPLOAD_IDS): a piece is written into a mapped buffer on upload_threads threads
-        and, but for the last, copied by a submit of its own; mapping a buffer again waits
-        only for its own last copy, so writing one piece overlaps the GPU's copy of the one
-        before. Returns (buffer, ids_buf byte offset, bytes) of the last piece, which the
-        caller's submit copies."""
+    def _mapped_upload(self, ids: np.ndarray, ids_buf: Buffer,
+                       narrow: bool) -> tuple[Buffer, int, int]:
+        """Write `ids` (narrow: as 16-bit halves, raising _WideId for an id that does not
+        fit) into `ids_buf` through the two persistent upload buffers, in turn (see
+        MAPPED_UPLOAD_IDS): a piece is written into a mapped buffer on upload_threads
+        threads and, but for the last, copied by a submit of its own; mapping a buffer
+        again waits only for its own last copy, so writing one piece overlaps the GPU's copy
+        of the one before. Returns (buffer, ids_buf byte offset, bytes) of the last piece,
+        which the caller's submit copies."""
         n = int(ids.size)
-        piece = max(1, min(n, self.upload_piece_ids))
+        width = 2 if narrow else 4
+        # an even number of ids per piece: every piece but the last fills whole words
+        piece = max(2, min(-(-n // 2) * 2, self.upload_piece_bytes // width // 2 * 2))
         for turn in (0, 1) if n > piece else (0,):
             buf = self._uploads[turn]
-            if buf is None or buf.nbytes < 4 * piece:
+            if buf is None or buf.nbytes < width * piece:
                 if buf is not None:
                     buf.destroy()
                 self._uploads[turn] = self.device.buffer(
-                    4 * piece, np.uint32, label=f"bpe decode upload {turn}",
+                    width * piece, np.uint8, label=f"bpe decode upload {turn}",
                     usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
+        highest = [0]
+
+        def narrow_part(dst: np.ndarray, src: np.ndarray, lo: int, hi: int) -> int:
+            dst[lo:hi] = src[lo:hi]   # truncates; the slice's largest id says whether it may
+            return int(src[lo:hi].max()) if hi > lo else 0
+
+        def copy(dst: np.ndarray, src: np.ndarray) -> None:
+            if narrow:
+                highest.extend(self._copier.map(lambda lo, hi: narrow_part(dst, src, lo, hi),
+                                                int(src.size), self.upload_threads,
+                                                self.parallel_upload_ids))
+            else:
+                self._copier(dst, src, self.upload_threads, self.parallel_upload_ids)
         lo, turn = 0, 0
         while True:
             buf = self._uploads[turn]
             hi = min(n, lo + piece)
-            size = 4 * (hi - lo)
-            write_through_mapping(buf, ids[lo:hi], size, lambda dst, src: self._copier(
-                dst, src, self.upload_threads, self.parallel_upload_ids))
+            size = -(-width * (hi - lo) // 4) * 4
+            write_through_mapping(buf, ids[lo:hi], size, copy,
+                                  dtype=np.uint16 if narrow else np.uint32)
+            if max(highest) > 0xFFFF:
+                raise _WideId()
             if hi == n:
-                return buf, 4 * lo, size
+                return buf, width * lo, size
             with self.device.record("bpe decode upload") as rec:
-                rec.copy(buf, ids_buf, size, dst_offset=4 * lo)
+                rec.copy(buf, ids_buf, size, dst_offset=width * lo)
             lo, turn = hi, 1 - turn
+
+    def _upload(self, ids: np.ndarray, narrow: bool):
+        """The ids buffer with `ids` written (narrow: 16 bits each, or _WideId), and the
+        mapped upload's last piece for the caller's submit to copy (None: written here)."""
+        n = int(ids.size)
+        ids_buf = self.pool.get("dec_ids", -(-(2 if narrow else 4) * n // 4) * 4)
+        if n >= self.mapped_upload_ids:
+            return ids_buf, self._mapped_upload(ids, ids_buf, narrow)
+        ids_buf.write(_narrowed(ids) if narrow else ids)
+        return ids_buf, None
 
     def _call(self, ids: np.ndarray, doc_starts: np.ndarray | None = None):
         """The bytes of `ids`; with doc_starts (n_docs + 1 token offsets), a list of each
@@ -201,10 +250,12 @@ class GpuDecoder:
         n = int(ids.size)
         lay = self.tables.layout
         t0 = time.perf_counter()
-        ids_buf = pool.get("dec_ids", 4 * n)
-        upload = self._mapped_upload(ids, ids_buf) if n >= self.mapped_upload_ids else None
-        if upload is None:
-            ids_buf.write(ids)
+        narrow = self.narrow_ids
+        try:
+            ids_buf, upload = self._upload(ids, narrow)
+        except _WideId:   # an invalid id: 32-bit words, the GPU names the first bad one
+            narrow = False
+            ids_buf, upload = self._upload(ids, narrow)
         lens = pool.get("dec_lens", 4 * n)
         offs = pool.get("dec_offs", 4 * (n + 1))
         status = pool.get("dec_status", 16)
@@ -224,7 +275,7 @@ class GpuDecoder:
             starts_buf.write(doc_starts)
             doc_bytes = pool.get("dec_doc_bytes", 4 * n_bounds)
         params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
-                                   lay["bytes_off"], guess, 0, 0, 0)
+                                   lay["bytes_off"], guess, int(narrow), 0, 0)
         with dev.record("bpe decode", timing=self.profile) as rec:
             if upload is not None:   # the last piece of the ids
                 piece_buf, at_byte, piece_bytes = upload
@@ -268,7 +319,7 @@ class GpuDecoder:
         # the guess was short: gather again at the exact size
         out = pool.get("dec_out", -(-total // 4) * 4)
         params = self.uniforms.get("decode", "IIIIIIII", n, lay["n_table"], lay["info_off"],
-                                   lay["bytes_off"], total, 0, 0, 0)
+                                   lay["bytes_off"], total, int(narrow), 0, 0)
         with dev.record("bpe decode gather", timing=self.profile) as rec:
             rec.dispatch(self.k_gather, [ids_buf, self.vocab_buf, offs, dummy_w, out, status,
                                          params], -(-n // 256), "dec_gather")

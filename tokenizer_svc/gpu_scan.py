@@ -90,19 +90,31 @@ class ParallelCopy:
         if threads <= 1 or n < min_items:
             dst[:] = src
             return []
+
+        def part(lo: int, hi: int) -> None:
+            dst[lo:hi] = src[lo:hi]
+        return self._submit(part, n, threads)
+
+    def map(self, part, n: int, threads: int, min_items: int) -> list:
+        """[part(lo, hi) for the slices of range(n)], in up to `threads` threads for n of at
+        least `min_items` (part must let go of the GIL to gain: numpy copies and reductions
+        do), else one call here."""
+        if threads <= 1 or n < min_items:
+            return [part(0, n)]
+        return [future.result() for future in self._submit(part, n, threads)]
+
+    def _submit(self, part, n: int, threads: int) -> list:
         if self._pool is None or self._pool._max_workers < threads:
             self._pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                                thread_name_prefix=self.name)
         step = -(-n // threads)
-
-        def part(lo: int) -> None:
-            dst[lo:lo + step] = src[lo:lo + step]
-        return [self._pool.submit(part, lo) for lo in range(0, n, step)]
+        return [self._pool.submit(part, lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
-def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:
-    """Map the first nbytes (>= data.nbytes) of a MAP_WRITE buffer, put `data` there (zeros
-    after it) and unmap. `copy(dst, src)` moves the bytes when the backend gives a writable
+def write_through_mapping(buffer: Buffer, data, nbytes: int, copy, dtype=None) -> None:
+    """Map the first nbytes of a MAP_WRITE buffer, put `data` there as `dtype` (default its
+    own; a narrower integer type truncates, the caller has checked the values), zeros after
+    it, and unmap. `copy(dst, src)` moves the values when the backend gives a writable
     view of the mapping (wgpu-py's `_experimental_get_mapped_range`, in wgpu-native's and
     Dawn's backends alike; e.g. a ParallelCopy); else `write_mapped` does, on this thread.
     `data` may also be a packed_text.PackedRange (uint8): written into the mapping by its
@@ -111,12 +123,14 @@ def write_through_mapping(buffer: Buffer, data, nbytes: int, copy) -> None:
     raw.map_async("WRITE", 0, nbytes).sync_wait()
     try:
         get = getattr(raw, "_experimental_get_mapped_range", None)
-        dtype = np.uint8 if isinstance(data, PackedRange) else data.dtype
-        dst = np.frombuffer(get(0, nbytes), dtype) if get is not None else None
-        size = data.size * np.dtype(dtype).itemsize
+        dtype = np.dtype(np.uint8 if isinstance(data, PackedRange) else dtype or data.dtype)
+        dst = np.frombuffer(get(0, nbytes), dtype, count=nbytes // dtype.itemsize) \
+            if get is not None else None
+        size = data.size * dtype.itemsize
         if dst is None or not dst.flags.writeable:
             if isinstance(data, PackedRange):
                 data = data.array()
+            data = data.astype(dtype, copy=False)
             tail = np.zeros(nbytes - size, np.uint8)
             raw.write_mapped(np.concatenate([data.view(np.uint8), tail]) if tail.size
                              else data, 0)

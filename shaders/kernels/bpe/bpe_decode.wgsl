@@ -10,7 +10,7 @@
 //   dec_bounds   per document of a batch: the byte offset of its first token.
 //
 // Bindings (group 0), the same for both kernels:
-//   0 ids     array<u32>         read
+//   0 ids     array<u32>         read   one id per word, or two (p.ids16: low half first)
 //   1 vocab   array<u32>         read   the encoder's table (tok_info and token bytes)
 //   2 offs    array<u32>         read   n_ids + 1 byte offsets (dec_gather)
 //   3 lens    array<u32>         rw     n_ids (dec_lengths)
@@ -28,7 +28,7 @@ struct Params {
     info_off: u32,
     bytes_off: u32,
     n_out: u32,     // bytes `out` holds (the gather writes no further)
-    _a: u32,
+    ids16: u32,     // 1: ids packed two per word (vocabularies of at most 65,535 ids)
     _b: u32,
     _c: u32,
 }
@@ -37,8 +37,13 @@ fn touch_all() {
     _ = &ids; _ = &vocab; _ = &offs; _ = &lens; _ = &out; _ = &status; _ = &p;
 }
 
-fn token_byte(t: u32, k: u32) -> u32 {   // byte k of token ids[t]
-    let id = ids[t];
+fn token_id(t: u32) -> u32 {   // id of token t, read from one word or half of one
+    if (p.ids16 != 0u) { return (ids[t >> 1u] >> ((t & 1u) * 16u)) & 0xffffu; }
+    return ids[t];
+}
+
+fn token_byte(t: u32, k: u32) -> u32 {   // byte k of token t
+    let id = token_id(t);
     let b = vocab[p.info_off + 2u * id] + k;
     return (vocab[p.bytes_off + (b >> 2u)] >> ((b & 3u) * 8u)) & 0xffu;
 }
@@ -58,7 +63,7 @@ fn dec_lengths(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     touch_all();
     let t = workgroup_index(wg, nwg) * 256u + lid;
     if (t >= p.n_ids) { return; }
-    let id = ids[t];
+    let id = token_id(t);
     var len = 0u;
     if (id < p.n_table) { len = vocab[p.info_off + 2u * id + 1u]; }
     if (len == 0u) { atomicMin(&status[0], t); }

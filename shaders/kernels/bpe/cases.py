@@ -172,16 +172,18 @@ register(KernelCase(
 # ---- decode -----------------------------------------------------------------------------
 
 def _decode_inputs(rng, variant):
-    vocab = ladder_vocab("o200k")
-    n = {"random": 50_000, "one": 1, "bench": 4_000_000}[variant]
+    # "narrow": gpt2's vocabulary (under 65,536 ids) uploads its ids two per word
+    pattern = "gpt2" if variant == "narrow" else "o200k"
+    vocab = ladder_vocab(pattern)
+    n = {"random": 50_000, "narrow": 50_001, "one": 1, "bench": 4_000_000}[variant]
     ids = np.array(sorted(vocab.decoder), dtype=np.uint32)
-    return {"ids": ids[rng.integers(0, ids.size, n)]}
+    return {"ids": ids[rng.integers(0, ids.size, n)], "pattern": pattern}
 
 
 def _decode_launch(dev, inp):
     """The tokenizer's own decoder, through its public entry point."""
     from tokenizer_svc.gpu_decode import GpuDecoder
-    tables = _tables("o200k")
+    tables = _tables(inp["pattern"])
     dec = GpuDecoder(dev, tables, dev.upload(tables.vocab_words))
     dec.profile = True
     result = {}
@@ -195,14 +197,15 @@ def _decode_launch(dev, inp):
 
 
 def _decode_reference(inp):
-    return {"bytes": reference.decode(ladder_vocab("o200k"), inp["ids"])}
+    return {"bytes": reference.decode(ladder_vocab(inp["pattern"]), inp["ids"])}
 
 
 register(KernelCase(
     name="bpe_decode", family="bpe", precision="exact",
-    description="ids -> bytes: token lengths, prefix sum, gather",
+    description="ids -> bytes: token lengths, prefix sum, gather (ids of vocabularies under "
+                "65,536 two per word)",
     kernels=[("bpe_decode.wgsl", "dec_lengths"), ("bpe_decode.wgsl", "dec_gather"),
              ("bpe_decode.wgsl", "dec_total"), ("bpe_decode.wgsl", "dec_bounds")],
     inputs=_decode_inputs, launch=_decode_launch, reference=_decode_reference,
-    variants=("random", "one"),
+    variants=("random", "narrow", "one"),
     bytes=lambda inp: 4.0 * inp["ids"].size * 4 + 8.0 * inp["ids"].size))
