@@ -102,8 +102,10 @@ def test_a_calls_first_chunk_guesses_from_the_last_calls_first(chunked):
     """A batch whose first chunk holds many more ids per byte than its last (CJK first, long
     ASCII words after): the first call misses its first guess (learned from nothing like
     it) and takes a slow path; the same batch again guesses its first chunk from the
-    previous call's first chunk, not its last, and takes none. Unbudgeted kernels and no
-    long pieces, as on a GPU (lavapipe's budgets and long pieces take the slow path anyway)."""
+    previous call's first chunk, not its last, and takes none. The second chunk was already
+    submitted when the first one's miss is seen (it reused the GPU-only buffers), so the
+    first runs again before its slow path. Unbudgeted kernels and no long pieces, as on a
+    GPU (lavapipe's budgets and long pieces take the slow path anyway)."""
     _, small, tik = chunked
     gpu_like = GpuEncoder(small.device, small.tables, small.pattern)
     gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
@@ -119,6 +121,7 @@ def test_a_calls_first_chunk_guesses_from_the_last_calls_first(chunked):
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
         assert gpu_like.last_profile.calls > 2
         assert (gpu_like.last_profile.slow_paths > 0) == slow, gpu_like.last_profile
+        assert (gpu_like.last_profile.redispatched > 0) == slow, gpu_like.last_profile
     assert gpu_like.first_ids_per_byte > 2 * gpu_like.ids_per_byte
 
 
