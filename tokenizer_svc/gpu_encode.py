@@ -299,9 +299,12 @@ class GpuEncoder:
         self._staging: dict[int, Buffer] = {}
         self._text_up: dict[int, Buffer] = {}   # per slot: MAP_WRITE | COPY_SRC
         # the chunk whose submit last used the buffers only the GPU writes (tok_buf, cuts,
-        # longs, scratch, excl, out): a chunk's slow path continues from their state, so one
-        # that is not this chunk is dispatched again first (_Chunk.wait)
+        # longs, scratch, excl; `out` is per slot): a chunk's slow path continues from their
+        # state, so one that is not this chunk is dispatched again first (_Chunk.wait)
         self.latest_chunk = None
+        # submit chunk k+1 before waiting for chunk k (see _pipeline); False: after, as
+        # before session 15 (an A/B knob, dev/encode_submit_ab.py)
+        self.early_submit = True
         self.mapped_text_bytes = MAPPED_TEXT_BYTES
         self.copy_threads = COPY_THREADS   # 1: copy the ids out on the calling thread only
         self.parallel_copy_ids = PARALLEL_COPY_IDS
@@ -475,12 +478,17 @@ class GpuEncoder:
             self._check_interrupt()
             chunk = upload(0)
             chunk.dispatch()
+            early = self.early_submit
             if n_chunks > 1:
                 following = upload(1)
-                self._check_interrupt()
-                following.dispatch()
+                if early:
+                    self._check_interrupt()
+                    following.dispatch()
             for k in range(n_chunks):
                 chunk.wait()
+                if not early and following is not None:
+                    self._check_interrupt()
+                    following.dispatch()
                 # chunk k's ids leave on the copy threads (numpy, without the GIL) while this
                 # thread uploads chunk k+2 into chunk k's slot and the GPU runs chunk k+1
                 copying = self._collect_start(chunk, ids, sub_offsets, base)
@@ -488,7 +496,7 @@ class GpuEncoder:
                     after = upload(k + 2) if k + 2 < n_chunks else None
                 finally:   # the copies end before the mapping does, whatever happened
                     base = self._collect_finish(chunk, copying)
-                if after is not None:
+                if early and after is not None:
                     self._check_interrupt()
                     after.dispatch()
                 chunk, following, after = following, after, None
@@ -910,7 +918,9 @@ class _Chunk:
         self.tok_buf = pool.get("tok_buf", 4 * self.n)
         self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
         self.excl = pool.get("excl", 4 * (self.n + 1))
-        self.out = pool.get("out", self.ids_at + 4 * self.n)   # counters, offsets, ids
+        # counters, offsets, ids: one per slot, so a chunk whose only miss is a short guess
+        # of its ids reads the rest from here after a later chunk's submit, not again
+        self.out = pool.get(f"out{self.slot}", self.ids_at + 4 * self.n)
         with enc.device.record("bpe encode", timing=enc.profile) as rec:
             if self.text_up is not None:
                 rec.copy(self.text_up, self.text, -(-self.n // 4) * 4)
@@ -945,8 +955,11 @@ class _Chunk:
         if (n_long and not self.inline_long) or failed or unfinished or \
                 self.total > self.guess:
             self.release()
-            if enc.latest_chunk is not self:   # a later chunk's submit reused the GPU's buffers
-                self.dispatch()                # this chunk's state again (the same counters)
+            # a later chunk's submit reused the buffers only the GPU writes: the slow paths
+            # that continue from them need this chunk's state again (the same counters)
+            if ((n_long and not self.inline_long) or failed or unfinished) and \
+                    enc.latest_chunk is not self:
+                self.dispatch()
                 enc.last_profile.redispatched += 1
             enc._finish_slow(self, n_long, long_words, unfinished, failed)
         else:

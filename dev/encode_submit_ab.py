@@ -1,0 +1,116 @@
+"""Session 15's two host-path changes, each against the path it replaced, interleaved in one
+process (issue 19): on a machine whose speed drifts by 20% between runs, old and new must
+alternate call by call to be compared.
+
+    python dev/encode_submit_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
+                                   [--rounds 10] [--warm 1.5]
+
+- encode: `GpuEncoder.early_submit` True (chunk k+1 submitted before chunk k is waited
+  for) vs False (submitted after, as before), `encode_batch_flat(docs)` on
+  bench/tokenize_bench.py's corpus; the ids of both must be identical.
+- decode: `GpuDecoder.parallel_read_bytes` 1 MB (a call's bytes leave the staging buffer in
+  one parallel copy, documents made from host memory) vs never (documents made straight
+  from the mapping), `decode_bytes_batch_flat(ids, offsets)`; both must give the documents.
+
+Rounds alternate the order of the variants (AB, BA, ...). Writes DIR/encode_submit_ab.md and .json: per
+vocabulary and variant the median and min wall, MB/s of text, the new/old ratio of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.tokenize_bench import build_corpus  # noqa: E402
+
+NEVER = 1 << 62
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vocabs", default="gpt2,cl100k_base,o200k_base")
+    ap.add_argument("--vocab-dir", type=Path, default=REPO.parent / "shared" / "vocab")
+    ap.add_argument("--mb", type=float, default=64.0)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warm", type=float, default=1.5)
+    args = ap.parse_args()
+    from tokenizer_svc.encoding import get_encoding
+    docs, corpus = build_corpus(args.mb)
+    nbytes = corpus["bytes"]
+    want = [d.encode() for d in docs]
+    result = {"bytes": nbytes, "rounds": args.rounds, "vocabs": {}}
+    lines = ["# Early submit and parallel decode read, interleaved A/B", "",
+             f"{nbytes / 1e6:.1f} MB corpus, {args.rounds} rounds (AB, BA, ...) after "
+             f"{args.warm} s of calls per vocabulary.", "",
+             "| vocab | what | variant | median ms | min ms | MB/s (median) | new / old |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for vocab in args.vocabs.split(","):
+        enc = get_encoding(str(args.vocab_dir / f"{vocab}.tiktoken"))
+        encoder, decoder = enc.backend.encoder, enc.backend.decoder
+        shipped_read = decoder.parallel_read_bytes
+
+        def set_encode(new: bool) -> None:
+            encoder.early_submit = new
+
+        def set_decode(new: bool) -> None:
+            decoder.parallel_read_bytes = shipped_read if new else NEVER
+
+        ids, offsets = enc.encode_batch_flat(docs)
+        checks = {}
+        for new in (False, True):
+            set_encode(new)
+            got_ids, got_offsets = enc.encode_batch_flat(docs)
+            checks[f"encode exact ({'new' if new else 'old'})"] = bool(
+                np.array_equal(got_ids, ids) and np.array_equal(got_offsets, offsets))
+            set_decode(new)
+            checks[f"decode exact ({'new' if new else 'old'})"] = \
+                enc.decode_bytes_batch_flat(ids, offsets) == want
+        row = {"checks": checks}
+        for what, setter, run in (
+                ("encode", set_encode, lambda: enc.encode_batch_flat(docs)),
+                ("decode", set_decode, lambda: enc.decode_bytes_batch_flat(ids, offsets))):
+            end = time.perf_counter() + args.warm
+            while time.perf_counter() < end:
+                run()
+            times = {False: [], True: []}
+            for r in range(args.rounds):
+                for new in ((False, True) if r % 2 == 0 else (True, False)):
+                    setter(new)
+                    t = time.perf_counter()
+                    run()
+                    times[new].append(time.perf_counter() - t)
+            setter(True)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            row[what] = {("new" if k else "old"): {"median_s": med[k], "min_s": min(v),
+                                                   "MBps": nbytes / med[k] / 1e6, "times_s": v}
+                         for k, v in times.items()}
+            row[what]["new_over_old_speed"] = med[False] / med[True]
+            for name in ("old", "new"):
+                v = row[what][name]
+                ratio = f"{row[what]['new_over_old_speed']:.3f}x" if name == "new" else ""
+                lines.append(f"| {vocab} | {what} | {name} | {v['median_s'] * 1e3:.1f} | "
+                             f"{v['min_s'] * 1e3:.1f} | {v['MBps']:.0f} | {ratio} |")
+            print(f"{vocab} {what}: old {med[False] * 1e3:.1f} ms, new {med[True] * 1e3:.1f} ms "
+                  f"({row[what]['new_over_old_speed']:.3f}x), {checks}", flush=True)
+        result["vocabs"][vocab] = row
+    lines += ["", "Checks (ids identical to the first encode; every document decoded back): " +
+              "; ".join(f"{v}: {c}" for v, r in result["vocabs"].items()
+                        for c in [all(r["checks"].values())])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "encode_submit_ab.json").write_text(json.dumps(result, indent=1))
+    (args.out / "encode_submit_ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
