@@ -11,6 +11,8 @@ alternate call by call to be compared.
 - decode: `GpuDecoder.parallel_read_bytes` 1 MB (a call's bytes leave the staging buffer in
   one parallel copy, documents made from host memory) vs never (documents made straight
   from the mapping), `decode_bytes_batch_flat(ids, offsets)`; both must give the documents.
+- two knobs for the next step, each the shipped value ("old") vs another ("new"):
+  `pipeline_bytes` 16 MB vs 32 MB (encode), `upload_piece_bytes` 8 MB vs 32 MB (decode).
 
 Rounds alternate the order of the variants (AB, BA, ...). Writes DIR/encode_submit_ab.md and .json: per
 vocabulary and variant the median and min wall, MB/s of text, the new/old ratio of medians.
@@ -76,9 +78,20 @@ def main() -> None:
             checks[f"decode exact ({'new' if new else 'old'})"] = \
                 enc.decode_bytes_batch_flat(ids, offsets) == want
         row = {"checks": checks}
-        for what, setter, run in (
-                ("encode", set_encode, lambda: enc.encode_batch_flat(docs)),
-                ("decode", set_decode, lambda: enc.decode_bytes_batch_flat(ids, offsets))):
+        shipped_pipeline, shipped_piece = encoder.pipeline_bytes, decoder.upload_piece_bytes
+
+        def set_pipeline(new: bool) -> None:
+            encoder.pipeline_bytes = 2 * shipped_pipeline if new else shipped_pipeline
+
+        def set_piece(new: bool) -> None:
+            decoder.upload_piece_bytes = 4 * shipped_piece if new else shipped_piece
+
+        encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731
+        decode = lambda: enc.decode_bytes_batch_flat(ids, offsets)  # noqa: E731
+        for what, setter, run in (("encode: early submit", set_encode, encode),
+                                  ("decode: parallel read", set_decode, decode),
+                                  ("encode: 32 MB chunks", set_pipeline, encode),
+                                  ("decode: 32 MB upload pieces", set_piece, decode)):
             end = time.perf_counter() + args.warm
             while time.perf_counter() < end:
                 run()
@@ -89,7 +102,12 @@ def main() -> None:
                     t = time.perf_counter()
                     run()
                     times[new].append(time.perf_counter() - t)
-            setter(True)
+            setter(True)   # the variant's output checked too
+            got = run()
+            checks[f"{what}: new exact"] = bool(
+                np.array_equal(got[0], ids) and np.array_equal(got[1], offsets)) \
+                if what.startswith("encode") else got == want
+            setter(what.endswith(("submit", "read")))   # the shipped value again
             med = {k: statistics.median(v) for k, v in times.items()}
             row[what] = {("new" if k else "old"): {"median_s": med[k], "min_s": min(v),
                                                    "MBps": nbytes / med[k] / 1e6, "times_s": v}
