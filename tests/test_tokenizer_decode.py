@@ -184,11 +184,9 @@ def test_ids_uploaded_through_the_mapped_buffer(pair, monkeypatch, bytes_per_id,
     upload_piece_bytes (1332: many pieces, a short last one; 333 ids, or 666 narrowed to 16
     bits), written by `threads` threads (forced for every piece): the same bytes, reused
     buffers that grow up to a piece, invalid ids still named, and the exact-size regather
-    after a short guess. The bytes leave the staging buffer through a parallel copy into
-    host memory (forced for every call)."""
+    after a short guess."""
     enc, tik = pair
     decoder = enc.backend.decoder
-    monkeypatch.setattr(decoder, "parallel_read_bytes", 1)
     monkeypatch.setattr(decoder, "mapped_upload_ids", 1)
     monkeypatch.setattr(decoder, "upload_piece_bytes", piece)
     monkeypatch.setattr(decoder, "upload_threads", threads)

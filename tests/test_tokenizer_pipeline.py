@@ -102,10 +102,8 @@ def test_a_calls_first_chunk_guesses_from_the_last_calls_first(chunked):
     """A batch whose first chunk holds many more ids per byte than its last (CJK first, long
     ASCII words after): the first call misses its first guess (learned from nothing like
     it) and takes a slow path; the same batch again guesses its first chunk from the
-    previous call's first chunk, not its last, and takes none. The second chunk was already
-    submitted when the first one's miss is seen, but a short guess only needs the rest of the
-    ids from the slot's own `out`: nothing runs again. Unbudgeted kernels and no long
-    pieces, as on a GPU (lavapipe's budgets and long pieces take the slow path anyway)."""
+    previous call's first chunk, not its last, and takes none. Unbudgeted kernels and no
+    long pieces, as on a GPU (lavapipe's budgets and long pieces take the slow path anyway)."""
     _, small, tik = chunked
     gpu_like = GpuEncoder(small.device, small.tables, small.pattern)
     gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
@@ -121,7 +119,6 @@ def test_a_calls_first_chunk_guesses_from_the_last_calls_first(chunked):
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
         assert gpu_like.last_profile.calls > 2
         assert (gpu_like.last_profile.slow_paths > 0) == slow, gpu_like.last_profile
-        assert gpu_like.last_profile.redispatched == 0, gpu_like.last_profile
     assert gpu_like.first_ids_per_byte > 2 * gpu_like.ids_per_byte
 
 
@@ -318,9 +315,6 @@ def test_new_sizes_make_no_buffers_or_bind_groups(chunked, device, monkeypatch):
     decoder = enc.backend.decoder
     decoder.bytes_per_id = float(max(4, enc.backend.tables.layout["max_tok_len"]))
     enc.encode_ordinary_batch([base, base + base])
-    # and the other order: slot 0's chunk binds the buffers the larger chunk grew (a chunk
-    # whose slow path only reads more ids runs nothing again that would have bound them)
-    enc.encode_ordinary_batch([base + base, base])
     enc.decode_bytes_batch([np.array(tik.encode_ordinary(base), np.uint32)] * 2)
     made = {"buffers": 0, "bind groups": 0}
     for name, key in (("create_buffer", "buffers"), ("create_bind_group", "bind groups")):
@@ -417,31 +411,6 @@ def test_small_chunks_leave_long_pieces_to_the_slow_path(chunked, device, monkey
         ids, offsets = gpu_like.encode_docs(*_packed([doc]))
         assert ids.tolist() == tik.encode_ordinary(doc), doc[:40]
         assert len(slow) == slow_paths, doc[:40]
-
-
-@pytest.mark.parametrize("early", [True, False])
-def test_a_slow_path_after_the_next_chunks_submit_runs_its_chunk_again(chunked, device, early):
-    """Chunk k+1 is submitted before chunk k is waited for (early_submit), so when chunk k
-    needs a slow path that continues from the GPU-only buffers (here: long pieces left out
-    of small chunks' submits), chunk k+1 has already reused them: chunk k runs again first.
-    Many chunks with long pieces and without, tiktoken's ids either way; without
-    early_submit nothing runs again."""
-    _, small, tik = chunked
-    gpu_like = GpuEncoder(device, small.tables, small.pattern)
-    gpu_like.budget = 0xFFFFFFFF          # NONE: one dispatch per kernel, as on a GPU
-    gpu_like.k_long_sg = None
-    gpu_like.pipeline_bytes = 600         # chunks under inline_min_bytes: long pieces slow
-    gpu_like.early_submit = early
-    gpu_like.profile = True
-    rng = random.Random(5)
-    docs = [rng.choice(["# " + "-" * rng.randrange(65, 200) + "\nx = 1\n", "plain words " * 9,
-                        "日本語" * 30, "  " * 40 + "end"]) for _ in range(40)]
-    ids, offsets = gpu_like.encode_docs(*_packed(docs))
-    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
-        [tik.encode_ordinary(d) for d in docs]
-    prof = gpu_like.last_profile
-    assert prof.calls > 4 and prof.slow_paths > 2, prof
-    assert (prof.redispatched > 0) == early, prof
 
 
 @pytest.mark.parametrize("threads", [2, 3, 5])

@@ -29,8 +29,10 @@ DECODE_FILE = "bpe_decode.wgsl"
 # for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer: on the H200
 # a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a fresh staging allocation each
 # call). Smaller calls keep write_buffer: the map for writing costs a round trip, more than
-# their copy. A buffer holds at most UPLOAD_PIECE_BYTES (8 MB): larger calls go up in
-# pieces, one submit each, the last one's copy in the decode's own submit. A buffer as large
+# their copy. A buffer holds at most UPLOAD_PIECE_BYTES (32 MB): larger calls go up in
+# pieces, one submit each, the last one's copy in the decode's own submit (8 MB pieces:
+# 8-13% slower decodes of the 67 MB corpus, interleaved in one process on the H200,
+# dev/results/tokenize_ab/h200/session15_call3/). A buffer as large
 # as the call (128 MB per Encoding, kept) made every later small call of the process slower
 # on the H200 once two vocabularies had decoded a corpus: a lone 914 B encode took 4.7-5.3
 # ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/tokenize/). With
@@ -38,7 +40,7 @@ DECODE_FILE = "bpe_decode.wgsl"
 # thread (20 ms of a 34M-id gpt2 decode); two buffers take turns, and a piece is written on
 # COPY_THREADS threads at once.
 MAPPED_UPLOAD_IDS = 1 << 18
-UPLOAD_PIECE_BYTES = 8 << 20
+UPLOAD_PIECE_BYTES = 32 << 20
 PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
 # A vocabulary of at most 65,535 ids (gpt2's 50,257) gets its ids uploaded two per word:
 # half the bytes through the mapping and over the bus, the upload that held gpt2's decode
@@ -46,12 +48,6 @@ PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling
 # narrowed, so an id that does not fit 16 bits (never a valid one: 0xFFFF is not either)
 # sends the call back to 32-bit words, where the GPU names the first invalid one.
 NARROW_IDS_MAX_TABLE = 0xFFFF
-# A call's bytes of at least this size leave the mapped staging buffer in one parallel copy
-# (COPY_THREADS) into host memory, and each document's bytes object is made from there: on
-# the H200 one thread read the mapping at ~4 GB/s (17 ms of a 67 MB gpt2 decode making the
-# documents straight from it), where the encoder's ids leave theirs on its copy threads at
-# ~30 GB/s.
-PARALLEL_READ_BYTES = 1 << 20
 
 
 class InvalidIdError(ValueError):
@@ -115,7 +111,6 @@ class GpuDecoder:
         self.upload_piece_bytes = UPLOAD_PIECE_BYTES
         self.upload_threads = COPY_THREADS
         self.parallel_upload_ids = PARALLEL_UPLOAD_IDS
-        self.parallel_read_bytes = PARALLEL_READ_BYTES
         self._copier = ParallelCopy("istanbul-ids-upload")
         self.profile = False
         self.gpu_times: list = []
@@ -312,12 +307,7 @@ class GpuDecoder:
             bounds = np.frombuffer(view, np.uint32, count=n_bounds, offset=16).tolist()
             data = None
             if first_bad == NONE and total <= guess:
-                body = view[at:at + total]
-                if total >= self.parallel_read_bytes:
-                    host = np.empty(total, np.uint8)   # its pages touched by the copy threads
-                    self._copier(host, np.frombuffer(body, np.uint8), self.upload_threads, 1)
-                    body = memoryview(host)
-                data = _document_bytes(body, bounds if n_bounds else None)
+                data = _document_bytes(view[at:at + total], bounds if n_bounds else None)
         finally:
             staging.raw.unmap()
         self.readback_s += time.perf_counter() - t0

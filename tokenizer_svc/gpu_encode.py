@@ -204,7 +204,6 @@ class Profile:
     long_retried: int = 0   # long pieces merged again because a seam did not stitch
     long_widened: int = 0   # of those, pieces the phase-aligned windows did not stitch either
     slow_paths: int = 0     # chunks finished on the slow path (more submits and round trips)
-    redispatched: int = 0   # of those, chunks run again first (a later chunk was submitted)
 
     def add_gpu(self, times) -> None:
         for label, seconds in times:
@@ -298,13 +297,6 @@ class GpuEncoder:
         self.call_chunk = chunk
         self._staging: dict[int, Buffer] = {}
         self._text_up: dict[int, Buffer] = {}   # per slot: MAP_WRITE | COPY_SRC
-        # the chunk whose submit last used the buffers only the GPU writes (tok_buf, cuts,
-        # longs, scratch, excl; `out` is per slot): a chunk's slow path continues from their
-        # state, so one that is not this chunk is dispatched again first (_Chunk.wait)
-        self.latest_chunk = None
-        # submit chunk k+1 before waiting for chunk k (see _pipeline); False: after, as
-        # before session 15 (an A/B knob, dev/encode_submit_ab.py)
-        self.early_submit = True
         self.mapped_text_bytes = MAPPED_TEXT_BYTES
         self.copy_threads = COPY_THREADS   # 1: copy the ids out on the calling thread only
         self.parallel_copy_ids = PARALLEL_COPY_IDS
@@ -454,12 +446,11 @@ class GpuEncoder:
 
     def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
         """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
-        work with the GPU's: chunk k+1 is submitted before chunk k is waited for, and chunk
-        k+2's text is written while the GPU runs chunk k+1 and chunk k's ids are copied out
-        of their mapped staging buffer (the host-written buffers and the staging buffers
-        alternate between two slots; the rest is only written by the GPU, in queue order,
-        and a chunk that needs its slow path after a later chunk's submit runs again first).
-        Returns the number of ids written to `ids`; fills sub_offsets[1:]."""
+        work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
+        submitted before chunk k's ids are copied out of their mapped staging buffer (the
+        host-written buffers and the staging buffers alternate between two slots; the rest
+        is only written by the GPU, in queue order). Returns the number of ids written to
+        `ids`; fills sub_offsets[1:]."""
         def upload(k):
             lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
             text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
@@ -469,36 +460,25 @@ class GpuEncoder:
 
         base, n_chunks = 0, len(bounds) - 1
         self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
-        chunk = following = after = None
+        self._check_interrupt()
+        chunk = upload(0)
+        following = after = None
         try:
-            # chunk k+1 is submitted before chunk k is waited for, so the GPU always has the
-            # next chunk queued: waking up for chunk k and recording chunk k+1 left the GPU
-            # idle ~1 ms between chunks. Chunk k+2 takes chunk k's slot once chunk k is
-            # collected (its text and staging buffer are then free).
-            self._check_interrupt()
-            chunk = upload(0)
             chunk.dispatch()
-            early = self.early_submit
-            if n_chunks > 1:
-                following = upload(1)
-                if early:
-                    self._check_interrupt()
-                    following.dispatch()
+            following = upload(1) if n_chunks > 1 else None   # while chunk 0 runs
             for k in range(n_chunks):
                 chunk.wait()
-                if not early and following is not None:
+                if following is not None:
                     self._check_interrupt()
                     following.dispatch()
                 # chunk k's ids leave on the copy threads (numpy, without the GIL) while this
-                # thread uploads chunk k+2 into chunk k's slot and the GPU runs chunk k+1
+                # thread uploads chunk k+2 (its slot's staging buffer, still mapped for chunk
+                # k, is only taken at its dispatch) and the GPU runs chunk k+1
                 copying = self._collect_start(chunk, ids, sub_offsets, base)
                 try:
                     after = upload(k + 2) if k + 2 < n_chunks else None
                 finally:   # the copies end before the mapping does, whatever happened
                     base = self._collect_finish(chunk, copying)
-                if early and after is not None:
-                    self._check_interrupt()
-                    after.dispatch()
                 chunk, following, after = following, after, None
         finally:   # an error or an interrupt leaves no staging buffer mapped
             for c in (chunk, following, after):
@@ -918,16 +898,13 @@ class _Chunk:
         self.tok_buf = pool.get("tok_buf", 4 * self.n)
         self.longs = pool.get("longs", 4 * JOB_WORDS * (self.n // (SHORT_MAX + 1) + 1))
         self.excl = pool.get("excl", 4 * (self.n + 1))
-        # counters, offsets, ids: one per slot, so a chunk whose only miss is a short guess
-        # of its ids reads the rest from here after a later chunk's submit, not again
-        self.out = pool.get(f"out{self.slot}", self.ids_at + 4 * self.n)
+        self.out = pool.get("out", self.ids_at + 4 * self.n)   # counters, offsets, ids
         with enc.device.record("bpe encode", timing=enc.profile) as rec:
             if self.text_up is not None:
                 rec.copy(self.text_up, self.text, -(-self.n // 4) * 4)
             enc._record_encode(rec, self)
             enc._record_compact(rec, self)
             rec.copy(self.out, self.staging, self.ids_at + 4 * self.guess)
-        enc.latest_chunk = self
         enc.last_profile.add_gpu(rec.gpu_times)
 
     def wait(self) -> None:
@@ -955,12 +932,6 @@ class _Chunk:
         if (n_long and not self.inline_long) or failed or unfinished or \
                 self.total > self.guess:
             self.release()
-            # a later chunk's submit reused the buffers only the GPU writes: the slow paths
-            # that continue from them need this chunk's state again (the same counters)
-            if ((n_long and not self.inline_long) or failed or unfinished) and \
-                    enc.latest_chunk is not self:
-                self.dispatch()
-                enc.last_profile.redispatched += 1
             enc._finish_slow(self, n_long, long_words, unfinished, failed)
         else:
             self.ids_view = np.frombuffer(view, np.uint32, count=self.total, offset=self.ids_at)

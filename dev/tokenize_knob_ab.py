@@ -1,21 +1,22 @@
-"""Session 15's two host-path changes, each against the path it replaced, interleaved in one
-process (issue 19): on a machine whose speed drifts by 20% between runs, old and new must
-alternate call by call to be compared.
+"""The tokenizer's host-path knobs, each value against the shipped one, alternating call by
+call in one process (issue 19): on a machine whose speed drifts by 20% between runs, old
+and new must alternate to be compared.
 
-    python dev/encode_submit_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
+    python dev/tokenize_knob_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
                                    [--rounds 10] [--warm 1.5]
 
-- encode: `GpuEncoder.early_submit` True (chunk k+1 submitted before chunk k is waited
-  for) vs False (submitted after, as before), `encode_batch_flat(docs)` on
-  bench/tokenize_bench.py's corpus; the ids of both must be identical.
-- decode: `GpuDecoder.parallel_read_bytes` 1 MB (a call's bytes leave the staging buffer in
-  one parallel copy, documents made from host memory) vs never (documents made straight
-  from the mapping), `decode_bytes_batch_flat(ids, offsets)`; both must give the documents.
-- two knobs for the next step, each the shipped value ("old") vs another ("new"):
-  `pipeline_bytes` 16 MB vs 32 MB (encode), `upload_piece_bytes` 8 MB vs 32 MB (decode).
+On bench/tokenize_bench.py's corpus, per vocabulary: `encode_batch_flat(docs)` with
+GpuEncoder.pipeline_bytes shipped ("old") vs doubled ("new"), and
+`decode_bytes_batch_flat(ids, offsets)` with GpuDecoder.upload_piece_bytes shipped vs
+quartered. Every variant's output is checked (the ids of the first encode; every document
+decoded back). Rounds alternate the order of the variants (AB, BA, ...). Writes
+DIR/tokenize_knob_ab.md and .json: per vocabulary and comparison the median and min wall,
+MB/s of text, the new/old speed ratio of the medians.
 
-Rounds alternate the order of the variants (AB, BA, ...). Writes DIR/encode_submit_ab.md and .json: per
-vocabulary and variant the median and min wall, MB/s of text, the new/old ratio of medians.
+Session 15 ran it (as encode_submit_ab.py, at 406ca12) with two more comparisons whose code
+is gone: chunk k+1 submitted before chunk k was waited for, and decoded bytes read out of
+the mapping in one parallel copy (both slower; dev/RESULTS.md), and with 8 MB decode pieces
+shipped against 32 MB.
 """
 
 from __future__ import annotations
@@ -34,9 +35,6 @@ sys.path.insert(0, str(REPO))
 
 from bench.tokenize_bench import build_corpus  # noqa: E402
 
-NEVER = 1 << 62
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -51,7 +49,7 @@ def main() -> None:
     nbytes = corpus["bytes"]
     want = [d.encode() for d in docs]
     result = {"bytes": nbytes, "rounds": args.rounds, "vocabs": {}}
-    lines = ["# Early submit and parallel decode read, interleaved A/B", "",
+    lines = ["# Tokenizer host knobs, interleaved A/B", "",
              f"{nbytes / 1e6:.1f} MB corpus, {args.rounds} rounds (AB, BA, ...) after "
              f"{args.warm} s of calls per vocabulary.", "",
              "| vocab | what | variant | median ms | min ms | MB/s (median) | new / old |",
@@ -59,24 +57,8 @@ def main() -> None:
     for vocab in args.vocabs.split(","):
         enc = get_encoding(str(args.vocab_dir / f"{vocab}.tiktoken"))
         encoder, decoder = enc.backend.encoder, enc.backend.decoder
-        shipped_read = decoder.parallel_read_bytes
-
-        def set_encode(new: bool) -> None:
-            encoder.early_submit = new
-
-        def set_decode(new: bool) -> None:
-            decoder.parallel_read_bytes = shipped_read if new else NEVER
-
         ids, offsets = enc.encode_batch_flat(docs)
         checks = {}
-        for new in (False, True):
-            set_encode(new)
-            got_ids, got_offsets = enc.encode_batch_flat(docs)
-            checks[f"encode exact ({'new' if new else 'old'})"] = bool(
-                np.array_equal(got_ids, ids) and np.array_equal(got_offsets, offsets))
-            set_decode(new)
-            checks[f"decode exact ({'new' if new else 'old'})"] = \
-                enc.decode_bytes_batch_flat(ids, offsets) == want
         row = {"checks": checks}
         shipped_pipeline, shipped_piece = encoder.pipeline_bytes, decoder.upload_piece_bytes
 
@@ -84,14 +66,12 @@ def main() -> None:
             encoder.pipeline_bytes = 2 * shipped_pipeline if new else shipped_pipeline
 
         def set_piece(new: bool) -> None:
-            decoder.upload_piece_bytes = 4 * shipped_piece if new else shipped_piece
+            decoder.upload_piece_bytes = shipped_piece // 4 if new else shipped_piece
 
         encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731
         decode = lambda: enc.decode_bytes_batch_flat(ids, offsets)  # noqa: E731
-        for what, setter, run in (("encode: early submit", set_encode, encode),
-                                  ("decode: parallel read", set_decode, decode),
-                                  ("encode: 32 MB chunks", set_pipeline, encode),
-                                  ("decode: 32 MB upload pieces", set_piece, decode)):
+        for what, setter, run in (("encode: chunks of twice pipeline_bytes", set_pipeline, encode),
+                                  ("decode: upload pieces of a quarter", set_piece, decode)):
             end = time.perf_counter() + args.warm
             while time.perf_counter() < end:
                 run()
@@ -107,7 +87,7 @@ def main() -> None:
             checks[f"{what}: new exact"] = bool(
                 np.array_equal(got[0], ids) and np.array_equal(got[1], offsets)) \
                 if what.startswith("encode") else got == want
-            setter(what.endswith(("submit", "read")))   # the shipped value again
+            setter(False)   # the shipped value again
             med = {k: statistics.median(v) for k, v in times.items()}
             row[what] = {("new" if k else "old"): {"median_s": med[k], "min_s": min(v),
                                                    "MBps": nbytes / med[k] / 1e6, "times_s": v}
@@ -125,8 +105,8 @@ def main() -> None:
               "; ".join(f"{v}: {c}" for v, r in result["vocabs"].items()
                         for c in [all(r["checks"].values())])]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "encode_submit_ab.json").write_text(json.dumps(result, indent=1))
-    (args.out / "encode_submit_ab.md").write_text("\n".join(lines) + "\n")
+    (args.out / "tokenize_knob_ab.json").write_text(json.dumps(result, indent=1))
+    (args.out / "tokenize_knob_ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
