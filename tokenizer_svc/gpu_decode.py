@@ -43,10 +43,11 @@ MAPPED_UPLOAD_IDS = 1 << 18
 UPLOAD_PIECE_BYTES = 32 << 20
 PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
 # A vocabulary of at most 65,535 ids (gpt2's 50,257) gets its ids uploaded two per word:
-# half the bytes through the mapping and over the bus, the upload that held gpt2's decode
-# (16.7 of 38 ms for 34M ids on the H200). Each piece's largest id is taken while it is
-# narrowed, so an id that does not fit 16 bits (never a valid one: 0xFFFF is not either)
-# sends the call back to 32-bit words, where the GPU names the first invalid one.
+# half the bytes through the mapping and over the bus. On the H200 (8 MB pieces) that cut
+# the upload's own CPU time for gpt2's 34M ids from 8.1 to 5.7 ms, but not its ~16 ms of
+# wall, mostly waiting (dev/RESULTS.md, session 15). Each piece's largest id is taken while
+# it is narrowed, so an id that does not fit 16 bits (never a valid one: 0xFFFF is not
+# either) sends the call back to 32-bit words, where the GPU names the first invalid one.
 NARROW_IDS_MAX_TABLE = 0xFFFF
 
 
