@@ -5,10 +5,10 @@ and new must alternate to be compared.
     python dev/tokenize_knob_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
                                    [--rounds 10] [--warm 1.5]
 
-On bench/tokenize_bench.py's corpus, per vocabulary: `encode_batch_flat(docs)` with
-GpuEncoder.pipeline_bytes shipped ("old") vs doubled ("new"), and
-`decode_bytes_batch_flat(ids, offsets)` with GpuDecoder.upload_piece_bytes shipped vs
-quartered. Every variant's output is checked (the ids of the first encode; every document
+On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
+against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled;
+`decode_bytes_batch_flat(ids, offsets)` with GpuDecoder.upload_piece_bytes quartered and
+quadrupled, and (vocabularies under 65,536 ids) narrow_ids off. Every variant's output is checked (the ids of the first encode; every document
 decoded back). Rounds alternate the order of the variants (AB, BA, ...). Writes
 DIR/tokenize_knob_ab.md and .json: per vocabulary and comparison the median and min wall,
 MB/s of text, the new/old speed ratio of the medians.
@@ -58,20 +58,26 @@ def main() -> None:
         enc = get_encoding(str(args.vocab_dir / f"{vocab}.tiktoken"))
         encoder, decoder = enc.backend.encoder, enc.backend.decoder
         ids, offsets = enc.encode_batch_flat(docs)
-        checks = {}
+        checks = {"decode exact (shipped)": enc.decode_bytes_batch_flat(ids, offsets) == want}
         row = {"checks": checks}
-        shipped_pipeline, shipped_piece = encoder.pipeline_bytes, decoder.upload_piece_bytes
-
-        def set_pipeline(new: bool) -> None:
-            encoder.pipeline_bytes = 2 * shipped_pipeline if new else shipped_pipeline
-
-        def set_piece(new: bool) -> None:
-            decoder.upload_piece_bytes = shipped_piece // 4 if new else shipped_piece
-
+        # (name, object, attribute, the value to try): "old" is the shipped value
+        knobs = [("encode: chunks of twice pipeline_bytes", encoder, "pipeline_bytes",
+                  2 * encoder.pipeline_bytes),
+                 ("decode: upload pieces of a quarter", decoder, "upload_piece_bytes",
+                  decoder.upload_piece_bytes // 4),
+                 ("decode: upload pieces of four times", decoder, "upload_piece_bytes",
+                  4 * decoder.upload_piece_bytes)]
+        if decoder.narrow_ids:
+            knobs.append(("decode: 32-bit ids (not two per word)", decoder, "narrow_ids", False))
         encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731
         decode = lambda: enc.decode_bytes_batch_flat(ids, offsets)  # noqa: E731
-        for what, setter, run in (("encode: chunks of twice pipeline_bytes", set_pipeline, encode),
-                                  ("decode: upload pieces of a quarter", set_piece, decode)):
+        for what, obj, attr, value in knobs:
+            shipped = getattr(obj, attr)
+            run = encode if what.startswith("encode") else decode
+
+            def setter(new: bool, obj=obj, attr=attr, value=value, shipped=shipped) -> None:
+                setattr(obj, attr, value if new else shipped)
+
             end = time.perf_counter() + args.warm
             while time.perf_counter() < end:
                 run()
