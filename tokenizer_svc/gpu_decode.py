@@ -208,17 +208,18 @@ class GpuDecoder:
                 self._uploads[turn] = self.device.buffer(
                     width * piece, np.uint8, label=f"bpe decode upload {turn}",
                     usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        highest = [0]
+        highest = 0   # the largest id written so far (narrow)
 
         def narrow_part(dst: np.ndarray, src: np.ndarray, lo: int, hi: int) -> int:
             dst[lo:hi] = src[lo:hi]   # truncates; the slice's largest id says whether it may
             return int(src[lo:hi].max()) if hi > lo else 0
 
         def copy(dst: np.ndarray, src: np.ndarray) -> None:
+            nonlocal highest
             if narrow:
-                highest.extend(self._copier.map(lambda lo, hi: narrow_part(dst, src, lo, hi),
-                                                int(src.size), self.upload_threads,
-                                                self.parallel_upload_ids))
+                highest = max(highest, *self._copier.map(
+                    lambda lo, hi: narrow_part(dst, src, lo, hi), int(src.size),
+                    self.upload_threads, self.parallel_upload_ids))
             else:
                 self._copier(dst, src, self.upload_threads, self.parallel_upload_ids)
         lo, turn = 0, 0
@@ -228,7 +229,7 @@ class GpuDecoder:
             size = -(-width * (hi - lo) // 4) * 4
             write_through_mapping(buf, ids[lo:hi], size, copy,
                                   dtype=np.uint16 if narrow else np.uint32)
-            if max(highest) > 0xFFFF:
+            if highest > 0xFFFF:
                 raise _WideId()
             if hi == n:
                 return buf, width * lo, size
