@@ -6,17 +6,20 @@ and new must alternate to be compared.
                                    [--rounds 10] [--warm 1.5]
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
-against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled;
-`decode_bytes_batch_flat(ids, offsets)` with GpuDecoder.upload_piece_bytes quartered and
-quadrupled, and (vocabularies under 65,536 ids) narrow_ids off. Every variant's output is checked (the ids of the first encode; every document
-decoded back). Rounds alternate the order of the variants (AB, BA, ...). Writes
+against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
+without the short build of the workgroup long-piece merge (long_wg_short off) and with
+other builds of it (--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
+GpuDecoder.upload_piece_bytes quadrupled. Every variant's output is checked (the ids of the
+first encode; every document decoded back), and each encode variant's GPU phases are kept
+from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
 DIR/tokenize_knob_ab.md and .json: per vocabulary and comparison the median and min wall,
 MB/s of text, the new/old speed ratio of the medians.
 
 Session 15 ran it (as encode_submit_ab.py, at 406ca12) with two more comparisons whose code
 is gone: chunk k+1 submitted before chunk k was waited for, and decoded bytes read out of
 the mapping in one parallel copy (both slower; dev/RESULTS.md), and with 8 MB decode pieces
-shipped against 32 MB.
+shipped against 32 MB. Session 16 dropped the decode knobs it had decided (pieces of a
+quarter, 32-bit ids for gpt2).
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warm", type=float, default=1.5)
+    ap.add_argument("--short-builds", default="576:32,256:64,128:32",
+                    type=lambda v: [tuple(map(int, b.split(":"))) for b in v.split(",") if b],
+                    help="LW_MAX:LW_WG builds of the short workgroup merge tried in place of "
+                         "the shipped one")
     args = ap.parse_args()
     from tokenizer_svc.encoding import get_encoding
     docs, corpus = build_corpus(args.mb)
@@ -62,13 +69,18 @@ def main() -> None:
         row = {"checks": checks}
         # (name, object, attribute, the value to try): "old" is the shipped value
         knobs = [("encode: chunks of twice pipeline_bytes", encoder, "pipeline_bytes",
-                  2 * encoder.pipeline_bytes),
-                 ("decode: upload pieces of a quarter", decoder, "upload_piece_bytes",
-                  decoder.upload_piece_bytes // 4),
-                 ("decode: upload pieces of four times", decoder, "upload_piece_bytes",
-                  4 * decoder.upload_piece_bytes)]
-        if decoder.narrow_ids:
-            knobs.append(("decode: 32-bit ids (not two per word)", decoder, "narrow_ids", False))
+                  2 * encoder.pipeline_bytes)]
+        if encoder.k_long_wg_short is not None:
+            knobs.append(("encode: no short build (all windows in the full workgroup merge)",
+                          encoder, "long_wg_short", False))
+            # other builds of the short workgroup merge in its place: (LW_MAX, LW_WG)
+            for lw_max, lw_wg in args.short_builds:
+                build = encoder.device.kernel("bpe_encode.wgsl", "bpe_merge_long_wg",
+                                              {"LW_MAX": lw_max, "LW_WG": lw_wg})
+                knobs.append((f"encode: short build LW_MAX {lw_max}, LW_WG {lw_wg}", encoder,
+                              "k_long_wg_short", build))
+        knobs.append(("decode: upload pieces of four times", decoder, "upload_piece_bytes",
+                      4 * decoder.upload_piece_bytes))
         encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731
         decode = lambda: enc.decode_bytes_batch_flat(ids, offsets)  # noqa: E731
         for what, obj, attr, value in knobs:
@@ -93,6 +105,16 @@ def main() -> None:
             checks[f"{what}: new exact"] = bool(
                 np.array_equal(got[0], ids) and np.array_equal(got[1], offsets)) \
                 if what.startswith("encode") else got == want
+            if what.startswith("encode"):   # GPU phases of one profiled call each
+                row.setdefault("gpu_ms", {})[what] = {}
+                for new in (False, True):
+                    setter(new)
+                    encoder.profile = True
+                    run()
+                    encoder.profile = False
+                    row["gpu_ms"][what]["new" if new else "old"] = {
+                        k: v * 1e3 for k, v in encoder.last_profile.gpu.items()}
+                print(f"  gpu ms: {row['gpu_ms'][what]}", flush=True)
             setter(False)   # the shipped value again
             med = {k: statistics.median(v) for k, v in times.items()}
             row[what] = {("new" if k else "old"): {"median_s": med[k], "min_s": min(v),

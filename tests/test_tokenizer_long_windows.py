@@ -190,36 +190,47 @@ def test_window_must_exceed_overlap_plus_longest_token(windowed, device):
                    long_window=100, long_overlap=48)
 
 
-def _workgroup_merge_only(device, enc) -> GpuEncoder:
+def _workgroup_merge_only(device, enc, short: bool = True) -> GpuEncoder:
     """The shipped windows merged by bpe_merge_long_wg alone (the heap merge's dispatches
     replaced by it, no budget): every window must be merged by the workgroup kernel, or the
-    ids come out wrong. Forced here on lavapipe, where the heap merge is the default."""
+    ids come out wrong. Forced here on lavapipe, where the heap merge is the default.
+    `short`: windows of at most WG_SHORT_LONG_MAX bytes go to the kernel's short build
+    (workgroups of 32, arrays of 256) first, as on GPUs; else all to the full build."""
     wg = GpuEncoder(device, enc.backend.tables, enc.backend.gpu_pattern)
     assert wg.k_long_wg is not None and wg.long_window + wg.long_overlap <= 768
+    assert wg.k_long_wg_short is not None
     wg.long_wg = True
+    wg.long_wg_short = short
     wg.k_long = wg.k_long_sg = wg.k_long_wg
     wg.long_budget = 0xFFFFFFFF
     wg.profile = True
     return wg
 
 
-def test_workgroup_merge_equals_tiktoken_on_long_pieces(windowed, device):
+@pytest.mark.parametrize("short", [True, False], ids=["short-build-first", "full-build-only"])
+def test_workgroup_merge_equals_tiktoken_on_long_pieces(windowed, device, short):
     """bpe_merge_long_wg (a window's parts in workgroup memory, one workgroup per window)
     gives tiktoken's ids on one-character runs, random letters, vocabulary words, CJK, a
-    period of 11 and a cascade at the window's end, across seams."""
+    period of 11 and a cascade at the window's end, across seams; with windows of up to 256
+    bytes in its short build first and without it (pieces of 255-257 bytes on both sides of
+    that build's limit)."""
     vocab, enc, _, tik = windowed
-    wg = _workgroup_merge_only(device, enc)
+    wg = _workgroup_merge_only(device, enc, short)
     n = 3 * wg.long_window + wg.long_overlap + 7
     pieces = adversarial_pieces(vocab, n)
+    medium = adversarial_pieces(vocab, 256)
     docs = [(u * (n // len(u) + 1))[:n] for u in RUN_UNITS[::4]]
     docs += [pieces[k] for k in ("random letters", "vocabulary words", "CJK", "period 11",
                                  "cascade ending", "two letters", "digits")]
     docs += ["short " + "ab" * 40 + " words", "x" * 65, "y" * 575, "z" * 577]
+    docs += ["w" * 255, "w" * 256, "w" * 257, medium["CJK"] + " " + medium["random letters"],
+             medium["vocabulary words"][:200] + "." + medium["vocabulary words"][:256]]
     got = _encode(wg, [d.encode() for d in docs])
     for d, ids in zip(docs, got):
         assert ids == tik.encode_ordinary(d), repr(d[:12])
     assert wg.last_profile.long_retried == 0   # retries' longer windows would need the heap
     assert wg.last_profile.long_windows >= 3 * len(RUN_UNITS[::4])
+    assert ("merge_long_wg_short" in wg.last_profile.gpu) == short
 
 
 def test_workgroup_merge_in_bytes_mode(windowed, device):

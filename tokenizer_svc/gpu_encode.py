@@ -109,6 +109,14 @@ LONG_RETRY_FACTOR = 7
 WG_LONG_MAX = 768
 WG_LONG_MAX_PRIORITY = (1 << 22) - 1   # the kernel's keys are priority << 10 | position
 WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
+# Windows of at most WG_SHORT_LONG_MAX bytes (most of them: a 129-256 byte piece of CJK or
+# Thai without spaces is one window) go first to the same kernel built with workgroups of
+# WG_SHORT_LONG_WG invocations and arrays of WG_SHORT_LONG_MAX words: a merge is a chain of
+# barriers and lookups, so a window's time is latency, and a third of the workgroup memory
+# and half the invocations let about twice as many windows run at once per SM. 0: off.
+WG_SHORT_LONG_MAX = 256
+WG_SHORT_LONG_WG = 32
+WG_SHORT_LONG_GROUPS = 16384
 # Counted loop iterations per invocation and dispatch under llvmpipe's limit of 65,535 per
 # SIMD vector. The kernels' count underestimates llvmpipe's by up to ~2.6x (measured: the
 # heap merge fails at a budget of 25,000 on one lane, works at 20,000), and 8 lanes that
@@ -272,7 +280,12 @@ class GpuEncoder:
         if device.has("subgroup") and tables.layout.get("max_priority", NONE) <= \
                 WG_LONG_MAX_PRIORITY and long_window + long_overlap <= WG_LONG_MAX:
             self.k_long_wg = k("bpe_merge_long_wg")
+        self.k_long_wg_short = None
+        if self.k_long_wg is not None and WG_SHORT_LONG_MAX:
+            self.k_long_wg_short = k("bpe_merge_long_wg", {"LW_MAX": WG_SHORT_LONG_MAX,
+                                                           "LW_WG": WG_SHORT_LONG_WG})
         self.long_wg = not software   # whether windows go to bpe_merge_long_wg first
+        self.long_wg_short = True     # whether short windows go to its short build before
         self.long_budget = LONG_BUDGET_SOFTWARE
         self.max_round_dispatches = MAX_RESUME_DISPATCHES
         self.k_compact = device.kernel(COMPACT_FILE, "bpe_compact")
@@ -573,15 +586,24 @@ class GpuEncoder:
             # exact
             windows = chunk.n // (SHORT_MAX + 1) + chunk.n // self.long_window + 1
             groups = min(INLINE_LONG_WORKGROUPS, -(-windows // WG))
-            if self._use_long_wg():
-                rec.dispatch(self.k_long_wg, binds, min(WG_LONG_GROUPS, windows),
-                             "merge_long_wg")
+            self._record_long_wg(rec, binds, windows)
             rec.dispatch(self.k_long, binds, groups, "merge_long")
             rec.dispatch(self.k_stitch, binds, groups, "stitch")
             rec.dispatch(self.k_copy, binds, min(INLINE_LONG_WORKGROUPS, windows), "long_copy")
 
     def _use_long_wg(self) -> bool:
         return self.long_wg and self.k_long_wg is not None
+
+    def _record_long_wg(self, rec, binds, windows: int) -> None:
+        """The workgroup merges of up to `windows` queued windows: the short build takes the
+        short ones, then the full build the rest it can hold (bpe_merge_long, recorded
+        after, takes what is left)."""
+        if not self._use_long_wg():
+            return
+        if self.long_wg_short and self.k_long_wg_short is not None:
+            rec.dispatch(self.k_long_wg_short, binds, min(WG_SHORT_LONG_GROUPS, windows),
+                         "merge_long_wg_short")
+        rec.dispatch(self.k_long_wg, binds, min(WG_LONG_GROUPS, windows), "merge_long_wg")
 
     def inline_long_for(self, n: int) -> bool:
         """Are the long pieces of a chunk of n bytes merged in its one submit? On GPUs (no
@@ -831,11 +853,8 @@ class GpuEncoder:
         kernel, budget = self.k_long, self.budget
         if self.k_long_sg is not None:
             kernel, budget = self.k_long_sg, self.long_budget
-        wg_groups = min(WG_LONG_GROUPS, n_jobs) if self._use_long_wg() else 0
-
-        def record(rec):
-            if wg_groups:   # whole windows first; the heap merge takes the rest and resumes
-                rec.dispatch(self.k_long_wg, binds(scratch, budget), wg_groups, "merge_long_wg")
+        def record(rec):   # whole windows first; the heap merge takes the rest and resumes
+            self._record_long_wg(rec, binds(scratch, budget), n_jobs)
             rec.dispatch(kernel, binds(scratch, budget), -(-n_jobs // WG), "merge_long")
 
         self._resume(record, counters, "bpe long", n_bytes)

@@ -1284,7 +1284,11 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
 // Needs priorities < 2^22 (the host checks). Under a finite budget (software Vulkan) a
 // workgroup takes a further window only while invocation 0's count is below it; a window is
 // never left half done (at most ~13K counted iterations at LW_MAX).
-const LW_MAX: u32 = 768u;   // gpu_encode.WG_LONG_MAX
+// LW_MAX and LW_WG are overridden together for short windows (gpu_encode.WG_SHORT_LONG_*):
+// each merge is a chain of barriers and lookups, so a window's time is latency; a workgroup
+// of 32 with arrays of 256 words lets about twice as many windows run at once per SM.
+override LW_MAX: u32 = 768u;   // gpu_encode.WG_LONG_MAX; at most 1024 (keys hold 10 bits)
+override LW_WG: u32 = 64u;     // the workgroup's invocations
 const LW_NO_PREV: u32 = 0xffffu;
 var<workgroup> w_tok: array<u32, LW_MAX>;   // id of the part starting at k, NONE inside one
 var<workgroup> w_mrg: array<u32, LW_MAX>;   // merged id of the pair starting at part k
@@ -1301,7 +1305,7 @@ fn wg_pair(k: u32, a: u32, b: u32) -> vec2<u32> {
     return vec2<u32>((pm.x << 10u) | k, pm.y);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(LW_WG)
 fn bpe_merge_long_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32,
                      @builtin(subgroup_invocation_id) lane: u32) {
@@ -1341,14 +1345,14 @@ fn bpe_merge_long_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         let n = job.y;
         // parts start as single bytes, linked in order
         work += 1u;
-        for (var k = lid; k < n; k += WG) {
+        for (var k = lid; k < n; k += LW_WG) {
             work += 1u;
             w_tok[k] = vocab[byte_at(s + k)];
             w_lnk[k] = (select(k - 1u, LW_NO_PREV, k == 0u) << 16u) | (k + 1u);
         }
         workgroupBarrier();
         work += 1u;
-        for (var k = lid; k < n; k += WG) {
+        for (var k = lid; k < n; k += LW_WG) {
             work += 1u;
             var km = vec2<u32>(NONE, NONE);
             if (k + 1u < n) { km = wg_pair(k, w_tok[k], w_tok[k + 1u]); }
@@ -1362,7 +1366,7 @@ fn bpe_merge_long_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             work += 1u;
             var m = NONE;
             work += 1u;
-            for (var k = lid; k < n; k += WG) {
+            for (var k = lid; k < n; k += LW_WG) {
                 work += 1u;
                 m = min(m, w_key[k]);
             }
@@ -1406,7 +1410,7 @@ fn bpe_merge_long_wg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         // the window's tokens where bpe_long leaves them (its `toks`), for stitch and copy
         let toks = job.z + STATE_WORDS + 4u * n;
         work += 1u;
-        for (var k = lid; k < n; k += WG) {
+        for (var k = lid; k < n; k += LW_WG) {
             work += 1u;
             scratch[toks + k] = w_tok[k];
         }

@@ -132,7 +132,9 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
                  for k in ("bpe_cuts", "bpe_digit_cuts", "bpe_pretok")] +
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
                                                   "bpe_long_stitch", "bpe_long_copy",
-                                                  "bpe_merge_pieces")] +
+                                                  "bpe_merge_pieces", "bpe_merge_long_wg")] +
+                # the workgroup merge's short build (gpu_encode.WG_SHORT_LONG_*)
+                [("bpe_encode.wgsl", "bpe_merge_long_wg", {"LW_MAX": 256, "LW_WG": 32})] +
                 [("bpe_compact.wgsl", k) for k in ("bpe_compact", "bpe_scan_compact")],
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
         variants=("random", "unicode", "long", "many", "small"),
