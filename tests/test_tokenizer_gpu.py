@@ -269,3 +269,49 @@ def test_cpu_and_gpu_backends_agree(device):
     docs = TRICKY + MULTILINGUAL
     assert cpu.encode_ordinary_batch(docs) == gpu.encode_ordinary_batch(docs)
     assert cpu.encode_bytes(b"ab\xffcd") == gpu.encode_bytes(b"ab\xffcd")
+
+
+# A 255-byte token and the 256-byte piece that is the token plus "h": their FNV-1a hashes
+# agree in the low 24 bits (found by search over the token's last five letters), so the
+# piece has the token's slot tag (lengths of 255 and more share one), home slot and bytes up
+# to its last: only the length check refuses it.
+COLLIDING_TOKEN = b"abcdefgh" + b"q" * 242 + b"azvxr"
+COLLIDING_PIECE = COLLIDING_TOKEN + b"h"
+
+
+def test_whole_piece_slots_tell_long_tokens_apart(device):
+    """The whole-piece table's slots hold 24 hash bits, the length up to 255 and the first 8
+    bytes: tokens of 254-300 bytes are found whole, and a 256-byte piece with a 255-byte
+    token's slot tag and bytes (COLLIDING_PIECE) is not taken for it — the same ids as
+    tiktoken, with the inline comparison and without it (PIECE_INLINE 0)."""
+    from tokenizer_svc.gpu_tables import VocabTables
+    from tokenizer_svc.vocab import Vocabulary
+    base = vocabulary_for("trained-gpt2")
+    from tokenizer_svc.gpu_tables import fnv1a
+    token, piece = COLLIDING_TOKEN, COLLIDING_PIECE
+    hashes = fnv1a([token, piece])
+    assert hashes[0] & 0xFFFFFF == hashes[1] & 0xFFFFFF
+    # the token after `token` in the arena starts with the piece's last byte, so the bytes
+    # compared there match too: only the length check is left to refuse the piece
+    extra = [b"q" * 254, b"q" * 255, b"q" * 256, b"q" * 300, token, piece[-1:] + b"#tail",
+             b"abcdefgh", b"abcdefghi"]
+    ranks = dict(base.ranks)
+    assert not any(t in ranks for t in extra)
+    for t in extra:
+        ranks[t] = len(ranks)
+    vocab = Vocabulary(name="long-tokens", ranks=ranks, pattern=base.pattern,
+                       special_tokens={"<|endoftext|>": len(ranks)})
+    tik = tiktoken_twin(vocab)
+    tables = VocabTables.build(vocab)
+    docs = [b"q" * n for n in (254, 255, 256, 257, 300, 301)] + \
+        [token, piece, token[:-1] + b"zz", b"abcdefgh", b"abcdefghi", b"abcdefghij", b"abcdefg"]
+    docs = [d + b" ok" for d in docs]   # each run its document's first piece, whole
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    for inline in (1, 0):
+        enc = GpuEncoder(device, tables, "gpt2")
+        enc.k_pretok = device.kernel("bpe_encode.wgsl", "bpe_pretok",
+                                     {"PATTERN": 0, "PIECE_INLINE": inline})
+        ids, offsets = enc.encode_docs(b"".join(docs), starts)
+        for i, d in enumerate(docs):
+            assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode_ordinary(d.decode()), \
+                (inline, d[:12], len(d))

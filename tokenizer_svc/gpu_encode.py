@@ -310,6 +310,10 @@ class GpuEncoder:
         self.call_chunk = chunk
         self._staging: dict[int, Buffer] = {}
         self._text_up: dict[int, Buffer] = {}   # per slot: MAP_WRITE | COPY_SRC
+        # True: a PackedRange's parts are joined into a host array (per slot), then copied
+        # into the mapping on the copy threads; False: joined into the mapping directly
+        self.text_via_host = False
+        self._text_host: dict[int, np.ndarray] = {}
         self.mapped_text_bytes = MAPPED_TEXT_BYTES
         self.copy_threads = COPY_THREADS   # 1: copy the ids out on the calling thread only
         self.parallel_copy_ids = PARALLEL_COPY_IDS
@@ -364,6 +368,12 @@ class GpuEncoder:
             up = self._text_up[slot] = self.device.buffer(
                 1 << (words - 1).bit_length(), np.uint8, label=f"bpe text upload {slot}",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
+        if isinstance(data, PackedRange) and self.text_via_host:
+            host = self._text_host.get(slot)
+            if host is None or host.size < n:
+                host = self._text_host[slot] = np.empty(1 << (n - 1).bit_length(), np.uint8)
+            data.write_into(host)   # joins in cached memory, then one parallel copy
+            data = host[:n]
         write_through_mapping(up, data, words, lambda dst, src: self._copier(
             dst, src, self.copy_threads, self.parallel_copy_ids))
         return up
