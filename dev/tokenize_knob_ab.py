@@ -7,11 +7,9 @@ and new must alternate to be compared.
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
 against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
-fill_invocations halved (twice the bytes per pre-tokenizer invocation), text_via_host
-flipped,
-without the short build of the workgroup long-piece merge (long_wg_short off), with
-other builds of it (--short-builds), and with the pre-tokenizer's whole-piece lookups
-comparing every byte in the arena (PIECE_INLINE 0, not the slot's first 8 bytes); `decode_bytes_batch_flat(ids, offsets)` with
+fill_invocations doubled (half the bytes per pre-tokenizer invocation), without the short
+build of the workgroup long-piece merge (long_wg_short off) and with other builds of it
+(--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
 GpuDecoder.upload_piece_bytes quadrupled. Every variant's output is checked (the ids of the
 first encode; every document decoded back), and each encode variant's GPU phases are kept
 from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
@@ -22,7 +20,9 @@ Session 15 ran it (as encode_submit_ab.py, at 406ca12) with two more comparisons
 is gone: chunk k+1 submitted before chunk k was waited for, and decoded bytes read out of
 the mapping in one parallel copy (both slower; dev/RESULTS.md), and with 8 MB decode pieces
 shipped against 32 MB. Session 16 dropped the decode knobs it had decided (pieces of a
-quarter, 32-bit ids for gpt2).
+quarter, 32-bit ids for gpt2) and ran two encode knobs whose code is gone (a packed batch's
+text joined in host memory, then copied into the mapping in parallel; the whole-piece
+lookup matching a piece's first 8 bytes against a copy in its slot): dev/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -73,10 +73,8 @@ def main() -> None:
         # (name, object, attribute, the value to try): "old" is the shipped value
         knobs = [("encode: chunks of twice pipeline_bytes", encoder, "pipeline_bytes",
                   2 * encoder.pipeline_bytes),
-                 ("encode: half the pre-tokenizer invocations (32-byte chunks at 16 MB)",
-                  encoder, "fill_invocations", encoder.fill_invocations // 2),
-                 ("encode: text joined in host memory, copied in parallel into the mapping",
-                  encoder, "text_via_host", not encoder.text_via_host)]
+                 ("encode: twice the pre-tokenizer invocations (16-byte chunks at 16 MB)",
+                  encoder, "fill_invocations", encoder.fill_invocations * 2)]
         if encoder.k_long_wg_short is not None:
             knobs.append(("encode: no short build (all windows in the full workgroup merge)",
                           encoder, "long_wg_short", False))
@@ -86,11 +84,6 @@ def main() -> None:
                                               {"LW_MAX": lw_max, "LW_WG": lw_wg})
                 knobs.append((f"encode: short build LW_MAX {lw_max}, LW_WG {lw_wg}", encoder,
                               "k_long_wg_short", build))
-        if encoder.k_pretok is not None:   # the pre-tokenizer's whole-piece lookups
-            arena = encoder.device.kernel("bpe_encode.wgsl", "bpe_pretok", dict(
-                encoder.k_pretok.constants, PIECE_INLINE=0))
-            knobs.append(("encode: whole pieces compared in the arena (PIECE_INLINE 0)",
-                          encoder, "k_pretok", arena))
         knobs.append(("decode: upload pieces of four times", decoder, "upload_piece_bytes",
                       4 * decoder.upload_piece_bytes))
         encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731

@@ -431,28 +431,23 @@ def test_ids_copied_out_in_parallel_slices(chunked, monkeypatch, threads):
     assert np.array_equal(got_offsets, offsets)
 
 
-@pytest.mark.parametrize("via_host", [False, True], ids=["into-mapping", "via-host"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_text_through_the_mapped_upload_buffer(chunked, monkeypatch, threads, via_host):
+def test_text_through_the_mapped_upload_buffer(chunked, monkeypatch, threads):
     """Chunks of at least mapped_text_bytes write their text into the slot's mappable buffer
     (on `threads` threads; forced here for every chunk, sizes that are not whole words) and
     copy it in their submit: the same ids, twice in a row (the buffers are reused), and the
-    byte-mode and bytes-document paths too; a packed batch's parts joined straight into the
-    mapping or into a host array first (text_via_host)."""
+    byte-mode and bytes-document paths too."""
     enc, small, tik = chunked
     monkeypatch.setattr(small, "mapped_text_bytes", 1)
     monkeypatch.setattr(small, "copy_threads", threads)
     monkeypatch.setattr(small, "parallel_copy_ids", 1)
     monkeypatch.setattr(small, "_text_up", {})
-    monkeypatch.setattr(small, "text_via_host", via_host)
-    monkeypatch.setattr(small, "_text_host", {})
     docs = _docs() + ["a", "ab", "abc", "abcde" * 41]
     want = [tik.encode_ordinary(d) for d in docs]
     for _ in range(2):
         ids, offsets = enc.encode_batch_flat(docs)
         assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
     assert set(small._text_up) == {0, 1}   # both slots' buffers were used
-    assert set(small._text_host) == ({0, 1} if via_host else set())
     raw = [d.encode() for d in docs]
     ids, offsets = enc.encode_batch_flat(raw)
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want

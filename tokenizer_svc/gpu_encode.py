@@ -144,12 +144,16 @@ INLINE_MIN_BYTES = 4096
 # invocation walks its chunk sequentially with divergent control flow, so on the H200 shorter chunks were faster at every call size measured
 # (dev/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at 128, 1 MB 2.84
 # vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document p50 0.87
-# vs 1.14 ms, dev/tokenize_host_probe.py case d), up to 16 MB (a whole pipeline chunk) with
-# one million invocations. The chunk is a kernel parameter, so no second set of pipelines.
+# vs 1.14 ms, dev/tokenize_host_probe.py case d), up to 8 MB with 2^19 invocations. Since
+# the pre-tokenizer's per-piece arrays left its per-invocation memory (session 12), 32-byte
+# chunks beat 16-byte ones at 16 MB calls (the 67 MB bench corpus, interleaved in one
+# process, session 16: pretok_merge 15.8 -> 12.2 ms gpt2, 15.0 -> 11.7 cl100k, 21.4 -> 18.1
+# o200k; encode 1.115 / 1.081 / 1.044x), so a whole pipeline chunk (16 MB) takes 32.
+# The chunk is a kernel parameter, so no second set of pipelines.
 # Software Vulkan keeps `chunk` (lavapipe ran shorter chunks slower: 0.94 vs 0.75 ms at 16
 # vs 128).
 SMALL_CHUNK = 16
-FILL_INVOCATIONS = 1 << 20
+FILL_INVOCATIONS = 1 << 19
 # A chunk's pre-tokenizer walk (bpe_cuts, bpe_pretok) is divergent, serial work: the lanes of
 # one subgroup that walk different text take turns (a lone 1 KB document, 64 chunks in two
 # subgroups: bpe_pretok 0.83 ms on the H200). A call of few chunks leaves the GPU mostly
@@ -310,10 +314,6 @@ class GpuEncoder:
         self.call_chunk = chunk
         self._staging: dict[int, Buffer] = {}
         self._text_up: dict[int, Buffer] = {}   # per slot: MAP_WRITE | COPY_SRC
-        # True: a PackedRange's parts are joined into a host array (per slot), then copied
-        # into the mapping on the copy threads; False: joined into the mapping directly
-        self.text_via_host = False
-        self._text_host: dict[int, np.ndarray] = {}
         self.mapped_text_bytes = MAPPED_TEXT_BYTES
         self.copy_threads = COPY_THREADS   # 1: copy the ids out on the calling thread only
         self.parallel_copy_ids = PARALLEL_COPY_IDS
@@ -368,12 +368,6 @@ class GpuEncoder:
             up = self._text_up[slot] = self.device.buffer(
                 1 << (words - 1).bit_length(), np.uint8, label=f"bpe text upload {slot}",
                 usage=BufferUsage.MAP_WRITE | BufferUsage.COPY_SRC)
-        if isinstance(data, PackedRange) and self.text_via_host:
-            host = self._text_host.get(slot)
-            if host is None or host.size < n:
-                host = self._text_host[slot] = np.empty(1 << (n - 1).bit_length(), np.uint8)
-            data.write_into(host)   # joins in cached memory, then one parallel copy
-            data = host[:n]
         write_through_mapping(up, data, words, lambda dst, src: self._copier(
             dst, src, self.copy_threads, self.parallel_copy_ids))
         return up

@@ -8,12 +8,8 @@
                                such id (a hole, e.g. cl100k's 100261..100275)
     arena                      all token bytes (ordinary and special) back to back, packed
                                little-endian into u32
-    piece slots[4 * P]         open-addressing hash table bytes -> id for the whole-piece
-                               shortcut: (FNV-1a-32's low 24 bits | min(length, 255) << 24, id, the
-                               token's first 8 bytes little-endian, zero-padded); id NONE =
-                               empty slot. A piece of at most 8 bytes is checked against the
-                               slot alone: one probe, no dependent loads of the token's length
-                               and bytes (PIECE_INLINE in bpe_encode.wgsl)
+    piece slots[2 * P]         open-addressing hash table bytes -> id for the whole-piece
+                               shortcut: (FNV-1a-32 of the bytes, id); id NONE = empty slot
 - `pairs` (u32, 4 per slot): open-addressing hash table (left id, right id) ->
   (priority, merged id). For `.tiktoken` vocabularies every pair of tokens whose
   concatenation is a token, priority = rank of the concatenation (tiktoken's rule: merge by the
@@ -192,16 +188,10 @@ class VocabTables:
         o_ids = np.array([i for _, i in ordinary], dtype=np.uint32)
         hashes = fnv1a(o_bytes)
         p_cap = _capacity(len(o_bytes))
-        slots = np.full((p_cap, 4), NONE, dtype=np.uint32)
+        slots = np.full((p_cap, 2), NONE, dtype=np.uint32)
         where = place(hashes, p_cap)
-        # lengths of 255 and more share the tag 255 (the kernel then checks the real one)
-        o_lens = np.minimum(np.fromiter(map(len, o_bytes), dtype=np.int64, count=len(o_bytes)),
-                            255).astype(np.uint32)
-        head = np.frombuffer(b"".join(t[:8].ljust(8, b"\0") for t in o_bytes),
-                             dtype="<u4").reshape(-1, 2)
-        slots[where, 0] = (hashes & 0xFFFFFF) | (o_lens << 24)
+        slots[where, 0] = hashes
         slots[where, 1] = o_ids
-        slots[where, 2:] = head
 
         if vocab.merges is not None:
             left, right, prio, merged = hf_pairs(vocab)

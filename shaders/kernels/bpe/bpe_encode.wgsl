@@ -28,8 +28,7 @@
 //                                        n_bytes); for bpe_merge_pieces: piece starts
 //   2 classes   array<u32>         read  Unicode classes: stage 1 (4352 words), then stage 2
 //   3 vocab     array<u32>         read  byte_tok[256] | tok_info (offset, length) per id |
-//                                        token bytes | piece slots (FNV-1a tag, id, first
-//                                        8 bytes)
+//                                        token bytes | piece slots (FNV-1a hash, id)
 //   4 pairs     array<vec4<u32>>   read  (left, right) -> (priority, merged id) hash table
 //   5 cuts      array<vec4<u32>>   rw    per chunk: (boundary, resume position, summary0,
 //                                        summary1), see bpe_cuts
@@ -168,10 +167,6 @@ override LONG_WINDOW: u32 = 384u;
 override LONG_OVERLAP: u32 = 192u;
 // bpe_digit_cuts looks back at most this many chunks for the start of a run of digits
 override DIGIT_LOOKBACK: u32 = 4096u;
-// 1: lookup_piece matches a piece's first 8 bytes against its slot's copy of them (a piece of
-// up to 8 bytes needs no loads of the token's length and bytes); 0: every byte in the arena
-// (kept to time the difference, dev/tokenize_knob_ab.py)
-override PIECE_INLINE: u32 = 1u;
 
 struct Params {
     n_bytes: u32,
@@ -631,45 +626,30 @@ fn pair_lookup(a: u32, b: u32) -> vec2<u32> {
     return vec2<u32>(NONE, NONE);
 }
 
-// The id of the token whose bytes are text[s, s+n), or NONE. A slot holds the hash's low 24
-// bits with the length, the id and the token's first 8 bytes (gpu_tables.py), so a piece of
-// up to 8 bytes is matched by one slot load; longer ones compare their other bytes in the
-// arena (PIECE_INLINE 0: every byte in the arena, the slot's bytes unused).
+// The id of the token whose bytes are text[s, s+n), or NONE.
 fn lookup_piece(s: u32, n: u32) -> u32 {
     var h = 2166136261u;
-    var head = vec2<u32>(0u, 0u);   // the piece's first 8 bytes, little-endian, zero-padded
     work += 1u;
     for (var k = 0u; k < n; k += 1u) {
         work += 1u;
-        let b = byte_at(s + k);
-        h = (h ^ b) * 16777619u;
-        if (k < 4u) {
-            head.x |= b << (8u * k);
-        } else if (k < 8u) {
-            head.y |= b << (8u * (k - 4u));
-        }
+        h = (h ^ byte_at(s + k)) * 16777619u;
     }
-    let tag = (h & 0xffffffu) | (min(n, 255u) << 24u);
-    let inline_bytes = select(0u, min(n, 8u), PIECE_INLINE != 0u);
     var slot = h & p.piece_mask;
     work += 1u;
     loop {
         work += 1u;
-        let base = p.piece_off + 4u * slot;
+        let base = p.piece_off + 2u * slot;
         let id = vocab[base + 1u];
         if (id == NONE) { return NONE; }
-        if (vocab[base] == tag &&
-            (inline_bytes == 0u || (vocab[base + 2u] == head.x && vocab[base + 3u] == head.y))) {
-            var same = n < 255u || tok_len(id) == n;   // the tag holds lengths up to 254
-            if (same && inline_bytes < n) {
-                let off = vocab[p.info_off + 2u * id];
+        if (vocab[base] == h && tok_len(id) == n) {
+            let off = vocab[p.info_off + 2u * id];
+            var same = true;
+            work += 1u;
+            for (var k = 0u; k < n; k += 1u) {
                 work += 1u;
-                for (var k = inline_bytes; k < n; k += 1u) {
-                    work += 1u;
-                    if (arena_byte(off + k) != byte_at(s + k)) {
-                        same = false;
-                        break;
-                    }
+                if (arena_byte(off + k) != byte_at(s + k)) {
+                    same = false;
+                    break;
                 }
             }
             if (same) { return id; }
