@@ -178,7 +178,11 @@ def _worker_pids(parent: int) -> list[int]:
     """Rank processes (python -m trainer_svc.distributed.worker) started by `parent`."""
     found = []
     for task in Path(f"/proc/{parent}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:   # a thread may end between the listing and the read
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in children:
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
