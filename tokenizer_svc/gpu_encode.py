@@ -29,7 +29,8 @@ copied out, so the host's copy runs while the GPU works. The number of Python op
 constant per chunk (none per document), and a chunk creates no device objects once the
 pools have grown: its parameters are written into uniform slots (gpu_scan.UniformSlots), so
 every kernel's bind group is made once. On GPUs the chunk's submit also merges its long
-pieces (bpe_merge_long -> bpe_long_stitch -> bpe_long_copy, grids sized by the chunk). The
+pieces (bpe_merge_long_wg's short build, then its full build, -> bpe_merge_long ->
+bpe_long_stitch -> bpe_long_copy, grids sized by the chunk). The
 slow path, taken per chunk when the counters say so: long pieces were queued on a software
 device (loop budgets) or a seam failed to stitch (merged again, then compact again), a
 budgeted segment is unfinished (software Vulkan), or the ids guess was short.
