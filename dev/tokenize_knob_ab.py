@@ -7,9 +7,10 @@ and new must alternate to be compared.
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
 against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
-fill_invocations doubled (half the bytes per pre-tokenizer invocation), without the short
-build of the workgroup long-piece merge (long_wg_short off) and with other builds of it
-(--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
+fill_invocations doubled (half the bytes per pre-tokenizer invocation), a packed batch's
+groups of ASCII str parts encoded part by part (PackedRange.JOIN_STR_FIRST off), without
+the short build of the workgroup long-piece merge (long_wg_short off) and with other builds
+of it (--short-builds); --only picks knobs by name; `decode_bytes_batch_flat(ids, offsets)` with
 GpuDecoder.upload_piece_bytes quadrupled. Every variant's output is checked (the ids of the
 first encode; every document decoded back), and each encode variant's GPU phases are kept
 from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
@@ -49,12 +50,15 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warm", type=float, default=1.5)
+    ap.add_argument("--only", default="",
+                    help="run only the knobs whose name contains this text")
     ap.add_argument("--short-builds", default="576:32,256:64,128:32",
                     type=lambda v: [tuple(map(int, b.split(":"))) for b in v.split(",") if b],
                     help="LW_MAX:LW_WG builds of the short workgroup merge tried in place of "
                          "the shipped one")
     args = ap.parse_args()
     from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.packed_text import PackedRange
     docs, corpus = build_corpus(args.mb)
     nbytes = corpus["bytes"]
     want = [d.encode() for d in docs]
@@ -74,7 +78,9 @@ def main() -> None:
         knobs = [("encode: chunks of twice pipeline_bytes", encoder, "pipeline_bytes",
                   2 * encoder.pipeline_bytes),
                  ("encode: twice the pre-tokenizer invocations (16-byte chunks at 16 MB)",
-                  encoder, "fill_invocations", encoder.fill_invocations * 2)]
+                  encoder, "fill_invocations", encoder.fill_invocations * 2),
+                 ("encode: text groups of str parts encoded part by part (JOIN_STR_FIRST off)",
+                  PackedRange, "JOIN_STR_FIRST", not PackedRange.JOIN_STR_FIRST)]
         if encoder.k_long_wg_short is not None:
             knobs.append(("encode: no short build (all windows in the full workgroup merge)",
                           encoder, "long_wg_short", False))
@@ -88,7 +94,7 @@ def main() -> None:
                       4 * decoder.upload_piece_bytes))
         encode = lambda: enc.encode_batch_flat(docs)  # noqa: E731
         decode = lambda: enc.decode_bytes_batch_flat(ids, offsets)  # noqa: E731
-        for what, obj, attr, value in knobs:
+        for what, obj, attr, value in [k for k in knobs if args.only in k[0]]:
             shipped = getattr(obj, attr)
             run = encode if what.startswith("encode") else decode
 

@@ -34,13 +34,20 @@ def test_a_range_inside_one_part_is_a_view_not_a_copy():
     assert np.shares_memory(view, np.frombuffer(parts[1], np.uint8))
 
 
-def test_a_range_writes_its_parts_where_they_go():
+@pytest.mark.parametrize("str_share", [0.5, 1.0], ids=["mixed", "str-only"])
+@pytest.mark.parametrize("group", [PackedRange.GROUP, 24])
+@pytest.mark.parametrize("str_first", [True, False], ids=["str-join", "bytes-join"])
+def test_a_range_writes_its_parts_where_they_go(monkeypatch, str_share, group, str_first):
     """PackedRange.write_into puts bytes [lo, hi) into the front of a buffer, part by part
     (str parts encoded, bytes parts copied), touching nothing after them: every range of
-    mixed parts equals the joined bytes."""
+    mixed parts, and of str parts only, equals the joined bytes, in groups of the default
+    size and of 24 bytes (many groups, some all str), a group of str parts joined as str and
+    encoded once (JOIN_STR_FIRST) or each part encoded."""
+    monkeypatch.setattr(PackedRange, "GROUP", group)
+    monkeypatch.setattr(PackedRange, "JOIN_STR_FIRST", str_first)
     rng = random.Random(5)
-    parts = [rng.choice([rng.randbytes(rng.choice([0, 1, 3, 9, 40])),
-                         "".join(rng.choice("ab \n") for _ in range(rng.choice([0, 2, 7, 33])))])
+    parts = [rng.randbytes(rng.choice([0, 1, 3, 9, 40])) if rng.random() >= str_share else
+             "".join(rng.choice("ab \n") for _ in range(rng.choice([0, 2, 7, 33])))
              for _ in range(30)]
     starts = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
     packed = PackedText(parts, starts)
