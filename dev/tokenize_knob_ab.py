@@ -3,7 +3,7 @@ call in one process (issue 19): on a machine whose speed drifts by 20% between r
 and new must alternate to be compared.
 
     python dev/tokenize_knob_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
-                                   [--rounds 10] [--warm 1.5]
+                                   [--rounds 10] [--warm 1.5] [--only TEXT]
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
 against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
