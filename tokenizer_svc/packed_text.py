@@ -64,10 +64,13 @@ class PackedRange:
     machine (16.8 MB of the bench corpus: 3.5 ms; part by part, 3.7)."""
 
     GROUP = 256 << 10
-    # A group of ASCII str parts only is joined as str and encoded once (two copies) rather
-    # than each part encoded and the results joined (a bytes object per part first); a
-    # group with a bytes part (an encoded non-ASCII text) is joined as bytes.
-    JOIN_STR_FIRST = True
+    # True: a group of ASCII str parts only is joined as str and encoded once rather than
+    # each part encoded and the results joined (a bytes object per part first); a group with
+    # a bytes part (an encoded non-ASCII text) is joined as bytes either way. On the 2-core
+    # dev machine the bench corpus's text writes took 18.6 ms instead of 21.6 (interleaved);
+    # off until timed on the H200's host (dev/tokenize_knob_ab.py --only JOIN_STR), where
+    # the committed bench ran without it.
+    JOIN_STR_FIRST = False
 
     def __init__(self, packed: PackedText, lo: int, hi: int):
         if not 0 <= lo <= hi <= packed.size:
