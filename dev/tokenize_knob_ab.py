@@ -11,9 +11,9 @@ fill_invocations doubled (half the bytes per pre-tokenizer invocation), a packed
 groups of ASCII str parts joined as str and encoded once (PackedRange.JOIN_STR_FIRST
 flipped), without the short build of the workgroup long-piece merge (long_wg_short off) and
 with other builds of it (--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
-GpuDecoder.upload_piece_bytes quadrupled. --only picks knobs by name. Every variant's output is checked (the ids of the
-first encode; every document decoded back), and each encode variant's GPU phases are kept
-from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
+GpuDecoder.upload_piece_bytes quadrupled. --only picks knobs by name. Every variant's
+output is checked (the ids of the first encode; every document decoded back), and each
+encode variant's GPU phases are kept from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
 DIR/tokenize_knob_ab.md and .json: per vocabulary and comparison the median and min wall,
 MB/s of text, the new/old speed ratio of the medians.
 
