@@ -114,7 +114,9 @@ WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
 # Thai without spaces is one window) go first to the same kernel built with workgroups of
 # WG_SHORT_LONG_WG invocations and arrays of WG_SHORT_LONG_MAX words: a merge is a chain of
 # barriers and lookups, so a window's time is latency, and a third of the workgroup memory
-# and half the invocations let about twice as many windows run at once per SM. 0: off.
+# lets more windows run at once per SM. H200, the 67 MB bench corpus: the long-piece phase
+# 4.7 / 6.2 / 7.3 -> 3.5 / 4.5 / 4.8 ms (gpt2 / cl100k / o200k); arrays of 576 or 128 were
+# slower, 64 invocations the same as 32 (dev/RESULTS.md, session 16). 0: off.
 WG_SHORT_LONG_MAX = 256
 WG_SHORT_LONG_WG = 32
 WG_SHORT_LONG_GROUPS = 16384

@@ -1285,8 +1285,9 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
 // workgroup takes a further window only while invocation 0's count is below it; a window is
 // never left half done (at most ~13K counted iterations at LW_MAX).
 // LW_MAX and LW_WG are overridden together for short windows (gpu_encode.WG_SHORT_LONG_*):
-// each merge is a chain of barriers and lookups, so a window's time is latency; a workgroup
-// of 32 with arrays of 256 words lets about twice as many windows run at once per SM.
+// each merge is a chain of barriers and lookups, so a window's time is latency; arrays of
+// 256 words (a third of the workgroup memory) let more windows run at once per SM (on the
+// H200 the arrays' size was what counted: 32 or 64 invocations timed the same).
 override LW_MAX: u32 = 768u;   // gpu_encode.WG_LONG_MAX; at most 1024 (keys hold 10 bits)
 override LW_WG: u32 = 64u;     // the workgroup's invocations
 const LW_NO_PREV: u32 = 0xffffu;
