@@ -13,9 +13,9 @@ flipped), without the short build of the workgroup long-piece merge (long_wg_sho
 with other builds of it (--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
 GpuDecoder.upload_piece_bytes quadrupled. --only picks knobs by name. Every variant's
 output is checked (the ids of the first encode; every document decoded back), and each
-encode variant's GPU phases are kept from one profiled call. Rounds alternate the order of the variants (AB, BA, ...). Writes
-DIR/tokenize_knob_ab.md and .json: per vocabulary and comparison the median and min wall,
-MB/s of text, the new/old speed ratio of the medians.
+encode variant's GPU phases are kept from one profiled call. Rounds alternate the order of
+the variants (AB, BA, ...). Writes DIR/tokenize_knob_ab.md and .json: per vocabulary and
+comparison the median and min wall, MB/s of text, the new/old speed ratio of the medians.
 
 Session 15 ran it (as encode_submit_ab.py, at 406ca12) with two more comparisons whose code
 is gone: chunk k+1 submitted before chunk k was waited for, and decoded bytes read out of
@@ -52,10 +52,10 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=1.5)
     ap.add_argument("--only", default="",
                     help="run only the knobs whose name contains this text")
-    ap.add_argument("--short-builds", default="576:32,256:64,128:32",
+    ap.add_argument("--short-builds", default="",
                     type=lambda v: [tuple(map(int, b.split(":"))) for b in v.split(",") if b],
                     help="LW_MAX:LW_WG builds of the short workgroup merge tried in place of "
-                         "the shipped one")
+                         "the shipped one, comma-separated (session 16: 576:32,256:64,128:32)")
     args = ap.parse_args()
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.packed_text import PackedRange

@@ -101,7 +101,6 @@ class PackedRange:
             dst[a - lo:b - lo] = np.frombuffer(joined, np.uint8)[off:off + b - a]
             i = j
 
-
     @classmethod
     def _join(cls, group: list) -> bytes:
         if cls.JOIN_STR_FIRST:
