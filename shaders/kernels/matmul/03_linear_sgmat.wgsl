@@ -77,12 +77,8 @@ struct Params {
 }
 
 var<workgroup> As: array<f16, 2u * STAGE_A>;
-// @if BG
-// B is not staged: its tiles are loaded straight from the f16 weights (see tile_body)
-// @else
 var<workgroup> Bs: array<f16, 2u * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
-// @endif
 
 // Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
 // to f16 (A16: read as f16). The f32 path is written exactly as before the f16 A: a version
@@ -109,13 +105,6 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     return vec4<f16>(v);
 }
 
-// @if BG
-// Offset of B element (row k, column n of op(B)) in the f16 weights, and the tiles' order.
-fn b_global(k: u32, n: u32) -> u32 {
-    if (B_KMAJOR) { return k * p.ldb + n; }
-    return n * p.ldb + k;
-}
-// @else
 fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     let i = lid + t * WG;
     if (B_KMAJOR) {
@@ -129,7 +118,6 @@ fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     }
     return vec4<f16>();
 }
-// @endif
 
 // Slot t into stage `stage`, in the orientation it was read in (4 consecutive f16).
 fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
@@ -146,8 +134,6 @@ fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
     As[at + 3u] = v.w;
 }
 
-// @if BG
-// @else
 fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
     let i = lid + t * WG;
     var at = stage * STAGE_B;
@@ -161,7 +147,6 @@ fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
     Bs[at + 2u] = v.z;
     Bs[at + 3u] = v.w;
 }
-// @endif
 
 // Offset of staged A element (row m, column k) and whether A's tiles are column-major there.
 fn a_at(stage: u32, m: u32, k: u32) -> u32 {
@@ -169,8 +154,6 @@ fn a_at(stage: u32, m: u32, k: u32) -> u32 {
     return stage * STAGE_A + m * SA + k;
 }
 
-// @if BG
-// @else
 fn b_at(stage: u32, k: u32, n: u32) -> u32 {
     if (B_KMAJOR) { return stage * STAGE_B + k * SB + n; }
     return stage * STAGE_B + n * SB + k;
@@ -215,7 +198,6 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
     }
     workgroupBarrier();
 }
-// @endif
 
 fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     let sr = sg / SGC;
@@ -230,11 +212,7 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     var c: array<subgroup_matrix_result<f32, 16, 16>, {{TI}} * {{TJ}}>;
 // @if DIRECT
     // the whole tile inside C and alpha 1: accumulate from C or R, store straight to C
-// @if BG
-    let direct = true;   // the host runs BG only where every tile is inside C and alpha is 1
-// @else
     let direct = p.alpha == 1.0 && m0 + BM <= p.m && n0 + BN <= p.n;
-// @endif
     if (direct && p.mode != 0u) {
         for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
             for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
@@ -250,36 +228,21 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 // @endif
     // register set h holds the slices s with s % AHEAD == h between their loads and stashes
     var ra: array<array<vec4<f16>, {{LA}}>, {{AHEAD}}>;
-// @if BG
-    // B's tiles of k-step g (16 values of K) live in set g % 2 from one k-step before their
-    // multiplies: loaded from storage (through L1; the SGR subgroups of a column share them)
-    var bf: array<array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>, 2>;
-    for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-        bf[0][j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&b_in, b_global(k_begin, n0 + bn + 16u * j), !B_KMAJOR, p.ldb);
-    }
-// @else
     var rb: array<array<vec4<f16>, {{LB}}>, {{AHEAD}}>;
-// @endif
     for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
         for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
             ra[h][t] = fetch_a(t, lid, m0, k_begin + h * BK, k_end);
         }
-// @if BG
-// @else
         for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
             rb[h][t] = fetch_b(t, lid, n0, k_begin + h * BK, k_end);
         }
-// @endif
     }
     for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
         stash_a(t, lid, 0u, ra[0][t]);
     }
-// @if BG
-// @else
     for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
         stash_b(t, lid, 0u, rb[0][t]);
     }
-// @endif
     workgroupBarrier();
 
     for (var s0 = 0u; s0 < slices; s0 += {{AHEAD}}u) {
@@ -293,33 +256,10 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                     for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
                         ra[h][t] = fetch_a(t, lid, m0, k_next, k_end);
                     }
-// @if BG
-// @else
                     for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
                         rb[h][t] = fetch_b(t, lid, n0, k_next, k_end);
                     }
-// @endif
                 }
-// @if BG
-                // k-step g = s KSTEPS + kk (AHEAD KSTEPS is even, so g % 2 is a constant here)
-                for (var kk = 0u; kk < {{KSTEPS}}u; kk++) {   // @unroll
-                    let k_ahead = k_begin + s * BK + 16u * kk + 16u;
-                    if (k_ahead < k_end) {   // the next k-step's B into the other set
-                        for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                            bf[(h * {{KSTEPS}}u + kk + 1u) % 2u][j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&b_in, b_global(k_ahead, n0 + bn + 16u * j), !B_KMAJOR, p.ldb);
-                        }
-                    }
-                    var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
-                    for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                        a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, a_at(stage, am + 16u * i, 16u * kk), A_KMAJOR, SA);
-                    }
-                    for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                        for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                            c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], bf[(h * {{KSTEPS}}u + kk) % 2u][j], c[i * {{TJ}}u + j]);
-                        }
-                    }
-                }
-// @else
                 for (var ks = 0u; ks < BK; ks += 16u) {
                     var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
                     var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
@@ -335,17 +275,13 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                         }
                     }
                 }
-// @endif
                 {   // slice s + 1 into the other stage, last read before the previous barrier
                     for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
                         stash_a(t, lid, 1u - stage, ra[(h + 1u) % {{AHEAD}}u][t]);
                     }
-// @if BG
-// @else
                     for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
                         stash_b(t, lid, 1u - stage, rb[(h + 1u) % {{AHEAD}}u][t]);
                     }
-// @endif
                 }
                 workgroupBarrier();
             }
@@ -362,15 +298,12 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
         return;
     }
 // @endif
-// @if BG
-// @else
     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
         for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
             subgroupMatrixStore(&Cs, sg * 256u, c[i * {{TJ}}u + j], false, 16u);
             write_tile(sg, lane, m0 + am + 16u * i, n0 + bn + 16u * j, wg.z);
         }
     }
-// @endif
 }
 
 // --- KERNEL: matmul_nt_sgmat ---
@@ -444,11 +377,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-// @if BG
-@group(0) @binding(1) var<storage, read> b_in: array<f16>;
-// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
-// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -459,10 +388,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-// @if BG
-// @else
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
-// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -474,11 +400,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-// @if BG
-@group(0) @binding(1) var<storage, read> b_in: array<f16>;
-// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
-// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -489,10 +411,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-// @if BG
-// @else
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
-// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -573,11 +492,7 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nt_a16_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
-// @if BG
-@group(0) @binding(1) var<storage, read> b_in: array<f16>;
-// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
-// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -588,10 +503,7 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-// @if BG
-// @else
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
-// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -603,11 +515,7 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nn_a16_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
-// @if BG
-@group(0) @binding(1) var<storage, read> b_in: array<f16>;
-// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
-// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -618,10 +526,7 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-// @if BG
-// @else
 fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
-// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,

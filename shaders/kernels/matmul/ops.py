@@ -243,8 +243,7 @@ SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the 
 # Straight stores (SgmatConfig.direct) bind C and R as f32 arrays that 16 x 16 f32 matrices
 # are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
 SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
-_SGMAT_RE = re.compile(
-    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-g)?$")
+_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?$")
 
 
 @dataclass(frozen=True)
@@ -255,11 +254,8 @@ class SgmatConfig:
     staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
     direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
-    dev/RESULTS.md); bglobal ("-d-g"): B's tiles loaded by each subgroup straight from the
-    f16 weights, only A staged (needs direct; runs where B is f16, the layout nt or nn, the
-    tiles divide M, N and K and alpha is 1: elsewhere the same tiles stage B, see `plan`).
-    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-g"); without the suffixes the kernel of
-    before round 3 (2026-12-01)."""
+    dev/RESULTS.md). Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d"); without the suffixes
+    the kernel of before round 3 (2026-12-01)."""
 
     sgr: int = 2
     sgc: int = 2
@@ -270,12 +266,11 @@ class SgmatConfig:
     splits: int = 1
     ahead: int = 1
     direct: bool = False
-    bglobal: bool = False
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
                 f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
-                + ("-d" if self.direct else "") + ("-g" if self.bglobal else ""))
+                + ("-d" if self.direct else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -284,10 +279,10 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-g] (e.g. sg2x2-t4x4-k32-p8-s1)")
-        *dims, ahead, direct, bglobal = m.groups()
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d] (e.g. sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct = m.groups()
         return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
-                   direct=direct is not None, bglobal=bglobal is not None)
+                   direct=direct is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -305,36 +300,23 @@ class SgmatConfig:
         return SGMAT_SUBGROUP * self.sgr * self.sgc
 
     def loads(self) -> tuple[float, float]:
-        """vec4 loads of A and of B per invocation per slice (B: 0 with bglobal)."""
+        """vec4 loads of A and of B per invocation per slice."""
         return (self.bm * self.bk / 4 / self.invocations,
-                0 if self.bglobal else self.bn * self.bk / 4 / self.invocations)
+                self.bn * self.bk / 4 / self.invocations)
 
     def workgroup_bytes(self, layout: str) -> int:
         a_rows, a_row = (self.bk, self.bm) if layout == "tn" else (self.bm, self.bk)
-        if self.bglobal:   # A's two stages only: no B stages, no result slots
-            return 2 * 2 * a_rows * (a_row + self.pad)
         b_rows, b_row = (self.bn, self.bk) if layout == "nt" else (self.bk, self.bn)
         staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
         return 2 * 2 * staged + 4 * 256 * self.sgr * self.sgc
 
-    def runs_bglobal(self, layout: str, b_dtype, M: int, N: int, K: int,
-                     alpha: float = 1.0) -> bool:
-        """Whether the bglobal kernel may run this product: B f16 (the weights), nt or nn,
-        every workgroup's tile inside C (it has no bounds-checked path), whole K slices,
-        alpha 1 (it stores straight from the accumulators)."""
-        return (self.bglobal and self.direct and layout in ("nt", "nn")
-                and np.dtype(b_dtype) == F16 and M % self.bm == 0 and N % self.bn == 0
-                and K % self.bk == 0 and float(alpha) == 1.0)
-
-    def template_params(self, layout: str, a16: bool = False, b16: bool = True) -> dict:
-        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16); `b16`:
-        for the _w16 kernels (B in f16: only they load B from storage)."""
+    def template_params(self, layout: str, a16: bool = False) -> dict:
+        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
         la, lb = self.loads()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
                 "CLAMP_A": layout == "nt" and not a16,
-                "AHEAD": self.ahead, "DIRECT": self.direct, "BG": self.bglobal and b16 and layout != "tn",
-                "KSTEPS": self.bk // SGMAT_TILE}
+                "AHEAD": self.ahead, "DIRECT": self.direct}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
@@ -350,14 +332,7 @@ class SgmatConfig:
             out.append(f"pad {self.pad} is not a multiple of 4")
         if self.ahead not in (1, 2):
             out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
-        if self.bglobal and not self.direct:
-            out.append("B from storage (-g) stores straight (needs -d)")
-        if self.bglobal and self.ahead * self.bk // 16 % 2:
-            out.append("B from storage (-g) alternates two sets of B tiles per 16 of K: AHEAD x "
-                       "BK / 16 must be even")
         for name, n in zip("AB", self.loads()):
-            if name == "B" and self.bglobal:
-                continue
             if n != int(n) or not 1 <= n <= MAX_LOADS:
                 out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
                            f"number from 1 to {MAX_LOADS}: change BK or the tiles)")
@@ -563,7 +538,7 @@ class Plan:
 def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: bool = False,
          lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
          operands=(), config=None, tiles=None, tensor_cores: bool = False,
-         a_dtype=F32, alpha: float = 1.0) -> Plan:
+         a_dtype=F32) -> Plan:
     """The kernel and configuration `matmul` would run for these shapes and operands (an f16
     A only on the tensor-core path: ValueError elsewhere)."""
     a16 = np.dtype(a_dtype) == F16
@@ -605,14 +580,6 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
         if cfg.direct and min([M * N * 4] + [v.nbytes for v in (out, *extra)
                                              if v is not None]) < SGMAT_MIN_BINDING:
             cfg = dataclasses.replace(cfg, direct=False)   # C (or R) smaller than a matrix
-        if cfg.bglobal and not cfg.runs_bglobal(layout, b_dtype, M, N, K, alpha):
-            cfg = dataclasses.replace(cfg, bglobal=False)   # the same tiles, B staged
-            problems = cfg.problems(device, layout)
-            if problems:
-                raise ValueError(f"matmul_{layout}: config {cfg}-g loads B from storage only "
-                                 "for f16 B (nt, nn), tiles that divide M, N and K and alpha 1 "
-                                 f"(here M={M} N={N} K={K} alpha={alpha}), and its tiles with B "
-                                 "staged cannot run: " + "; ".join(problems))
         _, name = kernel_name(layout, b_dtype)
         if a16:
             name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
@@ -671,7 +638,7 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     operands = [a, b, out] + ([residual] if residual is not None else [])
     chosen = plan(dev, layout, M, N, K, b_dtype=b_dtype, f16_math=f16_math, lda=lda, ldb=ldb,
                   ldc=ldc, operands=operands, config=config, tiles=tiles,
-                  tensor_cores=tensor_cores, a_dtype=a_dtype, alpha=alpha)
+                  tensor_cores=tensor_cores, a_dtype=a_dtype)
     res = residual if residual is not None else dummy(dev)
     if chosen.path == "tiled":
         _record_tiled(rec, chosen, a, b, res, out, M, N, K, mode, float(alpha), lda, ldb, ldc,
@@ -703,8 +670,7 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     if isinstance(cfg, SgmatConfig):
         layout = chosen.kernel.split("_")[1]   # matmul_<layout>[_a16][_w16]_sgmat
         kern = dev.kernel(chosen.file, chosen.kernel, {},
-                          cfg.template_params(layout, "_a16" in chosen.kernel,
-                                              "_w16" in chosen.kernel))
+                          cfg.template_params(layout, "_a16" in chosen.kernel))
         if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
             unused = dummy(dev, SGMAT_MIN_BINDING)
             if mode != MODES["residual"]:
