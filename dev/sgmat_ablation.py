@@ -14,6 +14,11 @@ products and their tuned configurations:
     no_stash_nobar  no_stash without the slice loop's barrier
     stage_only      no matrix loads and no multiplies (global loads, staging stores and
                     barriers remain)
+    half_stores     each staged vec4 written as 2 of its 4 scalar f16 stores (what the
+                    scalar workgroup stores cost)
+
+and, with --a16, every variant again with A in f16 memory (the _a16 kernels: half A's bytes,
+no rounding while staging), the same configuration.
 
 The ablated kernels compute wrong products; only their times mean anything. The difference
 to `base` bounds what removing a part could win. Writes DIR/sgmat_ablation.{md,json}.
@@ -60,6 +65,9 @@ def patches() -> dict[str, list[tuple[str, str]]]:
              "fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n"
              "    if (t != 0xffffffffu) { return; }\n")],
         "stage_only": [(MMA, "c[i * {{TJ}}u + j] = c[i * {{TJ}}u + j];")],
+        "half_stores": [
+            ("    As[at + 2u] = v.z;\n    As[at + 3u] = v.w;\n", ""),
+            ("    Bs[at + 2u] = v.z;\n    Bs[at + 3u] = v.w;\n", "")],
     }
 
 
@@ -96,11 +104,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--warm-s", type=float, default=1.0,
                     help="seconds of calls before each timing (the GPU's clock climbs)")
+    ap.add_argument("--a16", action="store_true", help="also every variant with A in f16")
+    ap.add_argument("--only", default="", help="variants to run (comma list; default all)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="sgmat_ablation_"))
     files = variant_files(tmp)
+    if args.only:
+        files = {k: v for k, v in files.items() if k in args.only.split(",")}
     find = source.find_file
     source.find_file = lambda name: tmp / name if name in files.values() else find(name)
     dev = Device(None, robustness=False)   # as the trainer's devices
@@ -111,6 +123,7 @@ def main():
         a = rng.standard_normal((K, M) if layout == "tn" else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if layout == "nt" else (K, N)).astype(np.float32)
         A, B = dev.upload(a), dev.upload(b.astype(np.float16) if w16 else b)
+        A16 = dev.upload(a.astype(np.float16)) if args.a16 else None
         C = dev.zeros((M, N))
         cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
         cfgs = [cfg] + [c for c in (linear.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1-a2"),)
@@ -118,13 +131,14 @@ def main():
         for c in cfgs:
             row = {"what": what, "layout": layout, "shape": [M, N, K], "config": str(c),
                    "us": {}}
-            for name, fname in files.items():
+            for (name, fname), a_buf in [(f, A) for f in files.items()] + (
+                    [((n + "_a16", f), A16) for n, f in files.items()] if args.a16 else []):
                 plan = linear.plan(dev, layout, M, N, K, b_dtype=B.dtype,
-                                   operands=[A, B, C], config=c)
+                                   operands=[a_buf, B, C], config=c, a_dtype=a_buf.dtype)
                 plan = linear.Plan(plan.path, fname, plan.kernel, plan.config)
-                def enc(rec, plan=plan):
-                    linear._record_tiled(rec, plan, A, B, linear.dummy(dev), C, M, N, K, 0,
-                                         1.0, K if layout != "tn" else M,
+                def enc(rec, plan=plan, a_buf=a_buf):
+                    linear._record_tiled(rec, plan, a_buf, B, linear.dummy(dev), C, M, N, K,
+                                         0, 1.0, K if layout != "tn" else M,
                                          K if layout == "nt" else N, N, False)
                 try:
                     t = dev.time_gpu(enc, min_warmup_s=args.warm_s)
@@ -136,9 +150,9 @@ def main():
                                   if isinstance(row["us"]["base"], float) else None)
             print(what, row, flush=True)
             rows.append(row)
-        for buf in (A, B, C):
+        for buf in (A, B, C) + ((A16,) if A16 is not None else ()):
             buf.destroy()
-    names = list(files)
+    names = list(rows[0]["us"]) if rows else list(files)
     lines = [f"# Tensor-core matmul ablation ({dev.info.summary()}, robustness off)", "",
              "GPU us per call (median of 10 after the warm-up); ablated kernels compute wrong "
              "products, only their times mean anything.", "",
