@@ -7,9 +7,9 @@ and new must alternate to be compared.
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
 against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
-fill_invocations doubled (half the bytes per pre-tokenizer invocation), a packed batch's
-groups of ASCII str parts joined as str and encoded once (PackedRange.JOIN_STR_FIRST
-flipped), without the short build of the workgroup long-piece merge (long_wg_short off) and
+fill_invocations doubled (half the bytes per pre-tokenizer invocation), PackedRange.
+JOIN_STR_FIRST flipped (a packed batch's groups of ASCII str parts joined as str and encoded
+once, shipped since session 17, or each part encoded), without the short build of the workgroup long-piece merge (long_wg_short off) and
 with other builds of it (--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
 GpuDecoder.upload_piece_bytes quadrupled. --only picks knobs by name. Every variant's
 output is checked (the ids of the first encode; every document decoded back), and each
@@ -79,8 +79,9 @@ def main() -> None:
                   2 * encoder.pipeline_bytes),
                  ("encode: twice the pre-tokenizer invocations (16-byte chunks at 16 MB)",
                   encoder, "fill_invocations", encoder.fill_invocations * 2),
-                 (f"encode: PackedRange.JOIN_STR_FIRST {not PackedRange.JOIN_STR_FIRST} (groups "
-                  "of ASCII str parts joined as str, encoded once)",
+                 (f"encode: PackedRange.JOIN_STR_FIRST {not PackedRange.JOIN_STR_FIRST} ("
+                  + ("each ASCII str part encoded, then joined" if PackedRange.JOIN_STR_FIRST
+                     else "groups of ASCII str parts joined as str, encoded once") + ")",
                   PackedRange, "JOIN_STR_FIRST", not PackedRange.JOIN_STR_FIRST)]
         if encoder.k_long_wg_short is not None:
             knobs.append(("encode: no short build (all windows in the full workgroup merge)",
