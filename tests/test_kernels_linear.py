@@ -163,8 +163,13 @@ def test_sgmat_config_spellings_round_trip():
     assert (old.ahead, old.direct) == (1, False)
     new = lin.SgmatConfig.parse("sg4x4-t2x2-k16-p8-s8-a2-d")
     assert (new.sgr, new.sgc, new.ti, new.splits, new.ahead, new.direct) == (4, 4, 2, 8, 2, True)
-    for text in ("sg4x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k16-p8-s2-a2", "sg2x2-t4x4-k16-p8-s1-d"):
+    for text in ("sg4x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k16-p8-s2-a2", "sg2x2-t4x4-k16-p8-s1-d",
+                 "sg4x2-t4x4-k32-p8-s1-b1", "sg4x4-t2x2-k32-p8-s4-a2-d-b1"):
         assert str(lin.SgmatConfig.parse(text)) == text
+    single = lin.SgmatConfig.parse("sg4x2-t4x4-k32-p8-s1-b1")
+    assert single.single and single.template_params("nt")["STAGES"] == 1
+    # one stage of 256 x 40 + 128 x 40 f16 and the result slots: 48 KiB holds it
+    assert single.workgroup_bytes("nt") == 2 * (256 + 128) * 40 + 4 * 256 * 8 <= 48 * 1024 - 1024
     params = new.template_params("tn")
     assert params["AHEAD"] == 2 and params["DIRECT"] is True
 
@@ -204,7 +209,8 @@ def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
 
 
 SGMAT_STUB_CONFIGS = ("sg2x2-t4x4-k32-p8-s1", "sg4x2-t4x4-k16-p8-s1-a2",
-                      "sg4x4-t2x2-k16-p8-s8-a2-d")
+                      "sg4x4-t2x2-k16-p8-s8-a2-d", "sg4x2-t4x4-k32-p8-s1-b1",
+                      "sg4x4-t2x2-k32-p8-s1-a2-d-b1")
 
 
 def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(device):

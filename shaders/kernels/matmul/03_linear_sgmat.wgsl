@@ -76,8 +76,9 @@ struct Params {
     _pad1: u32,
 }
 
-var<workgroup> As: array<f16, 2u * STAGE_A>;
-var<workgroup> Bs: array<f16, 2u * STAGE_B>;
+const STAGES: u32 = {{STAGES}}u;   // 2: double-buffered; 1: one stage, two barriers a slice
+var<workgroup> As: array<f16, STAGES * STAGE_A>;
+var<workgroup> Bs: array<f16, STAGES * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
 // Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
@@ -249,7 +250,7 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
         for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
             let s = s0 + h;
             if (s < slices) {
-                let stage = s % 2u;
+                let stage = s % STAGES;
                 {   // slice s + AHEAD's loads land while the multiplies below run (zeros past
                     // the end); its set was stashed at the previous slice
                     let k_next = k_begin + (s + {{AHEAD}}u) * BK;
@@ -260,7 +261,8 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                         rb[h][t] = fetch_b(t, lid, n0, k_next, k_end);
                     }
                 }
-                for (var ks = 0u; ks < BK; ks += 16u) {
+                for (var kk = 0u; kk < {{KSTEPS}}u; kk++) {   // @unroll
+                    let ks = 16u * kk;
                     var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
                     var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
                     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
@@ -276,11 +278,16 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                     }
                 }
                 {   // slice s + 1 into the other stage, last read before the previous barrier
+                    // (one stage: into this one, once every subgroup has read it)
+                    let next = (s + 1u) % STAGES;
+// @if SINGLE
+                    workgroupBarrier();
+// @endif
                     for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                        stash_a(t, lid, 1u - stage, ra[(h + 1u) % {{AHEAD}}u][t]);
+                        stash_a(t, lid, next, ra[(h + 1u) % {{AHEAD}}u][t]);
                     }
                     for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                        stash_b(t, lid, 1u - stage, rb[(h + 1u) % {{AHEAD}}u][t]);
+                        stash_b(t, lid, next, rb[(h + 1u) % {{AHEAD}}u][t]);
                     }
                 }
                 workgroupBarrier();

@@ -243,7 +243,8 @@ SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the 
 # Straight stores (SgmatConfig.direct) bind C and R as f32 arrays that 16 x 16 f32 matrices
 # are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
 SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
-_SGMAT_RE = re.compile(r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?$")
+_SGMAT_RE = re.compile(
+    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-b1)?$")
 
 
 @dataclass(frozen=True)
@@ -254,8 +255,10 @@ class SgmatConfig:
     staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
     direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
-    dev/RESULTS.md). Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d"); without the suffixes
-    the kernel of before round 3 (2026-12-01)."""
+    dev/RESULTS.md); single ("-b1"): one stage of workgroup memory instead of two, so
+    twice the K slice fits (the stage is rewritten after a second barrier per slice).
+    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes the kernel
+    of before round 3 (2026-12-01)."""
 
     sgr: int = 2
     sgc: int = 2
@@ -266,11 +269,12 @@ class SgmatConfig:
     splits: int = 1
     ahead: int = 1
     direct: bool = False
+    single: bool = False
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
                 f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
-                + ("-d" if self.direct else ""))
+                + ("-d" if self.direct else "") + ("-b1" if self.single else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -279,10 +283,10 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d] (e.g. sg2x2-t4x4-k32-p8-s1)")
-        *dims, ahead, direct = m.groups()
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-b1] (e.g. sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct, single = m.groups()
         return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
-                   direct=direct is not None)
+                   direct=direct is not None, single=single is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -308,7 +312,7 @@ class SgmatConfig:
         a_rows, a_row = (self.bk, self.bm) if layout == "tn" else (self.bm, self.bk)
         b_rows, b_row = (self.bn, self.bk) if layout == "nt" else (self.bk, self.bn)
         staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
-        return 2 * 2 * staged + 4 * 256 * self.sgr * self.sgc
+        return (1 if self.single else 2) * 2 * staged + 4 * 256 * self.sgr * self.sgc
 
     def template_params(self, layout: str, a16: bool = False) -> dict:
         """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
@@ -316,7 +320,8 @@ class SgmatConfig:
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
                 "CLAMP_A": layout == "nt" and not a16,
-                "AHEAD": self.ahead, "DIRECT": self.direct}
+                "AHEAD": self.ahead, "DIRECT": self.direct, "SINGLE": self.single,
+                "STAGES": 1 if self.single else 2, "KSTEPS": self.bk // SGMAT_TILE}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
