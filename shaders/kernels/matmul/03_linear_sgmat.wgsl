@@ -19,9 +19,9 @@
 // A template (shaders/wgsl_expand.py), parameters: SGR x SGC subgroups per workgroup, each
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
-// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), AHEAD and
-// DIRECT (below), CLAMP_A (the forward clamps an f32 A to f16's range), A16 (the _a16
-// kernels: A is f16).
+// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
+// (BK / 16), AHEAD, DIRECT, STAGES and SINGLE (below), CLAMP_A (the forward clamps an f32 A
+// to f16's range), A16 (the _a16 kernels: A is f16).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -31,6 +31,12 @@
 // registers before this slice's multiplies and into the other stage after them: one barrier
 // per slice. Matrix arguments derive from @builtin(subgroup_id) (they must be subgroup-
 // uniform).
+// STAGES 1 (SINGLE, "-b1"): one stage, rewritten after a second barrier once every subgroup
+// has read it. Half the workgroup memory, so a slice of BK 32 fits 128 x 256 tiles. On the
+// H200 that won at every 124M product (round 11, dev/RESULTS.md): the two-stage kernels
+// stalled at each slice's barrier, which waits for the loads in flight (adding slices in
+// flight, halving the staging stores or the bytes loaded changed nothing; taking the loads
+// out did), so what counts is the multiplies between barriers: 32 of K, not 16.
 // AHEAD (1 or 2): slices in flight in registers. 1: the next slice's loads are issued before
 // this slice's multiplies, so one slice of multiplies hides their latency; 2: two register
 // sets, the loads of slice s + 2 are issued at slice s (the slice loop written out in pairs,

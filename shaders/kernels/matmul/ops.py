@@ -356,11 +356,16 @@ class SgmatConfig:
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
     """The tensor-core configuration used when nothing was tuned (H200 measurements:
     dev/results/h200/sgmat/)."""
-    # 8 subgroups of 4x4 tiles (256 x 128 per workgroup, BK 16), two slices in flight: the
-    # least time summed over the 124M step's 14 products of the 20 configurations of round 3
-    cfg = SgmatConfig(4, 2, 4, 4, 16, 8, ahead=2)
+    # One stage of BK 32 (one barrier per 16 of K was what held the two-stage kernels,
+    # round 11): 16 subgroups of 2x4 tiles (128 x 256 per workgroup), the least time summed
+    # over the 124M step's 14 products (5.80 ms; the round-3 default 8.21); where that does
+    # not fit the device (512 invocations, 47 KiB), 4 subgroups of 4x4 tiles (6.07 ms).
     if M < 256 or N < 256:
-        cfg = SgmatConfig(2, 2, 2, 2, 32, 8)
+        prefs = [SgmatConfig(2, 2, 2, 2, 32, 8)]
+    else:
+        prefs = [SgmatConfig(4, 4, 2, 4, 32, 8, single=True),
+                 SgmatConfig(2, 2, 4, 4, 32, 8, single=True), SgmatConfig(2, 2, 2, 2, 32, 8)]
+    cfg = next((c for c in prefs if not c.problems(device, layout)), prefs[-1])
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
 
 
