@@ -102,6 +102,7 @@ def tile_constants(tiles) -> dict:
 FILE_TILED = "03_linear_tiled.wgsl"   # a template (shaders/wgsl_expand.py)
 FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (8 prefetch registers)
+SGMAT_MAX_LOADS = 16   # the same for the tensor-core template (its registers are named per load)
 H16_FOLDS = (16, 32)   # k per f16 partial sum of the packed-f16 kernel (FOLD 8 retired,
                        # dev/RESULTS.md)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
@@ -338,9 +339,9 @@ class SgmatConfig:
         if self.ahead not in (1, 2):
             out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
         for name, n in zip("AB", self.loads()):
-            if n != int(n) or not 1 <= n <= MAX_LOADS:
+            if n != int(n) or not 1 <= n <= SGMAT_MAX_LOADS:
                 out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
-                           f"number from 1 to {MAX_LOADS}: change BK or the tiles)")
+                           f"number from 1 to {SGMAT_MAX_LOADS}: change BK or the tiles)")
         if self.splits < 1:
             out.append("splits must be >= 1")
         max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
