@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--no-checks", action="store_true", help="skip the correctness battery")
     ap.add_argument("--tuned-out", help="write the winners as a tuned-cache file")
+    ap.add_argument("--splits", default="auto",
+                    help="split-K factors to time each configuration at (comma list; auto: "
+                         "ops.default_splits' choice for the product)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,14 +171,17 @@ def main():
             time_config(c)
         row["old"] = str(tries[0])
         for cfg in configs:
-            if time.perf_counter() - start > args.budget_s:
-                continue
-            c = linear.SgmatConfig.parse(cfg)
-            c = c.with_splits(linear.default_splits(dev, c, M, N, K))
-            if str(c) in row["times"] or c.problems(dev, layout) or \
-                    str(c.with_splits(1)) in broken:
-                continue
-            time_config(c)
+            for split in args.splits.split(","):
+                if time.perf_counter() - start > args.budget_s:
+                    continue
+                c = linear.SgmatConfig.parse(cfg)
+                c = c.with_splits(linear.default_splits(dev, c, M, N, K) if split == "auto"
+                                  else int(split))
+                if str(c) in row["times"] or c.problems(dev, layout) or \
+                        str(c.with_splits(1)) in broken or \
+                        linear.split_k(c, K)[1] != c.splits:   # fewer slices than splits
+                    continue
+                time_config(c)
         row["tflops"] = {k: round(flops / v / 1e12, 1) for k, v in row["times"].items()
                          if isinstance(v, float)}
         sg = {k: v for k, v in row["tflops"].items() if k.startswith("sg")}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 from typing import Callable
 
@@ -62,7 +63,9 @@ def adapter_info(device) -> pb.Adapter:
                       driver=info.driver, software=info.is_software)
 
 
-REMOTE_INFLIGHT = 2                 # batches a worker keeps at the shared GPU process at once
+# batches a worker keeps at the shared GPU process at once ($ISTANBUL_GPU_INFLIGHT: an
+# experiment knob: dev/RESULTS.md, session 17)
+REMOTE_INFLIGHT = max(1, int(os.environ.get("ISTANBUL_GPU_INFLIGHT", "2")))
 LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)
 LONG_LANE_ROUND_DISPATCHES = 8      # dispatches per long-lane submit
 
