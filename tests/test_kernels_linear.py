@@ -94,6 +94,25 @@ def test_tiled_config_errors_are_clear(device):
             linear.matmul_nt(rec, a, b, c, 3, 4, 4, config="32x32x8-4x4-s1", tiles=(32, 32, 8))
 
 
+def test_split_k_partials_past_a_binding_are_refused_or_fewer(device, monkeypatch):
+    """Split-K partials (splits x M x N f32) must fit one storage binding: a pinned config is
+    a clear error before anything is allocated, and a tuned entry (looked up by the nearest
+    tuned shape, maybe a smaller one) runs with fewer splits. The H200's sweep once bound a
+    3.3 GB scratch, and every split-K call after it failed."""
+    from istanbul.shaders import tuned_cache
+    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    M, N, K = 64, 64, 1024
+    monkeypatch.setitem(device.limits, "max-storage-buffer-binding-size", 3 * M * N * 4)
+    a, b, c = device.zeros((M, K)), device.zeros((N, K)), device.zeros((M, N))
+    with device.record() as rec:
+        with pytest.raises(ValueError, match="4 partial products of 64 x 64 take 65536 bytes"):
+            linear.matmul_nt(rec, a, b, c, M, N, K, config="32x32x16-4x4-s4")
+    monkeypatch.setattr(tuned_cache, "lookup", lambda *args: "32x32x16-4x4-s4")
+    assert linear.choose_config(device, "nt", np.float32, False, M, N, K).splits == 3
+    monkeypatch.setitem(device.limits, "max-storage-buffer-binding-size", limit)
+    assert linear.choose_config(device, "nt", np.float32, False, M, N, K).splits == 4
+
+
 def test_split_k_is_deterministic_and_matches_one_split(device):
     # dW of a thin shape: four K-splits summed in a fixed order give the same bits every
     # run, and agree with the unsplit product to f32 rounding.

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import time
 from typing import Callable
 
@@ -63,9 +62,9 @@ def adapter_info(device) -> pb.Adapter:
                       driver=info.driver, software=info.is_software)
 
 
-# batches a worker keeps at the shared GPU process at once ($ISTANBUL_GPU_INFLIGHT: an
-# experiment knob: dev/RESULTS.md, session 17)
-REMOTE_INFLIGHT = max(1, int(os.environ.get("ISTANBUL_GPU_INFLIGHT", "2")))
+# batches a worker keeps at the shared GPU process at once (4 and 8 served less on the H200:
+# dev/RESULTS.md, session 17)
+REMOTE_INFLIGHT = 2
 LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)
 LONG_LANE_ROUND_DISPATCHES = 8      # dispatches per long-lane submit
 

@@ -381,7 +381,7 @@ def choose_sgmat_config(device, layout: str, b_dtype, M: int, N: int, K: int) ->
             _warn_once(f"ignoring the tuned entry matmul/{key}/{M}x{N}x{K}: {exc}")
         else:
             if not cfg.problems(device, layout):
-                return cfg
+                return fit_splits(device, cfg, M, N)
     return default_sgmat_config(device, layout, M, N, K)
 
 
@@ -516,7 +516,7 @@ def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
             _warn_once(f"ignoring the tuned entry matmul/{key}/{M}x{N}x{K}: {exc}")
         else:
             if not cfg.problems(device, f16_math):
-                return cfg
+                return fit_splits(device, cfg, M, N)
     return default_config(device, key, M, N, K)
 
 
@@ -672,6 +672,15 @@ def split_k(cfg: MatmulConfig, K: int) -> tuple[int, int]:
     return per, ceil_div(K, per)
 
 
+def fit_splits(device, cfg, M: int, N: int):
+    """`cfg` with at most the K-splits whose partial products (splits x M x N f32) one storage
+    binding holds: a tuned entry is looked up by the nearest tuned shape, which may be
+    smaller (the LM head's 2048-row chunk tuned, 8192 rows run)."""
+    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    fits = max(1, limit // max(1, M * N * 4))
+    return cfg.with_splits(fits) if cfg.splits > fits else cfg
+
+
 def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, ldb, ldc,
                   f16_math) -> None:
     dev = rec.device
@@ -693,6 +702,11 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     grid_xy = grid2d(dev, op, ceil_div(N, cfg.bn), ceil_div(M, cfg.bm))
     if splits > dev.max_workgroups_per_dim:
         raise ValueError(f"{op}: {splits} K-splits exceed the device's grid limit")
+    limit = int(dev.limits.get("max-storage-buffer-binding-size", 1 << 27))
+    if splits > 1 and splits * M * N * 4 > limit:
+        raise ValueError(f"{op}: config {cfg} splits K {splits} ways, and {splits} partial "
+                         f"products of {M} x {N} take {splits * M * N * 4} bytes, more than one "
+                         f"storage binding of {dev.name} holds ({limit}): use fewer splits")
     if splits == 1:
         params = dev.params("IIIIfIIIIIII", M, N, K, mode, alpha, lda, ldb, ldc, k_split, 0, 0, 0)
         rec.dispatch(kern, [a, b, res, out, params], (grid_xy[0], grid_xy[1], 1),
