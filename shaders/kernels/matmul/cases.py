@@ -206,7 +206,7 @@ for _suffix, _key, _mode, _b16, _f16, _config, _what in FAST_CASES:
 # ---- the tensor-core path (03_linear_sgmat.wgsl): devices with f16 subgroup matrices --------
 # (suffix, layout, mode, b16, config, what): every layout and epilogue, f32 and f16 B, every
 # tile arrangement the tuner may pick (1-16 subgroups, 16 and 32 deep slices, pad 0 and 8),
-# one and two slices in flight (-a2), staged and straight stores (-d).
+# one and two slices in flight (-a2), staged and straight stores (-d), one stage (-b1).
 SGMAT_CASES = (
     ("", "nt", "store", False, "sg2x2-t4x4-k32-p8-s1", "forward, f32 B rounded"),
     ("", "nt_w16", "residual", True, "sg2x4-t4x4-k16-p8-s1", "forward from f16 weights + residual"),
@@ -224,6 +224,14 @@ SGMAT_CASES = (
     ("", "nt_a16_w16", "residual", True, "sg4x2-t4x4-k16-p8-s1-a2", "forward, f16 A"),
     ("", "nn_a16", "accumulate", False, "sg2x2-t2x2-k32-p0-s1", "dX +=, f16 A, f32 B"),
     ("", "nt_a16", "store", False, "sg1x1-t2x2-k16-p8-s1", "forward, f16 A, f32 B clamped"),
+    # one stage of BK 32 (-b1, the tuned kernels since session 17): 16 subgroups of 2x4 and
+    # of 4x2 tiles, 4 of 4x4, split-K, f16 A
+    ("_single", "nt_w16", "residual", True, "sg4x4-t2x4-k32-p8-s1-b1", "one stage, 128 x 256"),
+    ("_single", "nn_w16", "store", True, "sg4x4-t4x2-k32-p8-s2-b1", "dX, one stage, split-K"),
+    ("_single", "tn", "accumulate", False, "sg2x2-t4x4-k32-p8-s4-b1",
+     "dW +=, one stage, 4 subgroups, split-K"),
+    ("_single", "nn_a16_w16", "store", True, "sg2x2-t4x4-k32-p8-s8-b1",
+     "head dX, one stage: f16 dlogits, f16 W"),
 )
 
 
