@@ -357,10 +357,11 @@ class SgmatConfig:
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
     """The tensor-core configuration used when nothing was tuned (H200 measurements:
     dev/results/h200/sgmat/)."""
-    # One stage of BK 32 (one barrier per 16 of K was what held the two-stage kernels,
-    # round 11): 16 subgroups of 2x4 tiles (128 x 256 per workgroup), the least time summed
-    # over the 124M step's 14 products (5.80 ms; the round-3 default 8.21); where that does
-    # not fit the device (512 invocations, 47 KiB), 4 subgroups of 4x4 tiles (6.07 ms).
+    # One stage of BK 32 (twice the multiplies between barriers and half the workgroup
+    # memory of the two-stage kernels, round 11): 16 subgroups of 2x4 tiles (128 x 256), the
+    # least time summed over the 124M step's 14 products (5.80 ms; the round-3 default 8.21);
+    # where that does not fit the device (512 invocations, 47 KiB), 4 subgroups of 4x4 tiles
+    # (6.07 ms).
     if M < 256 or N < 256:
         prefs = [SgmatConfig(2, 2, 2, 2, 32, 8)]
     else:
