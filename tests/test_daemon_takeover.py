@@ -259,7 +259,10 @@ def crash_until_settled(daemons, fault: str, limit: int = 8) -> list[int]:
     `fault`) until one exits by itself; their exit codes."""
     codes = []
     for _ in range(limit):
-        d = daemons("--exit-when-idle", "--max-failures", "2", ttl="1",
+        # a 3 s lease: with 1 s, CI's two busy cores once starved a worker's heartbeat thread
+        # past its lease; the worker stopped (fenced, as it must) and took the job over itself,
+        # an attempt more than the crashes this test counts
+        d = daemons("--exit-when-idle", "--max-failures", "2", ttl="3",
                     env={"ISTANBUL_TEST_CHECKPOINT_FAULT": fault})
         codes.append(d.wait(300))
         if codes[-1] != -signal.SIGKILL:
