@@ -9,8 +9,9 @@ On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value (
 against another ("new"): `encode_batch_flat(docs)` with GpuEncoder.pipeline_bytes doubled,
 fill_invocations doubled (half the bytes per pre-tokenizer invocation), PackedRange.
 JOIN_STR_FIRST flipped (a packed batch's groups of ASCII str parts joined as str and encoded
-once, shipped since session 17, or each part encoded), without the short build of the workgroup long-piece merge (long_wg_short off) and
-with other builds of it (--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
+once, shipped since session 17, or each part encoded), without the short build of the
+workgroup long-piece merge (long_wg_short off) and with other builds of it
+(--short-builds); `decode_bytes_batch_flat(ids, offsets)` with
 GpuDecoder.upload_piece_bytes quadrupled. --only picks knobs by name. Every variant's
 output is checked (the ids of the first encode; every document decoded back), and each
 encode variant's GPU phases are kept from one profiled call. Rounds alternate the order of

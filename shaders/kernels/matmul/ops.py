@@ -420,10 +420,7 @@ def default_splits(device, cfg: MatmulConfig, M: int, N: int, K: int) -> int:
         cost *= 1.0 + 0.01 * (s - 1)                      # the partials' round trip
         if cost < best_cost * 0.97:
             best, best_cost = s, cost
-    limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
-    while best > 1 and best * M * N * 4 > limit:
-        best -= 1
-    return best
+    return min(best, max_splits(device, M, N))
 
 
 def default_config(device, key: str, M: int, N: int, K: int) -> MatmulConfig:
@@ -673,12 +670,17 @@ def split_k(cfg: MatmulConfig, K: int) -> tuple[int, int]:
     return per, ceil_div(K, per)
 
 
-def fit_splits(device, cfg, M: int, N: int):
-    """`cfg` with at most the K-splits whose partial products (splits x M x N f32) one storage
-    binding holds: a tuned entry is looked up by the nearest tuned shape, which may be
-    smaller (the LM head's 2048-row chunk tuned, 8192 rows run)."""
+def max_splits(device, M: int, N: int) -> int:
+    """The most K-splits whose partial products (splits x M x N f32) one storage binding of
+    `device` holds (at least 1)."""
     limit = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
-    fits = max(1, limit // max(1, M * N * 4))
+    return max(1, limit // max(1, M * N * 4))
+
+
+def fit_splits(device, cfg, M: int, N: int):
+    """`cfg` with at most max_splits: a tuned entry is looked up by the nearest tuned shape,
+    which may be smaller (the LM head's 2048-row chunk tuned, 8192 rows run)."""
+    fits = max_splits(device, M, N)
     return cfg.with_splits(fits) if cfg.splits > fits else cfg
 
 
@@ -703,8 +705,8 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     grid_xy = grid2d(dev, op, ceil_div(N, cfg.bn), ceil_div(M, cfg.bm))
     if splits > dev.max_workgroups_per_dim:
         raise ValueError(f"{op}: {splits} K-splits exceed the device's grid limit")
-    limit = int(dev.limits.get("max-storage-buffer-binding-size", 1 << 27))
-    if splits > 1 and splits * M * N * 4 > limit:
+    if splits > max_splits(dev, M, N):
+        limit = int(dev.limits.get("max-storage-buffer-binding-size", 1 << 27))
         raise ValueError(f"{op}: config {cfg} splits K {splits} ways, and {splits} partial "
                          f"products of {M} x {N} take {splits * M * N * 4} bytes, more than one "
                          f"storage binding of {dev.name} holds ({limit}): use fewer splits")
