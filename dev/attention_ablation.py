@@ -2,11 +2,14 @@
 (issue 21).
 
     ISTANBUL_BACKEND=dawn python dev/attention_ablation.py --out DIR [--repeats 10]
+        [--layout head-major|fused] [--before DIR]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). At the 124M step's shape
-(B 8, T 1024, H 12, D 64, q/k/v in fused qkv rows), robustness off, it times the kernels the
-trainer runs (the staged forward of 05_attention_sgmat.wgsl, the sgmat2 dQ and dK/dV of
-05_attention_sgmat2.wgsl) as shipped and in copies of both files with one part removed:
+(B 8, T 1024, H 12, D 64; q, k, v head-major [B, H, T, D] as the trainer keeps them, or
+`--layout fused`: in the projection's fused qkv rows; o and do in token rows), robustness
+off, it times the kernels the trainer runs (the staged forward of 05_attention_sgmat.wgsl,
+the sgmat2 dQ and dK/dV of 05_attention_sgmat2.wgsl) as shipped and in copies of both files
+with one part removed:
 
     base        as shipped
     no_mma      every subgroupMatrixMultiplyAccumulate replaced by its accumulator (the
@@ -15,8 +18,14 @@ trainer runs (the staged forward of 05_attention_sgmat.wgsl, the sgmat2 dQ and d
     no_barrier  every workgroupBarrier() removed
     no_global   the tiles' global loads (q, k, v, do rows in the tile loops) replaced by loads
                 of 8 cached addresses
-    contiguous  the same loads from rows laid out [B, H, T, D] (each head's rows contiguous,
-                what an f32 copy in that layout would read) instead of the fused qkv rows
+    contiguous  (--layout fused) the same loads from rows laid out [B, H, T, D] (each head's
+                rows contiguous, what an f32 copy in that layout would read)
+    f16_loads   the tiles' rows read as f16 (vec4<f16> bit patterns from the same buffers,
+                half the bytes and no rounding: what f16 copies of q, k, v, do would cost)
+    before      (--before DIR) the two files as found in DIR: an earlier version, timed in
+                the same rounds
+    qdown       the shipped files with dK/dV's query tiles visited from the last down
+                (ops.SGMAT2_QORDER "down"; outputs right, the ladder checks them)
 
 The ablated kernels compute wrong results; only their times mean anything. Writes
 DIR/attention_ablation.{md,json}.
@@ -43,6 +52,8 @@ B, T, H, HKV, D = 8, 1024, 12, 12, 64
 FILES = (attention.FILE_SGMAT, attention.FILE_SGMAT2)
 MMA = re.compile(r"(\w+(?:\[[^\]]+\])?) = subgroupMatrixMultiplyAccumulate\([^;]*\);")
 GLOBAL = re.compile(r"vec4<f16>\((k_in|v_in|q_in|do_in)\[[^;]*\);")
+TILE_LOAD = re.compile(r"vec4<f16>\(((k_in|v_in|q_in|do_in)\[[^;]*?\])( \* qscale)?\);")
+BINDING = re.compile(r"var<storage, read> (k_in|v_in|q_in|do_in): array<vec4<f32>>;")
 ROW_LOAD = re.compile(r"(k_in|v_in|q_in|do_in)\[(?:kv_row|q_row|o_row)\(b, ([^,]+), [^\]]*?\) "
                       r"\+ i % H4\]")
 
@@ -65,10 +76,37 @@ def ablate(name: str, text: str) -> str:
         # ([B, H, T, D]) instead of every head row at the fused qkv rows' stride
         return ROW_LOAD.sub(lambda m: f"{m.group(1)}[(wg.x * p.seq + ({m.group(2)})) * H4 + i % H4]",
                             text)
+    if name == "f16_loads":
+        # the rows' bits as vec4<f16> (the bindings become 8-byte elements, indexed as
+        # before: the first half of each buffer); the tile loads' rounding goes, the other
+        # loads (q or do once per workgroup) widen to f32 as before
+        text = TILE_LOAD.sub(lambda m: f"bitcast<vec4<f16>>({m.group(1)})"
+                             + (" * f16(qscale)" if m.group(3) else "") + ";", text)
+        text = _wrap_loads(text)
+        return BINDING.sub(lambda m: f"var<storage, read> {m.group(1)}: array<vec2<u32>>;", text)
     raise ValueError(name)
 
 
-VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous")
+def _wrap_loads(text: str) -> str:
+    """Every remaining `x_in[...]` of a row binding read as vec4<f32>(bitcast<vec4<f16>>(.))."""
+    out, i = [], 0
+    for m in re.finditer(r"\b(k_in|v_in|q_in|do_in)\[", text):
+        if m.start() < i or text[max(0, m.start() - 19):m.start()].endswith("bitcast<vec4<f16>>("):
+            continue
+        depth, j = 1, m.end()
+        while depth:
+            depth += {"[": 1, "]": -1}.get(text[j], 0)
+            j += 1
+        out.append(text[i:m.start()])
+        out.append(f"vec4<f32>(bitcast<vec4<f16>>({text[m.start():j]}))")
+        i = j
+    out.append(text[i:])
+    return "".join(out)
+
+
+VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_loads",
+            "before", "qdown")
+KNOBS = {"qdown": ("SGMAT2_QORDER", "down")}   # variants that set an ops.py knob, not the text
 
 
 def main():
@@ -76,11 +114,20 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="base,no_mma,no_exp,no_barrier,no_global,f16_loads")
+    ap.add_argument("--layout", choices=("head-major", "fused"), default="head-major")
+    ap.add_argument("--before", help="a folder with earlier versions of the two files (the "
+                    "`before` variant, added when given)")
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
+    if args.before and "before" not in variants:
+        variants.append("before")
     if "base" not in variants or set(variants) - set(VARIANTS):
         raise SystemExit(f"--variants: base and any of {', '.join(VARIANTS)}")
+    if "before" in variants and not args.before:
+        raise SystemExit("the `before` variant needs --before DIR")
+    if "contiguous" in variants and args.layout != "fused":
+        raise SystemExit("the `contiguous` variant is a --layout fused experiment")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="attention_ablation_"))
@@ -89,6 +136,13 @@ def main():
         (tmp / v).mkdir()
         for f, path in originals.items():
             text = path.read_text(encoding="utf-8")
+            if v == "before":
+                (tmp / v / f).write_text((Path(args.before) / f).read_text(encoding="utf-8"),
+                                         encoding="utf-8")
+                continue
+            if v in KNOBS:
+                (tmp / v / f).write_text(text, encoding="utf-8")
+                continue
             body = ablate(v, text)
             if v != "base" and body == text:
                 raise SystemExit(f"variant {v} changed nothing in {f}")
@@ -100,14 +154,22 @@ def main():
     dev = Device(None, robustness=False)
     print(dev, flush=True)
     rng = np.random.default_rng(0)
-    width = (H + 2 * HKV) * D
-    qkv = dev.upload(rng.standard_normal((B * T, width), dtype=np.float32))
-    q, k, v = (qkv.elements(o, B * T * width - o) for o in (0, H * D, (H + HKV) * D))
     do = dev.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
-    strides = {"q_stride": width, "kv_stride": width}
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
-    grads = dev.zeros((B * T, width))
-    dq, dk, dv = (grads.elements(o_, B * T * width - o_) for o_ in (0, H * D, (H + HKV) * D))
+    if args.layout == "fused":
+        width = (H + 2 * HKV) * D
+        qkv = dev.upload(rng.standard_normal((B * T, width), dtype=np.float32))
+        q, k, v = (qkv.elements(o, B * T * width - o) for o in (0, H * D, (H + HKV) * D))
+        strides = {"q_stride": width, "kv_stride": width}
+        grads = dev.zeros((B * T, width))
+        dq, dk, dv = (grads.elements(o_, B * T * width - o_) for o_ in (0, H * D, (H + HKV) * D))
+    else:   # the trainer's: head-major q, k, v and their gradients
+        q = dev.upload(rng.standard_normal((B, H, T, D), dtype=np.float32))
+        k, v = (dev.upload(rng.standard_normal((B, HKV, T, D), dtype=np.float32))
+                for _ in range(2))
+        strides = {"q_stride": attention.head_major(T, H, D),
+                   "kv_stride": attention.head_major(T, HKV, D)}
+        dq, dk, dv = dev.zeros((B, H, T, D)), dev.zeros((B, HKV, T, D)), dev.zeros((B, HKV, T, D))
 
     def step(rec):
         attention.forward(rec, q, k, v, o, lse, B, T, H, HKV, D, config="sgmat", **strides)
@@ -115,8 +177,17 @@ def main():
                            tensor_cores=True, **strides)
 
     kernels = {}
-    for name in variants:   # compile every variant first (each its own kernels)
+    defaults = {attr: getattr(attention, attr) for attr, _ in KNOBS.values()}
+
+    def use(name):   # the variant's source files and ops.py knobs
         current["variant"] = name
+        for attr, value in defaults.items():
+            setattr(attention, attr, value)
+        if name in KNOBS:
+            setattr(attention, *KNOBS[name])
+
+    for name in variants:   # compile every variant first (each its own kernels)
+        use(name)
         dev._kernels.clear()
         source.load_file.cache_clear()
         with dev.record() as rec:
@@ -126,6 +197,7 @@ def main():
     samples = {name: [] for name in variants}
     for _ in range(args.rounds):   # interleaved rounds: clock drift hits every variant alike
         for name in variants:
+            use(name)
             dev._kernels.clear()
             dev._kernels.update(kernels[name])
             for _ in range(3):
@@ -142,7 +214,7 @@ def main():
     result = {name: {lab: float(np.median([r[lab] for r in runs])) for lab in runs[0]}
               for name, runs in samples.items()}
     labels = [lab for lab in result["base"] if "sgmat" in lab]
-    lines = [f"# Tensor-core attention ablation (B {B}, T {T}, H {H}, D {D}; "
+    lines = [f"# Tensor-core attention ablation (B {B}, T {T}, H {H}, D {D}, {args.layout}; "
              f"{dev.info.summary()}, robustness off)", "",
              "ms per layer call (GPU timestamps, median); ablated kernels compute wrong "
              "results, only their times mean anything.", "",

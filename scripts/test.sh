@@ -45,6 +45,17 @@ if ! .venv/bin/istanbul kernels check --max-variants 1 > "$log" 2>&1; then
     exit 1
 fi
 tail -1 "$log"
+# The tensor-core kernels (subgroup matrices: lavapipe has none) with the matrices emulated in
+# plain WGSL (shaders/sgmat_emulation.py): each *_sgmat* rung against its reference, exact
+# and slow; where a kernel needs more than lavapipe's 32 KiB of workgroup memory, matmul
+# rungs run smaller tiles of the same flags and attention variants are skipped (~5 min).
+log=.venv/kernels_check_sgmat_emulated.log
+if ! .venv/bin/istanbul kernels check --emulate-subgroup-matrix --max-variants 1 > "$log" 2>&1; then
+    grep -E "FAIL|Error" "$log" | head -40 >&2
+    echo "error: the emulated tensor-core kernels failed under Dawn; the whole output is in $log" >&2
+    exit 1
+fi
+tail -1 "$log"
 .venv/bin/python -m pytest -q -p no:cacheprovider -k "not climbs_the_ladder" \
     tests/test_backends.py tests/test_engine.py tests/test_engine_copy.py \
     tests/test_kernels_*.py tests/test_tokenizer_gpu.py tests/test_tokenizer_pipeline.py \

@@ -64,6 +64,12 @@ def register(sub) -> None:
                    help="check each kernel on its first N input variants only (default: all; "
                         "CI's second backend on lavapipe uses 1: every pipeline compiled and "
                         "run once)")
+    c.add_argument("--emulate-subgroup-matrix", action="store_true",
+                   help="on a device without subgroup matrices (tensor cores) but with "
+                        "shader-f16, run the tensor-core kernels with the matrices rewritten "
+                        "into plain WGSL (slow, exact; shaders/sgmat_emulation.py): checks their "
+                        "indexing and epilogues on a CPU. Without --kernel: only those kernels "
+                        "(default: $ISTANBUL_EMULATE_SUBGROUP_MATRIX=1 emulates, all kernels)")
     add_device_args(c)
     c.set_defaults(func=cmd_check)
     b = ksub.add_parser("bench", help="GPU-timestamp benchmark with roofline fractions")
@@ -168,8 +174,18 @@ def cmd_check(args) -> int:
     cases = _select(args.kernel)
     if args.max_variants is not None and args.max_variants < 1:
         raise UserFacingError(f"--max-variants must be >= 1, got {args.max_variants}")
-    device = Device(args.adapter)
-    print(f"# kernels check on {device.info.summary()}")
+    emulate = True if args.emulate_subgroup_matrix else None
+    device = Device(args.adapter, emulate_subgroup_matrix=emulate)
+    if args.emulate_subgroup_matrix:
+        if not device.emulated_features:
+            raise UserFacingError(
+                f"--emulate-subgroup-matrix: {device.name} "
+                + ("has subgroup matrices: check them for real, without the flag"
+                   if device.has("subgroup-matrix") else "lacks shader-f16 to emulate them"))
+        if not args.kernel:
+            cases = [c for c in cases if "subgroup-matrix" in c.requires]
+    emulated = " (subgroup matrices emulated)" if device.emulated_features else ""
+    print(f"# kernels check on {device.info.summary()}{emulated}")
     results, failed = [], 0
     for case in cases:
         for r in check_case(device, case, max_variants=args.max_variants):

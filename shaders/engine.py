@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import struct
 import time
 import weakref
@@ -37,11 +38,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import wgpu
 
-from . import backends, source
+from . import backends, sgmat_emulation, source
 from .adapters import AdapterInfo, NoAdapterError, choose_adapter
 
 # WebGPU's flag values: the same numbers in wgpu-native and Dawn.
 BufferUsage = wgpu.BufferUsage
+
+EMULATE_ENV = "ISTANBUL_EMULATE_SUBGROUP_MATRIX"   # 1: Device(emulate_subgroup_matrix=True)
 
 # Features we ask for whenever the adapter has them.
 WANTED_FEATURES = (
@@ -66,6 +69,15 @@ _serials = itertools.count(1)
 class ShaderCompileError(RuntimeError):
     """The shader compiler (naga or Tint) or the driver refused a kernel; the message names
     the file and kernel."""
+
+
+class WorkgroupMemoryError(ShaderCompileError):
+    """A kernel needs more workgroup memory than the device offers (the ladder skips such a
+    kernel on a device that emulates subgroup matrices: a limit of the test device, not a
+    fault of the kernel; elsewhere it is an error like any other)."""
+
+
+WORKGROUP_LIMIT = re.compile(r"workgroup (storage|memory).*(maximum|limit)", re.I | re.S)
 
 
 class BindingHazardError(ValueError):
@@ -423,10 +435,14 @@ class Device:
     `robustness`: Dawn's bounds-checking transform (default on; the trainer and the tokenizer pass False,
     $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides: backends.dawn_robustness); `self.robustness`
     says what the device got (always True under wgpu-native, whose naga clamps anyway).
+    `emulate_subgroup_matrix` (else $ISTANBUL_EMULATE_SUBGROUP_MATRIX=1): on a device with
+    `shader-f16` but no subgroup matrices, offer them anyway, rewritten into plain WGSL by
+    shaders/sgmat_emulation.py (slow and exact: for checking the tensor-core kernels on a
+    CPU); `emulated_features` then holds "subgroup-matrix".
     """
 
     def __init__(self, adapter: str | int | None = None, backend: str | None = None,
-                 robustness: bool = True):
+                 robustness: bool = True, emulate_subgroup_matrix: bool | None = None):
         self.info, self._adapter = choose_adapter(adapter, backend)
         self.backend = backends.load(self.info.webgpu)
         self.robustness = (self.backend.name != "dawn"
@@ -436,6 +452,14 @@ class Device:
             self._adapter, self.backend, self.robustness)
         self.subgroup_matrix_configs = (self.info.subgroup_matrix_configs
                                         if "subgroup-matrix" in self.features else ())
+        if emulate_subgroup_matrix is None:
+            emulate_subgroup_matrix = os.environ.get(EMULATE_ENV, "") == "1"
+        self.emulated_features: frozenset = frozenset()
+        if (emulate_subgroup_matrix and "subgroup-matrix" not in self.features
+                and "shader-f16" in self.features):
+            self.emulated_features = frozenset({"subgroup-matrix"})
+            self.features = self.features | self.emulated_features
+            self.subgroup_matrix_configs = (dict(sgmat_emulation.CONFIG),)
         self.queue = self.raw.queue
         self.limits = dict(self.raw.limits)
         self.max_workgroups_per_dim = int(self.limits.get("max-compute-workgroups-per-dimension",
@@ -490,13 +514,32 @@ class Device:
         cached = self._kernels.get(key)
         if cached is not None:
             return cached
-        wgsl = source.load_file(file)
-        code = source.compose(self.features, wgsl, name, params=params,
-                              compiler=self.backend.compiler)
+        code = self._compose(source.load_file(file), name, params)
         pipeline = self._compile(file, name, code, constants, "auto")
         kernel = Kernel(self, file, name, constants, pipeline, source.bindings(code))
         self._kernels[key] = kernel
         return kernel
+
+    def kernel_from_source(self, label: str, code: str, name: str,
+                           constants: dict | None = None) -> Kernel:
+        """Entry point `name` of the WGSL module `code` (written without enable lines: this
+        device's go first, emulated features are rewritten), for probes and tests."""
+        real = self.features - self.emulated_features
+        code = self._emulated(source.enable_lines(real, self.backend.compiler) + code)
+        pipeline = self._compile(label, name, code, dict(constants or {}), "auto")
+        return Kernel(self, label, name, dict(constants or {}), pipeline, source.bindings(code))
+
+    def _compose(self, wgsl, name: str, params: dict | None = None) -> str:
+        """Kernel `name`'s module source for this device (emulated features rewritten)."""
+        real = self.features - self.emulated_features
+        return self._emulated(source.compose(real, wgsl, name, params=params,
+                                             compiler=self.backend.compiler))
+
+    def _emulated(self, code: str) -> str:
+        if "subgroup-matrix" in self.emulated_features and \
+                sgmat_emulation.uses_subgroup_matrix(code):
+            return sgmat_emulation.emulate(code)
+        return code
 
     def _compile(self, file: str, name: str, code: str, constants: dict, layout):
         """The compute pipeline of entry point `name` in `code` (layout "auto" or explicit)."""
@@ -506,8 +549,9 @@ class Device:
                 label=f"{file}:{name}", layout=layout,
                 compute={"module": module, "entry_point": name, "constants": constants})
         except Exception as exc:
-            raise ShaderCompileError(f"{file}:{name} failed to compile on {self.name}: {exc}") \
-                from exc
+            kind = WorkgroupMemoryError if WORKGROUP_LIMIT.search(str(exc)) else \
+                ShaderCompileError
+            raise kind(f"{file}:{name} failed to compile on {self.name}: {exc}") from exc
 
     def kernels_sharing_layout(self, file: str, specs) -> list[Kernel]:
         """Kernels of one file compiled with one explicit bind group layout, so a bind group
@@ -522,8 +566,7 @@ class Device:
         if cached is not None:
             return cached
         wgsl = source.load_file(file)
-        codes = [source.compose(self.features, wgsl, name, compiler=self.backend.compiler)
-                 for name, _ in specs]
+        codes = [self._compose(wgsl, name) for name, _ in specs]
         union: dict = {}
         for (name, _), code in zip(specs, codes):
             for index, binding in source.bindings(code).items():

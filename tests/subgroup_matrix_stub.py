@@ -1,8 +1,10 @@
 """Subgroup-matrix kernels as plain WGSL, for the local compilers (tests).
 
-Neither lavapipe nor naga has subgroup matrices, so the tensor-core kernels never reach a
-compiler in CI. `stub_subgroup_matrices` turns each matrix into a scalar of its element type
-(a load reads one element of its footprint, a store writes one, a product is an fma): what
+Neither lavapipe nor naga has subgroup matrices. CI runs the ladder's tensor-core rungs with
+them emulated (shaders/sgmat_emulation.py: exact, slow, under Tint, the configurations that fit
+lavapipe's workgroup memory); this stub is the fast compile check of every configuration on
+both compilers: `stub_subgroup_matrices` turns each matrix into a scalar of its element type
+(a load reads one element of its footprint, a store writes one, a product is an fma), and what
 remains is the kernel's own WGSL, which naga and Tint then check like any other module.
 """
 

@@ -297,7 +297,7 @@ def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
-                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False}
+                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False}
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)
@@ -307,6 +307,17 @@ def test_sgmat2_defaults_are_the_reviewed_kernel():
         attention.sgmat2_params(64, BKQ=16)
     with pytest.raises(ValueError, match="fold"):
         attention.sgmat2_params(64, fold="never")
+    with pytest.raises(ValueError, match="qorder"):
+        attention.sgmat2_params(64, qorder="sideways")
+
+
+def test_sgmat2_qorder_changes_only_dkv():
+    """qorder="down" (opt-in) reorders dK/dV's query tiles; the forward and dQ are the same
+    kernels, and the default is the measured ascending order."""
+    for kernel in ("forward", "dq"):
+        assert _sgmat2_code(64, {"qorder": "down"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
+    up, down = _sgmat2_code(64, {}, {}, "dkv"), _sgmat2_code(64, {"qorder": "down"}, {}, "dkv")
+    assert "const Q_DESC: bool = false;" in up and "const Q_DESC: bool = true;" in down
 
 
 def test_sgmat2_fold_every_drops_the_lazy_fold_constructs():

@@ -41,7 +41,7 @@ ALL_FEATURES = ("shader-f16", "subgroup", "subgroup-matrix")
 def _kernel_texts():
     seen = set()
     for case in ladder.load_cases().values():
-        for spec in case.kernels:
+        for spec in ladder.kernel_specs(case, None):
             file, name = spec[0], spec[1]
             params = spec[3] if len(spec) > 3 else None
             key = (file, name, None if params is None else tuple(sorted(params.items())))

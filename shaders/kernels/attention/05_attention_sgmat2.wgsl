@@ -48,6 +48,8 @@
 //            no flag, no workgroupUniformLoad, no barrier or matrix store under a branch
 //            (the constructs only the sgmat2 forward has; its one-key-tile lse is wrong although
 //            that path otherwise matches 05_attention_sgmat.wgsl's)
+//   Q_DESC   dK/dV visits its query tiles from the last down, not from the diagonal up (an L2
+//            candidate, unmeasured on the H200; ops.SGMAT2_QORDER picks)
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -496,6 +498,17 @@ fn put4h(at: u32, h: vec4<f16>, which: u32) {
     }
 }
 
+// @if Q_DESC
+const Q_DESC: bool = true;    // dK/dV's query tiles from the last down (see below)
+// @else
+const Q_DESC: bool = false;
+// @endif
+
+// The n-th query tile a key tile's workgroup visits, of tiles first..tiles-1.
+fn q_tile(first: u32, tiles: u32, n: u32) -> u32 {
+    return select(first + n, tiles - 1u - n, Q_DESC);
+}
+
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                                  @builtin(local_invocation_index) lid: u32,
@@ -548,14 +561,18 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     let tiles = (p.seq + {{BQ2}}u - 1u) / {{BQ2}}u;
     // The next query tile's q and do rows and statistics travel in registers while this tile
     // is multiplied (as the forward of 05_attention_sgmat.wgsl): all of a tile's loads in
-    // flight at once. Tiles run in (g, qt) order.
+    // flight at once. Tiles run in (g, qt) order: qt from the diagonal up, or with Q_DESC
+    // from the last query tile down (q_tile), so that every key tile of a head starts at the
+    // same q and do rows and reads them at about the same time, from L2 (ascending, each key
+    // tile starts at its own diagonal and reaches a row long after its neighbours read it).
     var qr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
     var dr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
     var st = 0.0;   // lanes below 2 BQ2: the tile's lse (base 2) or dvec
-    if (first < tiles) {   // the first tile, (0, first)
+    if (first < tiles) {   // the first tile, (0, q_tile(first, tiles, 0))
+        let lq = q_tile(first, tiles, 0u);
         for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
             let i = lid + t * WG;
-            let n = first * {{BQ2}}u + i / H4;
+            let n = lq * {{BQ2}}u + i / H4;
             qr[t] = vec4<f16>();
             dr[t] = vec4<f16>();
             if (i < {{BQ2}}u * H4 && n < p.seq) {
@@ -564,17 +581,18 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
         st = 0.0;
-        if (lid < 2u * {{BQ2}}u && first * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+        if (lid < 2u * {{BQ2}}u && lq * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
             if (lid < {{BQ2}}u) {
-                st = lse_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
+                st = lse_in[stat_index(b, hk * group, lq * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
             } else {
-                st = dvec_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)];
+                st = dvec_in[stat_index(b, hk * group, lq * {{BQ2}}u + lid % {{BQ2}}u)];
             }
         }
     }
     for (var g = 0u; g < group; g++) {
         let h = hk * group + g;
-        for (var qt = first; qt < tiles; qt++) {
+        for (var n_done = 0u; first + n_done < tiles; n_done++) {
+            let qt = q_tile(first, tiles, n_done);
             let q0 = qt * {{BQ2}}u;
             workgroupBarrier();              // the previous tile's products are done
             for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
@@ -588,10 +606,10 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                 stats[lid] = st;
             }
             workgroupBarrier();
-            var lq = qt + 1u;                // the next tile (lg, lq)
+            var lq = q_tile(first, tiles, n_done + 1u);   // the next tile (lg, lq)
             var lg = g;
-            if (lq == tiles) {
-                lq = first;
+            if (first + n_done + 1u == tiles) {
+                lq = q_tile(first, tiles, 0u);
                 lg = g + 1u;
             }
             if (lg < group) {

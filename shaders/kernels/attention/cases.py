@@ -472,6 +472,24 @@ register(KernelCase(
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="f32 tiled forward + the v2 backward with 16-key dQ and 16-query dK/dV tiles"))
 
+Q_DOWN = {"qorder": "down"}
+
+register(KernelCase(
+    name="attention_backward_sgmat2_qdown", kernels=_sgmat2_kernels(64, **Q_DOWN)[1:],
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=Q_DOWN),
+    reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+    description="the v2 backward with dK/dV visiting its query tiles from the last down "
+                "(knob qorder='down': an L2 candidate)"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_small_qdown",
+    kernels=_sgmat2_kernels(64, **SMALL_SGMAT2, **Q_DOWN)[1:],
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp,
+                                                   sgmat_tiles={**SMALL_SGMAT2, **Q_DOWN}),
+    reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+    description="the small-tile v2 backward with qorder='down' (more query tiles per key "
+                "tile than the default's, so more of the order is exercised)"))
+
 register(KernelCase(
     name="attention_backward_sgmat2_staged",
     kernels=_sgmat_kernels(64)[:1] + _sgmat2_kernels(64)[1:],

@@ -113,6 +113,12 @@ SGMAT2_ORDERS = ("spread", "contig", "swizzle")
 # branch-with-barrier constructs; an opt-in candidate fix of the wrong forward, unverified)
 SGMAT2_FOLD = "lazy"
 SGMAT2_FOLDS = ("lazy", "every")
+# `qorder` (dK/dV only): the order a key tile's workgroup visits its query tiles: "up" (from
+# the diagonal, measured) or "down" (from the last: every key tile of a head starts at the
+# same rows, so q and do are read from L2 by all of them at about the same time; checked on
+# lavapipe with emulated subgroup matrices, not yet timed on the H200)
+SGMAT2_QORDER = "up"
+SGMAT2_QORDERS = ("up", "down")
 SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
 # The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
 # trainer's) refuses it (sgmat2_refusal). dev/attention_sgmat2_variants.py sets this True to
@@ -143,20 +149,24 @@ def sgmat2_bytes(kernel: str, params: dict) -> int:
 
 
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
-                  fold: str | None = None, **tiles) -> dict:
+                  fold: str | None = None, qorder: str | None = None, **tiles) -> dict:
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
-    overriding SGMAT2_TILES; `pad`, `order` and `fold` the experiment knobs (SGMAT2_PAD,
-    SGMAT2_ORDER, SGMAT2_FOLD). dK/dV stages k and v in its p/ds array (KV_IN_P) only where
-    separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
+    overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
+    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER). dK/dV stages k and v in its p/ds
+    array (KV_IN_P) only where separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of
+    8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
-                         f"{sorted(SGMAT2_TILES)}, pad, order, fold)")
+                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder)")
     pad = SGMAT2_PAD if pad is None else int(pad)
     order = SGMAT2_ORDER if order is None else str(order)
     fold = SGMAT2_FOLD if fold is None else str(fold)
+    qorder = SGMAT2_QORDER if qorder is None else str(qorder)
     if fold not in SGMAT2_FOLDS:
         raise ValueError(f"sgmat2 attention: fold {fold!r}; use one of {SGMAT2_FOLDS}")
+    if qorder not in SGMAT2_QORDERS:
+        raise ValueError(f"sgmat2 attention: qorder {qorder!r}; use one of {SGMAT2_QORDERS}")
     if pad < 0 or pad % 4:
         raise ValueError(f"sgmat2 attention: pad {pad} must be a multiple of 4 words (16-byte "
                          "subgroup-matrix strides)")
@@ -164,7 +174,7 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
         raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
-           "FOLD_EVERY": fold == "every"}
+           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down"}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
 
@@ -624,8 +634,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     do, p and ds rounded to f16 in the products, f32 accumulation): 05_attention_sgmat2.wgsl
     for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
     05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
-    ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad" and
-    "order", see sgmat2_params)."""
+    ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
+    "order" and "qorder", see sgmat2_params)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),

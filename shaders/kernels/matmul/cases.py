@@ -18,6 +18,8 @@ register block, all eight prefetch registers) is checked on every device.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...ladder import KernelCase, Launch, register
@@ -235,6 +237,21 @@ SGMAT_CASES = (
 )
 
 
+def emulation_config(dev, cfg, layout: str):
+    """`cfg`, or on a device that emulates subgroup matrices (a CPU: 32 KiB of workgroup
+    memory) where it does not fit, the same configuration with fewer or smaller tiles: every
+    flag (slice depth, pad, split-K, slices in flight, direct stores, one stage) kept."""
+    if not getattr(dev, "emulated_features", ()) or not cfg.problems(dev, layout):
+        return cfg
+    for sgr, sgc, ti, tj in ((cfg.sgr, cfg.sgc, min(cfg.ti, 2), min(cfg.tj, 2)),
+                             (min(cfg.sgr, 2), min(cfg.sgc, 2), min(cfg.ti, 2), min(cfg.tj, 2)),
+                             (1, 1, 2, 2), (1, 1, 1, 1)):
+        fit = dataclasses.replace(cfg, sgr=sgr, sgc=sgc, ti=ti, tj=tj)
+        if not fit.problems(dev, layout):
+            return fit
+    return cfg
+
+
 def _register_sgmat(suffix, key, mode, b16, config, what):
     layout = key[:2]
     a16 = "_a16" in key
@@ -244,10 +261,13 @@ def _register_sgmat(suffix, key, mode, b16, config, what):
         name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
     register(KernelCase(
         name=f"matmul_{key}_sgmat{suffix}", family="matmul", precision="f32",
-        kernels=[(linear.FILE_SGMAT, name + "_sgmat", {}, cfg.template_params(layout, a16)),
-                 (linear.FILE_SPLITK, "matmul_splitk_reduce")],
+        kernels=lambda dev: [(linear.FILE_SGMAT, name + "_sgmat", {},
+                              emulation_config(dev, cfg, layout).template_params(layout, a16)),
+                             (linear.FILE_SPLITK, "matmul_splitk_reduce")],
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v, a16),
-        launch=lambda dev, inp: make_launch(dev, inp, layout, config=cfg, b16=b16, fast=True),
+        launch=lambda dev, inp: make_launch(dev, inp, layout,
+                                            config=emulation_config(dev, cfg, layout), b16=b16,
+                                            fast=True),
         reference=lambda inp: reference.tensor_core_matmul(inp, layout),
         variants=VARIANTS_TILED, bench_variant_software="bench_small",
         requires=("subgroup-matrix", "shader-f16"), bench_precision="subgroup-matrix",

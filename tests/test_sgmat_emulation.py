@@ -1,0 +1,114 @@
+"""The subgroup-matrix emulation (shaders/sgmat_emulation.py) against numpy: loads from
+workgroup and storage arrays in both majors, offsets and strides, the multiply-accumulate
+from f16 operands into f32, stores in both majors that touch nothing else, and the emulated
+subgroup's shuffle. On a GPU with real subgroup matrices the same kernel runs unemulated
+against the same reference, which checks that the emulation means what the extension means."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from istanbul.shaders import sgmat_emulation, source
+from istanbul.shaders.engine import Device
+from istanbul.shaders.kernels.op_support import has_tensor_cores
+
+KERNEL = """
+@group(0) @binding(0) var<storage, read> ab: array<f32>;          // A (32 x 16), then B
+@group(0) @binding(1) var<storage, read> c_in: array<f32>;        // accumulators, stride 20
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;   // results, column-major
+@group(0) @binding(3) var<storage, read_write> shuffled: array<f32>;
+var<workgroup> As: array<f16, 512>;
+var<workgroup> Bs: array<f16, 512>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    for (var i = lid; i < 512u; i += 64u) {
+        As[i] = f16(ab[i]);
+        Bs[i] = f16(ab[512u + i]);
+    }
+    workgroupBarrier();
+    // subgroup sg: rows 16 sg.. of A (row-major, stride 16); B column-major, stride 32, at
+    // column offset 16 sg; its accumulator row-major from storage at 3 sg, stride 20
+    let l = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, sg * 256u, false, 16u);
+    let r = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, sg * 16u, true, 32u);
+    var acc = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&c_in, sg * 3u, false, 20u);
+    acc = subgroupMatrixMultiplyAccumulate(l, r, acc);
+    subgroupMatrixStore(&out, sg * 400u + 1u, acc, true, 24u);
+    shuffled[lid] = subgroupShuffleXor(0.5 * f32(lid) + f32(lane), 5u);
+}
+"""
+
+
+def _expected(ab, c_in, out0):
+    a16 = ab[:512].astype(np.float16).astype(np.float32)
+    b16 = ab[512:].astype(np.float16).astype(np.float32)
+    out = out0.copy()
+    for sg in range(2):
+        left = a16[sg * 256:(sg + 1) * 256].reshape(16, 16)
+        right = np.array([[b16[sg * 16 + n * 32 + k] for n in range(16)] for k in range(16)])
+        acc = np.array([[c_in[sg * 3 + i * 20 + j] for j in range(16)] for i in range(16)])
+        res = acc.astype(np.float64) + left.astype(np.float64) @ right.astype(np.float64)
+        for i in range(16):
+            for j in range(16):
+                out[sg * 400 + 1 + j * 24 + i] = res[i, j]
+    lid = np.arange(64)
+    src = (lid & ~31) | ((lid & 31) ^ 5)
+    shuffled = 0.5 * src + (src & 31)
+    return out, shuffled
+
+
+@pytest.fixture(scope="module")
+def matrix_device():
+    dev = Device(None, emulate_subgroup_matrix=True)
+    if not has_tensor_cores(dev):
+        pytest.skip(f"{dev.name}: neither subgroup matrices nor shader-f16 to emulate them")
+    return dev
+
+
+def test_matrix_ops_match_numpy(matrix_device):
+    dev = matrix_device
+    rng = np.random.default_rng(3)
+    ab = rng.standard_normal(1024).astype(np.float32)
+    c_in = rng.standard_normal(400).astype(np.float32)
+    out0 = np.full(800, -7.0, np.float32)   # what the stores must leave alone
+    bufs = [dev.upload(ab), dev.upload(c_in), dev.upload(out0), dev.zeros(64)]
+    kernel = dev.kernel_from_source("emulation_test", KERNEL, "main")
+    with dev.record() as rec:
+        rec.dispatch(kernel, bufs, 1)
+    out, shuffled = dev.download(bufs[2]), dev.download(bufs[3])
+    want_out, want_shuffled = _expected(ab, c_in, out0)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(shuffled, want_shuffled.astype(np.float32))
+
+
+def test_emulated_device_says_so(matrix_device):
+    dev = matrix_device
+    if not dev.emulated_features:
+        pytest.skip(f"{dev.name} has real subgroup matrices")
+    assert dev.has("subgroup-matrix")
+    assert dev.subgroup_matrix_configs[0]["emulated"] is True
+    # modules without subgroup matrices are composed exactly as on the plain device
+    plain = Device(None, emulate_subgroup_matrix=False)
+    assert not plain.emulated_features
+    assert "subgroup-matrix" not in plain.features or not plain.emulated_features
+    text = source.load_file("infra.wgsl")
+    assert dev._compose(text, "scale") == plain._compose(text, "scale")
+
+
+def test_unsupported_constructs_are_refused():
+    code = ("enable chromium_experimental_subgroup_matrix;\n"
+            "var<workgroup> t: array<f16, 512>;\n"
+            "@compute @workgroup_size(32)\nfn main() {\n"
+            "    let m = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&t[4], 0u, "
+            "false, 16u);\n}\n")
+    with pytest.raises(sgmat_emulation.EmulationError, match="only &name"):
+        sgmat_emulation.emulate(code)
+    two_d = code.replace("@workgroup_size(32)", "@workgroup_size(32, 2)").replace("&t[4]", "&t")
+    with pytest.raises(sgmat_emulation.EmulationError, match="1-D workgroups"):
+        sgmat_emulation.emulate(two_d)
+    other = two_d.replace("(32, 2)", "(32)").replace("let m =", "let s = subgroupAdd(1.0);\n"
+                                                     "    let m =")
+    with pytest.raises(sgmat_emulation.EmulationError, match="subgroupAdd"):
+        sgmat_emulation.emulate(other)
