@@ -3,7 +3,9 @@ machine's device: one round answers every waiting worker message with one Encodi
 allowed-special set, splits calls between messages (never inside one), fails only the
 message with an invalid id (with the Encoding's own words), and `RemoteEncoding` gives the
 ids a local Encoding gives, over a real Unix socket, before and after the process it talks
-to went away."""
+to went away. Text travels as its UTF-8 unless it cannot (special tokens allowed, a lone
+surrogate, raw bytes); a round mixing both forms still answers each message with exactly
+its own documents' ids."""
 
 from __future__ import annotations
 
@@ -18,21 +20,30 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.server.errors import RequestRejected
-from tokenizer_svc.server.gpu_host import GpuHost, RemoteEncoding, RemoteInvalidToken, _Message
+from tokenizer_svc.server.gpu_host import (GpuHost, RemoteEncoding, RemoteInvalidToken, _Message,
+                                           encode_message, receive_reply)
+from tokenizer_svc.server.work import utf8_len
 from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
 
 SPECIAL = "<|endoftext|>"
 
 
 class Counting:
-    """The real Encoding, counting its encode and decode calls."""
+    """The real Encoding, counting its encode calls (documents per call; `utf8_calls` those
+    given as UTF-8) and decode calls."""
 
     def __init__(self, encoding):
-        self.encoding, self.encode_calls, self.decode_calls = encoding, [], 0
+        self.encoding, self.encode_calls, self.utf8_calls, self.decode_calls = \
+            encoding, [], [], 0
 
     def encode_batch_flat(self, docs, **kw):
         self.encode_calls.append(len(docs))
         return self.encoding.encode_batch_flat(docs, **kw)
+
+    def encode_utf8_batch_flat(self, docs):
+        self.encode_calls.append(len(docs))
+        self.utf8_calls.append(len(docs))
+        return self.encoding.encode_utf8_batch_flat(docs)
 
     def decode_bytes_batch(self, seqs):
         self.decode_calls += 1
@@ -55,7 +66,9 @@ def _expected(encoding, docs, allowed=frozenset()):
     return [list(encoding.encode(d, allowed_special=set(allowed))) for d in docs]
 
 
-def _split(reply):
+def _split(conn):
+    """One encode answer read from `conn`, as each document's ids."""
+    reply = receive_reply(conn)
     assert reply[0] == "ok", reply
     ids, offsets = reply[1]
     return [ids[offsets[n]:offsets[n + 1]].tolist() for n in range(len(offsets) - 1)]
@@ -72,9 +85,9 @@ def test_one_round_is_one_call_per_allowed_set(tiny_encoding):
     messages, ends = _worker_messages(bodies)
     host.run_round(messages)
     assert sorted(counting.encode_calls) == [2, 5]   # a+b together, the special set alone
-    assert _split(ends[0].recv()) == _expected(tiny_encoding, a)
-    assert _split(ends[1].recv()) == _expected(tiny_encoding, b)
-    got = _split(ends[2].recv())
+    assert _split(ends[0]) == _expected(tiny_encoding, a)
+    assert _split(ends[1]) == _expected(tiny_encoding, b)
+    got = _split(ends[2])
     assert got == _expected(tiny_encoding, special, {SPECIAL})
     assert tiny_encoding.encode_single_token(SPECIAL) in got[0]
 
@@ -89,8 +102,100 @@ def test_calls_split_between_messages_never_inside_one(tiny_encoding):
                                        ("encode", small, frozenset(), 11)])
     host.run_round(messages)
     assert counting.encode_calls == [2, 2]   # [big], then both small ones together
-    assert _split(ends[0].recv()) == _expected(tiny_encoding, big)
-    assert _split(ends[1].recv()) == _split(ends[2].recv()) == _expected(tiny_encoding, small)
+    assert _split(ends[0]) == _expected(tiny_encoding, big)
+    assert _split(ends[1]) == _split(ends[2]) == _expected(tiny_encoding, small)
+
+
+def test_text_travels_as_utf8_only_when_it_can(tiny_encoding):
+    """encode_message: text with no special tokens allowed goes as its UTF-8; text with a
+    lone surrogate (repaired by the Encoding as tiktoken does), raw bytes and text with
+    special tokens allowed go as they are. Its byte count is the same either way."""
+    plain = TEXTS + ["İ" * 40]
+    kind, utf8, allowed, nbytes = encode_message(plain, frozenset())
+    assert (kind, utf8, allowed) == ("encode_utf8", [t.encode() for t in plain], frozenset())
+    assert nbytes == sum(map(utf8_len, plain))
+    for docs, allowed in (([TEXTS[1], "lone \ud800 surrogate"], frozenset()),
+                          ([TEXTS[1], b"raw \xff bytes"], frozenset()),
+                          ([f"one {SPECIAL}", TEXTS[1]], frozenset({SPECIAL}))):
+        assert encode_message(docs, allowed) == \
+            ("encode", docs, allowed, sum(map(utf8_len, docs)))
+    assert encode_message([], frozenset()) == ("encode_utf8", [], frozenset(), 0)
+
+
+def _local(encoding, docs, allowed=frozenset()):
+    """Each document's ids from the local Encoding (text, bytes or mixed)."""
+    ids, offsets = encoding.encode_batch_flat(docs, allowed_special=allowed,
+                                              disallowed_special=())
+    return [ids[offsets[n]:offsets[n + 1]].tolist() for n in range(len(docs))]
+
+
+def test_utf8_and_plain_messages_in_one_round_each_get_their_own_ids(tiny_encoding):
+    """UTF-8 messages of 0, 1 and several documents share one call (given as UTF-8); with a
+    message of documents as they are (a lone surrogate, raw invalid UTF-8) in the same
+    allowed set they share one call in which the UTF-8 ones are text again; every message
+    gets exactly its own documents' ids, in order, none lost."""
+    counting = Counting(tiny_encoding)
+    host = GpuHost(counting, max_call_bytes=1 << 20)
+    batches = [TEXTS[:3], [], ["", TEXTS[7]], TEXTS[3:9], [TEXTS[2]]]
+    special = encode_message([f"x {SPECIAL} y"], frozenset({SPECIAL}))
+    messages, ends = _worker_messages([encode_message(b, frozenset()) for b in batches] +
+                                      [special])
+    assert [m.kind for m in messages] == ["encode_utf8"] * 5 + ["encode"]
+    host.run_round(messages)
+    assert counting.utf8_calls == [sum(map(len, batches))] and sorted(counting.encode_calls) \
+        == [1, sum(map(len, batches))]
+    for end, docs in zip(ends, batches):
+        assert _split(end) == _local(tiny_encoding, docs)
+    assert _split(ends[-1]) == _local(tiny_encoding, [f"x {SPECIAL} y"], {SPECIAL})
+
+    counting.encode_calls.clear()
+    counting.utf8_calls.clear()
+    odd = ["a \ud83d lone high, a pair \ud83d\ude00 joined", b"raw \xff\xfe end", TEXTS[4]]
+    batches = [TEXTS[:2], odd, TEXTS[9:12]]
+    messages, ends = _worker_messages([encode_message(b, frozenset()) for b in batches])
+    assert [m.kind for m in messages] == ["encode_utf8", "encode", "encode_utf8"]
+    host.run_round(messages)
+    assert counting.encode_calls == [8] and counting.utf8_calls == []
+    for end, docs in zip(ends, batches):
+        assert _split(end) == _local(tiny_encoding, docs)
+
+
+def test_utf8_calls_split_between_messages_never_inside_one(tiny_encoding):
+    counting = Counting(tiny_encoding)
+    host = GpuHost(counting, max_call_bytes=100)
+    big, small = ["x" * 80, "ÿ" * 40], ["hello there"]   # 160 bytes: over the limit, alone
+    messages, ends = _worker_messages([encode_message(big, frozenset()),
+                                       encode_message(small, frozenset()),
+                                       encode_message(small, frozenset())])
+    assert messages[0].body[2] == 160
+    host.run_round(messages)
+    assert counting.utf8_calls == [2, 2]   # [big], then both small ones together
+    assert _split(ends[0]) == _local(tiny_encoding, big)
+    assert _split(ends[1]) == _split(ends[2]) == _local(tiny_encoding, small)
+
+
+def test_encode_utf8_batch_flat_is_encode_batch_flat_of_the_text(tiny_encoding,
+                                                                 tiny_vocab_path, tmp_path):
+    """Encoding.encode_utf8_batch_flat gives encode_batch_flat's ids and offsets of the text
+    on the GPU path, on the CPU reference (no packed path) and for a tokenizer.json with a
+    normalizer (which needs the text back)."""
+    import json
+    from tests.test_tokenizer_hf import hf_file
+    from tokenizer_svc.encoding import get_encoding
+    from tokenizer_svc.vocab import load_vocabulary
+    path = hf_file(tmp_path, merge_syntax="string")
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec["normalizer"] = {"type": "Lowercase"}
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    lowered = get_encoding(load_vocabulary(path), device=tiny_encoding.backend.device)
+    texts = TEXTS + ["MiXeD CaSe İSTANBUL", "", "x" * 5000]
+    for encoding in (tiny_encoding, get_encoding(str(tiny_vocab_path), device="cpu"), lowered):
+        ids, offsets = encoding.encode_utf8_batch_flat([t.encode() for t in texts])
+        want_ids, want_offsets = encoding.encode_batch_flat(texts)
+        assert ids.dtype == np.uint32 and offsets.dtype == np.int64
+        assert np.array_equal(ids, want_ids) and np.array_equal(offsets, want_offsets)
+    assert lowered.encode_utf8_batch_flat([b"ABC"])[0].tolist() == lowered.encode("abc")
+    assert tiny_encoding.encode_utf8_batch_flat([])[1].tolist() == [0]
 
 
 def test_an_invalid_id_fails_only_its_own_decode_message(tiny_encoding):
@@ -144,7 +249,7 @@ def test_messages_waiting_together_are_one_round(served, tiny_encoding):
     loop = threading.Thread(target=host.serve_forever, daemon=True)
     loop.start()
     for k, c in enumerate(clients):
-        assert _split(c.recv()) == _expected(tiny_encoding, [TEXTS[k]])
+        assert _split(c) == _expected(tiny_encoding, [TEXTS[k]])
     assert host.rounds == 1 and host.encoding.encode_calls == [2]
     for c in clients:
         c.close()
@@ -162,6 +267,15 @@ def test_remote_encoding_matches_the_local_one_and_says_when_the_host_is_gone(
     local_ids, local_offsets = tiny_encoding.encode_batch_flat(TEXTS, allowed_special=set(),
                                                                disallowed_special=())
     assert np.array_equal(ids, local_ids) and np.array_equal(offsets, local_offsets)
+    assert (ids.dtype, offsets.dtype, ids.flags.writeable) == (np.uint32, np.int64, True)
+    for docs, allowed in ((["lone \ud800", *TEXTS[:3]], frozenset()),      # as they are
+                          ([b"raw \xff", TEXTS[2]], frozenset()),
+                          ([f"a {SPECIAL} b", TEXTS[3]], frozenset({SPECIAL})),
+                          ([], frozenset()), ([""], frozenset())):
+        ids, offsets = remote.encode_batch_flat(docs, allowed_special=allowed)
+        want_ids, want_offsets = tiny_encoding.encode_batch_flat(
+            docs, allowed_special=allowed, disallowed_special=())
+        assert np.array_equal(ids, want_ids) and np.array_equal(offsets, want_offsets), docs
     assert remote.decode_bytes_batch([local_ids]) == [b"".join(t.encode() for t in TEXTS)]
     with pytest.raises(RemoteInvalidToken) as bad:
         remote.decode_bytes_batch([np.array([10**6], np.uint32)])
@@ -195,7 +309,8 @@ def test_a_failing_encoding_call_fails_each_of_its_messages(tiny_encoding):
                                        ("encode", ["b"], frozenset(), 1),
                                        ("decode", [np.array([1], np.uint32)])])
     host.run_round(messages)
-    assert ends[0].recv() == ends[1].recv() == ("failed", "RuntimeError: device lost")
+    assert receive_reply(ends[0]) == receive_reply(ends[1]) == \
+        ("failed", "RuntimeError: device lost")
     assert ends[2].recv() == ("ok", [tiny_encoding.decode_single_token_bytes(1)])
 
 
@@ -265,7 +380,7 @@ def test_a_host_keeping_the_clock_spins_between_rounds_and_answers_exactly(
     try:
         for k in range(3):
             worker_end.send(("encode", [TEXTS[k]], frozenset(), len(TEXTS[k].encode())))
-            assert _split(worker_end.recv()) == _expected(tiny_encoding, [TEXTS[k]])
+            assert _split(worker_end) == _expected(tiny_encoding, [TEXTS[k]])
             deadline = time.monotonic() + 30
             spun = keeper.spins
             while keeper.spins < spun + 2:       # it spins while idle

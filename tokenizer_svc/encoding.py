@@ -399,6 +399,20 @@ class Encoding:
                 parts[i] = ids[offsets[k]:offsets[k + 1]]
         return _flatten(parts)
 
+    def encode_utf8_batch_flat(self, docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_batch_flat` of text documents given as their UTF-8, no special tokens
+        allowed (`encode_ordinary`'s ids): `docs[i]` is `texts[i].encode()`, so each must be
+        valid UTF-8 (raw bytes of unknown validity follow `encode_bytes`: give them to
+        `encode_batch_flat`). The bytes go to the encoder as they are, neither decoded to
+        `str` nor encoded back (the shared GPU process's workers send text so)."""
+        docs = list(map(bytes, docs))   # PackedText takes bytes (`bytes(b) is b`: no copy)
+        packed_encode = getattr(self.backend, "encode_packed", None)
+        if self._hf is not None or packed_encode is None:   # a normalizer works on text
+            return self._encode_ordinary_many([d.decode("utf-8") for d in docs])
+        starts = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
+        return packed_encode(PackedText(docs, starts), starts)
+
     def _into(self, out, docs, allowed_special, disallowed_special):
         if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
             raise ValueError("out must be a 1-D numpy uint32 array, got "

@@ -10,11 +10,13 @@ token refusal, its dynamic batcher, truncation, offsets, replies, and its long l
 worker's own device, in budgeted steps: long documents never enter this process's calls).
 Its batch path's two GPU calls, `encode_batch_flat` and `decode_bytes_batch`, come here
 through `RemoteEncoding`: one message per call over a Unix socket (multiprocessing.connection,
-authenticated with the group's key). ONE thread of this process waits on every connection,
-reads a message from each readable one and runs them as one round: the documents of all
-encode messages that allow the same special tokens go into one Encoding call (up to
-`max_call_bytes` of input; a message is never split), the ids of all decode messages into
-one call, and each message is answered with its own slice. A worker keeps at most two
+authenticated with the group's key); text with no special tokens allowed (nearly every
+batch) travels as its UTF-8, encoded in the worker (`encode_message`). ONE thread of this
+process waits on every connection, reads a message from each readable one and runs them as
+one round: the documents of all encode messages that allow the same special tokens go into
+one Encoding call (up to `max_call_bytes` of input; a message is never split), the ids of
+all decode messages into one call, and each message is answered with its own slice (an
+encode's ids as raw bytes, not pickled: `receive_reply`). A worker keeps at most two
 batches in flight (app.REMOTE_INFLIGHT: its next batch is waiting when a round ends), each
 on a connection of its own that waits for its answer, so the workers' batchers are the
 backpressure and a round holds at most two batches per worker.
@@ -38,6 +40,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener, wait
 
 import grpc
+import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from .errors import NOT_READY, RequestRejected
@@ -50,9 +53,44 @@ CONNECT_RETRY_S = 0.05
 
 
 # ---- messages ---------------------------------------------------------------------------
-# worker -> host: ("encode", docs, allowed_special, nbytes) | ("decode", seqs)
-# host -> worker: ("ok", result) | ("invalid_token", message, token, position, document)
+# worker -> host: ("encode", docs, allowed_special, nbytes)
+#                 | ("encode_utf8", [text.encode() per document], frozenset(), nbytes)
+#                 | ("decode", seqs)
+# host -> worker: ("ok_ids", offsets as a list), then the ids' raw bytes (an encode's answer)
+#                 | ("ok", result) | ("invalid_token", message, token, position, document)
 #                 | ("failed", message)
+ENCODES = ("encode", "encode_utf8")
+
+
+def encode_message(docs: list, allowed_special) -> tuple:
+    """A worker's message for one encode call. Text with no special tokens allowed goes as
+    its UTF-8 ("encode_utf8"): the host's one thread then neither decodes it while
+    unpickling nor encodes it again for the GPU upload, and the workers, many processes,
+    do the encoding (dev/RESULTS.md, 2026-12-04). Raw bytes, text in which special tokens
+    are to be cut out, and text with a lone surrogate (which the Encoding repairs as
+    tiktoken does) go as they are ("encode"). `nbytes` counts UTF-8 bytes either way."""
+    if not allowed_special and all(isinstance(d, str) for d in docs):
+        try:
+            utf8 = [d.encode() for d in docs]
+        except UnicodeEncodeError:   # a lone surrogate
+            pass
+        else:
+            return ("encode_utf8", utf8, frozenset(), sum(map(len, utf8)))
+    return ("encode", docs, allowed_special, sum(map(utf8_len, docs)))
+
+
+def receive_reply(conn) -> tuple:
+    """The host's answer to a worker's message; an encode message's as ("ok", (ids,
+    offsets)), the arrays a local Encoding returns: its ids come after the offsets as raw
+    bytes (GpuHost._answer_ids), read straight into their array."""
+    reply = conn.recv()
+    if reply[0] != "ok_ids":
+        return reply
+    offsets = np.array(reply[1], np.int64)
+    ids = np.empty(int(offsets[-1]), np.uint32)
+    conn.recv_bytes_into(ids)
+    return ("ok", (ids, offsets))
+
 
 class RemoteInvalidToken(ValueError):
     """An invalid id in a decode message, with the host Encoding's message and details (the
@@ -144,8 +182,7 @@ class RemoteEncoding:
     def encode_batch_flat(self, docs, *, allowed_special=frozenset(), disallowed_special=()):
         if disallowed_special:   # the service checks refusals per job before the call
             raise ValueError("RemoteEncoding encodes with disallowed_special=() only")
-        docs = list(docs)
-        return self._call(("encode", docs, allowed_special, sum(map(utf8_len, docs))))
+        return self._call(encode_message(list(docs), allowed_special))
 
     def decode_bytes_batch(self, batch):
         return self._call(("decode", list(batch)))
@@ -166,7 +203,7 @@ class RemoteEncoding:
                     raise _unavailable("is restarting") from None
             try:
                 conn.send(message)
-                reply = conn.recv()
+                reply = receive_reply(conn)
             except (EOFError, OSError) as exc:
                 conn.close()
                 if fresh or attempt:
@@ -312,7 +349,7 @@ class GpuHost:
         groups: dict = {}
         decodes = []
         for m in messages:
-            if m.kind == "encode":
+            if m.kind in ENCODES:
                 groups.setdefault(m.body[1], []).append(m)
             elif m.kind == "decode":
                 decodes.append(m)
@@ -339,13 +376,19 @@ class GpuHost:
 
     def _encode(self, call: list, allowed) -> None:
         from .metrics import last_encoder_profile
-        from .work import encode_flat
-        docs = [doc for m in call for doc in m.body[0]]
+        from .work import encode_flat, encode_flat_utf8
         start = time.perf_counter()
         try:
-            ids, offsets = encode_flat(self.encoding, docs, allowed)
+            if all(m.kind == "encode_utf8" for m in call):
+                ids, offsets = encode_flat_utf8(self.encoding,
+                                                [doc for m in call for doc in m.body[0]])
+            else:   # documents as they are among them (rare): the UTF-8 ones decoded
+                ids, offsets = encode_flat(self.encoding, [doc for m in call for doc in (
+                    m.body[0] if m.kind == "encode" else [d.decode() for d in m.body[0]])],
+                    allowed)
         except Exception as exc:
-            self._fail(call, f"encode call of {len(docs)} documents", exc)
+            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
+                       exc)
             return
         self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
         self.metrics.encoder.observe(last_encoder_profile(self.encoding))
@@ -354,7 +397,7 @@ class GpuHost:
         for m in call:
             k = len(m.body[0])
             lo, hi = int(offsets[n]), int(offsets[n + k])
-            self._answer(m, ("ok", (ids[lo:hi], offsets[n:n + k + 1] - lo)))
+            self._answer_ids(m, ids[lo:hi], offsets[n:n + k + 1] - lo)
             n += k
 
     def _decode(self, decodes: list) -> None:
@@ -393,6 +436,18 @@ class GpuHost:
         log.exception("GPU process: %s failed", what)
         for m in messages:
             self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _answer_ids(m: _Message, ids, offsets) -> None:
+        """An encode message's answer: its offsets, then its ids as raw bytes written from
+        the call's array (receive_reply reads them). Pickled, the ids were copied twice on
+        this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
+        more than the small offsets' list does (dev/RESULTS.md, 2026-12-04)."""
+        try:
+            m.conn.send(("ok_ids", offsets.tolist()))
+            m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
+        except OSError:   # the worker went away (killed, restarting): nobody to answer
+            pass
 
     @staticmethod
     def _answer(m: _Message, reply: tuple) -> None:

@@ -8,7 +8,8 @@ and message, from tokenizer_svc.reference), so one bad request never fails its n
 All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
 each decode job is retried alone so that only the guilty one fails.
 
-`encode_flat` is the service's one call into the encode path (batches and long lane alike).
+`encode_flat` is the service's one call into the encode path (batches and long lane alike);
+`encode_flat_utf8` is the same for text that arrives as its UTF-8 (the shared GPU process).
 `token_spans` is the one place that turns ids into (start, end) offsets; it reads the
 Encoding's per-token tables (byte lengths, characters started), which the public
 `token_offsets` uses for the starts.
@@ -47,6 +48,13 @@ def encode_flat(encoding, docs: list, allowed: frozenset) -> tuple[np.ndarray, n
     checked per job). The batches and the long lane both come through here."""
     ids, offsets = encoding.encode_batch_flat(docs, allowed_special=allowed,
                                               disallowed_special=())
+    return np.asarray(ids, np.uint32), offsets
+
+
+def encode_flat_utf8(encoding, docs: list) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_flat` of text documents with no special tokens allowed, given as their UTF-8
+    (`docs[i]` is `texts[i].encode()`: gpu_host.encode_message sends them so)."""
+    ids, offsets = encoding.encode_utf8_batch_flat(docs)
     return np.asarray(ids, np.uint32), offsets
 
 
