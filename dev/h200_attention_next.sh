@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The H200 call that session 18 prepared and could not run (no device): is the emulation of
+# subgroup matrices the extension's meaning, is dK/dV's descending query order right and
+# faster, and would f16 copies of q, k, v, do pay? One device call, ~6 minutes.
+#
+#   bash dev/h200_attention_next.sh OUTDIR      (on the GPU machine: Dawn, robustness off)
+#
+#   semantics  tests/test_sgmat_emulation.py unemulated: the matrix operations against numpy
+#   ladder     the sgmat2 backward rungs, both query orders, robustness off and on
+#   ablation   dev/attention_ablation.py: base, qdown, f16_loads, no_global (ms per layer call)
+# A failing step does not stop the others; exit status: the number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: dev/h200_attention_next.sh OUTDIR}"
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+failed=0
+step() {   # name, time limit (s), command...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    if ! timeout "$limit" "$@" > "$out/$name.txt" 2>&1; then
+        failed=$((failed + 1))
+        echo "   failed: $out/$name.txt"
+    fi
+    tail -3 "$out/$name.txt"
+}
+step semantics 120 "$py" -m pytest -q -p no:cacheprovider tests/test_sgmat_emulation.py
+for r in off on; do
+    step "ladder_robustness_$r" 200 env ISTANBUL_DAWN_ROBUSTNESS=$r "$py" -m istanbul kernels \
+        check --kernel attention_backward_sgmat2 --json "$out/ladder_robustness_$r.json"
+done
+step ablation 300 "$py" dev/attention_ablation.py --out "$out" \
+    --variants base,qdown,f16_loads,no_global
+exit "$failed"
