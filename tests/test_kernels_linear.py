@@ -186,7 +186,7 @@ def test_sgmat_config_spellings_round_trip():
                  "sg4x2-t4x4-k32-p8-s1-b1", "sg4x4-t2x2-k32-p8-s4-a2-d-b1"):
         assert str(lin.SgmatConfig.parse(text)) == text
     single = lin.SgmatConfig.parse("sg4x2-t4x4-k32-p8-s1-b1")
-    assert single.single and single.template_params("nt")["STAGES"] == 1
+    assert single.single and single.template_params("nt")["SINGLE"]
     # one stage of 256 x 40 + 128 x 40 f16 and the result slots: 48 KiB holds it
     assert single.workgroup_bytes("nt") == 2 * (256 + 128) * 40 + 4 * 256 * 8 <= 48 * 1024 - 1024
     params = new.template_params("tn")

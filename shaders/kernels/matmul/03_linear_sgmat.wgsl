@@ -20,8 +20,8 @@
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
 // tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
-// (BK / 16), AHEAD, DIRECT, STAGES and SINGLE (below), CLAMP_A (the forward clamps an f32 A
-// to f16's range), A16 (the _a16 kernels: A is f16).
+// (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows from it), CLAMP_A (the forward
+// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -31,7 +31,7 @@
 // registers before this slice's multiplies and into the other stage after them: one barrier
 // per slice. Matrix arguments derive from @builtin(subgroup_id) (they must be subgroup-
 // uniform).
-// STAGES 1 (SINGLE, "-b1"): one stage, rewritten after a second barrier once every subgroup
+// SINGLE ("-b1", STAGES 1): one stage, rewritten after a second barrier once every subgroup
 // has read it. Half the workgroup memory, so a slice of BK 32 fits 128 x 256 tiles. On the
 // H200 that won at every 124M product (round 11, dev/RESULTS.md): the two-stage kernels
 // stalled on their loads at each slice (more slices in flight, fewer staging stores or bytes
@@ -82,7 +82,11 @@ struct Params {
     _pad1: u32,
 }
 
-const STAGES: u32 = {{STAGES}}u;   // 2: double-buffered; 1: one stage, two barriers a slice
+// @if SINGLE
+const STAGES: u32 = 1u;   // one stage, two barriers a slice
+// @else
+const STAGES: u32 = 2u;   // double-buffered
+// @endif
 var<workgroup> As: array<f16, STAGES * STAGE_A>;
 var<workgroup> Bs: array<f16, STAGES * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;

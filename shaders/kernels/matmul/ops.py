@@ -322,7 +322,7 @@ class SgmatConfig:
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
                 "CLAMP_A": layout == "nt" and not a16,
                 "AHEAD": self.ahead, "DIRECT": self.direct, "SINGLE": self.single,
-                "STAGES": 1 if self.single else 2, "KSTEPS": self.bk // SGMAT_TILE}
+                "KSTEPS": self.bk // SGMAT_TILE}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
