@@ -317,7 +317,8 @@ def test_sgmat2_qorder_changes_only_dkv():
     for kernel in ("forward", "dq"):
         assert _sgmat2_code(64, {"qorder": "down"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
     up, down = _sgmat2_code(64, {}, {}, "dkv"), _sgmat2_code(64, {"qorder": "down"}, {}, "dkv")
-    assert "const Q_DESC: bool = false;" in up and "const Q_DESC: bool = true;" in down
+    assert "for (var qt = first; qt < tiles; qt++)" in up and "n_done" not in up
+    assert "let qt = tiles - 1u - n_done;" in down
 
 
 def test_sgmat2_fold_every_drops_the_lazy_fold_constructs():

@@ -498,17 +498,6 @@ fn put4h(at: u32, h: vec4<f16>, which: u32) {
     }
 }
 
-// @if Q_DESC
-const Q_DESC: bool = true;    // dK/dV's query tiles from the last down (see below)
-// @else
-const Q_DESC: bool = false;
-// @endif
-
-// The n-th query tile a key tile's workgroup visits, of tiles first..tiles-1.
-fn q_tile(first: u32, tiles: u32, n: u32) -> u32 {
-    return select(first + n, tiles - 1u - n, Q_DESC);
-}
-
 @compute @workgroup_size(WG)
 fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                                  @builtin(local_invocation_index) lid: u32,
@@ -562,17 +551,20 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     // The next query tile's q and do rows and statistics travel in registers while this tile
     // is multiplied (as the forward of 05_attention_sgmat.wgsl): all of a tile's loads in
     // flight at once. Tiles run in (g, qt) order: qt from the diagonal up, or with Q_DESC
-    // from the last query tile down (q_tile), so that every key tile of a head starts at the
-    // same q and do rows and reads them at about the same time, from L2 (ascending, each key
-    // tile starts at its own diagonal and reaches a row long after its neighbours read it).
+    // from the last query tile down, so that every key tile of a head starts at the same q
+    // and do rows and reads them at about the same time, from L2 (ascending, each key tile
+    // starts at its own diagonal and reaches a row long after its neighbours read it). The
+    // default's text is the one verified on the H200; Q_DESC only adds to it.
     var qr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
     var dr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 127) / 128>;
     var st = 0.0;   // lanes below 2 BQ2: the tile's lse (base 2) or dvec
-    if (first < tiles) {   // the first tile, (0, q_tile(first, tiles, 0))
-        let lq = q_tile(first, tiles, 0u);
+    if (first < tiles) {   // the first tile, (0, first)
+// @if Q_DESC
+        let first = tiles - 1u;            // (0, tiles - 1): the last query tile
+// @endif
         for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
             let i = lid + t * WG;
-            let n = lq * {{BQ2}}u + i / H4;
+            let n = first * {{BQ2}}u + i / H4;
             qr[t] = vec4<f16>();
             dr[t] = vec4<f16>();
             if (i < {{BQ2}}u * H4 && n < p.seq) {
@@ -581,18 +573,22 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
         st = 0.0;
-        if (lid < 2u * {{BQ2}}u && lq * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+        if (lid < 2u * {{BQ2}}u && first * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
             if (lid < {{BQ2}}u) {
-                st = lse_in[stat_index(b, hk * group, lq * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
+                st = lse_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)] * LOG2E;
             } else {
-                st = dvec_in[stat_index(b, hk * group, lq * {{BQ2}}u + lid % {{BQ2}}u)];
+                st = dvec_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)];
             }
         }
     }
     for (var g = 0u; g < group; g++) {
         let h = hk * group + g;
+// @if Q_DESC
         for (var n_done = 0u; first + n_done < tiles; n_done++) {
-            let qt = q_tile(first, tiles, n_done);
+            let qt = tiles - 1u - n_done;
+// @else
+        for (var qt = first; qt < tiles; qt++) {
+// @endif
             let q0 = qt * {{BQ2}}u;
             workgroupBarrier();              // the previous tile's products are done
             for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
@@ -606,12 +602,21 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                 stats[lid] = st;
             }
             workgroupBarrier();
-            var lq = q_tile(first, tiles, n_done + 1u);   // the next tile (lg, lq)
+// @if Q_DESC
+            var lq = qt - 1u;                // the next tile (lg, lq)
             var lg = g;
-            if (first + n_done + 1u == tiles) {
-                lq = q_tile(first, tiles, 0u);
+            if (qt == first) {
+                lq = tiles - 1u;
                 lg = g + 1u;
             }
+// @else
+            var lq = qt + 1u;                // the next tile (lg, lq)
+            var lg = g;
+            if (lq == tiles) {
+                lq = first;
+                lg = g + 1u;
+            }
+// @endif
             if (lg < group) {
                 for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
                     let i = lid + t * WG;
