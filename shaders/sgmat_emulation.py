@@ -37,6 +37,8 @@ CALL = re.compile(r"\b(" + "|".join(CALLS) + r")\b")
 ENABLE = re.compile(r"^\s*enable\s+chromium_experimental_subgroup_matrix\s*;\s*$", re.M)
 POINTER = re.compile(r"^&\s*\(?\s*([A-Za-z_]\w*)\s*\)?$")
 SUBGROUP_BUILTINS = ("subgroup_id", "subgroup_invocation_id", "subgroup_size")
+# element (r, c) of a matrix at `offset`, row- or column-major with `stride` (the helpers' names)
+ELEMENT_AT = "select(offset + r * stride + c, offset + c * stride + r, col_major)"
 
 
 class EmulationError(ValueError):
@@ -74,12 +76,11 @@ class _Matrix:
                 f"        let r = i / {self.cols}u;\n        let c = i % {self.cols}u;\n")
 
 
-def _split_args(text: str, start: int) -> tuple[list[str], int]:
+def call_args(text: str, start: int) -> tuple[list[str], int]:
     """The top-level comma-separated arguments of the call whose '(' is at `start`, and the
     index just past its ')'."""
     depth, args, cur = 0, [], start + 1
-    i = start
-    while True:
+    for i in range(start, len(text)):
         ch = text[i]
         if ch in "([":
             depth += 1
@@ -91,7 +92,7 @@ def _split_args(text: str, start: int) -> tuple[list[str], int]:
         elif ch == "," and depth == 1:
             args.append(text[cur:i].strip())
             cur = i + 1
-        i += 1
+    raise EmulationError(f"unbalanced call at offset {start}")
 
 
 def _template_arg(text: str, start: int) -> tuple[str, int]:
@@ -152,7 +153,7 @@ def emulate(code: str) -> str:
                 pos += 1
         if code[pos] != "(":
             raise EmulationError(f"{fn} is not called at offset {m.start()}")
-        args, end = _split_args(code, pos)
+        args, end = call_args(code, pos)
         code = code[:m.start()] + _rewrite(fn, template, args, code, types, helpers) + code[end:]
     code = _entry_points(code, "sgm_shuffle_xor_f32" in helpers)
     for name in ("subgroupMatrix", "subgroup_matrix"):
@@ -178,7 +179,7 @@ def _reachable_functions(code: str) -> list[tuple[str, str]]:
     """(name, body) of the entry points and every function they call, directly or not."""
     bodies, entries = {}, set()
     for m in FUNCTION.finditer(code):
-        _, end = _split_args(code, m.end() - 1)
+        _, end = call_args(code, m.end() - 1)
         start = code.index("{", end)
         depth, i = 0, start
         while True:
@@ -212,8 +213,7 @@ def _rewrite(fn: str, template, args: list, code: str, types: dict, helpers: dic
         helpers.setdefault(name, (
             f"fn {name}(offset: u32, col_major: bool, stride: u32) -> {t.name} {{\n"
             f"    var m: {t.name};\n    {t.elements()}"
-            f"        m.v[i] = {target}[select(offset + r * stride + c, "
-            f"offset + c * stride + r, col_major)];\n    }}\n    return m;\n}}\n"))
+            f"        m.v[i] = {target}[{ELEMENT_AT}];\n    }}\n    return m;\n}}\n"))
         return f"{name}({args[1]}, {args[2]}, {args[3]})"
     if fn == "subgroupMatrixStore":
         if len(args) != 5:
@@ -231,8 +231,7 @@ def _rewrite(fn: str, template, args: list, code: str, types: dict, helpers: dic
         helpers.setdefault(name, (
             f"fn {name}(offset: u32, m: {t.name}, col_major: bool, stride: u32) {{\n"
             f"    {t.elements()}"
-            f"        {target}[select(offset + r * stride + c, offset + c * stride + r, "
-            f"col_major)] = m.v[i];\n    }}\n}}\n"))
+            f"        {target}[{ELEMENT_AT}] = m.v[i];\n    }}\n}}\n"))
         return f"{name}({args[1]}, {args[2]}, {args[3]}, {args[4]})"
     if fn == "subgroupMatrixMultiplyAccumulate":
         if len(args) != 3:
@@ -281,7 +280,7 @@ def _entry_points(code: str, exchange: bool) -> str:
         if size not in (None, dims[0]):
             raise EmulationError("entry points of different workgroup sizes in one module")
         size = dims[0]
-        args, end = _split_args(code, m.end() - 1)
+        args, end = call_args(code, m.end() - 1)
         params, lets, lid = [], [], None
         for a in args:
             b = re.match(r"@builtin\((\w+)\)\s*(\w+)\s*:", a)

@@ -12,23 +12,7 @@ from __future__ import annotations
 
 import re
 
-
-def call_args(text: str, start: int):
-    """The arguments of the call whose '(' is at text[start], and the index after its ')'."""
-    depth, args, cur = 0, [], start + 1
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch in "(<[":
-            depth += 1
-        elif ch in ")>]":
-            depth -= 1
-            if depth == 0:
-                args.append(text[cur:i].strip())
-                return args, i + 1
-        elif ch == "," and depth == 1:
-            args.append(text[cur:i].strip())
-            cur = i + 1
-    raise AssertionError("unbalanced call")
+from istanbul.shaders.sgmat_emulation import call_args
 
 
 def stub_subgroup_matrices(code: str) -> str:
