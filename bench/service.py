@@ -2,7 +2,7 @@
 
     python bench/service.py --out bench/results/service [--vocab PATH] [--adapter A]
                             [--workers 1,6] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
-                            [--formats packed,repeated]
+                            [--formats packed,repeated] [--event-loops asyncio,uvloop]
 
 For each server configuration in --workers (`istanbul serve --workers N`: N server processes
 on one port, each with its own GPU device and batcher; default 1 and 3/8 of the CPUs),
@@ -22,7 +22,8 @@ request's time goes inside the server (means of its histograms: the RPC, the wai
 batch, one GPU call; the client's mean minus the server's is gRPC and the loopback). Writes
 service.json and service.md into --out; about 2.5 minutes at the defaults on a 16-core
 machine. Texts are cut from real text (--corpus files, default the Python standard library's
-sources).
+sources). `--event-loops asyncio,uvloop` runs each server configuration once per event loop
+(`istanbul serve --event-loop`), old and new in one run.
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ def _worker(conn) -> None:
         if msg[0] == "texts":   # (size label, texts, weights, expected packed ids per text)
             cells[msg[1]] = msg[2:]
         elif msg[0] == "cell":
-            _, target, n_clients, size, packed, warmup, duration, seed = msg
-            conn.send(asyncio.run(_drive(conn, target, n_clients, *cells[size], packed, warmup,
-                                         duration, seed)))
+            _, target, n_clients, size, packed, warmup, duration, seed, loop = msg
+            from tokenizer_svc.server.event_loop import run
+            conn.send(run(_drive(conn, target, n_clients, *cells[size], packed, warmup,
+                                 duration, seed), loop))
         else:
             return
 
@@ -184,7 +186,8 @@ async def _drive(conn, target, n_clients, texts, weights, expected, packed, warm
 class LoadGenerator:
     """`processes` worker processes that drive the closed-loop clients of every cell."""
 
-    def __init__(self, processes: int, cells: dict):
+    def __init__(self, processes: int, cells: dict, event_loop: str = "asyncio"):
+        self.event_loop = event_loop   # the clients' asyncio loop (event_loop.py's choices)
         ctx = mp.get_context("spawn")
         self.workers = []
         for _ in range(max(1, processes)):
@@ -202,15 +205,23 @@ class LoadGenerator:
         n = len(workers)
         shares = [clients // n + (1 if k < clients % n else 0) for k in range(n)]
         for k, ((_, conn), share) in enumerate(zip(workers, shares)):
-            conn.send(("cell", target, share, size, packed, warmup, duration, k))
+            conn.send(("cell", target, share, size, packed, warmup, duration, k,
+                       self.event_loop))
         for _, conn in workers:   # every client connected: start together
             if conn.recv() != "ready":
                 raise RuntimeError("load generator out of step")
         start_at = time.time() + 0.05
         for _, conn in workers:
             conn.send(start_at)
+        cpu0, wall = self.cpu_seconds(), time.perf_counter()
         results = [conn.recv() for _, conn in workers]
-        return summarize(results, duration)
+        # the clients' cores (warm-up and measured window): beside the server's, whether
+        # the host's CPUs were all busy (then the load generator shares the limit)
+        cpu = (self.cpu_seconds() - cpu0) / (time.perf_counter() - wall)
+        return summarize(results, duration) | {"client_cpu_cores": cpu}
+
+    def cpu_seconds(self) -> float:
+        return sum(_tree_cpu_seconds(proc.pid) for proc, _ in self.workers)
 
     def close(self) -> None:
         for proc, conn in self.workers:
@@ -277,15 +288,17 @@ KEEP_CLOCK, KEEP_CLOCK_S = "shared-keep-clock", 2.0
 
 class Server:
     def __init__(self, vocab: str, adapter: str | None, workers: int, gpu_process: str,
-                 window_ms: float, workdir: Path, logdir: Path):
+                 window_ms: float, workdir: Path, logdir: Path, event_loop: str = "auto"):
         self.workers = workers
-        self.port_file = workdir / f"port-{workers}-{gpu_process}"
+        self.port_file = workdir / f"port-{workers}-{gpu_process}-{event_loop}"
         self.metrics_port = _free_port()
-        self.log = open(logdir / f"server-workers-{workers}-{gpu_process}.log", "w")
+        self.log = open(logdir / f"server-workers-{workers}-{gpu_process}-{event_loop}.log",
+                        "w")
         cmd = [sys.executable, "-m", "tokenizer_svc", "--vocab", vocab, "--host", "127.0.0.1",
                "--port", "0", "--port-file", str(self.port_file), "--metrics-port",
                str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
-               "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms)]
+               "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms),
+               "--event-loop", event_loop]
         if workers > 1:
             cmd += ["--gpu-process", "shared" if gpu_process == KEEP_CLOCK else gpu_process]
         if gpu_process == KEEP_CLOCK:
@@ -405,7 +418,8 @@ def targets(report: dict) -> list[dict]:
         met = value >= target if op == ">=" else value <= target
         out.append({"clients": clients, "size": size, "metric": metric, "target": target,
                     "floor": floor, "value": value, "workers": best["workers"],
-                    "gpu_process": best.get("gpu_process", "own"), "met": met,
+                    "gpu_process": best.get("gpu_process", "own"),
+                    "event_loop": best.get("event_loop", "asyncio"), "met": met,
                     "floor_met": (value >= floor) if floor is not None else met})
     return out
 
@@ -421,14 +435,17 @@ def markdown(report: dict) -> str:
         f"vocabulary **{info['vocabulary']}** (n_vocab {info['n_vocab']}); host "
         f"{report['host']['cpus']} CPUs, Python {report['host']['python']}. Closed-loop "
         f"clients over loopback, each with its own connection, in {cfg['processes']} load "
-        f"processes; {cfg['duration_s']} s measured per cell after {cfg['warmup_s']} s "
+        f"processes on the {cfg.get('client_loop', 'asyncio')} event loop; `client CPU`: the "
+        "cores they used (with `server CPU`: whether the host's CPUs were all busy); "
+        f"{cfg['duration_s']} s measured per cell after {cfg['warmup_s']} s "
         f"warm-up; batching window {cfg['window_ms']} ms. Requests ask for packed ids; every "
         "reply is compared with tiktoken's ids (a difference counts as an error). `mixed`: "
         "100 B / 1 KB / 64 KB texts in 60/30/10% of requests. `GPU`: who owns the device "
         "(`own`: the one server process; `shared`: one GPU process encodes every worker's "
         "batches, `--gpu-process shared`; `shared-keep-clock`: the same with "
         f"`--gpu-keep-clock {KEEP_CLOCK_S:g}`, the GPU kept busy between batches so its clock "
-        "stays up; `per-worker`: each worker has a device of its own). "
+        "stays up; `per-worker`: each worker has a device of its own). `loop`: the server "
+        "processes' event loop (`--event-loop`; asyncio in tables before 2026-12-05). "
         "`req/batch`: mean Tokenize requests per worker batch; `batches/call`: worker batches "
         "per call of the shared GPU process; `GPU busy`: time inside encode calls / wall time "
         "(the GPU process's calls when shared, else summed over the workers' devices); "
@@ -439,15 +456,16 @@ def markdown(report: dict) -> str:
         "the GPU process; the client's mean minus `server ms` is gRPC, HTTP/2 and the "
         "loopback.",
         "",
-        "| workers | GPU | clients | text | reply | req/s | MB/s | tokens/s | p50 ms | p95 ms "
-        "| p99 ms | mean ms | server ms | queue ms | GPU call ms | host call ms | req/batch "
-        "| batches/call | GPU busy | server CPU | errors |",
-        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-        "|---:|---:|---:|---:|",
+        "| workers | GPU | loop | clients | text | reply | req/s | MB/s | tokens/s | p50 ms "
+        "| p95 ms | p99 ms | mean ms | server ms | queue ms | GPU call ms | host call ms "
+        "| req/batch | batches/call | GPU busy | server CPU | client CPU | errors |",
+        "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in report["cells"]:
         lines.append(
-            f"| {cell['workers']} | {cell.get('gpu_process', 'own')} | {cell['clients']} "
+            f"| {cell['workers']} | {cell.get('gpu_process', 'own')} "
+            f"| {cell.get('event_loop', 'asyncio')} | {cell['clients']} "
             f"| {_label(cell['size'])} "
             f"| {cell.get('format', 'packed')} "
             f"| {_fmt(cell['requests_per_s'])} | {_fmt(cell['mb_per_s'], 2)} "
@@ -458,31 +476,33 @@ def markdown(report: dict) -> str:
             f"| {_fmt(cell.get('host_call_ms'), 2)} "
             f"| {_fmt(cell['requests_per_batch'], 1)} | {_fmt(cell.get('batches_per_call'), 1)} "
             f"| {_fmt(cell['gpu_busy'], 2)} "
-            f"| {_fmt(cell['server_cpu_cores'], 1)} | {sum(cell['errors'].values())} |")
+            f"| {_fmt(cell['server_cpu_cores'], 1)} | {_fmt(cell.get('client_cpu_cores'), 1)} "
+            f"| {sum(cell['errors'].values())} |")
     lines += ["", "The GPU encoder per call, i.e. per pipeline chunk of up to 16 MB (the device owner's counters: the GPU process when "
               "shared, else the workers): `upload ms` writing the text, `readback ms` mapping the "
               "result (mostly waiting for the GPU), `slow` chunks on the slow path per call (their "
               "ids outgrew the staging guess, a long piece's seam failed, or software Vulkan's "
               "budgeted kernels resumed: more round trips).", "",
-              "| workers | GPU | clients | text | upload ms | readback ms | slow |",
-              "|---:|---|---:|---:|---:|---:|---:|"]
+              "| workers | GPU | loop | clients | text | upload ms | readback ms | slow |",
+              "|---:|---|---|---:|---:|---:|---:|---:|"]
     for cell in report["cells"]:
-        lines.append(f"| {cell['workers']} | {cell.get('gpu_process', 'own')} | {cell['clients']} "
+        lines.append(f"| {cell['workers']} | {cell.get('gpu_process', 'own')} "
+                     f"| {cell.get('event_loop', 'asyncio')} | {cell['clients']} "
                      f"| {_label(cell['size'])} | {_fmt(cell.get('encoder_upload_ms'), 3)} "
                      f"| {_fmt(cell.get('encoder_readback_ms'), 3)} "
                      f"| {_fmt(cell.get('slow_paths_per_call'), 2)} |")
     met = targets(report)
     if met:
         lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
-                  "| cell | target | measured | workers | GPU | met |",
-                  "|---|---:|---:|---:|---|---|"]
+                  "| cell | target | measured | workers | GPU | loop | met |",
+                  "|---|---:|---:|---:|---|---|---|"]
         for t in met:
             unit = {"mb_per_s": "MB/s", "requests_per_s": "req/s", "p50_ms": "ms p50"}[t["metric"]]
             op = ">=" if t["metric"] != "p50_ms" else "<="
             floor = f" (at least {t['floor']:,.0f})" if t["floor"] is not None else ""
             lines.append(f"| {t['clients']} x {_label(t['size'])} | {op} {t['target']:,.1f} "
                          f"{unit}{floor} | {_fmt(t['value'], 2)} | {t['workers']} "
-                         f"| {t.get('gpu_process', 'own')} "
+                         f"| {t.get('gpu_process', 'own')} | {t.get('event_loop', 'asyncio')} "
                          f"| {'yes' if t['met'] else ('floor only' if t['floor_met'] else 'no')} |")
     lines += ["", f"Replies checked against tiktoken: {report.get('verified_replies', 0):,} "
               f"(every reply of every cell, warm-up included).", ""]
@@ -518,6 +538,13 @@ def main(argv=None) -> int:
                         "--gpu-process` layouts to measure, comma-separated: shared, "
                         f"per-worker, {KEEP_CLOCK} (shared with --gpu-keep-clock "
                         f"{KEEP_CLOCK_S:g}) (default shared,per-worker)")
+    p.add_argument("--event-loops", default="auto",
+                   help="the servers' event loops to measure, comma-separated: auto, uvloop, "
+                        "asyncio (`istanbul serve --event-loop`; default auto); each is a "
+                        "configuration of its own")
+    p.add_argument("--client-loop", default="asyncio", choices=("asyncio", "uvloop", "auto"),
+                   help="the load generator's event loop (default asyncio, as in every table "
+                        "before 2026-12-05; uvloop: less client CPU beside the server's)")
     p.add_argument("--clients", default=",".join(map(str, DEFAULT_CLIENTS)),
                    help="comma-separated client counts (default 1,16,64,256)")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
@@ -544,7 +571,13 @@ def main(argv=None) -> int:
         if layout not in ("shared", "per-worker", KEEP_CLOCK):
             raise SystemExit(f"--gpu-process: {layout!r}; use shared, per-worker or "
                              f"{KEEP_CLOCK}")
-    configs = [(w, layout) for w in workers_list for layout in (layouts if w > 1 else ["own"])]
+    from tokenizer_svc.server.event_loop import resolve as resolve_loop
+    try:
+        loops = [resolve_loop(x.strip()) for x in args.event_loops.split(",")]
+    except Exception as exc:   # UserFacingError: unknown, or uvloop not installed
+        raise SystemExit(f"--event-loops: {exc}") from None
+    configs = [(w, layout, loop) for w in workers_list
+               for layout in (layouts if w > 1 else ["own"]) for loop in loops]
     formats = [f.strip() for f in args.formats.split(",")]
     if not set(formats) <= {"packed", "repeated"}:
         raise SystemExit(f"--formats: {args.formats!r}; use packed, repeated or both")
@@ -568,21 +601,22 @@ def main(argv=None) -> int:
         pool, weights = cell_texts(texts, size)
         exp = cell_texts(expected, size)[0]
         cells[size] = (pool, weights, exp)
-    report = {"config": {"workers": workers_list, "gpu_process": layouts,
+    report = {"config": {"workers": workers_list, "gpu_process": layouts, "event_loops": loops,
                          "clients": clients, "sizes": sizes,
                          "formats": formats,
                          "window_ms": args.window_ms, "duration_s": args.duration,
                          "warmup_s": args.warmup, "processes": args.processes,
+                         "client_loop": resolve_loop(args.client_loop),
                          "vocab": args.vocab, "mixed": MIXED},
               "host": {"cpus": cpus, "python": platform.python_version(),
                        "platform": platform.platform()},
               "cells": []}
     verified = 0
-    load = LoadGenerator(args.processes, cells)
+    load = LoadGenerator(args.processes, cells, resolve_loop(args.client_loop))
     with tempfile.TemporaryDirectory() as tmp:
-        for workers, layout in configs:
+        for workers, layout, loop in configs:
             server = Server(args.vocab, args.adapter, workers, layout, args.window_ms,
-                            Path(tmp), args.out)
+                            Path(tmp), args.out, loop)
             try:
                 info = server.client.info()
                 report["server"] = {"adapter": info.adapter.name, "adapter_type": info.adapter.type,
@@ -603,7 +637,8 @@ def main(argv=None) -> int:
                     rounds = delta["istanbul_tokenizer_gpu_host_messages_count"]
                     shared = layout in ("shared", KEEP_CLOCK)
                     verified += cell.pop("checked")
-                    cell.update(workers=workers, gpu_process=layout, clients=n, size=size,
+                    cell.update(workers=workers, gpu_process=layout, event_loop=loop,
+                                clients=n, size=size,
                                 format=form,
                                 requests_per_batch=(delta["istanbul_tokenizer_batch_requests_sum"]
                                                     / batches if batches else None),
@@ -623,13 +658,13 @@ def main(argv=None) -> int:
                     report["cells"].append(cell)
                     report["verified_replies"] = verified
                     write_report(args.out, report, final=False)  # a time limit keeps what ran
-                    print(f"workers {workers:2} {layout:>10} clients {n:4} text "
+                    print(f"workers {workers:2} {layout:>10} {loop:>7} clients {n:4} text "
                           f"{_label(size):>6} {form}: "
                           f"{cell['requests_per_s']:9.1f} req/s {cell['mb_per_s']:8.2f} MB/s "
                           f"p50 {_fmt(cell['p50_ms'], 2)} p99 {_fmt(cell['p99_ms'], 2)} ms "
                           f"req/batch {_fmt(cell['requests_per_batch'])} "
                           f"batches/call {_fmt(cell['batches_per_call'])} "
-                          f"cpu {cell['server_cpu_cores']:.1f} "
+                          f"cpu {cell['server_cpu_cores']:.1f} + clients {cell['client_cpu_cores']:.1f} "
                           f"errors {sum(cell['errors'].values())}", flush=True)
             finally:
                 code = server.stop()

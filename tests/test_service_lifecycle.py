@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizer_svc.client import ServiceError, TokenizerClient
 from tokenizer_svc.rpc import tokenizer_pb2 as pb
 from tokenizer_svc.server import BackgroundServer, ServerConfig
+from tokenizer_svc.server import event_loop
 from tests.service_support import (REPO, TEXTS, free_port, metric, reason_of,  # noqa: F401
                                    serve_subprocess, start_server, stub_for, tiny_encoding,
                                    tiny_vocab_path)
@@ -158,6 +159,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(tiny_vocab_path, tiny_
         assert event in events, events
     serving = log[events.index("serving")]
     assert serving["vocabulary"] == "tiny" and serving["n_vocab"] == tiny_encoding.n_vocab
+    assert serving["event_loop"] == event_loop.resolve("auto")   # uvloop where installed
     assert all({"ts", "level", "logger", "msg"} <= entry.keys() for entry in log)
 
 

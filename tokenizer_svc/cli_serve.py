@@ -15,7 +15,6 @@ behind (exit 1); a second signal exits at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import re
 import sys
@@ -27,6 +26,7 @@ from istanbul.shaders.cli import add_device_args
 
 from .exposure import bind_address, is_loopback
 from .server.config import BatchingConfig, Limits, ServerConfig
+from .server.event_loop import CHOICES as EVENT_LOOPS, resolve as resolve_event_loop
 from .server_option import add_client_security_arguments
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]i?[bB]?|[bB])?\s*$")
@@ -130,6 +130,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                      help="seconds a GPU worker may work without progress before health says "
                           "NOT_SERVING; SIGTERM exits at most this long after the grace "
                           f"period (default {d_cfg.stall_timeout_s:g})")
+    ops.add_argument("--event-loop", choices=EVENT_LOOPS, default=d_cfg.event_loop,
+                     help="each server process's asyncio loop: `auto` (default) takes uvloop "
+                          "when installed (less CPU per request: tokenizer_svc/server/"
+                          "event_loop.py), else asyncio's own")
     ops.add_argument("--log-format", choices=("json", "text"), default="json",
                      help="log lines as JSON objects (default) or text")
 
@@ -178,7 +182,8 @@ def config_from_args(args) -> ServerConfig:
         metrics_port=args.metrics_port, metrics_host=metrics_host,
         metrics_auth=args.metrics_auth,
         shutdown_grace_s=args.shutdown_grace, drain_delay_s=args.drain_delay,
-        stall_timeout_s=args.stall_timeout, gpu_keep_clock_s=args.gpu_keep_clock)
+        stall_timeout_s=args.stall_timeout, gpu_keep_clock_s=args.gpu_keep_clock,
+        event_loop=resolve_event_loop(args.event_loop))
 
 
 def cmd_serve(args) -> int:
@@ -197,8 +202,10 @@ def cmd_serve(args) -> int:
                                gpu_process=args.gpu_process)
         except PortUnavailable as exc:
             raise UserFacingError(str(exc)) from None
+    from .server import event_loop
     from .server.process import serve
-    return asyncio.run(serve(config, args.vocab, args.adapter, args.port_file))
+    return event_loop.run(serve(config, args.vocab, args.adapter, args.port_file),
+                          config.event_loop)
 
 
 def register(sub) -> None:

@@ -29,6 +29,7 @@ from ..rpc import tokenizer_pb2 as pb
 from .auth import BearerAuthInterceptor
 from .batcher import DynamicBatcher
 from .config import ServerConfig
+from .event_loop import name_of
 from .long_lane import LongJobControl, LongLane
 from .health import HealthServicer
 from .errors import RequestRejected, limit_reason
@@ -226,6 +227,7 @@ class TokenizerServer:
             "vocabulary": self._encoding.name, "vocabulary_hash": vocab.content_hash,
             "n_vocab": self._encoding.n_vocab, "adapter": adapter.name,
             "software_vulkan": adapter.software,
+            "event_loop": name_of(asyncio.get_running_loop()),
             "load_seconds": round(time.perf_counter() - start, 3)}})
 
     def _long_encoding(self):

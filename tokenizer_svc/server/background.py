@@ -11,6 +11,7 @@ import threading
 
 from .app import TokenizerServer
 from .config import ServerConfig
+from .event_loop import new_loop
 
 
 class BackgroundServer:
@@ -18,7 +19,7 @@ class BackgroundServer:
         self.config = config
         self._server_kwargs = server_kwargs
         self.server: TokenizerServer | None = None
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop(config.event_loop)
         self._thread = threading.Thread(target=self.loop.run_forever, name="tokenizer-server",
                                         daemon=True)
 

@@ -74,6 +74,8 @@ class ServerConfig:
                                           # the port (workers.py); else a taken port fails
     gpu_keep_clock_s: float = 0.0         # the shared GPU process spins the GPU between
                                           # batches this long after a request (clock_keeper.py)
+    event_loop: str = "auto"              # each process's asyncio loop: auto | uvloop | asyncio
+                                          # (event_loop.py)
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -60,9 +60,9 @@ def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, gpu_host
     `gpu_host` (address, key) its batches run in the group's GPU process (gpu_host.py)."""
     from .child import become_child
     become_child(f"istanbul-w{index}")
-    import asyncio
     import sys
     from istanbul_errors import UserFacingError
+    from . import event_loop
     from .process import serve
     from .logs import setup_logging
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
@@ -72,8 +72,8 @@ def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, gpu_host
         status.put((state, index, port, metrics_port))
 
     try:
-        code = asyncio.run(serve(config, vocab, adapter, None, on_listening=on_listening,
-                                 gpu_host=gpu_host))
+        code = event_loop.run(serve(config, vocab, adapter, None, on_listening=on_listening,
+                                    gpu_host=gpu_host), config.event_loop)
     except UserFacingError as exc:
         print(f"istanbul serve: worker {index}: error: {exc}", file=sys.stderr)
         code = 1
