@@ -9,6 +9,7 @@ its own documents' ids."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -431,3 +432,145 @@ def test_a_connection_attached_as_the_host_stops_is_closed_not_left_waiting(tiny
         assert conn.poll(5)
         with pytest.raises(EOFError):
             conn.recv()
+
+
+# ---- a worker's batches on its event loop (RemoteEncoding.call_async, BatchRunner.run_async)
+
+def _pooled(remote) -> int:
+    """Idle streams of the running loop in `remote`'s pool."""
+    return len(remote._idle_async.get(asyncio.get_running_loop(), []))
+
+
+def _serve_in_thread(host):
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    return loop
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_loops_calls_answer_as_the_blocking_ones_and_recover_like_them(
+        served, tiny_encoding, loop_kind):
+    """Same ids for every message form, several calls at once on connections of their own,
+    an invalid id's own error, a call cancelled mid-way (its connection is dropped, the next
+    call is exact), and the GPU process gone (UNAVAILABLE, not reachable) then back."""
+    from tokenizer_svc.server import event_loop
+    host, address, key, listener = served
+    thread = _serve_in_thread(host)
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    forms = ((TEXTS, frozenset()), (["lone \ud800", *TEXTS[:3]], frozenset()),
+             ([b"raw \xff", TEXTS[2]], frozenset()),
+             ([f"a {SPECIAL} b", TEXTS[3]], frozenset({SPECIAL})), ([], frozenset()),
+             ([""], frozenset()))
+
+    async def before_the_restart():
+        for docs, allowed in forms:
+            ids, offsets = await remote.encode_flat_async(docs, allowed)
+            want_ids, want_offsets = tiny_encoding.encode_batch_flat(
+                docs, allowed_special=allowed, disallowed_special=())
+            assert np.array_equal(ids, want_ids) and np.array_equal(offsets, want_offsets)
+            assert (ids.dtype, offsets.dtype) == (np.uint32, np.int64)
+        many = await asyncio.gather(*(remote.encode_flat_async([t]) for t in TEXTS))
+        assert [ids.tolist() for ids, _ in many] == [tiny_encoding.encode(t) for t in TEXTS]
+        assert 1 < _pooled(remote) <= len(TEXTS)
+        ids, _ = await remote.encode_flat_async(TEXTS)
+        assert await remote.decode_bytes_batch_async([ids]) == [
+            b"".join(t.encode() for t in TEXTS)]
+        with pytest.raises(RemoteInvalidToken) as bad:
+            await remote.decode_bytes_batch_async([np.array([10**6], np.uint32)])
+        assert bad.value.token == 10**6 and "not in vocabulary" in str(bad.value)
+        pooled = _pooled(remote)
+        cut = asyncio.ensure_future(remote.encode_flat_async(["a" * 20000]))
+        await asyncio.sleep(0)          # it has written its message and waits
+        cut.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cut
+        assert _pooled(remote) == pooled - 1    # that stream is closed, not pooled
+        ids, _ = await remote.encode_flat_async(["after a cancel"])
+        assert ids.tolist() == tiny_encoding.encode("after a cancel")
+        host.stop()                                      # the GPU process goes away
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
+        listener.close()
+        with pytest.raises(RequestRejected) as gone:
+            await remote.encode_flat_async(["hello"])
+        assert gone.value.code == grpc.StatusCode.UNAVAILABLE and "retry" in gone.value.message
+        assert not remote.reachable
+        with pytest.raises(RequestRejected, match="restarting"):
+            await remote.encode_flat_async(["hello"])   # nobody listening: fails fast
+
+    async def after_the_restart():
+        ids, _ = await remote.encode_flat_async(["hello again"])
+        assert ids.tolist() == tiny_encoding.encode("hello again") and remote.reachable
+
+    event_loop.run(before_the_restart(), loop_kind)
+    again = Listener(address, family="AF_UNIX", authkey=key)   # "restarted"
+    second = GpuHost(tiny_encoding, max_call_bytes=1 << 20)
+    accepted = threading.Thread(target=lambda: second.attach(again.accept()), daemon=True)
+    accepted.start()
+    serving = _serve_in_thread(second)
+    try:
+        event_loop.run(after_the_restart(), loop_kind)
+    finally:
+        second.stop()
+        serving.join(30)
+        again.close()
+
+
+def test_each_loop_has_streams_of_its_own_and_close_survives_closed_loops(served,
+                                                                          tiny_encoding):
+    """A RemoteEncoding used from one loop after another (a test's, a restarted worker's)
+    never hands a stream of a closed loop to another loop, and close() after the loops
+    closed does not raise."""
+    from tokenizer_svc.server import event_loop
+    host, address, key, _ = served
+    _serve_in_thread(host)
+    remote = RemoteEncoding(tiny_encoding, address, key)
+
+    async def encode(text):
+        ids, _ = await remote.encode_flat_async([text])
+        return ids.tolist(), _pooled(remote)
+
+    for choice in ("asyncio", "uvloop", "asyncio"):
+        assert event_loop.run(encode(choice), choice) == (tiny_encoding.encode(choice), 1)
+    remote.close()
+    assert not remote._idle_async
+
+
+def test_a_batch_on_the_loop_gives_what_it_gives_on_a_thread(served, tiny_encoding):
+    """BatchRunner.run_async and BatchRunner(jobs): the same steps, so the same results for
+    encodes with offsets and truncation, a refusal, decodes and a decode with an invalid id
+    (only its own job fails)."""
+    from tokenizer_svc.server import event_loop
+    from tokenizer_svc.server.work import BatchRunner, DecodeJob, EncodeJob, SpecialRule
+    host, address, key, _ = served
+    _serve_in_thread(host)
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    runner = BatchRunner(remote)
+    none = SpecialRule(frozenset(), frozenset())
+    refuse = SpecialRule(frozenset(), frozenset({SPECIAL}))
+    good = np.asarray(tiny_encoding.encode(TEXTS[2]), np.uint32)
+    jobs = [EncodeJob(TEXTS[:4], none, offsets="char"),
+            EncodeJob([TEXTS[2]], none, offsets="byte", max_tokens=3, keep_end=True),
+            EncodeJob([f"x {SPECIAL}"], refuse),
+            DecodeJob([good]), DecodeJob([np.array([10**6], np.uint32)]),
+            EncodeJob([b"raw \xff"], none, max_tokens=1)]
+
+    def flat(results):
+        out = []
+        for r in results:
+            if isinstance(r, Exception):
+                out.append((type(r).__name__, getattr(r, "code", None), str(r)))
+            elif r and hasattr(r[0], "ids"):
+                out.append([(d.ids.tolist(), d.token_count, None if d.offsets is None else
+                             (d.offsets.tolist(), d.ends.tolist())) for d in r])
+            else:
+                out.append(r)
+        return out
+
+    on_thread = flat(runner(jobs))
+    on_loop = flat(event_loop.run(runner.run_async(jobs), "auto"))
+    assert on_loop == on_thread
+    assert on_loop[0][0][0] == tiny_encoding.encode(TEXTS[0])
+    assert on_loop[1][0][0] == tiny_encoding.encode(TEXTS[2])[-3:]
+    assert on_loop[2][1] == grpc.StatusCode.INVALID_ARGUMENT
+    assert on_loop[3] == [tiny_encoding.decode_bytes(good.tolist())]
+    assert on_loop[4][1] == grpc.StatusCode.INVALID_ARGUMENT

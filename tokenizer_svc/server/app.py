@@ -209,7 +209,11 @@ class TokenizerServer:
             reject_queue_full=lambda queued, nbytes: queue_full(self.config.limits, queued,
                                                                 nbytes),
             observer=self.metrics, eager=b.eager,
-            max_inflight=REMOTE_INFLIGHT if hasattr(self._encoding, "local") else 1)
+            max_inflight=REMOTE_INFLIGHT if hasattr(self._encoding, "local") else 1,
+            # a worker of the shared GPU process: its batches wait on the GPU process's
+            # socket on this loop, not on a thread (gpu_host.RemoteEncoding.call_async)
+            run_batch_async=(self._timed_batch_async
+                             if hasattr(self._encoding, "call_async") else None))
         self.batcher.start()
         self.servicer.attach(self._encoding, self.batcher, self._info(), self.metrics)
         self.servicer.long_lane, self.servicer.run_long = self.long_lane, self.run_long
@@ -263,6 +267,14 @@ class TokenizerServer:
         self._batch_starts[key] = time.monotonic()
         try:
             return self.runner(jobs)
+        finally:
+            del self._batch_starts[key]
+
+    async def _timed_batch_async(self, jobs: list) -> list:
+        key = object()
+        self._batch_starts[key] = time.monotonic()
+        try:
+            return await self.runner.run_async(jobs)
         finally:
             del self._batch_starts[key]
 

@@ -19,7 +19,10 @@ starts when it ends). More than one pays when the batch function mostly waits, a
 there when the GPU process starts its next round. The executor needs as many threads.
 
 The batch function receives a list of payloads and returns one result per payload, in order;
-a result that is an exception instance fails only its own request.
+a result that is an exception instance fails only its own request. With `run_batch_async`
+(a coroutine function of the same contract) batches run on the event loop instead: for a
+batch function that mostly waits on sockets the loop serves (a worker of the shared GPU
+process), which then needs no thread hand-off either way.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ class DynamicBatcher:
                  *, window_s: float, max_items: int, max_bytes: int, max_queued_bytes: int,
                  reject_queue_full: Callable[[int, int], Exception],
                  observer: BatchObserver | None = None, eager: bool = True,
-                 max_inflight: int = 1):
+                 max_inflight: int = 1, run_batch_async: Callable | None = None):
         self._run_batch = run_batch
+        self._run_batch_async = run_batch_async
         self._executor = executor
         self.window_s = window_s
         self.max_items = max_items
@@ -238,8 +242,11 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         try:
-            results = await loop.run_in_executor(self._executor, self._run_batch,
-                                                 [p.payload for p in live])
+            payloads = [p.payload for p in live]
+            if self._run_batch_async is not None:
+                results = await self._run_batch_async(payloads)
+            else:
+                results = await loop.run_in_executor(self._executor, self._run_batch, payloads)
             if len(results) != len(live):
                 raise RuntimeError(f"batch function returned {len(results)} results for "
                                    f"{len(live)} requests")

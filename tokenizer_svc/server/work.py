@@ -8,6 +8,11 @@ and message, from tokenizer_svc.reference), so one bad request never fails its n
 All decode jobs of a batch are one `Encoding.decode_bytes_batch` call; if an id is invalid,
 each decode job is retried alone so that only the guilty one fails.
 
+A batch is written once, as steps that ask for Encoding calls (`BatchRunner.steps`): the
+GPU thread runs them with blocking calls (`BatchRunner(jobs)`); a worker of the shared GPU
+process runs them on its event loop with the calls as the loop's own socket I/O
+(`BatchRunner.run_async`, gpu_host.RemoteEncoding).
+
 `encode_flat` is the service's one call into the encode path (batches and long lane alike);
 `encode_flat_utf8` is the same for text that arrives as its UTF-8 (the shared GPU process).
 `token_spans` is the one place that turns ids into (start, end) offsets; it reads the
@@ -136,9 +141,14 @@ class DecodeJob:
     seqs: list                     # each an array of ids
 
 
+# the Encoding calls a batch's steps ask for: ("encode", docs, allowed), ("decode", seqs)
+ENCODE, DECODE = "encode", "decode"
+
+
 class BatchRunner:
     """Callable run by the DynamicBatcher on the GPU thread: list of jobs -> list of results
-    (a list of EncodedDoc per encode job, a list of bytes per decode job, or an exception)."""
+    (a list of EncodedDoc per encode job, a list of bytes per decode job, or an exception).
+    `run_async` is the same batch on the event loop, for an Encoding with async calls."""
 
     def __init__(self, encoding, on_encode_seconds: Callable[[float], None] | None = None,
                  max_call_bytes: int = 1 << 62, on_encoder_profile: Callable | None = None):
@@ -149,9 +159,53 @@ class BatchRunner:
         self._on_encoder_profile = on_encoder_profile or (lambda encoding: None)
 
     def __call__(self, jobs: list) -> list:
+        steps = self.steps(jobs)
+        try:
+            call = next(steps)
+            while True:
+                try:
+                    answer = self._call(call)
+                except Exception as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    async def run_async(self, jobs: list) -> list:
+        """`self(jobs)` with the Encoding's `encode_flat_async` / `decode_bytes_batch_async`
+        awaited on the running loop."""
+        steps = self.steps(jobs)
+        try:
+            call = next(steps)
+            while True:
+                try:
+                    answer = await self._call_async(call)
+                except Exception as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    def _call(self, call: tuple):
+        if call[0] == ENCODE:
+            return encode_flat(self.encoding, call[1], call[2])
+        return self.encoding.decode_bytes_batch(call[1])
+
+    async def _call_async(self, call: tuple):
+        if call[0] == ENCODE:
+            ids, offsets = await self.encoding.encode_flat_async(call[1], call[2])
+            return np.asarray(ids, np.uint32), offsets
+        return await self.encoding.decode_bytes_batch_async(call[1])
+
+    def steps(self, jobs: list):
+        """The batch as a generator: it yields each Encoding call, (ENCODE, docs, allowed)
+        or (DECODE, seqs), is sent the call's answer (or has its exception thrown in), and
+        returns the results."""
         results: list = [None] * len(jobs)
-        self._encode(jobs, results)
-        self._decode(jobs, results)
+        yield from self._encode(jobs, results)
+        yield from self._decode(jobs, results)
         return results
 
     # ---- encoding -------------------------------------------------------------------------
@@ -189,7 +243,7 @@ class BatchRunner:
             docs = [doc for k in members for doc in jobs[k].docs]
             encoded = []  # per document, in order
             for chunk in self._chunks(docs):
-                ids, offsets = encode_flat(self.encoding, chunk, allowed)
+                ids, offsets = yield (ENCODE, chunk, allowed)
                 self._on_encoder_profile(self.encoding)
                 encoded += [ids[offsets[n]:offsets[n + 1]] for n in range(len(chunk))]
             i = 0
@@ -231,10 +285,10 @@ class BatchRunner:
             return
         seqs = [seq for k in members for seq in jobs[k].seqs]
         try:
-            decoded = self.encoding.decode_bytes_batch(seqs)
+            decoded = yield (DECODE, seqs)
         except ValueError:  # an invalid id somewhere: find the guilty job(s)
             for k in members:
-                results[k] = self._decode_one(jobs[k])
+                results[k] = yield from self._decode_one(jobs[k])
             return
         i = 0
         for k in members:
@@ -243,7 +297,7 @@ class BatchRunner:
 
     def _decode_one(self, job: DecodeJob):
         try:
-            return self.encoding.decode_bytes_batch(job.seqs)
+            return (yield (DECODE, job.seqs))
         except ValueError as exc:  # InvalidTokenError
             token, position, seq = (getattr(exc, "token", ""), getattr(exc, "position", ""),
                                     getattr(exc, "document", ""))
