@@ -91,6 +91,19 @@ def make_texts(corpus: bytes, size: int, count: int, seed: int) -> list[str]:
     return out
 
 
+def sized_cells(sizes, encode_ordinary, per_size: int = 64) -> dict:
+    """Cells of the load generator for fixed text sizes (no `mixed`): per size, `per_size`
+    texts cut from the default corpus and each text's expected ids (`encode_ordinary`) as
+    packed little-endian bytes. For the dev scripts that drive one server with it."""
+    import numpy as np
+    corpus = load_corpus([])
+    texts = {n: make_texts(corpus, n, per_size, seed=n) for n in sizes}
+    expected = {n: [np.asarray(encode_ordinary(t), "<u4").tobytes() for t in batch]
+                for n, batch in texts.items()}
+    return {str(n): (*cell_texts(texts, str(n)), cell_texts(expected, str(n))[0])
+            for n in sizes}
+
+
 def cell_texts(texts: dict, size: str) -> tuple[list, list]:
     """(texts, weights) that a cell's clients draw from."""
     if size == "mixed":

@@ -15,17 +15,7 @@ out="${1:?usage: dev/h200_attention_next.sh OUTDIR}"
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
-failed=0
-step() {   # name, time limit (s), command...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name"
-    if ! timeout "$limit" "$@" > "$out/$name.txt" 2>&1; then
-        failed=$((failed + 1))
-        echo "   failed: $out/$name.txt"
-    fi
-    tail -3 "$out/$name.txt"
-}
+source dev/device_steps.sh
 step semantics 120 "$py" -m pytest -q -p no:cacheprovider tests/test_sgmat_emulation.py
 for r in off on; do
     step "ladder_robustness_$r" 200 env ISTANBUL_DAWN_ROBUSTNESS=$r "$py" -m istanbul kernels \

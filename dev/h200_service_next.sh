@@ -1,35 +1,36 @@
 #!/usr/bin/env bash
 # The H200 call for issue 20 that sessions 18 and 19 prepared and could not run (no device):
-# the service with the GPU process's UTF-8 messages and raw-id replies (session 18) and each
-# server process on uvloop beside asyncio (session 19), old and new in one run; then the best
-# server loop again with the load generator on uvloop (less client CPU beside the server's:
+# the service before (76cdeb4's code: asyncio, each worker's batches on a thread) and now
+# (session 18's UTF-8 messages and raw-id replies in the GPU process; session 19's worker
+# batches awaited on the event loop, and uvloop beside asyncio), in one call; then the new
+# code again with the load generator on uvloop too (less client CPU beside the server's:
 # does the 16-core host's CPU, not the server, cap 256 x 100 B?). ~6 minutes.
 #
 #   bash dev/h200_service_next.sh OUTDIR     (on the GPU machine; .device carries uvloop)
 #
-#   loops     bench/service.py --workers 8 --gpu-process shared-keep-clock
-#             --event-loops asyncio,uvloop (clients on asyncio, as every earlier table)
+#   before    the old code's bench/service.py (BEFORE_TGZ, a `git archive` of 76cdeb4's
+#             product and bench; skipped when absent), --workers 8 --gpu-process
+#             shared-keep-clock
+#   loops     this code's, --event-loops asyncio,uvloop (clients on asyncio as before)
 #   clients   the same with --event-loops uvloop --client-loop uvloop
-# Every reply is checked against tiktoken in both. Exit status: the number of failed steps.
+# Every reply is checked against tiktoken in each. Exit status: the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_service_next.sh OUTDIR}"
 mkdir -p "$out"
+out=$(realpath "$out")
 py=${PYTHON:-python3}
-vocab=${VOCAB:-.device/vocab/gpt2.tiktoken}
+vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
 export PYTHONUNBUFFERED=1
-failed=0
-step() {   # name, time limit (s), command...
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name"
-    if ! timeout "$limit" "$@" > "$out/$name.txt" 2>&1; then
-        failed=$((failed + 1))
-        echo "   failed: $out/$name.txt"
-    fi
-    tail -4 "$out/$name.txt"
-}
+source dev/device_steps.sh
 "$py" -c "import uvloop" || { echo "uvloop is missing: carry its wheel in .device/whl"; exit 9; }
+before=${BEFORE_TGZ:-.device/before_76cdeb4.tgz}
+if [ -f "$before" ]; then
+    old=$(mktemp -d)
+    tar -xzf "$before" -C "$old"
+    step before 200 env -C "$old" "$py" bench/service.py --out "$out/before" \
+        --vocab "$vocab" --workers 8 --gpu-process shared-keep-clock
+fi
 step loops 330 "$py" bench/service.py --out "$out/loops" --vocab "$vocab" --workers 8 \
     --gpu-process shared-keep-clock --event-loops asyncio,uvloop
 step clients 200 "$py" bench/service.py --out "$out/clients" --vocab "$vocab" --workers 8 \

@@ -73,7 +73,7 @@ def _encode_on_cpu(enc, vocab_path: str) -> None:
 
 
 def main(argv=None) -> int:
-    from service import LoadGenerator, cell_texts, load_corpus, make_texts  # bench/service.py
+    from service import LoadGenerator, sized_cells  # bench/service.py
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     from service import default_vocab
     p.add_argument("--vocab", default=default_vocab(), help="default: gpt2.tiktoken as "
@@ -92,7 +92,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import psutil
     me = psutil.Process()
-    import numpy as np
     from istanbul.shaders.engine import default_device
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.server import BackgroundServer, ServerConfig
@@ -100,13 +99,8 @@ def main(argv=None) -> int:
     enc = get_encoding(args.vocab, device=device)
     if args.encoder == "tiktoken":
         _encode_on_cpu(enc, args.vocab)
-    corpus = load_corpus([])
     sizes = (100, 1024, 65536)
-    texts = {n: make_texts(corpus, n, 64, seed=n) for n in sizes}
-    expected = {n: [np.asarray(enc.encode_ordinary(t), "<u4").tobytes() for t in batch]
-                for n, batch in texts.items()}
-    cells = {str(n): (*cell_texts(texts, str(n)), cell_texts(expected, str(n))[0])
-             for n in sizes}
+    cells = sized_cells(sizes, enc.encode_ordinary)
     load = LoadGenerator(1, cells)
     rows = []
     config = ServerConfig(host="127.0.0.1", port=0, event_loop=args.event_loop)

@@ -89,7 +89,7 @@ class Blocking:
 
 
 def main(argv=None) -> int:
-    from service import LoadGenerator, cell_texts, default_vocab, load_corpus, make_texts
+    from service import LoadGenerator, default_vocab, sized_cells
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vocab", default=default_vocab())
     p.add_argument("--paths", default="thread,loop")
@@ -101,7 +101,6 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    import numpy as np
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.server import BackgroundServer, ServerConfig
     from tokenizer_svc.server.gpu_host import RemoteEncoding
@@ -116,12 +115,7 @@ def main(argv=None) -> int:
     local = get_encoding(args.vocab, lazy=True)   # the worker's own (vocabulary, tables)
     ref = _reference(args.vocab)
     sizes = [int(x) for x in args.sizes.split(",")]
-    corpus = load_corpus([])
-    texts = {n: make_texts(corpus, n, 64, seed=n) for n in sizes}
-    expected = {n: [np.asarray(ref.encode_ordinary(t), "<u4").tobytes() for t in batch]
-                for n, batch in texts.items()}
-    cells = {str(n): (*cell_texts(texts, str(n)), cell_texts(expected, str(n))[0])
-             for n in sizes}
+    cells = sized_cells(sizes, ref.encode_ordinary)
     load = LoadGenerator(2, cells)
     rows = []
     for rnd in range(args.rounds):

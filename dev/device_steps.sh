@@ -1,0 +1,14 @@
+# Sourced by the dev/h200_*_next.sh device calls: `step NAME LIMIT_S COMMAND...` runs one
+# step into $out/NAME.txt under a time limit, counts it in $failed when it fails (a failing
+# step does not stop the others) and prints its last lines. Needs $out set.
+failed=0
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    if ! timeout "$limit" "$@" > "$out/$name.txt" 2>&1; then
+        failed=$((failed + 1))
+        echo "   failed: $out/$name.txt"
+    fi
+    tail -4 "$out/$name.txt"
+}
