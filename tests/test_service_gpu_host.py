@@ -574,3 +574,47 @@ def test_a_batch_on_the_loop_gives_what_it_gives_on_a_thread(served, tiny_encodi
     assert on_loop[2][1] == grpc.StatusCode.INVALID_ARGUMENT
     assert on_loop[3] == [tiny_encoding.decode_bytes(good.tolist())]
     assert on_loop[4][1] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_worker_whose_gpu_process_hangs_says_not_serving_and_still_drains(tiny_encoding,
+                                                                           device, tmp_path):
+    """The GPU process accepts and never answers: the worker's batch waits on its loop,
+    health goes NOT_SERVING after --stall-timeout, and a drain ends within the grace period
+    plus the stall timeout (the waiting batch is cancelled, its stream closed: nothing is
+    left behind), the caller hearing an error rather than waiting for ever."""
+    from tokenizer_svc.rpc import tokenizer_pb2 as pb
+    from tests.service_support import metric, start_server, stub_for
+    address, key = str(tmp_path / "gpu.sock"), os.urandom(16)
+    listener = Listener(address, family="AF_UNIX", authkey=key)
+    held = []                            # accepted, never read: a hung GPU process
+
+    def accept():
+        while True:
+            try:
+                held.append(listener.accept())
+            except OSError:
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    remote.connect(30)
+    server = start_server(remote, device, stall_timeout_s=1.0, shutdown_grace_s=0.5)
+    try:
+        channel, stub = stub_for(server.target)
+        waiting = stub.Tokenize.future(pb.TokenizeRequest(text="never answered"), timeout=60)
+        deadline = time.monotonic() + 30
+        while not server.server.stalled:
+            assert time.monotonic() < deadline, "health never said the batch stalled"
+            time.sleep(0.05)
+        assert metric(server, "istanbul_tokenizer_ready") == 0
+        start = time.monotonic()
+        server.stop(grace_s=0.5)
+        assert time.monotonic() - start < 10
+        assert server.server.stuck_workers == []
+        with pytest.raises(grpc.RpcError):
+            waiting.result(timeout=30)
+        channel.close()
+    finally:
+        server.stop()
+        listener.close()
+        for conn in held:
+            conn.close()

@@ -66,6 +66,7 @@ def adapter_info(device) -> pb.Adapter:
 # batches a worker keeps at the shared GPU process at once (4 and 8 served less on the H200:
 # dev/RESULTS.md, session 17)
 REMOTE_INFLIGHT = 2
+IDLE_POOL_END_S = 0.5                # at drain, the least wait for a GPU thread pool to end
 LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)
 LONG_LANE_ROUND_DISPATCHES = 8      # dispatches per long-lane submit
 
@@ -413,8 +414,9 @@ class TokenizerServer:
         for name, pool in (("gpu", self.gpu_thread), ("gpu-long", self.long_thread)):
             pool.shutdown(wait=False, cancel_futures=True)
             done = loop.run_in_executor(None, pool.shutdown, True)
-            try:
-                await asyncio.wait_for(asyncio.shield(done), max(0.0, give_up - time.monotonic()))
+            try:   # an idle pool ends at once, even when the batches used up the margin
+                await asyncio.wait_for(asyncio.shield(done),
+                                       max(IDLE_POOL_END_S, give_up - time.monotonic()))
             except asyncio.TimeoutError:
                 self.stuck_workers.append(name)
         if self.stuck_workers:
