@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The H200 call for issue 20 that sessions 18 and 19 prepared and could not run (no device):
-# the service before (76cdeb4's code: asyncio, each worker's batches on a thread) and now
-# (session 18's UTF-8 messages and raw-id replies in the GPU process; session 19's worker
-# batches awaited on the event loop, and uvloop beside asyncio), in one call; then the new
-# code again with the load generator on uvloop too (less client CPU beside the server's:
-# does the 16-core host's CPU, not the server, cap 256 x 100 B?). ~6 minutes.
+# the service before (76cdeb4, session 18's code: its UTF-8 messages and raw-id replies in
+# the GPU process, asyncio, each worker's batches on a thread) and now (session 19: the
+# worker's batches awaited on its event loop, uvloop beside asyncio), in one call; then the
+# new code again with the load generator on uvloop too (less client CPU beside the server's:
+# does the 16-core host's CPU, not the server, cap 256 x 100 B?) with 8 and 12 workers.
+# Session 17's committed table (bench/results/service/service.md) is the reference for
+# session 18's change.
+# ~6-7 minutes.
 #
 #   bash dev/h200_service_next.sh OUTDIR     (on the GPU machine; .device carries uvloop)
 #
@@ -12,7 +15,8 @@
 #             product and bench; skipped when absent), --workers 8 --gpu-process
 #             shared-keep-clock
 #   loops     this code's, --event-loops asyncio,uvloop (clients on asyncio as before)
-#   clients   the same with --event-loops uvloop --client-loop uvloop
+#   clients   --event-loops uvloop --client-loop uvloop, --workers 8 and 12 (more request
+#             handling cores, if the leaner clients leave them free)
 # Every reply is checked against tiktoken in each. Exit status: the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +37,6 @@ if [ -f "$before" ]; then
 fi
 step loops 330 "$py" bench/service.py --out "$out/loops" --vocab "$vocab" --workers 8 \
     --gpu-process shared-keep-clock --event-loops asyncio,uvloop
-step clients 200 "$py" bench/service.py --out "$out/clients" --vocab "$vocab" --workers 8 \
+step clients 260 "$py" bench/service.py --out "$out/clients" --vocab "$vocab" --workers 8,12 \
     --gpu-process shared-keep-clock --event-loops uvloop --client-loop uvloop
 exit "$failed"
