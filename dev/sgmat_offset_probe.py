@@ -1,7 +1,8 @@
 """Which subgroup-matrix offsets the H200 (Dawn, real subgroup matrices) gets right: the
 emulation test's kernel (tests/test_sgmat_emulation.py) with the accumulator's storage offset
 per subgroup (`sg * C`) and the store's offset varied; per subgroup, the max error against
-numpy. Session 19 saw subgroup 1 wrong (accumulator at sg * 3, store at sg * 400 + 1).
+numpy. Session 19 saw subgroup 1 wrong with the accumulator at sg * 3 (the test then used
+2); this probe found the odd accumulator offsets wrong on the H200.
 
     python dev/sgmat_offset_probe.py      (needs a device with subgroup matrices)
 """
@@ -39,7 +40,7 @@ def main():
     print(dev)
     for coff in (3, 0, 1, 2, 4, 8, 16, 20):
         for soff in (1, 0, 4):
-            src = t.KERNEL.replace("sg * 3u, false, 20u", f"sg * {coff}u, false, 20u") \
+            src = t.KERNEL.replace("sg * 2u, false, 20u", f"sg * {coff}u, false, 20u") \
                           .replace("sg * 400u + 1u", f"sg * 400u + {soff}u")
             kernel = dev.kernel_from_source(f"probe_{coff}_{soff}", src, "main")
             bufs = [dev.upload(ab), dev.upload(c_in), dev.upload(out0), dev.zeros(64)]
