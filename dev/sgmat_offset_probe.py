@@ -16,21 +16,6 @@ from istanbul.shaders.engine import Device  # noqa: E402
 from tests import test_sgmat_emulation as t  # noqa: E402
 
 
-def expected(ab, c_in, out0, coff, soff):
-    a16 = ab[:512].astype(np.float16).astype(np.float64)
-    b16 = ab[512:].astype(np.float16).astype(np.float64)
-    out = out0.copy()
-    for sg in range(2):
-        left = a16[sg * 256:(sg + 1) * 256].reshape(16, 16)
-        right = np.array([[b16[sg * 16 + n * 32 + k] for n in range(16)] for k in range(16)])
-        acc = np.array([[c_in[sg * coff + i * 20 + j] for j in range(16)] for i in range(16)])
-        res = acc + left @ right
-        for i in range(16):
-            for j in range(16):
-                out[sg * 400 + soff + j * 24 + i] = res[i, j]
-    return out
-
-
 def main():
     dev = Device(None)
     rng = np.random.default_rng(3)
@@ -47,7 +32,7 @@ def main():
             with dev.record() as rec:
                 rec.dispatch(kernel, bufs, 1)
             out = dev.download(bufs[2])
-            want = expected(ab, c_in, out0, coff, soff)
+            want = t._expected(ab, c_in, out0, coff, soff)[0]
             err = [float(np.abs(out[k * 400:(k + 1) * 400] - want[k * 400:(k + 1) * 400]).max())
                    for k in range(2)]
             print(f"acc offset sg*{coff:2d} store offset sg*400+{soff}: max error subgroup 0 "

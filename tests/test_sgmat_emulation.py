@@ -43,18 +43,21 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32
 """
 
 
-def _expected(ab, c_in, out0):
+def _expected(ab, c_in, out0, acc_offset: int = 2, store_offset: int = 1):
+    """numpy's results of KERNEL, its accumulator at sg * acc_offset and its store at
+    sg * 400 + store_offset (dev/sgmat_offset_probe.py varies both)."""
     a16 = ab[:512].astype(np.float16).astype(np.float32)
     b16 = ab[512:].astype(np.float16).astype(np.float32)
     out = out0.copy()
     for sg in range(2):
         left = a16[sg * 256:(sg + 1) * 256].reshape(16, 16)
         right = np.array([[b16[sg * 16 + n * 32 + k] for n in range(16)] for k in range(16)])
-        acc = np.array([[c_in[sg * 2 + i * 20 + j] for j in range(16)] for i in range(16)])
+        acc = np.array([[c_in[sg * acc_offset + i * 20 + j] for j in range(16)]
+                        for i in range(16)])
         res = acc.astype(np.float64) + left.astype(np.float64) @ right.astype(np.float64)
         for i in range(16):
             for j in range(16):
-                out[sg * 400 + 1 + j * 24 + i] = res[i, j]
+                out[sg * 400 + store_offset + j * 24 + i] = res[i, j]
     lid = np.arange(64)
     src = (lid & ~31) | ((lid & 31) ^ 5)
     shuffled = 0.5 * src + (src & 31)
