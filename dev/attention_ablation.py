@@ -20,8 +20,9 @@ with one part removed:
                 of 8 cached addresses
     contiguous  (--layout fused) the same loads from rows laid out [B, H, T, D] (each head's
                 rows contiguous, what an f32 copy in that layout would read)
-    f16_loads   the tiles' rows read as f16 (vec4<f16> bit patterns from the same buffers,
-                half the bytes and no rounding: what f16 copies of q, k, v, do would cost)
+    f16_in      the shipped files given f16 q, k, v (the trainer's f16 head-major copies;
+                the backward's prep writes do16): what the f16_loads ablation of session
+                19 estimated (dev/RESULTS.md), now real and checked by the ladder
     before      (--before DIR) the two files as found in DIR: an earlier version, timed in
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
@@ -51,9 +52,7 @@ from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
 B, T, H, HKV, D = 8, 1024, 12, 12, 64
 FILES = (attention.FILE_SGMAT, attention.FILE_SGMAT2)
 MMA = re.compile(r"(\w+(?:\[[^\]]+\])?) = subgroupMatrixMultiplyAccumulate\([^;]*\);")
-GLOBAL = re.compile(r"vec4<f16>\((k_in|v_in|q_in|do_in)\[[^;]*\);")
-TILE_LOAD = re.compile(r"vec4<f16>\(((k_in|v_in|q_in|do_in)\[[^;]*?\])( \* qscale)?\);")
-BINDING = re.compile(r"var<storage, read> (k_in|v_in|q_in|do_in): array<vec4<f32>>;")
+GLOBAL = re.compile(r"vec4<f16>\((?:vec4<f32>\()?(k_in|v_in|q_in|do_in)\[[^;]*\);")
 ROW_LOAD = re.compile(r"(k_in|v_in|q_in|do_in)\[(?:kv_row|q_row|o_row)\(b, ([^,]+), [^\]]*?\) "
                       r"\+ i % H4\]")
 
@@ -76,37 +75,13 @@ def ablate(name: str, text: str) -> str:
         # ([B, H, T, D]) instead of every head row at the fused qkv rows' stride
         return ROW_LOAD.sub(lambda m: f"{m.group(1)}[(wg.x * p.seq + ({m.group(2)})) * H4 + i % H4]",
                             text)
-    if name == "f16_loads":
-        # the rows' bits as vec4<f16> (the bindings become 8-byte elements, indexed as
-        # before: the first half of each buffer); the tile loads' rounding goes, the other
-        # loads (q or do once per workgroup) widen to f32 as before
-        text = TILE_LOAD.sub(lambda m: f"bitcast<vec4<f16>>({m.group(1)})"
-                             + (" * f16(qscale)" if m.group(3) else "") + ";", text)
-        text = _wrap_loads(text)
-        return BINDING.sub(lambda m: f"var<storage, read> {m.group(1)}: array<vec2<u32>>;", text)
     raise ValueError(name)
 
 
-def _wrap_loads(text: str) -> str:
-    """Every remaining `x_in[...]` of a row binding read as vec4<f32>(bitcast<vec4<f16>>(.))."""
-    out, i = [], 0
-    for m in re.finditer(r"\b(k_in|v_in|q_in|do_in)\[", text):
-        if m.start() < i or text[max(0, m.start() - 19):m.start()].endswith("bitcast<vec4<f16>>("):
-            continue
-        depth, j = 1, m.end()
-        while depth:
-            depth += {"[": 1, "]": -1}.get(text[j], 0)
-            j += 1
-        out.append(text[i:m.start()])
-        out.append(f"vec4<f32>(bitcast<vec4<f16>>({text[m.start():j]}))")
-        i = j
-    out.append(text[i:])
-    return "".join(out)
-
-
-VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_loads",
+VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
             "before", "qdown")
 KNOBS = {"qdown": ("SGMAT2_QORDER", "down")}   # variants that set an ops.py knob, not the text
+AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 
 def main():
@@ -114,7 +89,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="base,no_mma,no_exp,no_barrier,no_global,f16_loads")
+    ap.add_argument("--variants", default="base,no_mma,no_exp,no_barrier,no_global,f16_in")
     ap.add_argument("--layout", choices=("head-major", "fused"), default="head-major")
     ap.add_argument("--before", help="a folder with earlier versions of the two files (the "
                     "`before` variant, added when given)")
@@ -128,6 +103,8 @@ def main():
         raise SystemExit("the `before` variant needs --before DIR")
     if "contiguous" in variants and args.layout != "fused":
         raise SystemExit("the `contiguous` variant is a --layout fused experiment")
+    if "f16_in" in variants and args.layout != "head-major":
+        raise SystemExit("the `f16_in` variant is a --layout head-major experiment")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="attention_ablation_"))
@@ -140,7 +117,7 @@ def main():
                 (tmp / v / f).write_text((Path(args.before) / f).read_text(encoding="utf-8"),
                                          encoding="utf-8")
                 continue
-            if v in KNOBS:
+            if v in KNOBS or v in AS_SHIPPED:
                 (tmp / v / f).write_text(text, encoding="utf-8")
                 continue
             body = ablate(v, text)
@@ -170,10 +147,14 @@ def main():
         strides = {"q_stride": attention.head_major(T, H, D),
                    "kv_stride": attention.head_major(T, HKV, D)}
         dq, dk, dv = dev.zeros((B, H, T, D)), dev.zeros((B, HKV, T, D)), dev.zeros((B, HKV, T, D))
+    inputs = {"f32": (q, k, v)}
+    if "f16_in" in variants:
+        inputs["f16"] = tuple(dev.upload(dev.download(x), dtype=np.float16) for x in (q, k, v))
 
     def step(rec):
-        attention.forward(rec, q, k, v, o, lse, B, T, H, HKV, D, config="sgmat", **strides)
-        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, HKV, D,
+        qkv = inputs["f16" if current["variant"] == "f16_in" else "f32"]
+        attention.forward(rec, *qkv, o, lse, B, T, H, HKV, D, config="sgmat", **strides)
+        attention.backward(rec, *qkv, o, do, lse, dq, dk, dv, B, T, H, HKV, D,
                            tensor_cores=True, **strides)
 
     kernels = {}

@@ -237,6 +237,70 @@ def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
         assert rec.labels == [PREP, V2["dq"], V2["dkv"]]
 
 
+@pytest.mark.parametrize("robust", [False, True])
+def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monkeypatch, robust):
+    """f16 q, k, v (the trainer's head-major copies): the tensor-core forward and backward
+    with the f16-input kernels and the prep that writes do16; wherever the f32 kernels would
+    run instead (robustness on for the forward, tensor cores off, pinned tiles), a ValueError
+    naming the reason. takes_f16_operands says exactly when the trainer may store them."""
+    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
+    monkeypatch.setattr(attention, "uses_tensor_cores", lambda *a, **k: True)
+    dev = _PlanDevice(device, robust)
+    B, T, H, Hkv, D = 1, 64, 2, 1, 64
+    q = device.empty((B, T, H, D), np.float16)
+    k, v = (device.empty((B, T, Hkv, D), np.float16) for _ in range(2))
+    o, do, dq = (device.empty((B, T, H, D)) for _ in range(3))
+    dk, dv = (device.empty((B, T, Hkv, D)) for _ in range(2))
+    lse = device.empty((B, H, T))
+    strides = (attention.token_rows(T, D, H * D), attention.token_rows(T, D, Hkv * D),
+               attention.token_rows(T, D, H * D))
+    rec = _LabelRecorder(dev)
+    attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
+    assert rec.labels == [PREP + "_f16", V2["dq"], V2["dkv"]]
+    rec = _LabelRecorder(dev)
+    attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
+                       tensor_cores="staged")
+    assert rec.labels == [PREP + "_f16", STAGED["dq"], STAGED["dkv"]]
+    rec = _LabelRecorder(dev)
+    attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config="sgmat")
+    assert rec.labels == [STAGED["forward"]]
+    assert attention.takes_f16_operands(dev, True, D, strides) is (not robust)
+    assert not attention.takes_f16_operands(dev, "staged", D, strides)
+    assert not attention.takes_f16_operands(dev, False, D, strides)
+    if robust:   # the f32 forward runs there
+        with pytest.raises(ValueError, match="f16 q, k, v need the tensor-core forward"):
+            attention.forward(_LabelRecorder(dev), q, k, v, o, lse, B, T, H, Hkv, D,
+                              tensor_cores=True)
+    else:
+        rec = _LabelRecorder(dev)
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, tensor_cores=True)
+        assert rec.labels == [STAGED["forward"]]
+    for kwargs in ({"tensor_cores": False}, {"tensor_cores": True, "config_dq": "32x32"}):
+        with pytest.raises(ValueError, match="f16 q, k, v need the tensor-core backward"):
+            attention.backward(_LabelRecorder(dev), q, k, v, o, do, lse, dq, dk, dv, B, T, H,
+                               Hkv, D, **kwargs)
+    with pytest.raises(ValueError, match="f16 q, k, v need the tensor-core forward"):
+        attention.forward(_LabelRecorder(dev), q, k, v, o, lse, B, T, H, Hkv, D)
+    with pytest.raises(ValueError, match="share one dtype"):
+        attention.forward(_LabelRecorder(dev), q, device.empty((B, T, Hkv, D)), v, o, lse,
+                          B, T, H, Hkv, D, config="sgmat")
+    with pytest.raises(ValueError, match="do has dtype float16"):   # do stays f32
+        attention.backward(_LabelRecorder(dev), q, k, v, o, device.empty((B, T, H, D),
+                           np.float16), lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
+
+
+def test_f16_operand_kernels_differ_only_in_their_input_type():
+    """IN=f16 changes the q, k, v, do bindings' element type and nothing else of a kernel
+    (loads widen with vec4<f32>(...) / vec4<f16>(...), identities for matching types)."""
+    import re
+    for kernel in ("forward", "dq", "dkv"):
+        f32 = _sgmat2_code(64, {}, {}, kernel)
+        f16 = _sgmat2_code(64, {"f16_inputs": True}, {}, kernel)
+        assert f32 != f16
+        assert re.sub(r"array<vec4<f16>>;", "array<vec4<f32>>;", f16) == f32, kernel
+        assert "var<storage, read> q_in: array<vec4<f16>>;" in f16
+
+
 # ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):
 # every pad and read order must expand, fit the H200's 48 KiB at head dims 16/32/64, and pass
 # the local compiler with the subgroup-matrix calls stubbed out (neither lavapipe nor naga has
@@ -297,7 +361,8 @@ def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
-                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False}
+                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False,
+                 "IN": "f32"}
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)

@@ -13,7 +13,8 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
                  Training (BlockBuffers with head_major): RoPE writes q and k, and a copy v,
                  into head-major [B, H, T, D] buffers, the layer's saved q, k, v (the
                  projection's output is scratch shared by the layers): the attention kernels
-                 load 64-row tiles of one head, contiguous there (H200, 124M: ~4 ms a step).
+                 load 64-row tiles of one head, contiguous there (H200, 124M: ~4 ms a step);
+                 f16 where the attention runs on the tensor cores (half the bytes loaded).
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
     h2   = rmsnorm(xa) · ffn_norm
@@ -145,11 +146,12 @@ class Heads:
 
 
 class HeadBuffers:
-    def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str):
+    def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str, dtype=np.float32):
+        """dtype float16: the tensor-core attention's f16 operands (attention.takes_f16_operands)."""
         self.d, self.kv = cfg.d_model, cfg.kv_dim
-        self.q = dev.empty(capacity * self.d, np.float32, label=f"{label} q heads")
-        self.k = dev.empty(capacity * self.kv, np.float32, label=f"{label} k heads")
-        self.v = dev.empty(capacity * self.kv, np.float32, label=f"{label} v heads")
+        self.q = dev.empty(capacity * self.d, dtype, label=f"{label} q heads")
+        self.k = dev.empty(capacity * self.kv, dtype, label=f"{label} k heads")
+        self.v = dev.empty(capacity * self.kv, dtype, label=f"{label} v heads")
 
     def buffers(self) -> list:
         return [self.q, self.k, self.v]
@@ -193,9 +195,10 @@ class BlockBuffers:
 
     def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str, *,
                  share_norm: bool = False, qkv: QKVBuffers | None = None,
-                 head_major: bool = False):
+                 head_major: bool = False, heads_dtype=np.float32):
         """`qkv`: the projection output's buffers, when shared with other blocks (head_major:
-        the block keeps its q, k, v head-major, so its projection output is scratch)."""
+        the block keeps its q, k, v head-major, in `heads_dtype`, so its projection output
+        is scratch)."""
         d, f = cfg.d_model, cfg.ffn_hidden
         self.cfg, self.capacity = cfg, capacity
         e = lambda shape, name: dev.empty(shape, np.float32, label=f"{label}.{name}")  # noqa
@@ -203,7 +206,7 @@ class BlockBuffers:
             e(capacity, "rstd")
         self.own_qkv = qkv is None
         self.qkv = QKVBuffers(dev, capacity, cfg, label) if qkv is None else qkv
-        self.heads = HeadBuffers(dev, capacity, cfg, label) if head_major else None
+        self.heads = HeadBuffers(dev, capacity, cfg, label, heads_dtype) if head_major else None
         self.a, self.lse = e((capacity, d), "attn"), e(cfg.n_heads * capacity, "lse")
         self.xa = e((capacity, d), "xa")
         # generation needs no saved h2/rstd2: it reuses h and rstd

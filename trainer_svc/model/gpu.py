@@ -67,9 +67,12 @@ def _align64(n: int) -> int:
 
 
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
-                 mixed: bool, logits_rows: int, f16_dlogits: bool = False) -> list[Need]:
-    """Every buffer GpuModel allocates, in bytes (what the fit check counts)."""
+                 mixed: bool, logits_rows: int, f16_dlogits: bool = False,
+                 f16_heads: bool = False) -> list[Need]:
+    """Every buffer GpuModel allocates, in bytes (what the fit check counts); f16_heads: the
+    saved head-major q, k, v in f16 (and the attention backward's f16 copy of do)."""
     n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
+    hb = 2 if f16_heads else 4   # bytes per saved q, k, v element
     qkv = n * (d + 2 * kv) * 4
     layers = cfg.n_layers   # BlockBuffers: each saved activation is its own buffer per layer
     needs = [Need("parameters", total * 4), Need("gradients", total * 4),
@@ -77,8 +80,8 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
              Need(f"block activations x, h, attn, xa, h2 (B*T = {n} rows x d)", n * d * 4,
                   count=5 * layers),
              Need("block rstd, rstd2", n * 4, count=2 * layers),
-             Need("block q (head-major)", n * d * 4, count=layers),
-             Need("block k, v (head-major)", n * kv * 4, count=2 * layers),
+             Need("block q (head-major)", n * d * hb, count=layers),
+             Need("block k, v (head-major)", n * kv * hb, count=2 * layers),
              Need("block attention lse", cfg.n_heads * n * 4, count=layers),
              Need(f"block gate|up (B*T x 2F = {2 * f})", n * 2 * f * 4, count=layers),
              Need(f"block SwiGLU output (B*T x F = {f})", n * f * 4, count=layers),
@@ -92,6 +95,8 @@ def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_acc
                   binding=False)]
     if mixed:
         needs.append(Need("f16 weight mirror", total * 2))
+    if f16_heads:
+        needs.append(Need("attention do in f16 (scratch)", n * d * 2, binding=False))
     if f16_dlogits:
         needs.append(Need(f"f16 dlogits chunk ({logits_rows} rows x vocab {V})",
                           logits_rows * V * 2))
@@ -128,9 +133,15 @@ class GpuModel:
         # decides the logits buffer the fit check counts
         # the tensor-core head's cross-entropy may write dlogits in f16 beside the f32 logits
         f16_dlogits = self.tensor_cores and f16_dlogits_enabled()
+        # the attention's saved q, k, v in f16 where its forward and backward both run on
+        # the tensor cores (they load f16 tiles: half the bytes; attention/ops.py)
+        self.f16_heads = self.tensor_cores and attention.takes_f16_operands(
+            device, self.tensor_cores, cfg.head_dim,
+            head_strides(cfg, seq) + (attention.token_rows(seq, cfg.head_dim, d),))
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
-                                          logits_rows=rows, f16_dlogits=f16_dlogits)
+                                          logits_rows=rows, f16_dlogits=f16_dlogits,
+                                          f16_heads=self.f16_heads)
         budget, memory = LOGITS_BUDGET, device_memory(device)
         if memory is not None:
             free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
@@ -169,7 +180,9 @@ class GpuModel:
         # q, k, v saved head-major per layer; the projection's output is scratch they share
         self.qkv_storage = QKVBuffers(dev, n, cfg, "proj")
         self.storage = [BlockBuffers(dev, n, cfg, f"L{i}", qkv=self.qkv_storage,
-                                     head_major=True) for i in range(cfg.n_layers)]
+                                     head_major=True,
+                                     heads_dtype=np.float16 if self.f16_heads else np.float32)
+                        for i in range(cfg.n_layers)]
         self.layers = [s.rows(n) for s in self.storage]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
         self.h_final = dev.empty((n, d), np.float32, label="h final")

@@ -3,7 +3,8 @@
 //
 //   attention_forward      o = softmax(q k^T * scale + causal mask) v;  lse = log-sum-exp of
 //                          each query's scaled scores (saved for the backward)
-//   attention_backward_prep  dvec[b,h,t] = sum_d do[b,t,h,d] * o[b,t,h,d] (_vec4: vec4 loads)
+//   attention_backward_prep  dvec[b,h,t] = sum_d do[b,t,h,d] * o[b,t,h,d] (_vec4: vec4 loads;
+//                            _vec4_f16: also do16 = f16(do) for the tensor-core backward)
 //   attention_backward_dq  dq = scale * sum_keys ds k,  ds = p * (do.v - dvec), p = exp(s - lse)
 //   attention_backward_dkv dk = scale * sum_queries ds q,  dv = sum_queries p do, summed over
 //                          the H/Hkv query heads that share the kv head (GQA; no atomics)
@@ -25,7 +26,7 @@
 //
 // Bindings (group 0):
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
-//   prep:     0 o, 1 do, 2 dvec (rw), 3 Params
+//   prep:     0 o, 1 do, 2 dvec (rw), 3 Params (_vec4_f16: 3 do16 (rw), 4 Params)
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (ceil(T / BQ), B*H); dkv (ceil(T / BKV), B*Hkv);
@@ -202,6 +203,34 @@ fn attention_backward_prep_vec4(@builtin(workgroup_id) wg: vec3<u32>,
     let base = o_index(bt / p.seq, bt % p.seq, h) / 4u;
     var acc = vec4<f32>();
     for (var d = 0u; d < HD / 4u; d++) { acc = fma(do_in[base + d], o_in[base + d], acc); }
+    dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc.x + acc.y + acc.z + acc.w;
+}
+
+// --- KERNEL: attention_backward_prep_vec4_f16 ---
+// attention_backward_prep_vec4 that also writes do as f16 (do16, o's layout) for the
+// tensor-core dQ and dK/dV kernels given f16 q, k, v: they load half the bytes, and do16
+// holds exactly the values they would round do to themselves (vec4<f16>(do)).
+@group(0) @binding(0) var<storage, read> o_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> dvec_out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> do16_out: array<vec4<f16>>;
+@group(0) @binding(4) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn attention_backward_prep_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
+                                    @builtin(num_workgroups) nwg: vec3<u32>,
+                                    @builtin(local_invocation_index) lid: u32) {
+    let row = workgroup_index(wg, nwg) * 256u + lid;     // (b, t, h) row-major
+    if (row >= p.batch * p.seq * p.heads) { return; }
+    let h = row % p.heads;
+    let bt = row / p.heads;
+    let base = o_index(bt / p.seq, bt % p.seq, h) / 4u;
+    var acc = vec4<f32>();
+    for (var d = 0u; d < HD / 4u; d++) {
+        let g = do_in[base + d];
+        acc = fma(g, o_in[base + d], acc);
+        do16_out[base + d] = vec4<f16>(g);
+    }
     dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc.x + acc.y + acc.z + acc.w;
 }
 

@@ -51,6 +51,11 @@
 //   Q_DESC   dK/dV visits its query tiles from the last down, not from the diagonal up (an L2
 //            candidate, unmeasured on the H200; ops.SGMAT2_QORDER picks)
 //
+//   IN       the element type of q, k, v and do in storage: f32, or f16 (the trainer's
+//            f16 head-major copies: half the bytes of every tile load; q is widened and
+//            pre-scaled in f32, then rounded again; k, v and do are the values the f32
+//            path rounds to)
+//
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
@@ -99,9 +104,9 @@ fn o_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bo + t * p.so + h * p.ho
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
 // --- KERNEL: attention_forward_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
 @group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
@@ -139,7 +144,7 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
+        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPF + 4u * (i % H4), v, 0u);
     }
     if (lid == 0u) { flag = 0u; }           // zero-initialised anyway; not relied upon
@@ -173,8 +178,8 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             var kv = vec4<f32>();
             var vv = vec4<f32>();
             if (k0 + n < p.seq) {
-                kv = k_in[kv_row(b, k0 + n, hk) + i % H4];
-                vv = v_in[kv_row(b, k0 + n, hk) + i % H4];
+                kv = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]);
+                vv = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]);
             }
             put4(n * SH + 4u * (i % H4), kv, 1u);
             put4(n * SH + 4u * (i % H4), vv, 2u);
@@ -281,10 +286,10 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dq_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
@@ -331,7 +336,7 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = q_in[q_row(b, q0 + r, h) + i % H4] * qscale; }
+        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -343,7 +348,7 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = do_in[o_row(b, q0 + r, h) + i % H4]; }
+        if (q0 + r < p.seq) { v = vec4<f32>(do_in[o_row(b, q0 + r, h) + i % H4]); }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -452,10 +457,10 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dkv_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<f32>>;
+@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
+@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
+@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
+@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
@@ -512,7 +517,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = k_in[kv_row(b, k0 + n, hk) + i % H4]; }
+        if (k0 + n < p.seq) { v = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -524,7 +529,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = v_in[kv_row(b, k0 + n, hk) + i % H4]; }
+        if (k0 + n < p.seq) { v = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -568,7 +573,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             qr[t] = vec4<f16>();
             dr[t] = vec4<f16>();
             if (i < {{BQ2}}u * H4 && n < p.seq) {
-                qr[t] = vec4<f16>(q_in[q_row(b, n, hk * group) + i % H4] * qscale);
+                qr[t] = vec4<f16>(vec4<f32>(q_in[q_row(b, n, hk * group) + i % H4]) * qscale);
                 dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group) + i % H4]);
             }
         }
@@ -624,7 +629,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                     qr[t] = vec4<f16>();
                     dr[t] = vec4<f16>();
                     if (i < {{BQ2}}u * H4 && n < p.seq) {
-                        qr[t] = vec4<f16>(q_in[q_row(b, n, hk * group + lg) + i % H4] * qscale);
+                        qr[t] = vec4<f16>(vec4<f32>(q_in[q_row(b, n, hk * group + lg) + i % H4]) * qscale);
                         dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group + lg) + i % H4]);
                     }
                 }

@@ -123,11 +123,15 @@ def _extract(flat, inp, heads, s: attention.Strides):
     return flat.reshape(-1)[_indices(inp["B"], inp["T"], heads, inp["D"], s)]
 
 
-def _qkv(dev, inp):
+def _qkv(dev, inp, dtype=np.float32):
+    """q, k, v uploaded in their layout (dtype float16: f16 copies; not for fused layouts)."""
     offsets, strides = _layout(inp)
     if offsets is None:
-        return [dev.upload(_scatter(inp[n], _group(inp, strides, "q" if n == "q" else "kv")))
+        return [dev.upload(_scatter(inp[n], _group(inp, strides, "q" if n == "q" else "kv")),
+                           dtype=dtype)
                 for n in ("q", "k", "v")], strides
+    if dtype != np.float32:
+        raise ValueError("f16 q, k, v come in separate buffers, not a fused one")
     return _parts(dev, inp["qkv"].reshape(-1), offsets), strides
 
 
@@ -145,10 +149,11 @@ def tiled_configs(dev, inp, pinned=None):
     return out
 
 
-def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False):
-    """tensor_cores: the tensor-core forward (config "sgmat")."""
+def forward_launch(dev, inp, tiles=None, configs=None, tensor_cores=False, f16_inputs=False):
+    """tensor_cores: the tensor-core forward (config "sgmat"); f16_inputs: q, k, v given to
+    it as f16 buffers."""
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
-    (q, k, v), strides = _qkv(dev, inp)
+    (q, k, v), strides = _qkv(dev, inp, np.float16 if f16_inputs else np.float32)
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
     config = "sgmat" if tensor_cores else configs["forward"] if configs else None
     return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
@@ -161,11 +166,15 @@ def _forward_outputs(dev, inp, strides, o, lse):
             "lse": dev.download(lse)}
 
 
-def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> Launch:
+def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict,
+                     f16_inputs: str | None = None) -> Launch:
     """Forward then backward (the backward needs the forward's o and lse), with the given
-    kernel choices; the gradients read back per head as the reference gives them."""
+    kernel choices; the gradients read back per head as the reference gives them.
+    f16_inputs: "both" (q, k, v as f16 buffers) or "backward" (the forward on f32 copies of
+    the same values, the backward on f16 ones)."""
     B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
-    (q, k, v), strides = _qkv(dev, inp)
+    (q, k, v), strides = _qkv(dev, inp, np.float16 if f16_inputs else np.float32)
+    qkv_forward = _qkv(dev, inp)[0] if f16_inputs == "backward" else (q, k, v)
     offsets, _ = _layout(inp)
     o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
     do = dev.upload(_scatter(inp["do"], _group(inp, strides, "o")))
@@ -176,7 +185,8 @@ def _backward_launch(dev, inp, forward_kwargs: dict, backward_kwargs: dict) -> L
         dq, dk, dv = _parts(dev, np.zeros(inp["qkv"].size, np.float32), offsets)
 
     def encode(rec):
-        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, **forward_kwargs, **strides)
+        attention.forward(rec, *qkv_forward, o, lse, B, T, H, Hkv, D, **forward_kwargs,
+                          **strides)
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                            **backward_kwargs, **strides)
 
@@ -413,12 +423,16 @@ def sgmat2_forward_launch(dev, inp, rescale_at=None, sgmat_tiles=None):
                   lambda: _forward_outputs(dev, inp, strides, o, lse))
 
 
-def sgmat2_backward_launch(dev, inp, sgmat_tiles=None, staged_forward=False):
+def sgmat2_backward_launch(dev, inp, sgmat_tiles=None, staged_forward=False,
+                           f16_inputs=False):
     """The f32 tiled forward (staged_forward: the staged tensor-core forward), then the
-    sgmat2 backward (prep, dQ, dK/dV)."""
+    sgmat2 backward (prep, dQ, dK/dV); f16_inputs: q, k, v as f16 buffers (the f32 forward
+    reads f32 copies of the same values)."""
     forward_kwargs = {"config": "sgmat"} if staged_forward else {}
+    f16 = ("both" if staged_forward else "backward") if f16_inputs else None
     return _backward_launch(dev, inp, forward_kwargs,
-                            {"tensor_cores": "sgmat2", "sgmat_tiles": sgmat_tiles})
+                            {"tensor_cores": "sgmat2", "sgmat_tiles": sgmat_tiles},
+                            f16_inputs=f16)
 
 
 SMALL_SGMAT2 = {"BKF": 32, "BK": 16, "BQ2": 16}
@@ -497,3 +511,60 @@ register(KernelCase(
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="staged tensor-core forward + prep + v2 dQ + dK/dV, timed together (the "
                 "model's default: tensor_cores=True without robustness)"))
+
+
+# ---- f16 q, k, v (the trainer's head-major copies in f16, ops.takes_f16_operands): the same
+# kernels loading f16 tiles. Inputs rounded to f16 first, so the float64 reference sees the
+# values the kernels load; no fused layout (f16 copies are separate buffers). The forward
+# and the trainer's pair (staged forward, sgmat2 backward) need the H200's 48 KiB of
+# workgroup memory; the small-tile sgmat2 backward also runs on lavapipe with emulated
+# subgroup matrices (after the f32 tiled forward on f32 copies).
+def make_inputs_f16(rng, variant):
+    inp = make_inputs(rng, variant)
+    for name in ("q", "k", "v"):
+        inp[name] = inp[name].astype(np.float16).astype(np.float32)
+    return inp
+
+
+VARIANTS_SGMAT_F16 = tuple(v for v in VARIANTS_SGMAT if SHAPES[v][5] != "fused")
+_F16_IN = {**_SGMAT2, "inputs": make_inputs_f16, "variants": VARIANTS_SGMAT_F16}
+_PREP_F16 = (attention.FILE, "attention_backward_prep_vec4_f16", {"HD": 64})
+
+register(KernelCase(
+    name="attention_forward_sgmat_f16in",
+    kernels=[(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
+              attention.sgmat_params(64, f16_inputs=True))],
+    launch=lambda dev, inp: forward_launch(dev, inp, tensor_cores=True, f16_inputs=True),
+    reference=reference.forward_reference, **_F16_IN, **_FWD_COST,
+    description="the staged tensor-core forward loading f16 q, k, v (the trainer's)"))
+
+register(KernelCase(
+    name="attention_backward_sgmat_f16in",
+    kernels=[(attention.FILE_SGMAT, attention.SGMAT_KERNELS[k], {},
+              attention.sgmat_params(64, f16_inputs=True)) for k in ("forward", "dq", "dkv")]
+    + [_PREP_F16],
+    launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
+                                             {"tensor_cores": "staged"}, f16_inputs="both"),
+    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+    description="the staged tensor-core forward and backward on f16 q, k, v (do through "
+                "the prep's f16 copy)"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_staged_f16in",
+    kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
+               attention.sgmat_params(64, f16_inputs=True))]
+             + _sgmat2_kernels(64, f16_inputs=True)[1:] + [_PREP_F16]),
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, staged_forward=True,
+                                                   f16_inputs=True),
+    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+    description="the trainer's attention on f16 q, k, v: staged forward + prep (do16) + v2 "
+                "dQ + dK/dV"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_small_f16in",
+    kernels=_sgmat2_kernels(64, f16_inputs=True, **SMALL_SGMAT2)[1:] + [_PREP_F16],
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2,
+                                                   f16_inputs=True),
+    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+    description="f32 tiled forward on f32 copies + the small-tile v2 backward loading f16 "
+                "q, k, v and the prep's do16 (fits lavapipe's workgroup memory emulated)"))

@@ -55,6 +55,14 @@ products, f32 accumulation and softmax statistics). `sgmat_plan` says which kern
     "sgmat2"       05_attention_sgmat2.wgsl (experimental,     05_attention_sgmat2.wgsl
                    wrong; refused without robustness)
 
+f16 operands: q, k and v may be f16 buffers (all three, same layouts) where the tensor-core
+kernels run (takes_f16_operands: the forward and the backward both on tensor cores; the
+f32 kernels refuse them). The kernels then load half the bytes per tile, and the backward's
+prep writes do as f16 beside dvec (scratch) for dQ and dK/dV to load; do, o and the
+gradients stay f32. Numerics as before except q: stored f16, then pre-scaled in f32 and
+rounded again (k, v and do are the values the f32 path rounds to). The trainer keeps its
+head-major q, k, v in f16 this way (trainer_svc/model/forward.py).
+
 $ISTANBUL_ATTENTION_SGMAT2 changes what True means: 1 the "sgmat2" row, staged the "staged"
 row, 0 or unset the True row. Measured on the H200 (Dawn, robustness off, 124M shape, ms
 per layer call, dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
@@ -71,9 +79,11 @@ import re
 import warnings
 from typing import NamedTuple
 
+import numpy as np
+
 from ..elementwise import ops as basic
-from ..op_support import (ceil_div, check, grid2d, grid3d, has_tensor_cores, positive, scratch,
-                          workgroup_storage)
+from ..op_support import (F16, F32, ceil_div, check, dtype_of, grid2d, grid3d, has_tensor_cores,
+                          positive, scratch, workgroup_storage)
 from ...engine import views_overlap
 
 FILE = "05_attention.wgsl"
@@ -126,9 +136,10 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
-def sgmat_params(D: int) -> dict:
-    """Template parameters of 05_attention_sgmat.wgsl for head dim D."""
-    return {"HD": D, "DT": D // 16}
+def sgmat_params(D: int, f16_inputs: bool = False) -> dict:
+    """Template parameters of 05_attention_sgmat.wgsl for head dim D (f16_inputs: q, k, v
+    and do stored as f16)."""
+    return {"HD": D, "DT": D // 16, "IN": "f16" if f16_inputs else "f32"}
 
 
 def sgmat2_bytes(kernel: str, params: dict) -> int:
@@ -149,10 +160,12 @@ def sgmat2_bytes(kernel: str, params: dict) -> int:
 
 
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
-                  fold: str | None = None, qorder: str | None = None, **tiles) -> dict:
+                  fold: str | None = None, qorder: str | None = None,
+                  f16_inputs: bool = False, **tiles) -> dict:
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
     overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
-    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER). dK/dV stages k and v in its p/ds
+    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); f16_inputs: q, k, v and do
+    stored as f16. dK/dV stages k and v in its p/ds
     array (KV_IN_P) only where separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of
     8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
@@ -174,7 +187,8 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
         raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
-           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down"}
+           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down",
+           "IN": "f16" if f16_inputs else "f32"}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
 
@@ -192,13 +206,14 @@ def sgmat2_refusal(kernel: str, robustness: bool) -> str | None:
             "tensor_cores=True (the sgmat2 backward with a verified forward)")
 
 
-def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None):
+def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None,
+                   f16_inputs: bool = False):
     why = sgmat2_refusal(kernel, getattr(dev, "robustness", True))
     if why:
         raise ValueError(why)
     constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
     return dev.kernel(FILE_SGMAT2, SGMAT2_KERNELS[kernel], constants,
-                      sgmat2_params(D, **(tiles or {})))
+                      sgmat2_params(D, f16_inputs=f16_inputs, **(tiles or {})))
 
 
 SGMAT_VERSIONS = ("staged", "sgmat2-backward", "sgmat2")
@@ -254,6 +269,24 @@ def uses_tensor_cores(device, D: int, strides, *views) -> bool:
     head dim a multiple of 16 up to 64, vec4-ready layouts."""
     return (has_tensor_cores(device) and D % 16 == 0 and D <= 64
             and _vec4_ready(D, strides, *views))
+
+
+def takes_f16_operands(device, tensor_cores, D: int, strides) -> bool:
+    """Whether forward(..., tensor_cores=tensor_cores) and backward(...) run on the tensor
+    cores for q, k, v laid out by `strides` (q, kv, o Strides), so q, k and v may be given
+    as f16 buffers (the trainer's head-major copies: half the bytes of every tile load)."""
+    plan = sgmat_plan(tensor_cores, getattr(device, "robustness", True))
+    return (plan["forward"] is not None and plan["backward"] is not None
+            and uses_tensor_cores(device, D, strides))
+
+
+def _operand_dtype(op: str, q, k, v) -> bool:
+    """Whether q, k and v are f16 (all three, on a device with shader-f16), not f32."""
+    kinds = {name: dtype_of(buf) for name, buf in (("q", q), ("k", k), ("v", v))}
+    if len(set(kinds.values())) > 1:
+        raise ValueError(f"{op}: q, k and v must share one dtype, got "
+                         + ", ".join(f"{n} {d}" for n, d in kinds.items()))
+    return kinds["q"] == F16
 MAX_COLS, MAX_ROWS = 32, 16
 MAX_DV = 4                 # output vec4s per row and invocation in the tiled kernels
 PREAMBLE_BYTES = 1024      # the preamble's reduction slots may count against the limit
@@ -558,9 +591,10 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     `config="sgmat"` pins the staged tensor-core forward."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
-    check(op, "q", q, nq)
-    check(op, "k", k, nkv)
-    check(op, "v", v, nkv)
+    f16_in = _operand_dtype(op, q, k, v)
+    check(op, "q", q, nq, (F32, F16))
+    check(op, "k", k, nkv, (F32, F16))
+    check(op, "v", v, nkv, (F32, F16))
     check(op, "o", o, no)
     check(op, "lse", lse, B * H * T)
     dev = rec.device
@@ -569,7 +603,7 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     if tc and config is None and tiles is None \
             and uses_tensor_cores(dev, D, strides, q, k, v, o):
         if tc == "sgmat2":
-            rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles),
+            rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles, f16_in),
                          [q, k, v, o, lse, _params(dev, B, T, H, Hkv, strides, scale)],
                          grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)),
                          label=SGMAT2_KERNELS["forward"])
@@ -581,9 +615,15 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             raise ValueError(f"{op}: config sgmat needs f16 subgroup matrices, D a multiple of "
                              "16 up to 64 and vec4-ready layouts")
         name = SGMAT_KERNELS["forward"]
-        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)), [q, k, v, o, lse, params],
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D, f16_in)),
+                     [q, k, v, o, lse, params],
                      grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)), label=name)
         return
+    if f16_in:
+        raise ValueError(f"{op}: f16 q, k, v need the tensor-core forward (tensor_cores=True "
+                         "on a device with f16 subgroup matrices and without Dawn's "
+                         "robustness, or config='sgmat'; D a multiple of 16 up to 64, "
+                         "vec4-ready layouts: takes_f16_operands); give f32 buffers here")
     tiled = None
     if tiles is None:
         if config is not None and not _vec4_ready(D, strides, q, k, v, o):
@@ -638,40 +678,55 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     "order" and "qorder", see sgmat2_params)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
+    f16_in = _operand_dtype(op, q, k, v)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
                              ("do", do, no), ("lse", lse, B * H * T), ("dq", dq, nq),
                              ("dk", dk, nkv), ("dv", dv, nkv)):
-        check(op, name, buf, count)
+        check(op, name, buf, count, (F32, F16) if name in ("q", "k", "v") else (F32,))
     dev = rec.device
     scale = 1 / math.sqrt(D) if scale is None else scale
     params = _params(dev, B, T, H, Hkv, strides, scale)
-    dvec = scratch(dev, "attention_dvec", B * H * T * 4)
-    prep_name = "attention_backward_prep" + ("_vec4" if _vec4_ready(D, strides[2:], o, do)
-                                             else "")
-    rec.dispatch(dev.kernel(FILE, prep_name, {"HD": D}), [o, do, dvec, params],
-                 ceil_div(B * T * H, 256), label=prep_name)
     ready = _vec4_ready(D, strides, q, k, v, o, do, dq, dk, dv)
     tc = sgmat_plan(tensor_cores, getattr(dev, "robustness", True))["backward"]
-    if tc and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq, config_dkv)) \
-            and uses_tensor_cores(dev, D, strides, q, k, v, o, do, dq, dk, dv):
+    if not (tc and not any(x is not None for x in (tiles_dq, tiles_dkv, config_dq, config_dkv))
+            and uses_tensor_cores(dev, D, strides, q, k, v, o, do, dq, dk, dv)):
+        tc = None
+    if f16_in and tc is None:
+        raise ValueError(f"{op}: f16 q, k, v need the tensor-core backward (tensor_cores on a "
+                         "device with f16 subgroup matrices, nothing pinned, D a multiple of "
+                         "16 up to 64, vec4-ready layouts: takes_f16_operands); give f32 "
+                         "buffers here")
+    dvec = scratch(dev, "attention_dvec", B * H * T * 4)
+    if f16_in:   # the prep also writes do as f16 for the tensor-core kernels to load
+        do_in = scratch(dev, "attention_do16", no * 2, np.float16)
+        prep_name, prep_res = "attention_backward_prep_vec4_f16", [o, do, dvec, do_in, params]
+    else:
+        do_in = do
+        prep_name = "attention_backward_prep" + ("_vec4" if _vec4_ready(D, strides[2:], o, do)
+                                                 else "")
+        prep_res = [o, do, dvec, params]
+    rec.dispatch(dev.kernel(FILE, prep_name, {"HD": D}), prep_res,
+                 ceil_div(B * T * H, 256), label=prep_name)
+    if tc:
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
         if tc == "sgmat2":
-            for kernel, res in (("dq", [q, k, v, do, lse, dvec, dq, params]),
-                                ("dkv", [q, k, v, do, lse, dvec, dk, dv_out, params])):
+            for kernel, res in (("dq", [q, k, v, do_in, lse, dvec, dq, params]),
+                                ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params])):
                 rows = B * H if kernel == "dq" else B * Hkv
-                rec.dispatch(_sgmat2_kernel(dev, kernel, D, tiles=sgmat_tiles), res,
+                rec.dispatch(_sgmat2_kernel(dev, kernel, D, tiles=sgmat_tiles,
+                                            f16_inputs=f16_in), res,
                              grid2d(dev, op, rows, ceil_div(T, SGMAT_ROWS)),
                              label=SGMAT2_KERNELS[kernel])
             if dv_out is not dv:
                 copy_kv(rec, dv_out, dv, B, T, Hkv, D, strides[1])
             return
         name = SGMAT_KERNELS["dq"]
-        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)),
-                     [q, k, v, do, lse, dvec, dq, params],
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D, f16_in)),
+                     [q, k, v, do_in, lse, dvec, dq, params],
                      grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)), label=name)
         name = SGMAT_KERNELS["dkv"]
-        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D)),
-                     [q, k, v, do, lse, dvec, dk, dv_out, params],
+        rec.dispatch(dev.kernel(FILE_SGMAT, name, {}, sgmat_params(D, f16_in)),
+                     [q, k, v, do_in, lse, dvec, dk, dv_out, params],
                      grid2d(dev, op, B * Hkv, ceil_div(T, SGMAT_ROWS)), label=name)
         if dv_out is not dv:
             copy_kv(rec, dv_out, dv, B, T, Hkv, D, strides[1])

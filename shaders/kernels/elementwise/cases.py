@@ -166,6 +166,7 @@ COPY_HEADS = {"to_head_major": (2, 37, 3, 16, "fused", "head_major", 0),
               "from_head_major": (3, 5, 2, 8, "head_major", "fused", 64),
               "scalar": (2, 9, 3, 6, "rows", "head_major", 0),
               "one": (1, 1, 1, 1, "rows", "rows", 0),
+              "special": (2, 6, 2, 8, "fused", "head_major", 0),   # large values, NaN, Inf
               "bench": (8, 1024, 12, 64, "fused", "head_major", 0)}
 
 
@@ -181,23 +182,30 @@ def _span(B, T, heads, D, s):
     return (B - 1) * s[2] + (T - 1) * s[0] + (heads - 1) * s[1] + D
 
 
-def _copy_heads_inputs(rng, variant):
+def _copy_heads_inputs(rng, variant, dtype=np.float32):
+    """x f32 and y (the elements outside the copy must stay) of dtype; y's offset is
+    256 bytes per 64 f32 elements (a storage binding offset must be a multiple of 256)."""
     B, T, heads, D, xl, yl, off = COPY_HEADS[variant]
     xs, ys = _head_strides(xl, T, heads, D), _head_strides(yl, T, heads, D)
-    return {"x": rng.standard_normal(_span(B, T, heads, D, xs)).astype(np.float32),
-            "y": rng.standard_normal(off + _span(B, T, heads, D, ys)).astype(np.float32),
+    off = off * 4 // np.dtype(dtype).itemsize
+    x = rng.standard_normal(_span(B, T, heads, D, xs)).astype(np.float32)
+    if variant == "special":  # past the f16 range (clamped there), at its edge, NaN, Inf
+        x[:10] = [np.nan, np.inf, -np.inf, 1e5, -1e5, 65504.0, 65519.0, 65520.0, -0.0, 1e-8]
+        x[10:] *= 3e4
+    return {"x": x, "y": rng.standard_normal(off + _span(B, T, heads, D, ys)).astype(dtype),
             "shape": (B, T, heads, D, xs, ys, off)}
 
 
 def _copy_heads_reference(inp):
     B, T, heads, D, xs, ys, off = inp["shape"]
     y = inp["y"].copy()
+    x = inp["x"] if y.dtype == np.float32 else reference.cast_f32_f16(inp)["y"]
     for b in range(B):
         for t in range(T):
             for h in range(heads):
                 src = b * xs[2] + t * xs[0] + h * xs[1]
                 dst = off + b * ys[2] + t * ys[0] + h * ys[1]
-                y[dst:dst + D] = inp["x"][src:src + D]
+                y[dst:dst + D] = x[src:src + D]
     return {"y": y}
 
 
@@ -205,7 +213,7 @@ def _copy_heads_launch(dev, inp):
     from . import ops as basic
     B, T, heads, D, xs, ys, off = inp["shape"]
     x, y = dev.upload(inp["x"]), dev.upload(inp["y"])
-    part = y.elements(off, y.nbytes // 4 - off)  # offsets are multiples of 64 floats
+    part = y.elements(off, inp["y"].size - off)  # offsets are multiples of 256 bytes
     return Launch(encode=lambda rec: basic.copy_heads(rec, x, part, B, T, heads, D, xs, ys),
                   read=lambda: {"y": dev.download(y)})
 
@@ -218,6 +226,16 @@ register(KernelCase(
     bytes=lambda inp: 8.0 * np.prod(inp["shape"][:4]), flops=lambda inp: 0.0,
     description="ops.copy_heads: [B, T, heads, D] between layouts (fused part <-> head-major; "
                 "vec4 and scalar kernels)"))
+
+# f16 y (the tensor-core attention's v): exactly numpy's rounding of the clamped f32 values
+register(KernelCase(
+    name="copy_heads_f16", family="elementwise", precision="exact",
+    kernels=[(FILE_VEC4, "copy_heads_vec4_f16")], requires=("shader-f16",),
+    inputs=lambda rng, variant: _copy_heads_inputs(rng, variant, np.float16),
+    launch=_copy_heads_launch, reference=_copy_heads_reference,
+    variants=("to_head_major", "from_head_major", "special"),
+    bytes=lambda inp: 6.0 * np.prod(inp["shape"][:4]), flops=lambda inp: 0.0,
+    description="ops.copy_heads into an f16 y (vec4 kernel; clamped to +-65504, NaN kept)"))
 
 
 # ---- reduce_rows: wg_sum then wg_max back to back ---------------------------------------

@@ -9,7 +9,11 @@
 //   copy_vec4x4        y[i] = x[i]
 //   copy_heads_vec4    copy_heads of infra.wgsl over vec4s, one per invocation (its own
 //                      HeadCopy uniform, counts and strides in vec4s)
-//   cast_f32_f16_vec4  y[i] = f16(clamp(x[i], -65504, 65504)); NaN stays NaN (needs shader-f16)
+//   copy_heads_vec4_f16  copy_heads_vec4 into an f16 y, converted as cast_f32_f16_vec4
+//                      (needs shader-f16): the tensor-core attention loads f16 tiles of v,
+//                      half the bytes of f32
+//   cast_f32_f16_vec4  y[i] = f16(clamp(x[i], -65504, 65504)), rounded to nearest; NaN stays
+//                      NaN (an overflow stays finite, not Inf) (needs shader-f16)
 //   cast_f16_f32_vec4  y[i] = f32(x[i]) (needs shader-f16)
 //
 // Bindings (group 0): read-only inputs, then read_write outputs, then the uniform Params
@@ -29,6 +33,42 @@ struct Params {
 
 fn first_vec4(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return workgroup_index(wg, nwg) * EW * VPT + lid;
+}
+
+// v clamped to the f16 range +-65504, NaN kept, for a conversion to f16 that keeps overflow
+// finite. NaN is tested on the bits: drivers may compile `v != v` as an ordered compare
+// (false for NaN) and clamp(NaN) is undefined; converting a NaN gives a NaN.
+fn f16_range(v: vec4<f32>) -> vec4<f32> {
+    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    return select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), v, nan);
+}
+
+// The uniform of the copy_heads kernels
+struct HeadCopy {
+    n: u32,        // rows * width
+    seq: u32,      // T
+    heads: u32,
+    width: u32,    // vec4s per head row
+    x_token: u32,  // strides of x and y in vec4s
+    x_head: u32,
+    x_batch: u32,
+    y_token: u32,
+    y_head: u32,
+    y_batch: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+// (x index, y index) of vec4 i < c.n of a copy_heads; i runs over (b, t, h, e) row-major
+fn head_copy_at(c: HeadCopy, i: u32) -> vec2<u32> {
+    let e = i % c.width;
+    let row = i / c.width;
+    let h = row % c.heads;
+    let bt = row / c.heads;
+    let t = bt % c.seq;
+    let b = bt / c.seq;
+    return vec2<u32>(b * c.x_batch + t * c.x_token + h * c.x_head + e,
+                     b * c.y_batch + t * c.y_token + h * c.y_head + e);
 }
 
 // --- KERNEL: fill_vec4 ---
@@ -91,20 +131,6 @@ fn copy_vec4x4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // --- KERNEL: copy_heads_vec4 ---
-struct HeadCopy {
-    n: u32,        // rows * width
-    seq: u32,      // T
-    heads: u32,
-    width: u32,    // vec4s per head row
-    x_token: u32,  // strides of x and y in vec4s
-    x_head: u32,
-    x_batch: u32,
-    y_token: u32,
-    y_head: u32,
-    y_batch: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
 @group(0) @binding(2) var<uniform> p: HeadCopy;
@@ -114,14 +140,23 @@ fn copy_heads_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
                    @builtin(local_invocation_index) lid: u32) {
     let i = workgroup_index(wg, nwg) * 256u + lid;
     if (i >= p.n) { return; }
-    let e = i % p.width;
-    let row = i / p.width;          // (b, t, h) row-major
-    let h = row % p.heads;
-    let bt = row / p.heads;
-    let t = bt % p.seq;
-    let b = bt / p.seq;
-    y[b * p.y_batch + t * p.y_token + h * p.y_head + e] =
-        x[b * p.x_batch + t * p.x_token + h * p.x_head + e];
+    let at = head_copy_at(p, i);
+    y[at.y] = x[at.x];
+}
+
+// --- KERNEL: copy_heads_vec4_f16 ---
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f16>>;
+@group(0) @binding(2) var<uniform> p: HeadCopy;
+
+@compute @workgroup_size(256)
+fn copy_heads_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let i = workgroup_index(wg, nwg) * 256u + lid;
+    if (i >= p.n) { return; }
+    let at = head_copy_at(p, i);
+    y[at.y] = vec4<f16>(f16_range(x[at.x]));
 }
 
 // --- KERNEL: cast_f32_f16_vec4 ---
@@ -136,13 +171,7 @@ fn cast_f32_f16_vec4(@builtin(workgroup_id) wg: vec3<u32>,
     let base = first_vec4(wg, nwg, lid);
     for (var k = 0u; k < VPT; k++) {
         let i = base + k * EW;
-        if (i < p.n) {
-            // NaN tested on the bits (see infra.wgsl); converting a NaN gives a NaN
-            let v = x[i];
-            let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-            let clamped = vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
-            y[i] = select(clamped, vec4<f16>(v), nan);
-        }
+        if (i < p.n) { y[i] = vec4<f16>(f16_range(x[i])); }
     }
 }
 

@@ -12,6 +12,10 @@
 All take Buffers or BufferViews of at least n elements (f32 unless named 16). When n is a
 multiple of 4 and the views are 16-byte aligned (f16: 8-byte) the vec4 kernels of
 infra_vec4.wgsl run (16 elements per invocation); otherwise those of infra.wgsl (one each).
+
+copy_heads also writes an f16 y (copy_heads_vec4_f16, vec4 layouts only, the device needs
+shader-f16), converted as cast_f32_f16: the tensor-core attention loads f16 tiles of v, half
+the bytes.
 """
 
 from __future__ import annotations
@@ -88,7 +92,9 @@ def copy_heads(rec, x, y, B: int, T: int, heads: int, D: int, x_strides, y_strid
     """y = x for a [B, T, heads, D] f32 tensor whose element (b, t, h, d) sits at
     b*batch + t*token + h*head + d in each, with (token, head, batch) = x_strides and
     y_strides: e.g. the v part of a fused qkv buffer into head-major [B, heads, T, D] rows.
-    vec4s when D, every stride and the views' offsets allow (16 bytes)."""
+    vec4s when D, every stride and the views' offsets allow (16 bytes). y may be f16
+    (rounded to nearest, clamped to +-65504, NaN kept): vec4 layouts only, on a device with
+    shader-f16."""
     op = "copy_heads"
     positive(op, B=B, T=T, heads=heads, D=D)
     spans = []
@@ -98,7 +104,7 @@ def copy_heads(rec, x, y, B: int, T: int, heads: int, D: int, x_strides, y_strid
                              "strides >= 0")
         spans.append((B - 1) * s[2] + (T - 1) * s[0] + (heads - 1) * s[1] + D)
     check(op, "x", x, spans[0])
-    check(op, "y", y, spans[1])
+    f16 = check(op, "y", y, spans[1], dtypes=(F32, F16)) == F16
     n = B * T * heads * D
     if max(spans + [n]) >= 1 << 32:
         raise ValueError(f"{op}: {n} elements spanning {max(spans)} exceed the kernel's 32-bit "
@@ -106,11 +112,23 @@ def copy_heads(rec, x, y, B: int, T: int, heads: int, D: int, x_strides, y_strid
     dev = rec.device
     vec = (D % 4 == 0 and all(int(v) % 4 == 0 for v in (*x_strides, *y_strides))
            and all(getattr(r, "offset", 0) % 16 == 0 for r in (x, y)))
+    name = "copy_heads_vec4" if vec else "copy_heads"
+    if f16:
+        if not vec:
+            offsets = [getattr(r, "offset", 0) for r in (x, y)]
+            raise ValueError(
+                f"{op}: an f16 y is written by the vec4 kernel only, which needs D % 4 == 0 "
+                f"(D = {D}), every stride a multiple of 4 (x {tuple(x_strides)}, y "
+                f"{tuple(y_strides)}) and 16-byte-aligned views (x, y at byte offsets "
+                f"{offsets}); use an f32 y for other layouts")
+        if not dev.has("shader-f16"):
+            raise ValueError(f"{op}: an f16 y needs a device with shader-f16; {dev.name} "
+                             "lacks it: use an f32 y")
+        name += "_f16"
     unit = 4 if vec else 1
     xs = [int(v) // unit for v in x_strides]
     ys = [int(v) // unit for v in y_strides]
     params = dev.params("I" * 12, n // unit, T, heads, D // unit, *xs, *ys, 0, 0)
-    name = "copy_heads_vec4" if vec else "copy_heads"
     rec.dispatch(dev.kernel(FILE_VEC4 if vec else FILE, name), [x, y, params],
                  ceil_div(n // unit, EW), label=name)
 

@@ -8,18 +8,24 @@
 //   rope, rope_vec4           in place (y is x)
 //   rope_out, rope_vec4_out   x (read) -> y (written), each in its own layout: e.g. q from
 //                             its part of the fused qkv rows into head-major [B, H, T, D]
+//   rope_vec4_out_f16         rope_vec4_out with y f16 (needs shader-f16): the tensor-core
+//                             attention loads f16 tiles of q and k, half the bytes of f32.
+//                             Computed in f32 and converted once at the store, rounding to
+//                             nearest; beyond the f16 range it clamps to +-65504 (as the
+//                             cast_f32_f16 kernels: an overflow stays finite, not Inf) and
+//                             NaN stays NaN
 //
-// Layouts: x and y f32, element (b, t, h, d) at b*batch + t*token + h*head + d with their own
-// (token, head, batch) strides: [B, T, H, D] contiguous (token H*D, head D), the q/k part of a
-// fused [B, T, (H+2Hkv)*D] buffer (token (H+2Hkv)*D; bind a view that starts at the part), or
-// head-major [B, H, T, D] (token D, head T*D). table f32[T_max, D/2, 2] holding (cos, sin)
-// pairs (ops.py: rope_table).
+// Layouts: x f32 and y f32 (f16 in rope_vec4_out_f16), element (b, t, h, d) at
+// b*batch + t*token + h*head + d with their own (token, head, batch) strides: [B, T, H, D]
+// contiguous (token H*D, head D), the q/k part of a fused [B, T, (H+2Hkv)*D] buffer (token
+// (H+2Hkv)*D; bind a view that starts at the part), or head-major [B, H, T, D] (token D,
+// head T*D). table f32[T_max, D/2, 2] holding (cos, sin) pairs (ops.py: rope_table).
 //
 // The vec4 kernels rotate four consecutive pairs per invocation with vec4 loads and stores
 // of x, y and the table (need D % 8 == 0, every stride % 4 == 0 and 16-byte-aligned views).
 //
 // Bindings (group 0): 0 table (read), 1 x (read_write in place, read otherwise),
-// [2 y (read_write),] then Params.
+// [2 y (read_write; array<vec4<f16>> in rope_vec4_out_f16),] then Params.
 // Dispatch: ceil(B*T*H*(D/2) / 256) workgroups of 256 (vec4: ceil(B*T*H*(D/8) / 256))
 // folded into 2-D beyond 65,535; one invocation per rotated pair (vec4: per 4 pairs).
 
@@ -65,6 +71,14 @@ fn y_row(token: u32, h: u32) -> u32 {
 
 // The position whose angles rotate `token`; the table rows are D/2 (cos, sin) pairs.
 fn position(token: u32) -> u32 { return token % p.seq + p.pos_offset; }
+
+// v clamped to the f16 range +-65504, NaN kept, for rope_vec4_out_f16's conversion (as
+// infra_vec4.wgsl's cast): NaN is tested on the bits, since drivers may compile `v != v` as
+// an ordered compare (false for NaN) and clamp(NaN) is undefined; converting NaN gives NaN.
+fn f16_range(v: vec4<f32>) -> vec4<f32> {
+    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    return select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), v, nan);
+}
 
 // cos and sign * sin of four pairs from two vec4 table entries of (c, s, c, s)
 fn angles4(t0: vec4<f32>, t1: vec4<f32>) -> array<vec4<f32>, 2> {
@@ -154,4 +168,28 @@ fn rope_vec4_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let b = xs[src + half4];
     ys[dst] = a * cs[0] - b * cs[1];
     ys[dst + half4] = b * cs[0] + a * cs[1];
+}
+
+// --- KERNEL: rope_vec4_out_f16 ---
+@group(0) @binding(0) var<storage, read> table: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> xs: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> ys: array<vec4<f16>>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(EW)
+fn rope_vec4_out_f16(@builtin(workgroup_id) wg: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let g = workgroup_index(wg, nwg) * EW + lid;
+    let half4 = p.half / 4u;
+    if (g >= p.tokens * p.heads * half4) { return; }
+    let it = item(g, half4);
+    let at = (position(it.token) * p.half) / 2u + 2u * it.i;
+    let cs = angles4(table[at], table[at + 1u]);
+    let src = x_row(it.token, it.h) / 4u + it.i;
+    let dst = y_row(it.token, it.h) / 4u + it.i;
+    let a = xs[src];
+    let b = xs[src + half4];
+    ys[dst] = vec4<f16>(f16_range(a * cs[0] - b * cs[1]));
+    ys[dst + half4] = vec4<f16>(f16_range(b * cs[0] + a * cs[1]));
 }

@@ -100,10 +100,14 @@ def make_out_inputs(rng, variant):
 
 
 def out_reference(inp, sign):
+    """x unchanged, y with the rotated values in place: f32, or for an f16 y the float64
+    result rounded once to f16, clamped to +-65504 as the kernel."""
     B, T, H, D = inp["B"], inp["T"], inp["H"], inp["D"]
     x = inp["x"][_positions(B, T, H, D, inp["xs"])].reshape(B, T, H * D)
     y = f64(inp["y"]).copy()
     y[_positions(B, T, H, D, inp["ys"])] = rotate(inp, x, sign).reshape(B, T, H, D)
+    if inp["y"].dtype == np.float16:
+        return {"x": inp["x"], "y": np.clip(y, -65504.0, 65504.0).astype(np.float16)}
     return {"x": inp["x"], "y": y.astype(np.float32)}
 
 
@@ -127,6 +131,41 @@ for direction, sign in (("forward", 1.0), ("backward", -1.0)):
         bytes=lambda inp: 2 * 4 * inp["B"] * inp["T"] * inp["H"] * inp["D"]
         + 4 * inp["T"] * inp["D"],
         description=f"rotate-half RoPE {direction} into another layout (x read only)"))
+
+
+# ---- f16 out: the trainer's q and k for the tensor-core attention (f16 tiles) --------
+# (B, T, H, D, pos_offset, sign, scale): fused rows of 3 H D in, head-major f16 out (vec4
+# kernel only: D % 8 == 0); scale 5e4 pushes rotated values past 65504, where they clamp.
+F16_SHAPES = {"forward": (2, 5, 2, 16, 0, 1.0, 1.0), "backward": (2, 5, 2, 16, 0, -1.0, 1.0),
+              "forward_offset": (3, 4, 2, 8, 3, 1.0, 1.0),
+              "backward_offset": (3, 4, 2, 8, 3, -1.0, 1.0),
+              "overflow": (2, 6, 2, 8, 0, 1.0, 5e4), "bench": (8, 1024, 12, 64, 0, 1.0, 1.0)}
+
+
+def make_f16_inputs(rng, variant):
+    B, T, H, D, offset, sign, scale = F16_SHAPES[variant]
+    xs, ys = _layout_strides("fused", T, H, D), _layout_strides("head_major", T, H, D)
+    return {"B": B, "T": T, "H": H, "D": D, "offset": offset, "sign": sign, "xs": xs, "ys": ys,
+            "x": (scale * rng.standard_normal(_span(B, T, H, D, xs))).astype(np.float32),
+            "y": rng.standard_normal(_span(B, T, H, D, ys)).astype(np.float16),
+            "table": rope.rope_table(offset + T + 3, D)}
+
+
+register(KernelCase(
+    name="rope_out_f16", family="rope", precision="f16",
+    # within f16 rounding: f32 math then one rounding may land one f16 ulp (2^-10 relative)
+    # from the float64 result rounded once
+    thresholds={"max_rel": 2.0 ** -10},
+    kernels=[(rope.FILE, "rope_vec4_out_f16")], requires=("shader-f16",),
+    inputs=make_f16_inputs, launch=lambda dev, inp: make_out_launch(dev, inp, inp["sign"]),
+    reference=lambda inp: out_reference(inp, inp["sign"]),
+    variants=("forward", "backward", "forward_offset", "backward_offset", "overflow"),
+    bench_variant_software="bench",
+    flops=lambda inp: 3.0 * inp["B"] * inp["T"] * inp["H"] * inp["D"],
+    bytes=lambda inp: (4 + 2) * inp["B"] * inp["T"] * inp["H"] * inp["D"]
+    + 4 * inp["T"] * inp["D"],
+    description="rotate-half RoPE forward/backward from fused rows into head-major f16 "
+                "(the tensor-core attention's q and k)"))
 
 
 for direction, sign in (("forward", 1.0), ("backward", -1.0)):

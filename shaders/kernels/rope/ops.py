@@ -21,13 +21,18 @@ uploaded; build the PyTorch reference from the same table for bit-level parity.
 Four pairs per invocation with vec4 loads (rope_vec4, rope_vec4_out) when D % 8 == 0, every
 stride is a multiple of 4 and the views are 16-byte aligned; one pair per invocation
 otherwise.
+
+`out` may be f16 (rope_vec4_out_f16, vec4 layouts only, the device needs shader-f16): the
+tensor-core attention loads f16 tiles of q and k, half the bytes. The rotation is computed
+in f32 and rounded to nearest once at the store; values beyond the f16 range clamp to
++-65504 (as basic.cast_f32_f16) and NaN stays NaN. x and the in-place rope stay f32.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..op_support import ceil_div, check, positive
+from ..op_support import F16, F32, ceil_div, check, dtype_of, positive
 
 FILE = "04_rope.wgsl"
 EW = 256
@@ -67,12 +72,16 @@ def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op, strides
     if D % 2:
         raise ValueError(f"{op}: head dim D must be even, got {D}")
     xs = _strides(op, "x", T, H, D, token_stride, strides)
+    if dtype_of(x) != F32:
+        raise ValueError(f"{op}: x has dtype {dtype_of(x)}; x is read (and rotated in place) "
+                         "as f32: pass an f32 x (only `out` may be f16)")
     check(op, "x", x, _span(B, T, H, D, xs))
     check(op, "table", table, (pos_offset + T) * D)
     ys = xs if out_strides is None else _strides(op, "out", T, H, D, None, out_strides)
     views = [x, table]
+    f16 = False
     if out is not None:
-        check(op, "out", out, _span(B, T, H, D, ys))
+        f16 = check(op, "out", out, _span(B, T, H, D, ys), dtypes=(F32, F16)) == F16
         views.append(out)
     elif out_strides is not None:
         raise ValueError(f"{op}: out_strides without out")
@@ -80,6 +89,18 @@ def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op, strides
     vec = (D % 8 == 0 and all(v % 4 == 0 for v in xs + ys)
            and all(getattr(v, "offset", 0) % 16 == 0 for v in views))
     name = ("rope_vec4" if vec else "rope") + ("_out" if out is not None else "")
+    if f16:
+        if not vec:
+            offsets = [getattr(v, "offset", 0) for v in views]
+            raise ValueError(
+                f"{op}: an f16 out is written by the vec4 kernel only, which needs D % 8 == 0 "
+                f"(D = {D}), every x and out stride a multiple of 4 (x {xs}, out {ys}) and "
+                f"16-byte-aligned views (x, table, out at byte offsets {offsets}); use an "
+                "f32 out for other layouts")
+        if not dev.has("shader-f16"):
+            raise ValueError(f"{op}: an f16 out needs a device with shader-f16; {dev.name} "
+                             "lacks it: use an f32 out")
+        name += "_f16"
     params = dev.params("IIIIIfIIIIII", B * T, T, H, D // 2, int(pos_offset), float(sign),
                         *xs, *ys)
     pairs_per_invocation = 4 if vec else 1
@@ -91,7 +112,7 @@ def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op, strides
 def forward(rec, x, table, B: int, T: int, H: int, D: int, *, token_stride: int | None = None,
             pos_offset: int = 0, strides=None, out=None, out_strides=None) -> None:
     """Rotate x[B, T, H, D] by the angles of positions pos_offset + t: in place, or into
-    `out` (laid out by `out_strides`, default x's) with x unchanged."""
+    `out` (f32 or f16, laid out by `out_strides`, default x's) with x unchanged."""
     _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, 1.0, "rope.forward", strides,
           out, out_strides)
 
