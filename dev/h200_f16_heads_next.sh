@@ -3,7 +3,7 @@
 # attention loads: half the bytes). One device call, ~8 minutes, Dawn, robustness off (the
 # trainer's default).
 #
-#   bash dev/h200_f16_heads_next.sh OUTDIR      (on the GPU machine)
+#   bash dev/h200_f16_heads_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   ladder    the f16-input attention rungs, the trainer's f32-input pair beside them, and
 #             the f16 outputs of RoPE and copy_heads that fill the copies
@@ -19,16 +19,19 @@ mkdir -p "$out"
 py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
-step ladder 200 "$py" -m istanbul kernels check --json "$out/ladder.json" \
+shift
+want=" ${*:-ladder ablation pytest parity train} "
+wanted() { [[ "$want" == *" $1 "* ]]; }
+wanted ladder && step ladder 200 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel attention_forward_sgmat_f16in \
     --kernel attention_backward_sgmat_f16in --kernel attention_backward_sgmat2_staged \
     --kernel attention_backward_sgmat2_staged_f16in --kernel attention_backward_sgmat2_small_f16in \
     --kernel rope --kernel copy_heads
-step ablation 150 "$py" dev/attention_ablation.py --out "$out" --variants base,f16_in
-step pytest 200 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
+wanted ablation && step ablation 150 "$py" dev/attention_ablation.py --out "$out" --variants base,f16_in
+wanted pytest && step pytest 200 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
     tests/test_train_f16.py tests/test_model_parity.py
-step parity 150 "$py" bench/train_parity.py --out "$out/parity" --precisions f16 \
+wanted parity && step parity 150 "$py" bench/train_parity.py --out "$out/parity" --precisions f16 \
     --torch-modes fp16 --vocab-file .device/vocab/gpt2.tiktoken
-step train 240 "$py" bench/train.py --out "$out/train" --models 124m --precision f16 \
+wanted train && step train 240 "$py" bench/train.py --out "$out/train" --models 124m --precision f16 \
     --steps 5 --warmup 2
 exit "$failed"
