@@ -22,7 +22,9 @@ with one part removed:
                 rows contiguous, what an f32 copy in that layout would read)
     f16_in      the shipped files given f16 q, k, v (the trainer's f16 head-major copies;
                 the backward's prep writes do16): what the f16_loads ablation of session
-                19 estimated (dev/RESULTS.md), now real and checked by the ladder
+                19 estimated (dev/RESULTS.md), now real and checked by the ladder; the
+                tiles' f16 rows read as their bits (vec2<u32>, ops.SGMAT_F16_LOADS "bits")
+    f16_in_vec4 the same with the f16 rows read as vec4<f16> (SGMAT_F16_LOADS "vec4")
     before      (--before DIR) the two files as found in DIR: an earlier version, timed in
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
@@ -52,7 +54,7 @@ from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
 B, T, H, HKV, D = 8, 1024, 12, 12, 64
 FILES = (attention.FILE_SGMAT, attention.FILE_SGMAT2)
 MMA = re.compile(r"(\w+(?:\[[^\]]+\])?) = subgroupMatrixMultiplyAccumulate\([^;]*\);")
-GLOBAL = re.compile(r"vec4<f16>\((?:vec4<f32>\()?(k_in|v_in|q_in|do_in)\[[^;]*\);")
+GLOBAL = re.compile(r"(?:narrow\(|vec4<f16>\(widen\()(k_in|v_in|q_in|do_in)\[[^;]*\);")
 ROW_LOAD = re.compile(r"(k_in|v_in|q_in|do_in)\[(?:kv_row|q_row|o_row)\(b, ([^,]+), [^\]]*?\) "
                       r"\+ i % H4\]")
 
@@ -69,7 +71,7 @@ def ablate(name: str, text: str) -> str:
     if name == "no_global":
         # the binding stays in use (an unused one leaves the pipeline's layout), read at 8
         # addresses that stay in cache
-        return GLOBAL.sub(lambda m: f"vec4<f16>({m.group(1)}[lid & 7u]);", text)
+        return GLOBAL.sub(lambda m: f"narrow({m.group(1)}[lid & 7u]);", text)
     if name == "contiguous":
         # the same bytes per tile, as if each (batch, head) had its rows of HD contiguous
         # ([B, H, T, D]) instead of every head row at the fused qkv rows' stride
@@ -79,8 +81,9 @@ def ablate(name: str, text: str) -> str:
 
 
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
-            "before", "qdown")
-KNOBS = {"qdown": ("SGMAT2_QORDER", "down")}   # variants that set an ops.py knob, not the text
+            "f16_in_vec4", "before", "qdown")
+# variants that set an ops.py knob, not the text
+KNOBS = {"qdown": ("SGMAT2_QORDER", "down"), "f16_in_vec4": ("SGMAT_F16_LOADS", "vec4")}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 
@@ -103,7 +106,7 @@ def main():
         raise SystemExit("the `before` variant needs --before DIR")
     if "contiguous" in variants and args.layout != "fused":
         raise SystemExit("the `contiguous` variant is a --layout fused experiment")
-    if "f16_in" in variants and args.layout != "head-major":
+    if any(v.startswith("f16_in") for v in variants) and args.layout != "head-major":
         raise SystemExit("the `f16_in` variant is a --layout head-major experiment")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,11 +151,11 @@ def main():
                    "kv_stride": attention.head_major(T, HKV, D)}
         dq, dk, dv = dev.zeros((B, H, T, D)), dev.zeros((B, HKV, T, D)), dev.zeros((B, HKV, T, D))
     inputs = {"f32": (q, k, v)}
-    if "f16_in" in variants:
+    if any(v.startswith("f16_in") for v in variants):
         inputs["f16"] = tuple(dev.upload(dev.download(x), dtype=np.float16) for x in (q, k, v))
 
     def step(rec):
-        qkv = inputs["f16" if current["variant"] == "f16_in" else "f32"]
+        qkv = inputs["f16" if current["variant"].startswith("f16_in") else "f32"]
         attention.forward(rec, *qkv, o, lse, B, T, H, HKV, D, config="sgmat", **strides)
         attention.backward(rec, *qkv, o, do, lse, dq, dk, dv, B, T, H, HKV, D,
                            tensor_cores=True, **strides)

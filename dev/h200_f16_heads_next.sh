@@ -27,7 +27,7 @@ wanted ladder && step ladder 200 "$py" -m istanbul kernels check --json "$out/la
     --kernel attention_backward_sgmat_f16in --kernel attention_backward_sgmat2_staged \
     --kernel attention_backward_sgmat2_staged_f16in --kernel attention_backward_sgmat2_small_f16in \
     --kernel rope --kernel copy_heads
-wanted ablation && step ablation 150 "$py" dev/attention_ablation.py --out "$out" --variants base,f16_in
+wanted ablation && step ablation 150 "$py" dev/attention_ablation.py --out "$out" --variants base,f16_in,f16_in_vec4
 wanted pytest && step pytest 200 "$py" -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
     tests/test_train_f16.py tests/test_model_parity.py
 wanted parity && step parity 150 "$py" bench/train_parity.py --out "$out/parity" --precisions f16 \

@@ -289,16 +289,27 @@ def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monk
                            np.float16), lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
 
 
-def test_f16_operand_kernels_differ_only_in_their_input_type():
-    """IN=f16 changes the q, k, v, do bindings' element type and nothing else of a kernel
-    (loads widen with vec4<f32>(...) / vec4<f16>(...), identities for matching types)."""
+@pytest.mark.parametrize("loads", attention.SGMAT_F16_LOAD_KINDS)
+def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads):
+    """f16 inputs change the q, k, v, do bindings' element type and the two functions that
+    read them (widen, narrow), nothing else of a kernel; "bits" reads 8-byte vec2<u32>
+    elements and bitcasts them."""
     import re
+    monkeypatch.setattr(attention, "SGMAT_F16_LOADS", loads)
+    elem = {"bits": "vec2<u32>", "vec4": "vec4<f16>"}[loads]
+
+    def normalised(code, elem):
+        code = re.sub(r"^fn (widen|narrow)\(.*$", "", code, flags=re.M)
+        return re.sub(r"((?:q|k|v|do)_in): array<" + re.escape(elem) + ">;", r"\1: ROW;", code)
     for kernel in ("forward", "dq", "dkv"):
         f32 = _sgmat2_code(64, {}, {}, kernel)
         f16 = _sgmat2_code(64, {"f16_inputs": True}, {}, kernel)
-        assert f32 != f16
-        assert re.sub(r"array<vec4<f16>>;", "array<vec4<f32>>;", f16) == f32, kernel
-        assert "var<storage, read> q_in: array<vec4<f16>>;" in f16
+        assert f32 != f16 and f"var<storage, read> q_in: array<{elem}>;" in f16
+        assert normalised(f16, elem) == normalised(f32, "vec4<f32>"), kernel
+        assert ("bitcast<vec4<f16>>(x)" in f16) == (loads == "bits")
+    monkeypatch.setattr(attention, "SGMAT_F16_LOADS", "words")
+    with pytest.raises(ValueError, match="SGMAT_F16_LOADS"):
+        attention.sgmat_params(64, f16_inputs=True)
 
 
 # ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):
@@ -362,7 +373,8 @@ def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
                  "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False,
-                 "IN": "f32"}
+                 "IN4": "vec4<f32>", "F16_BITS": False}
+    assert attention.SGMAT_F16_LOADS == "bits"
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)

@@ -24,9 +24,10 @@
 // subgroup matrix cannot be rescaled row by row) and write p (or ds) back as f16 for the
 // next product. Forward: BQ 64 queries x BKV 64 keys; dq: 64 x 32; dkv: 64 keys x 32
 // queries. Results leave through Ss, 16 x 16 at a time.
-// A template (shaders/wgsl_expand.py): HD (head dim, a multiple of 16, <= 64); IN, the
-// element type of q, k, v and do in storage: f32, or f16 (the trainer's f16 head-major
-// copies: half the bytes; q is widened and pre-scaled in f32, then rounded again).
+// A template (shaders/wgsl_expand.py): HD (head dim, a multiple of 16, <= 64); IN4 and
+// F16_BITS, how q, k, v and do are stored: vec4<f32> rows, or f16 (the trainer's f16
+// head-major copies: half the bytes; q is widened and pre-scaled in f32, then rounded
+// again), read as vec4<f16> or, F16_BITS, as their bits (vec2<u32>).
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -65,6 +66,16 @@ struct Params {
     _pad1: u32,
 }
 
+// A row's 4 elements from q_in, k_in, v_in or do_in (IN4: vec4<f32>, or f16 in storage read
+// as their bits, vec2<u32>: 8-byte loads; see ops.SGMAT_F16_LOADS) widened to f32 or as f16.
+// @if F16_BITS
+fn widen(x: vec2<u32>) -> vec4<f32> { return vec4<f32>(bitcast<vec4<f16>>(x)); }
+fn narrow(x: vec2<u32>) -> vec4<f16> { return bitcast<vec4<f16>>(x); }
+// @else
+fn widen(x: {{IN4}}) -> vec4<f32> { return vec4<f32>(x); }
+fn narrow(x: {{IN4}}) -> vec4<f16> { return vec4<f16>(x); }
+// @endif
+
 // vec4 indices of the first element of a head row
 fn q_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bq + t * p.sq + h * p.hq) / 4u; }
 fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return (b * p.bkv + t * p.skv + hk * p.hkv) / 4u; }
@@ -72,9 +83,9 @@ fn o_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bo + t * p.so + h * p.ho
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
 // --- KERNEL: attention_forward_sgmat ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
 @group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
@@ -119,7 +130,7 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
+        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPF + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -145,8 +156,8 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
         kr[t] = vec4<f16>();
         vr[t] = vec4<f16>();
         if (n < p.seq) {
-            kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
-            vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+            kr[t] = narrow(k_in[kv_row(b, n, hk) + i % H4]);
+            vr[t] = narrow(v_in[kv_row(b, n, hk) + i % H4]);
         }
     }
     for (var kt = 0u; kt <= last; kt++) {
@@ -165,8 +176,8 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
                 kr[t] = vec4<f16>();
                 vr[t] = vec4<f16>();
                 if (n < p.seq) {
-                    kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
-                    vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+                    kr[t] = narrow(k_in[kv_row(b, n, hk) + i % H4]);
+                    vr[t] = narrow(v_in[kv_row(b, n, hk) + i % H4]);
                 }
             }
         }
@@ -238,10 +249,10 @@ fn attention_forward_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dq_sgmat ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
@@ -279,7 +290,7 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
+        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -291,7 +302,7 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(do_in[o_row(b, q0 + r, h) + i % H4]); }
+        if (q0 + r < p.seq) { v = widen(do_in[o_row(b, q0 + r, h) + i % H4]); }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -318,8 +329,8 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
             var kv = vec4<f32>();
             var vv = vec4<f32>();
             if (k0 + n < p.seq) {
-                kv = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]);
-                vv = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]);
+                kv = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]);
+                vv = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]);
             }
             put4(n * SH + 4u * (i % H4), kv, 1u);
             put4(n * SH + 4u * (i % H4), vv, 2u);
@@ -376,10 +387,10 @@ fn attention_backward_dq_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dkv_sgmat ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
@@ -419,7 +430,7 @@ fn attention_backward_dkv_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        if (k0 + n < p.seq) { v = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -431,7 +442,7 @@ fn attention_backward_dkv_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        if (k0 + n < p.seq) { v = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -456,8 +467,8 @@ fn attention_backward_dkv_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
                 var qv = vec4<f32>();
                 var dv4 = vec4<f32>();
                 if (q0 + n < p.seq) {
-                    qv = vec4<f32>(q_in[q_row(b, q0 + n, h) + i % H4]) * qscale;
-                    dv4 = vec4<f32>(do_in[o_row(b, q0 + n, h) + i % H4]);
+                    qv = widen(q_in[q_row(b, q0 + n, h) + i % H4]) * qscale;
+                    dv4 = widen(do_in[o_row(b, q0 + n, h) + i % H4]);
                 }
                 put4(n * SH + 4u * (i % H4), qv, 1u);
                 put4(n * SH + 4u * (i % H4), dv4, 2u);

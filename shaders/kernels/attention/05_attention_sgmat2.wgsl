@@ -51,10 +51,10 @@
 //   Q_DESC   dK/dV visits its query tiles from the last down, not from the diagonal up (an L2
 //            candidate, unmeasured on the H200; ops.SGMAT2_QORDER picks)
 //
-//   IN       the element type of q, k, v and do in storage: f32, or f16 (the trainer's
-//            f16 head-major copies: half the bytes of every tile load; q is widened and
-//            pre-scaled in f32, then rounded again; k, v and do are the values the f32
-//            path rounds to)
+//   IN4, F16_BITS  how q, k, v and do are stored: vec4<f32> rows, or f16 (the trainer's f16
+//            head-major copies: half the bytes of every tile load), read as vec4<f16> or,
+//            F16_BITS, as their bits (vec2<u32>); q is widened and pre-scaled in f32, then
+//            rounded again; k, v and do are the values the f32 path rounds to
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -97,6 +97,16 @@ struct Params {
     _pad1: u32,
 }
 
+// A row's 4 elements from q_in, k_in, v_in or do_in (IN4: vec4<f32>, or f16 in storage read
+// as their bits, vec2<u32>: 8-byte loads; see ops.SGMAT_F16_LOADS) widened to f32 or as f16.
+// @if F16_BITS
+fn widen(x: vec2<u32>) -> vec4<f32> { return vec4<f32>(bitcast<vec4<f16>>(x)); }
+fn narrow(x: vec2<u32>) -> vec4<f16> { return bitcast<vec4<f16>>(x); }
+// @else
+fn widen(x: {{IN4}}) -> vec4<f32> { return vec4<f32>(x); }
+fn narrow(x: {{IN4}}) -> vec4<f16> { return vec4<f16>(x); }
+// @endif
+
 // vec4 indices of the first element of a head row
 fn q_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bq + t * p.sq + h * p.hq) / 4u; }
 fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return (b * p.bkv + t * p.skv + hk * p.hkv) / 4u; }
@@ -104,9 +114,9 @@ fn o_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bo + t * p.so + h * p.ho
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
 
 // --- KERNEL: attention_forward_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
 @group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
@@ -144,7 +154,7 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
+        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPF + 4u * (i % H4), v, 0u);
     }
     if (lid == 0u) { flag = 0u; }           // zero-initialised anyway; not relied upon
@@ -178,8 +188,8 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             var kv = vec4<f32>();
             var vv = vec4<f32>();
             if (k0 + n < p.seq) {
-                kv = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]);
-                vv = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]);
+                kv = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]);
+                vv = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]);
             }
             put4(n * SH + 4u * (i % H4), kv, 1u);
             put4(n * SH + 4u * (i % H4), vv, 2u);
@@ -286,10 +296,10 @@ fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dq_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
@@ -336,7 +346,7 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
+        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -348,7 +358,7 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let r = i / H4;
         var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = vec4<f32>(do_in[o_row(b, q0 + r, h) + i % H4]); }
+        if (q0 + r < p.seq) { v = widen(do_in[o_row(b, q0 + r, h) + i % H4]); }
         put4(r * SPQ + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -383,8 +393,8 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 127u) / 128u; t++) {   // @unroll
         let i = lid + t * WG;
         if (i < {{BK}}u * H4 && i / H4 < p.seq) {
-            kr[t] = vec4<f16>(k_in[kv_row(b, i / H4, hk) + i % H4]);
-            vr[t] = vec4<f16>(v_in[kv_row(b, i / H4, hk) + i % H4]);
+            kr[t] = narrow(k_in[kv_row(b, i / H4, hk) + i % H4]);
+            vr[t] = narrow(v_in[kv_row(b, i / H4, hk) + i % H4]);
         }
     }
     for (var kt = 0u; kt < nkt; kt++) {
@@ -405,8 +415,8 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                 kr[t] = vec4<f16>();
                 vr[t] = vec4<f16>();
                 if (i < {{BK}}u * H4 && n < p.seq) {
-                    kr[t] = vec4<f16>(k_in[kv_row(b, n, hk) + i % H4]);
-                    vr[t] = vec4<f16>(v_in[kv_row(b, n, hk) + i % H4]);
+                    kr[t] = narrow(k_in[kv_row(b, n, hk) + i % H4]);
+                    vr[t] = narrow(v_in[kv_row(b, n, hk) + i % H4]);
                 }
             }
         }
@@ -457,10 +467,10 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dkv_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<vec4<{{IN}}>>;
-@group(0) @binding(1) var<storage, read> k_in: array<vec4<{{IN}}>>;
-@group(0) @binding(2) var<storage, read> v_in: array<vec4<{{IN}}>>;
-@group(0) @binding(3) var<storage, read> do_in: array<vec4<{{IN}}>>;
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
 @group(0) @binding(4) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
@@ -517,7 +527,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = vec4<f32>(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        if (k0 + n < p.seq) { v = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -529,7 +539,7 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
     for (var i = lid; i < 64u * H4; i += WG) {
         let n = i / H4;
         var v = vec4<f32>();
-        if (k0 + n < p.seq) { v = vec4<f32>(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        if (k0 + n < p.seq) { v = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
         put4(n * SH + 4u * (i % H4), v, 0u);
     }
     workgroupBarrier();
@@ -573,8 +583,8 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             qr[t] = vec4<f16>();
             dr[t] = vec4<f16>();
             if (i < {{BQ2}}u * H4 && n < p.seq) {
-                qr[t] = vec4<f16>(vec4<f32>(q_in[q_row(b, n, hk * group) + i % H4]) * qscale);
-                dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group) + i % H4]);
+                qr[t] = vec4<f16>(widen(q_in[q_row(b, n, hk * group) + i % H4]) * qscale);
+                dr[t] = narrow(do_in[o_row(b, n, hk * group) + i % H4]);
             }
         }
         st = 0.0;
@@ -629,8 +639,8 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
                     qr[t] = vec4<f16>();
                     dr[t] = vec4<f16>();
                     if (i < {{BQ2}}u * H4 && n < p.seq) {
-                        qr[t] = vec4<f16>(vec4<f32>(q_in[q_row(b, n, hk * group + lg) + i % H4]) * qscale);
-                        dr[t] = vec4<f16>(do_in[o_row(b, n, hk * group + lg) + i % H4]);
+                        qr[t] = vec4<f16>(widen(q_in[q_row(b, n, hk * group + lg) + i % H4]) * qscale);
+                        dr[t] = narrow(do_in[o_row(b, n, hk * group + lg) + i % H4]);
                     }
                 }
                 st = 0.0;

@@ -136,10 +136,27 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
+# How the tensor-core kernels load f16 q, k, v, do (f16_inputs): "bits" (the bindings are
+# vec2<u32> arrays, each 8-byte element bitcast to vec4<f16>) or "vec4" (vec4<f16> arrays).
+# H200, 124M layer: ... (dev/RESULTS.md, session 20)
+SGMAT_F16_LOADS = "bits"
+SGMAT_F16_LOAD_KINDS = ("bits", "vec4")
+
+
+def input_params(f16_inputs: bool) -> dict:
+    """Template parameters of the q, k, v, do bindings (both tensor-core files)."""
+    if not f16_inputs:
+        return {"IN4": "vec4<f32>", "F16_BITS": False}
+    if SGMAT_F16_LOADS not in SGMAT_F16_LOAD_KINDS:
+        raise ValueError(f"SGMAT_F16_LOADS {SGMAT_F16_LOADS!r}: one of {SGMAT_F16_LOAD_KINDS}")
+    bits = SGMAT_F16_LOADS == "bits"
+    return {"IN4": "vec2<u32>" if bits else "vec4<f16>", "F16_BITS": bits}
+
+
 def sgmat_params(D: int, f16_inputs: bool = False) -> dict:
     """Template parameters of 05_attention_sgmat.wgsl for head dim D (f16_inputs: q, k, v
     and do stored as f16)."""
-    return {"HD": D, "DT": D // 16, "IN": "f16" if f16_inputs else "f32"}
+    return {"HD": D, "DT": D // 16, **input_params(f16_inputs)}
 
 
 def sgmat2_bytes(kernel: str, params: dict) -> int:
@@ -188,7 +205,7 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
            "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down",
-           "IN": "f16" if f16_inputs else "f32"}
+           **input_params(f16_inputs)}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
 
