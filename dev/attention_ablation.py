@@ -23,8 +23,8 @@ with one part removed:
     f16_in      the shipped files given f16 q, k, v (the trainer's f16 head-major copies;
                 the backward's prep writes do16): what the f16_loads ablation of session
                 19 estimated (dev/RESULTS.md), now real and checked by the ladder; the
-                tiles' f16 rows read as their bits (vec2<u32>, ops.SGMAT_F16_LOADS "bits")
-    f16_in_vec4 the same with the f16 rows read as vec4<f16> (SGMAT_F16_LOADS "vec4")
+                tiles' f16 rows read as their bits (vec2<u32>, $ISTANBUL_F16_READS "bits")
+    f16_in_vec4 the same with the f16 rows read as vec4<f16> ($ISTANBUL_F16_READS "vec4")
     before      (--before DIR) the two files as found in DIR: an earlier version, timed in
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 
 from istanbul.shaders import source  # noqa: E402
 from istanbul.shaders.engine import Device  # noqa: E402
+from istanbul.shaders.kernels import op_support  # noqa: E402
 from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
 
 B, T, H, HKV, D = 8, 1024, 12, 12, 64
@@ -83,7 +84,8 @@ def ablate(name: str, text: str) -> str:
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
             "f16_in_vec4", "before", "qdown")
 # variants that set an ops.py knob, not the text
-KNOBS = {"qdown": ("SGMAT2_QORDER", "down"), "f16_in_vec4": ("SGMAT_F16_LOADS", "vec4")}
+KNOBS = {"qdown": (attention, "SGMAT2_QORDER", "down"),
+         "f16_in_vec4": (op_support, "F16_READS_DEFAULT", "vec4")}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 
@@ -161,14 +163,14 @@ def main():
                            tensor_cores=True, **strides)
 
     kernels = {}
-    defaults = {attr: getattr(attention, attr) for attr, _ in KNOBS.values()}
+    defaults = {(module, attr): getattr(module, attr) for module, attr, _ in KNOBS.values()}
 
-    def use(name):   # the variant's source files and ops.py knobs
+    def use(name):   # the variant's source files and module knobs
         current["variant"] = name
-        for attr, value in defaults.items():
-            setattr(attention, attr, value)
+        for (module, attr), value in defaults.items():
+            setattr(module, attr, value)
         if name in KNOBS:
-            setattr(attention, *KNOBS[name])
+            setattr(*KNOBS[name])
 
     for name in variants:   # compile every variant first (each its own kernels)
         use(name)

@@ -289,13 +289,13 @@ def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monk
                            np.float16), lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
 
 
-@pytest.mark.parametrize("loads", attention.SGMAT_F16_LOAD_KINDS)
+@pytest.mark.parametrize("loads", ["bits", "vec4"])
 def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads):
     """f16 inputs change the q, k, v, do bindings' element type and the two functions that
     read them (widen, narrow), nothing else of a kernel; "bits" reads 8-byte vec2<u32>
     elements and bitcasts them."""
     import re
-    monkeypatch.setattr(attention, "SGMAT_F16_LOADS", loads)
+    monkeypatch.setenv("ISTANBUL_F16_READS", loads)
     elem = {"bits": "vec2<u32>", "vec4": "vec4<f16>"}[loads]
 
     def normalised(code, elem):
@@ -307,8 +307,8 @@ def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads)
         assert f32 != f16 and f"var<storage, read> q_in: array<{elem}>;" in f16
         assert normalised(f16, elem) == normalised(f32, "vec4<f32>"), kernel
         assert ("bitcast<vec4<f16>>(x)" in f16) == (loads == "bits")
-    monkeypatch.setattr(attention, "SGMAT_F16_LOADS", "words")
-    with pytest.raises(ValueError, match="SGMAT_F16_LOADS"):
+    monkeypatch.setenv("ISTANBUL_F16_READS", "words")
+    with pytest.raises(ValueError, match="ISTANBUL_F16_READS"):
         attention.sgmat_params(64, f16_inputs=True)
 
 
@@ -374,7 +374,8 @@ def test_sgmat2_defaults_are_the_reviewed_kernel():
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
                  "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False,
                  "IN4": "vec4<f32>", "F16_BITS": False}
-    assert attention.SGMAT_F16_LOADS == "bits"
+    from istanbul.shaders.kernels import op_support
+    assert op_support.F16_READS_DEFAULT == "bits"
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)

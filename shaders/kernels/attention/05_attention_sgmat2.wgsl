@@ -98,7 +98,7 @@ struct Params {
 }
 
 // A row's 4 elements from q_in, k_in, v_in or do_in (IN4: vec4<f32>, or f16 in storage read
-// as their bits, vec2<u32>: 8-byte loads; see ops.SGMAT_F16_LOADS) widened to f32 or as f16.
+// as their bits, vec2<u32>: 8-byte loads; op_support.f16_reads) widened to f32 or as f16.
 // @if F16_BITS
 fn widen(x: vec2<u32>) -> vec4<f32> { return vec4<f32>(bitcast<vec4<f16>>(x)); }
 fn narrow(x: vec2<u32>) -> vec4<f16> { return bitcast<vec4<f16>>(x); }

@@ -82,8 +82,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..elementwise import ops as basic
-from ..op_support import (F16, F32, ceil_div, check, dtype_of, grid2d, grid3d, has_tensor_cores,
-                          positive, scratch, workgroup_storage)
+from ..op_support import (F16, F32, ceil_div, check, dtype_of, f16_reads, grid2d, grid3d,
+                          has_tensor_cores, positive, scratch, workgroup_storage)
 from ...engine import views_overlap
 
 FILE = "05_attention.wgsl"
@@ -136,20 +136,12 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
-# How the tensor-core kernels load f16 q, k, v, do (f16_inputs): "bits" (the bindings are
-# vec2<u32> arrays, each 8-byte element bitcast to vec4<f16>) or "vec4" (vec4<f16> arrays).
-# H200, 124M layer: ... (dev/RESULTS.md, session 20)
-SGMAT_F16_LOADS = "bits"
-SGMAT_F16_LOAD_KINDS = ("bits", "vec4")
-
-
 def input_params(f16_inputs: bool) -> dict:
-    """Template parameters of the q, k, v, do bindings (both tensor-core files)."""
+    """Template parameters of the q, k, v, do bindings (both tensor-core files): vec4<f32>
+    rows, or f16 rows read as op_support.f16_reads() says."""
     if not f16_inputs:
         return {"IN4": "vec4<f32>", "F16_BITS": False}
-    if SGMAT_F16_LOADS not in SGMAT_F16_LOAD_KINDS:
-        raise ValueError(f"SGMAT_F16_LOADS {SGMAT_F16_LOADS!r}: one of {SGMAT_F16_LOAD_KINDS}")
-    bits = SGMAT_F16_LOADS == "bits"
+    bits = f16_reads() == "bits"
     return {"IN4": "vec2<u32>" if bits else "vec4<f16>", "F16_BITS": bits}
 
 

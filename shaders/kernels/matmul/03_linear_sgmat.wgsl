@@ -21,7 +21,9 @@
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
 // tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
 // (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows from it), CLAMP_A (the forward
-// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16).
+// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16), F16_ROW and F16_READ
+// (how f16 A and B rows are read from storage, op_support.f16_read_params: vec2<u32> bits
+// bitcast to vec4<f16>, or vec4<f16>), A_READ (F16_READ for A16, nothing for an f32 A).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -51,7 +53,7 @@
 // z * c_split; the partials are stored, mode 0).
 // Layout requirements as the tiled kernels: contiguous and leading dimensions multiples of
 // 4, operands 16-byte aligned (8-byte for f16 B).
-// Bindings (group 0): 0 A (read, vec4<f32>; vec4<f16> for _a16), 1 B (read, vec4<f32> or vec4<f16>), 2 R (read,
+// Bindings (group 0): 0 A (read, vec4<f32>; F16_ROW for _a16), 1 B (read, vec4<f32> or F16_ROW), 2 R (read,
 // vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
 // subgroupMatrixStore needs), 4 Params (uniform).
 // Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
@@ -104,11 +106,11 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     if (A_KMAJOR) {
         let k = k0 + i / (BM / 4u);
         let m = m0 + 4u * (i % (BM / 4u));
-        if (k < k_end && m < p.m) { v = a_in[(k * p.lda + m) / 4u]; }
+        if (k < k_end && m < p.m) { v = {{A_READ}}(a_in[(k * p.lda + m) / 4u]); }
     } else {
         let m = m0 + i / (BK / 4u);
         let k = k0 + 4u * (i % (BK / 4u));
-        if (m < p.m && k < k_end) { v = a_in[(m * p.lda + k) / 4u]; }
+        if (m < p.m && k < k_end) { v = {{A_READ}}(a_in[(m * p.lda + k) / 4u]); }
     }
 // @if CLAMP_A
     v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
@@ -394,7 +396,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -405,7 +407,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -417,7 +419,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -428,7 +430,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -439,7 +441,7 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -462,7 +464,7 @@ fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -485,7 +487,7 @@ fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_tn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -508,8 +510,8 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
-@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -520,7 +522,7 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -531,8 +533,8 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<vec4<f16>>;
-@group(0) @binding(1) var<storage, read> b_in: array<vec4<f16>>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -543,7 +545,7 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return b_in[i]; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
