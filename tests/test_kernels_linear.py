@@ -233,6 +233,30 @@ def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
     assert "var<storage, read> a_in: array<vec4<f16>>;" in code
 
 
+def test_tn_takes_an_f16_b_only_on_the_tensor_core_kernels(device, monkeypatch):
+    """dW = dy^T x with x an f16 activation (f16 precision): matmul_tn_w16_sgmat, tuned like
+    tn; anywhere else a clear error, never a silent f32 read of f16 bits."""
+    dy = device.upload(np.ones((64, 64), np.float32))
+    x16 = device.upload(np.ones((64, 64), np.float16))
+    out = device.zeros((64, 64))
+    for kwargs in ({}, {"tensor_cores": False}, {"tiles": (8, 8, 8)}):
+        with pytest.raises(ValueError, match="f16 B"):
+            with device.record() as rec:
+                linear.matmul_tn(rec, dy, x16, out, 64, 64, 64, **kwargs)
+    if not linear.has_tensor_cores(device):
+        with pytest.raises(ValueError, match="f16 B"):
+            with device.record() as rec:
+                linear.matmul_tn(rec, dy, x16, out, 64, 64, 64, tensor_cores=True)
+    monkeypatch.setattr(linear, "has_tensor_cores", lambda dev: True)
+    from istanbul.shaders import tuned_cache
+    keys = []
+    monkeypatch.setattr(tuned_cache, "lookup", lambda dev, op, key, shape: keys.append(key))
+    chosen = linear.plan(device, "tn", 64, 64, 64, b_dtype=np.float16,
+                         operands=(dy, x16, out), tensor_cores=True)
+    assert chosen.kernel == "matmul_tn_w16_sgmat"
+    assert keys == ["tn_sgmat"]   # the tn tuned configurations
+
+
 SGMAT_STUB_CONFIGS = ("sg2x2-t4x4-k32-p8-s1", "sg4x2-t4x4-k16-p8-s1-a2",
                       "sg4x4-t2x2-k16-p8-s8-a2-d", "sg4x2-t4x4-k32-p8-s1-b1",
                       "sg4x4-t2x2-k32-p8-s1-a2-d-b1")
@@ -255,7 +279,7 @@ def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(de
     from istanbul.shaders import source
     from tests.subgroup_matrix_stub import stub_subgroup_matrices
     wgsl = source.load_file(linear.FILE_SGMAT)
-    assert len(wgsl.kernels) == 10
+    assert len(wgsl.kernels) == 11
     for config in SGMAT_STUB_CONFIGS:
         cfg = linear.SgmatConfig.parse(config)
         for name in wgsl.kernels:

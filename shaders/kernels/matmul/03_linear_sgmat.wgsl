@@ -7,6 +7,7 @@
 //   matmul_tn_sgmat       C[M,N] = alpha * A[K,M]^T @ B[K,N]     (Linear dW = dy^T @ x)
 //   matmul_nt_w16_sgmat   as matmul_nt_sgmat, B the f16 weight mirror
 //   matmul_nn_w16_sgmat   as matmul_nn_sgmat, B the f16 weight mirror
+//   matmul_tn_w16_sgmat   as matmul_tn_sgmat, B an f16 activation (f16 precision's h, h2, s)
 //   matmul_<layout>_a16[_w16]_sgmat   the same with A in f16 (e.g. the LM head's dlogits,
 //                         which the cross-entropy writes in f16 for them): half A's bytes,
 //                         no rounding while staging
@@ -391,6 +392,30 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32,
                    @builtin(subgroup_id) sg: u32,
                    @builtin(subgroup_invocation_id) lane: u32) {
+    tile_body(wg, lid, sg, lane);
+}
+
+// --- KERNEL: matmul_tn_w16_sgmat ---
+// B in f16: the trainer's f16 activations (h, h2, s) in the weight gradients dW = dy^T x
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+// @if DIRECT
+@group(0) @binding(2) var<storage, read> residual: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
+// @else
+@group(0) @binding(2) var<storage, read> residual: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> c_out: array<vec4<f32>>;
+// @endif
+@group(0) @binding(4) var<uniform> p: Params;
+const A_KMAJOR: bool = true;    // A[K,M]
+const B_KMAJOR: bool = true;    // B[K,N] in f16
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+
+@compute @workgroup_size(WG)
+fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32,
+                       @builtin(subgroup_id) sg: u32,
+                       @builtin(subgroup_invocation_id) lane: u32) {
     tile_body(wg, lid, sg, lane);
 }
 

@@ -226,6 +226,8 @@ SGMAT_CASES = (
     ("", "nt_a16_w16", "residual", True, "sg4x2-t4x4-k16-p8-s1-a2", "forward, f16 A"),
     ("", "nn_a16", "accumulate", False, "sg2x2-t2x2-k32-p0-s1", "dX +=, f16 A, f32 B"),
     ("", "nt_a16", "store", False, "sg1x1-t2x2-k16-p8-s1", "forward, f16 A, f32 B clamped"),
+    # B in f16 for tn (f16 precision's f16 activations in the weight gradients)
+    ("", "tn_w16", "accumulate", True, "sg2x2-t4x4-k16-p8-s1", "dW += dy^T @ x, f16 x"),
     # one stage of BK 32 (-b1, the tuned kernels since session 17): 16 subgroups of 2x4 and
     # of 4x2 tiles, 4 of 4x4, split-K, f16 A
     ("_single", "nt_w16", "residual", True, "sg4x4-t2x4-k32-p8-s1-b1", "one stage, 128 x 256"),
@@ -234,6 +236,8 @@ SGMAT_CASES = (
      "dW +=, one stage, 4 subgroups, split-K"),
     ("_single", "nn_a16_w16", "store", True, "sg2x2-t4x4-k32-p8-s8-b1",
      "head dX, one stage: f16 dlogits, f16 W"),
+    ("_single", "tn_w16", "accumulate", True, "sg2x2-t4x4-k32-p8-s4-b1",
+     "dW +=, one stage, split-K, f16 x"),
 )
 
 
@@ -256,7 +260,7 @@ def _register_sgmat(suffix, key, mode, b16, config, what):
     layout = key[:2]
     a16 = "_a16" in key
     cfg = linear.SgmatConfig.parse(config)
-    _, name = linear.kernel_name(layout, np.float16 if b16 else np.float32)
+    _, name = linear.kernel_name(layout, np.float16 if b16 else np.float32, tensor_cores=True)
     if a16:
         name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
     register(KernelCase(

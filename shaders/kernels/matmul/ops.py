@@ -73,8 +73,10 @@ def default_tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
     return side(M), side(N), 16
 
 
-def kernel_name(layout: str, b_dtype, f16_math: bool = False) -> tuple[str, str]:
-    """(file, kernel) for a layout ("nn", "nt", "tn"), B's dtype and the f16-math flag."""
+def kernel_name(layout: str, b_dtype, f16_math: bool = False,
+                tensor_cores: bool = False) -> tuple[str, str]:
+    """(file, kernel) for a layout ("nn", "nt", "tn"), B's dtype and the f16-math flag
+    (tensor_cores: the name's stem for the tensor-core kernels, where tn takes an f16 B)."""
     b_dtype = np.dtype(b_dtype)
     if layout not in ("nn", "nt", "tn"):
         raise ValueError(f"matmul layout must be nn, nt or tn, got {layout!r}")
@@ -83,8 +85,9 @@ def kernel_name(layout: str, b_dtype, f16_math: bool = False) -> tuple[str, str]
             raise ValueError("f16_math needs layout nt and an f16 B (the weight mirror)")
         return FILE_H16, "matmul_nt_h16"
     if b_dtype == F16:
-        if layout == "tn":
-            raise ValueError("matmul_tn has no f16-B variant (it computes weight gradients)")
+        if layout == "tn" and not tensor_cores:
+            raise ValueError("matmul_tn has an f16 B (an f16 activation) only on the "
+                             "tensor-core kernels (tensor_cores=True)")
         return FILE, f"matmul_{layout}_w16"
     return FILE, f"matmul_{layout}"
 
@@ -375,7 +378,8 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
 
 def choose_sgmat_config(device, layout: str, b_dtype, M: int, N: int, K: int) -> SgmatConfig:
     from ... import tuned_cache
-    key = tuning_key(layout, b_dtype, False) + "_sgmat"
+    # tn's f16 B (an activation) stages like its f32 B: the tn configurations serve both
+    key = tuning_key(layout, F32 if layout == "tn" else b_dtype, False) + "_sgmat"
     text = tuned_cache.lookup(device, "matmul", key, (M, N, K))
     if text is not None:
         try:
@@ -591,7 +595,7 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
         if cfg.direct and min([M * N * 4] + [v.nbytes for v in (out, *extra)
                                              if v is not None]) < SGMAT_MIN_BINDING:
             cfg = dataclasses.replace(cfg, direct=False)   # C (or R) smaller than a matrix
-        _, name = kernel_name(layout, b_dtype)
+        _, name = kernel_name(layout, b_dtype, tensor_cores=True)
         if a16:
             name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
         return Plan("tiled", FILE_SGMAT, name + "_sgmat", cfg)
@@ -643,7 +647,8 @@ def matmul(rec, a, b, out, M: int, N: int, K: int, *, layout: str, accumulate: b
     if residual is not None:
         check(op, "residual", residual, (M - 1) * ldc + N)
     dev = rec.device
-    kernel_name(layout, b_dtype, f16_math)  # a clear error for impossible combinations
+    # a clear error for impossible combinations (tn's f16 B: plan refuses it off the tensor cores)
+    kernel_name(layout, b_dtype, f16_math, tensor_cores=True)
     mode = MODES["residual"] if residual is not None else MODES["accumulate" if accumulate
                                                               else "store"]
     operands = [a, b, out] + ([residual] if residual is not None else [])
