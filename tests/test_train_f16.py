@@ -110,3 +110,25 @@ def test_the_loss_scale_survives_a_checkpoint(f16_device, tmp_path):
         a, r = trainer.step(b), resumed.step(b)
         assert a.loss == r.loss and a.loss_scale == r.loss_scale
     assert np.array_equal(trainer.parameters(), resumed.parameters())
+
+
+def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
+    """On tensor cores, f16 precision keeps h, h2, s and the attention's head-major q, k, v in
+    f16. The matmuls round h, h2, s to f16 themselves (the same clamp and rounding), so with
+    them in f32 ($ISTANBUL_F16_ACTIVATIONS=0) every loss and weight must come out the same,
+    bit for bit. (The f16 q, k, v change q's rounding: the attention's own ladder rungs and
+    bench/train_parity.py check those.) Runs where the device has tensor cores (the H200)."""
+    from istanbul.shaders.kernels.matmul import ops as linear
+    if not linear.has_tensor_cores(f16_device):
+        pytest.skip(f"{f16_device.name} has no tensor cores: f16 keeps f32 activations there")
+    batches = random_batches(np.random.default_rng(8), 3, B, T, tiny_config().vocab_size)
+    monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", "0")
+    ref, m_ref = _run(f16_device, "f16", batches)
+    assert not ref._live_model().f16_acts
+    monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", "1")
+    got, m_got = _run(f16_device, "f16", batches)
+    model = got._live_model()
+    assert model.f16_acts and model.f16_heads
+    assert model.storage[0].h.dtype == np.float16 and model.storage[0].heads.q.dtype == np.float16
+    assert [m.loss for m in m_got] == [m.loss for m in m_ref]
+    assert np.array_equal(got.parameters(), ref.parameters())

@@ -17,6 +17,8 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
                  f16 where the attention runs on the tensor cores (half the bytes loaded).
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
+                 (training on tensor cores keeps h, h2 and s, which only feed matmuls, in f16:
+                 the values the tensor-core matmuls round to anyway, half the bytes)
     h2   = rmsnorm(xa) · ffn_norm
     [g|u] = h2 · [Wgate; Wup]ᵀ  (one matmul) ;  s = silu(g) * u
     x_i+1 = xa + s · Wdownᵀ
@@ -195,14 +197,16 @@ class BlockBuffers:
 
     def __init__(self, dev, capacity: int, cfg: ModelConfig, label: str, *,
                  share_norm: bool = False, qkv: QKVBuffers | None = None,
-                 head_major: bool = False, heads_dtype=np.float32):
+                 head_major: bool = False, heads_dtype=np.float32, act_dtype=np.float32):
         """`qkv`: the projection output's buffers, when shared with other blocks (head_major:
         the block keeps its q, k, v head-major, in `heads_dtype`, so its projection output
-        is scratch)."""
+        is scratch). `act_dtype`: of h, h2 and s, the activations that only feed matmuls
+        (float16 where those run on the tensor cores: the values they round to anyway)."""
         d, f = cfg.d_model, cfg.ffn_hidden
         self.cfg, self.capacity = cfg, capacity
-        e = lambda shape, name: dev.empty(shape, np.float32, label=f"{label}.{name}")  # noqa
-        self.x, self.h, self.rstd = e((capacity, d), "x"), e((capacity, d), "h"), \
+        e = lambda shape, name, dtype=np.float32: dev.empty(  # noqa: E731
+            shape, dtype, label=f"{label}.{name}")
+        self.x, self.h, self.rstd = e((capacity, d), "x"), e((capacity, d), "h", act_dtype), \
             e(capacity, "rstd")
         self.own_qkv = qkv is None
         self.qkv = QKVBuffers(dev, capacity, cfg, label) if qkv is None else qkv
@@ -211,8 +215,8 @@ class BlockBuffers:
         self.xa = e((capacity, d), "xa")
         # generation needs no saved h2/rstd2: it reuses h and rstd
         self.h2, self.rstd2 = (self.h, self.rstd) if share_norm else \
-            (e((capacity, d), "h2"), e(capacity, "rstd2"))
-        self.gu, self.s = e((capacity, 2 * f), "gate|up"), e((capacity, f), "act")
+            (e((capacity, d), "h2", act_dtype), e(capacity, "rstd2"))
+        self.gu, self.s = e((capacity, 2 * f), "gate|up"), e((capacity, f), "act", act_dtype)
 
     def buffers(self) -> list:
         own = [self.x, self.h, self.rstd, self.a, self.lse, self.xa, self.h2, self.rstd2,

@@ -66,25 +66,36 @@ def _align64(n: int) -> int:
     return -(-n // 64) * 64
 
 
+def f16_activations_enabled() -> bool:
+    """$ISTANBUL_F16_ACTIVATIONS (default 1): 0 keeps f16 precision's h, h2, s in f32 (an
+    A/B switch for benchmarks and bisection; the values the matmuls see are the same)."""
+    import os
+    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "1").strip().lower() not in (
+        "0", "off", "no", "false")
+
+
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
                  mixed: bool, logits_rows: int, f16_dlogits: bool = False,
-                 f16_heads: bool = False) -> list[Need]:
+                 f16_heads: bool = False, f16_acts: bool = False) -> list[Need]:
     """Every buffer GpuModel allocates, in bytes (what the fit check counts); f16_heads: the
-    saved head-major q, k, v in f16 (and the attention backward's f16 copy of do)."""
+    saved head-major q, k, v in f16 (and the attention backward's f16 copy of do);
+    f16_acts: h, h2 and s in f16."""
     n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
     hb = 2 if f16_heads else 4   # bytes per saved q, k, v element
+    ab = 2 if f16_acts else 4    # bytes per h, h2, s element
     qkv = n * (d + 2 * kv) * 4
     layers = cfg.n_layers   # BlockBuffers: each saved activation is its own buffer per layer
     needs = [Need("parameters", total * 4), Need("gradients", total * 4),
              Need("AdamW moments", 2 * total * 4, binding=False),
-             Need(f"block activations x, h, attn, xa, h2 (B*T = {n} rows x d)", n * d * 4,
-                  count=5 * layers),
+             Need(f"block activations x, attn, xa (B*T = {n} rows x d)", n * d * 4,
+                  count=3 * layers),
+             Need(f"block activations h, h2 (B*T = {n} rows x d)", n * d * ab, count=2 * layers),
              Need("block rstd, rstd2", n * 4, count=2 * layers),
              Need("block q (head-major)", n * d * hb, count=layers),
              Need("block k, v (head-major)", n * kv * hb, count=2 * layers),
              Need("block attention lse", cfg.n_heads * n * 4, count=layers),
              Need(f"block gate|up (B*T x 2F = {2 * f})", n * 2 * f * 4, count=layers),
-             Need(f"block SwiGLU output (B*T x F = {f})", n * f * 4, count=layers),
+             Need(f"block SwiGLU output (B*T x F = {f})", n * f * ab, count=layers),
              Need("FFN activations (B*T x 2F)", n * 2 * f * 4),
              Need("q|k|v projection (B*T x (d + 2kv))", qkv, binding=fused_qkv(cfg)),
              Need("dq (head-major)", n * d * 4), Need("dk, dv (head-major)", n * kv * 4, count=2),
@@ -138,10 +149,13 @@ class GpuModel:
         self.f16_heads = self.tensor_cores and attention.takes_f16_operands(
             device, self.tensor_cores, cfg.head_dim,
             head_strides(cfg, seq) + (attention.token_rows(seq, cfg.head_dim, d),))
+        # h, h2 and s in f16: they only feed matmuls, which round them to f16 on the tensor
+        # cores anyway (half the bytes loaded; matmul_nt_a16_w16 and matmul_tn_w16)
+        self.f16_acts = self.tensor_cores and not f16_math and f16_activations_enabled()
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
                                           logits_rows=rows, f16_dlogits=f16_dlogits,
-                                          f16_heads=self.f16_heads)
+                                          f16_heads=self.f16_heads, f16_acts=self.f16_acts)
         budget, memory = LOGITS_BUDGET, device_memory(device)
         if memory is not None:
             free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
@@ -181,7 +195,8 @@ class GpuModel:
         self.qkv_storage = QKVBuffers(dev, n, cfg, "proj")
         self.storage = [BlockBuffers(dev, n, cfg, f"L{i}", qkv=self.qkv_storage,
                                      head_major=True,
-                                     heads_dtype=np.float16 if self.f16_heads else np.float32)
+                                     heads_dtype=np.float16 if self.f16_heads else np.float32,
+                                     act_dtype=np.float16 if self.f16_acts else np.float32)
                         for i in range(cfg.n_layers)]
         self.layers = [s.rows(n) for s in self.storage]
         self.x_final = dev.empty((n, d), np.float32, label="x final")

@@ -1,6 +1,10 @@
 // 06_activations.wgsl — SwiGLU and GELU (tanh approximation), forward and backward.
 //
 //   swiglu_forward[_vec4]    h[r,c] = silu(g) * u           g = gu[r*ld + c], u = gu[r*ld + up + c]
+//   swiglu_forward_vec4_f16  swiglu_forward_vec4 with h f16: the tensor-core matmul (W2) reads
+//                            h as f16, rounding an f32 A to f16 when staging anyway, so an f16 h
+//                            gives it the same values at half the bytes. f32 math, one store
+//                            clamped to +-65504, rounded to nearest, NaN kept (as cast_f32_f16)
 //   swiglu_backward[_vec4]   dgu[.. g] = dh * u * silu'(g),  dgu[.. u] = dh * silu(g)
 //   gelu_forward[_vec4]      y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (GPT-2's GELU)
 //   gelu_backward[_vec4]     dx = dy * gelu'(x)
@@ -8,13 +12,14 @@
 // silu(g) = g * sigmoid(g); silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g).
 // Layouts: SwiGLU reads gate and up from one buffer gu: row r's gate at r*ld, its up at
 // r*ld + up (the fused [rows, 2F] output of one matmul with ld = 2F, up = F; or two
-// [rows, F] halves with ld = F, up = rows*F); h and dh are f32[rows, F]; dgu is laid out
-// like gu. GELU: x, y, dy, dx f32[n]. The _vec4 kernels count F, ld, up (or n) in vec4s.
+// [rows, F] halves with ld = F, up = rows*F); h and dh are f32[rows, F] (h f16 in
+// _vec4_f16); dgu is laid out like gu. GELU: x, y, dy, dx f32[n]. The _vec4 kernels count F,
+// ld, up (or n) in vec4s.
 // Saturation is handled without Inf/NaN for any finite input (|x| up to 3e38).
 //
-// Bindings (group 0): swiglu_forward 0 gu, 1 h (rw), 2 Params; swiglu_backward 0 gu, 1 dh,
-// 2 dgu (rw), 3 Params; gelu_forward 0 x, 1 y (rw), 2 Params; gelu_backward 0 x, 1 dy,
-// 2 dx (rw), 3 Params.
+// Bindings (group 0): swiglu_forward 0 gu, 1 h (rw; array<vec2<u32>> in _vec4_f16, each
+// element the f16 bits of a vec4), 2 Params; swiglu_backward 0 gu, 1 dh, 2 dgu (rw), 3 Params;
+// gelu_forward 0 x, 1 y (rw), 2 Params; gelu_backward 0 x, 1 dy, 2 dx (rw), 3 Params.
 // Dispatch: ceil(count / 256) workgroups of 256 (count = rows*F or n, in Elems), folded into
 // 2-D beyond 65,535; one invocation per Elem.
 
@@ -55,6 +60,19 @@ fn gelu_grad(x: Elem) -> Elem {
     return 0.5 * (Elem(1.0) + t) + 0.5 * xc * (Elem(1.0) - t * t) * dt;
 }
 
+// The f16 bits of v (for an array<vec2<u32>> binding viewing f16 storage): clamped to +-65504,
+// rounded to nearest by pack2x16float (WGSL: out-of-range input is indeterminate, so clamp
+// first), NaN written as the quiet NaN 0x7e00. NaN is tested on the bits: drivers may compile
+// `v != v` as an ordered compare and clamp(NaN) is undefined. (f32 and u32 only: this header
+// compiles on devices without shader-f16; naga rejects bitcast<vec2<u32>>(vec4<f16>).)
+fn f16_bits(v: vec4<f32>) -> vec2<u32> {
+    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    let c = select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), vec4<f32>(0.0), nan);
+    let q = select(vec4<u32>(0u), vec4<u32>(0x7e00u), nan);
+    return vec2<u32>(pack2x16float(c.xy) | q.x | (q.y << 16u),
+                     pack2x16float(c.zw) | q.z | (q.w << 16u));
+}
+
 // --- KERNEL: swiglu_forward ---
 alias Elem = f32;
 @group(0) @binding(0) var<storage, read> gu: array<Elem>;
@@ -86,6 +104,23 @@ fn swiglu_forward_vec4(@builtin(workgroup_id) wg: vec3<u32>,
     let base = (i / p.width) * p.ld + i % p.width;
     let g = gu[base];
     h_out[i] = g * sigmoid(g) * gu[base + p.up];
+}
+
+// --- KERNEL: swiglu_forward_vec4_f16 ---
+alias Elem = vec4<f32>;
+@group(0) @binding(0) var<storage, read> gu: array<Elem>;
+@group(0) @binding(1) var<storage, read_write> h_out: array<vec2<u32>>;   // f16[rows, F]
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(EW)
+fn swiglu_forward_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
+                           @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wg, nwg, lid);
+    if (i >= p.rows * p.width) { return; }
+    let base = (i / p.width) * p.ld + i % p.width;
+    let g = gu[base];
+    h_out[i] = f16_bits(g * sigmoid(g) * gu[base + p.up]);
 }
 
 // --- KERNEL: swiglu_backward ---

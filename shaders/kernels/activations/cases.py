@@ -8,15 +8,18 @@ from ...ladder import KernelCase, Launch, register
 from ..case_support import f64, fd_consistency, grad_report, run_launch, torch_grads
 from . import ops as activations
 from .reference import (gelu_backward_reference, gelu_reference, split_gate_up,
-                        swiglu_backward_reference, swiglu_reference)
+                        swiglu_backward_reference, swiglu_f16_reference, swiglu_reference)
 
 # SwiGLU (rows, F, layout, scale): "fused" [rows, 2F]; "halves" two [rows, F] blocks;
 # "huge" saturates sigmoid at +-1e4 and beyond.
 SWIGLU = {"random": (37, 24, "fused", 2.0), "odd": (3, 5, "fused", 2.0),
           "halves": (6, 8, "halves", 2.0), "huge": (4, 16, "fused", 1e4),
           "one": (1, 1, "fused", 1.0), "bench": (8192, 2048, "fused", 1.0),
-          "bench_small": (2048, 2048, "fused", 1.0)}
+          "bench_small": (2048, 2048, "fused", 1.0), "overflow": (5, 32, "fused", 400.0)}
 SWIGLU_VARIANTS = ("random", "odd", "halves", "huge", "one")
+# f16 h (vec4 layouts only): "overflow" puts part of h past 65504, "huge" nearly all of it
+# (and f32 inf for g = 3e38), where it clamps.
+SWIGLU_F16_VARIANTS = ("random", "halves", "overflow", "huge")
 GELU = {"random": (1001, 3.0), "vec": (1024, 3.0), "huge": (64, 1e4), "extreme": (8, 1e30),
         "one": (1, 1.0), "bench": (8192 * 3072, 1.0), "bench_small": (2048 * 3072, 1.0)}
 GELU_VARIANTS = ("random", "vec", "huge", "extreme", "one")
@@ -37,8 +40,8 @@ def swiglu_inputs(rng, variant):
             "dh": rng.standard_normal((rows, F)).astype(np.float32)}
 
 
-def swiglu_launch(dev, inp):
-    gu, h = dev.upload(inp["gu"]), dev.empty((inp["rows"], inp["F"]))
+def swiglu_launch(dev, inp, h_dtype=np.float32):
+    gu, h = dev.upload(inp["gu"]), dev.empty((inp["rows"], inp["F"]), h_dtype)
     return Launch(lambda rec: activations.swiglu_forward(rec, gu, h, inp["rows"], inp["F"],
                                                          ld=inp["ld"], up_offset=inp["up"]),
                   lambda: {"h": dev.download(h)})
@@ -118,6 +121,19 @@ register(KernelCase(
     reference=swiglu_reference, variants=SWIGLU_VARIANTS, bench_variant_software="bench_small",
     flops=lambda inp: 6.0 * inp["rows"] * inp["F"],
     bytes=lambda inp: 12.0 * inp["rows"] * inp["F"], description="h = silu(gate) * up"))
+register(KernelCase(
+    name="swiglu_forward_f16", family="activations", precision="f16",
+    # within f16 rounding: f32 math then one rounding may land one f16 ulp (2^-10 relative)
+    # from the float64 result rounded once
+    thresholds={"max_rel": 2.0 ** -10},
+    kernels=[(activations.FILE, "swiglu_forward_vec4_f16")], requires=("shader-f16",),
+    inputs=swiglu_inputs, launch=lambda dev, inp: swiglu_launch(dev, inp, np.float16),
+    reference=swiglu_f16_reference, variants=SWIGLU_F16_VARIANTS,
+    bench_variant_software="bench_small",
+    flops=lambda inp: 6.0 * inp["rows"] * inp["F"],
+    bytes=lambda inp: 10.0 * inp["rows"] * inp["F"],
+    description="h = silu(gate) * up into an f16 h (the tensor-core W2 matmul's A; clamped "
+                "to +-65504, NaN kept)"))
 register(KernelCase(
     name="swiglu_backward", family="activations", precision="f32",
     kernels=_kernels("swiglu_backward"), inputs=swiglu_inputs, launch=swiglu_backward_launch,

@@ -6,15 +6,22 @@ at r*ld + up_offset + c (c < F). The default (ld = 2F, up_offset = F) is the fus
 separate [rows, F] halves stored one after the other use ld = F, up_offset = rows*F.
 h, dh: f32[rows, F]; dgate_up: laid out exactly like gate_up.
 
-    activations.swiglu_forward(rec, gate_up, h, rows, F)       # h = silu(g) * u
+    activations.swiglu_forward(rec, gate_up, h, rows, F)       # h = silu(g) * u, f32 or f16
     activations.swiglu_backward(rec, gate_up, dh, dgate_up, rows, F)
     activations.gelu_forward(rec, x, y, n)                     # GPT-2 tanh GELU
     activations.gelu_backward(rec, x, dy, dx, n)
+
+f16 output: pass an f16 `h` (e.g. device.empty((rows, F), np.float16)) and swiglu_forward
+runs swiglu_forward_vec4_f16 (vec4 layouts only: F, ld and up_offset multiples of 4 and
+16-byte-aligned views; the device needs shader-f16). The tensor-core matmul that reads h
+rounds an f32 A to f16 when staging anyway: an f16 h gives it the same values at half the
+bytes. h is computed in f32 and rounded to nearest once at the store; values beyond the f16
+range clamp to +-65504 (as basic.cast_f32_f16) and NaN stays NaN. gate_up stays f32.
 """
 
 from __future__ import annotations
 
-from ..op_support import ceil_div, check, positive
+from ..op_support import F16, F32, ceil_div, check, positive
 
 FILE = "06_activations.wgsl"
 EW = 256
@@ -37,14 +44,25 @@ def _swiglu_layout(op, rows, F, ld, up_offset):
 
 def swiglu_forward(rec, gate_up, h, rows: int, F: int, *, ld: int | None = None,
                    up_offset: int | None = None) -> None:
-    """h[r, c] = silu(gate[r, c]) * up[r, c]."""
+    """h[r, c] = silu(gate[r, c]) * up[r, c]; h f32 or f16."""
     op = "swiglu_forward"
     ld, up_offset, need = _swiglu_layout(op, rows, F, ld, up_offset)
     check(op, "gate_up", gate_up, need)
-    check(op, "h", h, rows * F)
+    f16 = check(op, "h", h, rows * F, dtypes=(F32, F16)) == F16
     w = _width(F, ld, up_offset, views=(gate_up, h))
     dev = rec.device
     name = op + ("_vec4" if w == 4 else "")
+    if f16:
+        if w != 4:
+            offsets = [getattr(v, "offset", 0) for v in (gate_up, h)]
+            raise ValueError(f"{op}: an f16 h is written by the vec4 kernel only, which needs F, "
+                             f"ld and up_offset multiples of 4 (F = {F}, ld = {ld}, up_offset = "
+                             f"{up_offset}) and 16-byte-aligned views (gate_up, h at byte "
+                             f"offsets {offsets}); use an f32 h for other layouts")
+        if not dev.has("shader-f16"):
+            raise ValueError(f"{op}: an f16 h needs a device with shader-f16; {dev.name} lacks "
+                             "it: use an f32 h")
+        name += "_f16"
     params = dev.params("IIII", rows, F // w, ld // w, up_offset // w)
     rec.dispatch(dev.kernel(FILE, name), [gate_up, h, params], ceil_div(rows * F // w, EW),
                  label=name)

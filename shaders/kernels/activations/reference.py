@@ -30,6 +30,15 @@ def swiglu_reference(inp):
         return {"h": (g * sigmoid(g) * u).astype(np.float32)}
 
 
+def swiglu_f16_reference(inp):
+    """h for an f16 output: the float64 result clamped to +-65504 and rounded once to f16
+    (as the kernel's store)."""
+    _, g, u = split_gate_up(inp, inp["gu"])
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = g * sigmoid(g) * u
+    return {"h": np.clip(h, -65504.0, 65504.0).astype(np.float16)}
+
+
 def swiglu_backward_reference(inp):
     idx, g, u = split_gate_up(inp, inp["gu"])
     s = sigmoid(g)

@@ -2,6 +2,10 @@
 //
 //   rmsnorm_forward[_vec4]    rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
 //                             y[r,j]  = x[r,j] * rstd[r] * w[j]
+//   rmsnorm_forward_vec4_f16  rmsnorm_forward_vec4 with y f16 (the tensor-core matmuls read the
+//                             norm's output as f16, rounding an f32 A the same way when staging:
+//                             same values, half the bytes); f32 math, one store clamped to
+//                             +-65504, rounded to nearest, NaN kept (as cast_f32_f16)
 //   rmsnorm_backward[_vec4]   g = dy * w, xhat = x * rstd
 //                             dx[r,j] (=, +=) rstd[r] * (g[j] - xhat[j] * mean_k(g[k] xhat[k]))
 //   rmsnorm_dw_partial        part[b, j] = sum over rows r of block b of dy[r,j] x[r,j] rstd[r]
@@ -12,7 +16,8 @@
 // `dim` then counts vec4s; `n` is always the true row length.
 //
 // Bindings (group 0):
-//   forward:      0 x, 1 w, 2 y (rw), 3 rstd (rw), 4 Params
+//   forward:      0 x, 1 w, 2 y (rw; array<vec2<u32>> in _vec4_f16, each element the f16
+//                 bits of a vec4), 3 rstd (rw), 4 Params
 //   backward:     0 x, 1 w, 2 dy, 3 rstd, 4 dx (rw), 5 Params   (mode 0 store, 1 accumulate)
 //   dw_partial:   0 x, 1 dy, 2 rstd, 3 part (rw), 4 Params
 //   dw_reduce:    0 part, 1 dw (rw), 2 Params
@@ -35,6 +40,19 @@ struct Params {
 
 fn sum_elem(v: f32) -> f32 { return v; }
 fn sum_elem4(v: vec4<f32>) -> f32 { return v.x + v.y + v.z + v.w; }
+
+// The f16 bits of v (for an array<vec2<u32>> binding viewing f16 storage): clamped to +-65504,
+// rounded to nearest by pack2x16float (WGSL: out-of-range input is indeterminate, so clamp
+// first), NaN written as the quiet NaN 0x7e00. NaN is tested on the bits: drivers may compile
+// `v != v` as an ordered compare and clamp(NaN) is undefined. (f32 and u32 only: this header
+// compiles on devices without shader-f16; naga rejects bitcast<vec2<u32>>(vec4<f16>).)
+fn f16_bits(v: vec4<f32>) -> vec2<u32> {
+    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+    let c = select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), vec4<f32>(0.0), nan);
+    let q = select(vec4<u32>(0u), vec4<u32>(0x7e00u), nan);
+    return vec2<u32>(pack2x16float(c.xy) | q.x | (q.y << 16u),
+                     pack2x16float(c.zw) | q.z | (q.w << 16u));
+}
 
 // --- KERNEL: rmsnorm_forward ---
 alias Elem = f32;
@@ -91,6 +109,39 @@ fn rmsnorm_forward_vec4(@builtin(workgroup_id) wg: vec3<u32>,
     let rstd = inverseSqrt(wg_sum(ss, sg) / f32(p.n) + p.eps);
     if (live) {
         for (var j = lid; j < p.dim; j += WG) { y_out[base + j] = x_in[base + j] * rstd * weight[j]; }
+        if (lid == 0u) { rstd_out[row] = rstd; }
+    }
+}
+
+// --- KERNEL: rmsnorm_forward_vec4_f16 ---
+alias Elem = vec4<f32>;
+@group(0) @binding(0) var<storage, read> x_in: array<Elem>;
+@group(0) @binding(1) var<storage, read> weight: array<Elem>;
+@group(0) @binding(2) var<storage, read_write> y_out: array<vec2<u32>>;   // f16[rows, n]
+@group(0) @binding(3) var<storage, read_write> rstd_out: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;
+
+@compute @workgroup_size(WG)
+fn rmsnorm_forward_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32,
+                            @builtin(subgroup_id) sg_id: u32,
+                            @builtin(subgroup_invocation_id) lane: u32,
+                            @builtin(subgroup_size) sg_size: u32,
+                            @builtin(num_subgroups) num_sg: u32) {
+    let sg = Subgroup(sg_id, lane, sg_size, num_sg);
+    let row = workgroup_index(wg, nwg);
+    let live = row < p.rows;
+    let base = row * p.dim;
+    var ss = 0.0;
+    if (live) {
+        for (var j = lid; j < p.dim; j += WG) { let v = x_in[base + j]; ss += sum_elem4(v * v); }
+    }
+    let rstd = inverseSqrt(wg_sum(ss, sg) / f32(p.n) + p.eps);
+    if (live) {
+        for (var j = lid; j < p.dim; j += WG) {
+            y_out[base + j] = f16_bits(x_in[base + j] * rstd * weight[j]);
+        }
         if (lid == 0u) { rstd_out[row] = rstd; }
     }
 }

@@ -20,24 +20,29 @@ from .reference import EPS, backward_reference, forward_reference, torch_rmsnorm
 SHAPES = {"random": (37, 96, 1.0), "odd": (5, 13, 1.0), "one": (1, 1, 3e-3),
           "wide": (3, 5000, 1.0), "huge": (8, 64, 1e4), "tiny": (4, 20, 1e-20),
           "bench": (8192, 768, 1.0), "bench_small": (2048, 768, 1.0),
-          "rows4": (37, 4096, 1.0), "few": (3, 8, 1.0)}
+          "rows4": (37, 4096, 1.0), "few": (3, 8, 1.0), "overflow": (6, 64, 1.0),
+          "wide_overflow": (3, 5000, 1.0)}
 VARIANTS = ("random", "odd", "one", "wide", "huge", "tiny")
 VARIANTS_ROWS = ("random", "huge", "tiny", "rows4", "few")   # n % 4 == 0, n <= 4096
+# f16 y (n % 4 == 0): the rows kernel, "wide*" the general vec4 kernel (n > 4096); "*overflow"
+# scales w by 3e4 so that some of y lies past 65504, where it clamps.
+VARIANTS_F16 = ("random", "huge", "tiny", "rows4", "few", "overflow", "wide", "wide_overflow")
 
 
 def make_inputs(rng, variant):
     rows, n, scale = SHAPES[variant]
+    w_scale = 3e4 if variant.endswith("overflow") else 1.0
     return {"x": (rng.standard_normal((rows, n)) * scale).astype(np.float32),
-            "w": (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32),
+            "w": (w_scale * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32),
             "dy": rng.standard_normal((rows, n)).astype(np.float32),
             "dx0": rng.standard_normal((rows, n)).astype(np.float32),
             "dw0": rng.standard_normal(n).astype(np.float32)}
 
 
-def forward_launch(dev, inp, path=None):
+def forward_launch(dev, inp, path=None, y_dtype=np.float32):
     rows, n = inp["x"].shape
     x, w = dev.upload(inp["x"]), dev.upload(inp["w"])
-    y, rstd = dev.empty((rows, n)), dev.empty(rows)
+    y, rstd = dev.empty((rows, n), y_dtype), dev.empty(rows)
     return Launch(lambda rec: rmsnorm.forward(rec, x, w, y, rstd, rows, n, EPS, path=path),
                   lambda: {"y": dev.download(y), "rstd": dev.download(rstd)})
 
@@ -84,6 +89,32 @@ register(KernelCase(
     flops=lambda inp: 4.0 * inp["x"].size,
     bytes=lambda inp: 2 * inp["x"].nbytes + inp["x"].shape[0] * 4,
     description="y = x * rsqrt(mean(x^2) + eps) * w, saves rstd"))
+
+
+def forward_f16_reference(inp):
+    """y: the float64 result clamped to +-65504 and rounded once to f16 (as the kernel's
+    store); rstd f32."""
+    x = f64(inp["x"])
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=1) + EPS)
+    y = np.clip(x * rstd[:, None] * f64(inp["w"]), -65504.0, 65504.0)
+    return {"y": y.astype(np.float16), "rstd": rstd.astype(np.float32)}
+
+
+register(KernelCase(
+    name="rmsnorm_forward_f16", family="rmsnorm", precision="f16",
+    # within f16 rounding: f32 math then one rounding may land one f16 ulp (2^-10 relative)
+    # from the float64 result rounded once
+    thresholds={"max_rel": 2.0 ** -10},
+    kernels=[(rmsnorm.FILE_ROWS, "rmsnorm_forward_rows_f16", {"WG": 64, "C": 1}),
+             (rmsnorm.FILE, "rmsnorm_forward_vec4_f16", {"WG": 64})],
+    requires=("shader-f16",), inputs=make_inputs,
+    launch=lambda dev, inp: forward_launch(dev, inp, y_dtype=np.float16),
+    reference=forward_f16_reference, variants=VARIANTS_F16,
+    bench_variant_software="bench_small",
+    flops=lambda inp: 4.0 * inp["x"].size,
+    bytes=lambda inp: 1.5 * inp["x"].nbytes + inp["x"].shape[0] * 4,
+    description="RMSNorm forward into an f16 y (the tensor-core matmuls' A; clamped to "
+                "+-65504, NaN kept), rstd f32"))
 
 for accumulate in (False, True):
     register(KernelCase(

@@ -4,7 +4,7 @@ Layouts (row-major, contiguous): x, y, dy, dx f32[rows, n] with rows = B*T; w, d
 (views into the parameter/gradient buffers); rstd f32[rows] saved by the forward for the
 backward.
 
-    rmsnorm.forward(rec, x, w, y, rstd, rows, n, eps=1e-5)
+    rmsnorm.forward(rec, x, w, y, rstd, rows, n, eps=1e-5)      # y f32, or f16 (below)
     rmsnorm.backward(rec, x, w, dy, rstd, dx, dw, rows, n, accumulate_dx=False)
 
 y = x / sqrt(mean(x^2) + eps) * w (Llama's RMSNorm, f32 throughout). The backward writes dx
@@ -15,12 +15,20 @@ Kernels: rows whose length is a multiple of 4 (16-byte-aligned views, n <= 4 * 2
 run 02_rmsnorm_rows.wgsl: several rows per workgroup, each row read once (the backward
 computes dx and the dw partials from the same registers); others run 02_rmsnorm.wgsl.
 `path="rows"` or `path="general"` forces one (tests, benchmarks).
+
+f16 output: pass an f16 `y` (e.g. device.empty((rows, n), np.float16)) and the forward runs
+the f16 variant of the kernel it picks (rmsnorm_forward_rows_f16 or rmsnorm_forward_vec4_f16;
+the scalar kernel has none, so n % 4 == 0 and 16-byte-aligned views are needed; the device
+needs shader-f16). The tensor-core matmuls read the norm's output as f16, rounding an f32 A
+to f16 when staging anyway: an f16 y gives them the same values at half the bytes. The norm
+is computed in f32 and rounded to nearest once at the store; values beyond the f16 range
+clamp to +-65504 (as basic.cast_f32_f16) and NaN stays NaN. x, w and rstd stay f32.
 """
 
 from __future__ import annotations
 
-from ..op_support import (ceil_div, check, dummy, positive, row_grid, row_workgroup, scratch,
-                          vec_width)
+from ..op_support import (F16, F32, ceil_div, check, dummy, positive, row_grid, row_workgroup,
+                          scratch, vec_width)
 
 FILE = "02_rmsnorm.wgsl"
 FILE_ROWS = "02_rmsnorm_rows.wgsl"
@@ -58,23 +66,33 @@ def block_rows(device, rows: int) -> int:
 
 def forward(rec, x, w, y, rstd, rows: int, n: int, eps: float = 1e-5, *,
             path: str | None = None) -> None:
-    """y[r] = x[r] * rstd[r] * w, rstd[r] = 1/sqrt(mean(x[r]^2) + eps)."""
+    """y[r] = x[r] * rstd[r] * w, rstd[r] = 1/sqrt(mean(x[r]^2) + eps); y f32 or f16."""
     op = "rmsnorm.forward"
     positive(op, rows=rows, n=n)
     check(op, "x", x, rows * n)
     check(op, "w", w, n)
-    check(op, "y", y, rows * n)
+    f16 = check(op, "y", y, rows * n, dtypes=(F32, F16)) == F16
     check(op, "rstd", rstd, rows)
     dev = rec.device
+    if f16 and not dev.has("shader-f16"):
+        raise ValueError(f"{op}: an f16 y needs a device with shader-f16; {dev.name} lacks "
+                         "it: use an f32 y")
+    suffix = "_f16" if f16 else ""
     if _use_rows(path, n, x, w, y):
         wg, c = rows_shape(n)
-        kern = dev.kernel(FILE_ROWS, "rmsnorm_forward_rows", {"WG": wg, "C": c})
+        name = "rmsnorm_forward_rows" + suffix
+        kern = dev.kernel(FILE_ROWS, name, {"WG": wg, "C": c})
         params = dev.params("IIIIfIII", rows, n // 4, n, 0, float(eps), 0, 0, 0)
         rec.dispatch(kern, [x, w, y, rstd, params], row_grid(dev, ceil_div(rows, 4)),
-                     label="rmsnorm_forward_rows")
+                     label=name)
         return
     width = vec_width(n, x, w, y)
-    name = "rmsnorm_forward_vec4" if width == 4 else "rmsnorm_forward"
+    if f16 and width != 4:
+        offsets = [getattr(v, "offset", 0) for v in (x, w, y)]
+        raise ValueError(f"{op}: an f16 y is written by the vec4 kernels only, which need "
+                         f"n % 4 == 0 (n = {n}) and 16-byte-aligned views (x, w, y at byte "
+                         f"offsets {offsets}); use an f32 y for other shapes")
+    name = ("rmsnorm_forward_vec4" if width == 4 else "rmsnorm_forward") + suffix
     kern = dev.kernel(FILE, name, {"WG": row_workgroup(n // width)})
     params = dev.params("IIIIfIII", rows, n // width, n, 0, float(eps), 0, 0, 0)
     rec.dispatch(kern, [x, w, y, rstd, params], row_grid(dev, rows), label=name)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 21, session 20's third H200 call: f16 precision keeps h, h2, s (the activations
+# that only feed matmuls) in f16, beside the f16 q, k, v of the second call; the attention
+# backward's prep reads coalesced. Checked, then timed against the same code with f32
+# activations ($ISTANBUL_F16_ACTIVATIONS=0) and PyTorch in one call. ~8 minutes, Dawn,
+# robustness off (the trainer's default).
+#
+#   bash dev/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
+#
+#   ladder     the new rungs (matmul_tn_w16, rmsnorm/swiglu f16 outputs), the attention
+#              backward rungs (the prep), the f16-input attention rungs
+#   pytest     f16 training (incl. f16 copies change no result, bit for bit), attention,
+#              model parity, the rmsnorm / activation kernels
+#   train_f32acts  bench/train.py 124m f16 with ISTANBUL_F16_ACTIVATIONS=0 (istanbul only)
+#   train      bench/train.py 124m f16 beside PyTorch fp32 / TF32 / bf16 / fp16 (10 steps)
+#   parity     bench/train_parity.py: the 124M f16 curve beside PyTorch fp16, 100 steps
+# A failing step does not stop the others; exit status: the number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: dev/h200_f16_acts_next.sh OUTDIR [STEP ...]}"
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+source dev/device_steps.sh
+shift
+want=" ${*:-ladder pytest train_f32acts train parity} "
+wanted() { [[ "$want" == *" $1 "* ]]; }
+wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
+    --kernel matmul_tn_w16 --kernel matmul_nt_a16_w16 --kernel rmsnorm --kernel swiglu \
+    --kernel attention_backward --kernel attention_forward_sgmat_f16in
+wanted pytest && step pytest 300 "$py" -m pytest -q -p no:cacheprovider tests/test_train_f16.py \
+    tests/test_kernels_attention.py tests/test_model_parity.py tests/test_kernels_rmsnorm.py \
+    tests/test_kernels_activations.py
+wanted train_f32acts && step train_f32acts 150 env ISTANBUL_F16_ACTIVATIONS=0 "$py" \
+    bench/train.py --out "$out/train_f32acts" --models 124m --precision f16 --steps 10 \
+    --warmup 3 --no-torch
+wanted train && step train 300 "$py" bench/train.py --out "$out/train" --models 124m \
+    --precision f16 --steps 10 --warmup 3
+wanted parity && step parity 150 "$py" bench/train_parity.py --out "$out/parity" \
+    --precisions f16 --torch-modes fp16 --vocab-file .device/vocab/gpt2.tiktoken
+exit "$failed"
