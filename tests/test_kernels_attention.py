@@ -57,6 +57,61 @@ def test_bad_shapes_are_refused(device):
             attention.forward(rec, buf, buf, buf, buf, device.empty(3), 1, 4, 1, 1, 8)
 
 
+def test_prep_lanes_are_a_power_of_two_within_a_row():
+    assert [attention.prep_lanes(D) for D in (4, 8, 12, 64, 80, 128, 256)] == \
+        [1, 2, 2, 16, 16, 32, 32]
+
+
+PREP_SHAPES = [   # (B, T, H, D, o layout): odd B*T*H (a partial last workgroup), every lane
+    (1, 5, 3, 64, "rows"),   # count (D 4: one lane; 12, 80: lanes with one vec4 fewer)
+    (3, 37, 5, 64, "head_major"),
+    (2, 9, 3, 12, "padded"),
+    (1, 7, 3, 4, "rows"),
+    (2, 11, 3, 80, "head_major"),
+    (1, 13, 3, 256, "padded"),
+]
+
+
+@pytest.mark.parametrize("f16", [False, True], ids=["vec4", "vec4_f16"])
+@pytest.mark.parametrize("B,T,H,D,layout", PREP_SHAPES)
+def test_backward_prep_vec4_matches_numpy(device, B, T, H, D, layout, f16):
+    """dvec[b,h,t] = sum_d do*o and (_f16) do16 = f16(do) at o's elements, nothing written
+    elsewhere (dispatched like attention.backward does; the _f16 kernel stores f16 bits
+    through u32 pairs, so it runs without shader-f16 too)."""
+    s = {"rows": attention.token_rows(T, D, H * D),
+         "padded": attention.token_rows(T, D, H * D + 8),
+         "head_major": attention.head_major(T, H, D)}[layout]
+    n = (B - 1) * s.batch + (T - 1) * s.token + (H - 1) * s.head + D
+    idx = (np.arange(B)[:, None, None, None] * s.batch
+           + np.arange(T)[None, :, None, None] * s.token
+           + np.arange(H)[None, None, :, None] * s.head + np.arange(D))   # [B, T, H, D]
+    rng = np.random.default_rng(B * 1000 + T * 10 + D)
+    o, do = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    want = np.einsum("bthd,bthd->bht", o[idx].astype(np.float64), do[idx].astype(np.float64))
+    sentinel = np.float32(7.0)
+    dvec = device.upload(np.full(B * H * T + 64, sentinel, np.float32))
+    params = attention._params(device, B, T, H, H, (s, s, s), 1.0)
+    lanes = attention.prep_lanes(D)
+    res = [device.upload(o), device.upload(do), dvec, params]
+    name = "attention_backward_prep_vec4"
+    if f16:
+        do16 = device.empty(n + (n % 2), np.float16)   # zeroed
+        res.insert(3, do16)
+        name += "_f16"
+    kern = device.kernel(attention.FILE, name, {"HD": D, "PREP_LANES": lanes})
+    with device.record() as rec:
+        rec.dispatch(kern, res, attention.ceil_div(B * T * H, 256 // lanes))
+    got = device.download(dvec)
+    tol = 1e-5 * np.einsum("bthd->bht", np.abs(o[idx] * do[idx])) + 1e-6
+    assert np.all(np.abs(got[:B * H * T].reshape(B, H, T) - want) <= tol)
+    assert np.all(got[B * H * T:] == sentinel)
+    if f16:
+        bits = device.download(do16).view(np.uint16)[:n]
+        expect = np.zeros(n, np.uint16)
+        expect[idx] = do[idx].astype(np.float16).view(np.uint16)
+        assert np.array_equal(bits, expect)
+
+
 @pytest.mark.parametrize("storage", [32768, 49152])   # lavapipe, H200
 @pytest.mark.parametrize("D", [4, 8, 16, 32, 64, 128])
 @pytest.mark.parametrize("kernel", ["forward", "dq", "dkv"])

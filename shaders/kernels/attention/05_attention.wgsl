@@ -26,11 +26,13 @@
 //
 // Bindings (group 0):
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
-//   prep:     0 o, 1 do, 2 dvec (rw), 3 Params (_vec4_f16: 3 do16 (rw), 4 Params)
+//   prep:     0 o, 1 do, 2 dvec (rw), 3 Params (_vec4_f16: 3 do16 (rw; f16 bits in u32
+//             pairs), 4 Params)
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (ceil(T / BQ), B*H); dkv (ceil(T / BKV), B*Hkv);
-// prep ceil(B*T*H / 256) (folded into 2-D beyond 65,535).
+// prep ceil(B*T*H / 256), the _vec4 preps ceil(B*T*H / (256 / PREP_LANES)) (folded into
+// 2-D beyond 65,535).
 
 override HD: u32 = 64u;
 override BQ: u32 = 32u;
@@ -185,53 +187,93 @@ fn attention_backward_prep(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: attention_backward_prep_vec4 ---
 // attention_backward_prep with vec4 loads (HD, every o/do stride a multiple of 4, 16-byte
-// aligned views): a quarter of the load instructions; the scalar kernel ran ~5x below the
-// copy bandwidth on the H200 (0.71 ms of a 124M step for 12 x 50 MB).
+// aligned views), coalesced: PREP_LANES consecutive invocations own one (b, t, h) row, lane
+// c loading vec4s c, c + PREP_LANES, ... of it, so one load instruction of a subgroup reads
+// whole cache lines. One invocation per row (the previous layout) put neighbouring lanes
+// 256 bytes apart at HD 64: 32 cache lines per load, ~1 TB/s of the H200's ~4.
+// The lanes' partial sums meet in workgroup memory (a tree of log2(PREP_LANES) steps), not
+// in subgroup operations, which not every device has (lavapipe under wgpu-native).
+// PREP_LANES: a power of two <= min(HD / 4, 32) (ops.py prep_lanes); a workgroup owns
+// 256 / PREP_LANES rows. Barriers need every invocation, so rows past the end load nothing
+// and store nothing, but take part.
+override PREP_LANES: u32 = 16u;
+
 @group(0) @binding(0) var<storage, read> o_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> do_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dvec_out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
+var<workgroup> prep_part: array<f32, 256>;
+
 @compute @workgroup_size(256)
 fn attention_backward_prep_vec4(@builtin(workgroup_id) wg: vec3<u32>,
                                 @builtin(num_workgroups) nwg: vec3<u32>,
                                 @builtin(local_invocation_index) lid: u32) {
-    let row = workgroup_index(wg, nwg) * 256u + lid;     // (b, t, h) row-major
-    if (row >= p.batch * p.seq * p.heads) { return; }
+    let row = workgroup_index(wg, nwg) * (256u / PREP_LANES) + lid / PREP_LANES;   // (b, t, h)
+    let lane = lid % PREP_LANES;
+    let live = row < p.batch * p.seq * p.heads;
     let h = row % p.heads;
-    let bt = row / p.heads;
-    let base = o_index(bt / p.seq, bt % p.seq, h) / 4u;
+    let b = row / p.heads / p.seq;
+    let t = row / p.heads % p.seq;
     var acc = vec4<f32>();
-    for (var d = 0u; d < HD / 4u; d++) { acc = fma(do_in[base + d], o_in[base + d], acc); }
-    dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc.x + acc.y + acc.z + acc.w;
+    if (live) {
+        let base = o_index(b, t, h) / 4u;
+        for (var c = lane; c < HD / 4u; c += PREP_LANES) {
+            acc = fma(do_in[base + c], o_in[base + c], acc);
+        }
+    }
+    prep_part[lid] = acc.x + acc.y + acc.z + acc.w;
+    for (var w = PREP_LANES / 2u; w > 0u; w /= 2u) {
+        workgroupBarrier();
+        if (lane < w) { prep_part[lid] += prep_part[lid + w]; }
+    }
+    if (live && lane == 0u) { dvec_out[stat_index(b, h, t)] = prep_part[lid]; }
 }
 
 // --- KERNEL: attention_backward_prep_vec4_f16 ---
-// attention_backward_prep_vec4 that also writes do as f16 (do16, o's layout) for the
-// tensor-core dQ and dK/dV kernels given f16 q, k, v: they load half the bytes, and do16
-// holds exactly the values they would round do to themselves (vec4<f16>(do)).
+// attention_backward_prep_vec4 (same lanes, loads and reduction) that also writes do as f16
+// (do16, o's layout) for the tensor-core dQ and dK/dV kernels given f16 q, k, v: they load
+// half the bytes, and do16 holds exactly the values they would round do to themselves
+// (vec4<f16>(do)). do16 is bound as u32 pairs, each lane storing its four halves as one
+// 8-byte pair next to its neighbours' (like the loads). pack2x16float, not
+// bitcast<vec2<u32>>(vec4<f16>(g)), which naga (wgpu-native) mis-types: the same bits for
+// finite in-range values (tests: numpy's rounding, on naga and Tint), and no clamp (WGSL
+// defines neither for out-of-range values). The kernel thus uses no f16 type itself.
+override PREP_LANES: u32 = 16u;
+
 @group(0) @binding(0) var<storage, read> o_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> do_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> dvec_out: array<f32>;
-@group(0) @binding(3) var<storage, read_write> do16_out: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read_write> do16_out: array<vec2<u32>>;
 @group(0) @binding(4) var<uniform> p: Params;
+
+var<workgroup> prep_part: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn attention_backward_prep_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
                                     @builtin(num_workgroups) nwg: vec3<u32>,
                                     @builtin(local_invocation_index) lid: u32) {
-    let row = workgroup_index(wg, nwg) * 256u + lid;     // (b, t, h) row-major
-    if (row >= p.batch * p.seq * p.heads) { return; }
+    let row = workgroup_index(wg, nwg) * (256u / PREP_LANES) + lid / PREP_LANES;   // (b, t, h)
+    let lane = lid % PREP_LANES;
+    let live = row < p.batch * p.seq * p.heads;
     let h = row % p.heads;
-    let bt = row / p.heads;
-    let base = o_index(bt / p.seq, bt % p.seq, h) / 4u;
+    let b = row / p.heads / p.seq;
+    let t = row / p.heads % p.seq;
     var acc = vec4<f32>();
-    for (var d = 0u; d < HD / 4u; d++) {
-        let g = do_in[base + d];
-        acc = fma(g, o_in[base + d], acc);
-        do16_out[base + d] = vec4<f16>(g);
+    if (live) {
+        let base = o_index(b, t, h) / 4u;
+        for (var c = lane; c < HD / 4u; c += PREP_LANES) {
+            let g = do_in[base + c];
+            acc = fma(g, o_in[base + c], acc);
+            do16_out[base + c] = vec2<u32>(pack2x16float(g.xy), pack2x16float(g.zw));
+        }
     }
-    dvec_out[stat_index(bt / p.seq, h, bt % p.seq)] = acc.x + acc.y + acc.z + acc.w;
+    prep_part[lid] = acc.x + acc.y + acc.z + acc.w;
+    for (var w = PREP_LANES / 2u; w > 0u; w /= 2u) {
+        workgroupBarrier();
+        if (lane < w) { prep_part[lid] += prep_part[lid + w]; }
+    }
+    if (live && lane == 0u) { dvec_out[stat_index(b, h, t)] = prep_part[lid]; }
 }
 
 // --- KERNEL: attention_backward_dq ---

@@ -672,6 +672,12 @@ def _dkv_grid(dev, op: str, heads: int, T: int, rows: int) -> tuple[int, int, in
     return grid3d(dev, op, chunk, ceil_div(T, rows), ceil_div(heads, chunk))
 
 
+def prep_lanes(D: int) -> int:
+    """Invocations per (b, t, h) row of the vec4 backward preps (PREP_LANES in
+    05_attention.wgsl): the largest power of two <= min(D / 4, 32)."""
+    return 1 << (min(D // 4, 32).bit_length() - 1)
+
+
 def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: int, D: int,
              *, scale: float | None = None, q_stride: int | None = None,
              kv_stride: int | None = None, o_stride: int | None = None,
@@ -714,8 +720,12 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
         prep_name = "attention_backward_prep" + ("_vec4" if _vec4_ready(D, strides[2:], o, do)
                                                  else "")
         prep_res = [o, do, dvec, params]
-    rec.dispatch(dev.kernel(FILE, prep_name, {"HD": D}), prep_res,
-                 ceil_div(B * T * H, 256), label=prep_name)
+    consts, rows = {"HD": D}, 256   # rows per workgroup
+    if prep_name != "attention_backward_prep":   # the vec4 preps: PREP_LANES lanes per row
+        consts["PREP_LANES"] = prep_lanes(D)
+        rows //= consts["PREP_LANES"]
+    rec.dispatch(dev.kernel(FILE, prep_name, consts), prep_res, ceil_div(B * T * H, rows),
+                 label=prep_name)
     if tc:
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
         if tc == "sgmat2":
