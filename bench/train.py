@@ -74,11 +74,24 @@ def istanbul_run(device, cfg, args, mode: str) -> dict:
                for _ in range(4)]
     for i in range(args.warmup):
         trainer.step(batches[i % 4])
+    # the host's recording of each next step (it overlaps the GPU's work on this one: a step
+    # whose wall time exceeds its GPU time may be waiting for it)
+    model, record_s = trainer.model, []
+    record = model._record_step_commands
+
+    def timed_record(*a, **k):
+        start = time.perf_counter()
+        try:
+            return record(*a, **k)
+        finally:
+            record_s.append(time.perf_counter() - start)
+    model._record_step_commands = timed_record
     times, losses = [], []
     for i in range(args.steps):
         m = trainer.step(batches[i % 4])
         times.append(m.seconds)
         losses.append(m.loss)
+    model._record_step_commands = record
     step_s = statistics.median(times)
     tokens = tc.batch * tc.seq
     peak = device.memory.peak - base     # before the profiled step's timestamp buffers
@@ -91,6 +104,8 @@ def istanbul_run(device, cfg, args, mode: str) -> dict:
             "vocab": cfg.vocab_size, "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
             "tflops": cfg.flops_per_token(tc.seq) * tokens / step_s / 1e12,
             "final_loss": losses[-1], "peak_gpu_bytes": peak,
+            "step_ms_each": [s * 1e3 for s in times],
+            "record_ms_median": statistics.median(record_s) * 1e3 if record_s else None,
             "peak_gpu_bytes_per_row": peak / tokens,
             "head_chunks": head.chunks, "head_chunk_rows": head.chunk,
             "kernel_shares": shares}

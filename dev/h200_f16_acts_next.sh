@@ -14,6 +14,8 @@
 #   train_f32acts  bench/train.py 124m f16 with ISTANBUL_F16_ACTIVATIONS=0 (istanbul only)
 #   train      bench/train.py 124m f16 beside PyTorch fp32 / TF32 / bf16 / fp16 (10 steps)
 #   parity     bench/train_parity.py: the 124M f16 curve beside PyTorch fp16, 100 steps
+#   ab         (not in the default set) f16 and f32 activations alternated twice, istanbul
+#              only, 10 steps each, with each step's wall time and the host's recording time
 # A failing step does not stop the others; exit status: the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +40,11 @@ wanted train && step train 300 "$py" bench/train.py --out "$out/train" --models 
     --precision f16 --steps 10 --warmup 3
 wanted parity && step parity 150 "$py" bench/train_parity.py --out "$out/parity" \
     --precisions f16 --torch-modes fp16 --vocab-file .device/vocab/gpt2.tiktoken
+for round in 1 2; do
+    for acts in 1 0; do
+        wanted ab && step "ab${round}_acts${acts}" 120 env ISTANBUL_F16_ACTIVATIONS=$acts "$py" \
+            bench/train.py --out "$out/ab${round}_acts${acts}" --models 124m --precision f16 \
+            --steps 10 --warmup 3 --no-torch
+    done
+done
 exit "$failed"
