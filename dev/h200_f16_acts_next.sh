@@ -2,7 +2,7 @@
 # Issue 21, session 20's third H200 call: f16 precision keeps h, h2, s (the activations
 # that only feed matmuls) in f16, beside the f16 q, k, v of the second call; the attention
 # backward's prep reads coalesced. Checked, then timed against the same code with f32
-# activations ($ISTANBUL_F16_ACTIVATIONS=0) and PyTorch in one call. ~8 minutes, Dawn,
+# activations ($ISTANBUL_F16_ACTIVATIONS=0, the default since call 5) and PyTorch in one call. ~8 minutes, Dawn,
 # robustness off (the trainer's default).
 #
 #   bash dev/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
@@ -12,6 +12,8 @@
 #   pytest     f16 training (incl. f16 copies change no result, bit for bit), attention,
 #              model parity, the rmsnorm / activation kernels
 #   train_f32acts  bench/train.py 124m f16 with ISTANBUL_F16_ACTIVATIONS=0 (istanbul only)
+#              (call 5 ran `train` with f16 activations, then the default; `train` now runs
+#              the default, f32 activations)
 #   train      bench/train.py 124m f16 beside PyTorch fp32 / TF32 / bf16 / fp16 (10 steps)
 #   parity     bench/train_parity.py: the 124M f16 curve beside PyTorch fp16, 100 steps
 #   ab         (not in the default set) f16 and f32 activations alternated twice, istanbul

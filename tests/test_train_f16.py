@@ -132,3 +132,14 @@ def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
     assert model.storage[0].h.dtype == np.float16 and model.storage[0].heads.q.dtype == np.float16
     assert [m.loss for m in m_got] == [m.loss for m in m_ref]
     assert np.array_equal(got.parameters(), ref.parameters())
+
+
+def test_f16_activations_are_opt_in(monkeypatch):
+    """Off unless $ISTANBUL_F16_ACTIVATIONS asks (the H200's wall clock disagreed with its GPU
+    timestamps on them; trainer_svc/model/gpu.py)."""
+    from trainer_svc.model.gpu import f16_activations_enabled
+    monkeypatch.delenv("ISTANBUL_F16_ACTIVATIONS", raising=False)
+    assert not f16_activations_enabled()
+    for value, want in (("1", True), ("on", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", value)
+        assert f16_activations_enabled() is want

@@ -17,8 +17,9 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
                  f16 where the attention runs on the tensor cores (half the bytes loaded).
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
-                 (training on tensor cores keeps h, h2 and s, which only feed matmuls, in f16:
-                 the values the tensor-core matmuls round to anyway, half the bytes)
+                 (training on tensor cores may keep h, h2 and s, which only feed matmuls, in
+                 f16: the values the tensor-core matmuls round to anyway, half the bytes;
+                 $ISTANBUL_F16_ACTIVATIONS=1, gpu.f16_activations_enabled)
     h2   = rmsnorm(xa) · ffn_norm
     [g|u] = h2 · [Wgate; Wup]ᵀ  (one matmul) ;  s = silu(g) * u
     x_i+1 = xa + s · Wdownᵀ

@@ -67,11 +67,14 @@ def _align64(n: int) -> int:
 
 
 def f16_activations_enabled() -> bool:
-    """$ISTANBUL_F16_ACTIVATIONS (default 1): 0 keeps f16 precision's h, h2, s in f32 (an
-    A/B switch for benchmarks and bisection; the values the matmuls see are the same)."""
+    """$ISTANBUL_F16_ACTIVATIONS=1: f16 precision on tensor cores keeps h, h2, s in f16 (the
+    values the matmuls see are the same, bit for bit; 670 MB less at 124M). Off by default:
+    on the H200 (session 20) its step was 0.9 ms shorter by GPU timestamps but 7 ms longer
+    by the wall clock, unexplained in one sample (bench/results/train/train_f16_round12.md);
+    `dev/h200_f16_acts_next.sh OUT ab` times the two alternately."""
     import os
-    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "1").strip().lower() not in (
-        "0", "off", "no", "false")
+    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "0").strip().lower() in (
+        "1", "on", "yes", "true")
 
 
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
@@ -149,8 +152,8 @@ class GpuModel:
         self.f16_heads = self.tensor_cores and attention.takes_f16_operands(
             device, self.tensor_cores, cfg.head_dim,
             head_strides(cfg, seq) + (attention.token_rows(seq, cfg.head_dim, d),))
-        # h, h2 and s in f16: they only feed matmuls, which round them to f16 on the tensor
-        # cores anyway (half the bytes loaded; matmul_nt_a16_w16 and matmul_tn_w16)
+        # h, h2 and s in f16 where asked for: they only feed matmuls, which round them to
+        # f16 on the tensor cores anyway (half the bytes loaded; matmul_nt_a16_w16, tn_w16)
         self.f16_acts = self.tensor_cores and not f16_math and f16_activations_enabled()
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
