@@ -60,6 +60,12 @@ fn gelu_grad(x: Elem) -> Elem {
     return 0.5 * (Elem(1.0) + t) + 0.5 * xc * (Elem(1.0) - t * t) * dt;
 }
 
+// Where row r's gate of Elem i (r = i / F) lies in gu (its up is p.up further on).
+fn gate_index(i: u32) -> u32 { return (i / p.width) * p.ld + i % p.width; }
+
+// h = silu(g) * u (the f32 or vec4 swiglu_forward kernels, before any conversion).
+fn swiglu(g: Elem, u: Elem) -> Elem { return g * sigmoid(g) * u; }
+
 // The f16 bits of v (for an array<vec2<u32>> binding viewing f16 storage): clamped to +-65504,
 // rounded to nearest by pack2x16float (WGSL: out-of-range input is indeterminate, so clamp
 // first), NaN written as the quiet NaN 0x7e00. NaN is tested on the bits: drivers may compile
@@ -84,9 +90,8 @@ fn swiglu_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
                   @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wg, nwg, lid);
     if (i >= p.rows * p.width) { return; }
-    let base = (i / p.width) * p.ld + i % p.width;
-    let g = gu[base];
-    h_out[i] = g * sigmoid(g) * gu[base + p.up];
+    let base = gate_index(i);
+    h_out[i] = swiglu(gu[base], gu[base + p.up]);
 }
 
 // --- KERNEL: swiglu_forward_vec4 ---
@@ -101,9 +106,8 @@ fn swiglu_forward_vec4(@builtin(workgroup_id) wg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wg, nwg, lid);
     if (i >= p.rows * p.width) { return; }
-    let base = (i / p.width) * p.ld + i % p.width;
-    let g = gu[base];
-    h_out[i] = g * sigmoid(g) * gu[base + p.up];
+    let base = gate_index(i);
+    h_out[i] = swiglu(gu[base], gu[base + p.up]);
 }
 
 // --- KERNEL: swiglu_forward_vec4_f16 ---
@@ -118,9 +122,8 @@ fn swiglu_forward_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wg, nwg, lid);
     if (i >= p.rows * p.width) { return; }
-    let base = (i / p.width) * p.ld + i % p.width;
-    let g = gu[base];
-    h_out[i] = f16_bits(g * sigmoid(g) * gu[base + p.up]);
+    let base = gate_index(i);
+    h_out[i] = f16_bits(swiglu(gu[base], gu[base + p.up]));
 }
 
 // --- KERNEL: swiglu_backward ---

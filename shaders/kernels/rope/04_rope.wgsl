@@ -86,6 +86,31 @@ fn angles4(t0: vec4<f32>, t1: vec4<f32>) -> array<vec4<f32>, 2> {
                                p.sign * vec4<f32>(t0.y, t0.w, t1.y, t1.w));
 }
 
+// Where rope_vec4_out[_f16]'s invocation g works, all in vec4s: the two table entries from
+// `at`, x's pair groups at src and src + half4, y's at dst and dst + half4; nothing unless
+// `live` (g past the last group: only indices are computed, nothing is loaded).
+struct Out4 {
+    live: bool,
+    half4: u32,
+    at: u32,
+    src: u32,
+    dst: u32,
+}
+
+fn out4(g: u32) -> Out4 {
+    let half4 = p.half / 4u;
+    let it = item(g, half4);
+    return Out4(g < p.tokens * p.heads * half4, half4,
+                (position(it.token) * p.half) / 2u + 2u * it.i,
+                x_row(it.token, it.h) / 4u + it.i, y_row(it.token, it.h) / 4u + it.i);
+}
+
+// Four pairs (a, b) rotated by the angles of table entries t0, t1: (y[.., i], y[.., j]).
+fn rotate4(t0: vec4<f32>, t1: vec4<f32>, a: vec4<f32>, b: vec4<f32>) -> array<vec4<f32>, 2> {
+    let cs = angles4(t0, t1);
+    return array<vec4<f32>, 2>(a * cs[0] - b * cs[1], b * cs[0] + a * cs[1]);
+}
+
 // --- KERNEL: rope ---
 @group(0) @binding(0) var<storage, read> table: array<vec2<f32>>;
 @group(0) @binding(1) var<storage, read_write> xs: array<f32>;
@@ -156,18 +181,11 @@ fn rope_vec4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 @compute @workgroup_size(EW)
 fn rope_vec4_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let g = workgroup_index(wg, nwg) * EW + lid;
-    let half4 = p.half / 4u;
-    if (g >= p.tokens * p.heads * half4) { return; }
-    let it = item(g, half4);
-    let at = (position(it.token) * p.half) / 2u + 2u * it.i;
-    let cs = angles4(table[at], table[at + 1u]);
-    let src = x_row(it.token, it.h) / 4u + it.i;
-    let dst = y_row(it.token, it.h) / 4u + it.i;
-    let a = xs[src];
-    let b = xs[src + half4];
-    ys[dst] = a * cs[0] - b * cs[1];
-    ys[dst + half4] = b * cs[0] + a * cs[1];
+    let w = out4(workgroup_index(wg, nwg) * EW + lid);
+    if (!w.live) { return; }
+    let y = rotate4(table[w.at], table[w.at + 1u], xs[w.src], xs[w.src + w.half4]);
+    ys[w.dst] = y[0];
+    ys[w.dst + w.half4] = y[1];
 }
 
 // --- KERNEL: rope_vec4_out_f16 ---
@@ -180,16 +198,9 @@ fn rope_vec4_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 fn rope_vec4_out_f16(@builtin(workgroup_id) wg: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let g = workgroup_index(wg, nwg) * EW + lid;
-    let half4 = p.half / 4u;
-    if (g >= p.tokens * p.heads * half4) { return; }
-    let it = item(g, half4);
-    let at = (position(it.token) * p.half) / 2u + 2u * it.i;
-    let cs = angles4(table[at], table[at + 1u]);
-    let src = x_row(it.token, it.h) / 4u + it.i;
-    let dst = y_row(it.token, it.h) / 4u + it.i;
-    let a = xs[src];
-    let b = xs[src + half4];
-    ys[dst] = vec4<f16>(f16_range(a * cs[0] - b * cs[1]));
-    ys[dst + half4] = vec4<f16>(f16_range(b * cs[0] + a * cs[1]));
+    let w = out4(workgroup_index(wg, nwg) * EW + lid);
+    if (!w.live) { return; }
+    let y = rotate4(table[w.at], table[w.at + 1u], xs[w.src], xs[w.src + w.half4]);
+    ys[w.dst] = vec4<f16>(f16_range(y[0]));
+    ys[w.dst + w.half4] = vec4<f16>(f16_range(y[1]));
 }
