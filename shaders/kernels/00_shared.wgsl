@@ -3,6 +3,7 @@
 // What it gives every kernel:
 //   workgroup_index(wg, nwg)     linear workgroup index of a grid the engine folded into 2-D
 //   Subgroup / wg_sum / wg_max   workgroup-wide reductions built on subgroup operations
+//   f16_range(v), f16_bits(v)    f32 values made ready for f16 storage (clamped, NaN kept)
 //
 // Reductions: every invocation of the workgroup must call them (uniform control flow, as
 // for workgroupBarrier), and every invocation receives the result. They are correct for any
@@ -62,4 +63,29 @@ fn wg_max(v: f32, sg: Subgroup) -> f32 {
     let total = subgroupMax(acc);
     workgroupBarrier();
     return total;
+}
+
+// f16 storage: beyond +-65504 a value becomes +-65504 (overflow stays finite, as the
+// tensor-core matmuls clamp their f32 operands), NaN stays NaN. NaN is tested on the bits:
+// drivers may compile `v != v` as an ordered compare (false for NaN) and clamp(NaN) is
+// undefined. f32 and u32 only, so the preamble compiles without shader-f16.
+fn nan4(v: vec4<f32>) -> vec4<bool> {
+    return (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
+}
+
+// v clamped to the f16 range, NaN kept: ready for vec4<f16>(...) (converting NaN gives NaN).
+fn f16_range(v: vec4<f32>) -> vec4<f32> {
+    return select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), v, nan4(v));
+}
+
+// The f16 bits of v for an array<vec2<u32>> binding viewing f16 storage (8-byte stores):
+// clamped, rounded to nearest by pack2x16float (indeterminate for out-of-range input, hence
+// the clamp first), NaN written as the quiet NaN 0x7e00. (naga rejects
+// bitcast<vec2<u32>>(vec4<f16>), so the bits come from pack2x16float.)
+fn f16_bits(v: vec4<f32>) -> vec2<u32> {
+    let nan = nan4(v);
+    let c = select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), vec4<f32>(0.0), nan);
+    let q = select(vec4<u32>(0u), vec4<u32>(0x7e00u), nan);
+    return vec2<u32>(pack2x16float(c.xy) | q.x | (q.y << 16u),
+                     pack2x16float(c.zw) | q.z | (q.w << 16u));
 }

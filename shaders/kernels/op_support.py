@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..engine import Buffer, BufferView
@@ -21,7 +23,6 @@ F16_READS_DEFAULT = "bits"
 
 def f16_reads() -> str:
     """"bits" or "vec4" ($ISTANBUL_F16_READS, else F16_READS_DEFAULT); ValueError otherwise."""
-    import os
     value = os.environ.get("ISTANBUL_F16_READS", "").strip().lower() or F16_READS_DEFAULT
     if value not in F16_READS:
         raise ValueError(f"ISTANBUL_F16_READS={value!r}: use one of {', '.join(F16_READS)}")

@@ -26,6 +26,7 @@ statistics divide it out, an overflow skips the step and halves the scale.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +73,6 @@ def f16_activations_enabled() -> bool:
     on the H200 (session 20) its step was 0.9 ms shorter by GPU timestamps but 7 ms longer
     by the wall clock, unexplained in one sample (bench/results/train/train_f16_round12.md);
     `dev/h200_f16_acts_next.sh OUT ab` times the two alternately."""
-    import os
     return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "0").strip().lower() in (
         "1", "on", "yes", "true")
 

@@ -66,19 +66,6 @@ fn gate_index(i: u32) -> u32 { return (i / p.width) * p.ld + i % p.width; }
 // h = silu(g) * u (the f32 or vec4 swiglu_forward kernels, before any conversion).
 fn swiglu(g: Elem, u: Elem) -> Elem { return g * sigmoid(g) * u; }
 
-// The f16 bits of v (for an array<vec2<u32>> binding viewing f16 storage): clamped to +-65504,
-// rounded to nearest by pack2x16float (WGSL: out-of-range input is indeterminate, so clamp
-// first), NaN written as the quiet NaN 0x7e00. NaN is tested on the bits: drivers may compile
-// `v != v` as an ordered compare and clamp(NaN) is undefined. (f32 and u32 only: this header
-// compiles on devices without shader-f16; naga rejects bitcast<vec2<u32>>(vec4<f16>).)
-fn f16_bits(v: vec4<f32>) -> vec2<u32> {
-    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-    let c = select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), vec4<f32>(0.0), nan);
-    let q = select(vec4<u32>(0u), vec4<u32>(0x7e00u), nan);
-    return vec2<u32>(pack2x16float(c.xy) | q.x | (q.y << 16u),
-                     pack2x16float(c.zw) | q.z | (q.w << 16u));
-}
-
 // --- KERNEL: swiglu_forward ---
 alias Elem = f32;
 @group(0) @binding(0) var<storage, read> gu: array<Elem>;

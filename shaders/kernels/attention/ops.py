@@ -289,7 +289,7 @@ def takes_f16_operands(device, tensor_cores, D: int, strides) -> bool:
             and uses_tensor_cores(device, D, strides))
 
 
-def _operand_dtype(op: str, q, k, v) -> bool:
+def _f16_operands(op: str, q, k, v) -> bool:
     """Whether q, k and v are f16 (all three, on a device with shader-f16), not f32."""
     kinds = {name: dtype_of(buf) for name, buf in (("q", q), ("k", k), ("v", v))}
     if len(set(kinds.values())) > 1:
@@ -600,7 +600,7 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     `config="sgmat"` pins the staged tensor-core forward."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
-    f16_in = _operand_dtype(op, q, k, v)
+    f16_in = _f16_operands(op, q, k, v)
     check(op, "q", q, nq, (F32, F16))
     check(op, "k", k, nkv, (F32, F16))
     check(op, "v", v, nkv, (F32, F16))
@@ -693,7 +693,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     "order" and "qorder", see sgmat2_params)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
-    f16_in = _operand_dtype(op, q, k, v)
+    f16_in = _f16_operands(op, q, k, v)
     for name, buf, count in (("q", q, nq), ("k", k, nkv), ("v", v, nkv), ("o", o, no),
                              ("do", do, no), ("lse", lse, B * H * T), ("dq", dq, nq),
                              ("dk", dk, nkv), ("dv", dv, nkv)):

@@ -35,14 +35,6 @@ fn first_vec4(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return workgroup_index(wg, nwg) * EW * VPT + lid;
 }
 
-// v clamped to the f16 range +-65504, NaN kept, for a conversion to f16 that keeps overflow
-// finite. NaN is tested on the bits: drivers may compile `v != v` as an ordered compare
-// (false for NaN) and clamp(NaN) is undefined; converting a NaN gives a NaN.
-fn f16_range(v: vec4<f32>) -> vec4<f32> {
-    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-    return select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), v, nan);
-}
-
 // The uniform of the copy_heads kernels
 struct HeadCopy {
     n: u32,        // rows * width

@@ -72,14 +72,6 @@ fn y_row(token: u32, h: u32) -> u32 {
 // The position whose angles rotate `token`; the table rows are D/2 (cos, sin) pairs.
 fn position(token: u32) -> u32 { return token % p.seq + p.pos_offset; }
 
-// v clamped to the f16 range +-65504, NaN kept, for rope_vec4_out_f16's conversion (as
-// infra_vec4.wgsl's cast): NaN is tested on the bits, since drivers may compile `v != v` as
-// an ordered compare (false for NaN) and clamp(NaN) is undefined; converting NaN gives NaN.
-fn f16_range(v: vec4<f32>) -> vec4<f32> {
-    let nan = (bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu)) > vec4<u32>(0x7f800000u);
-    return select(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)), v, nan);
-}
-
 // cos and sign * sin of four pairs from two vec4 table entries of (c, s, c, s)
 fn angles4(t0: vec4<f32>, t1: vec4<f32>) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(vec4<f32>(t0.x, t0.z, t1.x, t1.z),
