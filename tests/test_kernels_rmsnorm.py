@@ -84,7 +84,7 @@ def test_f16_y_needs_vec4_rows_an_f32_x_and_shader_f16(device):
     w = device.empty(13)
     with device.record() as rec:
         with pytest.raises(ValueError, match=r"rmsnorm.forward: an f16 y is written by the vec4 "
-                                             r"kernels only, which need n % 4 == 0 \(n = 13\)"):
+                                             r"kernel only, which needs n % 4 == 0 \(n = 13\)"):
             rmsnorm.forward(rec, device.empty(26), w, device.empty(26, np.float16),
                             device.empty(2), 2, 13)
         with pytest.raises(ValueError, match=r"rmsnorm.forward: x has dtype float16, expected "

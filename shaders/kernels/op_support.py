@@ -71,6 +71,20 @@ def check(op: str, name: str, res, count: int, dtypes=(F32,)) -> np.dtype:
     return dtype
 
 
+def f16_output(op: str, name: str, device, vec: bool, needs: str, views) -> None:
+    """Raise a clear ValueError unless the f16 output `name` can be written here: f16
+    outputs have vec4 kernels only (`vec`: the layout allows them; `needs` says what they
+    need, with the caller's values) and need a device with shader-f16."""
+    if not vec:
+        offsets = [getattr(v, "offset", 0) for v in views]
+        raise ValueError(f"{op}: an f16 {name} is written by the vec4 kernel only, which needs "
+                         f"{needs} and 16-byte-aligned views (at byte offsets {offsets}); use "
+                         f"an f32 {name} for other layouts")
+    if not device.has("shader-f16"):
+        raise ValueError(f"{op}: an f16 {name} needs a device with shader-f16; {device.name} "
+                         f"lacks it: use an f32 {name}")
+
+
 def positive(op: str, **dims) -> None:
     for key, value in dims.items():
         if int(value) < 1:

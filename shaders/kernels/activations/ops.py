@@ -21,7 +21,7 @@ range clamp to +-65504 (as basic.cast_f32_f16) and NaN stays NaN. gate_up stays 
 
 from __future__ import annotations
 
-from ..op_support import F16, F32, ceil_div, check, positive
+from ..op_support import F16, F32, ceil_div, check, f16_output, positive
 
 FILE = "06_activations.wgsl"
 EW = 256
@@ -53,15 +53,8 @@ def swiglu_forward(rec, gate_up, h, rows: int, F: int, *, ld: int | None = None,
     dev = rec.device
     name = op + ("_vec4" if w == 4 else "")
     if f16:
-        if w != 4:
-            offsets = [getattr(v, "offset", 0) for v in (gate_up, h)]
-            raise ValueError(f"{op}: an f16 h is written by the vec4 kernel only, which needs F, "
-                             f"ld and up_offset multiples of 4 (F = {F}, ld = {ld}, up_offset = "
-                             f"{up_offset}) and 16-byte-aligned views (gate_up, h at byte "
-                             f"offsets {offsets}); use an f32 h for other layouts")
-        if not dev.has("shader-f16"):
-            raise ValueError(f"{op}: an f16 h needs a device with shader-f16; {dev.name} lacks "
-                             "it: use an f32 h")
+        f16_output(op, "h", dev, w == 4, f"F, ld and up_offset multiples of 4 (F = {F}, "
+                   f"ld = {ld}, up_offset = {up_offset})", (gate_up, h))
         name += "_f16"
     params = dev.params("IIII", rows, F // w, ld // w, up_offset // w)
     rec.dispatch(dev.kernel(FILE, name), [gate_up, h, params], ceil_div(rows * F // w, EW),

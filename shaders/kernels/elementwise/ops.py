@@ -20,7 +20,7 @@ the bytes.
 
 from __future__ import annotations
 
-from ..op_support import F16, F32, ceil_div, check, positive
+from ..op_support import F16, F32, ceil_div, check, f16_output, positive
 
 FILE = "infra.wgsl"
 FILE_VEC4 = "infra_vec4.wgsl"
@@ -114,16 +114,8 @@ def copy_heads(rec, x, y, B: int, T: int, heads: int, D: int, x_strides, y_strid
            and all(getattr(r, "offset", 0) % 16 == 0 for r in (x, y)))
     name = "copy_heads_vec4" if vec else "copy_heads"
     if f16:
-        if not vec:
-            offsets = [getattr(r, "offset", 0) for r in (x, y)]
-            raise ValueError(
-                f"{op}: an f16 y is written by the vec4 kernel only, which needs D % 4 == 0 "
-                f"(D = {D}), every stride a multiple of 4 (x {tuple(x_strides)}, y "
-                f"{tuple(y_strides)}) and 16-byte-aligned views (x, y at byte offsets "
-                f"{offsets}); use an f32 y for other layouts")
-        if not dev.has("shader-f16"):
-            raise ValueError(f"{op}: an f16 y needs a device with shader-f16; {dev.name} "
-                             "lacks it: use an f32 y")
+        f16_output(op, "y", dev, vec, f"D % 4 == 0 (D = {D}), every stride a multiple of 4 "
+                   f"(x {tuple(x_strides)}, y {tuple(y_strides)})", (x, y))
         name += "_f16"
     unit = 4 if vec else 1
     xs = [int(v) // unit for v in x_strides]

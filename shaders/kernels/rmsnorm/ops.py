@@ -27,8 +27,8 @@ clamp to +-65504 (as basic.cast_f32_f16) and NaN stays NaN. x, w and rstd stay f
 
 from __future__ import annotations
 
-from ..op_support import (F16, F32, ceil_div, check, dummy, positive, row_grid, row_workgroup,
-                          scratch, vec_width)
+from ..op_support import (F16, F32, ceil_div, check, dummy, f16_output, positive, row_grid,
+                          row_workgroup, scratch, vec_width)
 
 FILE = "02_rmsnorm.wgsl"
 FILE_ROWS = "02_rmsnorm_rows.wgsl"
@@ -74,9 +74,9 @@ def forward(rec, x, w, y, rstd, rows: int, n: int, eps: float = 1e-5, *,
     f16 = check(op, "y", y, rows * n, dtypes=(F32, F16)) == F16
     check(op, "rstd", rstd, rows)
     dev = rec.device
-    if f16 and not dev.has("shader-f16"):
-        raise ValueError(f"{op}: an f16 y needs a device with shader-f16; {dev.name} lacks "
-                         "it: use an f32 y")
+    if f16:   # the rows kernel and the vec4 one have f16 variants, the scalar one none
+        f16_output(op, "y", dev, vec_width(n, x, w, y) == 4, f"n % 4 == 0 (n = {n})",
+                   (x, w, y))
     suffix = "_f16" if f16 else ""
     if _use_rows(path, n, x, w, y):
         wg, c = rows_shape(n)
@@ -87,11 +87,6 @@ def forward(rec, x, w, y, rstd, rows: int, n: int, eps: float = 1e-5, *,
                      label=name)
         return
     width = vec_width(n, x, w, y)
-    if f16 and width != 4:
-        offsets = [getattr(v, "offset", 0) for v in (x, w, y)]
-        raise ValueError(f"{op}: an f16 y is written by the vec4 kernels only, which need "
-                         f"n % 4 == 0 (n = {n}) and 16-byte-aligned views (x, w, y at byte "
-                         f"offsets {offsets}); use an f32 y for other shapes")
     name = ("rmsnorm_forward_vec4" if width == 4 else "rmsnorm_forward") + suffix
     kern = dev.kernel(FILE, name, {"WG": row_workgroup(n // width)})
     params = dev.params("IIIIfIII", rows, n // width, n, 0, float(eps), 0, 0, 0)

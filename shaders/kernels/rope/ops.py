@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..op_support import F16, F32, ceil_div, check, dtype_of, positive
+from ..op_support import F16, F32, ceil_div, check, dtype_of, f16_output, positive
 
 FILE = "04_rope.wgsl"
 EW = 256
@@ -90,16 +90,8 @@ def _rope(rec, x, table, B, T, H, D, token_stride, pos_offset, sign, op, strides
            and all(getattr(v, "offset", 0) % 16 == 0 for v in views))
     name = ("rope_vec4" if vec else "rope") + ("_out" if out is not None else "")
     if f16:
-        if not vec:
-            offsets = [getattr(v, "offset", 0) for v in views]
-            raise ValueError(
-                f"{op}: an f16 out is written by the vec4 kernel only, which needs D % 8 == 0 "
-                f"(D = {D}), every x and out stride a multiple of 4 (x {xs}, out {ys}) and "
-                f"16-byte-aligned views (x, table, out at byte offsets {offsets}); use an "
-                "f32 out for other layouts")
-        if not dev.has("shader-f16"):
-            raise ValueError(f"{op}: an f16 out needs a device with shader-f16; {dev.name} "
-                             "lacks it: use an f32 out")
+        f16_output(op, "out", dev, vec, f"D % 8 == 0 (D = {D}), every x and out stride a "
+                   f"multiple of 4 (x {xs}, out {ys})", views)
         name += "_f16"
     params = dev.params("IIIIIfIIIIII", B * T, T, H, D // 2, int(pos_offset), float(sign),
                         *xs, *ys)
