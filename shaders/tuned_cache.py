@@ -136,10 +136,15 @@ def lookup(device, op: str, key: str, shape) -> str | None:
     """The tuned configuration string for (op, key, shape), or None (use the default)."""
     if os.environ.get("ISTANBUL_AUTOTUNE", "1") == "0":
         return None
-    memo = (tuple(cache_paths(device)), op, key, tuple(int(s) for s in shape))
-    if memo not in _answers:
-        _answers[memo] = _lookup(device, op, key, shape)
-    return _answers[memo]
+    # keyed by what decides the files (not the paths themselves: building them costs
+    # pathlib calls, and the ops ask ~1,000 times a training step)
+    memo = (device.info.name, device.info.backend, _webgpu(device),
+            os.environ.get("ISTANBUL_AUTOTUNE_DIR"), os.environ.get("HOME"), op, key,
+            tuple(int(s) for s in shape))
+    found = _answers.get(memo, _answers)
+    if found is _answers:
+        found = _answers[memo] = _lookup(device, op, key, shape)
+    return found
 
 
 def _lookup(device, op: str, key: str, shape) -> str | None:

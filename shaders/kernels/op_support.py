@@ -61,8 +61,8 @@ def dtype_of(res) -> np.dtype:
 def check(op: str, name: str, res, count: int, dtypes=(F32,)) -> np.dtype:
     """Raise a ValueError naming the op and operand unless `res` holds >= count elements."""
     dtype = dtype_of(res)
-    allowed = tuple(np.dtype(d) for d in dtypes)
-    if dtype not in allowed:
+    if dtype not in dtypes:   # np.dtype == numpy scalar type, so either form matches
+        allowed = tuple(np.dtype(d) for d in dtypes)
         raise ValueError(f"{op}: {name} has dtype {dtype}, expected "
                          f"{' or '.join(str(d) for d in allowed)}")
     have = res.nbytes // dtype.itemsize

@@ -22,6 +22,7 @@ projections run as ONE matmul with the stacked [2F, d] matrix (`fused_range`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return int(math.prod(self.shape))   # not np.prod: asked ~2,000 times a recorded step
 
     @property
     def end(self) -> int:
