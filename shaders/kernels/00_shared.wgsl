@@ -3,6 +3,7 @@
 // What it gives every kernel:
 //   workgroup_index(wg, nwg)     linear workgroup index of a grid the engine folded into 2-D
 //   Subgroup / wg_sum / wg_max   workgroup-wide reductions built on subgroup operations
+//   wg_sum4                      wg_sum of a vec4, per component (four rows' sums at once)
 //   f16_range(v), f16_bits(v)    f32 values made ready for f16 storage (clamped, NaN kept)
 //
 // Reductions: every invocation of the workgroup must call them (uniform control flow, as
@@ -17,6 +18,7 @@
 
 const RED_SLOTS: u32 = 256u;
 var<workgroup> red_slots: array<f32, RED_SLOTS>;
+var<workgroup> red_slots4: array<vec4<f32>, RED_SLOTS>;   // only kernels calling wg_sum4 hold it
 
 // Where an invocation sits among its workgroup's subgroups (from the entry point's builtins:
 // subgroup_id, subgroup_invocation_id, subgroup_size, num_subgroups).
@@ -44,6 +46,21 @@ fn wg_sum(v: f32, sg: Subgroup) -> f32 {
     var acc = 0.0;
     for (var i = sg.lane; i < sg.count; i += sg.size) {
         acc += red_slots[i];
+    }
+    let total = subgroupAdd(acc);
+    workgroupBarrier();
+    return total;
+}
+
+fn wg_sum4(v: vec4<f32>, sg: Subgroup) -> vec4<f32> {
+    let part = subgroupAdd(v);
+    if (sg.lane == 0u) {
+        red_slots4[sg.id] = part;
+    }
+    workgroupBarrier();
+    var acc = vec4<f32>();
+    for (var i = sg.lane; i < sg.count; i += sg.size) {
+        acc += red_slots4[i];
     }
     let total = subgroupAdd(acc);
     workgroupBarrier();

@@ -1,11 +1,8 @@
-// 02_rmsnorm.wgsl — RMSNorm forward and backward over rows of length n.
+// 02_rmsnorm.wgsl — RMSNorm forward and backward over rows of any length n (the vec4
+// forwards, f32 and f16 y, are in 02_rmsnorm_forward.wgsl).
 //
-//   rmsnorm_forward[_vec4]    rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
+//   rmsnorm_forward           rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
 //                             y[r,j]  = x[r,j] * rstd[r] * w[j]
-//   rmsnorm_forward_vec4_f16  rmsnorm_forward_vec4 with y f16 (the tensor-core matmuls read the
-//                             norm's output as f16, rounding an f32 A the same way when staging:
-//                             same values, half the bytes); f32 math, one store clamped to
-//                             +-65504, rounded to nearest, NaN kept (as cast_f32_f16)
 //   rmsnorm_backward[_vec4]   g = dy * w, xhat = x * rstd
 //                             dx[r,j] (=, +=) rstd[r] * (g[j] - xhat[j] * mean_k(g[k] xhat[k]))
 //   rmsnorm_dw_partial        part[b, j] = sum over rows r of block b of dy[r,j] x[r,j] rstd[r]
@@ -16,8 +13,7 @@
 // `dim` then counts vec4s; `n` is always the true row length.
 //
 // Bindings (group 0):
-//   forward:      0 x, 1 w, 2 y (rw; array<vec2<u32>> in _vec4_f16, each element the f16
-//                 bits of a vec4), 3 rstd (rw), 4 Params
+//   forward:      0 x, 1 w, 2 y (rw), 3 rstd (rw), 4 Params
 //   backward:     0 x, 1 w, 2 dy, 3 rstd, 4 dx (rw), 5 Params   (mode 0 store, 1 accumulate)
 //   dw_partial:   0 x, 1 dy, 2 rstd, 3 part (rw), 4 Params
 //   dw_reduce:    0 part, 1 dw (rw), 2 Params
@@ -65,70 +61,6 @@ fn rmsnorm_forward(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     let rstd = inverseSqrt(wg_sum(ss, sg) / f32(p.n) + p.eps);
     if (live) {
         for (var j = lid; j < p.dim; j += WG) { y_out[base + j] = x_in[base + j] * rstd * weight[j]; }
-        if (lid == 0u) { rstd_out[row] = rstd; }
-    }
-}
-
-// --- KERNEL: rmsnorm_forward_vec4 ---
-alias Elem = vec4<f32>;
-@group(0) @binding(0) var<storage, read> x_in: array<Elem>;
-@group(0) @binding(1) var<storage, read> weight: array<Elem>;
-@group(0) @binding(2) var<storage, read_write> y_out: array<Elem>;
-@group(0) @binding(3) var<storage, read_write> rstd_out: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
-
-@compute @workgroup_size(WG)
-fn rmsnorm_forward_vec4(@builtin(workgroup_id) wg: vec3<u32>,
-                        @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32,
-                        @builtin(subgroup_id) sg_id: u32,
-                        @builtin(subgroup_invocation_id) lane: u32,
-                        @builtin(subgroup_size) sg_size: u32,
-                        @builtin(num_subgroups) num_sg: u32) {
-    let sg = Subgroup(sg_id, lane, sg_size, num_sg);
-    let row = workgroup_index(wg, nwg);
-    let live = row < p.rows;
-    let base = row * p.dim;
-    var ss = 0.0;
-    if (live) {
-        for (var j = lid; j < p.dim; j += WG) { let v = x_in[base + j]; ss += sum_elem4(v * v); }
-    }
-    let rstd = inverseSqrt(wg_sum(ss, sg) / f32(p.n) + p.eps);
-    if (live) {
-        for (var j = lid; j < p.dim; j += WG) { y_out[base + j] = x_in[base + j] * rstd * weight[j]; }
-        if (lid == 0u) { rstd_out[row] = rstd; }
-    }
-}
-
-// --- KERNEL: rmsnorm_forward_vec4_f16 ---
-alias Elem = vec4<f32>;
-@group(0) @binding(0) var<storage, read> x_in: array<Elem>;
-@group(0) @binding(1) var<storage, read> weight: array<Elem>;
-@group(0) @binding(2) var<storage, read_write> y_out: array<vec2<u32>>;   // f16[rows, n]
-@group(0) @binding(3) var<storage, read_write> rstd_out: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
-
-@compute @workgroup_size(WG)
-fn rmsnorm_forward_vec4_f16(@builtin(workgroup_id) wg: vec3<u32>,
-                            @builtin(num_workgroups) nwg: vec3<u32>,
-                            @builtin(local_invocation_index) lid: u32,
-                            @builtin(subgroup_id) sg_id: u32,
-                            @builtin(subgroup_invocation_id) lane: u32,
-                            @builtin(subgroup_size) sg_size: u32,
-                            @builtin(num_subgroups) num_sg: u32) {
-    let sg = Subgroup(sg_id, lane, sg_size, num_sg);
-    let row = workgroup_index(wg, nwg);
-    let live = row < p.rows;
-    let base = row * p.dim;
-    var ss = 0.0;
-    if (live) {
-        for (var j = lid; j < p.dim; j += WG) { let v = x_in[base + j]; ss += sum_elem4(v * v); }
-    }
-    let rstd = inverseSqrt(wg_sum(ss, sg) / f32(p.n) + p.eps);
-    if (live) {
-        for (var j = lid; j < p.dim; j += WG) {
-            y_out[base + j] = f16_bits(x_in[base + j] * rstd * weight[j]);
-        }
         if (lid == 0u) { rstd_out[row] = rstd; }
     }
 }

@@ -1,13 +1,7 @@
-// 02_rmsnorm_rows.wgsl — RMSNorm over several rows per workgroup, each row read once (the
-// fast path of ops.py for rows of n % 4 == 0 floats, n <= 4 * WG * MAX_C).
+// 02_rmsnorm_rows.wgsl — RMSNorm's backward over several rows per workgroup, each row read
+// once (the fast path of ops.py for rows of n % 4 == 0 floats, n <= 4 * WG * MAX_C; its
+// forward twin is rmsnorm_forward_rows in 02_rmsnorm_forward.wgsl).
 //
-//   rmsnorm_forward_rows     rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
-//                            y[r,j]  = x[r,j] * rstd[r] * w[j]           (4 rows per workgroup)
-//   rmsnorm_forward_rows_f16 the same with y f16: the tensor-core matmuls read the norm's output
-//                            as f16 (they round an f32 A to f16 when staging anyway), so an f16
-//                            y gives them the same values at half the bytes. Computed in f32,
-//                            clamped to +-65504 (as cast_f32_f16: overflow stays finite) and
-//                            rounded to nearest once at the store; NaN stays NaN. rstd stays f32.
 //   rmsnorm_backward_rows    per block of RB rows (4 at a time):
 //                              g = dy * w, c[r] = rstd[r]^2 * mean_j(g x) (= mean(g xhat)*rstd)
 //                              dx[r,j] (=, +=) rstd[r] * (g[j] - x[r,j] * c[r])
@@ -17,25 +11,21 @@
 //
 // x, dy and dx of a row are loaded once into registers: the row reduction, dx and the dw
 // partial all use the same values (the general kernels in 02_rmsnorm.wgsl read them twice
-// and the dw stage a third time). Four rows share one vec4 workgroup reduction.
-// Layouts: x, y, dy, dx f32[rows, n] contiguous, read as vec4 (y f16 in _f16); w, dw f32[n];
-// rstd f32[rows]; part f32[blocks, n].
+// and the dw stage a third time). Four rows share one vec4 workgroup reduction (wg_sum4).
+// Layouts: x, dy, dx f32[rows, n] contiguous, read as vec4; w, dw f32[n]; rstd f32[rows];
+// part f32[blocks, n].
 //
 // Bindings (group 0):
-//   forward:    0 x, 1 w, 2 y (rw; array<vec2<u32>> in _f16: the four halves of a vec4 as the
-//               bits of pack2x16float, one 8-byte store), 3 rstd (rw), 4 Params
 //   backward:   0 x, 1 w, 2 dy, 3 rstd, 4 dx (rw; a dummy when mode bit 1 is clear),
 //               5 part (rw; a dummy unless with_dw), 6 Params
 //   dw_reduce:  0 part, 1 dw (rw), 2 Params
-// Dispatch: forward ceil(rows / 4) workgroups of WG; backward ceil(rows / RB) workgroups of
-// WG (grids folded into 2-D beyond 65,535); dw_reduce ceil(n / 4 / 16) workgroups of 256.
+// Dispatch: backward ceil(rows / RB) workgroups of WG (grids folded into 2-D beyond 65,535); dw_reduce ceil(n / 4 / 16) workgroups of 256.
 // Invocation lid owns the vec4 columns lid, lid + WG, ... (C = ceil(n / 4 / WG) of them).
 
 override WG: u32 = 256u;
 override C: u32 = 1u;            // vec4 columns per invocation
 override RB: u32 = 8u;           // backward: rows per workgroup (multiple of 4)
 const MAX_C: u32 = 4u;
-const RED_SLOTS4: u32 = 256u;
 
 struct Params {
     rows: u32,
@@ -43,114 +33,10 @@ struct Params {
     n: u32,       // row length in floats
     mode: u32,    // backward: bit 0 accumulate dx, bit 1 write dx, bit 2 write dw partials;
                   // dw_reduce: number of blocks
-    eps: f32,
+    eps: f32,     // unused here (the forward's Params share this layout)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-}
-
-var<workgroup> red4: array<vec4<f32>, RED_SLOTS4>;
-
-// Sum of v over the workgroup, per component (the preamble's wg_sum for vec4s).
-fn wg_sum4(v: vec4<f32>, sg: Subgroup) -> vec4<f32> {
-    let part = subgroupAdd(v);
-    if (sg.lane == 0u) {
-        red4[sg.id] = part;
-    }
-    workgroupBarrier();
-    var acc = vec4<f32>();
-    for (var i = sg.lane; i < sg.count; i += sg.size) {
-        acc += red4[i];
-    }
-    let total = subgroupAdd(acc);
-    workgroupBarrier();
-    return total;
-}
-
-// --- KERNEL: rmsnorm_forward_rows ---
-@group(0) @binding(0) var<storage, read> x_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> weight: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y_out: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> rstd_out: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
-
-@compute @workgroup_size(WG)
-fn rmsnorm_forward_rows(@builtin(workgroup_id) wg: vec3<u32>,
-                        @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32,
-                        @builtin(subgroup_id) sg_id: u32,
-                        @builtin(subgroup_invocation_id) lane: u32,
-                        @builtin(subgroup_size) sg_size: u32,
-                        @builtin(num_subgroups) num_sg: u32) {
-    let sg = Subgroup(sg_id, lane, sg_size, num_sg);
-    let r0 = workgroup_index(wg, nwg) * 4u;
-    var xs: array<vec4<f32>, 4u * MAX_C>;     // [row i][column slot c]
-    var ss = vec4<f32>();
-    for (var c = 0u; c < C; c++) {
-        let j = lid + c * WG;
-        for (var i = 0u; i < 4u; i++) {
-            if (j < p.n4 && r0 + i < p.rows) {
-                let v = x_in[(r0 + i) * p.n4 + j];
-                xs[i * MAX_C + c] = v;
-                ss[i] += dot(v, v);
-            }
-        }
-    }
-    let rstd = inverseSqrt(wg_sum4(ss, sg) / f32(p.n) + p.eps);
-    for (var c = 0u; c < C; c++) {
-        let j = lid + c * WG;
-        if (j < p.n4) {
-            let w = weight[j];
-            for (var i = 0u; i < 4u; i++) {
-                if (r0 + i < p.rows) { y_out[(r0 + i) * p.n4 + j] = xs[i * MAX_C + c] * rstd[i] * w; }
-            }
-        }
-    }
-    if (lid < 4u && r0 + lid < p.rows) { rstd_out[r0 + lid] = rstd[lid]; }
-}
-
-// --- KERNEL: rmsnorm_forward_rows_f16 ---
-@group(0) @binding(0) var<storage, read> x_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> weight: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y_out: array<vec2<u32>>;   // f16[rows, n]
-@group(0) @binding(3) var<storage, read_write> rstd_out: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
-
-@compute @workgroup_size(WG)
-fn rmsnorm_forward_rows_f16(@builtin(workgroup_id) wg: vec3<u32>,
-                            @builtin(num_workgroups) nwg: vec3<u32>,
-                            @builtin(local_invocation_index) lid: u32,
-                            @builtin(subgroup_id) sg_id: u32,
-                            @builtin(subgroup_invocation_id) lane: u32,
-                            @builtin(subgroup_size) sg_size: u32,
-                            @builtin(num_subgroups) num_sg: u32) {
-    let sg = Subgroup(sg_id, lane, sg_size, num_sg);
-    let r0 = workgroup_index(wg, nwg) * 4u;
-    var xs: array<vec4<f32>, 4u * MAX_C>;     // [row i][column slot c]
-    var ss = vec4<f32>();
-    for (var c = 0u; c < C; c++) {
-        let j = lid + c * WG;
-        for (var i = 0u; i < 4u; i++) {
-            if (j < p.n4 && r0 + i < p.rows) {
-                let v = x_in[(r0 + i) * p.n4 + j];
-                xs[i * MAX_C + c] = v;
-                ss[i] += dot(v, v);
-            }
-        }
-    }
-    let rstd = inverseSqrt(wg_sum4(ss, sg) / f32(p.n) + p.eps);
-    for (var c = 0u; c < C; c++) {
-        let j = lid + c * WG;
-        if (j < p.n4) {
-            let w = weight[j];
-            for (var i = 0u; i < 4u; i++) {
-                if (r0 + i < p.rows) {
-                    y_out[(r0 + i) * p.n4 + j] = f16_bits(xs[i * MAX_C + c] * rstd[i] * w);
-                }
-            }
-        }
-    }
-    if (lid < 4u && r0 + lid < p.rows) { rstd_out[r0 + lid] = rstd[lid]; }
 }
 
 // --- KERNEL: rmsnorm_backward_rows ---

@@ -83,7 +83,7 @@ def backward_grad(dev, rng, path=None):
 register(KernelCase(
     name="rmsnorm_forward", family="rmsnorm", precision="f32",
     kernels=[(rmsnorm.FILE, "rmsnorm_forward", {"WG": 64}),
-             (rmsnorm.FILE, "rmsnorm_forward_vec4", {"WG": 64})],
+             (rmsnorm.FILE_FORWARD, "rmsnorm_forward_vec4", {"WG": 64})],
     inputs=make_inputs, launch=forward_launch, reference=forward_reference,
     variants=VARIANTS, bench_variant_software="bench_small",
     flops=lambda inp: 4.0 * inp["x"].size,
@@ -105,8 +105,8 @@ register(KernelCase(
     # within f16 rounding: f32 math then one rounding may land one f16 ulp (2^-10 relative)
     # from the float64 result rounded once
     thresholds={"max_rel": 2.0 ** -10},
-    kernels=[(rmsnorm.FILE_ROWS, "rmsnorm_forward_rows_f16", {"WG": 64, "C": 1}),
-             (rmsnorm.FILE, "rmsnorm_forward_vec4_f16", {"WG": 64})],
+    kernels=[(rmsnorm.FILE_FORWARD, "rmsnorm_forward_rows_f16", {"WG": 64, "C": 1}),
+             (rmsnorm.FILE_FORWARD, "rmsnorm_forward_vec4_f16", {"WG": 64})],
     requires=("shader-f16",), inputs=make_inputs,
     launch=lambda dev, inp: forward_launch(dev, inp, y_dtype=np.float16),
     reference=forward_f16_reference, variants=VARIANTS_F16,
@@ -136,8 +136,8 @@ for accumulate in (False, True):
 # ---- one path forced -------------------------------------------------------------------------
 
 for path, variants, kernels in (
-        ("general", VARIANTS, [(rmsnorm.FILE, "rmsnorm_forward_vec4", {"WG": 64})]),
-        ("rows", VARIANTS_ROWS, [(rmsnorm.FILE_ROWS, "rmsnorm_forward_rows",
+        ("general", VARIANTS, [(rmsnorm.FILE_FORWARD, "rmsnorm_forward_vec4", {"WG": 64})]),
+        ("rows", VARIANTS_ROWS, [(rmsnorm.FILE_FORWARD, "rmsnorm_forward_rows",
                                   {"WG": 64, "C": 1}),
                                  (rmsnorm.FILE_ROWS, "rmsnorm_backward_rows",
                                   {"WG": 64, "C": 1, "RB": 8}),

@@ -12,9 +12,11 @@ y = x / sqrt(mean(x^2) + eps) * w (Llama's RMSNorm, f32 throughout). The backwar
 gradient into dw (two deterministic stages through a scratch buffer; dw may be None).
 
 Kernels: rows whose length is a multiple of 4 (16-byte-aligned views, n <= 4 * 256 * 4)
-run 02_rmsnorm_rows.wgsl: several rows per workgroup, each row read once (the backward
-computes dx and the dw partials from the same registers); others run 02_rmsnorm.wgsl.
-`path="rows"` or `path="general"` forces one (tests, benchmarks).
+run the rows kernels (02_rmsnorm_forward.wgsl's rmsnorm_forward_rows, 02_rmsnorm_rows.wgsl's
+backward): several rows per workgroup, each row read once (the backward computes dx and the
+dw partials from the same registers); others run one row per workgroup (02_rmsnorm.wgsl, the
+forward's vec4 kernel in 02_rmsnorm_forward.wgsl). `path="rows"` or `path="general"` forces
+one (tests, benchmarks).
 
 f16 output: pass an f16 `y` (e.g. device.empty((rows, n), np.float16)) and the forward runs
 the f16 variant of the kernel it picks (rmsnorm_forward_rows_f16 or rmsnorm_forward_vec4_f16;
@@ -32,6 +34,7 @@ from ..op_support import (F16, F32, ceil_div, check, dummy, f16_output, positive
 
 FILE = "02_rmsnorm.wgsl"
 FILE_ROWS = "02_rmsnorm_rows.wgsl"
+FILE_FORWARD = "02_rmsnorm_forward.wgsl"   # the vec4 forwards, y f32 or f16
 CW = 64
 ROWS_MAX_C = 4        # vec4 columns per invocation (MAX_C in the WGSL)
 ROWS_MAX_WG = 256
@@ -81,14 +84,15 @@ def forward(rec, x, w, y, rstd, rows: int, n: int, eps: float = 1e-5, *,
     if _use_rows(path, n, x, w, y):
         wg, c = rows_shape(n)
         name = "rmsnorm_forward_rows" + suffix
-        kern = dev.kernel(FILE_ROWS, name, {"WG": wg, "C": c})
+        kern = dev.kernel(FILE_FORWARD, name, {"WG": wg, "C": c})
         params = dev.params("IIIIfIII", rows, n // 4, n, 0, float(eps), 0, 0, 0)
         rec.dispatch(kern, [x, w, y, rstd, params], row_grid(dev, ceil_div(rows, 4)),
                      label=name)
         return
     width = vec_width(n, x, w, y)
     name = ("rmsnorm_forward_vec4" if width == 4 else "rmsnorm_forward") + suffix
-    kern = dev.kernel(FILE, name, {"WG": row_workgroup(n // width)})
+    kern = dev.kernel(FILE_FORWARD if width == 4 else FILE, name,
+                      {"WG": row_workgroup(n // width)})
     params = dev.params("IIIIfIII", rows, n // width, n, 0, float(eps), 0, 0, 0)
     rec.dispatch(kern, [x, w, y, rstd, params], row_grid(dev, rows), label=name)
 
