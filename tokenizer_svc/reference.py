@@ -41,6 +41,8 @@ string of bytes is a single BPE piece.
 from __future__ import annotations
 
 
+import functools
+
 import regex
 
 from .oniguruma import oniguruma_pattern, table_class_item
@@ -84,6 +86,11 @@ def special_regex(tokens) -> regex.Pattern | None:
     """Alternation of the given specials, longest first (at one position the longest wins)."""
     if not tokens:
         return None
+    return _special_regex(frozenset(tokens))
+
+
+@functools.lru_cache(maxsize=64)   # the service asks once per request, mostly the same set
+def _special_regex(tokens: frozenset) -> regex.Pattern:
     ordered = sorted(tokens, key=lambda t: (-len(t), t))
     return regex.compile("|".join(regex.escape(t) for t in ordered))
 

@@ -45,6 +45,23 @@ BYTE_BUCKETS = tuple(float(1 << k) for k in range(6, 31, 2))
 access_log = logging.getLogger("tokenizer_svc.access")
 
 
+class Labelled(dict):
+    """A labelled metric's children by label values, memoised: `labelled[value]` or
+    `labelled[value, value]` is `metric.labels(...)`. prometheus_client's labels() takes a
+    lock and builds tuples on every call, and the service asks for several children per
+    request; the label values used here are bounded (method names, status codes, a few
+    words), and no child is ever removed."""
+
+    def __init__(self, metric):
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, key):
+        child = self.metric.labels(*key) if isinstance(key, tuple) else self.metric.labels(key)
+        self[key] = child
+        return child
+
+
 def method_name(full_method: str) -> str:
     """'/istanbul.tokenizer.v1.Tokenizer/Tokenize' -> 'Tokenize' (health/reflection keep service)."""
     service, _, method = full_method.lstrip("/").rpartition("/")
@@ -136,6 +153,10 @@ class ServiceMetrics(BatchObserver):
                                      "long lane, by outcome", ["outcome"], registry=r)
         self.long_waiting = Gauge("istanbul_tokenizer_long_waiting", "requests queued or "
                                   "running in the long lane", registry=r)
+        # per-request children, memoised (Labelled)
+        self.requests_of, self.errors_of = Labelled(self.requests), Labelled(self.errors)
+        self.latency_of, self.input_bytes_of = Labelled(self.latency), Labelled(self.input_bytes)
+        self.tokens_of = Labelled(self.tokens)
         self.stalled = Gauge("istanbul_tokenizer_stalled", "1 while a GPU worker makes no "
                              "progress for the stall timeout (health NOT_SERVING)", registry=r)
         self._http = None
@@ -231,10 +252,10 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
             code = _status_of(context, exc)
             seconds = time.perf_counter() - start
             metrics.inflight.dec()
-            metrics.requests.labels(method, code.name).inc()
-            metrics.latency.labels(method).observe(seconds)
+            metrics.requests_of[method, code.name].inc()
+            metrics.latency_of[method].observe(seconds)
             if code != grpc.StatusCode.OK:
-                metrics.errors.labels(method, code.name).inc()
+                metrics.errors_of[method, code.name].inc()
             if access_log.isEnabledFor(logging.DEBUG) or code not in _QUIET_CODES:
                 level = logging.DEBUG if code in _QUIET_CODES else logging.INFO
                 access_log.log(level, "rpc", extra={"data": {

@@ -234,9 +234,11 @@ class TokenizerServicer:
         self._streams_cut = asyncio.Event()
         self._texts_cache: dict = {}
         self._special_ids = None
+        self._rules: dict = {}        # SpecialTokenPolicy fields -> SpecialRule (_rule)
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
+        self._rules.clear()           # they name this encoding's special tokens
 
     def method_handlers(self) -> dict:
         """grpc method handlers for every method of the service descriptor."""
@@ -274,10 +276,20 @@ class TokenizerServicer:
         return doc, nbytes
 
     def _rule(self, policy: pb.SpecialTokenPolicy) -> SpecialRule:
-        return SpecialRule.from_policy(self.encoding.vocab.special_tokens,
-                                       allow_all=policy.allow_all, allowed=policy.allowed,
-                                       disallow_none=policy.disallow_none,
-                                       disallowed=policy.disallowed)
+        # resolved once per distinct policy (nearly every request sends the default one);
+        # bounded, since clients choose the token lists
+        key = (policy.allow_all, tuple(policy.allowed), policy.disallow_none,
+               tuple(policy.disallowed))
+        rule = self._rules.get(key)
+        if rule is None:
+            rule = SpecialRule.from_policy(self.encoding.vocab.special_tokens,
+                                           allow_all=policy.allow_all, allowed=policy.allowed,
+                                           disallow_none=policy.disallow_none,
+                                           disallowed=policy.disallowed)
+            if len(self._rules) >= 256:
+                self._rules.clear()
+            self._rules[key] = rule
+        return rule
 
     def _encode_job(self, docs: list, request) -> EncodeJob:
         if request.offsets not in OFFSET_UNITS:
@@ -292,7 +304,7 @@ class TokenizerServicer:
 
     async def _run(self, job, items: int, nbytes: int, context, method: str):
         if isinstance(job, EncodeJob):
-            self.metrics.input_bytes.labels(method).inc(nbytes)
+            self.metrics.input_bytes_of[method].inc(nbytes)
         announced = _ANNOUNCED.get()
         _ANNOUNCED.set(False)
         if isinstance(job, EncodeJob) and self.long_lane is not None and \
@@ -352,7 +364,7 @@ class TokenizerServicer:
         doc, nbytes = self._doc(request)
         job = self._encode_job([doc], request)
         [result] = await self._run(job, 1, nbytes, context, method)
-        self.metrics.tokens.labels("encode").inc(result.ids.size)
+        self.metrics.tokens_of["encode"].inc(result.ids.size)
         response = pb.TokenizeResponse(token_count=result.token_count,
                                        n_tokens=result.token_count,
                                        truncated=result.truncated, id=request.id)
@@ -401,7 +413,7 @@ class TokenizerServicer:
         doc_offsets = np.zeros(len(results) + 1, np.int64)
         np.cumsum(counts, out=doc_offsets[1:])
         ids = np.concatenate([r.ids for r in results]) if results else np.zeros(0, np.uint32)
-        self.metrics.tokens.labels("encode").inc(ids.size)
+        self.metrics.tokens_of["encode"].inc(ids.size)
         bounds = doc_offsets.tolist()
         token_counts = [r.token_count for r in results]
         response = pb.TokenizeBatchResponse(doc_offsets=bounds, doc_bounds=bounds,
@@ -447,7 +459,7 @@ class TokenizerServicer:
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")
         result = await self._run(DecodeJob([ids]), 1, 4 * ids.size, context, "Detokenize")
-        self.metrics.tokens.labels("decode").inc(ids.size)
+        self.metrics.tokens_of["decode"].inc(ids.size)
         return pb.DetokenizeResponse(id=request.id, **self._decoded(result[0], request.mode, what))
 
     @unary
@@ -474,7 +486,7 @@ class TokenizerServicer:
         seqs = [ids[bounds[k]:bounds[k + 1]] for k in range(bounds.size - 1)]
         result = await self._run(DecodeJob(seqs), len(seqs), 4 * ids.size, context,
                                  "DetokenizeBatch")
-        self.metrics.tokens.labels("decode").inc(ids.size)
+        self.metrics.tokens_of["decode"].inc(ids.size)
         if request.mode == pb.DECODE_MODE_BYTES:
             return pb.DetokenizeBatchResponse(data=result)
         return pb.DetokenizeBatchResponse(

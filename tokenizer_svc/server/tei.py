@@ -70,7 +70,7 @@ class TeiTokenizeServicer:
         enc = main.encoding
         rule = SpecialRule.from_policy(enc.vocab.special_tokens, allow_all=True)
         [doc] = await main._run(EncodeJob([text], rule, "byte"), 1, nbytes, context, method)
-        main.metrics.tokens.labels("encode").inc(doc.ids.size)
+        main.metrics.tokens_of["encode"].inc(doc.ids.size)
         ids, starts, stops = doc.ids, doc.offsets, doc.ends
         if request.add_special_tokens:
             ids, starts, stops = _with_post_processor(enc, ids, starts, stops)
@@ -115,7 +115,7 @@ class TeiTokenizeServicer:
         if request.skip_special_tokens:
             ids = ids[~np.isin(ids, main.special_id_array())]
         [data] = await main._run(DecodeJob([ids]), 1, 4 * ids.size, context, method)
-        main.metrics.tokens.labels("decode").inc(ids.size)
+        main.metrics.tokens_of["decode"].inc(ids.size)
         return tei_pb2.DecodeResponse(text=data.decode("utf-8", "replace"))
 
     @unary
