@@ -7,7 +7,10 @@ missing. A source transform of one composed kernel module (shaders/source.py's o
   share, element e of the 16 x 16 at lane e % 32 (as the hardware spreads accumulators);
 - subgroupMatrixLoad / Store / MultiplyAccumulate become functions over those structs
   (row-major element (r, c) at offset + r * stride + c, column-major at offset + c * stride
-  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores);
+  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores). An f32
+  result matrix loaded at an odd element offset reads NaN: the H200 reads such loads wrong
+  (session 19's dev/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and every store
+  offset right), so the emulation must not pass a kernel that does it;
 - the subgroups are the emulated ones of 32 invocations the kernels are written for:
   subgroup_id = local_invocation_index / 32, subgroup_invocation_id = .. % 32, and
   subgroupShuffleXor goes through workgroup memory between two barriers (so it must be
@@ -210,10 +213,16 @@ def _rewrite(fn: str, template, args: list, code: str, types: dict, helpers: dic
             raise EmulationError(f"subgroupMatrixLoad<{template}>({', '.join(args)})")
         t, target = types[template], _pointer_target(args[0])
         name = f"sgm_load_{t.name}_{target}"
+        value = f"{target}[{ELEMENT_AT}]"
+        if t.kind == "result" and t.elem == "f32":
+            # the H200 misreads these at odd offsets: read NaN there, as wrong as it gets
+            # (not a NaN constant: WGSL rejects those; `offset & 0u` is a runtime zero)
+            value = (f"select({value}, bitcast<f32>(0x7fc00000u | (offset & 0u)), "
+                     "(offset & 1u) != 0u)")
         helpers.setdefault(name, (
             f"fn {name}(offset: u32, col_major: bool, stride: u32) -> {t.name} {{\n"
             f"    var m: {t.name};\n    {t.elements()}"
-            f"        m.v[i] = {target}[{ELEMENT_AT}];\n    }}\n    return m;\n}}\n"))
+            f"        m.v[i] = {value};\n    }}\n    return m;\n}}\n"))
         return f"{name}({args[1]}, {args[2]}, {args[3]})"
     if fn == "subgroupMatrixStore":
         if len(args) != 5:

@@ -88,6 +88,33 @@ def test_matrix_ops_match_numpy(matrix_device):
     np.testing.assert_array_equal(shuffled, want_shuffled.astype(np.float32))
 
 
+def test_odd_offset_result_loads_read_nan(matrix_device):
+    """The H200 misreads an f32 result matrix loaded at an odd element offset; the emulation
+    makes such a load NaN so that no kernel doing it passes the ladder on a CPU."""
+    dev = matrix_device
+    if not dev.emulated_features:
+        pytest.skip(f"{dev.name} has real subgroup matrices (the probe measures them)")
+    rng = np.random.default_rng(4)
+    ab = rng.standard_normal(1024).astype(np.float32)
+    c_in = rng.standard_normal(400).astype(np.float32)
+    out0 = np.full(800, -7.0, np.float32)
+    odd = KERNEL.replace("(&c_in, sg * 2u, false, 20u)", "(&c_in, sg * 3u, false, 20u)")
+    assert odd != KERNEL
+    bufs = [dev.upload(ab), dev.upload(c_in), dev.upload(out0), dev.zeros(64)]
+    with dev.record() as rec:
+        rec.dispatch(dev.kernel_from_source("emulation_odd", odd, "main"), bufs, 1)
+    out = dev.download(bufs[2])
+    want, _ = _expected(ab, c_in, out0, acc_offset=3)
+    first, second = np.zeros(800, bool), np.zeros(800, bool)
+    for j in range(16):   # the two subgroups' stored columns
+        first[1 + j * 24:1 + j * 24 + 16] = True
+        second[401 + j * 24:401 + j * 24 + 16] = True
+    np.testing.assert_allclose(out[first], want[first], rtol=1e-5, atol=1e-5)  # offset 0
+    assert np.isnan(out[second]).all()                                            # offset 3
+    untouched = ~(first | second)
+    np.testing.assert_array_equal(out[untouched], out0[untouched])
+
+
 def test_emulated_device_says_so(matrix_device):
     dev = matrix_device
     if not dev.emulated_features:
