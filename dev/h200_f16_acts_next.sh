@@ -8,7 +8,9 @@
 #   bash dev/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   ladder     the new rungs (matmul_tn_w16, rmsnorm/swiglu f16 outputs), the attention
-#              backward rungs (the prep), the f16-input attention rungs
+#              backward rungs (the prep), the f16-input attention rungs; RoPE and copy_heads
+#              (session 20's review folded their f16 twins, session 21 moved RMSNorm's
+#              forwards into their own file: both verified on lavapipe only)
 #   pytest     f16 training (incl. f16 copies change no result, bit for bit), attention,
 #              model parity, the rmsnorm / activation kernels
 #   train_f32acts  bench/train.py 124m f16 with ISTANBUL_F16_ACTIVATIONS=0 (istanbul only)
@@ -31,7 +33,8 @@ want=" ${*:-ladder pytest train_f32acts train parity} "
 wanted() { [[ "$want" == *" $1 "* ]]; }
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel matmul_tn_w16 --kernel matmul_nt_a16_w16 --kernel rmsnorm --kernel swiglu \
-    --kernel attention_backward --kernel attention_forward_sgmat_f16in
+    --kernel attention_backward --kernel attention_forward_sgmat_f16in --kernel rope \
+    --kernel copy_heads
 wanted pytest && step pytest 300 "$py" -m pytest -q -p no:cacheprovider tests/test_train_f16.py \
     tests/test_kernels_attention.py tests/test_model_parity.py tests/test_kernels_rmsnorm.py \
     tests/test_kernels_activations.py
