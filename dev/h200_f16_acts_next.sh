@@ -13,6 +13,8 @@
 #              forwards into their own file: both verified on lavapipe only)
 #   pytest     f16 training (incl. f16 copies change no result, bit for bit), attention,
 #              model parity, the rmsnorm / activation kernels
+#   pytest_wgpu  f16 training, checkpoints and resume under wgpu-native (no tensor cores
+#              there: the f16 precision's fallback), issue 21's "both backends"
 #   train_f32acts  bench/train.py 124m f16 with ISTANBUL_F16_ACTIVATIONS=0 (istanbul only)
 #              (call 5 ran `train` with f16 activations, then the default; `train` now runs
 #              the default, f32 activations)
@@ -29,7 +31,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-ladder pytest train_f32acts train parity} "
+want=" ${*:-ladder pytest pytest_wgpu train_f32acts train parity} "
 wanted() { [[ "$want" == *" $1 "* ]]; }
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel matmul_tn_w16 --kernel matmul_nt_a16_w16 --kernel rmsnorm --kernel swiglu \
@@ -38,6 +40,8 @@ wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/la
 wanted pytest && step pytest 300 "$py" -m pytest -q -p no:cacheprovider tests/test_train_f16.py \
     tests/test_kernels_attention.py tests/test_model_parity.py tests/test_kernels_rmsnorm.py \
     tests/test_kernels_activations.py
+wanted pytest_wgpu && step pytest_wgpu 300 env ISTANBUL_BACKEND=wgpu "$py" -m pytest -q \
+    -p no:cacheprovider tests/test_train_f16.py tests/test_resume.py tests/test_checkpoint.py
 wanted train_f32acts && step train_f32acts 150 env ISTANBUL_F16_ACTIVATIONS=0 "$py" \
     bench/train.py --out "$out/train_f32acts" --models 124m --precision f16 --steps 10 \
     --warmup 3 --no-torch
