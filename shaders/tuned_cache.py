@@ -40,7 +40,7 @@ from pathlib import Path
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 NEAREST_FACTOR = 4.0
 _memory: dict = {}
-_answers: dict = {}   # (adapter, implementation, cache dirs, op, key, shape) -> config: asked every step
+_answers: dict = {}   # (adapter, implementation, cache dirs, op, key, shape) -> config
 WEBGPU_IMPLEMENTATIONS = ("wgpu", "dawn")
 
 

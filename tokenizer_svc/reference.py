@@ -40,7 +40,6 @@ string of bytes is a single BPE piece.
 
 from __future__ import annotations
 
-
 import functools
 
 import regex
