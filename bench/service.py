@@ -271,7 +271,10 @@ METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_re
            # the shared GPU process (--gpu-process shared): its calls and worker batches per round
            "istanbul_tokenizer_gpu_host_seconds_sum", "istanbul_tokenizer_gpu_host_seconds_count",
            "istanbul_tokenizer_gpu_host_messages_sum",
-           "istanbul_tokenizer_gpu_host_messages_count")
+           "istanbul_tokenizer_gpu_host_messages_count",
+           "istanbul_tokenizer_gpu_host_thread_cpu_seconds_total")
+# the shared GPU process's one thread: wall seconds by phase (gpu_host.HostMetrics)
+HOST_PHASES = ("wait", "spin", "receive", "round", "answer")
 # the GPU encoder's host phases and slow paths (the device's owner: the GPU process or workers)
 ENCODER_METRICS = {"upload": 'seconds_total{{phase="upload"', "readback": 'seconds_total{{phase="readback"',
                    "calls": 'calls_total{{path="all"', "slow": 'calls_total{{path="slow"'}
@@ -345,6 +348,10 @@ class Server:
                 pattern = "^" + re.escape(prefix + tail.replace("{{", "{")) + r"[^}]*\} (\S+)$"
                 values[f"encoder_{owner}_{key}"] = sum(float(v) for v in
                                                        re.findall(pattern, text, re.M))
+        for phase in HOST_PHASES:
+            pattern = ("^" + re.escape('istanbul_tokenizer_gpu_host_thread_seconds_total{phase="'
+                                       + phase + '"') + r"[^}]*\} (\S+)$")
+            values[f"host_{phase}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
         values["cpu_seconds"] = _tree_cpu_seconds(self.proc.pid)
         return values
 
@@ -495,15 +502,24 @@ def markdown(report: dict) -> str:
               "shared, else the workers): `upload ms` writing the text, `readback ms` mapping the "
               "result (mostly waiting for the GPU), `slow` chunks on the slow path per call (their "
               "ids outgrew the staging guess, a long piece's seam failed, or software Vulkan's "
-              "budgeted kernels resumed: more round trips).", "",
-              "| workers | GPU | loop | clients | text | upload ms | readback ms | slow |",
-              "|---:|---|---|---:|---:|---:|---:|---:|"]
+              "budgeted kernels resumed: more round trips). The shared GPU process's one thread, "
+              "as shares of the cell's wall time: `wait` for a message, `spin` (the clock "
+              "keeper's), `receive` reading them, `round` running rounds (Encoding calls and "
+              "answers), of it `answer` sending the answers; `CPU` the thread's CPU time / wall "
+              "time. A thread mostly in `wait` waits for the workers; one mostly in `round` is "
+              "what the workers wait for.", "",
+              "| workers | GPU | loop | clients | text | upload ms | readback ms | slow "
+              "| wait | spin | receive | round | answer | CPU |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in report["cells"]:
+        thread = cell.get("host_thread") or {}
         lines.append(f"| {cell['workers']} | {cell.get('gpu_process', 'own')} "
                      f"| {cell.get('event_loop', 'asyncio')} | {cell['clients']} "
                      f"| {_label(cell['size'])} | {_fmt(cell.get('encoder_upload_ms'), 3)} "
                      f"| {_fmt(cell.get('encoder_readback_ms'), 3)} "
-                     f"| {_fmt(cell.get('slow_paths_per_call'), 2)} |")
+                     f"| {_fmt(cell.get('slow_paths_per_call'), 2)} "
+                     + "".join(f"| {_fmt(thread.get(p), 2)} " for p in HOST_PHASES)
+                     + f"| {_fmt(cell.get('host_thread_cpu'), 2)} |")
     met = targets(report)
     if met:
         lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
@@ -667,6 +683,12 @@ def main(argv=None) -> int:
                                 host_call_ms=(_mean_ms(delta, "istanbul_tokenizer_gpu_host_seconds")
                                               if shared else None),
                                 **_encoder_phases(delta, "gpu_host" if shared else "workers"),
+                                # the GPU process's thread: its wall time's shares, its CPU
+                                host_thread={p: delta[f"host_{p}"] / wall for p in HOST_PHASES}
+                                if shared else None,
+                                host_thread_cpu=(delta["istanbul_tokenizer_gpu_host_thread_cpu"
+                                                       "_seconds_total"] / wall
+                                                 if shared else None),
                                 server_cpu_cores=delta["cpu_seconds"] / wall)
                     report["cells"].append(cell)
                     report["verified_replies"] = verified

@@ -256,6 +256,34 @@ def test_messages_waiting_together_are_one_round(served, tiny_encoding):
         c.close()
 
 
+def test_the_thread_reports_where_its_time_goes(served, tiny_encoding):
+    """The GPU process's thread counts its wall time by phase (waiting for messages,
+    receiving them, running rounds, answering within them) and its CPU time: what says
+    whether rounds wait for messages or messages for the thread."""
+    host, address, key, _ = served
+
+    def sample(name, **labels):
+        return host.metrics.registry.get_sample_value(
+            f"istanbul_tokenizer_gpu_host_{name}", labels) or 0.0
+
+    phases = ("wait", "spin", "receive", "round", "answer")
+    seconds = {p: sample("thread_seconds_total", phase=p) for p in phases}
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    client = Client(address, family="AF_UNIX", authkey=key)
+    time.sleep(0.2)                 # the thread waits for it meanwhile
+    for text in TEXTS[:3]:
+        client.send(("encode", [text], frozenset(), len(text.encode())))
+        assert _split(client) == _expected(tiny_encoding, [text])
+    client.close()
+    got = {p: sample("thread_seconds_total", phase=p) - seconds[p] for p in phases}
+    assert got["wait"] >= 0.15 and got["spin"] == 0.0          # no clock keeper here
+    assert got["receive"] > 0 and got["round"] > 0 and got["answer"] > 0
+    assert got["answer"] < got["round"]                         # answers are part of rounds
+    assert sample("seconds_sum", kind="encode") <= got["round"]   # so are the Encoding calls
+    assert sample("thread_cpu_seconds_total") > 0
+
+
 def test_remote_encoding_matches_the_local_one_and_says_when_the_host_is_gone(
         served, tiny_encoding):
     host, address, key, listener = served

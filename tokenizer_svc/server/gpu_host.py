@@ -47,7 +47,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import grpc
 import numpy as np
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .errors import NOT_READY, RequestRejected
 from .work import utf8_len
@@ -355,6 +355,19 @@ class HostMetrics:
             "process", buckets=BYTE_BUCKETS, registry=r)
         self.connections = Gauge("istanbul_tokenizer_gpu_host_connections",
                                  "workers connected to the GPU process", registry=r)
+        # where the one thread's wall time goes (do rounds wait for messages, or messages
+        # for the thread?) and the CPU it uses: wait (for a readable connection), spin (the
+        # clock keeper's), receive (reading and unpickling messages), round (run_round: the
+        # Encoding calls, in call_seconds, and the answers), answer (sending them)
+        self.thread_seconds = Counter(
+            "istanbul_tokenizer_gpu_host_thread_seconds", "wall time of the GPU process's "
+            "thread by phase (wait, spin, receive, round, answer: part of round)", ["phase"],
+            registry=r)
+        self.thread_cpu_seconds = Counter(
+            "istanbul_tokenizer_gpu_host_thread_cpu_seconds", "CPU time of the GPU process's "
+            "thread", registry=r)
+        self.phase = {name: self.thread_seconds.labels(name)
+                      for name in ("wait", "spin", "receive", "round", "answer")}
         self.encoder = EncoderMetrics(r, "istanbul_tokenizer_gpu_host_encoder")
         self._http = None
 
@@ -415,12 +428,18 @@ class GpuHost:
             pass
 
     def serve_forever(self) -> None:
+        phase, clock = self.metrics.phase, time.perf_counter
+        cpu = time.thread_time()
         try:
             while not self._stopping:
                 timeout = self.keeper.wait_timeout() if self.keeper is not None else None
+                start = clock()
                 readable = wait([self._wake_r, *self._conns], timeout)
+                received = clock()
+                phase["wait"].inc(received - start)
                 if not readable:   # nothing to encode while the clock is held: one spin
                     self.keeper.spin()
+                    phase["spin"].inc(clock() - received)
                     continue
                 messages = []
                 for conn in readable:
@@ -439,10 +458,16 @@ class GpuHost:
                         conn.close()
                         continue
                     messages.append(_Message(conn, message[0], message[1:]))
+                start = clock()
+                phase["receive"].inc(start - received)
                 if messages:
                     if self.keeper is not None:
                         self.keeper.used()
                     self.run_round(messages)
+                    phase["round"].inc(clock() - start)
+                now = time.thread_time()
+                self.metrics.thread_cpu_seconds.inc(now - cpu)
+                cpu = now
         finally:
             # the connections attached but not yet watched too: a worker waiting on one
             # would otherwise wait for ever (its reply never comes, its socket stays open)
@@ -550,24 +575,26 @@ class GpuHost:
         for m in messages:
             self._answer(m, ("failed", f"{type(exc).__name__}: {exc}"))
 
-    @staticmethod
-    def _answer_ids(m: _Message, ids, offsets) -> None:
+    def _answer_ids(self, m: _Message, ids, offsets) -> None:
         """An encode message's answer: its offsets, then its ids as raw bytes written from
         the call's array (receive_reply reads them). Pickled, the ids were copied twice on
         this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
         more than the small offsets' list does (dev/RESULTS.md, 2026-12-04)."""
+        start = time.perf_counter()
         try:
             m.conn.send(("ok_ids", offsets.tolist()))
             m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
+        self.metrics.phase["answer"].inc(time.perf_counter() - start)
 
-    @staticmethod
-    def _answer(m: _Message, reply: tuple) -> None:
+    def _answer(self, m: _Message, reply: tuple) -> None:
+        start = time.perf_counter()
         try:
             m.conn.send(reply)
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
+        self.metrics.phase["answer"].inc(time.perf_counter() - start)
 
 
 # ---- the process --------------------------------------------------------------------------
