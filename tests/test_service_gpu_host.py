@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.server.errors import RequestRejected
-from tokenizer_svc.server.gpu_host import (GpuHost, RemoteEncoding, RemoteInvalidToken, _Message,
-                                           encode_message, receive_reply)
+from tokenizer_svc.server.gpu_host import (SERVING_THREAD_FAILED, GpuHost, RemoteEncoding,
+                                           RemoteInvalidToken, _Message, encode_message,
+                                           receive_reply, serve_or_exit)
 from tokenizer_svc.server.work import utf8_len
 from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
 
@@ -282,6 +283,29 @@ def test_the_thread_reports_where_its_time_goes(served, tiny_encoding):
     assert got["answer"] < got["round"]                         # answers are part of rounds
     assert sample("seconds_sum", kind="encode") <= got["round"]   # so are the Encoding calls
     assert sample("thread_cpu_seconds_total") > 0
+
+
+def test_a_failing_serving_thread_ends_the_process_for_a_restart(tiny_encoding):
+    """A bug outside the guarded Encoding call (here: offsets that do not fit the documents)
+    kills the one serving thread; the process must then exit (the supervisor restarts it)
+    instead of living on with nobody answering."""
+    class WrongOffsets(Counting):
+        def encode_utf8_batch_flat(self, docs):
+            ids, _ = super().encode_utf8_batch_flat(docs)
+            return ids, np.array([0], np.int64)          # one offset for any document count
+
+    host = GpuHost(WrongOffsets(tiny_encoding), max_call_bytes=1 << 20)
+    host_end, worker_end = Pipe()
+    host.attach(host_end)
+    exits = []
+    loop = threading.Thread(target=serve_or_exit, args=(host,),
+                            kwargs={"exit": exits.append}, daemon=True)
+    loop.start()
+    worker_end.send(encode_message([TEXTS[0]], frozenset()))
+    loop.join(30)
+    assert not loop.is_alive() and exits == [SERVING_THREAD_FAILED]
+    with pytest.raises(EOFError):        # the worker hears of it: its connection closed
+        worker_end.recv()
 
 
 def test_remote_encoding_matches_the_local_one_and_says_when_the_host_is_gone(
