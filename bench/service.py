@@ -342,16 +342,17 @@ class Server:
         values = {name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$",
                                                          text, re.M))
                   for name in METRICS}
+        def labelled(start: str) -> float:   # the samples whose line starts so, summed
+            pattern = "^" + re.escape(start) + r"[^}]*\} (\S+)$"
+            return sum(float(v) for v in re.findall(pattern, text, re.M))
+
         for owner, prefix in (("workers", "istanbul_tokenizer_encoder_"),
                               ("gpu_host", "istanbul_tokenizer_gpu_host_encoder_")):
             for key, tail in ENCODER_METRICS.items():
-                pattern = "^" + re.escape(prefix + tail.replace("{{", "{")) + r"[^}]*\} (\S+)$"
-                values[f"encoder_{owner}_{key}"] = sum(float(v) for v in
-                                                       re.findall(pattern, text, re.M))
+                values[f"encoder_{owner}_{key}"] = labelled(prefix + tail.replace("{{", "{"))
         for phase in HOST_PHASES:
-            pattern = ("^" + re.escape('istanbul_tokenizer_gpu_host_thread_seconds_total{phase="'
-                                       + phase + '"') + r"[^}]*\} (\S+)$")
-            values[f"host_{phase}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
+            values[f"host_{phase}"] = labelled("istanbul_tokenizer_gpu_host_thread_seconds_total"
+                                               f'{{phase="{phase}"')
         values["cpu_seconds"] = _tree_cpu_seconds(self.proc.pid)
         return values
 

@@ -41,6 +41,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 NEAREST_FACTOR = 4.0
 _memory: dict = {}
 _answers: dict = {}   # (adapter, implementation, cache dirs, op, key, shape) -> config
+_UNKNOWN = object()
 WEBGPU_IMPLEMENTATIONS = ("wgpu", "dawn")
 
 
@@ -141,8 +142,8 @@ def lookup(device, op: str, key: str, shape) -> str | None:
     memo = (device.info.name, device.info.backend, _webgpu(device),
             os.environ.get("ISTANBUL_AUTOTUNE_DIR"), os.environ.get("HOME"), op, key,
             tuple(int(s) for s in shape))
-    found = _answers.get(memo, _answers)
-    if found is _answers:
+    found = _answers.get(memo, _UNKNOWN)
+    if found is _UNKNOWN:   # (None is an answer: no entry, use the default)
         found = _answers[memo] = _lookup(device, op, key, shape)
     return found
 

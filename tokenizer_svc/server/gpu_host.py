@@ -590,18 +590,15 @@ class GpuHost:
         the call's array (receive_reply reads them). Pickled, the ids were copied twice on
         this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
         more than the small offsets' list does (dev/RESULTS.md, 2026-12-04)."""
-        start = time.perf_counter()
-        try:
-            m.conn.send(("ok_ids", offsets.tolist()))
-            m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
-        except OSError:   # the worker went away (killed, restarting): nobody to answer
-            pass
-        self.metrics.phase["answer"].inc(time.perf_counter() - start)
+        self._answer(m, ("ok_ids", offsets.tolist()), ids)
 
-    def _answer(self, m: _Message, reply: tuple) -> None:
+    def _answer(self, m: _Message, reply: tuple, ids=None) -> None:
+        """Send `reply` (then `ids` as raw bytes, when given); the time counts as answering."""
         start = time.perf_counter()
         try:
             m.conn.send(reply)
+            if ids is not None:
+                m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
         self.metrics.phase["answer"].inc(time.perf_counter() - start)
