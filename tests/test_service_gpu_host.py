@@ -353,6 +353,59 @@ def test_connect_names_the_socket_when_nobody_listens(tiny_encoding, tmp_path):
         remote.connect(0.2)
 
 
+@pytest.mark.parametrize("peer", ["silent", "hangs_up", "wrong_key"])
+def test_a_handshake_that_does_not_complete_fails_as_unreachable_in_bounded_time(
+        tiny_encoding, tmp_path, monkeypatch, peer):
+    """A GPU process that accepted but never answers (stopped, stuck), breaks off, or holds
+    another key: connecting fails as an OSError within the handshake bound, so the worker's
+    calls fail UNAVAILABLE and its probe says False, with no thread blocked for ever (a worker
+    cannot exit while one waits)."""
+    import socket
+    from tokenizer_svc.server import gpu_host
+    monkeypatch.setattr(gpu_host, "HANDSHAKE_TIMEOUT_S", 0.5)
+    address = str(tmp_path / "gpu.sock")
+    if peer == "wrong_key":
+        listener = Listener(address, family="AF_UNIX", authkey=b"other")
+
+        def serve():
+            try:
+                listener.accept()
+            except Exception:   # the handshake fails on this side too
+                pass
+        threading.Thread(target=serve, daemon=True).start()
+    else:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(8)
+        if peer == "hangs_up":
+            def serve():
+                while True:
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:
+                        return
+                    conn.close()
+            threading.Thread(target=serve, daemon=True).start()
+    remote = RemoteEncoding(tiny_encoding, address, b"key")
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="handshake"):
+            remote._open()
+        with pytest.raises(RequestRejected, match="GPU process") as refused:
+            remote.encode_batch_flat(["hello"])
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert not remote.reachable and not remote.probe()
+
+        async def on_the_loop():
+            with pytest.raises(RequestRejected, match="GPU process"):
+                await remote.encode_flat_async(["hello"])
+        asyncio.run(on_the_loop())
+        assert time.monotonic() - start < 4 * 0.5 + 3   # four bounded handshakes, no more
+    finally:
+        remote.close()
+        listener.close()
+
+
 def test_a_failing_encoding_call_fails_each_of_its_messages(tiny_encoding):
     class Broken(Counting):
         def encode_batch_flat(self, docs, **kw):

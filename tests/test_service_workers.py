@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -85,6 +86,21 @@ def _children(pid: int) -> dict:
     return found
 
 
+def _terminated(proc, timeout: float = 180) -> int:
+    """SIGTERM the supervisor; its exit code, or a failure with what the group logged, the
+    stacks of every member still alive included (the supervisor kills a member that overstays
+    its bound, at most 90 s here, after the same dump: `timeout` is beyond that)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        alive = _children(proc.pid)
+        for pid in [proc.pid, *alive.values()]:
+            os.kill(pid, signal.SIGUSR1)   # child.dump_stacks_on_sigusr1
+        time.sleep(3)
+        pytest.fail(f"the group did not stop within {timeout:.0f} s of SIGTERM; members alive: "
+                    f"{alive}; log:\n{''.join(proc.log_chunks)}")
+
 MEMBERS = {"shared": {"istanbul-w0", "istanbul-w1", "istanbul-gpu"},
            "per-worker": {"istanbul-w0", "istanbul-w1"}}
 LABELS = {"shared": {"0": 1.0, "1": 1.0, "gpu": 1.0}, "per-worker": {"0": 1.0, "1": 1.0}}
@@ -128,8 +144,7 @@ def test_two_workers_share_the_port_and_drain_on_sigterm(tiny_vocab_path, tiny_e
             assert sum(_per_worker(page, "istanbul_tokenizer_encoder_calls_total").values()) > 0
         for channel in channels:
             channel.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0
+        assert _terminated(proc) == 0
         assert not [pid for pid in members.values() if os.path.exists(f"/proc/{pid}")
                     and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
         if layout == "shared":
@@ -162,8 +177,7 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
             client.wait_ready(120)
             for text in TEXTS[:4]:
                 assert client.encode(text) == list(tiny_encoding.encode(text))
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0
+        assert _terminated(proc) == 0
         assert "worker exited; restarting it" in _log(proc)
     finally:
         if proc.poll() is None:
@@ -213,8 +227,7 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
                 pb.TokenizeRequest(text=f"{text} {k}"), timeout=60)
             assert list(reply.ids) == list(tiny_encoding.encode(f"{text} {k}"))
             channel.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0
+        assert _terminated(proc) == 0
         log = _log(proc)
         assert "GPU process exited; restarting it" in log
         if refused:   # the worker said so, and its health was NOT_SERVING until it reconnected
@@ -277,12 +290,42 @@ def test_shared_gpu_process_keeps_auth_metrics_auth_and_the_stall_watchdog(
             assert time.monotonic() < deadline, "the worker never recovered"
             time.sleep(0.2)
         channel.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0
+        assert _terminated(proc) == 0
         assert "GPU worker stalled" in _log(proc)
     finally:
         if host is not None:
             os.kill(host, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigusr1_dumps_stacks_and_a_member_that_does_not_stop_is_killed(
+        tiny_vocab_path, tiny_encoding, tmp_path):
+    """SIGUSR1 makes a member write its threads' stacks and serve on; a worker that cannot
+    stop (here: SIGSTOPped) does not hold the group's SIGTERM for ever: past its bound
+    (grace 1 s + stall timeout 1 s + 15 s) the supervisor logs it, kills it and exits 1."""
+    proc, target, _ = _start(tiny_vocab_path, tmp_path, "--shutdown-grace", "1",
+                             "--stall-timeout", "1")
+    try:
+        members = _children(proc.pid)
+        os.kill(members["istanbul-w0"], signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while "Thread 0x" not in _log(proc):
+            assert time.monotonic() < deadline, "no stacks after SIGUSR1"
+            time.sleep(0.1)
+        assert "serve" in _log(proc)   # a frame of the worker's own code
+        with TokenizerClient(target) as client:   # still serving, exactly
+            assert list(client.encode(TEXTS[0])) == list(tiny_encoding.encode(TEXTS[0]))
+        assert _children(proc.pid) == members
+        os.kill(members["istanbul-w1"], signal.SIGSTOP)
+        start = time.monotonic()
+        assert _terminated(proc, 120) == 1
+        assert 17 <= time.monotonic() - start < 60
+        assert "did not stop in time" in _log(proc)
+        assert not [pid for pid in members.values() if os.path.exists(f"/proc/{pid}")
+                    and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()

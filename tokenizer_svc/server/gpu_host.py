@@ -43,7 +43,8 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import (Connection, Listener, answer_challenge,
+                                        deliver_challenge)
 from multiprocessing.reduction import ForkingPickler
 
 import grpc
@@ -57,6 +58,19 @@ log = logging.getLogger("tokenizer_svc.server")
 
 SOCKET_NAME = "gpu.sock"
 CONNECT_RETRY_S = 0.05
+HANDSHAKE_TIMEOUT_S = 10.0   # connecting and authenticating to the GPU process, at most
+
+
+def _io_timeout(fd: int, seconds: float) -> None:
+    """Bound each blocking connect/send/receive on socket `fd` (0: no bound) without making
+    it non-blocking, as settimeout would (a Connection reads the descriptor itself)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        tv = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    finally:
+        sock.detach()
 
 
 # ---- messages ---------------------------------------------------------------------------
@@ -178,7 +192,28 @@ class RemoteEncoding:
         return getattr(self.local, name)
 
     def _open(self):
-        return Client(self._address, family="AF_UNIX", authkey=self._authkey)
+        """An authenticated connection. The handshake is bounded: a GPU process that accepted
+        but does not answer (stopped, stuck) or breaks off fails it as a ConnectionError
+        (an OSError, as a refused connect is), never a thread blocked for ever (a worker
+        cannot exit while its executor's thread waits)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _io_timeout(sock.fileno(), HANDSHAKE_TIMEOUT_S)
+            sock.connect(self._address)
+            conn = Connection(sock.detach())
+        finally:
+            sock.close()
+        try:
+            answer_challenge(conn, self._authkey)
+            deliver_challenge(conn, self._authkey)
+            _io_timeout(conn.fileno(), 0.0)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, (EOFError, AuthenticationError, OSError)):
+                raise ConnectionError(f"the GPU process at {self._address} did not complete "
+                                      f"the handshake: {type(exc).__name__}: {exc}") from None
+            raise
+        return conn
 
     def _reached(self, ok: bool, error: str = "") -> None:
         if ok != self.reachable:

@@ -48,6 +48,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from .child import dump_stacks_on_sigusr1
 from .config import ServerConfig
 from .ports import check_free, port_error
 
@@ -180,6 +181,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
         group.signal_all(signal.SIGTERM)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    dump_stacks_on_sigusr1()
     metrics_server, announced = None, False
     try:
         group.start_all()
@@ -313,16 +315,37 @@ class _Group:
 
     def wait_all(self) -> list:
         """Exit codes once every member exited: the workers (signalled, or dead), then the GPU
-        process, stopped once no worker can need it."""
-        for p in self.procs[:self.n]:
-            if p is not None:
-                p.join()
+        process, stopped once no worker can need it. A member still alive past its bound (a
+        worker: the drain's grace + --stall-timeout, which a single server keeps; the GPU
+        process: --stall-timeout) writes its threads' stacks to the log and is killed: the
+        group's SIGTERM always ends, and says where it waited."""
+        config = self.worker_args[0]
+        margin = STOP_MARGIN_S + config.stall_timeout_s
+        self._reap(self.procs[:self.n],
+                    time.monotonic() + config.drain_delay_s + config.shutdown_grace_s + margin)
         if self.gpu_host is not None and self.procs[self.n] is not None:
             host = self.procs[self.n]
             if host.exitcode is None:
                 _kill(host.pid, signal.SIGTERM)
-            host.join()
+            self._reap([host], time.monotonic() + margin)
         return [p.exitcode for p in self.procs if p is not None]
+
+    def _reap(self, procs: list, deadline: float) -> None:
+        for p in procs:
+            if p is None:
+                continue
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                log.error(f"{p.name} did not stop in time; its threads' stacks follow, then it "
+                          "is killed", extra={"data": {"pid": p.pid}})
+                _kill(p.pid, signal.SIGUSR1)   # child.dump_stacks_on_sigusr1
+                p.join(STACK_DUMP_S)
+                _kill(p.pid, signal.SIGKILL)
+                p.join()
+
+
+STOP_MARGIN_S = 15.0   # beyond a member's own bound: its interpreter's exit, a loaded machine
+STACK_DUMP_S = 2.0     # for a member's stacks to reach the log before it is killed
 
 
 def _kill(pid: int, signum) -> None:
