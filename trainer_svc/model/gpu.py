@@ -68,13 +68,14 @@ def _align64(n: int) -> int:
 
 
 def f16_activations_enabled() -> bool:
-    """$ISTANBUL_F16_ACTIVATIONS=1: f16 precision on tensor cores keeps h, h2, s in f16 (the
-    values the matmuls see are the same, bit for bit; 670 MB less at 124M). Off by default:
-    on the H200 (session 20) its step was 0.9 ms shorter by GPU timestamps but 7 ms longer
-    by the wall clock, unexplained in one sample (bench/results/train/train_f16_round12.md);
-    `dev/h200_f16_acts_next.sh OUT ab` times the two alternately."""
-    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "0").strip().lower() in (
-        "1", "on", "yes", "true")
+    """f16 precision on tensor cores keeps h, h2, s in f16 unless $ISTANBUL_F16_ACTIVATIONS
+    is 0/off: the values the matmuls see are the same, bit for bit (100 steps of the 124M
+    parity curve identical on an H100), 670 MB less at 124M, and the step 1.5% shorter by
+    the wall clock (1.0% by GPU timestamps), alternated twice in one H100 call (session 22,
+    bench/results/train/train_f16_round13.md; session 20's one H200 sample that had the wall
+    clock disagree came before the recording of a step was halved)."""
+    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "1").strip().lower() not in (
+        "0", "off", "no", "false")
 
 
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
