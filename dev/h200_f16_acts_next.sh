@@ -2,7 +2,7 @@
 # Issue 21, session 20's third H200 call: f16 precision keeps h, h2, s (the activations
 # that only feed matmuls) in f16, beside the f16 q, k, v of the second call; the attention
 # backward's prep reads coalesced. Checked, then timed against the same code with f32
-# activations ($ISTANBUL_F16_ACTIVATIONS=0, the default since call 5) and PyTorch in one call. ~8 minutes, Dawn,
+# activations ($ISTANBUL_F16_ACTIVATIONS=0; f16 is the default since session 22) and PyTorch in one call. ~8 minutes, Dawn,
 # robustness off (the trainer's default).
 #
 #   bash dev/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)

@@ -57,6 +57,6 @@ if ! .venv/bin/istanbul kernels check --emulate-subgroup-matrix --max-variants 1
 fi
 tail -1 "$log"
 .venv/bin/python -m pytest -q -p no:cacheprovider -k "not climbs_the_ladder" \
-    tests/test_backends.py tests/test_engine.py tests/test_engine_copy.py \
+    tests/test_backends.py tests/test_engine.py tests/test_engine_copy.py tests/test_autotune_sgmat.py \
     tests/test_kernels_*.py tests/test_tokenizer_gpu.py tests/test_tokenizer_pipeline.py \
     tests/test_tokenizer_decode.py tests/test_vocab_train_gpu.py tests/test_vocab_train_gpu_corpus.py

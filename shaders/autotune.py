@@ -130,10 +130,13 @@ def matmul_operands(device, layout, b16, M, N, K, rng):
 def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store",
                 wide: bool = False, budget_s: float | None = None, rng=None) -> dict:
     """Time every candidate configuration of matmul kernel `key` (nt, nn, tn, nt_w16,
-    nn_w16, nt_h16) at (M, N, K); the cache entry of the winner (plus every time)."""
+    nn_w16, nt_h16, and the tensor-core nt_w16_sgmat, nn_w16_sgmat, tn_sgmat) at (M, N, K);
+    the cache entry of the winner (plus every time)."""
     layout = key[:2]
-    b16 = key.endswith(("w16", "h16"))
-    f16_math = key.endswith("h16")
+    sgmat = key.endswith("_sgmat")
+    base = key.removesuffix("_sgmat")
+    b16 = base.endswith(("w16", "h16"))
+    f16_math = base.endswith("h16")
     rng = rng or np.random.default_rng(0)
     a, b, out = matmul_operands(device, layout, b16, M, N, K, rng)
     flops = 2.0 * M * N * K
@@ -141,16 +144,21 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
     repeats = int(min(10, max(3, 0.1 / max(guess_s, 1e-9))))
 
     def encode_for(text):
-        cfg = linear.MatmulConfig.parse(text)
+        cfg = text if sgmat else linear.MatmulConfig.parse(text)   # "sg..." pins the kernel
 
         def encode(rec):
             linear.matmul(rec, a, b, out, M, N, K, layout=layout, f16_math=f16_math,
                           accumulate=mode == "accumulate", config=cfg)
         return encode
 
-    default = str(linear.default_config(device, key, M, N, K))
-    candidates = [default] + [c for c in map(str, linear.candidate_configs(
-        device, key, M, N, K, wide=wide)) if c != default]   # the default is always timed
+    if sgmat:
+        default = str(linear.default_sgmat_config(device, layout, M, N, K))
+        offered = linear.sgmat_candidate_configs(device, layout, M, N, K, wide=wide)
+    else:
+        default = str(linear.default_config(device, key, M, N, K))
+        offered = linear.candidate_configs(device, key, M, N, K, wide=wide)
+    # the default is always timed
+    candidates = [default] + [c for c in map(str, offered) if c != default]
     times = time_candidates(device, candidates, encode_for, repeats=repeats, warmup=1,
                             budget_s=budget_s)
     for buf in (a, b, out):
@@ -215,10 +223,13 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
 
 def matmul_keys(device) -> list[str]:
     """The matmul kernel keys worth tuning on this device (the f16 ones need shader-f16 for
-    the f16-math kernel; f16 weights with f32 math run anywhere)."""
+    the f16-math kernel; f16 weights with f32 math run anywhere; the tensor-core keys,
+    `*_sgmat`, need f16 subgroup matrices: the products the f16 training step runs)."""
     keys = ["nt", "nn", "tn", "nt_w16", "nn_w16"]
     if device.has("shader-f16"):
         keys.append("nt_h16")
+    if linear.has_tensor_cores(device):
+        keys += linear.SGMAT_KEYS
     return keys
 
 

@@ -88,7 +88,8 @@ def register(sub) -> None:
     t.add_argument("--tokens", type=int, default=None,
                    help="tokens per step, B*T (default: the preset's, 8 x 1024 for 124m)")
     t.add_argument("--key", action="append", metavar="KEY",
-                   help="matmul kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16 (repeatable; "
+                   help="matmul kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16, and with "
+                        "tensor cores nt_w16_sgmat, nn_w16_sgmat, tn_sgmat (repeatable; "
                         "default: all the device supports)")
     t.add_argument("--wide", action="store_true", help="try every configuration (slower)")
     t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")

@@ -376,6 +376,31 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
 
 
+# Tile arrangements the tuner times for the tensor-core kernel, each with one stage of BK 32
+# ("-b1"): the winners of dev/sgmat_sweep.py on the H200 (rounds 11-14: within 11% of each
+# other summed over the 124M step, each best somewhere); `wide` adds the others timed there.
+SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
+WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
+SGMAT_KEYS = ("nt_w16_sgmat", "nn_w16_sgmat", "tn_sgmat")   # the trainer's products
+
+
+def sgmat_candidate_configs(device, layout: str, M: int, N: int, K: int,
+                            wide: bool = False) -> list[SgmatConfig]:
+    """Tensor-core configurations worth timing at (layout, shape) on this device: each tile
+    arrangement that fits it, split K 1, 2, 4 and 8 ways (and the default split; `wide` adds 3
+    and 6) while each split keeps at least four slices."""
+    out = []
+    for sgr, sgc, ti, tj in (WIDE_SGMAT_TILES if wide else SGMAT_TILES):
+        cfg = SgmatConfig(sgr, sgc, ti, tj, 32, 8, single=True)
+        if cfg.bm > 2 * max(M, 16) or cfg.bn > 2 * max(N, 16) or cfg.problems(device, layout):
+            continue
+        splits = {1, 2, 4, 8, default_splits(device, cfg, M, N, K)} | ({3, 6} if wide else set())
+        for sp in sorted(splits):
+            if sp == 1 or (K // sp >= 4 * cfg.bk and sp <= max_splits(device, M, N)):
+                out.append(cfg.with_splits(sp))
+    return out
+
+
 def choose_sgmat_config(device, layout: str, b_dtype, M: int, N: int, K: int) -> SgmatConfig:
     from ... import tuned_cache
     # tn's f16 B (an activation) stages like its f32 B: the tn configurations serve both
