@@ -9,7 +9,7 @@
 #   bash dev/tune_tensor_cores_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   tune       istanbul kernels tune --preset 124m --key {nt_w16,nn_w16,tn}_sgmat
-#              --no-attention --total-s 240 (the cache goes to OUTDIR/cache)
+#              --no-attention --total-s ${TUNE_TOTAL_S:-240} (the cache goes to OUTDIR/cache)
 #   ab         bench/train.py 124m f16 (--no-torch) without, then with OUTDIR/cache, twice
 # A failing step does not stop the others; exit status: the number of failed steps.
 set -uo pipefail
@@ -25,7 +25,7 @@ want=" ${*:-tune ab} "
 wanted() { [[ "$want" == *" $1 "* ]]; }
 wanted tune && step tune 300 env ISTANBUL_AUTOTUNE_DIR="$out/cache" "$py" -m istanbul kernels \
     tune --preset 124m --key nt_w16_sgmat --key nn_w16_sgmat --key tn_sgmat --no-attention \
-    --total-s 240 --out "$out/tune"
+    --total-s "${TUNE_TOTAL_S:-240}" --out "$out/tune"
 for round in 1 2; do
     for cache in none cache; do
         wanted ab && step "ab${round}_${cache}" 120 env ISTANBUL_AUTOTUNE_DIR="$out/$cache" \
