@@ -204,7 +204,8 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
     try:
         first = _children(proc.pid)
         os.kill(first["istanbul-gpu"], signal.SIGKILL)
-        stub = tokenizer_pb2_grpc.TokenizerStub(grpc.insecure_channel(target))
+        channel = grpc.insecure_channel(target)   # closed before SIGTERM, as in the other tests
+        stub = tokenizer_pb2_grpc.TokenizerStub(channel)
         deadline, refused, text = time.monotonic() + 120, 0, TEXTS[0]
         while True:   # each reply exact, or UNAVAILABLE naming the GPU process; then exact
             try:
@@ -220,6 +221,7 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
                     break
             assert time.monotonic() < deadline, "the GPU process was not restarted"
             time.sleep(0.05)
+        channel.close()
         for k in range(8):   # both workers reconnected (connections spread over them)
             channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool",
                                                               1)])
