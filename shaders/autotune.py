@@ -84,14 +84,17 @@ STEPS = {
 
 def model_dims(preset: str, tokens: int | None = None) -> dict:
     """The Linear shapes of one training step of `preset`: d_model, kv_dim, ffn_hidden,
-    vocab (padded) and tokens per step (B*T, or `tokens`)."""
+    vocab (padded), tokens per step (B*T, or `tokens`) and whether the trainer computes q, k
+    and v in one product (trainer_svc.model.forward.fused_qkv)."""
     if preset not in STEPS or preset not in PRESETS:
         known = sorted(set(STEPS) & set(PRESETS))
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(known)}")
     step = STEPS[preset]
     cfg = ModelConfig.preset(preset, step["vocab"])
+    from trainer_svc.model.forward import fused_qkv
     return dict(d=cfg.d_model, kv=cfg.kv_dim, ffn=cfg.ffn_hidden, vocab=cfg.vocab_size,
-                tokens=int(tokens) if tokens else step["batch"] * step["seq"])
+                tokens=int(tokens) if tokens else step["batch"] * step["seq"],
+                fused_qkv=fused_qkv(cfg))
 
 
 def model_attention(preset: str) -> dict:
@@ -103,11 +106,13 @@ def model_attention(preset: str) -> dict:
                 D=cfg.head_dim)
 
 
-def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int) -> list[tuple]:
+def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int,
+                  fused_qkv: bool = False) -> list[tuple]:
     """Every (layout, M, N, K, mode) product of one training step of the Llama-style model:
-    q/k/v/o projections, the fused gate|up projection, the down projection, the head."""
-    fwd = {(tokens, d, d), (tokens, kv, d), (tokens, 2 * ffn, d), (tokens, d, ffn),
-           (tokens, vocab, d)}
+    the q|k|v projection (one product when `fused_qkv`, else q and k/v apart), o, the fused
+    gate|up projection, the down projection, the head."""
+    qkv = {(tokens, d + 2 * kv, d)} if fused_qkv else {(tokens, d, d), (tokens, kv, d)}
+    fwd = qkv | {(tokens, d, d), (tokens, 2 * ffn, d), (tokens, d, ffn), (tokens, vocab, d)}
     shapes = []
     for M, N, K in sorted(fwd):
         shapes.append(("nt", M, N, K, "store"))
