@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import selectors
 import signal
 import socket
@@ -392,18 +391,17 @@ class HostMetrics:
             "process", buckets=BYTE_BUCKETS, registry=r)
         self.connections = Gauge("istanbul_tokenizer_gpu_host_connections",
                                  "workers connected to the GPU process", registry=r)
-        # where the serving thread's wall time goes (do rounds wait for messages, or
-        # messages for the thread?) and the CPU it uses: wait (for a readable connection),
-        # spin (the clock keeper's), receive (reading and unpickling messages), round
-        # (run_round: the Encoding calls, in call_seconds, and queueing the answers); answer:
-        # the answering thread's time sending them
+        # where the one thread's wall time goes (do rounds wait for messages, or messages
+        # for the thread?) and the CPU it uses: wait (for a readable connection), spin (the
+        # clock keeper's), receive (reading and unpickling messages), round (run_round: the
+        # Encoding calls, in call_seconds, and the answers), answer (sending them)
         self.thread_seconds = Counter(
             "istanbul_tokenizer_gpu_host_thread_seconds", "wall time of the GPU process's "
-            "serving thread by phase (wait, spin, receive, round), and its answering "
-            "thread's time sending (answer)", ["phase"], registry=r)
+            "thread by phase (wait, spin, receive, round, answer: part of round)", ["phase"],
+            registry=r)
         self.thread_cpu_seconds = Counter(
             "istanbul_tokenizer_gpu_host_thread_cpu_seconds", "CPU time of the GPU process's "
-            "serving thread", registry=r)
+            "thread", registry=r)
         self.phase = {name: self.thread_seconds.labels(name)
                       for name in ("wait", "spin", "receive", "round", "answer")}
         self.encoder = EncoderMetrics(r, "istanbul_tokenizer_gpu_host_encoder")
@@ -425,14 +423,9 @@ class _Message:
 class GpuHost:
     """Answers the workers' messages with one Encoding (see the module doc).
 
-    One thread (`serve_forever`) waits until connections are readable, reads one message
-    from each and runs the round; a second one sends the answers, so that the next round's
-    messages are read while the last round's answers go out and while the GPU works (at
-    64 x 64 KB on the H200 the one thread spent 22% of its time answering and waited for
-    nobody: bench/results/service/service.md, session 22). A connection is closed by the
-    answering thread, after the answers queued before it: its descriptor is never reused
-    while an answer for it is pending. `run_round` alone (without serve_forever) answers on
-    the calling thread."""
+    One thread (`serve_forever`) does everything: it waits until connections are readable,
+    reads one message from each, runs the round, answers: no hand-off between threads on a
+    request's way (a lone request pays two process wake-ups, not four)."""
 
     def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None,
                  keeper=None):
@@ -446,7 +439,6 @@ class GpuHost:
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
         self._closed = False   # serve_forever has ended: attach closes what it is given
-        self._outbox = None    # serve_forever's answering thread's queue (None: answer inline)
         self.rounds = 0
 
     def attach(self, conn) -> None:
@@ -479,10 +471,6 @@ class GpuHost:
         # on the dev CPU, at every round and between the clock keeper's spins)
         watched = selectors.DefaultSelector()
         watched.register(self._wake_r, selectors.EVENT_READ)
-        self._outbox = queue.SimpleQueue()
-        answering = threading.Thread(target=self._send_answers, args=(self._outbox,),
-                                     name="gpu-answers", daemon=True)
-        answering.start()
         try:
             while not self._stopping:
                 timeout = self.keeper.wait_timeout() if self.keeper is not None else None
@@ -508,10 +496,10 @@ class GpuHost:
                     try:
                         message = conn.recv()
                     except (EOFError, OSError):   # the worker went away
-                        watched.unregister(conn)
+                        watched.unregister(conn)  # before its descriptor can be reused
                         self._conns.remove(conn)
                         self.metrics.connections.set(len(self._conns))
-                        self._outbox.put((conn, _CLOSE, None))   # after its pending answers
+                        conn.close()
                         continue
                     messages.append(_Message(conn, message[0], message[1:]))
                 start = clock()
@@ -525,9 +513,6 @@ class GpuHost:
                 self.metrics.thread_cpu_seconds.inc(now - cpu)
                 cpu = now
         finally:
-            outbox, self._outbox = self._outbox, None
-            outbox.put(None)      # the answers queued so far go out, then the thread ends
-            answering.join()
             # the connections attached but not yet watched too: a worker waiting on one
             # would otherwise wait for ever (its reply never comes, its socket stays open)
             with self._new_lock:
@@ -643,39 +628,15 @@ class GpuHost:
         self._answer(m, ("ok_ids", offsets.tolist()), ids)
 
     def _answer(self, m: _Message, reply: tuple, ids=None) -> None:
-        """Send `reply` (then `ids` as raw bytes, when given): queued for the answering
-        thread while serve_forever runs (`ids` is a view of the call's own array, which no
-        later call reuses), else sent here."""
-        outbox = self._outbox
-        if outbox is not None:
-            outbox.put((m.conn, reply, ids))
-        else:
-            self._send(m.conn, reply, ids)
-
-    def _send(self, conn, reply: tuple, ids) -> None:
+        """Send `reply` (then `ids` as raw bytes, when given); the time counts as answering."""
         start = time.perf_counter()
         try:
-            conn.send(reply)
+            m.conn.send(reply)
             if ids is not None:
-                conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
+                m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
         self.metrics.phase["answer"].inc(time.perf_counter() - start)
-
-    def _send_answers(self, outbox: queue.SimpleQueue) -> None:
-        """The answering thread: each queued answer in order; a connection the serving thread
-        let go (_CLOSE) is closed after the answers queued before it; None ends it."""
-        try:
-            while (item := outbox.get()) is not None:
-                conn, reply, ids = item
-                if reply is _CLOSE:
-                    conn.close()
-                else:
-                    self._send(conn, reply, ids)
-        except BaseException:   # a bug: as serve_or_exit does for the serving thread
-            log.exception("GPU process: its answering thread failed; exiting so that it "
-                          "restarts")
-            os._exit(SERVING_THREAD_FAILED)
 
 
 # ---- the process --------------------------------------------------------------------------
@@ -684,8 +645,7 @@ class _Stop(Exception):
     pass
 
 
-SERVING_THREAD_FAILED = 70   # the GPU process's exit status when one of its threads failed
-_CLOSE = object()            # queued to the answering thread: close this connection
+SERVING_THREAD_FAILED = 70   # the GPU process's exit status when its one thread failed
 
 
 def serve_or_exit(host: GpuHost, exit=os._exit) -> None:
