@@ -19,6 +19,16 @@ def device():
     return default_device()
 
 
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private autotune cache ($ISTANBUL_AUTOTUNE_DIR) for the test, its memo forgotten."""
+    from istanbul.shaders import tuned_cache
+    monkeypatch.setenv("ISTANBUL_AUTOTUNE_DIR", str(tmp_path))
+    tuned_cache.forget()
+    yield tmp_path
+    tuned_cache.forget()
+
+
 def shared_vocab(name: str) -> Path:
     """Path of a real vocabulary in ../shared/vocab, or skip the test saying it is absent."""
     path = SHARED_VOCAB / name

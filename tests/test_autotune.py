@@ -15,14 +15,6 @@ from istanbul.shaders import autotune, tuned_cache
 from istanbul.shaders.kernels.matmul import ops as linear
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ISTANBUL_AUTOTUNE_DIR", str(tmp_path))
-    tuned_cache.forget()
-    yield tmp_path
-    tuned_cache.forget()
-
-
 def _write(device, path, entries):
     tuned_cache.save(device, entries, path / (tuned_cache.adapter_key(device) + ".json"))
 

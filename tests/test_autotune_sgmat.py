@@ -27,14 +27,6 @@ def tc_device():
     return dev
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ISTANBUL_AUTOTUNE_DIR", str(tmp_path))
-    tuned_cache.forget()
-    yield tmp_path
-    tuned_cache.forget()
-
-
 def test_the_tensor_core_keys_are_offered_only_where_they_run(tc_device, device):
     assert set(linear.SGMAT_KEYS) <= set(autotune.matmul_keys(tc_device))
     if not linear.has_tensor_cores(device):

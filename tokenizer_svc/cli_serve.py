@@ -191,6 +191,8 @@ def cmd_serve(args) -> int:
     setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
                   else logging.INFO)
     config = config_from_args(args)
+    from .server.child import dump_stacks_on_sigusr1
+    dump_stacks_on_sigusr1()   # this process (a server, or the supervisor); members: become_child
     if args.workers < 1:
         raise UserFacingError(f"--workers must be at least 1, got {args.workers}")
     if args.workers > 1:

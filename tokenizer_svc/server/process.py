@@ -17,7 +17,6 @@ from pathlib import Path
 from istanbul_errors import UserFacingError
 
 from .app import TokenizerServer
-from .child import dump_stacks_on_sigusr1
 from .config import ServerConfig
 from .ports import PortUnavailable
 
@@ -56,7 +55,6 @@ async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    dump_stacks_on_sigusr1()
     try:
         port = await server.start()
     except PortUnavailable as exc:

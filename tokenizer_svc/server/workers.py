@@ -48,7 +48,6 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from .child import dump_stacks_on_sigusr1
 from .config import ServerConfig
 from .ports import check_free, port_error
 
@@ -181,7 +180,6 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
         group.signal_all(signal.SIGTERM)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    dump_stacks_on_sigusr1()
     metrics_server, announced = None, False
     try:
         group.start_all()
