@@ -29,6 +29,10 @@ with one part removed:
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
                 (ops.SGMAT2_QORDER "down"; outputs right, the ladder checks them)
+    f16_in_dkv_w4, f16_in_dkv_w8, f16_in_dkv_w4x2
+                f16_in with the wide dK/dV kernel (ops.SGMAT2_DKV: its 64-key form, 128
+                keys as 8 subgroups x 16, or 4 subgroups x 32; outputs right, the ladder
+                checks them)
 
 The ablated kernels compute wrong results; only their times mean anything. Writes
 DIR/attention_ablation.{md,json}.
@@ -82,10 +86,12 @@ def ablate(name: str, text: str) -> str:
 
 
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
-            "f16_in_vec4", "before", "qdown")
+            "f16_in_vec4", "before", "qdown", "f16_in_dkv_w4", "f16_in_dkv_w8",
+            "f16_in_dkv_w4x2")
 # variants that set an ops.py knob, not the text
 KNOBS = {"qdown": (attention, "SGMAT2_QORDER", "down"),
-         "f16_in_vec4": (op_support, "F16_READS_DEFAULT", "vec4")}
+         "f16_in_vec4": (op_support, "F16_READS_DEFAULT", "vec4"),
+         **{f"f16_in_dkv_{w}": (attention, "SGMAT2_DKV", w) for w in ("w4", "w8", "w4x2")}}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 
@@ -199,7 +205,7 @@ def main():
                 samples[name].append(acc)
     result = {name: {lab: float(np.median([r[lab] for r in runs])) for lab in runs[0]}
               for name, runs in samples.items()}
-    labels = [lab for lab in result["base"] if "sgmat" in lab]
+    labels = list(dict.fromkeys(lab for r in result.values() for lab in r if "sgmat" in lab))
     lines = [f"# Tensor-core attention ablation (B {B}, T {T}, H {H}, D {D}, {args.layout}; "
              f"{dev.info.summary()}, robustness off)", "",
              "ms per layer call (GPU timestamps, median); ablated kernels compute wrong "

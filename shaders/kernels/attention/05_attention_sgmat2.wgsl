@@ -9,6 +9,9 @@
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
 //   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                                  the H/Hkv query heads sharing the kv head (no atomics)
+//   attention_backward_dkv_sgmat2w the same over 16 KR NSG keys a workgroup (128: NSG 8 x KR
+//                                  1 or NSG 4 x KR 2; ops.SGMAT2_DKV_SHAPES), one f32 score
+//                                  array (its own comment says why)
 //
 // Numerics: as 05_attention_sgmat.wgsl: q (pre-scaled by scale*log2(e): scores in base 2),
 // k, v, do, p and ds are rounded to f16 where they enter a product; every product
@@ -61,7 +64,8 @@
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (B*H, ceil(T / 64)), the last (heaviest) query tile first;
-// dkv (B*Hkv, ceil(T / 64)), the first (heaviest) key tile first. 128 invocations.
+// dkv (B*Hkv, ceil(T / 64)), the first (heaviest) key tile first. 128 invocations (the wide
+// dK/dV: (B*Hkv, ceil(T / (16 KR NSG))), 32 NSG invocations).
 
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;
@@ -713,6 +717,260 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             dk_out[at + 1u] = LN2 * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
             dv_out[at] = vec4<f32>(Sd[s], Sd[s + 1u], Sd[s + 2u], Sd[s + 3u]);
             dv_out[at + 1u] = vec4<f32>(Sd[s + 4u], Sd[s + 5u], Sd[s + 6u], Sd[s + 7u]);
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dkv_sgmat2w ---
+// dK/dV over KW = 16 KR NSG keys per workgroup (attention_backward_dkv_sgmat2: 64): NSG
+// subgroups of 32 invocations, each owning KR blocks of 16 key rows. A query tile (BQ2 rows
+// of q and do, staged once) then serves twice the keys, so the global loads and staging
+// stores per product halve; with KR = 2 a subgroup also multiplies each q and do matrix it
+// loads into both its row blocks (half the matrix loads per product). To fit 48 KiB, s^T and
+// (v do^T)^T take turns in one f32 array: the lanes keep p in registers between them (five
+// barriers a tile instead of three). Same bindings, numerics and outputs as the 64-key kernel.
+// Dispatch (B*Hkv, ceil(T / KW)), 32 NSG invocations.
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> dv_out: array<vec4<f32>>;
+@group(0) @binding(8) var<uniform> p: Params;
+
+const WGW: u32 = 32u * {{NSG}}u;
+const KW: u32 = 16u * {{KR}}u * {{NSG}}u;           // keys per workgroup
+const DSW: u32 = KW * SPK;                          // ds^T's place in PD (p^T's is 0)
+var<workgroup> PD: array<f16, max(KW * SH, 2u * DSW)>;   // k, then v (loaded once); then p^T, ds^T
+var<workgroup> Qs: array<f16, {{BQ2}}u * SH>;   // the query tile, pre-scaled like the forward's
+var<workgroup> Ds: array<f16, {{BQ2}}u * SH>;   // its do rows
+var<workgroup> Ss: array<f32, KW * SSK>;        // s^T, then (v do^T)^T; at the end dk, dv
+var<workgroup> stats: array<f32, 2u * {{BQ2}}u>;   // the query tile's lse (base 2), dvec
+
+fn put4k(at: u32, v: vec4<f32>) {
+    let h = vec4<f16>(v);
+    PD[at] = h.x; PD[at + 1u] = h.y; PD[at + 2u] = h.z; PD[at + 3u] = h.w;
+}
+
+fn put4q(at: u32, h: vec4<f16>, which: u32) {
+    if (which == 1u) {
+        Qs[at] = h.x; Qs[at + 1u] = h.y; Qs[at + 2u] = h.z; Qs[at + 3u] = h.w;
+    } else {
+        Ds[at] = h.x; Ds[at + 1u] = h.y; Ds[at + 2u] = h.z; Ds[at + 3u] = h.w;
+    }
+}
+
+@compute @workgroup_size(WGW)
+fn attention_backward_dkv_sgmat2w(@builtin(workgroup_id) wg: vec3<u32>,
+                                  @builtin(local_invocation_index) lid: u32,
+                                  @builtin(subgroup_id) sg: u32,
+                                  @builtin(subgroup_invocation_id) lane: u32) {
+    let bhk = wg.x;
+    let b = bhk / p.kv_heads;
+    let hk = bhk % p.kv_heads;
+    let group = p.heads / p.kv_heads;
+    let k0 = wg.y * KW;                     // heaviest (first) key tile first
+    let qscale = p.scale * LOG2E;
+    for (var i = lid; i < KW * H4; i += WGW) {
+        let n = i / H4;
+        var v = vec4<f32>();
+        if (k0 + n < p.seq) { v = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        put4k(n * SH + 4u * (i % H4), v);
+    }
+    workgroupBarrier();
+    var ka: array<array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>, {{KR}}>;
+    for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+        for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+            ka[rb][d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&PD, 16u * ({{KR}}u * sg + rb) * SH + 16u * d, false, SH);
+        }
+    }
+    workgroupBarrier();
+    for (var i = lid; i < KW * H4; i += WGW) {
+        let n = i / H4;
+        var v = vec4<f32>();
+        if (k0 + n < p.seq) { v = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]); }
+        put4k(n * SH + 4u * (i % H4), v);
+    }
+    workgroupBarrier();
+    var va: array<array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>, {{KR}}>;
+    for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+        for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+            va[rb][d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&PD, 16u * ({{KR}}u * sg + rb) * SH + 16u * d, false, SH);
+        }
+    }
+    // lane 2r + h: row r of each of the subgroup's row blocks, the query columns of parity
+    // h, read in the bank-spread order of the 64-key kernel (rows 8..15 two columns later)
+    let r = lane / 2u;
+    let half = lane % 2u;
+    let rot = 2u * (r / 8u);
+    let row0 = 16u * {{KR}}u * sg + r;      // the lane's row in block rb: row0 + 16 rb
+    var dk: array<array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>, {{KR}}>;
+    var dv: array<array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>, {{KR}}>;
+    var pr: array<array<f32, {{BQ2}} / 2>, {{KR}}>;
+    let first = k0 / {{BQ2}}u;
+    let tiles = (p.seq + {{BQ2}}u - 1u) / {{BQ2}}u;
+    // the next query tile's q and do rows and statistics travel in registers while this
+    // tile is multiplied; tiles run in (g, qt) order, qt from the diagonal up
+    var qr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 32 * {{NSG}} - 1) / (32 * {{NSG}})>;
+    var dr: array<vec4<f16>, ({{BQ2}} * {{HD}} / 4 + 32 * {{NSG}} - 1) / (32 * {{NSG}})>;
+    var st = 0.0;   // lanes below 2 BQ2: the tile's lse (base 2) or dvec
+    if (first < tiles) {   // the first tile, (0, first)
+        for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 32u * {{NSG}}u - 1u) / (32u * {{NSG}}u); t++) {   // @unroll
+            let i = lid + t * WGW;
+            let n = first * {{BQ2}}u + i / H4;
+            qr[t] = vec4<f16>();
+            dr[t] = vec4<f16>();
+            if (i < {{BQ2}}u * H4 && n < p.seq) {
+                qr[t] = vec4<f16>(widen(q_in[q_row(b, n, hk * group) + i % H4]) * qscale);
+                dr[t] = narrow(do_in[o_row(b, n, hk * group) + i % H4]);
+            }
+        }
+        if (lid < 2u * {{BQ2}}u && first * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+            if (lid < {{BQ2}}u) {
+                st = lse_in[stat_index(b, hk * group, first * {{BQ2}}u + lid)] * LOG2E;
+            } else {
+                st = dvec_in[stat_index(b, hk * group, first * {{BQ2}}u + lid % {{BQ2}}u)];
+            }
+        }
+    }
+    for (var g = 0u; g < group; g++) {
+        let h = hk * group + g;
+        for (var qt = first; qt < tiles; qt++) {
+            let q0 = qt * {{BQ2}}u;
+            workgroupBarrier();              // the previous tile's products are done
+            for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 32u * {{NSG}}u - 1u) / (32u * {{NSG}}u); t++) {   // @unroll
+                let i = lid + t * WGW;
+                if (i < {{BQ2}}u * H4) {
+                    put4q((i / H4) * SH + 4u * (i % H4), qr[t], 1u);
+                    put4q((i / H4) * SH + 4u * (i % H4), dr[t], 2u);
+                }
+            }
+            if (lid < 2u * {{BQ2}}u) {
+                stats[lid] = st;
+            }
+            workgroupBarrier();
+            var lq = qt + 1u;                // the next tile (lg, lq)
+            var lg = g;
+            if (lq == tiles) {
+                lq = first;
+                lg = g + 1u;
+            }
+            if (lg < group) {
+                for (var t = 0u; t < ({{BQ2}}u * {{HD}}u / 4u + 32u * {{NSG}}u - 1u) / (32u * {{NSG}}u); t++) {   // @unroll
+                    let i = lid + t * WGW;
+                    let n = lq * {{BQ2}}u + i / H4;
+                    qr[t] = vec4<f16>();
+                    dr[t] = vec4<f16>();
+                    if (i < {{BQ2}}u * H4 && n < p.seq) {
+                        qr[t] = vec4<f16>(widen(q_in[q_row(b, n, hk * group + lg) + i % H4]) * qscale);
+                        dr[t] = narrow(do_in[o_row(b, n, hk * group + lg) + i % H4]);
+                    }
+                }
+                st = 0.0;
+                if (lid < 2u * {{BQ2}}u && lq * {{BQ2}}u + lid % {{BQ2}}u < p.seq) {
+                    if (lid < {{BQ2}}u) {
+                        st = lse_in[stat_index(b, hk * group + lg, lq * {{BQ2}}u + lid)] * LOG2E;
+                    } else {
+                        st = dvec_in[stat_index(b, hk * group + lg, lq * {{BQ2}}u + lid % {{BQ2}}u)];
+                    }
+                }
+            }
+            // s^T = k q'^T, each q matrix loaded once for the KR row blocks
+            for (var j = 0u; j < {{BQ2}}u / 16u; j++) {   // @unroll
+                var sacc: array<subgroup_matrix_result<f32, 16, 16>, {{KR}}>;
+                for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                    let qb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Qs, 16u * j * SH + 16u * d, true, SH);
+                    for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                        sacc[rb] = subgroupMatrixMultiplyAccumulate(ka[rb][d], qb, sacc[rb]);
+                    }
+                }
+                for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                    subgroupMatrixStore(&Ss, 16u * ({{KR}}u * sg + rb) * SSK + 16u * j, sacc[rb], false, SSK);
+                }
+            }
+            workgroupBarrier();
+            for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                let kpos = k0 + row0 + 16u * rb;
+                for (var c = 0u; c < {{BQ2}}u / 2u; c++) {   // @unroll
+                    let col = (2u * c + half + rot) % {{BQ2}}u;
+                    let qi = q0 + col;
+                    let e = exp2(Ss[(row0 + 16u * rb) * SSK + col] - stats[col]);
+                    pr[rb][c] = select(0.0, e, qi >= kpos && qi < p.seq && kpos < p.seq);
+                    PD[(row0 + 16u * rb) * SPK + col] = f16(pr[rb][c]);
+                }
+            }
+            workgroupBarrier();              // s^T read: Ss takes (v do^T)^T
+            for (var j = 0u; j < {{BQ2}}u / 16u; j++) {   // @unroll
+                var tacc: array<subgroup_matrix_result<f32, 16, 16>, {{KR}}>;
+                for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                    let db = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ds, 16u * j * SH + 16u * d, true, SH);
+                    for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                        tacc[rb] = subgroupMatrixMultiplyAccumulate(va[rb][d], db, tacc[rb]);
+                    }
+                }
+                for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                    subgroupMatrixStore(&Ss, 16u * ({{KR}}u * sg + rb) * SSK + 16u * j, tacc[rb], false, SSK);
+                }
+            }
+            workgroupBarrier();
+            for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                for (var c = 0u; c < {{BQ2}}u / 2u; c++) {   // @unroll
+                    let col = (2u * c + half + rot) % {{BQ2}}u;
+                    PD[DSW + (row0 + 16u * rb) * SPK + col] = f16(pr[rb][c] * (Ss[(row0 + 16u * rb) * SSK + col] - stats[{{BQ2}}u + col]));
+                }
+            }
+            workgroupBarrier();
+            // dv += p^T do, dk += ds^T q': each do and q matrix loaded once for the row blocks
+            for (var ks = 0u; ks < {{BQ2}}u / 16u; ks++) {   // @unroll
+                var pl: array<subgroup_matrix_left<f16, 16, 16>, {{KR}}>;
+                var dl: array<subgroup_matrix_left<f16, 16, 16>, {{KR}}>;
+                for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                    pl[rb] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&PD, 16u * ({{KR}}u * sg + rb) * SPK + 16u * ks, false, SPK);
+                    dl[rb] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&PD, DSW + 16u * ({{KR}}u * sg + rb) * SPK + 16u * ks, false, SPK);
+                }
+                for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                    let db = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ds, 16u * ks * SH + 16u * d, false, SH);
+                    let qb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Qs, 16u * ks * SH + 16u * d, false, SH);
+                    for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+                        dv[rb][d] = subgroupMatrixMultiplyAccumulate(pl[rb], db, dv[rb][d]);
+                        dk[rb][d] = subgroupMatrixMultiplyAccumulate(dl[rb], qb, dk[rb][d]);
+                    }
+                }
+            }
+        }
+    }
+    // q was staged pre-scaled by scale*log2(e): dk = scale * sum ds q = LN2 * sum ds q'.
+    // Out through Ss, 16 columns at a time (at BQ2 16 a row of Ss holds only one block).
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+            subgroupMatrixStore(&Ss, 16u * ({{KR}}u * sg + rb) * SSK, dk[rb][d], false, SSK);
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+            let kpos = k0 + row0 + 16u * rb;
+            if (kpos < p.seq) {   // lane (r, half): 8 of the 16 columns of this d tile
+                let s = (row0 + 16u * rb) * SSK + 8u * half;
+                let at = kv_row(b, kpos, hk) + 4u * d + 2u * half;
+                dk_out[at] = LN2 * vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
+                dk_out[at + 1u] = LN2 * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+            }
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+            subgroupMatrixStore(&Ss, 16u * ({{KR}}u * sg + rb) * SSK, dv[rb][d], false, SSK);
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{KR}}u; rb++) {   // @unroll
+            let kpos = k0 + row0 + 16u * rb;
+            if (kpos < p.seq) {
+                let s = (row0 + 16u * rb) * SSK + 8u * half;
+                let at = kv_row(b, kpos, hk) + 4u * d + 2u * half;
+                dv_out[at] = vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
+                dv_out[at + 1u] = vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+            }
         }
     }
 }

@@ -504,6 +504,40 @@ register(KernelCase(
     description="the small-tile v2 backward with qorder='down' (more query tiles per key "
                 "tile than the default's, so more of the order is exercised)"))
 
+# The wide dK/dV kernel (attention_backward_dkv_sgmat2w, 128 keys a workgroup: ops.SGMAT2_DKV_SHAPES
+# "w8" and "w4x2"; "w4" is its 64-key form) with the v2 dQ. At the default tiles it needs the
+# H200's 48 KiB; the small rung (16-query tiles, head dims 16 and 32) fits lavapipe's 32 KiB.
+def _sgmat2w_kernels(D, dkv, **tiles):
+    return [(attention.FILE_SGMAT2, attention.SGMAT2_KERNELS["dq"], {},
+             attention.sgmat2_params(D, dkv=dkv, **tiles)),
+            (attention.FILE_SGMAT2, attention.SGMAT2_DKV_WIDE, {},
+             attention.sgmat2_params(D, dkv=dkv, **tiles))]
+
+
+for _dkv in ("w8", "w4x2", "w4"):
+    register(KernelCase(
+        name=f"attention_backward_sgmat2_{_dkv}", kernels=_sgmat2w_kernels(64, _dkv),
+        launch=lambda dev, inp, _dkv=_dkv: sgmat2_backward_launch(dev, inp,
+                                                                  sgmat_tiles={"dkv": _dkv}),
+        reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+        description=f"f32 tiled forward + prep + v2 dQ + the wide dK/dV kernel, dkv {_dkv!r} "
+                    f"({16 * attention.SGMAT2_DKV_SHAPES[_dkv][0] * attention.SGMAT2_DKV_SHAPES[_dkv][1]}"
+                    " keys a workgroup)"))
+
+SMALL_SGMAT2W = {"BK": 16, "BQ2": 16}
+for _dkv in ("w8", "w4x2"):
+    register(KernelCase(
+        name=f"attention_backward_sgmat2_{_dkv}_small",
+        kernels=_sgmat2w_kernels(32, _dkv, **SMALL_SGMAT2W),
+        launch=lambda dev, inp, _dkv=_dkv: sgmat2_backward_launch(
+            dev, inp, sgmat_tiles={"dkv": _dkv, **SMALL_SGMAT2W}),
+        reference=reference.backward_reference,
+        **{**_SGMAT2, "variants": tuple(v for v in VARIANTS_SGMAT if SHAPES[v][4] <= 32),
+           "bench_variant_software": "sg_gqa4"}, **_BWD_COST,
+        description=f"the wide dK/dV kernel ({_dkv!r}) with 16-query tiles at head dims 16 and "
+                    "32 (fits lavapipe's workgroup memory emulated; many query tiles per key "
+                    "tile, GQA)"))
+
 register(KernelCase(
     name="attention_backward_sgmat2_staged",
     kernels=_sgmat_kernels(64)[:1] + _sgmat2_kernels(64)[1:],
@@ -559,6 +593,30 @@ register(KernelCase(
     reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
     description="the trainer's attention on f16 q, k, v: staged forward + prep (do16) + v2 "
                 "dQ + dK/dV"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_staged_f16in_w8",
+    kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
+               attention.sgmat_params(64, f16_inputs=True))]
+             + _sgmat2w_kernels(64, "w8") + [_PREP_F16]),
+    launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
+                                             {"tensor_cores": "sgmat2",
+                                              "sgmat_tiles": {"dkv": "w8"}},
+                                             f16_inputs="both"),
+    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+    description="the trainer's attention on f16 q, k, v with the wide dK/dV kernel ('w8')"))
+
+register(KernelCase(
+    name="attention_backward_sgmat2_staged_f16in_w4x2",
+    kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
+               attention.sgmat_params(64, f16_inputs=True))]
+             + _sgmat2w_kernels(64, "w4x2") + [_PREP_F16]),
+    launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
+                                             {"tensor_cores": "sgmat2",
+                                              "sgmat_tiles": {"dkv": "w4x2"}},
+                                             f16_inputs="both"),
+    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+    description="the trainer's attention on f16 q, k, v with the wide dK/dV kernel ('w4x2')"))
 
 register(KernelCase(
     name="attention_backward_sgmat2_small_f16in",

@@ -130,6 +130,14 @@ SGMAT2_FOLDS = ("lazy", "every")
 SGMAT2_QORDER = "up"
 SGMAT2_QORDERS = ("up", "down")
 SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
+# `dkv` (dK/dV only): which kernel and how many keys a workgroup owns. "k64": the 64-key
+# attention_backward_dkv_sgmat2 (4 subgroups x 16 keys); the wide attention_backward_dkv_sgmat2w
+# with (subgroups, 16-key row blocks per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 keys a
+# workgroup, so each staged query tile serves twice the keys. $ISTANBUL_ATTENTION_DKV picks
+# one for the whole process (A/B runs); SGMAT2_DKV is the default.
+SGMAT2_DKV = "k64"
+SGMAT2_DKV_SHAPES = {"k64": (4, 1), "w8": (8, 1), "w4x2": (4, 2), "w4": (4, 1)}
+SGMAT2_DKV_WIDE = "attention_backward_dkv_sgmat2w"
 # The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
 # trainer's) refuses it (sgmat2_refusal). dev/attention_sgmat2_variants.py sets this True to
 # run it there anyway and find out which variant is right; nothing else should.
@@ -164,23 +172,42 @@ def sgmat2_bytes(kernel: str, params: dict) -> int:
         return 2 * 64 * (max(HD, BK) + 8) + 2 * 2 * BK * SH + 2 * 4 * 64 * (BK + pad)
     BQ2 = params["BQ2"]
     SPK = BQ2 + 8
+    if params.get("DKV", "k64") != "k64":   # the wide kernel: one score array, p^T/ds^T in PD
+        KW = 16 * params["NSG"] * params["KR"]
+        return 2 * (max(KW * SH, 2 * KW * SPK) + 2 * BQ2 * SH) + 4 * (KW * (BQ2 + pad) + 2 * BQ2)
     f16 = (max(64 * SH, 2 * 64 * SPK) if params.get("KV_IN_P") else 64 * SH + 2 * 64 * SPK)
     return 2 * (f16 + 2 * BQ2 * SH) + 4 * (2 * 64 * (BQ2 + pad) + 2 * BQ2)
 
 
+def sgmat2_dkv(params: dict) -> tuple[str, int]:
+    """(kernel name, keys per workgroup) of the dK/dV kernel sgmat2 `params` make."""
+    if params.get("DKV", "k64") == "k64":
+        return SGMAT2_KERNELS["dkv"], SGMAT_ROWS
+    return SGMAT2_DKV_WIDE, 16 * params["NSG"] * params["KR"]
+
+
+def default_dkv() -> str:
+    """The dK/dV kernel knob: $ISTANBUL_ATTENTION_DKV if set, else SGMAT2_DKV."""
+    value = os.environ.get("ISTANBUL_ATTENTION_DKV", "").strip().lower() or SGMAT2_DKV
+    if value not in SGMAT2_DKV_SHAPES:
+        raise ValueError(f"ISTANBUL_ATTENTION_DKV={value!r}: use one of "
+                         f"{sorted(SGMAT2_DKV_SHAPES)}")
+    return value
+
+
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
                   fold: str | None = None, qorder: str | None = None,
-                  f16_inputs: bool = False, **tiles) -> dict:
+                  dkv: str | None = None, f16_inputs: bool = False, **tiles) -> dict:
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
     overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
-    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); f16_inputs: q, k, v and do
-    stored as f16. dK/dV stages k and v in its p/ds
+    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); `dkv` the dK/dV kernel
+    (SGMAT2_DKV_SHAPES; default_dkv()); f16_inputs: q, k, v and do stored as f16. dK/dV stages k and v in its p/ds
     array (KV_IN_P) only where separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of
     8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
-                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder)")
+                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder, dkv)")
     pad = SGMAT2_PAD if pad is None else int(pad)
     order = SGMAT2_ORDER if order is None else str(order)
     fold = SGMAT2_FOLD if fold is None else str(fold)
@@ -194,9 +221,16 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
                          "subgroup-matrix strides)")
     if order not in SGMAT2_ORDERS:
         raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
+    dkv = default_dkv() if dkv is None else str(dkv)
+    if dkv not in SGMAT2_DKV_SHAPES:
+        raise ValueError(f"sgmat2 attention: dkv {dkv!r}; use one of {sorted(SGMAT2_DKV_SHAPES)}")
+    if dkv != "k64" and (order != "spread" or qorder != "up"):
+        raise ValueError(f"sgmat2 attention: dkv {dkv!r} has the spread order and qorder 'up' "
+                         "only")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
-           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down",
+           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down", "DKV": dkv,
+           "NSG": SGMAT2_DKV_SHAPES[dkv][0], "KR": SGMAT2_DKV_SHAPES[dkv][1],
            **input_params(f16_inputs)}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
@@ -221,8 +255,9 @@ def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None,
     if why:
         raise ValueError(why)
     constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
-    return dev.kernel(FILE_SGMAT2, SGMAT2_KERNELS[kernel], constants,
-                      sgmat2_params(D, f16_inputs=f16_inputs, **(tiles or {})))
+    params = sgmat2_params(D, f16_inputs=f16_inputs, **(tiles or {}))
+    name = sgmat2_dkv(params)[0] if kernel == "dkv" else SGMAT2_KERNELS[kernel]
+    return dev.kernel(FILE_SGMAT2, name, constants, params)
 
 
 SGMAT_VERSIONS = ("staged", "sgmat2-backward", "sgmat2")
@@ -690,7 +725,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
     05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
     ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
-    "order" and "qorder", see sgmat2_params)."""
+    "order" and "qorder", see sgmat2_params; "dkv" picks the dK/dV kernel, SGMAT2_DKV)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     f16_in = _f16_operands(op, q, k, v)
@@ -729,13 +764,15 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     if tc:
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
         if tc == "sgmat2":
-            for kernel, res in (("dq", [q, k, v, do_in, lse, dvec, dq, params]),
-                                ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params])):
-                rows = B * H if kernel == "dq" else B * Hkv
+            name, keys = sgmat2_dkv(sgmat2_params(D, **(sgmat_tiles or {})))
+            for kernel, res, heads, tile, label in (
+                    ("dq", [q, k, v, do_in, lse, dvec, dq, params], B * H, SGMAT_ROWS,
+                     SGMAT2_KERNELS["dq"]),
+                    ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params], B * Hkv, keys,
+                     name)):
                 rec.dispatch(_sgmat2_kernel(dev, kernel, D, tiles=sgmat_tiles,
                                             f16_inputs=f16_in), res,
-                             grid2d(dev, op, rows, ceil_div(T, SGMAT_ROWS)),
-                             label=SGMAT2_KERNELS[kernel])
+                             grid2d(dev, op, heads, ceil_div(T, tile)), label=label)
             if dv_out is not dv:
                 copy_kv(rec, dv_out, dv, B, T, Hkv, D, strides[1])
             return
