@@ -406,6 +406,47 @@ def test_a_handshake_that_does_not_complete_fails_as_unreachable_in_bounded_time
         listener.close()
 
 
+def test_a_stalled_or_wrong_peer_does_not_stop_the_gpu_process_accepting(
+        tiny_encoding, tmp_path, monkeypatch):
+    """The GPU process's accept loop (accept_workers) hands each handshake to a thread of its
+    own, bounded by HANDSHAKE_TIMEOUT_S: a peer that connects and says nothing, or holds
+    another key, neither delays a worker connecting beside it nor stays connected."""
+    import socket
+    from multiprocessing import AuthenticationError
+    from tokenizer_svc.server import gpu_host
+    monkeypatch.setattr(gpu_host, "HANDSHAKE_TIMEOUT_S", 3.0)
+    address, key = str(tmp_path / "gpu.sock"), os.urandom(16)
+    listener = Listener(address, family="AF_UNIX")
+    host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20)
+    threading.Thread(target=gpu_host.accept_workers, args=(listener, host, key),
+                     daemon=True).start()
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(address)
+    with pytest.raises(AuthenticationError):
+        Client(address, family="AF_UNIX", authkey=b"another key")
+    remote = RemoteEncoding(tiny_encoding, address, key)
+    try:
+        start = time.monotonic()
+        ids, offsets = remote.encode_batch_flat([TEXTS[0], TEXTS[1]])
+        assert time.monotonic() - start < 2.0    # not after the silent peer's 3 s
+        assert [ids[offsets[n]:offsets[n + 1]].tolist() for n in range(2)] == \
+            _expected(tiny_encoding, TEXTS[:2])
+        silent.settimeout(10)
+        received = b""
+        while chunk := silent.recv(4096):   # the challenge, then the close at the bound
+            received += chunk
+        assert received and time.monotonic() - start < 3.0 + 3
+        assert len(host._conns) + len(host._new) == 1   # only the worker stays
+    finally:
+        remote.close()
+        silent.close()
+        host.stop()
+        listener.close()
+        loop.join(10)
+
+
 def test_a_failing_encoding_call_fails_each_of_its_messages(tiny_encoding):
     class Broken(Counting):
         def encode_batch_flat(self, docs, **kw):

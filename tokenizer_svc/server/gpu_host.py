@@ -641,6 +641,42 @@ class GpuHost:
 
 # ---- the process --------------------------------------------------------------------------
 
+def admit(host: GpuHost, conn, authkey: bytes) -> None:
+    """The GPU process's side of a worker's handshake on `conn` (accepted without one), then
+    hand it to `host`. Bounded as the worker's side is (RemoteEncoding._open): a peer that
+    connects and stalls or breaks off costs at most HANDSHAKE_TIMEOUT_S and this connection,
+    never another worker's."""
+    try:
+        _io_timeout(conn.fileno(), HANDSHAKE_TIMEOUT_S)
+        deliver_challenge(conn, authkey)
+        answer_challenge(conn, authkey)
+        _io_timeout(conn.fileno(), 0.0)
+    except (OSError, EOFError, AuthenticationError) as exc:
+        conn.close()
+        log.warning("GPU process: a connection failed its handshake", extra={"data": {
+            "error": f"{type(exc).__name__}: {exc}"}})
+        return
+    host.attach(conn)
+
+
+def accept_workers(listener: Listener, host: GpuHost, authkey: bytes) -> None:
+    """Accept workers' connections until `listener` is closed, each one's handshake on a
+    thread of its own (admit): the accept loop never waits on a peer. `listener` is made
+    without an authkey (its accept would do the handshake on this thread, unbounded)."""
+    while True:
+        try:
+            conn = listener.accept()
+        except OSError as exc:
+            if getattr(listener, "_listener", None) is None:   # closed
+                return
+            log.warning("GPU process: accepting a connection failed", extra={"data": {
+                "error": str(exc)}})
+            time.sleep(0.05)   # e.g. out of descriptors: do not spin
+            continue
+        threading.Thread(target=admit, args=(host, conn, authkey), name="gpu-handshake",
+                         daemon=True).start()
+
+
 class _Stop(Exception):
     pass
 
@@ -692,7 +728,7 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
             "127.0.0.1", 0, config.auth_tokens if config.metrics_auth else ())
     if os.path.exists(address):   # left by a GPU process that died: this one replaces it
         os.unlink(address)
-    listener = Listener(address, family="AF_UNIX", authkey=authkey, backlog=128)
+    listener = Listener(address, family="AF_UNIX", backlog=128)   # handshakes: admit
     gpu = threading.Thread(target=serve_or_exit, args=(host,), name="gpu", daemon=True)
     gpu.start()
 
@@ -705,12 +741,7 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
         "vocabulary": encoding.name, "load_seconds": round(time.perf_counter() - start, 3)}})
     status.put(("ready", "gpu", None, metrics_port))
     try:
-        while True:
-            try:
-                host.attach(listener.accept())
-            except (OSError, EOFError, AuthenticationError) as exc:   # a failed handshake
-                log.warning("GPU process: a connection failed", extra={"data": {
-                    "error": str(exc)}})
+        accept_workers(listener, host, authkey)
     except _Stop:
         pass
     finally:
