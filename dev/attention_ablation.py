@@ -29,10 +29,10 @@ with one part removed:
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
                 (ops.SGMAT2_QORDER "down"; outputs right, the ladder checks them)
-    f16_in_dkv_w4, f16_in_dkv_w8, f16_in_dkv_w4x2
-                f16_in with the wide dK/dV kernel (ops.SGMAT2_DKV: its 64-key form, 128
-                keys as 8 subgroups x 16, or 4 subgroups x 32; outputs right, the ladder
-                checks them)
+    f16_in_wide_w4, f16_in_wide_w8, f16_in_wide_w4x2
+                f16_in with the wide dQ and dK/dV kernels (ops.SGMAT2_DQ, SGMAT2_DKV: their
+                64-row form, 128 rows as 8 subgroups x 16, or 4 subgroups x 32; outputs
+                right, the ladder checks them)
 
 The ablated kernels compute wrong results; only their times mean anything. Writes
 DIR/attention_ablation.{md,json}.
@@ -86,12 +86,13 @@ def ablate(name: str, text: str) -> str:
 
 
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
-            "f16_in_vec4", "before", "qdown", "f16_in_dkv_w4", "f16_in_dkv_w8",
-            "f16_in_dkv_w4x2")
-# variants that set an ops.py knob, not the text
-KNOBS = {"qdown": (attention, "SGMAT2_QORDER", "down"),
-         "f16_in_vec4": (op_support, "F16_READS_DEFAULT", "vec4"),
-         **{f"f16_in_dkv_{w}": (attention, "SGMAT2_DKV", w) for w in ("w4", "w8", "w4x2")}}
+            "f16_in_vec4", "before", "qdown", "f16_in_wide_w4", "f16_in_wide_w8",
+            "f16_in_wide_w4x2")
+# variants that set ops.py knobs, not the text: (module, attribute, value) each
+KNOBS = {"qdown": ((attention, "SGMAT2_QORDER", "down"),),
+         "f16_in_vec4": ((op_support, "F16_READS_DEFAULT", "vec4"),),
+         **{f"f16_in_wide_{w}": ((attention, "SGMAT2_DQ", w), (attention, "SGMAT2_DKV", w))
+            for w in ("w4", "w8", "w4x2")}}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 
@@ -169,14 +170,15 @@ def main():
                            tensor_cores=True, **strides)
 
     kernels = {}
-    defaults = {(module, attr): getattr(module, attr) for module, attr, _ in KNOBS.values()}
+    defaults = {(module, attr): getattr(module, attr)
+                for knobs in KNOBS.values() for module, attr, _ in knobs}
 
     def use(name):   # the variant's source files and module knobs
         current["variant"] = name
         for (module, attr), value in defaults.items():
             setattr(module, attr, value)
-        if name in KNOBS:
-            setattr(*KNOBS[name])
+        for module, attr, value in KNOBS.get(name, ()):
+            setattr(module, attr, value)
 
     for name in variants:   # compile every variant first (each its own kernels)
         use(name)

@@ -424,46 +424,56 @@ def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
             assert params["KV_IN_P"] == (D == 64 and not tiles and knobs["pad"] >= 8)
 
 
-@pytest.mark.parametrize("dkv", ["w8", "w4x2", "w4"])
-def test_sgmat2_wide_dkv_expands_and_fits_48_kib(dkv):
-    """The wide dK/dV kernel at head dims 16/32/64 and both query tiles: the bytes ops.py
-    counts are the kernel's, within the H200's 48 KiB; its grid follows its keys a workgroup."""
+@pytest.mark.parametrize("wide", ["w8", "w4x2", "w4"])
+def test_sgmat2_wide_backward_expands_and_fits_48_kib(wide):
+    """The wide dQ and dK/dV kernels at head dims 16/32/64 and both tiles: the bytes ops.py
+    counts are the kernels', within the H200's 48 KiB; their grids follow their rows a
+    workgroup."""
     from istanbul.shaders import source
+    nsg, kr = attention.SGMAT2_WIDE_SHAPES[wide]
     for D in (16, 32, 64):
-        for tiles in ({}, {"BQ2": 16}):
-            params = attention.sgmat2_params(D, dkv=dkv, **tiles)
-            name, keys = attention.sgmat2_dkv(params)
-            assert name == attention.SGMAT2_DKV_WIDE
-            assert keys == 16 * attention.SGMAT2_DKV_SHAPES[dkv][0] * attention.SGMAT2_DKV_SHAPES[dkv][1]
-            code = source.compose({"shader-f16", "subgroup", "subgroup-matrix"},
-                                  source.load_file(attention.FILE_SGMAT2), name, params=params,
-                                  compiler="tint")
-            got = _workgroup_bytes(code)
-            assert got == attention.sgmat2_bytes("dkv", params) <= 48 * 1024, (D, tiles)
-            assert "{{" not in code and "@if" not in code
-    assert attention.sgmat2_dkv(attention.sgmat2_params(64, dkv="k64")) == (
-        attention.SGMAT2_KERNELS["dkv"], 64)
+        for tiles in ({}, {"BK": 16, "BQ2": 16}):
+            params = attention.sgmat2_params(D, dq=wide, dkv=wide, **tiles)
+            for kernel in ("dq", "dkv"):
+                name, rows = attention.sgmat2_backward_kernel(kernel, params)
+                assert (name, rows) == (attention.SGMAT2_WIDE[kernel], 16 * nsg * kr)
+                code = source.compose({"shader-f16", "subgroup", "subgroup-matrix"},
+                                      source.load_file(attention.FILE_SGMAT2), name,
+                                      params=params, compiler="tint")
+                got = _workgroup_bytes(code)
+                assert got == attention.sgmat2_bytes(kernel, params) <= 48 * 1024, (D, tiles)
+                assert "{{" not in code and "@if" not in code
+    base = attention.sgmat2_params(64, dq="base", dkv="base")
+    for kernel in ("dq", "dkv"):
+        assert attention.sgmat2_backward_kernel(kernel, base) == (
+            attention.SGMAT2_KERNELS[kernel], 64)
 
 
-def test_sgmat2_dkv_knob_checks_its_value(monkeypatch):
+def test_sgmat2_wide_knobs_check_their_values(monkeypatch):
     monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "w8")
-    assert attention.sgmat2_params(64)["DKV"] == "w8"
-    assert attention.sgmat2_params(64, dkv="k64")["DKV"] == "k64"   # an explicit knob wins
+    monkeypatch.setenv("ISTANBUL_ATTENTION_DQ", "w4x2")
+    p = attention.sgmat2_params(64)
+    assert (p["DQ"], p["DKV"]) == ("w4x2", "w8")
+    assert attention.sgmat2_params(64, dkv="base")["DKV"] == "base"   # an explicit knob wins
     monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "w3")
     with pytest.raises(ValueError, match="ISTANBUL_ATTENTION_DKV"):
         attention.sgmat2_params(64)
     monkeypatch.delenv("ISTANBUL_ATTENTION_DKV")
-    with pytest.raises(ValueError, match="dkv"):
-        attention.sgmat2_params(64, dkv="wide")
+    monkeypatch.delenv("ISTANBUL_ATTENTION_DQ")
+    with pytest.raises(ValueError, match="dq"):
+        attention.sgmat2_params(64, dq="wide")
     with pytest.raises(ValueError, match="qorder"):
         attention.sgmat2_params(64, dkv="w8", qorder="down")
+    with pytest.raises(ValueError, match="spread"):
+        attention.sgmat2_params(64, dq="w8", order="contig")
 
 
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
                  "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False,
-                 "DKV": "k64", "NSG": 4, "KR": 1, "IN4": "vec4<f32>", "F16_BITS": False}
+                 "DQ": "base", "QNSG": 4, "QKR": 1, "DKV": "base", "NSG": 4, "KR": 1,
+                 "IN4": "vec4<f32>", "F16_BITS": False}
     from istanbul.shaders.kernels import op_support
     assert op_support.F16_READS_DEFAULT == "bits"
     assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS

@@ -9,6 +9,7 @@
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
 //   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                                  the H/Hkv query heads sharing the kv head (no atomics)
+//   attention_backward_dq_sgmat2w  dQ over 16 QKR QNSG queries a workgroup (ops.SGMAT2_WIDE_SHAPES)
 //   attention_backward_dkv_sgmat2w the same over 16 KR NSG keys a workgroup (128: NSG 8 x KR
 //                                  1 or NSG 4 x KR 2; ops.SGMAT2_DKV_SHAPES), one f32 score
 //                                  array (its own comment says why)
@@ -466,6 +467,207 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
             let at = q_row(b, qpos, h) + 4u * d + 2u * half;
             dq_out[at] = p.scale * vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
             dq_out[at + 1u] = p.scale * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+        }
+    }
+}
+
+// --- KERNEL: attention_backward_dq_sgmat2w ---
+// dQ over QW = 16 KR NSG queries a workgroup (attention_backward_dq_sgmat2: 64), as the wide
+// dK/dV kernel: each staged key tile serves twice the queries, and s and do v^T take turns
+// in one f32 array (p in the lanes' registers between them) to fit 48 KiB. Same bindings,
+// numerics and outputs as the 64-query kernel. Dispatch (B*H, ceil(T / QW)), 32 NSG
+// invocations, the last (heaviest) query tile first.
+@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
+@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
+@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
+@group(0) @binding(3) var<storage, read> do_in: array<{{IN4}}>;
+@group(0) @binding(4) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(5) var<storage, read> dvec_in: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(7) var<uniform> p: Params;
+
+const WGQ: u32 = 32u * {{QNSG}}u;
+const QW: u32 = 16u * {{QKR}}u * {{QNSG}}u;          // queries per workgroup
+var<workgroup> QP: array<f16, QW * SPQ>;      // q, then do (both loaded once), then ds
+var<workgroup> Ks: array<f16, {{BK}}u * SH>;
+var<workgroup> Vs: array<f16, {{BK}}u * SH>;
+var<workgroup> Ss: array<f32, QW * SSQ>;      // scores, then do v^T; at the end dq
+
+fn put4(at: u32, v: vec4<f32>) {
+    let h = vec4<f16>(v);
+    QP[at] = h.x; QP[at + 1u] = h.y; QP[at + 2u] = h.z; QP[at + 3u] = h.w;
+}
+
+fn put4h(at: u32, h: vec4<f16>, which: u32) {
+    if (which == 1u) {
+        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
+    } else {
+        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
+    }
+}
+
+@compute @workgroup_size(WGQ)
+fn attention_backward_dq_sgmat2w(@builtin(workgroup_id) wg: vec3<u32>,
+                                 @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_index) lid: u32,
+                                 @builtin(subgroup_id) sg: u32,
+                                 @builtin(subgroup_invocation_id) lane: u32) {
+    let bh = wg.x;
+    let b = bh / p.heads;
+    let h = bh % p.heads;
+    let hk = h / (p.heads / p.kv_heads);
+    let qt = nwg.y - 1u - wg.y;
+    let q0 = qt * QW;
+    let qscale = p.scale * LOG2E;
+    for (var i = lid; i < QW * H4; i += WGQ) {
+        let r = i / H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
+        put4(r * SPQ + 4u * (i % H4), v);
+    }
+    workgroupBarrier();
+    var qa: array<array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>, {{QKR}}>;
+    for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+        for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+            qa[rb][d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * ({{QKR}}u * sg + rb) * SPQ + 16u * d, false, SPQ);
+        }
+    }
+    workgroupBarrier();
+    for (var i = lid; i < QW * H4; i += WGQ) {
+        let r = i / H4;
+        var v = vec4<f32>();
+        if (q0 + r < p.seq) { v = widen(do_in[o_row(b, q0 + r, h) + i % H4]); }
+        put4(r * SPQ + 4u * (i % H4), v);
+    }
+    workgroupBarrier();
+    var da: array<array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>, {{QKR}}>;
+    for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+        for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+            da[rb][d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * ({{QKR}}u * sg + rb) * SPQ + 16u * d, false, SPQ);
+        }
+    }
+    // lane 2r + h: row r of each of the subgroup's row blocks, the key columns of parity h,
+    // in the bank-spread order of the 64-query kernel
+    let r = lane / 2u;
+    let half = lane % 2u;
+    let rot = 2u * (r / 8u);
+    let row0 = 16u * {{QKR}}u * sg + r;     // the lane's row in block rb: row0 + 16 rb
+    var lse2: array<f32, {{QKR}}>;
+    var dvec: array<f32, {{QKR}}>;
+    for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+        let qpos = q0 + row0 + 16u * rb;
+        if (qpos < p.seq) {
+            lse2[rb] = lse_in[stat_index(b, h, qpos)] * LOG2E;
+            dvec[rb] = dvec_in[stat_index(b, h, qpos)];
+        }
+    }
+    var dq: array<array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>, {{QKR}}>;
+    var pr: array<array<f32, {{BK}} / 2>, {{QKR}}>;
+    let nkt = min((q0 + QW + {{BK}}u - 1u) / {{BK}}u, (p.seq + {{BK}}u - 1u) / {{BK}}u);
+    // key tile kt + 1's k and v rows travel in registers while tile kt is multiplied
+    var kr: array<vec4<f16>, ({{BK}} * {{HD}} / 4 + 32 * {{QNSG}} - 1) / (32 * {{QNSG}})>;
+    var vr: array<vec4<f16>, ({{BK}} * {{HD}} / 4 + 32 * {{QNSG}} - 1) / (32 * {{QNSG}})>;
+    for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 32u * {{QNSG}}u - 1u) / (32u * {{QNSG}}u); t++) {   // @unroll
+        let i = lid + t * WGQ;
+        if (i < {{BK}}u * H4 && i / H4 < p.seq) {
+            kr[t] = narrow(k_in[kv_row(b, i / H4, hk) + i % H4]);
+            vr[t] = narrow(v_in[kv_row(b, i / H4, hk) + i % H4]);
+        }
+    }
+    for (var kt = 0u; kt < nkt; kt++) {
+        let k0 = kt * {{BK}}u;
+        workgroupBarrier();                  // the previous tile's products are done
+        for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 32u * {{QNSG}}u - 1u) / (32u * {{QNSG}}u); t++) {   // @unroll
+            let i = lid + t * WGQ;
+            if (i < {{BK}}u * H4) {
+                put4h((i / H4) * SH + 4u * (i % H4), kr[t], 1u);
+                put4h((i / H4) * SH + 4u * (i % H4), vr[t], 2u);
+            }
+        }
+        workgroupBarrier();
+        if (kt + 1u < nkt) {
+            for (var t = 0u; t < ({{BK}}u * {{HD}}u / 4u + 32u * {{QNSG}}u - 1u) / (32u * {{QNSG}}u); t++) {   // @unroll
+                let i = lid + t * WGQ;
+                let n = k0 + {{BK}}u + i / H4;
+                kr[t] = vec4<f16>();
+                vr[t] = vec4<f16>();
+                if (i < {{BK}}u * H4 && n < p.seq) {
+                    kr[t] = narrow(k_in[kv_row(b, n, hk) + i % H4]);
+                    vr[t] = narrow(v_in[kv_row(b, n, hk) + i % H4]);
+                }
+            }
+        }
+        // s = q' k^T, each k matrix loaded once for the row blocks
+        for (var j = 0u; j < {{BK}}u / 16u; j++) {   // @unroll
+            var sacc: array<subgroup_matrix_result<f32, 16, 16>, {{QKR}}>;
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * j * SH + 16u * d, true, SH);
+                for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                    sacc[rb] = subgroupMatrixMultiplyAccumulate(qa[rb][d], kb, sacc[rb]);
+                }
+            }
+            for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                subgroupMatrixStore(&Ss, 16u * ({{QKR}}u * sg + rb) * SSQ + 16u * j, sacc[rb], false, SSQ);
+            }
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+            let qpos = q0 + row0 + 16u * rb;
+            for (var c = 0u; c < {{BK}}u / 2u; c++) {   // @unroll
+                let col = (2u * c + half + rot) % {{BK}}u;
+                let key = k0 + col;
+                let e = exp2(Ss[(row0 + 16u * rb) * SSQ + col] - lse2[rb]);
+                pr[rb][c] = select(0.0, e, key <= qpos && key < p.seq && qpos < p.seq);
+            }
+        }
+        workgroupBarrier();                  // s read: Ss takes do v^T
+        for (var j = 0u; j < {{BK}}u / 16u; j++) {   // @unroll
+            var tacc: array<subgroup_matrix_result<f32, 16, 16>, {{QKR}}>;
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * j * SH + 16u * d, true, SH);
+                for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                    tacc[rb] = subgroupMatrixMultiplyAccumulate(da[rb][d], vb, tacc[rb]);
+                }
+            }
+            for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                subgroupMatrixStore(&Ss, 16u * ({{QKR}}u * sg + rb) * SSQ + 16u * j, tacc[rb], false, SSQ);
+            }
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+            for (var c = 0u; c < {{BK}}u / 2u; c++) {   // @unroll
+                let col = (2u * c + half + rot) % {{BK}}u;
+                QP[(row0 + 16u * rb) * SPQ + col] = f16(pr[rb][c] * (Ss[(row0 + 16u * rb) * SSQ + col] - dvec[rb]));
+            }
+        }
+        workgroupBarrier();
+        for (var ks = 0u; ks < {{BK}}u / 16u; ks++) {   // @unroll
+            var dsa: array<subgroup_matrix_left<f16, 16, 16>, {{QKR}}>;
+            for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                dsa[rb] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * ({{QKR}}u * sg + rb) * SPQ + 16u * ks, false, SPQ);
+            }
+            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * ks * SH + 16u * d, false, SH);
+                for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+                    dq[rb][d] = subgroupMatrixMultiplyAccumulate(dsa[rb], kb, dq[rb][d]);
+                }
+            }
+        }
+    }
+    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+            subgroupMatrixStore(&Ss, 16u * ({{QKR}}u * sg + rb) * SSQ, dq[rb][d], false, SSQ);
+        }
+        workgroupBarrier();
+        for (var rb = 0u; rb < {{QKR}}u; rb++) {   // @unroll
+            let qpos = q0 + row0 + 16u * rb;
+            if (qpos < p.seq) {   // lane (r, half): 8 of the 16 columns of this d tile
+                let s = (row0 + 16u * rb) * SSQ + 8u * half;
+                let at = q_row(b, qpos, h) + 4u * d + 2u * half;
+                dq_out[at] = p.scale * vec4<f32>(Ss[s], Ss[s + 1u], Ss[s + 2u], Ss[s + 3u]);
+                dq_out[at + 1u] = p.scale * vec4<f32>(Ss[s + 4u], Ss[s + 5u], Ss[s + 6u], Ss[s + 7u]);
+            }
         }
     }
 }

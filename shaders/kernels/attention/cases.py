@@ -504,39 +504,42 @@ register(KernelCase(
     description="the small-tile v2 backward with qorder='down' (more query tiles per key "
                 "tile than the default's, so more of the order is exercised)"))
 
-# The wide dK/dV kernel (attention_backward_dkv_sgmat2w, 128 keys a workgroup: ops.SGMAT2_DKV_SHAPES
-# "w8" and "w4x2"; "w4" is its 64-key form) with the v2 dQ. At the default tiles it needs the
-# H200's 48 KiB; the small rung (16-query tiles, head dims 16 and 32) fits lavapipe's 32 KiB.
-def _sgmat2w_kernels(D, dkv, **tiles):
-    return [(attention.FILE_SGMAT2, attention.SGMAT2_KERNELS["dq"], {},
-             attention.sgmat2_params(D, dkv=dkv, **tiles)),
-            (attention.FILE_SGMAT2, attention.SGMAT2_DKV_WIDE, {},
-             attention.sgmat2_params(D, dkv=dkv, **tiles))]
+# The wide backward kernels (attention_backward_dq_sgmat2w / attention_backward_dkv_sgmat2w,
+# 128 rows a workgroup: ops.SGMAT2_WIDE_SHAPES "w8" and "w4x2"; "w4" is their 64-row form),
+# both at once. At the default tiles they need the H200's 48 KiB; the small rungs (16-key dQ
+# tiles, 16-query dK/dV tiles, head dims 16 and 32) fit lavapipe's 32 KiB.
+def _sgmat2w_kernels(D, wide, **tiles):
+    params = attention.sgmat2_params(D, dq=wide, dkv=wide, **tiles)
+    return [(attention.FILE_SGMAT2, attention.SGMAT2_WIDE[k], {}, params) for k in ("dq", "dkv")]
 
 
-for _dkv in ("w8", "w4x2", "w4"):
+def _rows(wide):
+    nsg, kr = attention.SGMAT2_WIDE_SHAPES[wide]
+    return 16 * nsg * kr
+
+
+for _wide in ("w8", "w4x2", "w4"):
     register(KernelCase(
-        name=f"attention_backward_sgmat2_{_dkv}", kernels=_sgmat2w_kernels(64, _dkv),
-        launch=lambda dev, inp, _dkv=_dkv: sgmat2_backward_launch(dev, inp,
-                                                                  sgmat_tiles={"dkv": _dkv}),
+        name=f"attention_backward_sgmat2_{_wide}", kernels=_sgmat2w_kernels(64, _wide),
+        launch=lambda dev, inp, _wide=_wide: sgmat2_backward_launch(
+            dev, inp, sgmat_tiles={"dq": _wide, "dkv": _wide}),
         reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
-        description=f"f32 tiled forward + prep + v2 dQ + the wide dK/dV kernel, dkv {_dkv!r} "
-                    f"({16 * attention.SGMAT2_DKV_SHAPES[_dkv][0] * attention.SGMAT2_DKV_SHAPES[_dkv][1]}"
-                    " keys a workgroup)"))
+        description=f"f32 tiled forward + prep + the wide dQ and dK/dV kernels, {_wide!r} "
+                    f"({_rows(_wide)} rows a workgroup)"))
 
 SMALL_SGMAT2W = {"BK": 16, "BQ2": 16}
-for _dkv in ("w8", "w4x2"):
+for _wide in ("w8", "w4x2"):
     register(KernelCase(
-        name=f"attention_backward_sgmat2_{_dkv}_small",
-        kernels=_sgmat2w_kernels(32, _dkv, **SMALL_SGMAT2W),
-        launch=lambda dev, inp, _dkv=_dkv: sgmat2_backward_launch(
-            dev, inp, sgmat_tiles={"dkv": _dkv, **SMALL_SGMAT2W}),
+        name=f"attention_backward_sgmat2_{_wide}_small",
+        kernels=_sgmat2w_kernels(32, _wide, **SMALL_SGMAT2W),
+        launch=lambda dev, inp, _wide=_wide: sgmat2_backward_launch(
+            dev, inp, sgmat_tiles={"dq": _wide, "dkv": _wide, **SMALL_SGMAT2W}),
         reference=reference.backward_reference,
         **{**_SGMAT2, "variants": tuple(v for v in VARIANTS_SGMAT if SHAPES[v][4] <= 32),
            "bench_variant_software": "sg_gqa4"}, **_BWD_COST,
-        description=f"the wide dK/dV kernel ({_dkv!r}) with 16-query tiles at head dims 16 and "
-                    "32 (fits lavapipe's workgroup memory emulated; many query tiles per key "
-                    "tile, GQA)"))
+        description=f"the wide dQ and dK/dV kernels ({_wide!r}) with 16-row tiles of the other "
+                    "operand at head dims 16 and 32 (fit lavapipe's workgroup memory emulated; "
+                    "many tiles per workgroup, GQA)"))
 
 register(KernelCase(
     name="attention_backward_sgmat2_staged",
@@ -598,25 +601,25 @@ register(KernelCase(
     name="attention_backward_sgmat2_staged_f16in_w8",
     kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
                attention.sgmat_params(64, f16_inputs=True))]
-             + _sgmat2w_kernels(64, "w8") + [_PREP_F16]),
+             + _sgmat2w_kernels(64, "w8", f16_inputs=True) + [_PREP_F16]),
     launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
                                              {"tensor_cores": "sgmat2",
-                                              "sgmat_tiles": {"dkv": "w8"}},
+                                              "sgmat_tiles": {"dq": "w8", "dkv": "w8"}},
                                              f16_inputs="both"),
     reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
-    description="the trainer's attention on f16 q, k, v with the wide dK/dV kernel ('w8')"))
+    description="the trainer's attention on f16 q, k, v with the wide dQ and dK/dV kernels ('w8')"))
 
 register(KernelCase(
     name="attention_backward_sgmat2_staged_f16in_w4x2",
     kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
                attention.sgmat_params(64, f16_inputs=True))]
-             + _sgmat2w_kernels(64, "w4x2") + [_PREP_F16]),
+             + _sgmat2w_kernels(64, "w4x2", f16_inputs=True) + [_PREP_F16]),
     launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
                                              {"tensor_cores": "sgmat2",
-                                              "sgmat_tiles": {"dkv": "w4x2"}},
+                                              "sgmat_tiles": {"dq": "w4x2", "dkv": "w4x2"}},
                                              f16_inputs="both"),
     reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
-    description="the trainer's attention on f16 q, k, v with the wide dK/dV kernel ('w4x2')"))
+    description="the trainer's attention on f16 q, k, v with the wide dQ and dK/dV kernels ('w4x2')"))
 
 register(KernelCase(
     name="attention_backward_sgmat2_small_f16in",

@@ -130,14 +130,18 @@ SGMAT2_FOLDS = ("lazy", "every")
 SGMAT2_QORDER = "up"
 SGMAT2_QORDERS = ("up", "down")
 SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
-# `dkv` (dK/dV only): which kernel and how many keys a workgroup owns. "k64": the 64-key
-# attention_backward_dkv_sgmat2 (4 subgroups x 16 keys); the wide attention_backward_dkv_sgmat2w
-# with (subgroups, 16-key row blocks per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 keys a
-# workgroup, so each staged query tile serves twice the keys. $ISTANBUL_ATTENTION_DKV picks
-# one for the whole process (A/B runs); SGMAT2_DKV is the default.
-SGMAT2_DKV = "k64"
-SGMAT2_DKV_SHAPES = {"k64": (4, 1), "w8": (8, 1), "w4x2": (4, 2), "w4": (4, 1)}
-SGMAT2_DKV_WIDE = "attention_backward_dkv_sgmat2w"
+# `dq` and `dkv` (the backward): which kernel and how many rows (queries for dQ, keys for
+# dK/dV) a workgroup owns. "base": the 64-row attention_backward_dq_sgmat2 /
+# attention_backward_dkv_sgmat2 (4 subgroups x 16 rows); the wide kernels
+# attention_backward_dq_sgmat2w / attention_backward_dkv_sgmat2w with (subgroups, 16-row blocks
+# per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 rows a workgroup, so each staged tile of
+# the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
+# score array costs by itself). $ISTANBUL_ATTENTION_DQ / $ISTANBUL_ATTENTION_DKV pick one for
+# the whole process (A/B runs); SGMAT2_DQ / SGMAT2_DKV are the defaults.
+SGMAT2_DQ = "base"
+SGMAT2_DKV = "base"
+SGMAT2_WIDE_SHAPES = {"base": (4, 1), "w4": (4, 1), "w8": (8, 1), "w4x2": (4, 2)}
+SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward_dkv_sgmat2w"}
 # The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
 # trainer's) refuses it (sgmat2_refusal). dev/attention_sgmat2_variants.py sets this True to
 # run it there anyway and find out which variant is right; nothing else should.
@@ -169,45 +173,52 @@ def sgmat2_bytes(kernel: str, params: dict) -> int:
         return 2 * 64 * (width + 8) + 2 * 2 * params["BKF"] * SH + 4 * 64 * (width + pad) + 4
     if kernel == "dq":
         BK = params["BK"]
+        if params.get("DQ", "base") != "base":   # the wide kernel: one score array
+            QW = 16 * params["QNSG"] * params["QKR"]
+            return 2 * QW * (max(HD, BK) + 8) + 2 * 2 * BK * SH + 4 * QW * (BK + pad)
         return 2 * 64 * (max(HD, BK) + 8) + 2 * 2 * BK * SH + 2 * 4 * 64 * (BK + pad)
     BQ2 = params["BQ2"]
     SPK = BQ2 + 8
-    if params.get("DKV", "k64") != "k64":   # the wide kernel: one score array, p^T/ds^T in PD
+    if params.get("DKV", "base") != "base":   # the wide kernel: one score array, p^T/ds^T in PD
         KW = 16 * params["NSG"] * params["KR"]
         return 2 * (max(KW * SH, 2 * KW * SPK) + 2 * BQ2 * SH) + 4 * (KW * (BQ2 + pad) + 2 * BQ2)
     f16 = (max(64 * SH, 2 * 64 * SPK) if params.get("KV_IN_P") else 64 * SH + 2 * 64 * SPK)
     return 2 * (f16 + 2 * BQ2 * SH) + 4 * (2 * 64 * (BQ2 + pad) + 2 * BQ2)
 
 
-def sgmat2_dkv(params: dict) -> tuple[str, int]:
-    """(kernel name, keys per workgroup) of the dK/dV kernel sgmat2 `params` make."""
-    if params.get("DKV", "k64") == "k64":
-        return SGMAT2_KERNELS["dkv"], SGMAT_ROWS
-    return SGMAT2_DKV_WIDE, 16 * params["NSG"] * params["KR"]
+def sgmat2_backward_kernel(kernel: str, params: dict) -> tuple[str, int]:
+    """(kernel name, rows a workgroup owns) of the "dq" or "dkv" kernel sgmat2 `params`
+    make (the wide one where their DQ / DKV knob says)."""
+    if params.get(kernel.upper(), "base") == "base":
+        return SGMAT2_KERNELS[kernel], SGMAT_ROWS
+    nsg, kr = (params["QNSG"], params["QKR"]) if kernel == "dq" else (params["NSG"], params["KR"])
+    return SGMAT2_WIDE[kernel], 16 * nsg * kr
 
 
-def default_dkv() -> str:
-    """The dK/dV kernel knob: $ISTANBUL_ATTENTION_DKV if set, else SGMAT2_DKV."""
-    value = os.environ.get("ISTANBUL_ATTENTION_DKV", "").strip().lower() or SGMAT2_DKV
-    if value not in SGMAT2_DKV_SHAPES:
-        raise ValueError(f"ISTANBUL_ATTENTION_DKV={value!r}: use one of "
-                         f"{sorted(SGMAT2_DKV_SHAPES)}")
+def default_wide(kernel: str) -> str:
+    """The dq / dkv knob: $ISTANBUL_ATTENTION_DQ / _DKV if set, else SGMAT2_DQ / SGMAT2_DKV."""
+    var = f"ISTANBUL_ATTENTION_{kernel.upper()}"
+    value = (os.environ.get(var, "").strip().lower()
+             or {"dq": SGMAT2_DQ, "dkv": SGMAT2_DKV}[kernel])
+    if value not in SGMAT2_WIDE_SHAPES:
+        raise ValueError(f"{var}={value!r}: use one of {sorted(SGMAT2_WIDE_SHAPES)}")
     return value
 
 
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
                   fold: str | None = None, qorder: str | None = None,
-                  dkv: str | None = None, f16_inputs: bool = False, **tiles) -> dict:
+                  dq: str | None = None, dkv: str | None = None, f16_inputs: bool = False,
+                  **tiles) -> dict:
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
     overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
-    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); `dkv` the dK/dV kernel
-    (SGMAT2_DKV_SHAPES; default_dkv()); f16_inputs: q, k, v and do stored as f16. dK/dV stages k and v in its p/ds
+    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); `dq` and `dkv` the backward's
+    kernels (SGMAT2_WIDE_SHAPES; default_wide()); f16_inputs: q, k, v and do stored as f16. dK/dV stages k and v in its p/ds
     array (KV_IN_P) only where separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of
     8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
-                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder, dkv)")
+                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder, dq, dkv)")
     pad = SGMAT2_PAD if pad is None else int(pad)
     order = SGMAT2_ORDER if order is None else str(order)
     fold = SGMAT2_FOLD if fold is None else str(fold)
@@ -221,16 +232,22 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
                          "subgroup-matrix strides)")
     if order not in SGMAT2_ORDERS:
         raise ValueError(f"sgmat2 attention: order {order!r}; use one of {SGMAT2_ORDERS}")
-    dkv = default_dkv() if dkv is None else str(dkv)
-    if dkv not in SGMAT2_DKV_SHAPES:
-        raise ValueError(f"sgmat2 attention: dkv {dkv!r}; use one of {sorted(SGMAT2_DKV_SHAPES)}")
-    if dkv != "k64" and (order != "spread" or qorder != "up"):
-        raise ValueError(f"sgmat2 attention: dkv {dkv!r} has the spread order and qorder 'up' "
-                         "only")
+    dq = default_wide("dq") if dq is None else str(dq)
+    dkv = default_wide("dkv") if dkv is None else str(dkv)
+    for name, value in (("dq", dq), ("dkv", dkv)):
+        if value not in SGMAT2_WIDE_SHAPES:
+            raise ValueError(f"sgmat2 attention: {name} {value!r}; use one of "
+                             f"{sorted(SGMAT2_WIDE_SHAPES)}")
+        if value != "base" and order != "spread":
+            raise ValueError(f"sgmat2 attention: {name} {value!r} reads scores in the spread "
+                             "order only")
+    if dkv != "base" and qorder != "up":
+        raise ValueError(f"sgmat2 attention: dkv {dkv!r} visits query tiles up only (qorder)")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
-           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down", "DKV": dkv,
-           "NSG": SGMAT2_DKV_SHAPES[dkv][0], "KR": SGMAT2_DKV_SHAPES[dkv][1],
+           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down", "DQ": dq,
+           "QNSG": SGMAT2_WIDE_SHAPES[dq][0], "QKR": SGMAT2_WIDE_SHAPES[dq][1], "DKV": dkv,
+           "NSG": SGMAT2_WIDE_SHAPES[dkv][0], "KR": SGMAT2_WIDE_SHAPES[dkv][1],
            **input_params(f16_inputs)}
     out["KV_IN_P"] = sgmat2_bytes("dkv", out) > SGMAT2_WORKGROUP_BYTES
     return out
@@ -256,7 +273,7 @@ def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None,
         raise ValueError(why)
     constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
     params = sgmat2_params(D, f16_inputs=f16_inputs, **(tiles or {}))
-    name = sgmat2_dkv(params)[0] if kernel == "dkv" else SGMAT2_KERNELS[kernel]
+    name = SGMAT2_KERNELS[kernel] if kernel == "forward" else sgmat2_backward_kernel(kernel, params)[0]
     return dev.kernel(FILE_SGMAT2, name, constants, params)
 
 
@@ -725,7 +742,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
     05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
     ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
-    "order" and "qorder", see sgmat2_params; "dkv" picks the dK/dV kernel, SGMAT2_DKV)."""
+    "order" and "qorder", see sgmat2_params; "dq" and "dkv" pick the kernels, SGMAT2_DKV)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     f16_in = _f16_operands(op, q, k, v)
@@ -764,15 +781,14 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     if tc:
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
         if tc == "sgmat2":
-            name, keys = sgmat2_dkv(sgmat2_params(D, **(sgmat_tiles or {})))
-            for kernel, res, heads, tile, label in (
-                    ("dq", [q, k, v, do_in, lse, dvec, dq, params], B * H, SGMAT_ROWS,
-                     SGMAT2_KERNELS["dq"]),
-                    ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params], B * Hkv, keys,
-                     name)):
+            knobs = sgmat2_params(D, **(sgmat_tiles or {}))
+            for kernel, res, heads in (("dq", [q, k, v, do_in, lse, dvec, dq, params], B * H),
+                                       ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params],
+                                        B * Hkv)):
+                name, rows = sgmat2_backward_kernel(kernel, knobs)
                 rec.dispatch(_sgmat2_kernel(dev, kernel, D, tiles=sgmat_tiles,
                                             f16_inputs=f16_in), res,
-                             grid2d(dev, op, heads, ceil_div(T, tile)), label=label)
+                             grid2d(dev, op, heads, ceil_div(T, rows)), label=name)
             if dv_out is not dv:
                 copy_kv(rec, dv_out, dv, B, T, Hkv, D, strides[1])
             return
