@@ -468,6 +468,39 @@ def test_sgmat2_wide_knobs_check_their_values(monkeypatch):
         attention.sgmat2_params(64, dq="w8", order="contig")
 
 
+def test_sgmat2_wide_backward_matches_the_shipped_kernels_bit_for_bit():
+    """The wide dQ and dK/dV kernels sum the same products in the same order as the 64-row
+    ones: their outputs are the same bits (GQA, head-major and token rows, several tiles of
+    each kind, a ragged last tile). Runs where f16 subgroup matrices run, or emulated under
+    Dawn (CI's Dawn step; under wgpu-native the emulated kernels compile for minutes)."""
+    from istanbul.shaders import tuned_cache
+    from istanbul.shaders.engine import Device
+    from istanbul.shaders.kernels.case_support import run_launch
+    from istanbul.shaders.kernels.attention import cases
+    dev = Device(None, emulate_subgroup_matrix=True)
+    if not attention.has_tensor_cores(dev):
+        pytest.skip(f"{dev.name}: no f16 subgroup matrices, real or emulated")
+    if dev.emulated_features and tuned_cache._webgpu(dev) != "dawn":
+        pytest.skip("emulated subgroup matrices are checked under Dawn here")
+    rng = np.random.default_rng(1)
+    shapes = {"wide_hm": (2, 300, 4, 2, 32, "head_major", 1.0),
+              "wide_rows": (1, 150, 4, 1, 16, "rows", 1.0)}
+    small = {"BQ2": 16, "BK": 16}   # lavapipe's 32 KiB
+    for name, shape in shapes.items():
+        cases.SHAPES[name] = shape
+        try:
+            inp = cases.make_inputs(rng, name)
+        finally:
+            del cases.SHAPES[name]
+        outs = {w: run_launch(dev, cases.sgmat2_backward_launch(
+                    dev, inp, sgmat_tiles={"dq": w, "dkv": w, **small}))
+                for w in ("base", "w8", "w4x2")}
+        for w in ("w8", "w4x2"):
+            for key in ("dq", "dk", "dv"):
+                assert np.array_equal(np.asarray(outs[w][key]), np.asarray(outs["base"][key])), \
+                    (name, w, key)
+
+
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
     assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
