@@ -63,6 +63,12 @@ gradients stay f32. Numerics as before except q: stored f16, then pre-scaled in 
 rounded again (k, v and do are the values the f32 path rounds to). The trainer keeps its
 head-major q, k, v in f16 this way (trainer_svc/model/forward.py).
 
+The sgmat2 backward's kernels come in two widths (sgmat_tiles {"dq": ..., "dkv": ...},
+$ISTANBUL_ATTENTION_DQ / _DKV, defaults SGMAT2_DQ / SGMAT2_DKV): "base", 64 rows (queries
+for dQ, keys for dK/dV) a workgroup, and the wide attention_backward_dq_sgmat2w /
+attention_backward_dkv_sgmat2w with 128 ("w8", "w4x2"), which stage each tile of the other
+operand once for twice the rows; their outputs are the base kernels' bit for bit.
+
 $ISTANBUL_ATTENTION_SGMAT2 changes what True means: 1 the "sgmat2" row, staged the "staged"
 row, 0 or unset the True row. Measured on the H200 (Dawn, robustness off, 124M shape, ms
 per layer call, dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
