@@ -226,6 +226,59 @@ def tune_attention(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int
     return entry
 
 
+def tune_attention_width(device, kernel: str, B: int, T: int, H: int, Hkv: int, D: int, *,
+                         budget_s: float | None = None, rng=None) -> dict:
+    """Time the widths of the tensor-core backward kernel `kernel` ("dq_sgmat" or
+    "dkv_sgmat": 64 or 128 rows a workgroup, ops.attention.wide_candidates) as the trainer
+    runs it (f16 head-major q, k, v; the whole backward, the other kernel at its current
+    width); the cache entry of the winner. Every width computes the same bits."""
+    name = kernel.removesuffix("_sgmat")
+    rng = rng or np.random.default_rng(0)
+    strides = {"q_stride": attention.head_major(T, H, D),
+               "kv_stride": attention.head_major(T, Hkv, D)}
+    q = device.upload(rng.standard_normal((B, H, T, D), dtype=np.float32), dtype=np.float16)
+    k, v = (device.upload(rng.standard_normal((B, Hkv, T, D), dtype=np.float32),
+                          dtype=np.float16) for _ in range(2))
+    do = device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
+    o, lse = device.empty((B, T, H, D)), device.empty((B, H, T))
+    dq, dk, dv = device.empty((B, H, T, D)), device.empty((B, Hkv, T, D)), \
+        device.empty((B, Hkv, T, D))
+    with device.record() as rec:
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config="sgmat", **strides)
+    current = attention.chosen_widths(device, T, D, {})
+    default = attention.default_wide(name)
+
+    def encode_for(width):
+        knobs = {**current, name: width}
+        return lambda rec: attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H,
+                                              Hkv, D, tensor_cores=True, sgmat_tiles=knobs,
+                                              **strides)
+
+    candidates = attention.wide_candidates(device, D, name)
+    if default in candidates:   # the default is always timed, first
+        candidates.remove(default)
+        candidates.insert(0, default)
+    times = time_candidates(device, candidates, encode_for, repeats=5, warmup=1,
+                            budget_s=budget_s)
+    for buf in (q, k, v, do, o, lse, dq, dk, dv):
+        buf.destroy()
+    entry = entry_from_times(times, 9.0 * B * H * T * T * D)
+    entry["default"] = default
+    dflt = times.get(default)
+    if dflt is not None and math.isfinite(dflt):
+        entry["default_us"] = round(dflt * 1e6, 2)
+    return entry
+
+
+def attention_keys(device) -> list[str]:
+    """The attention kernel keys worth tuning here: the f32 tiled kernels' tiles, and where
+    f16 subgroup matrices run the tensor-core backward's widths."""
+    keys = ["forward", "dq", "dkv"]
+    if linear.has_tensor_cores(device):
+        keys += list(attention.SGMAT2_WIDE_KEYS.values())
+    return keys
+
+
 def matmul_keys(device) -> list[str]:
     """The matmul kernel keys worth tuning on this device (the f16 ones need shader-f16 for
     the f16-math kernel; f16 weights with f32 math run anywhere; the tensor-core keys,
@@ -252,7 +305,7 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
             for layout, M, N, K, mode in linear_shapes(**dims)
             for key in keys if key[:2] == layout] if matmul else []
     if attention:
-        jobs += [("attention", kernel, None) for kernel in ("forward", "dq", "dkv")]
+        jobs += [("attention", kernel, None) for kernel in attention_keys(device)]
     run_start = time.perf_counter()
     rows = []
     for i, (op, key, spec) in enumerate(jobs):
@@ -271,7 +324,8 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
                 f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
         else:
             a = model_attention(preset)
-            entry = tune_attention(device, key, **a, budget_s=budget)
+            tune = tune_attention_width if key.endswith("_sgmat") else tune_attention
+            entry = tune(device, key, **a, budget_s=budget)
             rows.append({"op": "attention", "key": key, "shape": (a["T"], a["D"]),
                          "entry": entry})
             log(f"# attention {key:<7} T={a['T']} D={a['D']}: best {entry['config']} "

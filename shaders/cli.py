@@ -93,7 +93,9 @@ def register(sub) -> None:
                         "default: all the device supports)")
     t.add_argument("--wide", action="store_true", help="try every configuration (slower)")
     t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
-    t.add_argument("--no-matmul", action="store_true", help="tune the attention kernels only")
+    t.add_argument("--no-matmul", action="store_true",
+                   help="tune the attention kernels only (the f32 kernels' tiles; with tensor "
+                        "cores also the backward's widths, keys dq_sgmat and dkv_sgmat)")
     t.add_argument("--budget-s", type=float, default=None,
                    help="stop timing a shape's candidates after this many seconds")
     t.add_argument("--total-s", type=float, default=None,

@@ -68,3 +68,60 @@ def test_every_candidate_computes_the_product_and_the_winner_is_used(tc_device, 
         linear.matmul(rec, a, b, out, M, N, K, layout="tn", accumulate=True,
                       tensor_cores=True)
     assert np.array_equal(tc_device.download(out), want)
+
+
+def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, cache_dir,
+                                                                     monkeypatch):
+    """The tensor-core backward's widths (dq_sgmat, dkv_sgmat: 64 or 128 rows a workgroup)
+    are tuner candidates where they fit; a cached width is what the op then runs (outputs
+    the same bits as the base kernels'), $ISTANBUL_ATTENTION_DKV overrides the cache, and a
+    cached width that does not fit is ignored. Small tiles so 128 rows fit lavapipe."""
+    from istanbul.shaders.kernels.attention import ops as attention
+    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BKF": 32, "BK": 16, "BQ2": 16})
+    B, T, H, Hkv, D = 1, 150, 2, 1, 16
+    assert {"dq_sgmat", "dkv_sgmat"} <= set(autotune.attention_keys(tc_device))
+    for kernel in ("dq", "dkv"):
+        assert attention.wide_candidates(tc_device, D, kernel) == ["base", "w8", "w4x2"]
+        entry = autotune.tune_attention_width(tc_device, f"{kernel}_sgmat", B, T, H, Hkv, D)
+        assert entry["default"] == "base" and set(entry["candidates"]) == {"base", "w8", "w4x2"}
+        assert all(t is not None and t > 0 for t in entry["candidates"].values())
+        assert entry["config"] in entry["candidates"]
+
+    rng = np.random.default_rng(5)
+    strides = {"q_stride": attention.head_major(T, H, D),
+               "kv_stride": attention.head_major(T, Hkv, D)}
+    q = tc_device.upload(rng.standard_normal((B, H, T, D), dtype=np.float32), dtype=np.float16)
+    k, v = (tc_device.upload(rng.standard_normal((B, Hkv, T, D), dtype=np.float32),
+                             dtype=np.float16) for _ in range(2))
+    do = tc_device.upload(rng.standard_normal((B, T, H, D), dtype=np.float32))
+    o, lse = tc_device.empty((B, T, H, D)), tc_device.empty((B, H, T))
+    with tc_device.record() as rec:
+        attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config="sgmat", **strides)
+
+    def backward():
+        grads = [tc_device.empty((B, H, T, D)), tc_device.empty((B, Hkv, T, D)),
+                 tc_device.empty((B, Hkv, T, D))]
+        with tc_device.record(timing=True) as rec:
+            attention.backward(rec, q, k, v, o, do, lse, *grads, B, T, H, Hkv, D,
+                               tensor_cores=True, **strides)
+        return {label for label, _ in rec.gpu_times}, [tc_device.download(g) for g in grads]
+
+    labels, base = backward()
+    assert {"attention_backward_dq_sgmat2", "attention_backward_dkv_sgmat2"} <= labels
+    tuned_cache.save(tc_device, {f"attention/dq_sgmat/{T}x{D}": {"config": "w4x2"},
+                                 f"attention/dkv_sgmat/{T}x{D}": {"config": "w8"}})
+    tuned_cache.forget()
+    labels, wide = backward()
+    assert set(attention.SGMAT2_WIDE.values()) <= labels
+    assert all(np.array_equal(a, b) for a, b in zip(wide, base))
+    monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "base")
+    labels, _ = backward()
+    assert {"attention_backward_dq_sgmat2w", "attention_backward_dkv_sgmat2"} <= labels
+    monkeypatch.delenv("ISTANBUL_ATTENTION_DKV")
+    # a cached width whose kernel does not fit this device's workgroup memory is ignored
+    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BKF": 64, "BK": 32, "BQ2": 32})
+    tuned_cache.save(tc_device, {f"attention/dkv_sgmat/{T}x64": {"config": "w8"}})
+    fits = attention.sgmat2_bytes("dkv", attention.sgmat2_params(64, dkv="w8")) <= \
+        attention.workgroup_storage(tc_device)
+    assert ("w8" in attention.wide_candidates(tc_device, 64, "dkv")) == fits
+    assert attention.chosen_widths(tc_device, T, 64, None).get("dkv") == ("w8" if fits else None)

@@ -201,6 +201,32 @@ def sgmat2_backward_kernel(kernel: str, params: dict) -> tuple[str, int]:
     return SGMAT2_WIDE[kernel], 16 * nsg * kr
 
 
+SGMAT2_WIDE_KEYS = {"dq": "dq_sgmat", "dkv": "dkv_sgmat"}   # their tuned-cache keys
+
+
+def wide_candidates(device, D: int, kernel: str) -> list[str]:
+    """The widths of the sgmat2 backward kernel `kernel` ("dq", "dkv") the tuner times at
+    head dim D: those whose kernel fits the device's workgroup memory at today's tiles."""
+    have = workgroup_storage(device)
+    return [w for w in ("base", "w8", "w4x2")
+            if sgmat2_bytes(kernel, sgmat2_params(D, **{kernel: w})) <= have]
+
+
+def chosen_widths(device, T: int, D: int, sgmat_tiles: dict | None) -> dict:
+    """sgmat_tiles with "dq" and "dkv" filled in where neither they nor
+    $ISTANBUL_ATTENTION_DQ / _DKV say: the tuned cache's width for (T, D) (op "attention",
+    keys dq_sgmat / dkv_sgmat; a width that no longer fits is ignored), else the default."""
+    out = dict(sgmat_tiles or {})
+    from ... import tuned_cache
+    for kernel, key in SGMAT2_WIDE_KEYS.items():
+        if kernel in out or os.environ.get(f"ISTANBUL_ATTENTION_{kernel.upper()}", "").strip():
+            continue
+        tuned = tuned_cache.lookup(device, "attention", key, (T, D))
+        if tuned in SGMAT2_WIDE_SHAPES and tuned in wide_candidates(device, D, kernel):
+            out[kernel] = tuned
+    return out
+
+
 def default_wide(kernel: str) -> str:
     """The dq / dkv knob: $ISTANBUL_ATTENTION_DQ / _DKV if set, else SGMAT2_DQ / SGMAT2_DKV."""
     var = f"ISTANBUL_ATTENTION_{kernel.upper()}"
@@ -787,7 +813,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     if tc:
         dv_out = scratch(dev, "attention_dv", nkv * 4) if views_overlap(dk, dv) else dv
         if tc == "sgmat2":
-            knobs = sgmat2_params(D, **(sgmat_tiles or {}))
+            sgmat_tiles = chosen_widths(dev, T, D, sgmat_tiles)
+            knobs = sgmat2_params(D, **sgmat_tiles)
             for kernel, res, heads in (("dq", [q, k, v, do_in, lse, dvec, dq, params], B * H),
                                        ("dkv", [q, k, v, do_in, lse, dvec, dk, dv_out, params],
                                         B * Hkv)):
