@@ -106,8 +106,14 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
                                tensor_cores=True, **strides)
         return {label for label, _ in rec.gpu_times}, [tc_device.download(g) for g in grads]
 
+    labels, default = backward()   # nothing tuned: "w8", where it fits
+    assert set(attention.SGMAT2_WIDE.values()) <= labels
+    tuned_cache.save(tc_device, {f"attention/dq_sgmat/{T}x{D}": {"config": "base"},
+                                 f"attention/dkv_sgmat/{T}x{D}": {"config": "base"}})
+    tuned_cache.forget()
     labels, base = backward()
     assert {"attention_backward_dq_sgmat2", "attention_backward_dkv_sgmat2"} <= labels
+    assert all(np.array_equal(a, b) for a, b in zip(default, base))
     tuned_cache.save(tc_device, {f"attention/dq_sgmat/{T}x{D}": {"config": "w4x2"},
                                  f"attention/dkv_sgmat/{T}x{D}": {"config": "w8"}})
     tuned_cache.forget()
@@ -125,3 +131,5 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
         attention.workgroup_storage(tc_device)
     assert ("w8" in attention.wide_candidates(tc_device, 64, "dkv")) == fits
     assert attention.chosen_widths(tc_device, T, 64, None).get("dkv") == ("w8" if fits else None)
+    # knobs the wide kernels do not have keep the base kernels
+    assert "dkv" not in attention.chosen_widths(tc_device, T, 16, {"qorder": "down"})

@@ -527,6 +527,16 @@ for _wide in ("w8", "w4x2", "w4"):
         description=f"f32 tiled forward + prep + the wide dQ and dK/dV kernels, {_wide!r} "
                     f"({_rows(_wide)} rows a workgroup)"))
 
+register(KernelCase(
+    name="attention_backward_sgmat2_base",
+    kernels=[(attention.FILE_SGMAT2, attention.SGMAT2_KERNELS[k], {},
+              attention.sgmat2_params(64, dq="base", dkv="base")) for k in ("dq", "dkv")],
+    launch=lambda dev, inp: sgmat2_backward_launch(dev, inp,
+                                                   sgmat_tiles={"dq": "base", "dkv": "base"}),
+    reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
+    description="f32 tiled forward + prep + the 64-row v2 dQ and dK/dV kernels (the op runs "
+                "the 128-row ones where they fit unless tuned or pinned otherwise)"))
+
 SMALL_SGMAT2W = {"BK": 16, "BQ2": 16}
 for _wide in ("w8", "w4x2"):
     register(KernelCase(

@@ -63,11 +63,14 @@ gradients stay f32. Numerics as before except q: stored f16, then pre-scaled in 
 rounded again (k, v and do are the values the f32 path rounds to). The trainer keeps its
 head-major q, k, v in f16 this way (trainer_svc/model/forward.py).
 
-The sgmat2 backward's kernels come in two widths (sgmat_tiles {"dq": ..., "dkv": ...},
-$ISTANBUL_ATTENTION_DQ / _DKV, defaults SGMAT2_DQ / SGMAT2_DKV): "base", 64 rows (queries
-for dQ, keys for dK/dV) a workgroup, and the wide attention_backward_dq_sgmat2w /
-attention_backward_dkv_sgmat2w with 128 ("w8", "w4x2"), which stage each tile of the other
-operand once for twice the rows; their outputs are the base kernels' bit for bit.
+The sgmat2 backward's kernels come in two widths: "base", 64 rows (queries for dQ, keys for
+dK/dV) a workgroup, and the wide attention_backward_dq_sgmat2w /
+attention_backward_dkv_sgmat2w with 128 ("w8": 8 subgroups x 16 rows, "w4x2": 4 x 32),
+which stage each tile of the other operand once for twice the rows; their outputs are the
+base kernels' bit for bit. backward() runs, per kernel: sgmat_tiles {"dq": ..., "dkv": ...}
+or $ISTANBUL_ATTENTION_DQ / _DKV if given, else the tuned width (`istanbul kernels tune`,
+keys dq_sgmat / dkv_sgmat), else "w8" where it fits (chosen_widths). H100, 124M layer call:
+dQ 0.387 -> 0.264 ms, dK/dV 0.670 -> 0.404 ms with "w8".
 
 $ISTANBUL_ATTENTION_SGMAT2 changes what True means: 1 the "sgmat2" row, staged the "staged"
 row, 0 or unset the True row. Measured on the H200 (Dawn, robustness off, 124M shape, ms
@@ -143,9 +146,13 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 # per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 rows a workgroup, so each staged tile of
 # the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
 # score array costs by itself). $ISTANBUL_ATTENTION_DQ / $ISTANBUL_ATTENTION_DKV pick one for
-# the whole process (A/B runs); SGMAT2_DQ / SGMAT2_DKV are the defaults.
+# the whole process (A/B runs); SGMAT2_DQ / SGMAT2_DKV are sgmat2_params' defaults.
 SGMAT2_DQ = "base"
 SGMAT2_DKV = "base"
+# What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8".
+# H100 (session 23, dev/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV 0.670 -> 0.404 ms
+# per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 / 0.639.
+SGMAT2_WIDE_DEFAULT = "w8"
 SGMAT2_WIDE_SHAPES = {"base": (4, 1), "w4": (4, 1), "w8": (8, 1), "w4x2": (4, 2)}
 SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward_dkv_sgmat2w"}
 # The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
@@ -204,26 +211,37 @@ def sgmat2_backward_kernel(kernel: str, params: dict) -> tuple[str, int]:
 SGMAT2_WIDE_KEYS = {"dq": "dq_sgmat", "dkv": "dkv_sgmat"}   # their tuned-cache keys
 
 
-def wide_candidates(device, D: int, kernel: str) -> list[str]:
+def _wide_fits(device, D: int, kernel: str, width: str, knobs: dict) -> bool:
+    """Whether `kernel` ("dq", "dkv") at `width` can run here with the other `knobs`
+    (sgmat_tiles): they allow it and it fits the device's workgroup memory."""
+    try:
+        params = sgmat2_params(D, **{**knobs, kernel: width})
+    except ValueError:
+        return False
+    return sgmat2_bytes(kernel, params) <= workgroup_storage(device)
+
+
+def wide_candidates(device, D: int, kernel: str, knobs: dict | None = None) -> list[str]:
     """The widths of the sgmat2 backward kernel `kernel` ("dq", "dkv") the tuner times at
-    head dim D: those whose kernel fits the device's workgroup memory at today's tiles."""
-    have = workgroup_storage(device)
-    return [w for w in ("base", "w8", "w4x2")
-            if sgmat2_bytes(kernel, sgmat2_params(D, **{kernel: w})) <= have]
+    head dim D: those that fit the device's workgroup memory (at today's tiles, or `knobs`)."""
+    return [w for w in ("base", "w8", "w4x2") if _wide_fits(device, D, kernel, w, knobs or {})]
 
 
 def chosen_widths(device, T: int, D: int, sgmat_tiles: dict | None) -> dict:
     """sgmat_tiles with "dq" and "dkv" filled in where neither they nor
     $ISTANBUL_ATTENTION_DQ / _DKV say: the tuned cache's width for (T, D) (op "attention",
-    keys dq_sgmat / dkv_sgmat; a width that no longer fits is ignored), else the default."""
+    keys dq_sgmat / dkv_sgmat), else SGMAT2_WIDE_DEFAULT, each only where it fits the device
+    and the other knobs allow it; else the kernels' own default (sgmat2_params)."""
     out = dict(sgmat_tiles or {})
     from ... import tuned_cache
     for kernel, key in SGMAT2_WIDE_KEYS.items():
         if kernel in out or os.environ.get(f"ISTANBUL_ATTENTION_{kernel.upper()}", "").strip():
             continue
         tuned = tuned_cache.lookup(device, "attention", key, (T, D))
-        if tuned in SGMAT2_WIDE_SHAPES and tuned in wide_candidates(device, D, kernel):
-            out[kernel] = tuned
+        for width in (tuned, SGMAT2_WIDE_DEFAULT):
+            if width in SGMAT2_WIDE_SHAPES and _wide_fits(device, D, kernel, width, out):
+                out[kernel] = width
+                break
     return out
 
 
