@@ -9,10 +9,11 @@
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
 //   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                                  the H/Hkv query heads sharing the kv head (no atomics)
-//   attention_backward_dq_sgmat2w  dQ over 16 QKR QNSG queries a workgroup (ops.SGMAT2_WIDE_SHAPES)
-//   attention_backward_dkv_sgmat2w the same over 16 KR NSG keys a workgroup (128: NSG 8 x KR
-//                                  1 or NSG 4 x KR 2; ops.SGMAT2_DKV_SHAPES), one f32 score
-//                                  array (its own comment says why)
+//   attention_backward_dq_sgmat2w  dQ over 16 QKR QNSG queries a workgroup, and
+//   attention_backward_dkv_sgmat2w dK/dV over 16 KR NSG keys (128: 8 subgroups x 1 block of
+//                                  16 rows or 4 x 2; ops.SGMAT2_WIDE_SHAPES), one f32 score
+//                                  array each (their own comments say why); what the
+//                                  trainer runs where they fit (ops.chosen_widths)
 //
 // Numerics: as 05_attention_sgmat.wgsl: q (pre-scaled by scale*log2(e): scores in base 2),
 // k, v, do, p and ds are rounded to f16 where they enter a product; every product
@@ -66,7 +67,8 @@
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
 // Dispatch: forward and dq (B*H, ceil(T / 64)), the last (heaviest) query tile first;
 // dkv (B*Hkv, ceil(T / 64)), the first (heaviest) key tile first. 128 invocations (the wide
-// dK/dV: (B*Hkv, ceil(T / (16 KR NSG))), 32 NSG invocations).
+// kernels: (B*H, ceil(T / (16 QKR QNSG))) and (B*Hkv, ceil(T / (16 KR NSG))), 32 QNSG and
+// 32 NSG invocations).
 
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;
@@ -472,7 +474,7 @@ fn attention_backward_dq_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: attention_backward_dq_sgmat2w ---
-// dQ over QW = 16 KR NSG queries a workgroup (attention_backward_dq_sgmat2: 64), as the wide
+// dQ over QW = 16 QKR QNSG queries a workgroup (attention_backward_dq_sgmat2: 64), as the wide
 // dK/dV kernel: each staged key tile serves twice the queries, and s and do v^T take turns
 // in one f32 array (p in the lanes' registers between them) to fit 48 KiB. Same bindings,
 // numerics and outputs as the 64-query kernel. Dispatch (B*H, ceil(T / QW)), 32 NSG

@@ -262,9 +262,9 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
     """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
     overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
     (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); `dq` and `dkv` the backward's
-    kernels (SGMAT2_WIDE_SHAPES; default_wide()); f16_inputs: q, k, v and do stored as f16. dK/dV stages k and v in its p/ds
-    array (KV_IN_P) only where separate arrays would not fit SGMAT2_WORKGROUP_BYTES (pads of
-    8 and 16 at head dim 64)."""
+    kernels (SGMAT2_WIDE_SHAPES; default_wide()); f16_inputs: q, k, v and do stored as f16.
+    dK/dV stages k and v in its p/ds array (KV_IN_P) only where separate arrays would not fit
+    SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
