@@ -931,8 +931,8 @@ fn attention_backward_dkv_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
 // of q and do, staged once) then serves twice the keys, so the global loads and staging
 // stores per product halve; with KR = 2 a subgroup also multiplies each q and do matrix it
 // loads into both its row blocks (half the matrix loads per product). To fit 48 KiB, s^T and
-// (v do^T)^T take turns in one f32 array: the lanes keep p in registers between them (five
-// barriers a tile instead of three). Same bindings, numerics and outputs as the 64-key kernel.
+// (v do^T)^T take turns in one f32 array: the lanes keep p in registers between them (six
+// barriers a tile instead of four). Same bindings, numerics and outputs as the 64-key kernel.
 // Dispatch (B*Hkv, ceil(T / KW)), 32 NSG invocations.
 @group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
 @group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
