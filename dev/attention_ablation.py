@@ -29,10 +29,12 @@ with one part removed:
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
                 (ops.SGMAT2_QORDER "down"; outputs right, the ladder checks them)
-    f16_in_wide_w4, f16_in_wide_w8, f16_in_wide_w4x2
-                f16_in with the wide dQ and dK/dV kernels (ops.SGMAT2_DQ, SGMAT2_DKV: their
-                64-row form, 128 rows as 8 subgroups x 16, or 4 subgroups x 32; outputs
-                right, the ladder checks them)
+    f16_in_wide_base, f16_in_wide_w4, f16_in_wide_w8, f16_in_wide_w4x2
+                f16_in with the backward's dQ and dK/dV width set (ops.SGMAT2_WIDE_DEFAULT,
+                what backward() runs when nothing is pinned or tuned; f16_in itself runs
+                the shipped default, "w8"): the 64-row kernels, the wide ones' 64-row form,
+                128 rows as 8 subgroups x 16, or 4 subgroups x 32 (outputs right, the
+                ladder checks them)
 
 The ablated kernels compute wrong results; only their times mean anything. Writes
 DIR/attention_ablation.{md,json}.
@@ -86,13 +88,13 @@ def ablate(name: str, text: str) -> str:
 
 
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
-            "f16_in_vec4", "before", "qdown", "f16_in_wide_w4", "f16_in_wide_w8",
-            "f16_in_wide_w4x2")
+            "f16_in_vec4", "before", "qdown", "f16_in_wide_base", "f16_in_wide_w4",
+            "f16_in_wide_w8", "f16_in_wide_w4x2")
 # variants that set ops.py knobs, not the text: (module, attribute, value) each
 KNOBS = {"qdown": ((attention, "SGMAT2_QORDER", "down"),),
          "f16_in_vec4": ((op_support, "F16_READS_DEFAULT", "vec4"),),
-         **{f"f16_in_wide_{w}": ((attention, "SGMAT2_DQ", w), (attention, "SGMAT2_DKV", w))
-            for w in ("w4", "w8", "w4x2")}}
+         **{f"f16_in_wide_{w}": ((attention, "SGMAT2_WIDE_DEFAULT", w),)
+            for w in ("base", "w4", "w8", "w4x2")}}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
 
 

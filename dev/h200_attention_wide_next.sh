@@ -30,7 +30,7 @@ wanted() { [[ "$want" == *" $1 "* ]]; }
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel attention_backward_sgmat2
 wanted timing && step timing 180 "$py" dev/attention_ablation.py --out "$out/timing" \
-    --variants base,f16_in,f16_in_wide_w4,f16_in_wide_w8,f16_in_wide_w4x2 --rounds 3
+    --variants base,f16_in_wide_base,f16_in_wide_w4,f16_in_wide_w8,f16_in_wide_w4x2 --rounds 3
 for wide in base w8 w4x2; do
     wanted ab && step "ab_$wide" 120 env ISTANBUL_ATTENTION_DQ=$wide ISTANBUL_ATTENTION_DKV=$wide \
         "$py" bench/train.py --out "$out/ab_$wide" --models 124m --precision f16 --steps 10 \

@@ -607,29 +607,19 @@ register(KernelCase(
     description="the trainer's attention on f16 q, k, v: staged forward + prep (do16) + v2 "
                 "dQ + dK/dV"))
 
-register(KernelCase(
-    name="attention_backward_sgmat2_staged_f16in_w8",
-    kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
-               attention.sgmat_params(64, f16_inputs=True))]
-             + _sgmat2w_kernels(64, "w8", f16_inputs=True) + [_PREP_F16]),
-    launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
-                                             {"tensor_cores": "sgmat2",
-                                              "sgmat_tiles": {"dq": "w8", "dkv": "w8"}},
-                                             f16_inputs="both"),
-    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
-    description="the trainer's attention on f16 q, k, v with the wide dQ and dK/dV kernels ('w8')"))
-
-register(KernelCase(
-    name="attention_backward_sgmat2_staged_f16in_w4x2",
-    kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
-               attention.sgmat_params(64, f16_inputs=True))]
-             + _sgmat2w_kernels(64, "w4x2", f16_inputs=True) + [_PREP_F16]),
-    launch=lambda dev, inp: _backward_launch(dev, inp, {"config": "sgmat"},
-                                             {"tensor_cores": "sgmat2",
-                                              "sgmat_tiles": {"dq": "w4x2", "dkv": "w4x2"}},
-                                             f16_inputs="both"),
-    reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
-    description="the trainer's attention on f16 q, k, v with the wide dQ and dK/dV kernels ('w4x2')"))
+for _wide in ("w8", "w4x2"):
+    register(KernelCase(
+        name=f"attention_backward_sgmat2_staged_f16in_{_wide}",
+        kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
+                   attention.sgmat_params(64, f16_inputs=True))]
+                 + _sgmat2w_kernels(64, _wide, f16_inputs=True) + [_PREP_F16]),
+        launch=lambda dev, inp, _wide=_wide: _backward_launch(
+            dev, inp, {"config": "sgmat"},
+            {"tensor_cores": "sgmat2", "sgmat_tiles": {"dq": _wide, "dkv": _wide}},
+            f16_inputs="both"),
+        reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
+        description=f"the trainer's attention on f16 q, k, v with the wide dQ and dK/dV "
+                    f"kernels ({_wide!r})"))
 
 register(KernelCase(
     name="attention_backward_sgmat2_small_f16in",

@@ -146,9 +146,7 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 # per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 rows a workgroup, so each staged tile of
 # the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
 # score array costs by itself). $ISTANBUL_ATTENTION_DQ / $ISTANBUL_ATTENTION_DKV pick one for
-# the whole process (A/B runs); SGMAT2_DQ / SGMAT2_DKV are sgmat2_params' defaults.
-SGMAT2_DQ = "base"
-SGMAT2_DKV = "base"
+# the whole process (A/B runs); sgmat2_params makes "base" unless told otherwise.
 # What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8".
 # H100 (session 23, dev/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV 0.670 -> 0.404 ms
 # per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 / 0.639.
@@ -246,10 +244,10 @@ def chosen_widths(device, T: int, D: int, sgmat_tiles: dict | None) -> dict:
 
 
 def default_wide(kernel: str) -> str:
-    """The dq / dkv knob: $ISTANBUL_ATTENTION_DQ / _DKV if set, else SGMAT2_DQ / SGMAT2_DKV."""
+    """sgmat2_params' dq / dkv knob when not given: $ISTANBUL_ATTENTION_DQ / _DKV if set,
+    else "base" (backward() fills the knobs in first: chosen_widths)."""
     var = f"ISTANBUL_ATTENTION_{kernel.upper()}"
-    value = (os.environ.get(var, "").strip().lower()
-             or {"dq": SGMAT2_DQ, "dkv": SGMAT2_DKV}[kernel])
+    value = os.environ.get(var, "").strip().lower() or "base"
     if value not in SGMAT2_WIDE_SHAPES:
         raise ValueError(f"{var}={value!r}: use one of {sorted(SGMAT2_WIDE_SHAPES)}")
     return value
@@ -792,7 +790,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
     05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
     ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
-    "order" and "qorder", see sgmat2_params; "dq" and "dkv" pick the kernels, SGMAT2_DKV)."""
+    "order" and "qorder", see sgmat2_params; "dq" and "dkv" pick the kernels, chosen_widths)."""
     op = "attention.backward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
     f16_in = _f16_operands(op, q, k, v)
