@@ -560,6 +560,27 @@ def test_sgmat2_variants_pass_the_compiler_with_subgroup_matrices_stubbed(device
                 raise AssertionError(f"D {D} {knobs} {kernel}: {exc}") from None
 
 
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_sgmat2_wide_kernels_pass_the_compiler_with_subgroup_matrices_stubbed(device, D):
+    """The wide dQ and dK/dV kernels, every width and both tiles, through this backend's own
+    compiler (naga under wgpu-native, Tint under Dawn) with the matrices stubbed."""
+    from istanbul.shaders import source
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    for wide in ("w8", "w4x2", "w4"):
+        for tiles in ({}, {"BK": 16, "BQ2": 16}):
+            params = attention.sgmat2_params(D, dq=wide, dkv=wide, **tiles)
+            for kernel in ("dq", "dkv"):
+                code = stub_subgroup_matrices(source.compose(
+                    set(device.features), source.load_file(attention.FILE_SGMAT2),
+                    attention.SGMAT2_WIDE[kernel], params=params,
+                    compiler=device.backend.compiler))
+                try:
+                    device.raw.create_shader_module(label=f"wide stub {wide}", code=code)
+                except Exception as exc:
+                    raise AssertionError(f"D {D} {wide} {tiles} {kernel}: {exc}") from None
+
+
 def test_sgmat2_stub_check_catches_errors(device):
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
