@@ -255,6 +255,13 @@ class _LabelRecorder:
 PREP = "attention_backward_prep_vec4"   # vec4-ready layouts take the vec4 prep kernel
 
 
+def _v2_backward(dev, T: int, D: int) -> list[str]:
+    """The sgmat2 dQ and dK/dV kernels backward() runs on `dev`: the wide ones where they
+    fit its workgroup memory (an H200: 48 KiB), else the 64-row ones (lavapipe: 32 KiB)."""
+    params = attention.sgmat2_params(D, **attention.chosen_widths(dev, T, D, None))
+    return [attention.sgmat2_backward_kernel(k, params)[0] for k in ("dq", "dkv")]
+
+
 @pytest.mark.parametrize("robust", [False, True])
 def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
     """forward/backward dispatch what sgmat_plan says (uses_tensor_cores forced on: no
@@ -275,21 +282,22 @@ def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
         return rec.labels
 
     f32_forward = {attention.TILED_KERNELS["forward"], "attention_forward"}
+    v2 = _v2_backward(dev, T, D)
     got = run(True)
-    assert got[1:] == [PREP, V2["dq"], V2["dkv"]]
+    assert got[1:] == [PREP, *v2]
     assert (got[0] == STAGED["forward"]) if not robust else (got[0] in f32_forward)
     got = run("staged")
     assert got[0] in f32_forward
     assert got[1:] == [PREP, STAGED["dq"], STAGED["dkv"]]
     if robust:
-        assert run("sgmat2") == [V2["forward"], PREP, V2["dq"], V2["dkv"]]
+        assert run("sgmat2") == [V2["forward"], PREP, *v2]
     else:
         with pytest.raises(ValueError, match="robustness off"):
             run("sgmat2")
         rec = _LabelRecorder(dev)   # the sgmat2 backward alone runs
         attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                            tensor_cores="sgmat2")
-        assert rec.labels == [PREP, V2["dq"], V2["dkv"]]
+        assert rec.labels == [PREP, *v2]
 
 
 @pytest.mark.parametrize("robust", [False, True])
@@ -309,9 +317,10 @@ def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monk
     lse = device.empty((B, H, T))
     strides = (attention.token_rows(T, D, H * D), attention.token_rows(T, D, Hkv * D),
                attention.token_rows(T, D, H * D))
+    v2 = _v2_backward(dev, T, D)
     rec = _LabelRecorder(dev)
     attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
-    assert rec.labels == [PREP + "_f16", V2["dq"], V2["dkv"]]
+    assert rec.labels == [PREP + "_f16", *v2]
     rec = _LabelRecorder(dev)
     attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
                        tensor_cores="staged")

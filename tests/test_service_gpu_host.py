@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.server.errors import RequestRejected
+from tokenizer_svc.gpu_backend import FinishedCall
 from tokenizer_svc.server.gpu_host import (SERVING_THREAD_FAILED, GpuHost, RemoteEncoding,
                                            RemoteInvalidToken, _Message, encode_message,
                                            receive_reply, serve_or_exit)
@@ -46,6 +47,11 @@ class Counting:
         self.encode_calls.append(len(docs))
         self.utf8_calls.append(len(docs))
         return self.encoding.encode_utf8_batch_flat(docs)
+
+    def begin_utf8_batch_flat(self, docs):
+        self.encode_calls.append(len(docs))
+        self.utf8_calls.append(len(docs))
+        return self.encoding.begin_utf8_batch_flat(docs)
 
     def decode_bytes_batch(self, seqs):
         self.decode_calls += 1
@@ -293,6 +299,9 @@ def test_a_failing_serving_thread_ends_the_process_for_a_restart(tiny_encoding):
         def encode_utf8_batch_flat(self, docs):
             ids, _ = super().encode_utf8_batch_flat(docs)
             return ids, np.array([0], np.int64)          # one offset for any document count
+
+        def begin_utf8_batch_flat(self, docs):           # the overlapping loop's path
+            return FinishedCall(self.encode_utf8_batch_flat(docs))
 
     host = GpuHost(WrongOffsets(tiny_encoding), max_call_bytes=1 << 20)
     host_end, worker_end = Pipe()
@@ -764,3 +773,95 @@ def test_a_worker_whose_gpu_process_hangs_says_not_serving_and_still_drains(tiny
         listener.close()
         for conn in held:
             conn.close()
+
+
+def test_a_begun_call_is_answered_once_the_next_is_submitted(tiny_encoding):
+    """Overlap: a round's UTF-8 call is submitted and left for the next pass; the next
+    round's call is submitted (on the twin encoder) before it is answered; with nothing
+    more, it is answered alone. Each message gets exactly its own ids."""
+    host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20, overlap=True)
+    first, second = TEXTS[:4], TEXTS[4:9]
+    m1, e1 = _worker_messages([encode_message(first, frozenset())])
+    m2, e2 = _worker_messages([encode_message(second, frozenset())])
+    host._round(m1)
+    assert host._pending is not None and not e1[0].poll(0.05)   # submitted, not answered
+    held = host._pending[1].encoder
+    host._round(m2)
+    assert _split(e1[0]) == _expected(tiny_encoding, first)
+    assert host._pending[1].encoder is not held                 # the twin took the second
+    assert not e2[0].poll(0.05)
+    host._settle()
+    assert _split(e2[0]) == _expected(tiny_encoding, second)
+    assert host._pending is None and host.encoding.utf8_calls == [4, 5]
+
+
+def test_special_token_calls_wait_for_the_begun_call_first(tiny_encoding):
+    """A call with special tokens runs whole on the primary encoder, which a begun call may
+    hold: the begun call is answered first (no deadlock), then it runs."""
+    host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20, overlap=True)
+    special = [f"one {SPECIAL} two"]
+    m1, e1 = _worker_messages([encode_message(TEXTS[:2], frozenset())])
+    host._round(m1)
+    m2, e2 = _worker_messages([("encode", special, frozenset({SPECIAL}), 20)])
+    host._round(m2)
+    assert _split(e1[0]) == _expected(tiny_encoding, TEXTS[:2])
+    assert _split(e2[0]) == _expected(tiny_encoding, special, {SPECIAL})
+    assert host._pending is None
+
+
+@pytest.mark.parametrize("where", ["begin", "finish"])
+def test_a_begun_call_that_fails_fails_its_messages_and_the_host_goes_on(tiny_encoding,
+                                                                         where):
+    class Failing(Counting):
+        def begin_utf8_batch_flat(self, docs):
+            if where == "begin":
+                raise RuntimeError("device lost")
+            call = self.encoding.begin_utf8_batch_flat(docs)
+
+            class Broken:
+                encoder = call.encoder
+
+                def finish(self):
+                    call.cancel()
+                    raise RuntimeError("device lost")
+            return Broken()
+    host = GpuHost(Failing(tiny_encoding), max_call_bytes=1 << 20, overlap=True)
+    messages, ends = _worker_messages([encode_message(["a"], frozenset()),
+                                       encode_message(["b", "c"], frozenset())])
+    host.run_round(messages)
+    assert receive_reply(ends[0]) == receive_reply(ends[1]) == \
+        ("failed", "RuntimeError: device lost")
+    host.encoding.__class__ = Counting               # the device is back
+    again, more = _worker_messages([encode_message(["after"], frozenset())])
+    host.run_round(again)
+    assert _split(more[0]) == _expected(tiny_encoding, ["after"])
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_many_workers_through_the_loop_each_get_their_own_ids(served, tiny_encoding, overlap):
+    """Eight connections sending UTF-8 encode messages as fast as they are answered (rounds
+    of several messages, calls in flight back to back with overlap): every reply exact."""
+    host, address, key, _ = served
+    host.overlap = host._begins = overlap
+    loop = threading.Thread(target=host.serve_forever, daemon=True)
+    loop.start()
+    errors = []
+
+    def worker(k):
+        try:
+            with Client(address, family="AF_UNIX", authkey=key) as conn:
+                for r in range(12):
+                    docs = [TEXTS[(k + r + j) % len(TEXTS)] for j in range(1 + (k + r) % 4)]
+                    conn.send(encode_message(docs, frozenset()))
+                    assert _split(conn) == _expected(tiny_encoding, docs), (k, r)
+        except Exception as exc:   # reported below, with the worker's index
+            errors.append((k, repr(exc)))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert sum(host.encoding.utf8_calls) == sum(1 + (k + r) % 4 for k in range(8)
+                                                for r in range(12))

@@ -413,6 +413,21 @@ class Encoding:
         np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
         return packed_encode(PackedText(docs, starts), starts)
 
+    def begin_utf8_batch_flat(self, docs: Sequence[bytes]):
+        """`encode_utf8_batch_flat` in two halves: the call is submitted to the GPU here and
+        the returned object's `finish()` gives (ids, offsets); `cancel()` drops it. Between
+        the two the caller may do other work, including one more begun call (the GPU runs it
+        right after: gpu_backend.GpuBackend.begin_packed). Backends or vocabularies without
+        the packed GPU path encode here and finish() returns the result."""
+        from .gpu_backend import FinishedCall
+        docs = list(map(bytes, docs))
+        begin = getattr(self.backend, "begin_packed", None)
+        if self._hf is not None or begin is None:
+            return FinishedCall(self.encode_utf8_batch_flat(docs))
+        starts = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
+        return begin(PackedText(docs, starts), starts)
+
     def _into(self, out, docs, allowed_special, disallowed_special):
         if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
             raise ValueError("out must be a 1-D numpy uint32 array, got "

@@ -8,20 +8,22 @@ pre-tokenizer and merged on the GPU (tokenizer.json BPE options the merge kernel
 implement, `continuing_subword_prefix` / `end_of_word_suffix` / `unk_token`, merge on the CPU).
 
 Threads: the encoder and decoder keep per-call buffers, and one wgpu queue must not be fed by
-two threads at once, so every GPU call of a device holds that device's lock (`device_lock`);
-CPU pre-tokenization runs outside it, in parallel.
+two threads at once, so every GPU call of a device holds that device's lock (`device_lock`;
+an encoder takes it after its own lock, the order a begun call needs: it holds its encoder
+between its halves and the device only within them); CPU pre-tokenization runs outside it,
+in parallel.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 
 from istanbul.shaders.engine import Device
 from .gpu_decode import GpuDecoder
 from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
+from .gpu_scan import device_lock
 from .gpu_tables import VocabTables
 from .packed_text import PackedText
 from .hf_json import BYTE_LEVEL_REGEX
@@ -29,17 +31,21 @@ from .reference import PreTokenizer, ReferenceTokenizer
 from .unicode_table import load_table
 from .vocab import Vocabulary
 
-_DEVICE_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_LOCKS_LOCK = threading.Lock()
+MAX_TWINS = 3   # encoders besides the first that begun calls may add (one per thread in flight)
 
 
-def device_lock(device) -> threading.RLock:
-    """The one lock every GPU tokenizer call on `device` holds."""
-    with _LOCKS_LOCK:
-        lock = _DEVICE_LOCKS.get(device)
-        if lock is None:
-            lock = _DEVICE_LOCKS[device] = threading.RLock()
-        return lock
+class FinishedCall:
+    """A begun call whose result is already there (a backend or call that cannot be split)."""
+    encoder = None
+
+    def __init__(self, result: tuple):
+        self._result = result
+
+    def finish(self) -> tuple:
+        return self._result
+
+    def cancel(self) -> None:
+        self._result = None
 
 
 def hf_gpu_pattern(vocab: Vocabulary) -> str | None:
@@ -81,6 +87,8 @@ class GpuBackend:
         self.gpu_pattern = gpu_pattern
         self.on_gpu_pretok = gpu_pattern in PATTERN_IDS
         self.encoder = GpuEncoder(device, self.tables, gpu_pattern)
+        self._twins: list[GpuEncoder] = []   # begin_packed's other encoders
+        self._twin_lock = threading.Lock()
         self.decoder = GpuDecoder(device, self.tables, self.encoder.vocab_buf)
         self.pre = PreTokenizer(vocab)
         self.lock = device_lock(device)
@@ -100,8 +108,9 @@ class GpuBackend:
             lengths = np.fromiter((len(s) for s in segments), dtype=np.int64, count=len(segments))
             starts = np.zeros(len(segments) + 1, dtype=np.int64)
             np.cumsum(lengths, out=starts[1:])
-            with self.lock:   # joined range by range as the encoder uploads them
-                return self.encoder.encode_docs(PackedText(segments, starts), starts)
+            # joined range by range as the encoder uploads them; the encoder holds the
+            # device's lock (after its own: a begun call holds its encoder between halves)
+            return self.encoder.encode_docs(PackedText(segments, starts), starts)
         pieces, per_segment = [], []
         for seg in segments:
             cut = [p.encode("utf-8") for p in self.pre.split(seg.decode("utf-8"))]
@@ -124,8 +133,30 @@ class GpuBackend:
                 return ids, offsets
             out[:ids.size] = ids
             return out[:ids.size], offsets
-        with self.lock:
-            return self.encoder.encode_docs(data, starts, out=out)
+        return self.encoder.encode_docs(data, starts, out=out)
+
+    def begin_packed(self, data, starts: np.ndarray):
+        """encode_packed in two halves (GpuEncoder.begin_docs): submitted here, (ids, offsets)
+        from the returned call's finish(). A call begun while the encoder is held (by an
+        unfinished begun call, or another thread's call) goes to a free twin encoder (made when
+        none is free, up to MAX_TWINS), so calls can be in flight back to back; when every
+        encoder is held it waits for one another thread holds, never for one of this
+        thread's own begun calls (those only this thread can finish)."""
+        if not self.on_gpu_pretok:
+            return FinishedCall(self.encode_packed(data, starts))
+        me = threading.get_ident()
+        with self._twin_lock:
+            encoders = [self.encoder] + self._twins
+            encoder = next((e for e in encoders if not e.busy()), None)
+            if encoder is None:
+                encoder = next((e for e in encoders if e.holder != me), None)
+            if encoder is None:
+                if len(self._twins) >= MAX_TWINS:
+                    raise RuntimeError(f"this thread holds {len(encoders)} begun encode calls "
+                                       "unfinished: finish one before beginning another")
+                encoder = self.encoder.twin()
+                self._twins.append(encoder)
+        return encoder.begin_docs(data, starts)
 
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         if self.cpu_merges is not None:
@@ -136,8 +167,7 @@ class GpuBackend:
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
         starts = np.zeros(len(pieces) + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
-        with self.lock:
-            return self.encoder.merge_pieces(b"".join(pieces), starts)
+        return self.encoder.merge_pieces(b"".join(pieces), starts)
 
     def last_piece_length(self, prefix: bytes) -> int:
         """Byte length of the last pre-tokenized piece of `prefix` (for encode_bytes)."""

@@ -44,7 +44,10 @@ On software Vulkan (a per-dispatch loop budget) bpe_pretok and bpe_merge_long re
 rounds until done; each round must show progress (counters[4]) or the call raises
 EncoderStalled naming the input size, so no input can loop forever.
 
-Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters).
+Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters),
+and inside it the device's lock (gpu_scan.device_lock). `begin_docs` splits a call in two
+(submit, then finish): the encoder stays held between the halves; `twin()` gives a second
+encoder for a call begun while the first is held (two calls in flight, GPU work back to back).
 `interruptible(check)` runs `check()` between the submits of the calling thread's calls.
 
 `profile=True` keeps per-phase times in `last_profile` (GPU timestamps per dispatch, host
@@ -55,6 +58,7 @@ timed recordings wait for each submit, so a profiled call does not overlap chunk
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,7 +69,7 @@ import numpy as np
 from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
 from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
-                       map_staging, write_through_mapping)
+                       device_lock, map_staging, write_through_mapping)
 from .gpu_tables import NONE, VocabTables
 from .packed_text import PackedRange, PackedText, byte_range
 from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
@@ -326,6 +330,10 @@ class GpuEncoder:
         # One call at a time per encoder: a call owns the buffer pool and the counters. Run
         # several encoders (they may share `tables`) for work that must not wait on each other.
         self._lock = threading.Lock()
+        self.holder: int | None = None   # the thread whose call holds the lock
+        # then the device's lock (one thread feeds its queue at a time), always after ours: a
+        # begun call holds this encoder between its halves and the device only within them
+        self.device_lock = device_lock(device)
         self._interrupt = threading.local()  # per thread: a check run between resume rounds
 
     def staging(self, slot: int, nbytes: int) -> Buffer:
@@ -413,8 +421,17 @@ class GpuEncoder:
     # ---- batching -------------------------------------------------------------------------
 
     def _batched(self, data, starts, pieces: bool, out=None):
-        with self._lock:
-            return self._batched_locked(data, starts, pieces, out)
+        with self._lock, self.device_lock:
+            self.holder = threading.get_ident()
+            try:
+                return self._batched_locked(data, starts, pieces, out)
+            finally:
+                self.holder = None
+
+    def busy(self) -> bool:
+        """Whether a call holds this encoder now (e.g. a begun one not yet finished); its
+        thread is `holder` (a thread's own begun call must not be waited for by it)."""
+        return self._lock.locked()
 
     def _batched_locked(self, data, starts, pieces: bool, out=None):
         if not isinstance(data, (np.ndarray, PackedText)):
@@ -433,9 +450,15 @@ class GpuEncoder:
         sub_starts, owner_first = self._split_oversize(data, starts, pieces)
         ids = out if out is not None else np.empty(int(data.size), np.uint32)
         sub_offsets = np.zeros(sub_starts.size, np.int64)
-        # chunks of whole sub-documents, about pipeline_bytes each (at least one sub-document);
-        # the first ones a quarter and a half of that (PIPELINE_RAMP): the GPU waits for the
-        # first chunk's upload, and the next upload overlaps only the chunk before it
+        bounds = self._chunk_bounds(sub_starts)
+        total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
+        return ids[:total], sub_offsets[owner_first]
+
+    def _chunk_bounds(self, sub_starts: np.ndarray) -> list[int]:
+        """Chunks of whole sub-documents, about pipeline_bytes each (at least one
+        sub-document); the first ones a quarter and a half of that (PIPELINE_RAMP): the GPU
+        waits for the first chunk's upload, and the next upload overlaps only the chunk
+        before it. Returns the first sub-document of each chunk, then their number."""
         limit = min(self.pipeline_bytes, self.max_call_bytes)
         bounds, first, n_sub = [0], 0, sub_starts.size - 1
         while first < n_sub:
@@ -443,8 +466,73 @@ class GpuEncoder:
             last = int(np.searchsorted(sub_starts, sub_starts[first] + step, side="right")) - 1
             first = max(min(last, n_sub), first + 1)
             bounds.append(first)
-        total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
-        return ids[:total], sub_offsets[owner_first]
+        return bounds
+
+    # ---- a call in two halves -------------------------------------------------------------
+
+    def begin_docs(self, data, starts) -> "BegunCall":
+        """`encode_docs` in two halves: this uploads and submits the call and returns at
+        once; its `finish()` waits for the GPU and returns (ids, offsets). Between the two the
+        caller can do other work, e.g. begin a call on another encoder (`twin()`), which the
+        GPU runs right after this one: the shared GPU process overlaps a round's GPU time with
+        answering the round before and receiving the next. The encoder is held (its lock)
+        until finish() (or cancel()) ends the call: another thread's call waits for it, and
+        the thread that began it must not call this encoder before. A call of more than one
+        chunk (over a quarter of pipeline_bytes, or documents over max_call_bytes) runs
+        whole here; its finish() only returns the result."""
+        if self.k_pretok is None:
+            raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
+                             "the CPU and call merge_pieces")
+        self._lock.acquire()
+        self.holder = threading.get_ident()
+        try:
+            with self.device_lock:
+                return self._begin_locked(data, starts)
+        except BaseException:
+            self.holder = None
+            self._lock.release()
+            raise
+
+    def _begin_locked(self, data, starts) -> "BegunCall":
+        if not isinstance(data, (np.ndarray, PackedText)):
+            data = np.frombuffer(data, dtype=np.uint8)
+        starts = np.asarray(starts, dtype=np.int64)
+        if self.profile:
+            self.last_profile = Profile()
+        sub_starts, owner_first = self._split_oversize(data, starts, False) \
+            if starts.size > 1 else (starts, None)
+        bounds = self._chunk_bounds(sub_starts) if starts.size > 1 else []
+        if len(bounds) != 2:   # no document, or several chunks: the whole call now
+            return BegunCall(self, result=self._batched_locked(data, starts, False))
+        ids = np.empty(int(data.size), np.uint32)
+        sub_offsets = np.zeros(sub_starts.size, np.int64)
+        self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
+        self._check_interrupt()
+        lo, hi = int(sub_starts[0]), int(sub_starts[-1])
+        text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
+        chunk = _Chunk(self, text, sub_starts - lo, False, slot=0, first_sub=0)
+        try:
+            chunk.dispatch()
+        except BaseException:
+            chunk.release()
+            raise
+        return BegunCall(self, chunk=chunk, ids=ids, sub_offsets=sub_offsets,
+                         owner_first=owner_first)
+
+    def twin(self) -> "GpuEncoder":
+        """An encoder of the same device, tables, kernels and settings with buffers, staging
+        and a lock of its own: its calls never wait for this one's (see begin_docs)."""
+        twin = copy.copy(self)
+        twin.pool = BufferPool(self.device)
+        twin.scan = GpuScan(self.device, twin.pool)
+        twin.uniforms = UniformSlots(self.device)
+        twin._staging, twin._text_up = {}, {}
+        twin._copier = ParallelCopy("istanbul-ids-copy")
+        twin.last_profile = Profile()
+        twin._lock = threading.Lock()
+        twin.holder = None
+        twin._interrupt = threading.local()
+        return twin
 
     def chunk_for(self, nbytes: int) -> int:
         """Bytes per pre-tokenizer invocation for a call of `nbytes` (see FILL_INVOCATIONS)."""
@@ -873,6 +961,48 @@ class GpuEncoder:
         return self._counters(counters)[5]
 
 
+class BegunCall:
+    """A call GpuEncoder.begin_docs submitted: `finish()` -> (ids, offsets), once; `cancel()`
+    gives the encoder back without a result (its next call's GPU work follows this one's in
+    queue order, so nothing is waited for)."""
+
+    def __init__(self, enc: GpuEncoder, chunk: "_Chunk | None" = None, ids=None,
+                 sub_offsets=None, owner_first=None, result=None):
+        self.encoder = enc
+        self._chunk, self._ids, self._sub_offsets = chunk, ids, sub_offsets
+        self._owner_first, self._result = owner_first, result
+        self._held = True
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self._held:
+            raise RuntimeError("this call has already finished")
+        enc, chunk = self.encoder, self._chunk
+        try:
+            if chunk is None:
+                return self._result
+            with enc.device_lock:   # a slow path submits more
+                chunk.wait()
+                copying = enc._collect_start(chunk, self._ids, self._sub_offsets, 0)
+                total = enc._collect_finish(chunk, copying)
+            return self._ids[:total], self._sub_offsets[self._owner_first]
+        finally:
+            self._end()
+
+    def cancel(self) -> None:
+        if self._held:
+            self._end()
+
+    def _end(self) -> None:
+        self._held = False
+        try:
+            if self._chunk is not None:
+                self._chunk.release()
+        finally:
+            self._chunk = self._ids = None
+            self.encoder.holder = None
+            self.encoder._lock.release()
+
+
 class _Chunk:
     """One device call of the pipeline: its host-written buffers (slot 0 or 1), its mapped
     staging buffer, and after wait() its offsets and ids.
@@ -973,5 +1103,5 @@ class _Chunk:
             self.mapped = False
 
 
-__all__ = ["BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
+__all__ = ["BegunCall", "BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
            "find_cut"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import struct
+import threading
+import weakref
 
 import numpy as np
 
@@ -50,6 +52,20 @@ class BufferPool:
         for buf in self._buffers.values():
             buf.destroy()
         self._buffers.clear()
+
+
+_DEVICE_LOCKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def device_lock(device) -> threading.RLock:
+    """The one lock every GPU tokenizer call on `device` holds (its encoders take it after
+    their own lock: gpu_encode.GpuEncoder)."""
+    with _LOCKS_LOCK:
+        lock = _DEVICE_LOCKS.get(device)
+        if lock is None:
+            lock = _DEVICE_LOCKS[device] = threading.RLock()
+        return lock
 
 
 def map_staging(buffer: Buffer, size: int) -> None:

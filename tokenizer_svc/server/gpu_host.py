@@ -413,6 +413,16 @@ class HostMetrics:
         return self._http.server_port
 
 
+def overlap_default() -> bool:
+    """GpuHost's `overlap` unless given: on, $ISTANBUL_GPU_OVERLAP=0 turns it off."""
+    value = os.environ.get("ISTANBUL_GPU_OVERLAP", "").strip().lower()
+    if value in ("", "1", "on", "yes", "true"):
+        return True
+    if value in ("0", "off", "no", "false"):
+        return False
+    raise ValueError(f"ISTANBUL_GPU_OVERLAP={value!r}: use 1 (on, the default) or 0 (off)")
+
+
 @dataclass
 class _Message:
     conn: object
@@ -428,10 +438,17 @@ class GpuHost:
     request's way (a lone request pays two process wake-ups, not four)."""
 
     def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None,
-                 keeper=None):
+                 keeper=None, overlap: bool | None = None):
         self.encoding = encoding
         self.max_call_bytes = max_call_bytes
         self.keeper = keeper            # clock_keeper.ClockKeeper (--gpu-keep-clock) or None
+        # overlap: a round's UTF-8 encode call is begun (submitted) and answered in the next
+        # pass of the loop, after the next round's call is begun or when nothing else waits:
+        # its GPU time runs under the answers and receives around it (Encoding.
+        # begin_utf8_batch_flat). $ISTANBUL_GPU_OVERLAP=0 answers each call in its own round.
+        self.overlap = overlap_default() if overlap is None else bool(overlap)
+        self._begins = self.overlap and hasattr(encoding, "begin_utf8_batch_flat")
+        self._pending = None            # (messages, begun call, host seconds) to answer
         self.metrics = metrics or HostMetrics()
         self._conns: list = []
         self._new: list = []            # accepted, not yet watched (attach -> serve_forever)
@@ -473,11 +490,16 @@ class GpuHost:
         watched.register(self._wake_r, selectors.EVENT_READ)
         try:
             while not self._stopping:
-                timeout = self.keeper.wait_timeout() if self.keeper is not None else None
+                timeout = 0.0 if self._pending is not None else \
+                    self.keeper.wait_timeout() if self.keeper is not None else None
                 start = clock()
                 readable = [key.fileobj for key, _ in watched.select(timeout)]
                 received = clock()
                 phase["wait"].inc(received - start)
+                if not readable and self._pending is not None:   # nothing new: answer it
+                    self._settle()
+                    phase["round"].inc(clock() - received)
+                    continue
                 if not readable:   # nothing to encode while the clock is held: one spin
                     self.keeper.spin()
                     phase["spin"].inc(clock() - received)
@@ -507,26 +529,38 @@ class GpuHost:
                 if messages:
                     if self.keeper is not None:
                         self.keeper.used()
-                    self.run_round(messages)
+                    self._round(messages)
                     phase["round"].inc(clock() - start)
                 now = time.thread_time()
                 self.metrics.thread_cpu_seconds.inc(now - cpu)
                 cpu = now
         finally:
-            # the connections attached but not yet watched too: a worker waiting on one
-            # would otherwise wait for ever (its reply never comes, its socket stays open)
-            with self._new_lock:
-                self._closed = True
-                pending, self._new = self._new, []
-            watched.close()
-            for conn in self._conns + pending:
-                conn.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            try:
+                self._settle()   # a begun call's messages are answered before the end
+            finally:
+                self._stop_watching(watched)
+
+    def _stop_watching(self, watched) -> None:
+        """Close every connection: the attached but not yet watched ones too (a worker
+        waiting on one would otherwise wait for ever: no reply, its socket still open)."""
+        with self._new_lock:
+            self._closed = True
+            pending, self._new = self._new, []
+        watched.close()
+        for conn in self._conns + pending:
+            conn.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def run_round(self, messages: list) -> None:
         """Answer every message: one Encoding call per run of encode messages that share
         their allowed special tokens (up to max_call_bytes), one for all decode messages."""
+        self._round(messages)
+        self._settle()
+
+    def _round(self, messages: list) -> None:
+        """run_round, except that the last UTF-8 encode call begun may wait in _pending for
+        the next pass of the loop (overlap)."""
         self.rounds += 1
         self.metrics.messages.observe(len(messages))
         groups: dict = {}
@@ -540,9 +574,49 @@ class GpuHost:
                 self._answer(m, ("failed", f"unknown message kind {m.kind!r}"))
         for allowed, group in groups.items():
             for call in self._calls(group):
-                self._encode(call, allowed)
+                if self._begins and all(m.kind == "encode_utf8" for m in call):
+                    self._begin(call)
+                else:   # encodes with special tokens run whole, on the encoder a begun
+                    self._settle()   # call would hold
+                    self._encode(call, allowed)
         if decodes:
             self._decode(decodes)
+
+    def _begin(self, call: list) -> None:
+        """Submit the call's encode; answer the call begun before it (its GPU work ran while
+        this thread did other things), and keep this one for the next pass."""
+        start = time.perf_counter()
+        try:
+            begun = self.encoding.begin_utf8_batch_flat([doc for m in call for doc in m.body[0]])
+        except Exception as exc:
+            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
+                       exc)
+            return
+        previous, self._pending = self._pending, (call, begun, time.perf_counter() - start)
+        if previous is not None:
+            self._finish(*previous)
+
+    def _settle(self) -> None:
+        """Answer the begun call, if there is one."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._finish(*pending)
+
+    def _finish(self, call: list, begun, host_s: float) -> None:
+        from .metrics import last_encoder_profile
+        start = time.perf_counter()
+        try:
+            ids, offsets = begun.finish()
+        except Exception as exc:
+            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
+                       exc)
+            return
+        # the call's own host time: its submit and its finish, not the work between them
+        self.metrics.call_seconds.labels("encode").observe(host_s + time.perf_counter() - start)
+        encoder = begun.encoder
+        self.metrics.encoder.observe(encoder.last_profile if encoder is not None
+                                     else last_encoder_profile(self.encoding))
+        self._answer_call(call, np.asarray(ids, np.uint32), offsets)
 
     def _calls(self, group: list):
         """Consecutive runs of messages of at most max_call_bytes (at least one message)."""
@@ -575,6 +649,10 @@ class GpuHost:
             return
         self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
         self.metrics.encoder.observe(last_encoder_profile(self.encoding))
+        self._answer_call(call, ids, offsets)
+
+    def _answer_call(self, call: list, ids, offsets) -> None:
+        """Each message of an encode call answered with its own slice of the call's ids."""
         self.metrics.call_bytes.observe(sum(m.body[2] for m in call))
         n = 0
         for m in call:
