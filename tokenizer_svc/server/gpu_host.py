@@ -21,7 +21,11 @@ all decode messages into one call, and each message is answered with its own sli
 encode's ids as raw bytes, not pickled: `receive_reply`). A worker keeps at most two
 batches in flight (app.REMOTE_INFLIGHT: its next batch is waiting when a round ends), each
 on a connection of its own that waits for its answer, so the workers' batchers are the
-backpressure and a round holds at most two batches per worker.
+backpressure and a round holds at most two batches per worker. The round's UTF-8 encode call
+is only submitted there (`Encoding.begin_utf8_batch_flat`) and answered in the thread's next
+pass, after the next round's call is submitted (on a second encoder) or when nothing else
+waits: the GPU runs while the thread answers and receives (`$ISTANBUL_GPU_OVERLAP=0`: one
+call per round, answered in it).
 
 Failures: an invalid id fails only its own message (decode is retried message by message,
 the answer carries the Encoding's own error). If this process dies, every waiting worker's
@@ -413,6 +417,10 @@ class HostMetrics:
         return self._http.server_port
 
 
+def _describe(call: list) -> str:
+    return f"encode call of {sum(len(m.body[0]) for m in call)} documents"
+
+
 def overlap_default() -> bool:
     """GpuHost's `overlap` unless given: on, $ISTANBUL_GPU_OVERLAP=0 turns it off."""
     value = os.environ.get("ISTANBUL_GPU_OVERLAP", "").strip().lower()
@@ -435,7 +443,10 @@ class GpuHost:
 
     One thread (`serve_forever`) does everything: it waits until connections are readable,
     reads one message from each, runs the round, answers: no hand-off between threads on a
-    request's way (a lone request pays two process wake-ups, not four)."""
+    request's way (a lone request pays two process wake-ups, not four). With `overlap` (the
+    default) a round's UTF-8 encode call is submitted and answered in the next pass, once
+    the next round's call is submitted or nothing else waits: the GPU works while the
+    thread answers and receives."""
 
     def __init__(self, encoding, *, max_call_bytes: int, metrics: HostMetrics | None = None,
                  keeper=None, overlap: bool | None = None):
@@ -589,8 +600,7 @@ class GpuHost:
         try:
             begun = self.encoding.begin_utf8_batch_flat([doc for m in call for doc in m.body[0]])
         except Exception as exc:
-            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
-                       exc)
+            self._fail(call, _describe(call), exc)
             return
         previous, self._pending = self._pending, (call, begun, time.perf_counter() - start)
         if previous is not None:
@@ -608,8 +618,7 @@ class GpuHost:
         try:
             ids, offsets = begun.finish()
         except Exception as exc:
-            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
-                       exc)
+            self._fail(call, _describe(call), exc)
             return
         # the call's own host time: its submit and its finish, not the work between them
         self.metrics.call_seconds.labels("encode").observe(host_s + time.perf_counter() - start)
@@ -644,8 +653,7 @@ class GpuHost:
                     m.body[0] if m.kind == "encode" else [d.decode() for d in m.body[0]])],
                     allowed)
         except Exception as exc:
-            self._fail(call, f"encode call of {sum(len(m.body[0]) for m in call)} documents",
-                       exc)
+            self._fail(call, _describe(call), exc)
             return
         self.metrics.call_seconds.labels("encode").observe(time.perf_counter() - start)
         self.metrics.encoder.observe(last_encoder_profile(self.encoding))
@@ -785,6 +793,11 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
     log.info("GPU process starting", extra={"data": {"pid": os.getpid()}})
     try:
+        overlap = overlap_default()
+    except ValueError as exc:   # a bad $ISTANBUL_GPU_OVERLAP: before any GPU work
+        print(f"istanbul serve: GPU process: error: {exc}", file=sys.stderr)
+        raise SystemExit(1)
+    try:
         from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
         from ..gpu_backend import ROBUSTNESS
@@ -799,7 +812,8 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
         print(f"istanbul serve: GPU process: error: could not load vocabulary {vocab!r} on "
               f"the GPU: {exc}", file=sys.stderr)
         raise SystemExit(1)
-    host = GpuHost(encoding, max_call_bytes=config.batching.max_bytes, keeper=keeper)
+    host = GpuHost(encoding, max_call_bytes=config.batching.max_bytes, keeper=keeper,
+                   overlap=overlap)
     metrics_port = None
     if config.metrics_port is not None:
         metrics_port = host.metrics.serve_http(
