@@ -1,6 +1,8 @@
 # Sourced by the dev/h200_*_next.sh device calls: `step NAME LIMIT_S COMMAND...` runs one
 # step into $out/NAME.txt under a time limit, counts it in $failed when it fails (a failing
 # step does not stop the others) and prints its last lines. Needs $out set.
+# `choose_steps "DEFAULT STEPS" ARGS...`: the steps the call asked for (ARGS, else the
+# defaults); `wanted NAME` says whether NAME is one of them.
 failed=0
 step() {
     local name=$1 limit=$2
@@ -12,3 +14,9 @@ step() {
     fi
     tail -4 "$out/$name.txt"
 }
+choose_steps() {
+    local default=$1
+    shift
+    want=" ${*:-$default} "
+}
+wanted() { [[ "$want" == *" $1 "* ]]; }

@@ -25,8 +25,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-ladder timing ab} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "ladder timing ab" "$@"
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel attention_backward_sgmat2
 wanted timing && step timing 180 "$py" dev/attention_ablation.py --out "$out/timing" \

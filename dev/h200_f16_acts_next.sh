@@ -31,8 +31,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-ladder pytest pytest_wgpu train_f32acts train parity} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "ladder pytest pytest_wgpu train_f32acts train parity" "$@"
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel matmul_tn_w16 --kernel matmul_nt_a16_w16 --kernel rmsnorm --kernel swiglu \
     --kernel attention_backward --kernel attention_forward_sgmat_f16in --kernel rope \

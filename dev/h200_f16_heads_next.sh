@@ -20,8 +20,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-ladder ablation pytest parity train} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "ladder ablation pytest parity train" "$@"
 wanted ladder && step ladder 200 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel attention_forward_sgmat_f16in \
     --kernel attention_backward_sgmat_f16in --kernel attention_backward_sgmat2_staged \

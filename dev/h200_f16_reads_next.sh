@@ -20,8 +20,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-ladder ablation train_vec4 train parity} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "ladder ablation train_vec4 train parity" "$@"
 wanted ladder && step ladder 240 "$py" -m istanbul kernels check --json "$out/ladder.json" \
     --kernel matmul_nt_sgmat --kernel matmul_nt_w16 --kernel matmul_nn_w16 \
     --kernel matmul_nn_sgmat --kernel matmul_tn_sgmat --kernel matmul_nn_a16 \

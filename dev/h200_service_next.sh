@@ -27,8 +27,7 @@ vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
 export PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-before1 now1 before2 now2} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "before1 now1 before2 now2" "$@"
 "$py" -c "import uvloop" || { echo "uvloop is missing: carry its wheel in .device/whl"; exit 9; }
 before=${BEFORE_TGZ:-.device/before_108e184.tgz}
 old=""

@@ -20,8 +20,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-pytest pytest_wgpu train parity} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "pytest pytest_wgpu train parity" "$@"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 wanted pytest && step pytest 240 "$py" -m pytest -q -p no:cacheprovider tests/test_train_f16.py \
     tests/test_resume.py tests/test_checkpoint.py tests/test_kernels_attention.py \

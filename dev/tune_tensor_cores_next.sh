@@ -21,8 +21,7 @@ py=${PYTHON:-python3}
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
-want=" ${*:-tune ab} "
-wanted() { [[ "$want" == *" $1 "* ]]; }
+choose_steps "tune ab" "$@"
 wanted tune && step tune 300 env ISTANBUL_AUTOTUNE_DIR="$out/cache" "$py" -m istanbul kernels \
     tune --preset 124m --key nt_w16_sgmat --key nn_w16_sgmat --key tn_sgmat --no-attention \
     --total-s "${TUNE_TOTAL_S:-240}" --out "$out/tune"
