@@ -864,7 +864,7 @@ def test_many_workers_through_the_loop_each_get_their_own_ids(served, tiny_encod
     """Eight connections sending UTF-8 encode messages as fast as they are answered (rounds
     of several messages, calls in flight back to back with overlap): every reply exact."""
     host, address, key, _ = served
-    host.overlap = host._begins = overlap
+    host.overlap = overlap
     loop = threading.Thread(target=host.serve_forever, daemon=True)
     loop.start()
     errors = []

@@ -409,9 +409,7 @@ class Encoding:
         packed_encode = getattr(self.backend, "encode_packed", None)
         if self._hf is not None or packed_encode is None:   # a normalizer works on text
             return self._encode_ordinary_many([d.decode("utf-8") for d in docs])
-        starts = np.zeros(len(docs) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
-        return packed_encode(PackedText(docs, starts), starts)
+        return packed_encode(*_joined(docs))
 
     def begin_utf8_batch_flat(self, docs: Sequence[bytes]):
         """`encode_utf8_batch_flat` in two halves: the call is submitted to the GPU here and
@@ -424,9 +422,7 @@ class Encoding:
         begin = getattr(self.backend, "begin_packed", None)
         if self._hf is not None or begin is None:
             return FinishedCall(self.encode_utf8_batch_flat(docs))
-        starts = np.zeros(len(docs) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
-        return begin(PackedText(docs, starts), starts)
+        return begin(*_joined(docs))
 
     def _into(self, out, docs, allowed_special, disallowed_special):
         if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1:
@@ -771,6 +767,14 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         return fix_surrogates(text).encode("utf-8")
+
+
+def _joined(docs: list[bytes]) -> tuple[PackedText, np.ndarray]:
+    """UTF-8 documents as one PackedText (joined range by range as the encoder uploads them)
+    and their n + 1 byte offsets."""
+    starts = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
+    return PackedText(docs, starts), starts
 
 
 def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:

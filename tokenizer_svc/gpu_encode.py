@@ -434,6 +434,12 @@ class GpuEncoder:
         return self._lock.locked()
 
     def _batched_locked(self, data, starts, pieces: bool, out=None):
+        call = self._prepare(data, starts, pieces, out)
+        return call if isinstance(call, tuple) else call.run()
+
+    def _prepare(self, data, starts, pieces: bool, out=None):
+        """A call's inputs checked and cut into chunks (a _Plan), or its result at once when it
+        has no document."""
         if not isinstance(data, (np.ndarray, PackedText)):
             data = np.frombuffer(data, dtype=np.uint8)
         starts = np.asarray(starts, dtype=np.int64)
@@ -448,11 +454,8 @@ class GpuEncoder:
             return (out[:0] if out is not None else np.zeros(0, np.uint32)), \
                 np.zeros(max(n_docs + 1, 1), np.int64)
         sub_starts, owner_first = self._split_oversize(data, starts, pieces)
-        ids = out if out is not None else np.empty(int(data.size), np.uint32)
-        sub_offsets = np.zeros(sub_starts.size, np.int64)
-        bounds = self._chunk_bounds(sub_starts)
-        total = self._pipeline(data, sub_starts, bounds, pieces, ids, sub_offsets)
-        return ids[:total], sub_offsets[owner_first]
+        return _Plan(self, data, sub_starts, owner_first, self._chunk_bounds(sub_starts),
+                     pieces, out if out is not None else np.empty(int(data.size), np.uint32))
 
     def _chunk_bounds(self, sub_starts: np.ndarray) -> list[int]:
         """Chunks of whole sub-documents, about pipeline_bytes each (at least one
@@ -494,30 +497,20 @@ class GpuEncoder:
             raise
 
     def _begin_locked(self, data, starts) -> "BegunCall":
-        if not isinstance(data, (np.ndarray, PackedText)):
-            data = np.frombuffer(data, dtype=np.uint8)
-        starts = np.asarray(starts, dtype=np.int64)
-        if self.profile:
-            self.last_profile = Profile()
-        sub_starts, owner_first = self._split_oversize(data, starts, False) \
-            if starts.size > 1 else (starts, None)
-        bounds = self._chunk_bounds(sub_starts) if starts.size > 1 else []
-        if len(bounds) != 2:   # no document, or several chunks: the whole call now
-            return BegunCall(self, result=self._batched_locked(data, starts, False))
-        ids = np.empty(int(data.size), np.uint32)
-        sub_offsets = np.zeros(sub_starts.size, np.int64)
-        self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
+        plan = self._prepare(data, starts, False)
+        if isinstance(plan, tuple):   # no document
+            return BegunCall(self, result=plan)
+        if len(plan.bounds) != 2:     # several chunks: the whole call now
+            return BegunCall(self, result=plan.run())
+        self.call_chunk = self.chunk_for(min(int(plan.sub_starts[-1]), self.pipeline_bytes))
         self._check_interrupt()
-        lo, hi = int(sub_starts[0]), int(sub_starts[-1])
-        text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
-        chunk = _Chunk(self, text, sub_starts - lo, False, slot=0, first_sub=0)
+        chunk = self._upload(plan.data, plan.sub_starts, plan.bounds, 0, False)
         try:
             chunk.dispatch()
         except BaseException:
             chunk.release()
             raise
-        return BegunCall(self, chunk=chunk, ids=ids, sub_offsets=sub_offsets,
-                         owner_first=owner_first)
+        return BegunCall(self, chunk=chunk, plan=plan)
 
     def twin(self) -> "GpuEncoder":
         """An encoder of the same device, tables, kernels and settings with buffers, staging
@@ -560,11 +553,7 @@ class GpuEncoder:
         is only written by the GPU, in queue order). Returns the number of ids written to
         `ids`; fills sub_offsets[1:]."""
         def upload(k):
-            lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
-            text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
-            return _Chunk(self, text,
-                          sub_starts[bounds[k]:bounds[k + 1] + 1] - lo,
-                          pieces, slot=k % 2, first_sub=bounds[k])
+            return self._upload(data, sub_starts, bounds, k, pieces)
 
         base, n_chunks = 0, len(bounds) - 1
         self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
@@ -593,6 +582,14 @@ class GpuEncoder:
                 if c is not None:
                     c.release()
         return base
+
+    def _upload(self, data, sub_starts, bounds, k: int, pieces: bool) -> "_Chunk":
+        """Chunk k of a call (sub-documents [bounds[k], bounds[k+1])), its text written into
+        slot k % 2."""
+        lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
+        text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
+        return _Chunk(self, text, sub_starts[bounds[k]:bounds[k + 1] + 1] - lo, pieces,
+                      slot=k % 2, first_sub=bounds[k])
 
     def _collect_start(self, chunk, ids, sub_offsets, base: int):
         """Start copying the chunk's ids into ids[base:] (returns what _collect_finish waits
@@ -961,16 +958,34 @@ class GpuEncoder:
         return self._counters(counters)[5]
 
 
+class _Plan:
+    """A call cut into chunks (GpuEncoder._prepare): its data, sub-documents and their
+    owners, chunk bounds, and the arrays its ids and offsets go to."""
+
+    def __init__(self, enc, data, sub_starts, owner_first, bounds, pieces, ids):
+        self.enc, self.data, self.sub_starts, self.owner_first = enc, data, sub_starts, \
+            owner_first
+        self.bounds, self.pieces, self.ids = bounds, pieces, ids
+        self.sub_offsets = np.zeros(sub_starts.size, np.int64)
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every chunk through the encoder's pipeline: (ids, offsets)."""
+        return self.result(self.enc._pipeline(self.data, self.sub_starts, self.bounds,
+                                              self.pieces, self.ids, self.sub_offsets))
+
+    def result(self, total: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[:total], self.sub_offsets[self.owner_first]
+
+
 class BegunCall:
     """A call GpuEncoder.begin_docs submitted: `finish()` -> (ids, offsets), once; `cancel()`
     gives the encoder back without a result (its next call's GPU work follows this one's in
     queue order, so nothing is waited for)."""
 
-    def __init__(self, enc: GpuEncoder, chunk: "_Chunk | None" = None, ids=None,
-                 sub_offsets=None, owner_first=None, result=None):
+    def __init__(self, enc: GpuEncoder, chunk: "_Chunk | None" = None,
+                 plan: "_Plan | None" = None, result=None):
         self.encoder = enc
-        self._chunk, self._ids, self._sub_offsets = chunk, ids, sub_offsets
-        self._owner_first, self._result = owner_first, result
+        self._chunk, self._plan, self._result = chunk, plan, result
         self._held = True
 
     def finish(self) -> tuple[np.ndarray, np.ndarray]:
@@ -980,11 +995,12 @@ class BegunCall:
         try:
             if chunk is None:
                 return self._result
+            plan = self._plan
             with enc.device_lock:   # a slow path submits more
                 chunk.wait()
-                copying = enc._collect_start(chunk, self._ids, self._sub_offsets, 0)
+                copying = enc._collect_start(chunk, plan.ids, plan.sub_offsets, 0)
                 total = enc._collect_finish(chunk, copying)
-            return self._ids[:total], self._sub_offsets[self._owner_first]
+            return plan.result(total)
         finally:
             self._end()
 
@@ -998,7 +1014,7 @@ class BegunCall:
             if self._chunk is not None:
                 self._chunk.release()
         finally:
-            self._chunk = self._ids = None
+            self._chunk = self._plan = None
             self.encoder.holder = None
             self.encoder._lock.release()
 

@@ -458,7 +458,6 @@ class GpuHost:
         # its GPU time runs under the answers and receives around it (Encoding.
         # begin_utf8_batch_flat). $ISTANBUL_GPU_OVERLAP=0 answers each call in its own round.
         self.overlap = overlap_default() if overlap is None else bool(overlap)
-        self._begins = self.overlap and hasattr(encoding, "begin_utf8_batch_flat")
         self._pending = None            # (messages, begun call, host seconds) to answer
         self.metrics = metrics or HostMetrics()
         self._conns: list = []
@@ -585,7 +584,8 @@ class GpuHost:
                 self._answer(m, ("failed", f"unknown message kind {m.kind!r}"))
         for allowed, group in groups.items():
             for call in self._calls(group):
-                if self._begins and all(m.kind == "encode_utf8" for m in call):
+                if self.overlap and hasattr(self.encoding, "begin_utf8_batch_flat") and \
+                        all(m.kind == "encode_utf8" for m in call):
                     self._begin(call)
                 else:   # encodes with special tokens run whole, on the encoder a begun
                     self._settle()   # call would hold
