@@ -64,6 +64,9 @@ DAWN_DEVICE_TOGGLES = ("vulkan_use_buffer_robust_access_2",
                        "enable_integer_range_analysis_in_robustness")
 DAWN_DEVICE_DISABLED = ("timestamp_quantization",)
 
+# Dawn's feature that makes a device safe to call from several threads (a lock per call)
+SYNC_FEATURE = "implicit-device-synchronization"
+
 # Dawn's feature name -> the engine's (wgpu-native's where it has one).
 FEATURE_ALIASES = {
     "dawn": {
@@ -120,6 +123,12 @@ class Backend:
         features = self.native(features)
         if self.name == "dawn":
             from wgpudawn.backends.dawn import extras
+            # Dawn's device is not thread-safe without it; ours is used from several threads
+            # (the service's GPU process and its tests, the tokenizer's callers), and wgpu-py
+            # releases objects on whichever thread drops them. Without it, on an H100, a
+            # submit crashed the process about one run in five of the GPU-host tests.
+            if SYNC_FEATURE in adapter.features:
+                features = [*features, SYNC_FEATURE]
             off = () if robustness else ("disable_robustness",)
             toggles = list(dict.fromkeys((*DAWN_DEVICE_TOGGLES, *self.device_toggles, *off)))
             return extras.request_device_sync(adapter, required_features=features,

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import wgpu
 
 from istanbul.shaders import engine, source
 from istanbul.shaders.engine import fold_grid
@@ -108,6 +109,63 @@ def test_zero_clears_buffer(device):
     buf = device.upload(np.ones(100, np.float32))
     device.zero(buf)
     assert not device.download(buf).any()
+
+
+def test_work_done_says_when_earlier_work_has_finished_without_blocking(device):
+    """Device.work_done: False may come while the GPU works, True once the work submitted
+    before it has finished (its result is there), and its fence buffer is reused after."""
+    import time
+    n = 1 << 16
+    x = device.upload(np.ones(n, np.float32))
+    y = device.upload(np.zeros(n, np.float32))
+    axpy = device.kernel("infra.wgsl", "axpy")
+    params = device.uniform("IIfI", n, 0, 1.0, 0)
+    with device.record() as rec:
+        for _ in range(20):
+            rec.dispatch(axpy, [x, y, params], n // 256)
+    done = device.work_done()
+    deadline = time.monotonic() + 60
+    while not done():
+        assert time.monotonic() < deadline
+    assert done()                       # stays True (its fence went back once)
+    fences = list(device._fences)
+    assert len(fences) >= 1
+    again = device.work_done()          # takes a fence that went back: no new buffer
+    assert len(device._fences) == len(fences) - 1
+    while not again():
+        assert time.monotonic() < deadline
+    assert len(device._fences) == len(fences)
+    assert np.all(device.download(y) == 20.0)
+
+
+def test_wait_for_polls_a_hardware_device_then_blocks(device, monkeypatch):
+    """Device.wait_for: on a hardware adapter it polls (the adapter passed off as one kind
+    and the other) until the map is done, or until poll_s runs out and the blocking wait takes
+    over; the data are right either way; a software adapter never polls."""
+    import dataclasses
+    data = np.arange(4096, dtype=np.uint32)
+    src = device.upload(data)
+    polls = []
+    real_poll = device.raw._poll
+    monkeypatch.setattr(device.raw, "_poll", lambda *a: (polls.append(1), real_poll(*a)))
+
+    def mapped(poll_s):
+        staging = device.raw.create_buffer(size=data.nbytes, usage=wgpu.BufferUsage.MAP_READ |
+                                           wgpu.BufferUsage.COPY_DST)
+        encoder = device.raw.create_command_encoder()
+        encoder.copy_buffer_to_buffer(src.raw, 0, staging, 0, data.nbytes)
+        device.queue.submit([encoder.finish()])
+        device.wait_for(staging.map_async("READ", 0, data.nbytes), poll_s)
+        got = np.frombuffer(staging.read_mapped(0, data.nbytes), np.uint32).copy()
+        staging.unmap()
+        return got
+
+    monkeypatch.setattr(device, "info", dataclasses.replace(device.info, adapter_type="CPU"))
+    assert (mapped(60.0) == data).all() and not polls        # software: no poll
+    monkeypatch.setattr(device, "info", dataclasses.replace(device.info,
+                                                            adapter_type="DiscreteGPU"))
+    assert (mapped(60.0) == data).all() and polls             # polled until done
+    assert (mapped(1e-9) == data).all()                       # poll time out: blocked
 
 
 def test_recorder_batches_dispatches_in_one_submit(device):

@@ -499,25 +499,38 @@ def test_reachable_turns_false_on_a_failed_call_and_back_on_a_probe(served, tiny
 
 def test_the_clock_keeper_spins_only_while_holding(tiny_encoding):
     """ClockKeeper (--gpu-keep-clock): no spin and a blocking wait before any request or with
-    a hold of 0; after `used()` a zero wait and one real kernel per spin (waited for, so never
-    more than one queued) until the hold runs out."""
+    a hold of 0; after `used()` a zero wait and real kernels, a new one only once the last has
+    finished (never more than one queued, never waited for), until the hold runs out."""
     from tokenizer_svc.server.clock_keeper import ClockKeeper
     device = tiny_encoding.backend.device
     off = ClockKeeper(device, 0.0)
     off.used()
     off.spin()
     assert off.wait_timeout() is None and off.spins == 0
-    keeper = ClockKeeper(device, 0.5, spin_s=1e-6)
+    keeper = ClockKeeper(device, 30.0, spin_s=1e-6)
     assert keeper.wait_timeout() is None          # nothing arrived yet
     keeper.used()
     assert keeper.wait_timeout() == 0.0
+    deadline = time.monotonic() + 60
+    while keeper.spins < 3:
+        keeper.spin()
+        assert time.monotonic() < deadline
+    assert np.isfinite(device.download(keeper.out, np.float32)).all()   # the kernel ran
+    finished = keeper._spin_done
+    keeper._spin_done = lambda: False               # the last spin still running
     for _ in range(3):
         keeper.spin()
-    assert keeper.spins == 3
-    assert np.isfinite(device.download(keeper.out, np.float32)).all()   # the kernel ran
-    keeper.last_use -= 1.0                          # the hold ran out
+    assert keeper.spins == 3                        # nothing more queued behind it
+    keeper._spin_done = finished
+    while not finished():
+        assert time.monotonic() < deadline
     keeper.spin()
-    assert keeper.spins == 3 and keeper.wait_timeout() is None
+    assert keeper.spins == 4                        # finished: the next one goes
+    keeper.last_use -= 60.0                         # the hold ran out
+    while not keeper._spin_done():
+        assert time.monotonic() < deadline
+    keeper.spin()
+    assert keeper.spins == 4 and keeper.wait_timeout() is None
     with pytest.raises(ValueError, match=">= 0"):
         ClockKeeper(device, -1.0)
 

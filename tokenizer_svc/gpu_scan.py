@@ -68,8 +68,14 @@ def device_lock(device) -> threading.RLock:
         return lock
 
 
+# How long a staging map is polled for before the blocking wait (Device.wait_for): a short
+# call's result comes back within it, and a long call costs at most this much CPU more.
+MAP_POLL_S = 1e-3
+
+
 def map_staging(buffer: Buffer, size: int) -> None:
-    """Map the first `size` bytes of a MAP_READ staging buffer and wait for it.
+    """Map the first `size` bytes of a MAP_READ staging buffer and wait for it (polled for
+    up to MAP_POLL_S first).
 
     wgpu-py (wgpu-native) submits an empty command buffer before every such map: its
     workaround for data written through a mapping not being visible yet (wgpu-native#305).
@@ -80,7 +86,7 @@ def map_staging(buffer: Buffer, size: int) -> None:
     raw = buffer.raw
     mode = "READ_NOSYNC" if type(raw).__module__.startswith("wgpu.backends.wgpu_native") \
         else "READ"
-    raw.map_async(mode, 0, size).sync_wait()
+    buffer.device.wait_for(raw.map_async(mode, 0, size), MAP_POLL_S)
 
 
 # Threads of a parallel host copy (ParallelCopy) by default: up to 8, half the CPUs.

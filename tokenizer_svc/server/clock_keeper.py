@@ -9,6 +9,13 @@ register-only kernel running (roofline.wgsl's fma_f32, one workgroup, ~SPIN_S at
 whenever it has no batch to encode and a request arrived in the last S seconds: the GPU looks
 busy, the driver raises the clock, and a batch that arrives waits at most one spin. It costs
 the GPU's power while the service is in use, so it is off by default (0).
+
+The GPU process's thread never waits for a spin: it submits one, goes back to its sockets,
+and submits the next once a non-blocking check says the last has finished (at most one is
+ever queued). So a message that arrives mid-spin is read at once and its call is queued
+behind the rest of that spin; when the thread waited for each spin, a lone request's message
+waited for the spin and the wake-up after it (dev/lone_trace.py). While it holds the clock
+the thread polls, so it keeps a CPU core busy too.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+from ..gpu_scan import device_lock
 
 SPIN_S = 50e-6          # one spin's length at full clock (it is longer at a low clock)
 ITERS_PER_SECOND = 1.2e8  # fma_f32 iterations per second of one workgroup at 1980 MHz (an
@@ -35,6 +44,7 @@ class ClockKeeper:
         self.params = device.params("IfII", iters, 1.0, 0, 0)
         self.last_use = float("-inf")
         self.spins = 0
+        self._spin_done = None   # the last spin's Device.work_done check (None: none yet)
 
     def used(self) -> None:
         """A request came in: hold the clock for hold_s seconds from now."""
@@ -48,9 +58,15 @@ class ClockKeeper:
         return 0.0 if self.holding() else None
 
     def spin(self) -> None:
-        """One spin, submitted and waited for (so at most one is ever queued)."""
+        """Submit one spin if the last one has finished; returns at once either way."""
         if not self.holding():
             return
-        self.device.run(self.kernel, [self.out, self.params], 1, "clock keeper")
-        self.device.sync()
+        # the device's lock, as every tokenizer call on it takes: Dawn's device is not
+        # thread-safe, and a spin may meet another thread's call (a submit and a poll at
+        # once crashed the process in a test)
+        with device_lock(self.device):
+            if self._spin_done is not None and not self._spin_done():
+                return
+            self.device.run(self.kernel, [self.out, self.params], 1, "clock keeper")
+            self._spin_done = self.device.work_done()
         self.spins += 1
