@@ -466,6 +466,7 @@ class Device:
                                                           65535))
         self._kernels: dict = {}
         self._params: dict = {}
+        self._fences: list = []   # work_done's fence buffers not in use
         self.memory = AllocationTracker()
         # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
         # (NVIDIA, lavapipe) reports a 1 ns period.
@@ -703,8 +704,8 @@ class Device:
         """`promise.sync_wait()`, after polling the device for up to `poll_s` seconds (not on
         a software adapter, whose work runs on the CPU cores a poll would take). A poll sees
         a short call's result sooner than the driver's blocking wait wakes up: a lone 1 KB
-        encode's staging map 0.13-0.14 ms polled against 0.18-0.27 ms waited on an H100
-        (dev/lone_trace.py, session 25)."""
+        encode's staging map 0.11 ms polled against 0.15-0.18 ms waited on an H100
+        (dev/lone_trace.py, dev/RESULTS.md session 25)."""
         if poll_s > 0 and promise._state == "pending" and not self.info.is_software:
             raw, deadline = self.raw, time.perf_counter() + poll_s
             while promise._state == "pending" and time.perf_counter() < deadline:
@@ -718,7 +719,7 @@ class Device:
         its own and mapped; the map completes once that submit, and every one before it, has
         (queue.on_submitted_work_done_async would do, but wgpu-py 0.32's wgpu-native backend
         builds its callback with the wrong C type)."""
-        fences = self.__dict__.setdefault("_fences", [])
+        fences = self._fences
         fence = fences.pop() if fences else self.raw.create_buffer(
             size=4, usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST, label="work-done fence")
         encoder = self.raw.create_command_encoder()

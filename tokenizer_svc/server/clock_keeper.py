@@ -61,9 +61,9 @@ class ClockKeeper:
         """Submit one spin if the last one has finished; returns at once either way."""
         if not self.holding():
             return
-        # the device's lock, as every tokenizer call on it takes: Dawn's device is not
-        # thread-safe, and a spin may meet another thread's call (a submit and a poll at
-        # once crashed the process in a test)
+        # the device's lock, as every tokenizer call on it takes: a spin never lands inside
+        # another thread's call (before Dawn devices were made thread-safe, a spin's submit
+        # and a test thread's call met and crashed the process)
         with device_lock(self.device):
             if self._spin_done is not None and not self._spin_done():
                 return
