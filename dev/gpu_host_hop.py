@@ -35,23 +35,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class InstantEncoding:
-    """An Encoding whose encode call costs nothing: 250 fixed ids per document."""
+    """An Encoding whose encode call costs nothing: `per_doc` fixed ids per document (250 by
+    default; --kb gives a quarter of the document's bytes, as real text has)."""
+
+    def __init__(self, per_doc: int = 250):
+        self.per_doc = per_doc
 
     def encode_utf8_batch_flat(self, docs):
         import numpy as np
-        n = len(docs)
-        return (np.tile(np.arange(250, dtype=np.uint32), n),
-                np.arange(0, 250 * (n + 1), 250, dtype=np.int64))
+        n, k = len(docs), self.per_doc
+        return (np.tile(np.arange(k, dtype=np.uint32), n),
+                np.arange(0, k * (n + 1), k, dtype=np.int64))
 
     def encode_batch_flat(self, docs, **kw):
         return self.encode_utf8_batch_flat(docs)
 
 
-def _host_main(code: str, address: str, key: bytes, ready) -> None:
+def _host_main(code: str, address: str, key: bytes, ready, per_doc: int = 250) -> None:
     sys.path.insert(0, code)
     from multiprocessing.connection import Listener
     from tokenizer_svc.server.gpu_host import GpuHost
-    host = GpuHost(InstantEncoding(), max_call_bytes=16 << 20)
+    host = GpuHost(InstantEncoding(per_doc), max_call_bytes=16 << 20)
     listener = Listener(address, family="AF_UNIX", authkey=key, backlog=256)
     threading.Thread(target=host.serve_forever, daemon=True).start()
     ready.set()
@@ -66,6 +70,8 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=5000)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--gap-ms", type=float, default=1.0)
+    p.add_argument("--kb", type=float, default=1.0, help="document size in KB (default 1); "
+                   "its answer carries a quarter as many ids")
     p.add_argument("--vocab", default=str(REPO.parent / "shared" / "vocab" / "gpt2.tiktoken"))
     p.add_argument("--out", type=Path)
     args = p.parse_args()
@@ -78,14 +84,16 @@ def main() -> int:
     tmp = tempfile.mkdtemp()
     address, key = os.path.join(tmp, "gpu.sock"), os.urandom(16)
     ready = mp.get_context("spawn").Event()
+    per_doc = 250 if args.kb == 1.0 else max(1, int(args.kb * 1024) // 4)
     host = mp.get_context("spawn").Process(target=_host_main, daemon=True,
-                                           args=(code, address, key, ready))
+                                           args=(code, address, key, ready, per_doc))
     host.start()
     ready.wait(120)
     idle = [Client(address, family="AF_UNIX", authkey=key) for _ in range(args.connections)]
     remote = RemoteEncoding(get_encoding(args.vocab, lazy=True), address, key)
     remote.connect(60)
-    doc = ("The quick brown fox jumps over the lazy dog. " * 23)[:1024]
+    size = int(args.kb * 1024)
+    doc = ("The quick brown fox jumps over the lazy dog. " * (size // 45 + 1))[:size]
 
     async def caller(times: list, calls: int) -> None:
         import asyncio
@@ -113,7 +121,7 @@ def main() -> int:
            "p50_us": statistics.median(times) * 1e6,
            "p10_us": sorted(times)[len(times) // 10] * 1e6, "calls_per_s": rate}
     print(f"{code}: {args.connections} idle connections, {args.concurrency} at once, gap "
-          f"{args.gap_ms:g} ms, 1 KB "
+          f"{args.gap_ms:g} ms, {args.kb:g} KB "
           f"hop p50 {row['p50_us']:.0f} us, p10 {row['p10_us']:.0f} us, {rate:,.0f} calls/s",
           flush=True)
     if args.out:

@@ -100,6 +100,37 @@ def test_one_round_is_one_call_per_allowed_set(tiny_encoding):
     assert tiny_encoding.encode_single_token(SPECIAL) in got[0]
 
 
+@pytest.mark.parametrize("step", [1, 5, 4096, None])
+def test_answers_are_whole_frames_even_when_the_socket_takes_them_in_pieces(
+        tiny_encoding, monkeypatch, step):
+    """An answer goes out as its frames in one writev (_send_frames); a write that takes only
+    part of them (`step` bytes at a time here; None: all at once) goes on where it stopped, so
+    the worker reads the same offsets and ids as ever, empty ids included."""
+    import os
+    from tokenizer_svc.server import gpu_host
+    real = os.writev
+
+    def partial(fd, buffers):
+        if step is None:
+            return real(fd, buffers)
+        first = next(b for b in buffers if len(b))   # at most `step` bytes of it
+        return real(fd, [first[:step]])
+
+    monkeypatch.setattr(gpu_host.os, "writev", partial)
+    host = GpuHost(tiny_encoding, max_call_bytes=1 << 20)
+    # the answers wait in the sockets until the round ends, and every tiny write is a
+    # buffer of its own there: a long answer only with writes that are not tiny
+    docs = [TEXTS[0], ""] + ([TEXTS[1] * 40] if step is None or step >= 4096 else [])
+    messages, ends = _worker_messages([("encode", [d], frozenset(), utf8_len(d)) for d in docs])
+    host.run_round(messages)
+    for m in messages:   # a worker that reads past what was written gets EOF, not a wait
+        m.conn.close()
+    for end, doc in zip(ends, docs):
+        assert _split(end) == _expected(tiny_encoding, [doc])
+        with pytest.raises(EOFError):   # and nothing more came
+            end.recv_bytes()
+
+
 def test_calls_split_between_messages_never_inside_one(tiny_encoding):
     counting = Counting(tiny_encoding)
     host = GpuHost(counting, max_call_bytes=100)

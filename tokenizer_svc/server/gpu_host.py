@@ -121,10 +121,30 @@ def receive_reply(conn) -> tuple:
 # multiprocessing.connection's framing: a 4-byte big-endian signed length (-1: an 8-byte
 # length follows), then the bytes; `send`/`recv` carry ForkingPickler pickles.
 
+def _head(n: int) -> bytes:
+    return struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+
+
 def _frame(body: bytes) -> bytes:
-    n = len(body)
-    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-    return head + body
+    return _head(len(body)) + body
+
+
+def _send_frames(fd: int, bodies: list) -> None:
+    """Write `bodies` (bytes-like) as consecutive frames on blocking descriptor `fd` with one
+    writev where it takes them all: what Connection.send then send_bytes write, in one
+    system call instead of three (~30% less of the GPU process's time per answer on the
+    dev CPU, dev/RESULTS.md session 25)."""
+    views = []
+    for body in bodies:
+        view = memoryview(body).cast("B")
+        views += [memoryview(_head(view.nbytes)), view]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= views[0].nbytes:   # a partial write: go on after it
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
@@ -716,10 +736,11 @@ class GpuHost:
     def _answer(self, m: _Message, reply: tuple, ids=None) -> None:
         """Send `reply` (then `ids` as raw bytes, when given); the time counts as answering."""
         start = time.perf_counter()
+        bodies = [ForkingPickler.dumps(reply)]
+        if ids is not None:
+            bodies.append(np.ascontiguousarray(ids))   # a view as it is, in practice
         try:
-            m.conn.send(reply)
-            if ids is not None:
-                m.conn.send_bytes(np.ascontiguousarray(ids))   # a view as it is, in practice
+            _send_frames(m.conn.fileno(), bodies)
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
         self.metrics.phase["answer"].inc(time.perf_counter() - start)
