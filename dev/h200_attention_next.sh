@@ -12,9 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_attention_next.sh OUTDIR}"
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 step semantics 120 "$py" -m pytest -q -p no:cacheprovider tests/test_sgmat_emulation.py
 for r in off on; do

@@ -20,9 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_attention_wide_next.sh OUTDIR [STEP ...]}"
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift
 choose_steps "ladder timing ab" "$@"

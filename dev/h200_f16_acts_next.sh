@@ -26,9 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_f16_acts_next.sh OUTDIR [STEP ...]}"
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift
 choose_steps "ladder pytest pytest_wgpu train_f32acts train parity" "$@"

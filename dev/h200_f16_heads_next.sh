@@ -15,9 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_f16_heads_next.sh OUTDIR}"
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift
 choose_steps "ladder ablation pytest parity train" "$@"

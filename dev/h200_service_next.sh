@@ -20,11 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/h200_service_next.sh OUTDIR [STEP ...]}"
-mkdir -p "$out"
-out=$(realpath "$out")
-py=${PYTHON:-python3}
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
-export PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
 choose_steps "before1 now1 before2 now2" "$@"

@@ -12,11 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/lone_next.sh OUTDIR [steps]}"
-mkdir -p "$out"
-out=$(realpath "$out")
-py=${PYTHON:-python3}
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
-export PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 shift
 choose_steps "pytest trace service" "$@"

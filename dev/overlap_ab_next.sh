@@ -14,11 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/overlap_ab_next.sh OUTDIR}"
-mkdir -p "$out"
-out=$(realpath "$out")
-py=${PYTHON:-python3}
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
-export PYTHONUNBUFFERED=1
 source dev/device_steps.sh
 args=(--vocab "$vocab" --workers 12 --gpu-process shared-keep-clock --event-loops uvloop
       --client-loop uvloop --clients 1,64,256 --sizes 100,1024,65536 --duration 3)

@@ -15,9 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/round16_next.sh OUTDIR [STEP ...]}"
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift
 choose_steps "pytest pytest_wgpu train parity" "$@"

@@ -16,9 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: dev/tune_tensor_cores_next.sh OUTDIR [STEP ...]}"
 mkdir -p "$out/cache" "$out/none"
-out=$(realpath "$out")
-py=${PYTHON:-python3}
-export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off PYTHONUNBUFFERED=1
+export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift
 choose_steps "tune ab" "$@"

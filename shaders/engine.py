@@ -706,11 +706,19 @@ class Device:
         a short call's result sooner than the driver's blocking wait wakes up: a lone 1 KB
         encode's staging map 0.11 ms polled against 0.15-0.18 ms waited on an H100
         (dev/lone_trace.py, dev/RESULTS.md session 25)."""
-        if poll_s > 0 and promise._state == "pending" and not self.info.is_software:
-            raw, deadline = self.raw, time.perf_counter() + poll_s
-            while promise._state == "pending" and time.perf_counter() < deadline:
-                raw._poll()   # fires finished callbacks, which set the state; never blocks
+        if poll_s > 0 and not self.info.is_software:
+            deadline = time.perf_counter() + poll_s
+            while not self._settled(promise) and time.perf_counter() < deadline:
+                pass
         return promise.sync_wait()
+
+    def _settled(self, promise) -> bool:
+        """Whether a wgpu-py promise has its result, after one poll that never blocks
+        (wgpuDevicePoll(wait=false) / wgpuInstanceProcessEvents fire finished callbacks,
+        which set the state)."""
+        if promise._state == "pending":
+            self.raw._poll()
+        return promise._state != "pending"
 
     def work_done(self):
         """A check that never blocks: `done()` says whether the work submitted before this
@@ -729,15 +737,13 @@ class Device:
         # map_staging says why that is not needed here)
         mode = "READ_NOSYNC" if type(fence).__module__.startswith("wgpu.backends.wgpu_native") \
             else "READ"
-        promise, raw, state = fence.map_async(mode, 0, 4), self.raw, {"back": False}
+        promise, state = fence.map_async(mode, 0, 4), {"back": False}
 
         def done() -> bool:
             if state["back"]:
                 return True
-            if promise._state == "pending":   # wgpu-py's promise: its callback sets the state
-                raw._poll()   # wgpuDevicePoll(wait=false) / wgpuInstanceProcessEvents
-                if promise._state == "pending":
-                    return False
+            if not self._settled(promise):
+                return False
             promise.sync_wait()               # resolved already: returns at once
             fence.unmap()
             fences.append(fence)

@@ -115,14 +115,7 @@ def test_work_done_says_when_earlier_work_has_finished_without_blocking(device):
     """Device.work_done: False may come while the GPU works, True once the work submitted
     before it has finished (its result is there), and its fence buffer is reused after."""
     import time
-    n = 1 << 16
-    x = device.upload(np.ones(n, np.float32))
-    y = device.upload(np.zeros(n, np.float32))
-    axpy = device.kernel("infra.wgsl", "axpy")
-    params = device.uniform("IIfI", n, 0, 1.0, 0)
-    with device.record() as rec:
-        for _ in range(20):
-            rec.dispatch(axpy, [x, y, params], n // 256)
+    _, y = _axpy_recorded(device, 1 << 16, 20)
     done = device.work_done()
     deadline = time.monotonic() + 60
     while not done():
@@ -168,15 +161,20 @@ def test_wait_for_polls_a_hardware_device_then_blocks(device, monkeypatch):
     assert (mapped(1e-9) == data).all()                       # poll time out: blocked
 
 
-def test_recorder_batches_dispatches_in_one_submit(device):
-    n = 1000
+def _axpy_recorded(device, n: int, times: int):
+    """y += 1.0 * x over n ones, `times` dispatches in one recording: (the recorder, y)."""
     x = device.upload(np.ones(n, np.float32))
     y = device.upload(np.zeros(n, np.float32))
     axpy = device.kernel("infra.wgsl", "axpy")
     params = device.uniform("IIfI", n, 0, 1.0, 0)
     with device.record() as rec:
-        for _ in range(10):
-            rec.dispatch(axpy, [x, y, params], 4)
+        for _ in range(times):
+            rec.dispatch(axpy, [x, y, params], -(-n // 256))
+    return rec, y
+
+
+def test_recorder_batches_dispatches_in_one_submit(device):
+    rec, y = _axpy_recorded(device, 1000, 10)
     assert rec.dispatch_count == 10
     assert np.all(device.download(y) == 10.0)
 
