@@ -7,8 +7,7 @@ missing. A source transform of one composed kernel module (shaders/source.py's o
   share, element e of the 16 x 16 at lane e % 32 (as the hardware spreads accumulators);
 - subgroupMatrixLoad / Store / MultiplyAccumulate become functions over those structs
   (row-major element (r, c) at offset + r * stride + c, column-major at offset + c * stride
-  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores; a stored
-  left or right operand is written by its invocations in shares of the 16 x 16). An f32
+  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores). An f32
   result matrix loaded at an odd element offset reads NaN: the H200 reads such loads wrong
   (session 19's dev/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and every store
   offset right), so the emulation must not pass a kernel that does it;
@@ -118,24 +117,6 @@ def _array_element(code: str, name: str) -> str:
         raise EmulationError(f"{name}: not a module-scope array (subgroup matrices load from "
                              "and store to storage or workgroup arrays)")
     return m.group(1)
-
-
-def _stored_type(code: str, value: str, elem: str, types: dict, target: str) -> "_Matrix":
-    """The matrix type of a stored value: the one result type of the array's element type
-    (the kernels' accumulators), else the declared type of the value's variable (an f16
-    operand copied into workgroup memory: `var name = SgmLeft_f16_16x16();` after the
-    template's expansion, `var name: SgmLeft_f16_16x16` or `let name =
-    subgroupMatrixLoad<SgmLeft_f16_16x16>(...)`)."""
-    results = [t for t in types.values() if t.elem == elem and t.kind == "result"]
-    if len(results) == 1:
-        return results[0]
-    base = re.match(r"\s*(\w+)", value)
-    decl = base and re.search(rf"\b(?:var|let)\s+{base.group(1)}\s*(?::\s*|=\s*(?:"
-                              r"subgroupMatrixLoad\s*<\s*)?)(Sgm\w+)", code)
-    if not decl or decl.group(1) not in types or types[decl.group(1)].elem != elem:
-        raise EmulationError(f"subgroupMatrixStore of {value} to {target} (array<{elem}>): "
-                             "its matrix type is not found")
-    return types[decl.group(1)]
 
 
 def _pointer_target(arg: str) -> str:
@@ -248,16 +229,18 @@ def _rewrite(fn: str, template, args: list, code: str, types: dict, helpers: dic
             raise EmulationError(f"subgroupMatrixStore({', '.join(args)})")
         target = _pointer_target(args[0])
         elem = _array_element(code, target)
-        t = _stored_type(code, args[2], elem, types, target)
+        # the stored value's type: the one matrix type of that element type (results: the
+        # kernels store accumulators only)
+        candidates = [t for t in types.values() if t.elem == elem and t.kind == "result"]
+        if len(candidates) != 1:
+            raise EmulationError(f"subgroupMatrixStore to {target} (array<{elem}>): "
+                                 f"{len(candidates)} result types of {elem}")
+        t = candidates[0]
         name = f"sgm_store_{t.name}_{target}"
-        if t.kind == "result":
-            body = f"        {target}[{ELEMENT_AT}] = m.v[i];\n    }}\n}}\n"
-        else:   # every invocation holds the whole operand: each writes its share of it
-            body = (f"        if (i % {SUBGROUP}u == sgm_lane) {{ {target}[{ELEMENT_AT}] = m.v[i]; }}"
-                    "\n    }\n}\n")
         helpers.setdefault(name, (
             f"fn {name}(offset: u32, m: {t.name}, col_major: bool, stride: u32) {{\n"
-            f"    {t.elements()}" + body))
+            f"    {t.elements()}"
+            f"        {target}[{ELEMENT_AT}] = m.v[i];\n    }}\n}}\n"))
         return f"{name}({args[1]}, {args[2]}, {args[3]}, {args[4]})"
     if fn == "subgroupMatrixMultiplyAccumulate":
         if len(args) != 3:

@@ -88,53 +88,6 @@ def test_matrix_ops_match_numpy(matrix_device):
     np.testing.assert_array_equal(shuffled, want_shuffled.astype(np.float32))
 
 
-COPY_KERNEL = """
-enable f16;
-@group(0) @binding(0) var<storage, read> src: array<f16>;        // 40 x 40, row-major
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;   // the stage, read back
-var<workgroup> stage: array<f16, 1200>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
-    for (var i = lid; i < 1200u; i += 64u) { stage[i] = f16(-7.0); }
-    workgroupBarrier();
-    // subgroup sg copies the 16 x 16 tile at row 3 + 8 sg, column 4 of src (stride 40) into
-    // the stage at 2 + 600 sg, stride 24: subgroup 0 row-major both ways, subgroup 1 read
-    // column-major and stored column-major (the same tile, each element where it was)
-    var m = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&src, (3u + 8u * sg) * 40u + 4u,
-                                                                  sg == 1u, 40u);
-    subgroupMatrixStore(&stage, 2u + 600u * sg, m, sg == 1u, 24u);
-    workgroupBarrier();
-    for (var i = lid; i < 1200u; i += 64u) { out[i] = f32(stage[i]); }
-}
-"""
-
-
-def test_operand_tile_copy_to_workgroup_memory(matrix_device):
-    """An f16 operand tile loaded from storage and stored into workgroup memory, as the
-    tensor-core matmuls' "-m" staging does: every element lands where the majors say, and
-    nothing else is written (the emulation writes a left operand's share per invocation)."""
-    dev = matrix_device
-    if not dev.has("shader-f16"):
-        pytest.skip(f"{dev.name}: no shader-f16")
-    rng = np.random.default_rng(5)
-    src = rng.standard_normal(1600).astype(np.float16)
-    bufs = [dev.upload(src), dev.zeros(1200)]
-    with dev.record() as rec:
-        rec.dispatch(dev.kernel_from_source("emulation_copy", COPY_KERNEL, "main"), bufs, 1)
-    got = dev.download(bufs[1])
-    want = np.full(1200, -7.0, np.float32)
-    grid = src.astype(np.float32).reshape(40, 40)
-    for r in range(16):
-        for c in range(16):
-            want[2 + r * 24 + c] = grid[3 + r, 4 + c]            # row-major both ways
-            # column-major both ways: element (r, c) read at (3 + 8) * 40 + 4 + c * 40 + r and
-            # stored at 602 + c * 24 + r
-            flat = (3 + 8) * 40 + 4 + c * 40 + r
-            want[602 + c * 24 + r] = src.astype(np.float32)[flat]
-    np.testing.assert_array_equal(got, want)
-
-
 def test_odd_offset_result_loads_read_nan(matrix_device):
     """The H200 misreads an f32 result matrix loaded at an odd element offset; the emulation
     makes such a load NaN so that no kernel doing it passes the ladder on a CPU."""

@@ -22,11 +22,9 @@
 // staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
 // tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
 // (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows from it), CLAMP_A (the forward
-// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16), A16_ROW / B16_ROW (the
-// element type an f16 A / B is bound as) with A_LOAD / B16_LOAD (vec4 i of it: F16_READ of
-// op_support.f16_read_params, vec2<u32> bits bitcast to vec4<f16> or vec4<f16>; or four f16
-// where the operand is bound as array<f16> for MATA / MATB), A_VEC (vec4<f32> or vec4<f16>),
-// MATA / MATB with TA / TB (below).
+// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16), F16_ROW and F16_READ
+// (how f16 A and B rows are read from storage, op_support.f16_read_params: vec2<u32> bits
+// bitcast to vec4<f16>, or vec4<f16>), A_READ (F16_READ for A16, nothing for an f32 A).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
@@ -46,14 +44,6 @@
 // this slice's multiplies, so one slice of multiplies hides their latency; 2: two register
 // sets, the loads of slice s + 2 are issued at slice s (the slice loop written out in pairs,
 // so each set keeps its registers: no copies that would wait for the loads).
-// MATA / MATB ("-m"): an operand held in f16 (A of the _a16 kernels, B of the _w16 ones) is
-// copied into its stage as 16 x 16 tiles by subgroup matrices: per tile one subgroupMatrixLoad
-// from storage (issued a slice ahead, like the vec4 loads) and one subgroupMatrixStore into
-// the stage, so the driver picks the wide accesses, where the vec4 path stores four scalar f16
-// per load (those stores were ~15% of the kernel's time on the H200, round 15). Each subgroup
-// copies TA / TB tiles of a slice. Only where the workgroup's slices of the operand lie wholly
-// inside it (its rows inside M or N, K split into whole slices, a leading dimension that
-// keeps tiles 16-byte aligned: a uniform test per workgroup); elsewhere the vec4 path.
 // Epilogue (DIRECT): where the workgroup's whole tile of C is inside the matrix and alpha is
 // 1 (every call of the model), the accumulators start from C (accumulate) or R (residual)
 // and each subgroup stores its tiles straight to C with subgroupMatrixStore: no workgroup
@@ -104,8 +94,6 @@ var<workgroup> As: array<f16, STAGES * STAGE_A>;
 var<workgroup> Bs: array<f16, STAGES * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-fn load_a4(i: u32) -> {{A_VEC}} { return {{A_LOAD}}; }
-
 // Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
 // to f16 (A16: read as f16). The f32 path is written exactly as before the f16 A: a version
 // that returned from inside the bounds checks ran the forward (nt) 2x slower on the H200.
@@ -119,11 +107,11 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
     if (A_KMAJOR) {
         let k = k0 + i / (BM / 4u);
         let m = m0 + 4u * (i % (BM / 4u));
-        if (k < k_end && m < p.m) { v = load_a4((k * p.lda + m) / 4u); }
+        if (k < k_end && m < p.m) { v = {{A_READ}}(a_in[(k * p.lda + m) / 4u]); }
     } else {
         let m = m0 + i / (BK / 4u);
         let k = k0 + 4u * (i % (BK / 4u));
-        if (m < p.m && k < k_end) { v = load_a4((m * p.lda + k) / 4u); }
+        if (m < p.m && k < k_end) { v = {{A_READ}}(a_in[(m * p.lda + k) / 4u]); }
     }
 // @if CLAMP_A
     v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
@@ -172,34 +160,6 @@ fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
     Bs[at + 1u] = v.y;
     Bs[at + 2u] = v.z;
     Bs[at + 3u] = v.w;
-}
-
-// The storage offset and the stage offset of tile q of A's / B's slice at k0 (tiles row-major
-// over the slice in its storage orientation), for MATA / MATB.
-fn a_tile_src(q: u32, m0: u32, k0: u32) -> u32 {
-    let cols = select(BK, BM, A_KMAJOR) / 16u;
-    let r = 16u * (q / cols);
-    let c = 16u * (q % cols);
-    if (A_KMAJOR) { return (k0 + r) * p.lda + m0 + c; }
-    return (m0 + r) * p.lda + k0 + c;
-}
-
-fn a_tile_dst(q: u32, stage: u32) -> u32 {
-    let cols = select(BK, BM, A_KMAJOR) / 16u;
-    return stage * STAGE_A + 16u * (q / cols) * SA + 16u * (q % cols);
-}
-
-fn b_tile_src(q: u32, n0: u32, k0: u32) -> u32 {
-    let cols = select(BK, BN, B_KMAJOR) / 16u;
-    let r = 16u * (q / cols);
-    let c = 16u * (q % cols);
-    if (B_KMAJOR) { return (k0 + r) * p.ldb + n0 + c; }
-    return (n0 + r) * p.ldb + k0 + c;
-}
-
-fn b_tile_dst(q: u32, stage: u32) -> u32 {
-    let cols = select(BK, BN, B_KMAJOR) / 16u;
-    return stage * STAGE_B + 16u * (q / cols) * SB + 16u * (q % cols);
 }
 
 // Offset of staged A element (row m, column k) and whether A's tiles are column-major there.
@@ -283,74 +243,20 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     // register set h holds the slices s with s % AHEAD == h between their loads and stashes
     var ra: array<array<vec4<f16>, {{LA}}>, {{AHEAD}}>;
     var rb: array<array<vec4<f16>, {{LB}}>, {{AHEAD}}>;
-    // (MATA / MATB: the same slices as 16 x 16 tiles, where the workgroup's slices are whole)
-    let whole_k = (k_end - k_begin) % BK == 0u;
-// @if MATA
-    let mat_a = whole_k && m0 + BM <= p.m && p.lda % 8u == 0u;
-    var ma: array<array<subgroup_matrix_left<f16, 16, 16>, {{TA}}>, {{AHEAD}}>;
-// @endif
-// @if MATB
-    let mat_b = whole_k && n0 + BN <= p.n && p.ldb % 8u == 0u;
-    var mb: array<array<subgroup_matrix_left<f16, 16, 16>, {{TB}}>, {{AHEAD}}>;
-// @endif
     for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
-        // @if MATA
-        if (mat_a) {
-            if (k_begin + h * BK < k_end) {
-                for (var u = 0u; u < {{TA}}u; u++) {   // @unroll
-                    ma[h][u] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&a_in, a_tile_src(sg * {{TA}}u + u, m0, k_begin + h * BK), false, p.lda);
-                }
-            }
-        } else {
-        // @endif
-            for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                ra[h][t] = fetch_a(t, lid, m0, k_begin + h * BK, k_end);
-            }
-        // @if MATA
-        }
-        // @endif
-        // @if MATB
-        if (mat_b) {
-            if (k_begin + h * BK < k_end) {
-                for (var u = 0u; u < {{TB}}u; u++) {   // @unroll
-                    mb[h][u] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&b_in, b_tile_src(sg * {{TB}}u + u, n0, k_begin + h * BK), false, p.ldb);
-                }
-            }
-        } else {
-        // @endif
-            for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                rb[h][t] = fetch_b(t, lid, n0, k_begin + h * BK, k_end);
-            }
-        // @if MATB
-        }
-        // @endif
-    }
-    // @if MATA
-    if (mat_a) {
-        for (var u = 0u; u < {{TA}}u; u++) {   // @unroll
-            subgroupMatrixStore(&As, a_tile_dst(sg * {{TA}}u + u, 0u), ma[0][u], false, SA);
-        }
-    } else {
-    // @endif
         for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-            stash_a(t, lid, 0u, ra[0][t]);
+            ra[h][t] = fetch_a(t, lid, m0, k_begin + h * BK, k_end);
         }
-    // @if MATA
-    }
-    // @endif
-    // @if MATB
-    if (mat_b) {
-        for (var u = 0u; u < {{TB}}u; u++) {   // @unroll
-            subgroupMatrixStore(&Bs, b_tile_dst(sg * {{TB}}u + u, 0u), mb[0][u], false, SB);
-        }
-    } else {
-    // @endif
         for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-            stash_b(t, lid, 0u, rb[0][t]);
+            rb[h][t] = fetch_b(t, lid, n0, k_begin + h * BK, k_end);
         }
-    // @if MATB
     }
-    // @endif
+    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+        stash_a(t, lid, 0u, ra[0][t]);
+    }
+    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+        stash_b(t, lid, 0u, rb[0][t]);
+    }
     workgroupBarrier();
 
     for (var s0 = 0u; s0 < slices; s0 += {{AHEAD}}u) {
@@ -361,36 +267,12 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                 {   // slice s + AHEAD's loads land while the multiplies below run (zeros past
                     // the end); its set was stashed at the previous slice
                     let k_next = k_begin + (s + {{AHEAD}}u) * BK;
-                    // @if MATA
-                    if (mat_a) {
-                        if (k_next < k_end) {
-                            for (var u = 0u; u < {{TA}}u; u++) {   // @unroll
-                                ma[h][u] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&a_in, a_tile_src(sg * {{TA}}u + u, m0, k_next), false, p.lda);
-                            }
-                        }
-                    } else {
-                    // @endif
-                        for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                            ra[h][t] = fetch_a(t, lid, m0, k_next, k_end);
-                        }
-                    // @if MATA
+                    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+                        ra[h][t] = fetch_a(t, lid, m0, k_next, k_end);
                     }
-                    // @endif
-                    // @if MATB
-                    if (mat_b) {
-                        if (k_next < k_end) {
-                            for (var u = 0u; u < {{TB}}u; u++) {   // @unroll
-                                mb[h][u] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&b_in, b_tile_src(sg * {{TB}}u + u, n0, k_next), false, p.ldb);
-                            }
-                        }
-                    } else {
-                    // @endif
-                        for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                            rb[h][t] = fetch_b(t, lid, n0, k_next, k_end);
-                        }
-                    // @if MATB
+                    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+                        rb[h][t] = fetch_b(t, lid, n0, k_next, k_end);
                     }
-                    // @endif
                 }
                 for (var kk = 0u; kk < {{KSTEPS}}u; kk++) {   // @unroll
                     let ks = 16u * kk;
@@ -414,32 +296,12 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 // @if SINGLE
                     workgroupBarrier();
 // @endif
-                    // @if MATA
-                    if (mat_a) {
-                        for (var u = 0u; u < {{TA}}u; u++) {   // @unroll
-                            subgroupMatrixStore(&As, a_tile_dst(sg * {{TA}}u + u, next), ma[(h + 1u) % {{AHEAD}}u][u], false, SA);
-                        }
-                    } else {
-                    // @endif
-                        for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
-                            stash_a(t, lid, next, ra[(h + 1u) % {{AHEAD}}u][t]);
-                        }
-                    // @if MATA
+                    for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
+                        stash_a(t, lid, next, ra[(h + 1u) % {{AHEAD}}u][t]);
                     }
-                    // @endif
-                    // @if MATB
-                    if (mat_b) {
-                        for (var u = 0u; u < {{TB}}u; u++) {   // @unroll
-                            subgroupMatrixStore(&Bs, b_tile_dst(sg * {{TB}}u + u, next), mb[(h + 1u) % {{AHEAD}}u][u], false, SB);
-                        }
-                    } else {
-                    // @endif
-                        for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
-                            stash_b(t, lid, next, rb[(h + 1u) % {{AHEAD}}u][t]);
-                        }
-                    // @if MATB
+                    for (var t = 0u; t < {{LB}}u; t++) {   // @unroll
+                        stash_b(t, lid, next, rb[(h + 1u) % {{AHEAD}}u][t]);
                     }
-                    // @endif
                 }
                 workgroupBarrier();
             }
@@ -536,7 +398,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_tn_w16_sgmat ---
 // B in f16: the trainer's f16 activations (h, h2, s) in the weight gradients dW = dy^T x
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{B16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -547,7 +409,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{B16_LOAD}}; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -559,7 +421,7 @@ fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{B16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -570,7 +432,7 @@ fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{B16_LOAD}}; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -582,7 +444,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{B16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -593,7 +455,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{B16_LOAD}}; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -604,7 +466,7 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{A16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -627,7 +489,7 @@ fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{A16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -650,7 +512,7 @@ fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_tn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{A16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -673,8 +535,8 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{A16_ROW}}>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{B16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -685,7 +547,7 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{B16_LOAD}}; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -696,8 +558,8 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{A16_ROW}}>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{B16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -708,7 +570,7 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{B16_LOAD}}; }
+fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,

@@ -41,13 +41,9 @@ SHAPES = {
     "tiny4": (4, 4, 4),
     "strided4": (36, 40, 20),
     "split": (36, 40, 1000),
-    # whole and ragged workgroups side by side, whole and ragged K splits ("-m" tile copies)
-    "copy_edges": (136, 160, 128),
-    "copy_split": (136, 160, 1000),
 }
 VARIANTS = ("random", "odd", "one", "aligned", "strided")
 VARIANTS_TILED = ("random4", "tiny4", "aligned", "strided4", "split")
-VARIANTS_COPY = VARIANTS_TILED + ("copy_edges", "copy_split")
 
 
 def _shape(layout, variant):
@@ -93,7 +89,7 @@ def make_inputs(layout, mode, b16, rng, variant, a16=False):
 def variant_config(dev, inp, layout, b16, f16_math, config):
     """The fast-path configuration a case runs: its own, else the op's choice; the `split`
     variant forces three K-splits on top of it so split-K runs on every device."""
-    if inp.get("variant") not in ("split", "copy_split"):
+    if inp.get("variant") != "split":
         return config
     M, N, K = inp["M"], inp["N"], inp["K"]
     if isinstance(config, linear.SgmatConfig):
@@ -242,15 +238,6 @@ SGMAT_CASES = (
      "head dX, one stage: f16 dlogits, f16 W"),
     ("_single", "tn_w16", "accumulate", True, "sg2x2-t4x4-k32-p8-s4-b1",
      "dW +=, one stage, split-K, f16 x"),
-    # f16 operands staged as 16 x 16 tiles by subgroup-matrix loads and stores (-m)
-    ("_copy", "nt_w16", "residual", True, "sg4x4-t2x4-k32-p8-s1-b1-m", "forward, B copied"),
-    ("_copy", "nn_w16", "store", True, "sg4x4-t4x2-k32-p8-s1-b1-m", "dX, B copied"),
-    ("_copy", "tn_w16", "accumulate", True, "sg2x2-t4x4-k32-p8-s1-b1-m", "dW +=, f16 x copied"),
-    ("_copy", "nn_a16_w16", "accumulate", True, "sg2x2-t4x4-k32-p8-s1-b1-m",
-     "head dX +=, A and B copied"),
-    ("_copy", "tn_a16", "store", False, "sg4x4-t2x2-k32-p8-s1-b1-m", "head dW, A copied"),
-    ("_copy", "nt_a16_w16", "residual", True, "sg2x2-t4x4-k32-p8-s1-a2-b1-m",
-     "forward, A and B copied, two slices ahead"),
 )
 
 
@@ -279,16 +266,14 @@ def _register_sgmat(suffix, key, mode, b16, config, what):
     register(KernelCase(
         name=f"matmul_{key}_sgmat{suffix}", family="matmul", precision="f32",
         kernels=lambda dev: [(linear.FILE_SGMAT, name + "_sgmat", {},
-                              emulation_config(dev, cfg, layout).template_params(layout, a16,
-                                                                                 b16)),
+                              emulation_config(dev, cfg, layout).template_params(layout, a16)),
                              (linear.FILE_SPLITK, "matmul_splitk_reduce")],
         inputs=lambda rng, v: make_inputs(layout, mode, b16, rng, v, a16),
         launch=lambda dev, inp: make_launch(dev, inp, layout,
                                             config=emulation_config(dev, cfg, layout), b16=b16,
                                             fast=True),
         reference=lambda inp: reference.tensor_core_matmul(inp, layout),
-        variants=VARIANTS_COPY if cfg.tile_copy else VARIANTS_TILED,
-        bench_variant_software="bench_small",
+        variants=VARIANTS_TILED, bench_variant_software="bench_small",
         requires=("subgroup-matrix", "shader-f16"), bench_precision="subgroup-matrix",
         flops=lambda inp: 2.0 * inp["M"] * inp["N"] * inp["K"],
         bytes=lambda inp: inp["a"].nbytes + inp["b"].nbytes + inp["out"].nbytes,

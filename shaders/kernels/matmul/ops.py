@@ -248,7 +248,7 @@ SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the 
 # are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
 SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
 _SGMAT_RE = re.compile(
-    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-b1)?(-m)?$")
+    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-b1)?$")
 
 
 @dataclass(frozen=True)
@@ -260,11 +260,9 @@ class SgmatConfig:
     direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
     dev/RESULTS.md); single ("-b1"): one stage of workgroup memory instead of two, so
-    twice the K slice fits (the stage is rewritten after a second barrier per slice);
-    tile_copy ("-m"): operands held in f16 (an f16 A, the f16 B) are staged as 16 x 16 tiles
-    by subgroup-matrix loads and stores instead of vec4 loads and scalar f16 stores (f32
-    operands stage as before). Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1", "-m");
-    without the suffixes the kernel of before round 3 (2026-12-01)."""
+    twice the K slice fits (the stage is rewritten after a second barrier per slice).
+    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes the kernel
+    of before round 3 (2026-12-01)."""
 
     sgr: int = 2
     sgc: int = 2
@@ -276,13 +274,11 @@ class SgmatConfig:
     ahead: int = 1
     direct: bool = False
     single: bool = False
-    tile_copy: bool = False
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
                 f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
-                + ("-d" if self.direct else "") + ("-b1" if self.single else "")
-                + ("-m" if self.tile_copy else ""))
+                + ("-d" if self.direct else "") + ("-b1" if self.single else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -291,12 +287,10 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-b1][-m] (e.g. "
-                             "sg2x2-t4x4-k32-p8-s1)")
-        *dims, ahead, direct, single, tile_copy = m.groups()
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-b1] (e.g. sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct, single = m.groups()
         return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
-                   direct=direct is not None, single=single is not None,
-                   tile_copy=tile_copy is not None)
+                   direct=direct is not None, single=single is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -318,37 +312,20 @@ class SgmatConfig:
         return (self.bm * self.bk / 4 / self.invocations,
                 self.bn * self.bk / 4 / self.invocations)
 
-    def tile_copies(self) -> tuple[float, float]:
-        """16 x 16 tiles of A and of B each subgroup copies per slice ("-m")."""
-        subgroups = self.sgr * self.sgc
-        tiles = SGMAT_TILE * SGMAT_TILE
-        return self.bm * self.bk / tiles / subgroups, self.bn * self.bk / tiles / subgroups
-
     def workgroup_bytes(self, layout: str) -> int:
         a_rows, a_row = (self.bk, self.bm) if layout == "tn" else (self.bm, self.bk)
         b_rows, b_row = (self.bn, self.bk) if layout == "nt" else (self.bk, self.bn)
         staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
         return (1 if self.single else 2) * 2 * staged + 4 * 256 * self.sgr * self.sgc
 
-    def template_params(self, layout: str, a16: bool = False, b16: bool = False) -> dict:
-        """Parameters of 03_linear_sgmat.wgsl; `a16` / `b16`: for the _a16 / _w16 kernels (A /
-        B in f16)."""
+    def template_params(self, layout: str, a16: bool = False) -> dict:
+        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
         la, lb = self.loads()
-        ta, tb = self.tile_copies()
         f16 = f16_read_params()
-        mat_a, mat_b = self.tile_copy and a16, self.tile_copy and b16
-        scalars = "vec4<f16>({0}[4u * i], {0}[4u * i + 1u], {0}[4u * i + 2u], {0}[4u * i + 3u])"
-        a_load = (scalars.format("a_in") if mat_a
-                  else f"{f16['F16_READ']}(a_in[i])" if a16 else "a_in[i]")
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
                 "CLAMP_A": layout == "nt" and not a16, **f16,
-                "A16_ROW": "f16" if mat_a else f16["F16_ROW"],
-                "B16_ROW": "f16" if mat_b else f16["F16_ROW"],
-                "A_VEC": "vec4<f16>" if a16 else "vec4<f32>", "A_LOAD": a_load,
-                "B16_LOAD": (scalars.format("b_in") if mat_b
-                             else f"{f16['F16_READ']}(b_in[i])"),
-                "MATA": mat_a, "MATB": mat_b, "TA": max(1, int(ta)), "TB": max(1, int(tb)),
+                "A_READ": f16["F16_READ"] if a16 else "",
                 "AHEAD": self.ahead, "DIRECT": self.direct, "SINGLE": self.single,
                 "KSTEPS": self.bk // SGMAT_TILE}
 
@@ -370,11 +347,6 @@ class SgmatConfig:
             if n != int(n) or not 1 <= n <= SGMAT_MAX_LOADS:
                 out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
                            f"number from 1 to {SGMAT_MAX_LOADS}: change BK or the tiles)")
-        if self.tile_copy:
-            for name, n in zip("AB", self.tile_copies()):
-                if n != int(n) or n < 1:
-                    out.append(f"-m: {name}'s slice is {n:g} 16 x 16 tiles per subgroup (must "
-                               "be a whole number >= 1: change BK or the tiles)")
         if self.splits < 1:
             out.append("splits must be >= 1")
         max_wg = int(device.limits.get("max-compute-invocations-per-workgroup", 256))
@@ -753,8 +725,7 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     if isinstance(cfg, SgmatConfig):
         layout = chosen.kernel.split("_")[1]   # matmul_<layout>[_a16][_w16]_sgmat
         kern = dev.kernel(chosen.file, chosen.kernel, {},
-                          cfg.template_params(layout, "_a16" in chosen.kernel,
-                                              "_w16" in chosen.kernel))
+                          cfg.template_params(layout, "_a16" in chosen.kernel))
         if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
             unused = dummy(dev, SGMAT_MIN_BINDING)
             if mode != MODES["residual"]:
