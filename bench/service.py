@@ -300,6 +300,18 @@ def _mean_ms(delta: dict, name: str) -> float | None:
 
 # layout `shared-keep-clock`: the shared GPU process with `--gpu-keep-clock KEEP_CLOCK_S`
 KEEP_CLOCK, KEEP_CLOCK_S = "shared-keep-clock", 2.0
+# a shared layout ending `-xG` (`shared-x2`, `shared-keep-clock-x2`): G GPU processes
+# (`--gpu-processes G`); their counters are summed like the workers'
+LAYOUT = re.compile(rf"^(shared|per-worker|{KEEP_CLOCK})(?:-x(\d+))?$")
+
+
+def parse_layout(layout: str) -> tuple[str, int]:
+    """(`--gpu-process` layout, GPU processes) of a bench layout name; ValueError if bad."""
+    m = LAYOUT.match(layout)
+    if not m or (m.group(2) and (m.group(1) == "per-worker" or int(m.group(2)) < 1)):
+        raise ValueError(f"{layout!r}: use shared, per-worker or {KEEP_CLOCK}, a shared one "
+                         "optionally with -xG (G GPU processes)")
+    return m.group(1), int(m.group(2) or 1)
 
 
 class Server:
@@ -315,9 +327,12 @@ class Server:
                str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
                "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms),
                "--event-loop", event_loop]
+        layout, hosts = parse_layout(gpu_process) if workers > 1 else ("own", 1)
         if workers > 1:
-            cmd += ["--gpu-process", "shared" if gpu_process == KEEP_CLOCK else gpu_process]
-        if gpu_process == KEEP_CLOCK:
+            cmd += ["--gpu-process", "shared" if layout == KEEP_CLOCK else layout]
+        if hosts > 1:
+            cmd += ["--gpu-processes", str(hosts)]
+        if layout == KEEP_CLOCK:
             cmd += ["--gpu-keep-clock", str(KEEP_CLOCK_S)]
         if adapter is not None:
             cmd += ["--adapter", adapter]
@@ -465,7 +480,10 @@ def markdown(report: dict) -> str:
         "(`own`: the one server process; `shared`: one GPU process encodes every worker's "
         "batches, `--gpu-process shared`; `shared-keep-clock`: the same with "
         f"`--gpu-keep-clock {KEEP_CLOCK_S:g}`, the GPU kept busy between batches so its clock "
-        "stays up; `per-worker`: each worker has a device of its own). `loop`: the server "
+        "stays up; a shared layout ending `-xG`: G GPU processes, `--gpu-processes G`, each "
+        "with a device of its own, worker k batching through process k mod G, their "
+        "counters and thread shares summed; `per-worker`: each worker has a device of its "
+        "own). `loop`: the server "
         "processes' event loop (`--event-loop`; asyncio in tables before 2026-12-05). "
         "`req/batch`: mean Tokenize requests per worker batch; `batches/call`: worker batches "
         "per call of the shared GPU process; `GPU busy`: time inside encode calls / wall time "
@@ -567,7 +585,9 @@ def main(argv=None) -> int:
                    help="for configurations of more than one worker: `istanbul serve "
                         "--gpu-process` layouts to measure, comma-separated: shared, "
                         f"per-worker, {KEEP_CLOCK} (shared with --gpu-keep-clock "
-                        f"{KEEP_CLOCK_S:g}) (default shared,per-worker)")
+                        f"{KEEP_CLOCK_S:g}); a shared one ending -xG runs G GPU processes "
+                        "(--gpu-processes G; e.g. shared-keep-clock-x2) (default "
+                        "shared,per-worker)")
     p.add_argument("--event-loops", default="auto",
                    help="the servers' event loops to measure, comma-separated: auto, uvloop, "
                         "asyncio (`istanbul serve --event-loop`; default auto); each is a "
@@ -598,9 +618,10 @@ def main(argv=None) -> int:
     workers_list = [int(x) for x in args.workers.split(",")]
     layouts = [x.strip() for x in args.gpu_process.split(",")]
     for layout in layouts:
-        if layout not in ("shared", "per-worker", KEEP_CLOCK):
-            raise SystemExit(f"--gpu-process: {layout!r}; use shared, per-worker or "
-                             f"{KEEP_CLOCK}")
+        try:
+            parse_layout(layout)
+        except ValueError as exc:
+            raise SystemExit(f"--gpu-process: {exc}") from None
     from tokenizer_svc.server.event_loop import resolve as resolve_loop
     try:
         loops = [resolve_loop(x.strip()) for x in args.event_loops.split(",")]
@@ -665,7 +686,8 @@ def main(argv=None) -> int:
                     delta = {k: after[k] - before[k] for k in after}
                     batches = delta["istanbul_tokenizer_batch_requests_count"]
                     rounds = delta["istanbul_tokenizer_gpu_host_messages_count"]
-                    shared = layout in ("shared", KEEP_CLOCK)
+                    shared = parse_layout(layout)[0] in ("shared", KEEP_CLOCK) \
+                        if layout != "own" else False
                     verified += cell.pop("checked")
                     cell.update(workers=workers, gpu_process=layout, event_loop=loop,
                                 clients=n, size=size,

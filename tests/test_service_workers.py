@@ -2,7 +2,8 @@
 supervisor, with the shared GPU process (the default) or a device per worker: connections
 reach both workers, replies are exact, /metrics shows every member, SIGTERM drains every
 worker and then stops the GPU process (exit 0), a killed worker or GPU process is restarted
-and the group serves again, and members that cannot start stop the group (exit 1)."""
+and the group serves again, and members that cannot start stop the group (exit 1); with
+--gpu-processes 2 each worker batches through its own GPU process."""
 
 from __future__ import annotations
 
@@ -238,6 +239,90 @@ def test_a_killed_gpu_process_is_restarted_and_requests_fail_clearly_meanwhile(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_two_gpu_processes_each_serve_their_workers_and_one_killed_comes_back(
+        tiny_vocab_path, tiny_encoding, tmp_path):
+    """--gpu-processes 2: worker k batches through GPU process k mod 2 (gpu0, gpu1), both
+    encode, replies exact; a killed GPU process is restarted while the other keeps serving,
+    and the group drains and stops them both on SIGTERM."""
+    proc, target, metrics_port = _start(tiny_vocab_path, tmp_path, "--gpu-processes", "2")
+    try:
+        first = _children(proc.pid)
+        assert set(first) == {"istanbul-w0", "istanbul-w1", "istanbul-gpu0", "istanbul-gpu1"}
+
+        def requests(tag: str) -> None:
+            for k in range(16):   # separate connections: spread over both workers
+                channel = grpc.insecure_channel(
+                    target, options=[("grpc.use_local_subchannel_pool", 1)])
+                stub = tokenizer_pb2_grpc.TokenizerStub(channel)
+                for text in TEXTS[:3]:
+                    doc = f"{text} {tag}{k}"
+                    reply = stub.Tokenize(pb.TokenizeRequest(text=doc), timeout=60)
+                    assert list(reply.ids) == list(tiny_encoding.encode(doc))
+                channel.close()
+
+        def page() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                          timeout=30).read().decode()
+
+        requests("a")
+        text = page()
+        assert _per_worker(text, "istanbul_tokenizer_worker_up") == \
+            {"0": 1.0, "1": 1.0, "gpu0": 1.0, "gpu1": 1.0}
+        served = _per_worker(text, "istanbul_tokenizer_requests_total")
+        assert all(served.get(w, 0) > 0 for w in ("0", "1")), served
+        # each worker's batches went to its own GPU process: both encoded, and together
+        # they received every batch
+        messages = _per_worker(text, "istanbul_tokenizer_gpu_host_messages_sum")
+        batches = _per_worker(text, "istanbul_tokenizer_batch_requests_count")
+        assert messages.get("gpu0", 0) > 0 and messages.get("gpu1", 0) > 0, messages
+        assert messages["gpu0"] == batches["0"] and messages["gpu1"] == batches["1"]
+        os.kill(first["istanbul-gpu1"], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:   # gpu1 back (a new process), every member's metrics answering again
+            now = _children(proc.pid)
+            if now.get("istanbul-gpu1") not in (None, first["istanbul-gpu1"]) and \
+                    _per_worker(page(), "istanbul_tokenizer_worker_up").get("gpu1") == 1.0:
+                break
+            assert proc.poll() is None, _log(proc)
+            assert time.monotonic() < deadline, "the killed GPU process was not restarted"
+            time.sleep(0.2)
+        assert now["istanbul-gpu0"] == first["istanbul-gpu0"]   # the other one kept serving
+        with TokenizerClient(target) as client:
+            client.wait_ready(120)
+        deadline = time.monotonic() + 120
+        while True:   # both workers serve again (worker 1 reconnects to the new gpu1)
+            try:
+                requests("b")
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE and "GPU process" in \
+                    exc.details(), exc
+                assert time.monotonic() < deadline, "worker 1 did not reach the new gpu1"
+                time.sleep(0.2)
+        assert _terminated(proc) == 0
+        log = _log(proc)
+        assert "GPU process exited; restarting it" in log
+        assert log.count("GPU process stopped") == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("args, why", [
+    (("--workers", "2", "--gpu-processes", "3"), "from 1 to --workers (2)"),
+    (("--workers", "2", "--gpu-process", "per-worker", "--gpu-processes", "2"),
+     "--gpu-process shared"),
+    (("--gpu-processes", "2",), "--workers N >= 2"),
+])
+def test_gpu_processes_out_of_range_are_one_clear_error(tiny_vocab_path, args, why):
+    proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--port", "0", *args)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "--gpu-processes" in lines[0] and why in lines[0], err
 
 
 def test_shared_gpu_process_keeps_auth_metrics_auth_and_the_stall_watchdog(

@@ -65,6 +65,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "owns the GPU and encodes every worker's batches in common calls "
                         "(tokenizer_svc/server/gpu_host.py); `per-worker` gives each worker "
                         "a device of its own (N contexts time-slice one GPU)")
+    p.add_argument("--gpu-processes", type=int, default=1, metavar="G",
+                   help="with --gpu-process shared: G GPU processes (each its own device on "
+                        "the adapter), worker k batching through process k mod G; for large "
+                        "requests, where one GPU process's Python thread is what the workers "
+                        "wait for (default 1; 1 <= G <= N)")
     p.add_argument("--gpu-keep-clock", type=float, default=0.0, metavar="SECONDS",
                    help="with the shared GPU process: for this many seconds after a request, "
                         "keep a short kernel running on the GPU whenever there is nothing to "
@@ -166,6 +171,11 @@ def config_from_args(args) -> ServerConfig:
                               "accepts)")
     if not args.gpu_keep_clock >= 0:
         raise UserFacingError(f"--gpu-keep-clock must be >= 0 seconds, got {args.gpu_keep_clock}")
+    if args.gpu_processes != 1 and (args.workers < 2 or args.gpu_process != "shared" or
+                                    not 1 <= args.gpu_processes <= args.workers):
+        raise UserFacingError(f"--gpu-processes {args.gpu_processes}: from 1 to --workers "
+                              f"({args.workers}), with --workers N >= 2 and --gpu-process "
+                              "shared")
     if args.gpu_keep_clock > 0 and (args.workers < 2 or args.gpu_process != "shared"):
         raise UserFacingError("--gpu-keep-clock needs the shared GPU process (--workers N with "
                               "N >= 2 and --gpu-process shared)")
@@ -206,7 +216,8 @@ def cmd_serve(args) -> int:
         try:
             return run_workers(config, args.vocab, args.adapter, args.port_file, args.workers,
                                args.log_format, getattr(args, "verbose", False),
-                               gpu_process=args.gpu_process)
+                               gpu_process=args.gpu_process,
+                               gpu_processes=args.gpu_processes)
         except PortUnavailable as exc:
             raise UserFacingError(str(exc)) from None
     from .server import event_loop

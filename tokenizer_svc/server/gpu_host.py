@@ -804,15 +804,16 @@ def serve_or_exit(host: GpuHost, exit=os._exit) -> None:
 
 
 def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_format: str,
-              verbose: bool, status) -> None:
-    """The GPU process (spawned by workers.run_workers): load, listen, serve until SIGTERM."""
+              verbose: bool, status, label: str = "gpu") -> None:
+    """A GPU process (spawned by workers.run_workers): load, listen, serve until SIGTERM;
+    `label` names it in the supervisor's reports ("gpu", or "gpu0".. of several)."""
     import sys
     from istanbul_errors import UserFacingError
     from .child import become_child
     from .logs import setup_logging
-    become_child("istanbul-gpu")
+    become_child(f"istanbul-{label}")
     setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
-    log.info("GPU process starting", extra={"data": {"pid": os.getpid()}})
+    log.info("GPU process starting", extra={"data": {"pid": os.getpid(), "label": label}})
     try:
         overlap = overlap_default()
     except ValueError as exc:   # a bad $ISTANBUL_GPU_OVERLAP: before any GPU work
@@ -852,7 +853,7 @@ def host_main(config, vocab: str, adapter, address: str, authkey: bytes, log_for
         signal.signal(signum, on_signal)
     log.info("GPU process serving", extra={"data": {
         "vocabulary": encoding.name, "load_seconds": round(time.perf_counter() - start, 3)}})
-    status.put(("ready", "gpu", None, metrics_port))
+    status.put(("ready", label, None, metrics_port))
     try:
         accept_workers(listener, host, authkey)
     except _Stop:

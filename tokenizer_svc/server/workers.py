@@ -139,16 +139,23 @@ GPU_PROCESS_CHOICES = ("shared", "per-worker")
 
 def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
                 workers: int, log_format: str = "json", verbose: bool = False,
-                gpu_process: str = "shared") -> int:
+                gpu_process: str = "shared", gpu_processes: int = 1) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code.
 
-    `gpu_process`: "shared" (one GPU process batches for all workers, gpu_host.py) or
-    "per-worker" (each worker owns a device and batches its own connections)."""
+    `gpu_process`: "shared" (GPU processes batch for the workers, gpu_host.py) or
+    "per-worker" (each worker owns a device and batches its own connections).
+    `gpu_processes` (shared): how many GPU processes, each with its own device on the
+    adapter; worker k sends its batches to process k mod `gpu_processes` (one process's
+    one Python thread is what the workers wait for at 64 KB requests on the H200)."""
     from istanbul_errors import UserFacingError
     from ..vocab import load_vocabulary
     if gpu_process not in GPU_PROCESS_CHOICES:
         raise UserFacingError(f"--gpu-process must be one of {', '.join(GPU_PROCESS_CHOICES)}, "
                               f"got {gpu_process!r}")
+    if not 1 <= gpu_processes <= max(1, workers) or \
+            (gpu_processes > 1 and gpu_process != "shared"):
+        raise UserFacingError(f"--gpu-processes {gpu_processes}: from 1 to the number of "
+                              f"workers ({workers}), more than 1 only with --gpu-process shared")
     try:   # once here, so a bad --vocab is one error instead of one per worker
         load_vocabulary(vocab)
     except ValueError as exc:
@@ -162,12 +169,13 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
                             metrics_port=0 if config.metrics_port is not None else None,
                             metrics_host="127.0.0.1")
     socket_dir = None
-    gpu_host = None
-    if gpu_process == "shared":   # a private directory: only this user reaches the socket
+    gpu_hosts = []
+    if gpu_process == "shared":   # a private directory: only this user reaches the sockets
         socket_dir = tempfile.mkdtemp(prefix="istanbul-serve-")
         from .gpu_host import SOCKET_NAME
-        gpu_host = (os.path.join(socket_dir, SOCKET_NAME), os.urandom(32))
-    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose, gpu_host)
+        gpu_hosts = [(os.path.join(socket_dir, f"{j}-{SOCKET_NAME}" if j else SOCKET_NAME),
+                      os.urandom(32)) for j in range(gpu_processes)]
+    group = _Group(workers, worker_config, vocab, adapter, log_format, verbose, gpu_hosts)
     stopping: list = []
 
     def on_signal(signum, frame):
@@ -201,7 +209,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
                     tmp.replace(port_file)
                 log.info("workers serving", extra={"data": {
                     "address": f"{config.host}:{port}", "workers": workers,
-                    "gpu_process": gpu_process,
+                    "gpu_process": gpu_process, "gpu_processes": len(gpu_hosts),
                     "metrics_port": metrics_server.server_port if metrics_server else None}})
                 announced = True
         if group.failed:
@@ -222,27 +230,32 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     return max(0, *(c if c >= 0 else 1 for c in codes))
 
 
-MAX_START_FAILURES = 3   # a worker (or the GPU process) that dies this often before serving
-GPU = "gpu"              # the GPU process's name in reports and metrics labels
+MAX_START_FAILURES = 3   # a worker (or a GPU process) that dies this often before serving
+GPU = "gpu"              # the GPU process's name in reports and metrics labels ("gpu0".. of
+                         # several)
+
+
+def gpu_labels(count: int) -> list:
+    """The GPU processes' names: "gpu" for one (as before several existed), else "gpu0".."""
+    return [GPU] if count == 1 else [f"{GPU}{j}" for j in range(count)]
 
 
 class _Group:
-    """The worker processes and the GPU process: started, watched, restarted (module doc).
+    """The worker processes and the GPU processes: started, watched, restarted (module doc).
 
-    Members are indexed 0..n-1 (workers) and n (the GPU process, when shared); `labels`
-    names them for the metrics ("0".., "gpu")."""
+    Members are indexed 0..n-1 (workers) and n.. (the GPU processes, when shared); `labels`
+    names them for the metrics ("0".., "gpu" or "gpu0".., gpu_labels). Worker k sends its
+    batches to GPU process k mod their number."""
 
     def __init__(self, n: int, config: ServerConfig, vocab: str, adapter, log_format: str,
-                 verbose: bool, gpu_host: tuple | None = None):
+                 verbose: bool, gpu_hosts: list = ()):
         self.ctx = mp.get_context("spawn")
         self.status = self.ctx.Queue()
         self.n = n
-        self.gpu_host = gpu_host
-        self.worker_args = (config, vocab, adapter, gpu_host, log_format, verbose, self.status)
-        self.host_args = ((config, vocab, adapter, *gpu_host, log_format, verbose, self.status)
-                          if gpu_host else None)
-        members = n + (1 if gpu_host else 0)
-        self.labels = [str(k) for k in range(n)] + ([GPU] if gpu_host else [])
+        self.gpu_hosts = list(gpu_hosts)
+        self.args = (config, vocab, adapter, log_format, verbose, self.status)
+        members = n + len(self.gpu_hosts)
+        self.labels = [str(k) for k in range(n)] + gpu_labels(len(self.gpu_hosts))
         self.procs: list = [None] * members
         self.metrics_ports: list = [None] * members  # read by WorkerMetrics (same list object)
         self.ready = [False] * members               # SERVING since its last start
@@ -252,17 +265,23 @@ class _Group:
         self.failed = False
 
     def _name(self, k: int) -> str:
-        return "GPU process" if k == self.n else "worker"
+        return "GPU process" if k >= self.n else "worker"
 
     def start(self, k: int) -> None:
         self.ready[k] = False
         self.restart_at[k] = None
-        if k == self.n:
+        config, vocab, adapter, log_format, verbose, status = self.args
+        if k >= self.n:
             from .gpu_host import host_main
-            proc = self.ctx.Process(target=host_main, name="tokenizer-gpu", args=self.host_args)
+            address, key = self.gpu_hosts[k - self.n]
+            proc = self.ctx.Process(target=host_main, name=f"tokenizer-{self.labels[k]}",
+                                    args=(config, vocab, adapter, address, key, log_format,
+                                          verbose, status, self.labels[k]))
         else:
+            host = self.gpu_hosts[k % len(self.gpu_hosts)] if self.gpu_hosts else None
             proc = self.ctx.Process(target=_worker_main, name=f"tokenizer-worker-{k}",
-                                    args=(k, *self.worker_args))
+                                    args=(k, config, vocab, adapter, host, log_format, verbose,
+                                          status))
         self.procs[k] = proc
         proc.start()
 
@@ -271,8 +290,8 @@ class _Group:
             self.start(k)
 
     def signal_all(self, signum, host: bool = False) -> None:
-        """Signal the workers (and with `host`, the GPU process, which must outlive their
-        drain: wait_all stops it once they exited)."""
+        """Signal the workers (and with `host`, the GPU processes, which must outlive their
+        drain: wait_all stops them once they exited)."""
         for k, p in enumerate(self.procs):
             if (k < self.n or host) and p is not None and p.pid and p.exitcode is None:
                 _kill(p.pid, signum)
@@ -281,7 +300,7 @@ class _Group:
         """One round: read the members' reports, restart the ones that died."""
         try:
             kind, k, _, metrics_port = self.status.get(timeout=0.1)
-            k = self.n if k == GPU else k
+            k = self.labels.index(k) if isinstance(k, str) else k
             self.metrics_ports[k] = metrics_port
             if kind == "ready":
                 self.ready[k] = True
@@ -317,15 +336,15 @@ class _Group:
         worker: the drain's grace + --stall-timeout, which a single server keeps; the GPU
         process: --stall-timeout) writes its threads' stacks to the log and is killed: the
         group's SIGTERM always ends, and says where it waited."""
-        config = self.worker_args[0]
+        config = self.args[0]
         margin = STOP_MARGIN_S + config.stall_timeout_s
         self._reap(self.procs[:self.n],
                     time.monotonic() + config.drain_delay_s + config.shutdown_grace_s + margin)
-        if self.gpu_host is not None and self.procs[self.n] is not None:
-            host = self.procs[self.n]
+        hosts = [p for p in self.procs[self.n:] if p is not None]
+        for host in hosts:
             if host.exitcode is None:
                 _kill(host.pid, signal.SIGTERM)
-            self._reap([host], time.monotonic() + margin)
+        self._reap(hosts, time.monotonic() + margin)
         return [p.exitcode for p in self.procs if p is not None]
 
     def _reap(self, procs: list, deadline: float) -> None:
