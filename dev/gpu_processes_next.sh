@@ -7,10 +7,10 @@
 #   bash dev/gpu_processes_next.sh OUTDIR [ab] [local] [service]
 #
 #   ab       bench/service.py's issue-20 cells, 12 workers, with 1, 2 and 3 GPU processes
-#            (shared-keep-clock, -x2, -x3), uvloop
+#            (shared-keep-clock, -x2, -x3, or $AB_LAYOUTS), uvloop
 #   local    a lone small batch encoded on the worker's own device ($ISTANBUL_LOCAL_LONE_BYTES
-#            4096) or through the GPU process (0), alternated twice, 1 / 64 / 256 clients of
-#            100 B and 1 KB
+#            4096) or through the GPU process (0), alternated ($LOCAL_ROUNDS, default 2
+#            rounds), 1 / 64 / 256 clients of 100 B and 1 KB
 #   service  every default cell with $LAYOUTS (default shared-keep-clock-x2,shared-keep-clock)
 #            and $ISTANBUL_LOCAL_LONE_BYTES as given (the committed table)
 set -uo pipefail
@@ -23,9 +23,9 @@ choose_steps "ab local" "$@"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 common=(--vocab "$vocab" --workers 12 --event-loops uvloop --client-loop uvloop --duration 3)
 wanted ab && step ab 400 "$py" bench/service.py --out "$out/ab" "${common[@]}" \
-    --gpu-process shared-keep-clock,shared-keep-clock-x2,shared-keep-clock-x3 \
+    --gpu-process "${AB_LAYOUTS:-shared-keep-clock,shared-keep-clock-x2,shared-keep-clock-x3}" \
     --clients 1,64,256 --sizes 100,1024,65536
-for round in 1 2; do
+for round in $(seq 1 "${LOCAL_ROUNDS:-2}"); do
     for lone in 0 4096; do
         wanted local && step "local${round}_$lone" 150 env ISTANBUL_LOCAL_LONE_BYTES=$lone \
             "$py" bench/service.py --out "$out/local/r${round}_$lone" "${common[@]}" \
