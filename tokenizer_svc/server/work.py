@@ -22,7 +22,6 @@ Encoding's per-token tables (byte lengths, characters started), which the public
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -36,14 +35,6 @@ from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
 DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
 SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed special token found
-
-
-def local_lone_bytes() -> int:
-    """A worker of the shared GPU process encodes a lone batch (no other of its batches in
-    flight) of at most this many characters on its own device (the long lane's), right on
-    its event loop, instead of through the GPU process: no hop there and back. 0: never
-    ($ISTANBUL_LOCAL_LONE_BYTES; an experiment, session 26)."""
-    return int(os.environ.get("ISTANBUL_LOCAL_LONE_BYTES", "0") or 0)
 
 
 def disallowed_special_message(token: str) -> str:
@@ -166,8 +157,6 @@ class BatchRunner:
         self.special_tokens = frozenset(encoding.special_tokens_set)
         self._on_encode_seconds = on_encode_seconds or (lambda seconds: None)
         self._on_encoder_profile = on_encoder_profile or (lambda encoding: None)
-        self._inflight = 0   # run_async batches running (a lone one may run locally)
-        self._local_lone = local_lone_bytes()
 
     def __call__(self, jobs: list) -> list:
         steps = self.steps(jobs)
@@ -187,7 +176,6 @@ class BatchRunner:
         """`self(jobs)` with the Encoding's `encode_flat_async` / `decode_bytes_batch_async`
         awaited on the running loop."""
         steps = self.steps(jobs)
-        self._inflight += 1
         try:
             call = next(steps)
             while True:
@@ -199,8 +187,6 @@ class BatchRunner:
                     call = steps.send(answer)
         except StopIteration as done:
             return done.value
-        finally:
-            self._inflight -= 1
 
     def _call(self, call: tuple):
         if call[0] == ENCODE:
@@ -208,13 +194,6 @@ class BatchRunner:
         return self.encoding.decode_bytes_batch(call[1])
 
     async def _call_async(self, call: tuple):
-        if call[0] == ENCODE and self._local_lone and self._inflight == 1:
-            local = getattr(self.encoding, "local", None)
-            lock = getattr(getattr(local, "backend", None), "lock", None)
-            if lock is not None and sum(map(len, call[1])) <= self._local_lone and \
-                    lock.acquire(blocking=False):   # (the long lane's call runs: not here)
-                lock.release()
-                return encode_flat(local, call[1], call[2])
         if call[0] == ENCODE:
             ids, offsets = await self.encoding.encode_flat_async(call[1], call[2])
             return np.asarray(ids, np.uint32), offsets
