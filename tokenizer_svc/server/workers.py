@@ -21,6 +21,8 @@ The supervisor (this module, the `istanbul serve` process itself):
 - checks that the port can be bound, then holds it with a socket that is bound with
   SO_REUSEPORT but never listens (so `--port 0` gets one port for all workers and nobody
   else takes it while workers restart);
+- with `--gpu-process shared`, starts the GPU process (`--gpu-processes G`: G of them, each
+  a device of its own, worker k batching through process k mod G) before the workers;
 - starts the workers (spawned processes in their own process group: a Ctrl-C reaches only
   the supervisor, which forwards one SIGTERM), writes `--port-file` once all are SERVING
   (until then a connection may reach a worker that still loads: NOT_SERVING, UNAVAILABLE);
