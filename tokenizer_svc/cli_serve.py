@@ -171,11 +171,10 @@ def config_from_args(args) -> ServerConfig:
                               "accepts)")
     if not args.gpu_keep_clock >= 0:
         raise UserFacingError(f"--gpu-keep-clock must be >= 0 seconds, got {args.gpu_keep_clock}")
-    if args.gpu_processes != 1 and (args.workers < 2 or args.gpu_process != "shared" or
-                                    not 1 <= args.gpu_processes <= args.workers):
-        raise UserFacingError(f"--gpu-processes {args.gpu_processes}: from 1 to --workers "
-                              f"({args.workers}), with --workers N >= 2 and --gpu-process "
-                              "shared")
+    from .server.workers import gpu_processes_problem
+    problem = gpu_processes_problem(args.gpu_processes, args.workers, args.gpu_process)
+    if problem:
+        raise UserFacingError(problem)
     if args.gpu_keep_clock > 0 and (args.workers < 2 or args.gpu_process != "shared"):
         raise UserFacingError("--gpu-keep-clock needs the shared GPU process (--workers N with "
                               "N >= 2 and --gpu-process shared)")

@@ -139,6 +139,14 @@ class WorkerMetrics:
 GPU_PROCESS_CHOICES = ("shared", "per-worker")
 
 
+def gpu_processes_problem(count: int, workers: int, gpu_process: str) -> str | None:
+    """What is wrong with `--gpu-processes count` beside these options (None: nothing)."""
+    if count == 1 or (workers >= 2 and gpu_process == "shared" and 1 <= count <= workers):
+        return None
+    return (f"--gpu-processes {count}: from 1 to --workers ({workers}), with --workers N >= 2 "
+            "and --gpu-process shared")
+
+
 def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
                 workers: int, log_format: str = "json", verbose: bool = False,
                 gpu_process: str = "shared", gpu_processes: int = 1) -> int:
@@ -154,10 +162,9 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     if gpu_process not in GPU_PROCESS_CHOICES:
         raise UserFacingError(f"--gpu-process must be one of {', '.join(GPU_PROCESS_CHOICES)}, "
                               f"got {gpu_process!r}")
-    if not 1 <= gpu_processes <= max(1, workers) or \
-            (gpu_processes > 1 and gpu_process != "shared"):
-        raise UserFacingError(f"--gpu-processes {gpu_processes}: from 1 to the number of "
-                              f"workers ({workers}), more than 1 only with --gpu-process shared")
+    problem = gpu_processes_problem(gpu_processes, workers, gpu_process)
+    if problem:
+        raise UserFacingError(problem)
     try:   # once here, so a bad --vocab is one error instead of one per worker
         load_vocabulary(vocab)
     except ValueError as exc:
