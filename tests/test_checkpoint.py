@@ -149,12 +149,13 @@ def test_latest_valid_falls_back_and_logs_why(device, tmp_path, caplog):
     assert "step_00000003" in caplog.text and "sha256" in caplog.text
     assert "manifest missing" in caplog.text
     verify_checkpoint(paths[0])
-    # saving the same step again replaces the unusable one and leaves nothing else behind
+    # saving the same step again replaces the unusable one and leaves nothing else behind;
+    # the unusable step 2, now behind the run, goes too
     tr.step_count = 3
     new = mgr.save(tr, {})
     verify_checkpoint(new)
     assert sorted(p.name for p in mgr.run_dir.iterdir()) == \
-        ["latest", "step_00000001", "step_00000002", "step_00000003"]
+        ["latest", "step_00000001", "step_00000003"]
     assert CheckpointManager(tmp_path / "empty").latest_valid() is None
 
 
@@ -238,3 +239,64 @@ def test_resolve_errors_are_clear(device, tmp_path):
     (tmp_path / "emptyrun").mkdir()
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         load_checkpoint(tmp_path / "emptyrun", device)
+
+
+# ---- retention after a resume that skipped unusable checkpoints --------------------------------
+
+def _train_and_save(mgr, trainer, until, every, run):
+    """A job's loop: real training steps, a checkpoint every `every` steps up to `until`."""
+    rng = np.random.default_rng(trainer.step_count)
+    tc = trainer.train_config
+    while trainer.step_count < until:
+        batch = rng.integers(0, trainer.model_config.vocab_size, size=(tc.batch, tc.seq + 1),
+                             dtype=np.uint32)
+        assert not trainer.step(batch).skipped
+        if trainer.step_count % every == 0:
+            mgr.save(trainer, {"run": run})
+
+
+def _resume(device, run_dir, keep_last, keep_every):
+    """What a (re)started job does (bridge.open_run, then the daemon): the newest usable
+    checkpoint or a fresh trainer, then retention."""
+    mgr = CheckpointManager(run_dir, keep_last=keep_last, keep_every=keep_every)
+    loaded = mgr.load_newest(device)
+    trainer = loaded[0] if loaded is not None else \
+        Trainer(tiny_config(), TrainConfig(batch=2, seq=16, precision="fp32", seed=5), device)
+    mgr.apply_retention()
+    return mgr, trainer
+
+
+@pytest.mark.parametrize("corrupt,keep_last,keep_every,every,resumed_at,kept", [
+    ([6], 3, 0, 2, 4, [6, 8, 10]),         # the newest: resumed from the one before
+    ([2, 6], 3, 0, 2, 4, [6, 8, 10]),      # and an old one (counted until retention drops it)
+    ([2, 4, 6], 3, 0, 2, 0, [6, 8, 10]),   # every one: from scratch
+    ([4, 6], 3, 4, 2, 2, [4, 6, 8, 10]),   # keep_every keeps the rewritten multiple
+    ([6], 3, 0, 5, 4, [4, 5, 10]),         # resumed with another interval: 6 is never
+])                                         # rewritten, and goes once the run passes it
+def test_a_resume_past_unusable_checkpoints_still_keeps_only_keep_last(
+        device, tmp_path, corrupt, keep_last, keep_every, every, resumed_at, kept):
+    run_dir = tmp_path / "run"
+    first, trainer = _resume(device, run_dir, keep_last, keep_every)
+    _train_and_save(first, trainer, 6, 2, run=1)
+    assert [s for s, _ in first.checkpoints()] == [2, 4, 6]
+    for step in corrupt:
+        _corrupt(run_dir / f"step_{step:08d}", "flipped")   # fails the manifest's sha256
+
+    mgr, trainer = _resume(device, run_dir, keep_last, keep_every)
+    assert trainer.step_count == resumed_at
+    assert [p.name for p, _ in mgr.skipped] == \
+        [f"step_{s:08d}" for s in reversed(corrupt) if s > resumed_at]
+    assert [s for s, _ in mgr.checkpoints()] == [2, 4, 6]   # unusable ones ahead stay
+    _train_and_save(mgr, trainer, 10, every, run=2)
+
+    assert [s for s, _ in mgr.checkpoints()] == kept
+    assert sorted(p.name for p in run_dir.iterdir()) == \
+        ["latest"] + [f"step_{s:08d}" for s in kept]      # and no debris
+    assert os.readlink(run_dir / "latest") == "step_00000010"
+    for step, path in mgr.checkpoints():
+        verify_checkpoint(path)
+        state = json.loads((path / STATE_FILE).read_text())
+        assert state["caller"]["run"] == (2 if step > resumed_at else 1)
+    # the next resume finds every one usable and removes nothing
+    again, _ = _resume(device, run_dir, keep_last, keep_every)
+    assert again.skipped == [] and [s for s, _ in again.checkpoints()] == kept

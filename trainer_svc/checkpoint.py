@@ -19,7 +19,9 @@ the directory fsync'ed, then renamed; the `latest` link changes only after that.
 that may lose the right to write (the daemon: its lease) passes `fence`, called right before
 the rename. Debris of a writer killed half-way (`.tmp-step_*`, `step_*.superseded-*`,
 `.latest.tmp-*`) is never read; `prune_debris` removes it (the daemon does, holding the job's
-lease), and retention keeps `keep_last` (+ `keep_every`) step directories. Loading
+lease), and retention keeps `keep_last` (+ `keep_every`) step directories. A checkpoint found
+unusable on resume stays only while it is ahead of the run (the run rewrites it when it gets
+there); once a checkpoint at its step or later is written it is pruned like any other. Loading
 checks the manifest first (present, parseable, every hash), then the format, the layout hash
 against the layout this build derives from the stored config, the tensor names and shapes,
 and the vocabulary when the caller names the one it expects. Anything wrong raises
@@ -151,7 +153,10 @@ class CheckpointManager:
         # Called right before a finished checkpoint is renamed into place; raises to refuse
         # (the daemon: the lease is no longer ours). The temporary directory is removed.
         self.fence = fence
-        self.skipped: list[tuple[Path, str]] = []   # checkpoints load_newest could not use
+        # Checkpoints the last load_newest / latest_valid could not use, less those this
+        # manager has since rewritten: retention neither counts them nor keeps them once the
+        # run has passed them (see _prune).
+        self.skipped: list[tuple[Path, str]] = []
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, path) of every step directory, oldest first (valid or not)."""
@@ -195,6 +200,8 @@ class CheckpointManager:
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
         self._point_latest(final)
+        # a rewritten step is a good checkpoint again, counted and pruned like the others
+        self.skipped = [(path, why) for path, why in self.skipped if path != final]
         self._prune(keep=final)
         log.debug("checkpoint written: %s", final)
         return final
@@ -266,20 +273,28 @@ class CheckpointManager:
 
     def apply_retention(self) -> None:
         """Keep the newest `keep_last` checkpoints (and multiples of `keep_every`); also run
-        after every save. Checkpoints `load_newest` found unusable neither count nor go: the
-        run replaces each of them when it gets there again."""
+        after every save. A checkpoint `load_newest` found unusable never counts; it stays
+        while it is ahead of the newest usable checkpoint (the run replaces it when it gets
+        there again) and goes once the run has passed it."""
         self._prune(keep=None)
 
     def _prune(self, keep: Path | None) -> None:
         unusable = {path for path, _ in self.skipped}
-        ckpts = [(step, path) for step, path in self.checkpoints() if path not in unusable]
-        recent = {p for _, p in ckpts[-self.keep_last:]}
+        ckpts = self.checkpoints()
+        usable = [(step, path) for step, path in ckpts if path not in unusable]
+        newest = usable[-1][0] if usable else None
+        recent = {p for _, p in usable[-self.keep_last:]}
         for step, path in ckpts:
             if path in recent or path == keep:
                 continue
-            if self.keep_every and step % self.keep_every == 0:
+            if path in unusable:
+                if newest is None or step > newest:
+                    continue        # ahead of the run: replaced when the run gets there
+                log.info("retention: removing %s (unusable, and the run has passed it)", path)
+            elif self.keep_every and step % self.keep_every == 0:
                 continue
-            log.info("retention: removing %s", path)
+            else:
+                log.info("retention: removing %s", path)
             shutil.rmtree(path, ignore_errors=True)
 
     def load_newest(self, device, *, train_config=None, expected_vocab_hash=None):
@@ -303,13 +318,16 @@ class CheckpointManager:
         return None
 
     def latest_valid(self) -> Path | None:
-        """The newest checkpoint that passes verification, falling back to older ones."""
+        """The newest checkpoint that passes verification, falling back to older ones (each
+        one skipped is logged and kept in `self.skipped`, as by load_newest)."""
+        self.skipped = []
         for step, path in reversed(self.checkpoints()):
             try:
                 verify_checkpoint(path)
                 return path
             except CheckpointError as exc:
                 log.warning("skipping checkpoint %s: %s", path, exc)
+                self.skipped.append((path, str(exc)))
         return None
 
 
