@@ -56,3 +56,53 @@ def test_errors_are_one_clear_line(monkeypatch, capsys):
     assert code == 1 and "no-such-vocab" in err
     code, _, err = run(["encode", "--vocab", path, "--jsonl"], b"[1]\n", monkeypatch, capsys)
     assert code == 1 and "line 1" in err
+
+
+@pytest.mark.parametrize("where", [[], ["--cpu"]])
+def test_jsonl_takes_strings_and_text_objects(monkeypatch, capsys, where):
+    path = str(trained_vocab_path("cl100k"))
+    tik = tiktoken_twin(vocabulary_for("trained-cl100k"))
+    docs = ["a bare string", "an object's text", "", "ünïcode 日本語"]
+    lines = [json.dumps(docs[0]),
+             json.dumps({"id": 7, "text": docs[1], "meta": {"text": "not this"}}),
+             json.dumps({"text": docs[2]}),
+             json.dumps(docs[3], ensure_ascii=False)]
+    stdin = ("\n".join(lines) + "\n").encode()
+    code, out, err = run(["encode", "--vocab", path, "--jsonl", *where], stdin, monkeypatch,
+                         capsys)
+    assert code == 0, err
+    assert [json.loads(line) for line in out.splitlines()] == [tik.encode(d) for d in docs]
+    # another field, by --text-field
+    stdin = (json.dumps({"content": docs[1]}) + "\n" + json.dumps(docs[0]) + "\n").encode()
+    code, out, err = run(["encode", "--vocab", path, "--jsonl", "--text-field", "content",
+                          *where], stdin, monkeypatch, capsys)
+    assert code == 0, err
+    assert [json.loads(line) for line in out.splitlines()] == [tik.encode(docs[1]),
+                                                               tik.encode(docs[0])]
+
+
+@pytest.mark.parametrize("bad,needles", [
+    ('{"body": "x"}', ['no field "text"', '"body"', "--text-field"]),
+    ('{"text": 42}', ['field "text" is a JSON number, not a string']),
+    ('{"text": null}', ['field "text" is a JSON null, not a string']),
+    ('["a", "b"]', ["a JSON array", 'an object with a string field "text"']),
+    ("17", ["a JSON number"]),
+    ('{"text": "x"', ["not JSON", 'a JSON string or an object with a string field "text"']),
+])
+def test_jsonl_bad_line_is_named(monkeypatch, capsys, bad, needles):
+    path = str(trained_vocab_path("cl100k"))
+    stdin = (json.dumps("fine") + "\n\n" + json.dumps({"text": "fine"}) + "\n" + bad
+             + "\n").encode()
+    code, out, err = run(["encode", "--vocab", path, "--jsonl", "--cpu"], stdin, monkeypatch,
+                         capsys)
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "stdin line 4:" in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_text_field_needs_jsonl(monkeypatch, capsys):
+    path = str(trained_vocab_path("cl100k"))
+    code, out, err = run(["encode", "--vocab", path, "--text-field", "body", "--cpu"], b"x",
+                         monkeypatch, capsys)
+    assert code == 1 and out == "" and "--text-field" in err and "--jsonl" in err

@@ -1,8 +1,9 @@
 """`istanbul encode` and `istanbul decode`: text <-> token ids on the GPU, from the shell.
 
     echo "hello world" | istanbul encode --vocab cl100k_base          # [15339, 1917, 198]
-    istanbul encode --vocab o200k_base --jsonl < docs.jsonl          # one JSON string per line in,
-                                                                     # one JSON array per line out
+    istanbul encode --vocab o200k_base --jsonl < docs.jsonl          # per line: "text" or
+                                                                     # {"text": "..."} in,
+                                                                     # a JSON array out
     echo "[15339, 1917]" | istanbul decode --vocab cl100k_base       # hello world
     echo "hello world" | istanbul encode --tokenizer localhost:50051  # the same, by the service
 """
@@ -22,6 +23,9 @@ SPECIAL_HELP = ("what to do with text that spells a special token: 'raise' (tikt
                 "ordinary text)")
 
 
+TEXT_FIELD = "text"   # encode --jsonl: the field of an object line that holds the document
+
+
 def register(sub) -> None:
     e = sub.add_parser("encode", help="text on stdin -> JSON arrays of token ids on stdout")
     e.add_argument("--vocab", metavar="V",
@@ -32,8 +36,12 @@ def register(sub) -> None:
                    help="pre-tokenizer for a .tiktoken file without a sidecar: gpt2, r50k, "
                         "cl100k, o200k or a regex")
     e.add_argument("--jsonl", action="store_true",
-                   help="stdin has one JSON string per line (a document each); print one JSON "
-                        "array per line (default: all of stdin is one document)")
+                   help="stdin has one document per line: a JSON string, or a JSON object whose "
+                        "--text-field holds the text (e.g. {\"text\": \"...\"}); print one "
+                        "JSON array per line (default: all of stdin is one document)")
+    e.add_argument("--text-field", metavar="NAME", default=None,
+                   help=f"with --jsonl: the field of an object line that holds the text "
+                        f"(default: {TEXT_FIELD})")
     e.add_argument("--special", choices=("raise", "allow", "text"), default="raise",
                    help=SPECIAL_HELP)
     e.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
@@ -85,8 +93,41 @@ def _special_args(policy: str) -> dict:
     return {"allowed_special": set(), "disallowed_special": "all"}
 
 
+def _jsonl_document(line: str, lineno: int, field: str) -> str:
+    """One --jsonl line's document: a JSON string, or an object's `field` (a string)."""
+    expected = f'a JSON string or an object with a string field "{field}"'
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserFacingError(f"stdin line {lineno}: not JSON ({exc.msg}); --jsonl expects "
+                              f"{expected} per line") from None
+    if isinstance(doc, str):
+        return doc
+    if not isinstance(doc, dict):
+        raise UserFacingError(f"stdin line {lineno}: a JSON {_json_kind(doc)}; --jsonl expects "
+                              f"{expected} per line")
+    if field not in doc:
+        fields = ", ".join(json.dumps(k) for k in list(doc)[:8]) or "none"
+        raise UserFacingError(f"stdin line {lineno}: the object has no field \"{field}\" (its "
+                              f"fields: {fields}); name the text's field with --text-field")
+    if not isinstance(doc[field], str):
+        raise UserFacingError(f"stdin line {lineno}: field \"{field}\" is a JSON "
+                              f"{_json_kind(doc[field])}, not a string")
+    return doc[field]
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def cmd_encode(args) -> int:
     from .reference import DisallowedSpecialTokenError
+    if args.text_field is not None and not args.jsonl:
+        raise UserFacingError("--text-field applies to --jsonl input only; add --jsonl")
+    field = TEXT_FIELD if args.text_field is None else args.text_field
     enc = _encoding(args)
     raw = sys.stdin.buffer.read()
     special = _special_args(args.special)
@@ -96,15 +137,7 @@ def cmd_encode(args) -> int:
             for lineno, line in enumerate(raw.decode("utf-8", errors="strict").splitlines(), 1):
                 if not line.strip():
                     continue
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserFacingError(f"stdin line {lineno}: not JSON ({exc.msg}); --jsonl "
-                                          "expects one JSON string per line") from None
-                if not isinstance(doc, str):
-                    raise UserFacingError(f"stdin line {lineno}: expected a JSON string, got "
-                                          f"{type(doc).__name__}")
-                docs.append(doc)
+                docs.append(_jsonl_document(line, lineno, field))
             ids, offsets = enc.encode_batch_flat(docs, **special)
             out = sys.stdout
             flat = ids.tolist()
