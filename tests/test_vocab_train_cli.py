@@ -141,3 +141,69 @@ def test_help_lists_the_options():
                  "--trainer", "--workers", "-o", "--adapter"):
         assert flag in out
     assert "gpt2, r50k, cl100k, o200k" in out
+
+
+def test_argument_errors_come_before_any_device(tmp_path, capsys, monkeypatch):
+    """A bad argument is refused before a GPU device is created (1.2 s on lavapipe, more where
+    the driver is slow to start): the device factory is replaced by one that records and
+    refuses, and must not be reached."""
+    from istanbul.shaders import engine
+    opened = []
+
+    def no_device(*args, **kwargs):
+        opened.append(args)
+        raise AssertionError("a GPU device was requested")
+
+    monkeypatch.setattr(engine.Device, "__init__", no_device)
+    monkeypatch.setattr(engine, "default_device", no_device)
+    good = [str(f) for f in TRAIN_FILES]
+    out = tmp_path / "v.tiktoken"
+    cases = [
+        ([str(tmp_path), "--size", "300"], ["is a directory", str(tmp_path)]),
+        ([*good, str(tmp_path / "nope.txt"), "--size", "300"], ["nope.txt: no such file"]),
+        ([*good, "--size", "256"], ["--size 256", "at least 257"]),
+        ([*good, "--size", "300", "--special", "<s>", "--special", "<s>"], ["given twice"]),
+        ([*good, "--size", "300", "--max-token-bytes", "1"], ["--max-token-bytes 1"]),
+        ([*good, "--size", "300", "--pattern", "([bad"], ["--pattern", "neither a known"]),
+        ([*good, "--size", "300", "--pattern", r"\w+", "--pretokenizer", "gpu"],
+         ["--pretokenizer gpu needs one of the GPU patterns"]),
+        ([*good, "--size", "300", "--workers", "0"], ["--workers 0"]),
+    ]
+    for argv, needles in cases:
+        for trainer in ("gpu", "cpu"):
+            code = main(["vocab", "train", *argv, "--trainer", trainer, "-o", str(out),
+                         "--no-progress"])
+            err = capsys.readouterr().err
+            assert code == 1 and err.startswith("istanbul vocab: error:"), (argv, err)
+            for needle in needles:
+                assert needle in err, (argv, err)
+            assert not out.exists()
+    code = main(["vocab", "train", *good, "--size", "300", "-o",
+                 str(tmp_path / "missing" / "v.tiktoken")])
+    assert code == 1 and "does not exist" in capsys.readouterr().err
+    assert opened == []
+    # and the check above does see a device being asked for: good arguments get that far
+    with pytest.raises(AssertionError, match="a GPU device was requested"):
+        main(["vocab", "train", *good, "--size", "300", "-o", str(out), "--no-progress"])
+    assert len(opened) == 1
+
+
+def test_argument_checks_import_no_gpu_module(tmp_path):
+    """check_arguments alone (what `vocab train` runs first) loads neither wgpu nor the engine."""
+    code = f"""
+import argparse, sys
+from istanbul_errors import UserFacingError
+from tokenizer_svc.cli_vocab import check_arguments
+args = argparse.Namespace(output={str(tmp_path / "v.tiktoken")!r}, files=[{str(tmp_path)!r}],
+                          size=300, special=[], max_token_bytes=None, pattern="o200k",
+                          pretokenizer="auto", workers=None)
+try:
+    check_arguments(args)
+except UserFacingError as exc:
+    print(exc)
+print(sorted(m for m in ("wgpu", "istanbul.shaders.engine", "tokenizer_svc.gpu_encode")
+             if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert "is a directory" in done.stdout and done.stdout.splitlines()[-1] == "[]", done

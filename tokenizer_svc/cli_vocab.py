@@ -106,11 +106,38 @@ def check_output(output: str, files) -> Path:
     return out
 
 
+def check_arguments(args) -> Path:
+    """Every check the arguments allow on their own (the output path, the input files, the
+    size, special tokens, token cap, pattern, pre-tokenizer, workers), before any device is
+    opened or any GPU module imported; returns the output path."""
+    from .patterns import PATTERNS, pattern_name_for
+    from .training import CorpusError, TrainingError, resolve_pattern
+    from .training.corpus import check_files
+    from .training.merges import check_request
+
+    out = check_output(args.output, args.files)
+    try:
+        check_files(args.files)      # a directory is refused: the shell's glob picks its files
+        check_request(args.size, args.special, args.max_token_bytes)
+        resolve_pattern(args.pattern)
+    except (CorpusError, TrainingError) as exc:
+        raise UserFacingError(f"{exc} (no output written)") from None
+    if args.pretokenizer == "gpu" and args.pattern not in PATTERNS and \
+            pattern_name_for(args.pattern) is None:
+        raise UserFacingError(f"--pretokenizer gpu needs one of the GPU patterns (gpt2, r50k, "
+                              f"cl100k, o200k), not {args.pattern[:80]!r}; use --pretokenizer "
+                              "cpu")
+    if args.workers is not None and args.workers < 1:
+        raise UserFacingError(f"--workers {args.workers}: give 1 or more (or leave it out for "
+                              "one per CPU core)")
+    return out
+
+
 def cmd_train(args) -> int:
     from .training import CorpusError, TrainingError, train_vocabulary
     from .vocab import save_vocabulary, sidecar_path
 
-    out = check_output(args.output, args.files)
+    out = check_arguments(args)
     name = args.name or out.name.removesuffix(".tiktoken")
     device = None
     if "gpu" in (args.trainer, args.pretokenizer):
