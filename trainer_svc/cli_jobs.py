@@ -172,8 +172,9 @@ def register(sub) -> None:
         if "default" not in text and default is not None:
             text += f" (default: {default})"
         p.add_argument(flag, type=typ, metavar="N" if typ is int else "X", help=text)
-    p.add_argument("--precision", choices=("mixed", "fp32", "f16"),
-                   help=f"(default: {fields['precision'].default})")
+    p.add_argument("--precision", choices=("auto", "mixed", "fp32", "f16"),
+                   help="auto: f16 where the daemon's device has f16 tensor cores, else "
+                        f"fp32 (default: {fields['precision'].default})")
     p.add_argument("--eval-dataset", metavar="NAME",
                    help="evaluate on this dataset instead of held-out documents")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,

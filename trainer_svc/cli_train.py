@@ -23,6 +23,7 @@ log = logging.getLogger("istanbul.train")
 def register(sub) -> None:
     from istanbul.shaders.cli import add_device_args
     from .model.config import PRESETS
+    from .precision import PRECISION_CHOICES
 
     t = sub.add_parser("train", help="train a model locally on shards or text files",
                        description="Train a model on the GPU (every kernel WGSL). Prints a "
@@ -54,12 +55,13 @@ def register(sub) -> None:
                    help="linear warmup steps, as in `istanbul submit`")
     t.add_argument("--weight-decay", type=float, default=_spec_default("weight_decay"),
                    metavar="X", help="AdamW weight decay")
-    t.add_argument("--precision", choices=("mixed", "fp32", "f16"), default="mixed",
-                   help="mixed: f16 weight mirror in the matmuls, f32 master weights and "
-                        "gradients; fp32: f32 throughout (on the H200 fp32 is ~5%% faster: "
-                        "bench/results/train); f16: every matmul on the tensor cores with f16 "
-                        "operands (Dawn backend on a GPU with f16 subgroup matrices; "
-                        "elsewhere the mixed kernels), dynamic loss scaling")
+    t.add_argument("--precision", choices=PRECISION_CHOICES,
+                   default=_spec_default("precision"),
+                   help="auto: f16 where the device has f16 tensor cores (Dawn backend on a "
+                        "GPU with f16 subgroup matrices), else fp32; printed at start-up. "
+                        "f16: every matmul on the tensor cores with f16 operands, dynamic "
+                        "loss scaling; mixed: f16 weight mirror in the matmuls, f32 master "
+                        "weights and gradients; fp32: f32 throughout")
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
                         "accuracy; on the H200 not faster than f32 math yet)")
@@ -156,6 +158,16 @@ def _load_shards(args, codec):
     return [np.concatenate(shards)] if shards else shards
 
 
+def _precision_label(args, trainer) -> str:
+    """The precision the trainer runs, and with --precision auto why: 'f16 (--precision
+    auto: f16 tensor cores)'."""
+    ran = trainer.train_config.precision
+    if args.precision != "auto":
+        return ran
+    why = "f16 tensor cores" if ran == "f16" else "no f16 tensor cores on this device"
+    return f"{ran} (--precision auto: {why})"
+
+
 def cmd_train(args) -> int:
     from tqdm import tqdm
     from istanbul.shaders.engine import default_device
@@ -183,9 +195,8 @@ def cmd_train(args) -> int:
     except ValueError as exc:
         raise UserFacingError(str(exc)) from None
     device = default_device(args.adapter, robustness=False)   # the project's kernels only
-    if tc.precision in ("mixed", "f16") and not device.has("shader-f16"):
+    if args.precision in ("mixed", "f16") and not device.has("shader-f16"):
         log.warning("%s lacks shader-f16: training in fp32", device.name)
-        tc = TrainConfig(**{**tc.to_dict(), "precision": "fp32", "f16_math": False})
 
     manager = CheckpointManager(args.checkpoints, keep_last=args.keep_last) \
         if args.checkpoints else None
@@ -236,7 +247,8 @@ def cmd_train(args) -> int:
         tqdm.write(f"checkpoint {path}")
 
     print(f"model {args.model}: {trainer.model_config.n_params() / 1e6:.2f}M parameters, "
-          f"{tc.batch}x{tc.seq} tokens x {tc.grad_accum}, {tc.precision}, on {device.name}",
+          f"{tc.batch}x{tc.seq} tokens x {tc.grad_accum}, {_precision_label(args, trainer)}, "
+          f"on {device.name}",
           flush=True)
     bar = tqdm(total=tc.steps, initial=trainer.step_count, unit="step", file=sys.stderr,
                dynamic_ncols=True, disable=None)   # None: no bar without a terminal

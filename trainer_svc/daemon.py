@@ -549,6 +549,9 @@ class JobAttempt:
         job_dir = resolve_job_dir(self.config.checkpoint_root, self.job_id)
         job_dir.mkdir(parents=True, exist_ok=True)   # an unusable directory fails early
         run = self._open(spec, job_dir)
+        log.info("job %s: model %s, %s precision%s", self.job_id, spec.model,
+                 run.trainer.train_config.precision,
+                 " (auto)" if spec.precision == "auto" else "")
         return self._train(spec, run)
 
     def _remove_debris(self) -> None:

@@ -23,13 +23,16 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import keys
 from .failures import JobInputError  # noqa: F401  (re-exported: raise it for bad input)
-from .redis_conn import RedisHandle
+from .precision import PRECISION_CHOICES
+
+if TYPE_CHECKING:   # (redis itself loads with the first queue, not with the spec)
+    from .redis_conn import RedisHandle
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
@@ -81,7 +84,9 @@ class JobSpec(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="global-norm clip; 0 disables it")
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     z_loss: float = Field(0.0, ge=0)
-    precision: Literal["mixed", "fp32", "f16"] = "mixed"
+    precision: Literal[PRECISION_CHOICES] = Field(
+        "auto", description="auto: f16 on a device with f16 tensor cores, else fp32 (resolved "
+                            "by the daemon that runs the job)")
     seed: int = Field(1234, ge=0, lt=2**63)
     checkpoint_every: int = Field(100, gt=0, le=10**9, description="steps between checkpoints")
     keep_last: int = Field(3, ge=1, le=1000, description="newest checkpoints kept")

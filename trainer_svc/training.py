@@ -11,7 +11,8 @@ the one parameter buffer (which also rewrites the f16 weight mirror). The only r
 after it: the per-token losses and the gradient statistics. A step whose gradients are not
 finite leaves weights and moments untouched and comes back with `skipped=True`.
 
-Precision: "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
+Precision: "auto" (the default: resolved on the device by `resolve_precision`, "f16" where
+the device has f16 subgroup matrices, else "fp32"), "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
 weights; master weights, activations, gradients and moments are f32), "fp32", or "f16": the
 mirror as in mixed, every matmul on the tensor cores where the device has f16 subgroup
 matrices (Dawn on the H200: both operands rounded to f16, f32 accumulation; elsewhere the
@@ -32,14 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .loss_scale import LossScaler
+from .precision import PRECISION_CHOICES, resolve_precision
 from .model.config import ModelConfig
 from .model.gpu import GpuModel
 from .model.init import init_parameters
 from .model.layout import ParameterLayout
 from .schedule import learning_rate
-
-PRECISIONS = ("mixed", "fp32", "f16")
-
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -56,7 +55,7 @@ class TrainConfig:
     grad_clip: float = 1.0          # global-norm clip; 0 switches clipping off
     grad_accum: int = 1
     seed: int = 1234
-    precision: str = "mixed"
+    precision: str = "auto"         # resolve_precision: what the Trainer's device runs
     label_smoothing: float = 0.0
     z_loss: float = 0.0
     f16_math: bool = False          # mixed only: forward matmuls multiply in packed f16
@@ -67,8 +66,9 @@ class TrainConfig:
         for name in ("batch", "seq", "steps", "grad_accum"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 problems.append(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in PRECISION_CHOICES:
+            problems.append(f"precision must be one of {PRECISION_CHOICES}, got "
+                            f"{self.precision!r}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             problems.append(f"need lr > 0 and 0 <= min_lr <= lr (lr={self.lr}, "
                             f"min_lr={self.min_lr})")
@@ -125,8 +125,12 @@ class Trainer:
 
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, device,
                  parameters: np.ndarray | None = None):
+        precision = resolve_precision(train_config.precision, device)
+        train_config = dataclasses.replace(   # f16_math: mixed only (fp32 without shader-f16)
+            train_config, precision=precision, f16_math=train_config.f16_math and
+            precision == "mixed")
         self.model_config = model_config
-        self.train_config = train_config
+        self.train_config = train_config     # the precision resolved for `device`
         self.device = device
         self.layout = ParameterLayout.for_config(model_config)
         if train_config.seq > model_config.max_seq:
