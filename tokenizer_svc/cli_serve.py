@@ -27,6 +27,7 @@ from istanbul.shaders.cli import add_device_args
 from .exposure import bind_address, is_loopback
 from .server.config import BatchingConfig, Limits, ServerConfig
 from .server.event_loop import CHOICES as EVENT_LOOPS, resolve as resolve_event_loop
+from .server.sizing import AUTO
 from .server_option import add_client_security_arguments
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]i?[bB]?|[bB])?\s*$")
@@ -40,6 +41,38 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (examples: 4096, 64KiB, 16MiB)")
     unit = (m.group(2) or "")[:1].lower()
     return int(float(m.group(1)) * _UNITS[unit])
+
+
+def auto_or(kind):
+    """An argparse type: 'auto' or a value of `kind` (int, float)."""
+    def parse(text: str):
+        if text == AUTO:
+            return AUTO
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither 'auto' nor {'an integer' if kind is int else 'a number'}"
+            ) from None
+    parse.__name__ = kind.__name__   # argparse names the type in its messages
+    return parse
+
+
+def resolve_auto_layout(args) -> str:
+    """Replace `auto` in args.workers, args.gpu_processes and args.gpu_keep_clock by values
+    sized to this machine and its adapter; the start-up line that says what runs."""
+    from .server.sizing import resolve_layout, usable_cores
+    software = True
+    if AUTO in (args.workers, args.gpu_processes, args.gpu_keep_clock):
+        from istanbul.shaders.adapters import choose_adapter
+        software = choose_adapter(args.adapter)[0].is_software
+    cores = usable_cores()
+    layout = resolve_layout(workers=args.workers, gpu_processes=args.gpu_processes,
+                            keep_clock_s=args.gpu_keep_clock, gpu_process=args.gpu_process,
+                            software=software, cores=cores)
+    args.workers, args.gpu_processes = layout.workers, layout.gpu_processes
+    args.gpu_keep_clock = layout.keep_clock_s
+    return layout.describe(software, cores)   # (resolving again changes nothing)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,27 +89,31 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"gRPC port (default {d_cfg.port}; 0: any free port, see --port-file)")
     p.add_argument("--port-file", type=Path, metavar="PATH",
                    help="write the bound port to PATH once listening")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=auto_or(int), default=AUTO, metavar="N|auto",
                    help="server processes sharing the port (SO_REUSEPORT), each with its own "
-                        "batcher: request handling on N cores (default 1; "
-                        "tokenizer_svc/server/workers.py)")
+                        "batcher: request handling on N cores. auto (default): three quarters "
+                        "of the cores, at most 12, on a hardware GPU; 1 on software Vulkan "
+                        "(tokenizer_svc/server/sizing.py)")
     p.add_argument("--gpu-process", choices=("shared", "per-worker"), default="shared",
                    help="with --workers N > 1: `shared` (default) runs one more process that "
                         "owns the GPU and encodes every worker's batches in common calls "
                         "(tokenizer_svc/server/gpu_host.py); `per-worker` gives each worker "
                         "a device of its own (N contexts time-slice one GPU)")
-    p.add_argument("--gpu-processes", type=int, default=1, metavar="G",
+    p.add_argument("--gpu-processes", type=auto_or(int), default=AUTO, metavar="G|auto",
                    help="with --gpu-process shared: G GPU processes (each its own device on "
                         "the adapter), worker k batching through process k mod G; for large "
                         "requests, where one GPU process's Python thread is what the workers "
-                        "wait for (default 1; 1 <= G <= N)")
-    p.add_argument("--gpu-keep-clock", type=float, default=0.0, metavar="SECONDS",
+                        "wait for (1 <= G <= N). auto (default): 2 with 8 workers or more on "
+                        "a hardware GPU, else 1")
+    p.add_argument("--gpu-keep-clock", type=auto_or(float), default=AUTO,
+                   metavar="SECONDS|auto",
                    help="with the shared GPU process: for this many seconds after a request, "
                         "keep a short kernel running on the GPU whenever there is nothing to "
                         "encode, so the driver keeps its clock up (GPUs idle at a low clock "
                         "and the service's load may never raise it: the H200 stayed at 345 "
-                        "of 1980 MHz); costs the GPU's power while in use (default 0: off; "
-                        "tokenizer_svc/server/clock_keeper.py)")
+                        "of 1980 MHz); costs the GPU's power while in use; 0: off. auto "
+                        "(default): 2 with the shared GPU process on a hardware GPU, else 0 "
+                        "(tokenizer_svc/server/clock_keeper.py)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -144,7 +181,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> ServerConfig:
+    """The ServerConfig of parsed `serve` arguments (`auto` values resolved first)."""
     from .server.auth import load_tokens
+    resolve_auto_layout(args)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UserFacingError("--tls-cert and --tls-key go together; give both")
     tls = {}
@@ -204,7 +243,9 @@ def cmd_serve(args) -> int:
     from .server.logs import setup_logging
     setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
                   else logging.INFO)
+    layout = resolve_auto_layout(args)
     config = config_from_args(args)
+    logging.getLogger("tokenizer_svc.server").info("serving with %s", layout)
     from .server.child import dump_stacks_on_sigusr1
     dump_stacks_on_sigusr1()   # this process (a server, or the supervisor); members: become_child
     if args.workers < 1:
