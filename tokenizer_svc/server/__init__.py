@@ -18,11 +18,21 @@ One concept per module:
 - `workers`: `serve --workers N`, N processes on one port under a supervisor;
 - `gpu_host`: the group's GPU process, which runs every worker's batches (`RemoteEncoding`);
 - `child`: what each process the supervisor spawns does first;
-- `background`: a server on a thread of its own, for tests and embedded use.
+- `background`: a server on a thread of its own, for tests and embedded use;
+- `sizing`: what `auto` means for `istanbul serve`'s process layout on this machine.
+
+The names below load on first use, so that a command which only reads the settings (the CLI
+building its parser) does not import gRPC.
 """
 
-from .app import TokenizerServer
-from .background import BackgroundServer
-from .config import BatchingConfig, Limits, ServerConfig
+import importlib
 
-__all__ = ["BackgroundServer", "BatchingConfig", "Limits", "ServerConfig", "TokenizerServer"]
+_EXPORTS = {"TokenizerServer": "app", "BackgroundServer": "background",
+            "BatchingConfig": "config", "Limits": "config", "ServerConfig": "config"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

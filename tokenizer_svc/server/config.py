@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .long_lane import LaneConfig
-
 MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    """The long lane (long_lane.py): documents too big or too slow for a shared batch."""
+
+    doc_bytes: int = 256 * 1024     # a document above this runs in the long lane
+    piece_bytes: int = 4096         # a document that may hold a piece this long, too (runs of
+                                    # piece_bytes / 4 characters; see may_hold_long_piece)
+    chunk_bytes: int = 256 * 1024   # encoded per step; cancellation is checked between steps
+    max_waiting: int = 16           # long requests queued or running; more: RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True)

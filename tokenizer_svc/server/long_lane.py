@@ -19,26 +19,17 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
 from ..cuts import PATTERNS, split_cuts, valid_utf8_prefix
+from .config import LaneConfig
 from .errors import NOT_READY, RequestRejected
 from .work import encode_flat, utf8_len
 
 MiB = 1 << 20
 _RUN = {}  # piece_bytes -> compiled regex
-
-
-@dataclass(frozen=True)
-class LaneConfig:
-    doc_bytes: int = 256 * 1024     # a document above this runs in the long lane
-    piece_bytes: int = 4096         # a document that may hold a piece this long, too (runs of
-                                    # piece_bytes / 4 characters; see may_hold_long_piece)
-    chunk_bytes: int = 256 * 1024   # encoded per step; cancellation is checked between steps
-    max_waiting: int = 16           # long requests queued or running; more: RESOURCE_EXHAUSTED
 
 
 def may_hold_long_piece(doc, piece_bytes: int) -> bool:
