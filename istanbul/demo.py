@@ -12,6 +12,7 @@ the Python standard library's source files found on this machine.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -21,14 +22,17 @@ import time
 from pathlib import Path
 
 from .errors import UserFacingError
+from trainer_svc.model.config import PRESETS
 
 PROMPT = "def main("
 
-# Defaults for software Vulkan (a few minutes on 2 CPU cores) and for a real GPU.
-SMALL_RUN = {"corpus_mb": 3.0, "vocab_size": 2048, "steps": 200, "batch": 8, "seq": 128,
-             "lr": 3e-3, "warmup": 20, "checkpoint_every": 50, "eval_every": None}
-GPU_RUN = {"corpus_mb": 32.0, "vocab_size": 8192, "steps": 1000, "batch": 8, "seq": 512,
-           "lr": 1e-3, "warmup": 100, "checkpoint_every": 200, "eval_every": None}
+# Defaults for software Vulkan (a few minutes on 2 CPU cores) and for a real GPU. The model
+# decides the longest sequence (its max_seq); a corpus of N MB takes up to N MB of the
+# standard library's sources, which on most machines hold 10-30 MB in all.
+SMALL_RUN = {"model": "tiny", "corpus_mb": 3.0, "vocab_size": 2048, "steps": 200, "batch": 8,
+             "seq": 128, "lr": 3e-3, "warmup": 20, "checkpoint_every": 50, "eval_every": None}
+GPU_RUN = {"model": "small", "corpus_mb": 64.0, "vocab_size": 8192, "steps": 1000, "batch": 8,
+           "seq": 512, "lr": 1e-3, "warmup": 100, "checkpoint_every": 200, "eval_every": None}
 
 
 def register(sub) -> None:
@@ -38,14 +42,18 @@ def register(sub) -> None:
         description=__doc__.split("\n\n")[1])
     p.add_argument("--out", type=Path, default=Path("demo-output"), metavar="DIR",
                    help="where everything goes (default ./demo-output)")
-    p.add_argument("--model", default="tiny", help="model preset: tiny (default), small, 124m")
+    p.add_argument("--model", default=None, choices=sorted(PRESETS),
+                   help="model preset (default tiny; small on a real GPU)")
     p.add_argument("--corpus-mb", type=float, default=None, metavar="MB",
-                   help="megabytes of stdlib sources (default 3; 32 on a real GPU)")
+                   help="megabytes of stdlib sources at most (default 3; on a real GPU 64, "
+                        "i.e. all the sources there are)")
     p.add_argument("--vocab-size", type=int, default=None, metavar="N",
                    help="vocabulary size incl. <|endoftext|> (default 2048; 8192 on a GPU)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 200; 1000)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 128; 512)")
+    p.add_argument("--seq", type=int, default=None,
+                   help="tokens per sequence (default 128; 512 on a GPU; at most the model's "
+                        "max_seq)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=None,
                    help="warmup steps (default 20, at most a tenth of --steps)")
@@ -179,31 +187,9 @@ class Pipeline:
             handle.close()
         if not curve:
             raise UserFacingError(f"job {job} recorded no loss curve")
-        from .extras import require_extra
-        require_extra("matplotlib", "plot", "the loss-curve picture").use("Agg")
-        import matplotlib.pyplot as plt
-        steps = sorted(curve)
-        fig, ax = plt.subplots(figsize=(7, 4))
-        losses = [curve[s] for s in steps]
-        smooth, acc = [], losses[0]
-        for value in losses:  # an EMA over the per-step noise of shuffled batches
-            acc = 0.9 * acc + 0.1 * value
-            smooth.append(acc)
-        ax.plot(steps, losses, lw=0.8, alpha=0.45, label="training loss, per step")
-        ax.plot(steps, smooth, lw=1.8, label="training loss, moving average (EMA 0.9)")
-        eval_steps = sorted(evals)
-        if eval_steps:
-            ax.plot(eval_steps, [evals[s] for s in eval_steps], "o-", lw=1.8, ms=4,
-                    label="held-out loss (documents never trained on)")
-        ax.legend()
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats/token)")
-        ax.set_title(f"istanbul demo: {self.args.model} model, job {job}")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = self.out / "loss_curve.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        path = plot_loss_curve(curve, evals, f"istanbul demo: {self.s['model']} model, job {job}",
+                               self.out / "loss_curve.png")
+        steps, eval_steps = sorted(curve), sorted(evals)
         first_eval, last_eval = (evals[eval_steps[0]], evals[eval_steps[-1]]) if eval_steps \
             else (None, None)
         return path, {"first": curve[steps[0]], "last": curve[steps[-1]],
@@ -212,18 +198,62 @@ class Pipeline:
                       "evals": len(eval_steps)}
 
 
-def settings_for(args) -> dict:
-    software = True
+def plot_loss_curve(curve: dict, evals: dict, title: str, path: Path) -> Path:
+    """The training loss per step (raw and smoothed) and the held-out losses, as a PNG."""
+    from .extras import require_extra
+    # matplotlib logs at INFO (e.g. "generated new fontManager" on its first run): not
+    # the demo's output
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    require_extra("matplotlib", "plot", "the loss-curve picture").use("Agg")
+    import matplotlib.pyplot as plt
+    steps = sorted(curve)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    losses = [curve[s] for s in steps]
+    smooth, acc = [], losses[0]
+    for value in losses:  # an EMA over the per-step noise of shuffled batches
+        acc = 0.9 * acc + 0.1 * value
+        smooth.append(acc)
+    ax.plot(steps, losses, lw=0.8, alpha=0.45, label="training loss, per step")
+    ax.plot(steps, smooth, lw=1.8, label="training loss, moving average (EMA 0.9)")
+    eval_steps = sorted(evals)
+    if eval_steps:
+        ax.plot(eval_steps, [evals[s] for s in eval_steps], "o-", lw=1.8, ms=4,
+                label="held-out loss (documents never trained on)")
+    ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def on_software_vulkan(adapter) -> bool:
+    """Whether the demo's adapter is software Vulkan (True too when none is found: the first
+    step then reports the missing adapter clearly)."""
     try:
         from istanbul.shaders.adapters import choose_adapter
-        software = choose_adapter(args.adapter)[0].is_software
+        return choose_adapter(adapter)[0].is_software
     except Exception:
-        pass  # the first step reports a missing adapter clearly
+        return True
+
+
+def settings_for(args, software: bool) -> dict:
+    """The run's settings: SMALL_RUN on software Vulkan, GPU_RUN on a GPU, each overridden by
+    the flags given. A sequence longer than the model's max_seq is refused before any work."""
     base = dict(SMALL_RUN if software else GPU_RUN)
     for key in base:
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value
+    max_seq = PRESETS[base["model"]]["max_seq"]
+    if args.seq is None:
+        base["seq"] = min(base["seq"], max_seq)
+    elif args.seq > max_seq:
+        raise UserFacingError(f"--seq {args.seq} exceeds the {base['model']} model's max_seq "
+                              f"{max_seq}; lower --seq or pick a bigger --model")
     if args.warmup is None:
         base["warmup"] = min(base["warmup"], base["steps"] // 10)
     if base["eval_every"] is None:
@@ -234,20 +264,20 @@ def settings_for(args) -> dict:
 def cmd_demo(args) -> int:
     from .extras import require_extra
     require_extra("matplotlib", "plot", "the demo's loss-curve picture")   # before any work
-    s = settings_for(args)
+    s = settings_for(args, on_software_vulkan(args.adapter))
     pipe = Pipeline(args, s)
     out = pipe.out
-    print(f"istanbul demo -> {out}\n  model {args.model}, {s['steps']} steps of "
+    files = stdlib_sources(s["corpus_mb"])
+    corpus_bytes = sum(f.stat().st_size for f in files)
+    print(f"istanbul demo -> {out}\n  model {s['model']}, {s['steps']} steps of "
           f"{s['batch']} x {s['seq']} tokens; vocabulary of {s['vocab_size']} ids from "
-          f"{s['corpus_mb']:g} MB of the standard library")
+          f"{corpus_bytes / (1 << 20):.1f} MB of the standard library")
     started = time.monotonic()
 
     pipe.step(1, "corpus: the Python standard library's sources")
-    files = stdlib_sources(s["corpus_mb"])
     listing = out / "corpus.txt"
     listing.write_text("".join(f"{f}\n" for f in files))
-    print(f"  {len(files)} files, {sum(f.stat().st_size for f in files):,} bytes "
-          f"(list in {listing})")
+    print(f"  {len(files)} files, {corpus_bytes:,} bytes (list in {listing})")
 
     pipe.step(2, "vocabulary: BPE merges learned on the GPU (istanbul vocab train)")
     vocab = out / "vocab" / "demo.tiktoken"
@@ -266,7 +296,7 @@ def cmd_demo(args) -> int:
                  "--vocab", vocab, *pipe.redis)
 
         pipe.step(5, "job: onto the Redis stream (istanbul submit)")
-        job = pipe.run("submit", "--dataset", "demo", "--model", args.model, "--steps",
+        job = pipe.run("submit", "--dataset", "demo", "--model", s["model"], "--steps",
                        s["steps"], "--batch", s["batch"], "--seq", s["seq"], "--lr", s["lr"],
                        "--warmup", s["warmup"], "--checkpoint-every", s["checkpoint_every"],
                        "--eval-every", s["eval_every"], *pipe.redis,
