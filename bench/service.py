@@ -305,6 +305,24 @@ KEEP_CLOCK, KEEP_CLOCK_S = "shared-keep-clock", 2.0
 LAYOUT = re.compile(rf"^(shared|per-worker|{KEEP_CLOCK})(?:-x(\d+))?$")
 
 
+# `--workers defaults`: the server started with no layout flag (`istanbul serve`'s defaults,
+# sized to the machine); the table names the layout they resolved to
+DEFAULTS = "defaults"
+
+
+def resolved_layout(log: str) -> tuple[int, str]:
+    """(workers, bench layout name) from a server log's "serving with ..." line."""
+    m = re.search(r"serving with --workers (\d+) --gpu-processes (\d+) --gpu-keep-clock "
+                  r"([\d.]+)", log)
+    if not m:
+        raise SystemExit("the server logged no 'serving with' line")
+    workers, hosts, keep = int(m[1]), int(m[2]), float(m[3])
+    if workers == 1:
+        return 1, "own"
+    name = KEEP_CLOCK if keep > 0 else "shared"
+    return workers, name + (f"-x{hosts}" if hosts > 1 else "")
+
+
 def parse_layout(layout: str) -> tuple[str, int]:
     """(`--gpu-process` layout, GPU processes) of a bench layout name; ValueError if bad."""
     m = LAYOUT.match(layout)
@@ -327,13 +345,15 @@ class Server:
                str(self.metrics_port), "--metrics-host", "127.0.0.1", "--workers", str(workers),
                "--max-queued-bytes", "4GiB", "--batch-window-ms", str(window_ms),
                "--event-loop", event_loop]
-        layout, hosts = parse_layout(gpu_process) if workers > 1 else ("own", 1)
-        if workers > 1:
-            cmd += ["--gpu-process", "shared" if layout == KEEP_CLOCK else layout]
-        if hosts > 1:
-            cmd += ["--gpu-processes", str(hosts)]
-        if layout == KEEP_CLOCK:
-            cmd += ["--gpu-keep-clock", str(KEEP_CLOCK_S)]
+        self.layout = gpu_process
+        if workers != DEFAULTS:    # every layout flag given: `auto` would size them
+            layout, hosts = parse_layout(gpu_process) if workers > 1 else ("own", 1)
+            cmd += ["--gpu-processes", str(hosts), "--gpu-keep-clock",
+                    str(KEEP_CLOCK_S if layout == KEEP_CLOCK else 0)]
+            if workers > 1:
+                cmd += ["--gpu-process", "shared" if layout == KEEP_CLOCK else layout]
+        else:                      # `istanbul serve` as a user starts it: no layout flags
+            cmd[cmd.index("--workers"):cmd.index("--workers") + 2] = []
         if adapter is not None:
             cmd += ["--adapter", adapter]
         # the parent's PYTHONPATH is kept: packages may be installed there (--target dirs)
@@ -346,6 +366,8 @@ class Server:
                 raise SystemExit(f"server did not start; see {self.log.name}")
             time.sleep(0.05)
         self.target = f"127.0.0.1:{self.port_file.read_text().strip()}"
+        if workers == DEFAULTS:
+            self.workers, self.layout = resolved_layout(Path(self.log.name).read_text())
         from tokenizer_svc.client import TokenizerClient
         self.client = TokenizerClient(self.target, timeout=300)
         self.client.wait_ready(300)
@@ -578,9 +600,11 @@ def main(argv=None) -> int:
                    "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR, ../shared/vocab or "
                    "shared/vocab)")
     p.add_argument("--adapter", default=None, help="GPU adapter for the server")
-    p.add_argument("--workers", default=",".join(map(str, sorted({1, max(2, cpus * 3 // 8)}))),
-                   help="comma-separated server configurations, `istanbul serve --workers N` "
-                        "(default: 1 and 3/8 of the CPUs, 6 on 16)")
+    p.add_argument("--workers", default=",".join([DEFAULTS, *map(str, sorted(
+                       {1, max(2, cpus * 3 // 8)}))]),
+                   help="comma-separated server configurations, `istanbul serve --workers N`; "
+                        f"{DEFAULTS}: `istanbul serve` with no layout flag, as a user starts "
+                        "it (default: defaults, 1 and 3/8 of the CPUs, 6 on 16)")
     p.add_argument("--gpu-process", default="shared,per-worker",
                    help="for configurations of more than one worker: `istanbul serve "
                         "--gpu-process` layouts to measure, comma-separated: shared, "
@@ -615,7 +639,8 @@ def main(argv=None) -> int:
                    "(default: the Python standard library's sources)")
     args = p.parse_args(argv)
     preflight()
-    workers_list = [int(x) for x in args.workers.split(",")]
+    workers_list = [x.strip() if x.strip() == DEFAULTS else int(x)
+                    for x in args.workers.split(",")]
     layouts = [x.strip() for x in args.gpu_process.split(",")]
     for layout in layouts:
         try:
@@ -628,7 +653,8 @@ def main(argv=None) -> int:
     except Exception as exc:   # UserFacingError: unknown, or uvloop not installed
         raise SystemExit(f"--event-loops: {exc}") from None
     configs = [(w, layout, loop) for w in workers_list
-               for layout in (layouts if w > 1 else ["own"]) for loop in loops]
+               for layout in ([DEFAULTS] if w == DEFAULTS else layouts if w > 1 else ["own"])
+               for loop in loops]
     formats = [f.strip() for f in args.formats.split(",")]
     if not set(formats) <= {"packed", "repeated"}:
         raise SystemExit(f"--formats: {args.formats!r}; use packed, repeated or both")
@@ -668,6 +694,8 @@ def main(argv=None) -> int:
         for workers, layout, loop in configs:
             server = Server(args.vocab, args.adapter, workers, layout, args.window_ms,
                             Path(tmp), args.out, loop)
+            if workers == DEFAULTS:      # the cells name what the defaults resolved to
+                workers, layout = server.workers, f"{server.layout} (defaults)"
             try:
                 info = server.client.info()
                 report["server"] = {"adapter": info.adapter.name, "adapter_type": info.adapter.type,
@@ -686,8 +714,8 @@ def main(argv=None) -> int:
                     delta = {k: after[k] - before[k] for k in after}
                     batches = delta["istanbul_tokenizer_batch_requests_count"]
                     rounds = delta["istanbul_tokenizer_gpu_host_messages_count"]
-                    shared = parse_layout(layout)[0] in ("shared", KEEP_CLOCK) \
-                        if layout != "own" else False
+                    shared = parse_layout(server.layout)[0] in ("shared", KEEP_CLOCK) \
+                        if server.layout != "own" else False
                     verified += cell.pop("checked")
                     cell.update(workers=workers, gpu_process=layout, event_loop=loop,
                                 clients=n, size=size,
