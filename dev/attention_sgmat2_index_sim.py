@@ -1,4 +1,4 @@
-"""(dev) Index / hazard simulation of 05_attention_sgmat2.wgsl (and the predecessor's shared arrays).
+"""(dev) Index / hazard simulation of 05_attention_sgmat2.wgsl's 64-row dQ and dK/dV kernels.
 
 Every access of a workgroup array is recorded per barrier epoch with its actor:
   ("t", lid)  a scalar access by one invocation
@@ -14,11 +14,11 @@ sg = lid / 32, lane = lid % 32. Only the staging loops use lid; every consumer u
 and consumer/producer pairs are separated by barriers, so the sg<->lid mapping does not matter
 for the results reported (checked with a permuted mapping too: PERMUTE=1).
 
-The experiment variants (dev/attention_sgmat2_variants.py VARIANTS: f32 row pads 0/4/8/16, the
-spread, contiguous and swizzled read orders, dK/dV's KV_IN_P staging where ops.sgmat2_params
-sets it) are simulated with the template parameters ops.sgmat2_params gives them. Several
-invocations storing the same value to `flag` in one epoch (the forward's rescale vote) is
-reported apart (SAME_VALUE_WRITE), not as a race; the kernel initialises `flag` (F1).
+The experiment variants (VARIANTS: f32 row pads 0/4/8/16, the spread, contiguous and swizzled
+read orders, dK/dV's KV_IN_P staging where ops.sgmat2_params sets it) are simulated with the
+template parameters ops.sgmat2_params gives them. (The file's forward was simulated here too
+until it was retired, wrong on the H100 and the H200: git history; the round-5 run of every
+variant, dev/attention_sgmat2_index_sim_variants.txt, includes it.)
 
     .venv/bin/python dev/attention_sgmat2_index_sim.py [--variants current,pad0] [--jobs 2]
                                                       [--quick]
@@ -36,6 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WG = 128
+# ops.sgmat2_params knobs of each experiment variant (issue 21, round 5)
+VARIANTS = {
+    "current": {},
+    "pad0": {"pad": 0},
+    "pad8": {"pad": 8},
+    "pad16": {"pad": 16},
+    "contig": {"order": "contig"},
+    "pad0-contig": {"pad": 0, "order": "contig"},
+    "pad0-swizzle": {"pad": 0, "order": "swizzle"},
+}
 PERMUTE = os.environ.get("PERMUTE") == "1"
 
 
@@ -90,10 +100,6 @@ class WGMem:
                 if not W:
                     continue
                 allacc = W | R
-                if arr == "flag" and not R and all(w.endswith(SAME_VALUE) for _, w in W):
-                    if len({a for a, _ in W}) > 1:
-                        self.problems["SAME_VALUE_WRITE"].append((self.label, arr, idx, len(W)))
-                    continue
                 for (a1, w1) in W:
                     for (a2, w2) in allacc:
                         if conflict(a1, a2):
@@ -104,9 +110,6 @@ class WGMem:
                     break
         self.cur = defaultdict(lambda: defaultdict(lambda: [set(), set()]))
         self.epoch += 1
-
-
-SAME_VALUE = "(same value)"
 
 
 def lane_col(P, c, half, r, W):
@@ -165,9 +168,9 @@ def params(B, T, H, Hkv, D, fused):
     p = P()
     p.batch, p.seq, p.heads, p.kv_heads = B, T, H, Hkv
     p.sq, p.skv, p.so, nq4, nkv4, no4 = layout(B, T, H, Hkv, D, fused)
-    lens = {"q_in": nq4, "k_in": nkv4, "v_in": nkv4, "o_out": no4, "do_in": no4,
+    lens = {"q_in": nq4, "k_in": nkv4, "v_in": nkv4, "do_in": no4,
             "dq_out": nq4, "dk_out": nkv4, "dv_out": nkv4,
-            "lse_out": B * H * T, "lse_in": B * H * T, "dvec_in": B * H * T}
+            "lse_in": B * H * T, "dvec_in": B * H * T}
     return p, lens
 
 
@@ -175,117 +178,6 @@ def q_row(p, HD, b, t, h): return ((b * p.seq + t) * p.sq + h * HD) // 4
 def kv_row(p, HD, b, t, hk): return ((b * p.seq + t) * p.skv + hk * HD) // 4
 def o_row(p, HD, b, t, h): return ((b * p.seq + t) * p.so + h * HD) // 4
 def stat_index(p, b, h, t): return (b * p.heads + h) * p.seq + t
-
-
-# ---- forward ---------------------------------------------------------------------------------
-def forward(P, p, st, wgx, wgy, nwgy, fold):
-    HD, BKF = P["HD"], P["BKF"]
-    H4, DT = HD // 4, HD // 16
-    SH, SPF, SSF = HD + 8, max(HD, BKF) + 8, max(HD, BKF) + P["SPAD"]
-    M = WGMem({"QP": (64 * SPF, 2), "Ks": (BKF * SH, 2), "Vs": (BKF * SH, 2),
-               "Ss": (64 * SSF, 4), "flag": (1, 4)}, "forward")
-    bh = wgx; b = bh // p.heads; h = bh % p.heads; hk = h // (p.heads // p.kv_heads)
-    qt = nwgy - 1 - wgy; q0 = qt * 64
-    for lid in range(WG):
-        for i in range(lid, 64 * H4, WG):
-            r = i // H4
-            if q0 + r < p.seq:
-                st.access("q_in", q_row(p, HD, b, q0 + r, h) + i % H4, "fwd:119")
-            at = r * SPF + 4 * (i % H4)
-            for e in range(4):
-                M.access("QP", at + e, True, ("t", lid), "fwd:120 put4 q")
-        if lid == 0:
-            M.access("flag", 0, True, ("t", lid), "fwd: flag = 0 (F1)")
-    M.barrier()
-    for sg in range(4):
-        for d in range(DT):
-            M.mat("QP", 16 * sg * SPF + 16 * d, SPF, False, sg, "fwd:125 qa load")
-    nkt = min((q0 + 64 + BKF - 1) // BKF, (p.seq + BKF - 1) // BKF)
-    for kt in range(nkt):
-        M.label = f"kt={kt}"
-        k0 = kt * BKF
-        M.barrier()
-        for lid in range(WG):
-            for i in range(lid, BKF * H4, WG):
-                n = i // H4
-                if k0 + n < p.seq:
-                    st.access("k_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "fwd:146")
-                    st.access("v_in", kv_row(p, HD, b, k0 + n, hk) + i % H4, "fwd:147")
-                for e in range(4):
-                    M.access("Ks", n * SH + 4 * (i % H4) + e, True, ("t", lid), "fwd:149")
-                    M.access("Vs", n * SH + 4 * (i % H4) + e, True, ("t", lid), "fwd:150")
-        M.barrier()
-        for sg in range(4):
-            for j in range(BKF // 16):
-                for d in range(DT):
-                    M.mat("Ks", 16 * j * SH + 16 * d, SH, False, sg, "fwd:156 kb load")
-                M.mat("Ss", 16 * sg * SSF + 16 * j, SSF, True, sg, "fwd:159 s store")
-        M.barrier()
-        for lid in range(WG):
-            sg, lane = sg_lane(lid)
-            r, half = lane // 2, lane % 2; row = 16 * sg + r
-            srow = row * SSF
-            for c in range(BKF // 2):
-                col = lane_col(P, c, half, r, BKF)
-                M.access("Ss", srow + col, False, ("t", lid), "fwd:167 score read")
-            if kt > 0 and fold:
-                M.access("flag", 0, True, ("t", lid), "fwd:174 flag write " + SAME_VALUE)
-        # workgroupUniformLoad: barrier; load; barrier (Tint's lowering)
-        M.barrier()
-        for lid in range(WG):
-            M.access("flag", 0, False, ("t", lid), "fwd:176 workgroupUniformLoad")
-        M.barrier()
-        if fold and kt > 0:
-            for sg in range(4):
-                for d in range(DT):
-                    M.mat("Ss", 16 * sg * SSF + 16 * d, SSF, True, sg, "fwd:182 fold store")
-            M.barrier()
-            for lid in range(WG):
-                sg, lane = sg_lane(lid)
-                r, half = lane // 2, lane % 2; srow = (16 * sg + r) * SSF
-                for c in range(HD // 2):
-                    M.access("Ss", srow + lane_col(P, c, half, r, HD), False, ("t", lid), "fwd:187 fold read")
-        for lid in range(WG):
-            sg, lane = sg_lane(lid)
-            r, half = lane // 2, lane % 2; row = 16 * sg + r
-            for c in range(BKF // 2):
-                M.access("QP", row * SPF + lane_col(P, c, half, r, BKF), True, ("t", lid), "fwd:194 p write")
-        M.barrier()
-        for sg in range(4):
-            for ks in range(BKF // 16):
-                M.mat("QP", 16 * sg * SPF + 16 * ks, SPF, False, sg, "fwd:199 pa load")
-                for d in range(DT):
-                    M.mat("Vs", 16 * ks * SH + 16 * d, SH, False, sg, "fwd:201 vb load")
-    M.label = "epilogue"
-    M.barrier()
-    for sg in range(4):
-        for d in range(DT):
-            M.mat("Ss", 16 * sg * SSF + 16 * d, SSF, True, sg, "fwd:208 acc store")
-    M.barrier()
-    for lid in range(WG):
-        sg, lane = sg_lane(lid)
-        r, half = lane // 2, lane % 2; srow = (16 * sg + r) * SSF
-        for c in range(HD // 2):
-            at = srow + lane_col(P, c, half, r, HD)
-            M.access("Ss", at, False, ("t", lid), "fwd:214 read")
-            M.access("Ss", at, True, ("t", lid), "fwd:214 write")
-    M.barrier()
-    for lid in range(WG):
-        sg, lane = sg_lane(lid)
-        r, half = lane // 2, lane % 2; row = 16 * sg + r; srow = row * SSF
-        qpos = q0 + row
-        if qpos < p.seq:
-            base = o_row(p, HD, b, qpos, h)
-            for c in range(HD // 8):
-                v4 = 2 * c + half if P["SPREAD"] else H4 // 2 * half + c
-                at = srow + 4 * v4
-                for e in range(4):
-                    M.access("Ss", at + e, False, ("t", lid), "fwd:222 o read")
-                st.access("o_out", base + v4, "fwd:222 o_out")
-            if half == 0:
-                st.access("lse_out", stat_index(p, b, h, qpos), "fwd:224 lse_out")
-    M.barrier()
-    return M
 
 
 # ---- dq ----------------------------------------------------------------------------------------
@@ -496,9 +388,7 @@ def coverage_and_banks(P):
     at the f32 row stride of that width."""
     HD, pad = P["HD"], P["SPAD"]
     out = {}
-    for what, W, stride in (("forward scores", P["BKF"], max(HD, P["BKF"]) + pad),
-                            ("forward o", HD, max(HD, P["BKF"]) + pad),
-                            ("dq scores", P["BK"], P["BK"] + pad),
+    for what, W, stride in (("dq scores", P["BK"], P["BK"] + pad),
                             ("dkv scores", P["BQ2"], P["BQ2"] + pad)):
         ok = all(sorted(lane_col(P, c, h, r, W) for h in (0, 1) for c in range(W // 2))
                  == list(range(W)) for r in range(16))
@@ -530,10 +420,7 @@ def simulate(job):
                 continue
             for wgx in sorted({0, B * H - 1}):
                 st = Storage(lens)
-                runs = [(f"forward fold={fold} wg=({wgx},{wgy})", "forward",
-                         lambda fold=fold: forward(P, p, st, wgx, wgy, nwgy, fold))
-                        for fold in (False, True)]
-                runs.append((f"dq wg=({wgx},{wgy})", "dq", lambda: dq(P, p, st, wgx, wgy, nwgy)))
+                runs = [(f"dq wg=({wgx},{wgy})", "dq", lambda: dq(P, p, st, wgx, wgy, nwgy))]
                 runs += [(f"dkv wg=({x},{wgy})", "dkv", lambda x=x: dkv(P, p, st, x, wgy, nwgy))
                          for x in sorted({0, B * Hkv - 1})]
                 for tag, kernel, run in runs:
@@ -555,11 +442,10 @@ def simulate(job):
 
 
 def main(argv=None):
-    from attention_sgmat2_variants import VARIANTS
     from istanbul.shaders.kernels.attention import ops
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated names of dev/attention_sgmat2_variants.py VARIANTS")
+                    help="comma-separated names of VARIANTS")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="4 of the 8 shapes")
     args = ap.parse_args(argv)
@@ -567,7 +453,7 @@ def main(argv=None):
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    tiles_sets = {"default": {}, "small": {"BKF": 32, "BK": 16, "BQ2": 16}}
+    tiles_sets = {"default": {}, "small": {"BK": 16, "BQ2": 16}}
     jobs = [(v, VARIANTS[v], t, tiles, args.quick)
             for v in names for t, tiles in tiles_sets.items()]
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
@@ -600,7 +486,7 @@ def main(argv=None):
                 f"{what}: stride {stride} cover {'ok' if ok else 'FAIL'} {worst}-way"
                 for what, (ok, worst, stride) in cb.items()))
     out.append("")
-    out.append("summary (a forward run's finding SAME_VALUE_WRITE: the rescale vote, benign)")
+    out.append("summary")
     out += summary
     print("\n".join(out))
 

@@ -77,7 +77,7 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
     the same bits as the base kernels'), $ISTANBUL_ATTENTION_DKV overrides the cache, and a
     cached width that does not fit is ignored. Small tiles so 128 rows fit lavapipe."""
     from istanbul.shaders.kernels.attention import ops as attention
-    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BKF": 32, "BK": 16, "BQ2": 16})
+    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BK": 16, "BQ2": 16})
     B, T, H, Hkv, D = 1, 150, 2, 1, 16
     assert {"dq_sgmat", "dkv_sgmat"} <= set(autotune.attention_keys(tc_device))
     for kernel in ("dq", "dkv"):
@@ -125,7 +125,7 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
     assert {"attention_backward_dq_sgmat2w", "attention_backward_dkv_sgmat2"} <= labels
     monkeypatch.delenv("ISTANBUL_ATTENTION_DKV")
     # a cached width whose kernel does not fit this device's workgroup memory is ignored
-    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BKF": 64, "BK": 32, "BQ2": 32})
+    monkeypatch.setattr(attention, "SGMAT2_TILES", {"BK": 32, "BQ2": 32})
     tuned_cache.save(tc_device, {f"attention/dkv_sgmat/{T}x64": {"config": "w8"}})
     fits = attention.sgmat2_bytes("dkv", attention.sgmat2_params(64, dkv="w8")) <= \
         attention.workgroup_storage(tc_device)

@@ -169,50 +169,16 @@ def test_bad_tiled_configs_are_refused(device):
                                64, config_dq="64x16-db")
 
 
-def test_sgmat2_forward_is_refused_without_robustness():
-    """The experimental sgmat2 forward is wrong on the H200 with Dawn's robustness off (the
-    trainer's default) and on (round 5): a device without robustness refuses it with a clear
-    error instead of returning wrong outputs; its dQ and dK/dV kernels (verified) are not
-    refused. (Under wgpu-native every device counts as robust; the CI's Dawn pass runs this
-    with a real robustness-off device.)"""
-    from istanbul.shaders.engine import default_device
-    dev = default_device(robustness=False)
-    if dev.robustness:
-        pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
-    with pytest.raises(ValueError, match="robustness off .*and on"):
-        attention._sgmat2_kernel(dev, "forward", 64)
-    for kernel in ("dq", "dkv"):
-        try:   # no refusal; lavapipe's compiler refuses the subgroup matrices instead
-            attention._sgmat2_kernel(dev, kernel, 64)
-        except ValueError as exc:
-            assert "robustness" not in str(exc)
-        except Exception:
-            pass
-
-
-def test_sgmat2_refusal_is_for_the_forward_without_robustness_only(monkeypatch):
-    why = attention.sgmat2_refusal("forward", robustness=False)
-    assert "robustness off" in why and "and on" in why and "round5_sgmat2_variants" in why
-    assert attention.sgmat2_refusal("forward", robustness=True) is None
-    for kernel in ("dq", "dkv"):
-        for robust in (False, True):
-            assert attention.sgmat2_refusal(kernel, robust) is None
-    monkeypatch.setattr(attention, "SGMAT2_ALLOW_WITHOUT_ROBUSTNESS", True)
-    assert attention.sgmat2_refusal("forward", robustness=False) is None
-
-
 STAGED = {k: attention.SGMAT_KERNELS[k] for k in ("forward", "dq", "dkv")}
-V2 = {k: attention.SGMAT2_KERNELS[k] for k in ("forward", "dq", "dkv")}
+V2 = {k: attention.SGMAT2_KERNELS[k] for k in ("dq", "dkv")}
 
 
-def test_tensor_core_attention_plan(monkeypatch):
-    """What tensor_cores asks for (ops.sgmat_plan): True = the staged forward without
-    robustness (the f32 forward with it) and the sgmat2 backward; "staged" the old pair (f32
-    forward, staged backward); "sgmat2" all sgmat2; $ISTANBUL_ATTENTION_SGMAT2 redirects
-    True."""
-    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
+def test_tensor_core_attention_plan():
+    """What tensor_cores asks for (ops.sgmat_plan): True (alias "sgmat2-backward") = the
+    staged forward without robustness (the f32 forward with it) and the sgmat2 backward;
+    "staged" the old pair (f32 forward, staged backward); the retired sgmat2 forward
+    ("sgmat2") is refused with the reason."""
     names = attention.sgmat_kernel_names
-    assert not attention.SGMAT2_DEFAULT
     assert names(True, robustness=False) == {"forward": STAGED["forward"], "dq": V2["dq"],
                                              "dkv": V2["dkv"]}
     assert names(True, robustness=True) == {"forward": None, "dq": V2["dq"], "dkv": V2["dkv"]}
@@ -220,15 +186,13 @@ def test_tensor_core_attention_plan(monkeypatch):
         assert names(False, robust) == {"forward": None, "dq": None, "dkv": None}
         assert names("staged", robust) == {"forward": None, "dq": STAGED["dq"],
                                            "dkv": STAGED["dkv"]}
-        assert names("sgmat2", robust) == V2
         assert names("sgmat2-backward", robust) == names(True, robust)
-    for env, want in (("1", "sgmat2"), ("on", "sgmat2"), ("staged", "staged"),
-                      ("0", "sgmat2-backward"), ("", "sgmat2-backward")):
-        monkeypatch.setenv("ISTANBUL_ATTENTION_SGMAT2", env)
-        assert attention.sgmat_version(True) == want, env
-        assert attention.sgmat_version("staged") == "staged"   # explicit choices stay
+    assert attention.sgmat_version(True) == "sgmat2-backward"
+    assert attention.sgmat_version("staged") == "staged"
     with pytest.raises(ValueError, match="tensor_cores"):
         attention.sgmat_version("fast")
+    with pytest.raises(ValueError, match="sgmat2 forward is retired"):
+        attention.sgmat_version("sgmat2")
 
 
 class _PlanDevice:
@@ -266,7 +230,6 @@ def _v2_backward(dev, T: int, D: int) -> list[str]:
 def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
     """forward/backward dispatch what sgmat_plan says (uses_tensor_cores forced on: no
     subgroup matrices here)."""
-    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
     monkeypatch.setattr(attention, "uses_tensor_cores", lambda *a, **k: True)
     dev = _PlanDevice(device, robust)
     B, T, H, Hkv, D = 1, 64, 2, 1, 64
@@ -289,15 +252,9 @@ def test_tensor_core_attention_dispatches_the_plan(device, monkeypatch, robust):
     got = run("staged")
     assert got[0] in f32_forward
     assert got[1:] == [PREP, STAGED["dq"], STAGED["dkv"]]
-    if robust:
-        assert run("sgmat2") == [V2["forward"], PREP, *v2]
-    else:
-        with pytest.raises(ValueError, match="robustness off"):
-            run("sgmat2")
-        rec = _LabelRecorder(dev)   # the sgmat2 backward alone runs
-        attention.backward(rec, q, k, v, o, do, lse, dq, dk, dv, B, T, H, Hkv, D,
-                           tensor_cores="sgmat2")
-        assert rec.labels == [PREP, *v2]
+    assert run("sgmat2-backward") == run(True)
+    with pytest.raises(ValueError, match="retired"):
+        run("sgmat2")
 
 
 @pytest.mark.parametrize("robust", [False, True])
@@ -306,7 +263,6 @@ def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monk
     with the f16-input kernels and the prep that writes do16; wherever the f32 kernels would
     run instead (robustness on for the forward, tensor cores off, pinned tiles), a ValueError
     naming the reason. takes_f16_operands says exactly when the trainer may store them."""
-    monkeypatch.delenv("ISTANBUL_ATTENTION_SGMAT2", raising=False)
     monkeypatch.setattr(attention, "uses_tensor_cores", lambda *a, **k: True)
     dev = _PlanDevice(device, robust)
     B, T, H, Hkv, D = 1, 64, 2, 1, 64
@@ -365,7 +321,7 @@ def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads)
     def normalised(code, elem):
         code = re.sub(r"^fn (widen|narrow)\(.*$", "", code, flags=re.M)
         return re.sub(r"((?:q|k|v|do)_in): array<" + re.escape(elem) + ">;", r"\1: ROW;", code)
-    for kernel in ("forward", "dq", "dkv"):
+    for kernel in ("dq", "dkv"):
         f32 = _sgmat2_code(64, {}, {}, kernel)
         f16 = _sgmat2_code(64, {"f16_inputs": True}, {}, kernel)
         assert f32 != f16 and f"var<storage, read> q_in: array<{elem}>;" in f16
@@ -376,16 +332,15 @@ def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads)
         attention.sgmat_params(64, f16_inputs=True)
 
 
-# ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/attention_sgmat2_variants.py):
-# every pad and read order must expand, fit the H200's 48 KiB at head dims 16/32/64, and pass
-# the local compiler with the subgroup-matrix calls stubbed out (neither lavapipe nor naga has
-# subgroup matrices; the rest of the kernel is checked by the compiler here).
+# ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/results/h200/sgmat/
+# round5_sgmat2_variants.md): every pad and read order of the dQ and dK/dV kernels must
+# expand, fit the H200's 48 KiB at head dims 16/32/64, and pass the local compiler with the
+# subgroup-matrix calls stubbed out (neither lavapipe nor naga has subgroup matrices; the
+# rest of the kernel is checked by the compiler here).
 
-SGMAT2_KNOBS = ([{"pad": pad, "order": order} for pad in (0, 4, 8, 16)
-                 for order in ("spread", "contig", "swizzle")]
-                + [{"pad": pad, "order": order, "fold": "every"}   # the forward's opt-in fold
-                   for pad, order in ((4, "spread"), (0, "contig"))])
-SGMAT2_TILES = ({}, {"BKF": 32, "BK": 16, "BQ2": 16})
+SGMAT2_KNOBS = [{"pad": pad, "order": order} for pad in (0, 4, 8, 16)
+                for order in ("spread", "contig", "swizzle")]
+SGMAT2_TILES = ({}, {"BK": 16, "BQ2": 16})
 
 
 def _sgmat2_code(D, knobs, tiles, kernel, features=("shader-f16", "subgroup", "subgroup-matrix"),
@@ -417,13 +372,12 @@ def _workgroup_bytes(code: str) -> int:
     return total
 
 
-@pytest.mark.parametrize("knobs", SGMAT2_KNOBS,
-                         ids=lambda k: f"pad{k['pad']}-{k['order']}-{k.get('fold', 'lazy')}")
+@pytest.mark.parametrize("knobs", SGMAT2_KNOBS, ids=lambda k: f"pad{k['pad']}-{k['order']}")
 def test_sgmat2_variants_expand_and_fit_48_kib(knobs):
     for D in (16, 32, 64):
         for tiles in SGMAT2_TILES:
             params = attention.sgmat2_params(D, **knobs, **tiles)
-            for kernel in ("forward", "dq", "dkv"):
+            for kernel in ("dq", "dkv"):
                 code = _sgmat2_code(D, knobs, tiles, kernel)
                 got = _workgroup_bytes(code)
                 assert got == attention.sgmat2_bytes(kernel, params), (D, tiles, kernel)
@@ -512,46 +466,32 @@ def test_sgmat2_wide_backward_matches_the_shipped_kernels_bit_for_bit():
 
 def test_sgmat2_defaults_are_the_reviewed_kernel():
     p = attention.sgmat2_params(64)
-    assert p == {"HD": 64, "DT": 4, "BKF": 64, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
-                 "SWIZZLE": False, "KV_IN_P": False, "FOLD_EVERY": False, "Q_DESC": False,
+    assert p == {"HD": 64, "DT": 4, "BK": 32, "BQ2": 32, "SPAD": 4, "SPREAD": True,
+                 "SWIZZLE": False, "KV_IN_P": False, "Q_DESC": False,
                  "DQ": "base", "QNSG": 4, "QKR": 1, "DKV": "base", "NSG": 4, "KR": 1,
                  "IN4": "vec4<f32>", "F16_BITS": False}
     from istanbul.shaders.kernels import op_support
     assert op_support.F16_READS_DEFAULT == "bits"
-    assert not attention.SGMAT2_ALLOW_WITHOUT_ROBUSTNESS
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)
     with pytest.raises(ValueError, match="order"):
         attention.sgmat2_params(64, order="rows")
     with pytest.raises(ValueError, match="unknown knobs"):
         attention.sgmat2_params(64, BKQ=16)
-    with pytest.raises(ValueError, match="fold"):
-        attention.sgmat2_params(64, fold="never")
+    for retired in ({"fold": "every"}, {"BKF": 32}):   # the retired forward's knobs
+        with pytest.raises(ValueError, match="unknown knobs"):
+            attention.sgmat2_params(64, **retired)
     with pytest.raises(ValueError, match="qorder"):
         attention.sgmat2_params(64, qorder="sideways")
 
 
 def test_sgmat2_qorder_changes_only_dkv():
-    """qorder="down" (opt-in) reorders dK/dV's query tiles; the forward and dQ are the same
-    kernels, and the default is the measured ascending order."""
-    for kernel in ("forward", "dq"):
-        assert _sgmat2_code(64, {"qorder": "down"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
+    """qorder="down" (opt-in) reorders dK/dV's query tiles; dQ is the same kernel, and the
+    default is the measured ascending order."""
+    assert _sgmat2_code(64, {"qorder": "down"}, {}, "dq") == _sgmat2_code(64, {}, {}, "dq")
     up, down = _sgmat2_code(64, {}, {}, "dkv"), _sgmat2_code(64, {"qorder": "down"}, {}, "dkv")
     assert "for (var qt = first; qt < tiles; qt++)" in up and "n_done" not in up
     assert "let qt = tiles - 1u - n_done;" in down
-
-
-def test_sgmat2_fold_every_drops_the_lazy_fold_constructs():
-    """fold="every" (opt-in) folds at every key tile without the flag's workgroupUniformLoad
-    and the barrier under a branch; the default keeps the lazy fold."""
-    def code(knobs):
-        text = _sgmat2_code(64, knobs, {}, "forward")
-        return "\n".join(line.split("//")[0] for line in text.split("\n"))
-    lazy, every = code({}), code({"fold": "every"})
-    assert "workgroupUniformLoad(&flag)" in lazy and "RESCALE_AT)" in lazy
-    assert "workgroupUniformLoad" not in every and "mx > m + RESCALE_AT" not in every
-    for kernel in ("dq", "dkv"):   # the backward does not depend on the knob
-        assert _sgmat2_code(64, {"fold": "every"}, {}, kernel) == _sgmat2_code(64, {}, {}, kernel)
 
 
 @pytest.mark.parametrize("D", [16, 32, 64])
@@ -559,7 +499,7 @@ def test_sgmat2_variants_pass_the_compiler_with_subgroup_matrices_stubbed(device
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
     for knobs in SGMAT2_KNOBS:
-        for kernel in ("forward", "dq", "dkv"):
+        for kernel in ("dq", "dkv"):
             code = stub_subgroup_matrices(_sgmat2_code(
                 D, knobs, {}, kernel, features=device.features,
                 compiler=device.backend.compiler))
@@ -593,25 +533,9 @@ def test_sgmat2_wide_kernels_pass_the_compiler_with_subgroup_matrices_stubbed(de
 def test_sgmat2_stub_check_catches_errors(device):
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
-    code = stub_subgroup_matrices(_sgmat2_code(16, {}, {}, "forward", features=device.features,
+    code = stub_subgroup_matrices(_sgmat2_code(16, {}, {}, "dq", features=device.features,
                                                 compiler=device.backend.compiler))
+    assert "let srow = row * SSQ;" in code
     with pytest.raises(Exception):
-        device.raw.create_shader_module(code=code.replace("let srow = row * SSF;",
-                                                          "let srow = row * SSF_;"))
-
-
-def test_sgmat2_refusal_is_lifted_only_by_the_experiment_flag(monkeypatch):
-    """dev/attention_sgmat2_variants.py sets SGMAT2_ALLOW_WITHOUT_ROBUSTNESS to run the sgmat2
-    kernels without robustness; then the refusal is gone (here the compile fails instead:
-    no subgroup matrices on lavapipe)."""
-    from istanbul.shaders.engine import default_device
-    dev = default_device(robustness=False)
-    if dev.robustness:
-        pytest.skip(f"backend {dev.backend.name}: no robustness toggle to turn off")
-    monkeypatch.setattr(attention, "SGMAT2_ALLOW_WITHOUT_ROBUSTNESS", True)
-    try:
-        attention._sgmat2_kernel(dev, "forward", 64)
-    except ValueError as exc:
-        assert "robustness" not in str(exc)
-    except Exception:
-        pass   # the compiler's refusal where there are no subgroup matrices
+        device.raw.create_shader_module(code=code.replace("let srow = row * SSQ;",
+                                                          "let srow = row * SSQ_;"))

@@ -1,11 +1,12 @@
-// 05_attention_sgmat2.wgsl — causal GQA attention on the tensor cores (Dawn's
-// chromium_experimental_subgroup_matrix, f16 x f16 -> f32), second version: the products of
-// 05_attention_tiled.wgsl (same layouts, same bindings, same outputs). ops.py's
-// tensor_cores=True runs its dQ and dK/dV (verified on the H200, round 5); its forward is
-// wrong there with Dawn's robustness off and on (dev/results/h200/sgmat/
-// round5_sgmat2_variants.md) and runs only with tensor_cores="sgmat2".
+// 05_attention_sgmat2.wgsl — the backward of causal GQA attention on the tensor cores (Dawn's
+// chromium_experimental_subgroup_matrix, f16 x f16 -> f32), second version: dQ and dK/dV as
+// 05_attention_tiled.wgsl computes them (same layouts, same bindings, same outputs), after
+// whichever forward wrote o and lse. ops.py's tensor_cores=True runs them (verified on the
+// H200, round 5, and the H100), after 05_attention_sgmat.wgsl's forward without Dawn's
+// robustness and the f32 tiled one with it. (This file's own forward, o in lazily rescaled
+// subgroup-matrix accumulators, was wrong on the H200 and the H100, PSNR 9-25 dB against the
+// reference, dev/results/h200/sgmat/round5_sgmat2_variants.md; retired, git history has it.)
 //
-//   attention_forward_sgmat2       o = softmax(q k^T * scale + causal mask) v; lse per query
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
 //   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
 //                                  the H/Hkv query heads sharing the kv head (no atomics)
@@ -17,31 +18,22 @@
 //
 // Numerics: as 05_attention_sgmat.wgsl: q (pre-scaled by scale*log2(e): scores in base 2),
 // k, v, do, p and ds are rounded to f16 where they enter a product; every product
-// accumulates in f32; the softmax statistics are f32.
+// accumulates in f32.
 //
 // What changed from 05_attention_sgmat.wgsl (same staging: f32 rows -> f16 workgroup tiles):
-// - The forward keeps o in subgroup-matrix accumulators and rescales lazily: p =
-//   exp2(s - m) against a per-row reference max m, raised only when a row's max passes it
-//   by more than RESCALE_AT (log2 units; p <= 2^RESCALE_AT is exact enough in f16, the sums
-//   are f32). Only then (a workgroup-uniform decision: a flag in workgroup memory read with
-//   workgroupUniformLoad) do the accumulators go through workgroup memory, where the lanes
-//   fold them, rescaled, into f32 registers (ol) and restart them at zero. Exact math: the
-//   result is sum p v / sum p for any reference max. The old forward sent p v through
-//   workgroup memory to the lanes at every key tile.
 // - Lanes read score rows of stride 4 mod 32 words in a bank-spread order (lane 2r + h reads
 //   row r's columns of parity h, rows 8..15 two columns later): no bank conflicts, where the
 //   old 64- and 32-float rows put all the lanes of a subgroup on one or two banks.
 // - dQ computes s and do v^T of a tile together, dK/dV s^T and (v do^T)^T: 4 barriers a
 //   tile instead of 6 and 5.
 //
-// Tiling: a workgroup is 4 subgroups of 32; each subgroup owns 16 rows (queries for forward
-// and dq, keys for dkv). Forward: 64 queries x BKF keys per tile; dq: 64 queries x BK keys;
-// dkv: 64 keys x BQ2 queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple
-// of 16, <= 64), DT = HD / 16, BKF (32 or 64, >= HD), BK and BQ2 (16 or 32); ops.sgmat2_params
-// makes them. Experiment knobs (issue 21: the forward is wrong on the H200 in every pad and
-// order, robustness off and on; dev/results/h200/sgmat/round4_sgmat2_review.md and
-// round5_sgmat2_variants.md; dev/attention_sgmat2_variants.py):
-//   SPAD     words added to the f32 score/result tiles' rows (SSF, SSQ, SSK): 4 (the default:
+// Tiling: a workgroup is 4 subgroups of 32 (the base kernels); each subgroup owns 16 rows
+// (queries for dq, keys for dkv). dq: 64 queries x BK keys per tile; dkv: 64 keys x BQ2
+// queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple of 16, <= 64),
+// DT = HD / 16, BK and BQ2 (16 or 32); ops.sgmat2_params makes them. Experiment knobs
+// (issue 21; dev/results/h200/sgmat/round4_sgmat2_review.md and round5_sgmat2_variants.md:
+// the backward is right in every pad and order, robustness off and on):
+//   SPAD     words added to the f32 score/result tiles' rows (SSQ, SSK): 4 (the default:
 //            4 mod 32 words), 0 (05_attention_sgmat.wgsl's strides), 8, 16
 //   SPREAD   lanes read score rows in the bank-spread order (the default); false: lane
 //            (r, half) reads the contiguous half `half` of row r (05_attention_sgmat.wgsl's order)
@@ -49,10 +41,6 @@
 //            conflicts at SPAD 0 (row strides of 0 mod 32 words)
 //   KV_IN_P  dK/dV stages k and v in the array that later holds p^T and ds^T (KV is dead by
 //            then): set by ops.sgmat2_params only where separate arrays would pass 48 KiB
-//   FOLD_EVERY  (opt-in, issue 21 bisection) the forward folds acc into ol at every key tile:
-//            no flag, no workgroupUniformLoad, no barrier or matrix store under a branch
-//            (the constructs only the sgmat2 forward has; its one-key-tile lse is wrong although
-//            that path otherwise matches 05_attention_sgmat.wgsl's)
 //   Q_DESC   dK/dV visits its query tiles from the last down, not from the diagonal up (an L2
 //            candidate, unmeasured on the H200; ops.SGMAT2_QORDER picks)
 //
@@ -62,28 +50,23 @@
 //            rounded again; k, v and do are the values the f32 path rounds to
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
-//   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
 //   dq:       0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dq (rw), 7 Params
 //   dkv:      0 q, 1 k, 2 v, 3 do, 4 lse, 5 dvec, 6 dk (rw), 7 dv (rw), 8 Params
-// Dispatch: forward and dq (B*H, ceil(T / 64)), the last (heaviest) query tile first;
-// dkv (B*Hkv, ceil(T / 64)), the first (heaviest) key tile first. 128 invocations (the wide
-// kernels: (B*H, ceil(T / (16 QKR QNSG))) and (B*Hkv, ceil(T / (16 KR NSG))), 32 QNSG and
-// 32 NSG invocations).
+// Dispatch: dq (B*H, ceil(T / 64)), the last (heaviest) query tile first; dkv (B*Hkv,
+// ceil(T / 64)), the first (heaviest) key tile first. 128 invocations (the wide kernels:
+// (B*H, ceil(T / (16 QKR QNSG))) and (B*Hkv, ceil(T / (16 KR NSG))), 32 QNSG and 32 NSG
+// invocations).
 
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;
 const WG: u32 = 128u;
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
-const MASKED: f32 = -1e30;
 const SH: u32 = HD + 8u;                   // f16 row stride of staged head rows
-const SPF: u32 = max(HD, {{BKF}}u) + 8u;   // forward: q rows, then p rows
-const SSF: u32 = max(HD, {{BKF}}u) + {{SPAD}}u;   // f32 row strides (SPAD 4: 4 mod 32 words)
 const SPQ: u32 = max(HD, {{BK}}u) + 8u;    // dq: q, do rows, then ds rows
-const SSQ: u32 = {{BK}}u + {{SPAD}}u;
+const SSQ: u32 = {{BK}}u + {{SPAD}}u;      // f32 row strides (SPAD 4: 4 mod 32 words)
 const SPK: u32 = {{BQ2}}u + 8u;            // dkv: p^T, ds^T rows
 const SSK: u32 = {{BQ2}}u + {{SPAD}}u;
-override RESCALE_AT: f32 = 8.0;
 
 struct Params {
     batch: u32,
@@ -119,188 +102,6 @@ fn q_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bq + t * p.sq + h * p.hq
 fn kv_row(b: u32, t: u32, hk: u32) -> u32 { return (b * p.bkv + t * p.skv + hk * p.hkv) / 4u; }
 fn o_row(b: u32, t: u32, h: u32) -> u32 { return (b * p.bo + t * p.so + h * p.ho) / 4u; }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return (b * p.heads + h) * p.seq + t; }
-
-// --- KERNEL: attention_forward_sgmat2 ---
-@group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;
-@group(0) @binding(1) var<storage, read> k_in: array<{{IN4}}>;
-@group(0) @binding(2) var<storage, read> v_in: array<{{IN4}}>;
-@group(0) @binding(3) var<storage, read_write> o_out: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
-@group(0) @binding(5) var<uniform> p: Params;
-
-var<workgroup> QP: array<f16, 64u * SPF>;       // the q tile, then p of the current key tile
-var<workgroup> Ks: array<f16, {{BKF}}u * SH>;
-var<workgroup> Vs: array<f16, {{BKF}}u * SH>;
-var<workgroup> Ss: array<f32, 64u * SSF>;       // scores; o when it is folded or written
-var<workgroup> flag: u32;                       // key tile + 1 when some row must rescale
-
-fn put4(at: u32, v: vec4<f32>, which: u32) {
-    let h = vec4<f16>(v);
-    if (which == 0u) {
-        QP[at] = h.x; QP[at + 1u] = h.y; QP[at + 2u] = h.z; QP[at + 3u] = h.w;
-    } else if (which == 1u) {
-        Ks[at] = h.x; Ks[at + 1u] = h.y; Ks[at + 2u] = h.z; Ks[at + 3u] = h.w;
-    } else {
-        Vs[at] = h.x; Vs[at + 1u] = h.y; Vs[at + 2u] = h.z; Vs[at + 3u] = h.w;
-    }
-}
-
-@compute @workgroup_size(WG)
-fn attention_forward_sgmat2(@builtin(workgroup_id) wg: vec3<u32>,
-                            @builtin(num_workgroups) nwg: vec3<u32>,
-                            @builtin(local_invocation_index) lid: u32,
-                            @builtin(subgroup_id) sg: u32,
-                            @builtin(subgroup_invocation_id) lane: u32) {
-    let bh = wg.x;
-    let b = bh / p.heads;
-    let h = bh % p.heads;
-    let hk = h / (p.heads / p.kv_heads);
-    let qt = nwg.y - 1u - wg.y;              // heaviest (last) query tile first
-    let q0 = qt * 64u;
-    let qscale = p.scale * LOG2E;
-    for (var i = lid; i < 64u * H4; i += WG) {
-        let r = i / H4;
-        var v = vec4<f32>();
-        if (q0 + r < p.seq) { v = widen(q_in[q_row(b, q0 + r, h) + i % H4]) * qscale; }
-        put4(r * SPF + 4u * (i % H4), v, 0u);
-    }
-    if (lid == 0u) { flag = 0u; }           // zero-initialised anyway; not relied upon
-    workgroupBarrier();
-    var qa: array<subgroup_matrix_left<f16, 16, 16>, {{DT}}>;
-    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-        qa[d] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * d, false, SPF);
-    }
-    let r = lane / 2u;                       // this lane's row of the subgroup's 16
-    let half = lane % 2u;                    // and the parity (SPREAD) or half of its columns
-// @if SPREAD
-// @if SWIZZLE
-    let rot = 2u * r;                        // row r starts 2r columns later (banks)
-// @else
-    let rot = 2u * (r / 8u);                 // rows 8..15 start two columns later (banks)
-// @endif
-// @endif
-    let row = 16u * sg + r;
-    let qpos = q0 + row;
-    let srow = row * SSF;
-    var m = MASKED;                          // reference max (base 2) of the row
-    var l = 0.0;
-    var ol: array<f32, {{HD}} / 2>;          // o folded so far: this lane's columns
-    var acc: array<subgroup_matrix_result<f32, 16, 16>, {{DT}}>;   // p v since the last fold
-    let nkt = min((q0 + 64u + {{BKF}}u - 1u) / {{BKF}}u, (p.seq + {{BKF}}u - 1u) / {{BKF}}u);
-    for (var kt = 0u; kt < nkt; kt++) {
-        let k0 = kt * {{BKF}}u;
-        workgroupBarrier();                  // the previous tile's products are done
-        for (var i = lid; i < {{BKF}}u * H4; i += WG) {
-            let n = i / H4;
-            var kv = vec4<f32>();
-            var vv = vec4<f32>();
-            if (k0 + n < p.seq) {
-                kv = widen(k_in[kv_row(b, k0 + n, hk) + i % H4]);
-                vv = widen(v_in[kv_row(b, k0 + n, hk) + i % H4]);
-            }
-            put4(n * SH + 4u * (i % H4), kv, 1u);
-            put4(n * SH + 4u * (i % H4), vv, 2u);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < {{BKF}}u / 16u; j++) {   // @unroll
-            var s = subgroup_matrix_result<f32, 16, 16>();
-            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-                let kb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Ks, 16u * j * SH + 16u * d, true, SH);
-                s = subgroupMatrixMultiplyAccumulate(qa[d], kb, s);
-            }
-            subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * j, s, false, SSF);
-        }
-        workgroupBarrier();
-        var sv: array<f32, {{BKF}} / 2>;
-        var mx = MASKED;
-        for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
-// @if SPREAD
-            let col = (2u * c + half + rot) % {{BKF}}u;
-// @else
-            let col = {{BKF}}u / 2u * half + c;
-// @endif
-            let key = k0 + col;
-            sv[c] = select(MASKED, Ss[srow + col], key <= qpos && key < p.seq);
-            mx = max(mx, sv[c]);
-        }
-        mx = max(mx, subgroupShuffleXor(mx, 1u));
-// @if FOLD_EVERY
-        workgroupBarrier();                  // the scores are read: Ss takes acc next
-        {                                    // fold at every key tile (kt 0: alpha 0, acc 0)
-// @else
-        if (kt == 0u) {
-            m = mx;                          // every row has key 0; o and l are still zero
-        } else if (mx > m + RESCALE_AT) {
-            flag = kt + 1u;                  // every writer stores the same value
-        }
-        if (workgroupUniformLoad(&flag) == kt + 1u) {   // a barrier: the scores are read
-// @endif
-            let m_new = max(m, mx);
-            let alpha = exp2(m - m_new);
-            l *= alpha;
-            m = m_new;
-            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-                subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * d, acc[d], false, SSF);
-                acc[d] = subgroup_matrix_result<f32, 16, 16>();
-            }
-            workgroupBarrier();
-            for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
-// @if SPREAD
-                ol[c] = alpha * (ol[c] + Ss[srow + (2u * c + half + rot) % HD]);
-// @else
-                ol[c] = alpha * (ol[c] + Ss[srow + HD / 2u * half + c]);
-// @endif
-            }
-        }
-        var sum = 0.0;
-        for (var c = 0u; c < {{BKF}}u / 2u; c++) {   // @unroll
-            let pc = exp2(sv[c] - m);
-            sum += pc;
-// @if SPREAD
-            QP[row * SPF + (2u * c + half + rot) % {{BKF}}u] = f16(pc);
-// @else
-            QP[row * SPF + {{BKF}}u / 2u * half + c] = f16(pc);
-// @endif
-        }
-        l += sum + subgroupShuffleXor(sum, 1u);
-        workgroupBarrier();
-        for (var ks = 0u; ks < {{BKF}}u / 16u; ks++) {   // @unroll
-            let pa = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&QP, 16u * sg * SPF + 16u * ks, false, SPF);
-            for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-                let vb = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Vs, 16u * ks * SH + 16u * d, false, SH);
-                acc[d] = subgroupMatrixMultiplyAccumulate(pa, vb, acc[d]);
-            }
-        }
-    }
-    workgroupBarrier();                      // a last fold may still be reading Ss
-    for (var d = 0u; d < {{DT}}u; d++) {   // @unroll
-        subgroupMatrixStore(&Ss, 16u * sg * SSF + 16u * d, acc[d], false, SSF);
-    }
-    workgroupBarrier();
-    let inv = 1.0 / l;
-    for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll
-// @if SPREAD
-        let at = srow + (2u * c + half + rot) % HD;
-// @else
-        let at = srow + HD / 2u * half + c;
-// @endif
-        Ss[at] = inv * (ol[c] + Ss[at]);
-    }
-    workgroupBarrier();
-    if (qpos < p.seq) {
-        let base = o_row(b, qpos, h);
-        for (var c = 0u; c < {{HD}}u / 8u; c++) {   // @unroll
-// @if SPREAD
-            let v4 = 2u * c + half;          // this lane's vec4s of the row: every other one
-// @else
-            let v4 = H4 / 2u * half + c;     // this lane's half of the row
-// @endif
-            let at = srow + 4u * v4;
-            o_out[base + v4] = vec4<f32>(Ss[at], Ss[at + 1u], Ss[at + 2u], Ss[at + 3u]);
-        }
-        if (half == 0u) { lse_out[stat_index(b, h, qpos)] = (m + log2(l)) * LN2; }
-    }
-}
 
 // --- KERNEL: attention_backward_dq_sgmat2 ---
 @group(0) @binding(0) var<storage, read> q_in: array<{{IN4}}>;

@@ -398,29 +398,15 @@ register(KernelCase(
                 "tensor_cores='staged' runs, with the f32 forward)"))
 
 
-# ---- 05_attention_sgmat2.wgsl: the same variants. The model (tensor_cores=True, ops.sgmat_plan)
-# runs its dQ and dK/dV after the staged forward (attention_forward_sgmat) on a device without
-# Dawn's robustness and after the f32 tiled forward on one with it: attention_backward_sgmat2
-# and _small check them on the f32 tiled forward's o and lse, attention_backward_sgmat2_staged
-# on the staged forward's (the trainer's default). Its forward (attention_forward_sgmat2*) is
-# experimental and wrong on the H200 with robustness off and on
-# (dev/results/h200/sgmat/round5_sgmat2_variants.md): those rungs fail there (refused without
-# robustness) until it is fixed. "rescale" folds the forward's accumulators at every rise of
-# a row's max (RESCALE_AT 0), "small" runs 32-key forward tiles, 16-key dQ tiles and
-# 16-query dK/dV tiles.
+# ---- 05_attention_sgmat2.wgsl (the backward only): the same variants. The model
+# (tensor_cores=True, ops.sgmat_plan) runs its dQ and dK/dV after the staged forward
+# (attention_forward_sgmat) on a device without Dawn's robustness and after the f32 tiled
+# forward on one with it: attention_backward_sgmat2 and _small check them on the f32 tiled
+# forward's o and lse, attention_backward_sgmat2_staged on the staged forward's (the
+# trainer's default). "small" runs 16-key dQ tiles and 16-query dK/dV tiles.
 def _sgmat2_kernels(D, **tiles):
     return [(attention.FILE_SGMAT2, attention.SGMAT2_KERNELS[k], {},
-             attention.sgmat2_params(D, **tiles)) for k in ("forward", "dq", "dkv")]
-
-
-def sgmat2_forward_launch(dev, inp, rescale_at=None, sgmat_tiles=None):
-    B, T, H, Hkv, D = inp["B"], inp["T"], inp["H"], inp["Hkv"], inp["D"]
-    (q, k, v), strides = _qkv(dev, inp)
-    o, lse = dev.empty((B, T, H, D)), dev.empty((B, H, T))
-    return Launch(lambda rec: attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D,
-                                                tensor_cores="sgmat2", rescale_at=rescale_at,
-                                                sgmat_tiles=sgmat_tiles, **strides),
-                  lambda: _forward_outputs(dev, inp, strides, o, lse))
+             attention.sgmat2_params(D, **tiles)) for k in ("dq", "dkv")]
 
 
 def sgmat2_backward_launch(dev, inp, sgmat_tiles=None, staged_forward=False,
@@ -431,11 +417,11 @@ def sgmat2_backward_launch(dev, inp, sgmat_tiles=None, staged_forward=False,
     forward_kwargs = {"config": "sgmat"} if staged_forward else {}
     f16 = ("both" if staged_forward else "backward") if f16_inputs else None
     return _backward_launch(dev, inp, forward_kwargs,
-                            {"tensor_cores": "sgmat2", "sgmat_tiles": sgmat_tiles},
+                            {"tensor_cores": "sgmat2-backward", "sgmat_tiles": sgmat_tiles},
                             f16_inputs=f16)
 
 
-SMALL_SGMAT2 = {"BKF": 32, "BK": 16, "BQ2": 16}
+SMALL_SGMAT2 = {"BK": 16, "BQ2": 16}
 _SGMAT2 = dict(family="attention", precision="f16", inputs=make_inputs,
                variants=VARIANTS_SGMAT, bench_variant_software="bench_small",
                requires=("subgroup-matrix", "shader-f16"), bench_precision="subgroup-matrix",
@@ -447,41 +433,14 @@ _BWD_COST = dict(flops=lambda inp: 9.0 * _units(inp),
                  bytes=lambda inp: _bytes(inp, 5 * inp["H"] + 4 * inp["Hkv"]))
 
 register(KernelCase(
-    name="attention_forward_sgmat2", kernels=_sgmat2_kernels(64)[:1],
-    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp),
-    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
-    description="tensor cores v2 (experimental, wrong on the H200): forward, 64 queries x "
-                "64 keys, o in subgroup-matrix accumulators folded lazily (RESCALE_AT 8)"))
-
-register(KernelCase(
-    name="attention_forward_sgmat2_rescale", kernels=_sgmat2_kernels(64)[:1],
-    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp, rescale_at=0.0),
-    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
-    description="the v2 forward folding at every rise of a row's max (RESCALE_AT 0)"))
-
-register(KernelCase(
-    name="attention_forward_sgmat2_small", kernels=_sgmat2_kernels(64, **SMALL_SGMAT2)[:1],
-    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2),
-    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
-    description="the v2 forward with 32-key tiles"))
-
-FOLD_EVERY = {"fold": "every"}
-register(KernelCase(
-    name="attention_forward_sgmat2_fold", kernels=_sgmat2_kernels(64, **FOLD_EVERY)[:1],
-    launch=lambda dev, inp: sgmat2_forward_launch(dev, inp, sgmat_tiles=FOLD_EVERY),
-    reference=reference.forward_reference, **_SGMAT2, **_FWD_COST,
-    description="the v2 forward folding at every key tile (opt-in knob fold='every': no flag, "
-                "no workgroupUniformLoad, no barrier under a branch); a candidate fix"))
-
-register(KernelCase(
-    name="attention_backward_sgmat2", kernels=_sgmat2_kernels(64)[1:],
+    name="attention_backward_sgmat2", kernels=_sgmat2_kernels(64),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp),
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="f32 tiled forward + prep + tensor cores v2 dQ (64 x 32) + dK/dV (64 keys x "
                 "32 queries), timed together (the model with robustness)"))
 
 register(KernelCase(
-    name="attention_backward_sgmat2_small", kernels=_sgmat2_kernels(64, **SMALL_SGMAT2)[1:],
+    name="attention_backward_sgmat2_small", kernels=_sgmat2_kernels(64, **SMALL_SGMAT2),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2),
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="f32 tiled forward + the v2 backward with 16-key dQ and 16-query dK/dV tiles"))
@@ -489,7 +448,7 @@ register(KernelCase(
 Q_DOWN = {"qorder": "down"}
 
 register(KernelCase(
-    name="attention_backward_sgmat2_qdown", kernels=_sgmat2_kernels(64, **Q_DOWN)[1:],
+    name="attention_backward_sgmat2_qdown", kernels=_sgmat2_kernels(64, **Q_DOWN),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=Q_DOWN),
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="the v2 backward with dK/dV visiting its query tiles from the last down "
@@ -497,7 +456,7 @@ register(KernelCase(
 
 register(KernelCase(
     name="attention_backward_sgmat2_small_qdown",
-    kernels=_sgmat2_kernels(64, **SMALL_SGMAT2, **Q_DOWN)[1:],
+    kernels=_sgmat2_kernels(64, **SMALL_SGMAT2, **Q_DOWN),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp,
                                                    sgmat_tiles={**SMALL_SGMAT2, **Q_DOWN}),
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
@@ -537,13 +496,12 @@ register(KernelCase(
     description="f32 tiled forward + prep + the 64-row v2 dQ and dK/dV kernels (the op runs "
                 "the 128-row ones where they fit unless tuned or pinned otherwise)"))
 
-SMALL_SGMAT2W = {"BK": 16, "BQ2": 16}
 for _wide in ("w8", "w4x2"):
     register(KernelCase(
         name=f"attention_backward_sgmat2_{_wide}_small",
-        kernels=_sgmat2w_kernels(32, _wide, **SMALL_SGMAT2W),
+        kernels=_sgmat2w_kernels(32, _wide, **SMALL_SGMAT2),
         launch=lambda dev, inp, _wide=_wide: sgmat2_backward_launch(
-            dev, inp, sgmat_tiles={"dq": _wide, "dkv": _wide, **SMALL_SGMAT2W}),
+            dev, inp, sgmat_tiles={"dq": _wide, "dkv": _wide, **SMALL_SGMAT2}),
         reference=reference.backward_reference,
         **{**_SGMAT2, "variants": tuple(v for v in VARIANTS_SGMAT if SHAPES[v][4] <= 32),
            "bench_variant_software": "sg_gqa4"}, **_BWD_COST,
@@ -553,7 +511,7 @@ for _wide in ("w8", "w4x2"):
 
 register(KernelCase(
     name="attention_backward_sgmat2_staged",
-    kernels=_sgmat_kernels(64)[:1] + _sgmat2_kernels(64)[1:],
+    kernels=_sgmat_kernels(64)[:1] + _sgmat2_kernels(64),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, staged_forward=True),
     reference=reference.backward_reference, **_SGMAT2, **_BWD_COST,
     description="staged tensor-core forward + prep + v2 dQ + dK/dV, timed together (the "
@@ -600,7 +558,7 @@ register(KernelCase(
     name="attention_backward_sgmat2_staged_f16in",
     kernels=([(attention.FILE_SGMAT, attention.SGMAT_KERNELS["forward"], {},
                attention.sgmat_params(64, f16_inputs=True))]
-             + _sgmat2_kernels(64, f16_inputs=True)[1:] + [_PREP_F16]),
+             + _sgmat2_kernels(64, f16_inputs=True) + [_PREP_F16]),
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, staged_forward=True,
                                                    f16_inputs=True),
     reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
@@ -615,7 +573,7 @@ for _wide in ("w8", "w4x2"):
                  + _sgmat2w_kernels(64, _wide, f16_inputs=True) + [_PREP_F16]),
         launch=lambda dev, inp, _wide=_wide: _backward_launch(
             dev, inp, {"config": "sgmat"},
-            {"tensor_cores": "sgmat2", "sgmat_tiles": {"dq": _wide, "dkv": _wide}},
+            {"tensor_cores": "sgmat2-backward", "sgmat_tiles": {"dq": _wide, "dkv": _wide}},
             f16_inputs="both"),
         reference=reference.backward_reference, **_F16_IN, **_BWD_COST,
         description=f"the trainer's attention on f16 q, k, v with the wide dQ and dK/dV "
@@ -623,7 +581,7 @@ for _wide in ("w8", "w4x2"):
 
 register(KernelCase(
     name="attention_backward_sgmat2_small_f16in",
-    kernels=_sgmat2_kernels(64, f16_inputs=True, **SMALL_SGMAT2)[1:] + [_PREP_F16],
+    kernels=_sgmat2_kernels(64, f16_inputs=True, **SMALL_SGMAT2) + [_PREP_F16],
     launch=lambda dev, inp: sgmat2_backward_launch(dev, inp, sgmat_tiles=SMALL_SGMAT2,
                                                    f16_inputs=True),
     reference=reference.backward_reference, **_F16_IN, **_BWD_COST,

@@ -52,8 +52,6 @@ products, f32 accumulation and softmax statistics). `sgmat_plan` says which kern
     True           05_attention_sgmat.wgsl ("staged") without  05_attention_sgmat2.wgsl
                    robustness, the f32 kernels with it
     "staged"       the f32 kernels                             05_attention_sgmat.wgsl
-    "sgmat2"       05_attention_sgmat2.wgsl (experimental,     05_attention_sgmat2.wgsl
-                   wrong; refused without robustness)
 
 f16 operands: q, k and v may be f16 buffers (all three, same layouts) where the tensor-core
 kernels run (takes_f16_operands: the forward and the backward both on tensor cores; the
@@ -72,12 +70,13 @@ or $ISTANBUL_ATTENTION_DQ / _DKV if given, else the tuned width (`istanbul kerne
 keys dq_sgmat / dkv_sgmat), else "w8" where it fits (chosen_widths). H100, 124M layer call:
 dQ 0.387 -> 0.264 ms, dK/dV 0.670 -> 0.404 ms with "w8".
 
-$ISTANBUL_ATTENTION_SGMAT2 changes what True means: 1 the "sgmat2" row, staged the "staged"
-row, 0 or unset the True row. Measured on the H200 (Dawn, robustness off, 124M shape, ms
-per layer call, dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
-staged 0.644; dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of
-attention per step. With robustness on the staged forward was slower than the f32 tiled
-one (13.6 vs 8.6 ms per step, session 5), hence the f32 forward there.
+Measured on the H200 (Dawn, robustness off, 124M shape, ms per layer call,
+dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715, staged 0.644;
+dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of attention per
+step. With robustness on the staged forward was slower than the f32 tiled one (13.6 vs
+8.6 ms per step, session 5), hence the f32 forward there. (05_attention_sgmat2.wgsl's own
+forward, o in lazily rescaled subgroup-matrix accumulators, was wrong on the H200 and the
+H100, PSNR 9-25 dB, and is retired.)
 """
 
 from __future__ import annotations
@@ -101,24 +100,16 @@ FILE_SGMAT = "05_attention_sgmat.wgsl"   # tensor cores; a template of the head 
 SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward_dq_sgmat",
                  "dkv": "attention_backward_dkv_sgmat"}
 SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
-# The second tensor-core version, 05_attention_sgmat2.wgsl (lazy rescaling of the forward's
-# accumulators, bank-spread score reads, fewer barriers). On the H200 (Dawn, round 5,
+# The second tensor-core version of the backward, 05_attention_sgmat2.wgsl (bank-spread score
+# reads, fewer barriers). On the H200 (Dawn, round 5,
 # dev/results/h200/sgmat/round5_sgmat2_variants.md) its dQ and dK/dV kernels, judged on the
 # f32 tiled forward's o and lse, are right in every variant with robustness off and on (PSNR
-# 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them;
-# its forward is wrong in every variant with robustness off AND on (e.g. sg_random, T 37,
-# D 16, one key tile: o 12 dB, lse 19-23 dB): a bug in the forward kernel, so it runs only
-# where asked for (tensor_cores="sgmat2", $ISTANBUL_ATTENTION_SGMAT2=1) and is refused
-# without robustness (sgmat2_refusal). SGMAT2_DEFAULT: whether True also runs the sgmat2
-# forward; set it once `istanbul kernels check --kernel attention_forward_sgmat2` passes on
-# the H200 with robustness off.
-SGMAT2_DEFAULT = False
+# 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them.
 FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
-SGMAT2_KERNELS = {"forward": "attention_forward_sgmat2", "dq": "attention_backward_dq_sgmat2",
-                  "dkv": "attention_backward_dkv_sgmat2"}
-# key tile of the forward (BKF) and of dQ (BK), query tile of dK/dV (BQ2)
-SGMAT2_TILES = {"BKF": 64, "BK": 32, "BQ2": 32}
-# Experiment knobs of the sgmat2 kernels (issue 21; dev/attention_sgmat2_variants.py): `pad`,
+SGMAT2_KERNELS = {"dq": "attention_backward_dq_sgmat2", "dkv": "attention_backward_dkv_sgmat2"}
+# key tile of dQ (BK), query tile of dK/dV (BQ2)
+SGMAT2_TILES = {"BK": 32, "BQ2": 32}
+# Experiment knobs of the sgmat2 kernels (issue 21; round5_sgmat2_variants.md above): `pad`,
 # words added to the f32 score/result tiles' rows (4: rows of 4 mod 32 words, the default; 0:
 # the first kernels' 64/32-float rows), and `order`, the lanes' score-read order ("spread":
 # the default bank-spread order; "contig": each lane a contiguous half row, as
@@ -127,11 +118,6 @@ SGMAT2_TILES = {"BKF": 64, "BK": 32, "BQ2": 32}
 SGMAT2_PAD = 4
 SGMAT2_ORDER = "spread"
 SGMAT2_ORDERS = ("spread", "contig", "swizzle")
-# `fold` (the forward only): "lazy" (the default: fold acc only when a row's max rises by
-# RESCALE_AT) or "every" (fold at every key tile, without the flag / workgroupUniformLoad /
-# branch-with-barrier constructs; an opt-in candidate fix of the wrong forward, unverified)
-SGMAT2_FOLD = "lazy"
-SGMAT2_FOLDS = ("lazy", "every")
 # `qorder` (dK/dV only): the order a key tile's workgroup visits its query tiles: "up" (from
 # the diagonal, measured) or "down" (from the last: every key tile of a head starts at the
 # same rows, so q and do are read from L2 by all of them at about the same time; checked on
@@ -153,10 +139,6 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 SGMAT2_WIDE_DEFAULT = "w8"
 SGMAT2_WIDE_SHAPES = {"base": (4, 1), "w4": (4, 1), "w8": (8, 1), "w4x2": (4, 2)}
 SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward_dkv_sgmat2w"}
-# The sgmat2 forward is wrong on the H200, so a device without Dawn's robustness (the
-# trainer's) refuses it (sgmat2_refusal). dev/attention_sgmat2_variants.py sets this True to
-# run it there anyway and find out which variant is right; nothing else should.
-SGMAT2_ALLOW_WITHOUT_ROBUSTNESS = False
 
 
 def input_params(f16_inputs: bool) -> dict:
@@ -175,13 +157,10 @@ def sgmat_params(D: int, f16_inputs: bool = False) -> dict:
 
 
 def sgmat2_bytes(kernel: str, params: dict) -> int:
-    """Workgroup bytes of an sgmat2 kernel ("forward", "dq", "dkv") with template `params`
+    """Workgroup bytes of an sgmat2 kernel ("dq", "dkv") with template `params`
     (sgmat2_params; the arrays as 05_attention_sgmat2.wgsl declares them)."""
     HD, pad = params["HD"], params["SPAD"]
     SH = HD + 8
-    if kernel == "forward":
-        width = max(HD, params["BKF"])
-        return 2 * 64 * (width + 8) + 2 * 2 * params["BKF"] * SH + 4 * 64 * (width + pad) + 4
     if kernel == "dq":
         BK = params["BK"]
         if params.get("DQ", "base") != "base":   # the wide kernel: one score array
@@ -254,25 +233,21 @@ def default_wide(kernel: str) -> str:
 
 
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
-                  fold: str | None = None, qorder: str | None = None,
-                  dq: str | None = None, dkv: str | None = None, f16_inputs: bool = False,
-                  **tiles) -> dict:
-    """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BKF, BK, BQ2
-    overriding SGMAT2_TILES; `pad`, `order`, `fold` and `qorder` the experiment knobs
-    (SGMAT2_PAD, SGMAT2_ORDER, SGMAT2_FOLD, SGMAT2_QORDER); `dq` and `dkv` the backward's
-    kernels (SGMAT2_WIDE_SHAPES; default_wide()); f16_inputs: q, k, v and do stored as f16.
+                  qorder: str | None = None, dq: str | None = None, dkv: str | None = None,
+                  f16_inputs: bool = False, **tiles) -> dict:
+    """Template parameters of 05_attention_sgmat2.wgsl for head dim D: tiles BK, BQ2
+    overriding SGMAT2_TILES; `pad`, `order` and `qorder` the experiment knobs (SGMAT2_PAD,
+    SGMAT2_ORDER, SGMAT2_QORDER); `dq` and `dkv` the backward's kernels
+    (SGMAT2_WIDE_SHAPES; default_wide()); f16_inputs: q, k, v and do stored as f16.
     dK/dV stages k and v in its p/ds array (KV_IN_P) only where separate arrays would not fit
     SGMAT2_WORKGROUP_BYTES (pads of 8 and 16 at head dim 64)."""
     unknown = set(tiles) - set(SGMAT2_TILES)
     if unknown:
         raise ValueError(f"sgmat2 attention: unknown knobs {sorted(unknown)} (tiles "
-                         f"{sorted(SGMAT2_TILES)}, pad, order, fold, qorder, dq, dkv)")
+                         f"{sorted(SGMAT2_TILES)}, pad, order, qorder, dq, dkv)")
     pad = SGMAT2_PAD if pad is None else int(pad)
     order = SGMAT2_ORDER if order is None else str(order)
-    fold = SGMAT2_FOLD if fold is None else str(fold)
     qorder = SGMAT2_QORDER if qorder is None else str(qorder)
-    if fold not in SGMAT2_FOLDS:
-        raise ValueError(f"sgmat2 attention: fold {fold!r}; use one of {SGMAT2_FOLDS}")
     if qorder not in SGMAT2_QORDERS:
         raise ValueError(f"sgmat2 attention: qorder {qorder!r}; use one of {SGMAT2_QORDERS}")
     if pad < 0 or pad % 4:
@@ -293,7 +268,7 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
         raise ValueError(f"sgmat2 attention: dkv {dkv!r} visits query tiles up only (qorder)")
     out = {"HD": D, "DT": D // 16, **SGMAT2_TILES, **tiles, "SPAD": pad,
            "SPREAD": order != "contig", "SWIZZLE": order == "swizzle", "KV_IN_P": False,
-           "FOLD_EVERY": fold == "every", "Q_DESC": qorder == "down", "DQ": dq,
+           "Q_DESC": qorder == "down", "DQ": dq,
            "QNSG": SGMAT2_WIDE_SHAPES[dq][0], "QKR": SGMAT2_WIDE_SHAPES[dq][1], "DKV": dkv,
            "NSG": SGMAT2_WIDE_SHAPES[dkv][0], "KR": SGMAT2_WIDE_SHAPES[dkv][1],
            **input_params(f16_inputs)}
@@ -301,66 +276,44 @@ def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
     return out
 
 
-def sgmat2_refusal(kernel: str, robustness: bool) -> str | None:
-    """Why an sgmat2 kernel ("forward", "dq", "dkv") must not run on a device with/without
-    Dawn's robustness, or None. Only the forward is refused (without robustness): the dQ and
-    dK/dV kernels are verified (round 5)."""
-    if kernel != "forward" or robustness or SGMAT2_ALLOW_WITHOUT_ROBUSTNESS:
-        return None
-    return (f"{SGMAT2_KERNELS[kernel]}: the experimental sgmat2 attention forward is wrong on "
-            "the H200 with Dawn's robustness off (the trainer's default) and on (o 12 dB, lse "
-            "19-23 dB PSNR even with one key tile; dev/results/h200/sgmat/"
-            "round5_sgmat2_variants.md); unset ISTANBUL_ATTENTION_SGMAT2 or use "
-            "tensor_cores=True (the sgmat2 backward with a verified forward)")
-
-
-def _sgmat2_kernel(dev, kernel: str, D: int, rescale_at=None, tiles=None,
-                   f16_inputs: bool = False):
-    why = sgmat2_refusal(kernel, getattr(dev, "robustness", True))
-    if why:
-        raise ValueError(why)
-    constants = {} if rescale_at is None else {"RESCALE_AT": float(rescale_at)}
+def _sgmat2_kernel(dev, kernel: str, D: int, tiles=None, f16_inputs: bool = False):
+    """The sgmat2 backward kernel `kernel` ("dq", "dkv") that sgmat_tiles `tiles` make."""
     params = sgmat2_params(D, f16_inputs=f16_inputs, **(tiles or {}))
-    name = SGMAT2_KERNELS[kernel] if kernel == "forward" else sgmat2_backward_kernel(kernel, params)[0]
-    return dev.kernel(FILE_SGMAT2, name, constants, params)
+    return dev.kernel(FILE_SGMAT2, sgmat2_backward_kernel(kernel, params)[0], {}, params)
 
 
-SGMAT_VERSIONS = ("staged", "sgmat2-backward", "sgmat2")
+SGMAT_VERSIONS = ("staged", "sgmat2-backward")
 
 
 def sgmat_version(tensor_cores) -> str | None:
     """Which tensor-core attention `tensor_cores` asks for: None (off), "staged" (the first
-    version, 05_attention_sgmat.wgsl's backward), "sgmat2-backward" (the sgmat2 backward) or
-    "sgmat2" (also the sgmat2 forward); True means "sgmat2" if SGMAT2_DEFAULT else
-    "sgmat2-backward", and $ISTANBUL_ATTENTION_SGMAT2 overrides that (1|on: "sgmat2",
-    staged: "staged", 0|off: "sgmat2-backward")."""
+    version, 05_attention_sgmat.wgsl's backward) or "sgmat2-backward" (05_attention_sgmat2.wgsl's
+    backward: what True means)."""
     if not tensor_cores:
         return None
     if tensor_cores in SGMAT_VERSIONS:
         return tensor_cores
-    if tensor_cores is not True:
-        raise ValueError(f"tensor_cores={tensor_cores!r}: expected a bool or one of "
-                         f"{SGMAT_VERSIONS}")
-    env = os.environ.get("ISTANBUL_ATTENTION_SGMAT2", "").strip().lower()
-    if env == "staged":
-        return "staged"
-    on = SGMAT2_DEFAULT if env == "" else env not in ("0", "off", "no", "false")
-    return "sgmat2" if on else "sgmat2-backward"
+    if tensor_cores is True:
+        return "sgmat2-backward"
+    retired = (" (the sgmat2 forward is retired: it was wrong on the H100 and the H200; True "
+               "runs the sgmat2 backward after a verified forward)"
+               if tensor_cores == "sgmat2" else "")
+    raise ValueError(f"tensor_cores={tensor_cores!r}: expected a bool or one of "
+                     f"{SGMAT_VERSIONS}{retired}")
 
 
 def sgmat_plan(tensor_cores, robustness: bool) -> dict:
     """{"forward": f, "backward": b}: the tensor-core attention `tensor_cores` runs on a
     device with (robustness=True) or without Dawn's robustness, where tensor cores can run
     (uses_tensor_cores) and nothing is pinned; None: the f32 kernels (tiled where the layout
-    allows), "staged": 05_attention_sgmat.wgsl, "sgmat2": 05_attention_sgmat2.wgsl. Pure (no
-    device), so tests can check the choice; the module docstring has the table."""
+    allows), "staged": 05_attention_sgmat.wgsl, "sgmat2": 05_attention_sgmat2.wgsl's
+    backward. Pure (no device), so tests can check the choice; the module docstring has the
+    table."""
     version = sgmat_version(tensor_cores)
     if version is None:
         return {"forward": None, "backward": None}
     if version == "staged":
         return {"forward": None, "backward": "staged"}
-    if version == "sgmat2":
-        return {"forward": "sgmat2", "backward": "sgmat2"}
     # the staged forward beats the f32 tiled one only without robustness (module docstring)
     return {"forward": None if robustness else "staged", "backward": "sgmat2"}
 
@@ -685,18 +638,13 @@ def copy_kv(rec, src, dst, B: int, T: int, Hkv: int, D: int, strides: Strides) -
 def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
             scale: float | None = None, q_stride: int | None = None,
             kv_stride: int | None = None, o_stride: int | None = None, tiles=None,
-            config=None, tensor_cores: bool | str = False, rescale_at: float | None = None,
-            sgmat_tiles: dict | None = None) -> None:
+            config=None, tensor_cores: bool | str = False) -> None:
     """o = causal softmax(q k^T * scale) v per head; lse saved for the backward.
 
-    `tensor_cores` (True, "staged", "sgmat2"; sgmat_plan and the module docstring): where the
-    device has f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready layouts) and
-    nothing is pinned, True runs the staged tensor-core forward (05_attention_sgmat.wgsl) on a
-    device without Dawn's robustness and the f32 kernels on one with it; "staged" the f32
-    kernels; "sgmat2" the experimental 05_attention_sgmat2.wgsl forward (wrong on the H200,
-    refused without robustness: sgmat2_refusal). `rescale_at` (log2 units, default 8) and
-    `sgmat_tiles` ({"BKF": 32}; also the experiment knobs "pad", "order" and "fold", see
-    sgmat2_params) are knobs of that kernel for the ladder and probes.
+    `tensor_cores` (True, "staged"; sgmat_plan and the module docstring): where the device has
+    f16 subgroup matrices (D a multiple of 16 up to 64, vec4-ready layouts) and nothing is
+    pinned, True runs the staged tensor-core forward (05_attention_sgmat.wgsl) on a device
+    without Dawn's robustness and the f32 kernels on one with it; "staged" the f32 kernels.
     `config="sgmat"` pins the staged tensor-core forward."""
     op = "attention.forward"
     *strides, nq, nkv, no = _layout(op, B, T, H, Hkv, D, q_stride, kv_stride, o_stride)
@@ -711,12 +659,6 @@ def forward(rec, q, k, v, o, lse, B: int, T: int, H: int, Hkv: int, D: int, *,
     tc = sgmat_plan(tensor_cores, getattr(dev, "robustness", True))["forward"]
     if tc and config is None and tiles is None \
             and uses_tensor_cores(dev, D, strides, q, k, v, o):
-        if tc == "sgmat2":
-            rec.dispatch(_sgmat2_kernel(dev, "forward", D, rescale_at, sgmat_tiles, f16_in),
-                         [q, k, v, o, lse, _params(dev, B, T, H, Hkv, strides, scale)],
-                         grid2d(dev, op, B * H, ceil_div(T, SGMAT_ROWS)),
-                         label=SGMAT2_KERNELS["forward"])
-            return
         config = "sgmat"   # the staged forward, below
     params = _params(dev, B, T, H, Hkv, strides, scale)
     if config == "sgmat":
@@ -787,7 +729,7 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     `tensor_cores`: where the device has f16 subgroup matrices (D a multiple of 16 up to 64,
     vec4-ready layouts) and nothing is pinned, dQ and dK/dV run on the tensor cores (q, k, v,
     do, p and ds rounded to f16 in the products, f32 accumulation): 05_attention_sgmat2.wgsl
-    for True and "sgmat2" (dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
+    for True ("sgmat2-backward"; dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
     05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
     ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
     "order" and "qorder", see sgmat2_params; "dq" and "dkv" pick the kernels, chosen_widths)."""
