@@ -13,6 +13,7 @@ One concept per module:
 - `long_lane`: expensive documents, one at a time, on a device of their own;
 - `auth`, `metrics`, `logs`, `health`: bearer tokens, Prometheus, JSON logs, grpc.health.v1;
 - `app`: `TokenizerServer`, the lifecycle (bind, load, health, drain, stop);
+- `door`: what a drain does before grpc's stop(), so that no call ends CANCELLED;
 - `ports`: one-line errors for a port that cannot be bound;
 - `process`: one server process (signals, port file, start-up errors);
 - `workers`: `serve --workers N`, N processes on one port under a supervisor;

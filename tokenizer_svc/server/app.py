@@ -2,8 +2,9 @@
 
     start()   bind the port (health NOT_SERVING), start /metrics, then load the Encoding on the
               GPU thread; once it is ready the batcher starts and health turns SERVING
-    drain()   health NOT_SERVING, wait drain_delay_s (load balancers notice), stop accepting new
-              RPCs, let in-flight ones finish (up to shutdown_grace_s), finish the batcher
+    drain()   health NOT_SERVING, wait drain_delay_s (load balancers notice), serve the calls
+              grpc already holds (door.py: grpc's stop() would cancel them), stop accepting
+              new RPCs, let in-flight ones finish (up to shutdown_grace_s), finish the batcher
 
 Batches run on one worker thread, the GPU thread; documents that are expensive (long, or
 holding a long piece) run on a second one, the long lane, with their own encoder and in
@@ -29,6 +30,7 @@ from ..rpc import tokenizer_pb2 as pb
 from .auth import BearerAuthInterceptor
 from .batcher import DynamicBatcher
 from .config import ServerConfig
+from .door import Door
 from .event_loop import name_of
 from .long_lane import LongJobControl, LongLane
 from .health import HealthServicer
@@ -116,6 +118,7 @@ class TokenizerServer:
         self._loader: asyncio.Task | None = None
         self._stopped: asyncio.Event | None = None
         self._draining = False
+        self.door = Door()
 
     # ---- start ----------------------------------------------------------------------------
 
@@ -135,7 +138,7 @@ class TokenizerServer:
         cfg = self.config
         self.ready = asyncio.Event()
         self._stopped = asyncio.Event()
-        interceptors = [TelemetryInterceptor(self.metrics)]
+        interceptors = [TelemetryInterceptor(self.metrics), self.door]
         if cfg.auth_tokens:
             interceptors.append(BearerAuthInterceptor(cfg.auth_tokens))
         server = grpc.aio.server(interceptors=interceptors, options=self._grpc_options())
@@ -379,11 +382,16 @@ class TokenizerServer:
         if self.config.drain_delay_s > 0:
             await asyncio.sleep(self.config.drain_delay_s)
         if self._server is not None:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + grace
             # near the end of the grace period, open streams and long-lane work end with
             # UNAVAILABLE (clients resume elsewhere) instead of being cut off by grpc
-            cut = asyncio.get_running_loop().call_later(
-                max(0.0, grace - min(1.0, grace / 10)), self._cut_long_work)
-            await self._server.stop(grace)
+            cut = loop.call_at(end - min(1.0, grace / 10), self._cut_long_work)
+            # grpc's stop() cancels the calls it holds that this loop has not taken yet: they
+            # are served (or refused UNAVAILABLE) first, within the grace period (door.py)
+            if await self.door.settle(grace):
+                log.info("calls still arriving: new ones refused (UNAVAILABLE) until quiet")
+            await self._server.stop(max(0.0, end - loop.time()))
             cut.cancel()
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()

@@ -21,7 +21,7 @@ import grpc
 
 from istanbul_errors import UserFacingError
 
-from .errors import ERROR_METADATA_KEY, UNAUTHENTICATED
+from .errors import UNAUTHENTICATED, RequestRejected, refusing
 
 log = logging.getLogger("tokenizer_svc.server.auth")
 
@@ -74,26 +74,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if problem is None or handler is None:
             return handler
-        return _refusing(handler, problem)
 
-
-def _refusing(handler, message: str):
-    """A handler that answers UNAUTHENTICATED without reading the request: request-streaming
-    handlers only receive a message when they iterate, and this one never does (the caller
-    sees the same status whatever the method's shape)."""
-    metadata = ((ERROR_METADATA_KEY, UNAUTHENTICATED),)
-
-    async def refuse(request_iterator, context):
-        log.warning("authentication refused", extra={"data": {
-            "peer": context.peer(), "reason": message}})
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=metadata)
-
-    if handler.unary_unary or handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
-
-    async def refuse_stream(request_iterator, context):
-        await refuse(request_iterator, context)
-        yield  # pragma: no cover (abort raises)
-
-    return grpc.stream_stream_rpc_method_handler(refuse_stream, None,
-                                                 handler.response_serializer)
+        def warn(context):
+            log.warning("authentication refused", extra={"data": {
+                "peer": context.peer(), "reason": problem}})
+        return refusing(handler, RequestRejected(grpc.StatusCode.UNAUTHENTICATED,
+                                                 UNAUTHENTICATED, problem), before=warn)

@@ -2,6 +2,8 @@
 
 The reason travels in the trailing metadata key `istanbul-error` so that clients can react to
 it without parsing the message (the Python client maps it back to the local exception types).
+`refusing` answers one in place of a method's handler without reading the request (auth.py,
+door.py).
 """
 
 from __future__ import annotations
@@ -41,3 +43,31 @@ class RequestRejected(Exception):
 
     def trailing_metadata(self) -> tuple:
         return ((ERROR_METADATA_KEY, self.reason), *self.extra_metadata)
+
+
+def shutting_down() -> RequestRejected:
+    """The answer to work the server no longer takes because it drains: retryable elsewhere."""
+    return RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
+                           "the server is shutting down; retry (another replica)")
+
+
+def refusing(handler, rejection: RequestRejected, before=None):
+    """A handler that answers `rejection` in place of `handler` without reading the request:
+    request-streaming handlers only receive a message when they iterate, and this one never
+    does (the caller sees the same status whatever the method's shape). `before(context)`
+    runs first (a log line)."""
+    async def refuse(request_iterator, context):
+        if before is not None:
+            before(context)
+        await context.abort(rejection.code, rejection.message,
+                            trailing_metadata=rejection.trailing_metadata())
+
+    if handler.unary_unary or handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
+
+    async def refuse_stream(request_iterator, context):
+        await refuse(request_iterator, context)
+        yield  # pragma: no cover (abort raises)
+
+    return grpc.stream_stream_rpc_method_handler(refuse_stream, None,
+                                                 handler.response_serializer)

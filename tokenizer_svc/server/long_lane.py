@@ -25,7 +25,7 @@ import numpy as np
 
 from ..cuts import PATTERNS, split_cuts, valid_utf8_prefix
 from .config import LaneConfig
-from .errors import NOT_READY, RequestRejected
+from .errors import RequestRejected, shutting_down
 from .work import encode_flat, utf8_len
 
 MiB = 1 << 20
@@ -98,8 +98,7 @@ class LongJobControl:
         if self.cancelled.is_set():
             raise Interrupted("cancelled")
         if self._closing.is_set():
-            raise RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
-                                  "the server is shutting down; retry (another replica)")
+            raise shutting_down()
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise RequestRejected(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline",
                                   "the deadline passed while the long document was encoded")

@@ -21,7 +21,8 @@ from ..rpc import tokenizer_pb2 as pb
 from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
-from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected)
+from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected,
+                     shutting_down)
 from .work import DecodeJob, EncodeJob, SpecialRule, special_ids, utf8_len
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ def _as_rejection(exc: BaseException) -> RequestRejected | None:
         return RequestRejected(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline",
                                "the deadline passed while the request waited for the GPU")
     if isinstance(exc, BatcherClosed):
-        return RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
-                               "the server is shutting down; retry (another replica)")
+        return shutting_down()
     return None
 
 
