@@ -232,6 +232,7 @@ class TokenizerServicer:
         self.long_lane = None         # LongLane: decides which jobs are expensive (app.py)
         self.run_long = None          # async (job, timeout) -> results, in the long lane
         self._streams_cut = asyncio.Event()
+        self._stream_tasks: set = set()   # every stream's reader and request tasks, until done
         self._texts_cache: dict = {}
         self._special_ids = None
         self._rules: dict = {}        # SpecialTokenPolicy fields -> SpecialRule (_rule)
@@ -535,8 +536,29 @@ class TokenizerServicer:
     async def _pipelined(self, request_iterator, handle, context):
         """Results of `handle(request, index)` in request order, up to max_stream_inflight
         requests in progress at once (so one stream's requests share GPU batches). A failed
-        request ends the stream; its status message starts with "stream request N"."""
+        request ends the stream; its status message starts with "stream request N".
+
+        A reader task takes the requests and starts a task for each. They end with the RPC,
+        however it ends: grpc drops this generator without closing it when the RPC ends
+        outside it (a client's cancel while a reply is written), and a reader left waiting
+        (for the client, or for room in the queue) would be destroyed pending by the garbage
+        collector ("Task was destroyed but it is pending!" at ERROR). So the RPC's done
+        callback cancels them, the servicer holds them until they are done, and the generator
+        cancels and awaits them when it ends."""
         queue: asyncio.Queue = asyncio.Queue(self.limits.max_stream_inflight)
+        tasks: set = set()   # this stream's reader and request tasks still running
+
+        def start(coro) -> asyncio.Task:
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(_quiet)   # its caller may be gone (cancel)
+            for owner in (tasks, self._stream_tasks):
+                owner.add(task)
+                task.add_done_callback(owner.discard)
+            return task
+
+        def end(_context=None) -> None:
+            for task in list(tasks):   # queued or being awaited: nobody will read them now
+                task.cancel()
 
         async def numbered(request, index):
             try:
@@ -551,11 +573,7 @@ class TokenizerServicer:
             try:
                 index = 0
                 async for request in request_iterator:
-                    task = asyncio.ensure_future(numbered(request, index))
-                    task.add_done_callback(_quiet)   # its caller may be gone (cancel)
-                    spawned.add(task)
-                    task.add_done_callback(spawned.discard)
-                    await queue.put(task)
+                    await queue.put(start(numbered(request, index)))
                     index += 1
                 await queue.put(_END)
             except asyncio.CancelledError:
@@ -563,8 +581,8 @@ class TokenizerServicer:
             except Exception as exc:
                 await queue.put(exc)
 
-        spawned: set = set()   # every request task still running, cancelled when the stream ends
-        reader = asyncio.ensure_future(read())
+        context.add_done_callback(end)
+        reader = start(read())
         answered = 0
         try:
             while True:
@@ -576,6 +594,5 @@ class TokenizerServicer:
                 yield await self._or_cut(item, answered)
                 answered += 1
         finally:
-            reader.cancel()
-            for task in list(spawned):   # queued or being awaited: nobody will read them now
-                task.cancel()
+            end()
+            await asyncio.wait({reader, *tasks})
