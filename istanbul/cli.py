@@ -6,8 +6,6 @@ and sets `func` on each parser to a callable taking the parsed args and returnin
 What holds for every subcommand lives here, so the parts only declare their flags:
 - every `--help` shows each option's default (`DefaultsHelpFormatter`);
 - an unknown option is reported under the subcommand's own usage, with a did-you-mean;
-- old flag spellings (`DEPRECATED_FLAGS`) still work for one release, with a warning, and are
-  in no `--help`;
 - `--require-gpu` (on every command that opens a GPU) refuses software Vulkan before any work.
 """
 
@@ -31,24 +29,6 @@ COMMAND_MODULES = [
     "trainer_svc.cli_train",  # train, generate, export
     "istanbul.demo",         # demo: everything above, end to end
 ]
-
-# (subcommand, old spelling) -> the one spelling every command now uses. Remove in 0.3.
-DEPRECATED_FLAGS = {
-    ("trainer", "--metrics-addr"): "--metrics-host",
-    ("encode", "--server"): "--tokenizer",
-    ("decode", "--server"): "--tokenizer",
-    ("encode", "--server-token-file"): "--auth-token-file",
-    ("decode", "--server-token-file"): "--auth-token-file",
-    ("prepare", "--token-file"): "--auth-token-file",
-    ("encode", "--server-tls"): "--tls",
-    ("decode", "--server-tls"): "--tls",
-    ("encode", "--server-ca"): "--tls-ca",
-    ("decode", "--server-ca"): "--tls-ca",
-    ("prepare", "--ca-file"): "--tls-ca",
-    ("health", "--ca"): "--tls-ca",
-    ("vocab", "--quiet"): "--no-progress",
-}
-
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Appends '(default: X)' to an option's help unless the text already states its default
@@ -122,21 +102,6 @@ def _option_strings(parser) -> list[str]:
             for s in a.option_strings if s.startswith("--")]
 
 
-def rewrite_deprecated(argv: list[str]) -> list[str]:
-    """Old flag spellings -> the current ones, with a warning on stderr."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    out = []
-    for arg in argv:
-        name, eq, value = arg.partition("=")
-        new = DEPRECATED_FLAGS.get((command, name))
-        if new is not None:
-            print(f"istanbul {command}: warning: {name} is deprecated; use {new}",
-                  file=sys.stderr)
-            arg = new + eq + value
-        out.append(arg)
-    return out
-
-
 def _target_parser(parser: argparse.ArgumentParser, argv: list[str]):
     """The subcommand parser `argv` selects, found before parsing (so that a misspelt option
     is reported before a missing required one)."""
@@ -166,22 +131,18 @@ def _unknown_options(parser, target, argv: list[str]) -> list[str]:
 
 
 def _refuse_unknown(target, unknown: list[str]) -> None:
-    words = target.prog.split()                 # "istanbul vocab train" -> "vocab"
-    command = words[1] if len(words) > 1 else None
-    renamed = {old: new for (cmd, old), new in DEPRECATED_FLAGS.items() if cmd == command}
     hints = []
-    for flag in unknown:     # a near-miss of an old spelling suggests its new one
-        close = difflib.get_close_matches(flag, _option_strings(target) + list(renamed), n=1,
-                                          cutoff=0.6)
+    for flag in unknown:
+        close = difflib.get_close_matches(flag, _option_strings(target), n=1, cutoff=0.6)
         if close:
-            hints.append(f"{flag}: did you mean {renamed.get(close[0], close[0])}?")
+            hints.append(f"{flag}: did you mean {close[0]}?")
     target.error(f"unrecognized arguments: {' '.join(unknown)}"
                  + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     """parse_args, but unknown options fail under the subcommand's usage with a suggestion."""
-    argv = rewrite_deprecated(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
     target = _target_parser(parser, argv)
     unknown = _unknown_options(parser, target, argv)
     if unknown:

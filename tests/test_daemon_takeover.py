@@ -173,7 +173,7 @@ def test_redis_restarts_mid_job_are_survived(handle, daemons, redis_server):
 def test_two_daemons_four_jobs_each_runs_exactly_once(handle, daemons, tmp_path):
     queue = JobQueue(handle)
     port = free_port()
-    a = daemons("--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    a = daemons("--metrics-port", str(port), "--metrics-host", "127.0.0.1")
     b = daemons()
     for d in (a, b):   # both polling before the jobs arrive, so both get some
         wait_for(lambda: "checkpoints in" in d.output(), 120, what="a daemon to start")
