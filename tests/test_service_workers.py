@@ -188,6 +188,7 @@ def test_a_killed_worker_is_restarted_and_serves_again(tiny_vocab_path, tiny_enc
 
 def test_workers_that_cannot_start_stop_the_group(tiny_vocab_path, tmp_path):
     proc = _drained(serve_subprocess("--vocab", str(tiny_vocab_path), "--workers", "2",
+                                     "--gpu-processes", "1", "--gpu-keep-clock", "0",
                                      "--port", "0", "--adapter", "no-such-adapter"))
     try:
         assert proc.wait(180) == 1
