@@ -103,6 +103,7 @@ def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, capsys):
     singles.write_text("a\nb\nc\n" * 100)
     bad_utf8 = tmp_path / "bad.txt"
     bad_utf8.write_bytes(b"fine text\n" * 10 + b"\xc3\x28 broken")
+    (tmp_path / "none").mkdir()
     cases = [
         (["--size", "256"], TRAIN_FILES, ["--size 256", "at least 257"]),
         (["--size", "257", "--special", "<s>"], TRAIN_FILES, ["at least 258"]),
@@ -112,7 +113,7 @@ def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, capsys):
         (["--size", "300"], [bad_utf8], ["bad.txt: invalid UTF-8 at byte 100",
                                          "--invalid-utf8 keep"]),
         (["--size", "300"], [tmp_path / "nope.txt"], ["nope.txt: no such file"]),
-        (["--size", "300"], [tmp_path], ["is a directory"]),
+        (["--size", "300"], [tmp_path / "none"], ["none: no files in this directory"]),
         (["--size", "300", "--pattern", "([bad"], TRAIN_FILES, ["neither a known pattern"]),
         (["--size", "300", "--max-token-bytes", "1"], TRAIN_FILES, ["allows no merge"]),
     ]
@@ -158,8 +159,11 @@ def test_argument_errors_come_before_any_device(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(engine, "default_device", no_device)
     good = [str(f) for f in TRAIN_FILES]
     out = tmp_path / "v.tiktoken"
+    (tmp_path / "empty").mkdir()
     cases = [
-        ([str(tmp_path), "--size", "300"], ["is a directory", str(tmp_path)]),
+        ([str(tmp_path / "empty"), "--size", "300"], ["no files in this directory",
+                                                      str(tmp_path / "empty")]),
+        ([*good, str(tmp_path / "*.nothing"), "--size", "300"], ["no file matches"]),
         ([*good, str(tmp_path / "nope.txt"), "--size", "300"], ["nope.txt: no such file"]),
         ([*good, "--size", "256"], ["--size 256", "at least 257"]),
         ([*good, "--size", "300", "--special", "<s>", "--special", "<s>"], ["given twice"]),
@@ -196,7 +200,8 @@ from istanbul_errors import UserFacingError
 from tokenizer_svc.cli_vocab import check_arguments
 args = argparse.Namespace(output={str(tmp_path / "v.tiktoken")!r}, files=[{str(tmp_path)!r}],
                           size=300, special=[], max_token_bytes=None, pattern="o200k",
-                          pretokenizer="auto", workers=None)
+                          pretokenizer="auto", workers=None, format="auto", text_field=None,
+                          skip_bad=False)
 try:
     check_arguments(args)
 except UserFacingError as exc:
@@ -206,4 +211,5 @@ print(sorted(m for m in ("wgpu", "istanbul.shaders.engine", "tokenizer_svc.gpu_e
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
-    assert "is a directory" in done.stdout and done.stdout.splitlines()[-1] == "[]", done
+    assert "no files in this directory" in done.stdout, done
+    assert done.stdout.splitlines()[-1] == "[]", done

@@ -4,6 +4,8 @@
     istanbul encode --vocab o200k_base --jsonl < docs.jsonl          # per line: "text" or
                                                                      # {"text": "..."} in,
                                                                      # a JSON array out
+    istanbul encode --vocab o200k_base docs.jsonl.zst a.txt 'x/*.parquet'   # FILES: a JSON
+                                                                     # array per document
     echo "[15339, 1917]" | istanbul decode --vocab cl100k_base       # hello world
     echo "hello world" | istanbul encode --tokenizer localhost:50051  # the same, by the service
 """
@@ -23,11 +25,18 @@ SPECIAL_HELP = ("what to do with text that spells a special token: 'raise' (tikt
                 "ordinary text)")
 
 
-TEXT_FIELD = "text"   # encode --jsonl: the field of an object line that holds the document
+ENCODE_BATCH_BYTES = 8 << 20   # encode FILES: text per encode call (memory stays bounded)
 
 
 def register(sub) -> None:
-    e = sub.add_parser("encode", help="text on stdin -> JSON arrays of token ids on stdout")
+    from .corpus_files import TEXT_FIELD, add_corpus_arguments
+    e = sub.add_parser("encode", help="text on stdin (or FILES) -> JSON arrays of token ids "
+                                      "on stdout")
+    e.add_argument("files", nargs="*", metavar="FILES",
+                   help="read these instead of stdin (files, directories, quoted globs, - for "
+                        "stdin) as `istanbul prepare` does: a text file is one document, "
+                        ".jsonl/.json/.parquet/.arrow files and datasets folders one per "
+                        "record, compressed or not; print one JSON array per document")
     e.add_argument("--vocab", metavar="V",
                    help="vocabulary: a path (.tiktoken with optional sidecar, tokenizer.json) or "
                         "a known name (gpt2, r50k_base, cl100k_base, o200k_base); required "
@@ -40,8 +49,9 @@ def register(sub) -> None:
                         "--text-field holds the text (e.g. {\"text\": \"...\"}); print one "
                         "JSON array per line (default: all of stdin is one document)")
     e.add_argument("--text-field", metavar="NAME", default=None,
-                   help=f"with --jsonl: the field of an object line that holds the text "
-                        f"(default: {TEXT_FIELD})")
+                   help=f"with --jsonl or FILES: the field of a JSON object, or the Parquet or "
+                        f"Arrow column, that holds the text (default: {TEXT_FIELD})")
+    add_corpus_arguments(e, skip_bad=False, text_field=False)
     e.add_argument("--special", choices=("raise", "allow", "text"), default="raise",
                    help=SPECIAL_HELP)
     e.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
@@ -93,71 +103,61 @@ def _special_args(policy: str) -> dict:
     return {"allowed_special": set(), "disallowed_special": "all"}
 
 
-def _jsonl_document(line: str, lineno: int, field: str) -> str:
-    """One --jsonl line's document: a JSON string, or an object's `field` (a string)."""
-    expected = f'a JSON string or an object with a string field "{field}"'
-    try:
-        doc = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserFacingError(f"stdin line {lineno}: not JSON ({exc.msg}); --jsonl expects "
-                              f"{expected} per line") from None
-    if isinstance(doc, str):
-        return doc
-    if not isinstance(doc, dict):
-        raise UserFacingError(f"stdin line {lineno}: a JSON {_json_kind(doc)}; --jsonl expects "
-                              f"{expected} per line")
-    if field not in doc:
-        fields = ", ".join(json.dumps(k) for k in list(doc)[:8]) or "none"
-        raise UserFacingError(f"stdin line {lineno}: the object has no field \"{field}\" (its "
-                              f"fields: {fields}); name the text's field with --text-field")
-    if not isinstance(doc[field], str):
-        raise UserFacingError(f"stdin line {lineno}: field \"{field}\" is a JSON "
-                              f"{_json_kind(doc[field])}, not a string")
-    return doc[field]
-
-
-def _json_kind(value) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    return {dict: "object", list: "array", int: "number", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
-
-
 def cmd_encode(args) -> int:
+    from .corpus_files import TEXT_FIELD, CorpusReader
     from .reference import DisallowedSpecialTokenError
-    if args.text_field is not None and not args.jsonl:
-        raise UserFacingError("--text-field applies to --jsonl input only; add --jsonl")
+    if args.text_field is not None and not (args.jsonl or args.files
+                                            or args.format not in ("auto", "text")):
+        raise UserFacingError("--text-field applies to JSON, Parquet or Arrow input: add "
+                              "--jsonl (stdin), or give such FILES")
     field = TEXT_FIELD if args.text_field is None else args.text_field
+    corpus = None
+    if args.files or args.jsonl or args.format != "auto":
+        fmt = "jsonl" if args.jsonl and args.format == "auto" else args.format
+        corpus = CorpusReader(args.files or ["-"], format=fmt, text_field=field,
+                              skip_bad=None)
     enc = _encoding(args)
-    raw = sys.stdin.buffer.read()
     special = _special_args(args.special)
     try:
-        if args.jsonl:
-            docs = []
-            for lineno, line in enumerate(raw.decode("utf-8", errors="strict").splitlines(), 1):
-                if not line.strip():
-                    continue
-                docs.append(_jsonl_document(line, lineno, field))
-            ids, offsets = enc.encode_batch_flat(docs, **special)
-            out = sys.stdout
-            flat = ids.tolist()
-            for i in range(len(docs)):
-                out.write(json.dumps(flat[offsets[i]:offsets[i + 1]]) + "\n")
+        if corpus is not None:
+            for batch in _batches(corpus):
+                ids, offsets = enc.encode_batch_flat(batch, **special)
+                flat = ids.tolist()
+                sys.stdout.write("".join(json.dumps(flat[offsets[i]:offsets[i + 1]]) + "\n"
+                                         for i in range(len(batch))))
             return 0
+        raw = sys.stdin.buffer.read()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             ids = enc.encode_bytes(raw)  # raw bytes: special-token text is ordinary text
         else:
             ids = enc.encode(text, **special)
-    except UnicodeDecodeError as exc:
-        raise UserFacingError(f"stdin is not valid UTF-8 at byte {exc.start}; --jsonl input "
-                              "must be UTF-8 JSON") from None
     except DisallowedSpecialTokenError as exc:
         first = str(exc).splitlines()[0]
         raise UserFacingError(f"{first} Pass --special allow or --special text.") from None
     sys.stdout.write(json.dumps(ids) + "\n")
     return 0
+
+
+def _batches(corpus):
+    """The corpus's documents in lists of about ENCODE_BATCH_BYTES: text as str (so that the
+    --special policy applies), bytes where a text file is not UTF-8 (encoded as raw bytes)."""
+    batch, size = [], 0
+    for doc in corpus.documents():
+        data = doc.data
+        if isinstance(data, bytes):
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        batch.append(data)
+        size += len(data)
+        if size >= ENCODE_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _parse_ids(value, where: str) -> list[int]:

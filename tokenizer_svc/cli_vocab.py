@@ -1,8 +1,12 @@
-"""`istanbul vocab train`: learn a byte-level BPE vocabulary from text files, on the GPU;
+"""`istanbul vocab train`: learn a byte-level BPE vocabulary from a corpus, on the GPU;
 `istanbul vocab fetch NAME`: get a published one (tokenizer_svc/vocab_fetch.py).
 
     istanbul vocab train corpus/*.txt --size 32000 --pattern o200k \\
         --special '<|endoftext|>' -o my.tiktoken
+    istanbul vocab train 'fineweb/*.parquet' web.jsonl.zst --size 32000 -o web.tiktoken
+
+The inputs are read by tokenizer_svc/corpus_files.py (text files, directories, globs, stdin;
+JSON Lines, JSON, Parquet, Arrow, `datasets` folders; compressed or not).
 
 writes `my.tiktoken` (base64 token + rank per line: tiktoken's format) and `my.tiktoken.json`
 (pattern and special tokens), both atomically, only once training has succeeded. The
@@ -18,10 +22,13 @@ from pathlib import Path
 from istanbul_errors import UserFacingError
 
 DESCRIPTION = """\
-Learn a byte-level BPE vocabulary from text files. Ranks 0-255 are the single bytes; each
-merge adds the next rank (most frequent adjacent pair; ties: lowest left rank, then lowest
-right rank); special tokens get the ids after the last merge, in the order given. The result
-loads in tiktoken: tiktoken.Encoding(name, pat_str=PATTERN, mergeable_ranks=..., ...).
+Learn a byte-level BPE vocabulary from a corpus: text files (each one text), directories,
+quoted globs, - for stdin; JSON Lines, JSON, Parquet, Arrow files and datasets folders (each
+record one text; --text-field), any of them .gz/.zst/.xz/.bz2. Ranks 0-255 are the single
+bytes; each merge adds the next rank (most frequent adjacent pair; ties: lowest left rank,
+then lowest right rank); special tokens get the ids after the last merge, in the order
+given. The result loads in tiktoken: tiktoken.Encoding(name, pat_str=PATTERN,
+mergeable_ranks=..., ...).
 Pre-tokenization and piece counting run on the GPU (gpt2, cl100k, o200k patterns, on a
 hardware GPU; else on the CPU in parallel: --pretokenizer), pair counting and merging on the
 GPU. Both pre-tokenizers give the same pieces.
@@ -32,12 +39,17 @@ def register(sub) -> None:
     from istanbul.shaders.cli import add_device_args
     from .patterns import KNOWN_VOCABULARIES, PATTERNS
 
-    v = sub.add_parser("vocab", help="BPE vocabularies: train one from text files, fetch a "
+    v = sub.add_parser("vocab", help="BPE vocabularies: train one from a corpus, fetch a "
                        "published one")
     vsub = v.add_subparsers(dest="vocab_command", metavar="ACTION", required=True)
-    t = vsub.add_parser("train", help="learn a BPE vocabulary (.tiktoken) from text files",
+    t = vsub.add_parser("train", help="learn a BPE vocabulary (.tiktoken) from a corpus",
                         description=DESCRIPTION)
-    t.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files (the corpus)")
+    t.add_argument("files", nargs="+", metavar="FILE",
+                   help="the corpus: UTF-8 text files (each one text), directories (searched "
+                        "recursively), quoted globs, - for stdin; .jsonl/.json/.parquet/.arrow "
+                        "files and datasets folders (each record one text); see --format")
+    from .corpus_files import add_corpus_arguments
+    add_corpus_arguments(t)
     t.add_argument("--size", type=int, required=True, metavar="N",
                    help="vocabulary size: 256 byte tokens + merges + special tokens")
     t.add_argument("--pattern", default="o200k", metavar="P",
@@ -106,21 +118,24 @@ def check_output(output: str, files) -> Path:
     return out
 
 
-def check_arguments(args) -> Path:
-    """Every check the arguments allow on their own (the output path, the input files, the
-    size, special tokens, token cap, pattern, pre-tokenizer, workers), before any device is
-    opened or any GPU module imported; returns the output path."""
+def check_arguments(args):
+    """Every check the arguments allow on their own (the output path, the inputs, the size,
+    special tokens, token cap, pattern, pre-tokenizer, workers), before any device is opened
+    or any GPU module imported; returns (the output path, the corpus reader)."""
+    from .corpus_files import TEXT_FIELD, CorpusFileError, CorpusReader
     from .patterns import PATTERNS, pattern_name_for
     from .training import CorpusError, TrainingError, resolve_pattern
-    from .training.corpus import check_files
+    from .training.corpus import split_inputs
     from .training.merges import check_request
 
-    out = check_output(args.output, args.files)
     try:
-        check_files(args.files)      # a directory is refused: the shell's glob picks its files
+        corpus = CorpusReader(args.files, format=args.format,
+                              text_field=args.text_field or TEXT_FIELD, skip_bad=args.skip_bad)
+        out = check_output(args.output, [i.path for i in corpus.inputs if i.path is not None])
+        split_inputs(corpus)         # text files: each readable
         check_request(args.size, args.special, args.max_token_bytes)
         resolve_pattern(args.pattern)
-    except (CorpusError, TrainingError) as exc:
+    except (CorpusError, CorpusFileError, TrainingError) as exc:
         raise UserFacingError(f"{exc} (no output written)") from None
     if args.pretokenizer == "gpu" and args.pattern not in PATTERNS and \
             pattern_name_for(args.pattern) is None:
@@ -130,14 +145,15 @@ def check_arguments(args) -> Path:
     if args.workers is not None and args.workers < 1:
         raise UserFacingError(f"--workers {args.workers}: give 1 or more (or leave it out for "
                               "one per CPU core)")
-    return out
+    return out, corpus
 
 
 def cmd_train(args) -> int:
+    from .corpus_files import CorpusFileError
     from .training import CorpusError, TrainingError, train_vocabulary
     from .vocab import save_vocabulary, sidecar_path
 
-    out = check_arguments(args)
+    out, corpus = check_arguments(args)
     name = args.name or out.name.removesuffix(".tiktoken")
     device = None
     if "gpu" in (args.trainer, args.pretokenizer):
@@ -150,10 +166,10 @@ def cmd_train(args) -> int:
                   "same merges faster here")
     try:
         vocab, report = train_vocabulary(
-            args.files, args.size, args.pattern, args.special, args.max_token_bytes,
+            corpus, args.size, args.pattern, args.special, args.max_token_bytes,
             args.invalid_utf8, args.trainer, device=device, workers=args.workers, name=name,
             progress=not args.no_progress, pretokenizer=args.pretokenizer)
-    except (CorpusError, TrainingError) as exc:
+    except (CorpusError, CorpusFileError, TrainingError) as exc:
         raise UserFacingError(f"{exc} (no output written)") from None
     try:
         save_vocabulary(vocab, out)
@@ -161,6 +177,9 @@ def cmd_train(args) -> int:
         raise UserFacingError(f"-o {out}: cannot write the vocabulary: "
                               f"{exc.strerror or exc}") from None
     print(report.summary())
+    if corpus.stats.skipped:
+        print(f"skipped {corpus.stats.skipped:,} bad record(s) (--skip-bad); the first: "
+              + "; ".join(corpus.stats.bad_examples[:3]))
     print(f"wrote {out} ({vocab.n_vocab:,} ids: {len(vocab.ranks):,} tokens + "
           f"{len(vocab.special_tokens)} special) and {sidecar_path(out)}")
     return 0

@@ -1,6 +1,6 @@
 """Datasets, jobs and the daemon from the command line.
 
-    istanbul prepare FILES... --tokenizer HOST:PORT --dataset NAME     # text -> shards in Redis
+    istanbul prepare FILES... --tokenizer HOST:PORT --dataset NAME     # corpus -> shards in Redis
     istanbul datasets
     istanbul submit --dataset NAME --model tiny --steps 1000 [...]    # or --spec job.toml
     istanbul jobs | status JOB [--json] | watch JOB | cancel JOB
@@ -94,16 +94,22 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 def register(sub) -> None:
     from .jobs import JobSpec
     fields = JobSpec.model_fields      # submit's defaults come from the spec, as train's do
-    p = sub.add_parser("prepare", help="tokenize files into a dataset: shards in Redis "
+    p = sub.add_parser("prepare", help="tokenize a corpus into a dataset: shards in Redis "
                                        "(--dataset) or shard files in a folder (--out)",
-                       description="Tokenize files (each one a document) through the gRPC "
-                                   "tokenizer service (--tokenizer) or, without it, with the "
-                                   "same GPU encoder in this process (--vocab), into a dataset "
-                                   "of shards in Redis (--dataset NAME) or shard files that "
-                                   "`istanbul train --data DIR` reads (--out DIR).")
+                       description="Tokenize a corpus (text files, each one a document; JSON "
+                                   "Lines, JSON, Parquet, Arrow files and `datasets` folders, a "
+                                   "document per record; any of them .gz/.zst/.xz/.bz2) through "
+                                   "the gRPC tokenizer service (--tokenizer) or, without it, "
+                                   "with the same GPU encoder in this process (--vocab), into a "
+                                   "dataset of shards in Redis (--dataset NAME) or shard files "
+                                   "that `istanbul train --data DIR` reads (--out DIR).")
     p.add_argument("files", nargs="+", metavar="FILES",
-                   help="input files (each one a document) or directories (searched "
-                        "recursively)")
+                   help="input files, directories (searched recursively), quoted glob patterns "
+                        "('data/*.parquet', 'web/**/*.jsonl.zst') or - for stdin; a text file "
+                        "is one document, .jsonl/.json/.parquet/.arrow files and datasets "
+                        "folders (save_to_disk) one per record (see --format)")
+    from tokenizer_svc.corpus_files import add_corpus_arguments
+    add_corpus_arguments(p)
     add_tokenizer_arguments(p, help="the gRPC tokenizer service (`istanbul serve`); default: "
                                     "tokenize in this process with --vocab")
     dest = p.add_mutually_exclusive_group(required=True)
@@ -240,11 +246,13 @@ def _service_source(args):
 
 def cmd_prepare(args) -> int:
     from tokenizer_svc.client import ServiceError
+    from tokenizer_svc.corpus_files import TEXT_FIELD, CorpusReader
     from .data_files import DataFilesError, ShardFileWriter
     from .datasets import DatasetError, DatasetWriter
-    from .prepare import expand_inputs, local_source, prepare_dataset, vocabulary_files_for
+    from .prepare import local_source, prepare_dataset, vocabulary_files_for
 
-    files = expand_inputs(args.files, args.include)
+    corpus = CorpusReader(args.files, include=args.include, format=args.format,
+                          text_field=args.text_field or TEXT_FIELD, skip_bad=args.skip_bad)
     if not args.tokenizer and not args.vocab:
         raise UserFacingError("give --tokenizer HOST:PORT (the service) or --vocab V (tokenize "
                               "in this process)")
@@ -266,7 +274,7 @@ def cmd_prepare(args) -> int:
                 handle, args.dataset, shard_tokens=args.shard_tokens, replace=args.replace,
                 **ident)
         name = args.dataset or str(args.out)
-        result = prepare_dataset(source, files, open_writer, vocab_files=vocab_files,
+        result = prepare_dataset(source, corpus, open_writer, vocab_files=vocab_files,
                                  eot=args.eot, name=name, progress=not args.no_progress)
     except (DatasetError, DataFilesError, ServiceError) as exc:
         raise UserFacingError(str(exc)) from None
@@ -276,11 +284,19 @@ def cmd_prepare(args) -> int:
     src = result.source
     where = f"dataset {name}" if args.dataset else f"shard files in {args.out}"
     print(f"{where}: {result.tokens:,} tokens in {result.shards} shard(s) from "
-          f"{result.documents} document(s) ({result.bytes:,} bytes); vocabulary "
+          f"{result.documents:,} document(s) ({result.bytes:,} bytes); vocabulary "
           f"{src.vocab_name} ({src.n_vocab} ids, hash {src.vocab_hash[:16]}), tokenized "
           f"{'by ' + src.target if args.tokenizer else 'in-process'}")
+    print(f"  {result.documents:,} documents, {result.bytes / 1e6:,.1f} MB of text in from "
+          f"{result.files:,} input(s), {result.tokens:,} tokens out, in {result.seconds:.1f} s "
+          f"({result.mb_per_s:,.1f} MB/s)")
     if result.empty_files:
-        print(f"  skipped {result.empty_files} empty file(s)")
+        kind = "file" if corpus.all_plain else "document"
+        print(f"  skipped {result.empty_files} empty {kind}(s)")
+    if result.skipped:
+        stats = corpus.stats
+        print(f"  skipped {result.skipped:,} bad record(s) (--skip-bad); the first: "
+              + "; ".join(stats.bad_examples[:3]))
     if result.unsafe_cuts:
         print(f"  warning: {result.unsafe_cuts} cut(s) inside long lines may tokenize "
               "differently from whole files")

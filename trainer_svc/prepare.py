@@ -1,9 +1,13 @@
-"""`istanbul prepare`: files -> a tokenizer -> shards (in Redis, or shard files in a folder).
+"""`istanbul prepare`: corpus files -> a tokenizer -> shards (in Redis, or shard files in a
+folder).
 
 The tokenizer is the gRPC service (`service_source`: one TokenizeStream call) or the same GPU
 encoder in this process (`local_source`, when no --tokenizer is given: one machine, no
-server). Every input file is one document. Documents are encoded in order (raw bytes,
-special-token text encoded as ordinary text), and the ids are packed by a `DatasetWriter`
+server). The documents come from tokenizer_svc/corpus_files.py: a text file is one document;
+JSON Lines, JSON arrays, Parquet, Arrow and `datasets` folders hold one per record; any of
+them compressed. A thread reads them (at most READ_AHEAD_BYTES ahead) while the tokenizer
+encodes. Documents are encoded in order (raw bytes, special-token text encoded as ordinary
+text), and the ids are packed by a `DatasetWriter`
 (Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than
 the service's per-document limit is sent in pieces cut where the split cannot change the
 tokens: the tokenizer's cut rule (tokenizer_svc/cuts.py) for every known pattern at once.
@@ -17,39 +21,23 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from istanbul_errors import UserFacingError
+from tokenizer_svc.corpus_files import CorpusReader
 from tokenizer_svc.cuts import is_cut, split_points
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PIECE_BYTES = 1 << 20
-
-
-def expand_inputs(paths: list[str], include: list[str] | None = None) -> list[Path]:
-    """Files named directly, plus the files under named directories (sorted, filtered by the
-    `include` glob patterns, e.g. '*.py'). Refuses paths that do not exist."""
-    out: list[Path] = []
-    for name in paths:
-        path = Path(name)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file())
-            if include:
-                found = [p for p in found if any(p.match(g) for g in include)]
-            out.extend(found)
-        elif path.is_file():
-            out.append(path)
-        else:
-            raise UserFacingError(f"{name}: no such file or directory")
-    if not out:
-        raise UserFacingError("no input files" + (f" matching {include}" if include else ""))
-    return out
 
 
 def is_safe_point(data: bytes, p: int) -> bool:
@@ -128,51 +116,62 @@ class PrepareResult:
     name: str
     tokens: int
     shards: int
-    documents: int
+    documents: int        # documents written (empty ones are skipped)
     source: TokenizerSource
-    files: int
-    bytes: int
-    empty_files: int
+    files: int            # inputs read
+    bytes: int            # text in, UTF-8 bytes
+    empty_files: int      # empty documents skipped (empty files, for text files)
     unsafe_cuts: int
+    skipped: int = 0      # bad records skipped (--skip-bad)
+    seconds: float = 0.0  # from the first read to the last shard written
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
 
 
-def prepare_dataset(source: TokenizerSource, files: list[Path], open_writer, *,
+READ_AHEAD_BYTES = 32 << 20   # text the reading thread may be ahead of the tokenizer
+
+
+def prepare_dataset(source: TokenizerSource, corpus: CorpusReader, open_writer, *,
                     vocab_files: dict | None = None, eot: str | None = None,
                     piece_bytes: int | None = None, name: str = "",
                     progress: bool = True) -> PrepareResult:
-    """Tokenize `files` with `source` into the writer `open_writer(**identity)` returns (a
-    DatasetWriter into Redis, or a ShardFileWriter into a folder)."""
+    """Tokenize the documents of `corpus` with `source` into the writer
+    `open_writer(**identity)` returns (a DatasetWriter into Redis, or a ShardFileWriter into
+    a folder). Reader errors (CorpusFileError: a bad record without skip_bad, a damaged
+    file) abort the writer and propagate."""
     eot_id = _eot_id(source, eot)
     limit = min(source.max_piece_bytes, piece_bytes or DEFAULT_PIECE_BYTES)
+    started = time.perf_counter()
     writer = open_writer(vocab_hash=source.vocab_hash, n_vocab=source.n_vocab, eot_id=eot_id,
                          vocab_name=source.vocab_name, tokenizer=source.target)
-    total = sum(f.stat().st_size for f in files)
+    # the bar counts text bytes; its total is known for uncompressed text files only
+    total = sum(i.size() for i in corpus.inputs) if corpus.all_plain else None
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"prepare {name}",
                disable=None if progress else True)   # None: no bar without a terminal
     # One entry per piece sent, in order: (is the last piece of its document, its size).
     sent: collections.deque = collections.deque()
-    counts = {"empty": 0, "unsafe": 0, "bytes": 0}
+    counts = {"unsafe": 0}
 
     def pieces():
-        for path in files:
-            data = path.read_bytes()
-            counts["bytes"] += len(data)
+        for doc in corpus.documents(as_bytes=True):
+            data = doc.data
             if not data:
-                counts["empty"] += 1
                 continue
             parts, unsafe = split_document(data, limit)
             counts["unsafe"] += unsafe
             if unsafe:
                 log.warning("%s: cut at %d point(s) where tokens may differ from whole-file "
                             "tokenization (no newline+letter boundary within %d bytes)",
-                            path, unsafe, limit)
+                            doc.origin, unsafe, limit)
             for k, part in enumerate(parts):
                 sent.append((k == len(parts) - 1, len(part)))
                 yield part
 
     try:
         current: list = []
-        for ids in source.encode_stream(pieces()):
+        for ids in source.encode_stream(read_ahead(pieces(), READ_AHEAD_BYTES)):
             last, size = sent.popleft()
             current.append(np.asarray(ids))
             bar.update(size)
@@ -187,8 +186,62 @@ def prepare_dataset(source: TokenizerSource, files: list[Path], open_writer, *,
         raise
     finally:
         bar.close()
+    stats = corpus.stats
     return PrepareResult(name, writer.tokens, writer.shards, writer.documents, source,
-                         len(files), counts["bytes"], counts["empty"], counts["unsafe"])
+                         stats.inputs, stats.bytes, stats.empty, counts["unsafe"],
+                         stats.skipped, time.perf_counter() - started)
+
+
+def read_ahead(items: Iterator[bytes], max_bytes: int,
+               batch_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """`items`, produced by a thread at most about `max_bytes` ahead of the consumer (reading
+    and decompressing overlap the tokenizer). The thread's exception is raised here; leaving
+    the loop early stops the thread."""
+    batches: queue.Queue = queue.Queue(max(1, max_bytes // batch_bytes))
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                batches.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            batch, size = [], 0
+            for item in items:
+                batch.append(item)
+                size += len(item)
+                if size >= batch_bytes:
+                    if not put(batch):
+                        return
+                    batch, size = [], 0
+            if put(batch):
+                put(done)
+        except BaseException as exc:   # noqa: BLE001 - handed to the consumer
+            put(exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="prepare read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = batches.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _eot_id(source: TokenizerSource, eot: str | None) -> int:

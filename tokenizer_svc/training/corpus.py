@@ -3,11 +3,18 @@
     corpus = count_pieces(["a.txt", "b.txt"], PATTERNS["o200k"], specials=["<|endoftext|>"])
     corpus.pieces           # {b"hello": 12, b" world": 7, ...}
 
-What a piece is. Every file is one text (pieces never span files). The text is first cut at
-occurrences of the special tokens (tiktoken's rule: specials are found first, longest first,
-and are never part of a piece), then each stretch between them is split with the pattern
-(`regex.finditer`): every non-empty match is one piece, its UTF-8 bytes the piece's bytes.
-Text the pattern does not match is dropped, as tiktoken drops it when encoding.
+Inputs. A list of text files, or a `corpus_files.CorpusReader` (what `istanbul vocab train`
+passes): its uncompressed text files are read here as files (chunked, in parallel); a
+compressed text file or stdin is one text streamed through its decompressor (one process);
+JSON Lines, JSON, Parquet, Arrow and `datasets` inputs give one text per record, scanned
+whole, many records per task (`workers` processes, at most 2 tasks each in flight).
+
+What a piece is. Every file (or record) is one text (pieces never span them). The text is
+first cut at occurrences of the special tokens (tiktoken's rule: specials are found first,
+longest first, and are never part of a piece), then each stretch between them is split with
+the pattern (`regex.finditer`): every non-empty match is one piece, its UTF-8 bytes the
+piece's bytes. Text the pattern does not match is dropped, as tiktoken drops it when
+encoding.
 
 Invalid UTF-8. `invalid_utf8="error"` (the default) stops with a `CorpusError` naming the
 file and the byte offset. `invalid_utf8="keep"` keeps the bytes as bytes: the file is decoded
@@ -34,6 +41,8 @@ the head (a single piece longer than the head), the main process scans that chun
 from __future__ import annotations
 
 import bisect
+import collections
+import io
 import itertools
 import multiprocessing
 import os
@@ -58,7 +67,7 @@ class PieceCounts:
     """The corpus as training sees it: unique pieces (bytes) and their occurrence counts."""
 
     pieces: dict  # bytes -> int (from the GPU counter a read-only mapping, gpu_piece_store)
-    files: int = 0
+    files: int = 0  # inputs
     bytes_read: int = 0
     occurrences: int = 0  # pieces in the corpus, with repeats
     specials_seen: int = 0
@@ -66,10 +75,14 @@ class PieceCounts:
     # files (or their rest) pre-tokenized on the CPU
     fallback_chunks: int = 0
     details: dict = field(default_factory=dict)  # where the time went (gpu_corpus.py)
+    documents: int = 0  # texts (a file, or a record of a JSONL/Parquet/... input)
+    skipped: int = 0  # bad records skipped (corpus_files, skip_bad)
 
     def describe(self) -> str:
-        return (f"{self.files} file(s), {self.bytes_read:,} bytes, {self.occurrences:,} pieces, "
-                f"{len(self.pieces):,} unique")
+        docs = f"{self.documents:,} document(s) in " if self.documents != self.files else ""
+        skipped = f", {self.skipped:,} bad record(s) skipped" if self.skipped else ""
+        return (f"{docs}{self.files} file(s), {self.bytes_read:,} bytes, "
+                f"{self.occurrences:,} pieces, {len(self.pieces):,} unique{skipped}")
 
 
 # ---- pre-tokenization of one text ----------------------------------------------------------
@@ -242,11 +255,57 @@ def check_files(paths) -> list[Path]:
     return files
 
 
-def _open(path: Path):
+@dataclass(frozen=True)
+class TextInMemory:
+    """One text already read (a JSONL line, a Parquet row), read like a file."""
+
+    data: bytes
+    origin: str
+
+    def reading(self):
+        return io.BytesIO(self.data)
+
+    def __str__(self) -> str:
+        return self.origin
+
+
+def _open(path):
+    """A file's bytes, or those of a `corpus_files.Input` or `TextInMemory` (their
+    `reading()`), as a context manager."""
+    reading = getattr(path, "reading", None)
+    if reading is not None:
+        return reading()
     try:
         return open(path, "rb")
     except OSError as exc:
         raise CorpusError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
+def _skip_to(fh, start: int) -> None:
+    if not start:
+        return
+    if fh.seekable():
+        fh.seek(start)
+        return
+    while start > 0:  # a stream (stdin): read past
+        got = len(fh.read(min(start, 1 << 20)))
+        if not got:
+            return
+        start -= got
+
+
+def split_inputs(paths) -> tuple[object, list]:
+    """(reader, sources): `paths` (text files) checked, or a corpus_files.CorpusReader's
+    inputs with its uncompressed text files as Paths (read here as files) and the rest as
+    corpus_files.Input (reader None for a list of files)."""
+    from ..corpus_files import CorpusReader
+    if isinstance(paths, CorpusReader):
+        items = [Path(i.path) if i.plain else i for i in paths.inputs]
+        plain = [p for p in items if isinstance(p, Path)]
+        if plain:
+            check_files(plain)
+        return paths, items
+    return None, check_files(paths)
 
 
 def _scan_file_sequential(pre: Pretokenizer, path: Path, counter: Counter, chunk_bytes: int,
@@ -258,7 +317,7 @@ def _scan_file_sequential(pre: Pretokenizer, path: Path, counter: Counter, chunk
     offset = start  # file offset of `pending`'s first byte
     occurrences = specials = total = 0
     with _open(path) as fh:
-        fh.seek(start)
+        _skip_to(fh, start)
         while True:
             try:
                 block = fh.read(max(chunk_bytes, 2 * len(carry)))  # a long piece: read more
@@ -398,16 +457,80 @@ def _scan_files_parallel(pre: Pretokenizer, files: list[Path], counter: Counter,
     return total, occurrences, specials, fallbacks
 
 
+# ---- records (JSONL, Parquet, ...): many whole texts per task -----------------------------------
+
+def _scan_texts(task) -> tuple[Counter, int, int]:
+    """(pieces, occurrences, specials) of whole texts [(bytes, origin), ...]."""
+    pattern, specials, invalid_utf8, texts = task
+    pre = Pretokenizer(pattern, specials, invalid_utf8)
+    counter: Counter = Counter()
+    occurrences = nspecial = 0
+    for data, origin in texts:
+        _, pieces, _, found = pre.scan(pre.decode(data, origin, 0), final=True)
+        _count(counter, pieces, bool(specials))
+        occurrences += len(pieces) - found
+        nspecial += found
+    return counter, occurrences, nspecial
+
+
+def _text_batches(documents, chunk_bytes: int, progress=None):
+    """Lists of (bytes, origin) of about `chunk_bytes`."""
+    batch, size = [], 0
+    for doc in documents:
+        batch.append((doc.data, doc.origin))
+        size += len(doc.data)
+        if progress is not None:
+            progress.update(len(doc.data))
+        if size >= chunk_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _scan_records(pre: Pretokenizer, documents, counter: Counter, chunk_bytes: int,
+                  workers: int, progress=None) -> tuple[int, int]:
+    """Count the pieces of whole texts (records); (occurrences, specials)."""
+    occurrences = specials = 0
+
+    def merge(result):
+        nonlocal occurrences, specials
+        found, occ, spc = result
+        counter.update(found)
+        occurrences += occ
+        specials += spc
+
+    key = (pre.pattern, tuple(pre.specials), pre.invalid_utf8)
+    batches = _text_batches(documents, chunk_bytes, progress)
+    if workers <= 1:
+        for batch in batches:
+            merge(_scan_texts((*key, batch)))
+        return occurrences, specials
+    context = multiprocessing.get_context("spawn")  # never fork a process holding a GPU device
+    with context.Pool(workers) as pool:
+        pending: collections.deque = collections.deque()
+        for batch in batches:  # read here, at most 2 batches per worker in flight
+            pending.append(pool.apply_async(_scan_texts, ((*key, batch),)))
+            if len(pending) >= 2 * workers:
+                merge(pending.popleft().get())
+        while pending:
+            merge(pending.popleft().get())
+    return occurrences, specials
+
+
 # ---- the entry point ------------------------------------------------------------------------
 
 def count_pieces(paths, pattern: str, specials=(), invalid_utf8: str = "error",
                  workers: int | None = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  progress: bool = False) -> PieceCounts:
-    """Pre-tokenize the files and count their unique pieces (see the module docstring).
+    """Pre-tokenize the inputs and count their unique pieces (see the module docstring).
 
-    workers: processes for pre-tokenization (None: one per CPU core; 1: this process only).
+    paths: text files, or a corpus_files.CorpusReader. workers: processes for
+    pre-tokenization (None: one per CPU core; 1: this process only).
     """
-    files = check_files(paths)
+    reader, items = split_inputs(paths)
+    files = [p for p in items if isinstance(p, Path)]
+    others = [i for i in items if not isinstance(i, Path)]
     pre = Pretokenizer(pattern, tuple(specials), invalid_utf8)
     if chunk_bytes < 4 * pre.margin:
         raise CorpusError(f"chunk_bytes must be at least {4 * pre.margin}, got {chunk_bytes}")
@@ -416,10 +539,11 @@ def count_pieces(paths, pattern: str, specials=(), invalid_utf8: str = "error",
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=total_size, unit="B", unit_scale=True, desc="pre-tokenizing",
-                   disable=None)   # None: no bar without a terminal
+        bar = tqdm(total=None if others else total_size, unit="B", unit_scale=True,
+                   desc="pre-tokenizing", disable=None)   # None: no bar without a terminal
     counter: Counter = Counter()
     fallbacks = 0
+    documents = len(files)
     try:
         if workers > 1 and total_size > chunk_bytes:
             total, occurrences, specials_seen, fallbacks = _scan_files_parallel(
@@ -429,13 +553,25 @@ def count_pieces(paths, pattern: str, specials=(), invalid_utf8: str = "error",
             for path in files:
                 t, o, s = _scan_file_sequential(pre, path, counter, chunk_bytes, bar)
                 total, occurrences, specials_seen = total + t, occurrences + o, specials_seen + s
+        for inp in others:
+            if inp.format == "text":  # compressed, or stdin: one text, streamed
+                t, o, s = _scan_file_sequential(pre, inp, counter, chunk_bytes, bar)
+                documents += 1
+            else:
+                before = (reader.stats.bytes, reader.stats.documents)
+                o, s = _scan_records(pre, reader.documents_of(inp, as_bytes=True), counter,
+                                     chunk_bytes, workers, bar)
+                t = reader.stats.bytes - before[0]
+                documents += reader.stats.documents - before[1]
+            total, occurrences, specials_seen = total + t, occurrences + o, specials_seen + s
     finally:
         if bar is not None:
             bar.close()
     pieces = {text.encode("utf-8", pre.errors): n for text, n in counter.items()}
-    return PieceCounts(pieces=pieces, files=len(files), bytes_read=total,
+    return PieceCounts(pieces=pieces, files=len(items), bytes_read=total,
                        occurrences=occurrences, specials_seen=specials_seen,
-                       fallback_chunks=fallbacks)
+                       fallback_chunks=fallbacks, documents=documents,
+                       skipped=reader.stats.skipped if reader is not None else 0)
 
 
 def pieces_of_text(text: str, pattern: str, specials=()) -> dict:

@@ -23,6 +23,11 @@ to a special token, and carry CONTEXT_BYTES after it (seen, not counted: a match
 characters ahead), so the pieces equal those of one scan of the whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
 `invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
 so is a file with a stretch longer than one device call that has no provable boundary.
+
+Inputs other than text files (a `corpus_files.CorpusReader`'s): a compressed text file or
+stdin is one text read through its decompressor like a large file; each record of a JSONL,
+JSON, Parquet, Arrow or `datasets` input is one text, gathered with others like a small file,
+or chunked like a large one when it is larger than a quarter chunk.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from ..gpu_encode import ENCODE_FILE, PATTERN_IDS, find_cut
 from ..gpu_scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
-                     _open, _scan_file_sequential, check_files, utf8_cut)
+                     TextInMemory, _open, _scan_file_sequential, split_inputs, utf8_cut)
 from .gpu_piece_store import LONG_MIN, CorpusPieces, PieceStore
 
 COUNT_FILE = "piece_count.wgsl"
@@ -321,16 +326,21 @@ class _SmallFiles:
 
     def add(self, path: Path, progress=None) -> tuple[int | None, int]:
         """Queue one file: (bytes, specials), or (None, 0) when it needs the CPU path."""
-        pre = self.chunker.pre
         with _open(path) as fh:
             try:
                 data = fh.read()
             except OSError as exc:
                 raise CorpusError(f"{path}: read failed: {exc.strerror or exc}") from None
+        return self.add_text(data, str(path), progress)
+
+    def add_text(self, data: bytes, origin: str, progress=None) -> tuple[int | None, int]:
+        """Queue one text (a file's bytes, a record): (bytes, specials), or (None, 0) when it
+        needs the CPU path."""
+        pre = self.chunker.pre
         if progress is not None:
             progress.update(len(data))
         if pre.invalid_utf8 == "error":
-            pre.decode(data, str(path), 0)  # raises CorpusError with the offset
+            pre.decode(data, origin, 0)  # raises CorpusError with the offset
         else:
             try:
                 data.decode("utf-8")
@@ -374,7 +384,7 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     (gpu_piece_store.py: 30-60 bytes per unique piece and its bytes). Neither grows with the
     corpus, only with its unique pieces.
     """
-    files = check_files(paths)
+    reader, items = split_inputs(paths)
     name = gpu_pattern(pattern)
     if name is None:
         raise CorpusError(f"pattern {pattern[:80]!r} has no GPU pre-tokenizer (gpt2, cl100k, "
@@ -386,54 +396,74 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
     dev_counter = GpuPieceCounter(device, name, max_chunk_bytes, first_slots,
                                   first_store_records, buffer_limit)
     chunk = max(1 << 12, min(int(chunk_bytes), dev_counter.max_chunk // 2))
-    total_size = sum(p.stat().st_size for p in files)
+    all_files = all(isinstance(p, Path) for p in items)
+    total_size = sum(p.stat().st_size for p in items if isinstance(p, Path))
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=total_size, unit="B", unit_scale=True,
+        bar = tqdm(total=total_size if all_files else None, unit="B", unit_scale=True,
                    desc="pre-tokenizing + counting (GPU)", disable=None)  # no bar without a TTY
     counter: Counter = Counter()
-    total = specials_seen = fallbacks = 0
+    total = specials_seen = fallbacks = documents = 0
     small = _SmallFiles(dev_counter, _FileChunker(pre, name, chunk, dev_counter.max_chunk),
                         counter, chunk)
+
+    def on_cpu(source, start: int = 0) -> tuple[int, int]:
+        """The CPU path for one text from byte `start`: (bytes, specials)."""
+        nonlocal fallbacks
+        fallbacks += 1
+        text_counts: Counter = Counter()
+        t, _, s = _scan_file_sequential(pre, source, text_counts, DEFAULT_CHUNK_BYTES,
+                                        start=start)
+        for k, v in text_counts.items():
+            counter[k.encode("utf-8", pre.errors)] += v
+        return t, s
+
+    def count_large(source) -> tuple[int, int]:
+        """One text in chunks (a large file, a stream, a large record): (bytes, specials)."""
+        # with --invalid-utf8 keep a text may turn out to need the CPU path after some of
+        # its chunks were counted: count it on its own (on the host, not in the device
+        # store, which cannot take pieces back) until it is done
+        mine: Counter = Counter() if invalid_utf8 == "keep" else counter
+        chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
+        cpu_from = None  # where the CPU path takes over, if it does
+        try:
+            t, s = _scan_file_gpu(dev_counter, chunker, source, mine, bar,
+                                  to_store=mine is counter)
+        except _NoCut as stop:  # the rest of the text on the CPU, from a piece boundary
+            cpu_from, s = stop.offset, stop.specials
+        except UnicodeDecodeError:  # keep mode: the whole text on the CPU
+            mine, cpu_from, s = Counter(), 0, 0
+        if mine is not counter:
+            counter.update(mine)
+        if cpu_from is not None:
+            tail, s_cpu = on_cpu(source, cpu_from)
+            t, s = cpu_from + tail, s + s_cpu
+        return t, s
+
     try:
-        for path in files:
-            if path.stat().st_size <= chunk // 4:  # many small files share one device call
-                t, s = small.add(path, bar)
-                if t is not None:
-                    total, specials_seen = total + t, specials_seen + s
-                    continue
-                fallbacks += 1  # keep mode, invalid UTF-8: the CPU path
-                text_counts = Counter()
-                t, _, s = _scan_file_sequential(pre, path, text_counts, DEFAULT_CHUNK_BYTES)
-                for k, v in text_counts.items():
-                    counter[k.encode("utf-8", pre.errors)] += v
-                total, specials_seen = total + t, specials_seen + s
-                continue
-            # with --invalid-utf8 keep a file may turn out to need the CPU path after some of
-            # its chunks were counted: count it on its own (on the host, not in the device
-            # store, which cannot take pieces back) until it is done
-            mine: Counter = Counter() if invalid_utf8 == "keep" else counter
-            chunker = _FileChunker(pre, name, chunk, dev_counter.max_chunk)
-            cpu_from = None  # where the CPU path takes over, if it does
-            try:
-                t, s = _scan_file_gpu(dev_counter, chunker, path, mine, bar,
-                                      to_store=mine is counter)
-            except _NoCut as stop:  # the rest of the file on the CPU, from a piece boundary
-                cpu_from, s = stop.offset, stop.specials
-            except UnicodeDecodeError:  # keep mode: the whole file on the CPU
-                mine, cpu_from, s = Counter(), 0, 0
-            if cpu_from is not None:
-                fallbacks += 1
-                text_counts: Counter = Counter()
-                tail, _, s_cpu = _scan_file_sequential(pre, path, text_counts,
-                                                       DEFAULT_CHUNK_BYTES, start=cpu_from)
-                for k, v in text_counts.items():
-                    mine[k.encode("utf-8", pre.errors)] += v
-                t, s = cpu_from + tail, s + s_cpu
+        for item in items:
+            if isinstance(item, Path) and item.stat().st_size <= chunk // 4:
+                # many small files share one device call
+                t, s = small.add(item, bar)
+                if t is None:  # keep mode, invalid UTF-8: the CPU path
+                    t, s = on_cpu(item)
+                documents += 1
+            elif isinstance(item, Path) or item.format == "text":
+                t, s = count_large(item)  # a large file, or a compressed one or stdin
+                documents += 1
+            else:  # records: each its own text, small ones gathered as small files are
+                t = s = 0
+                for doc in reader.documents_of(item, as_bytes=True):
+                    documents += 1
+                    if len(doc.data) <= chunk // 4:
+                        dt, ds = small.add_text(doc.data, doc.origin, bar)
+                        if dt is None:
+                            dt, ds = on_cpu(TextInMemory(doc.data, doc.origin))
+                    else:
+                        dt, ds = count_large(TextInMemory(doc.data, doc.origin))
+                    t, s = t + dt, s + ds
             total, specials_seen = total + t, specials_seen + s
-            if mine is not counter:
-                counter.update(mine)
         small.flush()
         t_store = time.perf_counter()
         pieces = CorpusPieces(dev_counter.store.download(), dict(counter))
@@ -443,8 +473,9 @@ def count_pieces_gpu(paths, pattern: str, specials=(), invalid_utf8: str = "erro
         dev_counter.store.release()
         if bar is not None:
             bar.close()
-    return PieceCounts(pieces=pieces, files=len(files), bytes_read=total,
+    return PieceCounts(pieces=pieces, files=len(items), bytes_read=total,
                        occurrences=pieces.occurrences(), specials_seen=specials_seen,
-                       fallback_chunks=fallbacks,
+                       fallback_chunks=fallbacks, documents=documents,
+                       skipped=reader.stats.skipped if reader is not None else 0,
                        details=dict(dev_counter.seconds, device_calls_made=dev_counter.calls,
                                     store_growths=dev_counter.store.growths))
