@@ -6,8 +6,9 @@
     istanbul health 127.0.0.1:50051
 
 The port is bound at once and answers health checks with NOT_SERVING while the GPU device
-and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, no new
-requests, in-flight requests finish (up to --shutdown-grace seconds; streams still open then
+and the vocabulary load; then SERVING. SIGTERM or SIGINT drain it: health NOT_SERVING, the
+calls that reached the server are answered and later ones refused UNAVAILABLE, in-flight
+requests finish (up to --shutdown-grace seconds; streams still open then
 end with UNAVAILABLE), exit 0; a GPU worker still busy --stall-timeout seconds later is left
 behind (exit 1); a second signal exits at once.
 """
