@@ -16,9 +16,8 @@ For each file:
              MB/s (first read to last shard, as it prints it) and the wall time of the
              command (start-up, device, vocabulary load included)
 and, on the same documents in memory, the in-process encoder (`get_encoding(V)` on the same
-device) as prepare feeds it: `Encoding.encode_batch_flat` of bytes in batches of
-trainer_svc.prepare.LOCAL_BATCH_BYTES, and of str in one batch per 64 MB (the flat batch API at
-its best). The GPU is warmed up first (~1 s of the same call). prepare / encoder is the share
+device): `Encoding.encode_batch_flat` of bytes in batches of 8 MB and of
+trainer_svc.prepare.LOCAL_BATCH_BYTES (as prepare feeds it), and of str in batches of 64 MB. The GPU is warmed up first (~1 s of the same call). prepare / encoder is the share
 of the encoder's speed that prepare keeps.
 
 Writes DIR/prepare.json and DIR/prepare.md (default DIR: bench/results/<machine>/, the machine
@@ -148,20 +147,21 @@ def _batches(docs, limit: int):
 
 
 def time_encoder(enc, texts: list[str], is_software: bool) -> dict:
-    """encode_batch_flat as prepare feeds it (bytes, LOCAL_BATCH_BYTES batches) and in 64 MB
-    str batches; warmed up first."""
+    """encode_batch_flat of bytes in 8 MB and in LOCAL_BATCH_BYTES batches (prepare's), and of
+    str in 64 MB batches; warmed up first."""
     from trainer_svc.prepare import LOCAL_BATCH_BYTES
     raw = [t.encode() for t in texts]
     total = sum(map(len, raw))
-    bytes_batches = list(_batches(raw, LOCAL_BATCH_BYTES))
-    str_batches = list(_batches(texts, STR_BATCH_BYTES))
+    calls = {f"bytes_{mb}mb_batches": list(_batches(raw, mb << 20))
+             for mb in sorted({8, LOCAL_BATCH_BYTES >> 20})}
+    calls[f"str_{STR_BATCH_BYTES >> 20}mb_batches"] = list(_batches(texts, STR_BATCH_BYTES))
     if not is_software:         # the GPU idles at a low clock: ~1 s of the same work first
+        first = next(iter(calls.values()))[0]
         until = time.perf_counter() + 1.0
         while time.perf_counter() < until:
-            enc.encode_batch_flat(bytes_batches[0])
+            enc.encode_batch_flat(first)
     out = {}
-    for name, batches in (("bytes_8mb_batches", bytes_batches), ("str_64mb_batches",
-                                                                  str_batches)):
+    for name, batches in calls.items():
         started = time.perf_counter()
         tokens = 0
         for batch in batches:
@@ -169,7 +169,8 @@ def time_encoder(enc, texts: list[str], is_software: bool) -> dict:
             tokens += int(ids.size)
         seconds = time.perf_counter() - started
         out[name] = {"seconds": round(seconds, 3), "mb_per_s": round(total / 1e6 / seconds, 1),
-                     "tokens": tokens}
+                     "tokens": tokens, "prepare_batches": name == f"bytes_"
+                     f"{LOCAL_BATCH_BYTES >> 20}mb_batches"}
     return out
 
 
@@ -205,7 +206,8 @@ def markdown(result: dict) -> str:
     lines += ["", "In-process encoder on the same documents (`Encoding.encode_batch_flat`):", "",
               "| call | MB/s | tokens |", "| --- | ---: | ---: |"]
     for name, row in enc.items():
-        lines.append(f"| {name.replace('_', ' ')} | {row['mb_per_s']:,.0f} | "
+        mark = " (prepare's calls)" if row.get("prepare_batches") else ""
+        lines.append(f"| {name.replace('_', ' ')}{mark} | {row['mb_per_s']:,.0f} | "
                      f"{row['tokens']:,} |")
     lines += ["", "read: the reader alone (documents as UTF-8 bytes). prepare MB/s: prepare's own "
               "timing, first read to last shard written; wall: the whole command (start-up, "

@@ -241,3 +241,22 @@ def test_encode_files_prints_one_array_per_document(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert f"{tmp_path / 'c.jsonl'} line 3: the object has no field \"body\"" in err
     assert "--skip-bad" not in err          # encode has no such option: one array per record
+
+
+def test_the_shard_file_writer_takes_uint32_and_other_ids_alike(tmp_path):
+    """prepare hands the encoder's uint32 ids over without a copy; lists and int64 arrays (a
+    service's) are checked and packed the same; ids outside the vocabulary are refused."""
+    from trainer_svc.data_files import DataFilesError, ShardFileWriter
+    docs = [np.array([5, 7, 9], np.uint32), [1, 2], np.array([299], np.int64), []]
+    writer = ShardFileWriter(tmp_path / "w", vocab_hash="ab" * 32, n_vocab=300, eot_id=0,
+                             shard_tokens=4)
+    for ids in docs:
+        writer.add_document(ids)
+    meta = writer.close()
+    got = np.concatenate([decode_shard(p.read_bytes(), n_vocab=300, vocab_hash="ab" * 32)
+                          for p in shard_paths(str(tmp_path / "w"))]).tolist()
+    assert got == [0, 5, 7, 9, 0, 1, 2, 0, 299, 0] and meta["documents"] == 4
+    bad = ShardFileWriter(tmp_path / "b", vocab_hash="ab" * 32, n_vocab=300, eot_id=0)
+    for ids in (np.array([300], np.uint32), [-1], np.array([3, 400])):
+        with pytest.raises(DataFilesError, match=r"document 0: ids outside the vocabulary"):
+            bad.add_document(ids)

@@ -63,16 +63,21 @@ class ShardFileWriter:
         self.vocab_hash, self.n_vocab, self.eot_id = vocab_hash, n_vocab, eot_id
         self.shard_tokens = shard_tokens
         self.shards = self.tokens = self.documents = 0
+        self._eot = np.array([eot_id], np.uint32)
         self.vocab_files: list[str] = []
         self._pending: list[np.ndarray] = []
         self._pending_count = 0
 
     def add_document(self, ids) -> None:
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
+        ids = np.asarray(ids).ravel()
+        # the encoder's uint32 ids are checked with one pass and never copied here
+        if ids.size and ((ids.dtype.kind != "u" and ids.min() < 0)
+                         or ids.max() >= self.n_vocab):
             raise DataFilesError(f"document {self.documents}: ids outside the vocabulary "
                                  f"[0, {self.n_vocab})")
-        self._pending += [np.array([self.eot_id], np.int64), ids]
+        if ids.dtype != np.uint32:
+            ids = ids.astype(np.uint32)
+        self._pending += [self._eot, ids]
         self._pending_count += 1 + ids.size
         self.documents += 1
         while self._pending_count >= self.shard_tokens:

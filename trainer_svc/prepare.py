@@ -77,7 +77,7 @@ def service_source(client) -> TokenizerSource:
                            limit, client.target, client.tokenize_stream)
 
 
-LOCAL_BATCH_BYTES = 8 << 20   # bytes per GPU encode call in-process
+LOCAL_BATCH_BYTES = 64 << 20  # bytes per GPU encode call in-process (8 MB calls: ~1/3 the MB/s)
 
 
 def local_source(vocab_spec: str, device=None) -> TokenizerSource:
@@ -176,7 +176,8 @@ def prepare_dataset(source: TokenizerSource, corpus: CorpusReader, open_writer, 
             current.append(np.asarray(ids))
             bar.update(size)
             if last:
-                writer.add_document(np.concatenate(current))
+                writer.add_document(current[0] if len(current) == 1 else
+                                    np.concatenate(current))
                 current = []
         if vocab_files:
             writer.attach_vocabulary(vocab_files)
