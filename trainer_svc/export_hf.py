@@ -14,6 +14,7 @@ plus the original file.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -94,6 +95,14 @@ def _export_tokenizer(vocab_file: Path, out: Path) -> int | None:
     return eot
 
 
+def oniguruma_pattern(pattern: str) -> str:
+    """`pattern` (tiktoken's regex dialect) as Hugging Face tokenizers' Oniguruma reads it the
+    same: tiktoken's possessive interval `X{1,3}+` is, to Oniguruma, `(X{1,3})+` (one or more
+    runs of 1-3), so "2025" became "20" "25" instead of "202" "5". Where an interval ends its
+    alternative, as in the known patterns, the greedy interval matches the same."""
+    return re.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
+
+
 def tokenizer_json(vocab):
     """A `tokenizers.Tokenizer` equal to a tiktoken-style vocabulary (ranks + pattern)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -118,7 +127,8 @@ def tokenizer_json(vocab):
                        ignore_merges=True)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(vocab.pattern), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(oniguruma_pattern(vocab.pattern)), behavior="isolated",
+                             invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     if vocab.special_tokens:
