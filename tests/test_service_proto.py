@@ -84,7 +84,8 @@ def test_every_rpc_of_the_service_has_a_stub_and_a_server_handler():
     service = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"]
     names = {m.name for m in service.methods}
     assert names == {"Tokenize", "TokenizeBatch", "TokenizeStream", "CountTokens", "Detokenize",
-                     "DetokenizeBatch", "DetokenizeStream", "GetInfo"}
+                     "DetokenizeBatch", "DetokenizeStream", "GetInfo", "Chunk",
+                     "ApplyChatTemplate"}
     assert names <= set(vars(tokenizer_pb2_grpc.TokenizerStub(_NoChannel())))
     assert set(TokenizerServicer(ServerConfig()).method_handlers()) == names
 

@@ -20,6 +20,13 @@ Many documents (what `istanbul prepare` does) take one of two shapes:
     # UNAVAILABLE mid-stream (restart, failover), the stream resumes on a new call with the
     # documents that were sent but not answered: nothing is lost or repeated.
 
+Beyond tiktoken's API:
+
+    enc.chunk(text, max_tokens=512, overlap=64)   # [chunking.Chunk(ids, text, start, end,
+                                                  #  byte_start, byte_end, ...)]: RAG windows
+    enc.apply_chat_template(messages, add_generation_prompt=True)   # transformers' ids
+    enc.encode_batch(texts, return_exceptions=True)   # a bad document's slot holds its error
+
 Documents are `str` (text; special tokens follow allowed_special/disallowed_special, whose
 defaults here are Encoding.encode_batch_flat's: special-token text is ordinary text) or
 `bytes` (raw bytes, may be invalid UTF-8, always ordinary text).
@@ -30,11 +37,20 @@ exponential backoff and jitter. Errors keep tiktoken's types: text with a disall
 token raises ValueError, an id outside the vocabulary raises `InvalidTokenError` (a
 ValueError), decoding invalid UTF-8 with errors="strict" raises UnicodeDecodeError. Other
 failures raise `ServiceError` with the gRPC code and the server's message.
+
+Batches fail whole by default, as tiktoken's `encode_batch` does: one bad document raises and
+no ids come back. With `return_exceptions=True` (encode_batch, encode_ordinary_batch,
+decode_batch, decode_bytes_batch, chunk_batch; asyncio.gather's word) the request asks the
+server for per-item errors, and each bad item's slot in the returned list holds the exception
+that item alone would have raised (DisallowedSpecialError, RequestError for a limit,
+InvalidTokenError, UnicodeDecodeError) while the others hold their results. The exceptions
+are returned, never raised; `document` on them counts over the whole call.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import random
 import threading
 import time
@@ -44,6 +60,7 @@ from typing import Iterable, Iterator
 import grpc
 import numpy as np
 
+from .chunking import Chunk, check_window_arguments
 from .encoding import InvalidTokenError as LocalInvalidTokenError
 from .reference import DisallowedSpecialTokenError, disallowed_message
 from .rpc import tokenizer_pb2 as pb
@@ -202,10 +219,20 @@ class TokenizerClient:
         self.close()
 
     def _error(self, exc: grpc.RpcError) -> ServiceError:
-        code = exc.code() or grpc.StatusCode.UNKNOWN
-        trailers = dict(exc.trailing_metadata() or ())
+        return self._error_from(exc.code() or grpc.StatusCode.UNKNOWN, exc.details() or "",
+                                dict(exc.trailing_metadata() or ()))
+
+    def _item_error(self, error: pb.ItemError, document: int) -> ServiceError:
+        """The exception a per-item error stands for (what the item alone would raise);
+        `document` is its index over the whole call."""
+        code = next((c for c in grpc.StatusCode if c.value[0] == error.code),
+                    grpc.StatusCode.UNKNOWN)
+        trailers = {**error.metadata, ERROR_METADATA_KEY: error.reason,
+                    DOCUMENT_METADATA_KEY: str(document)}
+        return self._error_from(code, error.message, trailers)
+
+    def _error_from(self, code: grpc.StatusCode, details: str, trailers: dict) -> ServiceError:
         reason = trailers.get(ERROR_METADATA_KEY, "")
-        details = exc.details() or ""
         if reason == "invalid-token":
             return InvalidTokenError(code, details, reason, self.target,
                                      trailers.get(INVALID_TOKEN_METADATA_KEY, ""))
@@ -353,29 +380,51 @@ class TokenizerClient:
         return self._call(self.stub.CountTokens, request).count
 
     def encode_batch(self, texts: list, *, allowed_special=frozenset(),
-                     disallowed_special="all") -> list[list[int]]:
+                     disallowed_special="all", return_exceptions: bool = False) -> list:
+        """Ids per document; a bad document raises, or with `return_exceptions` its slot holds
+        the exception (module doc)."""
+        if return_exceptions:
+            return self._encode_items(list(texts), special_policy(allowed_special,
+                                                                  disallowed_special))
         ids, offsets = self.encode_batch_flat(texts, allowed_special=allowed_special,
                                               disallowed_special=disallowed_special)
         return [ids[offsets[k]:offsets[k + 1]].tolist() for k in range(len(texts))]
 
-    def encode_ordinary_batch(self, texts: list) -> list[list[int]]:
-        return self.encode_batch(texts, disallowed_special=())
+    def encode_ordinary_batch(self, texts: list, *, return_exceptions: bool = False) -> list:
+        return self.encode_batch(texts, disallowed_special=(),
+                                 return_exceptions=return_exceptions)
 
-    def _batches(self, docs: list, policy):
-        """(first document's index, TokenizeBatch request) of at most batch_docs documents /
-        ~batch_bytes bytes, one kind (text or bytes) each, in document order."""
+    def _encode_items(self, docs: list, policy) -> list:
+        out: list = []
+        for first, request in self._batches(docs, policy):
+            request.per_item_errors = True
+            reply = self._call(self.stub.TokenizeBatch, request)
+            ids, bounds = reply_ids(reply), list(reply.doc_offsets)
+            errors = {e.index: e for e in reply.errors}
+            out += [self._item_error(errors[k], first + k) if k in errors
+                    else ids[bounds[k]:bounds[k + 1]].tolist() for k in range(len(bounds) - 1)]
+        return out
+
+    def _groups(self, docs: list):
+        """(start, stop, raw) of runs of at most batch_docs documents / ~batch_bytes bytes,
+        one kind (text or raw bytes) each, in document order."""
         start, size, kind = 0, 0, None
         for k, doc in enumerate(docs):
             doc_kind = isinstance(doc, (bytes, bytearray, memoryview))
             doc_size = len(doc)
             if k > start and (doc_kind != kind or k - start >= self.batch_docs
                               or size + doc_size > self.batch_bytes):
-                yield start, self._batch_request(docs[start:k], kind, policy)
+                yield start, k, kind
                 start, size = k, 0
             kind = doc_kind
             size += doc_size
         if start < len(docs):
-            yield start, self._batch_request(docs[start:], kind, policy)
+            yield start, len(docs), kind
+
+    def _batches(self, docs: list, policy):
+        """(first document's index, TokenizeBatch request) per `_groups` run."""
+        for start, stop, raw in self._groups(docs):
+            yield start, self._batch_request(docs[start:stop], raw, policy)
 
     @staticmethod
     def _batch_request(docs: list, raw: bool, policy) -> pb.TokenizeBatchRequest:
@@ -449,17 +498,97 @@ class TokenizerClient:
         here, so the result is the local Encoding's)."""
         return self.decode_bytes(tokens).decode("utf-8", errors)
 
-    def decode_bytes_batch(self, batch) -> list[bytes]:
+    def decode_bytes_batch(self, batch, *, return_exceptions: bool = False) -> list:
+        """Bytes per sequence; an invalid id raises InvalidTokenError, or with
+        `return_exceptions` its sequence's slot holds the error (module doc)."""
         seqs = [list(map(int, s)) for s in batch]
         bounds = np.zeros(len(seqs) + 1, np.int64)
         np.cumsum([len(s) for s in seqs], out=bounds[1:])
         request = pb.DetokenizeBatchRequest(ids=[i for s in seqs for i in s],
                                             seq_offsets=bounds.tolist(),
-                                            mode=pb.DECODE_MODE_BYTES)
-        return list(self._call(self.stub.DetokenizeBatch, request).data)
+                                            mode=pb.DECODE_MODE_BYTES,
+                                            per_item_errors=return_exceptions)
+        reply = self._call(self.stub.DetokenizeBatch, request)
+        data: list = list(reply.data)
+        for error in reply.errors:
+            data[error.index] = self._item_error(error, error.index)
+        return data
 
-    def decode_batch(self, batch, *, errors: str = "replace") -> list[str]:
-        return [data.decode("utf-8", errors) for data in self.decode_bytes_batch(batch)]
+    def decode_batch(self, batch, *, errors: str = "replace",
+                     return_exceptions: bool = False) -> list:
+        out = self.decode_bytes_batch(batch, return_exceptions=return_exceptions)
+        for k, data in enumerate(out):
+            if isinstance(data, Exception):
+                continue
+            try:
+                out[k] = data.decode("utf-8", errors)
+            except UnicodeDecodeError as exc:
+                if not return_exceptions:
+                    raise
+                out[k] = exc
+        return out
+
+    # ---- windows and chats ----------------------------------------------------------------
+
+    def chunk(self, text, max_tokens: int, overlap: int = 0, *, allowed_special=frozenset(),
+              disallowed_special="all") -> list[Chunk]:
+        """`text` (str, or raw bytes) in windows of at most `max_tokens` tokens, neighbours
+        sharing `overlap`: what `tokenizer_svc.chunking.chunk` gives with a local Encoding
+        (its doc says what the spans guarantee). Special tokens as `encode`."""
+        return self.chunk_batch([text], max_tokens, overlap, allowed_special=allowed_special,
+                                disallowed_special=disallowed_special)[0]
+
+    def chunk_batch(self, texts: list, max_tokens: int, overlap: int = 0, *,
+                    allowed_special=frozenset(), disallowed_special="all",
+                    return_exceptions: bool = False) -> list:
+        """`chunk` of each document, in Chunk requests of ~batch_bytes."""
+        check_window_arguments(max_tokens, overlap)
+        docs = list(texts)
+        policy = special_policy(allowed_special, disallowed_special)
+        out: list = []
+        for start, stop, raw in self._groups(docs):
+            group = docs[start:stop]
+            request = pb.ChunkRequest(max_tokens=max_tokens, overlap=overlap, format=PACKED,
+                                      per_item_errors=return_exceptions)
+            if raw:
+                request.data.extend(bytes(d) for d in group)
+            else:
+                request.texts.extend(_fix_surrogates(d) for d in group)
+                request.special.CopyFrom(policy)
+            reply = self._call(self.stub.Chunk, request)
+            errors = {e.index: e for e in reply.errors}
+            for k, (doc, chunked) in enumerate(zip(group, reply.documents)):
+                if k in errors:
+                    out.append(self._item_error(errors[k], start + k))
+                    continue
+                ids = reply_ids(chunked).tolist()
+                data = bytes(doc) if raw else None
+                out.append([Chunk(ids=ids[w.token_start:w.token_end],
+                                  text=data[w.byte_start:w.byte_end] if raw
+                                  else doc[w.start:w.end],
+                                  start=w.start, end=w.end, byte_start=w.byte_start,
+                                  byte_end=w.byte_end, token_start=w.token_start,
+                                  token_end=w.token_end) for w in chunked.windows])
+        return out
+
+    def apply_chat_template(self, messages: list, *, add_generation_prompt: bool = False,
+                            tokenize: bool = True, tools: list | None = None,
+                            documents: list | None = None, template: str | None = None,
+                            **variables):
+        """transformers' `apply_chat_template(messages, tokenize=..., add_generation_prompt=
+        ...)` with the server's vocabulary and its chat template: the ids (tokenize=True) or
+        the rendered text. `messages` are JSON objects (role, content, tool_calls...);
+        `variables` are more template variables (enable_thinking=False, say)."""
+        request = pb.ApplyChatTemplateRequest(
+            messages_json=json.dumps(messages, ensure_ascii=False),
+            add_generation_prompt=add_generation_prompt, template=template or "",
+            format=PACKED)
+        for name, value in (("tools_json", tools), ("documents_json", documents),
+                            ("variables_json", variables or None)):
+            if value is not None:
+                setattr(request, name, json.dumps(value, ensure_ascii=False))
+        reply = self._call(self.stub.ApplyChatTemplate, request)
+        return reply_ids(reply).tolist() if tokenize else reply.text
 
 
 class _ResumableStream:

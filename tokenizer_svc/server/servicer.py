@@ -1,5 +1,11 @@
 """The RPCs of istanbul.tokenizer.v1.Tokenizer: protobuf in, jobs to the batcher, protobuf out.
 
+Chunk cuts the batcher's ids into windows (tokenizer_svc/chunking.py); ApplyChatTemplate
+renders the vocabulary's chat template (tokenizer_svc/chat_template.py, off the event loop)
+and sends the text to the batcher like any other document. With `per_item_errors` the batch
+methods check each item themselves (its size, its disallowed special tokens, its ids) and
+answer the failed ones as ItemErrors instead of failing the call.
+
 Requests are parsed by tolerant deserializers: a message over `max_message_bytes` or one
 that does not parse (for example invalid UTF-8 in a `string` field) becomes a
 `RequestRejected` that the method answers with a clear status, instead of grpc's generic
@@ -10,20 +16,29 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
+import json
 import logging
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from .. import chunking
+from ..chat_template import (ChatTemplate, ChatTemplateError, ChatTemplateUnavailable,
+                             chat_template_of)
+from ..encoding import InvalidTokenError
+from ..reference import special_regex
 from ..rpc import tokenizer_pb2 as pb
 from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected,
                      shutting_down)
-from .work import DecodeJob, EncodeJob, SpecialRule, special_ids, utf8_len
+from .work import (DISALLOWED_SPECIAL, INVALID_TOKEN, INVALID_TOKEN_METADATA_KEY,
+                   SPECIAL_TOKEN_METADATA_KEY, DecodeJob, EncodedDoc, EncodeJob, SpecialRule,
+                   disallowed_special_message, special_ids, utf8_len)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +48,10 @@ OFFSET_UNITS = {pb.OFFSET_UNIT_NONE: None, pb.OFFSET_UNIT_BYTE: "byte", pb.OFFSE
 ID_FORMATS = (pb.ID_FORMAT_REPEATED, pb.ID_FORMAT_PACKED)
 DECODE_MODES = (pb.DECODE_MODE_BYTES, pb.DECODE_MODE_TEXT_STRICT, pb.DECODE_MODE_TEXT_REPLACE)
 _END = object()
+NO_CHAT_TEMPLATE = "no-chat-template"        # reasons of ApplyChatTemplate and Chunk
+CHAT_TEMPLATE_ERROR = "chat-template-error"
+NO_SPANS = "no-spans"
+SCAN_OFF_LOOP_BYTES = 64 << 10   # per-item special-token scans this large run in a thread
 # True while the current unary RPC has announced itself to the batcher and not yet submitted.
 _ANNOUNCED = contextvars.ContextVar("announced", default=False)
 
@@ -195,6 +214,27 @@ def _bad(message: str) -> RequestRejected:
     return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT, message)
 
 
+def item_error(index: int, rejection: RequestRejected) -> pb.ItemError:
+    """What `rejection` would have said about a whole call, as one item's ItemError."""
+    return pb.ItemError(index=index, code=rejection.code.value[0], reason=rejection.reason,
+                        message=rejection.message, metadata=dict(rejection.extra_metadata))
+
+
+def _json_field(request, name: str, kind: type):
+    """The JSON in string field `name` of `request` (None when empty), of type `kind`."""
+    text = getattr(request, name)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _bad(f"`{name}` is not valid JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise _bad(f"`{name}` must be a JSON {'array' if kind is list else 'object'}, not "
+                   f"{type(value).__name__}")
+    return value
+
+
 def packed_u32(values: np.ndarray) -> bytes:
     """The little-endian uint32 bytes of `values` (the `*_packed` fields)."""
     return np.asarray(values).astype("<u4", copy=False).tobytes()
@@ -236,10 +276,26 @@ class TokenizerServicer:
         self._texts_cache: dict = {}
         self._special_ids = None
         self._rules: dict = {}        # SpecialTokenPolicy fields -> SpecialRule (_rule)
+        self._valid_ids = None        # bool per id < n_vocab: in the vocabulary
+        self._chat: ChatTemplate | ChatTemplateUnavailable | None = None
 
     def attach(self, encoding, batcher, info: pb.GetInfoResponse, metrics) -> None:
+        self._chat = self._find_chat_template(encoding)
+        if isinstance(self._chat, ChatTemplate) and info is not None:
+            info = _with_chat_templates(info, self._chat.names)
         self.encoding, self.batcher, self.info, self.metrics = encoding, batcher, info, metrics
         self._rules.clear()           # they name this encoding's special tokens
+        self._valid_ids = None
+
+    @staticmethod
+    def _find_chat_template(encoding):
+        """The vocabulary's ChatTemplate, or why there is none (ApplyChatTemplate says it)."""
+        try:
+            return chat_template_of(encoding)
+        except ChatTemplateUnavailable as exc:
+            if "cannot read" in str(exc) or "must be" in str(exc):
+                log.warning("chat template unusable: %s", exc)
+            return exc
 
     def method_handlers(self) -> dict:
         """grpc method handlers for every method of the service descriptor."""
@@ -392,24 +448,59 @@ class TokenizerServicer:
     async def Tokenize(self, request, context):
         return await self._tokenize_one(request, context, "the text", "Tokenize")
 
+    def _batch_docs(self, request) -> tuple[str, list]:
+        """(`texts` or `data`, the documents) of a batch request, their number checked."""
+        if request.texts and request.data:
+            raise _bad(f"{type(request).__name__} has both `texts` and `data`; send one kind "
+                       "per request")
+        field = "texts" if request.texts else "data"
+        docs = list(request.texts) if request.texts else [bytes(d) for d in request.data]
+        checks.check_batch_items(self.limits, len(docs), f"documents in `{field}`")
+        return field, docs
+
+    async def _encode_items(self, field: str, docs: list, job: EncodeJob, per_item: bool,
+                            context, method: str) -> tuple[list, list]:
+        """(an EncodedDoc per document, the ItemErrors). Without `per_item` the first
+        document over max_text_bytes, or with a disallowed special token (the batch runner's
+        check), fails the call; with it such documents are ItemErrors and empty EncodedDocs,
+        the others are encoded (the special-token check done here, once)."""
+        sizes = [utf8_len(doc) for doc in docs]
+        failed: dict = {}
+        for n, size in enumerate(sizes):
+            try:
+                checks.check_text_bytes(self.limits, size, f"`{field}[{n}]`")
+            except RequestRejected as exc:
+                if not per_item:
+                    raise
+                failed[n] = exc
+        if per_item and job.rule.disallowed and field == "texts":
+            candidates = [n for n in range(len(docs)) if n not in failed]
+            scan = functools.partial(_special_refusals, docs, candidates, job.rule.disallowed)
+            found = await asyncio.to_thread(scan) if \
+                sum(sizes[n] for n in candidates) > SCAN_OFF_LOOP_BYTES else scan()
+            failed.update(found)
+        if per_item:
+            job = dataclasses.replace(job, docs=[d for n, d in enumerate(docs) if n not in failed],
+                                      rule=SpecialRule(job.rule.allowed, frozenset()))
+        nbytes = sum(size for n, size in enumerate(sizes) if n not in failed)
+        results = await self._run(job, max(len(job.docs), 1), nbytes, context, method) \
+            if job.docs else []
+        if failed:
+            empty = np.zeros(0, np.int64)
+            blank = EncodedDoc(np.zeros(0, np.uint32), empty if job.offsets else None, 0,
+                               empty if job.offsets else None)
+            done = iter(results)
+            results = [blank if n in failed else next(done) for n in range(len(docs))]
+        return results, [item_error(n, failed[n]) for n in sorted(failed)]
+
     @unary
     async def TokenizeBatch(self, request, context):
         request = _parsed(request)
         self._ready()
-        if request.texts and request.data:
-            raise _bad("TokenizeBatchRequest has both `texts` and `data`; send one kind per "
-                       "request")
-        field = "texts" if request.texts else "data"
-        docs = list(request.texts) if request.texts else [bytes(d) for d in request.data]
-        checks.check_batch_items(self.limits, len(docs), f"documents in `{field}`")
-        nbytes = 0
-        for n, doc in enumerate(docs):
-            size = utf8_len(doc)
-            checks.check_text_bytes(self.limits, size, f"`{field}[{n}]`")
-            nbytes += size
+        field, docs = self._batch_docs(request)
         job = self._encode_job(docs, request)
-        results = await self._run(job, max(len(docs), 1), nbytes, context, "TokenizeBatch") \
-            if docs else []
+        results, errors = await self._encode_items(field, docs, job, request.per_item_errors,
+                                                   context, "TokenizeBatch")
         counts = np.array([r.ids.size for r in results], np.int64)
         doc_offsets = np.zeros(len(results) + 1, np.int64)
         np.cumsum(counts, out=doc_offsets[1:])
@@ -418,7 +509,8 @@ class TokenizerServicer:
         bounds = doc_offsets.tolist()
         token_counts = [r.token_count for r in results]
         response = pb.TokenizeBatchResponse(doc_offsets=bounds, doc_bounds=bounds,
-                                            token_counts=token_counts, n_tokens=token_counts)
+                                            token_counts=token_counts, n_tokens=token_counts,
+                                            errors=errors)
         packed = request.format == pb.ID_FORMAT_PACKED
         if packed:
             response.ids_packed = packed_u32(ids)
@@ -485,14 +577,48 @@ class TokenizerServicer:
         if request.mode not in DECODE_MODES:
             raise _bad(f"mode: unknown DecodeMode value {request.mode}")
         seqs = [ids[bounds[k]:bounds[k + 1]] for k in range(bounds.size - 1)]
-        result = await self._run(DecodeJob(seqs), len(seqs), 4 * ids.size, context,
-                                 "DetokenizeBatch")
+        failed = self._invalid_sequences(seqs) if request.per_item_errors else {}
+        good = [seq for n, seq in enumerate(seqs) if n not in failed]
+        result = await self._run(DecodeJob(good), len(good), 4 * ids.size, context,
+                                 "DetokenizeBatch") if good else []
         self.metrics.tokens_of["decode"].inc(ids.size)
+        done = iter(result)
+        result = [b"" if n in failed else next(done) for n in range(len(seqs))]
         if request.mode == pb.DECODE_MODE_BYTES:
-            return pb.DetokenizeBatchResponse(data=result)
+            return pb.DetokenizeBatchResponse(
+                data=result, errors=[item_error(n, failed[n]) for n in sorted(failed)])
+        texts = []
+        for n, data in enumerate(result):
+            try:
+                texts.append(self._decoded(data, request.mode, f"sequence {n}")["text"])
+            except RequestRejected as exc:
+                if not request.per_item_errors:
+                    raise
+                failed[n] = exc
+                texts.append("")
         return pb.DetokenizeBatchResponse(
-            texts=[self._decoded(data, request.mode, f"sequence {n}")["text"]
-                   for n, data in enumerate(result)])
+            texts=texts, errors=[item_error(n, failed[n]) for n in sorted(failed)])
+
+    def _invalid_sequences(self, seqs: list) -> dict:
+        """{sequence index: the rejection its first invalid id gives} (per_item_errors), with
+        the words and trailer a call with that sequence alone would have had."""
+        if self._valid_ids is None:
+            valid = np.zeros(self.encoding.n_vocab, bool)
+            valid[np.fromiter(self.encoding.vocab.decoder, np.int64)] = True
+            self._valid_ids = valid
+        valid, failed = self._valid_ids, {}
+        for n, seq in enumerate(seqs):
+            bad = seq >= valid.size
+            bad[~bad] = ~valid[seq[~bad]]
+            if bad.any():
+                position = int(np.argmax(bad))
+                token = int(seq[position])
+                message = str(InvalidTokenError(token, position, self.encoding.name,
+                                                self.encoding.n_vocab, document=n))
+                failed[n] = RequestRejected(
+                    grpc.StatusCode.INVALID_ARGUMENT, INVALID_TOKEN, message,
+                    ((INVALID_TOKEN_METADATA_KEY, f"{token},{position},{n}"),))
+        return failed
 
     @streaming
     async def DetokenizeStream(self, request_iterator, context):
@@ -500,6 +626,96 @@ class TokenizerServicer:
                 request_iterator,
                 lambda request, n: self._detokenize_one(request, context, "the request"), context):
             yield response
+
+    # ---- chunk ----------------------------------------------------------------------------
+
+    @unary
+    async def Chunk(self, request, context):
+        request = _parsed(request)
+        self._ready()
+        field, docs = self._batch_docs(request)
+        if request.max_tokens < 1:
+            raise _bad("`max_tokens` (tokens per window) must be at least 1; got 0")
+        if request.overlap >= request.max_tokens:
+            raise _bad(f"`overlap` ({request.overlap}) must be smaller than `max_tokens` "
+                       f"({request.max_tokens}), or no window would advance")
+        if request.format not in ID_FORMATS:
+            raise _bad(f"format: unknown IdFormat value {request.format}")
+        job = EncodeJob(docs, self._rule(request.special), "byte")
+        results, errors = await self._encode_items(field, docs, job, request.per_item_errors,
+                                                   context, "Chunk")
+        packed = request.format == pb.ID_FORMAT_PACKED
+        response = pb.ChunkResponse(errors=errors)
+        failed = {e.index for e in errors}
+        for n, (doc, result) in enumerate(zip(docs, results)):
+            out = response.documents.add()
+            if n in failed:
+                continue
+            data = doc if isinstance(doc, bytes) else doc.encode("utf-8", "surrogatepass")
+            covered = int(result.ends[-1]) if result.ids.size else 0
+            if covered != len(data):
+                raise RequestRejected(
+                    grpc.StatusCode.FAILED_PRECONDITION, NO_SPANS,
+                    f"the {self.encoding.name} vocabulary's normalizer changes the text (the "
+                    f"tokens of `{field}[{n}]` are {covered:,} bytes, the text {len(data):,}), "
+                    "so windows have no spans in it; use TokenizeBatch and cut the ids")
+            if packed:
+                out.ids_packed = packed_u32(result.ids)
+            else:
+                out.ids.extend(result.ids.tolist())
+            rows = chunking.windows(data, result.offsets, request.max_tokens, request.overlap)
+            for a, b, start, end, byte_start, byte_end in rows.tolist():
+                out.windows.add(token_start=a, token_end=b, start=start, end=end,
+                                byte_start=byte_start, byte_end=byte_end)
+        self.metrics.tokens_of["encode"].inc(sum(r.ids.size for r in results))
+        return response
+
+    # ---- chat templates -------------------------------------------------------------------
+
+    @unary
+    async def ApplyChatTemplate(self, request, context):
+        request = _parsed(request)
+        self._ready()
+        if isinstance(self._chat, ChatTemplateUnavailable) or self._chat is None:
+            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, NO_CHAT_TEMPLATE,
+                                  str(self._chat or "this server has no chat template"))
+        if request.messages and request.messages_json:
+            raise _bad("ApplyChatTemplateRequest has both `messages` and `messages_json`; give "
+                       "one")
+        if request.format not in ID_FORMATS:
+            raise _bad(f"format: unknown IdFormat value {request.format}")
+        messages = _json_field(request, "messages_json", list) if request.messages_json else \
+            [{"role": m.role, "content": m.content} for m in request.messages]
+        if not messages:
+            raise _bad("the conversation is empty: give `messages` or `messages_json`")
+        tools = _json_field(request, "tools_json", list)
+        documents = _json_field(request, "documents_json", list)
+        variables = _json_field(request, "variables_json", dict) or {}
+        render = functools.partial(self._chat.render, messages,
+                                   add_generation_prompt=request.add_generation_prompt,
+                                   tools=tools, documents=documents,
+                                   template=request.template or None, **variables)
+        try:
+            text = await asyncio.to_thread(render)
+        except ChatTemplateUnavailable as exc:   # Jinja2 is missing on the server
+            raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, NO_CHAT_TEMPLATE,
+                                  str(exc)) from None
+        except ChatTemplateError as exc:
+            raise RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, CHAT_TEMPLATE_ERROR,
+                                  str(exc)) from None
+        nbytes = utf8_len(text)
+        checks.check_text_bytes(self.limits, nbytes, "the rendered conversation")
+        # every added token spelled in the text is that token: transformers' tokenization
+        rule = self._rule(pb.SpecialTokenPolicy(allow_all=True, disallow_none=True))
+        [result] = await self._run(EncodeJob([text], rule), 1, nbytes, context,
+                                   "ApplyChatTemplate")
+        self.metrics.tokens_of["encode"].inc(result.ids.size)
+        response = pb.ApplyChatTemplateResponse(text=text, n_tokens=result.ids.size)
+        if request.format == pb.ID_FORMAT_PACKED:
+            response.ids_packed = packed_u32(result.ids)
+        else:
+            response.ids.extend(result.ids.tolist())
+        return response
 
     # ---- info -----------------------------------------------------------------------------
 
@@ -596,3 +812,24 @@ class TokenizerServicer:
         finally:
             end()
             await asyncio.wait({reader, *tasks})
+
+
+def _with_chat_templates(info: pb.GetInfoResponse, names: list) -> pb.GetInfoResponse:
+    out = pb.GetInfoResponse()
+    out.CopyFrom(info)
+    out.chat_templates[:] = names
+    return out
+
+
+def _special_refusals(docs: list, indices: list, disallowed: frozenset) -> dict:
+    """{index: rejection} of the documents (of `indices`) that spell a disallowed special
+    token: the batch runner's check and words, per document (per_item_errors)."""
+    pattern, out = special_regex(disallowed), {}
+    for n in indices:
+        found = pattern.search(docs[n])
+        if found:
+            out[n] = RequestRejected(
+                grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
+                f"document {n} (`texts[{n}]`): {disallowed_special_message(found.group())}",
+                ((SPECIAL_TOKEN_METADATA_KEY, found.group()),))
+    return out
