@@ -65,6 +65,12 @@ CASES = [
     (["encode", "--jsonl", "--special", "allow"],
      "\n".join(json.dumps(t) for t in ["a", SPECIAL, "b"]).encode()),
     (["encode", "--jsonl"], "\n".join(json.dumps(t) for t in ["a", "b", SPECIAL]).encode()),
+    (["encode", "--chunk", "5", "--overlap", "2"], "\n".join(TEXTS).encode()),
+    (["encode", "--chunk", "3", "--jsonl", "--special", "allow"],
+     "\n".join(json.dumps(t) for t in ["a", SPECIAL, "", "İstanbul 🙂"]).encode()),
+    (["encode", "--chunk", "4"], SPECIAL.encode()),                   # refused: same error
+    (["encode", "--chunk", "4", "--overlap", "1"], b"raw \xff\xfe bytes " * 5),
+    (["encode", "--chunk", "2", "--overlap", "2"], b"x"),             # refused: overlap
     (["decode"], b"[1, 2, 3, 100, 200]"),
     (["decode", "--errors", "strict"], b"[255]"),                      # refused: not UTF-8
     (["decode"], b"[255, 254]"),

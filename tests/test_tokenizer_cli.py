@@ -106,3 +106,30 @@ def test_text_field_needs_jsonl(monkeypatch, capsys):
     code, out, err = run(["encode", "--vocab", path, "--text-field", "body", "--cpu"], b"x",
                          monkeypatch, capsys)
     assert code == 1 and out == "" and "--text-field" in err and "--jsonl" in err
+
+
+def test_chunk_windows_are_tiktokens_ids_with_their_spans(monkeypatch, capsys):
+    path = str(trained_vocab_path("cl100k"))
+    tik = tiktoken_twin(vocabulary_for("trained-cl100k"))
+    text = "Retrieval pipelines embed windows of tokens. İstanbul 🙂 日本語. " * 8
+    code, out, _ = run(["encode", "--vocab", path, "--chunk", "16", "--overlap", "4"],
+                       text.encode(), monkeypatch, capsys)
+    assert code == 0
+    windows = [json.loads(line) for line in out.splitlines()]
+    ids = tik.encode_ordinary(text)
+    starts = list(range(0, max(len(ids) - 4, 1), 12))
+    assert [w["ids"] for w in windows] == [ids[s:s + 16] for s in starts]
+    for w in windows:
+        assert w["document"] == 0 and w["text"] == text[w["start"]:w["end"]]
+        assert tik.decode_bytes(w["ids"]) == text.encode()[w["byte_start"]:w["byte_end"]]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--chunk", "0"], "--chunk must be"), (["--chunk", "4", "--overlap", "4"], "--overlap must"),
+    (["--overlap", "2"], "add --chunk N"),
+])
+def test_chunk_arguments_are_checked_first(monkeypatch, capsys, argv, needle):
+    code, _, err = run(["encode", "--vocab", str(trained_vocab_path("cl100k")), *argv], b"x",
+                       monkeypatch, capsys)
+    assert code == 1 and needle in err and "Traceback" not in err
+

@@ -8,6 +8,8 @@
                                                                      # array per document
     echo "[15339, 1917]" | istanbul decode --vocab cl100k_base       # hello world
     echo "hello world" | istanbul encode --tokenizer localhost:50051  # the same, by the service
+    istanbul encode --vocab cl100k_base --chunk 512 --overlap 64 < doc.txt   # a JSON object
+                                                                     # per window (RAG)
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def register(sub) -> None:
     add_corpus_arguments(e, skip_bad=False, text_field=False)
     e.add_argument("--special", choices=("raise", "allow", "text"), default="raise",
                    help=SPECIAL_HELP)
+    e.add_argument("--chunk", type=int, metavar="N",
+                   help="cut each document into windows of at most N tokens and print one JSON "
+                        "object per window and line: document (its index), ids, text, start, "
+                        "end (characters), byte_start, byte_end (UTF-8 bytes): what retrieval "
+                        "pipelines embed (see --overlap)")
+    e.add_argument("--overlap", type=int, metavar="M",
+                   help="with --chunk: tokens shared by neighbouring windows (default 0; less "
+                        "than N)")
     e.add_argument("--cpu", action="store_true", help="use the CPU reference instead of the GPU")
     add_device_args(e)
     add_tokenizer_arguments(e, help="use the tokenizer service at HOST:PORT instead of a local "
@@ -111,6 +121,7 @@ def cmd_encode(args) -> int:
         raise UserFacingError("--text-field applies to JSON, Parquet or Arrow input: add "
                               "--jsonl (stdin), or give such FILES")
     field = TEXT_FIELD if args.text_field is None else args.text_field
+    windows = _window_args(args)
     corpus = None
     if args.files or args.jsonl or args.format != "auto":
         fmt = "jsonl" if args.jsonl and args.format == "auto" else args.format
@@ -119,6 +130,13 @@ def cmd_encode(args) -> int:
     enc = _encoding(args)
     special = _special_args(args.special)
     try:
+        if windows is not None:
+            batches = _batches(corpus) if corpus is not None else [[_stdin_document()]]
+            first = 0
+            for batch in batches:
+                _write_windows(enc, batch, first, *windows, special)
+                first += len(batch)
+            return 0
         if corpus is not None:
             for batch in _batches(corpus):
                 ids, offsets = enc.encode_batch_flat(batch, **special)
@@ -138,6 +156,50 @@ def cmd_encode(args) -> int:
         raise UserFacingError(f"{first} Pass --special allow or --special text.") from None
     sys.stdout.write(json.dumps(ids) + "\n")
     return 0
+
+
+def _window_args(args) -> tuple | None:
+    """(N, M) of --chunk N --overlap M, checked before any work; None without --chunk."""
+    if args.chunk is None:
+        if args.overlap is not None:
+            raise UserFacingError("--overlap M applies to windows: add --chunk N")
+        return None
+    from .chunking import check_window_arguments
+    overlap = args.overlap or 0
+    try:
+        check_window_arguments(args.chunk, overlap)
+    except ValueError as exc:
+        message = str(exc).replace("max_tokens", "--chunk").replace("overlap", "--overlap", 1)
+        raise UserFacingError(message) from None
+    return args.chunk, overlap
+
+
+def _stdin_document():
+    """All of stdin as one document: text, or raw bytes when it is not UTF-8."""
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def _write_windows(enc, docs: list, first: int, max_tokens: int, overlap: int,
+                   special: dict) -> None:
+    """One JSON line per window of each document (documents numbered from `first`)."""
+    if hasattr(enc, "chunk_batch"):   # the service
+        chunked = enc.chunk_batch(docs, max_tokens, overlap, **special)
+    else:
+        from .chunking import chunk
+        chunked = [chunk(enc, doc, max_tokens, overlap, **special) for doc in docs]
+    lines = []
+    for n, windows in enumerate(chunked, first):
+        for c in windows:
+            text = c.text.decode("utf-8", "replace") if isinstance(c.text, bytes) else c.text
+            lines.append(json.dumps({"document": n, "ids": c.ids, "text": text,
+                                     "start": c.start, "end": c.end,
+                                     "byte_start": c.byte_start, "byte_end": c.byte_end},
+                                    ensure_ascii=False) + "\n")
+    sys.stdout.write("".join(lines))
 
 
 def _batches(corpus):
