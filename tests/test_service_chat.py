@@ -6,6 +6,7 @@ refusal, a vocabulary without a template and the size limit are refused clearly.
 from __future__ import annotations
 
 import json
+import sys
 
 import grpc
 import numpy as np
@@ -33,13 +34,17 @@ def hf(folder):
 
 
 @pytest.fixture(scope="module")
-def chat_server(folder, device):
+def chat_encoding(folder, device):
     from tokenizer_svc.encoding import Encoding
-    from tokenizer_svc.server import Limits
     from tokenizer_svc.vocab import load_vocabulary
     # its own Encoding: get_encoding's cache could hand back one whose file is elsewhere
-    encoding = Encoding(load_vocabulary(str(folder / "tokenizer.json")), device)
-    srv = start_server(encoding, device, limits=Limits(max_text_bytes=4000))
+    return Encoding(load_vocabulary(str(folder / "tokenizer.json")), device)
+
+
+@pytest.fixture(scope="module")
+def chat_server(chat_encoding, device):
+    from tokenizer_svc.server import Limits
+    srv = start_server(chat_encoding, device, limits=Limits(max_text_bytes=4000))
     yield srv
     srv.stop()
 
@@ -130,6 +135,16 @@ def test_a_vocabulary_without_a_template_is_failed_precondition(server):
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert info.value.reason == "no-chat-template"
     assert "tokenizer_config.json" in str(info.value)
+
+
+def test_a_server_without_jinja_says_what_to_install(chat_encoding, device, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jinja2", None)   # as if it were not installed
+    with start_server(chat_encoding, device) as srv, TokenizerClient(srv.target) as c:
+        with pytest.raises(ServiceError) as info:
+            c.apply_chat_template([{"role": "user", "content": "hi"}])
+        assert not c.info().chat_templates
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "istanbul[chat]" in str(info.value)
 
 
 def test_chunk_on_the_deepseek_vocabulary(chat_client, hf):

@@ -56,6 +56,10 @@ class ChatTemplateUnavailable(LookupError):
     """No chat template can be applied: the vocabulary has none, or Jinja2 is missing."""
 
 
+class NoChatTemplate(ChatTemplateUnavailable):
+    """The vocabulary's folder has no chat template at all."""
+
+
 class ChatTemplateError(ValueError):
     """The template refused the conversation (its raise_exception) or failed to render it."""
 
@@ -159,13 +163,13 @@ def tokenize_rendered(encoding, text: str) -> list:
 
 
 def chat_template_of(encoding) -> ChatTemplate:
-    """The chat template of `encoding`'s vocabulary (found beside its file), or
-    ChatTemplateUnavailable saying where it was looked for."""
+    """The chat template of `encoding`'s vocabulary (found beside its file); NoChatTemplate
+    saying where it was looked for, or ChatTemplateUnavailable for an unreadable file."""
     source = getattr(encoding.vocab, "source", "")
     found = ChatTemplate.find(source) if source else None
     if found is None:
         where = Path(source).parent if source else "(the vocabulary has no file)"
-        raise ChatTemplateUnavailable(
+        raise NoChatTemplate(
             f"the {encoding.name} vocabulary has no chat template: none of {CONFIG_FILE} (with "
             f"chat_template), {TEMPLATE_FILE} or {TEMPLATE_DIR}/*.jinja in {where}; put the "
             "model's tokenizer_config.json beside its tokenizer.json")
@@ -220,6 +224,11 @@ def _special_variables(folder: Path, config: dict) -> dict:
         if text is not None:
             out[name] = text
     return out
+
+
+def check_jinja() -> None:
+    """ChatTemplateUnavailable unless a usable Jinja2 is installed (what to install)."""
+    _jinja()
 
 
 def _jinja():

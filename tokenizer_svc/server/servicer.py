@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 
 from .. import chunking
 from ..chat_template import (ChatTemplate, ChatTemplateError, ChatTemplateUnavailable,
-                             chat_template_of)
+                             NoChatTemplate, chat_template_of, check_jinja)
 from ..encoding import InvalidTokenError
 from ..reference import special_regex
 from ..rpc import tokenizer_pb2 as pb
@@ -289,13 +289,17 @@ class TokenizerServicer:
 
     @staticmethod
     def _find_chat_template(encoding):
-        """The vocabulary's ChatTemplate, or why there is none (ApplyChatTemplate says it)."""
+        """The vocabulary's ChatTemplate, or why there is none (ApplyChatTemplate says it);
+        a template that is there but cannot be used is logged at WARNING."""
         try:
-            return chat_template_of(encoding)
-        except ChatTemplateUnavailable as exc:
-            if "cannot read" in str(exc) or "must be" in str(exc):
-                log.warning("chat template unusable: %s", exc)
+            found = chat_template_of(encoding)
+            check_jinja()
+        except NoChatTemplate as exc:
             return exc
+        except ChatTemplateUnavailable as exc:
+            log.warning("ApplyChatTemplate unavailable: %s", exc)
+            return exc
+        return found
 
     def method_handlers(self) -> dict:
         """grpc method handlers for every method of the service descriptor."""
