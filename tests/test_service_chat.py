@@ -15,7 +15,7 @@ import pytest
 from tests.chat_support import CONVERSATIONS, TOOLS, deepseek_chat_folder
 from tokenizer_svc.client import RequestError, ServiceError, TokenizerClient
 from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tests.service_support import (reason_of, server, start_server, stub_for,  # noqa: F401
+from tests.service_support import (server, start_server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 
 pytest.importorskip("transformers")
