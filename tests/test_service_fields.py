@@ -153,3 +153,28 @@ def test_errors_name_protocol_fields_not_python_arguments(stub, client):
     with pytest.raises(DisallowedSpecialError) as local:
         client.encode(SPECIAL_TEXT)
     assert str(local.value) == disallowed_message("<|endoftext|>")
+
+
+def test_a_disallowed_special_token_beyond_ascii_is_invalid_argument_naming_it(tmp_path, device):
+    """gRPC metadata is printable ASCII: a special token such as DeepSeek's '<｜User｜>' went
+    into the trailer as it is and the call ended INTERNAL ("Invalid metadata"). The trailer
+    carries it percent-encoded; the client gives the token back as it is."""
+    from tests.service_support import MULTILINGUAL, SAMPLE, start_server
+    from tests.tokenizer_support import train_bpe
+    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.encoding import Encoding
+    from tokenizer_svc.patterns import GPT2_PATTERN
+    from tokenizer_svc.vocab import Vocabulary
+    ranks = train_bpe([SAMPLE] + MULTILINGUAL, GPT2_PATTERN, 270)
+    user = "<｜User｜>"
+    vocab = Vocabulary(name="wide-specials", ranks=ranks, pattern=GPT2_PATTERN,
+                       pattern_name="gpt2", special_tokens={user: len(ranks), "%41": len(ranks) + 1})
+    encoding = Encoding(vocab, device=device)
+    with start_server(encoding, device) as srv, TokenizerClient(srv.target, timeout=60) as c:
+        for token in (user, "%41"):
+            with pytest.raises(DisallowedSpecialError) as info:
+                c.encode(f"hi {token} there")
+            assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.token == token
+            assert str(info.value) == disallowed_message(token)
+        assert c.encode(f"hi {user}", allowed_special={user})[-1] == len(ranks)

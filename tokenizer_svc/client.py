@@ -73,6 +73,12 @@ SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed token (s
 PACKED = pb.ID_FORMAT_PACKED   # the client asks for packed ids: np.frombuffer, no lists
 
 
+def _unquoted(value: str | None) -> str | None:
+    """A percent-encoded trailer value (the server's special_token_metadata) as text."""
+    from urllib.parse import unquote
+    return None if value is None else unquote(value)
+
+
 def reply_ids(reply) -> np.ndarray:
     """The ids of a Tokenize/TokenizeBatch reply as np.uint32: `ids_packed` (little-endian
     uint32), or `ids` from a server older than the packed field."""
@@ -240,7 +246,7 @@ class TokenizerClient:
             document = trailers.get(DOCUMENT_METADATA_KEY)
             return DisallowedSpecialError(code, details, reason, self.target,
                                           int(document) if document is not None else None,
-                                          trailers.get(SPECIAL_TOKEN_METADATA_KEY))
+                                          _unquoted(trailers.get(SPECIAL_TOKEN_METADATA_KEY)))
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return RequestError(code, details, reason, self.target)
         return ServiceError(code, details, reason, self.target)

@@ -37,8 +37,9 @@ from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected,
                      shutting_down)
 from .work import (DISALLOWED_SPECIAL, INVALID_TOKEN, INVALID_TOKEN_METADATA_KEY,
-                   SPECIAL_TOKEN_METADATA_KEY, DecodeJob, EncodedDoc, EncodeJob, SpecialRule,
-                   disallowed_special_message, special_ids, utf8_len)
+                   DecodeJob, EncodedDoc, EncodeJob, SpecialRule,
+                   disallowed_special_message, special_ids, special_token_metadata,
+                   utf8_len)
 
 log = logging.getLogger(__name__)
 
@@ -835,5 +836,5 @@ def _special_refusals(docs: list, indices: list, disallowed: frozenset) -> dict:
             out[n] = RequestRejected(
                 grpc.StatusCode.INVALID_ARGUMENT, DISALLOWED_SPECIAL,
                 f"document {n} (`texts[{n}]`): {disallowed_special_message(found.group())}",
-                ((SPECIAL_TOKEN_METADATA_KEY, found.group()),))
+                special_token_metadata(found.group()))
     return out

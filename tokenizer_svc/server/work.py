@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import quote
 
 import grpc
 import numpy as np
@@ -35,6 +36,14 @@ from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
 DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
 SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed special token found
+# gRPC metadata values are printable ASCII: the token is percent-encoded (RFC 3986 style:
+# '%', controls and non-ASCII escaped; "<|endoftext|>" stays as it is). Clients unquote it.
+_TOKEN_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def special_token_metadata(token: str) -> tuple:
+    """The trailer naming a disallowed special token (any Unicode: DeepSeek's '<｜User｜>')."""
+    return ((SPECIAL_TOKEN_METADATA_KEY, quote(token, safe=_TOKEN_SAFE)),)
 
 
 def disallowed_special_message(token: str) -> str:
@@ -217,7 +226,7 @@ class BatchRunner:
         for n, doc in enumerate(job.docs):
             found = pattern.search(doc) if isinstance(doc, str) else None
             if found:
-                token = ((SPECIAL_TOKEN_METADATA_KEY, found.group()),)
+                token = special_token_metadata(found.group())
                 message = disallowed_special_message(found.group())
                 if len(job.docs) == 1:
                     return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT,
