@@ -89,6 +89,11 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
                    help="exit once no job is queued or running (scripts, the demo)")
     p.add_argument("--max-jobs", type=int, default=None, metavar="N",
                    help="exit after running N jobs")
+    p.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="also write each job's scalars (loss, eval loss, lr, grad norm, "
+                        "tokens/s, loss scale) as TensorBoard event files in DIR/JOB, on this "
+                        "daemon's disk (`tensorboard --logdir DIR`; pip install "
+                        "'istanbul[tensorboard]')")
 
 
 def register(sub) -> None:
@@ -593,6 +598,9 @@ def run_trainer(args) -> int:
         raise UserFacingError("--max-failures must be at least 1")
     if args.lease_ttl <= 0.3:
         raise UserFacingError("--lease-ttl must be more than 0.3 seconds")
+    if args.tensorboard is not None:
+        from .tensorboard_log import require_writer
+        require_writer()              # a missing extra is an error at start, not per job
     try:
         args.checkpoints.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -613,7 +621,8 @@ def run_trainer(args) -> int:
     config = DaemonConfig(checkpoint_root=args.checkpoints, lease_ttl_s=args.lease_ttl,
                           max_failures=args.max_failures, publish_every_s=args.publish_every,
                           exit_when_idle=args.exit_when_idle, max_jobs=args.max_jobs,
-                          gpus=args.gpus, rank_adapters=tuple(adapters))
+                          gpus=args.gpus, rank_adapters=tuple(adapters),
+                          tensorboard_dir=args.tensorboard)
     metrics = DaemonMetrics(JobQueue(handle))
     if args.metrics_port is not None:
         metrics.adapter(device.info.name, device.info.adapter_type, device.info.is_software)

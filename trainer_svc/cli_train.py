@@ -87,6 +87,10 @@ def register(sub) -> None:
                    help="checkpoints kept (newest)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the newest valid checkpoint in --checkpoints")
+    t.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="also write the scalars (loss, eval loss, lr, grad norm, tokens/s, "
+                        "loss scale) as TensorBoard event files in DIR (`tensorboard --logdir "
+                        "DIR`; pip install 'istanbul[tensorboard]')")
     add_device_args(t)
     t.set_defaults(func=cmd_train)
 
@@ -182,6 +186,9 @@ def cmd_train(args) -> int:
         raise UserFacingError("--resume needs --checkpoints DIR")
     if args.eval_every < 0 or args.eval_batches < 1:
         raise UserFacingError("--eval-every must be >= 0 and --eval-batches >= 1")
+    if args.tensorboard is not None:
+        from .tensorboard_log import require_writer
+        require_writer()
     codec = _load_codec(args.vocab) if args.vocab else None
     shards = _load_shards(args, codec)
     n_vocab = codec.n_vocab if codec else int(max(int(s.max()) for s in shards if s.size)) + 1
@@ -252,6 +259,13 @@ def cmd_train(args) -> int:
           flush=True)
     bar = tqdm(total=tc.steps, initial=trainer.step_count, unit="step", file=sys.stderr,
                dynamic_ncols=True, disable=None)   # None: no bar without a terminal
+    scalars = None      # (on an error tensorboardX flushes what it has when the process exits)
+    if args.tensorboard is not None:
+        from .tensorboard_log import ScalarLog
+        try:
+            scalars = ScalarLog(args.tensorboard, purge_step=trainer.step_count + 1)
+        except OSError as exc:
+            raise UserFacingError(f"--tensorboard {args.tensorboard}: {exc}") from None
     last_saved = trainer.step_count
     while trainer.step_count < tc.steps:
         m = trainer.step(stream.next_accumulated(tc.grad_accum))
@@ -260,6 +274,8 @@ def cmd_train(args) -> int:
         if m.skipped and m.scale_backoff:
             tqdm.write(f"step {m.step + 1}: f16 gradients overflowed at loss scale "
                        f"{m.loss_scale:g}: update skipped, scale halved")
+            if scalars is not None:
+                scalars.loss_scale_backoff(m.step + 1, m.loss_scale / 2)
             continue
         if m.skipped:
             tqdm.write(f"step {m.step + 1}: non-finite gradients (loss={m.loss}), update "
@@ -268,16 +284,23 @@ def cmd_train(args) -> int:
                 raise UserFacingError("10 steps with non-finite gradients: stopping (lower "
                                       "--lr?)")
             continue
+        if scalars is not None:
+            scalars.step(m)
         if m.step % args.log_every == 0 or m.step == tc.steps:
             tqdm.write(f"step {m.step}/{tc.steps} loss={m.loss:.4f} "
                        f"grad_norm={m.grad_norm:.3f} lr={m.lr:.2e} "
                        f"tok/s={m.tokens_per_s:,.0f}")
         if evals is not None and m.step % args.eval_every == 0:
-            tqdm.write(f"step {m.step}/{tc.steps} eval_loss={trainer.evaluate(evals):.4f}")
+            eval_loss = trainer.evaluate(evals)
+            tqdm.write(f"step {m.step}/{tc.steps} eval_loss={eval_loss:.4f}")
+            if scalars is not None:
+                scalars.eval(m.step, eval_loss)
         if manager and args.checkpoint_every and m.step % args.checkpoint_every == 0:
             save()
             last_saved = m.step
     bar.close()
+    if scalars is not None:
+        scalars.close()
     if manager and last_saved != trainer.step_count:
         save()
     return 0

@@ -101,6 +101,7 @@ class DaemonConfig:
     max_jobs: int | None = None         # stop after this many jobs (tests)
     gpus: int = 1                       # ranks this trainer can run one job on
     rank_adapters: tuple = ()           # with gpus > 1: the adapter of each rank
+    tensorboard_dir: Path | None = None  # --tensorboard: each job's scalars in DIR/JOB
     consumer: str = field(default_factory=owner_token)
 
 
@@ -340,6 +341,7 @@ class JobAttempt:
         self._last_log = time.monotonic()
         self._last_cancel_poll = 0.0
         self.training_run = None            # the open run (closed when the attempt ends)
+        self.scalars = None                 # with --tensorboard: the job's ScalarLog
 
     def _touch_entry(self) -> None:
         self.queue.touch(self.owner, self.entry_id)
@@ -410,6 +412,9 @@ class JobAttempt:
     def _close_run(self) -> None:
         """Free the GPU memory and stop a data-parallel job's rank processes."""
         run, self.training_run = self.training_run, None
+        scalars, self.scalars = self.scalars, None
+        if scalars is not None:
+            scalars.close()
         if run is not None:
             try:
                 run.close()
@@ -658,6 +663,7 @@ class JobAttempt:
         last_saved = run.step_count if run.resumed_from is not None else -1
         self.progress.add(hset={"total_steps": total, "step": run.step_count,
                                 "tokens": run.tokens_seen})
+        self._open_scalars(run)
         while run.step_count < total:
             if self._check_stop(run, last_saved):
                 return f"cancelled at step {run.step_count}"
@@ -671,6 +677,8 @@ class JobAttempt:
             if metrics.skipped and metrics.scale_backoff:   # f16: the loss scale halved
                 self.progress.add(ev=event("loss_scale_backoff", step=run.step_count + 1,
                                            scale=metrics.loss_scale / 2))
+                if self.scalars is not None:
+                    self.scalars.loss_scale_backoff(run.step_count + 1, metrics.loss_scale / 2)
                 continue
             if metrics.skipped:
                 skipped_in_a_row += 1
@@ -693,6 +701,8 @@ class JobAttempt:
                 if eval_loss is None:        # stopped half-way: cancel, SIGTERM, lost lease
                     continue
                 self.metrics.observe_eval(self.job_id, eval_loss)
+                if self.scalars is not None:
+                    self.scalars.eval(run.step_count, eval_loss)
                 self.progress.add(hset={"eval_loss": eval_loss},
                                   curve=[f"eval:{run.step_count}", float(eval_loss)],
                                   ev=event("eval", step=run.step_count, loss=eval_loss,
@@ -708,6 +718,21 @@ class JobAttempt:
         self._finish("done", f"trained {total} steps",
                      {"step": run.step_count, "tokens": run.tokens_seen})
         return f"done at step {run.step_count}"
+
+    def _open_scalars(self, run) -> None:
+        """--tensorboard: the job's scalars in DIR/JOB, the steps after the one this attempt
+        starts from hidden from earlier attempts (purge_step). A log that cannot be opened
+        costs a warning, never the job."""
+        root = self.config.tensorboard_dir
+        if root is None:
+            return
+        from .tensorboard_log import ScalarLog
+        try:
+            self.scalars = ScalarLog(resolve_job_dir(Path(root), self.job_id),
+                                     purge_step=run.step_count + 1)
+        except OSError as exc:
+            log.warning("job %s: no TensorBoard scalars: cannot write %s (%s)", self.job_id,
+                        Path(root) / self.job_id, exc)
 
     def _check_stop(self, run, last_saved: int) -> bool:
         """Raise for a lost lease or SIGTERM; True when the job was cancelled (and recorded)."""
@@ -747,6 +772,8 @@ class JobAttempt:
             log.info("job %s: step %d/%d loss %.4f %.0f tok/s ETA %.0f s", self.job_id, step,
                      total, metrics.loss, metrics.tokens_per_s, eta)
         self.metrics.observe_step(self.job_id, metrics)
+        if self.scalars is not None:
+            self.scalars.step(metrics, step)
         self.progress.add(
             hset={"step": step, "loss": float(metrics.loss), "lr": float(metrics.lr),
                   "grad_norm": _finite_or_none(metrics.grad_norm) or 0.0,
