@@ -4,6 +4,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,dawn
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+
+# --- Headless Chromium for the dashboard's browser tests (marker `browser`, driven by
+# Playwright, which never downloads a browser): Debian's chromium and chromium-driver,
+# installed when missing and root (or sudo) is at hand. Without them those tests skip, unless
+# ISTANBUL_REQUIRE_BROWSER=1 (CI), which makes that a failure.
+if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+        sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+        $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            chromium chromium-driver >/dev/null
+    else
+        echo "note: no chromium (needs root to install); the dashboard's browser tests will skip" >&2
+    fi
+fi
+
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
