@@ -285,6 +285,7 @@ def cmd_demo(args) -> int:
     pipe.run("vocab", "train", *files, "--size", s["vocab_size"], "--pattern", "o200k",
              "--special", "<|endoftext|>", "--name", "demo", "-o", vocab, *pipe.adapter)
 
+    dashboard = None
     try:  # the service runs from step 3 to the end of training; stopped whatever happens
         pipe.step(3, "tokenizer service: istanbul serve on a free loopback port")
         target = pipe.start_server(vocab)
@@ -305,9 +306,11 @@ def cmd_demo(args) -> int:
 
         pipe.step(6, "training: a daemon takes the job (istanbul trainer), "
                      "progress from istanbul watch")
+        dashboard = start_dashboard(pipe, job)
         pipe.train_daemon(job)
     finally:
         pipe.stop_server()
+        stop_dashboard(dashboard)
 
     pipe.step(7, "loss curve")
     png, curve = pipe.loss_curve(job)
@@ -333,3 +336,39 @@ def cmd_demo(args) -> int:
         print(f"  {label:<12} {path}")
     print(f"  job {job}: `istanbul status {job} {' '.join(pipe.redis)}`")
     return 0
+
+
+def start_dashboard(pipe: Pipeline, job: str) -> subprocess.Popen | None:
+    """`istanbul dashboard` on a free loopback port while the job trains, its address printed;
+    without the `dashboard` extra, how to get it. The demo never fails for the dashboard."""
+    import importlib.util
+    if not all(importlib.util.find_spec(name) for name in ("starlette", "uvicorn")):
+        print("  live curves in a browser: pip install 'istanbul[dashboard]', then "
+              f"`istanbul dashboard {' '.join(pipe.redis)}`")
+        return None
+    port_file = pipe.out / "dashboard.port"
+    port_file.unlink(missing_ok=True)
+    with open(pipe.logs / "dashboard.log", "w") as log:
+        proc = subprocess.Popen(pipe.cli + ["dashboard", "--port", "0", "--port-file",
+                                            str(port_file), *pipe.redis],
+                                env=pipe.env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"  (the live dashboard did not start; see {pipe.logs / 'dashboard.log'})")
+            stop_dashboard(proc)
+            return None
+        time.sleep(0.1)
+    print(f"  live dashboard: http://127.0.0.1:{port_file.read_text().strip()}/#job={job} "
+          "(while it trains)", flush=True)
+    return proc
+
+
+def stop_dashboard(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

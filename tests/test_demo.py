@@ -34,5 +34,8 @@ def test_short_demo_runs_the_whole_pipeline(tmp_path):
     assert steps[-1] == "step_00000012"
     assert "loss" in proc.stdout and "Done in" in proc.stdout
     assert "eval loss" in proc.stdout and "evaluations on held-out documents" in proc.stdout
+    # while it trained, a live dashboard (the extra is installed for the tests), then stopped
+    assert "live dashboard: http://127.0.0.1:" in proc.stdout
+    assert "dashboard on http://127.0.0.1:" in (out / "logs" / "dashboard.log").read_text()
     # the service was stopped gracefully and the daemon exited on an idle queue
     assert "stopped" in (out / "logs" / "tokenizer.log").read_text()
