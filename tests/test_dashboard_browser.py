@@ -48,17 +48,21 @@ def training(tmp_path_factory):
                  checkpoint_every=40, keep_last=3)
     token_file = tmp / "tokens.txt"
     token_file.write_text(TOKEN + "\n")
-    dashboard = Dashboard(tmp, server.url, "--auth-token-file", str(token_file),
-                          "--refresh", "0.5")
-    daemon = DaemonProcess(server.url, tmp / "ckpt", tmp / "daemon.log", "--lease-ttl", "10")
+    dashboard = daemon = None
     try:
+        dashboard = Dashboard(tmp, server.url, "--auth-token-file", str(token_file),
+                              "--refresh", "0.5")
+        daemon = DaemonProcess(server.url, tmp / "ckpt", tmp / "daemon.log", "--lease-ttl",
+                               "10")
         yield {"tmp": tmp, "server": server, "queue": JobQueue(handle), "job": job,
                "dashboard": dashboard}
     finally:
-        daemon.signal(signal.SIGTERM)
-        daemon.wait(60)
-        daemon.stop()
-        dashboard.stop()
+        if daemon is not None:
+            daemon.signal(signal.SIGTERM)
+            daemon.wait(60)
+            daemon.stop()
+        if dashboard is not None:
+            dashboard.stop()
         handle.close()
         server.stop()
 
