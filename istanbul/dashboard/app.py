@@ -65,7 +65,7 @@ class TokenCheck:
         if not self.tokens:
             return JSONResponse({"error": READ_ONLY, "status": 403}, status_code=403)
         header = request.headers.get("authorization")
-        problem = self._interceptor._problem([("authorization", header)] if header else [])
+        problem = self._interceptor.problem([("authorization", header)] if header else [])
         if problem is None:
             return None
         log.warning("dashboard: refused %s %s from %s: %s", request.method, request.url.path,

@@ -52,7 +52,9 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
             raise ValueError("BearerAuthInterceptor needs at least one token")
         self._tokens = tuple(t.encode() for t in tokens)
 
-    def _problem(self, metadata) -> str | None:
+    def problem(self, metadata) -> str | None:
+        """Why a call with these (key, value) metadata pairs is refused; None if it may
+        proceed. Also the HTTP side's check (the dashboard passes its Authorization header)."""
         values = [v for k, v in (metadata or ()) if k == "authorization"]
         if not values:
             return ("missing credentials: this server requires the metadata "
@@ -70,7 +72,7 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details):
         if details.method in OPEN_METHODS:
             return await continuation(details)
-        problem = self._problem(details.invocation_metadata)
+        problem = self.problem(details.invocation_metadata)
         handler = await continuation(details)
         if problem is None or handler is None:
             return handler
