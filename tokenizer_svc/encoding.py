@@ -40,6 +40,7 @@ import operator
 import os
 import threading
 from collections import OrderedDict
+from itertools import filterfalse
 from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
@@ -800,24 +801,19 @@ def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:
     return PackedText(parts, starts), starts
 
 
-def _pack_valid_utf8(docs: list[bytes]) -> tuple[bytes, np.ndarray] | None:
-    """(the documents joined, their n + 1 byte starts) when every document is valid UTF-8,
-    else None; a constant number of Python operations. The join is valid UTF-8 and no
-    non-empty document starts with a continuation byte exactly when each document is valid
-    (a document cut inside a character leaves the next one starting with a continuation
-    byte, or the join's end invalid)."""
-    data = b"".join(docs)
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    starts = np.zeros(len(docs) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=starts[1:])
-    firsts = starts[:-1][starts[:-1] < starts[1:]]   # the first byte of each non-empty one
-    raw = np.frombuffer(data, dtype=np.uint8)
-    if np.any((raw[firsts] & 0xC0) == 0x80):
-        return None
-    return data, starts
+def _pack_valid_utf8(docs: list[bytes]) -> tuple[PackedText, np.ndarray] | None:
+    """(the documents as one PackedText, their n + 1 byte starts) when every document is
+    valid UTF-8, else None. An ASCII document is valid as it is (`bytes.isascii`, C speed,
+    no copy); only the others are decoded to check them. Nothing is joined here: the encoder
+    joins the documents range by range into its upload buffer while the GPU works, as it
+    does for `str` documents (joining and decoding the whole batch first made `bytes` input
+    2-4x slower than `str`)."""
+    for doc in filterfalse(bytes.isascii, docs):
+        try:
+            doc.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return _joined(docs)
 
 
 def _split(ids: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
