@@ -28,9 +28,13 @@ the post-processor's BOS/EOS added).
 Sharing: an `Encoding` may be used by any number of threads (CPU pre-tokenization runs in
 parallel, GPU calls of one device are serialized). It pickles by vocabulary identity (a known
 name or a file path plus its content hash, else the vocabulary itself) and builds its GPU state
-lazily in the process that uses it. A process forked after the GPU was used cannot use it
-(wgpu does not survive fork): such a child gets `ForkedGpuError` at once; use the "spawn" or
-"forkserver" start method, or device="cpu".
+lazily in the process that uses it. A process forked after the GPU was used (the default
+start method of `multiprocessing`, DataLoader workers and `datasets.map(num_proc=...)` on
+Linux) keeps working with the same ids: wgpu does not survive fork, so there every method
+computes on the CPU (tiktoken or `tokenizers`, whichever reads the vocabulary, else the
+reference), the parent's GPU objects are never touched or released, and one
+`ForkedGpuWarning` per process names the faster choice, the "spawn" or "forkserver" start
+method (tokenizer_svc/forked.py).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
 
+from . import forked
+from .forked import ForkedGpuWarning
 from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
                         extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
 from .model_names import encoding_name_for_model
@@ -76,25 +82,8 @@ class InvalidTokenError(KeyError, ValueError):
 
 
 class ForkedGpuError(RuntimeError):
-    """The GPU was used in a parent process before fork; wgpu state does not survive fork."""
-
-
-_GPU_PID: int | None = None  # the process that created wgpu state through an Encoding
-
-
-def _note_gpu_use() -> None:
-    global _GPU_PID
-    _GPU_PID = os.getpid()
-
-
-def _check_not_forked(name: str) -> None:
-    if _GPU_PID is not None and _GPU_PID != os.getpid():
-        raise ForkedGpuError(
-            f"Encoding {name!r}: this process was forked from process {_GPU_PID} after that "
-            "one had used the GPU, and wgpu (Vulkan) state cannot be used across fork. Use the "
-            "'spawn' or 'forkserver' start method (multiprocessing.get_context('spawn'), or "
-            "DataLoader(multiprocessing_context='spawn')), pass the Encoding to the child by "
-            "pickling (it rebuilds itself there), or use device='cpu' in forked children")
+    """No longer raised: a forked child now computes on the CPU (forked.py). Kept so that
+    code which catches it still imports."""
 
 
 class CpuBackend:
@@ -169,12 +158,13 @@ class Encoding:
 
     @property
     def backend(self):
-        """The CPU reference or the GPU backend, built on first use in this process."""
+        """The CPU reference or the GPU backend, built on first use in this process; in a
+        process forked after the GPU was used, forked.ForkedCpuBackend instead."""
         backend = self._backend
         if backend is not None and backend.kind == "cpu":
             return backend
-        if self._device != "cpu":
-            _check_not_forked(self.name)
+        if self._device != "cpu" and forked.forked_from_gpu():
+            return self._forked_backend()
         if backend is None:
             with self._build_lock:
                 if self._backend is None:
@@ -185,10 +175,21 @@ class Encoding:
                         from .gpu_backend import ROBUSTNESS, GpuBackend
                         device = self._device if self._device is not None else \
                             default_device(robustness=ROBUSTNESS)
-                        _note_gpu_use()
                         self._backend = GpuBackend(self.vocab, device)
+                        forked.note_gpu_backend(self._backend)
                 backend = self._backend
         return backend
+
+    def _forked_backend(self):
+        """This process's CPU backend (made at its first call), the GPU state inherited from
+        the parent pinned, never used or released here."""
+        cpu = self.__dict__.get("_forked")
+        if cpu is None:
+            if self._backend is not None:
+                forked.pin(self._backend)   # also when the fork skipped the at-fork hooks
+            cpu = self.__dict__["_forked"] = forked.cpu_backend(self.vocab)
+        forked.warn_once(self.name, cpu.engine)
+        return cpu
 
     @property
     def reference(self) -> ReferenceTokenizer:
@@ -198,8 +199,11 @@ class Encoding:
         return self._ref
 
     def __repr__(self) -> str:
-        where = self._backend.describe() if self._backend is not None else (
-            "CPU reference" if self._device == "cpu" else "GPU (not started)")
+        if self._device != "cpu" and forked.forked_from_gpu():
+            where = "the CPU (forked from a process that used the GPU)"
+        else:
+            where = self._backend.describe() if self._backend is not None else (
+                "CPU reference" if self._device == "cpu" else "GPU (not started)")
         return f"<Encoding {self.name!r} on {where}>"
 
     def __reduce__(self):
@@ -856,5 +860,5 @@ def encoding_for_model(model_name: str, device=None) -> Encoding:
     return get_encoding(name, device=device)
 
 
-__all__ = ["Encoding", "ForkedGpuError", "InvalidTokenError", "encoding_for_model",
-           "encoding_name_for_model", "get_encoding"]
+__all__ = ["Encoding", "ForkedGpuError", "ForkedGpuWarning", "InvalidTokenError",
+           "encoding_for_model", "encoding_name_for_model", "get_encoding"]
