@@ -14,6 +14,7 @@ and the RNG state, the steps after it are recomputed exactly as the first time.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from .checkpoint import CheckpointManager
 from .data import DataError, TokenStream, split_documents
 from .jobs import JobInputError, JobSpec
 from .model.config import ModelConfig
+from .precision import resolve_precision
 from .training import StepMetrics, TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -158,7 +160,10 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
     dataset's shards (spec.eval_dataset); `launch_ranks(world)`: (group, rank processes)
     for a job with gpus > 1 (this process is rank 0, on `device`)."""
     model = model_config_for(spec, n_vocab)
+    # "auto" resolved once, on rank 0's device, so every rank of a group runs the same
     train_config = train_config_for(spec, model)
+    train_config = dataclasses.replace(
+        train_config, precision=resolve_precision(train_config.precision, device))
     train_shards, eval_shards = split_for_eval(spec, shards, train_config.seq, eot,
                                                eval_shards)
     manager = CheckpointManager(job_dir, keep_last=spec.keep_last, keep_every=spec.keep_every)
