@@ -368,6 +368,9 @@ def main(argv=None) -> int:
     p.add_argument("--results", type=Path, default=None,
                    help="report folder (default bench/results/<machine>/)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per long step")
+    p.add_argument("--commit", default=None,
+                   help="the tree's commit for the report, where the copy has no .git (the GPU "
+                        "machine); default: git rev-parse HEAD")
     p.add_argument("--allow-software", action="store_true",
                    help="a dry run of the script itself on software Vulkan: smaller sizes")
     args = p.parse_args(argv)
@@ -412,7 +415,7 @@ def main(argv=None) -> int:
                                 capture_output=True, text=True).stdout.strip() or "?"
         write_report(report, results, {
             "machine": machine, "adapter": adapter[0], "cores": os.cpu_count(),
-            "commit": os.environ.get("ISTANBUL_COMMIT", commit),
+            "commit": args.commit or commit,
             "date": time.strftime("%Y-%m-%d"), "python": sysconfig.get_python_version()})
     print(f"{len(chosen) - failed} passed, {failed} failed: {report.with_suffix('.md')}; "
           f"logs in {run.logs}")

@@ -227,6 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work", default=None,
                         help="folder for the corpus files and shards (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep --work's files")
+    parser.add_argument("--commit", default=None,
+                        help="the tree's commit for the report, where the copy has no .git (the "
+                             "GPU machine); default: git rev-parse HEAD")
     parser.add_argument("--out", default=None,
                         help="folder for prepare.json / .md (default bench/results/<machine>)")
     parser.add_argument("--adapter", default=None)
@@ -279,8 +282,7 @@ def main(argv=None) -> int:
                 device.info.is_software), "cores": os.cpu_count(),
             "cpu": _cpu(),
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-            "commit": os.environ.get("ISTANBUL_COMMIT", commit + (" (+ local changes)"
-                                                                   if dirty else "")),
+            "commit": args.commit or commit + (" (+ local changes)" if dirty else ""),
             "vocab": args.vocab, "command": "python bench/prepare_bench.py " + " ".join(
                 sys.argv[1:] if argv is None else argv)}
     first = next(iter(made.values()))

@@ -521,6 +521,9 @@ def _cpu() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commit", default=None,
+                        help="the tree's commit for the report, where the copy has no .git (the "
+                             "GPU machine); default: git rev-parse HEAD")
     parser.add_argument("--out", default=None,
                         help="directory for tokenize.json / .md (default bench/results/<machine>)")
     parser.add_argument("--mb", type=float, default=64.0,
@@ -582,8 +585,7 @@ def main(argv=None) -> int:
             "software": bool(device.info.is_software), "cpu": _cpu(), "cores": os.cpu_count(),
             "python": platform.python_version(), "versions": _versions(),
             "date": time.strftime("%Y-%m-%d"),
-            "commit": os.environ.get("ISTANBUL_COMMIT", commit + (" (+ local changes)"
-                                                                   if dirty else "")),
+            "commit": args.commit or commit + (" (+ local changes)" if dirty else ""),
             "passes": args.passes, "warm_s": args.warm, "mix": mix,
             "command": "python bench/tokenize_bench.py " + " ".join(
                 sys.argv[1:] if argv is None else argv)}
