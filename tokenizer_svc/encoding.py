@@ -827,7 +827,7 @@ def _split(ids: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
 
 
 _CACHE: OrderedDict = OrderedDict()
-_CACHE_SIZE = int(os.environ.get("ISTANBUL_ENCODING_CACHE", "8"))
+_CACHE_SIZE = 8   # Encodings kept (vocabulary x device), least recently used dropped
 
 
 def get_encoding(spec, device=None, *, lazy: bool = False) -> Encoding:
