@@ -57,9 +57,6 @@ WANTED_FEATURES = (
     "shader-float32-atomic",
     "subgroup-matrix",  # Dawn's chromium-experimental-subgroup-matrix (tensor cores)
 )
-# Features wgpu 0.32 only grants with "experimental features" switched on, which wgpu-native
-# offers no way to do. We ask for them only when ISTANBUL_EXPERIMENTAL=1, and fall back.
-EXPERIMENTAL_FEATURES = ("cooperative-matrix",)
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
 INDIRECT_STORAGE = STORAGE | BufferUsage.INDIRECT  # a storage buffer kernels size dispatches with
@@ -393,10 +390,9 @@ class Recorder:
         self.device.queue.submit([self.encoder.finish()])
         if resolve is not None:
             ticks = np.frombuffer(self.device.queue.read_buffer(resolve), dtype=np.uint64)
-            period = self.device.timestamp_period_ns
-            for i, label in enumerate(self._stamps):
+            for i, label in enumerate(self._stamps):   # WebGPU timestamps count nanoseconds
                 delta = int(ticks[2 * i + 1]) - int(ticks[2 * i])
-                self.gpu_times.append((label, max(delta, 0) * period * 1e-9))
+                self.gpu_times.append((label, max(delta, 0) * 1e-9))
             resolve.destroy()
 
     def __enter__(self) -> "Recorder":
@@ -448,7 +444,7 @@ class Device:
         self.robustness = (self.backend.name != "dawn"
                            or (backends.dawn_robustness(robustness)
                                and "disable_robustness" not in self.backend.device_toggles))
-        self.raw, self.features, self.refused_features = self._request(
+        self.raw, self.features = self._request(
             self._adapter, self.backend, self.robustness)
         self.subgroup_matrix_configs = (self.info.subgroup_matrix_configs
                                         if "subgroup-matrix" in self.features else ())
@@ -468,29 +464,15 @@ class Device:
         self._params: dict = {}
         self._fences: list = []   # work_done's fence buffers not in use
         self.memory = AllocationTracker()
-        # wgpu-native resolves Vulkan timestamps in raw ticks; every driver we target
-        # (NVIDIA, lavapipe) reports a 1 ns period.
-        self.timestamp_period_ns = float(os.environ.get("ISTANBUL_TIMESTAMP_PERIOD_NS", "1.0"))
 
     @staticmethod
     def _request(adapter, backend, robustness: bool = True):
+        """(device, its features): every WANTED_FEATURES feature the adapter has, and the
+        adapter's maximum limits."""
         have = backend.canonical(adapter.features)
         wanted = [f for f in WANTED_FEATURES if f in have]
-        experimental = [f for f in EXPERIMENTAL_FEATURES if f in have]
-        limits = dict(adapter.limits)
-        refused = []
-        if experimental and os.environ.get("ISTANBUL_EXPERIMENTAL") == "1":
-            try:
-                dev = backend.request_device(adapter, wanted + experimental, limits,
-                                             robustness)
-                return dev, backend.canonical(dev.features), ()
-            except Exception as exc:  # wgpu refuses experimental features: keep going without
-                refused = [f"{f}: {str(exc).splitlines()[0][:200]}" for f in experimental]
-        else:
-            refused = [f"{f}: not requested (wgpu 0.32 requires experimental features; "
-                       "set ISTANBUL_EXPERIMENTAL=1 to try)" for f in experimental]
-        dev = backend.request_device(adapter, wanted, limits, robustness)
-        return dev, backend.canonical(dev.features), tuple(refused)
+        dev = backend.request_device(adapter, wanted, dict(adapter.limits), robustness)
+        return dev, backend.canonical(dev.features)
 
     def __repr__(self) -> str:
         return f"<Device {self.info.summary()}>"
