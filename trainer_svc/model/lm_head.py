@@ -11,9 +11,8 @@ For each chunk of rows r0..r0+c-1 (one buffer of c x V logits, reused by every c
     dh[r0:r0+c] = dlogits · W                                   (matmul NN)
 With one chunk (every row fits the budget) this is exactly the unchunked computation; with
 several, dW sums the chunks' products in chunk order (the same sum, rounded differently).
-On the tensor cores with `f16_dlogits` (GpuModel: the default; $ISTANBUL_F16_DLOGITS=0 turns
-it off) the cross-entropy writes dlogits in f16 into a buffer of
-their own instead of over the logits: the two backward matmuls read them as their A, which
+On the tensor cores (`f16_dlogits`, which GpuModel passes there) the cross-entropy writes
+dlogits in f16 into a buffer of their own instead of over the logits: the two backward matmuls read them as their A, which
 they round to f16 anyway (the same numbers; half the bytes of the largest operands a step
 has: 8192 x 50304 for the 124M model).
 
@@ -28,7 +27,6 @@ for the matmul tiles. A chunk's row views must start on the device's storage off
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -41,14 +39,6 @@ from .fit import ConfigDoesNotFitError
 # 8 x 1024 in one chunk on the H200 (1.6 GB, the step measured before chunking) and puts
 # o200k_base's 6.5 GB in 4 chunks of 2048 rows.
 LOGITS_BUDGET = 2 << 30
-
-
-def f16_dlogits_enabled() -> bool:
-    """Whether a tensor-core model writes its dlogits in f16 (ChunkedHead's f16_dlogits): on
-    unless $ISTANBUL_F16_DLOGITS=0. H200, 124M at 8 x 1024, one call: step 85.1 / 84.7 ms
-    (f32 dlogits, before and after) vs 84.4 ms; the head's dX 4.96 -> 4.68 ms, the
-    cross-entropy 1.12 -> 0.93 ms (dev/RESULTS.md)."""
-    return os.environ.get("ISTANBUL_F16_DLOGITS", "1") != "0"
 
 
 def chunk_quantum(device, d: int) -> int:
