@@ -23,52 +23,17 @@ Training and generation on the GPU::
 
 Every name is imported on first use, so `import istanbul` is cheap (no GPU, gRPC or numpy)
 and the libraries below never import this package back. The kernel house (the folder shaders/)
-is `istanbul.shaders`; importing it runs only this file's cheap top, never a lazy name.
+is `istanbul.shaders`, mapped by the install (pyproject's [tool.setuptools.package-dir]; in a
+checkout the editable install, `pip install -e .`); importing it runs only this file's cheap
+top, never a lazy name.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 __version__ = "0.1.0"
 
-
-class CheckoutHouseFinder:
-    """`istanbul.shaders` in a checkout run without install (PYTHONPATH=<repo>, or the repo as
-    the working directory): the kernel house is the design card's folder <repo>/shaders, beside
-    this package, not inside it. An install maps it to the same name (pyproject's
-    [tool.setuptools.package-dir]); this finder (a sys.meta_path entry) answers that name only."""
-
-    NAME = "istanbul.shaders"
-
-    def __init__(self, folder: str):
-        self.folder = folder
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.NAME:
-            return None
-        return importlib.util.spec_from_file_location(
-            fullname, os.path.join(self.folder, "__init__.py"),
-            submodule_search_locations=[self.folder])
-
-
-def _find_the_house_in_a_checkout() -> None:
-    here = os.path.dirname(os.path.realpath(__file__))
-    house = os.path.join(os.path.dirname(here), "shaders")
-    if os.path.isdir(os.path.join(here, "shaders")) or not os.path.isfile(
-            os.path.join(house, "__init__.py")):
-        return                     # installed (istanbul/shaders/ is a real folder) or no checkout
-    # first, ahead of an editable install's finder (of maybe another checkout); once, even
-    # when this module is reloaded
-    sys.meta_path[:] = [f for f in sys.meta_path
-                        if type(f).__name__ != CheckoutHouseFinder.__name__]
-    sys.meta_path.insert(0, CheckoutHouseFinder(house))
-
-
-_find_the_house_in_a_checkout()
 
 # public name -> (module, attribute); read by __getattr__ and by the import-cycle test.
 LAZY_EXPORTS = {

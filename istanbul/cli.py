@@ -154,23 +154,9 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None):
     return args
 
 
-def check_required_gpu(args) -> None:
-    """`--require-gpu`: refuse to run on software Vulkan (a container whose NVIDIA ICD is
-    missing would otherwise train at CPU speed and look healthy)."""
-    if not getattr(args, "require_gpu", False):
-        return
-    from istanbul.shaders.adapters import choose_adapter
-    info, _ = choose_adapter(getattr(args, "adapter", None))
-    if info.is_software:
-        raise UserFacingError(
-            f"--require-gpu: the adapter is software Vulkan, not a GPU: {info.summary()}. "
-            "Check the GPU's Vulkan driver (`vulkaninfo --summary`; in containers the NVIDIA "
-            "ICD and NVIDIA_DRIVER_CAPABILITIES=compute,graphics,utility), or pick another "
-            "with --adapter")
-
-
 def main(argv: list[str] | None = None) -> int:
     from istanbul.shaders.adapters import NoAdapterError
+    from istanbul.shaders.cli import check_required_gpu
     parser = build_parser()
     args = parse_args(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

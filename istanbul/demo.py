@@ -200,7 +200,7 @@ class Pipeline:
 
 def plot_loss_curve(curve: dict, evals: dict, title: str, path: Path) -> Path:
     """The training loss per step (raw and smoothed) and the held-out losses, as a PNG."""
-    from .extras import require_extra
+    from istanbul_errors import require_extra
     # matplotlib logs at INFO (e.g. "generated new fontManager" on its first run): not
     # the demo's output
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -262,7 +262,7 @@ def settings_for(args, software: bool) -> dict:
 
 
 def cmd_demo(args) -> int:
-    from .extras import require_extra
+    from istanbul_errors import require_extra
     require_extra("matplotlib", "plot", "the demo's loss-curve picture")   # before any work
     s = settings_for(args, on_software_vulkan(args.adapter))
     pipe = Pipeline(args, s)

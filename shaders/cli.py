@@ -44,6 +44,46 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
                              "where a missing GPU driver must not go unnoticed")
 
 
+def check_required_gpu(args) -> None:
+    """`--require-gpu`: refuse to run on software Vulkan (a container whose NVIDIA ICD is
+    missing would otherwise train at CPU speed and look healthy)."""
+    if not getattr(args, "require_gpu", False):
+        return
+    from istanbul_errors import UserFacingError
+    from .adapters import choose_adapter
+    info, _ = choose_adapter(getattr(args, "adapter", None))
+    if info.is_software:
+        raise UserFacingError(
+            f"--require-gpu: the adapter is software Vulkan, not a GPU: {info.summary()}. "
+            "Check the GPU's Vulkan driver (`vulkaninfo --summary`; in containers the NVIDIA "
+            "ICD and NVIDIA_DRIVER_CAPABILITIES=compute,graphics,utility), or pick another "
+            "with --adapter")
+
+
+def run_device_command(prog: str, description: str, add_arguments, func, argv=None) -> int:
+    """One command that opens a GPU, as a program of its own (`python -m tokenizer_svc`):
+    `add_arguments(parser)` declares its flags (with add_device_args), `func(args)` runs it
+    and returns the exit code. `-v` logs at debug level; `--require-gpu` is checked first; a
+    UserFacingError or a missing adapter is one line on stderr and exit code 1."""
+    import logging
+    from istanbul_errors import UserFacingError
+    from .adapters import NoAdapterError
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_required_gpu(args)
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (UserFacingError, NoAdapterError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+
+
 def register(sub) -> None:
     p = sub.add_parser("devices", help="list GPU adapters with their backend, features, "
                        "subgroup-matrix configurations and limits")

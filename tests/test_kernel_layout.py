@@ -121,7 +121,7 @@ def test_the_wheel_installs_no_generic_top_level_name_and_every_kernel_file(tmp_
 
 
 def test_a_checkout_imports_the_house_as_istanbul_shaders_and_refuses_the_folder_name(tmp_path):
-    done = python(WHERE, tmp_path, ROOT)        # PYTHONPATH=<repo>, no install
+    done = python(WHERE, tmp_path, ROOT)   # PYTHONPATH=<repo>, the editable install's mapping
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(ROOT / "shaders" / "__init__.py"),
                                    str(KERNELS / "rmsnorm" / "02_rmsnorm.wgsl")]

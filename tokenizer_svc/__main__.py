@@ -1,14 +1,15 @@
-"""`python -m tokenizer_svc --vocab V --port P`: the gRPC tokenizer service, the same as
-`istanbul serve` (the same flags, checks and errors)."""
+"""`python -m tokenizer_svc --vocab V --port P`: the gRPC tokenizer service, with the flags of
+`istanbul serve` (tokenizer_svc/cli_serve.py)."""
 
 import sys
 
 
 def main(argv=None) -> int:
-    from istanbul.cli import main as istanbul_main
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = [a for a in argv if a in ("-v", "--verbose")]     # istanbul's own option
-    return istanbul_main([*verbose, "serve", *(a for a in argv if a not in verbose)])
+    from istanbul.shaders.cli import run_device_command
+    from .cli_serve import add_serve_arguments, cmd_serve
+    return run_device_command(
+        "python -m tokenizer_svc", "Run the gRPC tokenizer service (the same as `istanbul serve`).",
+        add_serve_arguments, cmd_serve, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""`python -m trainer_svc`: the training daemon (the same as `istanbul trainer`)."""
+"""`python -m trainer_svc --checkpoints DIR`: the training daemon, with the flags of
+`istanbul trainer` (trainer_svc/cli_jobs.py)."""
 
 import sys
 
 
 def main(argv=None) -> int:
-    from istanbul.cli import main as istanbul_main   # the same flags, checks and errors
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = [a for a in argv if a in ("-v", "--verbose")]     # istanbul's own option
-    return istanbul_main([*verbose, "trainer", *(a for a in argv if a not in verbose)])
+    from istanbul.shaders.cli import run_device_command
+    from .cli_jobs import add_trainer_args, cmd_trainer
+    return run_device_command(
+        "python -m trainer_svc", "Run a training daemon (the same as `istanbul trainer`).",
+        add_trainer_args, cmd_trainer, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

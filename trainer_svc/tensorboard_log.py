@@ -25,7 +25,7 @@ import math
 import time
 from pathlib import Path
 
-from istanbul.extras import require_extra
+from istanbul_errors import require_extra
 
 EXTRA = "tensorboard"
 TRAIN_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",

@@ -56,7 +56,7 @@ def register(sub) -> None:
 
 
 def cmd_dashboard(args) -> int:
-    from istanbul.extras import require_extra
+    from istanbul_errors import require_extra
     for module in ("starlette", "uvicorn"):
         require_extra(module, EXTRA, "istanbul dashboard")
     import uvicorn
