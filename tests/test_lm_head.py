@@ -140,13 +140,21 @@ def test_tiny_with_a_gpt2_vocabulary_trains_at_the_default_batch(device):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
+def _assume_device_memory(monkeypatch, nbytes: int) -> None:
+    """Trainers built from here on get GpuModel(device_memory=nbytes)."""
+    import functools
+    from trainer_svc import training
+    from trainer_svc.model.gpu import GpuModel
+    monkeypatch.setattr(training, "GpuModel", functools.partial(GpuModel, device_memory=nbytes))
+
+
 def test_configurations_that_cannot_fit_are_refused_before_allocating(device, monkeypatch):
     cfg = ModelConfig.preset("tiny", 512)
     limit = int(device.limits["max-storage-buffer-binding-size"])
     rows = limit // (2 * cfg.ffn_hidden * 4) + 1          # FFN activations over one binding
     with pytest.raises(ConfigDoesNotFitError, match=r"gate\|up .* smaller batch"):
         Trainer(cfg, TrainConfig(batch=rows // 64 + 1, seq=64), device)
-    monkeypatch.setenv("ISTANBUL_DEVICE_MEMORY_MIB", "8")
+    _assume_device_memory(monkeypatch, 8 << 20)
     with pytest.raises(ConfigDoesNotFitError, match=r"needs about .* which has 8 MiB"):
         Trainer(cfg, TrainConfig(batch=8, seq=128), device)
 
@@ -161,7 +169,7 @@ def test_the_chunk_shrinks_to_the_memory_the_rest_leaves_free(device, monkeypatc
                                                        grad_accum=1, mixed=False,
                                                        logits_rows=0))
     free = 20 * 8192 * 4                                      # room for 20 rows of logits
-    monkeypatch.setenv("ISTANBUL_DEVICE_MEMORY_MIB", str((rest + free) * HEADROOM / 2**20))
+    _assume_device_memory(monkeypatch, int((rest + free) * HEADROOM))
     with Trainer(cfg, TrainConfig(batch=2, seq=32, precision="fp32"), device) as tr:
         assert tr.model.head.chunks > 1 and tr.model.head.chunk * 8192 * 4 <= free
         loss = tr.step(random_batches(np.random.default_rng(2), 1, 2, 32, 8192)[0]).loss
@@ -169,7 +177,7 @@ def test_the_chunk_shrinks_to_the_memory_the_rest_leaves_free(device, monkeypatc
 
 
 @pytest.mark.parametrize("vocab", [50304, 200019])
-def test_the_124m_step_fits_the_h200_by_its_real_limits(monkeypatch, vocab):
+def test_the_124m_step_fits_the_h200_by_its_real_limits(vocab):
     # the H200's limits under wgpu-native (bench/results/h200/devices.json): each saved
     # activation is its own buffer per layer, so 12 layers at 8 x 1024 fit although their
     # sum (4.6 GB) is more than one 4 GiB buffer (a false refusal found on the H200)
@@ -180,14 +188,15 @@ def test_the_124m_step_fits_the_h200_by_its_real_limits(monkeypatch, vocab):
     h200 = SimpleNamespace(name="NVIDIA H200", info=None, limits={
         "max-storage-buffer-binding-size": 2147483644, "max-buffer-size": 4292870144,
         "min-storage-buffer-offset-alignment": 256})
-    monkeypatch.setenv("ISTANBUL_DEVICE_MEMORY_MIB", "143771")
     cfg = ModelConfig.preset("124m", vocab)
     total = ParameterLayout.for_config(cfg).total
     chunk = plan_chunk_rows(h200, 8 * 1024, cfg.d_model, cfg.vocab_size)
     needs = memory_needs(cfg, total, batch=8, seq=1024, grad_accum=1, mixed=False,
                          logits_rows=chunk)
-    assert check_fits(h200, needs, hint="-") < 40 * 2**30
+    h200_memory = 143771 << 20
+    assert check_fits(h200, needs, hint="-", memory=h200_memory) < 40 * 2**30
     assert (chunk == 8 * 1024) == (vocab == 50304)      # o200k: the head in several chunks
     with pytest.raises(ConfigDoesNotFitError, match="needs .* in one binding"):
         check_fits(h200, memory_needs(cfg, total, batch=8 * 40, seq=1024, grad_accum=1,
-                                      mixed=False, logits_rows=chunk), hint="-")
+                                      mixed=False, logits_rows=chunk), hint="-",
+                   memory=h200_memory)

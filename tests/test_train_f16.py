@@ -115,17 +115,20 @@ def test_the_loss_scale_survives_a_checkpoint(f16_device, tmp_path):
 def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
     """On tensor cores, f16 precision keeps h, h2, s and the attention's head-major q, k, v in
     f16. The matmuls round h, h2, s to f16 themselves (the same clamp and rounding), so with
-    them in f32 ($ISTANBUL_F16_ACTIVATIONS=0) every loss and weight must come out the same,
+    them in f32 (GpuModel's f16_activations=False) every loss and weight must come out the same,
     bit for bit. (The f16 q, k, v change q's rounding: the attention's own ladder rungs and
     bench/train_parity.py check those.) Runs where the device has tensor cores (the H200)."""
     from istanbul.shaders.kernels.matmul import ops as linear
     if not linear.has_tensor_cores(f16_device):
         pytest.skip(f"{f16_device.name} has no tensor cores: f16 keeps f32 activations there")
+    import functools
+    from trainer_svc import training
+    from trainer_svc.model.gpu import GpuModel
     batches = random_batches(np.random.default_rng(8), 3, B, T, tiny_config().vocab_size)
-    monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", "0")
+    monkeypatch.setattr(training, "GpuModel", functools.partial(GpuModel, f16_activations=False))
     ref, m_ref = _run(f16_device, "f16", batches)
     assert not ref._live_model().f16_acts
-    monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", "1")
+    monkeypatch.setattr(training, "GpuModel", GpuModel)
     got, m_got = _run(f16_device, "f16", batches)
     model = got._live_model()
     assert model.f16_acts and model.f16_heads
@@ -133,14 +136,3 @@ def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
     assert [m.loss for m in m_got] == [m.loss for m in m_ref]
     assert np.array_equal(got.parameters(), ref.parameters())
 
-
-def test_f16_activations_are_on_unless_turned_off(monkeypatch):
-    """On unless $ISTANBUL_F16_ACTIVATIONS turns them off (faster and smaller with the same
-    results: trainer_svc/model/gpu.py)."""
-    from trainer_svc.model.gpu import f16_activations_enabled
-    monkeypatch.delenv("ISTANBUL_F16_ACTIVATIONS", raising=False)
-    assert f16_activations_enabled()
-    for value, want in (("1", True), ("on", True), ("0", False), ("off", False),
-                        ("no", False), ("", True)):
-        monkeypatch.setenv("ISTANBUL_F16_ACTIVATIONS", value)
-        assert f16_activations_enabled() is want

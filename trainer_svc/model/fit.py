@@ -1,12 +1,12 @@
 """Will a training configuration fit the device? Checked before anything is allocated.
 
-    check_fits(device, [Need("parameters", n_bytes, binding=True), ...], hint="...")
+    check_fits(device, [Need("parameters", n_bytes, binding=True), ...], hint="...",
+               memory=device_memory(device))
 
 Two limits: a tensor the kernels bind whole must fit one storage binding (and one buffer),
 and the sum of everything must fit the device's memory when it is known: `device_memory`
-reads ISTANBUL_DEVICE_MEMORY_MIB when set, the host's RAM for software Vulkan (lavapipe
-allocates there), and `nvidia-smi` for NVIDIA adapters; otherwise only the binding and
-buffer limits are checked. A configuration that does not fit raises ConfigDoesNotFitError
+gives the host's RAM for software Vulkan (lavapipe allocates there) and `nvidia-smi`'s for
+NVIDIA adapters; otherwise (None) only the binding and buffer limits are checked. A configuration that does not fit raises ConfigDoesNotFitError
 with what to change: a deterministic error (a daemon fails such a job at once, no retries).
 """
 
@@ -40,13 +40,6 @@ def _mib(n: float) -> str:
 
 def device_memory(device) -> int | None:
     """Bytes of memory the device can allocate, when known (see the module docstring)."""
-    forced = os.environ.get("ISTANBUL_DEVICE_MEMORY_MIB")
-    if forced:
-        try:
-            return int(float(forced) * 2**20)
-        except ValueError:
-            raise UserFacingError(f"ISTANBUL_DEVICE_MEMORY_MIB={forced!r} is not a number of "
-                                  "MiB") from None
     info = getattr(device, "info", None)
     if info is not None and info.is_software:
         try:
@@ -66,10 +59,11 @@ def device_memory(device) -> int | None:
     return None
 
 
-def check_fits(device, needs: list[Need], *, hint: str) -> int:
+def check_fits(device, needs: list[Need], *, hint: str, memory: int | None) -> int:
     """Raise ConfigDoesNotFitError unless every need fits; returns the total bytes counted.
 
-    `hint` says what to change (e.g. "use a smaller batch or sequence length").
+    `hint` says what to change (e.g. "use a smaller batch or sequence length"); `memory`:
+    bytes the device can allocate (`device_memory(device)`), None when unknown.
     """
     binding = int(device.limits.get("max-storage-buffer-binding-size", 1 << 27))
     buffer = int(device.limits.get("max-buffer-size", 1 << 28))
@@ -80,7 +74,6 @@ def check_fits(device, needs: list[Need], *, hint: str) -> int:
                 f"{need.what} needs {_mib(need.nbytes)} in one binding, more than "
                 f"{device.name}'s limit of {_mib(limit)}: {hint}")
     total = sum(n.nbytes * n.count for n in needs)
-    memory = device_memory(device)
     if memory is not None and total * HEADROOM > memory:
         largest = sorted(needs, key=lambda n: -n.nbytes * n.count)[:3]
         parts = ", ".join(f"{n.what} {_mib(n.nbytes * n.count)}" for n in largest)

@@ -19,7 +19,7 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)
                  (training on tensor cores may keep h, h2 and s, which only feed matmuls, in
                  f16: the values the tensor-core matmuls round to anyway, half the bytes;
-                 $ISTANBUL_F16_ACTIVATIONS=1, gpu.f16_activations_enabled)
+                 GpuModel's f16_activations)
     h2   = rmsnorm(xa) · ffn_norm
     [g|u] = h2 · [Wgate; Wup]ᵀ  (one matmul) ;  s = silu(g) * u
     x_i+1 = xa + s · Wdownᵀ

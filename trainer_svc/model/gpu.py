@@ -26,7 +26,6 @@ statistics divide it out, an overflow skips the step and halves the scale.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +41,8 @@ from istanbul.shaders.kernels.matmul import ops as linear
 
 from ..loss_scale import LossScaler
 from .config import ModelConfig
-from .fit import HEADROOM, Need, check_fits, device_memory
+from .fit import HEADROOM, Need, check_fits
+from .fit import device_memory as fit_memory
 from .forward import (BlockBuffers, HeadBuffers, QKVBuffers, Weights, fused_qkv, head_strides,
                       record_blocks, token_strides)
 from .layout import ParameterLayout
@@ -64,17 +64,6 @@ class StepResult:
 
 def _align64(n: int) -> int:
     return -(-n // 64) * 64
-
-
-def f16_activations_enabled() -> bool:
-    """f16 precision on tensor cores keeps h, h2, s in f16 unless $ISTANBUL_F16_ACTIVATIONS
-    is 0/off: the values the matmuls see are the same, bit for bit (100 steps of the 124M
-    parity curve identical on an H100), 670 MB less at 124M, and the step 1.5% shorter by
-    the wall clock (1.0% by GPU timestamps), alternated twice in one H100 call (session 22,
-    bench/results/train/train_f16_round13.md; session 20's one H200 sample that had the wall
-    clock disagree came before the recording of a step was halved)."""
-    return os.environ.get("ISTANBUL_F16_ACTIVATIONS", "1").strip().lower() not in (
-        "0", "off", "no", "false")
 
 
 def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
@@ -125,7 +114,14 @@ class GpuModel:
 
     def __init__(self, cfg: ModelConfig, layout: ParameterLayout, device, *, batch: int,
                  seq: int, precision: str = "mixed", grad_accum: int = 1,
-                 f16_math: bool = False, head_chunk_rows: int | None = None):
+                 f16_math: bool = False, head_chunk_rows: int | None = None,
+                 f16_activations: bool = True, device_memory: int | None = None):
+        """`f16_activations`: with precision f16 on tensor cores (and no f16_math) keep h, h2
+        and s in f16 (False: f32; the values the matmuls see are the same, bit for bit: 100
+        steps of the 124M parity curve identical on an H100, 670 MB less at 124M and the
+        step 1.5% shorter, bench/results/train/train_f16_round13.md). `device_memory`: bytes
+        the fit check and the LM head's chunk assume the device has (default:
+        fit.device_memory(device), None when unknown)."""
         self.cfg, self.layout, self.dev = cfg, layout, device
         self.batch, self.seq, self.precision = batch, seq, precision
         self.accum = grad_accum
@@ -156,12 +152,13 @@ class GpuModel:
             head_strides(cfg, seq) + (attention.token_rows(seq, cfg.head_dim, d),))
         # h, h2 and s in f16 where asked for: they only feed matmuls, which round them to
         # f16 on the tensor cores anyway (half the bytes loaded; matmul_nt_a16_w16, tn_w16)
-        self.f16_acts = self.tensor_cores and not f16_math and f16_activations_enabled()
+        self.f16_acts = self.tensor_cores and not f16_math and f16_activations
         needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
                                           grad_accum=grad_accum, mixed=self.mixed,
                                           logits_rows=rows, f16_dlogits=f16_dlogits,
                                           f16_heads=self.f16_heads, f16_acts=self.f16_acts)
-        budget, memory = LOGITS_BUDGET, device_memory(device)
+        memory = fit_memory(device) if device_memory is None else device_memory
+        budget = LOGITS_BUDGET
         if memory is not None:
             free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
             if f16_dlogits:   # each row of f32 logits brings half a row of f16 dlogits
@@ -169,7 +166,7 @@ class GpuModel:
             budget = max(min(budget, free), chunk_quantum(device, d) * cfg.vocab_size * 4)
         chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, budget=budget,
                                 chunk_rows=head_chunk_rows)
-        check_fits(device, needs(chunk), hint=FIT_HINT)
+        check_fits(device, needs(chunk), hint=FIT_HINT, memory=memory)
         self.params = dev.empty(total, np.float32, label="params f32")
         self.grads = dev.empty(total, np.float32, label="grads")
         self.m = dev.empty(total, np.float32, label="adam m")
