@@ -613,26 +613,11 @@ def test_keep_clock_flag_errors_are_clear(argv, message):
     assert ok.gpu_keep_clock_s == 2.5
 
 
-@pytest.mark.parametrize("value, overlap", [("", True), ("1", True), ("off", False),
-                                            ("0", False), ("maybe", None)])
-def test_the_overlap_setting_is_read_or_refused_in_one_line(monkeypatch, value, overlap):
-    """$ISTANBUL_GPU_OVERLAP: on by default, 0/off turns it off (the GpuHost's default), and a
-    value that is neither stops `istanbul serve` before it starts anything."""
-    import argparse
-    from istanbul.errors import UserFacingError
-    from tokenizer_svc.cli_serve import config_from_args, register
-    from tokenizer_svc.server.gpu_host import overlap_default
-    monkeypatch.setenv("ISTANBUL_GPU_OVERLAP", value)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--vocab", "v.tiktoken", "--workers", "2"])
-    if overlap is None:
-        with pytest.raises(UserFacingError, match="ISTANBUL_GPU_OVERLAP='maybe': use 1"):
-            config_from_args(args)
-        return
-    config_from_args(args)
-    assert overlap_default() is overlap
-    assert GpuHost(object(), max_call_bytes=1).overlap is overlap
+def test_the_host_overlaps_by_default():
+    """A round's encode call runs on the GPU while the thread answers and receives unless
+    GpuHost(overlap=False)."""
+    assert GpuHost(object(), max_call_bytes=1).overlap is True
+    assert GpuHost(object(), max_call_bytes=1, overlap=False).overlap is False
 
 
 def test_a_connection_attached_as_the_host_stops_is_closed_not_left_waiting(tiny_encoding):

@@ -218,11 +218,6 @@ def config_from_args(args) -> ServerConfig:
     if args.gpu_keep_clock > 0 and (args.workers < 2 or args.gpu_process != "shared"):
         raise UserFacingError("--gpu-keep-clock needs the shared GPU process (--workers N with "
                               "N >= 2 and --gpu-process shared)")
-    from .server.gpu_host import overlap_default
-    try:   # read again by the GPU process; a bad value fails here, before anything starts
-        overlap_default()
-    except ValueError as exc:
-        raise UserFacingError(str(exc)) from None
     host = bind_address(args.host, "--host", public=args.listen_public)
     metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
     if not is_loopback(host) and not args.auth_token_file:
