@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from istanbul.shaders.cli import run_tuning  # noqa: E402
 from istanbul.shaders.engine import Device  # noqa: E402
+from trainer_svc.cli_tune import tune_preset  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -45,10 +45,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = Device(args.adapter)
     print(f"# autotune on {device.info.summary()}", flush=True)
-    run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key, wide=args.wide,
-               budget_s=args.budget_s, out_dir=args.out, save=not args.no_save,
-               attention=not args.no_attention, total_s=args.total_s,
-               matmul=not args.no_matmul)
+    tune_preset(device, args.preset, args.tokens, attention=not args.no_attention,
+                keys=args.key, wide=args.wide, budget_s=args.budget_s, out_dir=args.out,
+                save=not args.no_save, total_s=args.total_s, matmul=not args.no_matmul)
     return 0
 
 

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
     "trainer_svc.cli_jobs",  # prepare, datasets, submit, jobs, status, watch, cancel, trainer
     "trainer_svc.cli_train",  # train, generate, export
+    "trainer_svc.cli_tune",  # kernels tune (the tuner at a model preset's shapes)
     "istanbul.dashboard.cli",  # dashboard (web page of the queue, jobs, daemons)
     "istanbul.demo",         # demo: everything above, end to end
 ]

@@ -1,12 +1,14 @@
-"""The autotuner: times the tunable kernels' configurations at the model's shapes and stores
-the fastest per adapter in the tuning cache (shaders/tuned_cache.py, which the ops read).
+"""The autotuner: times the tunable kernels' configurations at given shapes and stores the
+fastest per adapter in the tuning cache (shaders/tuned_cache.py, which the ops read).
 
-    rows = tune_model(device, "124m")              # every matmul and attention kernel of a step
+    dims = dict(d=768, kv=768, ffn=2048, vocab=50304, tokens=8192, fused_qkv=True)
+    attention = dict(B=8, T=1024, H=12, Hkv=12, D=64)
+    rows = tune_model(device, dims, attention)     # every matmul and attention kernel of a step
     tuned_cache.save(device, rows_to_entries(rows))
 
-Each candidate runs with GPU timestamps on real buffers of that shape. The shapes come from
-the model presets (trainer_svc.model.config.PRESETS) at the training step's size (STEPS:
-batch, sequence, vocabulary per preset); `istanbul kernels tune` and bench/autotune.py drive it.
+Each candidate runs with GPU timestamps on real buffers of that shape. The shapes are the
+caller's: a model's come from its preset (trainer_svc/model/tuning_shapes.py), which
+`istanbul kernels tune` and bench/autotune.py pass in.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import math
 import time
 
 import numpy as np
-
-from trainer_svc.model.config import PRESETS, ModelConfig
 
 from .kernels.attention import ops as attention
 from .kernels.matmul import ops as linear
@@ -71,40 +71,6 @@ def entry_from_times(times: dict, flops: float = 0.0) -> dict:
 
 
 # ---- matmuls ---------------------------------------------------------------------------------
-
-# The training step each preset is tuned for: batch, sequence length, tokenizer vocabulary
-# (padded by ModelConfig.preset). 124m at 8 x 1024 with GPT-2's vocabulary is the training
-# benchmark's step (bench/train.py); tiny stays small enough for software Vulkan (tests).
-STEPS = {
-    "124m": dict(batch=8, seq=1024, vocab=50257),
-    "small": dict(batch=8, seq=512, vocab=50257),
-    "tiny": dict(batch=2, seq=64, vocab=384),
-}
-
-
-def model_dims(preset: str, tokens: int | None = None) -> dict:
-    """The Linear shapes of one training step of `preset`: d_model, kv_dim, ffn_hidden,
-    vocab (padded), tokens per step (B*T, or `tokens`) and whether the trainer computes q, k
-    and v in one product (trainer_svc.model.forward.fused_qkv)."""
-    if preset not in STEPS or preset not in PRESETS:
-        known = sorted(set(STEPS) & set(PRESETS))
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(known)}")
-    step = STEPS[preset]
-    cfg = ModelConfig.preset(preset, step["vocab"])
-    from trainer_svc.model.forward import fused_qkv
-    return dict(d=cfg.d_model, kv=cfg.kv_dim, ffn=cfg.ffn_hidden, vocab=cfg.vocab_size,
-                tokens=int(tokens) if tokens else step["batch"] * step["seq"],
-                fused_qkv=fused_qkv(cfg))
-
-
-def model_attention(preset: str) -> dict:
-    """The attention shape of one training step of `preset`: B, T, H, Hkv, D."""
-    model_dims(preset)   # the same check of the name
-    step = STEPS[preset]
-    cfg = ModelConfig.preset(preset, step["vocab"])
-    return dict(B=step["batch"], T=step["seq"], H=cfg.n_heads, Hkv=cfg.n_kv_heads,
-                D=cfg.head_dim)
-
 
 def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int,
                   fused_qkv: bool = False) -> list[tuple]:
@@ -291,20 +257,18 @@ def matmul_keys(device) -> list[str]:
     return keys
 
 
-def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=None,
+def tune_model(device, dims: dict, attention_shape: dict | None = None, keys=None,
                wide: bool = False, budget_s: float | None = None, log=print,
-               attention: bool = True, total_s: float | None = None,
-               matmul: bool = True) -> list[dict]:
-    """Tune every matmul (unless `matmul` is False) and the attention kernels (unless
-    `attention` is False) of one training step of `preset`;
+               total_s: float | None = None, matmul: bool = True) -> list[dict]:
+    """Tune every matmul of `linear_shapes(**dims)` (unless `matmul` is False) and the
+    attention kernels at `attention_shape` (B, T, H, Hkv, D; None: no attention);
     rows of (op, key, shape, entry). `budget_s` caps the timing of one shape's candidates,
     `total_s` the whole run (each shape then gets a fair share of what is left)."""
-    dims = model_dims(preset, tokens)
     keys = list(keys or matmul_keys(device))
     jobs = [("matmul", key, (layout, M, N, K, mode))
             for layout, M, N, K, mode in linear_shapes(**dims)
             for key in keys if key[:2] == layout] if matmul else []
-    if attention:
+    if attention_shape is not None:
         jobs += [("attention", kernel, None) for kernel in attention_keys(device)]
     run_start = time.perf_counter()
     rows = []
@@ -323,7 +287,7 @@ def tune_model(device, preset: str = "124m", tokens: int | None = None, keys=Non
                 f"{entry['default']} {entry.get('default_us', float('nan')):.1f} us; "
                 f"{len(entry['candidates'])} candidates, {time.perf_counter() - start:.1f}s)")
         else:
-            a = model_attention(preset)
+            a = attention_shape
             tune = tune_attention_width if key.endswith("_sgmat") else tune_attention
             entry = tune(device, key, **a, budget_s=budget)
             rows.append({"op": "attention", "key": key, "shape": (a["T"], a["D"]),

@@ -122,31 +122,6 @@ def register(sub) -> None:
     b.set_defaults(func=cmd_bench)
     l_ = ksub.add_parser("list", help="list registered kernels")
     l_.set_defaults(func=cmd_list)
-    t = ksub.add_parser("tune", help="time the tiled kernels' configurations at the model's "
-                        "shapes and cache the fastest per adapter (shaders/autotune.py)")
-    t.add_argument("--preset", default="124m", help="model shapes to tune (124m, small, tiny)")
-    t.add_argument("--tokens", type=int, default=None,
-                   help="tokens per step, B*T (default: the preset's, 8 x 1024 for 124m)")
-    t.add_argument("--key", action="append", metavar="KEY",
-                   help="matmul kernel key: nt, nn, tn, nt_w16, nn_w16, nt_h16, and with "
-                        "tensor cores nt_w16_sgmat, nn_w16_sgmat, tn_sgmat (repeatable; "
-                        "default: all the device supports)")
-    t.add_argument("--wide", action="store_true", help="try every configuration (slower)")
-    t.add_argument("--no-attention", action="store_true", help="tune the matmuls only")
-    t.add_argument("--no-matmul", action="store_true",
-                   help="tune the attention kernels only (the f32 kernels' tiles; with tensor "
-                        "cores also the backward's widths, keys dq_sgmat and dkv_sgmat)")
-    t.add_argument("--budget-s", type=float, default=None,
-                   help="stop timing a shape's candidates after this many seconds")
-    t.add_argument("--total-s", type=float, default=None,
-                   help="time budget of the whole run, shared fairly among the shapes")
-    t.add_argument("--out", metavar="DIR", help="also write autotune.json, autotune.md and a "
-                   "copy of the adapter's cache file (to commit as shaders/tuned/) into DIR")
-    t.add_argument("--no-save", action="store_true",
-                   help="do not write the user cache ($ISTANBUL_AUTOTUNE_DIR or "
-                        "~/.cache/istanbul/autotune)")
-    add_device_args(t)
-    t.set_defaults(func=cmd_tune)
 
 
 def format_matrix_config(c: dict) -> str:
@@ -285,26 +260,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
-    from istanbul_errors import UserFacingError
-    from .engine import Device
-    device = Device(args.adapter)
-    print(f"# kernels tune on {device.info.summary()}")
-    try:
-        run_tuning(device, preset=args.preset, tokens=args.tokens, keys=args.key,
-                   wide=args.wide, budget_s=args.budget_s, out_dir=args.out,
-                   save=not args.no_save, attention=not args.no_attention,
-                   matmul=not args.no_matmul,
-                   total_s=args.total_s)
-    except ValueError as exc:
-        raise UserFacingError(str(exc)) from None
-    return 0
+def kernels_actions(sub) -> argparse._SubParsersAction:
+    """The actions of `istanbul kernels` (after register(sub)), for a command above the house
+    to add one: `kernels tune` (trainer_svc/cli_tune.py), whose shapes are the model's."""
+    kernels = sub.choices["kernels"]
+    return next(a for a in kernels._actions if isinstance(a, argparse._SubParsersAction))
 
 
-def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, budget_s=None,
-               out_dir=None, save=True, attention=True, total_s=None, matmul=True) -> list:
-    """Tune, save the adapter's cache, and write the result files (shared by the CLI and
-    bench/autotune.py)."""
+def run_tuning(device, *, dims, attention_shape=None, label="", keys=None, wide=False,
+               budget_s=None, out_dir=None, save=True, total_s=None, matmul=True) -> list:
+    """Tune the matmuls of `autotune.linear_shapes(**dims)` and the attention kernels at
+    `attention_shape` (None: none), save the adapter's cache, and write the result files
+    (`label`, e.g. the model preset, is recorded in autotune.json); shared by `istanbul
+    kernels tune` and bench/autotune.py."""
     import pathlib
     import shutil
     from . import autotune
@@ -314,8 +282,8 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
         if key not in known:
             raise ValueError(f"unknown or unsupported matmul key {key!r}; this device "
                              f"supports {', '.join(known)}")
-    rows = autotune.tune_model(device, preset, tokens, keys, wide, budget_s,
-                               attention=attention, total_s=total_s, matmul=matmul)
+    rows = autotune.tune_model(device, dims, attention_shape, keys, wide, budget_s,
+                               total_s=total_s, matmul=matmul)
     entries = autotune.rows_to_entries(rows)
     path = tuned_cache.save(device, entries) if save else None
     if path:
@@ -324,7 +292,7 @@ def run_tuning(device, *, preset="124m", tokens=None, keys=None, wide=False, bud
         out = pathlib.Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_json(str(out / "autotune.json"), {"device": device_record(device),
-                                                 "preset": preset, "entries": entries})
+                                                 "preset": label, "entries": entries})
         (out / "autotune.md").write_text(autotune.markdown_table(device, rows),
                                          encoding="utf-8")
         cache_copy = out / (tuned_cache.adapter_key(device) + ".json")

@@ -151,24 +151,25 @@ def test_tuner_offers_folds_for_f16_math_and_the_cache_upgrades_old_spellings(de
 
 def test_tuned_shapes_follow_the_model_presets(monkeypatch):
     from trainer_svc.model.config import PRESETS
-    assert autotune.model_dims("124m") == dict(d=768, kv=768, ffn=2048, vocab=50304,
+    from trainer_svc.model.tuning_shapes import model_attention, model_dims
+    assert model_dims("124m") == dict(d=768, kv=768, ffn=2048, vocab=50304,
                                                tokens=8 * 1024, fused_qkv=True)
     # the trainer's products: q|k|v in one (8192 x 2304 x 768), each in three layouts
-    shapes = autotune.linear_shapes(**autotune.model_dims("124m"))
+    shapes = autotune.linear_shapes(**model_dims("124m"))
     assert ("nt", 8192, 2304, 768, "store") in shapes and len(shapes) == 3 * 5
     assert ("tn", 2304, 768, 8192, "accumulate") in shapes
-    apart = autotune.linear_shapes(**dict(autotune.model_dims("124m"), kv=256,
+    apart = autotune.linear_shapes(**dict(model_dims("124m"), kv=256,
                                           fused_qkv=False))   # q shares o's shape
     assert ("nt", 8192, 256, 768, "store") in apart and len(apart) == 3 * 5
-    assert autotune.model_attention("tiny") == dict(B=2, T=64, H=4, Hkv=2, D=16)
+    assert model_attention("tiny") == dict(B=2, T=64, H=4, Hkv=2, D=16)
     # a preset's shape is read from the preset, not from a copy
     monkeypatch.setitem(PRESETS, "small", dict(PRESETS["small"], d_model=512, n_heads=8,
                                                n_kv_heads=2))
-    assert autotune.model_dims("small", tokens=256) == dict(d=512, kv=128, ffn=1024,
+    assert model_dims("small", tokens=256) == dict(d=512, kv=128, ffn=1024,
                                                             vocab=50304, tokens=256,
                                                             fused_qkv=True)
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of 124m, small, tiny"):
-        autotune.model_dims("huge")
+        model_dims("huge")
 
 
 def test_devices_lists_the_tuning_cache_files_in_lookup_order(device, cache_dir):
