@@ -74,7 +74,7 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
                                                                      monkeypatch):
     """The tensor-core backward's widths (dq_sgmat, dkv_sgmat: 64 or 128 rows a workgroup)
     are tuner candidates where they fit; a cached width is what the op then runs (outputs
-    the same bits as the base kernels'), $ISTANBUL_ATTENTION_DKV overrides the cache, and a
+    the same bits as the base kernels'), a width given to backward() overrides the cache, and a
     cached width that does not fit is ignored. Small tiles so 128 rows fit lavapipe."""
     from istanbul.shaders.kernels.attention import ops as attention
     monkeypatch.setattr(attention, "SGMAT2_TILES", {"BK": 16, "BQ2": 16})
@@ -98,12 +98,12 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
     with tc_device.record() as rec:
         attention.forward(rec, q, k, v, o, lse, B, T, H, Hkv, D, config="sgmat", **strides)
 
-    def backward():
+    def backward(**kwargs):
         grads = [tc_device.empty((B, H, T, D)), tc_device.empty((B, Hkv, T, D)),
                  tc_device.empty((B, Hkv, T, D))]
         with tc_device.record(timing=True) as rec:
             attention.backward(rec, q, k, v, o, do, lse, *grads, B, T, H, Hkv, D,
-                               tensor_cores=True, **strides)
+                               tensor_cores=True, **strides, **kwargs)
         return {label for label, _ in rec.gpu_times}, [tc_device.download(g) for g in grads]
 
     labels, default = backward()   # nothing tuned: "w8", where it fits
@@ -120,10 +120,8 @@ def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, ca
     labels, wide = backward()
     assert set(attention.SGMAT2_WIDE.values()) <= labels
     assert all(np.array_equal(a, b) for a, b in zip(wide, base))
-    monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "base")
-    labels, _ = backward()
+    labels, _ = backward(sgmat_tiles={"dkv": "base"})
     assert {"attention_backward_dq_sgmat2w", "attention_backward_dkv_sgmat2"} <= labels
-    monkeypatch.delenv("ISTANBUL_ATTENTION_DKV")
     # a cached width whose kernel does not fit this device's workgroup memory is ignored
     monkeypatch.setattr(attention, "SGMAT2_TILES", {"BK": 32, "BQ2": 32})
     tuned_cache.save(tc_device, {f"attention/dkv_sgmat/{T}x64": {"config": "w8"}})

@@ -412,17 +412,12 @@ def test_sgmat2_wide_backward_expands_and_fits_48_kib(wide):
             attention.SGMAT2_KERNELS[kernel], 64)
 
 
-def test_sgmat2_wide_knobs_check_their_values(monkeypatch):
-    monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "w8")
-    monkeypatch.setenv("ISTANBUL_ATTENTION_DQ", "w4x2")
-    p = attention.sgmat2_params(64)
+def test_sgmat2_wide_knobs_check_their_values():
+    p = attention.sgmat2_params(64, dq="w4x2", dkv="w8")
     assert (p["DQ"], p["DKV"]) == ("w4x2", "w8")
-    assert attention.sgmat2_params(64, dkv="base")["DKV"] == "base"   # an explicit knob wins
-    monkeypatch.setenv("ISTANBUL_ATTENTION_DKV", "w3")
-    with pytest.raises(ValueError, match="ISTANBUL_ATTENTION_DKV"):
-        attention.sgmat2_params(64)
-    monkeypatch.delenv("ISTANBUL_ATTENTION_DKV")
-    monkeypatch.delenv("ISTANBUL_ATTENTION_DQ")
+    assert attention.sgmat2_params(64)["DKV"] == "base"
+    with pytest.raises(ValueError, match="dkv 'w3'"):
+        attention.sgmat2_params(64, dkv="w3")
     with pytest.raises(ValueError, match="dq"):
         attention.sgmat2_params(64, dq="wide")
     with pytest.raises(ValueError, match="qorder"):

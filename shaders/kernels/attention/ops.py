@@ -66,9 +66,9 @@ dK/dV) a workgroup, and the wide attention_backward_dq_sgmat2w /
 attention_backward_dkv_sgmat2w with 128 ("w8": 8 subgroups x 16 rows, "w4x2": 4 x 32),
 which stage each tile of the other operand once for twice the rows; their outputs are the
 base kernels' bit for bit. backward() runs, per kernel: sgmat_tiles {"dq": ..., "dkv": ...}
-or $ISTANBUL_ATTENTION_DQ / _DKV if given, else the tuned width (`istanbul kernels tune`,
-keys dq_sgmat / dkv_sgmat), else "w8" where it fits (chosen_widths). H100, 124M layer call:
-dQ 0.387 -> 0.264 ms, dK/dV 0.670 -> 0.404 ms with "w8".
+if given, else the tuned width (`istanbul kernels tune`, keys dq_sgmat / dkv_sgmat), else
+"w8" where it fits (chosen_widths). H100, 124M layer call: dQ 0.387 -> 0.264 ms, dK/dV
+0.670 -> 0.404 ms with "w8".
 
 Measured on the H200 (Dawn, robustness off, 124M shape, ms per layer call,
 dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715, staged 0.644;
@@ -82,7 +82,6 @@ H100, PSNR 9-25 dB, and is retired.)
 from __future__ import annotations
 
 import math
-import os
 import re
 import warnings
 from typing import NamedTuple
@@ -131,8 +130,7 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 # attention_backward_dq_sgmat2w / attention_backward_dkv_sgmat2w with (subgroups, 16-row blocks
 # per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 rows a workgroup, so each staged tile of
 # the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
-# score array costs by itself). $ISTANBUL_ATTENTION_DQ / $ISTANBUL_ATTENTION_DKV pick one for
-# the whole process (A/B runs); sgmat2_params makes "base" unless told otherwise.
+# score array costs by itself). sgmat2_params makes "base" unless told otherwise.
 # What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8".
 # H100 (session 23, dev/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV 0.670 -> 0.404 ms
 # per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 / 0.639.
@@ -205,14 +203,14 @@ def wide_candidates(device, D: int, kernel: str, knobs: dict | None = None) -> l
 
 
 def chosen_widths(device, T: int, D: int, sgmat_tiles: dict | None) -> dict:
-    """sgmat_tiles with "dq" and "dkv" filled in where neither they nor
-    $ISTANBUL_ATTENTION_DQ / _DKV say: the tuned cache's width for (T, D) (op "attention",
-    keys dq_sgmat / dkv_sgmat), else SGMAT2_WIDE_DEFAULT, each only where it fits the device
-    and the other knobs allow it; else the kernels' own default (sgmat2_params)."""
+    """sgmat_tiles with "dq" and "dkv" filled in where they do not say: the tuned cache's
+    width for (T, D) (op "attention", keys dq_sgmat / dkv_sgmat), else SGMAT2_WIDE_DEFAULT,
+    each only where it fits the device and the other knobs allow it; else the kernels' own
+    default (sgmat2_params)."""
     out = dict(sgmat_tiles or {})
     from ... import tuned_cache
     for kernel, key in SGMAT2_WIDE_KEYS.items():
-        if kernel in out or os.environ.get(f"ISTANBUL_ATTENTION_{kernel.upper()}", "").strip():
+        if kernel in out:
             continue
         tuned = tuned_cache.lookup(device, "attention", key, (T, D))
         for width in (tuned, SGMAT2_WIDE_DEFAULT):
@@ -223,13 +221,11 @@ def chosen_widths(device, T: int, D: int, sgmat_tiles: dict | None) -> dict:
 
 
 def default_wide(kernel: str) -> str:
-    """sgmat2_params' dq / dkv knob when not given: $ISTANBUL_ATTENTION_DQ / _DKV if set,
-    else "base" (backward() fills the knobs in first: chosen_widths)."""
-    var = f"ISTANBUL_ATTENTION_{kernel.upper()}"
-    value = os.environ.get(var, "").strip().lower() or "base"
-    if value not in SGMAT2_WIDE_SHAPES:
-        raise ValueError(f"{var}={value!r}: use one of {sorted(SGMAT2_WIDE_SHAPES)}")
-    return value
+    """The width sgmat2_params makes for `kernel` ("dq", "dkv") when not told: "base"
+    (backward() fills the widths in first: chosen_widths)."""
+    if kernel not in SGMAT2_WIDE:
+        raise ValueError(f"sgmat2 attention: kernel {kernel!r}; use dq or dkv")
+    return "base"
 
 
 def sgmat2_params(D: int, pad: int | None = None, order: str | None = None,
