@@ -120,18 +120,25 @@ def time_prepare(path: Path, vocab: str, out: Path, env: dict, adapter: str | No
     cmd = [sys.executable, "-m", "istanbul", "prepare", str(path), "--vocab", vocab, "--out",
            str(out), "--no-progress", "--replace"] + (["--adapter", adapter] if adapter else [])
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"prepare failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+                                 cwd=REPO)
+        _, status, usage = os.wait4(child.pid, 0)        # this child's own peak RSS
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        log.seek(0)
+        stdout = log.read()
+    if child.returncode != 0:
+        raise SystemExit(f"prepare failed ({child.returncode}):\n{stdout}")
     m = re.search(r"([\d,]+) documents, ([\d,.]+) MB of text in .*?, ([\d,]+) tokens out, in "
-                  r"([\d.]+) s \(([\d,.]+) MB/s\)", done.stdout)
+                  r"([\d.]+) s \(([\d,.]+) MB/s\)", stdout)
     if m is None:
-        raise SystemExit(f"prepare's summary line not found in:\n{done.stdout}")
+        raise SystemExit(f"prepare's summary line not found in:\n{stdout}")
     num = lambda s: float(s.replace(",", ""))  # noqa: E731
     return {"documents": int(num(m[1])), "text_mb": num(m[2]), "tokens": int(num(m[3])),
             "seconds": num(m[4]), "mb_per_s": num(m[5]), "wall_s": round(wall, 2),
-            "wall_mb_per_s": round(num(m[2]) / wall, 1), "output": done.stdout.strip()}
+            "wall_mb_per_s": round(num(m[2]) / wall, 1), "peak_rss_mb": round(
+                usage.ru_maxrss / 1024, 1), "output": stdout.strip()}
 
 
 def _batches(docs, limit: int):
@@ -195,14 +202,14 @@ def markdown(result: dict) -> str:
              f"Text: the standard library's .py files, repeated: {result['text_mb']:,.0f} MB in "
              f"{result['documents']:,} documents; vocabulary {meta['vocab']}.", "",
              "| input | file MB | read MB/s | prepare MB/s | prepare wall s (MB/s) | "
-             "prepare / encoder | tokens |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "prepare / encoder | prepare peak RSS MB | tokens |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, row in result["inputs"].items():
         p = row["prepare"]
         lines.append(f"| {name} | {row['file']['file_bytes'] / 1e6:,.0f} | "
                      f"{row['read']['mb_per_s']:,.0f} | **{p['mb_per_s']:,.0f}** | "
                      f"{p['wall_s']:.1f} ({p['wall_mb_per_s']:,.0f}) | "
-                     f"{p['mb_per_s'] / best:.2f} | {p['tokens']:,} |")
+                     f"{p['mb_per_s'] / best:.2f} | {p['peak_rss_mb']:,.0f} | {p['tokens']:,} |")
     lines += ["", "In-process encoder on the same documents (`Encoding.encode_batch_flat`):", "",
               "| call | MB/s | tokens |", "| --- | ---: | ---: |"]
     for name, row in enc.items():
@@ -211,7 +218,9 @@ def markdown(result: dict) -> str:
                      f"{row['tokens']:,} |")
     lines += ["", "read: the reader alone (documents as UTF-8 bytes). prepare MB/s: prepare's own "
               "timing, first read to last shard written; wall: the whole command (start-up, "
-              "device, vocabulary). prepare / encoder: prepare MB/s over the encoder's best.", ""]
+              "device, vocabulary). prepare / encoder: prepare MB/s over the encoder's best. peak RSS: "
+              "the prepare process's maximum resident memory (wait4), to set beside the text "
+              "size: flat memory keeps it far below it.", ""]
     return "\n".join(lines)
 
 
