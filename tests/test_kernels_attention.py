@@ -309,14 +309,12 @@ def test_f16_operands_take_the_tensor_core_kernels_or_a_clear_error(device, monk
                            np.float16), lse, dq, dk, dv, B, T, H, Hkv, D, tensor_cores=True)
 
 
-@pytest.mark.parametrize("loads", ["bits", "vec4"])
-def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads):
+def test_f16_operand_kernels_differ_only_in_their_input_type():
     """f16 inputs change the q, k, v, do bindings' element type and the two functions that
-    read them (widen, narrow), nothing else of a kernel; "bits" reads 8-byte vec2<u32>
-    elements and bitcasts them."""
+    read them (widen, narrow), nothing else of a kernel: 8-byte vec2<u32> elements, their
+    bits cast to vec4<f16>."""
     import re
-    monkeypatch.setenv("ISTANBUL_F16_READS", loads)
-    elem = {"bits": "vec2<u32>", "vec4": "vec4<f16>"}[loads]
+    elem = "vec2<u32>"
 
     def normalised(code, elem):
         code = re.sub(r"^fn (widen|narrow)\(.*$", "", code, flags=re.M)
@@ -326,13 +324,10 @@ def test_f16_operand_kernels_differ_only_in_their_input_type(monkeypatch, loads)
         f16 = _sgmat2_code(64, {"f16_inputs": True}, {}, kernel)
         assert f32 != f16 and f"var<storage, read> q_in: array<{elem}>;" in f16
         assert normalised(f16, elem) == normalised(f32, "vec4<f32>"), kernel
-        assert ("bitcast<vec4<f16>>(x)" in f16) == (loads == "bits")
-    monkeypatch.setenv("ISTANBUL_F16_READS", "words")
-    with pytest.raises(ValueError, match="ISTANBUL_F16_READS"):
-        attention.sgmat_params(64, f16_inputs=True)
+        assert "bitcast<vec4<f16>>(x)" in f16
 
 
-# ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/results/h200/sgmat/
+# ---- 05_attention_sgmat2.wgsl's experiment knobs (issue 21; dev/tensor_core_matmul/results/h200/sgmat/
 # round5_sgmat2_variants.md): every pad and read order of the dQ and dK/dV kernels must
 # expand, fit the H200's 48 KiB at head dims 16/32/64, and pass the local compiler with the
 # subgroup-matrix calls stubbed out (neither lavapipe nor naga has subgroup matrices; the
@@ -465,8 +460,6 @@ def test_sgmat2_defaults_are_the_reviewed_kernel():
                  "SWIZZLE": False, "KV_IN_P": False, "Q_DESC": False,
                  "DQ": "base", "QNSG": 4, "QKR": 1, "DKV": "base", "NSG": 4, "KR": 1,
                  "IN4": "vec4<f32>", "F16_BITS": False}
-    from istanbul.shaders.kernels import op_support
-    assert op_support.F16_READS_DEFAULT == "bits"
     with pytest.raises(ValueError, match="multiple of 4"):
         attention.sgmat2_params(64, pad=6)
     with pytest.raises(ValueError, match="order"):

@@ -4,7 +4,7 @@ when a kernel is made.
 
 The expansion of every configuration the ops can run is the kernel the H200 was tuned and
 measured with: the same declarations and statements as the generated kernels of 02206db
-(tests/data/expansion_baseline.json, written by dev/expansion_baseline.py from git), and
+(tests/data/expansion_baseline.json, written by dev/compare_trees/expansion_baseline.py from git), and
 every configuration of the committed H200 cache and of the defaults is one of them.
 """
 
@@ -45,7 +45,7 @@ KEYS = {"nt": ("nt", np.float32, False), "nn": ("nn", np.float32, False),
 
 def _baseline_tool():
     spec = importlib.util.spec_from_file_location("expansion_baseline",
-                                                  REPO / "dev" / "expansion_baseline.py")
+                                                  REPO / "dev" / "compare_trees" / "expansion_baseline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -106,7 +106,7 @@ def test_every_expansion_matches_the_kernel_generated_at_02206db():
         module, kernel = _matmul_module(key, cfg)
         assert tool.fingerprint(module, kernel) == want[label], (
             f"{label}: the expansion differs from the kernel measured on the H200; see "
-            f"python dev/expansion_baseline.py --diff {label}")
+            f"python dev/compare_trees/expansion_baseline.py --diff {label}")
         seen.add(label)
     for kernel in ("forward", "dq", "dkv"):
         module, name = _attention_module(kernel)

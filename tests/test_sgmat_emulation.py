@@ -32,7 +32,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32
     // subgroup sg: rows 16 sg.. of A (row-major, stride 16); B column-major, stride 32, at
     // column offset 16 sg; its accumulator row-major from storage at 2 sg, stride 20 (the
     // H200 misreads an f32 matrix loaded from storage at an odd offset: session 19's
-    // dev/sgmat_offset_probe.py; even offsets and any store offset are right there)
+    // dev/tensor_core_matmul/sgmat_offset_probe.py; even offsets and any store offset are right there)
     let l = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, sg * 256u, false, 16u);
     let r = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, sg * 16u, true, 32u);
     var acc = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&c_in, sg * 2u, false, 20u);
@@ -45,7 +45,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32
 
 def _expected(ab, c_in, out0, acc_offset: int = 2, store_offset: int = 1):
     """numpy's results of KERNEL, its accumulator at sg * acc_offset and its store at
-    sg * 400 + store_offset (dev/sgmat_offset_probe.py varies both)."""
+    sg * 400 + store_offset (dev/tensor_core_matmul/sgmat_offset_probe.py varies both)."""
     a16 = ab[:512].astype(np.float16).astype(np.float32)
     b16 = ab[512:].astype(np.float16).astype(np.float32)
     out = out0.copy()

@@ -2,7 +2,7 @@
 """Old tree vs new tree: the 124M training step's matmul and attention kernels, timed in one
 device session (issue 15: the expanded kernels must stay within 3% of the generated ones).
 
-    python dev/compare_trees.py OLD_TREE NEW_TREE [--out DIR] [--rounds 2] [--kernels-bench]
+    python dev/compare_trees/compare_trees.py OLD_TREE NEW_TREE [--out DIR] [--rounds 2] [--kernels-bench]
 
 Each round times every product of the 124M step (forward, dX and dW of each Linear at
 8 x 1024 tokens, the tied LM head) and the attention forward and backward (B 8, T 1024,

@@ -15,11 +15,11 @@ instructions:
 * literal defaults of overrides dropped: the ops always set those constants (BM, BN, BK, WG;
   HD, BQ, BKV), so the default never reaches a pipeline.
 
-    python dev/expansion_baseline.py --write   # fingerprints of the old generated kernels,
+    python dev/compare_trees/expansion_baseline.py --write   # fingerprints of the old generated kernels,
                                                # read from git at 02206db (with EDITS, the
                                                # deliberate changes since, applied), into
                                                # tests/data/expansion_baseline.json
-    python dev/expansion_baseline.py --diff matmul_nt_tiled TM=8 TN=8   # first difference
+    python dev/compare_trees/expansion_baseline.py --diff matmul_nt_tiled TM=8 TN=8   # first difference
 
 tests/test_kernel_expansion.py checks the committed fingerprints against today's expansion.
 """
@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from istanbul.shaders import source  # noqa: E402

@@ -1,6 +1,6 @@
 """Probe: what limits packed-f16 matmul blocks from WGSL on this GPU?
 
-    python dev/probes/h16_probe.py [--out DIR] [--adapter A]
+    python dev/compiler_probes/h16_probe.py [--out DIR] [--adapter A]
 
 The f32 register-blocked matmuls run near the f32 FMA ceiling, but the packed-f16 forward
 matmul (03_linear_reg_h16.wgsl) is slower than them although vec4<f16> FMAs have twice the

@@ -1,8 +1,8 @@
-"""Probe: loops over private arrays vs fully unrolled register blocks (dev/probes/).
+"""Probe: loops over private arrays vs fully unrolled register blocks (dev/compiler_probes/).
 
-    python dev/probes/matmul_probe.py [--out DIR]
+    python dev/compiler_probes/matmul_probe.py [--out DIR]
 
-Times the three kernels of dev/probes/matmul_probe.wgsl with GPU timestamps and prints
+Times the three kernels of dev/compiler_probes/matmul_probe.wgsl with GPU timestamps and prints
 TFLOP/s: whether the tiled matmuls' plateau comes from how the inner block is written
 (private arrays indexed in loops the driver may keep in local memory) rather than from
 memory traffic.

@@ -1,4 +1,4 @@
-"""Timing shared by the FMA-block probes (dev/probes/: matmul, h16, slice probes).
+"""Timing shared by the FMA-block probes (dev/compiler_probes/: matmul, h16, slice probes).
 
 Each probe writes one WGSL module with several entry points (variants of one register block);
 `time_entry_points` compiles each entry point, times one dispatch of it with GPU timestamps

@@ -1,11 +1,11 @@
 """Probe: what in a matmul's K-slice loop costs the written-out f32 block its speed?
 
-    python dev/probes/slice_probe.py [--out DIR] [--adapter A]
+    python dev/compiler_probes/slice_probe.py [--out DIR] [--adapter A]
 
-dev/probes/h16_probe.py measured the f32 8x8 register block with 16 k-steps written out at ~49.5
+dev/compiler_probes/h16_probe.py measured the f32 8x8 register block with 16 k-steps written out at ~49.5
 TFLOP/s on the H200 (37.4 as a plain loop) with operands from workgroup memory and nothing
 else; the generated matmuls, which add a slice loop with barriers, workgroup stores and global
-prefetch loads around the same block, lost speed when written out (dev/probes/unroll_probe.py).
+prefetch loads around the same block, lost speed when written out (dev/compiler_probes/unroll_probe.py).
 Each kernel here adds one of those parts to the probe's block (256 invocations, 16 x 16, an
 8x8 block each, two workgroup stages of S k-rows x 33 vec4s per operand):
 

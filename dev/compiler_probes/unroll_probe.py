@@ -1,6 +1,6 @@
 """Probe: how many loop iterations should the expanded kernels write out?
 
-    python dev/probes/unroll_probe.py --unroll U --att-unroll D N [--only matmul|attention]
+    python dev/compiler_probes/unroll_probe.py --unroll U --att-unroll D N [--only matmul|attention]
                                       [--out results.jsonl]
 
 The expansion pass (shaders/wgsl_expand.py) writes the f32 matmuls' K-slice loop and the

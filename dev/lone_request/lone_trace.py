@@ -1,11 +1,11 @@
 """Where a lone client's 1 KB Tokenize goes, moment by moment, across the client, the worker
 and the shared GPU process (issue 20's p50 <= 1.5 ms target), beside the host's gRPC floor.
 
-    python dev/lone_trace.py --out DIR [--vocab V] [--workers 12] [--calls 2000]
+    python dev/lone_request/lone_trace.py --out DIR [--vocab V] [--workers 12] [--calls 2000]
                              [--variants base] [--rounds 1] [--no-floor]
 
 Starts the server as bench/service.py's best configuration does (`istanbul serve --workers N
---gpu-process shared --gpu-keep-clock 2 --event-loop uvloop`) with dev/lone_trace_hook first
+--gpu-process shared --gpu-keep-clock 2 --event-loop uvloop`) with dev/lone_request/lone_trace_hook first
 on PYTHONPATH: its sitecustomize marks moments in every server process with
 time.perf_counter_ns() (one monotonic clock for the host). One client on uvloop (as the
 bench's) sends the bench's 1 KB texts one after another, packed ids, every reply checked
@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import (KEEP_CLOCK, Server, _reference, default_vocab,  # noqa: E402
@@ -58,7 +58,7 @@ VARIANTS = {
     "overlap-off": {"ISTANBUL_GPU_OVERLAP": "0"},
     "wgpu": {"ISTANBUL_BACKEND": "wgpu"},   # wgpu-native (auto takes Dawn where it can)
     "dawn": {"ISTANBUL_BACKEND": "dawn"},
-    # dev/lone_trace_hook's patches, the code before session 25: the clock keeper waiting for
+    # dev/lone_request/lone_trace_hook's patches, the code before session 25: the clock keeper waiting for
     # each spin, and the staging map waited for without polling first
     "keeper-blocking": {"ISTANBUL_LONE_TRACE_KEEPER": "blocking"},
     "map-block": {"ISTANBUL_LONE_TRACE_MAP": "block"},
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     reference = _reference(args.vocab)
     cell = sized_cells([1024], reference.encode_ordinary)["1024"]
     texts, expected = cell[0], cell[2]
-    report = {"command": "python dev/lone_trace.py " + " ".join(argv or sys.argv[1:]),
+    report = {"command": "python dev/lone_request/lone_trace.py " + " ".join(argv or sys.argv[1:]),
               "host": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}", "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

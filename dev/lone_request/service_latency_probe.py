@@ -1,6 +1,6 @@
 """Where a lone request's time goes (issue 20's 1 KB p50 target), step by step, in one run.
 
-    python dev/service_latency_probe.py --out dev/results/service_latency/h200 [--vocab V]
+    python dev/lone_request/service_latency_probe.py --out dev/lone_request/results/service_latency/h200 [--vocab V]
 
 Each row adds one layer to the one before, all on the same 1 KB document, p50 of N calls:
   encode, in-process        Encoding.encode_batch_flat([doc]) in the calling thread
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab, load_corpus, make_texts  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     from istanbul.shaders.engine import Device
     adapter = Device(None).info.name
     lines = [f"# A lone 1 KB request, layer by layer ({adapter}, {os.cpu_count()} CPUs)", "",
-             f"p50 of {args.calls} calls each; `python dev/service_latency_probe.py`.", "",
+             f"p50 of {args.calls} calls each; `python dev/lone_request/service_latency_probe.py`.", "",
              "| where | GPU | step | p50 ms |", "|---|---|---|---:|"]
     lines += [f"| {w} | {g} | {step} | {ms:.3f} |" for w, g, step, ms in results]
     args.out.mkdir(parents=True, exist_ok=True)

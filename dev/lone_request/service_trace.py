@@ -1,6 +1,6 @@
 """A lone client's request through one server process, timed step by step inside the server.
 
-    python dev/service_trace.py --out dev/results/service_trace/h200 [--vocab V] [--calls N]
+    python dev/lone_request/service_trace.py --out dev/lone_request/results/service_trace/h200 [--vocab V] [--calls N]
 
 Runs `TokenizerServer` (the class `istanbul serve` runs) in this process on loopback, with
 timers wrapped around its steps, and a lone sync client in another process sending the same
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab  # noqa: E402
@@ -154,7 +154,7 @@ def main() -> int:
         per_step["client total"].append((t1 - t0) / 1e6)
     rows = {k: statistics.median(v[len(v) // 10:]) for k, v in per_step.items()}
     lines = [f"# A lone 1 KB Tokenize inside one server process ({device.info.name})", "",
-             f"p50 ms of {len(sends)} calls; `python dev/service_trace.py`. The steps' medians "
+             f"p50 ms of {len(sends)} calls; `python dev/lone_request/service_trace.py`. The steps' medians "
              "need not add up to the total's.", "", "| step | p50 ms |", "|---|---:|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in rows.items()]
     (args.out / "service_trace.md").write_text("\n".join(lines) + "\n")

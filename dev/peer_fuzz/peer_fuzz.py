@@ -2,7 +2,7 @@
 would compare it with (tiktoken for .tiktoken vocabularies, Hugging Face tokenizers for a
 tokenizer.json), on random documents built to hit the pre-tokenizers' corners.
 
-    python dev/peer_fuzz.py --vocab PATH [--seconds 300] [--seed 1] [--batch 64]
+    python dev/peer_fuzz/peer_fuzz.py --vocab PATH [--seconds 300] [--seed 1] [--batch 64]
                             [--out DIR]
 
 A document is 1-40 pieces, each one of: a listed troublemaker (contractions in every case,
@@ -27,7 +27,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 TROUBLE = ["'s", "'S", "'ll", "'LL", "'Re", "'ve", "'d", "'m", "'t", " ", "  ", "\n", "\r\n",

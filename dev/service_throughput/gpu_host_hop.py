@@ -1,6 +1,6 @@
 """What the hop through the shared GPU process costs a lone request, on this CPU.
 
-    python dev/gpu_host_hop.py [--code DIR] [--connections 24] [--calls 5000]
+    python dev/service_throughput/gpu_host_hop.py [--code DIR] [--connections 24] [--calls 5000]
                                [--concurrency 1] [--gap-ms 1] [--out FILE.json]
 
 A spawned process runs the product's GpuHost (one thread, as `istanbul serve --workers N`
@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class InstantEncoding:

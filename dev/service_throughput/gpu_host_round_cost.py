@@ -1,6 +1,6 @@
 """What one round of the shared GPU process costs its one thread outside the GPU, on this CPU.
 
-    python dev/gpu_host_round_cost.py [--messages 9] [--docs 3] [--sizes 65536,1024,100]
+    python dev/service_throughput/gpu_host_round_cost.py [--messages 9] [--docs 3] [--sizes 65536,1024,100]
                                       [--rounds 200] [--forms str,utf8] [--code DIR]
                                       [--out FILE.json]
 
@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PHASES = ("worker_send", "host_receive", "host_prep", "host_text_write", "host_reply",
           "worker_receive")   # [1:5] are the host thread's
 

@@ -5,15 +5,15 @@
 # bench/results/service/service.md). ~3 minutes per step on the GPU machine. (Session 26's
 # call also ran a `local` step: 0bf3344's $ISTANBUL_LOCAL_LONE_BYTES, retired since.)
 #
-#   bash dev/gpu_processes_next.sh OUTDIR [ab] [service]
+#   bash dev/service_throughput/gpu_processes_next.sh OUTDIR [ab] [service]
 #
 #   ab       bench/service.py's issue-20 cells, 12 workers, with 1, 2 and 3 GPU processes
 #            (shared-keep-clock, -x2, -x3, or $AB_LAYOUTS), uvloop
 #   service  every default cell with $LAYOUTS (default shared-keep-clock-x2,shared-keep-clock)
 #            (the committed table)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/gpu_processes_next.sh OUTDIR [steps]}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/service_throughput/gpu_processes_next.sh OUTDIR [steps]}"
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
 source dev/device_steps.sh
 shift

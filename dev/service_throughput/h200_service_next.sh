@@ -10,7 +10,7 @@
 # ~9 minutes for all four steps; give two calls two steps each if the limit is 10 minutes.
 #
 #   git archive 108e184 | gzip > .device/before_108e184.tgz     (here, before the call)
-#   bash dev/h200_service_next.sh OUTDIR [STEP ...]     (on the GPU machine; .device carries
+#   bash dev/service_throughput/h200_service_next.sh OUTDIR [STEP ...]     (on the GPU machine; .device carries
 #                                                        uvloop; default: all four steps)
 #
 #   before1, now1, before2, now2   bench/service.py --workers 12 --gpu-process
@@ -18,8 +18,8 @@
 #             (the `before` steps from BEFORE_TGZ; skipped when it is absent)
 # Every reply is checked against tiktoken in each. Exit status: the number of failed steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/h200_service_next.sh OUTDIR [STEP ...]}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/service_throughput/h200_service_next.sh OUTDIR [STEP ...]}"
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
 source dev/device_steps.sh
 shift

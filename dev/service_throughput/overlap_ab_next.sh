@@ -7,13 +7,13 @@
 # (the default) and off ($ISTANBUL_GPU_OVERLAP=0), alternated twice; every reply checked
 # against tiktoken. ~4 minutes.
 #
-#   bash dev/overlap_ab_next.sh OUTDIR      (on the GPU machine; .device carries uvloop)
+#   bash dev/service_throughput/overlap_ab_next.sh OUTDIR      (on the GPU machine; .device carries uvloop)
 #
 # bench/service.py --workers 12 --gpu-process shared-keep-clock, uvloop servers and clients,
 # 1 / 64 / 256 clients x 100 B / 1 KB / 64 KB, 3 s a cell. Exit status: failed steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/overlap_ab_next.sh OUTDIR}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/service_throughput/overlap_ab_next.sh OUTDIR}"
 vocab=$(realpath "${VOCAB:-.device/vocab/gpt2.tiktoken}")
 source dev/device_steps.sh
 args=(--vocab "$vocab" --workers 12 --gpu-process shared-keep-clock --event-loops uvloop

@@ -1,6 +1,6 @@
 """How much Python CPU the tokenizer service spends per request, outside the GPU call.
 
-    python dev/service_overhead.py [--vocab PATH] [--seconds 3] [--profile] [--out DIR]
+    python dev/service_throughput/service_overhead.py [--vocab PATH] [--seconds 3] [--profile] [--out DIR]
 
 Runs the real server (BackgroundServer, the session's wgpu device) in this process and
 drives it with bench/service.py's closed-loop clients in another process (16 connections,
@@ -24,7 +24,7 @@ import time
 import timeit
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -1,7 +1,7 @@
 """What a worker of the shared GPU process spends per request, its batches run on a thread
 (blocking connection) or on its event loop (asyncio streams), on this CPU.
 
-    python dev/worker_hop_cost.py [--vocab PATH] [--paths thread,loop] [--loops asyncio,uvloop]
+    python dev/service_throughput/worker_hop_cost.py [--vocab PATH] [--paths thread,loop] [--loops asyncio,uvloop]
                                   [--clients 1,32] [--sizes 100,1024] [--seconds 3]
                                   [--gpu-ms 0.5] [--rounds 2] [--out FILE.json]
 
@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -1,7 +1,7 @@
 """Where the tensor-core attention's time goes: the trainer's kernels with parts taken out
 (issue 21).
 
-    ISTANBUL_BACKEND=dawn python dev/attention_ablation.py --out DIR [--repeats 10]
+    ISTANBUL_BACKEND=dawn python dev/tensor_core_attention/attention_ablation.py --out DIR [--repeats 10]
         [--layout head-major|fused] [--before DIR]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). At the 124M step's shape
@@ -49,7 +49,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Tensor-core attention forward with k and v read straight from memory (issue 21).
 
-    ISTANBUL_BACKEND=dawn python dev/attention_direct_probe.py --out DIR [--nsg 1,2,4]
+    ISTANBUL_BACKEND=dawn python dev/tensor_core_attention/attention_direct_probe.py --out DIR [--nsg 1,2,4]
 
 The trainer's forward (05_attention_sgmat.wgsl, "staged") reads f32 q, k, v rows, rounds
 them to f16 and stages each 64-key tile in workgroup memory (two barriers, the stores four
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

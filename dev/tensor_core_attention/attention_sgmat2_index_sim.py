@@ -18,9 +18,9 @@ The experiment variants (VARIANTS: f32 row pads 0/4/8/16, the spread, contiguous
 read orders, dK/dV's KV_IN_P staging where ops.sgmat2_params sets it) are simulated with the
 template parameters ops.sgmat2_params gives them. (The file's forward was simulated here too
 until it was retired, wrong on the H100 and the H200: git history; the round-5 run of every
-variant, dev/attention_sgmat2_index_sim_variants.txt, includes it.)
+variant, dev/tensor_core_attention/attention_sgmat2_index_sim_variants.txt, includes it.)
 
-    .venv/bin/python dev/attention_sgmat2_index_sim.py [--variants current,pad0] [--jobs 2]
+    .venv/bin/python dev/tensor_core_attention/attention_sgmat2_index_sim.py [--variants current,pad0] [--jobs 2]
                                                       [--quick]
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WG = 128

@@ -1,7 +1,7 @@
 """The 124M step's attention (B 8, T 1024, H 12, D 64, q/k/v in the fused qkv rows) on each
 kernel family, GPU timestamps per dispatch, in one device session (issue 21).
 
-    ISTANBUL_BACKEND=dawn python dev/attention_sgmat_probe.py --out DIR [--repeats 10]
+    ISTANBUL_BACKEND=dawn python dev/tensor_core_attention/attention_sgmat_probe.py --out DIR [--repeats 10]
 
 Families: "tiled" (the f32 forward and backward, 05_attention_tiled.wgsl), "staged"
 (05_attention_sgmat.wgsl: the first tensor-core forward/dQ/dK/dV), "model" (what the trainer
@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

@@ -1,6 +1,6 @@
 """One short GPU run that says which tiled-kernel configurations win at the 124M shapes.
 
-    python dev/matmul_sweep.py --out dev/results/h200/sweep [--budget-s 160] [--save]
+    python dev/tensor_core_matmul/matmul_sweep.py --out dev/results/h200/sweep [--budget-s 160] [--save]
                                  [--adapter A]
 
 For representative shapes of one 124M training step (8 x 1024 tokens) it times, with GPU
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

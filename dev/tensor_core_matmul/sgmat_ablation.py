@@ -1,6 +1,6 @@
 """Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issue 21).
 
-    ISTANBUL_BACKEND=dawn python dev/sgmat_ablation.py --out DIR [--warm-s 1.0]
+    ISTANBUL_BACKEND=dawn python dev/tensor_core_matmul/sgmat_ablation.py --out DIR [--warm-s 1.0]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). Times, with GPU timestamps,
 the shipped kernel and copies of its template with one part removed, at a few 124M-step
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

@@ -4,14 +4,14 @@ per subgroup (`sg * C`) and the store's offset varied; per subgroup, the max err
 numpy. Session 19 saw subgroup 1 wrong with the accumulator at sg * 3 (the test then used
 2); this probe found the odd accumulator offsets wrong on the H200.
 
-    python dev/sgmat_offset_probe.py      (needs a device with subgroup matrices)
+    python dev/tensor_core_matmul/sgmat_offset_probe.py      (needs a device with subgroup matrices)
 """
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from istanbul.shaders.engine import Device  # noqa: E402
 from tests import test_sgmat_emulation as t  # noqa: E402
 

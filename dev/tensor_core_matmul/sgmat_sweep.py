@@ -1,7 +1,7 @@
 """Which tensor-core (subgroup-matrix) matmul configurations win at the 124M shapes, and are
 they right?
 
-    ISTANBUL_BACKEND=dawn python dev/sgmat_sweep.py --out dev/results/h200/sgmat [--budget-s 150]
+    ISTANBUL_BACKEND=dawn python dev/tensor_core_matmul/sgmat_sweep.py --out dev/results/h200/sgmat [--budget-s 150]
         [--configs A,B,...] [--no-checks] [--tuned-out FILE]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). First a correctness battery
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Issue 21, session 22: the product's tuner (`istanbul kernels tune`) now covers the
-# tensor-core matmuls (nt_w16_sgmat, nn_w16_sgmat, tn_sgmat; until now only dev/sgmat_sweep.py
+# tensor-core matmuls (nt_w16_sgmat, nn_w16_sgmat, tn_sgmat; until now only dev/tensor_core_matmul/sgmat_sweep.py
 # tuned them, for the H200's shipped file). On a GPU without a shipped file (the H100) the
 # trainer ran their defaults. This call tunes them at the 124M shapes into a fresh user cache,
 # then times the 124M f16 step with the defaults (or the shipped file) and with the fresh
 # cache, alternated twice. ~7 minutes. Dawn, robustness off (the trainer's default).
 #
-#   bash dev/tune_tensor_cores_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
+#   bash dev/tensor_core_matmul/tune_tensor_cores_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   tune       istanbul kernels tune --preset 124m --key {nt_w16,nn_w16,tn}_sgmat
 #              --no-attention --total-s ${TUNE_TOTAL_S:-240} (the cache goes to OUTDIR/cache)
 #   ab         bench/train.py 124m f16 (--no-torch) without, then with OUTDIR/cache, twice
 # A failing step does not stop the others; exit status: the number of failed steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/tune_tensor_cores_next.sh OUTDIR [STEP ...]}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/tensor_core_matmul/tune_tensor_cores_next.sh OUTDIR [STEP ...]}"
 mkdir -p "$out/cache" "$out/none"
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh

@@ -1,6 +1,6 @@
 """Which pre-tokenizer chunk (bytes per invocation) is fastest for a call of each size?
 
-    python dev/call_chunk_sweep.py --out dev/results/call_chunk/h200 [--vocab V]
+    python dev/tokenizer_throughput/call_chunk_sweep.py --out dev/tokenizer_throughput/results/call_chunk/h200 [--vocab V]
 
 `Encoding.encode_batch_flat` of N x 64 KB documents (the Python standard library's sources,
 the service benchmark's texts) for calls of 64 KB to 16 MB, at every chunk from 16 to 128
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab, load_corpus, make_texts  # noqa: E402

@@ -1,7 +1,7 @@
 """The encoder's host path, variant by variant, in one process (issue 19): does a host change
 pay on this machine, measured against the path it replaced, interleaved?
 
-    python dev/encode_host_ab.py --out DIR [--vocab gpt2] [--mb 64] [--rounds 3]
+    python dev/tokenizer_throughput/encode_host_ab.py --out DIR [--vocab gpt2] [--mb 64] [--rounds 3]
 
 Variants of `Encoding.encode_batch_flat(docs)` on bench/tokenize_bench.py's corpus (str
 documents, as the bench gives them):
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.tokenize_bench import build_corpus  # noqa: E402

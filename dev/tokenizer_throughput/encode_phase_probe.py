@@ -1,7 +1,7 @@
 """The encoder's GPU phases on the benchmark corpus, with and without the workgroup merge of
 long-piece windows, and the pre-tokenizer's walk alone (issue 19).
 
-    python dev/encode_phase_probe.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
+    python dev/tokenizer_throughput/encode_phase_probe.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
 
 For each vocabulary, on bench/tokenize_bench.py's corpus:
   heap   long-piece windows heap-merged by one invocation each (bpe_merge_long, before)
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.tokenize_bench import build_corpus, median_of as median_wall  # noqa: E402

@@ -1,6 +1,6 @@
 """One encoder variant on the benchmark corpus, for A/B runs in one device call (issue 19).
 
-    python dev/encode_variant_ab.py --label NAME --out DIR [--code TREE] [--vocabs ...] [--mb 64]
+    python dev/tokenizer_throughput/encode_variant_ab.py --label NAME --out DIR [--code TREE] [--vocabs ...] [--mb 64]
 
 Run once per variant, each in its own process: the code of another checkout (`--code`, e.g.
 the commit before a change, put first on sys.path), the backend or Dawn's robustness (the
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def median_wall(fn, repeats: int, warm_s: float = 0.0) -> float:

@@ -1,10 +1,10 @@
 """Spreading a call's pre-tokenizer chunks over subgroups (lane_shift): which shift, per call size?
 
-    python dev/lane_spread_sweep.py --out dev/results/lane_spread/h200 [--vocab V]
+    python dev/tokenizer_throughput/lane_spread_sweep.py --out dev/tokenizer_throughput/results/lane_spread/h200 [--vocab V]
 
 A chunk's walk in bpe_cuts / bpe_pretok is serial and divergent: lanes of one subgroup that
 walk different text take turns, so a lone 1 KB document (64 chunks of 16 bytes, two
-subgroups) spent ~0.83 ms in bpe_pretok on the H200 (dev/lone_encode_phases.py). With lane
+subgroups) spent ~0.83 ms in bpe_pretok on the H200 (dev/lone_request/lone_encode_phases.py). With lane
 shift s, chunk c runs on invocation c << s (2^5 = one chunk per NVIDIA subgroup). For calls
 of 1 KB (one bench text per call, 256 texts in turn) to 16 MB (64 KB documents), at chunks
 of 8 and 16 bytes and shifts 0 to 5: p50 wall ms of R calls and the GPU time of cuts +
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab, load_corpus, make_texts  # noqa: E402

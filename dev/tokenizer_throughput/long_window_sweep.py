@@ -1,6 +1,6 @@
 """Long-piece window size on the benchmark corpus: shorter windows, a shorter merge_long?
 
-    python dev/long_window_sweep.py --out dev/results/long_window/h200 [--vocab V] [--mb 64]
+    python dev/tokenizer_throughput/long_window_sweep.py --out dev/tokenizer_throughput/results/long_window/h200 [--vocab V] [--mb 64]
 
 bpe_merge_long heap-merges each window of a long piece (over SHORT_MAX bytes) in one
 invocation, so its dispatch lasts about as long as the longest window's serial merge: on the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.service import default_vocab  # noqa: E402

@@ -3,7 +3,7 @@ tokenize bench's corpus in 16 MB ranges into (a) a reused numpy array, (b) the e
 mapped MAP_WRITE buffer, (c) a numpy array and then a parallel copy into the mapping, and
 the map / unmap alone; median ms of --repeats per row, one process.
 
-    python dev/text_write_probe.py --out DIR [--mb 64] [--repeats 9]
+    python dev/tokenizer_throughput/text_write_probe.py --out DIR [--mb 64] [--repeats 9]
 
 Writes DIR/text_write_probe.md and .json.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.tokenize_bench import build_corpus  # noqa: E402

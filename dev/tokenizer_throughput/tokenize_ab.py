@@ -1,7 +1,7 @@
 """Encode and decode speed of one checkout's code on the tokenize bench's corpus, for
 old-vs-new runs in one device call (issue 19).
 
-    python dev/tokenize_ab.py --code DIR --label old --out OUT [--vocabs gpt2,...] [--mb 64]
+    python dev/tokenizer_throughput/tokenize_ab.py --code DIR --label old --out OUT [--vocabs gpt2,...] [--mb 64]
 
 The corpus is bench/tokenize_bench.py's (this checkout's builder, so both runs see the same
 documents). Per vocabulary, each timed as the median wall of --repeats passes after --warm
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 """Where the tokenizer's host time goes: a lone ~1 KB document, a corpus through
 `Encoding.encode_batch_flat`, and decoding the corpus's ids (`decode_bytes_batch`).
 
-    python dev/tokenize_host_probe.py --out dev/results/tokenize_host [--mb 16]
+    python dev/tokenizer_throughput/tokenize_host_probe.py --out dev/results/tokenize_host [--mb 16]
                                       [--vocab cl100k_base] [--lone-calls 200] [--cprofile 25]
                                       [--chunks 128,64,32,16] [--pipeline-mb 16] [--repeats 1]
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.host_split import HostSplit  # noqa: E402

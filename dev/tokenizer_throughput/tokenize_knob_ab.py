@@ -2,7 +2,7 @@
 call in one process (issue 19): on a machine whose speed drifts by 20% between runs, old
 and new must alternate to be compared.
 
-    python dev/tokenize_knob_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
+    python dev/tokenizer_throughput/tokenize_knob_ab.py --out DIR [--vocabs gpt2,cl100k_base,o200k_base] [--mb 64]
                                    [--rounds 10] [--warm 1.5] [--only TEXT]
 
 On bench/tokenize_bench.py's corpus, per vocabulary, each knob's shipped value ("old")
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.tokenize_bench import build_corpus  # noqa: E402

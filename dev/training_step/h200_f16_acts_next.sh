@@ -5,7 +5,7 @@
 # activations ($ISTANBUL_F16_ACTIVATIONS=0; f16 is the default since session 22) and PyTorch in one call. ~8 minutes, Dawn,
 # robustness off (the trainer's default).
 #
-#   bash dev/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
+#   bash dev/training_step/h200_f16_acts_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   ladder     the new rungs (matmul_tn_w16, rmsnorm/swiglu f16 outputs), the attention
 #              backward rungs (the prep), the f16-input attention rungs; RoPE and copy_heads
@@ -24,8 +24,8 @@
 #              only, 10 steps each, with each step's wall time and the host's recording time
 # A failing step does not stop the others; exit status: the number of failed steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/h200_f16_acts_next.sh OUTDIR [STEP ...]}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/training_step/h200_f16_acts_next.sh OUTDIR [STEP ...]}"
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift

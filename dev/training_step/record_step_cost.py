@@ -1,6 +1,6 @@
 """Host time to record one training step's commands (never submitted), per dispatch.
 
-    python dev/record_step_cost.py [--out dev/results/record_step/NAME.json] [--repeats 20]
+    python dev/training_step/record_step_cost.py [--out dev/training_step/results/record_step/NAME.json] [--repeats 20]
         [--precision fp32|f16] [--model 124m] [--d-model 192 --ffn 512 --vocab 4096]
 
 The trainer records step n+1 while the GPU runs step n (GpuModel.train_step), so this time
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from istanbul.shaders.engine import default_device  # noqa: E402

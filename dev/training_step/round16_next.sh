@@ -5,7 +5,7 @@
 # issue 21 asks to pass on the GPU under both backends, the 124M step beside PyTorch, the
 # loss curve beside PyTorch fp16. Dawn, robustness off (the trainer's default). ~9 minutes.
 #
-#   bash dev/round16_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
+#   bash dev/training_step/round16_next.sh OUTDIR [STEP ...]   (on the GPU machine; default: all)
 #
 #   pytest       Dawn: f16 training, checkpoints and resume, attention, model parity
 #   pytest_wgpu  wgpu-native: f16 training (its no-tensor-core fallback), checkpoints, resume
@@ -13,8 +13,8 @@
 #   parity       bench/train_parity.py: the 124M f16 curve beside PyTorch fp16, 100 steps
 # A failing step does not stop the others; exit status: the number of failed steps.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${1:?usage: dev/round16_next.sh OUTDIR [STEP ...]}"
+cd "$(dirname "$0")/../.."
+out="${1:?usage: dev/training_step/round16_next.sh OUTDIR [STEP ...]}"
 export ISTANBUL_BACKEND=dawn ISTANBUL_DAWN_ROBUSTNESS=off
 source dev/device_steps.sh
 shift

@@ -1,7 +1,7 @@
 """Host CPU time of recording the GPU trainer's merge steps: what one merge costs the
 recording thread, independent of the device (the work happens in Python and wgpu-native).
 
-    python dev/vocab_host_probe.py --out dev/results/vocab_host_probe [--steps 512]
+    python dev/vocab_train_speed/vocab_host_probe.py --out dev/results/vocab_host_probe [--steps 512]
                                    [--repeats 8] [--profile]
 
 Builds the trainer on the pieces of a few standard-library sources, then records --steps
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tokenizer_svc.patterns import PATTERNS  # noqa: E402

@@ -1,6 +1,6 @@
 """Where the GPU trainer's merge phase spends its time, and which schedule knobs move it.
 
-    python dev/vocab_merge_probe.py --out dev/results/vocab_merge_probe [--size-mb 100]
+    python dev/vocab_train_speed/vocab_merge_probe.py --out dev/results/vocab_merge_probe [--size-mb 100]
                                     [--merges 32000] [--corpus-dir /tmp/vt_corpus]
 
 Counts the pieces of the first --size-mb MB of bench/vocab_train.py's corpus once (built in
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 

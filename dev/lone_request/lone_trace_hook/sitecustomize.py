@@ -1,9 +1,9 @@
-"""dev/lone_trace.py's timers, installed in every Python process it starts (this directory is
+"""dev/lone_request/lone_trace.py's timers, installed in every Python process it starts (this directory is
 put first on PYTHONPATH with $ISTANBUL_LONE_TRACE set to a directory): the service's workers
 and its GPU process mark named moments with time.perf_counter_ns() (CLOCK_MONOTONIC: one
 clock for every process of the host) into DIR/<pid>.txt. Without $ISTANBUL_LONE_TRACE, only
 the variants' patches ($ISTANBUL_LONE_TRACE_KEEPER=blocking, $ISTANBUL_LONE_TRACE_MAP=block:
-the code before session 25) apply, for bench/service.py A/Bs (dev/lone_next.sh). A
+the code before session 25) apply, for bench/service.py A/Bs (dev/lone_request/lone_next.sh). A
 measurement, not a product path.
 """
 
