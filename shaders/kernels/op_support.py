@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..engine import Buffer, BufferView
@@ -12,29 +10,13 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 U32 = np.dtype(np.uint32)
 
-# How the tensor-core kernels read f16 rows from storage (f16 weights, A, q, k, v, do):
-# "bits", vec2<u32> elements bitcast to vec4<f16> (8-byte loads), or "vec4", vec4<f16>
-# elements. On the H200 (Dawn, session 20) the tensor-core attention ran its forward / dQ /
-# dK/dV in 0.287 / 0.382 / 0.653 ms per 124M layer reading bits and 0.441 / 0.515 / 0.667
-# reading vec4<f16> (dev/RESULTS.md). $ISTANBUL_F16_READS overrides the default.
-F16_READS = ("bits", "vec4")
-F16_READS_DEFAULT = "bits"
-
-
-def f16_reads() -> str:
-    """"bits" or "vec4" ($ISTANBUL_F16_READS, else F16_READS_DEFAULT); ValueError otherwise."""
-    value = os.environ.get("ISTANBUL_F16_READS", "").strip().lower() or F16_READS_DEFAULT
-    if value not in F16_READS:
-        raise ValueError(f"ISTANBUL_F16_READS={value!r}: use one of {', '.join(F16_READS)}")
-    return value
-
-
-def f16_read_params() -> dict:
-    """Template parameters of an f16 storage read: F16_ROW, the binding's element type, and
-    F16_READ, the function that turns one element into a vec4<f16>."""
-    if f16_reads() == "bits":
-        return {"F16_ROW": "vec2<u32>", "F16_READ": "bitcast<vec4<f16>>"}
-    return {"F16_ROW": "vec4<f16>", "F16_READ": "vec4<f16>"}
+# How the tensor-core kernels read f16 rows from storage (f16 weights, A, q, k, v, do): as
+# their bits, vec2<u32> elements bitcast to vec4<f16> (8-byte loads). On the H200 (Dawn,
+# session 20) the tensor-core attention ran its forward / dQ / dK/dV in 0.287 / 0.382 /
+# 0.653 ms per 124M layer reading bits, 0.441 / 0.515 / 0.667 reading vec4<f16> elements.
+# Template parameters: F16_ROW, the binding's element type, and F16_READ, the function that
+# turns one element into a vec4<f16>.
+F16_READ_PARAMS = {"F16_ROW": "vec2<u32>", "F16_READ": "bitcast<vec4<f16>>"}
 
 
 def elements_view(buf, start: int, count: int):

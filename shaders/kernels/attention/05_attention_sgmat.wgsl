@@ -27,7 +27,7 @@
 // A template (shaders/wgsl_expand.py): HD (head dim, a multiple of 16, <= 64); IN4 and
 // F16_BITS, how q, k, v and do are stored: vec4<f32> rows, or f16 (the trainer's f16
 // head-major copies: half the bytes; q is widened and pre-scaled in f32, then rounded
-// again), read as vec4<f16> or, F16_BITS, as their bits (vec2<u32>).
+// again), F16_BITS, read as their bits (vec2<u32>).
 //
 // Bindings (group 0), as 05_attention_tiled.wgsl:
 //   forward:  0 q, 1 k, 2 v, 3 o (rw), 4 lse (rw), 5 Params
@@ -67,7 +67,7 @@ struct Params {
 }
 
 // A row's 4 elements from q_in, k_in, v_in or do_in (IN4: vec4<f32>, or f16 in storage read
-// as their bits, vec2<u32>: 8-byte loads; op_support.f16_reads) widened to f32 or as f16.
+// as their bits, vec2<u32>: 8-byte loads; op_support.F16_READ_PARAMS) widened to f32 or as f16.
 // @if F16_BITS
 fn widen(x: vec2<u32>) -> vec4<f32> { return vec4<f32>(bitcast<vec4<f16>>(x)); }
 fn narrow(x: vec2<u32>) -> vec4<f16> { return bitcast<vec4<f16>>(x); }

@@ -89,7 +89,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..elementwise import ops as basic
-from ..op_support import (F16, F32, ceil_div, check, dtype_of, f16_reads, grid2d, grid3d,
+from ..op_support import (F16, F32, ceil_div, check, dtype_of, grid2d, grid3d,
                           has_tensor_cores, positive, scratch, workgroup_storage)
 from ...engine import views_overlap
 
@@ -141,11 +141,10 @@ SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward
 
 def input_params(f16_inputs: bool) -> dict:
     """Template parameters of the q, k, v, do bindings (both tensor-core files): vec4<f32>
-    rows, or f16 rows read as op_support.f16_reads() says."""
+    rows, or f16 rows read as their bits (vec2<u32>, op_support.F16_READ_PARAMS)."""
     if not f16_inputs:
         return {"IN4": "vec4<f32>", "F16_BITS": False}
-    bits = f16_reads() == "bits"
-    return {"IN4": "vec2<u32>" if bits else "vec4<f16>", "F16_BITS": bits}
+    return {"IN4": "vec2<u32>", "F16_BITS": True}
 
 
 def sgmat_params(D: int, f16_inputs: bool = False) -> dict:

@@ -23,8 +23,8 @@
 // tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
 // (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows from it), CLAMP_A (the forward
 // clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16), F16_ROW and F16_READ
-// (how f16 A and B rows are read from storage, op_support.f16_read_params: vec2<u32> bits
-// bitcast to vec4<f16>, or vec4<f16>), A_READ (F16_READ for A16, nothing for an f32 A).
+// (how f16 A and B rows are read from storage, op_support.F16_READ_PARAMS: vec2<u32> bits
+// bitcast to vec4<f16>), A_READ (F16_READ for A16, nothing for an f32 A).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: operands are read as vec4 along their contiguous dimension and written, rounded,

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..op_support import (F16, F32, ceil_div, check, dummy, f16_read_params, grid2d,
+from ..op_support import (F16, F16_READ_PARAMS, F32, ceil_div, check, dummy, grid2d,
                           has_tensor_cores, positive, scratch, workgroup_storage)
 
 FILE = "03_linear.wgsl"
@@ -321,7 +321,7 @@ class SgmatConfig:
     def template_params(self, layout: str, a16: bool = False) -> dict:
         """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
         la, lb = self.loads()
-        f16 = f16_read_params()
+        f16 = F16_READ_PARAMS
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
                 "CLAMP_A": layout == "nt" and not a16, **f16,
