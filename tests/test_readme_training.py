@@ -1,8 +1,9 @@
-"""The README's training commands, run as shown in subprocesses (one machine, no server).
+"""The training commands on one machine (docs/training.md, "On one machine, no server", where
+the README sends a reader), run as shown in subprocesses.
 
 Only the sizes shrink for CI: every step count (`--steps`, `--checkpoint-every`,
 `--eval-every`) is divided by 100 and the train commands get `--batch 2 --seq 32
---eval-batches 1`; files, flags and their order are the README's. a.py and b.py are two
+--eval-batches 1`; files, flags and their order are the page's. a.py and b.py are two
 standard-library sources. Needs the real gpt2 vocabulary (../shared/vocab).
 """
 
@@ -23,8 +24,8 @@ SCALED = ("--steps", "--checkpoint-every", "--eval-every")
 
 
 def readme_commands() -> list[list[str]]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Training, checkpoints, generation"):]
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    section = text[text.index("## On one machine, no server"):]
     block = section[section.index("```bash\n") + 8:]
     block = block[:block.index("```")]
     joined = re.sub(r"\\\n\s*", " ", block)
