@@ -29,6 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.results_dir import machine_name  # noqa: E402  (bench/results/<machine>/)
+
 CLI = [sys.executable, "-m", "istanbul"]
 VOCABS = ("gpt2", "cl100k_base", "o200k_base")
 SAMPLE = ("Hello, world! The quick brown fox jumps over the lazy dog 1234567890.\n"
@@ -332,14 +337,6 @@ STEPS = {"devices": step_devices, "demo": step_demo, "kernels-check": step_kerne
 
 
 # ---- report ------------------------------------------------------------------------------
-
-def machine_name(adapter_line: str) -> str:
-    """'[0] NVIDIA H100 80GB HBM3 (...)' -> 'h100'; software Vulkan -> 'lavapipe'."""
-    m = re.search(r"\b([HAB]\d{2,3}|L\d{1,2}S?|RTX ?\w+)\b", adapter_line)
-    if m:
-        return m[1].lower().replace(" ", "")
-    return "lavapipe" if "llvmpipe" in adapter_line or "CPU" in adapter_line else "gpu"
-
 
 def write_report(path: Path, results: dict, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,11 @@
 """End-to-end run of the whole pipeline with a worker killed in the middle (the daemon's
 promise on real hardware).
 
-    python bench/daemon_e2e.py --out bench/results/daemon_e2e --vocab gpt2 --model small \\
-        --steps 300 --kill-at 120 [--corpus DIR_OR_FILES ...] [--adapter A] [--redis URL]
+    python bench/daemon_e2e.py --out /tmp/e2e --vocab gpt2 --model small --steps 300 \\
+        --kill-at 120 [--corpus DIR_OR_FILES ...] [--adapter A] [--redis URL]
+
+OUT also holds the run's Redis data and checkpoints: commit only summary.json and
+loss_curve.{json,png}, copied to bench/results/<machine>/daemon_e2e/.
 
 1. starts the gRPC tokenizer service (`python -m tokenizer_svc`, port 0 + --port-file);
 2. `istanbul prepare` the corpus (default: this Python's standard library sources) into

@@ -14,20 +14,20 @@
 #   tests     the GPU-relevant pytest files (tokenizer, vocab training, model parity, resume,
 #             generation) on this GPU; the kernel ladder itself is the `check` step
 #   tokenize  bench/tokenize_bench.py on 64 MB per vocabulary
-#   tprobe    dev/tokenize_host_probe.py (the tokenizer's host split, pipeline chunk sizes, the
+#   tprobe    dev/tokenizer_throughput/tokenize_host_probe.py (the tokenizer's host split, pipeline chunk sizes, the
 #             corpus by pre-tokenizer chunk and at 768-byte long-piece windows beside the
 #             default, the lone document by pre-tokenizer chunk, long pieces inline or not and
-#             by window size; results belong in dev/results/tokenize_host/)
+#             by window size; results belong in dev/tokenizer_throughput/results/tokenize_host/)
 #   vtrain    bench/vocab_train.py (GPU trainer vs HF BpeTrainer and rustbpe, 100 MB and 1 GB)
-#   vprobe    dev/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
-#             schedule knobs on vtrain's 100 MB corpus; results belong in dev/results/)
+#   vprobe    dev/vocab_train_speed/vocab_merge_probe.py (the merge phase's host phases, per-kernel GPU time and
+#             schedule knobs on vtrain's 100 MB corpus; results belong in dev/vocab_train_speed/results/)
 #   service   bench/service.py (gRPC throughput and latency, --workers 1 and 6 with the shared
 #             GPU process and with a device per worker, every reply checked)
-#   sprobe    dev/service_latency_probe.py (a lone 1 KB request layer by layer: in-process,
+#   sprobe    dev/lone_request/service_latency_probe.py (a lone 1 KB request layer by layer: in-process,
 #             through a thread, through the GPU process, gRPC's floor, whole requests)
-#   chunks    dev/call_chunk_sweep.py (pre-tokenizer chunk by call size, 64 KB to 16 MB)
-#   probe     dev/probes/matmul_probe.py (a compiler probe: loops over private arrays vs
-#             unrolled register blocks; results belong in dev/probes/results/)
+#   chunks    dev/tokenizer_throughput/call_chunk_sweep.py (pre-tokenizer chunk by call size, 64 KB to 16 MB)
+#   probe     dev/compiler_probes/matmul_probe.py (a compiler probe: loops over private arrays vs
+#             unrolled register blocks; results belong in dev/compiler_probes/results/)
 #   e2e       bench/daemon_e2e.py (service -> prepare -> submit -> daemon killed -> takeover)
 #             followed by `istanbul generate` from the job's final checkpoint
 #
@@ -71,25 +71,25 @@ run_step() {
                    tests/test_resume.py tests/test_generate.py tests/test_lm_head.py ;;
         tokenize) $py bench/tokenize_bench.py --out "$out/tokenize" --mb 64 \
                       --vocab-dir "$ISTANBUL_VOCAB_DIR" ;;
-        tprobe) $py dev/tokenize_host_probe.py --out "$out/tokenize_host" --mb 64 \
+        tprobe) $py dev/tokenizer_throughput/tokenize_host_probe.py --out "$out/tokenize_host" --mb 64 \
                     --pipeline-mb 8,16 --repeats 2 --corpus-chunks 32,64,128 \
                     --corpus-windows 768/192 --chunks 128,16,8 --windows 768,1536 ;;
         vtrain) $py bench/vocab_train.py --out "$out/vocab_train" --corpus-dir /tmp/vt_corpus \
                     --sizes 100,1000 ;;
-        vprobe) $py dev/vocab_merge_probe.py --out "$out/vocab_merge_probe" \
+        vprobe) $py dev/vocab_train_speed/vocab_merge_probe.py --out "$out/vocab_merge_probe" \
                     --corpus-dir /tmp/vt_corpus ;;
         service) $py bench/service.py --out "$out/service" --duration 2 --warmup 0.5 \
                      --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
-        sprobe) $py dev/service_latency_probe.py --out "$out/service_latency" \
+        sprobe) $py dev/lone_request/service_latency_probe.py --out "$out/service_latency" \
                     --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
-        chunks) $py dev/call_chunk_sweep.py --out "$out/call_chunk" \
+        chunks) $py dev/tokenizer_throughput/call_chunk_sweep.py --out "$out/call_chunk" \
                     --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" ;;
         e2e) $py bench/daemon_e2e.py --out "$out/e2e" --vocab "$ISTANBUL_VOCAB_DIR/gpt2.tiktoken" \
                  --model tiny --steps 200 --kill-at 80 --checkpoint-every 40 &&
              latest=$(find "$out/e2e" -maxdepth 4 -name latest | head -1) &&
              $py -m istanbul generate --checkpoint "$latest" --prompt "def main(" \
                  --max-tokens 48 --temperature 0.8 --top-k 40 --seed 1 ;;
-        probe) $py dev/probes/matmul_probe.py --out "$out/probe" ;;
+        probe) $py dev/compiler_probes/matmul_probe.py --out "$out/probe" ;;
         *) echo "unknown step $step" >&2; return 2 ;;
     esac
 }

@@ -1,6 +1,6 @@
 """Benchmark of the gRPC tokenizer service: throughput and latency under concurrent clients.
 
-    python bench/service.py --out bench/results/service [--vocab PATH] [--adapter A]
+    python bench/service.py [--out DIR] [--vocab PATH] [--adapter A]
                             [--workers 1,6] [--clients 1,16,64,256] [--sizes 100,1024,65536,mixed]
                             [--formats packed,repeated] [--event-loops asyncio,uvloop]
 
@@ -46,6 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 DEFAULT_CLIENTS = (1, 16, 64, 256)
 DEFAULT_SIZES = ("100", "1024", "65536", "mixed")
@@ -594,8 +595,8 @@ def preflight() -> None:
 def main(argv=None) -> int:
     cpus = os.cpu_count() or 2
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="directory for service.json and "
-                   "service.md")
+    p.add_argument("--out", default=None, type=Path, help="directory for service.json and "
+                   "service.md (default bench/results/<machine>/)")
     p.add_argument("--vocab", default=default_vocab(), help="vocabulary path or known name "
                    "(default: gpt2.tiktoken in $ISTANBUL_VOCAB_DIR, ../shared/vocab or "
                    "shared/vocab)")
@@ -663,6 +664,7 @@ def main(argv=None) -> int:
     for size in sizes:
         if size != "mixed" and not size.isdigit():
             raise SystemExit(f"--sizes: {size!r} is neither a number of bytes nor `mixed`")
+    args.out = args.out or default_dir(args.adapter)
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus(args.corpus)
     needed = {int(x) for x in sizes if x != "mixed"}

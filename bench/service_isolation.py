@@ -1,6 +1,6 @@
 """One request must never stall the service: victim latency while attackers send long pieces.
 
-    python bench/service_isolation.py --out bench/results/service_isolation [--vocab PATH]
+    python bench/service_isolation.py [--out DIR] [--vocab PATH]
 
 Starts the real server (`python -m tokenizer_svc`, its own GPU device), measures the latency
 of a victim client sending a 3-word Tokenize in a closed loop, first alone and then while an
@@ -28,6 +28,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 sys.path.insert(0, str(REPO / "bench"))
 
 MiB = 1 << 20
@@ -52,7 +53,9 @@ def _stats(latencies: list[float]) -> dict:
 def main(argv=None) -> int:
     from service import default_vocab   # bench/service.py
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", default=None, type=Path,
+                   help="output directory for service_isolation.json / .md "
+                        "(default bench/results/<machine>/)")
     p.add_argument("--vocab", default=default_vocab())
     p.add_argument("--adapter", default=None)
     p.add_argument("--baseline-s", type=float, default=5.0, help="victim alone (seconds)")
@@ -127,6 +130,7 @@ def main(argv=None) -> int:
     finally:
         server.terminate()
         server.wait(120)
+    args.out = args.out or default_dir(args.adapter)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "service_isolation.json").write_text(json.dumps(report, indent=2))
     lines = [f"# Service isolation ({report.get('adapter')}, {report['vocab']})", "",

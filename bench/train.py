@@ -1,6 +1,6 @@
 """Training throughput: istanbul (WGSL) next to PyTorch as its users write it, same GPU, same run.
 
-    python bench/train.py --out bench/results/<machine> [--models 124m] [--batch 8,16]
+    python bench/train.py [--out DIR] [--models 124m] [--batch 8,16]
                           [--steps 10] [--precision f16] [--torch user] [--adapter A]
                           [--vocab gpt2|cl100k_base|o200k_base|N]
 
@@ -39,6 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results_dir import default_dir  # noqa: E402
 from istanbul.shaders.engine import default_device  # noqa: E402
 from trainer_svc.model.config import ModelConfig  # noqa: E402
 from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
@@ -335,7 +336,9 @@ def _median_rows(rounds: list[list[dict]]) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output directory for train.json / train.md")
+    ap.add_argument("--out", default=None,
+                    help="output directory for train.json / train.md "
+                         "(default bench/results/<machine>/)")
     ap.add_argument("--models", default="124m")
     ap.add_argument("--batch", default="8,16", help="comma-separated batch sizes")
     ap.add_argument("--seq", type=int, default=0, help="0: each preset's max_seq")
@@ -366,7 +369,7 @@ def main(argv=None) -> int:
     torch_kinds = {k for k in args.torch.split(",") if k and k != "none"}
     if torch_kinds - {"user", "reference"}:
         ap.error(f"--torch {args.torch!r}: use user, reference or none")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_dir(args.adapter)
     out.mkdir(parents=True, exist_ok=True)
     device = default_device(args.adapter, robustness=False)   # as the trainer's (engine.Device)
     results = {"device": {"adapter": device.info.name, "backend": device.info.backend,

@@ -1,6 +1,6 @@
 """Data-parallel training throughput: istanbul over N GPUs next to PyTorch DDP (NCCL), same run.
 
-    python bench/train_ddp.py --out bench/results/train_ddp [--model 124m] [--batch 8]
+    python bench/train_ddp.py [--out DIR] [--model 124m] [--batch 8]
                               [--gpus 1,2,4,8] [--steps 10] [--precision mixed] [--no-torch]
 
 Weak scaling: every GPU trains `--batch` rows x the preset's max_seq (124m: 8 x 1024 per GPU),
@@ -38,6 +38,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from trainer_svc.model.config import ModelConfig  # noqa: E402
 from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
@@ -238,7 +239,9 @@ def markdown(results: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory for train_ddp.json / .md "
+                        "(default bench/results/<machine>/)")
     p.add_argument("--model", default="124m")
     p.add_argument("--vocab", type=int, default=50257, help="vocabulary size (default GPT-2's)")
     p.add_argument("--batch", type=int, default=8, help="rows per GPU (default 8)")
@@ -257,6 +260,7 @@ def main() -> int:
     args.gpus = sorted({int(x) for x in args.gpus.split(",")})
     args.n_vocab = args.vocab
     cfg = ModelConfig.preset(args.model, args.vocab)
+    args.out = args.out or default_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     adapters, n_hardware = hardware_adapters()
     if args.adapters:

@@ -1,6 +1,6 @@
 """Loss curves of istanbul's training next to PyTorch's on the same data, from the same weights.
 
-    python bench/train_parity.py --out bench/results/train [--model 124m] [--steps 100]
+    python bench/train_parity.py [--out DIR] [--model 124m] [--steps 100]
                                  [--precisions f16,fp32] [--vocab-file gpt2.tiktoken]
 
 Real text (Python standard-library sources, sorted, tokenized with the given vocabulary, a
@@ -28,6 +28,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from istanbul.shaders.engine import default_device  # noqa: E402
 from trainer_svc.data import TokenStream  # noqa: E402
@@ -105,7 +106,9 @@ def torch_curve(cfg, tc, weights, batches, mode, device):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None,
+                    help="output directory for parity.json / parity.md "
+                         "(default bench/results/<machine>/)")
     ap.add_argument("--model", default="124m")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=8)
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
         os.environ.get("ISTANBUL_SHARED_VOCAB", str(REPO.parent / "shared" / "vocab")),
         "gpt2.tiktoken"))
     args = ap.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_dir()
     out.mkdir(parents=True, exist_ok=True)
     codec = load_codec(args.vocab_file)
     cfg = ModelConfig.preset(args.model, codec.n_vocab)

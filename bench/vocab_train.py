@@ -1,6 +1,6 @@
 """BPE vocabulary training: istanbul (WGSL, GPU) next to HF `tokenizers` and rustbpe, same run.
 
-    python bench/vocab_train.py --out bench/results/vocab_train [--sizes 100,1000]
+    python bench/vocab_train.py [--out DIR] [--sizes 100,1000]
                                 [--merges 32000] [--pattern o200k] [--workers N] [--adapter A]
                                 [--skip-cpu-reference] [--skip-hf] [--no-profile]
                                 [--corpus-dir DIR | --corpus DIR]
@@ -51,11 +51,13 @@ import os
 import platform
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from tokenizer_svc.patterns import PATTERNS  # noqa: E402
 from tokenizer_svc.training import cpu_reference, gpu_trainer  # noqa: E402
@@ -391,7 +393,9 @@ def markdown(payload: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--out", default=None, type=Path,
+                        help="output directory for vocab_train.json / .md "
+                             "(default bench/results/<machine>/)")
     parser.add_argument("--sizes", "--sizes-mb", dest="sizes_mb", default="100",
                         help="corpus sizes in MB, comma-separated, e.g. 100,1000 (default 100)")
     parser.add_argument("--merges", type=int, default=32_000)
@@ -413,15 +417,20 @@ def main() -> int:
         sizes = sorted(float(x) for x in args.sizes_mb.split(","))
     except ValueError:
         parser.error(f"--sizes-mb {args.sizes_mb!r}: give MB numbers separated by commas")
+    # the corpus and the trained vocabulary go to --out, or to a temporary folder when the
+    # report goes to bench/results/<machine>/
+    work = args.out or Path(tempfile.gettempdir()) / "istanbul-vocab-train"
+    work.mkdir(parents=True, exist_ok=True)
+    args.out = args.out or default_dir(args.adapter)
     args.out.mkdir(parents=True, exist_ok=True)
     pattern = PATTERNS[args.pattern]
 
     if args.corpus is not None:
         all_files, held_out, meta = own_corpus(args.corpus)
-        corpus_dir = args.out / "corpus"
+        corpus_dir = work / "corpus"
         corpus_dir.mkdir(exist_ok=True)
     else:
-        corpus_dir = args.corpus_dir or args.out / "corpus"
+        corpus_dir = args.corpus_dir or work / "corpus"
         meta_path = corpus_dir / "meta.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
         if meta and corpus_files(corpus_dir) and meta["bytes"] >= sizes[-1] * 1e6:
@@ -452,7 +461,7 @@ def main() -> int:
         run["read_seconds"] = read_seconds(files)
         results = run["results"]
         print(f"{run['bytes'] / 1e6:,.0f} MB: istanbul (GPU) ...", flush=True)
-        row, pieces, gpu_result = run_istanbul(files, args, held_out, device, args.out)
+        row, pieces, gpu_result = run_istanbul(files, args, held_out, device, work)
         results.append(row)
         run["unique_pieces"] = len(pieces)
         checks[f"tiktoken_agrees_{size:g}mb"] = row["tiktoken_agrees"]

@@ -9,8 +9,8 @@ missing. A source transform of one composed kernel module (shaders/source.py's o
   (row-major element (r, c) at offset + r * stride + c, column-major at offset + c * stride
   + r; products accumulate in f32 from f16 operands, exact as on the tensor cores). An f32
   result matrix loaded at an odd element offset reads NaN: the H200 reads such loads wrong
-  (session 19's dev/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and every store
-  offset right), so the emulation must not pass a kernel that does it;
+  (session 19's dev/tensor_core_matmul/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and
+  every store offset right), so the emulation must not pass a kernel that does it;
 - the subgroups are the emulated ones of 32 invocations the kernels are written for:
   subgroup_id = local_invocation_index / 32, subgroup_invocation_id = .. % 32, and
   subgroupShuffleXor goes through workgroup memory between two barriers (so it must be

@@ -91,8 +91,8 @@ def encode_message(docs: list, allowed_special) -> tuple:
     """A worker's message for one encode call. Text with no special tokens allowed goes as
     its UTF-8 ("encode_utf8"): the host's one thread then neither decodes it while
     unpickling nor encodes it again for the GPU upload, and the workers, many processes,
-    do the encoding (dev/RESULTS.md, 2026-12-04). Raw bytes, text in which special tokens
-    are to be cut out, and text with a lone surrogate (which the Encoding repairs as
+    do the encoding (dev/service_throughput/README.md, 2026-12-04). Raw bytes, text in which special
+    tokens are to be cut out, and text with a lone surrogate (which the Encoding repairs as
     tiktoken does) go as they are ("encode"). `nbytes` counts UTF-8 bytes either way."""
     if not allowed_special and all(isinstance(d, str) for d in docs):
         try:
@@ -133,7 +133,7 @@ def _send_frames(fd: int, bodies: list) -> None:
     """Write `bodies` (bytes-like) as consecutive frames on blocking descriptor `fd` with one
     writev where it takes them all: what Connection.send then send_bytes write, in one
     system call instead of three (~30% less of the GPU process's time per answer on the
-    dev CPU, dev/RESULTS.md session 25)."""
+    dev CPU, dev/lone_request/README.md, session 25)."""
     views = []
     for body in bodies:
         view = memoryview(body).cast("B")
@@ -196,9 +196,9 @@ class RemoteEncoding:
 
     The worker's batches call `call_async` (`encode_flat_async`, `decode_bytes_batch_async`)
     on its event loop: the message goes out and the answer comes in as the loop's own socket
-    I/O, with no thread between the loop and the GPU process (dev/RESULTS.md, 2026-12-05:
-    the worker spent ~17% less CPU per request and its round trip was ~0.1 ms shorter than
-    through a thread and a blocking connection). Those connections belong to that loop (a
+    I/O, with no thread between the loop and the GPU process (dev/service_throughput/README.md,
+    2026-12-05: the worker spent ~17% less CPU per request and its round trip was ~0.1 ms shorter
+    than through a thread and a blocking connection). Those connections belong to that loop (a
     pool of their own); the blocking methods keep theirs for any other caller."""
 
     def __init__(self, local, address: str, authkey: bytes):
@@ -720,7 +720,7 @@ class GpuHost:
         """An encode message's answer: its offsets, then its ids as raw bytes written from
         the call's array (receive_reply reads them). Pickled, the ids were copied twice on
         this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
-        more than the small offsets' list does (dev/RESULTS.md, 2026-12-04)."""
+        more than the small offsets' list does (dev/service_throughput/README.md, 2026-12-04)."""
         self._answer(m, ("ok_ids", offsets.tolist()), ids)
 
     def _answer(self, m: _Message, reply: tuple, ids=None) -> None:

@@ -27,8 +27,8 @@ the command buffer (wgpu-native's encoding), submitting, waiting for the device,
 rounds) and, with `TrainerOptions(profile=True)`, in `details["gpu_profile"]`: GPU
 timestamps of select, apply and the CONTINUE passes over a few sampled rounds (those rounds
 run one pass per dispatch and wait for their timestamps: left out of the phases, but not of
-the wall time, so time a run without the profile). dev/vocab_host_probe.py measures the
-recording alone.
+the wall time, so time a run without the profile). dev/vocab_train_speed/vocab_host_probe.py
+measures the recording alone.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@
 // k and v; dkv: the query tile's q, do, lse, dvec) into prefetch registers before this
 // tile's math and stores them to workgroup memory after it, so the load latency hides
 // behind the math (H200: forward 1.02 vs 1.32 ms, dq 4.70 vs 5.20, dkv 4.71 vs 5.07 ms
-// without it; dev/RESULTS.md). PF prefetch registers per operand (a parameter: 16, or 32
-// for tiles that need more; PL of them live) and 4 per statistic (SL of them live),
+// without it; dev/compare_trees/README.md). PF prefetch registers per operand (a parameter: 16, or
+// 32 for tiles that need more; PL of them live) and 4 per statistic (SL of them live),
 // selected by constant branches. Tiles that would need more than 32 (e.g. the backward at
 // head dim 128 in 48 KiB) run with PREFETCH off: each tile staged after a barrier, no
 // prefetch registers, the same sums in the same order (bit-identical results). The forward stores the next tile's
@@ -44,8 +44,9 @@
 // a private array indexed in loops in local memory (attention ran at 0.7-1.1 TFLOP/s that
 // way, 6-9 with named values). The loops over head-dim vec4s (d4) and over a tile's keys or
 // queries (n) are written out in runs of UNROLL_D and UNROLL_N iterations (parameters; 4:
-// the backward 16% faster on the H200 than plain loops, bench/results/h200/unroll_probe.md).
-// Parameters: PREFETCH, PF, UNROLL_D, UNROLL_N (ops.template_params).
+// the backward 16% faster on the H200 than plain loops,
+// dev/compiler_probes/results/h200/unroll_probe.md). Parameters: PREFETCH, PF, UNROLL_D, UNROLL_N
+// (ops.template_params).
 //
 // Overrides: HD (head dim, multiple of 4), BQ, BKV (multiples of 4); forward and dq need
 // HD % BKV == 0 and HD / BKV <= 4; dkv needs HD % BQ == 0 and HD / BQ <= 4.

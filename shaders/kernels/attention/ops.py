@@ -71,9 +71,9 @@ if given, else the tuned width (`istanbul kernels tune`, keys dq_sgmat / dkv_sgm
 0.670 -> 0.404 ms with "w8".
 
 Measured on the H200 (Dawn, robustness off, 124M shape, ms per layer call,
-dev/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715, staged 0.644;
-dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of attention per
-step. With robustness on the staged forward was slower than the f32 tiled one (13.6 vs
+dev/tensor_core_attention/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
+staged 0.644; dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of attention
+per step. With robustness on the staged forward was slower than the f32 tiled one (13.6 vs
 8.6 ms per step, session 5), hence the f32 forward there. (05_attention_sgmat2.wgsl's own
 forward, o in lazily rescaled subgroup-matrix accumulators, was wrong on the H200 and the
 H100, PSNR 9-25 dB, and is retired.)
@@ -101,9 +101,9 @@ SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward
 SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
 # The second tensor-core version of the backward, 05_attention_sgmat2.wgsl (bank-spread score
 # reads, fewer barriers). On the H200 (Dawn, round 5,
-# dev/results/h200/sgmat/round5_sgmat2_variants.md) its dQ and dK/dV kernels, judged on the
-# f32 tiled forward's o and lse, are right in every variant with robustness off and on (PSNR
-# 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them.
+# dev/tensor_core_attention/results/h200/sgmat/round5_sgmat2_variants.md) its dQ and dK/dV kernels,
+# judged on the f32 tiled forward's o and lse, are right in every variant with robustness off and on
+# (PSNR 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them.
 FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
 SGMAT2_KERNELS = {"dq": "attention_backward_dq_sgmat2", "dkv": "attention_backward_dkv_sgmat2"}
 # key tile of dQ (BK), query tile of dK/dV (BQ2)
@@ -132,8 +132,9 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 # the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
 # score array costs by itself). sgmat2_params makes "base" unless told otherwise.
 # What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8".
-# H100 (session 23, dev/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV 0.670 -> 0.404 ms
-# per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 / 0.639.
+# H100 (session 23, dev/tensor_core_attention/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV
+# 0.670 -> 0.404 ms per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 /
+# 0.639.
 SGMAT2_WIDE_DEFAULT = "w8"
 SGMAT2_WIDE_SHAPES = {"base": (4, 1), "w4": (4, 1), "w8": (8, 1), "w4x2": (4, 2)}
 SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward_dkv_sgmat2w"}
@@ -363,7 +364,7 @@ PREFETCH_REGS = (16, 32)   # prefetch registers per staged operand (PF of the te
 MAX_SL = 4                 # prefetch registers per statistic (dK/dV's lse, dvec)
 # Iterations per written-out run of the loops over head-dim vec4s (d4) and over a tile's
 # keys/queries (n): 4 made the backward 16% faster on the H200 than plain loops
-# (bench/results/h200/unroll_probe.md); template parameters, so probes can try others.
+# (dev/compiler_probes/results/h200/unroll_probe.md); template parameters, so probes can try others.
 UNROLL_D = 4
 UNROLL_N = 4
 _TILE_RE = re.compile(r"^(\d+)x(\d+)$")
@@ -395,7 +396,7 @@ def upgrade_config(text: str) -> str:
         return text
     if m.group(2) in ("loop", "db"):
         raise ValueError(f"attention config {text!r} names the retired -{m.group(2)} kernels "
-                         "(dev/RESULTS.md); re-tune with `istanbul kernels tune`")
+                         "(dev/compare_trees/README.md); re-tune with `istanbul kernels tune`")
     return m.group(1)
 
 

@@ -41,8 +41,8 @@
 // The two share one bind group layout (Device.kernels_sharing_layout), so the host sets
 // one bind group per round and records a step as set_pipeline + dispatch twice (the
 // pipeline and bind group calls of three separate kernels were most of its recording time,
-// dev/RESULTS.md). No read-back inside a round and no indirect dispatch (wgpu validates
-// each indirect dispatch with a dispatch of its own). A status other than RUNNING makes
+// dev/vocab_train_speed/README.md). No read-back inside a round and no indirect dispatch (wgpu
+// validates each indirect dispatch with a dispatch of its own). A status other than RUNNING makes
 // apply do nothing, so steps recorded past the end (or past a pause for more key room)
 // are no-ops. On software devices merge_apply compiled with CONTINUE also runs a few passes
 // per step (see its work budget). Outside the merge loop: count_pairs (initial byte-pair

@@ -36,9 +36,9 @@
 // uniform).
 // SINGLE ("-b1", STAGES 1): one stage, rewritten after a second barrier once every subgroup
 // has read it. Half the workgroup memory, so a slice of BK 32 fits 128 x 256 tiles. On the
-// H200 that won at every 124M product (round 11, dev/RESULTS.md): the two-stage kernels
-// stalled on their loads at each slice (more slices in flight, fewer staging stores or bytes
-// changed nothing; taking the loads out did); twice the multiplies between barriers and
+// H200 that won at every 124M product (round 11, dev/tensor_core_matmul/README.md): the two-stage
+// kernels stalled on their loads at each slice (more slices in flight, fewer staging stores or
+// bytes changed nothing; taking the loads out did); twice the multiplies between barriers and
 // more subgroups per SM (half the workgroup memory) hide them.
 // AHEAD (1 or 2): slices in flight in registers. 1: the next slice's loads are issued before
 // this slice's multiplies, so one slice of multiplies hides their latency; 2: two register

@@ -17,10 +17,10 @@
 // per written-out run of the slice loop; 1, the plain loop, is what runs). The loops marked
 // `// @unroll` are written out and the register arrays (c, pa, pb, a, b, h) become named
 // values, because NVIDIA's compiler keeps a private array indexed in loops in local memory
-// (2.3 instead of 37 TFLOP/s for the 8x8 block, bench/matmul_probe.py). The k-slice loop
-// stays a loop for f32 (written-out runs of k-steps were 3-10% slower on the H200 at the
-// tuned BK 8, dev/RESULTS.md); the FOLD k-steps of the f16 kernel are written out (~50
-// instead of ~28 TFLOP/s as a nested loop, bench/results/h200/h16_probe.txt).
+// (2.3 instead of 37 TFLOP/s for the 8x8 block, dev/compiler_probes/matmul_probe.py). The k-slice
+// loop stays a loop for f32 (written-out runs of k-steps were 3-10% slower on the H200 at the
+// tuned BK 8, dev/compare_trees/README.md); the FOLD k-steps of the f16 kernel are written out (~50
+// instead of ~28 TFLOP/s as a nested loop, dev/compiler_probes/results/h200/h16_probe.txt).
 //
 // Layouts: row-major with leading dimensions lda, ldb, ldc (elements); every contiguous and
 // leading dimension a multiple of 4 and every operand 16-byte aligned (8-byte for f16 B);

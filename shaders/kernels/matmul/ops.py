@@ -107,17 +107,17 @@ FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (8 prefetch registers)
 SGMAT_MAX_LOADS = 16   # the same for the tensor-core template (its registers are named per load)
 H16_FOLDS = (16, 32)   # k per f16 partial sum of the packed-f16 kernel (FOLD 8 retired,
-                       # dev/RESULTS.md)
+                       # dev/compare_trees/README.md)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
 # k-steps per written-out run of the f32 slice loop: 1, the plain loop (runs of 2-8 were
-# 3-10% slower on the H200 at the tuned BK 8, bench/results/h200/unroll_probe.md); a
+# 3-10% slower on the H200 at the tuned BK 8, dev/compiler_probes/results/h200/unroll_probe.md); a
 # template parameter, so probes can try others.
 UNROLL_K = 1
 
 _CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-fold(\d+))?$")
 # Spellings of configurations before the expansion pass (tuned caches written until
 # 2026-12-01): "-fN" meant FOLD N; "-reg" the only kernel kept. "-loop" (private-array
-# kernels) and "-dot" (k-pair packed f16) were retired (dev/RESULTS.md).
+# kernels) and "-dot" (k-pair packed f16) were retired (dev/compare_trees/README.md).
 _LEGACY_RE = re.compile(r"^(?P<base>\d+x\d+x\d+-\d+x\d+-s\d+)(?:-f(?P<fold>\d+))?"
                         r"(?:-(?P<impl>reg|loop|dot))?$")
 
@@ -131,7 +131,7 @@ def upgrade_config(text: str) -> str:
         return text
     if m.group("impl") in ("loop", "dot"):
         raise ValueError(f"matmul config {text!r} names the retired -{m.group('impl')} kernels "
-                         "(dev/RESULTS.md); re-tune with `istanbul kernels tune`")
+                         "(dev/compare_trees/README.md); re-tune with `istanbul kernels tune`")
     return m.group("base") + (f"-fold{m.group('fold')}" if m.group("fold") else "")
 
 
@@ -259,8 +259,8 @@ class SgmatConfig:
     staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
     direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
-    dev/RESULTS.md); single ("-b1"): one stage of workgroup memory instead of two, so
-    twice the K slice fits (the stage is rewritten after a second barrier per slice).
+    dev/tensor_core_matmul/README.md); single ("-b1"): one stage of workgroup memory instead of two,
+    so twice the K slice fits (the stage is rewritten after a second barrier per slice).
     Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes the kernel
     of before round 3 (2026-12-01)."""
 
@@ -361,7 +361,7 @@ class SgmatConfig:
 
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
     """The tensor-core configuration used when nothing was tuned (H200 measurements:
-    dev/results/h200/sgmat/)."""
+    dev/tensor_core_matmul/results/h200/sgmat/)."""
     # One stage of BK 32 (twice the multiplies between barriers and half the workgroup
     # memory of the two-stage kernels, round 11): 16 subgroups of 2x4 tiles (128 x 256), the
     # least time summed over the 124M step's 14 products (5.80 ms; the round-3 default 8.21);
@@ -377,8 +377,9 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
 
 
 # Tile arrangements the tuner times for the tensor-core kernel, each with one stage of BK 32
-# ("-b1"): the winners of dev/sgmat_sweep.py on the H200 (rounds 11-14: within 11% of each
-# other summed over the 124M step, each best somewhere); `wide` adds the others timed there.
+# ("-b1"): the winners of dev/tensor_core_matmul/sgmat_sweep.py on the H200 (rounds 11-14: within
+# 11% of each other summed over the 124M step, each best somewhere); `wide` adds the others timed
+# there.
 SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
 WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
 SGMAT_KEYS = ("nt_w16_sgmat", "nn_w16_sgmat", "tn_sgmat")   # the trainer's products
