@@ -2,7 +2,7 @@
 # Issue 20, session 26: several shared GPU processes (`istanbul serve --gpu-processes G`,
 # worker k batching through process k mod G). At 64 KB requests the one GPU process's Python
 # thread was what the workers waited for (its thread busy 0.97 of a core, the GPU 0.48,
-# bench/results/service/service.md). ~3 minutes per step on the GPU machine. (Session 26's
+# bench/results/h200/service.md). ~3 minutes per step on the GPU machine. (Session 26's
 # call also ran a `local` step: 0bf3344's $ISTANBUL_LOCAL_LONE_BYTES, retired since.)
 #
 #   bash dev/service_throughput/gpu_processes_next.sh OUTDIR [ab] [service]

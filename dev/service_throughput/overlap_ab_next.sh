@@ -3,7 +3,7 @@
 # work (gpu_host.GpuHost.overlap: each UTF-8 encode call is begun, i.e. submitted, and
 # answered in the loop's next pass, after the next round's call is submitted; a twin encoder
 # takes every other call). At 64 x 64 KB the one thread was the limit, a third of its time
-# waiting for the GPU (session 22, bench/results/service/service.md). The tree with it on
+# waiting for the GPU (session 22, bench/results/h200/service.md). The tree with it on
 # (the default) and off ($ISTANBUL_GPU_OVERLAP=0), alternated twice; every reply checked
 # against tiktoken. ~4 minutes.
 #

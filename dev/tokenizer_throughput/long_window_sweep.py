@@ -5,7 +5,7 @@
 bpe_merge_long heap-merges each window of a long piece (over SHORT_MAX bytes) in one
 invocation, so its dispatch lasts about as long as the longest window's serial merge: on the
 H200 it was 41.6 of the 64 MB corpus's ~70 ms of GPU time at LONG_WINDOW 1536 (+256),
-bench/results/tokenize/tokenize.md. Windows must exceed overlap + the longest token, and
+bench/results/h200/tokenize.md. Windows must exceed overlap + the longest token, and
 stitch best when their length has the factor 3 of runs of 3-byte characters
 (gpu_encode.LONG_WINDOW); a seam that does not stitch is merged again (exact, slower). For
 each window/overlap: `GpuEncoder.encode_docs` of bench/tokenize_bench.py's corpus, median
