@@ -1,9 +1,9 @@
 """The GPU process of `istanbul serve --workers N`: one Encoding on the device for every worker.
 
 Why: on an NVIDIA H200, six workers that each owned a device time-sliced the GPU between six
-Vulkan contexts and batched ~5 requests per GPU call (64 clients x 64 KB: 123 MB/s,
-bench/results/service/); one process that owns the only device batches across every worker's
-connections (`--gpu-process shared`, the default for N > 1).
+Vulkan contexts and batched ~5 requests per GPU call (64 clients x 64 KB: 123 MB/s, the
+H200's service rows of 2026-12-01 in bench/results/HISTORY.md); one process that owns the only
+device batches across every worker's connections (`--gpu-process shared`, the default for N > 1).
 
 What runs where. A worker keeps all per-request work: gRPC, parsing, limits, the special-
 token refusal, its dynamic batcher, truncation, offsets, replies, and its long lane (on the

@@ -5,7 +5,8 @@
 // H200, round 5, and the H100), after 05_attention_sgmat.wgsl's forward without Dawn's
 // robustness and the f32 tiled one with it. (This file's own forward, o in lazily rescaled
 // subgroup-matrix accumulators, was wrong on the H200 and the H100, PSNR 9-25 dB against the
-// reference, dev/results/h200/sgmat/round5_sgmat2_variants.md; retired, git history has it.)
+// reference, dev/tensor_core_attention/results/h200/sgmat/round5_sgmat2_variants.md; retired,
+// git history has it.)
 //
 //   attention_backward_dq_sgmat2   dq = scale * sum_keys ds k,  ds = p * (do.v - dvec)
 //   attention_backward_dkv_sgmat2  dk = scale * sum_queries ds q, dv = sum_queries p do, over
@@ -31,8 +32,9 @@
 // (queries for dq, keys for dkv). dq: 64 queries x BK keys per tile; dkv: 64 keys x BQ2
 // queries. A template (shaders/wgsl_expand.py): HD (head dim, a multiple of 16, <= 64),
 // DT = HD / 16, BK and BQ2 (16 or 32); ops.sgmat2_params makes them. Experiment knobs
-// (issue 21; dev/results/h200/sgmat/round4_sgmat2_review.md and round5_sgmat2_variants.md:
-// the backward is right in every pad and order, robustness off and on):
+// (issue 21; dev/tensor_core_attention/results/h200/sgmat/round4_sgmat2_review.md and
+// round5_sgmat2_variants.md: the backward is right in every pad and order, robustness off and
+// on):
 //   SPAD     words added to the f32 score/result tiles' rows (SSQ, SSK): 4 (the default:
 //            4 mod 32 words), 0 (05_attention_sgmat.wgsl's strides), 8, 16
 //   SPREAD   lanes read score rows in the bank-spread order (the default); false: lane
