@@ -357,3 +357,35 @@ def test_use_3_train_through_the_service_queue_and_daemon(shell, tmp_path):
     job = re.search(r"^JOB=(\S+)$", out, flags=re.M).group(1)
     assert (tmp_path / "ckpt" / job / "latest").exists()
     assert "def main(" in out
+
+
+# ---- every path the README and docs name exists ---------------------------------------------------
+
+TOP = ("shaders", "tokenizer_svc", "trainer_svc", "istanbul", "bench", "dev", "deploy", "scripts",
+       "tests", "proto", "docs")
+PATH_RE = re.compile(rf"`((?:{'|'.join(TOP)})/[^`\s]*)`")
+LINK_RE = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def named_paths(path: Path) -> list[Path]:
+    text = path.read_text(encoding="utf-8")
+    found = [REPO / p.rstrip(".,;:") for p in PATH_RE.findall(text)
+             if not re.search(r"[*<{]|[A-Z]{3,}", p)]         # globs and placeholders (DIR, JOB)
+    found += [(path.parent / link).resolve() for link in LINK_RE.findall(text)
+              if not re.match(r"[a-z]+://", link)]
+    return found
+
+
+# Files a reader makes (deploy/.env, deploy/tokens.txt), and docs/environment.md, which the
+# settings module generates.
+NOT_IN_THE_TREE = {"deploy/.env", "deploy/tokens.txt", "docs/environment.md"}
+
+
+def test_every_path_the_readme_and_docs_name_exists():
+    missing = []
+    for doc in [README, *DOCS]:
+        for p in named_paths(doc):
+            name = str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+            if not p.exists() and name not in NOT_IN_THE_TREE:
+                missing.append(f"{doc.relative_to(REPO)}: {name}")
+    assert not missing, "\n".join(missing)
