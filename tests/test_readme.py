@@ -110,6 +110,8 @@ def check_invocation(root: argparse.ArgumentParser, words: list[str]) -> list[st
         subs = subparsers(target)
         if not subs:
             break
+        if word not in subs and re.fullmatch(r"[A-Z][A-Z_]*", word):
+            break                               # a placeholder: `istanbul COMMAND --help`
         if word not in subs:
             problems.append(f"`{' '.join(path)}` has no subcommand {word!r}")
             return problems
@@ -132,10 +134,20 @@ def all_shell_blocks() -> list[tuple[str, str]]:
     return out
 
 
+def inline_commands() -> list[tuple[str, str]]:
+    """`istanbul ...` code spans in the prose (outside code blocks)."""
+    out = []
+    for path in [README, *DOCS]:
+        text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+        out += [(path.name, span) for span in re.findall(r"`(istanbul [^`]+)`", text)
+                if "error:" not in span]                 # an error message quoted
+    return out
+
+
 def test_every_istanbul_command_in_the_readme_and_docs_names_real_flags():
     root = parser()
     problems, seen = [], 0
-    for name, line in all_shell_blocks():
+    for name, line in all_shell_blocks() + inline_commands():
         for words in istanbul_invocations(line):
             seen += 1
             problems += [f"{name}: {line.strip()}\n    {p}" for p in check_invocation(root, words)]
@@ -383,7 +395,7 @@ NOT_IN_THE_TREE = {"deploy/.env", "deploy/tokens.txt", "docs/environment.md"}
 
 def test_every_path_the_readme_and_docs_name_exists():
     missing = []
-    for doc in [README, *DOCS]:
+    for doc in [README, REPO / "NOTES.md", *DOCS]:
         for p in named_paths(doc):
             name = str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
             if not p.exists() and name not in NOT_IN_THE_TREE:
