@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from .errors import UserFacingError
+from istanbul.shaders import settings as device_settings
 from trainer_svc.model.config import PRESETS
 
 PROMPT = "def main("
@@ -106,7 +107,7 @@ class Pipeline:
         self.adapter = ["--adapter", args.adapter] if args.adapter else []
         self.server: subprocess.Popen | None = None
         self.env = dict(os.environ, PYTHONUNBUFFERED="1",
-                        XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+                        XDG_RUNTIME_DIR=device_settings.read("XDG_RUNTIME_DIR") or "/tmp")
 
     def step(self, number: int, title: str) -> None:
         print(f"\n[{number}/8] {title}", flush=True)

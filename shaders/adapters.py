@@ -18,7 +18,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 
-from . import backends
+from . import backends, settings
 from .backends import Backend, NoAdapterError
 
 log = logging.getLogger("istanbul.adapters")
@@ -80,7 +80,7 @@ def prepare_driver_environment() -> None:
     request: without $XDG_RUNTIME_DIR (ssh, cron, containers) Mesa's window-system code prints
     "error: XDG_RUNTIME_DIR is invalid or not set" once per driver it loads. A directory the
     user set is kept; else a private 0700 one of ours (nothing is written into it)."""
-    current = os.environ.get("XDG_RUNTIME_DIR")
+    current = settings.read("XDG_RUNTIME_DIR")
     if current and os.path.isdir(current):
         return
     path = os.path.join(tempfile.gettempdir(), f"istanbul-runtime-{os.getuid()}")
@@ -93,7 +93,7 @@ def prepare_driver_environment() -> None:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # not ours: a fresh one
         path = tempfile.mkdtemp(prefix="istanbul-runtime-")
-    os.environ["XDG_RUNTIME_DIR"] = path
+    settings.write("XDG_RUNTIME_DIR", path)
 
 
 def enumerate_adapters(backend: str | Backend = "wgpu") -> list[tuple[AdapterInfo, object]]:
@@ -110,7 +110,7 @@ def choose_adapter(spec: str | int | None = None, backend: str | None = None):
     substring; `backend` (or $ISTANBUL_BACKEND) is wgpu, dawn or auto; `info.webgpu` names
     the backend chosen."""
     if spec is None or spec == "":
-        spec = os.environ.get("ISTANBUL_ADAPTER") or None
+        spec = settings.read("ISTANBUL_ADAPTER")
     choice = backends.requested(backend)
     if choice == "auto":
         tensor_cores = _dawn_with_subgroup_matrices(spec)

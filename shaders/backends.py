@@ -24,7 +24,7 @@ from the rest of the engine:
   overrides both, and `disable_robustness` in $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its
-  driver manifest is added to Dawn's Vulkan loader only (DAWN_ICD_ENV).
+  driver manifest is added to Dawn's Vulkan loader only ($ISTANBUL_DAWN_ICD overrides it).
 
 The choice (`--backend` or $ISTANBUL_BACKEND): `wgpu`, `dawn`, or `auto` (the default):
 Dawn when it is installed and the adapter offers f16 subgroup matrices (tensor cores),
@@ -43,13 +43,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from . import settings
+
 log = logging.getLogger("istanbul.backends")
 
-CHOICES = ("auto", "wgpu", "dawn")
-ENV = "ISTANBUL_BACKEND"
-TOGGLES_ENV = "ISTANBUL_DAWN_TOGGLES"
-ROBUSTNESS_ENV = "ISTANBUL_DAWN_ROBUSTNESS"
-DAWN_ICD_ENV = "ISTANBUL_DAWN_ICD"
+CHOICES = settings.SETTINGS.variable("ISTANBUL_BACKEND").choices   # auto, wgpu, dawn
 # Where scripts/setup.sh puts the newer lavapipe's manifest (inside the virtual environment).
 PRIVATE_ICD = Path(sys.prefix) / "mesa-backports" / "lvp_icd.json"
 # Always on under Dawn: experimental features need the first, f16 on NVIDIA the second.
@@ -140,14 +138,8 @@ class Backend:
 def dawn_robustness(default: bool = True) -> bool:
     """Whether a Dawn device keeps robustness: $ISTANBUL_DAWN_ROBUSTNESS (on/off, 1/0) if set,
     else `default` (the caller's: True, or False for the trainer's devices)."""
-    text = os.environ.get(ROBUSTNESS_ENV, "").strip().lower()
-    if not text:
-        return bool(default)
-    if text in ("on", "1", "true", "yes"):
-        return True
-    if text in ("off", "0", "false", "no"):
-        return False
-    raise BackendError(f"${ROBUSTNESS_ENV} is {text!r}; use on or off")
+    chosen = settings.read("ISTANBUL_DAWN_ROBUSTNESS")
+    return bool(default) if chosen is None else chosen
 
 
 def has_f16_subgroup_matrices(configs) -> bool:
@@ -158,10 +150,11 @@ def has_f16_subgroup_matrices(configs) -> bool:
 
 def requested(choice: str | None = None) -> str:
     """The backend asked for: `choice`, else $ISTANBUL_BACKEND, else "auto"."""
-    text = (choice or os.environ.get(ENV) or "auto").strip().lower()
+    if not choice:
+        return settings.read("ISTANBUL_BACKEND")
+    text = choice.strip().lower()
     if text not in CHOICES:
-        source = "--backend" if choice else f"${ENV}"
-        raise BackendError(f"{source} is {text!r}; use one of {', '.join(CHOICES)}")
+        raise BackendError(f"--backend is {text!r}; use one of {', '.join(CHOICES)}")
     return text
 
 
@@ -178,7 +171,7 @@ def load(name: str) -> Backend:
             raise BackendError(
                 "the Dawn backend needs the wgpudawn package: pip install 'istanbul[dawn]' "
                 "(or choose --backend wgpu)")
-        return _dawn(os.environ.get(TOGGLES_ENV, ""))
+        return _dawn(settings.read("ISTANBUL_DAWN_TOGGLES"))
     raise BackendError(f"unknown backend {name!r}; use wgpu or dawn")
 
 
@@ -189,14 +182,14 @@ def _wgpu() -> Backend:
 
 
 @lru_cache(maxsize=None)
-def _dawn(extra_toggles: str) -> Backend:
+def _dawn(extra: tuple[str, ...]) -> Backend:
     import wgpudawn
     from wgpudawn.backends.dawn import extras
     known = extras.all_toggles()
-    extra = [t.strip() for t in extra_toggles.split(",") if t.strip()]
     unknown = [t for t in extra if t not in known]
     if unknown:
-        raise BackendError(f"${TOGGLES_ENV} names unknown Dawn toggle(s) {', '.join(unknown)}; "
+        raise BackendError(f"$ISTANBUL_DAWN_TOGGLES names unknown Dawn toggle(s) "
+                           f"{', '.join(unknown)}; "
                            "wgpudawn.backends.dawn.extras.all_toggles() lists them")
     device = tuple(t for t in extra if known[t]["stage"] == "device")
     early = [t for t in (*DAWN_TOGGLES, *extra) if t not in device]
@@ -208,12 +201,11 @@ def _dawn(extra_toggles: str) -> Backend:
 def dawn_icd() -> Path | None:
     """The private Vulkan driver manifest Dawn's loader gets, if any: $ISTANBUL_DAWN_ICD,
     else the one scripts/setup.sh unpacked into this environment."""
-    text = os.environ.get(DAWN_ICD_ENV)
-    if text:
-        path = Path(text)
+    path = settings.read("ISTANBUL_DAWN_ICD")
+    if path is not None:
         if not path.is_file():
-            raise BackendError(f"${DAWN_ICD_ENV} is {text!r}, which is not a file; point it at "
-                               "a Vulkan driver manifest (.json) or unset it")
+            raise BackendError(f"$ISTANBUL_DAWN_ICD is {str(path)!r}, which is not a file; point "
+                               "it at a Vulkan driver manifest (.json) or unset it")
         return path
     return PRIVATE_ICD if PRIVATE_ICD.is_file() else None
 
@@ -225,18 +217,16 @@ def _dawn_drivers():
     VK_ICD_FILENAMES), for this call only so wgpu-native's list stays as it was; Dawn's own
     stderr lines about adapters it refuses (Mesa 22.3's lavapipe) go to the debug log."""
     icd = dawn_icd()
-    chosen = os.environ.get("VK_DRIVER_FILES") or os.environ.get("VK_ICD_FILENAMES")
-    key, before = "VK_ADD_DRIVER_FILES", os.environ.get("VK_ADD_DRIVER_FILES")
+    chosen = settings.read("VK_DRIVER_FILES") or settings.read("VK_ICD_FILENAMES")
+    key = "VK_ADD_DRIVER_FILES"
+    before = settings.raw(key)
     if icd is not None and not chosen:
-        os.environ[key] = os.pathsep.join(p for p in (str(icd), before) if p)
+        settings.write(key, os.pathsep.join(p for p in (str(icd), before) if p))
     try:
         with _stderr_to_log():
             yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        settings.write(key, before)
 
 
 @contextlib.contextmanager

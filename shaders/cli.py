@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import types
 
-from . import backends, tuned_cache
+from . import backends, settings, tuned_cache
 from .adapters import enumerate_adapters
 
 IMPORTANT_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
@@ -22,7 +21,7 @@ class _BackendChoice(argparse.Action):
     (`istanbul demo`'s service and daemons), so every device the command opens uses it."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        os.environ[backends.ENV] = value
+        settings.write("ISTANBUL_BACKEND", value)
         setattr(namespace, self.dest, value)
 
 

@@ -27,7 +27,6 @@ be bound read-only or as a uniform in the same dispatch (BindingHazardError).
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import struct
 import time
@@ -38,13 +37,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import wgpu
 
-from . import backends, sgmat_emulation, source
+from . import backends, settings, sgmat_emulation, source
 from .adapters import AdapterInfo, NoAdapterError, choose_adapter
 
 # WebGPU's flag values: the same numbers in wgpu-native and Dawn.
 BufferUsage = wgpu.BufferUsage
-
-EMULATE_ENV = "ISTANBUL_EMULATE_SUBGROUP_MATRIX"   # 1: Device(emulate_subgroup_matrix=True)
 
 # Features we ask for whenever the adapter has them.
 WANTED_FEATURES = (
@@ -449,7 +446,7 @@ class Device:
         self.subgroup_matrix_configs = (self.info.subgroup_matrix_configs
                                         if "subgroup-matrix" in self.features else ())
         if emulate_subgroup_matrix is None:
-            emulate_subgroup_matrix = os.environ.get(EMULATE_ENV, "") == "1"
+            emulate_subgroup_matrix = settings.read("ISTANBUL_EMULATE_SUBGROUP_MATRIX")
         self.emulated_features: frozenset = frozenset()
         if (emulate_subgroup_matrix and "subgroup-matrix" not in self.features
                 and "shader-f16" in self.features):
@@ -779,7 +776,7 @@ def default_device(adapter: str | int | None = None, backend: str | None = None,
     """A process-wide device per adapter, backend choice and robustness (tests and CLIs share
     one; training and the tokenizer ask for robustness=False, see Device), one for both
     robustness values where the backend is not Dawn."""
-    key = (adapter if adapter is not None else os.environ.get("ISTANBUL_ADAPTER", ""),
+    key = (adapter if adapter is not None else settings.read("ISTANBUL_ADAPTER") or "",
            backends.requested(backend), bool(robustness))
     if key not in _default_devices:
         # robustness is a Dawn switch: elsewhere the device asked for with the other value

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from pathlib import Path
+
+from . import settings
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 NEAREST_FACTOR = 4.0
@@ -61,9 +62,9 @@ def _safe(text: str) -> str:
 
 
 def user_dir() -> Path:
-    env = os.environ.get("ISTANBUL_AUTOTUNE_DIR")
-    if env:
-        return Path(env).expanduser()
+    chosen = settings.read("ISTANBUL_AUTOTUNE_DIR")
+    if chosen is not None:
+        return chosen
     return Path.home() / ".cache" / "istanbul" / "autotune"
 
 
@@ -135,12 +136,12 @@ def forget(device=None) -> None:
 
 def lookup(device, op: str, key: str, shape) -> str | None:
     """The tuned configuration string for (op, key, shape), or None (use the default)."""
-    if os.environ.get("ISTANBUL_AUTOTUNE", "1") == "0":
+    if not settings.read("ISTANBUL_AUTOTUNE"):
         return None
     # keyed by what decides the files (not the paths themselves: building them costs
     # pathlib calls, and the ops ask ~1,000 times a training step)
     memo = (device.info.name, device.info.backend, _webgpu(device),
-            os.environ.get("ISTANBUL_AUTOTUNE_DIR"), os.environ.get("HOME"), op, key,
+            settings.raw("ISTANBUL_AUTOTUNE_DIR"), settings.raw("HOME"), op, key,
             tuple(int(s) for s in shape))
     found = _answers.get(memo, _UNKNOWN)
     if found is _UNKNOWN:   # (None is an answer: no entry, use the default)

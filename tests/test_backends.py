@@ -30,15 +30,16 @@ def _dawn_device():
 # ---- choosing a backend -----------------------------------------------------------------------
 
 def test_requested_backend_from_argument_then_environment(monkeypatch):
-    monkeypatch.delenv(backends.ENV, raising=False)
+    from istanbul.shaders.settings import SettingError
+    monkeypatch.delenv("ISTANBUL_BACKEND", raising=False)
     assert backends.requested(None) == "auto"
-    monkeypatch.setenv(backends.ENV, "Dawn")
+    monkeypatch.setenv("ISTANBUL_BACKEND", "Dawn")
     assert backends.requested(None) == "dawn"
     assert backends.requested("wgpu") == "wgpu"
     with pytest.raises(backends.BackendError, match=r"--backend is 'vulkan'; use one of auto"):
         backends.requested("vulkan")
-    monkeypatch.setenv(backends.ENV, "metal")
-    with pytest.raises(backends.BackendError, match=r"\$ISTANBUL_BACKEND is 'metal'"):
+    monkeypatch.setenv("ISTANBUL_BACKEND", "metal")
+    with pytest.raises(SettingError, match=r"\$ISTANBUL_BACKEND is 'metal'; use one of auto"):
         backends.requested(None)
 
 
@@ -64,8 +65,9 @@ def test_dawn_without_wgpudawn_says_how_to_install(monkeypatch):
 def test_unknown_dawn_toggle_is_named(monkeypatch):
     if not backends.dawn_installed():
         pytest.skip("wgpudawn is not installed")
-    with pytest.raises(backends.BackendError, match="no_such_toggle"):
-        backends._dawn("disable_robustness,no_such_toggle")
+    monkeypatch.setenv("ISTANBUL_DAWN_TOGGLES", "disable_robustness, no_such_toggle")
+    with pytest.raises(backends.BackendError, match="ISTANBUL_DAWN_TOGGLES .* no_such_toggle;"):
+        backends.load("dawn")
 
 
 def test_feature_names_map_both_ways():
@@ -86,7 +88,7 @@ def test_f16_subgroup_matrices_decide_auto():
 
 
 def test_missing_dawn_icd_file_is_named(monkeypatch, tmp_path):
-    monkeypatch.setenv(backends.DAWN_ICD_ENV, str(tmp_path / "nope.json"))
+    monkeypatch.setenv("ISTANBUL_DAWN_ICD", str(tmp_path / "nope.json"))
     with pytest.raises(backends.BackendError, match="nope.json"):
         backends.dawn_icd()
 
@@ -275,14 +277,15 @@ def test_backend_flag_overrides_the_environment_for_the_command():
 
 def test_dawn_robustness_follows_the_caller_unless_the_environment_says(monkeypatch):
     from istanbul.shaders import backends as b
-    monkeypatch.delenv(b.ROBUSTNESS_ENV, raising=False)
+    from istanbul.shaders.settings import SettingError
+    monkeypatch.delenv("ISTANBUL_DAWN_ROBUSTNESS", raising=False)
     assert b.dawn_robustness(True) and not b.dawn_robustness(False)
-    monkeypatch.setenv(b.ROBUSTNESS_ENV, "on")
+    monkeypatch.setenv("ISTANBUL_DAWN_ROBUSTNESS", "on")
     assert b.dawn_robustness(False)
-    monkeypatch.setenv(b.ROBUSTNESS_ENV, "off")
+    monkeypatch.setenv("ISTANBUL_DAWN_ROBUSTNESS", "off")
     assert not b.dawn_robustness(True)
-    monkeypatch.setenv(b.ROBUSTNESS_ENV, "maybe")
-    with pytest.raises(b.BackendError):
+    monkeypatch.setenv("ISTANBUL_DAWN_ROBUSTNESS", "maybe")
+    with pytest.raises(SettingError, match=r"\$ISTANBUL_DAWN_ROBUSTNESS is 'maybe'"):
         b.dawn_robustness(True)
 
 

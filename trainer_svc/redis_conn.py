@@ -34,21 +34,21 @@ from redis.retry import Retry
 
 from istanbul_errors import UserFacingError
 
+from . import settings
+
 log = logging.getLogger(__name__)
 
 _HANDLE_IDS = itertools.count()
-REDIS_URL_ENV = "REDIS_URL"
-DATA_DIR_ENV = "ISTANBUL_DATA"
 MIN_VERSION = (6, 2)  # XAUTOCLAIM, GETDEL, SET ... GET
 # Errors that mean "the server is unreachable right now", as opposed to a bad command.
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
 def default_data_dir() -> Path:
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]).expanduser() / "redis"
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "istanbul" / "redis"
+    if settings.read("ISTANBUL_DATA") is not None:
+        return settings.read("ISTANBUL_DATA") / "redis"
+    base = settings.read("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return base / "istanbul" / "redis"
 
 
 def redact(url: str) -> str:
@@ -128,7 +128,7 @@ def connect(url: str | None = None, *, data_dir: str | Path | None = None,
     Raises UserFacingError when the server cannot be reached, the URL is malformed, or the
     server is older than 6.2.
     """
-    url = url or os.environ.get(REDIS_URL_ENV) or None
+    url = url or settings.read("REDIS_URL")
     if url:
         handle = _connect_url(url)
     else:
@@ -203,7 +203,7 @@ def _check_server(handle: RedisHandle) -> None:
     except REDIS_DOWN as exc:
         raise UserFacingError(
             f"cannot reach Redis at {handle.location}: {exc}. Start it, fix --redis / "
-            f"${REDIS_URL_ENV}, or leave both unset to use the embedded server") from None
+            f"$REDIS_URL, or leave both unset to use the embedded server") from None
     except redis.ResponseError as exc:
         raise UserFacingError(f"Redis at {handle.location}: {exc}") from None
     if version[:2] < MIN_VERSION:

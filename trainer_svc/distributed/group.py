@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 
 import numpy as np
 
 from istanbul_errors import UserFacingError
 
+from .. import settings
 from ..failures import JobInputError, TransientJobError
 
 COLLECTIVE_TIMEOUT_S = 600.0   # a rank silent this long (a hung GPU) fails the step
@@ -81,8 +81,8 @@ class RankGroup:
         if store is None:
             store = dist.TCPStore("127.0.0.1", int(port), world, False,
                                   timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
-        # ranks of a job share a host: Gloo's own sockets on loopback too
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # ranks of a job share a host: Gloo's own sockets on loopback too (unless chosen)
+        settings.write("GLOO_SOCKET_IFNAME", settings.read("GLOO_SOCKET_IFNAME"))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         return cls(rank, world, store, torch, dist)
