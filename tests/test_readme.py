@@ -401,3 +401,14 @@ def test_every_path_the_readme_and_docs_name_exists():
             if not p.exists() and name not in NOT_IN_THE_TREE:
                 missing.append(f"{doc.relative_to(REPO)}: {name}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_job_spec_file_of_the_docs_is_a_valid_spec():
+    import textwrap
+    import tomllib
+
+    from trainer_svc.jobs import JobSpec
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^ *```toml\n(.*?)^ *```", text, flags=re.M | re.S)
+    spec = JobSpec(**tomllib.loads(textwrap.dedent(block)))
+    assert spec.model_overrides and spec.checkpoint_every
