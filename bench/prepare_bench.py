@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     if args.vocab_dir and Path(args.vocab_dir).is_dir():
         os.environ["ISTANBUL_VOCAB_DIR"] = args.vocab_dir
 
-    from bench.acceptance import machine_name
+    from bench.results_dir import machine_name
     from istanbul.shaders.engine import default_device
     from tokenizer_svc.encoding import get_encoding
     from tokenizer_svc.gpu_backend import ROBUSTNESS

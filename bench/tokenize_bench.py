@@ -561,7 +561,7 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
-    from bench.acceptance import machine_name
+    from bench.results_dir import machine_name
     from istanbul.shaders.engine import default_device
     from tokenizer_svc.gpu_backend import ROBUSTNESS
     device = default_device(args.adapter, robustness=ROBUSTNESS)   # as the product's
