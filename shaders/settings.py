@@ -113,17 +113,17 @@ class Settings:
 
     def raw(self, name: str) -> str | None:
         """The declared variable's text as the environment holds it (None when unset)."""
-        self.variable(name)
+        if name not in self._by_name:
+            self.variable(name)
         return os.environ.get(name)
 
     def read(self, name: str):
         """The declared variable's value now, typed by its kind (module docstring)."""
-        text = self.raw(name)
-        key = (name, text)
-        try:
+        key = (name, os.environ.get(name))
+        try:   # (only a declared name's value is ever remembered)
             return self._parsed[key]
         except KeyError:
-            value = self._parsed[key] = self._by_name[name].parse(text)
+            value = self._parsed[key] = self.variable(name).parse(key[1])
             return value
 
     def write(self, name: str, value: str | None) -> None:
