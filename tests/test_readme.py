@@ -411,3 +411,14 @@ def test_the_job_spec_file_of_the_docs_is_a_valid_spec():
     (block,) = re.findall(r"^ *```toml\n(.*?)^ *```", text, flags=re.M | re.S)
     spec = JobSpec(**tomllib.loads(textwrap.dedent(block)))
     assert spec.model_overrides and spec.checkpoint_every
+
+
+def test_the_engine_example_of_docs_kernels_runs(tmp_path):
+    (block,) = code_blocks(section(REPO / "docs" / "kernels.md", "The engine"), "python")
+    env = dict(os.environ, PYTHONPATH=str(REPO),
+               XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+    proc = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[", "0.", "2.", "4.", "6.", "8.", "10.", "12.", "14.",
+                                   "16.", "18.]"]
