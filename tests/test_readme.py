@@ -2,8 +2,11 @@
 
 - Quick start: the two set-up commands are the scripts, `.ci/run` runs the test one, and the
   demo's flags exist (`tests/test_demo.py` runs a shortened demo).
-- Every `istanbul ...` line in a ```bash block of README.md and docs/*.md names a subcommand
-  and flags that the command's parser has; every `istanbul.NAME` in a ```python block exists.
+- Every `istanbul ...` line in a ```bash block of README.md and docs/*.md, and every
+  `istanbul ...` quoted in their prose, names a subcommand and flags that the command's parser
+  has; every `istanbul.NAME` in a ```python block exists; every repository path and link they
+  name exists; docs/configuration.md's job spec validates; docs/kernels.md's engine example
+  runs.
 - The README's three uses run in subprocesses through an `istanbul` on PATH (the checkout's
   `python -m istanbul`): the Python drop-in and the encode/decode lines, the service with its
   client, and vocab train -> serve -> prepare -> submit -> trainer -> watch -> generate. Only
