@@ -425,3 +425,12 @@ def test_the_engine_example_of_docs_kernels_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["[", "0.", "2.", "4.", "6.", "8.", "10.", "12.", "14.",
                                    "16.", "18.]"]
+
+
+def test_the_rpc_table_of_docs_service_is_the_protocol():
+    proto = (REPO / "proto/istanbul/tokenizer/v1/tokenizer.proto").read_text(encoding="utf-8")
+    rpcs = set(re.findall(r"^\s*rpc (\w+)", proto, flags=re.M))
+    table = section(REPO / "docs" / "service.md", "RPCs")
+    named = {name for row in re.findall(r"^\| (`[^|]*)\|", table, flags=re.M)
+             for name in re.findall(r"`(\w+)`", row)}
+    assert named - {"tei"} >= rpcs and not (named - rpcs - {"tei"}), (named, rpcs)
