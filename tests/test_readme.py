@@ -434,3 +434,22 @@ def test_the_rpc_table_of_docs_service_is_the_protocol():
     named = {name for row in re.findall(r"^\| (`[^|]*)\|", table, flags=re.M)
              for name in re.findall(r"`(\w+)`", row)}
     assert named - {"tei"} >= rpcs and not (named - rpcs - {"tei"}), (named, rpcs)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_every_anchor_the_readme_and_docs_link_to_is_a_heading():
+    broken, checked = [], 0
+    for doc in [README, REPO / "NOTES.md", *DOCS]:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)#([^)]+)\)",
+                                         doc.read_text(encoding="utf-8")):
+            page = (doc.parent / target).resolve()
+            headings = re.findall(r"^#+ (.*)$", page.read_text(encoding="utf-8"), flags=re.M)
+            checked += 1
+            if anchor not in {slug(h) for h in headings}:
+                broken.append(f"{doc.name}: {target}#{anchor}")
+    assert checked >= 4 and not broken, (checked, broken)
