@@ -18,9 +18,9 @@ from the rest of the engine:
   either way while robustness itself is on. Robustness (Tint's bounds-checking transform)
   is on by default; the trainer's and the tokenizer's devices turn it off
   (`Device(robustness=False)`: they run only the project's kernels, which check their own
-  bounds; the tensor-core matmuls run 20-40% faster without it, dev/results/h200/sgmat/, and
-  the o200k pre-tokenizer twice as fast, 47.7 vs 23.1 ms per 67 MB, dev/RESULTS.md;
-  tokenizer_svc.gpu_backend.ROBUSTNESS). $ISTANBUL_DAWN_ROBUSTNESS=on|off
+  bounds; the tensor-core matmuls run 20-40% faster without it,
+  dev/tensor_core_matmul/results/h200/sgmat/, and the o200k pre-tokenizer twice as fast, 47.7
+  vs 23.1 ms per 67 MB, dev/tokenizer_throughput/README.md; tokenizer_svc.gpu_backend.ROBUSTNESS). $ISTANBUL_DAWN_ROBUSTNESS=on|off
   overrides both, and `disable_robustness` in $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its
@@ -55,7 +55,7 @@ DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 # Every Dawn device: robustness by the driver where it can, clamping skipped where provably in
 # bounds, exact timestamps. (On the H200 these toggles left the tensor-core matmuls where
 # they were; robustness off, ISTANBUL_DAWN_TOGGLES=disable_robustness, makes them 20-40%
-# faster: dev/results/h200/sgmat/.)
+# faster: dev/tensor_core_matmul/results/h200/sgmat/.)
 # (vulkan_use_cooperative_matrix_robust_access: the H200's driver lacks the feature, Dawn
 # forces the toggle off with a warning, so it is not asked for.)
 DAWN_DEVICE_TOGGLES = ("vulkan_use_buffer_robust_access_2",
