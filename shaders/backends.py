@@ -21,7 +21,8 @@ from the rest of the engine:
   bounds; the tensor-core matmuls run 20-40% faster without it,
   dev/tensor_core_matmul/results/h200/sgmat/, and the o200k pre-tokenizer twice as fast, 47.7
   vs 23.1 ms per 67 MB, dev/tokenizer_throughput/README.md; tokenizer_svc.gpu_backend.ROBUSTNESS).
-  $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides both, and `disable_robustness` in $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
+  $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides both, and `disable_robustness` in
+  $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
   Mesa 25's, which `scripts/setup.sh` unpacks privately into `.venv/mesa-backports/`; its
   driver manifest is added to Dawn's Vulkan loader only ($ISTANBUL_DAWN_ICD overrides it).
