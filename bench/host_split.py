@@ -8,7 +8,8 @@ step, and how many wgpu calls the call made.
 
 It wraps (for the `with` block only, in every thread) the wgpu-native methods a call makes —
 buffer and bind-group creation, queue writes, submits, the map wait, mapped reads — and the
-steps of the encoder and decoder (tokenizer_svc.gpu_encode, gpu_decode, encoding's packing).
+steps of the encoder and decoder (istanbul.shaders.kernels.bpe: encode, decode; encoding's
+packing).
 Each wrapper adds wall seconds (time.perf_counter) and the calling thread's CPU seconds
 (time.thread_time): lavapipe runs the "GPU" in driver threads, so wall minus own CPU of a
 step is time the caller spent waiting. Steps nest (a chunk's dispatch includes its submit);
@@ -25,22 +26,24 @@ from dataclasses import dataclass
 
 # (module, class or None, attribute, step name). Module paths are imported lazily.
 WGPU = "wgpu.backends.wgpu_native._api"
+ENCODE = "istanbul.shaders.kernels.bpe.encode"
+DECODE = "istanbul.shaders.kernels.bpe.decode"
 STEPS = [
     ("tokenizer_svc.encoding", None, "_pack_utf8", "prep: pack documents (join + encode)"),
-    ("tokenizer_svc.gpu_encode", "GpuEncoder", "_split_oversize", "prep: split oversize docs"),
-    ("tokenizer_svc.gpu_encode", "_Chunk", "__init__", "chunk: upload (host writes)"),
-    ("tokenizer_svc.gpu_encode", "_Chunk", "dispatch", "chunk: record + submit"),
-    ("tokenizer_svc.gpu_encode", "_Chunk", "wait", "chunk: map + wait (+ slow path)"),
-    ("tokenizer_svc.gpu_encode", "GpuEncoder", "_finish_slow", "chunk: slow path"),
-    ("tokenizer_svc.gpu_encode", "GpuEncoder", "_collect_start", "chunk: copy ids out (start)"),
-    ("tokenizer_svc.gpu_encode", "GpuEncoder", "_collect_finish", "chunk: copy ids out (wait)"),
+    (ENCODE, "GpuEncoder", "_split_oversize", "prep: split oversize docs"),
+    (ENCODE, "_Chunk", "__init__", "chunk: upload (host writes)"),
+    (ENCODE, "_Chunk", "dispatch", "chunk: record + submit"),
+    (ENCODE, "_Chunk", "wait", "chunk: map + wait (+ slow path)"),
+    (ENCODE, "GpuEncoder", "_finish_slow", "chunk: slow path"),
+    (ENCODE, "GpuEncoder", "_collect_start", "chunk: copy ids out (start)"),
+    (ENCODE, "GpuEncoder", "_collect_finish", "chunk: copy ids out (wait)"),
     ("tokenizer_svc.encoding", "Encoding", "decode_bytes_batch", "decode: decode_bytes_batch"),
     ("tokenizer_svc.encoding", "Encoding", "decode_bytes_batch_flat",
      "decode: decode_bytes_batch_flat"),
-    ("tokenizer_svc.gpu_decode", "GpuDecoder", "decode_docs", "decode: GpuDecoder.decode_docs"),
-    ("tokenizer_svc.gpu_decode", "GpuDecoder", "_call", "decode: one device call"),
-    ("tokenizer_svc.gpu_decode", "GpuDecoder", "_mapped_upload", "decode: ids upload (mapped)"),
-    ("tokenizer_svc.gpu_decode", None, "_document_bytes", "decode: bytes out per document"),
+    (DECODE, "GpuDecoder", "decode_docs", "decode: GpuDecoder.decode_docs"),
+    (DECODE, "GpuDecoder", "_call", "decode: one device call"),
+    (DECODE, "GpuDecoder", "_mapped_upload", "decode: ids upload (mapped)"),
+    (DECODE, None, "_document_bytes", "decode: bytes out per document"),
     (WGPU, "GPUDevice", "create_buffer", "wgpu: create_buffer"),
     (WGPU, "GPUDevice", "create_bind_group", "wgpu: create_bind_group"),
     (WGPU, "GPUDevice", "create_command_encoder", "wgpu: create_command_encoder"),

@@ -5,7 +5,7 @@
     python scripts/gen_unicode_table.py --family tokenizers  # one of them
 
 Run it when tiktoken's or tokenizers' Unicode version changes (tests/test_tokenizer_unicode.py
-fails then). Writes tokenizer_svc/data/unicode_classes*.json, and for tokenizers also
+fails then). Writes shaders/kernels/bpe/data/unicode_classes*.json, and for tokenizers also
 tokenizer_svc/data/hf_normalization.json (its normalizers' Unicode data, see
 tokenizer_svc/hf_normalize.py).
 """
@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tokenizer_svc.hf_normalize import DATA_FILE as NORM_FILE  # noqa: E402
 from tokenizer_svc.hf_normalize import write_normalization_table  # noqa: E402
-from tokenizer_svc.unicode_table import DATA_FILES, FAMILIES, write_table  # noqa: E402
+from istanbul.shaders.kernels.bpe.unicode_table import (DATA_FILES, FAMILIES,  # noqa: E402
+                                                    write_table)
 
 
 def main() -> int:

@@ -712,8 +712,8 @@ class Device:
         encoder = self.raw.create_command_encoder()
         encoder.clear_buffer(fence, 0, 4)
         self.queue.submit([encoder.finish()])
-        # READ_NOSYNC: wgpu-py's "READ" on wgpu-native adds an empty submit first (gpu_scan.
-        # map_staging says why that is not needed here)
+        # READ_NOSYNC: wgpu-py's "READ" on wgpu-native adds an empty submit first (kernels/bpe/
+        # scan.py: map_staging says why that is not needed here)
         mode = "READ_NOSYNC" if type(fence).__module__.startswith("wgpu.backends.wgpu_native") \
             else "READ"
         promise, state = fence.map_async(mode, 0, 4), {"back": False}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.encoding import Encoding
-from tokenizer_svc.gpu_encode import EXACT_GUESS_BYTES
+from istanbul.shaders.kernels.bpe.encode import EXACT_GUESS_BYTES
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 

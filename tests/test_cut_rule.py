@@ -1,6 +1,6 @@
-"""One cut rule (tokenizer_svc/cuts.py) for the GPU's segments, the encoder's oversize split,
-the service's chunks and `istanbul prepare`: the implementations agree position by position,
-and cutting at the rule's split points never changes an id."""
+"""One cut rule (shaders/kernels/bpe/cuts.py) for the GPU's segments, the encoder's oversize
+split, the service's chunks and `istanbul prepare`: the implementations agree position by
+position, and cutting at the rule's split points never changes an id."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.cuts import cut_mask, digit_group_starts, is_cut, split_points
+from istanbul.shaders.kernels.bpe.cuts import cut_mask, digit_group_starts, is_cut, split_points
+from istanbul.shaders.kernels.bpe.encode import ENCODE_FILE, NONE, GpuEncoder
+from istanbul.shaders.kernels.bpe.unicode_table import BIT_N, load_table
 from tokenizer_svc.encoding import get_encoding
-from tokenizer_svc.gpu_encode import ENCODE_FILE, NONE, GpuEncoder
-from tokenizer_svc.unicode_table import BIT_N, load_table
 from trainer_svc.prepare import is_safe_point, split_document
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
@@ -39,8 +39,7 @@ def expected_first_cuts(docs: list[str], chunk: int, pattern: str, lookback: int
     """The first segment start of every chunk of the joined documents as bpe_cuts and then
     bpe_digit_cuts leave it: a document start or a rule cut, else (cl100k, o200k; a chunk whose
     characters are all digits, its run's start at most `lookback` chunks back) the first
-    digit-group start (tokenizer_svc.cuts.digit_group_starts). The look-back ends in the chunk
-    holding the character before the run (or the run's first digit, at a document start)."""
+    digit-group start (cuts.digit_group_starts). The look-back ends in the chunk holding the character before the run (or the run's first digit, at a document start)."""
     data = "".join(docs).encode()
     classes = load_table().class_bytes
     rule, groups, digit, run_start = set(), set(), {}, {}
@@ -74,8 +73,7 @@ def expected_first_cuts(docs: list[str], chunk: int, pattern: str, lookback: int
 @pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
 def test_gpu_is_cut_is_the_python_rule(device, pattern):
     """bpe_cuts reports the first cut of every chunk of CHUNK bytes: exactly the first byte of the
-    chunk where tokenizer_svc.cuts.is_cut says so (the document start counts as a cut), or
-    where bpe_digit_cuts starts a digit group (chunks of digits only, cl100k and o200k)."""
+    chunk where cuts.is_cut says so (the document start counts as a cut), or where bpe_digit_cuts starts a digit group (chunks of digits only, cl100k and o200k)."""
     vocab = vocabulary_for(f"trained-{pattern}")
     tables = get_encoding(vocab, device=device).backend.tables
     encoder = GpuEncoder(device, tables, pattern, chunk=CHUNK)

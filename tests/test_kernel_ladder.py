@@ -37,8 +37,8 @@ def test_case_climbs_the_ladder(device, name):
 
 
 @pytest.mark.parametrize("name,cls,method", [
-    ("bpe_encode_o200k", "tokenizer_svc.gpu_encode.GpuEncoder", "encode_docs"),
-    ("bpe_decode", "tokenizer_svc.gpu_decode.GpuDecoder", "decode")])
+    ("bpe_encode_o200k", "istanbul.shaders.kernels.bpe.encode.GpuEncoder", "encode_docs"),
+    ("bpe_decode", "istanbul.shaders.kernels.bpe.decode.GpuDecoder", "decode")])
 def test_bpe_cases_run_the_tokenizers_own_entry_point(device, monkeypatch, name, cls, method):
     import importlib
     import numpy as np

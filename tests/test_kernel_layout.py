@@ -107,7 +107,9 @@ def test_the_wheel_installs_no_generic_top_level_name_and_every_kernel_file(tmp_
               for p in (ROOT / "shaders").rglob("*.wgsl")}
     assert wanted and shipped == wanted, sorted(wanted ^ shipped)
     assert {"istanbul/shaders/tuned/nvidia-h200-vulkan-wgpu.json",
-            "istanbul/shaders/tuned/nvidia-h200-vulkan-dawn.json"} <= set(names)
+            "istanbul/shaders/tuned/nvidia-h200-vulkan-dawn.json",
+            "istanbul/shaders/kernels/bpe/data/unicode_classes.json",       # the class tables
+            "istanbul/shaders/kernels/bpe/data/unicode_classes_tokenizers.json"} <= set(names)
     # installed on its own (pip install --target, no checkout on the path), it imports
     site = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

@@ -1,5 +1,5 @@
 """PackedText: the documents' bytes as one virtual array that the encoder joins range by
-range (tokenizer_svc/packed_text.py)."""
+range (shaders/kernels/bpe/packed_text.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from tokenizer_svc.packed_text import PackedRange, PackedText, byte_range
+from istanbul.shaders.kernels.bpe.packed_text import PackedRange, PackedText, byte_range
 
 
 def _packed(parts):

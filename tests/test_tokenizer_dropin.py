@@ -20,7 +20,7 @@ import pytest
 import regex
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tokenizer_svc import unicode_table as U
+from istanbul.shaders.kernels.bpe import unicode_table as U
 from tokenizer_svc.encoding import Encoding, ForkedGpuWarning, InvalidTokenError, get_encoding
 from tokenizer_svc.hf_normalize import build_normalizer
 from tokenizer_svc.vocab import VocabularyError, load_vocabulary

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from istanbul.shaders.kernels.bpe.encode import (MAX_LANE_SHIFT, NONE, SMALL_CHUNK,
+                                                 SPREAD_INVOCATIONS, TINY_CALL_BYTES, TINY_CHUNK,
+                                                 GpuEncoder)
+from istanbul.shaders.kernels.bpe.packed_text import PackedText
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import (MAX_LANE_SHIFT, NONE, SMALL_CHUNK, SPREAD_INVOCATIONS,
-                                      TINY_CALL_BYTES, TINY_CHUNK, GpuEncoder)
-from tokenizer_svc.packed_text import PackedText
 from tokenizer_svc.reference import fix_surrogates
-from tokenizer_svc.unicode_table import all_code_points_text
+from istanbul.shaders.kernels.bpe.unicode_table import all_code_points_text
 
 from .tokenizer_support import (MULTILINGUAL, SHARED, TRAINED, TRICKY, corpus_docs, long_runs,
                                 megabyte_document, tiktoken_twin, vocabulary_for)

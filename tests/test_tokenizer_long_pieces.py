@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.encoding import get_encoding
-from tokenizer_svc.gpu_encode import EncoderStalled, GpuEncoder
+from istanbul.shaders.kernels.bpe.encode import EncoderStalled, GpuEncoder
 
 from .tokenizer_support import tiktoken_twin, vocabulary_for
 

@@ -4,7 +4,7 @@ seams, and the retry path taken when seams do not stitch.
 
 Small windows (LONG_WINDOW 320 = 2^6 5, overlap 48, for vocabularies whose longest token is
 128 bytes) put a seam every 320 bytes, so pieces of a few kilobytes exercise what a megabyte
-exercises with the default window (gpu_encode.LONG_WINDOW).
+exercises with the default window (encode.LONG_WINDOW).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import GpuEncoder
+from istanbul.shaders.kernels.bpe.encode import GpuEncoder
 
 from .tokenizer_support import tiktoken_twin, vocabulary_for
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.gpu_encode import EXACT_GUESS_BYTES, GpuEncoder
+from istanbul.shaders.kernels.bpe.encode import EXACT_GUESS_BYTES, GpuEncoder
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 

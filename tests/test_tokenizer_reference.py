@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tokenizer_svc.gpu_encode import cut_rule
+from istanbul.shaders.kernels.bpe.cuts import cut_rule
+from istanbul.shaders.kernels.bpe.reference import bpe_merges, bpe_ranks
+from istanbul.shaders.kernels.bpe.unicode_table import all_code_points_text
 from tokenizer_svc.patterns import PATTERNS
 from tokenizer_svc.reference import (DisallowedSpecialTokenError, PreTokenizer,
-                                     ReferenceTokenizer, bpe_merges, bpe_ranks, exact_pattern,
-                                     hf_isolated_split)
-from tokenizer_svc.unicode_table import all_code_points_text
+                                     ReferenceTokenizer, exact_pattern, hf_isolated_split)
 
 from .tokenizer_support import (MULTILINGUAL, SHARED, TRAINED, TRICKY, corpus_docs, long_runs,
                                 tiktoken_twin, vocabulary_for)

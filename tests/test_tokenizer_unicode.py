@@ -1,7 +1,7 @@
 """The Unicode class tables agree with tiktoken's and tokenizers' own regex engines, code point
 by code point.
 
-The tables are committed (tokenizer_svc/data/unicode_classes*.json); these tests probe the
+The tables are committed (shaders/kernels/bpe/data/unicode_classes*.json); these tests probe the
 installed tiktoken and tokenizers again. If either moves to a new Unicode version they fail,
 and `python scripts/gen_unicode_table.py` regenerates the tables.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import regex
 
-from tokenizer_svc import unicode_table as U
+from istanbul.shaders.kernels.bpe import unicode_table as U
 from tokenizer_svc.reference import PreTokenizer, ReferenceTokenizer
 
 from .tokenizer_support import SHARED, TRAINED, tiktoken_twin, vocabulary_for

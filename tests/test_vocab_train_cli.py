@@ -206,8 +206,8 @@ try:
     check_arguments(args)
 except UserFacingError as exc:
     print(exc)
-print(sorted(m for m in ("wgpu", "istanbul.shaders.engine", "tokenizer_svc.gpu_encode")
-             if m in sys.modules))
+print(sorted(m for m in ("wgpu", "istanbul.shaders.engine",
+                        "istanbul.shaders.kernels.bpe.encode") if m in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

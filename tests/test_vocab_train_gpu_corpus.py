@@ -209,7 +209,7 @@ def test_code_points_newer_than_tiktokens_tables_split_alike(device, tmp_path, p
     # kept it whole. Both now use tiktoken's classes: every code point where the two tables
     # disagree, in context, gives the same pieces (and the CPU ones are tiktoken's split).
     import regex
-    from tokenizer_svc.unicode_table import all_code_points_text, load_table
+    from istanbul.shaders.kernels.bpe.unicode_table import all_code_points_text, load_table
     table, text = load_table("tiktoken"), all_code_points_text()
     odd = []
     for key, prop in (("L", r"\p{L}"), ("N", r"\p{N}"), ("S", r"\s")):

@@ -49,12 +49,13 @@ from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
 
+from istanbul.shaders.kernels.bpe.packed_text import PackedText
+from istanbul.shaders.kernels.bpe.reference import bpe_ranks
 from . import forked
 from .forked import ForkedGpuWarning
-from .reference import (ReferenceTokenizer, bpe_ranks, check_disallowed,
-                        extend_over_space_tokens, fix_surrogates, resolve_special, split_special)
+from .reference import (ReferenceTokenizer, check_disallowed, extend_over_space_tokens,
+                        fix_surrogates, resolve_special, split_special)
 from .model_names import encoding_name_for_model
-from .packed_text import PackedText
 from .patterns import KNOWN_VOCABULARIES
 from .vocab import Vocabulary, load_vocabulary
 
@@ -111,7 +112,7 @@ class CpuBackend:
         return len(pieces[-1].encode("utf-8")) if pieces else 0
 
     def decode(self, ids: np.ndarray) -> bytes:
-        from .gpu_decode import InvalidIdError
+        from istanbul.shaders.kernels.bpe.decode import InvalidIdError
         decoder = self.vocab.decoder
         out = []
         for pos, i in enumerate(ids.tolist()):
@@ -654,7 +655,7 @@ class Encoding:
     def _decode_docs(self, flat: np.ndarray, starts: np.ndarray) -> list[bytes]:
         """The bytes of each document: flat ids (uint32, or int64 to be checked), starts
         their n + 1 offsets from 0; errors name the document and the position in it."""
-        from .gpu_decode import InvalidIdError
+        from istanbul.shaders.kernels.bpe.decode import InvalidIdError
         decode_docs = getattr(self.backend, "decode_docs", None)
         try:
             if decode_docs is not None and flat.dtype == np.uint32:
@@ -690,7 +691,7 @@ class Encoding:
         return sorted(self.vocab.ranks)
 
     def _decode(self, ids: np.ndarray) -> bytes:
-        from .gpu_decode import InvalidIdError
+        from istanbul.shaders.kernels.bpe.decode import InvalidIdError
         try:
             return self.backend.decode(ids)
         except InvalidIdError as exc:

@@ -186,7 +186,7 @@ class ForkedCpuBackend:
 
     def last_piece_length(self, prefix: bytes) -> int:
         """Byte length of the last pre-tokenized piece of `prefix` (for encode_bytes)."""
-        from .cuts import PATTERNS, find_cut
+        from istanbul.shaders.kernels.bpe.cuts import PATTERNS, find_cut
         if not prefix:
             return 0
         start = 0
@@ -197,7 +197,7 @@ class ForkedCpuBackend:
         return len(pieces[-1].encode("utf-8")) if pieces else 0
 
     def decode(self, ids: np.ndarray) -> bytes:
-        from .gpu_decode import InvalidIdError
+        from istanbul.shaders.kernels.bpe.decode import InvalidIdError
         decoder = self._decoder
         tokens = ids.tolist()
         try:

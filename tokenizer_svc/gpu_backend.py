@@ -21,15 +21,26 @@ import threading
 import numpy as np
 
 from istanbul.shaders.engine import Device
-from .gpu_decode import GpuDecoder
-from .gpu_encode import PATTERN_IDS, GpuEncoder, find_cut
-from .gpu_scan import device_lock
-from .gpu_tables import VocabTables
-from .packed_text import PackedText
+from istanbul.shaders.kernels.bpe.cuts import find_cut
+from istanbul.shaders.kernels.bpe.decode import GpuDecoder
+from istanbul.shaders.kernels.bpe.encode import GpuEncoder
+from istanbul.shaders.kernels.bpe.packed_text import PackedText
+from istanbul.shaders.kernels.bpe.patterns import PATTERN_IDS
+from istanbul.shaders.kernels.bpe.scan import device_lock
+from istanbul.shaders.kernels.bpe.tables import TableError, VocabTables
+from istanbul.shaders.kernels.bpe.unicode_table import load_table
 from .hf_json import BYTE_LEVEL_REGEX
 from .reference import PreTokenizer, ReferenceTokenizer
-from .unicode_table import load_table
-from .vocab import Vocabulary
+from .vocab import Vocabulary, VocabularyError
+
+
+def _tables(vocab: Vocabulary) -> VocabTables:
+    """The kernels' tables of `vocab`; VocabularyError if they cannot use it."""
+    try:
+        return VocabTables.build(vocab)
+    except TableError as exc:
+        raise VocabularyError(str(exc)) from None
+
 
 MAX_TWINS = 3   # encoders besides the first that begun calls may add (one per thread in flight)
 
@@ -54,8 +65,8 @@ def hf_gpu_pattern(vocab: Vocabulary) -> str | None:
     That regex ('s|'t|...| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+) cuts
     every text exactly where tiktoken's gpt2 pattern does (its last two alternatives only
     differ from gpt2's `\\s++$|\\s+(?!\\S)|\\s` on runs they cut the same way), so the GPU
-    pre-tokenizer runs it, with tokenizers' Unicode classes (gpu_tables picks the family's
-    table). The piece-boundary rule used to split long documents (gpu_encode.cut_rule) reads
+    pre-tokenizer runs it, with tokenizers' Unicode classes (VocabTables picks the family's
+    table). The piece-boundary rule used to split long documents (cuts.cut_rule) reads
     tiktoken's table, so this is only used while the two families' class bytes are equal.
     """
     hf = vocab.hf
@@ -81,7 +92,7 @@ class GpuBackend:
     def __init__(self, vocab: Vocabulary, device: Device, tables: VocabTables | None = None):
         self.vocab = vocab
         self.device = device
-        self.tables = tables or VocabTables.build(vocab)
+        self.tables = tables or _tables(vocab)
         gpu_pattern = hf_gpu_pattern(vocab) if vocab.hf is not None else \
             vocab.pattern_name if vocab.hf_splits is None else None
         self.gpu_pattern = gpu_pattern

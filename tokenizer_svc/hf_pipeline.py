@@ -26,10 +26,10 @@ from __future__ import annotations
 import numpy as np
 import regex
 
+from istanbul.shaders.kernels.bpe.unicode_table import load_table
 from .hf_json import AddedToken
 from .hf_normalize import build_normalizer
 from .oniguruma import oniguruma_pattern
-from .unicode_table import load_table
 
 
 def _class_mask(family: str, name: str) -> np.ndarray:

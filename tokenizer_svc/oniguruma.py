@@ -2,17 +2,15 @@
 
 `tokenizers` matches its Split patterns with Oniguruma (Ruby syntax, older Unicode tables);
 `oniguruma_pattern` rewrites a pattern so that `regex` matches exactly what Oniguruma would,
-from the "tokenizers" Unicode table read out of `tokenizers` itself (unicode_table.py). Used by
-the reference pre-tokenizer, the normalizers' Replace and the tokenizer.json pipeline.
+from the "tokenizers" Unicode table read out of `tokenizers` itself (the kernels'
+unicode_table.py). Used by the reference pre-tokenizer, the normalizers' Replace and the
+tokenizer.json pipeline.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import regex
-
-from .unicode_table import load_table
+from istanbul.shaders.kernels.bpe.reference import table_class_item
+from istanbul.shaders.kernels.bpe.unicode_table import load_table
 
 
 # Escapes that mean the same in Oniguruma (Ruby syntax) and Python's `regex`.
@@ -32,7 +30,7 @@ def oniguruma_pattern(pattern: str) -> str:
     simple `(?i:...)` group, negated classes inside classes, ...) raises ValueError naming it,
     so a tokenizer.json is refused at load time rather than tokenized differently.
     """
-    from .unicode_table import CATEGORY_KEY
+    from istanbul.shaders.kernels.bpe.unicode_table import CATEGORY_KEY
     table = load_table("tokenizers")
     body = _onig_class
 
@@ -162,38 +160,6 @@ def oniguruma_pattern(pattern: str) -> str:
     if in_class:
         raise ValueError(f"unterminated character class in {pattern!r}")
     return "(?V1)" + "".join(out)
-
-
-# The regex module's own property for each table key (the fast path of `_onig_class`).
-_REGEX_PROPERTY = {"S": r"\s", "D": r"\d", "W": r"\w", "Symbol": r"\p{S}"}
-
-
-@lru_cache(maxsize=None)
-def table_class_item(family: str, key: str) -> str:
-    r"""The class `key` of `family`'s Unicode table (unicode_table.FAMILIES) as an item of a
-    `regex` VERSION1 character class.
-
-    Written as the regex module's own property minus the code points where its (newer)
-    Unicode tables say yes and the table says no, plus the opposite ones:
-    `[\p{L}--[...]][...]`. Exactly the table's members, and several times faster to match
-    than the table's full range list.
-    """
-    import numpy as np
-
-    from .unicode_table import MAX_CP, all_code_points_text, to_ranges
-    table = load_table(family)
-    prop = _REGEX_PROPERTY.get(key, f"\\p{{{key}}}")
-    text = all_code_points_text()
-    theirs = np.zeros(MAX_CP, dtype=bool)
-    theirs[[ord(c) for c in regex.findall(f"(?V1){prop}", text)]] = True
-    mine = table.members(key)
-
-    def ranges(mask) -> str:
-        return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}"
-                       for a, b in to_ranges(np.flatnonzero(mask).tolist()))
-    extra, missing = theirs & ~mine, mine & ~theirs
-    item = f"[{prop}--[{ranges(extra)}]]" if extra.any() else prop
-    return item + (f"[{ranges(missing)}]" if missing.any() else "")
 
 
 def _onig_class(key: str) -> str:

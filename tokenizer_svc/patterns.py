@@ -1,29 +1,15 @@
 """Pre-tokenizer patterns and the built-in facts of the known vocabularies.
 
-The three patterns are exactly tiktoken's (tiktoken_ext/openai_public.py). They are the ones
-the GPU pre-tokenizer implements; any other regex pre-tokenizes on the CPU with `regex`.
+The three patterns are the GPU pre-tokenizer's (istanbul.shaders.kernels.bpe.patterns: exactly
+tiktoken's); any other regex pre-tokenizes on the CPU with `regex`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GPT2_PATTERN = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-    r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
-O200K_PATTERN = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+from istanbul.shaders.kernels.bpe.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN
+from istanbul.shaders.kernels.bpe.patterns import PATTERNS as GPU_PATTERN_REGEXES
 
 # Pattern names accepted wherever a pattern is asked for (--pattern, sidecar files).
 PATTERNS = {
@@ -33,7 +19,7 @@ PATTERNS = {
     "o200k": O200K_PATTERN,
 }
 # The patterns the GPU pre-tokenizer implements (by canonical name).
-GPU_PATTERNS = ("gpt2", "cl100k", "o200k")
+GPU_PATTERNS = tuple(GPU_PATTERN_REGEXES)
 
 ENDOFTEXT = "<|endoftext|>"
 FIM_PREFIX = "<|fim_prefix|>"

@@ -4,18 +4,22 @@
     ref.encode_ordinary("hello world")          # -> [15339, 1917]
     ref.encode("<|endoftext|>", allowed_special="all")
 
+The core, the exact reference of the GPU kernels, is the kernel family's
+(istanbul.shaders.kernels.bpe.reference: `explicit_pattern`, `pre_tokenize`, `bpe_ranks`,
+`bpe_merges`); this module adds what the product's tokenizer does around it.
+
 Encoding is two steps, exactly as tiktoken does them:
 
 1. **Pre-tokenize** (`split`): cut the text into pieces with the vocabulary's regex. For the
    three built-in patterns (gpt2/r50k, cl100k, o200k) the regex is rewritten first
    (`exact_pattern`): every `\\p{..}` and `\\s` becomes an explicit character class read out of
-   tiktoken itself (`unicode_table`). Python's `regex` module ships a newer Unicode version than
-   tiktoken's Rust regex crate (tens of thousands of code points are letters for one and not the
-   other), so asking `regex` what a letter is would disagree with tiktoken; the explicit classes
-   make the reference agree with tiktoken on every code point. Any other pattern (a vocabulary
-   trained with a custom regex) is used as written, i.e. with the `regex` module's Unicode
-   tables; for such patterns tiktoken itself would use its own tables and may differ on
-   code points assigned in recent Unicode versions.
+   tiktoken itself (the kernels' class table). Python's `regex` module ships a newer Unicode
+   version than tiktoken's Rust regex crate (tens of thousands of code points are letters for
+   one and not the other), so asking `regex` what a letter is would disagree with tiktoken; the
+   explicit classes make the reference agree with tiktoken on every code point. Any other
+   pattern (a vocabulary trained with a custom regex) is used as written, i.e. with the `regex`
+   module's Unicode tables; for such patterns tiktoken itself would use its own tables and may
+   differ on code points assigned in recent Unicode versions.
    Hugging Face `tokenizer.json` vocabularies run `tokenizers`' pipeline (hf_pipeline.py:
    added tokens, normalizer, then the pre-tokenizer steps one after the other), with their
    regexes rewritten by `oniguruma_pattern` so that they mean what Oniguruma, `tokenizers`'
@@ -44,11 +48,10 @@ import functools
 
 import regex
 
-from .oniguruma import oniguruma_pattern, table_class_item
-from .unicode_table import load_table
+from istanbul.shaders.kernels.bpe.reference import (NO_PRIORITY, bpe_merges, bpe_ranks,
+                                                    explicit_pattern, pre_tokenize)
+from .oniguruma import oniguruma_pattern
 from .vocabulary import Vocabulary
-
-NO_PRIORITY = float("inf")
 
 
 # ---- special tokens -----------------------------------------------------------------------------
@@ -134,64 +137,15 @@ def fix_surrogates(text: str) -> str:
 def exact_pattern(pattern: str, family: str = "tiktoken", fast: bool = False) -> str:
     """Rewrite a pattern so its Unicode classes are the explicit ones of `family`'s engine.
 
-    "tiktoken": every `\\p{X}` / `\\s` / `\\S` becomes the explicit class tiktoken uses;
-    handles what the three built-in patterns contain. "tokenizers": Oniguruma's view for
-    tokenizer.json patterns (`oniguruma_pattern`). Raises ValueError on a construct it cannot
-    rewrite exactly (`\\S` inside a class, `\\P{..}`, a class it has no table for).
+    "tiktoken": every `\\p{X}` / `\\s` / `\\S` becomes the explicit class tiktoken uses
+    (`explicit_pattern`, the kernels' reference); handles what the three built-in patterns
+    contain. "tokenizers": Oniguruma's view for tokenizer.json patterns (`oniguruma_pattern`).
+    Raises ValueError on a construct it cannot rewrite exactly (`\\S` inside a class,
+    `\\P{..}`, a class it has no table for).
     """
     if family == "tokenizers":
         return oniguruma_pattern(pattern)
-    table = load_table(family)
-    if fast:    # the same classes as `regex`'s own properties minus/plus the differences:
-        # a VERSION1 pattern that matches ~10x faster than the full range lists
-        def class_body(key):
-            return table_class_item(family, key)
-    else:
-        def class_body(key):
-            return table.regex_class_body(key)
-    names = {"L": "L", "Lu": "Lu", "Ll": "Ll", "Lt": "Lt", "Lm": "Lm", "Lo": "Lo", "M": "M",
-             "N": "N"}
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            nxt = pattern[i + 1]
-            if nxt in "pP":
-                close = pattern.index("}", i)
-                name = pattern[i + 3:close]
-                if nxt == "P" or name not in names:
-                    raise ValueError(f"cannot rewrite {pattern[i:close + 1]!r} exactly")
-                body = class_body(names[name])
-                out.append(body if in_class else f"[{body}]")
-                i = close + 1
-                continue
-            if nxt == "s":
-                body = class_body("S")
-                out.append(body if in_class else f"[{body}]")
-                i += 2
-                continue
-            if nxt == "S":
-                if in_class:
-                    raise ValueError("cannot rewrite \\S inside a character class")
-                out.append(f"[^{class_body('S')}]")
-                i += 2
-                continue
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if ch == "[" and not in_class:
-            in_class = True
-            out.append(ch)
-            if pattern[i + 1:i + 2] == "^":
-                out.append("^")
-                i += 1
-            i += 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        out.append(ch)
-        i += 1
-    return ("(?V1)" if fast else "") + "".join(out)
+    return explicit_pattern(pattern, family, fast)
 
 
 def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
@@ -241,46 +195,10 @@ class PreTokenizer:
             for pat in self.splits:
                 pieces = hf_isolated_split(pieces, pat)
             return pieces
-        # Like tiktoken's find_iter: text that no alternative matches is skipped.
-        return [m.group() for m in self.pattern.finditer(text) if m.end() > m.start()]
+        return pre_tokenize(self.pattern, text)
 
 
 # ---- BPE ------------------------------------------------------------------------------------
-
-def bpe_ranks(piece: bytes, ranks: dict) -> list[int]:
-    """tiktoken's rule: whole-piece shortcut, then merge the lowest-ranked adjacent pair
-    (by the rank of the concatenation), leftmost first, until no pair is a token."""
-    if piece in ranks:
-        return [ranks[piece]]
-    parts = [piece[i:i + 1] for i in range(len(piece))]
-    while len(parts) > 1:
-        best, best_rank = -1, NO_PRIORITY
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], NO_PRIORITY)
-            if rank < best_rank:
-                best, best_rank = i, rank
-        if best < 0:
-            break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
-    return [ranks[p] for p in parts]
-
-
-def bpe_merges(piece: bytes, ranks: dict, merges: dict, ignore_merges: bool = False) -> list[int]:
-    """Hugging Face's rule: only listed merges apply, lowest list index first, leftmost first."""
-    if ignore_merges and piece in ranks:
-        return [ranks[piece]]
-    parts = [piece[i:i + 1] for i in range(len(piece))]
-    while len(parts) > 1:
-        best, best_prio = -1, NO_PRIORITY
-        for i in range(len(parts) - 1):
-            prio = merges.get((parts[i], parts[i + 1]), NO_PRIORITY)
-            if prio < best_prio:
-                best, best_prio = i, prio
-        if best < 0:
-            break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
-    return [ranks[p] for p in parts]
-
 
 def bpe_hf(piece: bytes, ranks: dict, merges: dict, config, ignore_merges: bool = False
            ) -> list[int]:

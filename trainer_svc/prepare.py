@@ -10,7 +10,7 @@ encodes. Documents are encoded in order (raw bytes, special-token text encoded a
 text), and the ids are packed by a `DatasetWriter`
 (Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than
 the service's per-document limit is sent in pieces cut where the split cannot change the
-tokens: the tokenizer's cut rule (tokenizer_svc/cuts.py) for every known pattern at once.
+tokens: the tokenizer's cut rule (shaders/kernels/bpe/cuts.py) for every known pattern at once.
 With the GPT-2, cl100k and o200k patterns no pre-token spans such a point
 (tests/test_prepare_split.py checks it with tiktoken), so the pieces' ids concatenate to the
 whole file's ids. A file with no such point within the limit
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from istanbul_errors import UserFacingError
 from tokenizer_svc.corpus_files import CorpusReader
-from tokenizer_svc.cuts import is_cut, split_points
+from istanbul.shaders.kernels.bpe.cuts import is_cut, split_points
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ DEFAULT_PIECE_BYTES = 1 << 20
 
 def is_safe_point(data: bytes, p: int) -> bool:
     """May a document be cut before byte p without changing its tokens? The tokenizer's one
-    cut rule (tokenizer_svc/cuts.py), for every known pattern at once (split_document also
+    cut rule (shaders/kernels/bpe/cuts.py), for every known pattern at once (split_document also
     keeps cuts before the first invalid UTF-8 byte)."""
     return is_cut(data, p, None, split=True)
 

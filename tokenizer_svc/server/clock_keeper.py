@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ..gpu_scan import device_lock
+from istanbul.shaders.kernels.bpe.scan import device_lock
 
 SPIN_S = 50e-6          # one spin's length at full clock (it is longer at a low clock)
 ITERS_PER_SECOND = 1.2e8  # fma_f32 iterations per second of one workgroup at 1980 MHz (an

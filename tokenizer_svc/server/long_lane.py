@@ -7,7 +7,7 @@ invalid UTF-8 byte, which tiktoken merges as one piece). Long requests queue her
 time, on their own worker thread with their own GPU encoder (the device's queue interleaves
 its short submits with the batches').
 
-Each document is cut at the tokenizer's split points (tokenizer_svc/cuts.py: the ids do not
+Each document is cut at the tokenizer's split points (shaders/kernels/bpe/cuts.py: the ids do not
 change) into chunks of about `chunk_bytes`, encoded one after the other; between chunks, and
 between the budgeted resume rounds of one long piece inside a chunk, the lane checks the
 request's cancellation and deadline and the server's shutdown, so those stop it within one
@@ -23,7 +23,7 @@ import time
 import grpc
 import numpy as np
 
-from ..cuts import PATTERNS, split_cuts, valid_utf8_prefix
+from istanbul.shaders.kernels.bpe.cuts import PATTERNS, split_cuts, valid_utf8_prefix
 from .config import LaneConfig
 from .errors import RequestRejected, shutting_down
 from .work import encode_flat, utf8_len

@@ -71,7 +71,7 @@ def method_name(full_method: str) -> str:
 
 
 class EncoderMetrics:
-    """The GPU encoder's Profile of each call (tokenizer_svc/gpu_encode.py), as counters in
+    """The GPU encoder's Profile of each call (shaders/kernels/bpe/encode.py), as counters in
     `registry` under `prefix`: where an encode call's host time goes (upload, readback and
     the wait for the GPU) and how often a chunk took the slow path."""
 

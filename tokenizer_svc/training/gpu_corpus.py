@@ -18,7 +18,7 @@ how they are found differs. Per chunk of a file (bytes, at most `chunk_bytes`):
 
 Files of at most a quarter chunk are read whole and gathered, many to one device call (each
 file its own documents: pieces never span files). Chunks of larger files end at a provable
-piece boundary (gpu_encode.find_cut, the CPU twin of the kernels' `is_cut`) that is not next
+piece boundary (cuts.find_cut, the CPU twin of the kernels' `is_cut`) that is not next
 to a special token, and carry CONTEXT_BYTES after it (seen, not counted: a match may look a few
 characters ahead), so the pieces equal those of one scan of the whole file. A file with invalid UTF-8 stops with corpus.py's error, or with
 `invalid_utf8="keep"` is pre-tokenized by corpus.py on the CPU (the kernels need valid UTF-8);
@@ -40,8 +40,10 @@ from pathlib import Path
 import numpy as np
 import regex
 
-from ..gpu_encode import ENCODE_FILE, PATTERN_IDS, find_cut
-from ..gpu_scan import BufferPool
+from istanbul.shaders.kernels.bpe.cuts import find_cut
+from istanbul.shaders.kernels.bpe.encode import ENCODE_FILE
+from istanbul.shaders.kernels.bpe.patterns import PATTERN_IDS
+from istanbul.shaders.kernels.bpe.scan import BufferPool
 from ..patterns import PATTERNS
 from .corpus import (DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, Pretokenizer,
                      TextInMemory, _open, _scan_file_sequential, split_inputs, utf8_cut)
@@ -51,7 +53,7 @@ COUNT_FILE = "piece_count.wgsl"
 CUT_CHUNK = 128  # bytes per bpe_cuts chunk (<= 255, see bpe_encode.wgsl)
 WG = 64
 NONE = 0xFFFFFFFF
-PRETOK_BUDGET_SOFTWARE = 4000  # as gpu_encode.py: llvmpipe's loop limit
+PRETOK_BUDGET_SOFTWARE = 4000  # as the encoder's (bpe/encode.py): llvmpipe's loop limit
 GPU_CHUNK_BYTES = 32 << 20
 CONTEXT_BYTES = 64  # text after a chunk's cut the pre-tokenizer sees (matches look <= 4 ahead)
 
@@ -70,7 +72,7 @@ def gpu_pattern(pattern: str) -> str | None:
 @functools.lru_cache(maxsize=1)
 def _class_table() -> np.ndarray:
     """The Unicode class table as bpe_encode.wgsl reads it (stage 1, then stage 2); ~0.2 s."""
-    from ..unicode_table import load_table
+    from istanbul.shaders.kernels.bpe.unicode_table import load_table
     stage1, stage2 = load_table().two_level()
     return np.concatenate([stage1, stage2]).astype(np.uint32)
 

@@ -127,14 +127,14 @@
 // the run jumps over it (run scans are O(run / chunk + chunk)).
 
 const NONE: u32 = 0xffffffffu;
-const COUNTER_WORDS: u32 = 8u;   // counters' length (tokenizer_svc/gpu_encode.py)
+const COUNTER_WORDS: u32 = 8u;   // counters' length (shaders/kernels/bpe/encode.py)
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged by one invocation
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
 const STATE_WORDS: u32 = 4u;  // per long-piece window: phase, position, heap size, seam
 const SCRATCH_PER_BYTE: u32 = 5u;   // per window byte: prev, pri, heap slot, heap index, toks
 
-// Unicode class bits (tokenizer_svc/unicode_table.py BIT_*), plus END for "no character".
+// Unicode class bits (shaders/kernels/bpe/unicode_table.py BIT_*), plus END for "no character".
 const CL_L: u32 = 1u;
 const CL_N: u32 = 2u;
 const CL_S: u32 = 4u;
@@ -555,7 +555,7 @@ fn match_piece(p0: u32, end: u32) -> u32 {
 }
 
 // Is the position where `cur` starts provably the start of a piece? (rules in the header;
-// mirrored by tokenizer_svc/gpu_encode.py:cut_rule)
+// mirrored by shaders/kernels/bpe/encode.py:cut_rule)
 fn is_cut(prev: Ch, cur: Ch, at: u32, end: u32) -> bool {
     if ((cur.cls & CL_END) != 0u || (prev.cls & CL_END) != 0u) { return false; }
     if ((prev.cls & CL_L) != 0u) {                                              // L
@@ -1063,7 +1063,7 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // digits finds its run's start by looking back over the chunks' summaries (at most
 // DIGIT_LOOKBACK chunks; a longer run keeps its serial walk past that) and takes its first
 // such digit as its cut. Only cuts[c].x/.y of its own chunk are written; the summaries
-// (.z/.w) it reads are bpe_cuts'. The reference is tokenizer_svc/cuts.py:digit_group_starts.
+// (.z/.w) it reads are bpe_cuts'. The reference is shaders/kernels/bpe/cuts.py:digit_group_starts.
 @compute @workgroup_size(64)
 fn bpe_digit_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -1284,11 +1284,11 @@ fn bpe_merge_long_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
 // Needs priorities < 2^22 (the host checks). Under a finite budget (software Vulkan) a
 // workgroup takes a further window only while invocation 0's count is below it; a window is
 // never left half done (at most ~13K counted iterations at LW_MAX).
-// LW_MAX and LW_WG are overridden together for short windows (gpu_encode.WG_SHORT_LONG_*):
+// LW_MAX and LW_WG are overridden together for short windows (encode.py WG_SHORT_LONG_*):
 // each merge is a chain of barriers and lookups, so a window's time is latency; arrays of
 // 256 words (a third of the workgroup memory) let more windows run at once per SM (on the
 // H200 the arrays' size was what counted: 32 or 64 invocations timed the same).
-override LW_MAX: u32 = 768u;   // gpu_encode.WG_LONG_MAX; at most 1024 (keys hold 10 bits)
+override LW_MAX: u32 = 768u;   // encode.py WG_LONG_MAX; at most 1024 (keys hold 10 bits)
 override LW_WG: u32 = 64u;     // the workgroup's invocations
 const LW_NO_PREV: u32 = 0xffffu;
 var<workgroup> w_tok: array<u32, LW_MAX>;   // id of the part starting at k, NONE inside one

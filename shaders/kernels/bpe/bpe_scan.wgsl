@@ -6,7 +6,7 @@
 //                scanning n_out = n_src + 1 elements leaves the grand total in dst[n_src].
 //   scan_add     dst[i] += sums[block of i] (sums already scanned): the blocks' offsets.
 //
-// The driver (tokenizer_svc/gpu_scan.py) scans `sums` recursively with the same two kernels
+// The driver (shaders/kernels/bpe/scan.py) scans `sums` recursively with the same two kernels
 // until one block remains. Sums are u32: totals must stay below 2^32.
 //
 // Bindings (group 0), the same for both kernels:

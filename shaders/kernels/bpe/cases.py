@@ -1,16 +1,16 @@
 """Ladder entries for the BPE tokenizer kernels (bpe_encode/scan/compact/decode.wgsl).
 
-The launches run the tokenizer's own classes through their public entry points
-(`GpuEncoder.encode_docs`, `GpuScan.record`, `GpuDecoder.decode`), so the ladder checks the
-path the service runs; the encoder and decoder submit and read back themselves and report
-their GPU time from their profiles. References (reference.py) are exact: the plain-Python
-tokenizer (tokenizer_svc/reference.py) for encoding, numpy for the scan, the vocabulary's
-bytes for decoding.
+The launches run the family's op classes through their public entry points
+(`GpuEncoder.encode_docs`, `GpuScan.record`, `GpuDecoder.decode`), the ones the tokenizer
+service runs, so the ladder checks the served path; the encoder and decoder submit and read
+back themselves and report their GPU time from their profiles. References (reference.py) are
+exact: plain-Python BPE for encoding, numpy for the scan, the vocabulary's bytes for decoding.
 
-The vocabulary: cl100k_base / o200k_base / gpt2 when `load_vocabulary` finds them (known names
-in $ISTANBUL_VOCAB_DIR, ~/.cache/istanbul/vocab or tiktoken's cache), else a small synthetic
-one (the 256 bytes plus the Python standard library's most frequent 2- to 6-byte strings,
-each a token made of a shorter token and a byte) so the ladder runs on any machine.
+The vocabulary: cl100k_base / o200k_base / gpt2 when their `.tiktoken` files are in
+$ISTANBUL_VOCAB_DIR or ~/.cache/istanbul/vocab (where `istanbul vocab fetch` puts them), else
+a small synthetic one (the 256 bytes plus the Python standard library's most frequent 2- to
+6-byte strings, each a token made of a shorter token and a byte) so the ladder runs on any
+machine. Either has one special token, <|endoftext|>, after its last rank.
 
 Inputs stay small (no piece longer than 130 bytes; on llvmpipe the encoder works in budgeted
 rounds, and tests/test_tokenizer_gpu.py covers long runs); the `bench` variant is 4 MB of
@@ -19,6 +19,8 @@ text.
 
 from __future__ import annotations
 
+import base64
+import os
 import sysconfig
 from collections import Counter
 from functools import lru_cache
@@ -28,6 +30,8 @@ import numpy as np
 
 from ...ladder import KernelCase, Launch, register
 from . import reference
+from .patterns import PATTERN_IDS
+from .tables import RankVocabulary, VocabTables
 
 WORDS = ("the of and to in is for def return self if else None import class from with as "
          "not print value data index Istanbul İstanbul ÇOK güzel straße ÄÖÜ naïve 東京 "
@@ -36,15 +40,27 @@ WORDS = ("the of and to in is for def return self if else None import class from
 SEPARATORS = (" ", " ", " ", "  ", "\n", "\n    ", "\r\n", "\t", ", ", ". ", "\n\n")
 
 
-@lru_cache(maxsize=None)
-def ladder_vocab(pattern: str):
-    from tokenizer_svc.patterns import KNOWN_VOCABULARIES, PATTERNS
-    from tokenizer_svc.vocab import Vocabulary, VocabularyError, load_vocabulary
-    known = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}[pattern]
-    try:
-        return load_vocabulary(known)
-    except VocabularyError:
-        pass
+KNOWN_FILES = {"gpt2": "gpt2.tiktoken", "cl100k": "cl100k_base.tiktoken",
+               "o200k": "o200k_base.tiktoken"}
+
+
+def vocab_dirs() -> list[Path]:
+    """Where the real vocabularies are looked for: $ISTANBUL_VOCAB_DIR, ~/.cache/istanbul/vocab."""
+    own = os.environ.get("ISTANBUL_VOCAB_DIR")
+    return ([Path(own)] if own else []) + [Path.home() / ".cache" / "istanbul" / "vocab"]
+
+
+def read_tiktoken(path: Path) -> dict:
+    """The ranks of a `.tiktoken` file: one `base64-token rank` pair per line."""
+    ranks = {}
+    for line in path.read_bytes().splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def synthetic_ranks() -> dict:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     text = b"".join((stdlib / f).read_bytes() for f in ("textwrap.py", "string.py", "shlex.py")
                     if (stdlib / f).is_file())
@@ -54,15 +70,21 @@ def ladder_vocab(pattern: str):
         for gram, _ in grams.most_common(600):
             if gram[:-1] in ranks and gram not in ranks:
                 ranks[gram] = len(ranks)
-    special = dict(KNOWN_VOCABULARIES[known].special_tokens)
-    special = {t: len(ranks) + k for k, t in enumerate(special)}
-    return Vocabulary(name=f"ladder-{pattern}", ranks=ranks, pattern=PATTERNS[pattern],
-                      special_tokens=special)
+    return ranks
+
+
+@lru_cache(maxsize=None)
+def ladder_vocab(pattern: str) -> RankVocabulary:
+    found = next((d / KNOWN_FILES[pattern] for d in vocab_dirs()
+                  if (d / KNOWN_FILES[pattern]).is_file()), None)
+    ranks = read_tiktoken(found) if found else synthetic_ranks()
+    name = found.stem if found else f"ladder-{pattern}"
+    return RankVocabulary(name=name, ranks=ranks, source=str(found or ""),
+                          special_tokens={"<|endoftext|>": max(ranks.values()) + 1})
 
 
 @lru_cache(maxsize=None)
 def _tables(pattern: str):
-    from tokenizer_svc.gpu_tables import VocabTables
     return VocabTables.build(ladder_vocab(pattern))
 
 
@@ -102,9 +124,9 @@ def _encode_inputs(pattern):
 
 
 def _encode_launch(dev, inp):
-    """The tokenizer's own encoder, through its public entry point (budgeted rounds on
-    software adapters, as served), timed by its per-dispatch GPU profile."""
-    from tokenizer_svc.gpu_encode import GpuEncoder
+    """The family's encoder, through its public entry point (budgeted rounds on software
+    adapters, as served), timed by its per-dispatch GPU profile."""
+    from .encode import GpuEncoder
     enc = GpuEncoder(dev, _tables(inp["pattern"]), inp["pattern"])
     enc.profile = True
     data, starts = np.frombuffer(inp["data"], np.uint8), inp["starts"]
@@ -120,7 +142,8 @@ def _encode_launch(dev, inp):
 
 
 def _encode_reference(inp):
-    ids, offsets = reference.encode(ladder_vocab(inp["pattern"]), inp["docs"])
+    ids, offsets = reference.encode(ladder_vocab(inp["pattern"]).ranks, inp["pattern"],
+                                    inp["docs"])
     return {"ids": ids, "offsets": offsets}
 
 
@@ -128,12 +151,12 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
     register(KernelCase(
         name=f"bpe_encode_{_pattern}", family="bpe", precision="exact",
         description=f"GPU pre-tokenizer ({_pattern} rules) + BPE merges + compaction",
-        kernels=[("bpe_encode.wgsl", k, {"PATTERN": {"gpt2": 0, "cl100k": 1, "o200k": 2}[_pattern]})
+        kernels=[("bpe_encode.wgsl", k, {"PATTERN": PATTERN_IDS[_pattern]})
                  for k in ("bpe_cuts", "bpe_digit_cuts", "bpe_pretok")] +
                 [("bpe_encode.wgsl", k) for k in ("bpe_fill_none", "bpe_merge_long",
                                                   "bpe_long_stitch", "bpe_long_copy",
                                                   "bpe_merge_pieces", "bpe_merge_long_wg")] +
-                # the workgroup merge's short build (gpu_encode.WG_SHORT_LONG_*)
+                # the workgroup merge's short build (encode.WG_SHORT_LONG_*)
                 [("bpe_encode.wgsl", "bpe_merge_long_wg", {"LW_MAX": 256, "LW_WG": 32})] +
                 [("bpe_compact.wgsl", k) for k in ("bpe_compact", "bpe_scan_compact")],
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
@@ -152,7 +175,7 @@ def _scan_inputs(rng, variant):
 
 
 def _scan_launch(dev, inp):
-    from tokenizer_svc.gpu_scan import BufferPool, GpuScan
+    from .scan import BufferPool, GpuScan
     pool = BufferPool(dev)
     scan = GpuScan(dev, pool)
     n = inp["x"].size
@@ -183,8 +206,8 @@ def _decode_inputs(rng, variant):
 
 
 def _decode_launch(dev, inp):
-    """The tokenizer's own decoder, through its public entry point."""
-    from tokenizer_svc.gpu_decode import GpuDecoder
+    """The family's decoder, through its public entry point."""
+    from .decode import GpuDecoder
     tables = _tables(inp["pattern"])
     dec = GpuDecoder(dev, tables, dev.upload(tables.vocab_words))
     dec.profile = True
@@ -199,7 +222,7 @@ def _decode_launch(dev, inp):
 
 
 def _decode_reference(inp):
-    return {"bytes": reference.decode(ladder_vocab(inp["pattern"]), inp["ids"])}
+    return {"bytes": reference.decode(ladder_vocab(inp["pattern"]).decoder, inp["ids"])}
 
 
 register(KernelCase(

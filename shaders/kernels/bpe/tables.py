@@ -18,22 +18,62 @@
 - `classes` (u32): the Unicode class table of `unicode_table` for the vocabulary's family
   (tiktoken's or tokenizers'; stage 1 then stage 2).
 
-The hash functions here and in shaders/kernels/bpe/bpe_encode.wgsl must agree bit for bit
+The hash functions here and in bpe_encode.wgsl must agree bit for bit
 (`pair_hash`, `fnv1a`); tests/test_tokenizer_gpu.py checks lookups through the kernels.
 Tables are built with linear probing at load factor <= 1/2.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 
 from .unicode_table import load_table
-from .vocab import Vocabulary, VocabularyError
 
 NONE = 0xFFFFFFFF
 M32 = np.uint64(0xFFFFFFFF)
+
+
+class TableError(ValueError):
+    """A vocabulary the kernels cannot use; the message names its source and the problem."""
+
+
+class TableVocabulary(Protocol):
+    """What `VocabTables.build` reads from a vocabulary (tokenizer_svc's Vocabulary is one;
+    `RankVocabulary` is the plain `.tiktoken` kind)."""
+
+    name: str
+    source: str               # where it came from, for error messages ("" if nowhere)
+    ranks: dict               # ordinary token bytes -> id
+    merges: dict | None       # (left bytes, right bytes) -> priority (tokenizer.json), or None:
+    #                           every pair whose concatenation is a token, by its rank
+    hf_ignore_merges: bool    # tokenizer.json `ignore_merges`: a piece in the vocab is one token
+    hf: object | None         # tokenizer.json settings: `continuing_subword_prefix` (bytes)
+    decoder: dict             # id -> bytes, ordinary and special tokens
+    unicode_family: str       # whose class table the pre-tokenizer reads (unicode_table.FAMILIES)
+
+
+@dataclass
+class RankVocabulary:
+    """A `.tiktoken` vocabulary: ranks (bytes -> id) and special tokens (str -> id)."""
+
+    name: str
+    ranks: dict
+    special_tokens: dict = field(default_factory=dict)
+    source: str = ""
+    merges = None
+    hf_ignore_merges = False
+    hf = None
+    unicode_family = "tiktoken"
+
+    @cached_property
+    def decoder(self) -> dict:
+        table = {i: text.encode("utf-8") for text, i in self.special_tokens.items()}
+        table.update((i, b) for b, i in self.ranks.items())
+        return table
 
 
 def _mul32(a: np.ndarray, b: int) -> np.ndarray:
@@ -118,7 +158,7 @@ def tiktoken_pairs(ranks: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return left, right, merged.copy(), merged
 
 
-def hf_pairs(vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def hf_pairs(vocab: TableVocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     lefts, rights, prios, merged = [], [], [], []
     # HF: a merge drops the right part's continuing_subword_prefix
     cut = len(vocab.hf.continuing_subword_prefix) if vocab.hf is not None else 0
@@ -128,7 +168,7 @@ def hf_pairs(vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
             rights.append(vocab.ranks[b])
             merged.append(vocab.ranks[a + b[cut:]])
         except KeyError as exc:
-            raise VocabularyError(f"{vocab.source}: merge {a!r} + {b!r} (#{prio}) uses or makes "
+            raise TableError(f"{vocab.source}: merge {a!r} + {b!r} (#{prio}) uses or makes "
                                   f"a token that is not in the vocabulary: {exc.args[0]!r}") \
                 from None
         prios.append(prio)
@@ -149,12 +189,13 @@ class VocabTables:
     n_pairs: int
 
     @classmethod
-    def build(cls, vocab: Vocabulary) -> "VocabTables":
+    def build(cls, vocab: TableVocabulary) -> "VocabTables":
+        """The tables of `vocab`; TableError if the kernels cannot use it."""
         decoder = vocab.decoder  # id -> bytes, ordinary and special
         n_table = max(decoder) + 1
         missing = [b for b in range(256) if bytes([b]) not in vocab.ranks]
         if missing:
-            raise VocabularyError(f"{vocab.source or vocab.name}: byte-level BPE needs all 256 "
+            raise TableError(f"{vocab.source or vocab.name}: byte-level BPE needs all 256 "
                                   f"single-byte tokens; missing {missing[:5]}...")
         byte_tok = np.array([vocab.ranks[bytes([b])] for b in range(256)], dtype=np.uint32)
 

@@ -18,11 +18,12 @@ import time
 
 import numpy as np
 
-from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
+
+from ...engine import Buffer, Device
+from .scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
                        map_staging, write_through_mapping)
-from .gpu_tables import NONE, VocabTables
+from .tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
 # Calls of at least this many ids upload them through persistent mappable buffers (mapped

@@ -14,7 +14,7 @@ elements, so the ids are copied once, from the mapped readback buffer into it. W
 encoder allocates such an array per call (np.empty: pages past the ids are never touched).
 
 A call is a pipeline of chunks of whole documents (~PIPELINE_BYTES each; a document larger
-than one device call is first split at the tokenizer's split points, tokenizer_svc/cuts.py).
+than one device call is first split at the tokenizer's split points, cuts.py).
 Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
     write text + document starts                       (host; overlaps the previous chunk)
@@ -27,7 +27,7 @@ Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 then one map of that staging buffer; the next chunk is submitted before this chunk's ids are
 copied out, so the host's copy runs while the GPU works. The number of Python operations is
 constant per chunk (none per document), and a chunk creates no device objects once the
-pools have grown: its parameters are written into uniform slots (gpu_scan.UniformSlots), so
+pools have grown: its parameters are written into uniform slots (scan.UniformSlots), so
 every kernel's bind group is made once. On GPUs the chunk's submit also merges its long
 pieces (bpe_merge_long_wg's short build, then its full build, -> bpe_merge_long ->
 bpe_long_stitch -> bpe_long_copy, grids sized by the chunk). The
@@ -45,7 +45,7 @@ rounds until done; each round must show progress (counters[4]) or the call raise
 EncoderStalled naming the input size, so no input can loop forever.
 
 Threads: one call at a time per encoder (a lock; a call owns the buffer pool and counters),
-and inside it the device's lock (gpu_scan.device_lock). `begin_docs` splits a call in two
+and inside it the device's lock (scan.device_lock). `begin_docs` splits a call in two
 (submit, then finish): the encoder stays held between the halves; `twin()` gives a second
 encoder for a call begun while the first is held (two calls in flight, GPU work back to back).
 `interruptible(check)` runs `check()` between the submits of the calling thread's calls.
@@ -66,20 +66,20 @@ from typing import Callable
 
 import numpy as np
 
-from istanbul.shaders.engine import Buffer, Device
 from wgpu import BufferUsage
-from .gpu_scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
+
+from ...engine import Buffer, Device
+from .scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
                        device_lock, map_staging, write_through_mapping)
-from .gpu_tables import NONE, VocabTables
+from .tables import NONE, VocabTables
 from .packed_text import PackedRange, PackedText, byte_range
-from .cuts import cut_rule, find_cut, split_cuts  # the one cut rule (cut_rule, find_cut
-# re-exported for older imports)
+from .cuts import split_cuts
+from .patterns import PATTERN_IDS
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
 COUNTER_WORDS = 8   # the counters (bpe_encode.wgsl), first in bpe_compact's `out` and staging
 SMALL_COMPACT_BYTES = 4095   # bpe_compact.wgsl SMALL_BYTES: one-workgroup scan + compact
-PATTERN_IDS = {"gpt2": 0, "cl100k": 1, "o200k": 2}
 DIGIT_GROUP_PATTERNS = ("cl100k", "o200k")   # \p{N}{1,3}: bpe_digit_cuts cuts their runs
 WG = 64
 SHORT_MAX = 64  # must equal SHORT_MAX in bpe_encode.wgsl
@@ -1119,5 +1119,4 @@ class _Chunk:
             self.mapped = False
 
 
-__all__ = ["BegunCall", "BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile", "cut_rule",
-           "find_cut"]
+__all__ = ["BegunCall", "BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile"]

@@ -18,10 +18,10 @@ import weakref
 
 import numpy as np
 
-from .packed_text import PackedRange
 from wgpu import BufferUsage
 
-from istanbul.shaders.engine import Buffer, Device
+from ...engine import Buffer, Device
+from .packed_text import PackedRange
 
 SCAN_FILE = "bpe_scan.wgsl"
 BLOCK = 1024
@@ -60,7 +60,7 @@ _LOCKS_LOCK = threading.Lock()
 
 def device_lock(device) -> threading.RLock:
     """The one lock every GPU tokenizer call on `device` holds (its encoders take it after
-    their own lock: gpu_encode.GpuEncoder)."""
+    their own lock: encode.GpuEncoder)."""
     with _LOCKS_LOCK:
         lock = _DEVICE_LOCKS.get(device)
         if lock is None:
