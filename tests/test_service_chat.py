@@ -91,7 +91,7 @@ def test_typed_messages_packed_ids_and_get_info(stub, hf):
     want = hf.apply_chat_template(plain, tokenize=True, return_dict=False,
                                   add_generation_prompt=True)
     assert np.frombuffer(reply.ids_packed, "<u4").tolist() == want and not reply.ids
-    assert reply.n_tokens == len(want)
+    assert reply.token_count == len(want)
     assert reply.text == hf.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
     assert list(stub.GetInfo(pb.GetInfoRequest(), timeout=30).chat_templates) == ["default"]
 

@@ -160,7 +160,7 @@ def test_tokenize_batch_per_item_errors_answer_the_good_documents(limited, tiny_
     for n, doc in enumerate(docs):
         got = list(reply.ids)[bounds[n]:bounds[n + 1]]
         assert got == ([] if n in (1, 2) else list(tiny_encoding.encode(doc)))
-    assert list(reply.n_tokens) == [len(tiny_encoding.encode("fine")), 0, 0,
+    assert list(reply.token_counts) == [len(tiny_encoding.encode("fine")), 0, 0,
                                     len(tiny_encoding.encode("also fine"))]
     assert len(reply.starts) == len(reply.ids)
     clean = stub.TokenizeBatch(pb.TokenizeBatchRequest(texts=["a", "b"], per_item_errors=True),

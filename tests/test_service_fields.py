@@ -1,6 +1,6 @@
 """The protocol's newer fields through a real server on loopback: packed little-endian ids and
 offsets, (start, end) offset pairs in bytes and characters, token texts and special flags,
-uint32 counts beside the uint64 ones, packed detokenize input, and error messages that name
+counts as JSON numbers, packed detokenize input, and error messages that name
 protocol fields (the Python client still speaks tiktoken's words)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_packed_ids_equal_the_repeated_ones(stub, tiny_encoding):
         want = list(tiny_encoding.encode(text))
         assert list(plain.ids) == want and not plain.ids_packed
         assert np.frombuffer(packed.ids_packed, "<u4").tolist() == want and not packed.ids
-        assert packed.n_tokens == packed.token_count == plain.n_tokens == len(want)
+        assert packed.token_count == plain.token_count == len(want)
 
 
 @pytest.mark.parametrize("unit, value", [("byte", pb.OFFSET_UNIT_BYTE),
@@ -65,12 +65,11 @@ def test_offset_pairs_in_bytes_and_characters(stub, tiny_encoding, unit, value):
         reply = stub.Tokenize(pb.TokenizeRequest(text=text, special=ALL, offsets=value),
                               timeout=60)
         assert list(zip(reply.starts, reply.ends)) == want, text
-        assert list(reply.offsets) == [a for a, _ in want]    # the older start-only field
         packed = stub.Tokenize(pb.TokenizeRequest(text=text, special=ALL, offsets=value,
                                                   format=pb.ID_FORMAT_PACKED), timeout=60)
         pairs = np.frombuffer(packed.offsets_packed, "<u4").reshape(-1, 2)
         assert [tuple(p) for p in pairs.tolist()] == want
-        assert not packed.starts and not packed.offsets
+        assert not packed.starts and not packed.ends
     data = SPECIAL_TEXT.encode()
     reply = stub.Tokenize(pb.TokenizeRequest(text=SPECIAL_TEXT, special=ALL,
                                              offsets=pb.OFFSET_UNIT_BYTE), timeout=60)
@@ -88,10 +87,9 @@ def test_offset_pairs_survive_truncation_and_batches(stub, tiny_encoding):
                                                        format=pb.ID_FORMAT_PACKED), timeout=60)
     ids = np.frombuffer(batch.ids_packed, "<u4")
     pairs = np.frombuffer(batch.offsets_packed, "<u4").reshape(-1, 2)
-    assert list(batch.doc_bounds) == list(batch.doc_offsets)
-    assert list(batch.n_tokens) == list(batch.token_counts)
+    assert list(batch.token_counts) == [len(tiny_encoding.encode(t)) for t in TEXTS]
     for k, text in enumerate(TEXTS):
-        a, b = batch.doc_bounds[k], batch.doc_bounds[k + 1]
+        a, b = batch.doc_offsets[k], batch.doc_offsets[k + 1]
         assert ids[a:b].tolist() == list(tiny_encoding.encode(text))
         assert [tuple(p) for p in pairs[a:b].tolist()] == \
             expected_spans(tiny_encoding, text, "byte")
@@ -110,14 +108,16 @@ def test_token_texts_and_special_flags(stub, tiny_encoding):
     assert not plain.texts and not plain.special   # only on request
 
 
-def test_counts_are_json_numbers(stub):
-    """uint32 fields print as JSON numbers (the uint64 ones as strings, kept for old
-    clients)."""
+def test_counts_are_json_numbers(stub, tiny_encoding):
+    """Counts and positions are uint32: JSON numbers, not the strings of uint64."""
     reply = stub.Tokenize(pb.TokenizeRequest(text="hello world"), timeout=60)
-    as_json = json_format.MessageToDict(reply)
-    assert isinstance(as_json["nTokens"], int) and isinstance(as_json["tokenCount"], str)
+    assert isinstance(json_format.MessageToDict(reply)["tokenCount"], int)
     count = stub.CountTokens(pb.CountTokensRequest(text="hello world"), timeout=60)
-    assert count.n_tokens == count.count == reply.n_tokens
+    assert isinstance(json_format.MessageToDict(count)["count"], int)
+    assert count.count == reply.token_count == len(tiny_encoding.encode("hello world"))
+    batch = json_format.MessageToDict(stub.TokenizeBatch(
+        pb.TokenizeBatchRequest(texts=["hello world", "x"]), timeout=60))
+    assert all(isinstance(v, int) for v in batch["docOffsets"] + batch["tokenCounts"])
 
 
 def test_detokenize_takes_packed_ids(stub, tiny_encoding):

@@ -124,8 +124,8 @@ def test_truncation_right_and_left(stub, tiny_encoding):
         text=text, truncation=pb.Truncation(max_tokens=5, side=pb.TRUNCATION_SIDE_LEFT),
         offsets=pb.OFFSET_UNIT_BYTE), timeout=30)
     _, offsets = tiny_encoding.encode_with_offsets(text, unit="byte")
-    assert list(right.ids) == full[:5] and list(right.offsets) == [int(o) for o in offsets[:5]]
-    assert list(left.ids) == full[-5:] and list(left.offsets) == [int(o) for o in offsets[-5:]]
+    assert list(right.ids) == full[:5] and list(right.starts) == [int(o) for o in offsets[:5]]
+    assert list(left.ids) == full[-5:] and list(left.starts) == [int(o) for o in offsets[-5:]]
     for reply in (right, left):
         assert reply.token_count == len(full) and reply.truncated
     whole = stub.Tokenize(pb.TokenizeRequest(text=text, truncation=pb.Truncation(
@@ -177,7 +177,7 @@ def test_tokenize_batch_edge_cases(stub, tiny_encoding):
         offsets=pb.OFFSET_UNIT_CHAR), timeout=30)
     want = list(tiny_encoding.encode("ok <|fim|>", allowed_special="all"))
     assert list(allowed.ids)[allowed.doc_offsets[1]:] == want
-    assert len(allowed.offsets) == len(allowed.ids)
+    assert len(allowed.starts) == len(allowed.ids)
 
 
 # ---- TokenizeStream ----------------------------------------------------------------------------

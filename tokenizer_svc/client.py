@@ -374,7 +374,7 @@ class TokenizerClient:
         request = self._request(text, special_policy(allowed_special, disallowed_special),
                                 offsets=units[unit])
         reply = self._call(self.stub.Tokenize, request)
-        return list(reply.ids), list(reply.offsets)
+        return list(reply.ids), list(reply.starts)
 
     def count_tokens(self, text, *, allowed_special=frozenset(), disallowed_special="all") -> int:
         if isinstance(text, (bytes, bytearray)):

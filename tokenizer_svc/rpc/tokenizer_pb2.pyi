@@ -102,9 +102,8 @@ class TokenizeRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., id: _Optional[str] = ..., format: _Optional[_Union[IdFormat, str]] = ..., token_texts: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("ids", "offsets", "token_count", "truncated", "id", "ids_packed", "starts", "ends", "offsets_packed", "n_tokens", "texts", "special")
+    __slots__ = ("ids", "token_count", "truncated", "id", "ids_packed", "starts", "ends", "offsets_packed", "texts", "special")
     IDS_FIELD_NUMBER: _ClassVar[int]
-    OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -112,11 +111,9 @@ class TokenizeResponse(_message.Message):
     STARTS_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_PACKED_FIELD_NUMBER: _ClassVar[int]
-    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    offsets: _containers.RepeatedScalarFieldContainer[int]
     token_count: int
     truncated: bool
     id: str
@@ -124,10 +121,9 @@ class TokenizeResponse(_message.Message):
     starts: _containers.RepeatedScalarFieldContainer[int]
     ends: _containers.RepeatedScalarFieldContainer[int]
     offsets_packed: bytes
-    n_tokens: int
     texts: _containers.RepeatedScalarFieldContainer[str]
     special: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_count: _Optional[int] = ..., truncated: _Optional[bool] = ..., id: _Optional[str] = ..., ids_packed: _Optional[bytes] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ..., n_tokens: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., special: _Optional[_Iterable[bool]] = ...) -> None: ...
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., token_count: _Optional[int] = ..., truncated: _Optional[bool] = ..., id: _Optional[str] = ..., ids_packed: _Optional[bytes] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ..., texts: _Optional[_Iterable[str]] = ..., special: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class TokenizeBatchRequest(_message.Message):
     __slots__ = ("texts", "data", "special", "offsets", "truncation", "format", "per_item_errors")
@@ -148,30 +144,24 @@ class TokenizeBatchRequest(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ..., data: _Optional[_Iterable[bytes]] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ..., offsets: _Optional[_Union[OffsetUnit, str]] = ..., truncation: _Optional[_Union[Truncation, _Mapping]] = ..., format: _Optional[_Union[IdFormat, str]] = ..., per_item_errors: _Optional[bool] = ...) -> None: ...
 
 class TokenizeBatchResponse(_message.Message):
-    __slots__ = ("ids", "doc_offsets", "offsets", "token_counts", "ids_packed", "doc_bounds", "n_tokens", "starts", "ends", "offsets_packed", "errors")
+    __slots__ = ("ids", "doc_offsets", "token_counts", "ids_packed", "starts", "ends", "offsets_packed", "errors")
     IDS_FIELD_NUMBER: _ClassVar[int]
     DOC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
-    OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
     IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
-    DOC_BOUNDS_FIELD_NUMBER: _ClassVar[int]
-    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STARTS_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_PACKED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     doc_offsets: _containers.RepeatedScalarFieldContainer[int]
-    offsets: _containers.RepeatedScalarFieldContainer[int]
     token_counts: _containers.RepeatedScalarFieldContainer[int]
     ids_packed: bytes
-    doc_bounds: _containers.RepeatedScalarFieldContainer[int]
-    n_tokens: _containers.RepeatedScalarFieldContainer[int]
     starts: _containers.RepeatedScalarFieldContainer[int]
     ends: _containers.RepeatedScalarFieldContainer[int]
     offsets_packed: bytes
     errors: _containers.RepeatedCompositeFieldContainer[ItemError]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., doc_offsets: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ..., ids_packed: _Optional[bytes] = ..., doc_bounds: _Optional[_Iterable[int]] = ..., n_tokens: _Optional[_Iterable[int]] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ..., errors: _Optional[_Iterable[_Union[ItemError, _Mapping]]] = ...) -> None: ...
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., doc_offsets: _Optional[_Iterable[int]] = ..., token_counts: _Optional[_Iterable[int]] = ..., ids_packed: _Optional[bytes] = ..., starts: _Optional[_Iterable[int]] = ..., ends: _Optional[_Iterable[int]] = ..., offsets_packed: _Optional[bytes] = ..., errors: _Optional[_Iterable[_Union[ItemError, _Mapping]]] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("text", "data", "special")
@@ -184,12 +174,10 @@ class CountTokensRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., special: _Optional[_Union[SpecialTokenPolicy, _Mapping]] = ...) -> None: ...
 
 class CountTokensResponse(_message.Message):
-    __slots__ = ("count", "n_tokens")
+    __slots__ = ("count",)
     COUNT_FIELD_NUMBER: _ClassVar[int]
-    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
     count: int
-    n_tokens: int
-    def __init__(self, count: _Optional[int] = ..., n_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
 
 class DetokenizeRequest(_message.Message):
     __slots__ = ("ids", "mode", "id", "ids_packed")
@@ -395,13 +383,13 @@ class ApplyChatTemplateRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., messages_json: _Optional[str] = ..., add_generation_prompt: _Optional[bool] = ..., tools_json: _Optional[str] = ..., documents_json: _Optional[str] = ..., variables_json: _Optional[str] = ..., template: _Optional[str] = ..., format: _Optional[_Union[IdFormat, str]] = ...) -> None: ...
 
 class ApplyChatTemplateResponse(_message.Message):
-    __slots__ = ("ids", "ids_packed", "text", "n_tokens")
+    __slots__ = ("ids", "ids_packed", "text", "token_count")
     IDS_FIELD_NUMBER: _ClassVar[int]
     IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
-    N_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     ids_packed: bytes
     text: str
-    n_tokens: int
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., ids_packed: _Optional[bytes] = ..., text: _Optional[str] = ..., n_tokens: _Optional[int] = ...) -> None: ...
+    token_count: int
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., ids_packed: _Optional[bytes] = ..., text: _Optional[str] = ..., token_count: _Optional[int] = ...) -> None: ...

@@ -428,7 +428,6 @@ class TokenizerServicer:
         [result] = await self._run(job, 1, nbytes, context, method)
         self.metrics.tokens_of["encode"].inc(result.ids.size)
         response = pb.TokenizeResponse(token_count=result.token_count,
-                                       n_tokens=result.token_count,
                                        truncated=result.truncated, id=request.id)
         packed = request.format == pb.ID_FORMAT_PACKED
         if packed:
@@ -439,9 +438,7 @@ class TokenizerServicer:
             if packed:
                 response.offsets_packed = packed_u32(_pairs(result.offsets, result.ends))
             else:
-                starts = result.offsets.tolist()
-                response.offsets.extend(starts)
-                response.starts.extend(starts)
+                response.starts.extend(result.offsets.tolist())
                 response.ends.extend(result.ends.tolist())
         if request.token_texts:
             texts, special = self._token_texts(result.ids)
@@ -513,8 +510,7 @@ class TokenizerServicer:
         self.metrics.tokens_of["encode"].inc(ids.size)
         bounds = doc_offsets.tolist()
         token_counts = [r.token_count for r in results]
-        response = pb.TokenizeBatchResponse(doc_offsets=bounds, doc_bounds=bounds,
-                                            token_counts=token_counts, n_tokens=token_counts,
+        response = pb.TokenizeBatchResponse(doc_offsets=bounds, token_counts=token_counts,
                                             errors=errors)
         packed = request.format == pb.ID_FORMAT_PACKED
         if packed:
@@ -527,7 +523,6 @@ class TokenizerServicer:
             if packed:
                 response.offsets_packed = packed_u32(_pairs(starts, ends))
             else:
-                response.offsets.extend(starts.tolist())
                 response.starts.extend(starts.tolist())
                 response.ends.extend(ends.tolist())
         return response
@@ -546,7 +541,7 @@ class TokenizerServicer:
         doc, nbytes = self._doc(request)
         job = EncodeJob([doc], self._rule(request.special))
         [result] = await self._run(job, 1, nbytes, context, "CountTokens")
-        return pb.CountTokensResponse(count=result.token_count, n_tokens=result.token_count)
+        return pb.CountTokensResponse(count=result.token_count)
 
     # ---- detokenize -----------------------------------------------------------------------
 
@@ -715,7 +710,7 @@ class TokenizerServicer:
         [result] = await self._run(EncodeJob([text], rule), 1, nbytes, context,
                                    "ApplyChatTemplate")
         self.metrics.tokens_of["encode"].inc(result.ids.size)
-        response = pb.ApplyChatTemplateResponse(text=text, n_tokens=result.ids.size)
+        response = pb.ApplyChatTemplateResponse(text=text, token_count=result.ids.size)
         if request.format == pb.ID_FORMAT_PACKED:
             response.ids_packed = packed_u32(result.ids)
         else:
