@@ -174,27 +174,20 @@ def test_h200_tuned_and_default_configurations_are_fingerprinted_kernels():
             default = attention.TILED_DEFAULTS[key][0]
             assert attention.template_params(*default, 64) == \
                 attention.template_params(rows, cols, 64)   # PF 16: the fingerprinted one
-    # every retired measurement keeps its timing under a name that says so
-    retired = [c for e in TUNED["entries"].values() for c in e["candidates"] if "retired" in c]
-    assert retired and all(re.search(r"-retired-[a-z-]+$", c) for c in retired)
+    # the candidates are today's kernels only: a retired variant leaves with its timings
+    assert not [c for e in TUNED["entries"].values() for c in e["candidates"] if "retired" in c]
 
 
 # ---- configuration strings ---------------------------------------------------------------
 
-def test_config_strings_explain_themselves_and_old_spellings_upgrade():
+def test_config_strings_explain_themselves():
     cfg = linear.MatmulConfig.parse("128x128x32-8x8-s1-fold32")
     assert cfg.fold == 32 and str(cfg) == "128x128x32-8x8-s1-fold32"
-    assert linear.upgrade_config("128x128x32-8x8-s1-f32") == "128x128x32-8x8-s1-fold32"
-    assert linear.upgrade_config("128x128x16-8x8-s2-reg") == "128x128x16-8x8-s2"
-    with pytest.raises(ValueError, match="old spelling.*fold32"):
-        linear.MatmulConfig.parse("128x128x32-8x8-s1-f32")
-    for retired in ("128x64x32-8x4-s1-f64-dot", "128x128x16-8x8-s1-loop"):
-        with pytest.raises(ValueError, match="retired"):
-            linear.upgrade_config(retired)
-    assert attention.upgrade_config("64x32-pf") == "64x32"
-    with pytest.raises(ValueError, match="retired -db"):
-        attention.upgrade_config("32x16-db")
-    with pytest.raises(ValueError, match="old spelling; today: '64x32'"):
+    for other in ("128x128x32-8x8-s1-f32", "128x128x16-8x8-s1-loop"):
+        with pytest.raises(ValueError, match="BMxBNxBK-TMxTN-sS"):
+            linear.MatmulConfig.parse(other)
+    assert attention.parse_config("64x32") == (64, 32)
+    with pytest.raises(ValueError, match="ROWSxCOLS"):
         attention.parse_config("64x32-pf")
     with pytest.raises(ValueError, match="ROWSxCOLS"):
         attention.parse_config("64x32-fast")
@@ -204,21 +197,16 @@ def test_config_strings_explain_themselves_and_old_spellings_upgrade():
         "-fold16: a fold applies to the packed-f16 kernel only (f16_math=True)"]
 
 
-def test_tuned_entries_of_retired_kernels_fall_back_with_a_warning(monkeypatch):
+def test_tuned_entries_that_do_not_parse_fall_back_with_a_warning(monkeypatch):
     from istanbul.shaders import tuned_cache
     monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-db")
-    with pytest.warns(UserWarning, match="retired -db"):
+    with pytest.warns(UserWarning, match="ignoring the tuned entry attention/forward.*ROWSxCOLS"):
         assert attention.choose_config(H200, "forward", 1024, 64) == \
             attention.TILED_DEFAULTS["forward"][0]
-    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "32x16-pf")
-    assert attention.choose_config(H200, "forward", 1024, 64) == (32, 16)
     monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "128x64x32-8x4-s1-f64-dot")
-    with pytest.warns(UserWarning, match="retired -dot"):
+    with pytest.warns(UserWarning, match="ignoring the tuned entry matmul/.*BMxBNxBK"):
         cfg = linear.choose_config(H200, "nt", np.float16, True, 8192, 768, 768)
     assert cfg == linear.default_config(H200, "nt_h16", 8192, 768, 768)
-    monkeypatch.setattr(tuned_cache, "lookup", lambda *a, **k: "128x128x32-8x8-s1-f32")
-    assert str(linear.choose_config(H200, "nt", np.float16, True, 8192, 768, 768)) == \
-        "128x128x32-8x8-s1-fold32"
 
 
 # ---- the kernels compute the right sums --------------------------------------------------

@@ -368,10 +368,6 @@ MAX_SL = 4                 # prefetch registers per statistic (dK/dV's lse, dvec
 UNROLL_D = 4
 UNROLL_N = 4
 _TILE_RE = re.compile(r"^(\d+)x(\d+)$")
-# Spellings before the expansion pass (tuned caches until 2026-12-01): "-pf" named the
-# prefetching kernel (now the only one), "-reg" the same tiles without prefetch (retired:
-# slower at every tuned shape, and the sums are the same); "-loop" and "-db" were retired.
-_LEGACY_RE = re.compile(r"^(\d+x\d+)-(reg|pf|loop|db)$")
 
 
 def prefetch_loads(rows: int, cols: int, D: int) -> int:
@@ -385,19 +381,6 @@ def template_params(rows: int = 16, cols: int = 16, D: int = 16) -> dict:
     loads = prefetch_loads(rows, cols, D)
     pf = next((n for n in PREFETCH_REGS if loads <= n), 0)
     return {"PREFETCH": pf > 0, "PF": pf, "UNROLL_D": UNROLL_D, "UNROLL_N": UNROLL_N}
-
-
-def upgrade_config(text: str) -> str:
-    """A config string in today's spelling ("64x32-pf" -> "64x32"); ValueError for the
-    retired "-loop" and "-db" kernels (re-tune: `istanbul kernels tune`)."""
-    text = str(text).strip()
-    m = _LEGACY_RE.match(text)
-    if not m:
-        return text
-    if m.group(2) in ("loop", "db"):
-        raise ValueError(f"attention config {text!r} names the retired -{m.group(2)} kernels "
-                         "(dev/compare_trees/README.md); re-tune with `istanbul kernels tune`")
-    return m.group(1)
 
 
 def _threads_per_row(D: int) -> int:
@@ -494,14 +477,7 @@ def parse_config(text) -> tuple[int, int]:
         return int(text[0]), int(text[1])
     m = _TILE_RE.match(str(text).strip())
     if not m:
-        hint = ""
-        if _LEGACY_RE.match(str(text).strip()):
-            try:
-                hint = f" (old spelling; today: {upgrade_config(text)!r})"
-            except ValueError as exc:
-                hint = f" ({exc})"
-        raise ValueError(f"attention config {text!r} is not of the form ROWSxCOLS "
-                         f"(e.g. 64x32){hint}")
+        raise ValueError(f"attention config {text!r} is not of the form ROWSxCOLS (e.g. 64x32)")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -530,7 +506,7 @@ def choose_config(device, kernel: str, T: int, D: int, config=None):
     tuned = tuned_cache.lookup(device, "attention", kernel, (T, D))
     if tuned is not None:
         try:
-            rows, cols = parse_config(upgrade_config(tuned))
+            rows, cols = parse_config(tuned)
         except ValueError as exc:
             message = f"ignoring the tuned entry attention/{kernel}/{T}x{D}: {exc}"
             if message not in _WARNED:

@@ -115,24 +115,6 @@ PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgr
 UNROLL_K = 1
 
 _CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-fold(\d+))?$")
-# Spellings of configurations before the expansion pass (tuned caches written until
-# 2026-12-01): "-fN" meant FOLD N; "-reg" the only kernel kept. "-loop" (private-array
-# kernels) and "-dot" (k-pair packed f16) were retired (dev/compare_trees/README.md).
-_LEGACY_RE = re.compile(r"^(?P<base>\d+x\d+x\d+-\d+x\d+-s\d+)(?:-f(?P<fold>\d+))?"
-                        r"(?:-(?P<impl>reg|loop|dot))?$")
-
-
-def upgrade_config(text: str) -> str:
-    """A configuration string in today's spelling: "-fN" -> "-foldN", "-reg" dropped.
-    ValueError for the retired "-loop" and "-dot" kernels (re-tune: `istanbul kernels tune`)."""
-    text = str(text).strip()
-    m = _LEGACY_RE.match(text)
-    if not m or _CONFIG_RE.match(text):
-        return text
-    if m.group("impl") in ("loop", "dot"):
-        raise ValueError(f"matmul config {text!r} names the retired -{m.group('impl')} kernels "
-                         "(dev/compare_trees/README.md); re-tune with `istanbul kernels tune`")
-    return m.group("base") + (f"-fold{m.group('fold')}" if m.group("fold") else "")
 
 
 @dataclass(frozen=True)
@@ -170,12 +152,9 @@ class MatmulConfig:
             return text
         m = _CONFIG_RE.match(str(text).strip())
         if not m:
-            hint = ""
-            if _LEGACY_RE.match(str(text).strip()):
-                hint = f" (old spelling; today: {upgrade_config(text)!r})"
             raise ValueError(f"matmul config {text!r} is not of the form "
                              "BMxBNxBK-TMxTN-sS[-foldF] (e.g. 128x128x16-8x8-s1, "
-                             f"128x128x32-8x8-s1-fold32){hint}")
+                             "128x128x32-8x8-s1-fold32)")
         bm, bn, bk, tm, tn, splits, fold = m.groups()
         return cls(int(bm), int(bn), int(bk), int(tm), int(tn), int(splits),
                    int(fold) if fold else 0)
@@ -541,7 +520,7 @@ def choose_config(device, layout: str, b_dtype, f16_math: bool, M: int, N: int,
     text = tuned_cache.lookup(device, "matmul", key, (M, N, K))
     if text is not None:
         try:
-            cfg = MatmulConfig.parse(upgrade_config(text))
+            cfg = MatmulConfig.parse(text)
         except ValueError as exc:
             _warn_once(f"ignoring the tuned entry matmul/{key}/{M}x{N}x{K}: {exc}")
         else:
