@@ -20,7 +20,6 @@ text.
 from __future__ import annotations
 
 import base64
-import os
 import sysconfig
 from collections import Counter
 from functools import lru_cache
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import settings
 from ...ladder import KernelCase, Launch, register
 from . import reference
 from .patterns import PATTERN_IDS
@@ -46,8 +46,8 @@ KNOWN_FILES = {"gpt2": "gpt2.tiktoken", "cl100k": "cl100k_base.tiktoken",
 
 def vocab_dirs() -> list[Path]:
     """Where the real vocabularies are looked for: $ISTANBUL_VOCAB_DIR, ~/.cache/istanbul/vocab."""
-    own = os.environ.get("ISTANBUL_VOCAB_DIR")
-    return ([Path(own)] if own else []) + [Path.home() / ".cache" / "istanbul" / "vocab"]
+    own = settings.read("ISTANBUL_VOCAB_DIR")
+    return ([own] if own is not None else []) + [Path.home() / ".cache" / "istanbul" / "vocab"]
 
 
 def read_tiktoken(path: Path) -> dict:
