@@ -60,7 +60,8 @@ sys.path.insert(0, str(REPO))
 from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from tokenizer_svc.patterns import PATTERNS  # noqa: E402
-from tokenizer_svc.training import cpu_reference, gpu_trainer  # noqa: E402
+from istanbul.shaders.kernels.bpe_train import trainer as gpu_trainer  # noqa: E402
+from tokenizer_svc.training import cpu_reference, vocabulary_from  # noqa: E402
 from tokenizer_svc.training.corpus import count_pieces  # noqa: E402
 from tokenizer_svc.training.gpu_corpus import count_pieces_gpu  # noqa: E402
 
@@ -240,7 +241,7 @@ def tiktoken_agrees(result, args, held_out: str, device, out: Path) -> bool:
     import istanbul
     from tokenizer_svc.vocab import load_vocabulary, save_vocabulary
     path = out / f"istanbul-{args.pattern}-{args.merges}.tiktoken"
-    save_vocabulary(result.to_vocabulary(path.stem, PATTERNS[args.pattern]), path)
+    save_vocabulary(vocabulary_from(result, path.stem, PATTERNS[args.pattern]), path)
     vocab = load_vocabulary(path)
     enc = tiktoken.Encoding(vocab.name, pat_str=vocab.pattern, mergeable_ranks=vocab.ranks,
                             special_tokens=vocab.special_tokens)

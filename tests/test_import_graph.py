@@ -1,4 +1,10 @@
-"""No import cycle between the product's modules, function-local imports included.
+"""No import cycle between the product's modules, and every import points down a floor,
+function-local imports included.
+
+The floors, from the ground: `istanbul_errors`; the kernel house `istanbul.shaders` (the folder
+shaders/: kernels, their launch code and references, the engine); the libraries
+`tokenizer_svc`, then `trainer_svc` (which uses the tokenizer); the package `istanbul` (the
+public API and the command line) on top. A module imports only from its own floor or below.
 
 The graph is built from the source (AST), not by importing: an edge A -> B for every
 `import B` / `from B import x` anywhere in A, also inside functions, where B is one of the
@@ -103,7 +109,7 @@ def test_the_graph_sees_function_local_and_relative_imports():
     assert f"{house}.engine" in graph[f"{house}.kernels.op_support"]           # from ..engine
     assert f"{house}.kernels.rmsnorm.ops" in graph[f"{house}.kernels.rmsnorm.cases"]  # . import
     assert f"{house}.tuned_cache" in graph[f"{house}.kernels.matmul.ops"]      # inside a function
-    assert "tokenizer_svc.gpu_encode" in graph[f"{house}.kernels.bpe.cases"]
+    assert f"{house}.kernels.bpe.encode" in graph[f"{house}.kernels.bpe.cases"]
     assert any(f"{house}.engine" in graph[m] for m in graph if m.startswith("tokenizer_svc."))
 
 
@@ -143,3 +149,65 @@ def test_nothing_imports_a_mapped_folder_by_its_folder_name():
                     wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name} "
                                  f"(write {mapped_folders()[folder]}{name[len(folder):]})")
     assert not wrong, wrong
+
+
+# floor -> the top-level names it must not import (its own floor and the ones below are fine)
+ABOVE = {
+    "istanbul.shaders": ("tokenizer_svc", "trainer_svc", "istanbul"),
+    "tokenizer_svc": ("trainer_svc", "istanbul"),
+    "trainer_svc": ("istanbul",),
+}
+
+
+def _floor(module: str) -> str | None:
+    return next((f for f in ABOVE if module == f or module.startswith(f + ".")), None)
+
+
+def imported_names(path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, relative ones resolved;
+    `from pkg import name` counts as pkg.name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            origin = node.module or ""
+            if node.level:
+                up = base[:len(base) - (node.level - 1)]
+                origin = ".".join(up + ([origin] if origin else []))
+            out += [(node.lineno, f"{origin}.{a.name}") for a in node.names]
+    return out
+
+
+def upward_imports() -> list[str]:
+    wrong = []
+    for module, path in product_modules().items():
+        floor = _floor(module)
+        if floor is None:
+            continue
+        for line, name in imported_names(path, module):
+            if name == "istanbul.shaders" or name.startswith("istanbul.shaders."):
+                continue                                   # the house: below every library
+            if name.split(".")[0] in ABOVE[floor]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+    return wrong
+
+
+def test_the_floor_check_sees_relative_and_function_local_imports(tmp_path):
+    f = tmp_path / "__init__.py"
+    f.write_text("def f():\n    from ...tokenizer_svc import vocab\n")
+    assert imported_names(f, "istanbul.shaders.kernels") == [(2, "istanbul.tokenizer_svc.vocab")]
+    g = tmp_path / "m.py"
+    g.write_text("import trainer_svc.model\nfrom istanbul import shaders\n")
+    assert imported_names(g, "tokenizer_svc.m") == [(1, "trainer_svc.model"),
+                                                      (2, "istanbul.shaders")]
+
+
+def test_every_import_points_down_a_floor():
+    """The house imports no library and no `istanbul`; the libraries import no `istanbul`
+    (only `istanbul.shaders`), and the tokenizer not the trainer."""
+    wrong = upward_imports()
+    assert not wrong, ("upward imports (move what they need down to the importing floor, or "
+                       f"pass it in): {wrong}")

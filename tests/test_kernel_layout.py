@@ -17,7 +17,8 @@ from istanbul.shaders import source
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "shaders" / "kernels"
-# families whose op functions are the tokenizer's own classes (tokenizer_svc), not an ops.py
+# families whose launch code is named after what it launches, not an ops.py (bpe: encode.py,
+# scan.py, decode.py; bpe_train: trainer.py, piece_count.py, piece_store.py)
 OPS_ELSEWHERE = {"bpe", "bpe_train"}
 NO_CASES = {"roofline"}   # the ladder's FMA ceilings: timed by the bench rung, no reference
 

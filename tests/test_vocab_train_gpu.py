@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from istanbul.shaders.kernels.bpe_train import trainer as gpu_trainer
+from istanbul.shaders.kernels.bpe_train.merges import CorpusExhausted, TrainingError
+from istanbul.shaders.kernels.bpe_train.trainer import TrainerOptions
 from tokenizer_svc.patterns import PATTERNS
-from tokenizer_svc.training import cpu_reference, gpu_trainer
+from tokenizer_svc.training import cpu_reference
 from tokenizer_svc.training.corpus import pieces_of_text
-from tokenizer_svc.training.gpu_trainer import TrainerOptions
-from tokenizer_svc.training.merges import CorpusExhausted, TrainingError
 
 from tests.conftest import SHARED_VOCAB
 

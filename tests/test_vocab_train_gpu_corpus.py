@@ -15,11 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from istanbul.shaders.kernels.bpe_train import trainer as gpu_trainer
+from istanbul.shaders.kernels.bpe_train.piece_count import GpuPieceCounter
+from istanbul.shaders.kernels.bpe_train.piece_store import LONG_MIN
 from tokenizer_svc.patterns import PATTERNS
-from tokenizer_svc.training import TrainingError, cpu_reference, gpu_trainer, train_vocabulary
+from tokenizer_svc.training import TrainingError, cpu_reference, train_vocabulary
 from tokenizer_svc.training.corpus import CorpusError, count_pieces
-from tokenizer_svc.training.gpu_corpus import (LONG_MIN, GpuPieceCounter, count_pieces_gpu,
-                                               gpu_pattern)
+from tokenizer_svc.training.gpu_corpus import count_pieces_gpu, gpu_pattern
 
 EOT = "<|endoftext|>"
 MIXED = ("Hello world's  fine   \r\n\r\n  tabs\t\there 12345678 digits ünïcödé 日本語テキスト "

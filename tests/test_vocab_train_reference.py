@@ -1,4 +1,4 @@
-"""The training contract (tokenizer_svc/training/merges.py) on the CPU reference trainer.
+"""The training contract (shaders/kernels/bpe_train/merges.py) on the CPU reference trainer.
 
 Hand-checked examples pin the semantics; a brute-force trainer written here (recount every
 pair from scratch after every merge) checks the incremental reference on random corpora.
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenizer_svc.training import cpu_reference
-from tokenizer_svc.training.merges import (CorpusExhausted, Merge, TrainingError,
-                                           TrainingResult, check_request, merge_piece,
-                                           tokens_from_merges)
+from istanbul.shaders.kernels.bpe_train.merges import (CorpusExhausted, Merge, TrainingError,
+                                                       TrainingResult, check_request, merge_piece,
+                                                       tokens_from_merges)
+from tokenizer_svc.training import cpu_reference, vocabulary_from
 
 A, B, C = ord("a"), ord("b"), ord("c")
 
@@ -99,7 +99,7 @@ def test_max_token_bytes_caps_merged_length():
 
 def test_special_tokens_follow_the_last_merge_in_order():
     result = cpu_reference.train({b"hello": 2}, 258)
-    vocab = result.to_vocabulary("v", "x", ["<|end|>", "<|pad|>"])
+    vocab = vocabulary_from(result, "v", "x", ["<|end|>", "<|pad|>"])
     assert vocab.special_tokens == {"<|end|>": 258, "<|pad|>": 259}
     assert vocab.n_vocab == 260
     assert vocab.ranks[b"el"] == 256 and vocab.ranks[bytes([0])] == 0  # ties: lowest left

@@ -11,7 +11,7 @@ JSON Lines, JSON, Parquet, Arrow, `datasets` folders; compressed or not).
 writes `my.tiktoken` (base64 token + rank per line: tiktoken's format) and `my.tiktoken.json`
 (pattern and special tokens), both atomically, only once training has succeeded. The
 semantics (ranks, tie-break, overlapping runs, special ids) are in
-tokenizer_svc/training/merges.py.
+shaders/kernels/bpe_train/merges.py.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def check_arguments(args):
     from .patterns import PATTERNS, pattern_name_for
     from .training import CorpusError, TrainingError, resolve_pattern
     from .training.corpus import split_inputs
-    from .training.merges import check_request
+    from istanbul.shaders.kernels.bpe_train.merges import check_request
 
     try:
         corpus = CorpusReader(args.files, format=args.format,

@@ -8,10 +8,12 @@
 The modules, in the order data flows through them:
 
 - `corpus`: files -> unique pre-tokenized pieces with counts (streaming, optionally parallel)
-- `gpu_corpus`: the same on the GPU (the encoder's pre-tokenizer kernels + a hash table)
-- `merges`: the contract both trainers implement (ranks, tie-break, overlapping runs)
+- `gpu_corpus`: the same on the GPU (files cut into chunks for the kernel family's piece
+  counter, istanbul.shaders.kernels.bpe_train.piece_count)
+- istanbul.shaders.kernels.bpe_train.merges: the contract both trainers implement (ranks,
+  tie-break, overlapping runs)
 - `cpu_reference`: the readable trainer
-- `gpu_trainer`: the WGSL trainer (shaders/kernels/bpe_train/); same merges, much faster
+- istanbul.shaders.kernels.bpe_train.trainer: the WGSL trainer; same merges, much faster
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from istanbul.shaders.kernels.bpe_train.merges import (N_BYTES, CorpusExhausted, TrainingError,
+                                                       TrainingResult, check_request)
 from ..patterns import PATTERNS
 from ..vocab import Vocabulary
 from .corpus import DEFAULT_CHUNK_BYTES, CorpusError, PieceCounts, count_pieces
-from .merges import N_BYTES, CorpusExhausted, TrainingError, TrainingResult, check_request
 
 TRAINERS = ("gpu", "cpu")
 PRETOKENIZERS = ("auto", "gpu", "cpu")
@@ -45,6 +48,12 @@ class TrainingReport:
         return (f"corpus: {self.corpus.describe()} (pre-tokenized in "
                 f"{self.pretokenize_seconds:.1f}s on the {where_pre}); learned {merges:,} "
                 f"merges in {self.train_seconds:.1f}s ({rate:,.0f} merges/s) on {where}")
+
+
+def vocabulary_from(result: TrainingResult, name: str, pattern: str, specials=()) -> Vocabulary:
+    """The trained vocabulary, special tokens numbered after the last ordinary token."""
+    return Vocabulary(name=name, ranks=result.ranks(), pattern=pattern,
+                      special_tokens=result.special_ids(specials))
 
 
 def resolve_pattern(pattern: str) -> str:
@@ -121,9 +130,9 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
             bar.update(merges_done - bar.n)
     try:
         if trainer == "gpu":
-            from . import gpu_trainer
-            result = gpu_trainer.train(corpus.pieces, n_tokens, max_token_bytes, len(specials),
-                                       device=device, progress=callback, options=gpu_options)
+            from istanbul.shaders.kernels.bpe_train.trainer import train as train_gpu
+            result = train_gpu(corpus.pieces, n_tokens, max_token_bytes, len(specials),
+                               device=device, progress=callback, options=gpu_options)
         else:
             from . import cpu_reference
             result = cpu_reference.train(corpus.pieces, n_tokens, max_token_bytes,
@@ -132,11 +141,11 @@ def train_vocabulary(files, size: int, pattern: str = "o200k", specials=(),
         if bar is not None:
             bar.close()
     t2 = time.perf_counter()
-    vocab = result.to_vocabulary(name, regex_text, specials)
+    vocab = vocabulary_from(result, name, regex_text, specials)
     return vocab, TrainingReport(corpus=corpus, result=result, trainer=trainer,
                                  pretokenize_seconds=t1 - t0, train_seconds=t2 - t1,
                                  details={"pretokenizer": "gpu" if on_gpu else "cpu"})
 
 
 __all__ = ["CorpusError", "CorpusExhausted", "TrainingError", "TrainingReport",
-           "TrainingResult", "resolve_pattern", "train_vocabulary"]
+           "TrainingResult", "resolve_pattern", "train_vocabulary", "vocabulary_from"]

@@ -66,7 +66,7 @@ class CorpusError(ValueError):
 class PieceCounts:
     """The corpus as training sees it: unique pieces (bytes) and their occurrence counts."""
 
-    pieces: dict  # bytes -> int (from the GPU counter a read-only mapping, gpu_piece_store)
+    pieces: dict  # bytes -> int (from the GPU counter a read-only mapping, bpe_train.piece_store)
     files: int = 0  # inputs
     bytes_read: int = 0
     occurrences: int = 0  # pieces in the corpus, with repeats

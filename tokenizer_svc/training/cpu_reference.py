@@ -1,4 +1,5 @@
-"""The CPU reference trainer: byte-level BPE written to be read (the contract is merges.py).
+"""The CPU reference trainer: byte-level BPE written to be read (the contract is
+istanbul.shaders.kernels.bpe_train.merges).
 
     result = train({b"hello": 3, b" world": 2}, n_tokens=300)
     result.merges[0]      # Merge(left=108, right=108, token=256, count=3): "l" + "l"
@@ -17,7 +18,8 @@ import heapq
 import time
 from collections import defaultdict
 
-from .merges import N_BYTES, Merge, TrainingResult, exhausted, merge_piece, tokens_from_merges
+from istanbul.shaders.kernels.bpe_train.merges import (N_BYTES, Merge, TrainingResult, exhausted,
+                                                       merge_piece, tokens_from_merges)
 
 
 def pairs(ids: list):

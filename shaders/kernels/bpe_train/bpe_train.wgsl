@@ -1,6 +1,6 @@
 // bpe_train.wgsl — byte-level BPE vocabulary training on the device.
-// The contract (pair counts, tie-break, overlapping runs) is tokenizer_svc/training/merges.py;
-// the host loop is tokenizer_svc/training/gpu_trainer.py.
+// The contract (pair counts, tie-break, overlapping runs) is merges.py; the host loop is
+// trainer.py (both in this folder).
 //
 // Data on the device:
 //   tokens[i]        token ids of every unique piece, back to back (positions)

@@ -4,9 +4,9 @@ making the new pairs keys), compact;
 for piece_count.wgsl (one chunk's unique pieces, counted on the device) and piece_store.wgsl
 (the corpus's unique pieces, kept on the device from chunk to chunk).
 
-Each case builds the device state the kernel expects (the layout of
-tokenizer_svc/training/gpu_trainer.py), runs it, and compares exactly against a slow numpy /
-Python reference written from the contract in tokenizer_svc/training/merges.py. Outputs that
+Each case builds the device state the kernel expects (the layout of trainer.py), runs it, and
+compares exactly against a slow numpy / Python reference written from the contract in
+merges.py. Outputs that
 the GPU may order freely (pair keys, compacted pieces) are put in a canonical order first.
 Outputs have shapes fixed by the inputs (padded tables, dense pair-count matrices), so a
 wrong kernel fails the comparison instead of breaking it. Every launch starts by copying
@@ -23,9 +23,9 @@ from ...ladder import KernelCase, Launch, register
 from .reference import (best_reference, compact_canonical, compact_reference, count_reference,
                         dense_pairs, merge_reference, padded, pair_table, piece_count_reference,
                         piece_counts, piece_store_reference)
-
-from tokenizer_svc.training.gpu_corpus import COUNT_FILE, LONG_MIN
-from tokenizer_svc.training.gpu_trainer import (  # the state layout the trainer uses
+from .piece_count import COUNT_FILE
+from .piece_store import FILE as STORE_FILE, LONG_MIN
+from .trainer import (  # the state layout the trainer uses
     FILE, NO_CAP, S_A, S_B, S_BUDGET, S_CAP, S_ERRORS, S_HASH_MASK, S_KEY_CAP, S_KEY_END,
     S_LIVE, S_MERGES, S_N, S_N_PIECES, S_N_POSITIONS, S_NEXT_ID, S_NUM_KEYS, S_PENDING,
     S_TARGET, S_WORDS, APPLY_TILE, SELECT_ITEMS, WG)
@@ -598,7 +598,6 @@ def _store_inputs(rng, variant):
 
 
 def _store_launch(dev, inp):
-    from tokenizer_svc.training.gpu_piece_store import FILE as STORE_FILE
     data, calls = inp["text"], inp["calls"]
     words = np.zeros(-(-len(data) // 4) * 4, np.uint8)
     words[:len(data)] = np.frombuffer(data, np.uint8)

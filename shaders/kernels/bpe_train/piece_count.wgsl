@@ -1,7 +1,7 @@
 // piece_count.wgsl — count the unique pre-tokenized pieces of a text on the device, exactly.
 // Input: the text and, per byte, the length of the piece that starts there (NONE elsewhere),
 // as bpe_encode.wgsl's bpe_pretok writes it with MARK_PIECES = 1. The host side is
-// tokenizer_svc/training/gpu_corpus.py; the reference is reference.py:piece_count_reference.
+// piece_count.py; the reference is reference.py:piece_count_reference.
 //
 //   count_pieces   one invocation per byte before p.n_bytes that starts a piece: FNV-1a hash of its bytes, then
 //                  linear probing in `slots`, an open-addressing table holding the start + 1

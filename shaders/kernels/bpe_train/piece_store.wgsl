@@ -1,7 +1,7 @@
 // piece_store.wgsl — the corpus's unique pieces, kept on the device from chunk to chunk.
 // piece_count.wgsl finds the unique pieces of one chunk (start, length, count in `found`);
 // store_pieces adds them to a store that lives for the whole corpus, so only the store comes
-// back to the host, once, at the end (tokenizer_svc/training/gpu_corpus.py). The reference
+// back to the host, once, at the end (piece_store.py). The reference
 // is reference.py:piece_store_reference.
 //
 // The store:

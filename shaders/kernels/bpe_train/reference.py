@@ -2,9 +2,9 @@
 
     count:   the count of every byte pair (a, b) over all pieces, times each piece's count
     best:    the pair with the highest count; ties: lowest left id, then lowest right id
-    merge:   every piece with (a, b) merged left to right into id n (tokenizer_svc.training.
-             merges.merge_piece, the CPU trainer's), its new pairs counted (pairs longer than
-             the token cap not counted)
+    merge:   every piece with (a, b) merged left to right into id n (merges.merge_piece, the
+             contract's rule 4, as the CPU trainer does it), its new pairs counted (pairs
+             longer than the token cap not counted)
     compact: the pieces that still hold a pair (length >= 2), in a canonical (sorted) order
     piece count: how often each distinct byte string occurs among the marked pieces of a text
              (pieces starting at or after `limit` are context, not counted), in sorted order
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenizer_svc.training.gpu_trainer import NO_CAP
+from .merges import merge_piece
+from .trainer import NO_CAP
 
 
 def count_reference(inp):
@@ -62,7 +63,6 @@ def padded(pieces: list, width: int) -> np.ndarray:
 
 
 def merge_reference(inp):
-    from tokenizer_svc.training.merges import merge_piece
     new = [merge_piece(p, inp["a"], inp["b"], inp["n"]) for p in inp["pieces"]]
     table = pair_table(new, inp["counts"], inp["tok_len"], inp["cap"])
     width = max(len(p) for p in inp["pieces"])

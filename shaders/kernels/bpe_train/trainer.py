@@ -1,10 +1,11 @@
-"""The GPU trainer: byte-level BPE training as WGSL kernels (shaders/kernels/bpe_train/).
+"""The GPU trainer: byte-level BPE training as WGSL kernels (bpe_train.wgsl).
 
     result = train(pieces, n_tokens=32000, device=Device())
     result.merges == cpu_reference.train(pieces, 32000).merges     # always (tested)
 
-The contract is merges.py; the kernels and their data layout are described at the top of
-bpe_train.wgsl. This module is the host side:
+The contract is merges.py (the readable CPU trainer: tokenizer_svc/training/cpu_reference.py);
+the kernels and their data layout are described at the top of bpe_train.wgsl. This module is
+the host side:
 
 - upload the unique pieces (two bytes or more) once, count the byte pairs on the device;
 - record rounds of merge steps into one submit: a step is two dispatches, merge_select
@@ -40,8 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import wgpu
 
-from istanbul.shaders.engine import Device, fold_grid
-
+from ...engine import Device, fold_grid
 from .merges import N_BYTES, Merge, TrainingError, TrainingResult, exhausted, tokens_from_merges
 
 FILE = "bpe_train.wgsl"
@@ -117,7 +117,7 @@ class GpuTrainer:
         self.cap = max_token_bytes
         self.n_specials = n_specials
         self.opt = options or TrainerOptions()
-        if hasattr(pieces, "trainer_arrays"):  # gpu_piece_store.CorpusPieces: no dict made
+        if hasattr(pieces, "trainer_arrays"):  # piece_store.CorpusPieces: no dict made
             flat8, lens, counts = pieces.trainer_arrays()
         else:
             words = [p for p in pieces if len(p) >= 2]
@@ -458,7 +458,7 @@ def train(pieces: dict, n_tokens: int, max_token_bytes: int | None = None,
           options: TrainerOptions | None = None) -> TrainingResult:
     """Learn merges on the GPU until there are `n_tokens` ordinary tokens (see merges.py)."""
     if device is None:
-        from istanbul.shaders.engine import default_device
+        from ...engine import default_device
         device = default_device()
     trainer = GpuTrainer(device, pieces, n_tokens, max_token_bytes, n_specials, options)
     return trainer.run(progress)

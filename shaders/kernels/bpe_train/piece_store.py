@@ -4,7 +4,7 @@
     store.add(text, found, n_found, n_bytes)   # after each chunk's piece_count.wgsl pass
     pieces = CorpusPieces(store.download(), host_counted)   # one download, at the end
 
-Each chunk's unique pieces (gpu_corpus.GpuPieceCounter) go into one device table instead of
+Each chunk's unique pieces (piece_count.GpuPieceCounter) go into one device table instead of
 coming back to the host chunk by chunk: the host loop that added every chunk's list to a
 Python Counter was half of the counting phase (100 MB on the H200: 0.43 s of 0.84 s). At the
 end the store comes back as three arrays (records, counts, bytes: a few MB, no per-piece
@@ -25,8 +25,6 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .corpus import CorpusError
-
 LONG_MIN = 512  # longer pieces are counted on the host; must equal LONG_MIN in piece_count.wgsl
 
 FILE = "piece_store.wgsl"
@@ -36,6 +34,10 @@ INFO_WORDS = 4  # records used, arena words used, records before this call, unus
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
+
+
+class CapacityError(ValueError):
+    """The corpus's unique pieces need a larger buffer than the device allows."""
 
 
 class PieceStore:
@@ -62,7 +64,7 @@ class PieceStore:
 
     def _check(self, what: str, nbytes: int, records: int) -> None:
         if nbytes > self.limit:
-            raise CorpusError(
+            raise CapacityError(
                 f"the corpus has more unique pieces than this device can count ({records:,} "
                 f"needed: its {what} would take {nbytes / 2**20:,.1f} MiB in one buffer, the "
                 f"device allows {self.limit / 2**20:,.1f} MiB); use --pretokenizer cpu, a "

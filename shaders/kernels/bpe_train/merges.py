@@ -1,10 +1,11 @@
 """What vocabulary training computes, and what it produces: the merge list and its tokens.
 
-Both trainers (the readable CPU reference, `cpu_reference.py`, and the WGSL one,
-`gpu_trainer.py`) implement exactly this contract, and their merge lists are compared equal.
+Both trainers (the readable CPU reference, tokenizer_svc/training/cpu_reference.py, and the
+WGSL one, trainer.py) implement exactly this contract, and their merge lists are compared
+equal.
 
-Input: the corpus's unique pieces with their counts (`corpus.py`); pieces shorter than two
-bytes never hold a pair and play no part.
+Input: the corpus's unique pieces with their counts (tokenizer_svc/training/corpus.py); pieces
+shorter than two bytes never hold a pair and play no part.
 
 1. Ids 0..255 are the single bytes, in byte order. Every piece starts as its bytes.
 2. The count of a pair (a, b) is the sum over pieces of (piece count) x (number of positions
@@ -35,8 +36,6 @@ deterministic: it does not depend on piece order, thread order or the device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from ..vocab import Vocabulary
 
 N_BYTES = 256
 
@@ -77,11 +76,9 @@ class TrainingResult:
         """bytes -> rank (= id) for a `.tiktoken` file."""
         return {tok: i for i, tok in enumerate(self.tokens)}
 
-    def to_vocabulary(self, name: str, pattern: str, specials=()) -> Vocabulary:
-        """The trained vocabulary, special tokens numbered after the last ordinary token."""
-        special_ids = {text: self.n_tokens + i for i, text in enumerate(specials)}
-        return Vocabulary(name=name, ranks=self.ranks(), pattern=pattern,
-                          special_tokens=special_ids)
+    def special_ids(self, specials=()) -> dict:
+        """{special token: id}, numbered after the last ordinary token in the order given."""
+        return {text: self.n_tokens + i for i, text in enumerate(specials)}
 
 
 def check_request(size: int, specials=(), max_token_bytes: int | None = None) -> int:
