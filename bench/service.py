@@ -562,6 +562,27 @@ def markdown(report: dict) -> str:
                      f"| {_fmt(cell.get('slow_paths_per_call'), 2)} "
                      + "".join(f"| {_fmt(thread.get(p), 2)} " for p in HOST_PHASES)
                      + f"| {_fmt(cell.get('host_thread_cpu'), 2)} |")
+    ceiling = report.get("in_process")
+    if ceiling:
+        lines += ["", "Ceiling: the in-process encoder (`Encoding.encode_batch_flat`, the library "
+                  "without the service) on each cell's texts, all of them in one call, on the "
+                  "same device, in a process of its own after the servers stopped:", "",
+                  "| text | texts per call | MB/s | texts/s |", "|---:|---:|---:|---:|"]
+        for size, row in ceiling.items():
+            lines.append(f"| {_label(size)} | {row['texts_per_call']} | "
+                         f"{_fmt(row['mb_per_s'], 2)} | {_fmt(row['texts_per_s'])} |")
+    dt = report.get("defaults_targets")
+    if dt:
+        lines += ["", "The defaults (`istanbul serve` with no layout flag) against issue 51's "
+                  "floors and goals:", "", "| cell | measured | floor | goal | met |",
+                  "|---|---:|---:|---:|---|"]
+        for t in dt:
+            unit = {"mb_per_s": " MB/s", "requests_per_s": " req/s"}.get(t["metric"], "x")
+            goal = "-" if t["goal"] is None else f"{t['goal']:,g}{unit}"
+            lines.append(f"| {t['cell']} {t['metric'].replace('_', ' ')} | "
+                         f"{_fmt(t['value'], 2)} | {t['floor']:,g}{unit} | "
+                         f"{goal} | "
+                         f"{'goal' if t['goal_met'] else 'floor' if t['floor_met'] else 'no'} |")
     met = targets(report)
     if met:
         lines += ["", "Targets (SPEC.md section 11; the best configuration's cell):", "",
@@ -636,6 +657,10 @@ def main(argv=None) -> int:
                    "(default 0.5)")
     p.add_argument("--processes", type=int, default=max(1, min(8, cpus // 2)),
                    help="load-generator processes (default: half the CPUs, at most 8)")
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                   help="skip the table's ceiling: the in-process encoder (the library, "
+                        "`encode_batch_flat` of each cell's texts in one call) on the same "
+                        "texts and device, in a process of its own after the servers")
     p.add_argument("--corpus", nargs="*", default=[], help="text files to cut texts from "
                    "(default: the Python standard library's sources)")
     args = p.parse_args(argv)
@@ -760,10 +785,84 @@ def main(argv=None) -> int:
                     print(f"warning: server exited with {code}", file=sys.stderr)
     load.close()
     report["verified_replies"] = verified
+    if args.ceiling:
+        pools = {size: cells[size][0] for size in sizes if size != "mixed"}
+        report["in_process"] = in_process_ceiling(args.vocab, args.adapter, pools,
+                                                  args.duration)
+        for size, row in report["in_process"].items():
+            print(f"in-process encoder, text {_label(size):>6}: {row['mb_per_s']:8.2f} MB/s "
+                  f"{row['texts_per_s']:9.1f} texts/s", flush=True)
     report["targets"] = targets(report)
+    report["defaults_targets"] = defaults_targets(report)
     write_report(args.out, report, final=True)
     print(f"wrote {args.out / 'service.json'} and {args.out / 'service.md'}")
     return 0
+
+
+def _ceiling_child(conn, vocab: str, adapter, pools: dict, duration: float) -> None:
+    """In a process of its own (its own device, none of the bench's state): the in-process
+    encoder on each cell's texts, one `encode_batch_flat` of the whole pool per call."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    from istanbul.shaders.engine import default_device
+    from tokenizer_svc.encoding import get_encoding
+    enc = get_encoding(vocab, device=default_device(adapter))
+    out = {}
+    for size, pool in pools.items():
+        raw = [t.encode() for t in pool]
+        nbytes = sum(map(len, raw))
+        until = time.perf_counter() + 1.0            # warm-up: kernels, buffers, the clock
+        while time.perf_counter() < until:
+            enc.encode_batch_flat(pool)
+        calls, started = 0, time.perf_counter()
+        while calls == 0 or time.perf_counter() - started < duration:
+            enc.encode_batch_flat(pool)
+            calls += 1
+        seconds = time.perf_counter() - started
+        out[size] = {"texts_per_call": len(pool), "calls": calls,
+                     "mb_per_s": nbytes * calls / seconds / 1e6,
+                     "texts_per_s": len(pool) * calls / seconds}
+    conn.send(out)
+    conn.close()
+
+
+def in_process_ceiling(vocab: str, adapter, pools: dict, duration: float) -> dict:
+    """The ceiling of the table: the same texts through the library in one process."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_ceiling_child, args=(child, vocab, adapter, pools, duration))
+    proc.start()
+    result = parent.recv()
+    proc.join()
+    return result
+
+
+DEFAULT_TARGETS = (  # the defaults' cells (issue 51): (clients, text, metric, floor, goal)
+    (64, "65536", "mb_per_s", 300.0, None),
+    (256, "100", "requests_per_s", 15000.0, 40000.0),
+)
+
+
+def defaults_targets(report: dict) -> list[dict]:
+    """The defaults' cells against their floors, and 64 x 64 KB against the in-process
+    encoder on the same texts (floor 0.5x, goal 0.8x)."""
+    cells = {(c["clients"], c["size"]): c for c in report["cells"]
+             if "(defaults)" in str(c.get("gpu_process"))}
+    out = []
+    for clients, size, metric, floor, goal in DEFAULT_TARGETS:
+        cell = cells.get((clients, size))
+        if cell is not None and cell[metric] is not None:
+            out.append({"cell": f"{clients} x {_label(size)}", "metric": metric,
+                        "value": cell[metric], "floor": floor, "goal": goal,
+                        "floor_met": cell[metric] >= floor,
+                        "goal_met": goal is not None and cell[metric] >= goal})
+    ceiling = (report.get("in_process") or {}).get("65536")
+    cell = cells.get((64, "65536"))
+    if ceiling and cell:
+        ratio = cell["mb_per_s"] / ceiling["mb_per_s"]
+        out.append({"cell": "64 x 64 KB", "metric": "share of in-process", "value": ratio,
+                    "floor": 0.5, "goal": 0.8, "floor_met": ratio >= 0.5,
+                    "goal_met": ratio >= 0.8})
+    return out
 
 
 def write_report(out: Path, report: dict, final: bool) -> None:
