@@ -6,7 +6,8 @@
                       they compute, their bindings and their dispatch shape)
         reference.py  the slow, obviously right numpy reference
         ops.py        the op functions that record the kernels' dispatches (what the model and
-                      the services call)
+                      the services call; bpe and bpe_train name theirs after what they launch:
+                      encode.py, scan.py, decode.py, trainer.py, piece_count.py, ...)
         cases.py      the ladder entries: inputs (random and adversarial), the launch through
                       ops.py, the reference, FLOP and byte counts (`istanbul kernels check`)
     op_support.py, case_support.py     helpers shared by every family's ops and cases
