@@ -315,8 +315,8 @@ class Recorder:
         """Dispatch each (kernel, grid (x, y, z)) of `steps` in order with one bind group: the
         kernels must share their layout (`Device.kernels_sharing_layout`) unless there is one
         kernel. The bind group is set once and the pipeline only when it changes (hot loops:
-        each wgpu-py call costs ~0.6 us of Python, dev/RESULTS.md), so a merge step of two
-        kernels is two set_pipeline and two dispatch calls. Timed recordings give each
+        each wgpu-py call costs ~0.6 us of Python, dev/vocab_train_speed/README.md), so a merge step
+        of two kernels is two set_pipeline and two dispatch calls. Timed recordings give each
         dispatch its own pass, as `dispatch`."""
         steps = list(steps)
         if not steps:
@@ -684,7 +684,7 @@ class Device:
         a software adapter, whose work runs on the CPU cores a poll would take). A poll sees
         a short call's result sooner than the driver's blocking wait wakes up: a lone 1 KB
         encode's staging map 0.11 ms polled against 0.15-0.18 ms waited on an H100
-        (dev/lone_trace.py, dev/RESULTS.md session 25)."""
+        (dev/lone_request/lone_trace.py, dev/lone_request/README.md, session 25)."""
         if poll_s > 0 and not self.info.is_software:
             deadline = time.perf_counter() + poll_s
             while not self._settled(promise) and time.perf_counter() < deadline:

@@ -93,8 +93,8 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # merge_long lasts about as long as its longest window: shorter windows are faster (H200,
 # the 67 MB cl100k benchmark corpus, whose CJK and long words make ~22K windows: merge_long
 # 39.7 ms at 1,536 (+256), 23.6 at 768 (+192), 15.6 at 384 (+192), ids identical, no piece
-# merged again; dev/results/long_window/h200/). 384 = 2^7 3: runs of one character in the
-# real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte
+# merged again; dev/tokenizer_throughput/results/long_window/h200/). 384 = 2^7 3: runs of one
+# character in the real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte
 # characters: multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) failed
 # those seams (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The
 # overlap holds the 128-byte space period with room (136 bytes failed cl100k's runs of
@@ -106,11 +106,12 @@ LONG_RETRY_FACTOR = 7
 # Windows of at most WG_LONG_MAX bytes (the shipped 384 + 192 included) are merged by one
 # workgroup each in workgroup memory (bpe_merge_long_wg, LW_MAX), the rest (the retries'
 # longer windows) by the one-invocation heap merge (H200, the 67 MB benchmark corpus:
-# merge_long 14-18 ms -> 5-8 ms, gpt2 encode 647 -> 1252 MB/s; dev/results/encode_phases/).
-# Software Vulkan keeps the heap merge by default: there the workgroup merge is faster alone
-# (0.8 MB of the corpus, gpt2: 2.5 s vs 6.1 s) but spends more CPU in all (every lane scans
-# its share of the window per merge), which other requests pay for (the service's long lane
-# beside a victim's batches: victim p99 0.5 s, tests/test_service_isolation.py); tests force it.
+# merge_long 14-18 ms -> 5-8 ms, gpt2 encode 647 -> 1252 MB/s;
+# dev/tokenizer_throughput/results/encode_phases/). Software Vulkan keeps the heap merge by default:
+# there the workgroup merge is faster alone (0.8 MB of the corpus, gpt2: 2.5 s vs 6.1 s) but spends
+# more CPU in all (every lane scans its share of the window per merge), which other requests pay for
+# (the service's long lane beside a victim's batches: victim p99 0.5 s,
+# tests/test_service_isolation.py); tests force it.
 WG_LONG_MAX = 768
 WG_LONG_MAX_PRIORITY = (1 << 22) - 1   # the kernel's keys are priority << 10 | position
 WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
@@ -120,7 +121,7 @@ WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
 # barriers and lookups, so a window's time is latency, and a third of the workgroup memory
 # lets more windows run at once per SM. H200, the 67 MB bench corpus: the long-piece phase
 # 4.7 / 6.2 / 7.3 -> 3.5 / 4.5 / 4.8 ms (gpt2 / cl100k / o200k); arrays of 576 or 128 were
-# slower, 64 invocations the same as 32 (dev/RESULTS.md, session 16). 0: off.
+# slower, 64 invocations the same as 32 (dev/tokenizer_throughput/README.md, session 16). 0: off.
 WG_SHORT_LONG_MAX = 256
 WG_SHORT_LONG_WG = 32
 WG_SHORT_LONG_GROUPS = 16384
@@ -143,17 +144,18 @@ INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows'
 # the four long-piece dispatches (each one workgroup reading a zero count) cost it more than
 # the rare slow path: H200, a lone 1 KB text per call, p50 0.98 -> 0.84 ms (o200k), 0.55 ->
 # 0.48 (gpt2), 1% of bench/service.py's 1 KB texts then took the slow path
-# (dev/lone_ops_probe.py, dev/results/lone_ops/). 0: every chunk merges them in its submit.
+# (dev/lone_request/lone_ops_probe.py, dev/lone_request/results/lone_ops/). 0: every chunk merges
+# them in its submit.
 INLINE_MIN_BYTES = 4096
 # Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES take
 # TINY_CHUNK, below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that
 # needs at most FILL_INVOCATIONS invocations for one pipeline chunk of the call. Each
 # invocation walks its chunk sequentially with divergent control flow, so on the H200 shorter chunks were faster at every call size measured
-# (dev/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at 128, 1 MB 2.84
-# vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document p50 0.87
-# vs 1.14 ms, dev/tokenize_host_probe.py case d), up to 8 MB with 2^19 invocations. Since
-# the pre-tokenizer's per-piece arrays left its per-invocation memory (session 12), 32-byte
-# chunks beat 16-byte ones at 16 MB calls (the 67 MB bench corpus, interleaved in one
+# (dev/tokenizer_throughput/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at
+# 128, 1 MB 2.84 vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document
+# p50 0.87 vs 1.14 ms, dev/tokenizer_throughput/tokenize_host_probe.py case d), up to 8 MB with 2^19
+# invocations. Since the pre-tokenizer's per-piece arrays left its per-invocation memory (session
+# 12), 32-byte chunks beat 16-byte ones at 16 MB calls (the 67 MB bench corpus, interleaved in one
 # process, session 16: pretok_merge 15.8 -> 12.2 ms gpt2, 15.0 -> 11.7 cl100k, 21.4 -> 18.1
 # o200k; encode 1.115 / 1.081 / 1.044x), so a whole pipeline chunk (16 MB) takes 32.
 # The chunk is a kernel parameter, so no second set of pipelines.
@@ -167,8 +169,8 @@ FILL_INVOCATIONS = 1 << 19
 # idle, so its chunks are spread: chunk c runs on invocation c << s, the largest
 # s <= MAX_LANE_SHIFT with n_chunks << s <= SPREAD_INVOCATIONS; calls of at most
 # TINY_CALL_BYTES also take TINY_CHUNK-byte chunks. H200, GPU ms of cuts + pretok_merge
-# (dev/lane_spread_sweep.py, chunk/shift): 1 KB 0.35 at 16/0, 0.056 at 8/3; 16 KB 0.51 at
-# 16/0, 0.23 at 8/3; 64 KB 0.68 at 16/0, 0.37 at 8/2; 256 KB 0.58 at 16/0, 0.53 at 8/0;
+# (dev/tokenizer_throughput/lane_spread_sweep.py, chunk/shift): 1 KB 0.35 at 16/0, 0.056 at 8/3; 16
+# KB 0.51 at 16/0, 0.23 at 8/3; 64 KB 0.68 at 16/0, 0.37 at 8/2; 256 KB 0.58 at 16/0, 0.53 at 8/0;
 # 1 MB and up: 16/0 best (any shift or 8-byte chunk costs there: the GPU is full).
 # spread_invocations 0 turns spreading off (software Vulkan never spreads: its lanes are a
 # CPU's SIMD lanes, and budgets count per dispatch).
@@ -190,7 +192,8 @@ PARALLEL_COPY_IDS = 1 << 20
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
 # The first chunks of a call ramp up to PIPELINE_BYTES: 1/4, 1/2, then whole (a 67 MB gpt2
-# call on the H200 spent 4.4 ms uploading its first 16 MB with the GPU idle, dev/RESULTS.md).
+# call on the H200 spent 4.4 ms uploading its first 16 MB with the GPU idle,
+# dev/tokenizer_throughput/README.md).
 PIPELINE_RAMP = 2
 # A chunk of at least MAPPED_TEXT_BYTES writes its text into its slot's persistent mappable
 # buffer on copy_threads threads, copied to the text binding at the start of its submit;
@@ -200,7 +203,7 @@ MAPPED_TEXT_BYTES = 4 << 20
 # A text of at most this many bytes whose length is not a multiple of 4 is padded in a host
 # copy and written at once, not as its whole words plus a tail: each queue.write_buffer is
 # one more copy in the GPU's queue before the chunk's dispatches (~12 us each on the H200,
-# dev/lone_ops_probe.py's floor rows), and the copy here costs less up to this size.
+# dev/lone_request/lone_ops_probe.py's floor rows), and the copy here costs less up to this size.
 ONE_WRITE_TEXT_BYTES = 256 << 10
 
 

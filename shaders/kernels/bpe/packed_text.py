@@ -68,8 +68,8 @@ class PackedRange:
     # each part encoded and the results joined (a bytes object per part first); a group with
     # a bytes part (an encoded non-ASCII text) is joined as bytes either way. On the 2-core
     # dev machine the bench corpus's text writes took 18.6 ms instead of 21.6 (interleaved);
-    # on the H200's host (dev/tokenize_knob_ab.py --only JOIN_STR, session 17) the whole
-    # encode went 1.112x / 0.989x / 1.031x (gpt2 / cl100k / o200k, medians of 10 rounds).
+    # on the H200's host (dev/tokenizer_throughput/tokenize_knob_ab.py --only JOIN_STR, session 17)
+    # the whole encode went 1.112x / 0.989x / 1.031x (gpt2 / cl100k / o200k, medians of 10 rounds).
     JOIN_STR_FIRST = True
 
     def __init__(self, packed: PackedText, lo: int, hi: int):
@@ -86,7 +86,7 @@ class PackedRange:
         """dst[:size] = the bytes (dst: a writable uint8 array of at least `size`), parts
         joined GROUP bytes at a time, on this thread: split over 8 threads, the joins (which
         hold the GIL) made each other wait and a 16 MB range took 7-8 ms instead of 4-5 on
-        the H200 machine (dev/RESULTS.md)."""
+        the H200 machine (dev/tokenizer_throughput/README.md)."""
         starts, parts, lo, hi = self.packed.starts, self.packed.parts, self.lo, self.hi
         if lo == hi:
             return
