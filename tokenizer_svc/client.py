@@ -172,9 +172,13 @@ def _read(value) -> bytes | None:
 
 
 class TokenizerClient:
-    """A connection to one tokenizer service (thread-safe; reuse it).
+    """A connection to a tokenizer service (thread-safe; reuse it).
 
-    target: "host:port". token / token_file: bearer token for servers started with
+    target: "host:port"; for several replicas, gRPC's name forms: "dns:///name:port" (every
+    address the name resolves to, e.g. a compose service with replicas) or
+    "ipv4:10.0.0.1:50051,10.0.0.2:50051" (a fixed list). Calls are spread over the ready
+    replicas round robin (`load_balancing`; "pick_first" keeps one connection), and a call that
+    finds its replica gone (UNAVAILABLE) is retried on another. token / token_file: bearer token for servers started with
     --auth-token-file. tls: use TLS; root_certificates: PEM bytes or a path (default: the
     system's roots); server_name: the name to check in the server's certificate when it is not
     the host in `target`. timeout: seconds per call, retries included. retries: attempts after
@@ -186,7 +190,8 @@ class TokenizerClient:
                  tls: bool = False, root_certificates=None, server_name: str | None = None,
                  timeout: float = 60.0, retries: int = 8, backoff_s: float = 0.05,
                  max_backoff_s: float = 2.0, batch_bytes: int = 4 << 20, batch_docs: int = 4096,
-                 inflight: int = 4, options: list | None = None):
+                 inflight: int = 4, load_balancing: str = "round_robin",
+                 options: list | None = None):
         self.target = target
         self.timeout = timeout
         self.retries = retries
@@ -202,6 +207,11 @@ class TokenizerClient:
         # Reconnect quickly after a server restart (grpc's default first backoff is 1 s).
         opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                 ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2000)]
+        if load_balancing not in ("round_robin", "pick_first"):
+            raise ValueError(f"load_balancing must be 'round_robin' or 'pick_first', not "
+                             f"{load_balancing!r}")
+        opts.append(("grpc.service_config",
+                     json.dumps({"loadBalancingConfig": [{load_balancing: {}}]})))
         if server_name:
             opts.append(("grpc.ssl_target_name_override", server_name))
         opts += list(options or [])
