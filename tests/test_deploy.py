@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PASSWORD = "compose-test-password"
 sys.path.insert(0, str(DEPLOY))
-import gpu_trainers  # noqa: E402  (deploy/gpu_trainers.py: a script, not a package module)
+import gpu_services  # noqa: E402  (deploy/gpu_services.py: a script, not a package module)
 
 
 def _env_example(**overrides) -> dict:
@@ -104,7 +104,7 @@ def _schema_check(path: Path) -> subprocess.CompletedProcess:
 
 def test_compose_files_validate_against_the_compose_spec_schema(compose_text, tmp_path):
     gpus = tmp_path / "docker-compose.gpus.yml"
-    gpus.write_text(gpu_trainers.render(compose_text, ["0", "1", "2", "3"]))
+    gpus.write_text(gpu_services.render(compose_text, ["0", "1", "2", "3"], ["0", "1"]))
     for path in (DEPLOY / "docker-compose.yml", gpus):
         proc = _schema_check(path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -183,7 +183,7 @@ def test_gpu_trainers_spread_one_daemon_per_gpu(compose_text, tmp_path):
     env_file = tmp_path / ".env"
     env_file.write_text("REDIS_PASSWORD=x\nTRAINER_GPUS=0,1,2,3\n")
     out = tmp_path / "docker-compose.gpus.yml"
-    assert gpu_trainers.main(["--env-file", str(env_file), "-o", str(out)]) == 0
+    assert gpu_services.main(["--env-file", str(env_file), "-o", str(out)]) == 0
     config = render(out.read_text(), _env_example())
     trainers = _trainers(config)
     assert sorted(trainers) == ["trainer-gpu0", "trainer-gpu1", "trainer-gpu2", "trainer-gpu3"]
@@ -198,10 +198,44 @@ def test_gpu_trainers_spread_one_daemon_per_gpu(compose_text, tmp_path):
          if not k.startswith("trainer")}
 
 
-def test_gpu_trainers_refuses_bad_gpu_lists(tmp_path, capsys):
-    for bad in ("", "0,0", "zero"):
-        assert gpu_trainers.main(["--gpus", bad or ",", "-o", str(tmp_path / "x.yml")]) == 1
-        assert "error:" in capsys.readouterr().err
+def test_gpu_services_put_one_tokenizer_replica_per_gpu_behind_one_name(compose_text,
+                                                                         tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("REDIS_PASSWORD=x\nTOKENIZER_GPUS=1,3\nTOKENIZER_PORT=6000\n")
+    out = tmp_path / "docker-compose.gpus.yml"
+    assert gpu_services.main(["--env-file", str(env_file), "-o", str(out)]) == 0
+    config = render(out.read_text(), _env_example())
+    services = config["services"]
+    replicas = {k: v for k, v in services.items() if k.startswith("tokenizer")}
+    assert sorted(replicas) == ["tokenizer-gpu1", "tokenizer-gpu3"]
+    assert [_gpu_ids(replicas[k])[0] for k in sorted(replicas)] == ["1", "3"]
+    base = render(compose_text, _env_example())["services"]["tokenizer"]
+    for k, name in enumerate(sorted(replicas)):
+        svc = replicas[name]
+        assert svc["networks"]["default"]["aliases"] == ["tokenizer"]   # one name for all
+        assert svc["ports"] == [f"127.0.0.1:{6000 + k}:50051", f"127.0.0.1:{9100 + k}:9100"]
+        # the same server, only its GPU, ports and name differ
+        same = {key: v for key, v in svc.items() if key not in ("deploy", "ports", "networks")}
+        assert same == {key: v for key, v in base.items() if key not in ("deploy", "ports")}
+        assert svc["healthcheck"] == base["healthcheck"] and svc["restart"] == "unless-stopped"
+    assert sorted(k for k in services if k.startswith("trainer")) == ["trainer-gpu0"]
+    # without TOKENIZER_GPUS the single tokenizer of the committed file stays
+    env_file.write_text("REDIS_PASSWORD=x\n")
+    assert gpu_services.main(["--env-file", str(env_file), "-o", str(out)]) == 0
+    assert render(out.read_text(), _env_example())["services"]["tokenizer"] == base
+
+
+def test_gpu_services_refuse_bad_gpu_lists_and_ports(tmp_path, capsys):
+    for flag in ("--trainer-gpus", "--tokenizer-gpus"):
+        for bad in ("", "0,0", "zero"):
+            assert gpu_services.main([flag, bad or ",", "--env-file", str(tmp_path / "none"),
+                                      "-o", str(tmp_path / "x.yml")]) == 1
+            assert "error:" in capsys.readouterr().err
+    env_file = tmp_path / ".env"
+    env_file.write_text("TOKENIZER_PORT=http\n")
+    assert gpu_services.main(["--env-file", str(env_file), "--tokenizer-gpus", "0",
+                              "-o", str(tmp_path / "x.yml")]) == 1
+    assert "TOKENIZER_PORT" in capsys.readouterr().err
     assert not (tmp_path / "x.yml").exists()
 
 
