@@ -42,9 +42,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(REPO))
 
-from trainer_svc.checkpoint import verify_checkpoint  # noqa: E402
-from trainer_svc.jobs import JobQueue  # noqa: E402
-from trainer_svc.redis_conn import connect  # noqa: E402
+from trainer_svc.training.checkpoint import verify_checkpoint  # noqa: E402
+from trainer_svc.jobs.queue import JobQueue  # noqa: E402
+from trainer_svc.jobs.redis_conn import connect  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -17,7 +17,7 @@ For each file:
              command (start-up, device, vocabulary load included)
 and, on the same documents in memory, the in-process encoder (`get_encoding(V)` on the same
 device): `Encoding.encode_batch_flat` of bytes in batches of 8 MB and of
-trainer_svc.prepare.LOCAL_BATCH_BYTES (as prepare feeds it), and of str in batches of 64 MB. The GPU is warmed up first (~1 s of the same call). prepare / encoder is the share
+trainer_svc.data.prepare.LOCAL_BATCH_BYTES (as prepare feeds it), and of str in batches of 64 MB. The GPU is warmed up first (~1 s of the same call). prepare / encoder is the share
 of the encoder's speed that prepare keeps.
 
 Writes DIR/prepare.json and DIR/prepare.md (default DIR: bench/results/<machine>/, the machine
@@ -156,7 +156,7 @@ def _batches(docs, limit: int):
 def time_encoder(enc, texts: list[str], is_software: bool) -> dict:
     """encode_batch_flat of bytes in 8 MB and in LOCAL_BATCH_BYTES batches (prepare's), and of
     str in 64 MB batches; warmed up first."""
-    from trainer_svc.prepare import LOCAL_BATCH_BYTES
+    from trainer_svc.data.prepare import LOCAL_BATCH_BYTES
     raw = [t.encode() for t in texts]
     total = sum(map(len, raw))
     calls = {f"bytes_{mb}mb_batches": list(_batches(raw, mb << 20))

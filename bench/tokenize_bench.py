@@ -22,7 +22,7 @@ shuffled together, one batch) the implementations run as one batch call each:
                   on bytes (an awkward array: flat ids + offsets, like istanbul's result)
   tiktoken        encode_ordinary_batch(docs, num_threads=cores): the reference (no bytes
                   batch API)
-  hf              tokenizers (trainer_svc.export_hf.tokenizer_json), encode_batch, all cores,
+  hf              tokenizers (trainer_svc.training.export_hf.tokenizer_json), encode_batch, all cores,
                   ids as lists (no bytes API)
 A warm-up pass first (tiktoken's ids there are the reference; every other implementation and
 input kind is compared with them per document and the count that differ is reported and
@@ -145,7 +145,7 @@ def gigatoken_group(vocab, path: Path) -> Group | str:
 
 def hf_group(vocab) -> Group | str:
     try:
-        from trainer_svc.export_hf import tokenizer_json
+        from trainer_svc.training.export_hf import tokenizer_json
         tok = tokenizer_json(vocab)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from bench.results_dir import default_dir  # noqa: E402
 from istanbul.shaders.engine import default_device  # noqa: E402
 from trainer_svc.model.config import ModelConfig  # noqa: E402
-from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
+from trainer_svc.training.trainer import TrainConfig, Trainer  # noqa: E402
 
 # Dense f16/bf16 tensor-core peaks (TFLOP/s, no sparsity) for MFU, by adapter name.
 DENSE_F16_PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.0}

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from trainer_svc.model.config import ModelConfig  # noqa: E402
-from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
+from trainer_svc.training.trainer import TrainConfig, Trainer  # noqa: E402
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ tiktoken file; default: ../shared/vocab/gpt2.tiktoken) is cut into B x T batches
 each engine starts from the same initial weights and takes the same batches with the same
 learning-rate schedule, AdamW (tests/torch_reference.py's TorchAdamW: the trainer's exact
 update) and global-norm clipping. PyTorch runs fp32 (TF32 off) and fp16 autocast with the
-same dynamic loss scaling policy as istanbul's f16 precision (trainer_svc/loss_scale.py).
+same dynamic loss scaling policy as istanbul's f16 precision (trainer_svc/model/loss_scale.py).
 Writes OUT/parity.json and OUT/parity.md: losses at chosen steps, and the largest and mean
 absolute difference of each istanbul curve from each PyTorch curve.
 """
@@ -31,11 +31,11 @@ sys.path.insert(0, str(REPO))
 from bench.results_dir import default_dir  # noqa: E402  (bench/results/<machine>/)
 
 from istanbul.shaders.engine import default_device  # noqa: E402
-from trainer_svc.data import TokenStream  # noqa: E402
-from trainer_svc.loss_scale import LossScaler  # noqa: E402
+from trainer_svc.data.stream import TokenStream  # noqa: E402
+from trainer_svc.model.loss_scale import LossScaler  # noqa: E402
 from trainer_svc.model.config import ModelConfig  # noqa: E402
-from trainer_svc.text import load_codec  # noqa: E402
-from trainer_svc.training import TrainConfig, Trainer  # noqa: E402
+from trainer_svc.data.text import load_codec  # noqa: E402
+from trainer_svc.training.trainer import TrainConfig, Trainer  # noqa: E402
 
 
 def stdlib_tokens(codec, n_tokens: int) -> np.ndarray:

@@ -174,8 +174,8 @@ class Pipeline:
                                   f"{self.logs / 'trainer.log'}")
 
     def loss_curve(self, job: str) -> tuple[Path, dict]:
-        from trainer_svc.jobs import JobQueue
-        from trainer_svc.redis_conn import connect
+        from trainer_svc.jobs.queue import JobQueue
+        from trainer_svc.jobs.redis_conn import connect
         handle = connect(self.args.redis, data_dir=None if self.args.redis else
                          self.out / "redis")
         try:

@@ -70,7 +70,7 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def handle(redis_server):
     """A connection to `redis_server`, its database emptied for each test."""
-    from trainer_svc.redis_conn import connect
+    from trainer_svc.jobs.redis_conn import connect
     h = connect(redis_server.url)
     h.text.flushdb()
     yield h

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_svc.datasets import DatasetWriter, get_dataset
-from trainer_svc.jobs import JobQueue, JobSpec
+from trainer_svc.data.datasets import DatasetWriter, get_dataset
+from trainer_svc.jobs.queue import JobQueue, JobSpec
 
 from .redis_helpers import REPO, istanbul_env
 from .service_support import SAMPLE, write_tiny_vocabulary
@@ -128,5 +128,5 @@ def job_state(queue, job_id: str) -> dict:
 
 def debris_in(job_dir: Path) -> list[str]:
     """Names in a job's checkpoint folder that a killed writer left behind."""
-    from trainer_svc.checkpoint import DEBRIS
+    from trainer_svc.training.checkpoint import DEBRIS
     return sorted(p.name for p in job_dir.iterdir() if DEBRIS.match(p.name))

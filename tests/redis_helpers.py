@@ -47,7 +47,7 @@ def redis_binary() -> str:
             raise RuntimeError("ISTANBUL_TEST_REDIS=system but no redis-server on PATH; "
                                "install one (Debian: apt-get install redis-server)")
         return found
-    from trainer_svc.embedded_redis import server_binary
+    from trainer_svc.jobs.embedded_redis import server_binary
     return server_binary()[0]
 
 

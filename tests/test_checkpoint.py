@@ -14,11 +14,11 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from tests.model_helpers import byte_vocabulary, tiny_config
-from trainer_svc.checkpoint import (MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
+from trainer_svc.training.checkpoint import (MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE,
                                     CheckpointError, CheckpointManager, load_checkpoint,
                                     prune_debris, sha256_file, verify_checkpoint,
                                     vocab_content_hash)
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")

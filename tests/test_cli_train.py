@@ -8,8 +8,8 @@ import pytest
 
 from istanbul.cli import main
 from tests.model_helpers import byte_vocabulary, stdlib_text
-from trainer_svc.shards import encode_shard
-from trainer_svc.text import load_codec
+from trainer_svc.data.shards import encode_shard
+from trainer_svc.data.text import load_codec
 
 
 

@@ -20,8 +20,8 @@ from tokenizer_svc.corpus_files import CorpusReader
 from tokenizer_svc.patterns import PATTERNS
 from tokenizer_svc.training.corpus import CorpusError, count_pieces
 from tokenizer_svc.training.gpu_corpus import count_pieces_gpu
-from trainer_svc.data_files import shard_paths
-from trainer_svc.shards import decode_shard
+from trainer_svc.data.files import shard_paths
+from trainer_svc.data.shards import decode_shard
 
 from .service_support import write_tiny_vocabulary
 from .test_corpus_files import jsonl_bytes, write_dataset_folder
@@ -246,7 +246,7 @@ def test_encode_files_prints_one_array_per_document(tmp_path, capsys, monkeypatc
 def test_the_shard_file_writer_takes_uint32_and_other_ids_alike(tmp_path):
     """prepare hands the encoder's uint32 ids over without a copy; lists and int64 arrays (a
     service's) are checked and packed the same; ids outside the vocabulary are refused."""
-    from trainer_svc.data_files import DataFilesError, ShardFileWriter
+    from trainer_svc.data.files import DataFilesError, ShardFileWriter
     docs = [np.array([5, 7, 9], np.uint32), [1, 2], np.array([299], np.int64), []]
     writer = ShardFileWriter(tmp_path / "w", vocab_hash="ab" * 32, n_vocab=300, eot_id=0,
                              shard_tokens=4)

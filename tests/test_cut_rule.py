@@ -13,7 +13,7 @@ from istanbul.shaders.kernels.bpe.cuts import cut_mask, digit_group_starts, is_c
 from istanbul.shaders.kernels.bpe.encode import ENCODE_FILE, NONE, GpuEncoder
 from istanbul.shaders.kernels.bpe.unicode_table import BIT_N, load_table
 from tokenizer_svc.encoding import get_encoding
-from trainer_svc.prepare import is_safe_point, split_document
+from trainer_svc.data.prepare import is_safe_point, split_document
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer_svc import keys
-from trainer_svc.daemon import Daemon, DaemonConfig, resolve_job_dir
-from trainer_svc.jobs import JobInputError, JobQueue
-from trainer_svc.shards import encode_shard
+from trainer_svc.jobs import keys
+from trainer_svc.jobs.daemon import Daemon, DaemonConfig, resolve_job_dir
+from trainer_svc.jobs.queue import JobInputError, JobQueue
+from trainer_svc.data.shards import encode_shard
 
 from .daemon_helpers import TINY_SPEC, make_dataset, submit, tiny_vocabulary
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from trainer_svc.checkpoint import CheckpointManager, verify_checkpoint
-from trainer_svc.jobs import JobQueue
-from trainer_svc.redis_conn import connect
+from trainer_svc.training.checkpoint import CheckpointManager, verify_checkpoint
+from trainer_svc.jobs.queue import JobQueue
+from trainer_svc.jobs.redis_conn import connect
 
 from .daemon_helpers import (DaemonProcess, debris_in, job_state, make_dataset, submit,
                              tiny_vocabulary, wait_for)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from istanbul.cli import main
-from trainer_svc.checkpoint import load_checkpoint, verify_checkpoint
+from trainer_svc.training.checkpoint import load_checkpoint, verify_checkpoint
 
 from .daemon_helpers import training_texts
 from .redis_helpers import REPO, istanbul_cmd, istanbul_env
@@ -118,7 +118,7 @@ def test_prepare_submit_train_checkpoints_done(service, vocab_path, tmp_path, ca
 def stop_embedded(data_dir: Path) -> None:
     """The CLI calls above left the embedded server to this process's exit; stop it now."""
     import redis
-    from trainer_svc.redis_conn import connect
+    from trainer_svc.jobs.redis_conn import connect
     handle = connect(data_dir=data_dir)
     path = handle.binary.connection_pool.connection_kwargs["path"]
     handle.close()

@@ -3,8 +3,8 @@ change; the daemon goes on with the next job. Real Redis, the real daemon and tr
 
 from __future__ import annotations
 
-from trainer_svc.daemon import Daemon, DaemonConfig
-from trainer_svc.jobs import JobQueue
+from trainer_svc.jobs.daemon import Daemon, DaemonConfig
+from trainer_svc.jobs.queue import JobQueue
 
 from .daemon_helpers import make_dataset, submit, tiny_vocabulary
 

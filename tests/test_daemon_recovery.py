@@ -15,9 +15,9 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from trainer_svc.checkpoint import MANIFEST_FILE, MODEL_FILE, sha256_file, verify_checkpoint
-from trainer_svc.daemon import Daemon, DaemonConfig
-from trainer_svc.jobs import JobQueue
+from trainer_svc.training.checkpoint import MANIFEST_FILE, MODEL_FILE, sha256_file, verify_checkpoint
+from trainer_svc.jobs.daemon import Daemon, DaemonConfig
+from trainer_svc.jobs.queue import JobQueue
 
 from .daemon_helpers import make_dataset, submit, tiny_vocabulary, wait_for
 

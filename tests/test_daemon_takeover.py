@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_svc.checkpoint import verify_checkpoint
-from trainer_svc.jobs import JobQueue
-from trainer_svc.redis_conn import connect
+from trainer_svc.training.checkpoint import verify_checkpoint
+from trainer_svc.jobs.queue import JobQueue
+from trainer_svc.jobs.redis_conn import connect
 
 from .daemon_helpers import (DaemonProcess, debris_in, make_dataset, submit, tiny_vocabulary,
                              wait_for)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer_svc.jobs import JobQueue
-from trainer_svc.redis_conn import connect
+from trainer_svc.jobs.queue import JobQueue
+from trainer_svc.jobs.redis_conn import connect
 
 from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
 from .dashboard_helpers import Dashboard, ConsoleLog, chromium, require_browser

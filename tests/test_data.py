@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from trainer_svc.data import DataError, TokenStream
-from trainer_svc.schedule import learning_rate
+from trainer_svc.data.stream import DataError, TokenStream
+from trainer_svc.training.schedule import learning_rate
 
 
 def _shards():

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.model_helpers import tiny_config
-from trainer_svc.bridge import open_run
-from trainer_svc.data import DataError, TokenStream, split_documents
-from trainer_svc.jobs import JobSpec
+from trainer_svc.jobs.bridge import open_run
+from trainer_svc.data.stream import DataError, TokenStream, split_documents
+from trainer_svc.jobs.queue import JobSpec
 
 
 def _shards():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_svc import datasets, keys
-from trainer_svc.datasets import DatasetError, DatasetWriter
-from trainer_svc.shards import HEADER_SIZE, ShardError, read_header, vocab_hash_prefix
+from trainer_svc.data import datasets
+from trainer_svc.jobs import keys
+from trainer_svc.data.datasets import DatasetError, DatasetWriter
+from trainer_svc.data.shards import HEADER_SIZE, ShardError, read_header, vocab_hash_prefix
 
 
 VHASH = "0123456789abcdef" * 4

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 from .model_helpers import tiny_config
 
@@ -120,7 +120,7 @@ def test_the_hash_check_catches_ranks_whose_weights_differ(device):
 
 def test_a_batch_that_does_not_split_over_the_gpus_is_refused():
     from trainer_svc.distributed.data_parallel import rank_train_config
-    from trainer_svc.jobs import JobSpec, JobSpecError
+    from trainer_svc.jobs.queue import JobSpec, JobSpecError
     with pytest.raises(JobSpecError, match="batch 6 does not divide by gpus 4"):
         JobSpec.parse({"dataset": "d", "steps": 10, "batch": 6, "gpus": 4})
     with pytest.raises(ValueError, match="multiple of the number of GPUs"):
@@ -160,7 +160,7 @@ def test_a_rank_that_cannot_start_fails_the_launch_with_its_own_error():
 
 def test_a_ranks_bad_input_error_fails_the_job_and_others_are_retried():
     from trainer_svc.distributed.group import RankFailed, RankGroup, report_error
-    from trainer_svc.failures import JobInputError
+    from trainer_svc.jobs.failures import JobInputError
     group = RankGroup.create(0, 1, store=RankGroup.host_store(1))
     try:
         assert isinstance(group.failure("all-reduce failed"), RankFailed)
@@ -210,8 +210,8 @@ def _tensors_equal(a: Path, b: Path) -> bool:
 @pytest.mark.redis
 def test_daemon_group_survives_a_dead_rank_and_restarts_from_the_last_checkpoint(
         redis_server, tmp_path):
-    from trainer_svc.jobs import JobQueue
-    from trainer_svc.redis_conn import connect
+    from trainer_svc.jobs.queue import JobQueue
+    from trainer_svc.jobs.redis_conn import connect
     from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
 
     handle = connect(redis_server.url)
@@ -264,8 +264,8 @@ def test_daemon_group_survives_a_dead_rank_and_restarts_from_the_last_checkpoint
 @pytest.mark.redis
 def test_a_group_job_waits_for_a_trainer_with_enough_gpus_and_is_taken_over_when_rank_0_dies(
         redis_server, tmp_path):
-    from trainer_svc.jobs import JobQueue
-    from trainer_svc.redis_conn import connect
+    from trainer_svc.jobs.queue import JobQueue
+    from trainer_svc.jobs.redis_conn import connect
     from .daemon_helpers import DaemonProcess, make_dataset, submit, tiny_vocabulary, wait_for
 
     handle = connect(redis_server.url)
@@ -323,7 +323,7 @@ def test_a_group_job_waits_for_a_trainer_with_enough_gpus_and_is_taken_over_when
 def test_gpus_options_are_checked_before_anything_starts(tmp_path):
     from istanbul.cli import build_parser
     from trainer_svc.cli_jobs import build_spec_dict
-    from trainer_svc.jobs import JobSpec, JobSpecError
+    from trainer_svc.jobs.queue import JobSpec, JobSpecError
     from .test_cli import istanbul, without
     submit = build_parser().parse_args(["submit", "--dataset", "d", "--steps", "9",
                                         "--batch", "8", "--gpus", "4"])

@@ -431,7 +431,7 @@ def test_trainer_service_command_starts_passes_its_healthcheck_and_stops_on_sigt
     proc = subprocess.Popen([sys.executable, "-m"] + cmd, cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        from trainer_svc import keys
+        from trainer_svc.jobs import keys
         client = redis.Redis(port=port, password=PASSWORD, decode_responses=True)
         probe = _here(svc["healthcheck"]["test"][1:], mapping)
         deadline = time.monotonic() + 240

@@ -8,7 +8,7 @@ import gc
 import numpy as np
 
 from tests.model_helpers import tiny_config
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 
 def test_tracker_counts_buffers_until_destroyed_or_collected(device):

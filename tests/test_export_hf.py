@@ -13,8 +13,8 @@ import pytest
 from istanbul.cli import main
 from tests.model_helpers import byte_vocabulary, tiny_config
 from tests.torch_reference import TorchReference
-from trainer_svc.checkpoint import CheckpointManager
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.checkpoint import CheckpointManager
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install transformers; CPU "
@@ -53,13 +53,13 @@ def test_export_loads_in_transformers_with_the_same_logits(device, tmp_path, tie
     assert np.abs(hf_logits - ref_logits).max() < 1e-4
     assert hf_logits.std() > 0.1
 
-    from trainer_svc.generate import Generator
+    from trainer_svc.model.generate import Generator
     gen = Generator(tr.model_config, tr.parameters(), device)
     gpu_last = gen.prefill(ids[0])
     assert np.abs(gpu_last - hf_logits[0, -1]).max() < 1e-4
 
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    from trainer_svc.text import load_codec
+    from trainer_svc.data.text import load_codec
     codec = load_codec(vocab)
     text = "def tokenize(stream):\n    return [t for t in stream if t]  # héllo\n"
     assert tok.encode(text, add_special_tokens=False) == codec.encode(text)

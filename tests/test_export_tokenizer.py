@@ -8,7 +8,7 @@ import tiktoken
 
 from tests.conftest import shared_vocab
 from tokenizer_svc.vocab import load_vocabulary
-from trainer_svc.export_hf import tokenizer_json
+from trainer_svc.training.export_hf import tokenizer_json
 
 
 def test_gpt2_ranks_become_an_identical_hf_tokenizer():

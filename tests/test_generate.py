@@ -5,7 +5,7 @@ import pytest
 
 from tests.model_helpers import tiny_config
 from tests.torch_reference import TorchReference
-from trainer_svc.generate import GenerationError, Generator, sample
+from trainer_svc.model.generate import GenerationError, Generator, sample
 from trainer_svc.model import ParameterLayout
 from trainer_svc.model.init import init_parameters
 

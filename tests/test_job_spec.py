@@ -7,9 +7,9 @@ import argparse
 import pytest
 
 from istanbul.errors import UserFacingError
-from trainer_svc.bridge import check_spec, model_config_for, spec_fingerprint, train_config_for
+from trainer_svc.jobs.bridge import check_spec, model_config_for, spec_fingerprint, train_config_for
 from trainer_svc.cli_jobs import build_spec_dict, register
-from trainer_svc.jobs import JobInputError, JobSpec
+from trainer_svc.jobs.queue import JobInputError, JobSpec
 
 
 def parse_submit(*argv: str):
@@ -95,7 +95,7 @@ def test_bounds_leave_the_real_configurations_alone():
 
 
 def test_the_vocabulary_size_is_bounded_with_the_whole_model():
-    from trainer_svc.jobs import MAX_VOCAB, check_vocab_size
+    from trainer_svc.jobs.queue import MAX_VOCAB, check_vocab_size
     spec = JobSpec(dataset="web", steps=3)
     check_vocab_size(spec, 200_019)
     for bad in (0, MAX_VOCAB + 1, 10**12):
@@ -108,7 +108,7 @@ def test_the_vocabulary_size_is_bounded_with_the_whole_model():
 
 def test_errors_are_classified_once_deterministic_or_transient():
     from pydantic import BaseModel, ValidationError
-    from trainer_svc.failures import TransientJobError, is_deterministic
+    from trainer_svc.jobs.failures import TransientJobError, is_deterministic
 
     class Model(BaseModel):
         x: int

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from trainer_svc import keys
-from trainer_svc.jobs import JobQueue, JobSpec, JobSpecError
-from trainer_svc.lease import Heartbeat, Lease
-from trainer_svc.redis_conn import connect
+from trainer_svc.jobs import keys
+from trainer_svc.jobs.queue import JobQueue, JobSpec, JobSpecError
+from trainer_svc.jobs.lease import Heartbeat, Lease
+from trainer_svc.jobs.redis_conn import connect
 
 from .redis_helpers import RedisServer
 

@@ -18,7 +18,7 @@ from tests.torch_reference import TorchReference
 from trainer_svc.model import ModelConfig
 from trainer_svc.model.fit import ConfigDoesNotFitError
 from trainer_svc.model.lm_head import ChunkedHead, plan_chunk_rows
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 
 def _reference(h, w, targets, scale):
@@ -143,7 +143,7 @@ def test_tiny_with_a_gpt2_vocabulary_trains_at_the_default_batch(device):
 def _assume_device_memory(monkeypatch, nbytes: int) -> None:
     """Trainers built from here on get GpuModel(device_memory=nbytes)."""
     import functools
-    from trainer_svc import training
+    from trainer_svc.training import trainer as training
     from trainer_svc.model.gpu import GpuModel
     monkeypatch.setattr(training, "GpuModel", functools.partial(GpuModel, device_memory=nbytes))
 

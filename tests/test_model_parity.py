@@ -22,7 +22,7 @@ import pytest
 from tests.model_helpers import byte_vocabulary, random_batches, stdlib_text, tiny_config
 from tests.torch_reference import TorchAdamW, TorchReference
 from trainer_svc.model.forward import fused_qkv
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 B, T = 2, 32
 
@@ -32,7 +32,7 @@ B, T = 2, 32
 @pytest.fixture(scope="module")
 def stdlib_tokens(tmp_path_factory):
     """Python standard-library sources tokenized with a 456-token vocabulary built here."""
-    from trainer_svc.text import load_codec
+    from trainer_svc.data.text import load_codec
     path = byte_vocabulary(tmp_path_factory.mktemp("vocab") / "letters.tiktoken", extra=199)
     codec = load_codec(path)
     assert codec.n_vocab <= 512
@@ -121,7 +121,7 @@ def test_100_steps_on_real_text_follow_pytorch(device, stdlib_tokens):
     trainer = Trainer(cfg, tc, device)
     ref = TorchReference(cfg, trainer.export_weights())
     opt = TorchAdamW(ref, trainer.layout, tc)
-    from trainer_svc.data import TokenStream
+    from trainer_svc.data.stream import TokenStream
     stream = TokenStream([stdlib_tokens], B, T)
     gpu, torch_losses = [], []
     for step in range(tc.steps):

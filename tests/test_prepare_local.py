@@ -8,10 +8,10 @@ import json
 import numpy as np
 
 from istanbul.cli import main
-from trainer_svc import datasets
-from trainer_svc.data_files import shard_paths
-from trainer_svc.redis_conn import connect
-from trainer_svc.shards import decode_shard
+from trainer_svc.data import datasets
+from trainer_svc.data.files import shard_paths
+from trainer_svc.jobs.redis_conn import connect
+from trainer_svc.data.shards import decode_shard
 
 from .service_support import write_tiny_vocabulary
 from .test_prepare import SAMPLES, reference_ids

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_svc.prepare import is_safe_point, split_document
+from trainer_svc.data.prepare import is_safe_point, split_document
 
 from .conftest import SHARED_VOCAB, shared_vocab
 

@@ -409,7 +409,7 @@ def test_the_job_spec_file_of_the_docs_is_a_valid_spec():
     import textwrap
     import tomllib
 
-    from trainer_svc.jobs import JobSpec
+    from trainer_svc.jobs.queue import JobSpec
     text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     (block,) = re.findall(r"^ *```toml\n(.*?)^ *```", text, flags=re.M | re.S)
     spec = JobSpec(**tomllib.loads(textwrap.dedent(block)))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from istanbul.errors import UserFacingError
-from trainer_svc.redis_conn import connect, redact
+from trainer_svc.jobs.redis_conn import connect, redact
 
 from .redis_helpers import REPO, RedisServer, free_port, istanbul_env
 
@@ -74,7 +74,7 @@ def test_embedded_server_is_shared_and_durable(tmp_path, monkeypatch, package):
     server = first._keepalive[0]
     first.text.set("job", "queued")
     # Another process sees it while we are connected ...
-    code = ("from trainer_svc.redis_conn import connect; import sys; "
+    code = ("from trainer_svc.jobs.redis_conn import connect; import sys; "
             f"h = connect(data_dir={str(data)!r}); sys.stdout.write(h.text.get('job')); "
             "h.text.set('written-by', 'child')")
     out = subprocess.run([sys.executable, "-c", code], env=istanbul_env(), cwd=REPO,

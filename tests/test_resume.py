@@ -7,9 +7,9 @@ order, same optimizer state, so in practice they are bit-identical); same batche
 import numpy as np
 
 from tests.model_helpers import tiny_config
-from trainer_svc.checkpoint import CheckpointManager, load_checkpoint
-from trainer_svc.data import TokenStream
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.checkpoint import CheckpointManager, load_checkpoint
+from trainer_svc.data.stream import TokenStream
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainer_svc.shards import HEADER_SIZE, ShardError, decode_shard, encode_shard
+from trainer_svc.data.shards import HEADER_SIZE, ShardError, decode_shard, encode_shard
 
 VHASH = "ab" * 32
 

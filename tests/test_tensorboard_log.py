@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from istanbul.cli import main  # noqa: E402
 from tests.model_helpers import byte_vocabulary, stdlib_text  # noqa: E402
-from trainer_svc.daemon import Daemon, DaemonConfig  # noqa: E402
-from trainer_svc.jobs import JobQueue  # noqa: E402
-from trainer_svc.tensorboard_log import EVAL_LOSS, TRAIN_TAGS, ScalarLog  # noqa: E402
+from trainer_svc.jobs.daemon import Daemon, DaemonConfig  # noqa: E402
+from trainer_svc.jobs.queue import JobQueue  # noqa: E402
+from trainer_svc.training.tensorboard_log import EVAL_LOSS, TRAIN_TAGS, ScalarLog  # noqa: E402
 
 from .daemon_helpers import make_dataset, submit, tiny_vocabulary  # noqa: E402
 from .redis_helpers import REPO, istanbul_env  # noqa: E402

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from tests.model_helpers import random_batches, tiny_config
-from trainer_svc.checkpoint import CheckpointManager, load_checkpoint
-from trainer_svc.loss_scale import LossScaler
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.checkpoint import CheckpointManager, load_checkpoint
+from trainer_svc.model.loss_scale import LossScaler
+from trainer_svc.training.trainer import TrainConfig, Trainer
 
 B, T = 2, 32
 
@@ -122,7 +122,7 @@ def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
     if not linear.has_tensor_cores(f16_device):
         pytest.skip(f"{f16_device.name} has no tensor cores: f16 keeps f32 activations there")
     import functools
-    from trainer_svc import training
+    from trainer_svc.training import trainer as training
     from trainer_svc.model.gpu import GpuModel
     batches = random_batches(np.random.default_rng(8), 3, B, T, tiny_config().vocab_size)
     monkeypatch.setattr(training, "GpuModel", functools.partial(GpuModel, f16_activations=False))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from istanbul_errors import UserFacingError
 from istanbul.shaders.cli import add_device_args
-from tokenizer_svc.server_option import add_tokenizer_arguments
+from tokenizer_svc.service.client_options import add_tokenizer_arguments
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def add_redis_args(p: argparse.ArgumentParser) -> None:
 
 
 def _connect(args):
-    from .redis_conn import connect
+    from .jobs.redis_conn import connect
     return connect(args.redis, data_dir=args.data_dir)
 
 
@@ -97,7 +97,7 @@ def add_trainer_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub) -> None:
-    from .jobs import JobSpec
+    from .jobs.queue import JobSpec
     fields = JobSpec.model_fields      # submit's defaults come from the spec, as train's do
     p = sub.add_parser("prepare", help="tokenize a corpus into a dataset: shards in Redis "
                                        "(--dataset) or shard files in a folder (--out)",
@@ -239,8 +239,8 @@ def register(sub) -> None:
 # ---- prepare / datasets ---------------------------------------------------------------------
 
 def _service_source(args):
-    from tokenizer_svc.server_option import client_from_args
-    from .prepare import service_source
+    from tokenizer_svc.service.client_options import client_from_args
+    from .data.prepare import service_source
     client = client_from_args(args)             # waits while the service loads its vocabulary
     try:
         return service_source(client), client
@@ -250,11 +250,11 @@ def _service_source(args):
 
 
 def cmd_prepare(args) -> int:
-    from tokenizer_svc.client import ServiceError
+    from tokenizer_svc.service.client import ServiceError
     from tokenizer_svc.corpus_files import TEXT_FIELD, CorpusReader
-    from .data_files import DataFilesError, ShardFileWriter
-    from .datasets import DatasetError, DatasetWriter
-    from .prepare import local_source, prepare_dataset, vocabulary_files_for
+    from .data.files import DataFilesError, ShardFileWriter
+    from .data.datasets import DatasetError, DatasetWriter
+    from .data.prepare import local_source, prepare_dataset, vocabulary_files_for
 
     corpus = CorpusReader(args.files, include=args.include, format=args.format,
                           text_field=args.text_field or TEXT_FIELD, skip_bad=args.skip_bad)
@@ -309,7 +309,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from .datasets import list_datasets
+    from .data.datasets import list_datasets
     found = list_datasets(_connect(args))
     if args.json:
         print(json.dumps([d.to_dict() for d in found], indent=2))
@@ -364,9 +364,9 @@ def build_spec_dict(args) -> dict:
 
 
 def cmd_submit(args) -> int:
-    from .bridge import check_spec
-    from .datasets import DatasetError, get_dataset
-    from .jobs import JobInputError, JobQueue, JobSpec
+    from .jobs.bridge import check_spec
+    from .data.datasets import DatasetError, get_dataset
+    from .jobs.queue import JobInputError, JobQueue, JobSpec
 
     origin = f"--spec {args.spec}" if args.spec else "job spec"
     data = build_spec_dict(args)
@@ -400,7 +400,7 @@ def cmd_submit(args) -> int:
 
 
 def _model_max_seq(spec, n_vocab: int) -> int:
-    from .bridge import model_config_for
+    from .jobs.bridge import model_config_for
     return model_config_for(spec, n_vocab).max_seq
 
 
@@ -425,7 +425,7 @@ def _get_job(queue, job_id: str):
 
 
 def cmd_jobs(args) -> int:
-    from .jobs import JobQueue
+    from .jobs.queue import JobQueue
     queue = JobQueue(_connect(args))
     if args.dead_letter:
         dead = queue.dead_letters(args.limit)
@@ -455,7 +455,7 @@ def cmd_jobs(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .jobs import JobQueue
+    from .jobs.queue import JobQueue
     queue = JobQueue(_connect(args))
     record = _get_job(queue, args.job)
     data = record.to_dict()
@@ -498,9 +498,9 @@ def cmd_status(args) -> int:
 
 def cmd_watch(args) -> int:
     from tqdm import tqdm
-    from . import keys
-    from .jobs import JobQueue
-    from .redis_conn import REDIS_DOWN, Backoff
+    from .jobs import keys
+    from .jobs.queue import JobQueue
+    from .jobs.redis_conn import REDIS_DOWN, Backoff
     queue = JobQueue(_connect(args))
     last = queue.r.xrevrange(keys.job_events(args.job), count=1)
     after = last[0][0] if last else "0-0"
@@ -564,7 +564,7 @@ def cmd_watch(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from .jobs import JobQueue
+    from .jobs.queue import JobQueue
     queue = JobQueue(_connect(args))
     try:
         result = queue.cancel(args.job)
@@ -589,17 +589,17 @@ def run_trainer(args) -> int:
     """Connect, open the GPU, serve metrics, run the daemon until SIGTERM."""
     from istanbul.shaders.engine import Device
     from tokenizer_svc.exposure import bind_address, is_loopback
-    from tokenizer_svc.server.auth import load_tokens
-    from .daemon import Daemon, DaemonConfig
-    from .jobs import JobQueue
-    from .metrics import DaemonMetrics
+    from tokenizer_svc.service.auth import load_tokens
+    from .jobs.daemon import Daemon, DaemonConfig
+    from .jobs.queue import JobQueue
+    from .jobs.metrics import DaemonMetrics
 
     if args.max_failures < 1:
         raise UserFacingError("--max-failures must be at least 1")
     if args.lease_ttl <= 0.3:
         raise UserFacingError("--lease-ttl must be more than 0.3 seconds")
     if args.tensorboard is not None:
-        from .tensorboard_log import require_writer
+        from .training.tensorboard_log import require_writer
         require_writer()              # a missing extra is an error at start, not per job
     try:
         args.checkpoints.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ log = logging.getLogger("istanbul.train")
 def register(sub) -> None:
     from istanbul.shaders.cli import add_device_args
     from .model.config import PRESETS
-    from .precision import PRECISION_CHOICES
+    from .training.precision import PRECISION_CHOICES
 
     t = sub.add_parser("train", help="train a model locally on shards or text files",
                        description="Train a model on the GPU (every kernel WGSL). Prints a "
@@ -117,7 +117,7 @@ def register(sub) -> None:
 
 def _spec_default(field: str):
     """The job spec's default, so `train` and `submit` train the same way by default."""
-    from .jobs import JobSpec
+    from .jobs.queue import JobSpec
     return JobSpec.model_fields[field].default
 
 
@@ -125,7 +125,7 @@ def _spec_default(field: str):
 
 def _load_codec(spec):
     from tokenizer_svc.vocab import VocabularyError
-    from .text import load_codec
+    from .data.text import load_codec
     try:
         return load_codec(spec)
     except (VocabularyError, OSError) as exc:
@@ -133,8 +133,8 @@ def _load_codec(spec):
 
 
 def _load_shards(args, codec):
-    from .data_files import DataFilesError, shard_paths
-    from .shards import ShardError, decode_shard, read_header
+    from .data.files import DataFilesError, shard_paths
+    from .data.shards import ShardError, decode_shard, read_header
     shards = []
     if args.data:
         try:
@@ -175,10 +175,10 @@ def _precision_label(args, trainer) -> str:
 def cmd_train(args) -> int:
     from tqdm import tqdm
     from istanbul.shaders.engine import default_device
-    from .checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-    from .data import DataError, TokenStream, split_documents
+    from .training.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+    from .data.stream import DataError, TokenStream, split_documents
     from .model.config import ModelConfig
-    from .training import TrainConfig, Trainer
+    from .training.trainer import TrainConfig, Trainer
 
     if args.text and not args.vocab:
         raise UserFacingError("--text needs --vocab (the vocabulary to tokenize with)")
@@ -187,7 +187,7 @@ def cmd_train(args) -> int:
     if args.eval_every < 0 or args.eval_batches < 1:
         raise UserFacingError("--eval-every must be >= 0 and --eval-batches >= 1")
     if args.tensorboard is not None:
-        from .tensorboard_log import require_writer
+        from .training.tensorboard_log import require_writer
         require_writer()
     codec = _load_codec(args.vocab) if args.vocab else None
     shards = _load_shards(args, codec)
@@ -261,7 +261,7 @@ def cmd_train(args) -> int:
                dynamic_ncols=True, disable=None)   # None: no bar without a terminal
     scalars = None      # (on an error tensorboardX flushes what it has when the process exits)
     if args.tensorboard is not None:
-        from .tensorboard_log import ScalarLog
+        from .training.tensorboard_log import ScalarLog
         try:
             scalars = ScalarLog(args.tensorboard, purge_step=trainer.step_count + 1)
         except OSError as exc:
@@ -310,8 +310,8 @@ def cmd_train(args) -> int:
 
 def cmd_generate(args) -> int:
     from istanbul.shaders.engine import default_device
-    from .checkpoint import CheckpointError, read_checkpoint
-    from .generate import GenerationError, Generator
+    from .training.checkpoint import CheckpointError, read_checkpoint
+    from .model.generate import GenerationError, Generator
     try:
         ck = read_checkpoint(args.checkpoint)
     except CheckpointError as exc:
@@ -341,8 +341,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .checkpoint import CheckpointError
-    from .export_hf import export_hf
+    from .training.checkpoint import CheckpointError
+    from .training.export_hf import export_hf
     try:
         out = export_hf(args.checkpoint, args.hf)
     except CheckpointError as exc:

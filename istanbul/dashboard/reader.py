@@ -1,5 +1,5 @@
 """What the dashboard shows, read from Redis exactly as the daemon and the CLI wrote it
-(`trainer_svc/keys.py` lists the keys); nothing here writes.
+(`trainer_svc/jobs/keys.py` lists the keys); nothing here writes.
 
     reader = Reader(connect(url))
     reader.snapshot()               # the queue, the newest jobs, dead letters, datasets, daemons
@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import time
 
-from trainer_svc import keys
-from trainer_svc.datasets import list_datasets
-from trainer_svc.jobs import JobQueue, JobRecord
+from trainer_svc.jobs import keys
+from trainer_svc.data.datasets import list_datasets
+from trainer_svc.jobs.queue import JobQueue, JobRecord
 
 ALIVE_S = 60.0            # a daemon seen by Redis within this is alive
 GONE_SHOWN_S = 3600.0     # daemons gone for less than this are still listed (as gone)

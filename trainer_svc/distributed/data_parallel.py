@@ -33,7 +33,7 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.layout import ParameterLayout
-from ..training import StepMetrics, TrainConfig, Trainer
+from ..training.trainer import StepMetrics, TrainConfig, Trainer
 from .grad_sync import DEFAULT_BUCKET_BYTES, GradientAllReduce
 from .group import RankFailed, RankGroup
 

@@ -23,7 +23,7 @@ import numpy as np
 from istanbul_errors import UserFacingError
 
 from .. import settings
-from ..failures import JobInputError, TransientJobError
+from ..jobs.failures import JobInputError, TransientJobError
 
 COLLECTIVE_TIMEOUT_S = 600.0   # a rank silent this long (a hung GPU) fails the step
 JOIN_TIMEOUT_S = 180.0         # rank processes import torch and open a device first
@@ -152,7 +152,7 @@ class RankGroup:
 
 def report_error(store, rank: int, exc: BaseException) -> None:
     """Leave a rank's error for rank 0 (best effort: the store may be gone with rank 0)."""
-    from ..failures import is_deterministic
+    from ..jobs.failures import is_deterministic
     info = {"message": f"{type(exc).__name__}: {exc}"[:2000],
             "deterministic": is_deterministic(exc)}
     try:

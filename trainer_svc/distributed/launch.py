@@ -25,7 +25,7 @@ from pathlib import Path
 
 from istanbul_errors import UserFacingError
 
-from ..failures import JobInputError
+from ..jobs.failures import JobInputError
 from .group import ERROR_KEY, JOIN_TIMEOUT_S, RankFailed, RankGroup
 
 log = logging.getLogger(__name__)

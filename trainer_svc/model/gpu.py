@@ -20,7 +20,7 @@ saying what to change.
 Precision "f16": the f16 weight mirror as in "mixed", every matmul on the tensor cores
 where the device has f16 subgroup matrices (`linear.has_tensor_cores`: both operands rounded
 to f16, f32 accumulation; elsewhere the "mixed" kernels), and dynamic loss scaling
-(trainer_svc/loss_scale.py): the cross-entropy's gradient carries the scale, the gradient
+(trainer_svc/model/loss_scale.py): the cross-entropy's gradient carries the scale, the gradient
 statistics divide it out, an overflow skips the step and halves the scale.
 """
 
@@ -39,7 +39,7 @@ from istanbul.shaders.kernels.rope import ops as rope
 from istanbul.shaders.kernels.attention import ops as attention
 from istanbul.shaders.kernels.matmul import ops as linear
 
-from ..loss_scale import LossScaler
+from .loss_scale import LossScaler
 from .config import ModelConfig
 from .fit import HEADROOM, Need, check_fits
 from .fit import device_memory as fit_memory

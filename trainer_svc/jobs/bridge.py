@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import CheckpointManager
-from .data import DataError, TokenStream, split_documents
-from .jobs import JobInputError, JobSpec
-from .model.config import ModelConfig
-from .precision import resolve_precision
-from .training import StepMetrics, TrainConfig, Trainer
+from ..training.checkpoint import CheckpointManager
+from ..data.stream import DataError, TokenStream, split_documents
+from .queue import JobInputError, JobSpec
+from ..model.config import ModelConfig
+from ..training.precision import resolve_precision
+from ..training.trainer import StepMetrics, TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def open_run(spec: JobSpec, job_id: str, shards: list[np.ndarray], job_dir: Path
     if launch_ranks is None:
         raise JobInputError(f"job {job_id} asks for {spec.gpus} GPUs; run it with a trainer "
                             f"started with --gpus {spec.gpus} (or more)")
-    from .distributed.data_parallel import rank_train_config
+    from ..distributed.data_parallel import rank_train_config
     group, ranks = launch_ranks(spec.gpus)
     try:
         return _open_on(spec, job_id, device, model, train_config,
@@ -208,7 +208,7 @@ def _open_on(spec, job_id, device, model, train_config, local_config, manager, t
     else:
         trainer = Trainer(model, local_config, device)
     if ranks is not None:
-        from .distributed.data_parallel import DataParallelTrainer
+        from ..distributed.data_parallel import DataParallelTrainer
         group, processes = ranks
         try:
             trainer = DataParallelTrainer(trainer, group, train_config, on_close=processes.stop)

@@ -44,9 +44,9 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from . import settings
-from .model.config import ModelConfig
-from .model.layout import ParameterLayout
+from .. import settings
+from ..model.config import ModelConfig
+from ..model.layout import ParameterLayout
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,7 @@ def load_checkpoint(path, device, *, expected_vocab_hash: str | None = None,
 
     `train_config` overrides the stored one (e.g. more steps); batch and seq may change.
     """
-    from .training import TrainConfig, Trainer
+    from .trainer import TrainConfig, Trainer
     ck = read_checkpoint(path, expected_vocab_hash)
     state = ck["state"]
     try:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import keys
 from .failures import JobInputError  # noqa: F401  (re-exported: raise it for bad input)
-from .precision import PRECISION_CHOICES
+from ..training.precision import PRECISION_CHOICES
 
 if TYPE_CHECKING:   # (redis itself loads with the first queue, not with the spec)
     from .redis_conn import RedisHandle
@@ -120,7 +120,7 @@ class JobSpec(BaseModel):
     @field_validator("model")
     @classmethod
     def _preset(cls, value: str) -> str:
-        from .model.config import PRESETS
+        from ..model.config import PRESETS
         if value not in PRESETS:
             raise ValueError(f"unknown model preset {value!r}; choose one of {', '.join(PRESETS)}")
         return value
@@ -129,7 +129,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _overrides(cls, value: dict) -> dict:
         import dataclasses
-        from .model.config import ModelConfig
+        from ..model.config import ModelConfig
         allowed = {f.name for f in dataclasses.fields(ModelConfig)} - {"vocab_size"}
         unknown = sorted(set(value) - allowed)
         if unknown:
@@ -162,7 +162,7 @@ class JobSpec(BaseModel):
 
     def _check_sizes(self) -> None:
         """What the spec makes the daemon allocate stays under the MAX_* bounds."""
-        from .model.config import PRESETS
+        from ..model.config import PRESETS
         model = {**PRESETS[self.model], **self.model_overrides}
         seq = self.seq or model["max_seq"]
         micro = self.batch * seq
@@ -206,8 +206,8 @@ class JobSpec(BaseModel):
 def _parameters_without_vocabulary(fields: dict) -> int | None:
     """Parameter count of a model config (a 128-id vocabulary unless `fields` names one; None:
     not a valid config, which the daemon reports with the model's own message)."""
-    from .model.config import ModelConfig
-    from .model.layout import ParameterLayout
+    from ..model.config import ModelConfig
+    from ..model.layout import ParameterLayout
     try:
         return ParameterLayout.for_config(ModelConfig(**{"vocab_size": 128, **fields})).total
     except (TypeError, ValueError):
@@ -221,7 +221,7 @@ def check_vocab_size(spec: "JobSpec", n_vocab: int) -> None:
         raise JobInputError(f"dataset {spec.dataset!r} declares a vocabulary of {n_vocab} ids; "
                             f"the limit is 1 to {MAX_VOCAB}. Prepare it again with a real "
                             "vocabulary")
-    from .model.config import PRESETS, pad_vocab
+    from ..model.config import PRESETS, pad_vocab
     fields = {**PRESETS[spec.model], **spec.model_overrides}
     params = _parameters_without_vocabulary({**fields, "vocab_size": pad_vocab(n_vocab)})
     if params is not None and params > MAX_PARAMETERS:

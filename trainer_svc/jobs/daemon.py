@@ -53,14 +53,14 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from . import datasets
-from .checkpoint import prune_debris
+from ..data import datasets
+from ..training.checkpoint import prune_debris
 from .failures import JobInputError, is_deterministic
-from .jobs import JobQueue, JobRecord, JobSpec, check_job_id, check_vocab_size, event
+from .queue import JobQueue, JobRecord, JobSpec, check_job_id, check_vocab_size, event
 from .lease import Heartbeat, Lease, lease_holder, owner_token
 from .metrics import DaemonMetrics
 from .redis_conn import REDIS_DOWN, Backoff, RedisHandle
-from .shards import ShardError
+from ..data.shards import ShardError
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Daemon:
     def launch_ranks(self, world: int):
         """(group, rank processes) for a job on `world` of this trainer's GPUs; this process
         is rank 0 on `self.device` (rank_adapters[0])."""
-        from .distributed.launch import launch_group, rank_adapters
+        from ..distributed.launch import launch_group, rank_adapters
         if world > self.config.gpus:
             raise NotEnoughGpus(f"the job asks for {world} GPUs, this trainer has "
                                 f"{self.config.gpus}")
@@ -726,7 +726,7 @@ class JobAttempt:
         root = self.config.tensorboard_dir
         if root is None:
             return
-        from .tensorboard_log import ScalarLog
+        from ..training.tensorboard_log import ScalarLog
         try:
             self.scalars = ScalarLog(resolve_job_dir(Path(root), self.job_id),
                                      purge_step=run.step_count + 1)

@@ -8,7 +8,7 @@ JSON Lines, JSON arrays, Parquet, Arrow and `datasets` folders hold one per reco
 them compressed. A thread reads them (at most READ_AHEAD_BYTES ahead) while the tokenizer
 encodes. Documents are encoded in order (raw bytes, special-token text encoded as ordinary
 text), and the ids are packed by a `DatasetWriter`
-(Redis) or a `ShardFileWriter` (trainer_svc/data_files.py, `--out DIR`). A file larger than
+(Redis) or a `ShardFileWriter` (trainer_svc/data/files.py, `--out DIR`). A file larger than
 the service's per-document limit is sent in pieces cut where the split cannot change the
 tokens: the tokenizer's cut rule (shaders/kernels/bpe/cuts.py) for every known pattern at once.
 With the GPT-2, cl100k and o200k patterns no pre-token spans such a point

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .loss_scale import LossScaler
+from ..model.loss_scale import LossScaler
 from .precision import PRECISION_CHOICES, resolve_precision
-from .model.config import ModelConfig
-from .model.gpu import GpuModel
-from .model.init import init_parameters
-from .model.layout import ParameterLayout
+from ..model.config import ModelConfig
+from ..model.gpu import GpuModel
+from ..model.init import init_parameters
+from ..model.layout import ParameterLayout
 from .schedule import learning_rate
 
 @dataclass(frozen=True)

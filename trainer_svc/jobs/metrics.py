@@ -15,7 +15,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from .jobs import STATES
+from .queue import STATES
 
 log = logging.getLogger(__name__)
 

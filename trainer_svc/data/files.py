@@ -1,7 +1,7 @@
 """Shard files on disk: what `istanbul prepare --out DIR` writes and `istanbul train --data`
 reads, for one machine with no Redis and no tokenizer service.
 
-    DIR/shard_00000.shard, shard_00001.shard, ...   the shard format of trainer_svc/shards.py
+    DIR/shard_00000.shard, shard_00001.shard, ...   the shard format of trainer_svc/data/shards.py
     DIR/dataset.json                                 vocabulary name/hash/size, eot id, counts
     DIR/<vocabulary file> (+ its .json sidecar)      when prepare was given --vocab
 

@@ -28,9 +28,9 @@ from istanbul.shaders.kernels.rmsnorm import ops as rmsnorm
 from istanbul.shaders.kernels.rope import ops as rope
 from istanbul.shaders.kernels.matmul import ops as linear
 
-from .model.config import ModelConfig
-from .model.forward import BlockBuffers, KVCache, Weights, record_blocks
-from .model.layout import ParameterLayout
+from .config import ModelConfig
+from .forward import BlockBuffers, KVCache, Weights, record_blocks
+from .layout import ParameterLayout
 
 
 class GenerationError(ValueError):

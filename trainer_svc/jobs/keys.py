@@ -3,7 +3,7 @@
 Datasets (written by `istanbul prepare`, read and never consumed by the daemon):
     istanbul:datasets                      set of dataset names
     istanbul:dataset:NAME                  hash: vocab_hash, n_vocab, eot_id, shards, tokens, ...
-    istanbul:dataset:NAME:shard:I          string: one shard (trainer_svc.shards format)
+    istanbul:dataset:NAME:shard:I          string: one shard (trainer_svc.data.shards format)
     istanbul:dataset:NAME:vocab            hash: the vocabulary file(s), when prepare had --vocab
 
 Jobs:

@@ -21,7 +21,7 @@ from pathlib import Path
 from safetensors.numpy import save_file
 
 from .checkpoint import read_checkpoint
-from .model.config import ModelConfig
+from ..model.config import ModelConfig
 
 
 def hf_names(cfg: ModelConfig) -> dict[str, str]:

@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from istanbul_errors import UserFacingError
 
-from . import settings
+from .. import settings
 
 log = logging.getLogger(__name__)
 

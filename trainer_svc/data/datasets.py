@@ -3,7 +3,7 @@
 A dataset is the token stream of a list of documents, each document preceded by the
 end-of-text id (so documents are separated and the model sees where one starts), cut into
 shards of `shard_tokens` ids (the last one shorter). Each shard is one Redis string in the
-format of `trainer_svc.shards` (header with dtype, count and vocabulary hash). Because shards
+format of `trainer_svc.data.shards` (header with dtype, count and vocabulary hash). Because shards
 are plain keys that are only ever read, any number of jobs can train on a dataset, resume
 anywhere in it and run several epochs.
 
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import keys
-from .jobs import DATASET_RE
-from .redis_conn import RedisHandle
+from ..jobs import keys
+from ..jobs.queue import DATASET_RE
+from ..jobs.redis_conn import RedisHandle
 from .shards import ShardError, decode_shard, encode_shard
 
 DEFAULT_SHARD_TOKENS = 1 << 20
