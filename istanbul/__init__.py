@@ -46,10 +46,10 @@ LAZY_EXPORTS = {
     "TokenizerClient": ("tokenizer_svc.client", "TokenizerClient"),
     "Device": ("istanbul.shaders.engine", "Device"),
     "ModelConfig": ("trainer_svc.model", "ModelConfig"),
-    "TrainConfig": ("trainer_svc.training", "TrainConfig"),
-    "Trainer": ("trainer_svc.training", "Trainer"),
-    "Generator": ("trainer_svc.generate", "Generator"),
-    "load_checkpoint": ("trainer_svc.checkpoint", "load_checkpoint"),
+    "TrainConfig": ("trainer_svc.training.trainer", "TrainConfig"),
+    "Trainer": ("trainer_svc.training.trainer", "Trainer"),
+    "Generator": ("trainer_svc.model.generate", "Generator"),
+    "load_checkpoint": ("trainer_svc.training.checkpoint", "load_checkpoint"),
     "UserFacingError": ("istanbul_errors", "UserFacingError"),
 }
 

@@ -82,7 +82,7 @@ enc = istanbul.get_encoding({str(tiny_vocab_path)!r}, device="cpu")
 from tokenizer_svc.encoding import Encoding, get_encoding
 from tokenizer_svc.client import TokenizerClient
 from trainer_svc.model import ModelConfig
-from trainer_svc.training import TrainConfig, Trainer
+from trainer_svc.training.trainer import TrainConfig, Trainer
 assert isinstance(enc, istanbul.Encoding) and istanbul.Encoding is Encoding
 assert istanbul.get_encoding is get_encoding and istanbul.TokenizerClient is TokenizerClient
 assert (istanbul.ModelConfig, istanbul.TrainConfig, istanbul.Trainer) == \\
@@ -232,7 +232,7 @@ def test_spellings_of_earlier_releases_are_unknown_options(capsys):
 def test_train_and_submit_share_their_defaults():
     from istanbul.cli import build_parser
     from trainer_svc.cli_jobs import build_spec_dict
-    from trainer_svc.jobs import JobSpec
+    from trainer_svc.jobs.queue import JobSpec
     parser = build_parser()
     train = parser.parse_args(["train", "--text", "a", "--steps", "100"])
     submit = parser.parse_args(["submit", "--dataset", "d", "--steps", "100"])
@@ -431,8 +431,8 @@ def test_get_info_says_whether_the_adapter_is_software(server, device):  # noqa:
 
 def test_job_status_names_the_adapter(tmp_path, redis_server):
     import json
-    from trainer_svc import keys
-    from trainer_svc.daemon import adapter_label
+    from trainer_svc.jobs import keys
+    from trainer_svc.jobs.daemon import adapter_label
 
     class Info:
         name, adapter_type, is_software = "llvmpipe", "CPU", True

@@ -14,10 +14,10 @@ import pytest
 from istanbul.dashboard.actions import NoSuchJob, requeue
 from istanbul.dashboard.reader import Reader, job_status
 from istanbul.dashboard.tokenizer_metrics import TokenizerMetrics, quantile
-from trainer_svc import keys
-from trainer_svc.daemon import Daemon, DaemonConfig
-from trainer_svc.jobs import JobQueue, event
-from trainer_svc.lease import Lease
+from trainer_svc.jobs import keys
+from trainer_svc.jobs.daemon import Daemon, DaemonConfig
+from trainer_svc.jobs.queue import JobQueue, event
+from trainer_svc.jobs.lease import Lease
 
 from .daemon_helpers import make_dataset, submit, tiny_vocabulary
 from .dashboard_helpers import Dashboard

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from istanbul.cli import main
-from trainer_svc import datasets
-from trainer_svc.redis_conn import connect
+from trainer_svc.data import datasets
+from trainer_svc.jobs.redis_conn import connect
 
 from .redis_helpers import free_port
 from .service_support import start_server, write_tiny_vocabulary

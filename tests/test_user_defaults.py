@@ -14,7 +14,7 @@ import pytest
 
 from istanbul.errors import UserFacingError
 from tokenizer_svc.server.sizing import AUTO, resolve_layout
-from trainer_svc.precision import resolve_precision
+from trainer_svc.training.precision import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,9 +112,9 @@ def test_precision_auto_picks_the_tensor_cores_where_they_are(device, requested,
 
 def test_precision_auto_is_the_default_of_train_and_submit_and_the_trainer_resolves_it(device):
     from trainer_svc.cli_train import register as register_train
-    from trainer_svc.jobs import JobSpec
+    from trainer_svc.jobs.queue import JobSpec
     from trainer_svc.model.config import ModelConfig
-    from trainer_svc.training import TrainConfig, Trainer
+    from trainer_svc.training.trainer import TrainConfig, Trainer
     parser = argparse.ArgumentParser()
     register_train(parser.add_subparsers())
     assert parser.parse_args(["train", "--text", "a", "--steps", "1"]).precision == "auto"
@@ -138,8 +138,8 @@ def test_demo_defaults_fit_the_model_they_pick(software):
     """The GPU run once paired the tiny model (max_seq 256) with seq 512 and failed at
     submit; every default run must pass the job spec's own check."""
     from istanbul.demo import settings_for
-    from trainer_svc.bridge import check_spec
-    from trainer_svc.jobs import JobSpec
+    from trainer_svc.jobs.bridge import check_spec
+    from trainer_svc.jobs.queue import JobSpec
     s = settings_for(_demo_args(), software)
     assert s["model"] == ("tiny" if software else "small")
     spec = JobSpec(dataset="demo", model=s["model"], steps=s["steps"], batch=s["batch"],
@@ -181,7 +181,7 @@ def test_demo_plot_keeps_matplotlibs_info_lines_out_of_the_output(tmp_path):
 
 
 HEAVY_FOR_A_PARSER = ("grpc", "grpc_health", "redis", "prometheus_client",
-                      "tokenizer_svc.server.app", "trainer_svc.training", "torch")
+                      "tokenizer_svc.server.app", "trainer_svc.training.trainer", "torch")
 
 
 @pytest.mark.parametrize("argv", [[], ["kernels", "list"], ["train", "--help"]])

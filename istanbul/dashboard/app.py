@@ -36,8 +36,8 @@ from starlette.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from trainer_svc.jobs import check_job_id
-from trainer_svc.redis_conn import REDIS_DOWN
+from trainer_svc.jobs.queue import check_job_id
+from trainer_svc.jobs.redis_conn import REDIS_DOWN
 
 from . import actions
 from .reader import Reader

@@ -61,7 +61,7 @@ def cmd_dashboard(args) -> int:
         require_extra(module, EXTRA, "istanbul dashboard")
     import uvicorn
     from tokenizer_svc.exposure import bind_address, is_loopback
-    from trainer_svc.redis_conn import connect
+    from trainer_svc.jobs.redis_conn import connect
     from .app import create_app
     from .checkpoints import CheckpointInspector
     from .reader import Reader
