@@ -216,8 +216,8 @@ def _tiktoken(vocab: str):
 def step_serve(run: Run, res: Result, args) -> None:
     """`istanbul serve` with defaults, the Python client, a TEI client call, health, drain."""
     import grpc
-    from tokenizer_svc.client import TokenizerClient
-    from tokenizer_svc.rpc import tei_pb2, tei_pb2_grpc
+    from tokenizer_svc.service.client import TokenizerClient
+    from tokenizer_svc.service.rpc import tei_pb2, tei_pb2_grpc
     proc, target = run.start_server("serve", "--vocab", "cl100k_base")
     try:
         client = TokenizerClient(target)

@@ -129,7 +129,7 @@ def _worker(conn) -> None:
             cells[msg[1]] = msg[2:]
         elif msg[0] == "cell":
             _, target, n_clients, size, packed, warmup, duration, seed, loop = msg
-            from tokenizer_svc.server.event_loop import run
+            from tokenizer_svc.service.event_loop import run
             conn.send(run(_drive(conn, target, n_clients, *cells[size], packed, warmup,
                                  duration, seed), loop))
         else:
@@ -139,7 +139,7 @@ def _worker(conn) -> None:
 async def _drive(conn, target, n_clients, texts, weights, expected, packed, warmup, duration,
                  seed) -> dict:
     import grpc
-    from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc as pb_grpc
+    from tokenizer_svc.service.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc as pb_grpc
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
                ("grpc.max_send_message_length", -1)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(n_clients)]
@@ -274,7 +274,7 @@ METRICS = ("istanbul_tokenizer_batch_requests_sum", "istanbul_tokenizer_batch_re
            "istanbul_tokenizer_gpu_host_messages_sum",
            "istanbul_tokenizer_gpu_host_messages_count",
            "istanbul_tokenizer_gpu_host_thread_cpu_seconds_total")
-# the shared GPU process's one thread: wall seconds by phase (gpu_host.HostMetrics)
+# the shared GPU process's one thread: wall seconds by phase (gpu_process.HostMetrics)
 HOST_PHASES = ("wait", "spin", "receive", "round", "answer")
 # the GPU encoder's host phases and slow paths (the device's owner: the GPU process or workers)
 ENCODER_METRICS = {"upload": 'seconds_total{{phase="upload"', "readback": 'seconds_total{{phase="readback"',
@@ -369,7 +369,7 @@ class Server:
         self.target = f"127.0.0.1:{self.port_file.read_text().strip()}"
         if workers == DEFAULTS:
             self.workers, self.layout = resolved_layout(Path(self.log.name).read_text())
-        from tokenizer_svc.client import TokenizerClient
+        from tokenizer_svc.service.client import TokenizerClient
         self.client = TokenizerClient(self.target, timeout=300)
         self.client.wait_ready(300)
 
@@ -673,7 +673,7 @@ def main(argv=None) -> int:
             parse_layout(layout)
         except ValueError as exc:
             raise SystemExit(f"--gpu-process: {exc}") from None
-    from tokenizer_svc.server.event_loop import resolve as resolve_loop
+    from tokenizer_svc.service.event_loop import resolve as resolve_loop
     try:
         loops = [resolve_loop(x.strip()) for x in args.event_loops.split(",")]
     except Exception as exc:   # UserFacingError: unknown, or uvloop not installed

@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-s", type=float, default=5.0, help="victim alone (seconds)")
     args = p.parse_args(argv)
     import grpc
-    from tokenizer_svc.client import TokenizerClient
-    from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc
+    from tokenizer_svc.service.client import TokenizerClient
+    from tokenizer_svc.service.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc
     from tokenizer_svc.vocab import load_vocabulary
     import tiktoken
     vocab = load_vocabulary(args.vocab)

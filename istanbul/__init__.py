@@ -43,7 +43,7 @@ LAZY_EXPORTS = {
     "encoding_name_for_model": ("tokenizer_svc.encoding", "encoding_name_for_model"),
     "load_vocabulary": ("tokenizer_svc.vocab", "load_vocabulary"),
     "Vocabulary": ("tokenizer_svc.vocab", "Vocabulary"),
-    "TokenizerClient": ("tokenizer_svc.client", "TokenizerClient"),
+    "TokenizerClient": ("tokenizer_svc.service.client", "TokenizerClient"),
     "Device": ("istanbul.shaders.engine", "Device"),
     "ModelConfig": ("trainer_svc.model", "ModelConfig"),
     "TrainConfig": ("trainer_svc.training.trainer", "TrainConfig"),

@@ -24,7 +24,7 @@ COMMAND_MODULES = [
     "istanbul.shaders.cli",           # devices, kernels check/bench/list
     "tokenizer_svc.cli_vocab",  # vocab train, vocab fetch
     "tokenizer_svc.cli",     # encode, decode
-    "tokenizer_svc.cli_serve",  # serve (gRPC tokenizer service), health
+    "tokenizer_svc.service.cli",  # serve (gRPC tokenizer service), health
     "trainer_svc.cli_jobs",  # prepare, datasets, submit, jobs, status, watch, cancel, trainer
     "trainer_svc.cli_train",  # train, generate, export
     "trainer_svc.cli_tune",  # kernels tune (the tuner at a model preset's shapes)

@@ -6,8 +6,8 @@
 
 Run it when tiktoken's or tokenizers' Unicode version changes (tests/test_tokenizer_unicode.py
 fails then). Writes shaders/kernels/bpe/data/unicode_classes*.json, and for tokenizers also
-tokenizer_svc/data/hf_normalization.json (its normalizers' Unicode data, see
-tokenizer_svc/hf_normalize.py).
+tokenizer_svc/hf/data/hf_normalization.json (its normalizers' Unicode data, see
+tokenizer_svc/hf/normalize.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tokenizer_svc.hf_normalize import DATA_FILE as NORM_FILE  # noqa: E402
-from tokenizer_svc.hf_normalize import write_normalization_table  # noqa: E402
+from tokenizer_svc.hf.normalize import DATA_FILE as NORM_FILE  # noqa: E402
+from tokenizer_svc.hf.normalize import write_normalization_table  # noqa: E402
 from istanbul.shaders.kernels.bpe.unicode_table import (DATA_FILES, FAMILIES,  # noqa: E402
                                                     write_table)
 

@@ -76,7 +76,7 @@ def tiny_encoding(device, tiny_vocab_path):
 
 def start_server(encoding, device=None, **config):
     """A started BackgroundServer on a free loopback port (use as a context manager)."""
-    from tokenizer_svc.server import BackgroundServer, ServerConfig
+    from tokenizer_svc.service import BackgroundServer, ServerConfig
     config.setdefault("host", "127.0.0.1")
     config.setdefault("port", 0)
     return BackgroundServer(ServerConfig(**config), encoding=encoding, device=device).start()
@@ -91,14 +91,14 @@ def server(tiny_encoding, device):
 
 @pytest.fixture
 def client(server):
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     with TokenizerClient(server.target, timeout=60) as c:
         yield c
 
 
 def stub_for(target: str):
     import grpc
-    from tokenizer_svc.rpc import tokenizer_pb2_grpc
+    from tokenizer_svc.service.rpc import tokenizer_pb2_grpc
     channel = grpc.insecure_channel(target)
     return channel, tokenizer_pb2_grpc.TokenizerStub(channel)
 

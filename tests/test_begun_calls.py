@@ -1,5 +1,5 @@
 """Encode calls in two halves (GpuEncoder.begin_docs, GpuBackend.begin_packed,
-Encoding.begin_utf8_batch_flat): submitted, then finished later, two in flight on an encoder
+Encoding._begin_utf8_batch_flat): submitted, then finished later, two in flight on an encoder
 and its twin. What the shared GPU process relies on to overlap a round's GPU time with its
 other work: every call's ids exact whatever the order of begins and finishes, the slow path
 inside a begun call, errors that give the encoder back, other threads' calls waiting.
@@ -51,13 +51,13 @@ def test_two_calls_in_flight_each_get_their_own_ids(fresh):
     batches = _batches(3, 12)
     pending = None
     for docs in batches:
-        call = enc.begin_utf8_batch_flat(_utf8(docs))
+        call = enc._begin_utf8_batch_flat(_utf8(docs))
         if pending is not None:
             _check(pending[0].finish(), pending[1], tik)
         pending = (call, docs)
     _check(pending[0].finish(), pending[1], tik)
-    first = enc.begin_utf8_batch_flat(_utf8(batches[0]))
-    second = enc.begin_utf8_batch_flat(_utf8(batches[1]))
+    first = enc._begin_utf8_batch_flat(_utf8(batches[0]))
+    second = enc._begin_utf8_batch_flat(_utf8(batches[1]))
     assert first.encoder is not second.encoder            # the twin took the second
     _check(second.finish(), batches[1], tik)
     _check(first.finish(), batches[0], tik)
@@ -75,8 +75,8 @@ def test_a_begun_call_on_its_slow_path_beside_one_in_flight(fresh):
     primary.ids_per_byte = primary.first_ids_per_byte = 0.0
     primary.profile = True
     try:
-        a = enc.begin_utf8_batch_flat(_utf8(docs_a))
-        b = enc.begin_utf8_batch_flat(_utf8(docs_b))
+        a = enc._begin_utf8_batch_flat(_utf8(docs_a))
+        b = enc._begin_utf8_batch_flat(_utf8(docs_b))
         _check(a.finish(), docs_a, tik)
         _check(b.finish(), docs_b, tik)
         assert primary.last_profile.slow_paths >= 1
@@ -92,7 +92,7 @@ def test_a_call_of_several_chunks_runs_whole_at_begin(fresh):
     primary.pipeline_bytes = 400          # chunks of 100, 200, 400 bytes
     try:
         docs = [f"document {k} " * 20 for k in range(12)]
-        call = enc.begin_utf8_batch_flat(_utf8(docs))
+        call = enc._begin_utf8_batch_flat(_utf8(docs))
         _check(call.finish(), docs, tik)
     finally:
         primary.pipeline_bytes = saved
@@ -101,16 +101,16 @@ def test_a_call_of_several_chunks_runs_whole_at_begin(fresh):
 @pytest.mark.parametrize("docs", [[], [""], ["", "", ""]])
 def test_calls_without_text(fresh, docs):
     enc, tik = fresh
-    _check(enc.begin_utf8_batch_flat(_utf8(docs)).finish(), docs, tik)
+    _check(enc._begin_utf8_batch_flat(_utf8(docs)).finish(), docs, tik)
 
 
 def test_finish_once_cancel_gives_the_encoder_back(fresh):
     enc, tik = fresh
     docs = ["a call that is dropped", "and its neighbour"]
-    call = enc.begin_utf8_batch_flat(_utf8(docs))
+    call = enc._begin_utf8_batch_flat(_utf8(docs))
     call.cancel()
     call.cancel()                          # a second cancel does nothing
-    again = enc.begin_utf8_batch_flat(_utf8(docs))
+    again = enc._begin_utf8_batch_flat(_utf8(docs))
     assert again.encoder is enc.backend.encoder   # the primary is free again
     _check(again.finish(), docs, tik)
     with pytest.raises(RuntimeError, match="already finished"):
@@ -125,10 +125,10 @@ def test_a_failing_submit_gives_the_encoder_back(fresh, monkeypatch):
         raise RuntimeError("simulated device error")
     monkeypatch.setattr(primary, "_record_compact", broken)
     with pytest.raises(RuntimeError, match="simulated"):
-        enc.begin_utf8_batch_flat(_utf8(["boom"]))
+        enc._begin_utf8_batch_flat(_utf8(["boom"]))
     monkeypatch.undo()
     assert not primary._lock.locked()
-    _check(enc.begin_utf8_batch_flat(_utf8(["fine"])).finish(), ["fine"], tik)
+    _check(enc._begin_utf8_batch_flat(_utf8(["fine"])).finish(), ["fine"], tik)
 
 
 def test_another_threads_call_waits_for_the_begun_one(fresh):
@@ -137,7 +137,7 @@ def test_another_threads_call_waits_for_the_begun_one(fresh):
     enc, tik = fresh
     docs = ["the begun call's text " * 10]
     other = ["the other thread's text " * 7, "日本"]
-    call = enc.begin_utf8_batch_flat(_utf8(docs))
+    call = enc._begin_utf8_batch_flat(_utf8(docs))
     out = {}
     thread = threading.Thread(target=lambda: out.setdefault("r", enc.encode_batch_flat(other)))
     thread.start()
@@ -152,7 +152,7 @@ def test_a_cpu_encoding_finishes_at_begin():
     vocab = vocabulary_for("trained-gpt2")
     enc, tik = Encoding(vocab, "cpu"), tiktoken_twin(vocab)
     docs = ["plain text", "日本語"]
-    call = enc.begin_utf8_batch_flat(_utf8(docs))
+    call = enc._begin_utf8_batch_flat(_utf8(docs))
     assert call.encoder is None
     ids, offsets = call.finish()
     _check((np.asarray(ids), offsets), docs, tik)
@@ -166,10 +166,10 @@ def test_a_begin_waits_for_another_threads_call_never_its_own(fresh):
     enc, tik = fresh
     backend = enc.backend
     docs = [["held by us " * 5]] * (MAX_TWINS + 1)
-    ours = [enc.begin_utf8_batch_flat(_utf8(d)) for d in docs]     # every encoder, once
+    ours = [enc._begin_utf8_batch_flat(_utf8(d)) for d in docs]     # every encoder, once
     assert len({id(c.encoder) for c in ours}) == MAX_TWINS + 1
     with pytest.raises(RuntimeError, match="finish one before beginning another"):
-        enc.begin_utf8_batch_flat(_utf8(["one too many"]))
+        enc._begin_utf8_batch_flat(_utf8(["one too many"]))
     _check(ours[0].finish(), docs[0], tik)                         # the primary is free
     taken, release = threading.Event(), threading.Event()
 
@@ -184,7 +184,7 @@ def test_a_begin_waits_for_another_threads_call_never_its_own(fresh):
     taken.wait(30)
     threading.Timer(0.3, release.set).start()
     new = ["begun while the other thread holds the primary"]
-    call = enc.begin_utf8_batch_flat(_utf8(new))    # waits ~0.3 s for the other thread
+    call = enc._begin_utf8_batch_flat(_utf8(new))    # waits ~0.3 s for the other thread
     assert call.encoder is backend.encoder
     _check(call.finish(), new, tik)
     other.join(30)

@@ -1,4 +1,4 @@
-"""tokenizer_svc.chat_template against transformers: the same rendered text and the same ids as
+"""tokenizer_svc.hf.chat_template against transformers: the same rendered text and the same ids as
 `AutoTokenizer.from_pretrained(folder).apply_chat_template(...)` for the DeepSeek tokenizer
 with chat templates in each place transformers reads them from."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.chat_support import (CONFIG, CONVERSATIONS, TEMPLATE, TOOL_TEMPLATE, TOOLS,
                                 deepseek_chat_folder)
-from tokenizer_svc.chat_template import (ChatTemplate, ChatTemplateError,
+from tokenizer_svc.hf.chat_template import (ChatTemplate, ChatTemplateError,
                                          ChatTemplateUnavailable, _compile, apply_chat_template,
                                          chat_template_of)
 

@@ -80,7 +80,7 @@ heavy = [m for m in ("numpy", "wgpu", "grpc", "torch", "tokenizer_svc", "trainer
 assert heavy == [], heavy
 enc = istanbul.get_encoding({str(tiny_vocab_path)!r}, device="cpu")
 from tokenizer_svc.encoding import Encoding, get_encoding
-from tokenizer_svc.client import TokenizerClient
+from tokenizer_svc.service.client import TokenizerClient
 from trainer_svc.model import ModelConfig
 from trainer_svc.training.trainer import TrainConfig, Trainer
 assert isinstance(enc, istanbul.Encoding) and istanbul.Encoding is Encoding
@@ -312,7 +312,7 @@ def test_serve_listens_on_loopback_only_by_default(tmp_path, tiny_vocab_path):
 def test_bind_addresses_default_to_loopback():
     from istanbul_errors import UserFacingError
     from tokenizer_svc.exposure import bind_address
-    from tokenizer_svc.server.config import ServerConfig
+    from tokenizer_svc.service.config import ServerConfig
     assert bind_address(None, "--host", public=False) == "127.0.0.1"
     assert bind_address(None, "--host", public=True) == "0.0.0.0"
     for host in ("127.0.0.1", "::1", "[::1]", "localhost", "127.3.4.5"):
@@ -422,7 +422,7 @@ def test_trainer_metrics_behind_the_token_name_the_adapter(tmp_path, redis_serve
 
 
 def test_get_info_says_whether_the_adapter_is_software(server, device):  # noqa: F811
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     with TokenizerClient(server.target) as client:
         adapter = client.info().adapter
     assert adapter.name == device.info.name

@@ -232,7 +232,7 @@ def test_http_api_stream_and_the_token_rules(dashboards, jobs_in_every_status, h
 
 def test_tokenizer_metrics_from_a_real_service_registry():
     from tokenizer_svc.exposure import serve_metrics
-    from tokenizer_svc.server.metrics import ServiceMetrics
+    from tokenizer_svc.service.metrics import ServiceMetrics
     metrics = ServiceMetrics()
     server = serve_metrics(metrics.registry, "127.0.0.1", 0)
     guarded = serve_metrics(metrics.registry, "127.0.0.1", 0, tokens=("s3cret",))

@@ -137,8 +137,8 @@ def battery(enc: Encoding, docs: list[str]) -> dict:
     buf = np.zeros(sum(map(len, raw)) + 8, np.uint32)
     ids3, offsets3 = enc.encode_batch_flat(docs, out=buf)
     out["flat_out"] = ids3.tolist(), offsets3.tolist()
-    out["utf8_flat"] = [a.tolist() for a in enc.encode_utf8_batch_flat(raw[:len(docs)])]
-    out["begun"] = [a.tolist() for a in enc.begin_utf8_batch_flat(raw[:len(docs)]).finish()]
+    out["utf8_flat"] = [a.tolist() for a in enc._encode_utf8_batch_flat(raw[:len(docs)])]
+    out["begun"] = [a.tolist() for a in enc._begin_utf8_batch_flat(raw[:len(docs)]).finish()]
     out["bytes"] = [enc.encode_bytes(r) for r in raw[-3:]]
     out["offsets"] = [enc.encode_with_offsets(d, unit, allowed_special="all")
                       for d in docs[:8] for unit in ("byte", "char")]
@@ -156,7 +156,7 @@ def battery(enc: Encoding, docs: list[str]) -> dict:
     out["decode_bytes"] = enc.decode_bytes(flat2)
     out["decode_offsets"] = [enc.decode_with_offsets(x) for x in ordinary[:6]]
     out["tokens_bytes"] = enc.decode_tokens_bytes(ordinary[0])
-    out["token_offsets"] = enc.token_offsets(flat, "char").tolist()
+    out["token_offsets"] = enc._token_offsets(flat, "char").tolist()
     try:
         enc.decode([1, enc.n_vocab + 7])
     except KeyError as exc:

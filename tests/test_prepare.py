@@ -31,7 +31,7 @@ def vocab_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def service(device, vocab_path):
     from tokenizer_svc.encoding import get_encoding
-    from tokenizer_svc.server.config import Limits
+    from tokenizer_svc.service.config import Limits
     enc = get_encoding(str(vocab_path), device=device)
     # A small per-document limit, so the long sample goes in pieces.
     srv = start_server(enc, device, limits=Limits(max_text_bytes=700))

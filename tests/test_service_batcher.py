@@ -9,9 +9,9 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from tokenizer_svc.server.batcher import DeadlineExpired, DynamicBatcher
-from tokenizer_svc.server.errors import RequestRejected
-from tokenizer_svc.server.work import BatchRunner, DecodeJob, EncodeJob, SpecialRule
+from tokenizer_svc.service.batcher import DeadlineExpired, DynamicBatcher
+from tokenizer_svc.service.errors import RequestRejected
+from tokenizer_svc.service.work import BatchRunner, DecodeJob, EncodeJob, SpecialRule
 from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
 
 

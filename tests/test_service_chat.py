@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.chat_support import CONVERSATIONS, TOOLS, deepseek_chat_folder
-from tokenizer_svc.client import RequestError, ServiceError, TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.client import RequestError, ServiceError, TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
 from tests.service_support import (server, start_server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 
@@ -43,7 +43,7 @@ def chat_encoding(folder, device):
 
 @pytest.fixture(scope="module")
 def chat_server(chat_encoding, device):
-    from tokenizer_svc.server import Limits
+    from tokenizer_svc.service import Limits
     srv = start_server(chat_encoding, device, limits=Limits(max_text_bytes=4000))
     yield srv
     srv.stop()

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tokenizer_svc.chunking import Chunk, chunk
-from tokenizer_svc.client import (DisallowedSpecialError, InvalidTokenError, RequestError,
+from tokenizer_svc.service.client import (DisallowedSpecialError, InvalidTokenError, RequestError,
                                   TokenizerClient)
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
 from tests.service_support import (TEXTS, client, reason_of, server, start_server,  # noqa: F401
                                    stub_for, tiny_encoding, tiny_vocab_path)
 
@@ -118,7 +118,7 @@ LIMITS = dict(max_text_bytes=100, max_batch_items=4)
 
 @pytest.fixture(scope="module")
 def limited(tiny_encoding, device):
-    from tokenizer_svc.server import Limits
+    from tokenizer_svc.service import Limits
     srv = start_server(tiny_encoding, device, limits=Limits(**LIMITS))
     channel, stub = stub_for(srv.target)
     yield srv, stub
@@ -228,7 +228,7 @@ def test_client_return_exceptions(limited, tiny_encoding):
 
 
 def test_auth_covers_the_new_methods(tiny_encoding, device, tmp_path):
-    from tokenizer_svc.client import ServiceError
+    from tokenizer_svc.service.client import ServiceError
     with start_server(tiny_encoding, device, auth_tokens=("tok",)) as srv:
         with TokenizerClient(srv.target, retries=0) as anonymous:
             for call in (lambda: anonymous.chunk("x", 2),

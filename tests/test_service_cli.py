@@ -8,7 +8,7 @@ import json
 import pytest
 
 from istanbul.errors import UserFacingError
-from tokenizer_svc.server_option import add_tokenizer_arguments, client_from_args
+from tokenizer_svc.service.client_options import add_tokenizer_arguments, client_from_args
 from tests.service_support import (TEXTS, free_port, server, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tokenizer_svc.client import TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server import BatchingConfig, Limits
+from tokenizer_svc.service.client import TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service import BatchingConfig, Limits
 from tests.service_support import (TEXTS, metric, reason_of, start_server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 

@@ -18,8 +18,8 @@ import time
 import grpc
 import pytest
 
-from tokenizer_svc.client import TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc
+from tokenizer_svc.service.client import TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb, tokenizer_pb2_grpc
 from tests.service_support import (TEXTS, serve_subprocess, start_server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 from tests.test_service_workers import _children, _drained, _log

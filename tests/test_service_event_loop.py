@@ -1,4 +1,4 @@
-"""The server's event loop (`istanbul serve --event-loop`, tokenizer_svc/server/event_loop.py):
+"""The server's event loop (`istanbul serve --event-loop`, tokenizer_svc/service/event_loop.py):
 which loop each choice gives, a clear error when uvloop is asked for and missing, and the
 whole server (batching, streams, deadlines, drain) on both loops."""
 
@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from istanbul_errors import UserFacingError
-from tokenizer_svc.client import ServiceError, TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server import event_loop
+from tokenizer_svc.service.client import ServiceError, TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service import event_loop
 from tests.service_support import (TEXTS, metric, start_server, stub_for, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 
@@ -96,5 +96,5 @@ def test_the_server_on_either_loop(choice, tiny_encoding, device):
 
 def _window(seconds: float):
     """Batches that always wait out `seconds` (no eager closing)."""
-    from tokenizer_svc.server.config import BatchingConfig
+    from tokenizer_svc.service.config import BatchingConfig
     return BatchingConfig(window_s=seconds, eager=False)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from tokenizer_svc.client import DisallowedSpecialError
+from tokenizer_svc.service.client import DisallowedSpecialError
 from tokenizer_svc.reference import disallowed_message
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
 from tests.service_support import (TEXTS, client, reason_of, server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 
@@ -161,7 +161,7 @@ def test_a_disallowed_special_token_beyond_ascii_is_invalid_argument_naming_it(t
     carries it percent-encoded; the client gives the token back as it is."""
     from tests.service_support import MULTILINGUAL, SAMPLE, start_server
     from tests.tokenizer_support import train_bpe
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     from tokenizer_svc.encoding import Encoding
     from tokenizer_svc.patterns import GPT2_PATTERN
     from tokenizer_svc.vocab import Vocabulary

@@ -1,4 +1,4 @@
-"""The shared GPU process (tokenizer_svc/server/gpu_host.py) with a real Encoding on this
+"""The shared GPU process (tokenizer_svc/service/gpu_process.py, gpu_worker.py, gpu_wire.py) with a real Encoding on this
 machine's device: one round answers every waiting worker message with one Encoding call per
 allowed-special set, splits calls between messages (never inside one), fails only the
 message with an invalid id (with the Encoding's own words), and `RemoteEncoding` gives the
@@ -20,12 +20,12 @@ import grpc
 import numpy as np
 import pytest
 
-from tokenizer_svc.server.errors import RequestRejected
+from tokenizer_svc.service.errors import RequestRejected
 from tokenizer_svc.gpu_backend import FinishedCall
-from tokenizer_svc.server.gpu_host import (SERVING_THREAD_FAILED, GpuHost, RemoteEncoding,
-                                           RemoteInvalidToken, _Message, encode_message,
-                                           receive_reply, serve_or_exit)
-from tokenizer_svc.server.work import utf8_len
+from tokenizer_svc.service.gpu_process import SERVING_THREAD_FAILED, GpuHost, _Message, serve_or_exit
+from tokenizer_svc.service.gpu_wire import encode_message, receive_reply
+from tokenizer_svc.service.gpu_worker import RemoteEncoding, RemoteInvalidToken
+from tokenizer_svc.service.work import utf8_len
 from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
 
 SPECIAL = "<|endoftext|>"
@@ -43,15 +43,15 @@ class Counting:
         self.encode_calls.append(len(docs))
         return self.encoding.encode_batch_flat(docs, **kw)
 
-    def encode_utf8_batch_flat(self, docs):
+    def _encode_utf8_batch_flat(self, docs):
         self.encode_calls.append(len(docs))
         self.utf8_calls.append(len(docs))
-        return self.encoding.encode_utf8_batch_flat(docs)
+        return self.encoding._encode_utf8_batch_flat(docs)
 
-    def begin_utf8_batch_flat(self, docs):
+    def _begin_utf8_batch_flat(self, docs):
         self.encode_calls.append(len(docs))
         self.utf8_calls.append(len(docs))
-        return self.encoding.begin_utf8_batch_flat(docs)
+        return self.encoding._begin_utf8_batch_flat(docs)
 
     def decode_bytes_batch(self, seqs):
         self.decode_calls += 1
@@ -103,11 +103,11 @@ def test_one_round_is_one_call_per_allowed_set(tiny_encoding):
 @pytest.mark.parametrize("step", [1, 5, 4096, None])
 def test_answers_are_whole_frames_even_when_the_socket_takes_them_in_pieces(
         tiny_encoding, monkeypatch, step):
-    """An answer goes out as its frames in one writev (_send_frames); a write that takes only
+    """An answer goes out as its frames in one writev (gpu_wire.send_frames); a write that takes only
     part of them (`step` bytes at a time here; None: all at once) goes on where it stopped, so
     the worker reads the same offsets and ids as ever, empty ids included."""
     import os
-    from tokenizer_svc.server import gpu_host
+    from tokenizer_svc.service import gpu_wire
     real = os.writev
 
     def partial(fd, buffers):
@@ -116,7 +116,7 @@ def test_answers_are_whole_frames_even_when_the_socket_takes_them_in_pieces(
         first = next(b for b in buffers if len(b))   # at most `step` bytes of it
         return real(fd, [first[:step]])
 
-    monkeypatch.setattr(gpu_host.os, "writev", partial)
+    monkeypatch.setattr(gpu_wire.os, "writev", partial)
     host = GpuHost(tiny_encoding, max_call_bytes=1 << 20)
     # the answers wait in the sockets until the round ends, and every tiny write is a
     # buffer of its own there: a long answer only with writes that are not tiny
@@ -215,7 +215,7 @@ def test_utf8_calls_split_between_messages_never_inside_one(tiny_encoding):
 
 def test_encode_utf8_batch_flat_is_encode_batch_flat_of_the_text(tiny_encoding,
                                                                  tiny_vocab_path, tmp_path):
-    """Encoding.encode_utf8_batch_flat gives encode_batch_flat's ids and offsets of the text
+    """Encoding._encode_utf8_batch_flat gives encode_batch_flat's ids and offsets of the text
     on the GPU path, on the CPU reference (no packed path) and for a tokenizer.json with a
     normalizer (which needs the text back)."""
     import json
@@ -229,12 +229,12 @@ def test_encode_utf8_batch_flat_is_encode_batch_flat_of_the_text(tiny_encoding,
     lowered = get_encoding(load_vocabulary(path), device=tiny_encoding.backend.device)
     texts = TEXTS + ["MiXeD CaSe İSTANBUL", "", "x" * 5000]
     for encoding in (tiny_encoding, get_encoding(str(tiny_vocab_path), device="cpu"), lowered):
-        ids, offsets = encoding.encode_utf8_batch_flat([t.encode() for t in texts])
+        ids, offsets = encoding._encode_utf8_batch_flat([t.encode() for t in texts])
         want_ids, want_offsets = encoding.encode_batch_flat(texts)
         assert ids.dtype == np.uint32 and offsets.dtype == np.int64
         assert np.array_equal(ids, want_ids) and np.array_equal(offsets, want_offsets)
-    assert lowered.encode_utf8_batch_flat([b"ABC"])[0].tolist() == lowered.encode("abc")
-    assert tiny_encoding.encode_utf8_batch_flat([])[1].tolist() == [0]
+    assert lowered._encode_utf8_batch_flat([b"ABC"])[0].tolist() == lowered.encode("abc")
+    assert tiny_encoding._encode_utf8_batch_flat([])[1].tolist() == [0]
 
 
 def test_an_invalid_id_fails_only_its_own_decode_message(tiny_encoding):
@@ -327,12 +327,12 @@ def test_a_failing_serving_thread_ends_the_process_for_a_restart(tiny_encoding):
     kills the one serving thread; the process must then exit (the supervisor restarts it)
     instead of living on with nobody answering."""
     class WrongOffsets(Counting):
-        def encode_utf8_batch_flat(self, docs):
-            ids, _ = super().encode_utf8_batch_flat(docs)
+        def _encode_utf8_batch_flat(self, docs):
+            ids, _ = super()._encode_utf8_batch_flat(docs)
             return ids, np.array([0], np.int64)          # one offset for any document count
 
-        def begin_utf8_batch_flat(self, docs):           # the overlapping loop's path
-            return FinishedCall(self.encode_utf8_batch_flat(docs))
+        def _begin_utf8_batch_flat(self, docs):           # the overlapping loop's path
+            return FinishedCall(self._encode_utf8_batch_flat(docs))
 
     host = GpuHost(WrongOffsets(tiny_encoding), max_call_bytes=1 << 20)
     host_end, worker_end = Pipe()
@@ -401,8 +401,8 @@ def test_a_handshake_that_does_not_complete_fails_as_unreachable_in_bounded_time
     calls fail UNAVAILABLE and its probe says False, with no thread blocked for ever (a worker
     cannot exit while one waits)."""
     import socket
-    from tokenizer_svc.server import gpu_host
-    monkeypatch.setattr(gpu_host, "HANDSHAKE_TIMEOUT_S", 0.5)
+    from tokenizer_svc.service import gpu_wire
+    monkeypatch.setattr(gpu_wire, "HANDSHAKE_TIMEOUT_S", 0.5)
     address = str(tmp_path / "gpu.sock")
     if peer == "wrong_key":
         listener = Listener(address, family="AF_UNIX", authkey=b"other")
@@ -453,12 +453,12 @@ def test_a_stalled_or_wrong_peer_does_not_stop_the_gpu_process_accepting(
     another key, neither delays a worker connecting beside it nor stays connected."""
     import socket
     from multiprocessing import AuthenticationError
-    from tokenizer_svc.server import gpu_host
-    monkeypatch.setattr(gpu_host, "HANDSHAKE_TIMEOUT_S", 3.0)
+    from tokenizer_svc.service import gpu_process, gpu_wire
+    monkeypatch.setattr(gpu_wire, "HANDSHAKE_TIMEOUT_S", 3.0)
     address, key = str(tmp_path / "gpu.sock"), os.urandom(16)
     listener = Listener(address, family="AF_UNIX")
     host = GpuHost(Counting(tiny_encoding), max_call_bytes=1 << 20)
-    threading.Thread(target=gpu_host.accept_workers, args=(listener, host, key),
+    threading.Thread(target=gpu_process.accept_workers, args=(listener, host, key),
                      daemon=True).start()
     loop = threading.Thread(target=host.serve_forever, daemon=True)
     loop.start()
@@ -532,7 +532,7 @@ def test_the_clock_keeper_spins_only_while_holding(tiny_encoding):
     """ClockKeeper (--gpu-keep-clock): no spin and a blocking wait before any request or with
     a hold of 0; after `used()` a zero wait and real kernels, a new one only once the last has
     finished (never more than one queued, never waited for), until the hold runs out."""
-    from tokenizer_svc.server.clock_keeper import ClockKeeper
+    from tokenizer_svc.service.clock_keeper import ClockKeeper
     device = tiny_encoding.backend.device
     off = ClockKeeper(device, 0.0)
     off.used()
@@ -570,7 +570,7 @@ def test_a_host_keeping_the_clock_spins_between_rounds_and_answers_exactly(
         tiny_encoding, tmp_path):
     """With a keeper the GPU process spins while no message waits (after the first request)
     and still answers every message with the local Encoding's ids."""
-    from tokenizer_svc.server.clock_keeper import ClockKeeper
+    from tokenizer_svc.service.clock_keeper import ClockKeeper
     keeper = ClockKeeper(tiny_encoding.backend.device, 30.0, spin_s=1e-6)
     host = GpuHost(tiny_encoding, max_call_bytes=1 << 20, keeper=keeper)
     host_end, worker_end = Pipe()
@@ -603,7 +603,7 @@ def test_keep_clock_flag_errors_are_clear(argv, message):
     hold the clock, and for negative holds; accepted with the shared GPU process."""
     import argparse
     from istanbul.errors import UserFacingError
-    from tokenizer_svc.cli_serve import config_from_args, register
+    from tokenizer_svc.service.cli import config_from_args, register
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     with pytest.raises(UserFacingError, match=message):
@@ -659,7 +659,7 @@ def test_the_loops_calls_answer_as_the_blocking_ones_and_recover_like_them(
     """Same ids for every message form, several calls at once on connections of their own,
     an invalid id's own error, a call cancelled mid-way (its connection is dropped, the next
     call is exact), and the GPU process gone (UNAVAILABLE, not reachable) then back."""
-    from tokenizer_svc.server import event_loop
+    from tokenizer_svc.service import event_loop
     host, address, key, listener = served
     thread = _serve_in_thread(host)
     remote = RemoteEncoding(tiny_encoding, address, key)
@@ -726,7 +726,7 @@ def test_each_loop_has_streams_of_its_own_and_close_survives_closed_loops(served
     """A RemoteEncoding used from one loop after another (a test's, a restarted worker's)
     never hands a stream of a closed loop to another loop, and close() after the loops
     closed does not raise."""
-    from tokenizer_svc.server import event_loop
+    from tokenizer_svc.service import event_loop
     host, address, key, _ = served
     _serve_in_thread(host)
     remote = RemoteEncoding(tiny_encoding, address, key)
@@ -745,8 +745,8 @@ def test_a_batch_on_the_loop_gives_what_it_gives_on_a_thread(served, tiny_encodi
     """BatchRunner.run_async and BatchRunner(jobs): the same steps, so the same results for
     encodes with offsets and truncation, a refusal, decodes and a decode with an invalid id
     (only its own job fails)."""
-    from tokenizer_svc.server import event_loop
-    from tokenizer_svc.server.work import BatchRunner, DecodeJob, EncodeJob, SpecialRule
+    from tokenizer_svc.service import event_loop
+    from tokenizer_svc.service.work import BatchRunner, DecodeJob, EncodeJob, SpecialRule
     host, address, key, _ = served
     _serve_in_thread(host)
     remote = RemoteEncoding(tiny_encoding, address, key)
@@ -788,7 +788,7 @@ def test_a_worker_whose_gpu_process_hangs_says_not_serving_and_still_drains(tiny
     health goes NOT_SERVING after --stall-timeout, and a drain ends within the grace period
     plus the stall timeout (the waiting batch is cancelled, its stream closed: nothing is
     left behind), the caller hearing an error rather than waiting for ever."""
-    from tokenizer_svc.rpc import tokenizer_pb2 as pb
+    from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
     from tests.service_support import metric, start_server, stub_for
     address, key = str(tmp_path / "gpu.sock"), os.urandom(16)
     listener = Listener(address, family="AF_UNIX", authkey=key)
@@ -864,10 +864,10 @@ def test_special_token_calls_wait_for_the_begun_call_first(tiny_encoding):
 def test_a_begun_call_that_fails_fails_its_messages_and_the_host_goes_on(tiny_encoding,
                                                                          where):
     class Failing(Counting):
-        def begin_utf8_batch_flat(self, docs):
+        def _begin_utf8_batch_flat(self, docs):
             if where == "begin":
                 raise RuntimeError("device lost")
-            call = self.encoding.begin_utf8_batch_flat(docs)
+            call = self.encoding._begin_utf8_batch_flat(docs)
 
             class Broken:
                 encoder = call.encoder

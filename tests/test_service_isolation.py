@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.service_support import (serve_subprocess, start_server, stub_for,  # noqa: F401
                                    tiny_encoding, tiny_vocab_path)
 from tests.tokenizer_support import tiktoken_twin
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server.long_lane import LaneConfig
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.long_lane import LaneConfig
 
 MiB = 1 << 20
 VICTIM_P99_S = 2.0   # the bound small requests keep while 1 MiB attacks run (lavapipe, 2 cores)
@@ -224,7 +224,7 @@ def test_client_stream_resumes_across_a_drain_that_cuts_it(tiny_encoding, device
     """A stream still open when the grace period ends gets UNAVAILABLE; the client's
     tokenize_stream resumes on the restarted server: every document answered once, in order."""
     from tests.service_support import free_port
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     port = free_port()
     first = start_server(tiny_encoding, device, port=port)
     docs = [f"drained {k} {'vapura ' * (k % 7)}" for k in range(300)]
@@ -249,7 +249,7 @@ def test_client_stream_resumes_across_a_drain_that_cuts_it(tiny_encoding, device
 def test_admission_bounds_the_longest_piece(tiny_encoding):
     """Documents that could hold a piece of piece_bytes go to the long lane: also Unicode
     whitespace mixes, and bytes after an early invalid byte (one piece for tiktoken)."""
-    from tokenizer_svc.server.long_lane import is_long, may_hold_long_piece
+    from tokenizer_svc.service.long_lane import is_long, may_hold_long_piece
     from tokenizer_svc.reference import PreTokenizer
     cfg = LaneConfig()
     pre = PreTokenizer(tiny_encoding.vocab)
@@ -268,7 +268,7 @@ def test_the_block_scan_equals_the_whole_text_regex():
     cost 2 ms per 64 KB on the event loop): the same answer as the regex on every run mix,
     runs just below, at and above the threshold, Unicode whitespace included."""
     import re
-    from tokenizer_svc.server.long_lane import may_hold_long_piece
+    from tokenizer_svc.service.long_lane import may_hold_long_piece
     rng = random.Random(7)
     for piece in (256, 1000, 4096):
         n = piece // 4
@@ -284,8 +284,8 @@ def test_the_block_scan_equals_the_whole_text_regex():
 def test_long_lane_chunks_keep_every_id_around_special_tokens(tiny_encoding):
     """The lane's chunks (cut at split points, never next to an allowed special token) give
     the whole document's ids."""
-    from tokenizer_svc.server.long_lane import LongJobControl, LongLane
-    from tokenizer_svc.server.work import BatchRunner, EncodeJob, SpecialRule
+    from tokenizer_svc.service.long_lane import LongJobControl, LongLane
+    from tokenizer_svc.service.work import BatchRunner, EncodeJob, SpecialRule
     runner = BatchRunner(tiny_encoding)
     lane = LongLane(tiny_encoding, runner.finish, LaneConfig(chunk_bytes=64))
     doc = ("vapura  " * 12 + "<|endoftext|> x\n\nA  <|fim|>yol  \n" + "bindik " * 12) * 20 + "son"
@@ -299,7 +299,7 @@ def test_long_lane_chunks_keep_every_id_around_special_tokens(tiny_encoding):
 
 
 def test_long_lane_work_counts_against_the_queue_limit(tiny_encoding, device):
-    from tokenizer_svc.server.config import Limits
+    from tokenizer_svc.service.config import Limits
     with start_server(tiny_encoding, device, limits=Limits(max_queued_bytes=300_000)) as server:
         channel, stub = stub_for(server.target)
         stub.Tokenize(pb.TokenizeRequest(text="warm up"), timeout=120)

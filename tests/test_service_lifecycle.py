@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tokenizer_svc.client import ServiceError, TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server import BackgroundServer, ServerConfig
-from tokenizer_svc.server import event_loop
+from tokenizer_svc.service.client import ServiceError, TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service import BackgroundServer, ServerConfig
+from tokenizer_svc.service import event_loop
 from tests.service_support import (REPO, TEXTS, free_port, metric, reason_of,  # noqa: F401
                                    serve_subprocess, start_server, stub_for, tiny_encoding,
                                    tiny_vocab_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenizer_svc.rpc import generate, tokenizer_pb2, tokenizer_pb2_grpc
+from tokenizer_svc.service.rpc import generate, tokenizer_pb2, tokenizer_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,8 @@ def test_descriptor_matches_the_proto_file():
         fresh = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
     _drop_json_names(fresh.message_type)  # descriptor sets carry json_name; gencode does not
     checked_in = descriptor_pb2.FileDescriptorProto.FromString(tokenizer_pb2.DESCRIPTOR.serialized_pb)
-    assert fresh == checked_in, ("tokenizer_svc/rpc is stale: run "
-                                 "`python -m tokenizer_svc.rpc.generate` and commit the result")
+    assert fresh == checked_in, ("tokenizer_svc/service/rpc is stale: run "
+                                 "`python -m tokenizer_svc.service.rpc.generate` and commit the result")
 
 
 def _drop_json_names(messages) -> None:
@@ -59,12 +59,12 @@ def test_generated_files_are_byte_identical_to_a_fresh_generation(tmp_path):
     fresh = _fresh(tmp_path)
     for name, text in fresh.items():
         assert (Path(generate.OUT_DIR) / name).read_text(encoding="utf-8") == text, \
-            f"{name} is stale: run `python -m tokenizer_svc.rpc.generate`"
+            f"{name} is stale: run `python -m tokenizer_svc.service.rpc.generate`"
 
 
 def test_check_mode_reports_up_to_date():
     _skip_unless_generated_by_the_installed_tools()
-    done = subprocess.run([sys.executable, "-m", "tokenizer_svc.rpc.generate", "--check"],
+    done = subprocess.run([sys.executable, "-m", "tokenizer_svc.service.rpc.generate", "--check"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "up to date" in done.stdout
@@ -79,8 +79,8 @@ def test_generated_code_has_no_version_gates_and_a_relative_import():
 
 
 def test_every_rpc_of_the_service_has_a_stub_and_a_server_handler():
-    from tokenizer_svc.server.config import ServerConfig
-    from tokenizer_svc.server.servicer import TokenizerServicer
+    from tokenizer_svc.service.config import ServerConfig
+    from tokenizer_svc.service.servicer import TokenizerServicer
     service = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"]
     names = {m.name for m in service.methods}
     assert names == {"Tokenize", "TokenizeBatch", "TokenizeStream", "CountTokens", "Detokenize",
@@ -98,10 +98,10 @@ class _NoChannel:
 
 
 def test_the_tei_service_has_every_method_of_teis_tokenize_service():
-    from tokenizer_svc.rpc import tei_pb2, tei_pb2_grpc
-    from tokenizer_svc.server.config import ServerConfig
-    from tokenizer_svc.server.servicer import TokenizerServicer
-    from tokenizer_svc.server.tei import TeiTokenizeServicer
+    from tokenizer_svc.service.rpc import tei_pb2, tei_pb2_grpc
+    from tokenizer_svc.service.config import ServerConfig
+    from tokenizer_svc.service.servicer import TokenizerServicer
+    from tokenizer_svc.service.tei import TeiTokenizeServicer
     service = tei_pb2.DESCRIPTOR.services_by_name["Tokenize"]
     assert service.full_name == "tei.v1.Tokenize"
     names = {m.name for m in service.methods}

@@ -13,7 +13,7 @@ def _tokenize_calls(server) -> float:
 
 
 def test_round_robin_over_replicas_and_failover(tiny_encoding, device):
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     texts = [f"replica text {k} with some words, {k * 7}" for k in range(60)]
     want = [tiny_encoding.encode(t) for t in texts]
     a = start_server(tiny_encoding, device)
@@ -34,7 +34,7 @@ def test_round_robin_over_replicas_and_failover(tiny_encoding, device):
 
 
 def test_pick_first_keeps_one_replica(tiny_encoding, device):
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
     a = start_server(tiny_encoding, device)
     b = start_server(tiny_encoding, device)
     try:

@@ -6,8 +6,8 @@ import grpc
 import numpy as np
 import pytest
 
-from tokenizer_svc.client import InvalidTokenError, RequestError, TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.client import InvalidTokenError, RequestError, TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
 from tests.service_support import (TEXTS, client, reason_of, server, start_server,  # noqa: F401
                                    stub_for, tiny_encoding, tiny_vocab_path)
 
@@ -344,7 +344,7 @@ LIMITS = dict(max_message_bytes=8192, max_text_bytes=1000, max_batch_items=4, ma
 
 @pytest.fixture(scope="module")
 def limited(tiny_encoding, device):
-    from tokenizer_svc.server import Limits
+    from tokenizer_svc.service import Limits
     srv = start_server(tiny_encoding, device, limits=Limits(**LIMITS))
     channel, stub = stub_for(srv.target)
     yield stub

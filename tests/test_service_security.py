@@ -9,9 +9,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tokenizer_svc.client import ServiceError, TokenizerClient
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server.auth import load_tokens
+from tokenizer_svc.service.client import ServiceError, TokenizerClient
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service.auth import load_tokens
 from tests.service_support import (reason_of, start_server, stub_for, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 
@@ -134,7 +134,7 @@ def test_unauthenticated_large_messages_are_refused_before_their_body(tiny_vocab
     on timing, so the bound sits between it and a full read: 360 MiB, 3/4 of the bodies)."""
     import time
     from tests.service_support import serve_subprocess
-    from tokenizer_svc.rpc import tokenizer_pb2 as pb
+    from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
     port_file = tmp_path / "port"
     proc = serve_subprocess("--vocab", str(tiny_vocab_path), "--host", "127.0.0.1", "--port",
                             "0", "--port-file", str(port_file), "--auth-token-file",

@@ -19,8 +19,8 @@ import pytest
 
 from tests.service_support import (TEXTS, start_server, stub_for, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
-from tokenizer_svc.rpc import tokenizer_pb2 as pb
-from tokenizer_svc.server import Limits
+from tokenizer_svc.service.rpc import tokenizer_pb2 as pb
+from tokenizer_svc.service import Limits
 
 
 class LoopErrors:

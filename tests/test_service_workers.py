@@ -19,8 +19,8 @@ import urllib.request
 import grpc
 import pytest
 
-from tokenizer_svc.client import TokenizerClient
-from tokenizer_svc.rpc import tei_pb2, tei_pb2_grpc, tokenizer_pb2 as pb, tokenizer_pb2_grpc
+from tokenizer_svc.service.client import TokenizerClient
+from tokenizer_svc.service.rpc import tei_pb2, tei_pb2_grpc, tokenizer_pb2 as pb, tokenizer_pb2_grpc
 from tests.service_support import (TEXTS, free_port, serve_subprocess, tiny_encoding,  # noqa: F401
                                    tiny_vocab_path)
 

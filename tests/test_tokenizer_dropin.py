@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from istanbul.shaders.kernels.bpe import unicode_table as U
 from tokenizer_svc.encoding import Encoding, ForkedGpuWarning, InvalidTokenError, get_encoding
-from tokenizer_svc.hf_normalize import build_normalizer
+from tokenizer_svc.hf.normalize import build_normalizer
 from tokenizer_svc.vocab import VocabularyError, load_vocabulary
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, corpus_docs, load_trained, tiktoken_twin
@@ -38,7 +38,7 @@ BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "
 
 def gpt2_style_file(tmp_path, name="gpt2style.json", **edit):
     """A GPT-2-style tokenizer.json (ByteLevel with its regex) of the project-trained ranks."""
-    from tokenizer_svc.hf_json import bytes_to_unicode
+    from tokenizer_svc.hf.tokenizer_json import bytes_to_unicode
     ranks = load_trained("gpt2").ranks
     to_str = bytes_to_unicode()
     enc = lambda b: "".join(to_str[x] for x in b)  # noqa: E731
@@ -619,7 +619,7 @@ def test_normalizer_data_for_another_python_is_probed_from_tokenizers_and_cached
     # once and cached, never applied to the wrong tables (found on the H200's Python 3.12)
     import json as json_
     import sys
-    from tokenizer_svc import hf_normalize
+    from tokenizer_svc.hf import normalize as hf_normalize
     shipped = json_.loads(hf_normalize.DATA_FILE.read_text())
     other = tmp_path / "hf_normalization.json"
     other.write_text(json_.dumps(dict(shipped, unicodedata_version="0.0.0")))

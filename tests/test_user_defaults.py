@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from istanbul.errors import UserFacingError
-from tokenizer_svc.server.sizing import AUTO, resolve_layout
+from tokenizer_svc.service.sizing import AUTO, resolve_layout
 from trainer_svc.training.precision import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,14 +56,14 @@ def test_serve_explicit_values_win_and_auto_fits_them():
 
 
 def _serve_args(*argv):
-    from tokenizer_svc.cli_serve import register
+    from tokenizer_svc.service.cli import register
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     return parser.parse_args(["serve", "--vocab", "v.tiktoken", *argv])
 
 
 def test_serve_flags_default_to_auto_and_resolve_on_this_machine():
-    from tokenizer_svc.cli_serve import config_from_args, resolve_auto_layout
+    from tokenizer_svc.service.cli import config_from_args, resolve_auto_layout
     args = _serve_args()
     assert (args.workers, args.gpu_processes, args.gpu_keep_clock) == (AUTO, AUTO, AUTO)
     line = resolve_auto_layout(args)          # CI: software Vulkan
@@ -181,7 +181,7 @@ def test_demo_plot_keeps_matplotlibs_info_lines_out_of_the_output(tmp_path):
 
 
 HEAVY_FOR_A_PARSER = ("grpc", "grpc_health", "redis", "prometheus_client",
-                      "tokenizer_svc.server.app", "trainer_svc.training.trainer", "torch")
+                      "tokenizer_svc.service.app", "trainer_svc.training.trainer", "torch")
 
 
 @pytest.mark.parametrize("argv", [[], ["kernels", "list"], ["train", "--help"]])

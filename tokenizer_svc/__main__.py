@@ -1,12 +1,12 @@
 """`python -m tokenizer_svc --vocab V --port P`: the gRPC tokenizer service, with the flags of
-`istanbul serve` (tokenizer_svc/cli_serve.py)."""
+`istanbul serve` (tokenizer_svc/service/cli.py)."""
 
 import sys
 
 
 def main(argv=None) -> int:
     from istanbul.shaders.cli import run_device_command
-    from .cli_serve import add_serve_arguments, cmd_serve
+    from .service.cli import add_serve_arguments, cmd_serve
     return run_device_command(
         "python -m tokenizer_svc", "Run the gRPC tokenizer service (the same as `istanbul serve`).",
         add_serve_arguments, cmd_serve, sys.argv[1:] if argv is None else argv)

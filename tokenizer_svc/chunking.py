@@ -114,7 +114,7 @@ def chunk(encoding, text: str | bytes, max_tokens: int, overlap: int = 0, *,
         data = text.encode("utf-8", "surrogatepass")
         ids = encoding.encode(text, allowed_special=allowed_special,
                               disallowed_special=disallowed_special)
-    byte_starts = encoding.token_offsets(ids, "byte")
+    byte_starts = encoding._token_offsets(ids, "byte")
     covered = int(byte_starts[-1]) + len(encoding.decode_single_token_bytes(ids[-1])) \
         if ids else 0
     if covered != len(data):

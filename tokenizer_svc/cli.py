@@ -20,7 +20,7 @@ import sys
 from istanbul_errors import UserFacingError
 from istanbul.shaders.cli import add_device_args
 
-from .server_option import add_tokenizer_arguments, client_from_args
+from .service.client_options import add_tokenizer_arguments, client_from_args
 
 SPECIAL_HELP = ("what to do with text that spells a special token: 'raise' (tiktoken's default: "
                 "an error), 'allow' (encode it as the special token), 'text' (encode it as "

@@ -131,7 +131,28 @@ def _flatten(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Encoding:
-    """A vocabulary with tiktoken's encode/decode API; GPU-backed unless device="cpu"."""
+    """A vocabulary with tiktoken's encode/decode API; GPU-backed unless device="cpu".
+
+    tiktoken's surface, with tiktoken's semantics: `name`, `n_vocab`, `max_token_value`,
+    `eot_token`, `special_tokens_set`, `is_special_token`, `encode`, `encode_ordinary`,
+    `encode_to_numpy`, `encode_batch`, `encode_ordinary_batch`, `encode_with_unstable`,
+    `encode_single_token`, `decode`, `decode_bytes`, `decode_batch`, `decode_bytes_batch`,
+    `decode_single_token_bytes`, `decode_tokens_bytes`, `decode_with_offsets`,
+    `token_byte_values`.
+
+    Beyond tiktoken, a small set:
+
+    - flat batches, one GPU call for many documents: `encode_batch_flat(docs)` -> (ids,
+      offsets), document i is ids[offsets[i]:offsets[i+1]]; `decode_bytes_batch_flat(ids,
+      offsets)` is its inverse;
+    - `encode_bytes(data)`: raw bytes, invalid UTF-8 included (tiktoken's `_encode_bytes`);
+    - `encode_with_offsets(text, unit)`: ids and each token's start, in bytes or characters;
+    - Hugging Face semantics for tokenizer.json vocabularies: `encode_hf`, `encode_hf_batch`
+      (every added token matched, then the post-processor), `decode_hf`.
+
+    And what it runs on: `vocab`, `backend` (GPU or CPU reference), `reference` (the CPU
+    reference tokenizer of the same vocabulary).
+    """
 
     def __init__(self, vocab: Vocabulary, device=None, *, lazy: bool = False):
         """`lazy`: build the GPU state at the first call instead of now (unpickled copies)."""
@@ -141,7 +162,7 @@ class Encoding:
         self._build_lock = threading.Lock()
         self._hf = None
         if vocab.hf is not None:
-            from .hf_pipeline import HFPipeline
+            from .hf.pipeline import HFPipeline
             self._hf = HFPipeline(vocab)
         self._ref = None
         self._special_ids = frozenset(vocab.special_tokens.values())
@@ -405,7 +426,7 @@ class Encoding:
                 parts[i] = ids[offsets[k]:offsets[k + 1]]
         return _flatten(parts)
 
-    def encode_utf8_batch_flat(self, docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_utf8_batch_flat(self, docs: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """`encode_batch_flat` of text documents given as their UTF-8, no special tokens
         allowed (`encode_ordinary`'s ids): `docs[i]` is `texts[i].encode()`, so each must be
         valid UTF-8 (raw bytes of unknown validity follow `encode_bytes`: give them to
@@ -417,8 +438,8 @@ class Encoding:
             return self._encode_ordinary_many([d.decode("utf-8") for d in docs])
         return packed_encode(*_joined(docs))
 
-    def begin_utf8_batch_flat(self, docs: Sequence[bytes]):
-        """`encode_utf8_batch_flat` in two halves: the call is submitted to the GPU here and
+    def _begin_utf8_batch_flat(self, docs: Sequence[bytes]):
+        """`_encode_utf8_batch_flat` in two halves: the call is submitted to the GPU here and
         the returned object's `finish()` gives (ids, offsets); `cancel()` drops it. Between
         the two the caller may do other work, including one more begun call (the GPU runs it
         right after: gpu_backend.GpuBackend.begin_packed). Backends or vocabularies without
@@ -427,7 +448,7 @@ class Encoding:
         docs = list(map(bytes, docs))
         begin = getattr(self.backend, "begin_packed", None)
         if self._hf is not None or begin is None:
-            return FinishedCall(self.encode_utf8_batch_flat(docs))
+            return FinishedCall(self._encode_utf8_batch_flat(docs))
         return begin(*_joined(docs))
 
     def _into(self, out, docs, allowed_special, disallowed_special):
@@ -464,9 +485,9 @@ class Encoding:
         character (a split multi-byte character) points at that character.
         """
         ids, _ = self._encode_texts([text], allowed_special, disallowed_special)
-        return ids.tolist(), self.token_offsets(ids, unit).tolist()
+        return ids.tolist(), self._token_offsets(ids, unit).tolist()
 
-    def token_offsets(self, ids, unit: str = "byte") -> np.ndarray:
+    def _token_offsets(self, ids, unit: str = "byte") -> np.ndarray:
         """Start offset of each token of `ids` (bytes, or characters as tiktoken counts them)."""
         ids = np.asarray(ids, dtype=np.int64)
         if unit == "byte":
@@ -602,7 +623,7 @@ class Encoding:
         if self.vocab.hf.byte_level_decoder:
             return self.decode(tokens, errors="replace")
         # no decoder in the file: tokenizers joins the token strings with spaces
-        from .hf_json import bytes_to_unicode
+        from .hf.tokenizer_json import bytes_to_unicode
         to_char = bytes_to_unicode()
         added = {a.id: a.content for a in self.vocab.hf.added}
         ranks_ids = set(self.vocab.ranks.values())
@@ -685,7 +706,7 @@ class Encoding:
     def decode_with_offsets(self, tokens: Sequence[int]) -> tuple[str, list[int]]:
         """tiktoken's: (strict text, character offset of each token)."""
         text = self.decode_bytes(tokens).decode("utf-8", errors="strict")
-        return text, self.token_offsets(tokens, "char").tolist()
+        return text, self._token_offsets(tokens, "char").tolist()
 
     def token_byte_values(self) -> list[bytes]:
         return sorted(self.vocab.ranks)

@@ -29,7 +29,7 @@ from istanbul.shaders.kernels.bpe.patterns import PATTERN_IDS
 from istanbul.shaders.kernels.bpe.scan import device_lock
 from istanbul.shaders.kernels.bpe.tables import TableError, VocabTables
 from istanbul.shaders.kernels.bpe.unicode_table import load_table
-from .hf_json import BYTE_LEVEL_REGEX
+from .hf.tokenizer_json import BYTE_LEVEL_REGEX
 from .reference import PreTokenizer, ReferenceTokenizer
 from .vocab import Vocabulary, VocabularyError
 

@@ -50,7 +50,7 @@ import regex
 
 from istanbul.shaders.kernels.bpe.reference import (NO_PRIORITY, bpe_merges, bpe_ranks,
                                                     explicit_pattern, pre_tokenize)
-from .oniguruma import oniguruma_pattern
+from .hf.oniguruma import oniguruma_pattern
 from .vocabulary import Vocabulary
 
 
@@ -175,7 +175,7 @@ class PreTokenizer:
     def __init__(self, vocab: Vocabulary):
         self.vocab = vocab
         if vocab.hf is not None:
-            from .hf_pipeline import HFPipeline
+            from .hf.pipeline import HFPipeline
             self.hf = HFPipeline(vocab)
             self.pattern = None
         elif vocab.hf_splits is not None:  # a Vocabulary built by hand with Split regexes

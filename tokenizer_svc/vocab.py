@@ -38,7 +38,7 @@ from pathlib import Path
 from istanbul.shaders import settings as device_settings
 
 from . import settings
-from .hf_json import HFConfig, bytes_to_unicode, load_hf_tokenizer  # noqa: F401 (re-exported)
+from .hf.tokenizer_json import HFConfig, bytes_to_unicode, load_hf_tokenizer  # noqa: F401 (re-exported)
 from .vocabulary import Vocabulary, VocabularyError  # noqa: F401 (re-exported)
 from .patterns import KNOWN_VOCABULARIES, PATTERNS, pattern_name_for
 
@@ -250,7 +250,7 @@ def load_vocabulary(spec: str | os.PathLike, pattern: str | None = None) -> Voca
 def _validated_hf(vocab: Vocabulary, path: Path) -> Vocabulary:
     """Compile every pattern of a tokenizer.json's pipeline now: refuse at load, not at the
     first encode."""
-    from .hf_pipeline import HFPipeline
+    from .hf.pipeline import HFPipeline
     try:
         HFPipeline(vocab)
     except ValueError as exc:

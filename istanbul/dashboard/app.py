@@ -13,7 +13,7 @@
     POST /api/jobs/{id}/requeue    actions.requeue      } 401 without a valid one, 403 when
                                                           the dashboard has no token file
 Reading needs no token (the page is read-only without one); anything that changes a job does.
-The token check is the tokenizer service's (tokenizer_svc/server/auth.py: the same file
+The token check is the tokenizer service's (tokenizer_svc/service/auth.py: the same file
 format, every token compared in constant time). A browser does not attach an Authorization
 header by itself, so another site cannot make a visitor's browser press the buttons.
 
@@ -57,7 +57,7 @@ class TokenCheck:
         self.tokens = tuple(tokens)
         self._interceptor = None
         if self.tokens:
-            from tokenizer_svc.server.auth import BearerAuthInterceptor
+            from tokenizer_svc.service.auth import BearerAuthInterceptor
             self._interceptor = BearerAuthInterceptor(self.tokens)
 
     def refusal(self, request: Request) -> JSONResponse | None:

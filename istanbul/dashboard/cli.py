@@ -78,7 +78,7 @@ def cmd_dashboard(args) -> int:
     host = bind_address(args.host, "--host", public=args.listen_public)
     tokens = ()
     if args.auth_token_file:
-        from tokenizer_svc.server.auth import load_tokens
+        from tokenizer_svc.service.auth import load_tokens
         tokens = load_tokens(args.auth_token_file)
     sock = _listen(host, args.port)
     port = sock.getsockname()[1]

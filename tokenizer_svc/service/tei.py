@@ -23,7 +23,7 @@ import asyncio
 import grpc
 import numpy as np
 
-from ..rpc import tei_pb2
+from .rpc import tei_pb2
 from .servicer import TokenizerServicer, _bad, _parsed, streaming, tolerant_deserializer, unary
 from .work import DecodeJob, EncodeJob, SpecialRule, post_process, utf8_len
 from . import limits as checks

@@ -35,7 +35,7 @@ from typing import Callable
 
 import regex
 
-from . import settings
+from .. import settings
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "hf_normalization.json"
 FORMS = ("NFC", "NFD", "NFKC", "NFKD")

@@ -1,6 +1,6 @@
 """Python client of the gRPC tokenizer service, shaped like `tiktoken.Encoding`.
 
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
 
     with TokenizerClient("localhost:50051") as enc:           # token=..., tls=True, ...
         ids = enc.encode("hello <|endoftext|>", allowed_special="all")
@@ -60,9 +60,9 @@ from typing import Iterable, Iterator
 import grpc
 import numpy as np
 
-from .chunking import Chunk, check_window_arguments
-from .encoding import InvalidTokenError as LocalInvalidTokenError
-from .reference import DisallowedSpecialTokenError, disallowed_message
+from ..chunking import Chunk, check_window_arguments
+from ..encoding import InvalidTokenError as LocalInvalidTokenError
+from ..reference import DisallowedSpecialTokenError, disallowed_message
 from .rpc import tokenizer_pb2 as pb
 from .rpc import tokenizer_pb2_grpc as pb_grpc
 
@@ -201,7 +201,7 @@ class TokenizerClient:
         self.batch_docs = batch_docs
         self.inflight = max(1, inflight)
         if token_file is not None:  # the server's format: the first token in the file
-            from .server.auth import load_tokens
+            from .auth import load_tokens
             token = load_tokens(token_file)[0]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         # Reconnect quickly after a server restart (grpc's default first backoff is 1 s).

@@ -11,13 +11,12 @@ each decode job is retried alone so that only the guilty one fails.
 A batch is written once, as steps that ask for Encoding calls (`BatchRunner.steps`): the
 GPU thread runs them with blocking calls (`BatchRunner(jobs)`); a worker of the shared GPU
 process runs them on its event loop with the calls as the loop's own socket I/O
-(`BatchRunner.run_async`, gpu_host.RemoteEncoding).
+(`BatchRunner.run_async` with a gpu_worker.RemoteEncoding, which sends each call to the GPU
+process, gpu_process.py).
 
-`encode_flat` is the service's one call into the encode path (batches and long lane alike);
-`encode_flat_utf8` is the same for text that arrives as its UTF-8 (the shared GPU process).
-`token_spans` is the one place that turns ids into (start, end) offsets; it reads the
-Encoding's per-token tables (byte lengths, characters started), which the public
-`token_offsets` uses for the starts.
+`encode_flat` is the service's one call into the encode path in a server process (batches
+and long lane alike). `token_spans` is the one place that turns ids into (start, end)
+offsets; it reads the Encoding's per-token tables (byte lengths, characters started).
 """
 
 from __future__ import annotations
@@ -65,13 +64,6 @@ def encode_flat(encoding, docs: list, allowed: frozenset) -> tuple[np.ndarray, n
     return np.asarray(ids, np.uint32), offsets
 
 
-def encode_flat_utf8(encoding, docs: list) -> tuple[np.ndarray, np.ndarray]:
-    """`encode_flat` of text documents with no special tokens allowed, given as their UTF-8
-    (`docs[i]` is `texts[i].encode()`: gpu_host.encode_message sends them so)."""
-    ids, offsets = encoding.encode_utf8_batch_flat(docs)
-    return np.asarray(ids, np.uint32), offsets
-
-
 def special_ids(vocab) -> set:
     """Ids flagged `special` in replies: a tokenizer.json's added tokens marked special, a
     .tiktoken vocabulary's special tokens."""
@@ -92,7 +84,7 @@ def token_spans(encoding, ids: np.ndarray, unit: str) -> tuple[np.ndarray, np.nd
     """(starts, ends) of each token of a whole document's `ids` in bytes or characters:
     token i covers [starts[i], ends[i]). In characters a token that begins (ends) inside a
     multi-byte character covers that whole character, so neighbours may share one."""
-    starts = encoding.token_offsets(ids, unit)
+    starts = encoding._token_offsets(ids, unit)
     if unit == "byte":
         ends = starts + encoding._token_lengths[ids]
     else:   # characters that began before the token's end

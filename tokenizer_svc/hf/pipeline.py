@@ -27,8 +27,8 @@ import numpy as np
 import regex
 
 from istanbul.shaders.kernels.bpe.unicode_table import load_table
-from .hf_json import AddedToken
-from .hf_normalize import build_normalizer
+from .tokenizer_json import AddedToken
+from .normalize import build_normalizer
 from .oniguruma import oniguruma_pattern
 
 

@@ -26,7 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ..rpc import tokenizer_pb2 as pb
+from .rpc import tokenizer_pb2 as pb
 from .auth import BearerAuthInterceptor
 from .batcher import DynamicBatcher
 from .config import ServerConfig
@@ -42,7 +42,7 @@ from .servicer import SERVICE_NAME, TokenizerServicer
 from .tei import TEI_SERVICE_NAME, TeiTokenizeServicer
 from .work import BatchRunner
 
-log = logging.getLogger("tokenizer_svc.server")
+log = logging.getLogger("tokenizer_svc.service")
 
 SERVICES = ("", SERVICE_NAME, TEI_SERVICE_NAME)   # health entries (the server, each service)
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -215,7 +215,7 @@ class TokenizerServer:
             observer=self.metrics, eager=b.eager,
             max_inflight=REMOTE_INFLIGHT if hasattr(self._encoding, "local") else 1,
             # a worker of the shared GPU process: its batches wait on the GPU process's
-            # socket on this loop, not on a thread (gpu_host.RemoteEncoding.call_async)
+            # socket on this loop, not on a thread (gpu_worker.RemoteEncoding.call_async)
             run_batch_async=(self._timed_batch_async
                              if hasattr(self._encoding, "call_async") else None))
         self.batcher.start()

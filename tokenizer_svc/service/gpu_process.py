@@ -1,402 +1,56 @@
 """The GPU process of `istanbul serve --workers N`: one Encoding on the device for every worker.
 
-Why: on an NVIDIA H200, six workers that each owned a device time-sliced the GPU between six
-Vulkan contexts and batched ~5 requests per GPU call (64 clients x 64 KB: 123 MB/s, the
-H200's service rows of 2026-12-01 in bench/results/HISTORY.md); one process that owns the only
-device batches across every worker's connections (`--gpu-process shared`, the default for N > 1).
+One process owns the only device and batches across every worker's connections (`--gpu-process
+shared`, the default for N > 1), instead of N processes time-slicing the GPU between N contexts.
 
 What runs where. A worker keeps all per-request work: gRPC, parsing, limits, the special-
 token refusal, its dynamic batcher, truncation, offsets, replies, and its long lane (on the
 worker's own device, in budgeted steps: long documents never enter this process's calls).
-Its batch path's two GPU calls, `encode_batch_flat` and `decode_bytes_batch`, come here
-through `RemoteEncoding`: one message per call over a Unix socket (multiprocessing.
-connection's framing, authenticated with the group's key), sent and awaited on the worker's
-event loop (`call_async`: no thread between the loop and this process); text with no
-special tokens allowed (nearly every batch) travels as its UTF-8, encoded in the worker
-(`encode_message`). ONE thread of this
-process waits on every connection, reads a message from each readable one and runs them as
-one round: the documents of all encode messages that allow the same special tokens go into
-one Encoding call (up to `max_call_bytes` of input; a message is never split), the ids of
-all decode messages into one call, and each message is answered with its own slice (an
-encode's ids as raw bytes, not pickled: `receive_reply`). A worker keeps at most two
-batches in flight (app.REMOTE_INFLIGHT: its next batch is waiting when a round ends), each
-on a connection of its own that waits for its answer, so the workers' batchers are the
+Its batch path's two GPU calls, `encode_batch_flat` and `decode_bytes_batch`, come here as
+gpu_wire's messages, sent by gpu_worker.RemoteEncoding; text with no special tokens allowed
+(nearly every batch) travels as its UTF-8, encoded in the worker.
+
+This process (`GpuHost`): ONE thread waits on every connection, reads a message from each
+readable one and runs them as one round: the documents of all encode messages that allow the
+same special tokens go into one Encoding call (up to `max_call_bytes` of input; a message is
+never split), the ids of all decode messages into one call, and each message is answered
+with its own slice (an encode's ids as raw bytes, not pickled). A worker keeps at most two
+batches in flight (app.REMOTE_INFLIGHT: its next batch is waiting when a round ends), each on
+a connection of its own that waits for its answer, so the workers' batchers are the
 backpressure and a round holds at most two batches per worker. The round's UTF-8 encode call
-is only submitted there (`Encoding.begin_utf8_batch_flat`) and answered in the thread's next
+is only submitted there (`Encoding._begin_utf8_batch_flat`) and answered in the thread's next
 pass, after the next round's call is submitted (on a second encoder) or when nothing else
-waits: the GPU runs while the thread answers and receives (+30% at 64 x 64 KB on an H200;
-`GpuHost(overlap=False)`: one call per round, answered in it).
+waits: the GPU runs while the thread answers and receives (`GpuHost(overlap=False)`: one call
+per round, answered in it).
 
 Failures: an invalid id fails only its own message (decode is retried message by message,
 the answer carries the Encoding's own error). If this process dies, every waiting worker's
-call fails with UNAVAILABLE (clients retry), the supervisor restarts it, and each worker
-reconnects on its next call.
+call fails with UNAVAILABLE (clients retry), the supervisor restarts it (`host_main`,
+spawned by workers.run_workers), and each worker reconnects on its next call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import selectors
 import signal
 import socket
-import struct
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import (Connection, Listener, answer_challenge,
-                                        deliver_challenge)
+from multiprocessing.connection import Listener, answer_challenge, deliver_challenge
 from multiprocessing.reduction import ForkingPickler
 
-import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .errors import NOT_READY, RequestRejected
-from .work import utf8_len
+from . import gpu_wire
+from .gpu_wire import ENCODES, io_timeout, send_frames
 
-log = logging.getLogger("tokenizer_svc.server")
+log = logging.getLogger("tokenizer_svc.service")
 
-SOCKET_NAME = "gpu.sock"
-CONNECT_RETRY_S = 0.05
-HANDSHAKE_TIMEOUT_S = 10.0   # connecting and authenticating to the GPU process, at most
-
-
-def _io_timeout(fd: int, seconds: float) -> None:
-    """Bound each blocking connect/send/receive on socket `fd` (0: no bound) without making
-    it non-blocking, as settimeout would (a Connection reads the descriptor itself)."""
-    sock = socket.socket(fileno=fd)
-    try:
-        tv = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-    finally:
-        sock.detach()
-
-
-# ---- messages ---------------------------------------------------------------------------
-# worker -> host: ("encode", docs, allowed_special, nbytes)
-#                 | ("encode_utf8", [text.encode() per document], frozenset(), nbytes)
-#                 | ("decode", seqs)
-# host -> worker: ("ok_ids", offsets as a list), then the ids' raw bytes (an encode's answer)
-#                 | ("ok", result) | ("invalid_token", message, token, position, document)
-#                 | ("failed", message)
-ENCODES = ("encode", "encode_utf8")
-
-
-def encode_message(docs: list, allowed_special) -> tuple:
-    """A worker's message for one encode call. Text with no special tokens allowed goes as
-    its UTF-8 ("encode_utf8"): the host's one thread then neither decodes it while
-    unpickling nor encodes it again for the GPU upload, and the workers, many processes,
-    do the encoding (dev/service_throughput/README.md, 2026-12-04). Raw bytes, text in which special
-    tokens are to be cut out, and text with a lone surrogate (which the Encoding repairs as
-    tiktoken does) go as they are ("encode"). `nbytes` counts UTF-8 bytes either way."""
-    if not allowed_special and all(isinstance(d, str) for d in docs):
-        try:
-            utf8 = [d.encode() for d in docs]
-        except UnicodeEncodeError:   # a lone surrogate
-            pass
-        else:
-            return ("encode_utf8", utf8, frozenset(), sum(map(len, utf8)))
-    return ("encode", docs, allowed_special, sum(map(utf8_len, docs)))
-
-
-def receive_reply(conn) -> tuple:
-    """The host's answer to a worker's message; an encode message's as ("ok", (ids,
-    offsets)), the arrays a local Encoding returns: its ids come after the offsets as raw
-    bytes (GpuHost._answer_ids), read straight into their array."""
-    reply = conn.recv()
-    if reply[0] != "ok_ids":
-        return reply
-    offsets = np.array(reply[1], np.int64)
-    ids = np.empty(int(offsets[-1]), np.uint32)
-    conn.recv_bytes_into(ids)
-    return ("ok", (ids, offsets))
-
-
-# ---- the same messages from a worker's event loop -------------------------------------------
-# multiprocessing.connection's framing: a 4-byte big-endian signed length (-1: an 8-byte
-# length follows), then the bytes; `send`/`recv` carry ForkingPickler pickles.
-
-def _head(n: int) -> bytes:
-    return struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-
-
-def _frame(body: bytes) -> bytes:
-    return _head(len(body)) + body
-
-
-def _send_frames(fd: int, bodies: list) -> None:
-    """Write `bodies` (bytes-like) as consecutive frames on blocking descriptor `fd` with one
-    writev where it takes them all: what Connection.send then send_bytes write, in one
-    system call instead of three (~30% less of the GPU process's time per answer on the
-    dev CPU, dev/lone_request/README.md, session 25)."""
-    views = []
-    for body in bodies:
-        view = memoryview(body).cast("B")
-        views += [memoryview(_head(view.nbytes)), view]
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= views[0].nbytes:   # a partial write: go on after it
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    n, = struct.unpack("!i", await reader.readexactly(4))
-    if n == -1:
-        n, = struct.unpack("!Q", await reader.readexactly(8))
-    return await reader.readexactly(n)
-
-
-async def receive_reply_async(reader: asyncio.StreamReader) -> tuple:
-    """`receive_reply` on an event loop's stream."""
-    reply = ForkingPickler.loads(await _read_frame(reader))
-    if reply[0] != "ok_ids":
-        return reply
-    offsets = np.array(reply[1], np.int64)
-    ids = np.frombuffer(await _read_frame(reader), np.uint32)   # read-only: nobody writes ids
-    if ids.size != offsets[-1]:
-        raise EOFError(f"the GPU process answered {ids.size} ids for {offsets[-1]}")
-    return ("ok", (ids, offsets))
-
-
-class RemoteInvalidToken(ValueError):
-    """An invalid id in a decode message, with the host Encoding's message and details (the
-    attributes BatchRunner reads from the Encoding's InvalidTokenError)."""
-
-    def __init__(self, message: str, token, position, document):
-        super().__init__(message)
-        self.token, self.position, self.document = token, position, document
-
-
-class HostCallFailed(RuntimeError):
-    """The GPU process's Encoding call raised (a device loss, a bug): the batch fails."""
-
-
-def _unavailable(why: str) -> RequestRejected:
-    return RequestRejected(grpc.StatusCode.UNAVAILABLE, NOT_READY,
-                           f"the server's GPU process {why}; retry")
-
-
-# ---- the worker's side ------------------------------------------------------------------
-
-class RemoteEncoding:
-    """A worker's Encoding for the batch path: `encode_batch_flat` and `decode_bytes_batch`
-    run in the group's GPU process; every other attribute (vocabulary, per-token tables,
-    special tokens, offsets, HF post-processing) is the worker's own Encoding, `local`.
-    Concurrent calls (a worker keeps two batches in flight) each use a connection of their
-    own from a small pool. `reachable` is False from a failed call until a call or `probe`
-    connects again (the worker's health says NOT_SERVING meanwhile: app.py's watchdog).
-
-    The worker's batches call `call_async` (`encode_flat_async`, `decode_bytes_batch_async`)
-    on its event loop: the message goes out and the answer comes in as the loop's own socket
-    I/O, with no thread between the loop and the GPU process (dev/service_throughput/README.md,
-    2026-12-05: the worker spent ~17% less CPU per request and its round trip was ~0.1 ms shorter
-    than through a thread and a blocking connection). Those connections belong to that loop (a
-    pool of their own); the blocking methods keep theirs for any other caller."""
-
-    def __init__(self, local, address: str, authkey: bytes):
-        self.local = local
-        self._address, self._authkey = address, authkey
-        self._idle: list = []          # open connections not in use
-        # per event loop, its (reader, writer) streams not in use (a stream is its loop's)
-        self._idle_async: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        self.reachable = True
-
-    def __getattr__(self, name):
-        if name == "local":   # not yet set (unpickling, __init__ not run)
-            raise AttributeError(name)
-        return getattr(self.local, name)
-
-    def _open(self):
-        """An authenticated connection. The handshake is bounded: a GPU process that accepted
-        but does not answer (stopped, stuck) or breaks off fails it as a ConnectionError
-        (an OSError, as a refused connect is), never a thread blocked for ever (a worker
-        cannot exit while its executor's thread waits)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            _io_timeout(sock.fileno(), HANDSHAKE_TIMEOUT_S)
-            sock.connect(self._address)
-            conn = Connection(sock.detach())
-        finally:
-            sock.close()
-        try:
-            answer_challenge(conn, self._authkey)
-            deliver_challenge(conn, self._authkey)
-            _io_timeout(conn.fileno(), 0.0)
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, (EOFError, AuthenticationError, OSError)):
-                raise ConnectionError(f"the GPU process at {self._address} did not complete "
-                                      f"the handshake: {type(exc).__name__}: {exc}") from None
-            raise
-        return conn
-
-    def _reached(self, ok: bool, error: str = "") -> None:
-        if ok != self.reachable:
-            self.reachable = ok
-            if ok:
-                log.info("GPU process reachable again", extra={"data": {
-                    "address": self._address}})
-            else:
-                log.warning("GPU process unreachable", extra={"data": {
-                    "address": self._address, "error": error}})
-
-    def probe(self) -> bool:
-        """Connect once more if the last call failed; whether the GPU process answers."""
-        if self.reachable:
-            return True
-        try:
-            conn = self._open()
-        except OSError:
-            return False
-        with self._lock:
-            self._idle.append(conn)
-        self._reached(True)
-        return True
-
-    def connect(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for the GPU process to accept (it listens once loaded)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                conn = self._open()
-                break
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if time.monotonic() >= deadline:
-                    raise ConnectionError(f"the GPU process at {self._address} did not "
-                                          f"accept within {timeout_s:.0f} s: {exc}") from None
-                time.sleep(CONNECT_RETRY_S)
-        with self._lock:
-            self._idle.append(conn)
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-        self._close_async()
-
-    def _close_async(self) -> None:
-        """Close the pooled streams of every loop still open (a closed loop's go with it)."""
-        pools, self._idle_async = list(self._idle_async.items()), weakref.WeakKeyDictionary()
-        for loop, idle in pools:
-            for _, writer in idle:
-                if not loop.is_closed():
-                    writer.close()
-
-    def encode_batch_flat(self, docs, *, allowed_special=frozenset(), disallowed_special=()):
-        if disallowed_special:   # the service checks refusals per job before the call
-            raise ValueError("RemoteEncoding encodes with disallowed_special=() only")
-        return self._call(encode_message(list(docs), allowed_special))
-
-    def decode_bytes_batch(self, batch):
-        return self._call(("decode", list(batch)))
-
-    async def encode_flat_async(self, docs, allowed_special=frozenset()):
-        """`encode_batch_flat(docs, allowed_special=..., disallowed_special=())` from the
-        worker's event loop."""
-        return await self.call_async(encode_message(list(docs), allowed_special))
-
-    async def decode_bytes_batch_async(self, batch):
-        return await self.call_async(("decode", list(batch)))
-
-    async def _open_async(self):
-        """A new connection as a stream of the running loop: the authentication handshake
-        runs on a thread (a GPU process that does not accept must not stall the loop)."""
-        conn = await asyncio.get_running_loop().run_in_executor(None, self._open)
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM,
-                                 fileno=os.dup(conn.fileno()))
-        finally:
-            conn.close()
-        try:
-            return await asyncio.open_unix_connection(sock=sock)
-        except BaseException:
-            sock.close()
-            raise
-
-    async def call_async(self, message):
-        """`_call` on the running event loop (same retry and failure rules)."""
-        idle = self._idle_async.setdefault(asyncio.get_running_loop(), [])
-        for attempt in (0, 1):
-            stream = idle.pop() if idle else None
-            fresh = stream is None
-            if fresh:
-                try:
-                    stream = await self._open_async()
-                except OSError as exc:
-                    self._reached(False, str(exc))
-                    raise _unavailable("is restarting") from None
-            reader, writer = stream
-            try:
-                writer.write(_frame(ForkingPickler.dumps(message)))
-                reply = await receive_reply_async(reader)
-            except (EOFError, OSError) as exc:   # IncompleteReadError is an EOFError
-                writer.close()
-                if fresh or attempt:
-                    self._reached(False, f"{type(exc).__name__}: {exc}")
-                    raise _unavailable("stopped while answering") from None
-                for _, stale in idle:
-                    stale.close()
-                idle.clear()
-                continue
-            except BaseException:   # cancelled mid-call: the stream's state is unknown
-                writer.close()
-                raise
-            idle.append(stream)
-            self._reached(True)
-            break
-        return self._result(reply)
-
-    def _call(self, message):
-        # A pooled connection to a GPU process that died since it was last used fails at
-        # once: then every pooled one is stale, and the message goes once more over a new
-        # connection (encode and decode are pure).
-        for attempt in (0, 1):
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            fresh = conn is None
-            if fresh:
-                try:
-                    conn = self._open()
-                except OSError as exc:
-                    self._reached(False, str(exc))
-                    raise _unavailable("is restarting") from None
-            try:
-                conn.send(message)
-                reply = receive_reply(conn)
-            except (EOFError, OSError) as exc:
-                conn.close()
-                if fresh or attempt:
-                    self._reached(False, f"{type(exc).__name__}: {exc}")
-                    raise _unavailable("stopped while answering") from None
-                self.close()
-                continue
-            with self._lock:
-                self._idle.append(conn)
-            self._reached(True)
-            break
-        return self._result(reply)
-
-    @staticmethod
-    def _result(reply: tuple):
-        kind = reply[0]
-        if kind == "ok":
-            return reply[1]
-        if kind == "invalid_token":
-            raise RemoteInvalidToken(*reply[1:])
-        raise HostCallFailed(f"GPU process: {reply[1]}")
-
-
-# ---- the host's side --------------------------------------------------------------------
 
 class HostMetrics:
     """The GPU process's own /metrics (the supervisor serves them under worker="gpu")."""
@@ -466,7 +120,7 @@ class GpuHost:
         # overlap: a round's UTF-8 encode call is begun (submitted) and answered in the next
         # pass of the loop, after the next round's call is begun or when nothing else waits:
         # its GPU time runs under the answers and receives around it (Encoding.
-        # begin_utf8_batch_flat). overlap=False answers each call in its own round.
+        # _begin_utf8_batch_flat). overlap=False answers each call in its own round.
         self.overlap = bool(overlap)
         self._pending = None            # (messages, begun call, host seconds) to answer
         self.metrics = metrics or HostMetrics()
@@ -594,7 +248,7 @@ class GpuHost:
                 self._answer(m, ("failed", f"unknown message kind {m.kind!r}"))
         for allowed, group in groups.items():
             for call in self._calls(group):
-                if self.overlap and hasattr(self.encoding, "begin_utf8_batch_flat") and \
+                if self.overlap and hasattr(self.encoding, "_begin_utf8_batch_flat") and \
                         all(m.kind == "encode_utf8" for m in call):
                     self._begin(call)
                 else:   # encodes with special tokens run whole, on the encoder a begun
@@ -608,7 +262,7 @@ class GpuHost:
         this thread did other things), and keep this one for the next pass."""
         start = time.perf_counter()
         try:
-            begun = self.encoding.begin_utf8_batch_flat([doc for m in call for doc in m.body[0]])
+            begun = self.encoding._begin_utf8_batch_flat([doc for m in call for doc in m.body[0]])
         except Exception as exc:
             self._fail(call, _describe(call), exc)
             return
@@ -652,16 +306,16 @@ class GpuHost:
 
     def _encode(self, call: list, allowed) -> None:
         from .metrics import last_encoder_profile
-        from .work import encode_flat, encode_flat_utf8
         start = time.perf_counter()
         try:
             if all(m.kind == "encode_utf8" for m in call):
-                ids, offsets = encode_flat_utf8(self.encoding,
-                                                [doc for m in call for doc in m.body[0]])
+                ids, offsets = self.encoding._encode_utf8_batch_flat(
+                    [doc for m in call for doc in m.body[0]])
             else:   # documents as they are among them (rare): the UTF-8 ones decoded
-                ids, offsets = encode_flat(self.encoding, [doc for m in call for doc in (
+                ids, offsets = self.encoding.encode_batch_flat([doc for m in call for doc in (
                     m.body[0] if m.kind == "encode" else [d.decode() for d in m.body[0]])],
-                    allowed)
+                    allowed_special=allowed, disallowed_special=())
+            ids = np.asarray(ids, np.uint32)
         except Exception as exc:
             self._fail(call, _describe(call), exc)
             return
@@ -718,7 +372,7 @@ class GpuHost:
 
     def _answer_ids(self, m: _Message, ids, offsets) -> None:
         """An encode message's answer: its offsets, then its ids as raw bytes written from
-        the call's array (receive_reply reads them). Pickled, the ids were copied twice on
+        the call's array (gpu_wire.receive_reply reads them). Pickled, the ids were copied twice on
         this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
         more than the small offsets' list does (dev/service_throughput/README.md, 2026-12-04)."""
         self._answer(m, ("ok_ids", offsets.tolist()), ids)
@@ -730,7 +384,7 @@ class GpuHost:
         if ids is not None:
             bodies.append(np.ascontiguousarray(ids))   # a view as it is, in practice
         try:
-            _send_frames(m.conn.fileno(), bodies)
+            send_frames(m.conn.fileno(), bodies)
         except OSError:   # the worker went away (killed, restarting): nobody to answer
             pass
         self.metrics.phase["answer"].inc(time.perf_counter() - start)
@@ -740,14 +394,14 @@ class GpuHost:
 
 def admit(host: GpuHost, conn, authkey: bytes) -> None:
     """The GPU process's side of a worker's handshake on `conn` (accepted without one), then
-    hand it to `host`. Bounded as the worker's side is (RemoteEncoding._open): a peer that
-    connects and stalls or breaks off costs at most HANDSHAKE_TIMEOUT_S and this connection,
-    never another worker's."""
+    hand it to `host`. Bounded as the worker's side is (gpu_worker.RemoteEncoding._open): a
+    peer that connects and stalls or breaks off costs at most gpu_wire.HANDSHAKE_TIMEOUT_S and
+    this connection, never another worker's."""
     try:
-        _io_timeout(conn.fileno(), HANDSHAKE_TIMEOUT_S)
+        io_timeout(conn.fileno(), gpu_wire.HANDSHAKE_TIMEOUT_S)
         deliver_challenge(conn, authkey)
         answer_challenge(conn, authkey)
-        _io_timeout(conn.fileno(), 0.0)
+        io_timeout(conn.fileno(), 0.0)
     except (OSError, EOFError, AuthenticationError) as exc:
         conn.close()
         log.warning("GPU process: a connection failed its handshake", extra={"data": {

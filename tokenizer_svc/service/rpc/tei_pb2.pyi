@@ -1,4 +1,4 @@
-# Post-processed by tokenizer_svc.rpc.generate (grpcio-tools 1.85.4): version gates removed, relative import.
+# Post-processed by tokenizer_svc.service.rpc.generate (grpcio-tools 1.85.4): version gates removed, relative import.
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

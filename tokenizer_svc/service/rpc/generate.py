@@ -1,7 +1,7 @@
 """Regenerate the checked-in Python code for the service's .proto files.
 
-    python -m tokenizer_svc.rpc.generate          # rewrite tokenizer_svc/rpc/*_pb2*.py
-    python -m tokenizer_svc.rpc.generate --check  # exit 1 if the checked-in code is stale
+    python -m tokenizer_svc.service.rpc.generate          # rewrite tokenizer_svc/service/rpc/*_pb2*.py
+    python -m tokenizer_svc.service.rpc.generate --check  # exit 1 if the checked-in code is stale
 
 The files: proto/istanbul/tokenizer/v1/tokenizer.proto (tokenizer_pb2*) and
 proto/tei/v1/tei.proto (tei_pb2*, TEI's tokenizer API). Needs grpcio-tools (a test extra); the
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO / "proto"
 PROTO_FILES = ("istanbul/tokenizer/v1/tokenizer.proto", "tei/v1/tei.proto")
 PROTO_FILE = PROTO_FILES[0]
@@ -38,7 +38,7 @@ def tools_version() -> str:
 
 
 def _post_process(name: str, text: str) -> str:
-    banner = (f"# Post-processed by tokenizer_svc.rpc.generate (grpcio-tools {tools_version()}): "
+    banner = (f"# Post-processed by tokenizer_svc.service.rpc.generate (grpcio-tools {tools_version()}): "
               "version gates removed, relative import.\n")
     stem = name.split("_pb2")[0]
     package = next(str(Path(f).parent).replace("/", ".") for f in PROTO_FILES
@@ -93,7 +93,7 @@ def stale_files() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenizer_svc.rpc.generate",
+    parser = argparse.ArgumentParser(prog="python -m tokenizer_svc.service.rpc.generate",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="only compare; exit 1 if the checked-in code is stale")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         stale = stale_files()
         if stale:
             print(f"stale generated code: {', '.join(stale)}; run python -m "
-                  "tokenizer_svc.rpc.generate", file=sys.stderr)
+                  "tokenizer_svc.service.rpc.generate", file=sys.stderr)
             return 1
         print("generated code is up to date")
         return 0

@@ -23,7 +23,7 @@ from istanbul_errors import UserFacingError
 
 from .errors import UNAUTHENTICATED, RequestRejected, refusing
 
-log = logging.getLogger("tokenizer_svc.server.auth")
+log = logging.getLogger("tokenizer_svc.service.auth")
 
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 

@@ -1,7 +1,7 @@
 """Chat templates: a conversation rendered by a vocabulary's Jinja template, then tokenized,
 with the ids of transformers' `apply_chat_template(messages, tokenize=True, ...)`.
 
-    from tokenizer_svc.chat_template import apply_chat_template
+    from tokenizer_svc.hf.chat_template import apply_chat_template
     ids = apply_chat_template(enc, [{"role": "user", "content": "Hi"}],
                               add_generation_prompt=True)
 

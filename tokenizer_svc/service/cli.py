@@ -25,11 +25,11 @@ from istanbul_errors import UserFacingError
 
 from istanbul.shaders.cli import add_device_args
 
-from .exposure import bind_address, is_loopback
-from .server.config import BatchingConfig, Limits, ServerConfig
-from .server.event_loop import CHOICES as EVENT_LOOPS, resolve as resolve_event_loop
-from .server.sizing import AUTO
-from .server_option import add_client_security_arguments
+from ..exposure import bind_address, is_loopback
+from .config import BatchingConfig, Limits, ServerConfig
+from .event_loop import CHOICES as EVENT_LOOPS, resolve as resolve_event_loop
+from .sizing import AUTO
+from .client_options import add_client_security_arguments
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]i?[bB]?|[bB])?\s*$")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -62,7 +62,7 @@ def auto_or(kind):
 def resolve_auto_layout(args) -> str:
     """Replace `auto` in args.workers, args.gpu_processes and args.gpu_keep_clock by values
     sized to this machine and its adapter; the start-up line that says what runs."""
-    from .server.sizing import resolve_layout, usable_cores
+    from .sizing import resolve_layout, usable_cores
     software = True
     if AUTO in (args.workers, args.gpu_processes, args.gpu_keep_clock):
         from istanbul.shaders.adapters import choose_adapter
@@ -94,11 +94,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="server processes sharing the port (SO_REUSEPORT), each with its own "
                         "batcher: request handling on N cores. auto (default): three quarters "
                         "of the cores, at most 12, on a hardware GPU; 1 on software Vulkan "
-                        "(tokenizer_svc/server/sizing.py)")
+                        "(tokenizer_svc/service/sizing.py)")
     p.add_argument("--gpu-process", choices=("shared", "per-worker"), default="shared",
                    help="with --workers N > 1: `shared` (default) runs one more process that "
                         "owns the GPU and encodes every worker's batches in common calls "
-                        "(tokenizer_svc/server/gpu_host.py); `per-worker` gives each worker "
+                        "(tokenizer_svc/service/gpu_process.py); `per-worker` gives each worker "
                         "a device of its own (N contexts time-slice one GPU)")
     p.add_argument("--gpu-processes", type=auto_or(int), default=AUTO, metavar="G|auto",
                    help="with --gpu-process shared: G GPU processes (each its own device on "
@@ -114,7 +114,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "and the service's load may never raise it: the H200 stayed at 345 "
                         "of 1980 MHz); costs the GPU's power while in use; 0: off. auto "
                         "(default): 2 with the shared GPU process on a hardware GPU, else 0 "
-                        "(tokenizer_svc/server/clock_keeper.py)")
+                        "(tokenizer_svc/service/clock_keeper.py)")
     add_device_args(p)
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--batch-window-ms", type=float, default=d_batch.window_s * 1e3,
@@ -175,7 +175,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                           f"period (default {d_cfg.stall_timeout_s:g})")
     ops.add_argument("--event-loop", choices=EVENT_LOOPS, default=d_cfg.event_loop,
                      help="each server process's asyncio loop: `auto` (default) takes uvloop "
-                          "when installed (less CPU per request: tokenizer_svc/server/"
+                          "when installed (less CPU per request: tokenizer_svc/service/"
                           "event_loop.py), else asyncio's own")
     ops.add_argument("--log-format", choices=("json", "text"), default="json",
                      help="log lines as JSON objects (default) or text")
@@ -183,7 +183,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args) -> ServerConfig:
     """The ServerConfig of parsed `serve` arguments (`auto` values resolved first)."""
-    from .server.auth import load_tokens
+    from .auth import load_tokens
     resolve_auto_layout(args)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UserFacingError("--tls-cert and --tls-key go together; give both")
@@ -211,7 +211,7 @@ def config_from_args(args) -> ServerConfig:
                               "accepts)")
     if not args.gpu_keep_clock >= 0:
         raise UserFacingError(f"--gpu-keep-clock must be >= 0 seconds, got {args.gpu_keep_clock}")
-    from .server.workers import gpu_processes_problem
+    from .workers import gpu_processes_problem
     problem = gpu_processes_problem(args.gpu_processes, args.workers, args.gpu_process)
     if problem:
         raise UserFacingError(problem)
@@ -221,7 +221,7 @@ def config_from_args(args) -> ServerConfig:
     host = bind_address(args.host, "--host", public=args.listen_public)
     metrics_host = bind_address(args.metrics_host, "--metrics-host", public=args.listen_public)
     if not is_loopback(host) and not args.auth_token_file:
-        logging.getLogger("tokenizer_svc.server").warning(
+        logging.getLogger("tokenizer_svc.service").warning(
             "listening on %s without --auth-token-file: anyone who reaches the port can use "
             "the service", host)
     return ServerConfig(
@@ -236,19 +236,19 @@ def config_from_args(args) -> ServerConfig:
 
 
 def cmd_serve(args) -> int:
-    from .server.logs import setup_logging
+    from .logs import setup_logging
     setup_logging(args.log_format, logging.DEBUG if getattr(args, "verbose", False)
                   else logging.INFO)
     layout = resolve_auto_layout(args)
     config = config_from_args(args)
-    logging.getLogger("tokenizer_svc.server").info("serving with %s", layout)
-    from .server.child import dump_stacks_on_sigusr1
+    logging.getLogger("tokenizer_svc.service").info("serving with %s", layout)
+    from .child import dump_stacks_on_sigusr1
     dump_stacks_on_sigusr1()   # this process (a server, or the supervisor); members: become_child
     if args.workers < 1:
         raise UserFacingError(f"--workers must be at least 1, got {args.workers}")
     if args.workers > 1:
-        from .server.workers import run_workers
-        from .server.ports import PortUnavailable
+        from .workers import run_workers
+        from .ports import PortUnavailable
         try:
             return run_workers(config, args.vocab, args.adapter, args.port_file, args.workers,
                                args.log_format, getattr(args, "verbose", False),
@@ -256,8 +256,8 @@ def cmd_serve(args) -> int:
                                gpu_processes=args.gpu_processes)
         except PortUnavailable as exc:
             raise UserFacingError(str(exc)) from None
-    from .server import event_loop
-    from .server.process import serve
+    from . import event_loop
+    from .process import serve
     return event_loop.run(serve(config, args.vocab, args.adapter, args.port_file),
                           config.event_loop)
 
@@ -305,7 +305,7 @@ def cmd_health(args) -> int:
         if reply.status == health_pb2.HealthCheckResponse.SERVING:
             metadata = ()
             if args.auth_token_file:
-                from .server.auth import load_tokens
+                from .auth import load_tokens
                 metadata = (("authorization", f"Bearer {load_tokens(args.auth_token_file)[0]}"),)
             try:
                 info = pb_grpc.TokenizerStub(channel).GetInfo(
@@ -334,7 +334,7 @@ def _http_health(args) -> int:
     import urllib.request
     request = urllib.request.Request(args.target)
     if args.auth_token_file:
-        from .server.auth import load_tokens
+        from .auth import load_tokens
         request.add_header("Authorization", f"Bearer {load_tokens(args.auth_token_file)[0]}")
     context = ssl.create_default_context(cafile=str(args.tls_ca)) if args.tls_ca else None
     try:

@@ -1,7 +1,7 @@
 """The RPCs of istanbul.tokenizer.v1.Tokenizer: protobuf in, jobs to the batcher, protobuf out.
 
 Chunk cuts the batcher's ids into windows (tokenizer_svc/chunking.py); ApplyChatTemplate
-renders the vocabulary's chat template (tokenizer_svc/chat_template.py, off the event loop)
+renders the vocabulary's chat template (tokenizer_svc/hf/chat_template.py, off the event loop)
 and sends the text to the batcher like any other document. With `per_item_errors` the batch
 methods check each item themselves (its size, its disallowed special tokens, its ids) and
 answer the failed ones as ItemErrors instead of failing the call.
@@ -26,11 +26,11 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from .. import chunking
-from ..chat_template import (ChatTemplate, ChatTemplateError, ChatTemplateUnavailable,
+from ..hf.chat_template import (ChatTemplate, ChatTemplateError, ChatTemplateUnavailable,
                              NoChatTemplate, chat_template_of, check_jinja)
 from ..encoding import InvalidTokenError
 from ..reference import special_regex
-from ..rpc import tokenizer_pb2 as pb
+from .rpc import tokenizer_pb2 as pb
 from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig

@@ -3,7 +3,7 @@ tokenizer service (encode, decode, prepare), and the client they give, which has
 Encoding's API and output.
 
 The same names as on the server side: `--auth-token-file` (serve: the tokens it accepts;
-here: the first one is sent), `--tls`, `--tls-ca`. Kept apart from tokenizer_svc.client so that
+here: the first one is sent), `--tls`, `--tls-ca`. Kept apart from tokenizer_svc.service.client so that
 registering the options imports no gRPC.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from istanbul_errors import UserFacingError
 
 if TYPE_CHECKING:   # annotations only: importing the client pulls in gRPC
-    from tokenizer_svc.client import TokenizerClient
+    from tokenizer_svc.service.client import TokenizerClient
 
 
 def add_tokenizer_arguments(parser, *, required: bool = False, help: str | None = None) -> None:

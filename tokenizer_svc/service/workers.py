@@ -53,13 +53,13 @@ from pathlib import Path
 from .config import ServerConfig
 from .ports import check_free, port_error
 
-log = logging.getLogger("tokenizer_svc.server")
+log = logging.getLogger("tokenizer_svc.service")
 
 
 def _worker_main(index: int, config: ServerConfig, vocab: str, adapter, gpu_host,
                  log_format: str, verbose: bool, status) -> None:
     """One worker: a whole TokenizerServer in this (spawned) process (process.serve); with
-    `gpu_host` (address, key) its batches run in the group's GPU process (gpu_host.py)."""
+    `gpu_host` (address, key) its batches run in the group's GPU process (gpu_process.py)."""
     from .child import become_child
     become_child(f"istanbul-w{index}")
     import sys
@@ -152,7 +152,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
                 gpu_process: str = "shared", gpu_processes: int = 1) -> int:
     """Run `workers` server processes on config's port until SIGTERM/SIGINT; exit code.
 
-    `gpu_process`: "shared" (GPU processes batch for the workers, gpu_host.py) or
+    `gpu_process`: "shared" (GPU processes batch for the workers, gpu_process.py) or
     "per-worker" (each worker owns a device and batches its own connections).
     `gpu_processes` (shared): how many GPU processes, each with its own device on the
     adapter; worker k sends its batches to process k mod `gpu_processes` (one process's
@@ -181,7 +181,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     gpu_hosts = []
     if gpu_process == "shared":   # a private directory: only this user reaches the sockets
         socket_dir = tempfile.mkdtemp(prefix="istanbul-serve-")
-        from .gpu_host import SOCKET_NAME
+        from .gpu_wire import SOCKET_NAME
         gpu_hosts = [(os.path.join(socket_dir, f"{j}-{SOCKET_NAME}" if j else SOCKET_NAME),
                       os.urandom(32)) for j in range(gpu_processes)]
     group = _Group(workers, worker_config, vocab, adapter, log_format, verbose, gpu_hosts)
@@ -281,7 +281,7 @@ class _Group:
         self.restart_at[k] = None
         config, vocab, adapter, log_format, verbose, status = self.args
         if k >= self.n:
-            from .gpu_host import host_main
+            from .gpu_process import host_main
             address, key = self.gpu_hosts[k - self.n]
             proc = self.ctx.Process(target=host_main, name=f"tokenizer-{self.labels[k]}",
                                     args=(config, vocab, adapter, address, key, log_format,

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .vocabulary import Vocabulary, VocabularyError
+from ..vocabulary import Vocabulary, VocabularyError
 
 SPLIT_BEHAVIORS = ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")
 # `tokenizers`' ByteLevel pre-tokenizer regex (pre_tokenizers/byte_level.rs), run by Oniguruma.
@@ -177,7 +177,7 @@ def load_hf_tokenizer(path: Path):
         config.fuse_unk = bool(model.get("fuse_unk", False))
     config.normalizer = data.get("normalizer")
     try:
-        from .hf_normalize import build_normalizer
+        from .normalize import build_normalizer
         build_normalizer(config.normalizer, f"{path}")
     except ValueError as exc:
         raise VocabularyError(str(exc)) from None

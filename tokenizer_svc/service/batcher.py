@@ -15,7 +15,7 @@ the next batch.
 
 `max_inflight` batches may run at once (default 1: the next batch forms while one runs and
 starts when it ends). More than one pays when the batch function mostly waits, as a worker of
-`serve --workers N` does for the shared GPU process (gpu_host.py): its next batch is already
+`serve --workers N` does for the shared GPU process (gpu_process.py): its next batch is already
 there when the GPU process starts its next round. The executor needs as many threads.
 
 The batch function receives a list of payloads and returns one result per payload, in order;

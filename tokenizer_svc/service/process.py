@@ -27,7 +27,7 @@ GPU_HOST_CONNECT_S = 600.0   # a worker waits this long for the GPU process to l
 async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | None,
                  on_listening=None, gpu_host: tuple | None = None) -> int:
     """Serve until drained; `gpu_host` (address, key): the batches run in the group's GPU
-    process (gpu_host.py), this process's own device serves the long lane."""
+    process (gpu_process.py), this process's own device serves the long lane."""
     def load():
         from istanbul.shaders.engine import Device
         from ..encoding import get_encoding
@@ -35,7 +35,7 @@ async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
         device = Device(adapter, robustness=ROBUSTNESS)
         encoding = get_encoding(vocab, device=device)
         if gpu_host is not None:
-            from .gpu_host import RemoteEncoding
+            from .gpu_worker import RemoteEncoding
             encoding = RemoteEncoding(encoding, *gpu_host)
             encoding.connect(GPU_HOST_CONNECT_S)
         return encoding, device
@@ -45,7 +45,7 @@ async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     draining = []
 
     def on_signal(signum):
-        log = logging.getLogger("tokenizer_svc.server")
+        log = logging.getLogger("tokenizer_svc.service")
         log.info("signal", extra={"data": {"signal": signal.Signals(signum).name}})
         if not draining:
             draining.append(loop.create_task(server.drain()))
@@ -78,7 +78,7 @@ async def serve(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     if draining:
         await draining[0]
     if server.stuck_workers:   # a GPU call that never returns: do not wait for it at exit
-        logging.getLogger("tokenizer_svc.server").error(
+        logging.getLogger("tokenizer_svc.service").error(
             "exiting with GPU workers still busy", extra={"data": {
                 "workers": server.stuck_workers}})
         logging.shutdown()
