@@ -42,7 +42,7 @@ def test_a_trainer_frees_what_it_allocated_and_the_fit_check_counts_its_peak(dev
     assert peak >= 4 * tr.layout.total * 4 + 16 * 512 * 4
     # the fit check's count of what the model allocates is what the tracker saw
     # (measured: 224.5 vs 222.6 MiB for tiny/gpt2 at 8 x 128, 375 vs 362 MiB for small)
-    from trainer_svc.model.gpu import memory_needs
+    from trainer_svc.model.plan import memory_needs
     counted = sum(n.nbytes for n in memory_needs(cfg, tr.layout.total, batch=2, seq=32,
                                                 grad_accum=1, mixed=False, logits_rows=16))
     assert 0.9 * peak <= counted <= 1.15 * peak, (counted, peak)

@@ -16,8 +16,8 @@ from istanbul.shaders.kernels.cross_entropy.ops import IGNORE
 from tests.model_helpers import random_batches, tiny_config
 from tests.torch_reference import TorchReference
 from trainer_svc.model import ModelConfig
-from trainer_svc.model.fit import ConfigDoesNotFitError
-from trainer_svc.model.lm_head import ChunkedHead, plan_chunk_rows
+from trainer_svc.model.lm_head import ChunkedHead
+from trainer_svc.model.plan import ConfigDoesNotFitError, plan_chunk_rows
 from trainer_svc.training.trainer import TrainConfig, Trainer
 
 
@@ -161,8 +161,7 @@ def test_configurations_that_cannot_fit_are_refused_before_allocating(device, mo
 
 def test_the_chunk_shrinks_to_the_memory_the_rest_leaves_free(device, monkeypatch):
     from trainer_svc.model import ParameterLayout
-    from trainer_svc.model.fit import HEADROOM
-    from trainer_svc.model.gpu import memory_needs
+    from trainer_svc.model.plan import HEADROOM, memory_needs
     cfg = tiny_config(vocab=8192)
     total = ParameterLayout.for_config(cfg).total
     rest = sum(n.nbytes * n.count for n in memory_needs(cfg, total, batch=2, seq=32,
@@ -183,8 +182,7 @@ def test_the_124m_step_fits_the_h200_by_its_real_limits(vocab):
     # sum (4.6 GB) is more than one 4 GiB buffer (a false refusal found on the H200)
     from types import SimpleNamespace
     from trainer_svc.model import ParameterLayout
-    from trainer_svc.model.fit import check_fits
-    from trainer_svc.model.gpu import memory_needs
+    from trainer_svc.model.plan import check_fits, memory_needs
     h200 = SimpleNamespace(name="NVIDIA H200", info=None, limits={
         "max-storage-buffer-binding-size": 2147483644, "max-buffer-size": 4292870144,
         "min-storage-buffer-offset-alignment": 256})

@@ -127,11 +127,11 @@ def test_f16_copies_on_tensor_cores_change_no_result(f16_device, monkeypatch):
     batches = random_batches(np.random.default_rng(8), 3, B, T, tiny_config().vocab_size)
     monkeypatch.setattr(training, "GpuModel", functools.partial(GpuModel, f16_activations=False))
     ref, m_ref = _run(f16_device, "f16", batches)
-    assert not ref._live_model().f16_acts
+    assert not ref._live_model().step_plan.f16_acts
     monkeypatch.setattr(training, "GpuModel", GpuModel)
     got, m_got = _run(f16_device, "f16", batches)
     model = got._live_model()
-    assert model.f16_acts and model.f16_heads
+    assert model.step_plan.f16_acts and model.step_plan.f16_heads
     assert model.storage[0].h.dtype == np.float16 and model.storage[0].heads.q.dtype == np.float16
     assert [m.loss for m in m_got] == [m.loss for m in m_ref]
     assert np.array_equal(got.parameters(), ref.parameters())

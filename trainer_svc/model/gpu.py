@@ -12,10 +12,11 @@ statistics and AdamW. The host uploads the token ids before and reads the per-to
 and the gradient statistics after: nothing in between. Every kernel is a shader op function
 (shaders/kernels/<family>/ops.py) called directly.
 
-Before anything is allocated, the configuration is checked against the device (fit.py):
-parameters, gradients, moments, the f16 mirror, activations and the logits chunk; a tensor
-over the binding limit, or a total over the device's memory, is a ConfigDoesNotFitError
-saying what to change.
+The buffers come from one plan (plan.py), made and checked against the device before
+anything is allocated: which are f16, the LM head's rows per chunk, and whether parameters,
+gradients, moments, the f16 mirror, activations and the logits chunk fit (a tensor over the
+binding limit, or a total over the device's memory, is a ConfigDoesNotFitError saying what to
+change). The constructor allocates exactly that plan, top to bottom.
 
 Precision "f16": the f16 weight mirror as in "mixed", every matmul on the tensor cores
 where the device has f16 subgroup matrices (`linear.has_tensor_cores`: both operands rounded
@@ -41,16 +42,13 @@ from istanbul.shaders.kernels.matmul import ops as linear
 
 from .loss_scale import LossScaler
 from .config import ModelConfig
-from .fit import HEADROOM, Need, check_fits
-from .fit import device_memory as fit_memory
-from .forward import (BlockBuffers, HeadBuffers, QKVBuffers, Weights, fused_qkv, head_strides,
+from .forward import (BlockBuffers, HeadBuffers, QKVBuffers, Weights, head_strides,
                       record_blocks, token_strides)
 from .layout import ParameterLayout
-from .lm_head import LOGITS_BUDGET, ChunkedHead, chunk_quantum, plan_chunk_rows
+from .lm_head import ChunkedHead
+from .plan import plan_step
 
 STATS_FLOATS = 8  # grad_stats: (|g|^2, |g|, clip scale, non-finite flag, 0, 0, 0, 0)
-FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "
-            "grad_accum), or a smaller model or vocabulary")
 
 
 @dataclass
@@ -60,50 +58,6 @@ class StepResult:
     skipped: bool
     loss_scale: float = 1.0     # the scale this step's gradients carried (f16 precision)
     scale_backoff: bool = False  # skipped for an f16 overflow the halved scale should avoid
-
-
-def _align64(n: int) -> int:
-    return -(-n // 64) * 64
-
-
-def memory_needs(cfg: ModelConfig, total: int, *, batch: int, seq: int, grad_accum: int,
-                 mixed: bool, logits_rows: int, f16_dlogits: bool = False,
-                 f16_heads: bool = False, f16_acts: bool = False) -> list[Need]:
-    """Every buffer GpuModel allocates, in bytes (what the fit check counts); f16_heads: the
-    saved head-major q, k, v in f16 (and the attention backward's f16 copy of do);
-    f16_acts: h, h2 and s in f16."""
-    n, d, f, kv, V = batch * seq, cfg.d_model, cfg.ffn_hidden, cfg.kv_dim, cfg.vocab_size
-    hb = 2 if f16_heads else 4   # bytes per saved q, k, v element
-    ab = 2 if f16_acts else 4    # bytes per h, h2, s element
-    qkv = n * (d + 2 * kv) * 4
-    layers = cfg.n_layers   # BlockBuffers: each saved activation is its own buffer per layer
-    needs = [Need("parameters", total * 4), Need("gradients", total * 4),
-             Need("AdamW moments", 2 * total * 4, binding=False),
-             Need(f"block activations x, attn, xa (B*T = {n} rows x d)", n * d * 4,
-                  count=3 * layers),
-             Need(f"block activations h, h2 (B*T = {n} rows x d)", n * d * ab, count=2 * layers),
-             Need("block rstd, rstd2", n * 4, count=2 * layers),
-             Need("block q (head-major)", n * d * hb, count=layers),
-             Need("block k, v (head-major)", n * kv * hb, count=2 * layers),
-             Need("block attention lse", cfg.n_heads * n * 4, count=layers),
-             Need(f"block gate|up (B*T x 2F = {2 * f})", n * 2 * f * 4, count=layers),
-             Need(f"block SwiGLU output (B*T x F = {f})", n * f * ab, count=layers),
-             Need("FFN activations (B*T x 2F)", n * 2 * f * 4),
-             Need("q|k|v projection (B*T x (d + 2kv))", qkv, binding=fused_qkv(cfg)),
-             Need("dq (head-major)", n * d * 4), Need("dk, dv (head-major)", n * kv * 4, count=2),
-             Need("backward scratch", (3 * n * d + n * 3 * f) * 4 + qkv, binding=False),
-             Need("final norm (B*T x d)", 2 * n * d * 4),
-             Need(f"logits chunk ({logits_rows} rows x vocab {V})", logits_rows * V * 4),
-             Need("token ids, targets, losses", grad_accum * _align64(n) * 4 * 5,
-                  binding=False)]
-    if mixed:
-        needs.append(Need("f16 weight mirror", total * 2))
-    if f16_heads:
-        needs.append(Need("attention do in f16 (scratch)", n * d * 2, binding=False))
-    if f16_dlogits:
-        needs.append(Need(f"f16 dlogits chunk ({logits_rows} rows x vocab {V})",
-                          logits_rows * V * 2))
-    return needs
 
 
 class GpuModel:
@@ -121,52 +75,17 @@ class GpuModel:
         steps of the 124M parity curve identical on an H100, 670 MB less at 124M and the
         step 1.5% shorter, 048b428:bench/results/train/train_f16_round13.md). `device_memory`: bytes
         the fit check and the LM head's chunk assume the device has (default:
-        fit.device_memory(device), None when unknown)."""
+        plan.device_memory(device), None when unknown). The plan is `step_plan`."""
         self.cfg, self.layout, self.dev = cfg, layout, device
-        self.batch, self.seq, self.precision = batch, seq, precision
-        self.accum = grad_accum
-        if precision not in ("mixed", "fp32", "f16"):
-            raise ValueError(f"precision must be mixed, fp32 or f16, got {precision!r}")
-        self.mixed = precision in ("mixed", "f16")   # the f16 weight mirror
-        if f16_math and precision != "mixed":
-            raise ValueError("f16_math needs precision='mixed' (it multiplies the f16 weights)")
+        self.step_plan = plan = plan_step(
+            cfg, layout.total, device, batch=batch, seq=seq, precision=precision,
+            grad_accum=grad_accum, f16_math=f16_math, head_chunk_rows=head_chunk_rows,
+            f16_activations=f16_activations, memory=device_memory)
+        self.batch, self.seq, self.precision, self.accum = batch, seq, precision, grad_accum
+        self.n = n = plan.rows
+        self.mixed, self.f16_math, self.tensor_cores = plan.mixed, f16_math, plan.tensor_cores
         self.scaler = LossScaler() if precision == "f16" else None
-        self.tensor_cores = precision == "f16" and linear.has_tensor_cores(device)
-        self.f16_math = f16_math  # forward matmuls in packed f16 (speed; looser accuracy)
-        if self.mixed and not device.has("shader-f16"):
-            raise RuntimeError(f"mixed precision needs the shader-f16 feature, which "
-                               f"{device.name} lacks; use precision='fp32'")
-        dev, n, total = device, batch * seq, layout.total
-        d = cfg.d_model
-        self.n = n
-        # the head's chunk first, from the limits and the memory the rest leaves free: it
-        # decides the logits buffer the fit check counts
-        # the tensor-core head's cross-entropy writes dlogits in f16 beside the f32 logits
-        # (H200, 124M at 8 x 1024: the head's dX 4.96 -> 4.68 ms, the cross-entropy 1.12 ->
-        # 0.93 ms; lm_head.py)
-        f16_dlogits = self.tensor_cores
-        # the attention's saved q, k, v in f16 where its forward and backward both run on
-        # the tensor cores (they load f16 tiles: half the bytes; attention/ops.py)
-        self.f16_heads = self.tensor_cores and attention.takes_f16_operands(
-            device, self.tensor_cores, cfg.head_dim,
-            head_strides(cfg, seq) + (attention.token_rows(seq, cfg.head_dim, d),))
-        # h, h2 and s in f16 where asked for: they only feed matmuls, which round them to
-        # f16 on the tensor cores anyway (half the bytes loaded; matmul_nt_a16_w16, tn_w16)
-        self.f16_acts = self.tensor_cores and not f16_math and f16_activations
-        needs = lambda rows: memory_needs(cfg, total, batch=batch, seq=seq,  # noqa: E731
-                                          grad_accum=grad_accum, mixed=self.mixed,
-                                          logits_rows=rows, f16_dlogits=f16_dlogits,
-                                          f16_heads=self.f16_heads, f16_acts=self.f16_acts)
-        memory = fit_memory(device) if device_memory is None else device_memory
-        budget = LOGITS_BUDGET
-        if memory is not None:
-            free = int(memory / HEADROOM) - sum(x.nbytes * x.count for x in needs(0))
-            if f16_dlogits:   # each row of f32 logits brings half a row of f16 dlogits
-                free = free * 2 // 3
-            budget = max(min(budget, free), chunk_quantum(device, d) * cfg.vocab_size * 4)
-        chunk = plan_chunk_rows(device, n, d, cfg.vocab_size, budget=budget,
-                                chunk_rows=head_chunk_rows)
-        check_fits(device, needs(chunk), hint=FIT_HINT, memory=memory)
+        dev, total, d = device, layout.total, cfg.d_model
         self.params = dev.empty(total, np.float32, label="params f32")
         self.grads = dev.empty(total, np.float32, label="grads")
         self.m = dev.empty(total, np.float32, label="adam m")
@@ -178,7 +97,7 @@ class GpuModel:
                                      label="rope table")
         # token ids, targets and per-token losses of every micro-batch of a step
         # (rows padded to 64 elements: each micro-batch's slot is a 256-byte aligned binding)
-        self.stride = _align64(n)
+        self.stride = plan.ids_stride
         self.all_ids = dev.empty((grad_accum, self.stride), np.uint32, label="ids")
         self.all_targets = dev.empty((grad_accum, self.stride), np.uint32, label="targets")
         # per-token losses of every micro-batch, then the gradient statistics: the one
@@ -187,25 +106,24 @@ class GpuModel:
         self.all_losses = self.results.elements(0, grad_accum * self.stride)
         self.stats = self.results.elements(grad_accum * self.stride, STATS_FLOATS)
         self.hyper = dev.empty(8, np.float32, label="adamw hyper")  # written each step
-        self.plan_len = embedding.plan_size(n)
-        self.plan_stride = _align64(self.plan_len)
-        self.all_plans = dev.empty((grad_accum, self.plan_stride), np.uint32,
-                                   label="embed plans")
+        # the embedding backward's plan of every micro-batch (computed on the host)
+        self.embed_plan_len = embedding.plan_size(n)
+        self.all_embed_plans = dev.empty((grad_accum, plan.embed_plan_stride), np.uint32,
+                                         label="embed plans")
         self.select_micro_batch(0)
         self._next_step = None   # (key, command buffer) recorded during the previous step
         # q, k, v saved head-major per layer; the projection's output is scratch they share
         self.qkv_storage = QKVBuffers(dev, n, cfg, "proj")
         self.storage = [BlockBuffers(dev, n, cfg, f"L{i}", qkv=self.qkv_storage,
                                      head_major=True,
-                                     heads_dtype=np.float16 if self.f16_heads else np.float32,
-                                     act_dtype=np.float16 if self.f16_acts else np.float32)
+                                     heads_dtype=plan.heads_dtype, act_dtype=plan.act_dtype)
                         for i in range(cfg.n_layers)]
         self.layers = [s.rows(n) for s in self.storage]
         self.x_final = dev.empty((n, d), np.float32, label="x final")
         self.h_final = dev.empty((n, d), np.float32, label="h final")
         self.rstd_final = dev.empty(n, np.float32, label="rstd final")
-        self.head = ChunkedHead(dev, n, d, cfg.vocab_size, chunk_rows=chunk,
-                                f16_dlogits=f16_dlogits)
+        self.head = ChunkedHead(dev, n, d, cfg.vocab_size, chunk_rows=plan.head_rows,
+                                f16_dlogits=plan.f16_dlogits)
         # backward scratch, reused by every layer
         f = cfg.ffn_hidden
         self.dx = dev.empty((n, d), np.float32, label="dx")
@@ -271,7 +189,8 @@ class GpuModel:
         self.ids = self.all_ids.elements(a * s, n)
         self.targets = self.all_targets.elements(a * s, n)
         self.losses = self.results.elements(a * s, n)
-        self.plan = self.all_plans.elements(a * self.plan_stride, self.plan_len)
+        self.embed_plan = self.all_embed_plans.elements(
+            a * self.step_plan.embed_plan_stride, self.embed_plan_len)
 
     def _upload_tokens(self, micro: np.ndarray) -> None:
         """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
@@ -282,10 +201,10 @@ class GpuModel:
         targets[:, :n] = micro[:, :, 1:].reshape(A, n)
         self.all_ids.write(ids)
         self.all_targets.write(targets)
-        plans = np.zeros((micro.shape[0], self.plan_stride), np.uint32)
+        plans = np.zeros((micro.shape[0], self.step_plan.embed_plan_stride), np.uint32)
         for a in range(micro.shape[0]):
-            plans[a, :self.plan_len] = embedding.backward_plan(ids[a, :n])
-        self.all_plans.write(plans.reshape(-1))
+            plans[a, :self.embed_plan_len] = embedding.backward_plan(ids[a, :n])
+        self.all_embed_plans.write(plans.reshape(-1))
 
     # ---- recording --------------------------------------------------------------------
 
@@ -358,7 +277,7 @@ class GpuModel:
                                  accumulate=True, **tcs)
             rmsnorm.backward(rec, L.x, self.p(pre + "attn_norm"), self.dh, L.rstd, self.dx,
                              self.g(pre + "attn_norm"), n, d, accumulate_dx=True)
-        embedding.backward(rec, self.plan, self.ids, self.dx, self.g("embed"), n, d,
+        embedding.backward(rec, self.embed_plan, self.ids, self.dx, self.g("embed"), n, d,
                            cfg.vocab_size)
 
     def write_hyper(self, *, lr: float, step: int, tc) -> None:

@@ -1,6 +1,6 @@
 """The LM head and the cross-entropy, in row chunks: the logits of a batch never exist at once.
 
-    head = ChunkedHead(device, rows=B*T, d=d_model, vocab=V)      # chunk rows from the limits
+    head = ChunkedHead(device, rows=B*T, d=d_model, vocab=V, chunk_rows=plan.head_rows)
     head.record(rec, h, W, targets, losses, grad_scale=1/n, dh=dh, dw=dW)   # training
     head.record(rec, h, W, targets, losses, grad_scale=1/n)                 # loss only
 
@@ -12,80 +12,21 @@ For each chunk of rows r0..r0+c-1 (one buffer of c x V logits, reused by every c
 With one chunk (every row fits the budget) this is exactly the unchunked computation; with
 several, dW sums the chunks' products in chunk order (the same sum, rounded differently).
 On the tensor cores (`f16_dlogits`, which GpuModel passes there) the cross-entropy writes
-dlogits in f16 into a buffer of their own instead of over the logits: the two backward matmuls read them as their A, which
-they round to f16 anyway (the same numbers; half the bytes of the largest operands a step
-has: 8192 x 50304 for the 124M model).
+dlogits in f16 into a buffer of their own instead of over the logits: the two backward
+matmuls read them as their A, which they round to f16 anyway (the same numbers; half the
+bytes of the largest operands a step has: 8192 x 50304 for the 124M model).
 
-Chunk rows come from the device: the logits chunk must fit one storage binding and one
-buffer (lavapipe: 128 MiB; the H200: 2 GiB / 4 GiB) and a memory budget (LOGITS_BUDGET, or
-less when the device's memory minus everything else the model allocates is smaller: GpuModel);
-chunks are balanced (e.g. 8192 rows in 4 x 2048, not 3 x 2684 + 140) and rounded to 64 rows
-for the matmul tiles. A chunk's row views must start on the device's storage offset alignment
-(256 bytes), so a chunk is a multiple of 256 / gcd(256, 4 d) rows: 1 row when d % 64 == 0.
+The rows per chunk are the plan's (plan.py: `plan_chunk_rows`, from the device's binding
+limits and the memory the rest of the step leaves free); a chunk's row views must start on
+the device's storage offset alignment, which the plan's chunk respects.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from istanbul.shaders.kernels.cross_entropy import ops as cross_entropy
 from istanbul.shaders.kernels.matmul import ops as linear
-
-from .fit import ConfigDoesNotFitError
-
-# Bytes of one logits chunk (the device limits may cap it lower): 2 GiB keeps 124m/gpt2 at
-# 8 x 1024 in one chunk on the H200 (1.6 GB, the step measured before chunking) and puts
-# o200k_base's 6.5 GB in 4 chunks of 2048 rows.
-LOGITS_BUDGET = 2 << 30
-
-
-def chunk_quantum(device, d: int) -> int:
-    """Rows between chunk starts so that a view at row r0 of a [rows, d] f32 buffer binds."""
-    align = int(device.limits.get("min-storage-buffer-offset-alignment", 256)) // 4
-    return align // math.gcd(align, d)
-
-
-def logits_limit(device, budget: int = LOGITS_BUDGET) -> int:
-    """Bytes one logits chunk may take on this device."""
-    return min(int(device.limits.get("max-storage-buffer-binding-size", 1 << 27)),
-               int(device.limits.get("max-buffer-size", 1 << 28)), int(budget))
-
-
-def plan_chunk_rows(device, rows: int, d: int, vocab: int, *, budget: int = LOGITS_BUDGET,
-                    chunk_rows: int | None = None) -> int:
-    """Rows per chunk (see the module docstring); `chunk_rows` forces a value (tests)."""
-    limit = logits_limit(device, budget)
-    quantum = chunk_quantum(device, d)
-    per_row = vocab * 4
-    cap = limit // per_row
-    if chunk_rows:
-        c = int(chunk_rows)
-        if c < 1 or (c < rows and c % quantum):
-            raise ValueError(f"head chunk of {c} rows: must be a multiple of {quantum} rows "
-                             f"(d_model {d} and the device's offset alignment)")
-        if min(c, rows) * per_row > limit:
-            raise ConfigDoesNotFitError(
-                f"a head chunk of {c} rows x vocab {vocab} needs {c * per_row / 2**20:.0f} MiB, "
-                f"more than {limit / 2**20:.0f} MiB on {device.name}: use fewer chunk rows")
-        return min(c, rows)
-    if cap >= rows:
-        return rows
-    if cap < quantum:
-        raise ConfigDoesNotFitError(
-            f"one row of logits over a vocabulary of {vocab} ids takes "
-            f"{quantum * per_row / 2**20:.1f} MiB per chunk of {quantum} rows, more than "
-            f"{device.name} allows in one binding ({limit / 2**20:.0f} MiB): use a smaller "
-            "vocabulary, or a d_model that is a multiple of 64")
-    step = quantum * 64 // math.gcd(quantum, 64)   # tile-friendly when the cap allows it
-    if cap < step:
-        step = quantum
-    chunks = -(-rows // cap)
-    c = -(-(-(-rows // chunks)) // step) * step   # balanced, rounded up to `step`
-    if c > cap:
-        c = cap // step * step
-    return c
 
 
 def _row_view(res, r0: int, count: int, cols: int):
@@ -99,14 +40,15 @@ def _row_view(res, r0: int, count: int, cols: int):
 class ChunkedHead:
     """The head + cross-entropy for `rows` rows of width d over a vocabulary of `vocab`."""
 
-    def __init__(self, device, rows: int, d: int, vocab: int, *, chunk_rows: int | None = None,
-                 budget: int = LOGITS_BUDGET, f16_dlogits: bool = False):
-        """`f16_dlogits`: the cross-entropy writes dlogits in f16 into a buffer of their own,
-        which the backward's tensor-core matmuls read as their A (they would round it to f16
-        while staging anyway: the same numbers, half the bytes)."""
+    def __init__(self, device, rows: int, d: int, vocab: int, *, chunk_rows: int,
+                 f16_dlogits: bool = False):
+        """`chunk_rows`: rows per chunk, as planned (plan.plan_chunk_rows: a multiple of the
+        offset alignment's rows unless it covers every row). `f16_dlogits`: the cross-entropy
+        writes dlogits in f16 into a buffer of their own, which the backward's tensor-core
+        matmuls read as their A (they would round it to f16 while staging anyway: the same
+        numbers, half the bytes)."""
         self.rows, self.d, self.vocab = rows, d, vocab
-        self.chunk = plan_chunk_rows(device, rows, d, vocab, budget=budget,
-                                     chunk_rows=chunk_rows)
+        self.chunk = min(int(chunk_rows), rows)
         self.logits = device.empty((self.chunk, vocab), np.float32, label="logits chunk")
         self.dlogits16 = device.empty((self.chunk, vocab), np.float16,
                                       label="dlogits chunk f16") if f16_dlogits else None
