@@ -350,10 +350,27 @@ def write_report(path: Path, results: dict, meta: dict) -> None:
     for r in results.values():
         lines.append(f"| {r['step']} | {'ok' if r['ok'] else '**FAIL**'} | "
                      f"{r['seconds']:.0f} | {r['summary'].replace('|', '/')} |")
-    lines += ["", "Commands:", ""]
+    lines += ["", "Commands (runs of file arguments shortened; the JSON has them whole):", ""]
     for r in results.values():
-        lines.append(f"- {r['step']}: `{r['command']}`")
+        lines.append(f"- {r['step']}: `{shorten_paths(r['command'])}`")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def shorten_paths(command: str, keep: int = 2) -> str:
+    """A command with each run of more than `keep` + 1 consecutive path arguments written as
+    its first `keep` and a count ("a.py b.py ... (+396 files)")."""
+    out, run = [], []
+    for word in command.split(" ") + [""]:
+        if word.startswith("/") and not word.startswith("//"):
+            run.append(word)
+            continue
+        if len(run) > keep + 1:
+            out += run[:keep] + [f"... (+{len(run) - keep} files)"]
+        else:
+            out += run
+        run = []
+        out.append(word)
+    return " ".join(out[:-1])
 
 
 def main(argv=None) -> int:
