@@ -149,64 +149,65 @@ class GpuModel:
                 buf.destroy()
         self.released = True
 
-    # ---- parameter views --------------------------------------------------------------
+    # ---- one optimizer step, top down: train_step, the gradients of each micro-batch
+    # (forward, head, backward), the update ---------------------------------------------
 
-    def p(self, name: str):
-        """f32 master weights of `name` (a bindable sub-range)."""
-        return self.weights.p(name)
+    def train_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> StepResult:
+        """micro: (A, B, T+1) uint32. Forward+backward per micro-batch, then the update.
 
-    def w(self, name: str):
-        """Weights as the forward/backward matmuls read them: the f16 mirror when mixed."""
-        return self.weights.w(name)
+        One upload, one submit, one read-back of losses and gradient statistics. A step's
+        commands never change (its inputs, tokens and hyper-parameters, are buffer writes),
+        so the next step's command buffer is recorded while the GPU runs this one: the
+        host's ~450 dispatch calls leave the step's critical path.
+        """
+        accum = micro.shape[0]
+        self._upload_tokens(micro)
+        self.write_hyper(lr=lr, step=step, tc=tc)
+        scale = self.loss_scale
+        hook = self.gradient_hook
+        # the scale is recorded into two kernels' parameters; a hook splits the step in two
+        key = (accum, repr(tc), scale, hook is not None)
+        pending, self._next_step = self._next_step, None
+        fresh = pending is None or pending[0] != key
+        parts = self._record_step_commands(accum, tc, hook) if fresh else pending[1]
+        self.dev.submit(parts[0])
+        self._next_step = (key, self._record_step_commands(accum, tc, hook))
+        if hook is not None:     # gradients ready -> the hook (all-reduce) -> the update
+            hook(self)
+            self.dev.submit(parts[1])
+        results = self.dev.download(self.results)
+        losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
+        stats = results[accum * self.stride:]
+        loss = float(losses.astype(np.float64).mean())
+        skipped = bool(stats[3] != 0)
+        backoff = self.scaler.update(skipped) if self.scaler is not None else False
+        return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=skipped,
+                          loss_scale=scale, scale_backoff=backoff)
 
-    def g(self, name: str):
-        return self.grad_views.w(name)
+    def _record_step_commands(self, accum: int, tc, hook=None) -> list:
+        """[the whole step], or with a gradient hook [gradients, update]: two submits."""
+        if hook is None:
+            rec = self.dev.record("train step")
+            self._record_step(rec, accum, tc)
+            return [rec.finish()]
+        grads, update = self.dev.record("gradients"), self.dev.record("update")
+        self._record_gradients(grads, accum, tc)
+        self.record_update(update, tc=tc)
+        return [grads.finish(), update.finish()]
 
-    # ---- host transfers ---------------------------------------------------------------
+    def _record_step(self, rec, accum: int, tc) -> None:
+        self._record_gradients(rec, accum, tc)
+        self.record_update(rec, tc=tc)
 
-    def set_parameters(self, flat: np.ndarray) -> None:
-        flat = np.ascontiguousarray(flat, np.float32)
-        if flat.shape != (self.layout.total,):
-            raise ValueError(f"parameters: {flat.shape}, expected ({self.layout.total},)")
-        self.params.write(flat)
-        if self.mixed:
-            with self.dev.record("f16 mirror") as rec:
-                basic.cast_f32_f16(rec, self.params, self.w16, self.layout.total)
-
-    def get_parameters(self) -> np.ndarray:
-        return self.dev.download(self.params)
-
-    def get_moments(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.dev.download(self.m), self.dev.download(self.v)
-
-    def set_moments(self, m: np.ndarray, v: np.ndarray) -> None:
-        self.m.write(np.ascontiguousarray(m, np.float32))
-        self.v.write(np.ascontiguousarray(v, np.float32))
-
-    def select_micro_batch(self, a: int) -> None:
-        """Point ids/targets/losses at micro-batch `a`'s slots (bindable sub-ranges)."""
-        n, s = self.n, self.stride
-        self.ids = self.all_ids.elements(a * s, n)
-        self.targets = self.all_targets.elements(a * s, n)
-        self.losses = self.results.elements(a * s, n)
-        self.embed_plan = self.all_embed_plans.elements(
-            a * self.step_plan.embed_plan_stride, self.embed_plan_len)
-
-    def _upload_tokens(self, micro: np.ndarray) -> None:
-        """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
-        A, n = micro.shape[0], self.n
-        ids = np.zeros((A, self.stride), np.uint32)
-        targets = np.zeros((A, self.stride), np.uint32)
-        ids[:, :n] = micro[:, :, :-1].reshape(A, n)
-        targets[:, :n] = micro[:, :, 1:].reshape(A, n)
-        self.all_ids.write(ids)
-        self.all_targets.write(targets)
-        plans = np.zeros((micro.shape[0], self.step_plan.embed_plan_stride), np.uint32)
-        for a in range(micro.shape[0]):
-            plans[a, :self.embed_plan_len] = embedding.backward_plan(ids[a, :n])
-        self.all_embed_plans.write(plans.reshape(-1))
-
-    # ---- recording --------------------------------------------------------------------
+    def _record_gradients(self, rec, accum: int, tc) -> None:
+        """Zero the gradients, then forward + backward of every micro-batch (they add up);
+        the tokens are already uploaded."""
+        basic.fill(rec, self.grads, self.layout.total, 0.0)
+        for a in range(accum):
+            self.select_micro_batch(a)
+            self.record_forward(rec, loss_scale=self.loss_scale / (self.n * accum), tc=tc)
+            self.record_backward(rec)
+        self.select_micro_batch(0)
 
     def record_forward(self, rec, *, loss_scale: float, tc, with_grad: bool = True) -> None:
         """Forward pass, then the chunked head + cross-entropy: per-token losses, and with
@@ -302,64 +303,7 @@ class GpuModel:
         loss scale in f16 precision, else 1."""
         return self.scaler.scale if self.scaler is not None else 1.0
 
-    # ---- one optimizer step, one evaluation -------------------------------------------
-
-    def train_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> StepResult:
-        """micro: (A, B, T+1) uint32. Forward+backward per micro-batch, then the update.
-
-        One upload, one submit, one read-back of losses and gradient statistics. A step's
-        commands never change (its inputs, tokens and hyper-parameters, are buffer writes),
-        so the next step's command buffer is recorded while the GPU runs this one: the
-        host's ~450 dispatch calls leave the step's critical path.
-        """
-        accum = micro.shape[0]
-        self._upload_tokens(micro)
-        self.write_hyper(lr=lr, step=step, tc=tc)
-        scale = self.loss_scale
-        hook = self.gradient_hook
-        # the scale is recorded into two kernels' parameters; a hook splits the step in two
-        key = (accum, repr(tc), scale, hook is not None)
-        pending, self._next_step = self._next_step, None
-        fresh = pending is None or pending[0] != key
-        parts = self._record_step_commands(accum, tc, hook) if fresh else pending[1]
-        self.dev.submit(parts[0])
-        self._next_step = (key, self._record_step_commands(accum, tc, hook))
-        if hook is not None:     # gradients ready -> the hook (all-reduce) -> the update
-            hook(self)
-            self.dev.submit(parts[1])
-        results = self.dev.download(self.results)
-        losses = results[:accum * self.stride].reshape(accum, self.stride)[:, :self.n]
-        stats = results[accum * self.stride:]
-        loss = float(losses.astype(np.float64).mean())
-        skipped = bool(stats[3] != 0)
-        backoff = self.scaler.update(skipped) if self.scaler is not None else False
-        return StepResult(loss=loss, grad_norm=float(stats[1]), skipped=skipped,
-                          loss_scale=scale, scale_backoff=backoff)
-
-    def _record_step_commands(self, accum: int, tc, hook=None) -> list:
-        """[the whole step], or with a gradient hook [gradients, update]: two submits."""
-        if hook is None:
-            rec = self.dev.record("train step")
-            self._record_step(rec, accum, tc)
-            return [rec.finish()]
-        grads, update = self.dev.record("gradients"), self.dev.record("update")
-        self._record_gradients(grads, accum, tc)
-        self.record_update(update, tc=tc)
-        return [grads.finish(), update.finish()]
-
-    def _record_step(self, rec, accum: int, tc) -> None:
-        self._record_gradients(rec, accum, tc)
-        self.record_update(rec, tc=tc)
-
-    def _record_gradients(self, rec, accum: int, tc) -> None:
-        """Zero the gradients, then forward + backward of every micro-batch (they add up);
-        the tokens are already uploaded."""
-        basic.fill(rec, self.grads, self.layout.total, 0.0)
-        for a in range(accum):
-            self.select_micro_batch(a)
-            self.record_forward(rec, loss_scale=self.loss_scale / (self.n * accum), tc=tc)
-            self.record_backward(rec)
-        self.select_micro_batch(0)
+    # ---- other uses of the recorded passes ------------------------------------------
 
     def profile_step(self, micro: np.ndarray, *, lr: float, step: int, tc) -> list:
         """One training step with a GPU timestamp pair around every dispatch.
@@ -389,3 +333,61 @@ class GpuModel:
         with self.dev.record("eval") as rec:
             self.record_forward(rec, loss_scale=1.0 / self.n, tc=tc, with_grad=False)
         return float(self.dev.download(self.losses).astype(np.float64).mean())
+
+
+    # ---- parameter views --------------------------------------------------------------
+
+    def p(self, name: str):
+        """f32 master weights of `name` (a bindable sub-range)."""
+        return self.weights.p(name)
+
+    def w(self, name: str):
+        """Weights as the forward/backward matmuls read them: the f16 mirror when mixed."""
+        return self.weights.w(name)
+
+    def g(self, name: str):
+        return self.grad_views.w(name)
+
+    # ---- host transfers ---------------------------------------------------------------
+
+    def set_parameters(self, flat: np.ndarray) -> None:
+        flat = np.ascontiguousarray(flat, np.float32)
+        if flat.shape != (self.layout.total,):
+            raise ValueError(f"parameters: {flat.shape}, expected ({self.layout.total},)")
+        self.params.write(flat)
+        if self.mixed:
+            with self.dev.record("f16 mirror") as rec:
+                basic.cast_f32_f16(rec, self.params, self.w16, self.layout.total)
+
+    def get_parameters(self) -> np.ndarray:
+        return self.dev.download(self.params)
+
+    def get_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.dev.download(self.m), self.dev.download(self.v)
+
+    def set_moments(self, m: np.ndarray, v: np.ndarray) -> None:
+        self.m.write(np.ascontiguousarray(m, np.float32))
+        self.v.write(np.ascontiguousarray(v, np.float32))
+
+    def select_micro_batch(self, a: int) -> None:
+        """Point ids/targets/losses at micro-batch `a`'s slots (bindable sub-ranges)."""
+        n, s = self.n, self.stride
+        self.ids = self.all_ids.elements(a * s, n)
+        self.targets = self.all_targets.elements(a * s, n)
+        self.losses = self.results.elements(a * s, n)
+        self.embed_plan = self.all_embed_plans.elements(
+            a * self.step_plan.embed_plan_stride, self.embed_plan_len)
+
+    def _upload_tokens(self, micro: np.ndarray) -> None:
+        """micro (A, B, T+1): inputs are rows[:, :-1], targets rows[:, 1:]."""
+        A, n = micro.shape[0], self.n
+        ids = np.zeros((A, self.stride), np.uint32)
+        targets = np.zeros((A, self.stride), np.uint32)
+        ids[:, :n] = micro[:, :, :-1].reshape(A, n)
+        targets[:, :n] = micro[:, :, 1:].reshape(A, n)
+        self.all_ids.write(ids)
+        self.all_targets.write(targets)
+        plans = np.zeros((micro.shape[0], self.step_plan.embed_plan_stride), np.uint32)
+        for a in range(micro.shape[0]):
+            plans[a, :self.embed_plan_len] = embedding.backward_plan(ids[a, :n])
+        self.all_embed_plans.write(plans.reshape(-1))
