@@ -30,6 +30,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -291,12 +292,17 @@ class Shell:
                                     env=self.env, stdout=out_file, stderr=err_file,
                                     start_new_session=True)
         self.procs.append(proc)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"timed out: {script}\n{out_path.read_text()[-2000:]}\n"
-                                 f"{err_path.read_text()[-3000:]}") from None
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            # A server that died leaves `until istanbul health ...` looping: stop at its
+            # traceback instead of at the timeout.
+            crashed = "Traceback (most recent call last)" in err_path.read_text()
+            if crashed or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"{'crashed' if crashed else 'timed out'}: {script}\n"
+                                     f"{out_path.read_text()[-2000:]}\n"
+                                     f"{err_path.read_text()[-3000:]}")
+            time.sleep(0.5)
         out, err = out_path.read_text(), err_path.read_text()
         assert proc.returncode == 0, (script, out[-2000:], err[-3000:])
         return out
