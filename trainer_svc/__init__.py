@@ -9,7 +9,7 @@ In the order the data flows:
     jobs/         the daemon: job specs and queue in Redis, leases, metrics, the bridge to training
 
 jobs/ also holds what the rest borrows from the daemon's side: the Redis connection and keys
-(data/datasets.py keeps shards in Redis) and the error classes (failures.py: what a retry
+(data/datasets.py keeps shards in Redis) and the error classes (jobs/failures.py: what a retry
 cannot fix), which distributed/ raises.
 
 The command line: `cli_train.py` (train, generate, export), `cli_jobs.py` (prepare, datasets,

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..jobs import keys
-from ..jobs.queue import DATASET_RE
 from ..jobs.redis_conn import RedisHandle
 from .shards import ShardError, decode_shard, encode_shard
 
@@ -70,9 +69,9 @@ class DatasetInfo:
 
 
 def check_name(name: str) -> str:
-    if not DATASET_RE.match(name or ""):
+    if not keys.DATASET_RE.match(name or ""):
         raise DatasetError(f"dataset name {name!r} is not allowed: it must match "
-                           f"{DATASET_RE.pattern}")
+                           f"{keys.DATASET_RE.pattern}")
     return name
 
 

@@ -16,7 +16,12 @@ Jobs:
     istanbul:lease:ID                      string: owner token, with a TTL the owner renews
 """
 
+import re
+
 PREFIX = "istanbul:"
+# the names that go into keys (ID and NAME above)
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 DATASETS = PREFIX + "datasets"
 JOBS_STREAM = PREFIX + "jobs"

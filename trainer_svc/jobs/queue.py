@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import keys
+from .keys import DATASET_RE, JOB_ID_RE
 from .failures import JobInputError  # noqa: F401  (re-exported: raise it for bad input)
 from ..training.precision import PRECISION_CHOICES
 
@@ -36,8 +37,6 @@ if TYPE_CHECKING:   # (redis itself loads with the first queue, not with the spe
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 EVENTS_MAXLEN = 200_000
 
 # Bounds on what a spec may make the daemon allocate (host memory for token ids, GPU memory
