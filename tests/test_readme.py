@@ -295,8 +295,10 @@ class Shell:
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
             # A server that died leaves `until istanbul health ...` looping: stop at its
-            # traceback instead of at the timeout.
-            crashed = "Traceback (most recent call last)" in err_path.read_text()
+            # traceback or error line instead of at the timeout.
+            err = err_path.read_text()
+            crashed = ("Traceback (most recent call last)" in err
+                       or re.search(r"^istanbul [a-z ]+: error:", err, flags=re.M))
             if crashed or time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"{'crashed' if crashed else 'timed out'}: {script}\n"
@@ -314,6 +316,10 @@ class Shell:
             except ProcessLookupError:
                 continue
         for proc in self.procs:      # the session's members drain and exit on SIGTERM
+            try:
+                proc.wait(timeout=30)    # bash itself, reaped (a zombie stays in the session)
+            except subprocess.TimeoutExpired:
+                pass
             try:
                 subprocess.run(["bash", "-c", f"while pgrep -s {proc.pid} >/dev/null; do sleep 0.2; done"],
                                timeout=60)
