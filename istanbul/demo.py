@@ -50,15 +50,18 @@ def register(sub) -> None:
                         "i.e. all the sources there are)")
     p.add_argument("--vocab-size", type=int, default=None, metavar="N",
                    help="vocabulary size incl. <|endoftext|> (default 2048; 8192 on a GPU)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 200; 1000)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default 200; 1000 on a GPU)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
     p.add_argument("--seq", type=int, default=None,
                    help="tokens per sequence (default 128; 512 on a GPU; at most the model's "
                         "max_seq)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default 3e-3; 1e-3 on a GPU)")
     p.add_argument("--warmup", type=int, default=None,
-                   help="warmup steps (default 20, at most a tenth of --steps)")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N")
+                   help="warmup steps (default 20; 100 on a GPU; at most a tenth of --steps)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="steps between checkpoints (default 50; 200 on a GPU)")
     p.add_argument("--eval-every", type=int, default=None, metavar="N",
                    help="held-out loss every N steps (default: a tenth of --steps)")
     p.add_argument("--max-tokens", type=int, default=80, help="tokens to generate (default 80)")
