@@ -34,7 +34,8 @@ def add_redis_args(p: argparse.ArgumentParser) -> None:
                         "(default: $REDIS_URL, else an embedded Redis server in --data-dir)")
     p.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
                    help="the embedded Redis server's data directory (default: $ISTANBUL_DATA/"
-                        "redis, else ~/.local/share/istanbul/redis)")
+                        "redis, else $XDG_DATA_HOME/istanbul/redis, else "
+                        "~/.local/share/istanbul/redis)")
 
 
 def _connect(args):
