@@ -52,7 +52,6 @@ HEADROOM = 1.10   # split-K scratch, uniforms, the driver's own: 10% over what w
 LOGITS_BUDGET = 2 << 30
 FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "
             "grad_accum), or a smaller model or vocabulary")
-PRECISIONS = ("mixed", "fp32", "f16")
 
 
 class ConfigDoesNotFitError(UserFacingError):
@@ -105,7 +104,7 @@ def plan_step(cfg: ModelConfig, total: int, device, *, batch: int, seq: int,
     `head_chunk_rows` forces the head's chunk (tests); `memory`: bytes the fit check and the
     head's chunk assume the device has (default: `device_memory(device)`, None when unknown).
     """
-    if precision not in PRECISIONS:
+    if precision not in ("mixed", "fp32", "f16"):     # training/precision.py's PRECISIONS
         raise ValueError(f"precision must be mixed, fp32 or f16, got {precision!r}")
     mixed = precision in ("mixed", "f16")
     if f16_math and precision != "mixed":
