@@ -7,7 +7,13 @@ missing. A source transform of one composed kernel module (shaders/source.py's o
   share, element e of the 16 x 16 at lane e % 32 (as the hardware spreads accumulators);
 - subgroupMatrixLoad / Store / MultiplyAccumulate become functions over those structs
   (row-major element (r, c) at offset + r * stride + c, column-major at offset + c * stride
-  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores). An f32
+  + r; products accumulate in f32 from f16 operands, exact as on the tensor cores). Loads
+  come in both overloads: the deprecated bool one, <T>(&p, offset, col_major, stride), on
+  arrays of f16 or f32, and the template one, <T, row_major | col_major>(&p, offset,
+  stride), on those and on array<vec4<u32>> of f16 matrices (8 halves per element, offset
+  and stride counting elements: row-major (r, c) at half 8 offset + 8 r stride + c, column-
+  major at 8 offset + 8 c stride + r; issue 49's 16-byte staging). Tint compiles no bool-form
+  load from an array of vectors, so neither does this; stores keep the bool form. An f32
   result matrix loaded at an odd element offset reads NaN: the H200 reads such loads wrong
   (session 19's dev/tensor_core_matmul/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and
   every store offset right), so the emulation must not pass a kernel that does it;
@@ -42,6 +48,9 @@ POINTER = re.compile(r"^&\s*\(?\s*([A-Za-z_]\w*)\s*\)?$")
 SUBGROUP_BUILTINS = ("subgroup_id", "subgroup_invocation_id", "subgroup_size")
 # element (r, c) of a matrix at `offset`, row- or column-major with `stride` (the helpers' names)
 ELEMENT_AT = "select(offset + r * stride + c, offset + c * stride + r, col_major)"
+# the same in halves of an array<vec4<u32>> (8 halves per element, offset and stride in elements)
+HALF_AT = "select(8u * (offset + r * stride) + c, 8u * (offset + c * stride) + r, col_major)"
+MAJORS = ("row_major", "col_major")
 
 
 class EmulationError(ValueError):
@@ -112,11 +121,13 @@ def _template_arg(text: str, start: int) -> tuple[str, int]:
 
 
 def _array_element(code: str, name: str) -> str:
-    m = re.search(r"var\s*(?:<[^>]*>)?\s+" + re.escape(name) + r"\s*:\s*array\s*<\s*(\w+)", code)
+    """The element type of the module-scope array `name` ("f16", "vec4<u32>", ...)."""
+    m = re.search(r"var\s*(?:<[^>]*>)?\s+" + re.escape(name)
+                  + r"\s*:\s*array\s*<\s*(\w+(?:\s*<\s*\w+\s*>)?)", code)
     if not m:
         raise EmulationError(f"{name}: not a module-scope array (subgroup matrices load from "
                              "and store to storage or workgroup arrays)")
-    return m.group(1)
+    return re.sub(r"\s+", "", m.group(1))
 
 
 def _pointer_target(arg: str) -> str:
@@ -209,9 +220,38 @@ def _strip_comments(code: str) -> str:
 
 def _rewrite(fn: str, template, args: list, code: str, types: dict, helpers: dict) -> str:
     if fn == "subgroupMatrixLoad":
-        if template not in types or len(args) != 4:
+        parts = [x.strip() for x in (template or "").split(",")]
+        if len(parts) == 2 and parts[1] in MAJORS and len(args) == 3:
+            # the template form: <T, row_major|col_major>(&p, offset, stride)
+            args = [args[0], args[1], "true" if parts[1] == "col_major" else "false", args[2]]
+            form = "template"
+        elif len(parts) == 1 and len(args) == 4:
+            form = "bool"   # <T>(&p, offset, col_major, stride): the deprecated overload
+        else:
             raise EmulationError(f"subgroupMatrixLoad<{template}>({', '.join(args)})")
-        t, target = types[template], _pointer_target(args[0])
+        if parts[0] not in types:
+            raise EmulationError(f"subgroupMatrixLoad<{template}>: unknown matrix type")
+        t, target = types[parts[0]], _pointer_target(args[0])
+        elem = _array_element(code, target)
+        if elem == "vec4<u32>":
+            # 8 halves per element; offset and stride count elements (16 bytes)
+            if form != "template" or t.elem != "f16":
+                raise EmulationError(
+                    f"subgroupMatrixLoad from {target} (array<vec4<u32>>): only the template "
+                    "form <T, row_major|col_major> of an f16 matrix loads from 8-half "
+                    "elements (Tint compiles no other)")
+            name = f"sgm_load_{t.name}_{target}_{'cm' if args[2] == 'true' else 'rm'}"
+            value = (f"f16(unpack2x16float({target}[h / 8u][(h % 8u) / 2u])[h % 2u])")
+            helpers.setdefault(name, (
+                f"fn {name}(offset: u32, stride: u32) -> {t.name} {{\n"
+                f"    let col_major = {args[2]};\n"
+                f"    var m: {t.name};\n    {t.elements()}"
+                f"        let h = {HALF_AT};\n"
+                f"        m.v[i] = {value};\n    }}\n    return m;\n}}\n"))
+            return f"{name}({args[1]}, {args[3]})"
+        if elem not in ("f16", "f32"):
+            raise EmulationError(f"subgroupMatrixLoad from {target} (array<{elem}>): arrays "
+                                 "of f16, f32 or (template form) vec4<u32> only")
         name = f"sgm_load_{t.name}_{target}"
         value = f"{target}[{ELEMENT_AT}]"
         if t.kind == "result" and t.elem == "f32":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from istanbul.shaders.sgmat_emulation import call_args
+from istanbul.shaders.sgmat_emulation import _array_element, call_args
 
 
 def stub_subgroup_matrices(code: str) -> str:
@@ -21,7 +21,8 @@ def stub_subgroup_matrices(code: str) -> str:
     What remains is the kernel's own WGSL, for the local compiler to check."""
     code = code.replace("subgroup_matrix_result<f32, 16, 16>", "f32")
     code = re.sub(r"subgroup_matrix_(left|right)<f16, 16, 16>", "f16", code)
-    call = re.compile(r"subgroupMatrix(Load<(f16|f32)>|Store|MultiplyAccumulate)\(")
+    call = re.compile(r"subgroupMatrix(Load<(f16|f32)(?:,\s*(row_major|col_major))?>|Store"
+                      r"|MultiplyAccumulate)\(")
     out, i = [], 0
     while (m := call.search(code, i)) is not None:
         out.append(code[i:m.start()])
@@ -31,6 +32,14 @@ def stub_subgroup_matrices(code: str) -> str:
         elif m.group(1) == "Store":
             out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[4]}) + 15u] = "
                        f"{a[2]} + f32(select(0, 1, {a[3]}))")
+        elif m.group(3):   # the template form (&p, offset, stride)
+            target = a[0].lstrip("&")
+            if _array_element(code, target) == "vec4<u32>":   # 8 halves an element: the
+                # footprint's last half is the .w word's high half of element 15 stride + 1
+                out.append(f"{m.group(2)}(unpack2x16float({target}[({a[1]}) + 15u * ({a[2]}) "
+                           "+ 1u].w).y)")
+            else:
+                out.append(f"{target}[({a[1]}) + 15u * ({a[2]}) + 15u]")
         else:   # a load of the matrix's element type (f16 operands, f32 results)
             out.append(f"{a[0].lstrip('&')}[({a[1]}) + 15u * ({a[3]}) + 15u] * "
                        f"{m.group(2)}(select(0, 1, {a[2]}))")
@@ -41,3 +50,18 @@ def stub_subgroup_matrices(code: str) -> str:
     body = "\n".join(line.split("//")[0] for line in stubbed.split("\n"))
     assert "subgroupMatrix" not in body and "subgroup_matrix" not in body
     return stubbed
+
+
+# 03_linear_sgmat.wgsl's f16 -> bits helper; naga cannot bitcast f16 vectors ("Unable to cast"),
+# so its compile check swaps the body for pack2x16float (the same bits for the f16 values it
+# is given; the kernels themselves only ever compile under Tint)
+HALF_BITS = "fn half_bits(v: vec4<f16>) -> vec2<u32> { return bitcast<vec2<u32>>(v); }"
+HALF_BITS_NAGA = ("fn half_bits(v: vec4<f16>) -> vec2<u32> { return vec2<u32>("
+                  "pack2x16float(vec2<f32>(v.xy)), pack2x16float(vec2<f32>(v.zw))); }")
+
+
+def for_compiler(code: str, compiler: str) -> str:
+    """`code` as the compile check gives it to `compiler` (naga: half_bits swapped)."""
+    if compiler != "naga" or HALF_BITS not in code:
+        return code
+    return code.replace(HALF_BITS, HALF_BITS_NAGA)

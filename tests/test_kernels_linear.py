@@ -225,7 +225,8 @@ def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
                           chosen.kernel, params=chosen.config.template_params("tn", True),
                           compiler="tint")
     assert "var<storage, read> a_in: array<vec2<u32>>;" in code   # f16 read as its bits
-    assert "v = bitcast<vec4<f16>>(a_in[" in code
+    assert "v0 = a_in[at];" in code   # staged as its bits, no conversion
+    assert "var<workgroup> As: array<vec4<u32>," in code   # 8 halves per 16-byte slot
 
 
 def test_tn_takes_an_f16_b_only_on_the_tensor_core_kernels(device, monkeypatch):
@@ -259,28 +260,28 @@ SGMAT_STUB_CONFIGS = ("sg2x2-t4x4-k32-p8-s1", "sg4x2-t4x4-k16-p8-s1-a2",
 
 def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(device):
     """Every entry point of 03_linear_sgmat.wgsl (f32 and f16 A, f32 and f16 B, f16 read as
-    their bits), staged and straight stores, one and two slices in flight: what is not a
-    subgroup-matrix call compiles here, under naga and (CI's second run) Tint. The H200 is
-    the only place the kernels compile whole. naga rejects the f16 bits read
-    (bitcast<vec4<f16>>(vec2<u32>), valid WGSL that naga mis-types as vec2<f32>), so under
-    naga only the f32 entry points are compiled; the tensor-core kernels only ever compile
-    under Tint (subgroup matrices are Dawn's)."""
+    their bits), staged and straight stores, one and two slices in flight, 16-byte staging
+    slots with the template-form matrix loads: what is not a subgroup-matrix call compiles
+    here, under naga and (CI's second run) Tint. The H100/H200 are the only places the
+    kernels compile whole. naga cannot bitcast f16 vectors, so under naga the kernel's
+    half_bits helper is swapped for pack2x16float (tests/subgroup_matrix_stub.for_compiler);
+    the tensor-core kernels only ever compile under Tint (subgroup matrices are Dawn's)."""
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
     from istanbul.shaders import source
-    from tests.subgroup_matrix_stub import stub_subgroup_matrices
+    from tests.subgroup_matrix_stub import for_compiler, stub_subgroup_matrices
     wgsl = source.load_file(linear.FILE_SGMAT)
     assert len(wgsl.kernels) == 11
+    compiler = device.backend.compiler
     for config in SGMAT_STUB_CONFIGS:
         cfg = linear.SgmatConfig.parse(config)
         for name in wgsl.kernels:
             params = cfg.template_params(name.split("_")[1], "_a16" in name)
-            code = stub_subgroup_matrices(source.compose(
-                device.features, wgsl, name, params=params, compiler=device.backend.compiler))
+            code = for_compiler(stub_subgroup_matrices(source.compose(
+                device.features, wgsl, name, params=params, compiler=compiler)), compiler)
+            assert "var<workgroup> As: array<vec4<u32>," in code
             if "_a16" in name or "_w16" in name:
                 assert "array<vec2<u32>>;" in code
-                if device.backend.compiler == "naga":
-                    continue
             try:
                 device.raw.create_shader_module(label=f"sgmat stub {name}", code=code)
             except Exception as exc:
@@ -290,15 +291,15 @@ def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(de
 def test_the_matmul_stub_check_catches_errors(device):
     if not (device.has("shader-f16") and device.has("subgroup")):
         pytest.skip("needs shader-f16 and subgroups")
-    if device.backend.compiler == "naga":   # it refuses the f16 bits read itself (above)
-        pytest.skip("naga mis-types bitcast<vec4<f16>>(vec2<u32>); Tint runs this check")
     from istanbul.shaders import source
-    from tests.subgroup_matrix_stub import stub_subgroup_matrices
+    from tests.subgroup_matrix_stub import for_compiler, stub_subgroup_matrices
     cfg = linear.SgmatConfig.parse(SGMAT_STUB_CONFIGS[0])
-    code = stub_subgroup_matrices(source.compose(
+    compiler = device.backend.compiler
+    code = for_compiler(stub_subgroup_matrices(source.compose(
         device.features, source.load_file(linear.FILE_SGMAT), "matmul_nn_a16_sgmat",
-        params=cfg.template_params("nn", True), compiler=device.backend.compiler))
-    assert "var v = vec4<f16>();" in code
-    with pytest.raises(Exception):   # an f32 value into the f16 staging variable
-        device.raw.create_shader_module(code=code.replace("var v = vec4<f16>();",
-                                                          "var v = vec4<f32>();"))
+        params=cfg.template_params("nn", True), compiler=compiler)), compiler)
+    assert "var v0 = vec2<u32>();" in code
+    device.raw.create_shader_module(code=code)
+    with pytest.raises(Exception):   # f16 bits (vec2<u32>) into an f32 staging variable
+        device.raw.create_shader_module(code=code.replace("var v0 = vec2<u32>();",
+                                                          "var v0 = vec4<f32>();"))

@@ -144,3 +144,82 @@ def test_unsupported_constructs_are_refused():
                                                      "    let m =")
     with pytest.raises(sgmat_emulation.EmulationError, match="subgroupAdd"):
         sgmat_emulation.emulate(other)
+
+
+# The template-form loads (subgroupMatrixLoad<T, row_major|col_major>(&p, offset, stride)) from
+# workgroup tiles of vec4<u32>, 8 halves an element, offset and stride counted in elements (16
+# bytes), as 03_linear_sgmat.wgsl stages its operands: element (r, c) of a row-major matrix at
+# half 8 offset + 8 r stride + c, of a column-major one at 8 offset + 8 c stride + r.
+VEC4_KERNEL = """
+@group(0) @binding(0) var<storage, read> halves: array<f32>;      // 1024 values, rounded to f16
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;   // 4 products of 16 x 16
+var<workgroup> T: array<vec4<u32>, 128>;
+
+fn bits(x: f32, y: f32) -> u32 { return pack2x16float(vec2<f32>(f32(f16(x)), f32(f16(y)))); }
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32) {
+    for (var e = lid; e < 128u; e += 64u) {
+        let h = 8u * e;
+        T[e] = vec4<u32>(bits(halves[h], halves[h + 1u]), bits(halves[h + 2u], halves[h + 3u]),
+                         bits(halves[h + 4u], halves[h + 5u]), bits(halves[h + 6u], halves[h + 7u]));
+    }
+    workgroupBarrier();
+    // row-major left, column-major right, padded strides, offsets by subgroup
+    let l1 = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&T, 1u + 3u * sg, 5u);
+    let r1 = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&T, 70u + 2u * sg, 3u);
+    let c1 = subgroupMatrixMultiplyAccumulate(l1, r1, subgroup_matrix_result<f32, 16, 16>());
+    subgroupMatrixStore(&out, sg * 256u, c1, false, 16u);
+    // column-major left, row-major right
+    let l2 = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, col_major>(&T, 10u + sg, 4u);
+    let r2 = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, row_major>(&T, 30u + sg, 5u);
+    let c2 = subgroupMatrixMultiplyAccumulate(l2, r2, subgroup_matrix_result<f32, 16, 16>());
+    subgroupMatrixStore(&out, 512u + sg * 256u, c2, false, 16u);
+}
+"""
+
+
+def _vec4_matrix(h, offset, stride, col_major):
+    """The 16 x 16 matrix at `offset` of an array of 8-half elements (see VEC4_KERNEL)."""
+    r, c = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    at = 8 * (offset + c * stride) + r if col_major else 8 * (offset + r * stride) + c
+    return h[at]
+
+
+def test_template_loads_from_vec4_tiles_match_numpy(matrix_device):
+    dev = matrix_device
+    rng = np.random.default_rng(5)
+    halves = rng.standard_normal(1024).astype(np.float32)
+    bufs = [dev.upload(halves), dev.upload(np.full(1024, -7.0, np.float32))]
+    with dev.record() as rec:
+        rec.dispatch(dev.kernel_from_source("emulation_vec4", VEC4_KERNEL, "main"), bufs, 1)
+    out = dev.download(bufs[1]).reshape(4, 16, 16)
+    h = halves.astype(np.float16).astype(np.float64)
+    for sg in range(2):
+        want1 = (_vec4_matrix(h, 1 + 3 * sg, 5, False)
+                 @ _vec4_matrix(h, 70 + 2 * sg, 3, True))
+        want2 = _vec4_matrix(h, 10 + sg, 4, True) @ _vec4_matrix(h, 30 + sg, 5, False)
+        np.testing.assert_allclose(out[sg], want1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[2 + sg], want2, rtol=1e-5, atol=1e-5)
+
+
+def test_vec4_tiles_take_only_the_template_form():
+    """Tint compiles no bool-argument load from an array of vectors, and none of an f32
+    matrix from 8-half elements: the emulation refuses both rather than pass them."""
+    head = ("enable chromium_experimental_subgroup_matrix;\n"
+            "var<workgroup> t: array<vec4<u32>, 64>;\n"
+            "@compute @workgroup_size(32)\nfn main() {\n    let m = ")
+    ok = head + ("subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, col_major>(&t, 0u, "
+                 "3u);\n}\n")
+    assert "sgm_load_SgmLeft_f16_16x16_t_cm(0u, 3u)" in sgmat_emulation.emulate(ok)
+    bool_form = head + ("subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&t, 0u, false, "
+                        "3u);\n}\n")
+    with pytest.raises(sgmat_emulation.EmulationError, match="only the template form"):
+        sgmat_emulation.emulate(bool_form)
+    result = head + ("subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>, row_major>(&t, "
+                     "0u, 3u);\n}\n")
+    with pytest.raises(sgmat_emulation.EmulationError, match="only the template form"):
+        sgmat_emulation.emulate(result)
+    vec2 = ok.replace("array<vec4<u32>, 64>", "array<vec2<u32>, 64>")
+    with pytest.raises(sgmat_emulation.EmulationError, match="vec2<u32>"):
+        sgmat_emulation.emulate(vec2)

@@ -19,21 +19,26 @@
 //
 // A template (shaders/wgsl_expand.py), parameters: SGR x SGC subgroups per workgroup, each
 // owning TI x TJ result tiles of 16 x 16 (so BM = 16 SGR TI, BN = 16 SGC TJ), BK (the K slice
-// staged per step, a multiple of 16), PAD (f16 elements added to each staged row: spreads the
-// tile loads over banks), LA / LB (vec4 loads of A / B per invocation per slice), KSTEPS
-// (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows from it), CLAMP_A (the forward
-// clamps an f32 A to f16's range), A16 (the _a16 kernels: A is f16), F16_ROW and F16_READ
-// (how f16 A and B rows are read from storage, op_support.F16_READ_PARAMS: vec2<u32> bits
-// bitcast to vec4<f16>), A_READ (F16_READ for A16, nothing for an f32 A).
+// staged per step, a multiple of 16), PAD (16-byte slots, 8 halves each, added to each staged
+// row: spreads the tile loads over banks; the config's "-p8" counts halves), LA / LB
+// (staging slots of A / B per invocation per slice, the last round partial where a slice has
+// fewer: WHOLE_A / WHOLE_B), KSTEPS (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows
+// from it), CLAMP_A (the forward clamps an f32 A to f16's range), A16 (the _a16 kernels: A
+// is f16), A_MAJOR / B_MAJOR (row_major or col_major: how the layout's staged tiles are read).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
-// Staging: operands are read as vec4 along their contiguous dimension and written, rounded,
-// in the same orientation into one of two stages (As: [m][k] rows of BK + PAD, or [k][m] rows
-// of BM + PAD for tn; Bs: [n][k] for nt, [k][n] otherwise); the subgroup-matrix loads read
-// them row- or column-major as the orientation says. The next slice's global loads go into
-// registers before this slice's multiplies and into the other stage after them: one barrier
-// per slice. Matrix arguments derive from @builtin(subgroup_id) (they must be subgroup-
-// uniform).
+// Staging: each slot is 8 consecutive halves along an operand's contiguous dimension, read
+// as two vec4 (f32, rounded to f16 once here; or the f16 rows' bits, as vec2<u32>), each
+// zero outside the matrix, and written as ONE vec4<u32> (16-byte) workgroup store, in the
+// orientation it was read in, into one of two stages (As: [m][k] rows of BK / 8 + PAD slots,
+// or [k][m] rows of BM / 8 + PAD for tn; Bs: [n][k] for nt, [k][n] otherwise). The
+// subgroup-matrix loads read them with the template form subgroupMatrixLoad<T, row_major |
+// col_major>(&As, offset, stride), offset and stride in slots (Tint loads no other form from
+// an array of vectors; Vulkan wants strides of a multiple of 16 bytes, which slots are).
+// (Before issue 49 the stage was array<f16> written by four 2-byte stores per vec4.) The
+// next slice's global loads go into registers before this slice's multiplies and into the
+// other stage after them: one barrier per slice. Matrix arguments derive from
+// @builtin(subgroup_id) (they must be subgroup-uniform).
 // SINGLE ("-b1", STAGES 1): one stage, rewritten after a second barrier once every subgroup
 // has read it. Half the workgroup memory, so a slice of BK 32 fits 128 x 256 tiles. On the
 // H200 that won at every 124M product (round 11, dev/tensor_core_matmul/README.md): the two-stage
@@ -53,8 +58,10 @@
 // 2 residual), two barriers per tile. Split-K as 03_linear_tiled.wgsl (partial z at
 // z * c_split; the partials are stored, mode 0).
 // Layout requirements as the tiled kernels: contiguous and leading dimensions multiples of
-// 4, operands 16-byte aligned (8-byte for f16 B).
-// Bindings (group 0): 0 A (read, vec4<f32>; F16_ROW for _a16), 1 B (read, vec4<f32> or F16_ROW), 2 R (read,
+// 4, operands 16-byte aligned (8-byte for f16 B); the two reads of a slot are bounds-checked
+// apart, so a row of 4 mod 8 halves needs nothing more.
+// Bindings (group 0): 0 A (read, vec4<f32>; vec2<u32> for _a16: 4 halves' bits), 1 B (read,
+// vec4<f32> or vec2<u32>), 2 R (read,
 // vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
 // subgroupMatrixStore needs), 4 Params (uniform).
 // Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
@@ -65,10 +72,16 @@ const BM: u32 = 16u * SGR * {{TI}}u;
 const BN: u32 = 16u * SGC * {{TJ}}u;
 const BK: u32 = {{BK}}u;
 const WG: u32 = 32u * SGR * SGC;
-const SA: u32 = select(BK, BM, A_KMAJOR) + {{PAD}}u;   // f16 elements per staged row of A
-const SB: u32 = select(BK, BN, B_KMAJOR) + {{PAD}}u;
-const STAGE_A: u32 = select(BM, BK, A_KMAJOR) * SA;    // f16 elements per stage
+const ROW_A: u32 = select(BK, BM, A_KMAJOR);          // halves per staged row of A, unpadded
+const ROW_B: u32 = select(BK, BN, B_KMAJOR);
+const SA: u32 = ROW_A / 8u + {{PAD}}u;                 // vec4<u32> slots (8 halves) per row
+const SB: u32 = ROW_B / 8u + {{PAD}}u;
+const STAGE_A: u32 = select(BM, BK, A_KMAJOR) * SA;    // slots per stage
 const STAGE_B: u32 = select(BN, BK, B_KMAJOR) * SB;
+const SLOTS_A: u32 = BM * BK / 8u;                     // 8-half slots of a slice
+const SLOTS_B: u32 = BN * BK / 8u;
+const WHOLE_A: bool = SLOTS_A % WG == 0u;              // every invocation fills {{LA}} slots
+const WHOLE_B: bool = SLOTS_B % WG == 0u;              // (else the last round is partial)
 
 struct Params {
     m: u32,
@@ -90,87 +103,103 @@ const STAGES: u32 = 1u;   // one stage, two barriers a slice
 // @else
 const STAGES: u32 = 2u;   // double-buffered
 // @endif
-var<workgroup> As: array<f16, STAGES * STAGE_A>;
-var<workgroup> Bs: array<f16, STAGES * STAGE_B>;
+// 8 halves per element (16 bytes: one store per slot; the matrix loads count offsets and
+// strides in these elements, and Vulkan wants strides that are multiples of 16 bytes)
+var<workgroup> As: array<vec4<u32>, STAGES * STAGE_A>;
+var<workgroup> Bs: array<vec4<u32>, STAGES * STAGE_B>;
 var<workgroup> Cs: array<f32, 256u * SGR * SGC>;
 
-// Global vec4 slot t of this invocation's share of the A slice at k0 (zero outside), rounded
-// to f16 (A16: read as f16). The f32 path is written exactly as before the f16 A: a version
-// that returned from inside the bounds checks ran the forward (nt) 2x slower on the H200.
-fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {
+// Four halves as their bits (the staged form). naga cannot bitcast f16 vectors, so its
+// compile check (tests/subgroup_matrix_stub.py) swaps this body; the kernels run under Tint.
+fn half_bits(v: vec4<f16>) -> vec2<u32> { return bitcast<vec2<u32>>(v); }
+
+// Global slot t of this invocation's share of the A slice at k0: 8 consecutive halves along
+// A's contiguous dimension, two vec4 reads each zero outside the matrix, rounded to f16
+// (A16: its f16 bits as stored). The f32 path keeps the form of before the f16 A (values
+// assigned inside the bounds checks: a version that returned from inside them ran the
+// forward (nt) 2x slower on the H200).
+fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<u32> {
     let i = lid + t * WG;
 // @if A16
-    var v = vec4<f16>();
+    var v0 = vec2<u32>();
+    var v1 = vec2<u32>();
 // @else
-    var v = vec4<f32>();
+    var v0 = vec4<f32>();
+    var v1 = vec4<f32>();
 // @endif
-    if (A_KMAJOR) {
-        let k = k0 + i / (BM / 4u);
-        let m = m0 + 4u * (i % (BM / 4u));
-        if (k < k_end && m < p.m) { v = {{A_READ}}(a_in[(k * p.lda + m) / 4u]); }
-    } else {
-        let m = m0 + i / (BK / 4u);
-        let k = k0 + 4u * (i % (BK / 4u));
-        if (m < p.m && k < k_end) { v = {{A_READ}}(a_in[(m * p.lda + k) / 4u]); }
+    if (WHOLE_A || i < SLOTS_A) {
+        if (A_KMAJOR) {
+            let k = k0 + i / (BM / 8u);
+            let m = m0 + 8u * (i % (BM / 8u));
+            let at = (k * p.lda + m) / 4u;
+            if (k < k_end && m < p.m) { v0 = a_in[at]; }
+            if (k < k_end && m + 4u < p.m) { v1 = a_in[at + 1u]; }
+        } else {
+            let m = m0 + i / (BK / 8u);
+            let k = k0 + 8u * (i % (BK / 8u));
+            let at = (m * p.lda + k) / 4u;
+            if (m < p.m && k < k_end) { v0 = a_in[at]; }
+            if (m < p.m && k + 4u < k_end) { v1 = a_in[at + 1u]; }
+        }
     }
+// @if A16
+    return vec4<u32>(v0, v1);
+// @else
 // @if CLAMP_A
-    v = clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0));
+    v0 = clamp(v0, vec4<f32>(-65504.0), vec4<f32>(65504.0));
+    v1 = clamp(v1, vec4<f32>(-65504.0), vec4<f32>(65504.0));
 // @endif
-    return vec4<f16>(v);
+    return vec4<u32>(half_bits(vec4<f16>(v0)), half_bits(vec4<f16>(v1)));
+// @endif
 }
 
-fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {
+fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<u32> {
     let i = lid + t * WG;
-    if (B_KMAJOR) {
-        let k = k0 + i / (BN / 4u);
-        let n = n0 + 4u * (i % (BN / 4u));
-        if (k < k_end && n < p.n) { return load_b4((k * p.ldb + n) / 4u); }
-    } else {
-        let n = n0 + i / (BK / 4u);
-        let k = k0 + 4u * (i % (BK / 4u));
-        if (n < p.n && k < k_end) { return load_b4((n * p.ldb + k) / 4u); }
+    var v0 = vec2<u32>();
+    var v1 = vec2<u32>();
+    if (WHOLE_B || i < SLOTS_B) {
+        if (B_KMAJOR) {
+            let k = k0 + i / (BN / 8u);
+            let n = n0 + 8u * (i % (BN / 8u));
+            let at = (k * p.ldb + n) / 4u;
+            if (k < k_end && n < p.n) { v0 = load_b4(at); }
+            if (k < k_end && n + 4u < p.n) { v1 = load_b4(at + 1u); }
+        } else {
+            let n = n0 + i / (BK / 8u);
+            let k = k0 + 8u * (i % (BK / 8u));
+            let at = (n * p.ldb + k) / 4u;
+            if (n < p.n && k < k_end) { v0 = load_b4(at); }
+            if (n < p.n && k + 4u < k_end) { v1 = load_b4(at + 1u); }
+        }
     }
-    return vec4<f16>();
+    return vec4<u32>(v0, v1);
 }
 
-// Slot t into stage `stage`, in the orientation it was read in (4 consecutive f16).
-fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
+// Slot t into stage `stage`, in the orientation it was read in: one 16-byte store.
+fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<u32>) {
     let i = lid + t * WG;
-    var at = stage * STAGE_A;
-    if (A_KMAJOR) {
-        at += (i / (BM / 4u)) * SA + 4u * (i % (BM / 4u));
-    } else {
-        at += (i / (BK / 4u)) * SA + 4u * (i % (BK / 4u));
+    if (WHOLE_A || i < SLOTS_A) {
+        As[stage * STAGE_A + (i / (ROW_A / 8u)) * SA + i % (ROW_A / 8u)] = v;
     }
-    As[at] = v.x;
-    As[at + 1u] = v.y;
-    As[at + 2u] = v.z;
-    As[at + 3u] = v.w;
 }
 
-fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {
+fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<u32>) {
     let i = lid + t * WG;
-    var at = stage * STAGE_B;
-    if (B_KMAJOR) {
-        at += (i / (BN / 4u)) * SB + 4u * (i % (BN / 4u));
-    } else {
-        at += (i / (BK / 4u)) * SB + 4u * (i % (BK / 4u));
+    if (WHOLE_B || i < SLOTS_B) {
+        Bs[stage * STAGE_B + (i / (ROW_B / 8u)) * SB + i % (ROW_B / 8u)] = v;
     }
-    Bs[at] = v.x;
-    Bs[at + 1u] = v.y;
-    Bs[at + 2u] = v.z;
-    Bs[at + 3u] = v.w;
 }
 
-// Offset of staged A element (row m, column k) and whether A's tiles are column-major there.
+// Slot offset of the staged 16 x 16 tile whose first element is A's (row m, column k), m
+// and k multiples of 16 (so the tile starts a slot), as the matrix loads count offsets.
 fn a_at(stage: u32, m: u32, k: u32) -> u32 {
-    if (A_KMAJOR) { return stage * STAGE_A + k * SA + m; }
-    return stage * STAGE_A + m * SA + k;
+    if (A_KMAJOR) { return stage * STAGE_A + k * SA + m / 8u; }
+    return stage * STAGE_A + m * SA + k / 8u;
 }
 
 fn b_at(stage: u32, k: u32, n: u32) -> u32 {
-    if (B_KMAJOR) { return stage * STAGE_B + k * SB + n; }
-    return stage * STAGE_B + n * SB + k;
+    if (B_KMAJOR) { return stage * STAGE_B + k * SB + n / 8u; }
+    return stage * STAGE_B + n * SB + k / 8u;
 }
 
 // Write the result tile the subgroup just put in its Cs slot to rows r0.., columns c0.. of C.
@@ -241,8 +270,8 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
     }
 // @endif
     // register set h holds the slices s with s % AHEAD == h between their loads and stashes
-    var ra: array<array<vec4<f16>, {{LA}}>, {{AHEAD}}>;
-    var rb: array<array<vec4<f16>, {{LB}}>, {{AHEAD}}>;
+    var ra: array<array<vec4<u32>, {{LA}}>, {{AHEAD}}>;
+    var rb: array<array<vec4<u32>, {{LB}}>, {{AHEAD}}>;
     for (var h = 0u; h < {{AHEAD}}u; h++) {   // @unroll
         for (var t = 0u; t < {{LA}}u; t++) {   // @unroll
             ra[h][t] = fetch_a(t, lid, m0, k_begin + h * BK, k_end);
@@ -279,10 +308,10 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
                     var a: array<subgroup_matrix_left<f16, 16, 16>, {{TI}}>;    // @let
                     var b: array<subgroup_matrix_right<f16, 16, 16>, {{TJ}}>;   // @let
                     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
-                        a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&As, a_at(stage, am + 16u * i, ks), A_KMAJOR, SA);
+                        a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, {{A_MAJOR}}>(&As, a_at(stage, am + 16u * i, ks), SA);
                     }
                     for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
-                        b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&Bs, b_at(stage, ks, bn + 16u * j), !B_KMAJOR, SB);
+                        b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, {{B_MAJOR}}>(&Bs, b_at(stage, ks, bn + 16u * j), SB);
                     }
                     for (var i = 0u; i < {{TI}}u; i++) {   // @unroll
                         for (var j = 0u; j < {{TJ}}u; j++) {   // @unroll
@@ -339,7 +368,7 @@ fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0)))); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -362,7 +391,7 @@ fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -385,7 +414,7 @@ fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -398,7 +427,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 // --- KERNEL: matmul_tn_w16_sgmat ---
 // B in f16: the trainer's f16 activations (h, h2, s) in the weight gradients dW = dy^T x
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -409,7 +438,7 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
 
 @compute @workgroup_size(WG)
 fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -421,7 +450,7 @@ fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -432,7 +461,7 @@ fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
 
 @compute @workgroup_size(WG)
 fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -444,7 +473,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -455,7 +484,7 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
 
 @compute @workgroup_size(WG)
 fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -466,7 +495,7 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -478,7 +507,7 @@ fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0))); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(clamp(b_in[i], vec4<f32>(-65504.0), vec4<f32>(65504.0)))); }
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -489,7 +518,7 @@ fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -501,7 +530,7 @@ fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -512,7 +541,7 @@ fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_tn_a16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -524,7 +553,7 @@ fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N]
-fn load_b4(i: u32) -> vec4<f16> { return vec4<f16>(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -535,8 +564,8 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nt_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -547,7 +576,7 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
@@ -558,8 +587,8 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 }
 
 // --- KERNEL: matmul_nn_a16_w16_sgmat ---
-@group(0) @binding(0) var<storage, read> a_in: array<{{F16_ROW}}>;
-@group(0) @binding(1) var<storage, read> b_in: array<{{F16_ROW}}>;
+@group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+@group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -570,7 +599,7 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
-fn load_b4(i: u32) -> vec4<f16> { return {{F16_READ}}(b_in[i]); }
+fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..op_support import (F16, F16_READ_PARAMS, F32, ceil_div, check, dummy, grid2d,
+from ..op_support import (F16, F32, ceil_div, check, dummy, grid2d,
                           has_tensor_cores, positive, scratch, workgroup_storage)
 
 FILE = "03_linear.wgsl"
@@ -105,7 +105,8 @@ def tile_constants(tiles) -> dict:
 FILE_TILED = "03_linear_tiled.wgsl"   # a template (shaders/wgsl_expand.py)
 FILE_SPLITK = "03_linear_splitk.wgsl"
 MAX_LOADS = 8          # vec4 loads per invocation per operand and K-slice (8 prefetch registers)
-SGMAT_MAX_LOADS = 16   # the same for the tensor-core template (its registers are named per load)
+SGMAT_MAX_LOADS = 16   # the same for the tensor-core template (its registers are named per load;
+                       # they hold 8 halves per slot, two vec4 loads each)
 H16_FOLDS = (16, 32)   # k per f16 partial sum of the packed-f16 kernel (FOLD 8 retired,
                        # dev/compare_trees/README.md)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
@@ -234,9 +235,10 @@ _SGMAT_RE = re.compile(
 class SgmatConfig:
     """One configuration of 03_linear_sgmat.wgsl: sgr x sgc subgroups per workgroup, each with
     ti x tj result tiles of 16 x 16 (the workgroup's tile of C is bm = 16 sgr ti by
-    bn = 16 sgc tj); bk: the K slice per step (multiple of 16); pad: f16 elements added to each
-    staged row; splits: split-K factor; ahead: slices in flight in registers (1 or 2, "-a2");
-    direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
+    bn = 16 sgc tj); bk: the K slice per step (multiple of 16); pad: halves added to each
+    staged row (a multiple of 8: rows are staged in 16-byte slots of 8 halves, the kernel
+    gets pad / 8 slots); splits: split-K factor; ahead: slices in flight in registers (1 or 2,
+    "-a2"); direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
     dev/tensor_core_matmul/README.md); single ("-b1"): one stage of workgroup memory instead of two,
     so twice the K slice fits (the stage is rewritten after a second barrier per slice).
@@ -287,7 +289,7 @@ class SgmatConfig:
         return SGMAT_SUBGROUP * self.sgr * self.sgc
 
     def loads(self) -> tuple[float, float]:
-        """vec4 loads of A and of B per invocation per slice."""
+        """vec4 loads of A and of B per invocation per slice (two per staging slot)."""
         return (self.bm * self.bk / 4 / self.invocations,
                 self.bn * self.bk / 4 / self.invocations)
 
@@ -297,14 +299,24 @@ class SgmatConfig:
         staged = a_rows * (a_row + self.pad) + b_rows * (b_row + self.pad)
         return (1 if self.single else 2) * 2 * staged + 4 * 256 * self.sgr * self.sgc
 
+    def slots(self) -> tuple[int, int]:
+        """Staging slots (8 consecutive halves, one 16-byte workgroup store each) of A and of B
+        per invocation per slice; where a slice has fewer than a whole number per invocation
+        the last round is partial (e.g. 16 subgroups of 2x2 tiles at BK 16: half of them)."""
+        return (ceil_div(self.bm * self.bk // 8, self.invocations),
+                ceil_div(self.bn * self.bk // 8, self.invocations))
+
     def template_params(self, layout: str, a16: bool = False) -> dict:
-        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16)."""
-        la, lb = self.loads()
-        f16 = F16_READ_PARAMS
+        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16). PAD is
+        counted in halves in the config ("-p8") and passed as 16-byte slots (8 halves each)."""
+        la, lb = self.slots()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
-                "PAD": self.pad, "LA": int(la), "LB": int(lb), "A16": bool(a16),
-                "CLAMP_A": layout == "nt" and not a16, **f16,
-                "A_READ": f16["F16_READ"] if a16 else "",
+                "PAD": self.pad // 8, "LA": la, "LB": lb, "A16": bool(a16),
+                "CLAMP_A": layout == "nt" and not a16,
+                # how the staged tiles are read: A is [m][k] rows except for tn ([k][m]); B is
+                # [n][k] rows for nt, [k][n] otherwise
+                "A_MAJOR": "col_major" if layout == "tn" else "row_major",
+                "B_MAJOR": "col_major" if layout == "nt" else "row_major",
                 "AHEAD": self.ahead, "DIRECT": self.direct, "SINGLE": self.single,
                 "KSTEPS": self.bk // SGMAT_TILE}
 
@@ -318,8 +330,9 @@ class SgmatConfig:
             return out
         if self.bk < 16 or self.bk % 16:
             out.append(f"BK {self.bk} is not a positive multiple of 16")
-        if self.pad < 0 or self.pad % 4:
-            out.append(f"pad {self.pad} is not a multiple of 4")
+        if self.pad < 0 or self.pad % 8:
+            out.append(f"pad {self.pad} is not a multiple of 8 halves (rows are staged in "
+                       "16-byte slots)")
         if self.ahead not in (1, 2):
             out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
         for name, n in zip("AB", self.loads()):
