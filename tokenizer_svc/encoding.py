@@ -21,7 +21,7 @@ including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py)
 tokenizer.json vocabularies: their "special tokens" are the added tokens. `encode_ordinary`
 normalizes, pre-tokenizes and merges (added-token text is ordinary text); `encode` also cuts
 out the allowed added tokens with `tokenizers`' rules (normalized / lstrip / rstrip /
-single_word, hf_pipeline.py); `encode_hf(text, add_special_tokens=True)` is exactly
+single_word, hf/pipeline.py); `encode_hf(text, add_special_tokens=True)` is exactly
 `tokenizers.Tokenizer.encode(text, add_special_tokens=...).ids` (every added token matched,
 the post-processor's BOS/EOS added).
 

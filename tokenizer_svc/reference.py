@@ -20,7 +20,7 @@ Encoding is two steps, exactly as tiktoken does them:
    pattern (a vocabulary trained with a custom regex) is used as written, i.e. with the `regex`
    module's Unicode tables; for such patterns tiktoken itself would use its own tables and may
    differ on code points assigned in recent Unicode versions.
-   Hugging Face `tokenizer.json` vocabularies run `tokenizers`' pipeline (hf_pipeline.py:
+   Hugging Face `tokenizer.json` vocabularies run `tokenizers`' pipeline (hf/pipeline.py:
    added tokens, normalizer, then the pre-tokenizer steps one after the other), with their
    regexes rewritten by `oniguruma_pattern` so that they mean what Oniguruma, `tokenizers`'
    engine, makes of them: its Unicode classes (read out of `tokenizers`), its `(?i:)` case
@@ -168,7 +168,7 @@ def hf_isolated_split(pieces: list[str], pat: regex.Pattern) -> list[str]:
 class PreTokenizer:
     """The vocabulary's pre-tokenization rule as a function text -> pieces.
 
-    For tokenizer.json vocabularies this is `hf_pipeline.HFPipeline.pre_tokenize` (the text
+    For tokenizer.json vocabularies this is `hf.pipeline.HFPipeline.pre_tokenize` (the text
     must be normalized already; `ReferenceTokenizer` and `Encoding` do that).
     """
 
@@ -236,7 +236,7 @@ class ReferenceTokenizer:
 
     tokenizer.json vocabularies: `encode_ordinary` normalizes, pre-tokenizes and merges (added
     tokens are plain text); `encode` also cuts out the allowed added tokens with
-    `tokenizers`' rules (hf_pipeline.py); `encode_hf` is `tokenizers`' own
+    `tokenizers`' rules (hf/pipeline.py); `encode_hf` is `tokenizers`' own
     `Tokenizer.encode(text, add_special_tokens=...).ids`.
     """
 

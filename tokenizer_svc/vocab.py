@@ -9,8 +9,8 @@ A `Vocabulary` is what every encoder (CPU reference, GPU) needs:
 - `pattern`: the pre-tokenizer regex; `pattern_name` is "gpt2", "cl100k" or "o200k" when it is
   one the GPU pre-tokenizer implements, else None (CPU pre-tokenization).
 - `hf`: for tokenizer.json, everything else that changes ids (normalizer, pre-tokenizer steps,
-  added tokens and their options, BPE options, post-processor): `hf_json.HFConfig`, loaded
-  and validated by `hf_json.load_hf_tokenizer`, applied by `hf_pipeline.HFPipeline`.
+  added tokens and their options, BPE options, post-processor): `hf.tokenizer_json.HFConfig`, loaded
+  and validated by `hf.tokenizer_json.load_hf_tokenizer`, applied by `hf.pipeline.HFPipeline`.
   `hf_splits` lists its regexes (for display); `pattern` is then unused.
 - `special_tokens`: text -> id.
 
@@ -171,7 +171,7 @@ def load_tiktoken_file(path: Path, pattern: str | None = None,
                       explicit_n_vocab=known.explicit_n_vocab if known else None)
 
 
-# ---- Hugging Face tokenizer.json: hf_json.py ---------------------------------------------------
+# ---- Hugging Face tokenizer.json: hf/tokenizer_json.py ----------------------------------------
 
 # ---- lookup by name ----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The vocabulary value every loader returns and every encoder reads (a bottom module: the
-loaders in vocab.py and hf_json.py and the reference encoder all import it)."""
+loaders in vocab.py and hf/tokenizer_json.py and the reference encoder all import it)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Vocabulary:
     merges: dict | None = None  # (bytes, bytes) -> priority, HF-style vocabularies only
     hf_splits: list | None = None  # [regex, ...] for HF Split pre-tokenizers
     hf_ignore_merges: bool = False  # HF BPE `ignore_merges`: a piece in the vocab is one token
-    hf: object | None = None  # hf_json.HFConfig of a tokenizer.json: normalizer, added tokens...
+    hf: object | None = None  # hf.tokenizer_json.HFConfig of a tokenizer.json (normalizer, ...)
     source: str = ""
     explicit_n_vocab: int | None = None
 

@@ -8,7 +8,7 @@
 The order is `tokenizers`' (tokenizer/added_vocabulary.rs, `extract_and_normalize`):
 
 1. added tokens with `normalized: false` are cut out of the original text;
-2. each remaining stretch is normalized (`hf_normalize`), then added tokens with
+2. each remaining stretch is normalized (`normalize`), then added tokens with
    `normalized: true` are cut out of the normalized stretch (matching their normalized text);
 3. each remaining stretch is pre-tokenized (`pre_tokenize`): the steps of the sequence one
    after the other, each subdividing the pieces of the previous one;

@@ -12,7 +12,7 @@ with a `VocabularyError` naming the component, never tokenized differently from 
   `byte_fallback` false. Vocabulary entries that are also added tokens are ordinary tokens
   too (merges may make them, as in `tokenizers`).
 - normalizer: NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Sequence
-  (`hf_normalize.build_normalizer`).
+  (`normalize.build_normalizer`).
 - pre_tokenizer: Split (String or Regex pattern, every behavior, invert), ByteLevel
   (add_prefix_space, use_regex; last in a sequence), Digits, Sequence of these.
 - added tokens: content, id, special, lstrip, rstrip, single_word, normalized.
@@ -202,7 +202,7 @@ def load_hf_tokenizer(path: Path):
                        special_tokens=specials, merges=merges, hf_splits=splits,
                        hf_ignore_merges=bool(model.get("ignore_merges", False)),
                        source=str(path), hf=config)
-    return vocab   # vocab.load_vocabulary compiles its pipeline (hf_pipeline) before use
+    return vocab   # vocab.load_vocabulary compiles its pipeline (hf.pipeline) before use
 
 
 def _pre_tokenizer_steps(spec, refuse) -> list:
