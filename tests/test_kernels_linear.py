@@ -229,6 +229,30 @@ def test_an_f16_a_runs_only_on_the_tensor_core_kernels(device, monkeypatch):
     assert "var<workgroup> As: array<vec4<u32>," in code   # 8 halves per 16-byte slot
 
 
+def test_sgmat_staging_slots_pad_and_layouts(device, monkeypatch):
+    """16-byte staging (issue 49): slots of 8 halves per invocation (a partial last round
+    where a slice has fewer slots than invocations), PAD in halves in the config and in slots
+    in the kernel, the template loads' majors by layout; and no new layout requirement: rows
+    of 4 mod 8 halves (two bounds-checked vec4 reads per slot) still take the tensor cores."""
+    half = linear.SgmatConfig.parse("sg4x4-t2x2-k16-p8-s1")     # 256 slots, 512 invocations
+    assert half.slots() == (1, 1) and half.loads() == (1.0, 1.0)
+    assert linear.SgmatConfig.parse("sg4x4-t2x4-k32-p8-s1-b1").slots() == (1, 2)
+    assert linear.SgmatConfig.parse("sg2x2-t2x2-k32-p0-s1").template_params("nn")["PAD"] == 0
+    majors = {lay: (half.template_params(lay)["A_MAJOR"], half.template_params(lay)["B_MAJOR"])
+              for lay in ("nt", "nn", "tn")}
+    assert majors == {"nt": ("row_major", "col_major"), "nn": ("row_major", "row_major"),
+                      "tn": ("col_major", "row_major")}
+    assert half.template_params("nt")["PAD"] == 1
+    monkeypatch.setattr(linear, "has_tensor_cores", lambda dev: True)
+    assert any("multiple of 8 halves" in p
+               for p in linear.SgmatConfig.parse("sg2x2-t2x2-k32-p4-s1").problems(device, "nt"))
+    M, N, K = 68, 132, 44
+    ops = (device.upload(np.ones((M, K), np.float32)), device.upload(np.ones((N, K), np.float32)),
+           device.upload(np.zeros((M, N), np.float32)))
+    chosen = linear.plan(device, "nt", M, N, K, operands=ops, tensor_cores=True)
+    assert chosen.file == linear.FILE_SGMAT and chosen.kernel == "matmul_nt_sgmat"
+
+
 def test_tn_takes_an_f16_b_only_on_the_tensor_core_kernels(device, monkeypatch):
     """dW = dy^T x with x an f16 activation (f16 precision): matmul_tn_w16_sgmat, tuned like
     tn; anywhere else a clear error, never a silent f32 read of f16 bits."""

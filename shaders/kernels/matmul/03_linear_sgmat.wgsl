@@ -80,7 +80,7 @@ const STAGE_A: u32 = select(BM, BK, A_KMAJOR) * SA;    // slots per stage
 const STAGE_B: u32 = select(BN, BK, B_KMAJOR) * SB;
 const SLOTS_A: u32 = BM * BK / 8u;                     // 8-half slots of a slice
 const SLOTS_B: u32 = BN * BK / 8u;
-const WHOLE_A: bool = SLOTS_A % WG == 0u;              // every invocation fills {{LA}} slots
+const WHOLE_A: bool = SLOTS_A % WG == 0u;              // every invocation fills all LA slots
 const WHOLE_B: bool = SLOTS_B % WG == 0u;              // (else the last round is partial)
 
 struct Params {
