@@ -25,7 +25,7 @@ from tokenizer_svc.gpu_backend import FinishedCall
 from tokenizer_svc.service.gpu_process import SERVING_THREAD_FAILED, GpuHost, _Message, serve_or_exit
 from tokenizer_svc.service.gpu_wire import encode_message, receive_reply
 from tokenizer_svc.service.gpu_worker import RemoteEncoding, RemoteInvalidToken
-from tokenizer_svc.service.work import utf8_len
+from tokenizer_svc.service.limits import utf8_len
 from tests.service_support import TEXTS, tiny_encoding, tiny_vocab_path  # noqa: F401
 
 SPECIAL = "<|endoftext|>"

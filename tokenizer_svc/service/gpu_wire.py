@@ -29,7 +29,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 
-from .work import utf8_len
+from .limits import utf8_len
 
 SOCKET_NAME = "gpu.sock"
 HANDSHAKE_TIMEOUT_S = 10.0   # connecting and authenticating to the GPU process, at most

@@ -1,4 +1,5 @@
-"""Per-request limit checks: each failure names the limit, the value and what to do."""
+"""Per-request limit checks: each failure names the limit, the value and what to do; and
+`utf8_len`, the size in bytes that the limits, the batches and the GPU calls count."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import grpc
 
 from .config import Limits
 from .errors import RequestRejected, limit_reason
+
+
+def utf8_len(doc) -> int:
+    """Bytes of a document: raw bytes, or text as UTF-8 (without encoding ASCII text)."""
+    if isinstance(doc, (bytes, bytearray, memoryview)):
+        return len(doc)
+    return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
+
 
 FLAGS = {  # the `istanbul serve` flag that raises each limit
     "max_message_bytes": "--max-message-bytes",

@@ -26,7 +26,8 @@ import numpy as np
 from istanbul.shaders.kernels.bpe.cuts import PATTERNS, split_cuts, valid_utf8_prefix
 from .config import LaneConfig
 from .errors import RequestRejected, shutting_down
-from .work import encode_flat, utf8_len
+from .limits import utf8_len
+from .work import encode_flat
 
 MiB = 1 << 20
 _RUN = {}  # piece_bytes -> compiled regex

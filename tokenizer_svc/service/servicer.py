@@ -36,10 +36,10 @@ from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
 from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected,
                      shutting_down)
+from .limits import utf8_len
 from .work import (DISALLOWED_SPECIAL, INVALID_TOKEN, INVALID_TOKEN_METADATA_KEY,
                    DecodeJob, EncodedDoc, EncodeJob, SpecialRule,
-                   disallowed_special_message, special_ids, special_token_metadata,
-                   utf8_len)
+                   disallowed_special_message, special_ids, special_token_metadata)
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,10 @@ import grpc
 import numpy as np
 
 from .rpc import tei_pb2
-from .servicer import TokenizerServicer, _bad, _parsed, streaming, tolerant_deserializer, unary
-from .work import DecodeJob, EncodeJob, SpecialRule, post_process, utf8_len
 from . import limits as checks
+from .limits import utf8_len
+from .servicer import TokenizerServicer, _bad, _parsed, streaming, tolerant_deserializer, unary
+from .work import DecodeJob, EncodeJob, SpecialRule, post_process
 
 TEI_SERVICE = tei_pb2.DESCRIPTOR.services_by_name["Tokenize"]
 TEI_SERVICE_NAME = TEI_SERVICE.full_name   # "tei.v1.Tokenize"

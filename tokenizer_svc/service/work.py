@@ -31,6 +31,7 @@ import numpy as np
 
 from ..reference import resolve_special, special_regex
 from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
+from .limits import utf8_len
 
 INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
 DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
@@ -90,13 +91,6 @@ def token_spans(encoding, ids: np.ndarray, unit: str) -> tuple[np.ndarray, np.nd
     else:   # characters that began before the token's end
         ends = np.cumsum(encoding._token_chars[ids]) if ids.size else np.zeros(0, np.int64)
     return starts, ends.astype(np.int64, copy=False)
-
-
-def utf8_len(doc) -> int:
-    """Bytes of a document: raw bytes, or text as UTF-8 (without encoding ASCII text)."""
-    if isinstance(doc, (bytes, bytearray, memoryview)):
-        return len(doc)
-    return len(doc) if doc.isascii() else len(doc.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)
