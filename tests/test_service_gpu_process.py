@@ -916,3 +916,17 @@ def test_many_workers_through_the_loop_each_get_their_own_ids(served, tiny_encod
     assert not errors
     assert sum(host.encoding.utf8_calls) == sum(1 + (k + r) % 4 for k in range(8)
                                                 for r in range(12))
+
+
+def test_each_side_of_the_gpu_hop_imports_only_the_wire_between_them():
+    """The served path reads top-down: the batch (work) knows no GPU process, the worker's
+    side (gpu_worker) and the GPU process (gpu_process) share only the messages (gpu_wire),
+    and the wire knows neither side."""
+    from tests.test_import_graph import import_graph
+    graph = import_graph()
+    s = "tokenizer_svc.service."
+    sides = {s + "work", s + "gpu_worker", s + "gpu_process", s + "gpu_wire"}
+    assert not graph[s + "work"] & sides
+    assert graph[s + "gpu_worker"] & sides == {s + "gpu_wire"}
+    assert graph[s + "gpu_process"] & sides == {s + "gpu_wire"}
+    assert not graph[s + "gpu_wire"] & sides
