@@ -82,11 +82,6 @@ class InvalidTokenError(KeyError, ValueError):
         return str(self.args[0])
 
 
-class ForkedGpuError(RuntimeError):
-    """No longer raised: a forked child now computes on the CPU (forked.py). Kept so that
-    code which catches it still imports."""
-
-
 class CpuBackend:
     """The reference, behind the same interface as gpu_backend.GpuBackend."""
 
@@ -882,5 +877,5 @@ def encoding_for_model(model_name: str, device=None) -> Encoding:
     return get_encoding(name, device=device)
 
 
-__all__ = ["Encoding", "ForkedGpuError", "ForkedGpuWarning", "InvalidTokenError",
+__all__ = ["Encoding", "ForkedGpuWarning", "InvalidTokenError",
            "encoding_for_model", "encoding_name_for_model", "get_encoding"]
