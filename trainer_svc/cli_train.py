@@ -94,7 +94,10 @@ def register(sub) -> None:
     add_device_args(t)
     t.set_defaults(func=cmd_train)
 
-    g = sub.add_parser("generate", help="generate text from a checkpoint (KV-cache decoding)")
+    g = sub.add_parser("generate", help="generate text from a checkpoint (KV-cache decoding)",
+                       description="Continue PROMPT with the checkpoint's model on the GPU (a "
+                       "KV cache, one token per step) and print the text; the checkpoint "
+                       "carries its vocabulary (`istanbul prepare --vocab`).")
     g.add_argument("--checkpoint", required=True, metavar="C",
                    help="checkpoint directory, its run directory, or the run's latest link")
     g.add_argument("--prompt", required=True, help="prompt text")
@@ -109,8 +112,12 @@ def register(sub) -> None:
     add_device_args(g)
     g.set_defaults(func=cmd_generate)
 
-    e = sub.add_parser("export", help="export a checkpoint (Hugging Face Llama folder)")
-    e.add_argument("checkpoint", metavar="CHECKPOINT")
+    e = sub.add_parser("export", help="export a checkpoint (Hugging Face Llama folder)",
+                       description="Write CHECKPOINT as a Hugging Face Llama folder (config, "
+                       "safetensors weights, and the tokenizer when the checkpoint carries its "
+                       "vocabulary) that `transformers` loads with from_pretrained.")
+    e.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="checkpoint directory, its run directory, or the run's latest link")
     e.add_argument("--hf", required=True, metavar="DIR", help="output folder")
     e.set_defaults(func=cmd_export)
 
