@@ -98,7 +98,9 @@ def test_prepare_refuses_bad_requests_clearly(redis_server, service, vocab_path,
     connect(url).text.flushdb()
     base = ["--tokenizer", service.target, "--redis", url, "--no-progress"]
     assert main(["prepare", str(corpus[0]), "--dataset", "one", *base]) == 0
-    capsys.readouterr()
+    # without --vocab a vocabulary the machine does not know by name is not stored: said so
+    assert "the dataset stores no vocabulary" in capsys.readouterr().err
+    assert datasets.vocabulary_files(connect(url), "one") == {}
     assert main(["prepare", str(corpus[0]), "--dataset", "one", *base]) == 1
     assert "already exists; pass --replace" in capsys.readouterr().err
     assert main(["prepare", str(corpus[1]), "--dataset", "one", "--replace", *base]) == 0
@@ -119,3 +121,25 @@ def test_prepare_refuses_bad_requests_clearly(redis_server, service, vocab_path,
                  "--redis", url, "--no-progress"]) == 1
     assert f"tokenizer service at {dead}" in capsys.readouterr().err
     assert [d.name for d in datasets.list_datasets(connect(url))] == ["one"]
+
+
+def test_a_known_service_vocabulary_is_stored_without_vocab(monkeypatch, capsys):
+    """The service reports a known vocabulary this machine has: prepare stores it as --vocab
+    would (hash checked), so checkpoints can generate text; another hash is not stored."""
+    from tokenizer_svc.vocab import load_vocabulary
+    from trainer_svc.cli_jobs import _service_vocabulary_files
+    from trainer_svc.data.prepare import TokenizerSource
+    from .conftest import shared_vocab
+    path = shared_vocab("gpt2.tiktoken")
+    monkeypatch.setenv("ISTANBUL_VOCAB_DIR", str(path.parent))
+    vocab = load_vocabulary(str(path))
+
+    def source(vocab_hash: str) -> TokenizerSource:
+        return TokenizerSource("gpt2", vocab_hash, vocab.n_vocab, vocab.special_tokens,
+                               vocab.eot_token, 1 << 20, "127.0.0.1:1", lambda docs: iter(()))
+
+    files = _service_vocabulary_files(source(vocab.content_hash))
+    assert files is not None and files["gpt2.tiktoken"] == path.read_bytes()
+    assert capsys.readouterr().err == ""
+    assert _service_vocabulary_files(source("0" * 64)) is None
+    assert "the dataset stores no vocabulary" in capsys.readouterr().err

@@ -133,7 +133,9 @@ def register(sub) -> None:
     p.add_argument("--vocab", metavar="V",
                    help="the vocabulary (path or known name): the tokenizer without "
                         "--tokenizer; with it, must be the service's. Stored with the dataset, "
-                        "so checkpoints carry it")
+                        "so checkpoints carry it (with --tokenizer and no --vocab: the "
+                        "service's, when it is a known vocabulary found here; else none, "
+                        "with a warning)")
     p.add_argument("--eot", metavar="TOKEN",
                    help="special token that separates documents (default <|endoftext|>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -250,6 +252,25 @@ def _service_source(args):
         raise
 
 
+def _service_vocabulary_files(source) -> dict[str, bytes] | None:
+    """Without --vocab: the service's vocabulary when it is a known one this machine has (its
+    hash checked), so the dataset stores it as --vocab would; else None, with a warning that
+    checkpoints trained on the dataset will carry no vocabulary (no `generate` of text, no
+    tokenizer in `export`)."""
+    from tokenizer_svc.patterns import KNOWN_VOCABULARIES
+    from .data.prepare import vocabulary_files_for
+    if source.vocab_name in KNOWN_VOCABULARIES:
+        try:
+            return vocabulary_files_for(source.vocab_name, source.vocab_hash)
+        except UserFacingError:
+            pass
+    print(f"warning: the dataset stores no vocabulary: the service's {source.vocab_name!r} is "
+          "not a known vocabulary found on this machine. Checkpoints trained on it cannot "
+          "`istanbul generate` text or export a tokenizer; pass --vocab with the service's "
+          "vocabulary file to store it.", file=sys.stderr)
+    return None
+
+
 def cmd_prepare(args) -> int:
     from tokenizer_svc.service.client import ServiceError
     from tokenizer_svc.corpus_files import TEXT_FIELD, CorpusReader
@@ -270,7 +291,7 @@ def cmd_prepare(args) -> int:
             from istanbul.shaders.engine import default_device
             source = local_source(args.vocab, default_device(args.adapter))
         vocab_files = vocabulary_files_for(args.vocab, source.vocab_hash) if args.vocab \
-            else None
+            else _service_vocabulary_files(source)
         if args.out is not None:
             open_writer = lambda **ident: ShardFileWriter(  # noqa: E731
                 args.out, shard_tokens=args.shard_tokens, replace=args.replace, **ident)
