@@ -89,29 +89,22 @@ JOB_WORDS = 8    # two vec4 per queued window in `longs` (bpe_encode.wgsl)
 # Long pieces are merged in windows of LONG_WINDOW bytes (+ LONG_OVERLAP of the next) and
 # stitched where two windows agree on a token (exact: bpe_encode.wgsl, "Long pieces"). A
 # piece whose seams do not all stitch is merged again with windows LONG_RETRY_FACTOR times
-# longer, then as one window. A window is heap-merged by one invocation, so a chunk's
-# merge_long lasts about as long as its longest window: shorter windows are faster (H200,
-# the 67 MB cl100k benchmark corpus, whose CJK and long words make ~22K windows: merge_long
-# 39.7 ms at 1,536 (+256), 23.6 at 768 (+192), 15.6 at 384 (+192), ids identical, no piece
-# merged again; dev/tokenizer_throughput/results/long_window/h200/). 384 = 2^7 3: runs of one
-# character in the real vocabularies repeat their tokens every 1 to 128 bytes (spaces: 128; 3-byte
-# characters: multiples of 3), which divides it; 1,280 (no factor 3) and 2,880 (2^6) failed
-# those seams (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The
-# overlap holds the 128-byte space period with room (136 bytes failed cl100k's runs of
-# spaces). A window must exceed overlap + the longest token: vocabularies with tokens of
-# 192 bytes or more get longer windows (long_windows_for).
+# longer, then as one window. A window is heap-merged by one invocation, so shorter windows
+# are faster (chosen by measurement: dev/tokenizer_throughput/README.md, "Encoder defaults").
+# 384 = 2^7 3: runs of one character in the real vocabularies repeat their tokens every 1 to
+# 128 bytes (spaces: 128; 3-byte characters: multiples of 3), which divides it
+# (tests/test_tokenizer_long_windows.py checks every ASCII and sample run). The overlap holds
+# the 128-byte space period with room. A window must exceed overlap + the longest token:
+# vocabularies with tokens of 192 bytes or more get longer windows (long_windows_for).
 LONG_WINDOW = 384
 LONG_OVERLAP = 192
 LONG_RETRY_FACTOR = 7
 # Windows of at most WG_LONG_MAX bytes (the shipped 384 + 192 included) are merged by one
 # workgroup each in workgroup memory (bpe_merge_long_wg, LW_MAX), the rest (the retries'
-# longer windows) by the one-invocation heap merge (H200, the 67 MB benchmark corpus:
-# merge_long 14-18 ms -> 5-8 ms, gpt2 encode 647 -> 1252 MB/s;
-# dev/tokenizer_throughput/results/encode_phases/). Software Vulkan keeps the heap merge by default:
-# there the workgroup merge is faster alone (0.8 MB of the corpus, gpt2: 2.5 s vs 6.1 s) but spends
-# more CPU in all (every lane scans its share of the window per merge), which other requests pay for
-# (the service's long lane beside a victim's batches: victim p99 0.5 s,
-# tests/test_service_isolation.py); tests force it.
+# longer windows) by the one-invocation heap merge. Software Vulkan keeps the heap merge by
+# default: the workgroup merge spends more CPU in all, which other requests pay for
+# (tests/test_service_isolation.py); tests force it. Evidence for both:
+# dev/tokenizer_throughput/README.md, "Encoder defaults".
 WG_LONG_MAX = 768
 WG_LONG_MAX_PRIORITY = (1 << 22) - 1   # the kernel's keys are priority << 10 | position
 WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
@@ -119,9 +112,8 @@ WG_LONG_GROUPS = 8192   # at most; workgroup-stride beyond
 # Thai without spaces is one window) go first to the same kernel built with workgroups of
 # WG_SHORT_LONG_WG invocations and arrays of WG_SHORT_LONG_MAX words: a merge is a chain of
 # barriers and lookups, so a window's time is latency, and a third of the workgroup memory
-# lets more windows run at once per SM. H200, the 67 MB bench corpus: the long-piece phase
-# 4.7 / 6.2 / 7.3 -> 3.5 / 4.5 / 4.8 ms (gpt2 / cl100k / o200k); arrays of 576 or 128 were
-# slower, 64 invocations the same as 32 (dev/tokenizer_throughput/README.md, session 16). 0: off.
+# lets more windows run at once per SM (sizes chosen by measurement:
+# dev/tokenizer_throughput/README.md, "Encoder defaults"). 0: off.
 WG_SHORT_LONG_MAX = 256
 WG_SHORT_LONG_WG = 32
 WG_SHORT_LONG_GROUPS = 16384
@@ -140,40 +132,28 @@ MAX_RESUME_DISPATCHES = 64
 # run grid-stride.
 INLINE_LONG_WORKGROUPS = 1024   # at most; fewer for a small chunk (its windows' bound)
 # Below this a chunk records no long-piece dispatches and a long piece in it takes the slow
-# path (more round trips). A lone small request waits for every dispatch of its submit, so
-# the four long-piece dispatches (each one workgroup reading a zero count) cost it more than
-# the rare slow path: H200, a lone 1 KB text per call, p50 0.98 -> 0.84 ms (o200k), 0.55 ->
-# 0.48 (gpt2), 1% of bench/service.py's 1 KB texts then took the slow path
-# (dev/lone_request/lone_ops_probe.py, dev/lone_request/results/lone_ops/). 0: every chunk merges
-# them in its submit.
+# path (more round trips): a lone small request waits for every dispatch of its submit, and
+# the four long-piece dispatches cost it more than the rare slow path (chosen by measurement:
+# dev/tokenizer_throughput/README.md, "Encoder defaults"). 0: every chunk merges them in its
+# submit.
 INLINE_MIN_BYTES = 4096
 # Bytes per pre-tokenizer invocation on a GPU, per call (calls up to TINY_CALL_BYTES take
 # TINY_CHUNK, below): the smallest power of two from SMALL_CHUNK up to `chunk` (128) that
-# needs at most FILL_INVOCATIONS invocations for one pipeline chunk of the call. Each
-# invocation walks its chunk sequentially with divergent control flow, so on the H200 shorter chunks were faster at every call size measured
-# (dev/tokenizer_throughput/call_chunk_sweep.py, 64 KB documents: 64 KB 1.13 ms at 16 vs 2.36 at
-# 128, 1 MB 2.84 vs 3.90, 4 MB 6.94 (6.68 at 32) vs 7.69, 16 MB 25.6 vs 33.9; a lone 914 B document
-# p50 0.87 vs 1.14 ms, dev/tokenizer_throughput/tokenize_host_probe.py case d), up to 8 MB with 2^19
-# invocations. Since the pre-tokenizer's per-piece arrays left its per-invocation memory (session
-# 12), 32-byte chunks beat 16-byte ones at 16 MB calls (the 67 MB bench corpus, interleaved in one
-# process, session 16: pretok_merge 15.8 -> 12.2 ms gpt2, 15.0 -> 11.7 cl100k, 21.4 -> 18.1
-# o200k; encode 1.115 / 1.081 / 1.044x), so a whole pipeline chunk (16 MB) takes 32.
-# The chunk is a kernel parameter, so no second set of pipelines.
-# Software Vulkan keeps `chunk` (lavapipe ran shorter chunks slower: 0.94 vs 0.75 ms at 16
-# vs 128).
+# needs at most FILL_INVOCATIONS invocations for one pipeline chunk of the call, except that
+# a whole pipeline chunk (16 MB) takes 32. Each invocation walks its chunk sequentially with
+# divergent control flow, so shorter chunks are faster (chosen by measurement:
+# dev/tokenizer_throughput/README.md, "Encoder defaults"). The chunk is a kernel parameter,
+# so no second set of pipelines. Software Vulkan keeps `chunk` (shorter chunks ran slower there).
 SMALL_CHUNK = 16
 FILL_INVOCATIONS = 1 << 19
 # A chunk's pre-tokenizer walk (bpe_cuts, bpe_pretok) is divergent, serial work: the lanes of
-# one subgroup that walk different text take turns (a lone 1 KB document, 64 chunks in two
-# subgroups: bpe_pretok 0.83 ms on the H200). A call of few chunks leaves the GPU mostly
+# one subgroup that walk different text take turns. A call of few chunks leaves the GPU mostly
 # idle, so its chunks are spread: chunk c runs on invocation c << s, the largest
 # s <= MAX_LANE_SHIFT with n_chunks << s <= SPREAD_INVOCATIONS; calls of at most
-# TINY_CALL_BYTES also take TINY_CHUNK-byte chunks. H200, GPU ms of cuts + pretok_merge
-# (dev/tokenizer_throughput/lane_spread_sweep.py, chunk/shift): 1 KB 0.35 at 16/0, 0.056 at 8/3; 16
-# KB 0.51 at 16/0, 0.23 at 8/3; 64 KB 0.68 at 16/0, 0.37 at 8/2; 256 KB 0.58 at 16/0, 0.53 at 8/0;
-# 1 MB and up: 16/0 best (any shift or 8-byte chunk costs there: the GPU is full).
-# spread_invocations 0 turns spreading off (software Vulkan never spreads: its lanes are a
-# CPU's SIMD lanes, and budgets count per dispatch).
+# TINY_CALL_BYTES also take TINY_CHUNK-byte chunks (chosen by measurement:
+# dev/tokenizer_throughput/README.md, "Encoder defaults"; from 1 MB up the GPU is full and
+# no spreading pays). spread_invocations 0 turns spreading off (software Vulkan never
+# spreads: its lanes are a CPU's SIMD lanes, and budgets count per dispatch).
 TINY_CHUNK = 8
 TINY_CALL_BYTES = 256 << 10
 MAX_LANE_SHIFT = 3
@@ -184,26 +164,25 @@ SPREAD_INVOCATIONS = 1 << 15
 # bench/service.py's texts), each miss one more copy and map round trip (the slow path).
 EXACT_GUESS_BYTES = 64 << 10
 # A chunk's ids leave its mapped staging buffer in COPY_THREADS slices at once when there are
-# at least PARALLEL_COPY_IDS of them (numpy releases the GIL while it copies): on the H200 the
-# one-thread copy of a 64 MB corpus's 34M ids took 37 ms, a third of the call (the pages of a
-# fresh ids array are faulted in by whichever thread writes them first).
+# at least PARALLEL_COPY_IDS of them (numpy releases the GIL while it copies; the pages of a
+# fresh ids array are faulted in by whichever thread writes them first). Evidence:
+# dev/tokenizer_throughput/README.md, "Encoder defaults".
 PARALLEL_COPY_IDS = 1 << 20
 # Bytes per pipelined device call: big enough that a call's fixed costs (3 submits' worth of
 # dispatches, one map) are small, small enough that two chunks overlap in a 64 MB batch.
 PIPELINE_BYTES = 16 << 20  # budgeted dispatches per submit when resuming (software devices)
-# The first chunks of a call ramp up to PIPELINE_BYTES: 1/4, 1/2, then whole (a 67 MB gpt2
-# call on the H200 spent 4.4 ms uploading its first 16 MB with the GPU idle,
-# dev/tokenizer_throughput/README.md).
+# The first chunks of a call ramp up to PIPELINE_BYTES: 1/4, 1/2, then whole, so the GPU
+# does not idle while the first whole chunk uploads (dev/tokenizer_throughput/README.md).
 PIPELINE_RAMP = 2
 # A chunk of at least MAPPED_TEXT_BYTES writes its text into its slot's persistent mappable
 # buffer on copy_threads threads, copied to the text binding at the start of its submit;
 # smaller chunks use queue.write_buffer (one thread; a map for writing costs a round trip,
-# more than a small copy). write_buffer took 9 ms of a 67 MB gpt2 encode on the H200.
+# more than a small copy).
 MAPPED_TEXT_BYTES = 4 << 20
 # A text of at most this many bytes whose length is not a multiple of 4 is padded in a host
 # copy and written at once, not as its whole words plus a tail: each queue.write_buffer is
-# one more copy in the GPU's queue before the chunk's dispatches (~12 us each on the H200,
-# dev/lone_request/lone_ops_probe.py's floor rows), and the copy here costs less up to this size.
+# one more copy in the GPU's queue before the chunk's dispatches, and the copy here costs
+# less up to this size (dev/tokenizer_throughput/README.md, "Encoder defaults").
 ONE_WRITE_TEXT_BYTES = 256 << 10
 
 
