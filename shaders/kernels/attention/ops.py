@@ -13,7 +13,7 @@ Each of q_stride, kv_stride, o_stride may instead be a `Strides(token, head, bat
 (b,t,h,d) at b*batch + t*token + h*head + d, e.g. `head_major(T, H, D)` for [B, H, T, D]
 rows, each head's rows contiguous. The tensor-core kernels load tiles of 64 rows of one
 head: from head-major q/k/v those are one contiguous block instead of rows a fused row
-apart (H200, 124M: ~4 ms less per training step; trainer_svc/model/forward.py).
+apart (why the trainer uses them: trainer_svc/model/forward.py).
 
 Query head h uses kv head h // (H // Hkv) (Hugging Face's repeat_kv grouping). With a fused
 qkv projection output [B*T, (H + 2*Hkv)*D] bind q, k and v as views starting at their part
@@ -67,16 +67,11 @@ attention_backward_dkv_sgmat2w with 128 ("w8": 8 subgroups x 16 rows, "w4x2": 4 
 which stage each tile of the other operand once for twice the rows; their outputs are the
 base kernels' bit for bit. backward() runs, per kernel: sgmat_tiles {"dq": ..., "dkv": ...}
 if given, else the tuned width (`istanbul kernels tune`, keys dq_sgmat / dkv_sgmat), else
-"w8" where it fits (chosen_widths). H100, 124M layer call: dQ 0.387 -> 0.264 ms, dK/dV
-0.670 -> 0.404 ms with "w8".
+"w8" where it fits (chosen_widths).
 
-Measured on the H200 (Dawn, robustness off, 124M shape, ms per layer call,
-dev/tensor_core_attention/results/h200/sgmat/round5_sgmat2_variants.md): forward f32 tiled 0.715,
-staged 0.644; dQ / dK/dV staged 0.755 / 1.037, sgmat2 0.664 / 0.853: 30.1 -> ~26.8 ms of attention
-per step. With robustness on the staged forward was slower than the f32 tiled one (13.6 vs
-8.6 ms per step, session 5), hence the f32 forward there. (05_attention_sgmat2.wgsl's own
-forward, o in lazily rescaled subgroup-matrix accumulators, was wrong on the H200 and the
-H100, PSNR 9-25 dB, and is retired.)
+With robustness on, True runs the f32 forward (the staged one is slower there). The sgmat2
+forward is retired (it was wrong). Measurements behind these choices:
+dev/tensor_core_attention/README.md, "ops.py's defaults".
 """
 
 from __future__ import annotations
@@ -100,15 +95,13 @@ SGMAT_KERNELS = {"forward": "attention_forward_sgmat", "dq": "attention_backward
                  "dkv": "attention_backward_dkv_sgmat"}
 SGMAT_ROWS = 64                           # rows (queries; keys for dK/dV) per workgroup
 # The second tensor-core version of the backward, 05_attention_sgmat2.wgsl (bank-spread score
-# reads, fewer barriers). On the H200 (Dawn, round 5,
-# dev/tensor_core_attention/results/h200/sgmat/round5_sgmat2_variants.md) its dQ and dK/dV kernels,
-# judged on the f32 tiled forward's o and lse, are right in every variant with robustness off and on
-# (PSNR 59-98 dB, cos >= 0.99998) and faster than the staged ones, so tensor_cores=True runs them.
+# reads, fewer barriers): its dQ and dK/dV kernels are checked right in every variant and are
+# faster than the staged ones, so tensor_cores=True runs them (dev/tensor_core_attention/README.md).
 FILE_SGMAT2 = "05_attention_sgmat2.wgsl"   # a template of the head dim and tiles
 SGMAT2_KERNELS = {"dq": "attention_backward_dq_sgmat2", "dkv": "attention_backward_dkv_sgmat2"}
 # key tile of dQ (BK), query tile of dK/dV (BQ2)
 SGMAT2_TILES = {"BK": 32, "BQ2": 32}
-# Experiment knobs of the sgmat2 kernels (issue 21; round5_sgmat2_variants.md above): `pad`,
+# Experiment knobs of the sgmat2 kernels (issue 21): `pad`,
 # words added to the f32 score/result tiles' rows (4: rows of 4 mod 32 words, the default; 0:
 # the first kernels' 64/32-float rows), and `order`, the lanes' score-read order ("spread":
 # the default bank-spread order; "contig": each lane a contiguous half row, as
@@ -119,11 +112,11 @@ SGMAT2_ORDER = "spread"
 SGMAT2_ORDERS = ("spread", "contig", "swizzle")
 # `qorder` (dK/dV only): the order a key tile's workgroup visits its query tiles: "up" (from
 # the diagonal, measured) or "down" (from the last: every key tile of a head starts at the
-# same rows, so q and do are read from L2 by all of them at about the same time; checked on
-# lavapipe with emulated subgroup matrices, not yet timed on the H200)
+# same rows, so q and do are read from L2 by all of them at about the same time; checked
+# right, not timed)
 SGMAT2_QORDER = "up"
 SGMAT2_QORDERS = ("up", "down")
-SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant must fit it
+SGMAT2_WORKGROUP_BYTES = 49152   # 48 KiB of workgroup memory: every variant must fit it
 # `dq` and `dkv` (the backward): which kernel and how many rows (queries for dQ, keys for
 # dK/dV) a workgroup owns. "base": the 64-row attention_backward_dq_sgmat2 /
 # attention_backward_dkv_sgmat2 (4 subgroups x 16 rows); the wide kernels
@@ -131,10 +124,8 @@ SGMAT2_WORKGROUP_BYTES = 49152   # the H200's workgroup memory: every variant mu
 # per subgroup): "w8" (8, 1) and "w4x2" (4, 2), 128 rows a workgroup, so each staged tile of
 # the other operand serves twice the rows; "w4" (4, 1) is their 64-row form (what one f32
 # score array costs by itself). sgmat2_params makes "base" unless told otherwise.
-# What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8".
-# H100 (session 23, dev/tensor_core_attention/results/h100/session23/): dQ 0.387 -> 0.264 and dK/dV
-# 0.670 -> 0.404 ms per 124M layer call, the step 65.6 -> 61.2 ms with the same loss; w4x2 0.319 /
-# 0.639.
+# What backward() runs where nothing is pinned or tuned (chosen_widths) and it fits: "w8"
+# (the fastest measured: dev/tensor_core_attention/README.md, "ops.py's defaults").
 SGMAT2_WIDE_DEFAULT = "w8"
 SGMAT2_WIDE_SHAPES = {"base": (4, 1), "w4": (4, 1), "w8": (8, 1), "w4x2": (4, 2)}
 SGMAT2_WIDE = {"dq": "attention_backward_dq_sgmat2w", "dkv": "attention_backward_dkv_sgmat2w"}
@@ -363,8 +354,8 @@ PREFETCH_REGS = (16, 32)   # prefetch registers per staged operand (PF of the te
                            # tiles needing more run without prefetch
 MAX_SL = 4                 # prefetch registers per statistic (dK/dV's lse, dvec)
 # Iterations per written-out run of the loops over head-dim vec4s (d4) and over a tile's
-# keys/queries (n): 4 made the backward 16% faster on the H200 than plain loops
-# (dev/compiler_probes/results/h200/unroll_probe.md); template parameters, so probes can try others.
+# keys/queries (n): 4, faster than plain loops (dev/compiler_probes/README.md); template
+# parameters, so probes can try others.
 UNROLL_D = 4
 UNROLL_N = 4
 _TILE_RE = re.compile(r"^(\d+)x(\d+)$")
@@ -701,8 +692,8 @@ def backward(rec, q, k, v, o, do, lse, dq, dk, dv, B: int, T: int, H: int, Hkv: 
     `tensor_cores`: where the device has f16 subgroup matrices (D a multiple of 16 up to 64,
     vec4-ready layouts) and nothing is pinned, dQ and dK/dV run on the tensor cores (q, k, v,
     do, p and ds rounded to f16 in the products, f32 accumulation): 05_attention_sgmat2.wgsl
-    for True ("sgmat2-backward"; dQ / dK/dV 0.664 / 0.853 ms per 124M layer call on the H200),
-    05_attention_sgmat.wgsl for "staged" (0.755 / 1.037; sgmat_plan). `sgmat_tiles`
+    for True ("sgmat2-backward", the faster), 05_attention_sgmat.wgsl for "staged"
+    (sgmat_plan). `sgmat_tiles`
     ({"BK": 16, "BQ2": 16}): the sgmat2 kernels' tiles (and the experiment knobs "pad",
     "order" and "qorder", see sgmat2_params; "dq" and "dkv" pick the kernels, chosen_widths)."""
     op = "attention.backward"
