@@ -24,8 +24,8 @@ workgroup tiles and optional split-K (partials in a scratch buffer, summed in a 
 by 03_linear_splitk.wgsl: deterministic). It is written once in loop form; the register
 block TM x TN and FOLD are template parameters, and shaders/wgsl_expand.py writes the
 marked loops out and turns the register arrays into named values when the kernel is made
-(NVIDIA's compiler keeps private arrays indexed in loops in local memory: ~16x slower on the
-H200). The fast path needs every contiguous dimension and leading dimension to be a
+(NVIDIA's compiler keeps private arrays indexed in loops in local memory, far slower). The
+fast path needs every contiguous dimension and leading dimension to be a
 multiple of 4 and 16-byte-aligned operands; anything else runs the general kernels of
 03_linear.wgsl / 03_linear_h16.wgsl, which take any shape. Every call picks:
 
@@ -38,7 +38,7 @@ multiple of 4 and 16-byte-aligned operands; anything else runs the general kerne
                                                        kernel
 
 Tensor cores. `tensor_cores=True` runs 03_linear_sgmat.wgsl where the device has f16 x f16 ->
-f32 subgroup matrices (Dawn's chromium-experimental-subgroup-matrix: the H200 under
+f32 subgroup matrices (Dawn's chromium-experimental-subgroup-matrix, e.g. NVIDIA GPUs under
 `--backend dawn`): both operands rounded to f16 when staged, f32 accumulation, the same
 epilogues and split-K. Elsewhere the call runs the kernels above (the caller's numerics then
 keep f32 activations). Its configurations are SgmatConfig ("sg2x2-t4x4-k32-p8-s1"). There A
@@ -110,9 +110,8 @@ SGMAT_MAX_LOADS = 16   # the same for the tensor-core template (its registers ar
 H16_FOLDS = (16, 32)   # k per f16 partial sum of the packed-f16 kernel (FOLD 8 retired,
                        # dev/compare_trees/README.md)
 PREAMBLE_BYTES = 1024  # the preamble's reduction slots may count against workgroup memory
-# k-steps per written-out run of the f32 slice loop: 1, the plain loop (runs of 2-8 were
-# 3-10% slower on the H200 at the tuned BK 8, dev/compiler_probes/results/h200/unroll_probe.md); a
-# template parameter, so probes can try others.
+# k-steps per written-out run of the f32 slice loop: 1, the plain loop (longer runs were slower:
+# dev/compiler_probes/README.md); a template parameter, so probes can try others.
 UNROLL_K = 1
 
 _CONFIG_RE = re.compile(r"^(\d+)x(\d+)x(\d+)-(\d+)x(\d+)-s(\d+)(?:-fold(\d+))?$")
@@ -239,11 +238,11 @@ class SgmatConfig:
     staged row (a multiple of 8: rows are staged in 16-byte slots of 8 halves, the kernel
     gets pad / 8 slots); splits: split-K factor; ahead: slices in flight in registers (1 or 2,
     "-a2"); direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
-    workgroup memory (slower on the H200 except with 2x2 tiles per subgroup,
-    dev/tensor_core_matmul/README.md); single ("-b1"): one stage of workgroup memory instead of two,
-    so twice the K slice fits (the stage is rewritten after a second barrier per slice).
-    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes the kernel
-    of before round 3 (2026-12-01)."""
+    workgroup memory (mostly slower: dev/tensor_core_matmul/README.md); single ("-b1"): one
+    stage of workgroup memory instead of two, so twice the K slice fits (the stage is
+    rewritten after a second barrier per slice).
+    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes: two stages,
+    one slice ahead, stores through workgroup memory."""
 
     sgr: int = 2
     sgc: int = 2
@@ -352,13 +351,12 @@ class SgmatConfig:
 
 
 def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatConfig:
-    """The tensor-core configuration used when nothing was tuned (H200 measurements:
-    dev/tensor_core_matmul/results/h200/sgmat/)."""
+    """The tensor-core configuration used when nothing was tuned (chosen by measurement:
+    dev/tensor_core_matmul/README.md, "ops.py's defaults")."""
     # One stage of BK 32 (twice the multiplies between barriers and half the workgroup
-    # memory of the two-stage kernels, round 11): 16 subgroups of 2x4 tiles (128 x 256), the
-    # least time summed over the 124M step's 14 products (5.80 ms; the round-3 default 8.21);
-    # where that does not fit the device (512 invocations, 47 KiB), 4 subgroups of 4x4 tiles
-    # (6.07 ms).
+    # memory of the two-stage kernels): 16 subgroups of 2x4 tiles (128 x 256), the least time
+    # summed over the 124M step's 14 products; where that does not fit the device (512
+    # invocations, 47 KiB), 4 subgroups of 4x4 tiles.
     if M < 256 or N < 256:
         prefs = [SgmatConfig(2, 2, 2, 2, 32, 8)]
     else:
@@ -369,9 +367,8 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
 
 
 # Tile arrangements the tuner times for the tensor-core kernel, each with one stage of BK 32
-# ("-b1"): the winners of dev/tensor_core_matmul/sgmat_sweep.py on the H200 (rounds 11-14: within
-# 11% of each other summed over the 124M step, each best somewhere); `wide` adds the others timed
-# there.
+# ("-b1"): the winners of dev/tensor_core_matmul/sgmat_sweep.py (close to each other summed over
+# the 124M step, each best somewhere); `wide` adds the others timed there.
 SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
 WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
 SGMAT_KEYS = ("nt_w16_sgmat", "nn_w16_sgmat", "tn_sgmat")   # the trainer's products
@@ -426,7 +423,7 @@ def tiled_kernel_name(layout: str, b_dtype, f16_math: bool = False) -> tuple[str
 def _resident_slots(device) -> int:
     """Workgroups the device runs at once, as far as a split-K choice cares (a guess: wgpu
     does not report the multiprocessor count; 264 = two 256-invocation workgroups on each
-    of an H200's 132 SMs)."""
+    of 132 SMs)."""
     return 16 if device.info.is_software else 264
 
 
