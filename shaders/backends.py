@@ -14,13 +14,13 @@ from the rest of the engine:
   every Dawn device (DAWN_DEVICE_TOGGLES): bounds checks by the driver's robustBufferAccess2
   instead of Tint's index clamping where Vulkan offers it, clamping skipped where range analysis proves an index in bounds, and exact
   timestamps (Dawn quantizes them by default, a browser's anti-fingerprinting measure: GPU
-  times came out in multiples of ~33 us on the H200). Out-of-bounds accesses stay harmless
+  times come out in multiples of tens of microseconds). Out-of-bounds accesses stay harmless
   either way while robustness itself is on. Robustness (Tint's bounds-checking transform)
   is on by default; the trainer's and the tokenizer's devices turn it off
   (`Device(robustness=False)`: they run only the project's kernels, which check their own
-  bounds; the tensor-core matmuls run 20-40% faster without it,
-  dev/tensor_core_matmul/results/h200/sgmat/, and the o200k pre-tokenizer twice as fast, 47.7
-  vs 23.1 ms per 67 MB, dev/tokenizer_throughput/README.md; tokenizer_svc.gpu_backend.ROBUSTNESS).
+  bounds; the tensor-core matmuls and the pre-tokenizer run much faster without it,
+  dev/tensor_core_matmul/README.md, dev/tokenizer_throughput/README.md;
+  tokenizer_svc.gpu_backend.ROBUSTNESS).
   $ISTANBUL_DAWN_ROBUSTNESS=on|off overrides both, and `disable_robustness` in
   $ISTANBUL_DAWN_TOGGLES turns it off everywhere;
 - the Vulkan driver Dawn may need: Dawn refuses Debian 12's lavapipe (Mesa 22.3) but runs on
@@ -54,11 +54,9 @@ PRIVATE_ICD = Path(sys.prefix) / "mesa-backports" / "lvp_icd.json"
 # Always on under Dawn: experimental features need the first, f16 on NVIDIA the second.
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 # Every Dawn device: robustness by the driver where it can, clamping skipped where provably in
-# bounds, exact timestamps. (On the H200 these toggles left the tensor-core matmuls where
-# they were; robustness off, ISTANBUL_DAWN_TOGGLES=disable_robustness, makes them 20-40%
-# faster: dev/tensor_core_matmul/results/h200/sgmat/.)
-# (vulkan_use_cooperative_matrix_robust_access: the H200's driver lacks the feature, Dawn
-# forces the toggle off with a warning, so it is not asked for.)
+# bounds, exact timestamps (no speed cost measured: dev/tensor_core_matmul/README.md).
+# vulkan_use_cooperative_matrix_robust_access is not asked for: drivers without the feature
+# make Dawn force it off with a warning.
 DAWN_DEVICE_TOGGLES = ("vulkan_use_buffer_robust_access_2",
                        "enable_integer_range_analysis_in_robustness")
 DAWN_DEVICE_DISABLED = ("timestamp_quantization",)
@@ -124,8 +122,8 @@ class Backend:
             from wgpudawn.backends.dawn import extras
             # Dawn's device is not thread-safe without it; ours is used from several threads
             # (the service's GPU process and its tests, the tokenizer's callers), and wgpu-py
-            # releases objects on whichever thread drops them. Without it, on an H100, a
-            # submit crashed the process about one run in five of the GPU-host tests.
+            # releases objects on whichever thread drops them. Without it a submit can crash
+            # the process.
             if SYNC_FEATURE in adapter.features:
                 features = [*features, SYNC_FEATURE]
             off = () if robustness else ("disable_robustness",)

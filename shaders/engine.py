@@ -315,7 +315,7 @@ class Recorder:
         """Dispatch each (kernel, grid (x, y, z)) of `steps` in order with one bind group: the
         kernels must share their layout (`Device.kernels_sharing_layout`) unless there is one
         kernel. The bind group is set once and the pipeline only when it changes (hot loops:
-        each wgpu-py call costs ~0.6 us of Python, dev/vocab_train_speed/README.md), so a merge step
+        each wgpu-py call costs Python time, dev/vocab_train_speed/README.md), so a merge step
         of two kernels is two set_pipeline and two dispatch calls. Timed recordings give each
         dispatch its own pass, as `dispatch`."""
         steps = list(steps)
@@ -682,9 +682,8 @@ class Device:
     def wait_for(self, promise, poll_s: float = 0.0):
         """`promise.sync_wait()`, after polling the device for up to `poll_s` seconds (not on
         a software adapter, whose work runs on the CPU cores a poll would take). A poll sees
-        a short call's result sooner than the driver's blocking wait wakes up: a lone 1 KB
-        encode's staging map 0.11 ms polled against 0.15-0.18 ms waited on an H100
-        (dev/lone_request/lone_trace.py, dev/lone_request/README.md, session 25)."""
+        a short call's result sooner than the driver's blocking wait wakes up
+        (dev/lone_request/README.md)."""
         if poll_s > 0 and not self.info.is_software:
             deadline = time.perf_counter() + poll_s
             while not self._settled(promise) and time.perf_counter() < deadline:
@@ -737,9 +736,9 @@ class Device:
         Each repetition is its own pass bracketed by timestamps; falls back to wall time
         (after a sync) on devices without timestamp queries. The warm-up runs `encode` at
         least `warmup` times and, after the first run (which may compile pipelines), for at
-        least `min_warmup_s` (default 0.25 s on hardware GPUs, 0 on software adapters): on
-        the H200 the same matmul timed 1.2 ms in isolation and 4.6-6.6 ms right after a
-        stretch of memory-bound kernels with 3 warm-up runs (shaders/NOTES.md).
+        least `min_warmup_s` (default 0.25 s on hardware GPUs, 0 on software adapters): with
+        only a few warm-up runs the same kernel timed several times slower right after other
+        work (shaders/NOTES.md).
         """
         if min_warmup_s is None:
             min_warmup_s = 0.0 if self.info.is_software else 0.25

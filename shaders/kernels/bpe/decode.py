@@ -27,26 +27,20 @@ from .tables import NONE, VocabTables
 
 DECODE_FILE = "bpe_decode.wgsl"
 # Calls of at least this many ids upload them through persistent mappable buffers (mapped
-# for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer: on the H200
-# a 67 MB write_buffer took 34 ms (2 GB/s, the copy into a fresh staging allocation each
-# call). Smaller calls keep write_buffer: the map for writing costs a round trip, more than
-# their copy. A buffer holds at most UPLOAD_PIECE_BYTES (32 MB): larger calls go up in
-# pieces, one submit each, the last one's copy in the decode's own submit (8 MB pieces:
-# 8-13% slower decodes of the 67 MB corpus, interleaved in one process on the H200,
-# dev/tokenizer_throughput/results/tokenize_ab/h200/session15_call3/). A buffer as large
-# as the call (128 MB per Encoding, kept) made every later small call of the process slower
-# on the H200 once two vocabularies had decoded a corpus: a lone 914 B encode took 4.7-5.3
-# ms instead of 0.9 (its four tiny write_buffer calls 2 ms; bench/results/h200/tokenize.md). With
-# one buffer each piece waited for the previous piece's GPU copy and was written by one
-# thread (20 ms of a 34M-id gpt2 decode); two buffers take turns, and a piece is written on
-# COPY_THREADS threads at once.
+# for writing, filled, unmapped, copied on the GPU) instead of queue.write_buffer (which
+# copies into a fresh staging allocation each call). Smaller calls keep write_buffer: the map
+# for writing costs a round trip, more than their copy. A buffer holds at most
+# UPLOAD_PIECE_BYTES (32 MB): larger calls go up in pieces, one submit each, the last one's
+# copy in the decode's own submit; buffers as large as the call would slow every later small
+# call of the process. Two buffers take turns, and a piece is written on COPY_THREADS threads
+# at once. Sizes chosen by measurement: dev/tokenizer_throughput/README.md, "Decoder and
+# packed text defaults".
 MAPPED_UPLOAD_IDS = 1 << 18
 UPLOAD_PIECE_BYTES = 32 << 20
 PARALLEL_UPLOAD_IDS = 1 << 18   # pieces of fewer ids are written by the calling thread
 # A vocabulary of at most 65,535 ids (gpt2's 50,257) gets its ids uploaded two per word:
-# half the bytes through the mapping and over the bus. On the H200 (8 MB pieces) that cut
-# the upload's own CPU time for gpt2's 34M ids from 8.1 to 5.7 ms, but not its ~16 ms of
-# wall, mostly waiting (dev/tokenizer_throughput/README.md, session 15). Each piece's largest id is
+# half the bytes through the mapping and over the bus (less CPU time, same wall time:
+# dev/tokenizer_throughput/README.md). Each piece's largest id is
 # taken while it is narrowed, so an id that does not fit 16 bits (never a valid one: 0xFFFF is not
 # either) sends the call back to 32-bit words, where the GPU names the first invalid one.
 NARROW_IDS_MAX_TABLE = 0xFFFF

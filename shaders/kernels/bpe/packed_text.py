@@ -3,11 +3,10 @@
 The GPU encoder reads its input in ranges of whole (sub-)documents, one per pipelined device
 call. Joining each range when its call is uploaded, while the previous call runs on the GPU,
 hides the join behind GPU work; one join of the whole batch up front does not overlap with
-anything (a 67 MB `bytes.join` took 45-58 ms on the H200 machine, mostly fresh pages).
+anything (a large `bytes.join` spends its time mostly faulting in fresh pages).
 A range inside one document is a view of that document's bytes, not a copy. A part may also
 be an ASCII `str` (its length is its UTF-8 length): it is encoded when its range is joined,
-so encoding the batch's text overlaps with GPU work too (`str.encode` of a 67 MB corpus took
-15 ms on the H200 machine before the first device call).
+so encoding the batch's text overlaps with GPU work too.
 """
 
 from __future__ import annotations
@@ -66,10 +65,8 @@ class PackedRange:
     GROUP = 256 << 10
     # True: a group of ASCII str parts only is joined as str and encoded once rather than
     # each part encoded and the results joined (a bytes object per part first); a group with
-    # a bytes part (an encoded non-ASCII text) is joined as bytes either way. On the 2-core
-    # dev machine the bench corpus's text writes took 18.6 ms instead of 21.6 (interleaved);
-    # on the H200's host (dev/tokenizer_throughput/tokenize_knob_ab.py --only JOIN_STR, session 17)
-    # the whole encode went 1.112x / 0.989x / 1.031x (gpt2 / cl100k / o200k, medians of 10 rounds).
+    # a bytes part (an encoded non-ASCII text) is joined as bytes either way (chosen by
+    # measurement: dev/tokenizer_throughput/README.md, "Decoder and packed text defaults").
     JOIN_STR_FIRST = True
 
     def __init__(self, packed: PackedText, lo: int, hi: int):
@@ -85,8 +82,7 @@ class PackedRange:
     def write_into(self, dst: np.ndarray) -> None:
         """dst[:size] = the bytes (dst: a writable uint8 array of at least `size`), parts
         joined GROUP bytes at a time, on this thread: split over 8 threads, the joins (which
-        hold the GIL) made each other wait and a 16 MB range took 7-8 ms instead of 4-5 on
-        the H200 machine (dev/tokenizer_throughput/README.md)."""
+        hold the GIL) made each other wait (dev/tokenizer_throughput/README.md)."""
         starts, parts, lo, hi = self.packed.starts, self.packed.parts, self.lo, self.hi
         if lo == hi:
             return
