@@ -27,7 +27,7 @@ A fresh device in the child (the parent's objects pinned, wgpu's instance and th
 device cache forgotten) was tried and not chosen: on lavapipe it gave exact ids in 15
 children, grandchildren included, but each child spent 3 to 17 s starting a device and
 compiling kernels before its first ids, N workers would hold N device contexts on one GPU,
-and on an H100 the machine stopped answering during the same probe (one try, cause not
+and a hardware GPU host stopped answering during the same probe (one try, cause not
 established). A process forked before any GPU state existed is not affected: it builds its
 own GPU state at its first call, as any process does.
 

@@ -83,8 +83,7 @@ def hf_gpu_pattern(vocab: Vocabulary) -> str | None:
 
 # Dawn's bounds-checking transform on the tokenizer's devices: off, as on the trainer's
 # (shaders/backends.py: only the project's kernels run, and they check their own bounds).
-# With it the o200k pre-tokenizer ran 47.7 ms per 67 MB instead of 23.1
-# (dev/tokenizer_throughput/README.md).
+# With it the pre-tokenizer runs about half as fast (dev/tokenizer_throughput/README.md).
 ROBUSTNESS = False
 
 class GpuBackend:

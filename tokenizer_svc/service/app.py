@@ -65,8 +65,8 @@ def adapter_info(device) -> pb.Adapter:
                       driver=info.driver, software=info.is_software)
 
 
-# batches a worker keeps at the shared GPU process at once (4 and 8 served less on the H200:
-# dev/service_throughput/README.md, session 17)
+# batches a worker keeps at the shared GPU process at once (more served less:
+# dev/service_throughput/README.md)
 REMOTE_INFLIGHT = 2
 IDLE_POOL_END_S = 0.5                # at drain, the least wait for a GPU thread pool to end
 LONG_LANE_GPU_BUDGET = 1 << 16      # work units per long-lane dispatch on GPUs (a few ms)

@@ -1,10 +1,9 @@
 """Keeping the GPU's clock up while the service is in use (`istanbul serve --gpu-keep-clock S`).
 
 A GPU's driver lowers its clock when it idles and raises it only under sustained high
-utilization: the H200 idles at 345 MHz, reaches 1980 MHz after ~0.5-1 s of busy work, and the
-service's load (10-70% utilization) never got it there, so every call of the service ran at
-3-5x the GPU time it takes at full clock (a lone 914 B encode: 0.44 vs 0.12 ms,
-dev/lone_request/results/clock_lone/h200/). With a hold of S seconds, the GPU process keeps one
+utilization, which the service's load may never reach, so its calls can run at several times
+the GPU time they take at full clock (dev/lone_request/README.md). With a hold of S
+seconds, the GPU process keeps one
 short register-only kernel running (roofline.wgsl's fma_f32, one workgroup, ~SPIN_S at full clock)
 whenever it has no batch to encode and a request arrived in the last S seconds: the GPU looks
 busy, the driver raises the clock, and a batch that arrives waits at most one spin. It costs
@@ -14,7 +13,7 @@ The GPU process's thread never waits for a spin: it submits one, goes back to it
 and submits the next once a non-blocking check says the last has finished (at most one is
 ever queued). So a message that arrives mid-spin is read at once and its call is queued
 behind the rest of that spin; when the thread waited for each spin, a lone request's message
-waited for the spin and the wake-up after it (dev/lone_request/lone_trace.py). While it holds the
+waited for the spin and the wake-up after it (dev/lone_request/README.md). While it holds the
 clock the thread polls, so it keeps a CPU core busy too.
 """
 

@@ -1,11 +1,9 @@
 """Which asyncio event loop a server process runs (`istanbul serve --event-loop`).
 
 Why: a worker's request handling is grpc.aio's callbacks on the event loop, and that is what
-caps small requests per core (dev/service_throughput/README.md: ~250 us of event-loop CPU per 100 B
-request, the servicer's own Python ~30 of it). uvloop (libuv under asyncio's API) runs the same
-callbacks with less overhead: on the 2-core dev machine an echo server with a batcher spent
-23% less CPU per request, the real server's event loop 10-14% less per 100 B request
-(dev/service_throughput/README.md, 2026-12-05; the H200 is unmeasured).
+caps small requests per core (dev/service_throughput/README.md). uvloop (libuv under
+asyncio's API) runs the same
+callbacks with less CPU per request (dev/service_throughput/README.md).
 grpc.aio supports any asyncio loop. `auto` takes uvloop when it is installed (a dependency
 on Linux and macOS), else asyncio's own.
 """

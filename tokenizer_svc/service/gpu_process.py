@@ -374,7 +374,7 @@ class GpuHost:
         """An encode message's answer: its offsets, then its ids as raw bytes written from
         the call's array (gpu_wire.receive_reply reads them). Pickled, the ids were copied twice on
         this thread first (3.2 MB a round of 9 x 3 x 64 KB), and an ndarray's pickling cost
-        more than the small offsets' list does (dev/service_throughput/README.md, 2026-12-04)."""
+        more than the small offsets' list does (dev/service_throughput/README.md)."""
         self._answer(m, ("ok_ids", offsets.tolist()), ids)
 
     def _answer(self, m: _Message, reply: tuple, ids=None) -> None:

@@ -54,7 +54,7 @@ def encode_message(docs: list, allowed_special) -> tuple:
     """A worker's message for one encode call. Text with no special tokens allowed goes as
     its UTF-8 ("encode_utf8"): the host's one thread then neither decodes it while
     unpickling nor encodes it again for the GPU upload, and the workers, many processes,
-    do the encoding (dev/service_throughput/README.md, 2026-12-04). Raw bytes, text in which special
+    do the encoding (dev/service_throughput/README.md). Raw bytes, text in which special
     tokens are to be cut out, and text with a lone surrogate (which the Encoding repairs as
     tiktoken does) go as they are ("encode"). `nbytes` counts UTF-8 bytes either way."""
     if not allowed_special and all(isinstance(d, str) for d in docs):
@@ -93,8 +93,7 @@ def frame(body: bytes) -> bytes:
 def send_frames(fd: int, bodies: list) -> None:
     """Write `bodies` (bytes-like) as consecutive frames on blocking descriptor `fd` with one
     writev where it takes them all: what Connection.send then send_bytes write, in one
-    system call instead of three (~30% less of the GPU process's time per answer on the
-    dev CPU, dev/lone_request/README.md, session 25)."""
+    system call instead of three (dev/lone_request/README.md)."""
     views = []
     for body in bodies:
         view = memoryview(body).cast("B")

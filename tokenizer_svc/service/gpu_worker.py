@@ -59,9 +59,9 @@ class RemoteEncoding:
 
     The worker's batches call `call_async` (`encode_flat_async`, `decode_bytes_batch_async`)
     on its event loop: the message goes out and the answer comes in as the loop's own socket
-    I/O, with no thread between the loop and the GPU process (dev/service_throughput/README.md,
-    2026-12-05: the worker spent ~17% less CPU per request and its round trip was ~0.1 ms shorter
-    than through a thread and a blocking connection). Those connections belong to that loop (a
+    I/O, with no thread between the loop and the GPU process (less CPU and a shorter round
+    trip than a thread and a blocking connection: dev/service_throughput/README.md). Those
+    connections belong to that loop (a
     pool of their own); the blocking methods keep theirs for any other caller."""
 
     def __init__(self, local, address: str, authkey: bytes):

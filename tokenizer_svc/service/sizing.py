@@ -7,8 +7,9 @@
 
 On software Vulkan the "GPU" is the CPU the workers would run on: one process serves best.
 On a hardware GPU request handling (gRPC, protobuf, batching) is what runs out of CPU first,
-so the workers take three quarters of the cores (at most 12: more measured no faster on a
-16-core H100 host), two shared GPU processes feed the GPU when there are 8 workers or more
+so the workers take three quarters of the cores (at most 12: more measured no faster,
+dev/service_throughput/README.md), two shared GPU processes feed the GPU when there are 8
+workers or more
 (one GPU process's Python thread is what large requests wait for), and the clock keeper
 holds the GPU's clock up for 2 s after a request (GPUs idle at a low clock that a
 tokenizer's load alone never raises). The measurements behind these numbers are in

@@ -2,8 +2,8 @@
 
 Why processes: a request costs the server Python work on top of the GPU call (HTTP/2 and
 protobuf handling in grpc's event loop, UTF-8 checks, batch bookkeeping, building the
-reply), and one Python process runs that on one core; on the H200's 16 cores the GPU
-thread of one process was busy 21-29% while its event loop was saturated. So the request
+reply), and one Python process runs that on one core: its event loop saturates while its
+GPU thread is mostly idle (dev/service_throughput/README.md). So the request
 handling is replicated: each worker is a whole `TokenizerServer` (asyncio grpc server,
 dynamic batcher, long lane, health, reflection, drain) with its own GPU device on the same
 adapter, and exactly one batcher per device. The kernel spreads new connections over the
@@ -13,8 +13,8 @@ worker) work as in a single process. What this gives up: requests of different w
 never share a GPU call (each worker batches its own connections; with several clients per
 worker batches still form), and each worker holds its own device buffers. A single GPU
 process fed by front-end processes through shared memory would batch across all
-connections, but its one Python thread would again split and pack every reply; measured
-first where it matters (bench/service.py on the H200) before building it.
+connections, but its one Python thread would again split and pack every reply; not built
+without a measurement (bench/service.py) that it pays.
 
 The supervisor (this module, the `istanbul serve` process itself):
 
@@ -156,7 +156,7 @@ def run_workers(config: ServerConfig, vocab: str, adapter, port_file: Path | Non
     "per-worker" (each worker owns a device and batches its own connections).
     `gpu_processes` (shared): how many GPU processes, each with its own device on the
     adapter; worker k sends its batches to process k mod `gpu_processes` (one process's
-    one Python thread is what the workers wait for at 64 KB requests on the H200)."""
+    one Python thread is what the workers wait for at large requests)."""
     from istanbul_errors import UserFacingError
     from ..vocab import load_vocabulary
     if gpu_process not in GPU_PROCESS_CHOICES:
