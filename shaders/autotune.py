@@ -42,7 +42,7 @@ def time_candidates(device, candidates, encode_for, repeats: int = 10, warmup: i
         try:
             encode = encode_for(cand)
             # candidates run back to back on the same buffers: the first one warms the GPU
-            # up for a second (after host work the H200 ran matmuls several times slower for
+            # up for a second (after host work a GPU can run matmuls several times slower for
             # a few seconds; shaders/NOTES.md), then the counted warm-up runs suffice
             times[cand] = device.time_gpu(encode, repeats=repeats, warmup=warmup,
                                           min_warmup_s=0.0 if i or device.info.is_software

@@ -61,7 +61,7 @@ class KernelCase:
     reference: Callable[[dict], dict]
     variants: tuple = ("random",)
     bench_variant: str = "bench"
-    # variant benchmarked on software adapters (lavapipe) when the H200-sized one is too big
+    # variant benchmarked on software adapters (lavapipe) when the full-sized one is too big
     bench_variant_software: str | None = None
     flops: Callable[[dict], float] = lambda inputs: 0.0
     bytes: Callable[[dict], float] = lambda inputs: 0.0
@@ -173,7 +173,7 @@ def check_case(device: Device, case: KernelCase, seed: int = 0,
 
     # On a device that emulates subgroup matrices (a CPU), a kernel or variant that needs more
     # workgroup memory than the device offers is skipped, not failed: the limit is the test
-    # device's (lavapipe's 32 KiB), the H200 checks every one.
+    # device's (lavapipe's 32 KiB), a hardware GPU checks every one.
     emulated = bool(getattr(device, "emulated_features", ()))
     start = time.perf_counter()
     too_big = []

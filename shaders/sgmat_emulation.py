@@ -15,8 +15,7 @@ missing. A source transform of one composed kernel module (shaders/source.py's o
   major at 8 offset + 8 c stride + r; issue 49's 16-byte staging). Tint compiles no bool-form
   load from an array of vectors, so neither does this; stores keep the bool form. An f32
   result matrix loaded at an odd element offset reads NaN: the H200 reads such loads wrong
-  (session 19's dev/tensor_core_matmul/sgmat_offset_probe.py: offsets 1 and 3 wrong, even ones and
-  every store offset right), so the emulation must not pass a kernel that does it;
+  (dev/tensor_core_matmul/README.md, sgmat_offset_probe.py), so the emulation must not pass a kernel that does it;
 - the subgroups are the emulated ones of 32 invocations the kernels are written for:
   subgroup_id = local_invocation_index / 32, subgroup_invocation_id = .. % 32, and
   subgroupShuffleXor goes through workgroup memory between two barriers (so it must be

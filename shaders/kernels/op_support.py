@@ -11,9 +11,8 @@ F16 = np.dtype(np.float16)
 U32 = np.dtype(np.uint32)
 
 # How the tensor-core kernels read f16 rows from storage (f16 weights, A, q, k, v, do): as
-# their bits, vec2<u32> elements bitcast to vec4<f16> (8-byte loads). On the H200 (Dawn,
-# session 20) the tensor-core attention ran its forward / dQ / dK/dV in 0.287 / 0.382 /
-# 0.653 ms per 124M layer reading bits, 0.441 / 0.515 / 0.667 reading vec4<f16> elements.
+# their bits, vec2<u32> elements bitcast to vec4<f16> (8-byte loads), faster than reading
+# vec4<f16> elements (dev/tensor_core_attention/README.md).
 # Template parameters: F16_ROW, the binding's element type, and F16_READ, the function that
 # turns one element into a vec4<f16>.
 F16_READ_PARAMS = {"F16_ROW": "vec2<u32>", "F16_READ": "bitcast<vec4<f16>>"}

@@ -41,7 +41,7 @@ EVENTS_MAXLEN = 200_000
 
 # Bounds on what a spec may make the daemon allocate (host memory for token ids, GPU memory
 # for activations and parameters); a job past one fails at submit, or at once in the daemon,
-# naming the field. Generous for the 124M preset on an H200 (8 x 1024 x grad_accum 64).
+# naming the field. Generous for the 124M preset (8 x 1024 x grad_accum 64).
 MAX_MICRO_BATCH_TOKENS = 1 << 20     # batch x seq: one micro-batch's activations
 MAX_STEP_TOKENS = 1 << 24            # grad_accum x batch x seq: ids held for one step
 MAX_EVAL_TOKENS = 1 << 24            # eval_batches x batch x seq: the held-out ids kept

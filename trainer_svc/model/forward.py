@@ -13,7 +13,7 @@ Activations are (rows = B*T, features) row-major. Per layer i (x_i the residual 
                  Training (BlockBuffers with head_major): RoPE writes q and k, and a copy v,
                  into head-major [B, H, T, D] buffers, the layer's saved q, k, v (the
                  projection's output is scratch shared by the layers): the attention kernels
-                 load 64-row tiles of one head, contiguous there (H200, 124M: ~4 ms a step);
+                 load 64-row tiles of one head, contiguous there (a shorter step);
                  f16 where the attention runs on the tensor cores (half the bytes loaded).
     a    = causal_attention(q, k, v)        (log-sum-exp saved)
     xa   = x_i + a · Woᵀ                    (residual-fused matmul)

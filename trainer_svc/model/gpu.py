@@ -71,9 +71,9 @@ class GpuModel:
                  f16_math: bool = False, head_chunk_rows: int | None = None,
                  f16_activations: bool = True, device_memory: int | None = None):
         """`f16_activations`: with precision f16 on tensor cores (and no f16_math) keep h, h2
-        and s in f16 (False: f32; the values the matmuls see are the same, bit for bit: 100
-        steps of the 124M parity curve identical on an H100, 670 MB less at 124M and the
-        step 1.5% shorter, 048b428:bench/results/train/train_f16_round13.md). `device_memory`: bytes
+        and s in f16 (False: f32; the values the matmuls see are the same, bit for bit, in
+        less memory and a shorter step: 048b428:bench/results/train/train_f16_round13.md).
+        `device_memory`: bytes
         the fit check and the LM head's chunk assume the device has (default:
         plan.device_memory(device), None when unknown). The plan is `step_plan`."""
         self.cfg, self.layout, self.dev = cfg, layout, device

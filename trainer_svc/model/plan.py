@@ -47,7 +47,7 @@ from .forward import fused_qkv, head_strides
 
 HEADROOM = 1.10   # split-K scratch, uniforms, the driver's own: 10% over what we count
 # Bytes of one logits chunk (the device limits may cap it lower): 2 GiB keeps 124m/gpt2 at
-# 8 x 1024 in one chunk on the H200 (1.6 GB) and puts o200k_base's 6.5 GB in 4 chunks of 2048
+# 8 x 1024 in one chunk (1.6 GB) and puts o200k_base's 6.5 GB in 4 chunks of 2048
 # rows.
 LOGITS_BUDGET = 2 << 30
 FIT_HINT = ("use a smaller batch or sequence length (keep the tokens per step with "

@@ -10,8 +10,7 @@ PRECISION_CHOICES = ("auto",) + PRECISIONS     # what a user or a job spec may a
 def resolve_precision(requested: str, device) -> str:
     """The precision a run asking for `requested` gets on `device`: "auto" is "f16" (every
     matmul on the tensor cores) where the device has f16 subgroup matrices, else "fp32"
-    (without tensor cores the f16 mirror does not pay: the 124M fp32 step 258 ms against mixed
-    270 ms on an H200, 7f1f229:bench/results/train/README.md);
+    (without tensor cores the f16 mirror does not pay: 7f1f229:bench/results/train/README.md);
     "mixed" and "f16" on a device without shader-f16 fall back to "fp32"; "fp32" stays."""
     from istanbul.shaders.kernels.op_support import has_tensor_cores   # (the engine: lazily)
     if requested not in PRECISION_CHOICES:

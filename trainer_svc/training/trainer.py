@@ -15,7 +15,7 @@ Precision: "auto" (the default: resolved on the device by `resolve_precision`, "
 the device has f16 subgroup matrices, else "fp32"), "mixed" (SPEC §8: the forward and backward matmuls read an f16 mirror of the
 weights; master weights, activations, gradients and moments are f32), "fp32", or "f16": the
 mirror as in mixed, every matmul on the tensor cores where the device has f16 subgroup
-matrices (Dawn on the H200: both operands rounded to f16, f32 accumulation; elsewhere the
+matrices (e.g. Dawn on NVIDIA: both operands rounded to f16, f32 accumulation; elsewhere the
 mixed kernels), and dynamic loss scaling (model/loss_scale.py; an overflow skips the step and
 halves the scale, reported as `skipped` with `scale_backoff`). With `f16_math` (mixed only)
 the forward matmuls also round their activations to f16 and multiply in packed vec4<f16>

@@ -228,7 +228,7 @@ SGMAT_CASES = (
     ("", "nt_a16", "store", False, "sg1x1-t2x2-k16-p8-s1", "forward, f16 A, f32 B clamped"),
     # B in f16 for tn (f16 precision's f16 activations in the weight gradients)
     ("", "tn_w16", "accumulate", True, "sg2x2-t4x4-k16-p8-s1", "dW += dy^T @ x, f16 x"),
-    # one stage of BK 32 (-b1, the tuned kernels since session 17): 16 subgroups of 2x4 and
+    # one stage of BK 32 (-b1, the tuned kernels): 16 subgroups of 2x4 and
     # of 4x2 tiles, 4 of 4x4, split-K, f16 A
     ("_single", "nt_w16", "residual", True, "sg4x4-t2x4-k32-p8-s1-b1", "one stage, 128 x 256"),
     ("_single", "nn_w16", "store", True, "sg4x4-t4x2-k32-p8-s2-b1", "dX, one stage, split-K"),
