@@ -64,7 +64,7 @@ def register(sub) -> None:
                         "weights and gradients; fp32: f32 throughout")
     t.add_argument("--f16-math", action="store_true",
                    help="mixed only: forward matmuls multiply in packed f16 (f16-level forward "
-                        "accuracy; on the H200 not faster than f32 math yet)")
+                        "accuracy; not faster than f32 math on the GPUs measured so far)")
     t.add_argument("--seed", type=int, default=_spec_default("seed"),
                    help="initialisation, data order and held-out split seed")
     t.add_argument("--shuffle", action=argparse.BooleanOptionalAction,

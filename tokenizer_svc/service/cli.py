@@ -111,8 +111,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="with the shared GPU process: for this many seconds after a request, "
                         "keep a short kernel running on the GPU whenever there is nothing to "
                         "encode, so the driver keeps its clock up (GPUs idle at a low clock "
-                        "and the service's load may never raise it: the H200 stayed at 345 "
-                        "of 1980 MHz); costs the GPU's power while in use; 0: off. auto "
+                        "and a service's bursty load may never raise it); costs the GPU's "
+                        "power while in use; 0: off. auto "
                         "(default): 2 with the shared GPU process on a hardware GPU, else 0 "
                         "(tokenizer_svc/service/clock_keeper.py)")
     add_device_args(p)
