@@ -30,7 +30,11 @@ flagged in the table), then --passes timed passes in which the implementations t
 a rotating order (istanbul's two inputs, gigatoken's two, are adjacent, their order swapped
 every pass). Before istanbul's turn the GPU gets --warm s of the same call (a GPU idles at a
 low clock and reaches its full one after ~0.5-1 s of work; `istanbul serve --gpu-keep-clock`
-holds it there; skipped on software adapters). Reported: the median MB/s per implementation
+holds it there; skipped on software adapters). Every timed call gets `str` documents no
+library has seen (decoded from the bytes just before it, outside the timing): CPython caches a
+str's UTF-8 once a C extension asks for it, so without this the implementations timed after the
+reference would read `str` input for free, and `str` would look faster than `bytes`.
+Reported: the median MB/s per implementation
 and its min-max over the passes; the ratios istanbul / gigatoken for str and for bytes.
 
 Extras (--no-extras leaves them out), on the whole corpus: decode (istanbul from
@@ -82,6 +86,12 @@ class Batch:
     docs: list[str]
     raw: list[bytes]           # the same documents as UTF-8
     nbytes: int
+
+    def refresh(self) -> None:
+        """New `str` objects for the documents, decoded from `raw`: CPython keeps a str's UTF-8
+        once any C extension has asked for it (tiktoken, gigatoken and PyO3 libraries do), so a
+        str seen before is encoded for free; a user's documents arrive without that cache."""
+        self.docs = [r.decode("utf-8") for r in self.raw]
 
 
 @dataclass
@@ -195,6 +205,7 @@ def interleaved(groups: list[Group], batch: Batch, passes: int, reference: Impl)
             if group.before is not None:
                 group.before(batch)
             for impl in (group.impls if p % 2 == 0 else group.impls[::-1]):
+                batch.refresh()
                 gc.collect()
                 start = time.perf_counter()
                 out = impl.run(batch)
@@ -290,8 +301,10 @@ def extras(enc, tik, batch: Batch, args, warm: Callable[[Batch], None]) -> dict:
     # dispatch; a profiled call waits for each submit), after --warm s of calls
     encoder, decoder = enc.backend.encoder, enc.backend.decoder
     out["phases_ms"] = {}
-    for kind, docs in (("str", batch.docs), ("bytes", batch.raw)):
+    for kind in ("str", "bytes"):
         warm(batch)
+        batch.refresh()
+        docs = batch.docs if kind == "str" else batch.raw
         encoder.profile = True
         start = time.perf_counter()
         enc.encode_batch_flat(docs)
@@ -330,6 +343,7 @@ def extras(enc, tik, batch: Batch, args, warm: Callable[[Batch], None]) -> dict:
                  lambda: [enc.encode_ordinary(lone) for _ in range(args.lone_calls)],
                  args.lone_calls)):
             warm(batch)
+            batch.refresh()   # str documents no library has seen (Batch.refresh)
             with HostSplit(steps) as split:
                 call()
             splits[name] = {"table": split.table(n), **split.as_dict(), "calls": n}
@@ -444,7 +458,10 @@ def markdown(result: dict) -> str:
               "warm-up pass, (min-max) over the passes; a batch call per category, and one "
               "of the whole corpus (\"all\"). Ids compared with tiktoken's per document for "
               "every implementation and input kind; a cell that differs says how many "
-              f"documents. istanbul: --warm {meta['warm_s']} s of calls before its turn.", "",
+              f"documents. istanbul: --warm {meta['warm_s']} s of calls before its turn. "
+              "Each timed call gets `str` objects no library has seen (CPython keeps a str's "
+              "UTF-8 once a C extension asks for it: a str read before is encoded for free).",
+              "",
               "| vocab | category | " + " | ".join(COLUMNS) +
               " | istanbul/gigatoken str | istanbul/gigatoken bytes |",
               "|---|---|" + "---:|" * (len(COLUMNS) + 2)]

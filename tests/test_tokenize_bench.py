@@ -86,3 +86,29 @@ def test_a_tiny_run_measures_every_category_on_str_and_bytes(tmp_path):
     md = (out / "tokenize.md").read_text()
     assert "| gpt2 | adversarial |" in md and "istanbul bytes" in md
     assert "Every document of every implementation and input kind has tiktoken's ids." in md
+
+
+def test_every_timed_str_call_gets_documents_no_library_has_seen():
+    """CPython keeps a str's UTF-8 once a C extension asks for it: the reference (tiktoken)
+    would otherwise hand every later str implementation its input encoded for free."""
+    import numpy as np
+    from bench.tokenize_bench import Batch, Group, Impl, interleaved
+
+    docs = ["héllo wörld " * 50, "plain ascii", "日本語のテキスト" * 20]
+    raw = [d.encode() for d in docs]
+    seen: list[list[str]] = []   # the objects themselves, kept alive: ids are not reused
+
+    def run(b):
+        assert b.docs == docs
+        seen.append(list(b.docs))
+        return np.zeros(0, np.int64), np.zeros(len(b.docs) + 1, np.int64)
+
+    flat = lambda r: r  # noqa: E731
+    reference = Impl("reference str", run, flat)
+    timed = Impl("timed str", run, flat)
+    batch = Batch("t", list(docs), raw, sum(map(len, raw)))
+    interleaved([Group([reference]), Group([timed])], batch, passes=3, reference=reference)
+    timed_calls = seen[2:]   # after the warm-up pass's reference and check calls
+    assert len(timed_calls) == 6
+    ids = [id(d) for call in timed_calls for d in call]
+    assert len(set(ids)) == len(ids), "a timed call saw str objects an earlier call had"
