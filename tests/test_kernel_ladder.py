@@ -20,8 +20,8 @@ FAMILIES = {"elementwise", "embedding", "rmsnorm", "matmul", "rope", "attention"
 def test_every_family_registers_cases():
     found = {c.family for c in CASES.values()}
     assert found == FAMILIES, f"families changed: {sorted(found ^ FAMILIES)}"
-    assert {"bpe_encode_gpt2", "bpe_encode_cl100k", "bpe_encode_o200k", "bpe_scan",
-            "bpe_decode"} <= set(CASES)
+    assert {"bpe_encode_gpt2", "bpe_encode_cl100k", "bpe_encode_o200k", "bpe_utf8_check",
+            "bpe_scan", "bpe_decode"} <= set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES, key=lambda n: (CASES[n].family, n)),

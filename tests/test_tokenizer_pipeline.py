@@ -82,6 +82,53 @@ def test_invalid_utf8_in_bytes_mode_across_chunks(chunked):
         assert ids[offsets[i]:offsets[i + 1]].tolist() == tik._encode_bytes(doc), i
 
 
+def test_valid_bytes_are_checked_on_the_gpu_in_the_one_call(chunked, monkeypatch):
+    """Valid `bytes` documents (many scripts, larger than one call, empty ones) go to the
+    encoder as they are, its UTF-8 check in the call (no host decode); ids equal tiktoken's
+    and `str` input's, also into a caller's array."""
+    enc, small, tik = chunked
+    from tokenizer_svc import encoding
+    monkeypatch.setattr(encoding, "_pack_valid_utf8", None)   # the host check: not called
+    texts = _docs() + [" ".join(f"w{i} 日本 {i * 7}" for i in range(700))]
+    docs = [t.encode() for t in texts]
+    ids, offsets = enc.encode_batch_flat(docs)
+    assert small.last_profile.gpu.get("utf8_check", 0) > 0 or \
+        not small.device.has("timestamp-query")
+    assert small.last_profile.calls >= 10
+    for i, text in enumerate(texts):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode_ordinary(text), i
+    str_ids, str_offsets = enc.encode_batch_flat(texts)
+    assert ids.tolist() == str_ids.tolist() and offsets.tolist() == str_offsets.tolist()
+    out = np.zeros(sum(map(len, docs)) + 5, np.uint32)
+    out_ids, out_offsets = enc.encode_batch_flat(docs, out=out)
+    assert out_ids.tolist() == ids.tolist() and out_offsets.tolist() == offsets.tolist()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_mixed_valid_and_invalid_bytes_equal_encode_bytes(chunked, seed):
+    """A batch where the GPU's check finds invalid documents among valid ones (every
+    invalid form, characters cut across documents, documents larger than one call) falls
+    back to the per-document path: each document equals tiktoken's `_encode_bytes`, also
+    into a caller's array, and the encoder serves the next call."""
+    from istanbul.shaders.kernels.bpe.cases import utf8_adversarial
+    enc, small, tik = chunked
+    rng = random.Random(seed)
+    valid = [t.encode() for t in _docs()]
+    docs = valid + utf8_adversarial(np.random.default_rng(seed))[::3]
+    big = "".join(MULTILINGUAL).encode() * 5   # over max_call_bytes
+    # (raw bytes after an invalid sequence are one piece: under max_call_bytes here)
+    docs += [big + b"\xff end", b"\xc3" + big[:3000], big[:len(big) - 3000] + b" \xe0\x80 x"]
+    rng.shuffle(docs)
+    ids, offsets = enc.encode_batch_flat(docs)
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik._encode_bytes(doc), i
+    out = np.zeros(sum(map(len, docs)), np.uint32)
+    out_ids, out_offsets = enc.encode_batch_flat(docs, out=out)
+    assert out_ids.tolist() == ids.tolist() and out_offsets.tolist() == offsets.tolist()
+    assert not small.busy()
+    assert enc.encode_batch_flat([b"after"])[0].tolist() == tik.encode_ordinary("after")
+
+
 @pytest.mark.parametrize("ids_per_byte", [0.0, 1.0])
 def test_a_wrong_readback_guess_still_reads_every_id(chunked, ids_per_byte):
     """The fast path copies a guess of the ids with the offsets; a guess too small falls back

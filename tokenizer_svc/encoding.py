@@ -546,9 +546,18 @@ class Encoding:
                         "errors='replace')") from None
             return self._encode_ordinary_many(texts)
         packed_encode = getattr(self.backend, "encode_packed", None)
-        packed = _pack_valid_utf8(docs) if packed_encode is not None else None
-        if packed is not None:   # the common case: every document valid, one device call
-            return packed_encode(*packed)
+        if packed_encode is not None and getattr(self.backend, "checks_utf8", False):
+            # the common case: every document valid, one device call that checks them itself
+            # (no host decode); an invalid one ends it, and the documents go on below
+            from istanbul.shaders.kernels.bpe.encode import InvalidUtf8   # the GPU's modules
+            try:
+                return packed_encode(*_joined(docs), check_utf8=True)
+            except InvalidUtf8:
+                pass
+        elif packed_encode is not None:   # checked here, then one device call
+            packed = _pack_valid_utf8(docs)
+            if packed is not None:
+                return packed_encode(*packed)
         valid = []
         for d in docs:
             try:

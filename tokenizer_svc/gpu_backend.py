@@ -97,6 +97,8 @@ class GpuBackend:
             vocab.pattern_name if vocab.hf_splits is None else None
         self.gpu_pattern = gpu_pattern
         self.on_gpu_pretok = gpu_pattern in PATTERN_IDS
+        # encode_packed(check_utf8=True) checks the documents on the GPU, in the call itself
+        self.checks_utf8 = self.on_gpu_pretok
         self.encoder = GpuEncoder(device, self.tables, gpu_pattern)
         self._twins: list[GpuEncoder] = []   # begin_packed's other encoders
         self._twin_lock = threading.Lock()
@@ -132,10 +134,14 @@ class GpuBackend:
         np.cumsum(per_segment, out=first_piece[1:])
         return ids, piece_offsets[first_piece]
 
-    def encode_packed(self, data, starts: np.ndarray, out: np.ndarray | None = None
-                      ) -> tuple[np.ndarray, np.ndarray]:
+    def encode_packed(self, data, starts: np.ndarray, out: np.ndarray | None = None,
+                      check_utf8: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Like encode_segments for segments already packed (bytes or a PackedText): `starts`
-        holds n + 1 offsets; `out` as GpuEncoder.encode_docs."""
+        holds n + 1 offsets; `out` and `check_utf8` (InvalidUtf8 when a segment is not valid
+        UTF-8; only with the GPU pre-tokenizer, `checks_utf8`) as GpuEncoder.encode_docs."""
+        if check_utf8 and not self.checks_utf8:
+            raise ValueError("check_utf8 needs the GPU pre-tokenizer (checks_utf8 is False): "
+                             "check the segments on the host")
         if not self.on_gpu_pretok:
             segments = data.segments() if isinstance(data, PackedText) else \
                 [data[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
@@ -144,17 +150,18 @@ class GpuBackend:
                 return ids, offsets
             out[:ids.size] = ids
             return out[:ids.size], offsets
-        return self.encoder.encode_docs(data, starts, out=out)
+        return self.encoder.encode_docs(data, starts, out=out, check_utf8=check_utf8)
 
-    def begin_packed(self, data, starts: np.ndarray):
+    def begin_packed(self, data, starts: np.ndarray, check_utf8: bool = False):
         """encode_packed in two halves (GpuEncoder.begin_docs): submitted here, (ids, offsets)
-        from the returned call's finish(). A call begun while the encoder is held (by an
+        from the returned call's finish() (`check_utf8` as in encode_packed: InvalidUtf8 from
+        finish(), the encoder given back). A call begun while the encoder is held (by an
         unfinished begun call, or another thread's call) goes to a free twin encoder (made when
         none is free, up to MAX_TWINS), so calls can be in flight back to back; when every
         encoder is held it waits for one another thread holds, never for one of this
         thread's own begun calls (those only this thread can finish)."""
         if not self.on_gpu_pretok:
-            return FinishedCall(self.encode_packed(data, starts))
+            return FinishedCall(self.encode_packed(data, starts, check_utf8=check_utf8))
         me = threading.get_ident()
         with self._twin_lock:
             encoders = [self.encoder] + self._twins
@@ -167,7 +174,7 @@ class GpuBackend:
                                        "unfinished: finish one before beginning another")
                 encoder = self.encoder.twin()
                 self._twins.append(encoder)
-        return encoder.begin_docs(data, starts)
+        return encoder.begin_docs(data, starts, check_utf8=check_utf8)
 
     def encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         if self.cpu_merges is not None:

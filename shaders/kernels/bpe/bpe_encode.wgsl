@@ -4,6 +4,9 @@
 // bpe_compact.wgsl then compacts it into ids. The reference is tokenizer_svc/reference.py.
 //
 //   bpe_fill_none     tok_buf[i] = NONE for i < n_bytes, counters = 0       (one per byte)
+//   bpe_utf8_check    (optional, right after bpe_fill_none) counters[6] = ~(the first byte
+//                     where some document stops being valid UTF-8), 0 if all are valid;
+//                     bpe_cuts then finds no boundary, so nothing is encoded (one per 16 bytes)
 //   bpe_cuts          per chunk of `chunk` bytes: its first provable piece boundary (or NONE)
 //                     and a summary of its characters for skipping long runs  (one per chunk)
 //   bpe_digit_cuts    (cl100k, o200k) per chunk inside a run of digits: a cut at a digit
@@ -43,7 +46,8 @@
 //   9 counters  array<atomic<u32>> rw    [0] windows, [1] scratch words, [2] boundary
 //                                        overruns, [3] unfinished (resume needed),
 //                                        [4] progress (pieces matched / long-merge steps),
-//                                        [5] failed seams
+//                                        [5] failed seams, [6] ~(first invalid UTF-8 byte)
+//                                        or 0 (bpe_utf8_check)
 //  10 p         uniform Params
 // Dispatch: workgroups of 64 invocations, one invocation per byte / chunk / piece as listed,
 // ceil(count / 64) workgroups (folded into 2-D by the engine when large).
@@ -128,6 +132,8 @@
 
 const NONE: u32 = 0xffffffffu;
 const COUNTER_WORDS: u32 = 8u;   // counters' length (shaders/kernels/bpe/encode.py)
+const UTF8_INVALID: u32 = 6u;    // counters[6]: bpe_utf8_check's report (encode.py UTF8_WORD)
+const UTF8_BYTES: u32 = 16u;     // bytes per bpe_utf8_check invocation (encode.py UTF8_BYTES)
 const SHORT_MAX: u32 = 64u;   // pieces up to this many bytes are merged by one invocation
 const WG: u32 = 64u;
 const STAGE1_WORDS: u32 = 4352u;
@@ -978,6 +984,94 @@ fn bpe_fill_none(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     if (i < COUNTER_WORDS) { atomicStore(&counters[i], 0u); }
 }
 
+// --- KERNEL: bpe_utf8_check ---
+@group(0) @binding(0) var<storage, read> text: array<u32>;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> classes: array<u32>;
+@group(0) @binding(3) var<storage, read> vocab: array<u32>;
+@group(0) @binding(4) var<storage, read> pairs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> cuts: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> tok_buf: array<u32>;
+@group(0) @binding(7) var<storage, read_write> longs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> scratch: array<u32>;
+@group(0) @binding(9) var<storage, read_write> counters: array<atomic<u32>>;
+@group(0) @binding(10) var<uniform> p: Params;
+
+// Is every document valid UTF-8 by Python's strict decoder (bytes.decode("utf-8"): no
+// overlong form, surrogate U+D800-DFFF or code point above U+10FFFF, no stray continuation
+// byte, no lead byte C0, C1 or F5-FF, no sequence cut off by its document's end)? Each
+// document [starts[d], starts[d + 1]) is checked on its own. A byte is flagged when it is a
+// lead byte whose sequence is not well formed inside its document, or a continuation byte
+// that no lead byte of its document covers. The bytes before a document's first flagged byte
+// are whole valid characters, and the decoder fails exactly there, so the least flagged
+// byte is where the first invalid document stops being valid (Python's exc.start, counted
+// from the start of the text). counters[6] = max of ~i over flagged bytes i (~ that least
+// one; 0: every document is valid; i < 2^32 - 1). Run after bpe_fill_none (which zeroes the
+// counters) and before bpe_cuts, which then finds no boundary in any chunk: the other
+// kernels never read invalid text. Dispatch: one invocation per UTF8_BYTES bytes; ASCII
+// words cost one load each.
+fn utf8_len(b: u32) -> u32 {   // the sequence length a lead byte starts: 0 if none
+    if (b < 0x80u) { return 1u; }
+    if (b < 0xc2u) { return 0u; }   // continuation bytes, C0, C1 (overlong)
+    if (b < 0xe0u) { return 2u; }
+    if (b < 0xf0u) { return 3u; }
+    if (b < 0xf5u) { return 4u; }
+    return 0u;                      // F5-FF: above U+10FFFF
+}
+
+fn utf8_bad(i: u32, start: u32, end: u32) -> bool {   // byte i of document [start, end)
+    let b = byte_at(i);
+    if (b < 0x80u) { return false; }
+    if ((b & 0xc0u) == 0x80u) {   // covered by the nearest lead byte before it (<= 3 back)?
+        for (var k = 1u; k <= 3u; k += 1u) {
+            if (i - start < k) { return true; }
+            let c = byte_at(i - k);
+            if ((c & 0xc0u) != 0x80u) { return k >= utf8_len(c); }
+        }
+        return true;
+    }
+    let n = utf8_len(b);
+    if (n == 0u || n > end - i) { return true; }
+    // the second byte's range excludes overlong forms (E0, F0), surrogates (ED) and code
+    // points above U+10FFFF (F4)
+    var lo = 0x80u;
+    var hi = 0xbfu;
+    if (b == 0xe0u) { lo = 0xa0u; }
+    if (b == 0xedu) { hi = 0x9fu; }
+    if (b == 0xf0u) { lo = 0x90u; }
+    if (b == 0xf4u) { hi = 0x8fu; }
+    let b1 = byte_at(i + 1u);
+    if (b1 < lo || b1 > hi) { return true; }
+    for (var k = 2u; k < n; k += 1u) {
+        if ((byte_at(i + k) & 0xc0u) != 0x80u) { return true; }
+    }
+    return false;
+}
+
+@compute @workgroup_size(64)
+fn bpe_utf8_check(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    touch_all();
+    let lo = linear_index(wg, nwg, lid) * UTF8_BYTES;
+    if (lo >= p.n_bytes) { return; }
+    let w0 = lo >> 2u;
+    let words = (p.n_bytes + 3u) >> 2u;   // the last one's bytes past n_bytes are zeros
+    var high = 0u;
+    for (var k = 0u; k < UTF8_BYTES / 4u; k += 1u) {
+        if (w0 + k < words) { high |= text[w0 + k]; }
+    }
+    if ((high & 0x80808080u) == 0u) { return; }   // ASCII only
+    let hi = min(lo + UTF8_BYTES, p.n_bytes);
+    var d = doc_of(lo);
+    for (var i = lo; i < hi; i += 1u) {
+        while (starts[d + 1u] <= i) { d += 1u; }
+        if (utf8_bad(i, starts[d], starts[d + 1u])) {
+            atomicMax(&counters[UTF8_INVALID], ~i);
+            return;
+        }
+    }
+}
+
 // --- KERNEL: bpe_cuts ---
 @group(0) @binding(0) var<storage, read> text: array<u32>;
 @group(0) @binding(1) var<storage, read> starts: array<u32>;
@@ -1002,6 +1096,10 @@ fn bpe_cuts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     touch_all();
     let c = spread_index(linear_index(wg, nwg, lid));
     if (c >= p.n_chunks) { return; }
+    if (atomicLoad(&counters[UTF8_INVALID]) != 0u) {   // invalid UTF-8 (bpe_utf8_check):
+        cuts[c] = vec4<u32>(NONE, NONE, 0u, 0u);       // no boundary, no digits, no pieces
+        return;
+    }
     let lo = c * p.chunk;
     let hi = min(lo + p.chunk, p.n_bytes);
     var i = lo;

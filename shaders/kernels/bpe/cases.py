@@ -1,4 +1,5 @@
-"""Ladder entries for the BPE tokenizer kernels (bpe_encode/scan/compact/decode.wgsl).
+"""Ladder entries for the BPE tokenizer kernels (bpe_encode/scan/compact/decode.wgsl, the
+encoder's UTF-8 check included).
 
 The launches run the family's op classes through their public entry points
 (`GpuEncoder.encode_docs`, `GpuScan.record`, `GpuDecoder.decode`), the ones the tokenizer
@@ -162,6 +163,120 @@ for _pattern in ("gpt2", "cl100k", "o200k"):
         inputs=_encode_inputs(_pattern), launch=_encode_launch, reference=_encode_reference,
         variants=("random", "unicode", "long", "many", "small"),
         bytes=lambda inp: 21.0 * len(inp["data"])))
+
+
+# ---- UTF-8 check ---------------------------------------------------------------------------
+
+# Byte strings Python's strict decoder rejects, one per way to fail (bytes.decode("utf-8")),
+# and boundary cases it accepts.
+UTF8_INVALID_FORMS = (
+    b"\x80", b"\xbf", b"\x80\x80\x80\x80",                      # stray continuation bytes
+    b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xe0\x9f\xbf",     # overlong forms
+    b"\xf0\x80\x80\xaf", b"\xf0\x8f\xbf\xbf",
+    b"\xed\xa0\x80", b"\xed\xbf\xbf",                              # surrogates
+    b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xf8\x88\x80\x80\x80",  # above U+10FFFF
+    b"\xfe", b"\xff",
+    b"\xc3", b"\xe6\x97", b"\xf0\x9f\x98",                          # cut short
+    b"\xc3\x28", b"\xe6\x28\xa5", b"\xe6\x97\x28", b"\xf0\x9f\x28\x80",  # a non-continuation
+    b"\xf0\x9f\x98\x28", b"\xc3\xa9\x80", b"\xf0\x9f\x98\x80\x80")  # one continuation too many
+UTF8_VALID_EDGES = (b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xee\x80\x80",
+                    b"\xef\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\x7f", b"\x00")
+
+
+def utf8_adversarial(rng) -> list[bytes]:
+    """Documents with each invalid form and valid edge at a document's start, middle (every
+    offset around bpe_utf8_check's 16-byte spans) and end, after ASCII or multi-byte text;
+    valid characters cut in two across a document boundary; empty documents between."""
+    docs = []
+    pads = (b"", b"a", b"xyz", "é".encode(), "日本".encode(), "👍".encode())
+    for form in UTF8_INVALID_FORMS + UTF8_VALID_EDGES:
+        for lead in range(0, 20, 3):
+            pad = pads[int(rng.integers(len(pads)))]
+            docs.append(b"q" * lead + pad + form + pads[int(rng.integers(len(pads)))])
+        docs += [form, form + b"tail", b"head" + form, b""]
+    for char in ("é", "日", "👍"):
+        raw = char.encode()
+        for cut in range(1, len(raw)):
+            docs += [b"x" * 15 + raw[:cut], raw[cut:] + b"y", b""]
+    return docs
+
+
+def utf8_valid_prefixes(docs: list[bytes]) -> np.ndarray:
+    """Per document the length of its longest valid UTF-8 prefix (Python's decoder; the
+    document's length when it is valid): the oracle of bpe_utf8_check."""
+    out = []
+    for doc in docs:
+        try:
+            doc.decode("utf-8")
+            out.append(len(doc))
+        except UnicodeDecodeError as exc:
+            out.append(exc.start)
+    return np.array(out, np.int64)
+
+
+def gpu_valid_prefixes(encoder, docs: list[bytes]) -> np.ndarray:
+    """The same from `encoder.encode_docs(check_utf8=True)` (InvalidUtf8 names the first
+    invalid byte): called again from the document after each invalid one, so every document
+    gets its answer."""
+    from .encode import InvalidUtf8
+    out, first = [], 0
+    while first < len(docs):
+        rest = docs[first:]
+        starts = np.concatenate([[0], np.cumsum([len(d) for d in rest])]).astype(np.int64)
+        try:
+            encoder.encode_docs(np.frombuffer(b"".join(rest), np.uint8), starts,
+                                check_utf8=True)
+        except InvalidUtf8 as exc:
+            d = int(np.searchsorted(starts, exc.position, side="right")) - 1
+            out += [len(x) for x in rest[:d]] + [exc.position - int(starts[d])]
+            first += d + 1
+        else:
+            out += [len(x) for x in rest]
+            break
+    return np.array(out, np.int64)
+
+
+def _utf8_inputs(rng, variant):
+    if variant == "adversarial":
+        docs = utf8_adversarial(rng)
+    elif variant == "random":   # random bytes, mostly short
+        docs = [rng.integers(0, 256, int(rng.integers(0, 12))).astype(np.uint8).tobytes()
+                for _ in range(60)]
+    else:   # valid text in many scripts ("bench": 4 MB) with a few flipped bytes ("flips")
+        docs = [d.encode() for d in _docs(rng, "bench" if variant == "bench" else "unicode")]
+        if variant == "flips":
+            for k in rng.choice(len(docs), 6, replace=False):
+                d = bytearray(docs[k])
+                if d:
+                    d[int(rng.integers(len(d)))] ^= 1 << int(rng.integers(6, 8))
+                docs[k] = bytes(d)
+    return {"docs": docs}
+
+
+def _utf8_launch(dev, inp):
+    """The encoder's check through its public entry point (encode_docs(check_utf8=True)),
+    called again after each invalid document; timed by its per-dispatch GPU profile."""
+    from .encode import GpuEncoder
+    enc = GpuEncoder(dev, _tables("o200k"), "o200k")
+    enc.profile = True
+    result = {}
+
+    def encode(rec):   # the encoder submits and reads back itself; `rec` stays empty
+        result["valid"] = gpu_valid_prefixes(enc, inp["docs"])
+
+    return Launch(encode=encode, read=lambda: dict(result),
+                  gpu_seconds=lambda: enc.last_profile.gpu.get("utf8_check", 0.0))
+
+
+register(KernelCase(
+    name="bpe_utf8_check", family="bpe", precision="exact",
+    description="is every document valid UTF-8 (Python's strict decoder): the first invalid "
+                "byte, in the encoder's counters",
+    kernels=[("bpe_encode.wgsl", "bpe_utf8_check"), ("bpe_encode.wgsl", "bpe_fill_none")],
+    inputs=_utf8_inputs, launch=_utf8_launch,
+    reference=lambda inp: {"valid": utf8_valid_prefixes(inp["docs"])},
+    variants=("adversarial", "random", "unicode", "flips"),
+    bytes=lambda inp: float(sum(len(d) for d in inp["docs"]))))
 
 
 # ---- scan -------------------------------------------------------------------------------

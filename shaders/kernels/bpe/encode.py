@@ -4,9 +4,13 @@
     ids, offsets = enc.encode_docs(data, starts)     # data: uint8, starts: n_docs + 1 offsets
     ids, offsets = enc.encode_docs(data, starts, out=buf)  # ids written into buf (a view back)
     ids, offsets = enc.merge_pieces(data, piece_starts)   # pieces cut on the CPU
+    enc.encode_docs(data, starts, check_utf8=True)   # InvalidUtf8 unless all valid UTF-8
 
 `data`: bytes, a uint8 array, or a PackedText (documents joined range by range as the
-pipeline uploads them, so the joins overlap with GPU work).
+pipeline uploads them, so the joins overlap with GPU work). Every document must be valid
+UTF-8; `check_utf8=True` checks that on the GPU (bpe_utf8_check, in each chunk's submit, its
+answer in the counters the chunk reads back anyway) and raises InvalidUtf8 when one is not,
+after the call has ended (so the caller can take a path for raw bytes).
 
 `out=` (for callers that keep one array, e.g. the service): a 1-D uint32 numpy array of at
 least len(data) elements (no byte starts two tokens); the returned ids are its first
@@ -18,7 +22,8 @@ than one device call is first split at the tokenizer's split points, cuts.py).
 Each chunk is ONE submit on the fast path (shaders/kernels/bpe/):
 
     write text + document starts                       (host; overlaps the previous chunk)
-    bpe_fill_none -> bpe_cuts (-> bpe_digit_cuts) -> bpe_pretok   (bpe_encode.wgsl)
+    bpe_fill_none (-> bpe_utf8_check) -> bpe_cuts (-> bpe_digit_cuts) -> bpe_pretok
+                                                       (bpe_encode.wgsl)
     scan of "a token starts here" -> bpe_compact       (bpe_scan.wgsl, bpe_compact.wgsl;
         one bpe_scan_compact dispatch for chunks of at most SMALL_COMPACT_BYTES)
     copy counters, document offsets and a guess of the ids (bpe_compact lays them out in one
@@ -73,12 +78,14 @@ from .scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots
                        device_lock, map_staging, write_through_mapping)
 from .tables import NONE, VocabTables
 from .packed_text import PackedRange, PackedText, byte_range
-from .cuts import split_cuts
+from .cuts import split_cuts, valid_utf8_prefix
 from .patterns import PATTERN_IDS
 
 ENCODE_FILE = "bpe_encode.wgsl"
 COMPACT_FILE = "bpe_compact.wgsl"
 COUNTER_WORDS = 8   # the counters (bpe_encode.wgsl), first in bpe_compact's `out` and staging
+UTF8_WORD = 6       # counters[6]: ~(first invalid UTF-8 byte) or 0 (bpe_encode.wgsl UTF8_INVALID)
+UTF8_BYTES = 16     # bytes per bpe_utf8_check invocation (bpe_encode.wgsl UTF8_BYTES)
 SMALL_COMPACT_BYTES = 4095   # bpe_compact.wgsl SMALL_BYTES: one-workgroup scan + compact
 DIGIT_GROUP_PATTERNS = ("cl100k", "o200k")   # \p{N}{1,3}: bpe_digit_cuts cuts their runs
 WG = 64
@@ -194,6 +201,19 @@ class EncoderStalled(RuntimeError):
     """A resumed GPU kernel made no progress (an internal error, never expected)."""
 
 
+class InvalidUtf8(ValueError):
+    """A call with check_utf8=True found a document that is not valid UTF-8. `position`: the
+    byte of `data` where the first such document (in data's order) stops being valid (as
+    Python's `UnicodeDecodeError.start`, counted from the start of data). Raised after the
+    call has ended: the encoder is free again and nothing was written to `out` past the
+    chunks before it."""
+
+    def __init__(self, position: int):
+        super().__init__(f"invalid UTF-8 at byte {position:,} of the call's data: encode_docs "
+                         "takes valid UTF-8 only (raw bytes: Encoding.encode_bytes)")
+        self.position = position
+
+
 @dataclass
 class Profile:
     upload_s: float = 0.0
@@ -253,6 +273,7 @@ class GpuEncoder:
         constants = {"PATTERN": PATTERN_IDS[pattern]} if pattern in PATTERN_IDS else {}
         k = lambda name, c=None: device.kernel(ENCODE_FILE, name, c or {})  # noqa: E731
         self.k_fill = k("bpe_fill_none")
+        self.k_utf8 = k("bpe_utf8_check")
         self.k_cuts = k("bpe_cuts", constants) if constants else None
         # cuts inside runs of digits (cl100k, o200k: \p{N}{1,3} pieces; gpt2 takes a run whole)
         self.k_digit_cuts = k("bpe_digit_cuts", constants) if pattern in DIGIT_GROUP_PATTERNS \
@@ -383,17 +404,20 @@ class GpuEncoder:
 
     # ---- public ---------------------------------------------------------------------------
 
-    def encode_docs(self, data, starts, out: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def encode_docs(self, data, starts, out: np.ndarray | None = None,
+                    check_utf8: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Pre-tokenize on the GPU with this encoder's pattern and BPE every piece.
 
         `out`: a 1-D uint32 array of at least len(data) elements (no input byte starts two
         tokens) that receives the ids; the ids returned are then its first elements (a view).
+        `check_utf8`: check on the GPU that every document is valid UTF-8 (what Python's
+        strict decoder accepts, each document on its own) and raise InvalidUtf8 if one is
+        not; without it the caller guarantees it.
         """
         if self.k_pretok is None:
             raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
                              "the CPU and call merge_pieces")
-        return self._batched(data, starts, pieces=False, out=out)
+        return self._batched(data, starts, pieces=False, out=out, check_utf8=check_utf8)
 
     def merge_pieces(self, data, starts, out: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -402,11 +426,11 @@ class GpuEncoder:
 
     # ---- batching -------------------------------------------------------------------------
 
-    def _batched(self, data, starts, pieces: bool, out=None):
+    def _batched(self, data, starts, pieces: bool, out=None, check_utf8: bool = False):
         with self._lock, self.device_lock:
             self.holder = threading.get_ident()
             try:
-                return self._batched_locked(data, starts, pieces, out)
+                return self._batched_locked(data, starts, pieces, out, check_utf8)
             finally:
                 self.holder = None
 
@@ -415,13 +439,16 @@ class GpuEncoder:
         thread is `holder` (a thread's own begun call must not be waited for by it)."""
         return self._lock.locked()
 
-    def _batched_locked(self, data, starts, pieces: bool, out=None):
-        call = self._prepare(data, starts, pieces, out)
+    def _batched_locked(self, data, starts, pieces: bool, out=None, check_utf8: bool = False):
+        call = self._prepare(data, starts, pieces, out, check_utf8)
         return call if isinstance(call, tuple) else call.run()
 
-    def _prepare(self, data, starts, pieces: bool, out=None):
+    def _prepare(self, data, starts, pieces: bool, out=None, check_utf8: bool = False):
         """A call's inputs checked and cut into chunks (a _Plan), or its result at once when it
-        has no document."""
+        has no document. A document over max_call_bytes is cut at split points inside its
+        valid UTF-8 prefix (cuts.split_cuts), which are character boundaries: each part of a
+        valid document is valid, and a part of an invalid one is not (valid parts join into
+        valid UTF-8), so the check of check_utf8 holds for the parts."""
         if not isinstance(data, (np.ndarray, PackedText)):
             data = np.frombuffer(data, dtype=np.uint8)
         starts = np.asarray(starts, dtype=np.int64)
@@ -435,9 +462,10 @@ class GpuEncoder:
         if n_docs <= 0:
             return (out[:0] if out is not None else np.zeros(0, np.uint32)), \
                 np.zeros(max(n_docs + 1, 1), np.int64)
-        sub_starts, owner_first = self._split_oversize(data, starts, pieces)
+        sub_starts, owner_first = self._split_oversize(data, starts, pieces, check_utf8)
         return _Plan(self, data, sub_starts, owner_first, self._chunk_bounds(sub_starts),
-                     pieces, out if out is not None else np.empty(int(data.size), np.uint32))
+                     pieces, out if out is not None else np.empty(int(data.size), np.uint32),
+                     check_utf8)
 
     def _chunk_bounds(self, sub_starts: np.ndarray) -> list[int]:
         """Chunks of whole sub-documents, about pipeline_bytes each (at least one
@@ -455,7 +483,7 @@ class GpuEncoder:
 
     # ---- a call in two halves -------------------------------------------------------------
 
-    def begin_docs(self, data, starts) -> "BegunCall":
+    def begin_docs(self, data, starts, check_utf8: bool = False) -> "BegunCall":
         """`encode_docs` in two halves: this uploads and submits the call and returns at
         once; its `finish()` waits for the GPU and returns (ids, offsets). Between the two the
         caller can do other work, e.g. begin a call on another encoder (`twin()`), which the
@@ -464,7 +492,9 @@ class GpuEncoder:
         until finish() (or cancel()) ends the call: another thread's call waits for it, and
         the thread that began it must not call this encoder before. A call of more than one
         chunk (over a quarter of pipeline_bytes, or documents over max_call_bytes) runs
-        whole here; its finish() only returns the result."""
+        whole here; its finish() only returns the result. `check_utf8` as in encode_docs:
+        InvalidUtf8 comes from finish() (or from here, for a call run whole here), the
+        encoder given back either way."""
         if self.k_pretok is None:
             raise ValueError(f"pattern {self.pattern!r} has no GPU pre-tokenizer; cut pieces on "
                              "the CPU and call merge_pieces")
@@ -472,21 +502,21 @@ class GpuEncoder:
         self.holder = threading.get_ident()
         try:
             with self.device_lock:
-                return self._begin_locked(data, starts)
+                return self._begin_locked(data, starts, check_utf8)
         except BaseException:
             self.holder = None
             self._lock.release()
             raise
 
-    def _begin_locked(self, data, starts) -> "BegunCall":
-        plan = self._prepare(data, starts, False)
+    def _begin_locked(self, data, starts, check_utf8: bool = False) -> "BegunCall":
+        plan = self._prepare(data, starts, False, check_utf8=check_utf8)
         if isinstance(plan, tuple):   # no document
             return BegunCall(self, result=plan)
         if len(plan.bounds) != 2:     # several chunks: the whole call now
             return BegunCall(self, result=plan.run())
         self.call_chunk = self.chunk_for(min(int(plan.sub_starts[-1]), self.pipeline_bytes))
         self._check_interrupt()
-        chunk = self._upload(plan.data, plan.sub_starts, plan.bounds, 0, False)
+        chunk = self._upload(plan.data, plan.sub_starts, plan.bounds, 0, False, check_utf8)
         try:
             chunk.dispatch()
         except BaseException:
@@ -527,15 +557,17 @@ class GpuEncoder:
             shift += 1
         return shift
 
-    def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets) -> int:
+    def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets,
+                  check_utf8: bool = False) -> int:
         """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
         work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
         submitted before chunk k's ids are copied out of their mapped staging buffer (the
         host-written buffers and the staging buffers alternate between two slots; the rest
         is only written by the GPU, in queue order). Returns the number of ids written to
-        `ids`; fills sub_offsets[1:]."""
+        `ids`; fills sub_offsets[1:]. `check_utf8`: each chunk checks its text (InvalidUtf8
+        from the first chunk that finds invalid text, before the next one is submitted)."""
         def upload(k):
-            return self._upload(data, sub_starts, bounds, k, pieces)
+            return self._upload(data, sub_starts, bounds, k, pieces, check_utf8)
 
         base, n_chunks = 0, len(bounds) - 1
         self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
@@ -565,13 +597,14 @@ class GpuEncoder:
                     c.release()
         return base
 
-    def _upload(self, data, sub_starts, bounds, k: int, pieces: bool) -> "_Chunk":
+    def _upload(self, data, sub_starts, bounds, k: int, pieces: bool,
+                check_utf8: bool = False) -> "_Chunk":
         """Chunk k of a call (sub-documents [bounds[k], bounds[k+1])), its text written into
         slot k % 2."""
         lo, hi = int(sub_starts[bounds[k]]), int(sub_starts[bounds[k + 1]])
         text = PackedRange(data, lo, hi) if isinstance(data, PackedText) else data[lo:hi]
         return _Chunk(self, text, sub_starts[bounds[k]:bounds[k + 1] + 1] - lo, pieces,
-                      slot=k % 2, first_sub=bounds[k])
+                      slot=k % 2, first_sub=bounds[k], check_utf8=check_utf8, data_at=lo)
 
     def _collect_start(self, chunk, ids, sub_offsets, base: int):
         """Start copying the chunk's ids into ids[base:] (returns what _collect_finish waits
@@ -596,9 +629,11 @@ class GpuEncoder:
         self.last_profile.calls += 1
         return end
 
-    def _split_oversize(self, data, starts, pieces: bool):
+    def _split_oversize(self, data, starts, pieces: bool, check_utf8: bool = False):
         """Sub-documents no larger than max_call_bytes; returns (sub starts, index of each
-        document's first sub-document, plus the end)."""
+        document's first sub-document, plus the end). A document that cannot be cut raises
+        ValueError, or with check_utf8 InvalidUtf8 when it or one before it is not valid
+        UTF-8 (checked here, on the host: raw bytes past an invalid one are not cut)."""
         sizes = np.diff(starts)
         if sizes.max(initial=0) <= self.max_call_bytes:
             return starts, np.arange(starts.size)
@@ -616,6 +651,11 @@ class GpuEncoder:
                 k = int(np.searchsorted(cuts, lo + self.max_call_bytes, side="right")) - 1
                 cut = int(cuts[k]) if k >= 0 and cuts[k] > lo else None
                 if cut is None:
+                    for e in range(d + 1) if check_utf8 else ():
+                        e_lo, e_hi = int(starts[e]), int(starts[e + 1])
+                        valid = valid_utf8_prefix(byte_range(data, e_lo, e_hi).tobytes())
+                        if valid < e_hi - e_lo:
+                            raise InvalidUtf8(e_lo + valid)
                     raise ValueError(
                         f"document {d} has no provable piece boundary in {self.max_call_bytes} "
                         f"bytes from byte {lo - int(starts[d])} (e.g. one run of whitespace or "
@@ -642,6 +682,8 @@ class GpuEncoder:
     def _record_encode(self, rec, chunk) -> None:
         binds = self._binds(chunk, self.pool.get("scratch_dummy", 16), self.budget)
         rec.dispatch(self.k_fill, binds, -(-chunk.n // WG), "fill")
+        if chunk.check_utf8:
+            rec.dispatch(self.k_utf8, binds, -(-chunk.n // (WG * UTF8_BYTES)), "utf8_check")
         if chunk.pieces:
             rec.dispatch(self.k_pieces, binds, -(-chunk.n_docs // WG), "merge_pieces")
         else:
@@ -944,16 +986,19 @@ class _Plan:
     """A call cut into chunks (GpuEncoder._prepare): its data, sub-documents and their
     owners, chunk bounds, and the arrays its ids and offsets go to."""
 
-    def __init__(self, enc, data, sub_starts, owner_first, bounds, pieces, ids):
+    def __init__(self, enc, data, sub_starts, owner_first, bounds, pieces, ids,
+                 check_utf8: bool = False):
         self.enc, self.data, self.sub_starts, self.owner_first = enc, data, sub_starts, \
             owner_first
         self.bounds, self.pieces, self.ids = bounds, pieces, ids
+        self.check_utf8 = check_utf8
         self.sub_offsets = np.zeros(sub_starts.size, np.int64)
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Every chunk through the encoder's pipeline: (ids, offsets)."""
         return self.result(self.enc._pipeline(self.data, self.sub_starts, self.bounds,
-                                              self.pieces, self.ids, self.sub_offsets))
+                                              self.pieces, self.ids, self.sub_offsets,
+                                              self.check_utf8))
 
     def result(self, total: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[:total], self.sub_offsets[self.owner_first]
@@ -1010,12 +1055,15 @@ class _Chunk:
     staging buffer (the guess: 1.25 x the previous chunk's ids per byte, for a call's first
     chunk the larger of that and the previous call's first chunk's; at most one id per
     byte). wait() maps it once; when the counters show long pieces, unfinished budgeted
-    segments or a wrong guess, the chunk finishes on the slow path (more submits)."""
+    segments or a wrong guess, the chunk finishes on the slow path (more submits); when they
+    show invalid UTF-8 (check_utf8), it raises InvalidUtf8 (the position counted from
+    `data_at`, the chunk's first byte in the call's data)."""
 
     def __init__(self, enc: GpuEncoder, data: np.ndarray, starts: np.ndarray, pieces: bool,
-                 slot: int, first_sub: int):
+                 slot: int, first_sub: int, check_utf8: bool = False, data_at: int = 0):
         self.slot = slot
         self.enc, self.pieces, self.first_sub = enc, pieces, first_sub
+        self.check_utf8, self.data_at = check_utf8, data_at
         self.n, self.n_docs = int(data.size), int(starts.size - 1)
         self.chunk_bytes = enc.call_chunk
         self.n_chunks = -(-self.n // self.chunk_bytes)
@@ -1073,6 +1121,9 @@ class _Chunk:
         view = raw.read_mapped(0, self.ids_at + 4 * self.guess, copy=False)
         counters = np.frombuffer(view, np.uint32, count=COUNTER_WORDS)
         n_long, long_words, overruns, unfinished, _, failed = (int(v) for v in counters[:6])
+        if counters[UTF8_WORD]:   # nothing was encoded (bpe_cuts found no boundary)
+            self.release()
+            raise InvalidUtf8(self.data_at + (~int(counters[UTF8_WORD]) & 0xFFFFFFFF))
         offsets = np.frombuffer(view, np.uint32, count=self.n_docs + 1,
                                 offset=4 * COUNTER_WORDS)
         self.offsets = offsets.astype(np.int64)
@@ -1101,4 +1152,5 @@ class _Chunk:
             self.mapped = False
 
 
-__all__ = ["BegunCall", "BoundaryError", "EncoderStalled", "GpuEncoder", "NONE", "Profile"]
+__all__ = ["BegunCall", "BoundaryError", "EncoderStalled", "GpuEncoder", "InvalidUtf8", "NONE",
+           "Profile"]
