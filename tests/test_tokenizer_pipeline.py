@@ -91,6 +91,7 @@ def test_valid_bytes_are_checked_on_the_gpu_in_the_one_call(chunked, monkeypatch
     monkeypatch.setattr(encoding, "_pack_valid_utf8", None)   # the host check: not called
     texts = _docs() + [" ".join(f"w{i} 日本 {i * 7}" for i in range(700))]
     docs = [t.encode() for t in texts]
+    assert sum(map(len, docs)) >= encoding.GPU_UTF8_CHECK_BYTES
     ids, offsets = enc.encode_batch_flat(docs)
     assert small.last_profile.gpu.get("utf8_check", 0) > 0 or \
         not small.device.has("timestamp-query")
@@ -119,6 +120,8 @@ def test_mixed_valid_and_invalid_bytes_equal_encode_bytes(chunked, seed):
     # (raw bytes after an invalid sequence are one piece: under max_call_bytes here)
     docs += [big + b"\xff end", b"\xc3" + big[:3000], big[:len(big) - 3000] + b" \xe0\x80 x"]
     rng.shuffle(docs)
+    from tokenizer_svc import encoding
+    assert sum(map(len, docs)) >= encoding.GPU_UTF8_CHECK_BYTES   # checked on the GPU
     ids, offsets = enc.encode_batch_flat(docs)
     for i, doc in enumerate(docs):
         assert ids[offsets[i]:offsets[i + 1]].tolist() == tik._encode_bytes(doc), i

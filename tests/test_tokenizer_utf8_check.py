@@ -128,3 +128,21 @@ def test_begun_calls_on_twins_check_their_own_text(device):
     threading.Thread(target=lambda: (backend.encode_packed(*_packed([b"z"]),
                                                            check_utf8=True), done.set())).start()
     assert done.wait(30)
+
+
+@pytest.mark.parametrize("gpu_from", [0, 1 << 30], ids=["gpu-check", "host-check"])
+def test_bytes_input_equals_encode_bytes_either_side_of_the_threshold(device, monkeypatch,
+                                                                      gpu_from):
+    """`encode_batch_flat(bytes)` checks calls of at least GPU_UTF8_CHECK_BYTES on the GPU and
+    smaller ones on the host; either way every document equals tiktoken's `_encode_bytes`."""
+    from tokenizer_svc import encoding
+    monkeypatch.setattr(encoding, "GPU_UTF8_CHECK_BYTES", gpu_from)
+    enc = get_encoding(vocabulary_for("cl100k_base"), device=device)
+    tik = tiktoken_twin(enc.vocab)
+    docs = utf8_adversarial(np.random.default_rng(7))[::2] + [m.encode() for m in MULTILINGUAL]
+    ids, offsets = enc.encode_batch_flat(docs)
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik._encode_bytes(doc), i
+    valid = [m.encode() for m in MULTILINGUAL]
+    assert enc.encode_batch_flat(valid)[0].tolist() == \
+        [t for m in MULTILINGUAL for t in tik.encode_ordinary(m)]

@@ -546,18 +546,20 @@ class Encoding:
                         "errors='replace')") from None
             return self._encode_ordinary_many(texts)
         packed_encode = getattr(self.backend, "encode_packed", None)
-        if packed_encode is not None and getattr(self.backend, "checks_utf8", False):
-            # the common case: every document valid, one device call that checks them itself
-            # (no host decode); an invalid one ends it, and the documents go on below
-            from istanbul.shaders.kernels.bpe.encode import InvalidUtf8   # the GPU's modules
-            try:
-                return packed_encode(*_joined(docs), check_utf8=True)
-            except InvalidUtf8:
-                pass
-        elif packed_encode is not None:   # checked here, then one device call
-            packed = _pack_valid_utf8(docs)
-            if packed is not None:
-                return packed_encode(*packed)
+        if packed_encode is not None:   # the common case: every document valid, one device call
+            packed = _joined(docs) if getattr(self.backend, "checks_utf8", False) else None
+            if packed is not None and int(packed[1][-1]) >= GPU_UTF8_CHECK_BYTES:
+                # the call checks the documents itself (no host decode); an invalid one ends
+                # it, and the documents go on below
+                from istanbul.shaders.kernels.bpe.encode import InvalidUtf8   # GPU modules
+                try:
+                    return packed_encode(*packed, check_utf8=True)
+                except InvalidUtf8:
+                    pass
+            else:
+                packed = _pack_valid_utf8(docs)   # checked here
+                if packed is not None:
+                    return packed_encode(*packed)
         valid = []
         for d in docs:
             try:
@@ -793,6 +795,14 @@ def _unpickle_encoding(identity: tuple, content_hash: str, device):
     return get_encoding(vocab, device=device, lazy=True)
 
 
+# `bytes` documents of at least this many bytes in all check their UTF-8 in the device call
+# (GpuEncoder check_utf8: one more dispatch in each chunk's submit); smaller calls check on
+# the host, where decoding them costs a lone small request less than one more dispatch
+# (~1-1.4 ns per non-ASCII byte against ~10-25 us per dispatch: bpe_compact.wgsl;
+# dev/tokenizer_throughput/README.md, issue 50).
+GPU_UTF8_CHECK_BYTES = 16 << 10
+
+
 def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
@@ -833,11 +843,12 @@ def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:
 
 def _pack_valid_utf8(docs: list[bytes]) -> tuple[PackedText, np.ndarray] | None:
     """(the documents as one PackedText, their n + 1 byte starts) when every document is
-    valid UTF-8, else None. An ASCII document is valid as it is (`bytes.isascii`, C speed,
-    no copy); only the others are decoded to check them. Nothing is joined here: the encoder
-    joins the documents range by range into its upload buffer while the GPU works, as it
-    does for `str` documents (joining and decoding the whole batch first made `bytes` input
-    2-4x slower than `str`)."""
+    valid UTF-8, checked on the host, else None: for calls the device does not check
+    (GPU_UTF8_CHECK_BYTES, CPU pre-tokenization). An ASCII document is valid as it is
+    (`bytes.isascii`, C speed, no copy); only the others are decoded to check them. Nothing
+    is joined here: the encoder joins the documents range by range into its upload buffer
+    while the GPU works, as it does for `str` documents (joining and decoding the whole
+    batch first made `bytes` input 2-4x slower than `str`)."""
     for doc in filterfalse(bytes.isascii, docs):
         try:
             doc.decode("utf-8")
