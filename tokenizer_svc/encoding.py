@@ -16,7 +16,10 @@ Semantics are tiktoken's (tokenizer_svc/reference.py defines them): special toke
 on the CPU (allowed_special / disallowed_special exactly as tiktoken; the default raises
 ValueError on text that spells a special token), the rest is pre-tokenized and merged on the GPU.
 Lone surrogates in `str` input become U+FFFD as in tiktoken. `encode_bytes` accepts any bytes,
-including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py).
+including invalid UTF-8, with tiktoken's `_encode_bytes` rule (see reference.py). `bytes`
+documents go to the GPU as they are: calls of GPU_UTF8_CHECK_BYTES or more check their UTF-8
+in the device call itself, smaller ones on the host, and a call with an invalid document
+encodes document by document with that rule.
 
 tokenizer.json vocabularies: their "special tokens" are the added tokens. `encode_ordinary`
 normalizes, pre-tokenizes and merges (added-token text is ordinary text); `encode` also cuts
