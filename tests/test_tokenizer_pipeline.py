@@ -502,31 +502,3 @@ def test_text_through_the_mapped_upload_buffer(chunked, monkeypatch, threads):
     ids, offsets = enc.encode_batch_flat(raw)
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
     assert enc.encode_bytes(b"x\xff" * 301) == tik._encode_bytes(b"x\xff" * 301)
-
-
-@pytest.mark.parametrize("group_chars", [50, 400, 3000])
-def test_str_packed_group_by_group_equals_one_batch(chunked, monkeypatch, group_chars):
-    """Encoding._encode_overlapped: each group's UTF-8 made on a second thread while the group
-    before it is encoded; ids and offsets equal tiktoken's and the one-batch call's, a group
-    holding a lone surrogate (repaired text by text) among them."""
-    import tokenizer_svc.encoding as encoding
-
-    enc, _, tik = chunked
-    docs = _docs() + ["lone \ud800 surrogate", "astral 𝔘𝔫𝔦 and 😀 " * 40] + _docs()[:30]
-    want_ids, want_offsets = enc.encode_batch_flat(docs)
-    monkeypatch.setattr(encoding, "PACK_GROUP_CHARS", group_chars)
-    groups = encoding._pack_groups(docs)
-    assert len(groups) > 1 and sum(groups, []) == docs
-    ids, offsets = enc.encode_batch_flat(docs)
-    assert np.array_equal(offsets, want_offsets) and np.array_equal(ids, want_ids)
-    for i, doc in enumerate(docs):
-        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode_ordinary(doc), i
-
-
-def test_ascii_batches_and_small_ones_are_packed_at_once(monkeypatch):
-    import tokenizer_svc.encoding as encoding
-
-    monkeypatch.setattr(encoding, "PACK_GROUP_CHARS", 10)
-    assert len(encoding._pack_groups(["ascii only " * 10] * 20)) == 1
-    assert len(encoding._pack_groups(["é" * 5, "x" * 10])) == 1      # under 2 groups' worth
-    assert len(encoding._pack_groups(["é" * 50] * 20)) == 8           # at most 8 groups

@@ -47,7 +47,6 @@ import operator
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from itertools import filterfalse
 from typing import AbstractSet, Collection, Literal, Sequence
 
@@ -302,37 +301,10 @@ class Encoding:
         if self._hf is not None:
             texts = [self._hf.normalize(fix_surrogates(t)) for t in texts]
         packed_encode = getattr(self.backend, "encode_packed", None)
-        if packed_encode is None:
-            return self.backend.encode_segments([_utf8(t) for t in texts])
-        groups = _pack_groups(texts)
-        if len(groups) > 1:
-            return self._encode_overlapped(groups, packed_encode)
-        packed = _pack_utf8(texts)
+        packed = _pack_utf8(texts) if packed_encode is not None else None
         if packed is not None:
             return packed_encode(*packed)
         return self.backend.encode_segments([_utf8(t) for t in texts])
-
-    def _encode_overlapped(self, groups: list[list[str]], packed_encode):
-        """Texts in groups, each group's UTF-8 made on a second thread while the group before
-        it is encoded (CPython's str -> UTF-8 holds the GIL, the encoder's GPU waits do not:
-        the two overlap there). The ids land in one array, group after group."""
-        out = np.empty(sum(map(_utf8_bound, groups)), np.uint32)
-        offsets = [np.zeros(1, np.int64)]
-        done = 0
-        with ThreadPoolExecutor(1, thread_name_prefix="istanbul-pack") as pool:
-            pending = pool.submit(_pack_utf8, groups[0])
-            for k, group in enumerate(groups):
-                packed = pending.result()
-                if k + 1 < len(groups):
-                    pending = pool.submit(_pack_utf8, groups[k + 1])
-                if packed is not None:
-                    ids, offs = packed_encode(*packed, out=out[done:])
-                else:   # a lone surrogate: each text repaired on its own
-                    ids, offs = self.backend.encode_segments([_utf8(t) for t in group])
-                    out[done:done + ids.size] = ids
-                offsets.append(offs[1:] + done)
-                done += int(offs[-1])
-        return out[:done], np.concatenate(offsets)
 
     def encode_batch(self, text: Sequence[str], *, num_threads: int = 8,
                      allowed_special: Literal["all"] | AbstractSet[str] = set(),
@@ -870,32 +842,6 @@ def _pack_utf8(texts: list[str]) -> tuple[PackedText, np.ndarray] | None:
     starts = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(texts)), out=starts[1:])
     return PackedText(parts, starts), starts
-
-
-PACK_GROUP_CHARS = 8 << 20   # texts of at least 2x this many characters with some non-ASCII
-                             # text are packed group by group (_pack_groups)
-
-
-def _utf8_bound(texts: list[str]) -> int:
-    """At least the texts' UTF-8 length: an ASCII text's is its length, any other's at most
-    four bytes per character."""
-    return sum(len(t) if t.isascii() else 4 * len(t) for t in texts)
-
-
-def _pack_groups(texts: list[str]) -> list[list[str]]:
-    """The texts in consecutive groups of about PACK_GROUP_CHARS characters for
-    Encoding._encode_overlapped, or one group when nothing would overlap: under 2 x
-    PACK_GROUP_CHARS characters, or every text ASCII (its UTF-8 is made while the GPU works
-    anyway: PackedText)."""
-    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-    total = int(lengths.sum())
-    if total < 2 * PACK_GROUP_CHARS or all(map(str.isascii, texts)):
-        return [texts]
-    n = min(8, total // PACK_GROUP_CHARS)
-    ends = np.searchsorted(np.cumsum(lengths), [total * (k + 1) // n for k in range(n - 1)],
-                           side="left") + 1
-    bounds = [0, *sorted(set(int(e) for e in ends if 0 < e < len(texts))), len(texts)]
-    return [texts[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def _pack_valid_utf8(docs: list[bytes]) -> tuple[PackedText, np.ndarray] | None:
