@@ -66,10 +66,10 @@ from ..reference import DisallowedSpecialTokenError, disallowed_message
 from .rpc import tokenizer_pb2 as pb
 from .rpc import tokenizer_pb2_grpc as pb_grpc
 
-ERROR_METADATA_KEY = "istanbul-error"   # the server's machine-readable reason (server/errors.py)
-INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document" (server/work.py)
+ERROR_METADATA_KEY = "istanbul-error"   # the server's machine-readable reason (service/errors.py)
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document" (service/errors.py)
 DOCUMENT_METADATA_KEY = "istanbul-document"  # the failed document of a batch request
-SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed token (server/work.py)
+SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed token (service/errors.py)
 PACKED = pb.ID_FORMAT_PACKED   # the client asks for packed ids: np.frombuffer, no lists
 
 

@@ -8,9 +8,17 @@ door.py).
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import grpc
 
 ERROR_METADATA_KEY = "istanbul-error"
+INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
+DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
+SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed special token found
+# gRPC metadata values are printable ASCII: the token is percent-encoded (RFC 3986 style:
+# '%', controls and non-ASCII escaped; "<|endoftext|>" stays as it is). Clients unquote it.
+_TOKEN_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 # Reasons (the value of the `istanbul-error` trailer).
 MALFORMED = "malformed-request"
@@ -71,3 +79,30 @@ def refusing(handler, rejection: RequestRejected, before=None):
 
     return grpc.stream_stream_rpc_method_handler(refuse_stream, None,
                                                  handler.response_serializer)
+
+
+def special_token_metadata(token: str) -> tuple:
+    """The trailer naming a disallowed special token (any Unicode: DeepSeek's '<｜User｜>')."""
+    return ((SPECIAL_TOKEN_METADATA_KEY, quote(token, safe=_TOKEN_SAFE)),)
+
+
+def disallowed_special_message(token: str) -> str:
+    """The refusal in the protocol's terms (SpecialTokenPolicy fields), for any client; the
+    Python client rewrites it into tiktoken's wording from the trailer."""
+    return (f"the text contains the special token {token!r}, which the request's "
+            f"SpecialTokenPolicy does not allow: add it to `special.allowed` (or set "
+            f"`special.allow_all`) to encode it as that special token, or set "
+            f"`special.disallow_none` (or list other tokens in `special.disallowed`) to "
+            f"encode it as ordinary text")
+
+
+def parsed(request):
+    """A request from tolerant_deserializer: the message, or its RequestRejected raised."""
+    if isinstance(request, RequestRejected):
+        raise request
+    return request
+
+
+def bad_argument(message: str) -> RequestRejected:
+    """INVALID_ARGUMENT with reason `bad-argument`."""
+    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT, message)

@@ -34,12 +34,11 @@ from .rpc import tokenizer_pb2 as pb
 from . import limits as checks
 from .batcher import BatcherClosed, DeadlineExpired
 from .config import ServerConfig
-from .errors import (BAD_ARGUMENT, INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected,
-                     shutting_down)
+from .errors import (DISALLOWED_SPECIAL, INVALID_TOKEN, INVALID_TOKEN_METADATA_KEY,
+                     INVALID_UTF8, MALFORMED, NOT_READY, RequestRejected, bad_argument,
+                     disallowed_special_message, parsed, shutting_down, special_token_metadata)
 from .limits import utf8_len
-from .work import (DISALLOWED_SPECIAL, INVALID_TOKEN, INVALID_TOKEN_METADATA_KEY,
-                   DecodeJob, EncodedDoc, EncodeJob, SpecialRule,
-                   disallowed_special_message, special_ids, special_token_metadata)
+from .work import DecodeJob, EncodedDoc, EncodeJob, SpecialRule, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -205,16 +204,6 @@ def _quiet(task) -> None:
         task.exception()
 
 
-def _parsed(request):
-    if isinstance(request, RequestRejected):
-        raise request
-    return request
-
-
-def _bad(message: str) -> RequestRejected:
-    return RequestRejected(grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT, message)
-
-
 def item_error(index: int, rejection: RequestRejected) -> pb.ItemError:
     """What `rejection` would have said about a whole call, as one item's ItemError."""
     return pb.ItemError(index=index, code=rejection.code.value[0], reason=rejection.reason,
@@ -229,9 +218,9 @@ def _json_field(request, name: str, kind: type):
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise _bad(f"`{name}` is not valid JSON ({exc})") from None
+        raise bad_argument(f"`{name}` is not valid JSON ({exc})") from None
     if not isinstance(value, kind):
-        raise _bad(f"`{name}` must be a JSON {'array' if kind is list else 'object'}, not "
+        raise bad_argument(f"`{name}` must be a JSON {'array' if kind is list else 'object'}, not "
                    f"{type(value).__name__}")
     return value
 
@@ -251,10 +240,10 @@ def unpack_ids(request, field: str = "ids_packed") -> np.ndarray:
     """The ids of a detokenize request: `ids` or `ids_packed`, not both."""
     packed = getattr(request, field)
     if packed and len(request.ids):
-        raise _bad(f"the {type(request).__name__} has both `ids` and `{field}`; give one")
+        raise bad_argument(f"the {type(request).__name__} has both `ids` and `{field}`; give one")
     if packed:
         if len(packed) % 4:
-            raise _bad(f"`{field}` is {len(packed)} bytes, not a whole number of "
+            raise bad_argument(f"`{field}` is {len(packed)} bytes, not a whole number of "
                        "little-endian uint32 ids (4 bytes each)")
         return np.frombuffer(packed, "<u4").astype(np.uint32, copy=False)
     return np.asarray(request.ids, dtype=np.uint32)
@@ -330,7 +319,7 @@ class TokenizerServicer:
     def _doc(self, request):
         which = request.WhichOneof("input")
         if which is None:
-            raise _bad(f"the {type(request).__name__} has no input: set `text` (UTF-8) or "
+            raise bad_argument(f"the {type(request).__name__} has no input: set `text` (UTF-8) or "
                        "`data` (raw bytes)")
         doc = request.text if which == "text" else bytes(request.data)
         nbytes = utf8_len(doc)
@@ -355,11 +344,11 @@ class TokenizerServicer:
 
     def _encode_job(self, docs: list, request) -> EncodeJob:
         if request.offsets not in OFFSET_UNITS:
-            raise _bad(f"offsets: unknown OffsetUnit value {request.offsets}")
+            raise bad_argument(f"offsets: unknown OffsetUnit value {request.offsets}")
         if request.format not in ID_FORMATS:
-            raise _bad(f"format: unknown IdFormat value {request.format}")
+            raise bad_argument(f"format: unknown IdFormat value {request.format}")
         if request.truncation.side not in (pb.TRUNCATION_SIDE_RIGHT, pb.TRUNCATION_SIDE_LEFT):
-            raise _bad(f"truncation.side: unknown TruncationSide value {request.truncation.side}")
+            raise bad_argument(f"truncation.side: unknown TruncationSide value {request.truncation.side}")
         return EncodeJob(docs, self._rule(request.special), OFFSET_UNITS[request.offsets],
                          request.truncation.max_tokens,
                          request.truncation.side == pb.TRUNCATION_SIDE_LEFT)
@@ -405,7 +394,7 @@ class TokenizerServicer:
     @staticmethod
     def _decoded(data: bytes, mode: int, what: str):
         if mode not in DECODE_MODES:
-            raise _bad(f"mode: unknown DecodeMode value {mode}")
+            raise bad_argument(f"mode: unknown DecodeMode value {mode}")
         if mode == pb.DECODE_MODE_BYTES:
             return {"data": data}
         if mode == pb.DECODE_MODE_TEXT_REPLACE:
@@ -421,7 +410,7 @@ class TokenizerServicer:
     # ---- tokenize -------------------------------------------------------------------------
 
     async def _tokenize_one(self, request, context, what: str, method: str) -> pb.TokenizeResponse:
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         doc, nbytes = self._doc(request)
         job = self._encode_job([doc], request)
@@ -453,7 +442,7 @@ class TokenizerServicer:
     def _batch_docs(self, request) -> tuple[str, list]:
         """(`texts` or `data`, the documents) of a batch request, their number checked."""
         if request.texts and request.data:
-            raise _bad(f"{type(request).__name__} has both `texts` and `data`; send one kind "
+            raise bad_argument(f"{type(request).__name__} has both `texts` and `data`; send one kind "
                        "per request")
         field = "texts" if request.texts else "data"
         docs = list(request.texts) if request.texts else [bytes(d) for d in request.data]
@@ -497,7 +486,7 @@ class TokenizerServicer:
 
     @unary
     async def TokenizeBatch(self, request, context):
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         field, docs = self._batch_docs(request)
         job = self._encode_job(docs, request)
@@ -536,7 +525,7 @@ class TokenizerServicer:
 
     @unary
     async def CountTokens(self, request, context):
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         doc, nbytes = self._doc(request)
         job = EncodeJob([doc], self._rule(request.special))
@@ -546,11 +535,11 @@ class TokenizerServicer:
     # ---- detokenize -----------------------------------------------------------------------
 
     async def _detokenize_one(self, request, context, what: str) -> pb.DetokenizeResponse:
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         ids = self._ids(request)
         if request.mode not in DECODE_MODES:
-            raise _bad(f"mode: unknown DecodeMode value {request.mode}")
+            raise bad_argument(f"mode: unknown DecodeMode value {request.mode}")
         result = await self._run(DecodeJob([ids]), 1, 4 * ids.size, context, "Detokenize")
         self.metrics.tokens_of["decode"].inc(ids.size)
         return pb.DetokenizeResponse(id=request.id, **self._decoded(result[0], request.mode, what))
@@ -561,7 +550,7 @@ class TokenizerServicer:
 
     @unary
     async def DetokenizeBatch(self, request, context):
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         ids = self._ids(request)
         given = list(request.seq_offsets)          # uint64: shown as sent, never wrapped
@@ -570,12 +559,12 @@ class TokenizerServicer:
         bounds = np.asarray([min(v, ids.size + 1) for v in given], dtype=np.int64)
         if (bounds.size < 1 or bounds[0] != 0 or bounds[-1] != ids.size
                 or np.any(np.diff(bounds) < 0) or max(given) > ids.size):
-            raise _bad(f"`seq_offsets` must be n+1 non-decreasing positions from 0 to the "
+            raise bad_argument(f"`seq_offsets` must be n+1 non-decreasing positions from 0 to the "
                        f"number of ids ({ids.size}); got {given[:8]}"
                        f"{'...' if len(given) > 8 else ''}")
         checks.check_batch_items(self.limits, bounds.size - 1, "sequences in the batch")
         if request.mode not in DECODE_MODES:
-            raise _bad(f"mode: unknown DecodeMode value {request.mode}")
+            raise bad_argument(f"mode: unknown DecodeMode value {request.mode}")
         seqs = [ids[bounds[k]:bounds[k + 1]] for k in range(bounds.size - 1)]
         failed = self._invalid_sequences(seqs) if request.per_item_errors else {}
         good = [seq for n, seq in enumerate(seqs) if n not in failed]
@@ -631,16 +620,16 @@ class TokenizerServicer:
 
     @unary
     async def Chunk(self, request, context):
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         field, docs = self._batch_docs(request)
         if request.max_tokens < 1:
-            raise _bad("`max_tokens` (tokens per window) must be at least 1; got 0")
+            raise bad_argument("`max_tokens` (tokens per window) must be at least 1; got 0")
         if request.overlap >= request.max_tokens:
-            raise _bad(f"`overlap` ({request.overlap}) must be smaller than `max_tokens` "
+            raise bad_argument(f"`overlap` ({request.overlap}) must be smaller than `max_tokens` "
                        f"({request.max_tokens}), or no window would advance")
         if request.format not in ID_FORMATS:
-            raise _bad(f"format: unknown IdFormat value {request.format}")
+            raise bad_argument(f"format: unknown IdFormat value {request.format}")
         job = EncodeJob(docs, self._rule(request.special), "byte")
         results, errors = await self._encode_items(field, docs, job, request.per_item_errors,
                                                    context, "Chunk")
@@ -674,20 +663,20 @@ class TokenizerServicer:
 
     @unary
     async def ApplyChatTemplate(self, request, context):
-        request = _parsed(request)
+        request = parsed(request)
         self._ready()
         if isinstance(self._chat, ChatTemplateUnavailable) or self._chat is None:
             raise RequestRejected(grpc.StatusCode.FAILED_PRECONDITION, NO_CHAT_TEMPLATE,
                                   str(self._chat or "this server has no chat template"))
         if request.messages and request.messages_json:
-            raise _bad("ApplyChatTemplateRequest has both `messages` and `messages_json`; give "
+            raise bad_argument("ApplyChatTemplateRequest has both `messages` and `messages_json`; give "
                        "one")
         if request.format not in ID_FORMATS:
-            raise _bad(f"format: unknown IdFormat value {request.format}")
+            raise bad_argument(f"format: unknown IdFormat value {request.format}")
         messages = _json_field(request, "messages_json", list) if request.messages_json else \
             [{"role": m.role, "content": m.content} for m in request.messages]
         if not messages:
-            raise _bad("the conversation is empty: give `messages` or `messages_json`")
+            raise bad_argument("the conversation is empty: give `messages` or `messages_json`")
         tools = _json_field(request, "tools_json", list)
         documents = _json_field(request, "documents_json", list)
         variables = _json_field(request, "variables_json", dict) or {}
@@ -721,7 +710,7 @@ class TokenizerServicer:
 
     @unary
     async def GetInfo(self, request, context):
-        _parsed(request)
+        parsed(request)
         self._ready()
         return self.info
 

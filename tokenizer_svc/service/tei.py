@@ -26,7 +26,8 @@ import numpy as np
 from .rpc import tei_pb2
 from . import limits as checks
 from .limits import utf8_len
-from .servicer import TokenizerServicer, _bad, _parsed, streaming, tolerant_deserializer, unary
+from .errors import bad_argument, parsed
+from .servicer import TokenizerServicer, streaming, tolerant_deserializer, unary
 from .work import DecodeJob, EncodeJob, SpecialRule, post_process
 
 TEI_SERVICE = tei_pb2.DESCRIPTOR.services_by_name["Tokenize"]
@@ -59,11 +60,11 @@ class TeiTokenizeServicer:
     # ---- Tokenize -------------------------------------------------------------------------
 
     async def _tokenize(self, request, context, method: str) -> tei_pb2.EncodeResponse:
-        request = _parsed(request)
+        request = parsed(request)
         main = self.main
         main._ready()
         if request.HasField("prompt_name"):
-            raise _bad(f"`prompt_name` {request.prompt_name!r}: this server has no prompts "
+            raise bad_argument(f"`prompt_name` {request.prompt_name!r}: this server has no prompts "
                        "(leave the field unset)")
         text = request.inputs
         nbytes = utf8_len(text)
@@ -102,7 +103,7 @@ class TeiTokenizeServicer:
     # ---- Decode ---------------------------------------------------------------------------
 
     async def _decode(self, request, context, method: str) -> tei_pb2.DecodeResponse:
-        request = _parsed(request)
+        request = parsed(request)
         main = self.main
         main._ready()
         ids = np.asarray(request.ids, dtype=np.uint32)

@@ -24,37 +24,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import quote
 
 import grpc
 import numpy as np
 
 from ..reference import resolve_special, special_regex
-from .errors import DISALLOWED_SPECIAL, INVALID_TOKEN, RequestRejected
+from .errors import (DISALLOWED_SPECIAL, DOCUMENT_METADATA_KEY, INVALID_TOKEN,
+                     INVALID_TOKEN_METADATA_KEY, RequestRejected, disallowed_special_message,
+                     special_token_metadata)
 from .limits import utf8_len
-
-INVALID_TOKEN_METADATA_KEY = "istanbul-invalid-token"  # "id,position,document"
-DOCUMENT_METADATA_KEY = "istanbul-document"  # which document of a batch request failed
-SPECIAL_TOKEN_METADATA_KEY = "istanbul-special-token"  # the disallowed special token found
-# gRPC metadata values are printable ASCII: the token is percent-encoded (RFC 3986 style:
-# '%', controls and non-ASCII escaped; "<|endoftext|>" stays as it is). Clients unquote it.
-_TOKEN_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
-
-
-def special_token_metadata(token: str) -> tuple:
-    """The trailer naming a disallowed special token (any Unicode: DeepSeek's '<｜User｜>')."""
-    return ((SPECIAL_TOKEN_METADATA_KEY, quote(token, safe=_TOKEN_SAFE)),)
-
-
-def disallowed_special_message(token: str) -> str:
-    """The refusal in the protocol's terms (SpecialTokenPolicy fields), for any client; the
-    Python client rewrites it into tiktoken's wording from the trailer."""
-    return (f"the text contains the special token {token!r}, which the request's "
-            f"SpecialTokenPolicy does not allow: add it to `special.allowed` (or set "
-            f"`special.allow_all`) to encode it as that special token, or set "
-            f"`special.disallow_none` (or list other tokens in `special.disallowed`) to "
-            f"encode it as ordinary text")
-
 
 def encode_flat(encoding, docs: list, allowed: frozenset) -> tuple[np.ndarray, np.ndarray]:
     """The service's one call into the encode path: (ids as np.uint32, offsets with n+1
