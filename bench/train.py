@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -263,6 +264,7 @@ def _mfu(row: dict, peak: float | None) -> str:
 def markdown(results: dict) -> str:
     peak = results["device"].get("dense_f16_peak_tflops")
     lines = [f"# Training throughput ({results['device']['adapter']})", "",
+             f"Commit {results.get('commit', '?')}. "
              f"Host: {results['host']['cpus']} cores; backend {results['device']['backend']}; "
              f"MFU: model FLOPs (6 N + attention) over the dense f16/bf16 tensor peak "
              f"({peak or '?'} TFLOP/s); medians of {results['args']['steps']} steps"
@@ -339,6 +341,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None,
                     help="output directory for train.json / train.md "
                          "(default bench/results/<machine>/)")
+    ap.add_argument("--commit", default=None,
+                    help="the tree's commit for the report, where the copy has no .git (the GPU "
+                         "machine); default: git rev-parse HEAD")
     ap.add_argument("--models", default="124m")
     ap.add_argument("--batch", default="8,16", help="comma-separated batch sizes")
     ap.add_argument("--seq", type=int, default=0, help="0: each preset's max_seq")
@@ -377,6 +382,9 @@ def main(argv=None) -> int:
                           "webgpu": device.backend.name, "robustness": device.robustness,
                           "dense_f16_peak_tflops": dense_peak(device.info.name)},
                "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
+               "commit": args.commit or subprocess.run(
+                   ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                   capture_output=True, text=True).stdout.strip() or "?",
                "args": {k: v for k, v in vars(args).items()}, "models": {}}
     for name in args.models.split(","):
         cfg = ModelConfig.preset(name, args.n_vocab)
