@@ -52,6 +52,7 @@ from typing import AbstractSet, Collection, Literal, Sequence
 
 import numpy as np
 
+from istanbul.shaders.kernels.bpe.cuts import valid_utf8_prefix
 from istanbul.shaders.kernels.bpe.packed_text import PackedText
 from istanbul.shaders.kernels.bpe.reference import bpe_ranks
 from . import forked
@@ -563,13 +564,7 @@ class Encoding:
                 packed = _pack_valid_utf8(docs)   # checked here
                 if packed is not None:
                     return packed_encode(*packed)
-        valid = []
-        for d in docs:
-            try:
-                d.decode("utf-8")
-                valid.append(len(d))
-            except UnicodeDecodeError as exc:
-                valid.append(exc.start)
+        valid = [valid_utf8_prefix(d) for d in docs]
         ids, offsets = self.backend.encode_segments([d[:v] for d, v in zip(docs, valid)])
         if all(v == len(d) for d, v in zip(docs, valid)):
             return ids, offsets
