@@ -70,6 +70,29 @@ def test_every_candidate_computes_the_product_and_the_winner_is_used(tc_device, 
     assert np.array_equal(tc_device.download(out), want)
 
 
+@pytest.mark.parametrize("layout", ["nt", "nn", "tn"])
+def test_deep_slices_compute_the_product(tc_device, layout):
+    """The tuner's BK 64 candidates (SGMAT_SLICES), with and without split K, in every layout:
+    integer inputs, so the product is exact. 2x2 tiles so a 64-deep stage fits lavapipe's
+    32 KiB (the candidate list itself keeps only the configurations a device fits)."""
+    assert 64 in linear.SGMAT_SLICES
+    M, N, K = 96, 80, 512        # ragged tiles at both edges
+    rng = np.random.default_rng(5)
+    a_shape = (K, M) if layout == "tn" else (M, K)
+    b_shape = (N, K) if layout == "nt" else (K, N)
+    a = rng.integers(-2, 3, a_shape).astype(np.float32)
+    b = rng.integers(-2, 3, b_shape).astype(np.float32)
+    want = (a.T if layout == "tn" else a) @ (b.T if layout == "nt" else b)
+    for text in ("sg2x2-t2x2-k64-p8-s1-b1", "sg2x2-t2x2-k64-p8-s2-b1"):
+        cfg = linear.SgmatConfig.parse(text)
+        assert not cfg.problems(tc_device, layout), cfg.problems(tc_device, layout)
+        out = tc_device.zeros((M, N))
+        with tc_device.record() as rec:
+            linear.matmul(rec, tc_device.upload(a), tc_device.upload(b), out, M, N, K,
+                          layout=layout, config=text)
+        assert np.array_equal(tc_device.download(out), want), (layout, text)
+
+
 def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, cache_dir,
                                                                      monkeypatch):
     """The tensor-core backward's widths (dq_sgmat, dkv_sgmat: 64 or 128 rows a workgroup)

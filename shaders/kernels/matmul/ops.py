@@ -51,6 +51,7 @@ bytes and no rounding while staging; an f16 A anywhere else is a ValueError.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import warnings
@@ -366,10 +367,12 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
     return cfg.with_splits(default_splits(device, cfg, M, N, K))
 
 
-# Tile arrangements the tuner times for the tensor-core kernel, each with one stage of BK 32
-# ("-b1"): the winners of dev/tensor_core_matmul/sgmat_sweep.py (close to each other summed over
-# the 124M step, each best somewhere); `wide` adds the others timed there.
+# Tile arrangements the tuner times for the tensor-core kernel, each with one stage ("-b1") of
+# each slice depth in SGMAT_SLICES: the winners of dev/tensor_core_matmul/sgmat_sweep.py (close
+# to each other summed over the 124M step, each best somewhere); `wide` adds the others timed
+# there. BK 64 halves the barriers per K; the 16-byte staging left it the load budget.
 SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
+SGMAT_SLICES = (32, 64)
 WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
 SGMAT_KEYS = ("nt_w16_sgmat", "nn_w16_sgmat", "tn_sgmat")   # the trainer's products
 
@@ -378,10 +381,12 @@ def sgmat_candidate_configs(device, layout: str, M: int, N: int, K: int,
                             wide: bool = False) -> list[SgmatConfig]:
     """Tensor-core configurations worth timing at (layout, shape) on this device: each tile
     arrangement that fits it, split K 1, 2, 4 and 8 ways (and the default split; `wide` adds 3
-    and 6) while each split keeps at least four slices."""
+    and 6) while each split keeps at least four slices; each at every slice depth of
+    SGMAT_SLICES that the device's workgroup memory and load limits allow."""
     out = []
-    for sgr, sgc, ti, tj in (WIDE_SGMAT_TILES if wide else SGMAT_TILES):
-        cfg = SgmatConfig(sgr, sgc, ti, tj, 32, 8, single=True)
+    for (sgr, sgc, ti, tj), bk in itertools.product(WIDE_SGMAT_TILES if wide else SGMAT_TILES,
+                                                    SGMAT_SLICES):
+        cfg = SgmatConfig(sgr, sgc, ti, tj, bk, 8, single=True)
         if cfg.bm > 2 * max(M, 16) or cfg.bn > 2 * max(N, 16) or cfg.problems(device, layout):
             continue
         splits = {1, 2, 4, 8, default_splits(device, cfg, M, N, K)} | ({3, 6} if wide else set())
