@@ -87,15 +87,53 @@ def linear_shapes(d: int, kv: int, ffn: int, vocab: int, tokens: int,
     return shapes
 
 
-def matmul_operands(device, layout, b16, M, N, K, rng):
-    """Random A, B (f16 when `b16`) and a zeroed C for one product of this layout."""
+def matmul_host_operands(layout, b16, M, N, K, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Random host A and B (f16 when `b16`) for one product of this layout."""
     a_shape = (K, M) if layout == "tn" else (M, K)
     b_shape = (N, K) if layout == "nt" else (K, N)
-    a = device.upload(rng.standard_normal(a_shape, dtype=np.float32))
-    b = device.upload((0.02 * rng.standard_normal(b_shape, dtype=np.float32))
-                      .astype(np.float16 if b16 else np.float32))
-    out = device.zeros((M, N), np.float32)
-    return a, b, out
+    a = rng.standard_normal(a_shape, dtype=np.float32)
+    b = (0.02 * rng.standard_normal(b_shape, dtype=np.float32)).astype(
+        np.float16 if b16 else np.float32)
+    return a, b
+
+
+def matmul_operands(device, layout, b16, M, N, K, rng):
+    """Random A, B (f16 when `b16`) and a zeroed C for one product of this layout."""
+    a, b = matmul_host_operands(layout, b16, M, N, K, rng)
+    return device.upload(a), device.upload(b), device.zeros((M, N), np.float32)
+
+
+CHECK_ROWS = 8          # output rows a tuned winner is checked on (first, last, random)
+
+
+def check_matmul(device, encode, a: np.ndarray, b: np.ndarray, out, layout: str, M: int,
+                 N: int, *, f16_operands: bool, rows=None, rng=None) -> dict:
+    """Run `encode` (one product into `out`, which it stores or accumulates into) once on a
+    zeroed C and compare output `rows` (default: CHECK_ROWS of them, the first, the last and
+    random ones) with numpy in f64: {"ok", "max_abs",
+    "max_rel_to_bound", "rows"}. A row fails where |got - want| > 2e-4 (|A| @ |B|) + 1e-6
+    anywhere: f32 accumulation over K stays far inside that, a wrong tile, a lost K slice or
+    split, or a misplaced edge does not. `f16_operands`: A is rounded to f16 as the
+    tensor-core kernels stage it (B is compared as given)."""
+    if rows is None:
+        rng = rng or np.random.default_rng(1)
+        rows = np.unique(np.concatenate([[0, M - 1], rng.integers(0, M, CHECK_ROWS - 2)]))
+    device.zero(out)
+    with device.record() as rec:
+        encode(rec)
+    got = np.stack([device.download(out.elements(int(r) * N, N)) for r in rows])
+
+    def operand(x):
+        x = np.asarray(x, dtype=np.float64)
+        return np.clip(x, -65504, 65504).astype(np.float16).astype(np.float64) \
+            if f16_operands else x
+    a_rows = operand(a[:, rows].T if layout == "tn" else a[rows])    # [rows, K]
+    b_kn = operand(b.T if layout == "nt" else b)                     # [K, N]
+    want = a_rows @ b_kn
+    bound = 2e-4 * (np.abs(a_rows) @ np.abs(b_kn)) + 1e-6
+    err = np.abs(got.astype(np.float64) - want)
+    return {"ok": bool(np.all(err <= bound)), "max_abs": float(err.max()),
+            "max_rel_to_bound": float((err / bound).max()), "rows": [int(r) for r in rows]}
 
 
 def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store",
@@ -109,7 +147,8 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
     b16 = base.endswith(("w16", "h16"))
     f16_math = base.endswith("h16")
     rng = rng or np.random.default_rng(0)
-    a, b, out = matmul_operands(device, layout, b16, M, N, K, rng)
+    a_host, b_host = matmul_host_operands(layout, b16, M, N, K, rng)
+    a, b, out = device.upload(a_host), device.upload(b_host), device.zeros((M, N), np.float32)
     flops = 2.0 * M * N * K
     guess_s = flops / (2e11 if device.info.is_software else 1e13)
     repeats = int(min(10, max(3, 0.1 / max(guess_s, 1e-9))))
@@ -132,14 +171,41 @@ def tune_matmul(device, key: str, M: int, N: int, K: int, *, mode: str = "store"
     candidates = [default] + [c for c in map(str, offered) if c != default]
     times = time_candidates(device, candidates, encode_for, repeats=repeats, warmup=1,
                             budget_s=budget_s)
+    failed = {}
+    if not f16_math:   # f16 arithmetic (the _h16 kernels) is outside check_matmul's bound
+        failed = _drop_wrong_winners(device, times, encode_for, a_host, b_host, out, layout,
+                                     M, N, f16_operands=sgmat)
     for buf in (a, b, out):
         buf.destroy()
     entry = entry_from_times(times, flops)
+    if failed:
+        entry["failed_check"] = failed
     entry["default"] = default
     dflt = times.get(default)
     if dflt is not None and math.isfinite(dflt):
         entry["default_us"] = round(dflt * 1e6, 2)
     return entry
+
+
+def _drop_wrong_winners(device, times: dict, encode_for, a, b, out, layout: str, M: int,
+                        N: int, *, f16_operands: bool) -> dict:
+    """Check the fastest candidate against numpy (check_matmul); one that computes a wrong
+    product is timed as inf and the next fastest is checked, until one passes or none is
+    left. {config: check result} of the ones dropped (each also printed)."""
+    failed = {}
+    while True:
+        finite = {c: t for c, t in times.items() if math.isfinite(t)}
+        if not finite:
+            return failed
+        best = min(finite, key=finite.get)
+        result = check_matmul(device, encode_for(best), a, b, out, layout, M, N,
+                              f16_operands=f16_operands)
+        if result["ok"]:
+            return failed
+        print(f"#   {best}: wrong product (max error {result['max_rel_to_bound']:.3g}x the "
+              "bound): not a winner", flush=True)
+        failed[best] = result
+        times[best] = math.inf
 
 
 # ---- attention ------------------------------------------------------------------------------

@@ -97,6 +97,43 @@ def test_tuner_times_candidates_and_the_winner_is_correct(device, cache_dir):
                                atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["nt", "tn"])
+def test_a_fastest_candidate_that_computes_a_wrong_product_is_not_the_winner(device, layout):
+    """The tuner checks its winner against numpy (check_matmul) before it keeps it: a
+    candidate timed fastest that drops the last K slice, or stores the product in the wrong
+    place, is timed as inf and the next fastest (right) one wins."""
+    M, N, K = 40, 24, 96
+    a, b = autotune.matmul_host_operands(layout, False, M, N, K, np.random.default_rng(2))
+    a_buf, b_buf, out = device.upload(a), device.upload(b), device.zeros((M, N))
+    short_a = device.upload(a[:K - 16] if layout == "tn" else np.ascontiguousarray(a[:, :K - 16]))
+    short_b = device.upload(b[:K - 16] if layout == "tn" else np.ascontiguousarray(b[:, :K - 16]))
+    tmp = device.zeros((M, N))
+
+    def encode_for(name):
+        def encode(rec):
+            if name == "lost_slice":
+                linear.matmul(rec, short_a, short_b, out, M, N, K - 16, layout=layout,
+                              accumulate=layout == "tn")
+            elif name == "shifted_rows":
+                linear.matmul(rec, a_buf, b_buf, tmp, M, N, K, layout=layout)
+                rec.copy(tmp, out, (M - 1) * N * 4, dst_offset=N * 4)   # row r lands at r + 1
+            else:
+                linear.matmul(rec, a_buf, b_buf, out, M, N, K, layout=layout,
+                              accumulate=layout == "tn")
+        return encode
+
+    for wrong in ("lost_slice", "shifted_rows"):
+        times = {wrong: 1e-6, "right": 2e-6, "slow": 3e-6}
+        failed = autotune._drop_wrong_winners(device, times, encode_for, a, b, out, layout,
+                                              M, N, f16_operands=False)
+        assert set(failed) == {wrong} and not failed[wrong]["ok"]
+        assert times[wrong] == float("inf") and times["right"] == 2e-6
+        assert autotune.entry_from_times(times)["config"] == "right"
+    right = autotune.check_matmul(device, encode_for("right"), a, b, out, layout, M, N,
+                                  f16_operands=False)
+    assert right["ok"] and 0 in right["rows"] and M - 1 in right["rows"]
+
+
 def test_cli_tune_writes_cache_and_table(tmp_path, cache_dir):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "istanbul", "kernels", "tune", "--preset",

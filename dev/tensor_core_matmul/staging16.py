@@ -118,23 +118,16 @@ def operands(device, p, rng):
 
 
 def check(device, p, a, b, bufs, config: str, rows) -> dict:
-    """Run `config` once into a zeroed C and compare the sampled rows with numpy."""
+    """Run `config` once into a zeroed C and compare the sampled rows with numpy
+    (autotune.check_matmul: both operands rounded to f16 as the kernel stages them)."""
     layout, M, N, K = p["layout"], p["M"], p["N"], p["K"]
     a_buf, b_buf, out = bufs
-    device.zero(out)   # tn accumulates into C
-    with device.record() as rec:
+
+    def encode(rec):
         linear.matmul(rec, a_buf, b_buf, out, M, N, K, layout=layout,
                       accumulate=p["mode"] == "accumulate", config=config)
-    got = np.stack([device.download(out.elements(int(r) * N, N)) for r in rows])
-    def f16(x):   # as the kernel stages: rounded to f16 once (values far inside its range)
-        return np.clip(x, -65504, 65504).astype(np.float16).astype(np.float64)
-    a_rows = f16(a[:, rows].T if layout == "tn" else a[rows])     # [rows, K]
-    b_kn = f16(b.T if layout == "nt" else b)                      # [K, N]
-    want = a_rows @ b_kn
-    bound = 2e-4 * (np.abs(a_rows) @ np.abs(b_kn)) + 1e-6
-    err = np.abs(got.astype(np.float64) - want)
-    return {"ok": bool(np.all(err <= bound)), "max_abs": float(err.max()),
-            "max_rel_to_bound": float((err / bound).max()), "rows": [int(r) for r in rows]}
+    return autotune.check_matmul(device, encode, a, b, out, layout, M, N, f16_operands=True,
+                                 rows=rows)
 
 
 def main(argv=None) -> int:
