@@ -370,7 +370,8 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
 # Tile arrangements the tuner times for the tensor-core kernel, each with one stage ("-b1") of
 # each slice depth in SGMAT_SLICES: the winners of dev/tensor_core_matmul/sgmat_sweep.py (close
 # to each other summed over the 124M step, each best somewhere); `wide` adds the others timed
-# there. BK 64 halves the barriers per K; the 16-byte staging left it the load budget.
+# there. BK 64 halves the barriers per K (the 16-byte staging left it the load budget) where
+# a 64-deep stage fits the device's workgroup memory.
 SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
 SGMAT_SLICES = (32, 64)
 WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
