@@ -110,11 +110,11 @@ def check_matmul(device, encode, a: np.ndarray, b: np.ndarray, out, layout: str,
                  N: int, *, f16_operands: bool, rows=None, rng=None) -> dict:
     """Run `encode` (one product into `out`, which it stores or accumulates into) once on a
     zeroed C and compare output `rows` (default: CHECK_ROWS of them, the first, the last and
-    random ones) with numpy in f64: {"ok", "max_abs",
-    "max_rel_to_bound", "rows"}. A row fails where |got - want| > 2e-4 (|A| @ |B|) + 1e-6
-    anywhere: f32 accumulation over K stays far inside that, a wrong tile, a lost K slice or
-    split, or a misplaced edge does not. `f16_operands`: A is rounded to f16 as the
-    tensor-core kernels stage it (B is compared as given)."""
+    random ones) with numpy in f64: {"ok", "max_abs", "max_rel_to_bound", "rows"}. A row
+    fails where |got - want| > 2e-4 (|A| @ |B|) + 1e-6 anywhere: f32 accumulation over K
+    stays far inside that, a wrong tile, a lost K slice or split, or a misplaced edge does
+    not. `f16_operands`: both operands are rounded to f16 first, as the tensor-core kernels
+    stage them; otherwise they are compared as given (an f16 B is exact in f64)."""
     if rows is None:
         rng = rng or np.random.default_rng(1)
         rows = np.unique(np.concatenate([[0, M - 1], rng.integers(0, M, CHECK_ROWS - 2)]))
