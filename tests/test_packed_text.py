@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from istanbul.shaders.kernels.bpe.packed_text import PackedRange, PackedText, byte_range
+from istanbul.shaders.kernels.bpe.packed_text import (LazyPackedText, PackedRange, PackedText,
+                                                      byte_range)
 
 
 def _packed(parts):
@@ -101,3 +102,58 @@ def test_ascii_str_parts_are_encoded_when_their_range_is_joined():
     one, st = _pack_utf8(["abc", "日本", ""])
     assert one.parts == ["abc", "日本".encode(), ""] and st.tolist() == [0, 3, 9, 9]
     assert _pack_utf8([])[1].tolist() == [0]
+
+
+def _replace_surrogates(text: str) -> bytes:
+    return text.encode("utf-8", "replace")
+
+
+def test_a_lazy_pack_learns_starts_only_as_far_as_it_is_read():
+    """LazyPackedText: `reach(p)` makes exact every start up to the first one past p (and no
+    further than the characters could need), the unknown ones stay above every known one
+    (the array stays sorted), `size` bounds the bytes until the last start is known and is
+    exact then; ranges, segments and the whole equal the encoded texts, a text with a lone
+    surrogate going through the given encode function, every other text through str.encode."""
+    rng = random.Random(8)
+    alphabet = ["a", "b", " ", "\n", "é", "日", "😀", "\x00", "\x7f", "\ud800"]
+    for _ in range(60):
+        texts = ["".join(rng.choice(alphabet[:4] if rng.random() < 0.5 else alphabet)
+                         for _ in range(rng.choice([0, 1, 3, 9, 30])))
+                 for _ in range(rng.randrange(0, 40))]
+        want = [_replace_surrogates(t) for t in texts]
+        joined = b"".join(want)
+        exact = np.concatenate([[0], np.cumsum([len(w) for w in want])]).astype(np.int64)
+        lazy = LazyPackedText(texts, encode=_replace_surrogates)
+        assert lazy.size_lower <= len(joined) <= lazy.size
+        assert lazy.largest_bound() >= max(map(len, want), default=0)
+        pos = 0
+        while pos <= len(joined) + 3:
+            lazy.reach(pos)
+            k = lazy.known
+            assert k == len(texts) or lazy.starts[k] > pos
+            assert lazy.starts[:k + 1].tolist() == exact[:k + 1].tolist()
+            assert (np.diff(lazy.starts) >= 0).all()
+            # none learnt past the documents whose characters fit before pos
+            assert k <= max(1, int(np.searchsorted(np.cumsum([len(t) for t in texts]), pos,
+                                                   side="right")) + 1)
+            pos += rng.randrange(0, 25)
+        lazy.reach(len(joined))   # every document starts at or before the end
+        assert lazy.size == len(joined) and lazy.starts.tolist() == exact.tolist()
+        fresh = LazyPackedText(texts, encode=_replace_surrogates)
+        for lo in range(0, len(joined) + 1, 5):
+            hi = min(len(joined), lo + rng.randrange(0, 40))
+            assert fresh.range(lo, hi).tobytes() == joined[lo:hi], (lo, hi)
+            dst = np.zeros(hi - lo, np.uint8)
+            PackedRange(fresh, lo, hi).write_into(dst)
+            assert dst.tobytes() == joined[lo:hi]
+        again = LazyPackedText(texts, encode=_replace_surrogates)
+        assert again.segments() == want and again.known == len(texts)
+        assert LazyPackedText(texts, encode=_replace_surrogates).tobytes() == joined
+
+
+def test_a_lazy_pack_of_a_big_batch_encodes_only_the_front_for_a_small_range():
+    texts = ["日本語のテキスト " * 20] * 500 + ["tail"]
+    lazy = LazyPackedText(texts)
+    assert lazy.range(0, 10).tobytes() == texts[0].encode()[:10]
+    assert 0 < lazy.known < 5 and type(lazy.parts[-2]) is str   # the rest not encoded yet
+    assert LazyPackedText([]).size == 0 and LazyPackedText([]).tobytes() == b""

@@ -12,8 +12,11 @@ import random
 import numpy as np
 import pytest
 
+from tokenizer_svc import encoding
 from tokenizer_svc.encoding import Encoding, get_encoding
+from istanbul.shaders.kernels.bpe import encode as bpe_encode
 from istanbul.shaders.kernels.bpe.encode import EXACT_GUESS_BYTES, GpuEncoder
+from istanbul.shaders.kernels.bpe.packed_text import LazyPackedText
 
 from .tokenizer_support import MULTILINGUAL, TRICKY, tiktoken_twin, vocabulary_for
 
@@ -275,6 +278,52 @@ def test_texts_packed_with_one_join(chunked, docs):
     surrogate falls back to encoding each text with tiktoken's replacement."""
     enc, _, tik = chunked
     assert enc.encode_ordinary_batch(docs) == [tik.encode_ordinary(d) for d in docs]
+
+
+def test_a_big_str_batch_is_encoded_chunk_by_chunk(chunked, monkeypatch):
+    """A str batch of LAZY_PACK_CHARS or more reaches the encoder unencoded: the first chunk is
+    submitted before the last non-ASCII text is encoded, and each chunk learns only the
+    starts it needs; the ids equal tiktoken's (empty documents, documents longer than a
+    chunk, lone surrogates replaced as tiktoken replaces them). A batch the encoder cannot
+    cut that way (a document that may pass max_call_bytes, or ids into a caller's array)
+    is encoded first, exactly too."""
+    enc, small, tik = chunked
+    monkeypatch.setattr(encoding, "LAZY_PACK_CHARS", 0)
+    events = []
+    reach, dispatch = LazyPackedText.reach, bpe_encode._Chunk.dispatch
+
+    def logged_reach(self, position):
+        reach(self, position)
+        events.append(("reach", self.known, len(self.parts)))
+
+    def logged_dispatch(self):
+        events.append(("dispatch",))
+        dispatch(self)
+
+    monkeypatch.setattr(LazyPackedText, "reach", logged_reach)
+    monkeypatch.setattr(bpe_encode._Chunk, "dispatch", logged_dispatch)
+    docs = _docs() + ["lone \ud800 surrogate", "\udfff日本", "naïve " * 90]
+    random.Random(23).shuffle(docs)
+    ids, offsets = enc.encode_batch_flat(docs)
+    for i, doc in enumerate(docs):
+        assert ids[offsets[i]:offsets[i + 1]].tolist() == tik.encode_ordinary(doc), i
+    first = events.index(("dispatch",))
+    learnt = [e[1] for e in events if e[0] == "reach"]
+    assert events[first - 1][0] == "reach" and events[first - 1][1] < len(docs) / 4
+    assert learnt == sorted(learnt) and learnt[-1] == len(docs)
+    assert events.count(("dispatch",)) >= 10   # many chunks, each cut as it came
+
+    events.clear()
+    wide = docs + ["ü" * 1100]   # 4 bytes a character would pass max_call_bytes (4096)
+    ids, offsets = enc.encode_batch_flat(wide)
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(wide))] == \
+        [tik.encode_ordinary(d) for d in wide]
+    assert events.index(("dispatch",)) > 0 and events[0][1] == len(wide)   # learnt first
+    out = np.empty(sum(len(d.encode("utf-8", "replace")) for d in docs), np.uint32)
+    got, offsets = enc.encode_batch_flat(docs, out=out)
+    assert np.shares_memory(got, out)
+    assert [got[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == \
+        [tik.encode_ordinary(d) for d in docs]
 
 
 @pytest.mark.parametrize("window,overlap,long_wg", [(200, 32, False), (201, 32, False),

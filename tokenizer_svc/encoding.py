@@ -53,7 +53,7 @@ from typing import AbstractSet, Collection, Literal, Sequence
 import numpy as np
 
 from istanbul.shaders.kernels.bpe.cuts import valid_utf8_prefix
-from istanbul.shaders.kernels.bpe.packed_text import PackedText
+from istanbul.shaders.kernels.bpe.packed_text import LazyPackedText, PackedText
 from istanbul.shaders.kernels.bpe.reference import bpe_ranks
 from . import forked
 from .forked import ForkedGpuWarning
@@ -302,6 +302,9 @@ class Encoding:
         if self._hf is not None:
             texts = [self._hf.normalize(fix_surrogates(t)) for t in texts]
         packed_encode = getattr(self.backend, "encode_packed", None)
+        if packed_encode is not None and sum(map(len, texts)) >= LAZY_PACK_CHARS:
+            lazy = LazyPackedText(texts, encode=_utf8)
+            return packed_encode(lazy, lazy.starts)
         packed = _pack_utf8(texts) if packed_encode is not None else None
         if packed is not None:
             return packed_encode(*packed)
@@ -799,6 +802,14 @@ def _unpickle_encoding(identity: tuple, content_hash: str, device):
 # (~1-1.4 ns per non-ASCII byte against ~10-25 us per dispatch: bpe_compact.wgsl;
 # dev/tokenizer_throughput/README.md, issue 50).
 GPU_UTF8_CHECK_BYTES = 16 << 10
+
+
+# `str` batches of at least this many characters reach the encoder unencoded
+# (LazyPackedText): the GPU encoder then encodes their non-ASCII texts chunk by chunk while
+# the GPU works on the chunks before, where it can cut the call that way
+# (GpuEncoder._cuts_lazily); smaller batches are encoded first (_pack_utf8), a lone request's
+# shortest path (dev/tokenizer_throughput/README.md, issue 50).
+LAZY_PACK_CHARS = 4 << 20
 
 
 def _utf8(text: str) -> bytes:

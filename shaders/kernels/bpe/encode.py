@@ -77,7 +77,7 @@ from ...engine import Buffer, Device
 from .scan import (COPY_THREADS, BufferPool, GpuScan, ParallelCopy, UniformSlots,
                        device_lock, map_staging, write_through_mapping)
 from .tables import NONE, VocabTables
-from .packed_text import PackedRange, PackedText, byte_range
+from .packed_text import LazyPackedText, PackedRange, PackedText, byte_range
 from .cuts import split_cuts, valid_utf8_prefix
 from .patterns import PATTERN_IDS
 
@@ -443,12 +443,20 @@ class GpuEncoder:
         call = self._prepare(data, starts, pieces, out, check_utf8)
         return call if isinstance(call, tuple) else call.run()
 
-    def _prepare(self, data, starts, pieces: bool, out=None, check_utf8: bool = False):
+    def _prepare(self, data, starts, pieces: bool, out=None, check_utf8: bool = False,
+                 lazy_ok: bool = True):
         """A call's inputs checked and cut into chunks (a _Plan), or its result at once when it
         has no document. A document over max_call_bytes is cut at split points inside its
         valid UTF-8 prefix (cuts.split_cuts), which are character boundaries: each part of a
         valid document is valid, and a part of an invalid one is not (valid parts join into
-        valid UTF-8), so the check of check_utf8 holds for the parts."""
+        valid UTF-8), so the check of check_utf8 holds for the parts. A LazyPackedText is
+        cut as the pipeline reaches it (its texts encoded chunk by chunk) when `lazy_ok` and
+        `_cuts_lazily` allow, else all its starts are learnt here."""
+        lazy = isinstance(data, LazyPackedText) and lazy_ok and \
+            self._cuts_lazily(data, pieces, out, check_utf8)
+        if isinstance(data, LazyPackedText) and not lazy:
+            data.complete()
+            starts = data.starts
         if not isinstance(data, (np.ndarray, PackedText)):
             data = np.frombuffer(data, dtype=np.uint8)
         starts = np.asarray(starts, dtype=np.int64)
@@ -462,24 +470,38 @@ class GpuEncoder:
         if n_docs <= 0:
             return (out[:0] if out is not None else np.zeros(0, np.uint32)), \
                 np.zeros(max(n_docs + 1, 1), np.int64)
-        sub_starts, owner_first = self._split_oversize(data, starts, pieces, check_utf8)
-        return _Plan(self, data, sub_starts, owner_first, self._chunk_bounds(sub_starts),
-                     pieces, out if out is not None else np.empty(int(data.size), np.uint32),
-                     check_utf8)
+        limit = min(self.pipeline_bytes, self.max_call_bytes)
+        if lazy:   # documents fit a call (_cuts_lazily): no sub-documents
+            sub_starts, owner_first = data.starts, np.arange(n_docs + 1)
+            bounds = _Bounds(limit, sub_starts, data.reach)
+            call_bytes = min(int(data.size), self.pipeline_bytes)   # an upper bound
+        else:
+            sub_starts, owner_first = self._split_oversize(data, starts, pieces, check_utf8)
+            bounds = _Bounds(limit, sub_starts)
+            call_bytes = min(int(sub_starts[-1]), self.pipeline_bytes)
+        return _Plan(self, data, sub_starts, owner_first, bounds, pieces,
+                     out if out is not None else np.empty(int(data.size), np.uint32),
+                     check_utf8, self.chunk_for(call_bytes))
+
+    def _cuts_lazily(self, data: LazyPackedText, pieces: bool, out, check_utf8: bool) -> bool:
+        """Whether a call of `data` may learn its starts chunk by chunk: ordinary documents
+        into an array of its own, more than one chunk's worth, none possibly over
+        max_call_bytes, and pre-tokenizer chunks the same for every size its bytes may have
+        (chunk_for of its lower and upper bounds agree, so of its exact size too)."""
+        first_step = min(self.pipeline_bytes, self.max_call_bytes) >> PIPELINE_RAMP
+        return (not pieces and out is None and not check_utf8
+                and data.size_lower > first_step
+                and data.largest_bound() <= self.max_call_bytes
+                and self.chunk_for(min(data.size_lower, self.pipeline_bytes))
+                == self.chunk_for(min(int(data.size), self.pipeline_bytes)))
 
     def _chunk_bounds(self, sub_starts: np.ndarray) -> list[int]:
-        """Chunks of whole sub-documents, about pipeline_bytes each (at least one
-        sub-document); the first ones a quarter and a half of that (PIPELINE_RAMP): the GPU
-        waits for the first chunk's upload, and the next upload overlaps only the chunk
-        before it. Returns the first sub-document of each chunk, then their number."""
-        limit = min(self.pipeline_bytes, self.max_call_bytes)
-        bounds, first, n_sub = [0], 0, sub_starts.size - 1
-        while first < n_sub:
-            step = limit >> max(0, PIPELINE_RAMP - len(bounds) + 1)
-            last = int(np.searchsorted(sub_starts, sub_starts[first] + step, side="right")) - 1
-            first = max(min(last, n_sub), first + 1)
-            bounds.append(first)
-        return bounds
+        """The first sub-document of each chunk (see _Bounds), then their number."""
+        bounds = _Bounds(min(self.pipeline_bytes, self.max_call_bytes), sub_starts)
+        k = 0
+        while bounds.has(k):
+            k += 1
+        return bounds.firsts
 
     # ---- a call in two halves -------------------------------------------------------------
 
@@ -509,12 +531,12 @@ class GpuEncoder:
             raise
 
     def _begin_locked(self, data, starts, check_utf8: bool = False) -> "BegunCall":
-        plan = self._prepare(data, starts, False, check_utf8=check_utf8)
+        plan = self._prepare(data, starts, False, check_utf8=check_utf8, lazy_ok=False)
         if isinstance(plan, tuple):   # no document
             return BegunCall(self, result=plan)
-        if len(plan.bounds) != 2:     # several chunks: the whole call now
+        if plan.bounds.has(1):        # several chunks: the whole call now
             return BegunCall(self, result=plan.run())
-        self.call_chunk = self.chunk_for(min(int(plan.sub_starts[-1]), self.pipeline_bytes))
+        self.call_chunk = plan.call_chunk
         self._check_interrupt()
         chunk = self._upload(plan.data, plan.sub_starts, plan.bounds, 0, False, check_utf8)
         try:
@@ -557,27 +579,31 @@ class GpuEncoder:
             shift += 1
         return shift
 
-    def _pipeline(self, data, sub_starts, bounds, pieces, ids, sub_offsets,
-                  check_utf8: bool = False) -> int:
-        """Encode the chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the host's
-        work with the GPU's: chunk k+1's text is written while chunk k runs, and chunk k+1 is
-        submitted before chunk k's ids are copied out of their mapped staging buffer (the
-        host-written buffers and the staging buffers alternate between two slots; the rest
-        is only written by the GPU, in queue order). Returns the number of ids written to
-        `ids`; fills sub_offsets[1:]. `check_utf8`: each chunk checks its text (InvalidUtf8
-        from the first chunk that finds invalid text, before the next one is submitted)."""
-        def upload(k):
-            return self._upload(data, sub_starts, bounds, k, pieces, check_utf8)
+    def _pipeline(self, plan: "_Plan") -> int:
+        """Encode the plan's chunks [bounds[k], bounds[k+1]) of sub-documents, overlapping the
+        host's work with the GPU's: chunk k+1 is cut and its text written while chunk k runs,
+        and chunk k+1 is submitted before chunk k's ids are copied out of their mapped staging
+        buffer (the host-written buffers and the staging buffers alternate between two
+        slots; the rest is only written by the GPU, in queue order). Returns the number of
+        ids written to plan.ids; fills plan.sub_offsets[1:]. With check_utf8 each chunk
+        checks its text (InvalidUtf8 from the first chunk that finds invalid text, before the
+        next one is submitted)."""
+        data, sub_starts, bounds = plan.data, plan.sub_starts, plan.bounds
+        ids, sub_offsets = plan.ids, plan.sub_offsets
 
-        base, n_chunks = 0, len(bounds) - 1
-        self.call_chunk = self.chunk_for(min(int(sub_starts[-1]), self.pipeline_bytes))
+        def upload(k):
+            return self._upload(data, sub_starts, bounds, k, plan.pieces, plan.check_utf8) \
+                if bounds.has(k) else None
+
+        base, k = 0, 0
+        self.call_chunk = plan.call_chunk
         self._check_interrupt()
         chunk = upload(0)
         following = after = None
         try:
             chunk.dispatch()
-            following = upload(1) if n_chunks > 1 else None   # while chunk 0 runs
-            for k in range(n_chunks):
+            following = upload(1)   # while chunk 0 runs
+            while chunk is not None:
                 chunk.wait()
                 if following is not None:
                     self._check_interrupt()
@@ -587,10 +613,11 @@ class GpuEncoder:
                 # k, is only taken at its dispatch) and the GPU runs chunk k+1
                 copying = self._collect_start(chunk, ids, sub_offsets, base)
                 try:
-                    after = upload(k + 2) if k + 2 < n_chunks else None
+                    after = upload(k + 2) if following is not None else None
                 finally:   # the copies end before the mapping does, whatever happened
                     base = self._collect_finish(chunk, copying)
                 chunk, following, after = following, after, None
+                k += 1
         finally:   # an error or an interrupt leaves no staging buffer mapped
             for c in (chunk, following, after):
                 if c is not None:
@@ -982,23 +1009,50 @@ class GpuEncoder:
         return self._counters(counters)[5]
 
 
+class _Bounds:
+    """The first sub-document of each chunk of a call, cut as far as asked (`has(k)`):
+    chunks of whole sub-documents of about `limit` bytes each (at least one sub-document),
+    the first ones a quarter and a half of that (PIPELINE_RAMP): the GPU waits for the first
+    chunk's upload, and the next upload overlaps only the chunk before it. `reach` (a
+    LazyPackedText's) learns the starts up to a chunk's end before it is cut."""
+
+    def __init__(self, limit: int, sub_starts: np.ndarray, reach=None):
+        self.limit, self.sub_starts, self.reach = limit, sub_starts, reach
+        self.n_sub = sub_starts.size - 1
+        self.firsts = [0]
+
+    def has(self, k: int) -> bool:
+        """Whether the call has a chunk k (then it and the chunks before it are cut)."""
+        while len(self.firsts) <= k + 1 and self.firsts[-1] < self.n_sub:
+            first = self.firsts[-1]
+            step = self.limit >> max(0, PIPELINE_RAMP - len(self.firsts) + 1)
+            end = int(self.sub_starts[first]) + step
+            if self.reach is not None:
+                self.reach(end)
+            last = int(np.searchsorted(self.sub_starts, end, side="right")) - 1
+            self.firsts.append(max(min(last, self.n_sub), first + 1))
+        return len(self.firsts) > k + 1
+
+    def __getitem__(self, k: int) -> int:
+        return self.firsts[k]
+
+
 class _Plan:
     """A call cut into chunks (GpuEncoder._prepare): its data, sub-documents and their
-    owners, chunk bounds, and the arrays its ids and offsets go to."""
+    owners, chunk bounds (_Bounds), the arrays its ids and offsets go to, and its
+    pre-tokenizer chunk (GpuEncoder.chunk_for)."""
 
     def __init__(self, enc, data, sub_starts, owner_first, bounds, pieces, ids,
-                 check_utf8: bool = False):
+                 check_utf8: bool, call_chunk: int):
         self.enc, self.data, self.sub_starts, self.owner_first = enc, data, sub_starts, \
             owner_first
         self.bounds, self.pieces, self.ids = bounds, pieces, ids
-        self.check_utf8 = check_utf8
+        self.check_utf8, self.call_chunk = check_utf8, call_chunk
         self.sub_offsets = np.zeros(sub_starts.size, np.int64)
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         """Every chunk through the encoder's pipeline: (ids, offsets)."""
-        return self.result(self.enc._pipeline(self.data, self.sub_starts, self.bounds,
-                                              self.pieces, self.ids, self.sub_offsets,
-                                              self.check_utf8))
+        return self.result(self.enc._pipeline(self))
 
     def result(self, total: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[:total], self.sub_offsets[self.owner_first]

@@ -54,6 +54,96 @@ class PackedText:
         return b"".join(map(_utf8, self.parts))
 
 
+class LazyPackedText(PackedText):
+    """A PackedText of `str` documents whose byte starts are learnt as a reader reaches them:
+    an ASCII text's UTF-8 length is its length, the others are encoded (`encode`, a group at
+    a time through C-level maps) only when `reach(position)` needs their starts, so the GPU
+    encoder can encode a big batch's text chunk by chunk while the GPU works on the chunks
+    before (one `str.encode` pass over all of it first leaves the GPU idle meanwhile).
+
+    `starts[0..known]` are exact and the entries after them the int64 maximum, so the array
+    stays sorted: `np.searchsorted(starts, x)` is right for every x <= starts[known]. `size`
+    is an upper bound (4 bytes per character of a non-ASCII text) until every start is known,
+    then exact. `range(lo, hi)` learns the starts up to `hi` first, `segments` and `tobytes`
+    every start (`complete()`).
+    `encode(text) -> bytes` must give a text's UTF-8 (a caller with lone surrogates to
+    replace passes its own); it is called only for texts that `str.encode` refuses."""
+
+    UNKNOWN = np.iinfo(np.int64).max
+    # characters encoded per group at most: a group's bytes per character sizes the next
+    # group, so a reach encodes little past its position (~20 us of numpy per group)
+    GROUP_CHARS = 1 << 20
+
+    def __init__(self, texts: list, encode=str.encode):
+        n = len(texts)
+        self.parts = list(texts)
+        self._encode = encode
+        self._ascii = np.fromiter(map(str.isascii, self.parts), dtype=bool, count=n)
+        chars = np.fromiter(map(len, self.parts), dtype=np.int64, count=n)
+        self._chars_before = np.zeros(n + 1, np.int64)
+        np.cumsum(chars, out=self._chars_before[1:])
+        self.starts = np.full(n + 1, self.UNKNOWN, np.int64)
+        self.starts[0] = 0
+        self.known = 0
+        self.size_lower = int(self._chars_before[-1])   # no text has fewer bytes than characters
+        self.size = self.size_lower + 3 * int(chars[~self._ascii].sum())
+        if n == 0:
+            self.size = 0
+
+    def reach(self, position: int) -> None:
+        """Learn starts until the first one past `position` (or the end) is known: every
+        document that starts at or before `position` has its start and its bytes' length."""
+        n = len(self.parts)
+        while self.known < n and self.starts[self.known] <= position:
+            k = self.known
+            done_chars = int(self._chars_before[k])
+            ratio = max(1.0, int(self.starts[k]) / done_chars) if done_chars else 1.0
+            # the documents whose characters fit the room left (at the bytes per character
+            # seen so far), at most GROUP_CHARS of them; at least one
+            room = min((position - int(self.starts[k])) / ratio, self.GROUP_CHARS)
+            j = int(np.searchsorted(self._chars_before, self._chars_before[k] + room,
+                                    side="right")) - 1
+            j = min(n, max(j, k + 1))
+            lengths = np.diff(self._chars_before[k:j + 1])
+            wide = (np.flatnonzero(~self._ascii[k:j]) + k).tolist()
+            if wide:
+                texts = [self.parts[i] for i in wide]
+                try:
+                    encoded = list(map(str.encode, texts))
+                except UnicodeEncodeError:
+                    encoded = [self._encode(t) for t in texts]
+                for i, data in zip(wide, encoded):
+                    self.parts[i] = data
+                lengths[np.array(wide) - k] = np.fromiter(map(len, encoded), np.int64,
+                                                          len(encoded))
+            np.cumsum(lengths, out=self.starts[k + 1:j + 1])
+            self.starts[k + 1:j + 1] += self.starts[k]
+            self.known = j
+        if self.known == n:
+            self.size = int(self.starts[n])
+
+    def largest_bound(self) -> int:
+        """An upper bound of the largest document's UTF-8 bytes."""
+        chars = np.diff(self._chars_before)
+        return int(np.where(self._ascii, chars, 4 * chars).max(initial=0))
+
+    def complete(self) -> None:
+        """Learn every start (`size` is then exact)."""
+        self.reach(self.UNKNOWN - 1)
+
+    def range(self, lo: int, hi: int) -> np.ndarray:
+        self.reach(hi)
+        return super().range(lo, hi)
+
+    def segments(self) -> list[bytes]:
+        self.complete()
+        return super().segments()
+
+    def tobytes(self) -> bytes:
+        self.complete()
+        return super().tobytes()
+
+
 class PackedRange:
     """Bytes [lo, hi) of a PackedText, not joined yet: `write_into` puts them into a buffer the
     caller keeps (the GPU encoder's mapped upload buffer), in groups of parts joined GROUP
