@@ -370,10 +370,11 @@ def default_sgmat_config(device, layout: str, M: int, N: int, K: int) -> SgmatCo
 # Tile arrangements the tuner times for the tensor-core kernel, each with one stage ("-b1") of
 # each slice depth in SGMAT_SLICES: the winners of dev/tensor_core_matmul/sgmat_sweep.py (close
 # to each other summed over the 124M step, each best somewhere); `wide` adds the others timed
-# there. BK 64 halves the barriers per K (the 16-byte staging left it the load budget) where
-# a 64-deep stage fits the device's workgroup memory.
+# there. BK 64 (the one arrangement whose 64-deep stage fits 48 KiB, 4 subgroups of 4x4 tiles)
+# lost to BK 32 at all 15 products of the 124M step on the H100, by 1.1-2.1x
+# (dev/tensor_core_matmul/README.md, session 31); the kernel still takes any multiple of 16.
 SGMAT_TILES = ((4, 4, 2, 4), (4, 4, 4, 2), (2, 2, 4, 4), (4, 4, 2, 2))
-SGMAT_SLICES = (32, 64)
+SGMAT_SLICES = (32,)
 WIDE_SGMAT_TILES = SGMAT_TILES + ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 2, 4), (2, 2, 2, 2))
 SGMAT_KEYS = ("nt_w16_sgmat", "nn_w16_sgmat", "tn_sgmat")   # the trainer's products
 
