@@ -443,16 +443,15 @@ class GpuEncoder:
         call = self._prepare(data, starts, pieces, out, check_utf8)
         return call if isinstance(call, tuple) else call.run()
 
-    def _prepare(self, data, starts, pieces: bool, out=None, check_utf8: bool = False,
-                 lazy_ok: bool = True):
+    def _prepare(self, data, starts, pieces: bool, out=None, check_utf8: bool = False):
         """A call's inputs checked and cut into chunks (a _Plan), or its result at once when it
         has no document. A document over max_call_bytes is cut at split points inside its
         valid UTF-8 prefix (cuts.split_cuts), which are character boundaries: each part of a
         valid document is valid, and a part of an invalid one is not (valid parts join into
         valid UTF-8), so the check of check_utf8 holds for the parts. A LazyPackedText is
-        cut as the pipeline reaches it (its texts encoded chunk by chunk) when `lazy_ok` and
-        `_cuts_lazily` allow, else all its starts are learnt here."""
-        lazy = isinstance(data, LazyPackedText) and lazy_ok and \
+        cut as the pipeline reaches it (its texts encoded chunk by chunk) when `_cuts_lazily`
+        allows, else all its starts are learnt here."""
+        lazy = isinstance(data, LazyPackedText) and \
             self._cuts_lazily(data, pieces, out, check_utf8)
         if isinstance(data, LazyPackedText) and not lazy:
             data.complete()
@@ -495,14 +494,6 @@ class GpuEncoder:
                 and self.chunk_for(min(data.size_lower, self.pipeline_bytes))
                 == self.chunk_for(min(int(data.size), self.pipeline_bytes)))
 
-    def _chunk_bounds(self, sub_starts: np.ndarray) -> list[int]:
-        """The first sub-document of each chunk (see _Bounds), then their number."""
-        bounds = _Bounds(min(self.pipeline_bytes, self.max_call_bytes), sub_starts)
-        k = 0
-        while bounds.has(k):
-            k += 1
-        return bounds.firsts
-
     # ---- a call in two halves -------------------------------------------------------------
 
     def begin_docs(self, data, starts, check_utf8: bool = False) -> "BegunCall":
@@ -531,7 +522,7 @@ class GpuEncoder:
             raise
 
     def _begin_locked(self, data, starts, check_utf8: bool = False) -> "BegunCall":
-        plan = self._prepare(data, starts, False, check_utf8=check_utf8, lazy_ok=False)
+        plan = self._prepare(data, starts, False, check_utf8=check_utf8)
         if isinstance(plan, tuple):   # no document
             return BegunCall(self, result=plan)
         if plan.bounds.has(1):        # several chunks: the whole call now

@@ -87,8 +87,6 @@ class LazyPackedText(PackedText):
         self.known = 0
         self.size_lower = int(self._chars_before[-1])   # no text has fewer bytes than characters
         self.size = self.size_lower + 3 * int(chars[~self._ascii].sum())
-        if n == 0:
-            self.size = 0
 
     def reach(self, position: int) -> None:
         """Learn starts until the first one past `position` (or the end) is known: every
