@@ -527,3 +527,29 @@ def test_sgmat2_stub_check_catches_errors(device):
     with pytest.raises(Exception):
         device.raw.create_shader_module(code=code.replace("let srow = row * SSQ;",
                                                           "let srow = row * SSQ_;"))
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_sgmat_kernels_pass_the_compiler_with_subgroup_matrices_stubbed(device, D):
+    """05_attention_sgmat.wgsl's forward and its staged dQ and dK/dV, f32 and (Tint) f16
+    inputs, through this backend's own compiler (naga under wgpu-native, Tint under Dawn),
+    the matrices stubbed: a compile check of every head dim on a CPU, where the emulated
+    ladder runs only what fits lavapipe's 32 KiB (the forward at D 16)."""
+    from istanbul.shaders import source
+    from tests.subgroup_matrix_stub import for_compiler
+    if not (device.has("shader-f16") and device.has("subgroup")):
+        pytest.skip("needs shader-f16 and subgroups")
+    compiler = device.backend.compiler
+    # f16 inputs are read as bits and bitcast to f16 vectors (widen, narrow), which naga
+    # cannot do: those builds are Tint's only
+    for f16_in in (False, True) if compiler == "tint" else (False,):
+        for kernel in ("forward", "dq", "dkv"):
+            code = stub_subgroup_matrices(source.compose(
+                set(device.features), source.load_file(attention.FILE_SGMAT),
+                attention.SGMAT_KERNELS[kernel], params=attention.sgmat_params(D, f16_in),
+                compiler=compiler))
+            try:
+                device.raw.create_shader_module(label=f"sgmat stub {kernel}",
+                                                code=for_compiler(code, compiler))
+            except Exception as exc:
+                raise AssertionError(f"D {D} f16 {f16_in} {kernel}: {exc}") from None

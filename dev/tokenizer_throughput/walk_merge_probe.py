@@ -86,7 +86,7 @@ def probe_vocab(name: str, docs_by_group: dict, repeats: int) -> dict:
         rows[group] = row
         print(name, group, json.dumps(row), flush=True)
     walk.pool.release()
-    return {"vocab": name, "adapter": getattr(device.info, "adapter", ""), "groups": rows}
+    return {"vocab": name, "adapter": device.info.summary(), "groups": rows}
 
 
 def markdown(results: list[dict]) -> str:
