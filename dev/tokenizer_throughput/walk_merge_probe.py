@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -33,7 +32,6 @@ def groups(mb: float) -> dict[str, list[str]]:
     """The categories, "all", and the adversarial category's documents by generator."""
     corpus = tokenize_corpus.build_corpus(mb)
     out = {name: corpus.docs_of(name) for name in corpus.names()}
-    import random
 
     class Recording(tokenize_corpus.Category):
         def add(self, source, text, files=1):
