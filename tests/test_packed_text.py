@@ -133,12 +133,14 @@ def test_a_lazy_pack_learns_starts_only_as_far_as_it_is_read():
             assert k == len(texts) or lazy.starts[k] > pos
             assert lazy.starts[:k + 1].tolist() == exact[:k + 1].tolist()
             assert (np.diff(lazy.starts) >= 0).all()
+            assert lazy.size_lower <= lazy.estimated_size() <= lazy.size
             # none learnt past the documents whose characters fit before pos
             assert k <= max(1, int(np.searchsorted(np.cumsum([len(t) for t in texts]), pos,
                                                    side="right")) + 1)
             pos += rng.randrange(0, 25)
         lazy.reach(len(joined))   # every document starts at or before the end
-        assert lazy.size == len(joined) and lazy.starts.tolist() == exact.tolist()
+        assert lazy.size == lazy.estimated_size() == len(joined)
+        assert lazy.starts.tolist() == exact.tolist()
         fresh = LazyPackedText(texts, encode=_replace_surrogates)
         for lo in range(0, len(joined) + 1, 5):
             hi = min(len(joined), lo + rng.randrange(0, 40))

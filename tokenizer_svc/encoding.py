@@ -807,9 +807,10 @@ GPU_UTF8_CHECK_BYTES = 16 << 10
 # `str` batches of at least this many characters reach the encoder unencoded
 # (LazyPackedText): the GPU encoder then encodes their non-ASCII texts chunk by chunk while
 # the GPU works on the chunks before, where it can cut the call that way
-# (GpuEncoder._cuts_lazily); smaller batches are encoded first (_pack_utf8), a lone request's
-# shortest path (dev/tokenizer_throughput/README.md, issue 50).
-LAZY_PACK_CHARS = 4 << 20
+# (GpuEncoder._cuts_lazily); smaller batches (at most 4 MB of UTF-8: one pipeline chunk) are
+# encoded first (_pack_utf8), a lone request's shortest path (dev/tokenizer_throughput/
+# README.md, issue 50).
+LAZY_PACK_CHARS = 1 << 20
 
 
 def _utf8(text: str) -> bytes:

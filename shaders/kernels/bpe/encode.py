@@ -473,7 +473,8 @@ class GpuEncoder:
         if lazy:   # documents fit a call (_cuts_lazily): no sub-documents
             sub_starts, owner_first = data.starts, np.arange(n_docs + 1)
             bounds = _Bounds(limit, sub_starts, data.reach)
-            call_bytes = min(int(data.size), self.pipeline_bytes)   # an upper bound
+            bounds.has(0)   # the first chunk's texts: their bytes per character size the rest
+            call_bytes = min(data.estimated_size(), self.pipeline_bytes)
         else:
             sub_starts, owner_first = self._split_oversize(data, starts, pieces, check_utf8)
             bounds = _Bounds(limit, sub_starts)
@@ -484,15 +485,13 @@ class GpuEncoder:
 
     def _cuts_lazily(self, data: LazyPackedText, pieces: bool, out, check_utf8: bool) -> bool:
         """Whether a call of `data` may learn its starts chunk by chunk: ordinary documents
-        into an array of its own, more than one chunk's worth, none possibly over
-        max_call_bytes, and pre-tokenizer chunks the same for every size its bytes may have
-        (chunk_for of its lower and upper bounds agree, so of its exact size too)."""
+        into an array of its own, possibly more than one chunk's worth, none possibly over
+        max_call_bytes. Its pre-tokenizer chunk (chunk_for) then comes from its size as
+        estimated once the first chunk's texts are encoded (any chunk gives the same ids)."""
         first_step = min(self.pipeline_bytes, self.max_call_bytes) >> PIPELINE_RAMP
         return (not pieces and out is None and not check_utf8
-                and data.size_lower > first_step
-                and data.largest_bound() <= self.max_call_bytes
-                and self.chunk_for(min(data.size_lower, self.pipeline_bytes))
-                == self.chunk_for(min(int(data.size), self.pipeline_bytes)))
+                and data.size > first_step
+                and data.largest_bound() <= self.max_call_bytes)
 
     # ---- a call in two halves -------------------------------------------------------------
 

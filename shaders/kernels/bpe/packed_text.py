@@ -120,6 +120,17 @@ class LazyPackedText(PackedText):
         if self.known == n:
             self.size = int(self.starts[n])
 
+    def estimated_size(self) -> int:
+        """The bytes of all documents: exact once every start is known, else the known bytes
+        plus the other characters at the known bytes per character (within the bounds)."""
+        if self.known == len(self.parts):
+            return self.size
+        known_chars = int(self._chars_before[self.known])
+        ratio = int(self.starts[self.known]) / known_chars if known_chars else 1.0
+        guess = int(self.starts[self.known]) + \
+            int((self.size_lower - known_chars) * max(1.0, ratio))
+        return min(max(guess, self.size_lower), self.size)
+
     def largest_bound(self) -> int:
         """An upper bound of the largest document's UTF-8 bytes."""
         chars = np.diff(self._chars_before)
