@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import tokenize_corpus  # noqa: E402
 from bench.tokenize_bench import median_of  # noqa: E402
+from dev.tokenizer_throughput.walk_merge_probe import HOST_WORK_WARM_S  # noqa: E402
 
 VOCAB_PATTERN = {"gpt2": "gpt2", "o200k_base": "o200k", "cl100k_base": "cl100k"}
 
@@ -75,10 +76,12 @@ def main(argv=None) -> int:
                 t = dataclasses.replace(tables, whole_piece=whole and tables.whole_piece)
                 for pv in vocabs:
                     enc = GpuEncoder(device, t, VOCAB_PATTERN[pv])
+                    warm_s = HOST_WORK_WARM_S
                     for g, (packed, starts) in groups.items():
                         nbytes = int(starts[-1])
                         wall = median_of(lambda: enc.encode_docs(packed, starts), args.repeats,
-                                         warm_s=0.3)
+                                         warm_s=warm_s)
+                        warm_s = 0.3
                         gpu = gpu_ms(enc, packed, starts)
                         row = {"tables": tv, "scale": scale, "whole": t.whole_piece,
                                "pattern": pv, "group": g, "bytes": nbytes,
