@@ -1,21 +1,25 @@
-"""Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issue 21).
+"""Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issues 21, 49).
 
     ISTANBUL_BACKEND=dawn python dev/tensor_core_matmul/sgmat_ablation.py --out DIR [--warm-s 1.0]
+        [--a16] [--only base,no_global] [--check]
 
-Needs Dawn on a GPU with f16 -> f32 subgroup matrices (the H200). Times, with GPU timestamps,
-the shipped kernel and copies of its template with one part removed, at a few 124M-step
-products and their tuned configurations:
+Needs Dawn on a GPU with f16 -> f32 subgroup matrices (an H100 or H200); `--check` runs the
+variants small on any Dawn device, subgroup matrices emulated where it lacks them (lavapipe),
+so a template change that breaks a patch shows on a CPU. Times, with GPU timestamps, the
+shipped kernel and copies of its template with one part removed, at a few 124M-step products
+and their tuned configurations:
 
-    base            the kernel as shipped
+    base            the kernel as shipped (16-byte staging: one vec4<u32> store per slot)
     no_global       the slices' global loads replaced by a constant (staging stores, matrix
                     loads, multiplies and barriers remain)
     no_stash        nothing staged: no global loads, no workgroup stores (matrix loads of stale
                     workgroup memory, multiplies and barriers remain)
-    no_stash_nobar  no_stash without the slice loop's barrier
+    no_stash_nobar  no_stash without the slice loop's barriers
     stage_only      no matrix loads and no multiplies (global loads, staging stores and
                     barriers remain)
-    half_stores     each staged vec4 written as 2 of its 4 scalar f16 stores (what the
-                    scalar workgroup stores cost)
+    few_frag_loads  every subgroup-matrix load of a k step at its first tile's offset (the
+                    same A tile for every i, the same B tile for every j): the compiler may load
+                    each once, so TI + TJ loads become 2 per k step while the multiplies stay
 
 and, with --a16, every variant again with A in f16 memory (the _a16 kernels: half A's bytes,
 no rounding while staging), the same configuration.
@@ -44,30 +48,25 @@ from istanbul.shaders.kernels.matmul import ops as linear  # noqa: E402
 MMA = ("c[i * {{TJ}}u + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], "
        "c[i * {{TJ}}u + j]);")
 LOOP_BARRIER = "                workgroupBarrier();\n            }\n        }\n    }\n"
+SINGLE_BARRIER = "// @if SINGLE\n                    workgroupBarrier();\n// @endif\n"
 
 
 def patches() -> dict[str, list[tuple[str, str]]]:
     """Variant name -> (old, new) text replacements of the template (each must match)."""
+    fetch = "fn fetch_{x}(t: u32, lid: u32, {o}0: u32, k0: u32, k_end: u32) -> vec4<u32> {{\n"
+    stash = "fn stash_{x}(t: u32, lid: u32, stage: u32, v: vec4<u32>) {{\n"
     return {
         "base": [],
         "no_global": [
-            ("fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n",
-             "fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n"
-             "    if (k0 != 0xffffffffu) { return vec4<f16>(f16(lid & 7u)); }\n"),
-            ("fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n",
-             "fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<f16> {\n"
-             "    if (k0 != 0xffffffffu) { return vec4<f16>(f16(lid & 3u)); }\n")],
+            (fetch.format(x=x, o=o), fetch.format(x=x, o=o) +
+             f"    if (k0 != 0xffffffffu) {{ return vec4<u32>(lid & {mask}u); }}\n")
+            for x, o, mask in (("a", "m", 7), ("b", "n", 3))],
         "no_stash": [
-            ("fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n",
-             "fn stash_a(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n"
-             "    if (t != 0xffffffffu) { return; }\n"),
-            ("fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n",
-             "fn stash_b(t: u32, lid: u32, stage: u32, v: vec4<f16>) {\n"
-             "    if (t != 0xffffffffu) { return; }\n")],
+            (stash.format(x=x), stash.format(x=x) + "    if (t != 0xffffffffu) { return; }\n")
+            for x in "ab"],
         "stage_only": [(MMA, "c[i * {{TJ}}u + j] = c[i * {{TJ}}u + j];")],
-        "half_stores": [
-            ("    As[at + 2u] = v.z;\n    As[at + 3u] = v.w;\n", ""),
-            ("    Bs[at + 2u] = v.z;\n    Bs[at + 3u] = v.w;\n", "")],
+        "few_frag_loads": [("a_at(stage, am + 16u * i, ks)", "a_at(stage, am, ks)"),
+                           ("b_at(stage, ks, bn + 16u * j)", "b_at(stage, ks, bn)")],
     }
 
 
@@ -76,7 +75,8 @@ def variant_files(tmp: Path) -> dict[str, str]:
     text = source.find_file(linear.FILE_SGMAT).read_text(encoding="utf-8")
     variants = patches()
     variants["no_stash_nobar"] = variants["no_stash"] + [
-        (LOOP_BARRIER, LOOP_BARRIER.replace("workgroupBarrier();", "// no barrier"))]
+        (LOOP_BARRIER, LOOP_BARRIER.replace("workgroupBarrier();", "// no barrier")),
+        (SINGLE_BARRIER, "// @if SINGLE\n// @endif\n")]
     names = {}
     for name, reps in variants.items():
         body = text
@@ -90,11 +90,15 @@ def variant_files(tmp: Path) -> dict[str, str]:
     return names
 
 
-def jobs():
-    """(layout, b is f16, M, N, K, what) of the products timed."""
+def jobs(check: bool = False):
+    """(layout, b is f16, M, N, K, what) of the products timed (--check: small ones)."""
+    if check:
+        return [("nt", True, 128, 128, 128, "check nt"), ("nn", True, 128, 128, 64, "check nn"),
+                ("tn", False, 128, 64, 128, "check tn")]
     return [("nt", True, 8192, 4096, 768, "w13 forward"),
             ("nt", True, 8192, 768, 768, "wo forward"),
             ("nn", True, 8192, 2048, 768, "w_down dX"),
+            ("nn", True, 8192, 768, 50304, "head dX"),
             ("tn", False, 4096, 768, 8192, "w13 dW"),
             ("tn", False, 768, 768, 8192, "wo dW")]
 
@@ -106,6 +110,10 @@ def main():
                     help="seconds of calls before each timing (the GPU's clock climbs)")
     ap.add_argument("--a16", action="store_true", help="also every variant with A in f16")
     ap.add_argument("--only", default="", help="variants to run (comma list; default all)")
+    ap.add_argument("--check", action="store_true",
+                    help="small products at one configuration that fits 32 KiB, subgroup "
+                         "matrices emulated where the device lacks them: every variant must "
+                         "compile and run, and base must match numpy")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,19 +123,23 @@ def main():
         files = {k: v for k, v in files.items() if k in args.only.split(",")}
     find = source.find_file
     source.find_file = lambda name: tmp / name if name in files.values() else find(name)
-    dev = Device(None, robustness=False)   # as the trainer's devices
+    dev = Device(None, robustness=False,   # as the trainer's devices
+                 emulate_subgroup_matrix=True if args.check else None)
     print(dev, "tensor cores:", linear.has_tensor_cores(dev), flush=True)
     rng = np.random.default_rng(0)
-    rows = []
-    for layout, w16, M, N, K, what in jobs():
+    rows, failures = [], []
+    for layout, w16, M, N, K, what in jobs(args.check):
         a = rng.standard_normal((K, M) if layout == "tn" else (M, K)).astype(np.float32)
         b = rng.standard_normal((N, K) if layout == "nt" else (K, N)).astype(np.float32)
         A, B = dev.upload(a), dev.upload(b.astype(np.float16) if w16 else b)
         A16 = dev.upload(a.astype(np.float16)) if args.a16 else None
         C = dev.zeros((M, N))
-        cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
-        cfgs = [cfg] + [c for c in (linear.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1-a2"),)
-                        if str(c) != str(cfg)]
+        if args.check:
+            cfgs = [linear.SgmatConfig.parse("sg2x2-t2x2-k32-p8-s1-b1")]
+        else:
+            cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
+            cfgs = [cfg] + [c for c in (linear.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1-a2"),)
+                            if str(c) != str(cfg)]
         for c in cfgs:
             row = {"what": what, "layout": layout, "shape": [M, N, K], "config": str(c),
                    "us": {}}
@@ -145,6 +157,16 @@ def main():
                     row["us"][name] = round(t * 1e6, 2)
                 except Exception as exc:
                     row["us"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    failures.append(f"{what} {c} {name}: {row['us'][name]}")
+                    continue
+                if args.check and name.startswith("base"):
+                    got = dev.download(C).reshape(M, N)
+                    a16, b16 = (x.astype(np.float16).astype(np.float64) for x in (a, b))
+                    want = (a16.T if layout == "tn" else a16) @ (b16.T if layout == "nt" else b16)
+                    err = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
+                    row["check_rel_err"] = err
+                    if not err < 1e-3:
+                        failures.append(f"{what} {c} {name}: relative error {err:.2e}")
             flops = 2.0 * M * N * K
             row["tflops_base"] = (round(flops / row["us"]["base"] / 1e6, 1)
                                   if isinstance(row["us"]["base"], float) else None)
@@ -167,7 +189,11 @@ def main():
         {"device": dev.info.summary(), "when": time.strftime("%Y-%m-%d %H:%M"), "rows": rows},
         indent=1))
     print("\n".join(lines))
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
