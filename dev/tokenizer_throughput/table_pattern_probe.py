@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import tokenize_corpus  # noqa: E402
 from bench.tokenize_bench import median_of  # noqa: E402
-from dev.tokenizer_throughput.walk_merge_probe import HOST_WORK_WARM_S  # noqa: E402
+from dev.tokenizer_throughput.walk_merge_probe import HOST_WORK_WARM_S, gpu_ms  # noqa: E402
 
 VOCAB_PATTERN = {"gpt2": "gpt2", "o200k_base": "o200k", "cl100k_base": "cl100k"}
 
@@ -44,15 +44,6 @@ def tables_of(name: str, scale: int):
         return backend.device, tables_mod.VocabTables.build(backend.vocab)
     finally:
         tables_mod._capacity = shipped
-
-
-def gpu_ms(encoder, packed, starts) -> dict:
-    encoder.profile = True
-    try:
-        encoder.encode_docs(packed, starts)
-    finally:
-        encoder.profile = False
-    return {k: round(v * 1e3, 3) for k, v in encoder.last_profile.gpu.items()}
 
 
 def main(argv=None) -> int:
