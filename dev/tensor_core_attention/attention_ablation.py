@@ -1,5 +1,5 @@
 """Where the tensor-core attention's time goes: the trainer's kernels with parts taken out
-(issue 21).
+(issues 21, 49).
 
     ISTANBUL_BACKEND=dawn python dev/tensor_core_attention/attention_ablation.py --out DIR [--repeats 10]
         [--layout head-major|fused] [--before DIR]
@@ -12,6 +12,9 @@ the sgmat2 dQ and dK/dV of 05_attention_sgmat2.wgsl) as shipped and in copies of
 with one part removed:
 
     base        as shipped
+    fwd_pv_in_regs  the forward's per-tile o update without its read of the p @ v product
+                from Ss and the barrier before it (multiplies and stores stay): the most
+                that keeping o in subgroup matrices could save of that f32 round trip
     no_mma      every subgroupMatrixMultiplyAccumulate replaced by its accumulator (the
                 matrix loads that fed it go too)
     no_exp      exp2 replaced by its argument (the softmax's special-function work)
@@ -79,6 +82,17 @@ def ablate(name: str, text: str) -> str:
         # the binding stays in use (an unused one leaves the pipeline's layout), read at 8
         # addresses that stay in cache
         return GLOBAL.sub(lambda m: f"narrow({m.group(1)}[lid & 7u]);", text)
+    if name == "fwd_pv_in_regs":
+        # the forward's per-tile o update reads nothing of the p @ v product in Ss, and the
+        # barrier before that read goes (the product's multiplies and stores stay: the
+        # stores are visible to the workgroup, so none is optimised away): what keeping o
+        # in subgroup matrices could save of the f32 round trip at most
+        read = ("        workgroupBarrier();\n"
+                "        // o[c] is column (HD / 2) half + (c + lane) % (HD / 2), read rotated as sv above\n"
+                "        for (var c = 0u; c < {{HD}}u / 2u; c++) {   // @unroll\n"
+                "            o[c] = alpha * o[c] + Ss[r * 64u + (HD / 2u) * half + ((c + lane) % (HD / 2u))];\n")
+        return text.replace(read, read.split("\n", 1)[1].replace(
+            " + Ss[r * 64u + (HD / 2u) * half + ((c + lane) % (HD / 2u))]", ""))
     if name == "contiguous":
         # the same bytes per tile, as if each (batch, head) had its rows of HD contiguous
         # ([B, H, T, D]) instead of every head row at the fused qkv rows' stride
@@ -87,7 +101,8 @@ def ablate(name: str, text: str) -> str:
     raise ValueError(name)
 
 
-VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "contiguous", "f16_in",
+VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "fwd_pv_in_regs",
+            "contiguous", "f16_in",
             "f16_in_vec4", "before", "qdown", "f16_in_wide_base", "f16_in_wide_w4",
             "f16_in_wide_w8", "f16_in_wide_w4x2")
 # variants that set ops.py knobs, not the text: (module, attribute, value) each
@@ -96,6 +111,7 @@ KNOBS = {"qdown": ((attention, "SGMAT2_QORDER", "down"),),
          **{f"f16_in_wide_{w}": ((attention, "SGMAT2_WIDE_DEFAULT", w),)
             for w in ("base", "w4", "w8", "w4x2")}}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text
+ONE_FILE = {"fwd_pv_in_regs"}                   # variants of the forward's file alone
 
 
 def main():
@@ -135,7 +151,7 @@ def main():
                 (tmp / v / f).write_text(text, encoding="utf-8")
                 continue
             body = ablate(v, text)
-            if v != "base" and body == text:
+            if v != "base" and body == text and v not in ONE_FILE:
                 raise SystemExit(f"variant {v} changed nothing in {f}")
             (tmp / v / f).write_text(body, encoding="utf-8")
     current = {"variant": "base"}
@@ -182,13 +198,18 @@ def main():
         for module, attr, value in KNOBS.get(name, ()):
             setattr(module, attr, value)
 
-    for name in variants:   # compile every variant first (each its own kernels)
+    for name in list(variants):   # compile every variant first (each its own kernels)
         use(name)
         dev._kernels.clear()
         source.load_file.cache_clear()
-        with dev.record() as rec:
-            step(rec)
-        dev.sync()
+        try:
+            with dev.record() as rec:
+                step(rec)
+            dev.sync()
+        except Exception as exc:   # one variant that does not build leaves the others timed
+            print(f"variant {name} dropped: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+            variants.remove(name)
+            continue
         kernels[name] = dict(dev._kernels)
     samples = {name: [] for name in variants}
     for _ in range(args.rounds):   # interleaved rounds: clock drift hits every variant alike
