@@ -3,7 +3,8 @@ checked (exit status and a sane output), timed, and written to
 bench/results/<machine>/acceptance.{md,json}.
 
     python bench/acceptance.py                        # every step
-    python bench/acceptance.py --steps demo,train     # some; the others' last results stay
+    python bench/acceptance.py --steps demo,train     # some; the others' last results stay,
+                                                      # each with the tree it ran on
     python bench/acceptance.py --list
 
 Run it on the GPU machine whenever a change touches GPU-facing code or defaults, and commit
@@ -54,6 +55,8 @@ class Result:
     seconds: float = 0.0
     summary: str = ""
     details: dict = field(default_factory=dict)
+    commit: str = ""   # the tree the step ran on (a report may keep steps of earlier runs)
+    date: str = ""
 
 
 class Run:
@@ -342,13 +345,22 @@ def write_report(path: Path, results: dict, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(
         {"meta": meta, "steps": list(results.values())}, indent=1) + "\n")
+    trees = list(dict.fromkeys(r.get("commit") or meta["commit"] for r in results.values()))
+    where = (f"tree {meta['commit']}; {meta['date']}" if trees == [meta["commit"]] else
+             f"steps of {len(trees)} runs (trees in the table; the latest {meta['commit']}, "
+             f"{meta['date']})")
     lines = [f"# GPU acceptance run: {meta['machine']}", "",
-             f"{meta['adapter']}; {meta['cores']} cores; tree {meta['commit']}; "
-             f"{meta['date']}. `python bench/acceptance.py` ({len(results)} steps: what a new "
-             "user runs from the README, default flags; logs beside the run).", "",
-             "| step | result | seconds | what it checked |", "|---|---|---:|---|"]
+             f"{meta['adapter']}; {meta['cores']} cores; {where}. `python bench/acceptance.py` "
+             f"({len(results)} steps: what a new user runs from the README, default flags; "
+             "logs beside the run).", ""]
+    if len(trees) == 1:
+        lines += ["| step | result | seconds | what it checked |", "|---|---|---:|---|"]
+    else:
+        lines += ["| step | tree | result | seconds | what it checked |", "|---|---|---|---:|---|"]
     for r in results.values():
-        lines.append(f"| {r['step']} | {'ok' if r['ok'] else '**FAIL**'} | "
+        tree = "" if len(trees) == 1 else \
+            f" {str(r.get('commit') or meta['commit'])[:10]} ({r.get('date') or meta['date']}) |"
+        lines.append(f"| {r['step']} |{tree} {'ok' if r['ok'] else '**FAIL**'} | "
                      f"{r['seconds']:.0f} | {r['summary'].replace('|', '/')} |")
     lines += ["", "Commands (runs of file arguments shortened; the JSON has them whole):", ""]
     for r in results.values():
@@ -404,11 +416,17 @@ def main(argv=None) -> int:
     report = (args.results or REPO / "bench" / "results" / machine) / "acceptance"
     old = {}
     if report.with_suffix(".json").exists():
-        old = {r["step"]: r for r in json.loads(report.with_suffix(".json").read_text())["steps"]}
+        kept = json.loads(report.with_suffix(".json").read_text())
+        for r in kept["steps"]:   # reports from before per-step trees: the run's tree
+            r.setdefault("commit", kept["meta"].get("commit", "?"))
+            r.setdefault("date", kept["meta"].get("date", "?"))
+            old[r["step"]] = r
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                           capture_output=True, text=True).stdout.strip() or "?"
     results = {name: old[name] for name in STEPS if name in old and name not in chosen}
     failed = 0
     for name in chosen:
-        res = Result(name, "")
+        res = Result(name, "", commit=commit, date=time.strftime("%Y-%m-%d"))
         run.commands.clear()
         started = time.monotonic()
         print(f"== {name}", flush=True)
@@ -425,11 +443,9 @@ def main(argv=None) -> int:
         print(f"   {'ok' if res.ok else 'FAIL'} {res.seconds:.0f} s: {res.summary}", flush=True)
         results[name] = asdict(res)
         results = {n: results[n] for n in STEPS if n in results}
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip() or "?"
         write_report(report, results, {
             "machine": machine, "adapter": adapter[0], "cores": os.cpu_count(),
-            "commit": args.commit or commit,
+            "commit": commit,
             "date": time.strftime("%Y-%m-%d"), "python": sysconfig.get_python_version()})
     print(f"{len(chosen) - failed} passed, {failed} failed: {report.with_suffix('.md')}; "
           f"logs in {run.logs}")
