@@ -32,7 +32,7 @@ VOCAB_PATTERN = {"gpt2": "gpt2", "o200k_base": "o200k", "cl100k_base": "cl100k"}
 
 
 def tables_of(name: str, scale: int):
-    """name's VocabTables, with hash tables `scale` times the shipped capacity."""
+    """(the device, name's VocabTables with hash tables `scale` times the shipped capacity)."""
     from istanbul.shaders.kernels.bpe import tables as tables_mod
     from tokenizer_svc.encoding import get_encoding
     backend = get_encoding(name).backend
