@@ -346,7 +346,7 @@ def write_report(path: Path, results: dict, meta: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(
         {"meta": meta, "steps": list(results.values())}, indent=1) + "\n")
     trees = list(dict.fromkeys(r.get("commit") or meta["commit"] for r in results.values()))
-    where = (f"tree {meta['commit']}; {meta['date']}" if trees == [meta["commit"]] else
+    where = (f"tree {trees[0]}; {meta['date']}" if len(trees) == 1 else
              f"steps of {len(trees)} runs (trees in the table; the latest {meta['commit']}, "
              f"{meta['date']})")
     lines = [f"# GPU acceptance run: {meta['machine']}", "",
