@@ -103,11 +103,10 @@ def ablate(name: str, text: str) -> str:
 
 VARIANTS = ("base", "no_mma", "no_exp", "no_barrier", "no_global", "fwd_pv_in_regs",
             "contiguous", "f16_in",
-            "f16_in_vec4", "before", "qdown", "f16_in_wide_base", "f16_in_wide_w4",
+            "before", "qdown", "f16_in_wide_base", "f16_in_wide_w4",
             "f16_in_wide_w8", "f16_in_wide_w4x2")
 # variants that set ops.py knobs, not the text: (module, attribute, value) each
 KNOBS = {"qdown": ((attention, "SGMAT2_QORDER", "down"),),
-         "f16_in_vec4": ((op_support, "F16_READS_DEFAULT", "vec4"),),
          **{f"f16_in_wide_{w}": ((attention, "SGMAT2_WIDE_DEFAULT", w),)
             for w in ("base", "w4", "w8", "w4x2")}}
 AS_SHIPPED = {"f16_in"}                         # variants of the inputs, not the text

@@ -1,7 +1,7 @@
 """Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issues 21, 49).
 
     ISTANBUL_BACKEND=dawn python dev/tensor_core_matmul/sgmat_ablation.py --out DIR [--warm-s 1.0]
-        [--a16] [--only base,no_global] [--check]
+        [--a16] [--extra +a2,sg4x2-t4x4-k16-p8-s1-a2] [--only base,no_global] [--check]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (an H100 or H200); `--check` runs the
 variants small on any Dawn device, subgroup matrices emulated where it lacks them (lavapipe),
@@ -21,8 +21,9 @@ and their tuned configurations:
                     same A tile for every i, the same B tile for every j): the compiler may load
                     each once, so TI + TJ loads become 2 per k step while the multiplies stay
 
-and, with --a16, every variant again with A in f16 memory (the _a16 kernels: half A's bytes,
-no rounding while staging), the same configuration.
+Each product runs its chosen configuration and those of --extra ("+a2": the chosen one with
+two slices in flight); and, with --a16, every variant again with A in f16 memory (the _a16
+kernels: half A's bytes, no rounding while staging), the same configuration.
 
 The ablated kernels compute wrong products; only their times mean anything. The difference
 to `base` bounds what removing a part could win. Writes DIR/sgmat_ablation.{md,json}.
@@ -31,6 +32,7 @@ to `base` bounds what removing a part could win. Writes DIR/sgmat_ablation.{md,j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -109,6 +111,9 @@ def main():
     ap.add_argument("--warm-s", type=float, default=1.0,
                     help="seconds of calls before each timing (the GPU's clock climbs)")
     ap.add_argument("--a16", action="store_true", help="also every variant with A in f16")
+    ap.add_argument("--extra", default="sg4x2-t4x4-k16-p8-s1-a2",
+                    help="configurations timed beside each product's chosen one (comma list; "
+                         "'+a2': the chosen one with two slices in flight)")
     ap.add_argument("--only", default="", help="variants to run (comma list; default all)")
     ap.add_argument("--check", action="store_true",
                     help="small products at one configuration that fits 32 KiB, subgroup "
@@ -138,8 +143,9 @@ def main():
             cfgs = [linear.SgmatConfig.parse("sg2x2-t2x2-k32-p8-s1-b1")]
         else:
             cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
-            cfgs = [cfg] + [c for c in (linear.SgmatConfig.parse("sg4x2-t4x4-k16-p8-s1-a2"),)
-                            if str(c) != str(cfg)]
+            extra = [dataclasses.replace(cfg, ahead=2) if e == "+a2"
+                     else linear.SgmatConfig.parse(e) for e in args.extra.split(",") if e]
+            cfgs = [cfg] + [c for c in extra if str(c) != str(cfg)]
         for c in cfgs:
             row = {"what": what, "layout": layout, "shape": [M, N, K], "config": str(c),
                    "us": {}}
