@@ -26,8 +26,7 @@ with one part removed:
     f16_in      the shipped files given f16 q, k, v (the trainer's f16 head-major copies;
                 the backward's prep writes do16): what the f16_loads ablation of session
                 19 estimated (dev/RESULTS.md), now real and checked by the ladder; the
-                tiles' f16 rows read as their bits (vec2<u32>, $ISTANBUL_F16_READS "bits")
-    f16_in_vec4 the same with the f16 rows read as vec4<f16> ($ISTANBUL_F16_READS "vec4")
+                tiles' f16 rows read as their bits (vec2<u32>)
     before      (--before DIR) the two files as found in DIR: an earlier version, timed in
                 the same rounds
     qdown       the shipped files with dK/dV's query tiles visited from the last down
@@ -58,7 +57,6 @@ import numpy as np  # noqa: E402
 
 from istanbul.shaders import source  # noqa: E402
 from istanbul.shaders.engine import Device  # noqa: E402
-from istanbul.shaders.kernels import op_support  # noqa: E402
 from istanbul.shaders.kernels.attention import ops as attention  # noqa: E402
 
 B, T, H, HKV, D = 8, 1024, 12, 12, 64

@@ -145,7 +145,13 @@ def main():
             cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
             extra = [dataclasses.replace(cfg, ahead=2) if e == "+a2"
                      else linear.SgmatConfig.parse(e) for e in args.extra.split(",") if e]
-            cfgs = [cfg] + [c for c in extra if str(c) != str(cfg)]
+            cfgs = [cfg]
+            for c in extra:
+                why = c.problems(dev, layout)
+                if why:
+                    print(f"{what}: {c} skipped: {'; '.join(why)}", flush=True)
+                elif str(c) != str(cfg):
+                    cfgs.append(c)
         for c in cfgs:
             row = {"what": what, "layout": layout, "shape": [M, N, K], "config": str(c),
                    "us": {}}
