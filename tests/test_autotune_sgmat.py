@@ -92,6 +92,59 @@ def test_deep_slices_compute_the_product(tc_device, layout):
         assert np.array_equal(tc_device.download(out), want), (layout, text)
 
 
+@pytest.mark.parametrize("layout", ["nt", "nn", "tn"])
+def test_raster_bands_cover_every_tile_once(tc_device, layout):
+    """Workgroups taking C's tiles in bands of row blocks ("-g3": 5 row blocks, so the last
+    band has 2; "-g8": one band of all) compute the same product as the dispatch's own order,
+    split K too: every tile written once, none twice (accumulate would show it). Integer
+    inputs, so the product is exact."""
+    M, N, K = 300, 144, 256      # 5 row blocks (the last ragged) by 3 column blocks of 64
+    rng = np.random.default_rng(7)
+    a_shape = (K, M) if layout == "tn" else (M, K)
+    b_shape = (N, K) if layout == "nt" else (K, N)
+    a = rng.integers(-2, 3, a_shape).astype(np.float32)
+    b = rng.integers(-2, 3, b_shape).astype(np.float32)
+    start = rng.integers(-4, 5, (M, N)).astype(np.float32)
+    want = start + (a.T if layout == "tn" else a) @ (b.T if layout == "nt" else b)
+    for text in ("sg2x2-t2x2-k32-p8-s1-b1-g3", "sg2x2-t2x2-k32-p8-s2-b1-g3",
+                 "sg2x2-t2x2-k32-p8-s1-b1-g8"):
+        cfg = linear.SgmatConfig.parse(text)
+        assert cfg.template_params(layout)["GROUP"] == cfg.group > 1
+        out = tc_device.upload(start)
+        with tc_device.record() as rec:
+            linear.matmul(rec, tc_device.upload(a), tc_device.upload(b), out, M, N, K,
+                          layout=layout, accumulate=True, config=text)
+        assert np.array_equal(tc_device.download(out), want), (layout, text)
+
+
+@pytest.mark.parametrize("layout,a16,b16", [("nt", True, True), ("nn", True, True),
+                                            ("nn", False, True), ("tn", True, False),
+                                            ("tn", False, True)])
+def test_sixteen_byte_f16_reads_compute_the_product(tc_device, layout, a16, b16):
+    """"-v16": f16 operands read 8 halves at a time, ragged tiles at both edges, split K too:
+    the same exact product (integer inputs) as the 8-byte reads. A row of 4 mod 8 halves
+    cannot be read so: the plan runs the configuration without it, still exact."""
+    rng = np.random.default_rng(11)
+    for M, N, K, wide in ((104, 88, 256, True), (100, 92, 252, False)):
+        a_shape = (K, M) if layout == "tn" else (M, K)
+        b_shape = (N, K) if layout == "nt" else (K, N)
+        a = rng.integers(-2, 3, a_shape).astype(np.float32)
+        b = rng.integers(-2, 3, b_shape).astype(np.float32)
+        want = (a.T if layout == "tn" else a) @ (b.T if layout == "nt" else b)
+        A = tc_device.upload(a.astype(np.float16) if a16 else a)
+        B = tc_device.upload(b.astype(np.float16) if b16 else b)
+        for text in ("sg2x2-t2x2-k32-p8-s1-b1-v16", "sg2x2-t2x2-k32-p8-s2-b1-v16"):
+            out = tc_device.zeros((M, N))
+            chosen = linear.plan(tc_device, layout, M, N, K, b_dtype=B.dtype, a_dtype=A.dtype,
+                                 operands=(A, B, out), config=text)
+            assert chosen.config.load16 is wide, (M, N, K)
+            params = chosen.config.template_params(layout, a16, b16)
+            assert (params["WIDE_A"], params["WIDE_B"]) == (wide and a16, wide and b16)
+            with tc_device.record() as rec:
+                linear.matmul(rec, A, B, out, M, N, K, layout=layout, config=text)
+            assert np.array_equal(tc_device.download(out), want), (layout, text, M, N, K)
+
+
 def test_the_attention_backward_width_is_tuned_and_the_winner_used(tc_device, cache_dir,
                                                                      monkeypatch):
     """The tensor-core backward's widths (dq_sgmat, dkv_sgmat: 64 or 128 rows a workgroup)

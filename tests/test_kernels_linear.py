@@ -183,8 +183,11 @@ def test_sgmat_config_spellings_round_trip():
     new = lin.SgmatConfig.parse("sg4x4-t2x2-k16-p8-s8-a2-d")
     assert (new.sgr, new.sgc, new.ti, new.splits, new.ahead, new.direct) == (4, 4, 2, 8, 2, True)
     for text in ("sg4x2-t4x4-k16-p8-s1", "sg2x2-t4x4-k16-p8-s2-a2", "sg2x2-t4x4-k16-p8-s1-d",
-                 "sg4x2-t4x4-k32-p8-s1-b1", "sg4x4-t2x2-k32-p8-s4-a2-d-b1"):
+                 "sg4x2-t4x4-k32-p8-s1-b1", "sg4x4-t2x2-k32-p8-s4-a2-d-b1",
+                 "sg4x4-t4x2-k32-p8-s1-b1-g8"):
         assert str(lin.SgmatConfig.parse(text)) == text
+    assert lin.SgmatConfig.parse("sg4x4-t4x2-k32-p8-s1-b1-g8").template_params("nt")["GROUP"] == 8
+    assert lin.SgmatConfig.parse("sg4x4-t4x2-k32-p8-s1-b1").group == 1
     single = lin.SgmatConfig.parse("sg4x2-t4x4-k32-p8-s1-b1")
     assert single.single and single.template_params("nt")["SINGLE"]
     # one stage of 256 x 40 + 128 x 40 f16 and the result slots: 48 KiB holds it
@@ -278,14 +281,15 @@ def test_tn_takes_an_f16_b_only_on_the_tensor_core_kernels(device, monkeypatch):
 
 
 SGMAT_STUB_CONFIGS = ("sg2x2-t4x4-k32-p8-s1", "sg4x2-t4x4-k16-p8-s1-a2",
-                      "sg4x4-t2x2-k16-p8-s8-a2-d", "sg4x2-t4x4-k32-p8-s1-b1",
-                      "sg4x4-t2x2-k32-p8-s1-a2-d-b1")
+                      "sg4x4-t2x2-k16-p8-s8-a2-d", "sg4x2-t4x4-k32-p8-s1-b1-g8",
+                      "sg4x4-t2x2-k32-p8-s1-a2-d-b1-v16")
 
 
 def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(device):
     """Every entry point of 03_linear_sgmat.wgsl (f32 and f16 A, f32 and f16 B, f16 read as
-    their bits), staged and straight stores, one and two slices in flight, 16-byte staging
-    slots with the template-form matrix loads: what is not a subgroup-matrix call compiles
+    their bits, 4 or 8 halves a read), staged and straight stores, one and two slices in
+    flight, raster bands, 16-byte staging slots with the template-form matrix loads: what
+    is not a subgroup-matrix call compiles
     here, under naga and (CI's second run) Tint. The H100/H200 are the only places the
     kernels compile whole. naga cannot bitcast f16 vectors, so under naga the kernel's
     half_bits helper is swapped for pack2x16float (tests/subgroup_matrix_stub.for_compiler);
@@ -300,12 +304,13 @@ def test_tensor_core_matmuls_pass_the_compiler_with_subgroup_matrices_stubbed(de
     for config in SGMAT_STUB_CONFIGS:
         cfg = linear.SgmatConfig.parse(config)
         for name in wgsl.kernels:
-            params = cfg.template_params(name.split("_")[1], "_a16" in name)
+            params = cfg.template_params(name.split("_")[1], "_a16" in name, "_w16" in name)
             code = for_compiler(stub_subgroup_matrices(source.compose(
                 device.features, wgsl, name, params=params, compiler=compiler)), compiler)
             assert "var<workgroup> As: array<vec4<u32>," in code
-            if "_a16" in name or "_w16" in name:
-                assert "array<vec2<u32>>;" in code
+            if "_a16" in name or "_w16" in name:   # f16 read as its bits, 8 or 4 halves a read
+                assert ("array<vec4<u32>>;   // 8 halves' bits" in code) is cfg.load16
+                assert ("array<vec2<u32>>;" in code) is not cfg.load16
             try:
                 device.raw.create_shader_module(label=f"sgmat stub {name}", code=code)
             except Exception as exc:

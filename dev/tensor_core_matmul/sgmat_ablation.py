@@ -1,7 +1,7 @@
 """Where a tensor-core matmul's time goes: 03_linear_sgmat.wgsl with parts taken out (issues 21, 49).
 
     ISTANBUL_BACKEND=dawn python dev/tensor_core_matmul/sgmat_ablation.py --out DIR [--warm-s 1.0]
-        [--a16] [--extra +a2,sg4x2-t4x4-k16-p8-s1-a2] [--only base,no_global] [--check]
+        [--a16] [--extra +a2,+g8-v16,sg4x2-t4x4-k16-p8-s1-a2] [--only base,no_global] [--check]
 
 Needs Dawn on a GPU with f16 -> f32 subgroup matrices (an H100 or H200); `--check` runs the
 variants small on any Dawn device, subgroup matrices emulated where it lacks them (lavapipe),
@@ -22,8 +22,10 @@ and their tuned configurations:
                     each once, so TI + TJ loads become 2 per k step while the multiplies stay
 
 Each product runs its chosen configuration and those of --extra ("+a2": the chosen one with
-two slices in flight); and, with --a16, every variant again with A in f16 memory (the _a16
-kernels: half A's bytes, no rounding while staging), the same configuration.
+two slices in flight; "+g8": with raster bands of 8 row blocks; "+v16": f16 operands read
+16 bytes at a time; "+g8-v16": both); and, with --a16, every
+variant again with A in f16 memory (the _a16 kernels: half A's bytes, no rounding while
+staging), the same configuration.
 
 The ablated kernels compute wrong products; only their times mean anything. The difference
 to `base` bounds what removing a part could win. Writes DIR/sgmat_ablation.{md,json}.
@@ -99,10 +101,25 @@ def jobs(check: bool = False):
                 ("tn", False, 128, 64, 128, "check tn")]
     return [("nt", True, 8192, 4096, 768, "w13 forward"),
             ("nt", True, 8192, 768, 768, "wo forward"),
+            ("nt", True, 8192, 50304, 768, "head forward"),
             ("nn", True, 8192, 2048, 768, "w_down dX"),
             ("nn", True, 8192, 768, 50304, "head dX"),
             ("tn", False, 4096, 768, 8192, "w13 dW"),
             ("tn", False, 768, 768, 8192, "wo dW")]
+
+
+def with_suffix(cfg, suffix: str):
+    """The chosen configuration with suffixes applied ("-" between them): "a2" (two slices
+    in flight), "g8" (raster bands of 8 row blocks), "v16" (16-byte reads of f16 operands)."""
+    for tok in suffix.split("-"):
+        if tok == "v16":
+            cfg = dataclasses.replace(cfg, load16=True)
+        elif tok[:1] in ("a", "g") and tok[1:].isdigit():
+            cfg = dataclasses.replace(cfg, **{{"a": "ahead", "g": "group"}[tok[0]]: int(tok[1:])})
+        else:
+            raise SystemExit(f"--extra +{suffix}: '+' entries are +aN, +gN, +v16 and their "
+                             "combinations (+g8-v16)")
+    return cfg
 
 
 def main():
@@ -113,7 +130,8 @@ def main():
     ap.add_argument("--a16", action="store_true", help="also every variant with A in f16")
     ap.add_argument("--extra", default="sg4x2-t4x4-k16-p8-s1-a2",
                     help="configurations timed beside each product's chosen one (comma list; "
-                         "'+a2': the chosen one with two slices in flight)")
+                         "'+a2': the chosen one with two slices in flight, '+g8': with raster "
+                         "bands of 8 row blocks, '+v16': 16-byte f16 reads, '+g8-v16': both)")
     ap.add_argument("--only", default="", help="variants to run (comma list; default all)")
     ap.add_argument("--check", action="store_true",
                     help="small products at one configuration that fits 32 KiB, subgroup "
@@ -143,7 +161,7 @@ def main():
             cfgs = [linear.SgmatConfig.parse("sg2x2-t2x2-k32-p8-s1-b1")]
         else:
             cfg = linear.choose_sgmat_config(dev, layout, B.dtype, M, N, K)
-            extra = [dataclasses.replace(cfg, ahead=2) if e == "+a2"
+            extra = [with_suffix(cfg, e[1:]) if e.startswith("+")
                      else linear.SgmatConfig.parse(e) for e in args.extra.split(",") if e]
             cfgs = [cfg]
             for c in extra:

@@ -24,7 +24,8 @@
 // (staging slots of A / B per invocation per slice, the last round partial where a slice has
 // fewer: WHOLE_A / WHOLE_B), KSTEPS (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows
 // from it), CLAMP_A (the forward clamps an f32 A to f16's range), A16 (the _a16 kernels: A
-// is f16), A_MAJOR / B_MAJOR (row_major or col_major: how the layout's staged tiles are read).
+// is f16), A_MAJOR / B_MAJOR (row_major or col_major: how the layout's staged tiles are read),
+// GROUP (row blocks per raster band: the order in which workgroups take C's tiles, raster()).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: each slot is 8 consecutive halves along an operand's contiguous dimension, read
@@ -71,6 +72,7 @@ const SGC: u32 = {{SGC}}u;
 const BM: u32 = 16u * SGR * {{TI}}u;
 const BN: u32 = 16u * SGC * {{TJ}}u;
 const BK: u32 = {{BK}}u;
+const GROUP: u32 = {{GROUP}}u;                          // row blocks per raster band (raster)
 const WG: u32 = 32u * SGR * SGC;
 const ROW_A: u32 = select(BK, BM, A_KMAJOR);          // halves per staged row of A, unpadded
 const ROW_B: u32 = select(BK, BN, B_KMAJOR);
@@ -127,21 +129,35 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<u32> {
     var v0 = vec4<f32>();
     var v1 = vec4<f32>();
 // @endif
+// @if WIDE_A
+    var w = vec4<u32>();
+// @endif
     if (WHOLE_A || i < SLOTS_A) {
         if (A_KMAJOR) {
             let k = k0 + i / (BM / 8u);
             let m = m0 + 8u * (i % (BM / 8u));
             let at = (k * p.lda + m) / 4u;
+// @if WIDE_A
+            if (k < k_end && m < p.m) { w = a_in[at / 2u]; }
+// @else
             if (k < k_end && m < p.m) { v0 = a_in[at]; }
             if (k < k_end && m + 4u < p.m) { v1 = a_in[at + 1u]; }
+// @endif
         } else {
             let m = m0 + i / (BK / 8u);
             let k = k0 + 8u * (i % (BK / 8u));
             let at = (m * p.lda + k) / 4u;
+// @if WIDE_A
+            if (m < p.m && k < k_end) { w = a_in[at / 2u]; }
+// @else
             if (m < p.m && k < k_end) { v0 = a_in[at]; }
             if (m < p.m && k + 4u < k_end) { v1 = a_in[at + 1u]; }
+// @endif
         }
     }
+// @if WIDE_A
+    return w;
+// @else
 // @if A16
     return vec4<u32>(v0, v1);
 // @else
@@ -151,10 +167,26 @@ fn fetch_a(t: u32, lid: u32, m0: u32, k0: u32, k_end: u32) -> vec4<u32> {
 // @endif
     return vec4<u32>(half_bits(vec4<f16>(v0)), half_bits(vec4<f16>(v1)));
 // @endif
+// @endif
 }
 
 fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<u32> {
     let i = lid + t * WG;
+// @if WIDE_B
+    var w = vec4<u32>();
+    if (WHOLE_B || i < SLOTS_B) {
+        if (B_KMAJOR) {
+            let k = k0 + i / (BN / 8u);
+            let n = n0 + 8u * (i % (BN / 8u));
+            if (k < k_end && n < p.n) { w = b_in[(k * p.ldb + n) / 8u]; }
+        } else {
+            let n = n0 + i / (BK / 8u);
+            let k = k0 + 8u * (i % (BK / 8u));
+            if (n < p.n && k < k_end) { w = b_in[(n * p.ldb + k) / 8u]; }
+        }
+    }
+    return w;
+// @else
     var v0 = vec2<u32>();
     var v1 = vec2<u32>();
     if (WHOLE_B || i < SLOTS_B) {
@@ -173,6 +205,7 @@ fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<u32> {
         }
     }
     return vec4<u32>(v0, v1);
+// @endif
 }
 
 // Slot t into stage `stage`, in the orientation it was read in: one 16-byte store.
@@ -242,7 +275,23 @@ fn write_tile(sg: u32, lane: u32, r0: u32, c0: u32, split: u32) {
     workgroupBarrier();
 }
 
-fn tile_body(wg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
+// The workgroup's (column block, row block) of C. GROUP 1: the dispatch's own order (x, the
+// column block, fastest). GROUP > 1: consecutive workgroups walk bands of GROUP row blocks
+// column block by column block (the last band may have fewer rows), so the workgroups in
+// flight read a few row blocks of A and a few column blocks of B, which stay in L2, instead
+// of one row block of A and a whole row's worth of B (the LM head's B, 77 MB, exceeds L2).
+fn raster(wg: vec2<u32>, n: vec2<u32>) -> vec2<u32> {
+    if (GROUP <= 1u) { return wg; }
+    let band = GROUP * n.x;
+    let id = wg.y * n.x + wg.x;
+    let first = (id / band) * GROUP;
+    let rows = min(n.y - first, GROUP);
+    let r = id % band;
+    return vec2<u32>(r / rows, first + r % rows);
+}
+
+fn tile_body(wg_id: vec3<u32>, nwg: vec3<u32>, lid: u32, sg: u32, lane: u32) {
+    let wg = vec3<u32>(raster(wg_id.xy, nwg.xy), wg_id.z);
     let sr = sg / SGC;
     let sc = sg % SGC;
     let m0 = wg.y * BM;
@@ -372,10 +421,11 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(clamp(b_in[i], vec4
 
 @compute @workgroup_size(WG)
 fn matmul_nt_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32,
                    @builtin(subgroup_id) sg: u32,
                    @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nn_sgmat ---
@@ -395,10 +445,11 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32,
                    @builtin(subgroup_id) sg: u32,
                    @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_tn_sgmat ---
@@ -418,16 +469,21 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32,
                    @builtin(subgroup_id) sg: u32,
                    @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_tn_w16_sgmat ---
 // B in f16: the trainer's f16 activations (h, h2, s) in the weight gradients dW = dy^T x
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
+// @if WIDE_B
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
+// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -438,19 +494,28 @@ fn matmul_tn_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = true;    // A[K,M]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
+// @if WIDE_B
+// (fetch_b reads 8 halves' bits at once)
+// @else
 fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
+// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32,
                        @builtin(subgroup_id) sg: u32,
                        @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nt_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
+// @if WIDE_B
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
+// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -461,19 +526,28 @@ fn matmul_tn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
+// @if WIDE_B
+// (fetch_b reads 8 halves' bits at once)
+// @else
 fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
+// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32,
                        @builtin(subgroup_id) sg: u32,
                        @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nn_w16_sgmat ---
 @group(0) @binding(0) var<storage, read> a_in: array<vec4<f32>>;
+// @if WIDE_B
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
+// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -484,18 +558,27 @@ fn matmul_nt_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
+// @if WIDE_B
+// (fetch_b reads 8 halves' bits at once)
+// @else
 fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
+// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nn_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32,
                        @builtin(subgroup_id) sg: u32,
                        @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nt_a16_sgmat ---
+// @if WIDE_A
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+// @endif
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -511,14 +594,19 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(clamp(b_in[i], vec4
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nn_a16_sgmat ---
+// @if WIDE_A
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+// @endif
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -534,14 +622,19 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_tn_a16_sgmat ---
+// @if WIDE_A
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+// @endif
 @group(0) @binding(1) var<storage, read> b_in: array<vec4<f32>>;
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
@@ -557,15 +650,24 @@ fn load_b4(i: u32) -> vec2<u32> { return half_bits(vec4<f16>(b_in[i])); }
 
 @compute @workgroup_size(WG)
 fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nt_a16_w16_sgmat ---
+// @if WIDE_A
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+// @endif
+// @if WIDE_B
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
+// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -576,19 +678,32 @@ fn matmul_tn_a16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = false;   // B[N,K] in f16
+// @if WIDE_B
+// (fetch_b reads 8 halves' bits at once)
+// @else
 fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
+// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }
 
 // --- KERNEL: matmul_nn_a16_w16_sgmat ---
+// @if WIDE_A
+@group(0) @binding(0) var<storage, read> a_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(0) var<storage, read> a_in: array<vec2<u32>>;
+// @endif
+// @if WIDE_B
+@group(0) @binding(1) var<storage, read> b_in: array<vec4<u32>>;   // 8 halves' bits
+// @else
 @group(0) @binding(1) var<storage, read> b_in: array<vec2<u32>>;
+// @endif
 // @if DIRECT
 @group(0) @binding(2) var<storage, read> residual: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;
@@ -599,12 +714,17 @@ fn matmul_nt_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
 @group(0) @binding(4) var<uniform> p: Params;
 const A_KMAJOR: bool = false;   // A[M,K]
 const B_KMAJOR: bool = true;    // B[K,N] in f16
+// @if WIDE_B
+// (fetch_b reads 8 halves' bits at once)
+// @else
 fn load_b4(i: u32) -> vec2<u32> { return b_in[i]; }   // the f16 bits as stored
+// @endif
 
 @compute @workgroup_size(WG)
 fn matmul_nn_a16_w16_sgmat(@builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32) {
-    tile_body(wg, lid, sg, lane);
+    tile_body(wg, nwg, lid, sg, lane);
 }

@@ -228,7 +228,7 @@ SGMAT_SUBGROUP = 32                   # (op_support.has_tensor_cores checks the 
 # are loaded from and stored to: Dawn then asks each of those bindings for at least 1 KiB.
 SGMAT_MIN_BINDING = 4 * SGMAT_TILE * SGMAT_TILE
 _SGMAT_RE = re.compile(
-    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-b1)?$")
+    r"^sg(\d+)x(\d+)-t(\d+)x(\d+)-k(\d+)-p(\d+)-s(\d+)(-a\d+)?(-d)?(-b1)?(-g\d+)?(-v16)?$")
 
 
 @dataclass(frozen=True)
@@ -241,9 +241,15 @@ class SgmatConfig:
     "-a2"); direct ("-d"): in-bounds tiles stored straight from the accumulators instead of through
     workgroup memory (mostly slower: dev/tensor_core_matmul/README.md); single ("-b1"): one
     stage of workgroup memory instead of two, so twice the K slice fits (the stage is
-    rewritten after a second barrier per slice).
-    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1"); without the suffixes: two stages,
-    one slice ahead, stores through workgroup memory."""
+    rewritten after a second barrier per slice); group ("-g8"): workgroups take C's tiles in
+    bands of `group` row blocks, column block by column block, instead of row by row (what
+    the workgroups in flight read stays in L2 where an operand does not fit it, e.g. the LM
+    head's weight); load16 ("-v16"): an f16 operand is read 8 halves (16 bytes) at a time
+    instead of 4 (where its rows and leading dimension are multiples of 8 halves; elsewhere
+    the call runs the configuration without it: `plan`).
+    Written "sg2x2-t4x4-k32-p8-s1" (+ "-a2", "-d", "-b1", "-g8", "-v16"); without the
+    suffixes: two stages, one slice ahead, stores through workgroup memory, row by row,
+    8-byte reads of f16 operands."""
 
     sgr: int = 2
     sgc: int = 2
@@ -255,11 +261,15 @@ class SgmatConfig:
     ahead: int = 1
     direct: bool = False
     single: bool = False
+    group: int = 1
+    load16: bool = False
 
     def __str__(self) -> str:
         return (f"sg{self.sgr}x{self.sgc}-t{self.ti}x{self.tj}-k{self.bk}-p{self.pad}"
                 f"-s{self.splits}" + (f"-a{self.ahead}" if self.ahead != 1 else "")
-                + ("-d" if self.direct else "") + ("-b1" if self.single else ""))
+                + ("-d" if self.direct else "") + ("-b1" if self.single else "")
+                + (f"-g{self.group}" if self.group != 1 else "")
+                + ("-v16" if self.load16 else ""))
 
     @classmethod
     def parse(cls, text) -> "SgmatConfig":
@@ -268,10 +278,12 @@ class SgmatConfig:
         m = _SGMAT_RE.match(str(text).strip())
         if not m:
             raise ValueError(f"tensor-core matmul config {text!r} is not of the form "
-                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-b1] (e.g. sg2x2-t4x4-k32-p8-s1)")
-        *dims, ahead, direct, single = m.groups()
+                             "sgRxC-tIxJ-kBK-pPAD-sS[-aN][-d][-b1][-gN][-v16] (e.g. "
+                             "sg2x2-t4x4-k32-p8-s1)")
+        *dims, ahead, direct, single, group, wide = m.groups()
         return cls(*(int(g) for g in dims), ahead=int(ahead[2:]) if ahead else 1,
-                   direct=direct is not None, single=single is not None)
+                   direct=direct is not None, single=single is not None,
+                   group=int(group[2:]) if group else 1, load16=wide is not None)
 
     def with_splits(self, splits: int) -> "SgmatConfig":
         return dataclasses.replace(self, splits=int(splits))
@@ -306,9 +318,10 @@ class SgmatConfig:
         return (ceil_div(self.bm * self.bk // 8, self.invocations),
                 ceil_div(self.bn * self.bk // 8, self.invocations))
 
-    def template_params(self, layout: str, a16: bool = False) -> dict:
-        """Parameters of 03_linear_sgmat.wgsl; `a16`: for the _a16 kernels (A in f16). PAD is
-        counted in halves in the config ("-p8") and passed as 16-byte slots (8 halves each)."""
+    def template_params(self, layout: str, a16: bool = False, b16: bool = False) -> dict:
+        """Parameters of 03_linear_sgmat.wgsl; `a16` / `b16`: for the _a16 / _w16 kernels (A /
+        B in f16). PAD is counted in halves in the config ("-p8") and passed as 16-byte slots
+        (8 halves each)."""
         la, lb = self.slots()
         return {"SGR": self.sgr, "SGC": self.sgc, "TI": self.ti, "TJ": self.tj, "BK": self.bk,
                 "PAD": self.pad // 8, "LA": la, "LB": lb, "A16": bool(a16),
@@ -318,7 +331,8 @@ class SgmatConfig:
                 "A_MAJOR": "col_major" if layout == "tn" else "row_major",
                 "B_MAJOR": "col_major" if layout == "nt" else "row_major",
                 "AHEAD": self.ahead, "DIRECT": self.direct, "SINGLE": self.single,
-                "KSTEPS": self.bk // SGMAT_TILE}
+                "KSTEPS": self.bk // SGMAT_TILE, "GROUP": self.group,
+                "WIDE_A": self.load16 and bool(a16), "WIDE_B": self.load16 and bool(b16)}
 
     def problems(self, device, layout: str = "nt") -> list[str]:
         out = []
@@ -335,6 +349,8 @@ class SgmatConfig:
                        "16-byte slots)")
         if self.ahead not in (1, 2):
             out.append(f"ahead {self.ahead}: 1 or 2 slices in flight")
+        if self.group < 1:
+            out.append(f"group {self.group}: raster bands must have at least 1 row block")
         for name, n in zip("AB", self.loads()):
             if n != int(n) or not 1 <= n <= SGMAT_MAX_LOADS:
                 out.append(f"{name} slice is {n:g} vec4 loads per invocation (must be a whole "
@@ -617,6 +633,10 @@ def plan(device, layout: str, M: int, N: int, K: int, *, b_dtype=F32, f16_math: 
         if cfg.direct and min([M * N * 4] + [v.nbytes for v in (out, *extra)
                                              if v is not None]) < SGMAT_MIN_BINDING:
             cfg = dataclasses.replace(cfg, direct=False)   # C (or R) smaller than a matrix
+        b16 = np.dtype(b_dtype) == F16
+        if cfg.load16 and not ((not a16 or (a_cols % 8 == 0 and lda % 8 == 0))
+                             and (not b16 or (b_cols % 8 == 0 and ldb % 8 == 0))):
+            cfg = dataclasses.replace(cfg, load16=False)   # an f16 row of 4 mod 8 halves
         _, name = kernel_name(layout, b_dtype, tensor_cores=True)
         if a16:
             name = name.replace(f"matmul_{layout}", f"matmul_{layout}_a16")
@@ -722,7 +742,8 @@ def _record_tiled(rec, chosen: Plan, a, b, res, out, M, N, K, mode, alpha, lda, 
     if isinstance(cfg, SgmatConfig):
         layout = chosen.kernel.split("_")[1]   # matmul_<layout>[_a16][_w16]_sgmat
         kern = dev.kernel(chosen.file, chosen.kernel, {},
-                          cfg.template_params(layout, "_a16" in chosen.kernel))
+                          cfg.template_params(layout, "_a16" in chosen.kernel,
+                                              "_w16" in chosen.kernel))
         if cfg.direct:   # R is read as 16 x 16 matrices: its binding must hold one
             unused = dummy(dev, SGMAT_MIN_BINDING)
             if mode != MODES["residual"]:
