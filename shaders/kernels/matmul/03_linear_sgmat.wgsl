@@ -25,7 +25,10 @@
 // fewer: WHOLE_A / WHOLE_B), KSTEPS (BK / 16), AHEAD, DIRECT, SINGLE (below; STAGES follows
 // from it), CLAMP_A (the forward clamps an f32 A to f16's range), A16 (the _a16 kernels: A
 // is f16), A_MAJOR / B_MAJOR (row_major or col_major: how the layout's staged tiles are read),
-// GROUP (row blocks per raster band: the order in which workgroups take C's tiles, raster()).
+// GROUP (row blocks per raster band: the order in which workgroups take C's tiles, raster()),
+// WIDE_A / WIDE_B (an f16 A / B bound as array<vec4<u32>> and read 8 halves at a time, one
+// bounds check per slot: only where its rows and leading dimension are multiples of 8 halves,
+// so a slot is never partly outside the matrix; ops.plan drops "-v16" elsewhere).
 // Subgroup size 32 (Dawn's f16 configurations on NVIDIA say so; the op checks).
 //
 // Staging: each slot is 8 consecutive halves along an operand's contiguous dimension, read
@@ -61,10 +64,10 @@
 // Layout requirements as the tiled kernels: contiguous and leading dimensions multiples of
 // 4, operands 16-byte aligned (8-byte for f16 B); the two reads of a slot are bounds-checked
 // apart, so a row of 4 mod 8 halves needs nothing more.
-// Bindings (group 0): 0 A (read, vec4<f32>; vec2<u32> for _a16: 4 halves' bits), 1 B (read,
-// vec4<f32> or vec2<u32>), 2 R (read,
-// vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the element type
-// subgroupMatrixStore needs), 4 Params (uniform).
+// Bindings (group 0): 0 A (read, vec4<f32>; for _a16 vec2<u32>, 4 halves' bits, or vec4<u32>
+// with WIDE_A), 1 B (read, vec4<f32>; for _w16 vec2<u32>, or vec4<u32> with WIDE_B), 2 R
+// (read, vec4<f32>; f32 with DIRECT), 3 C (read_write, vec4<f32>; f32 with DIRECT: the
+// element type subgroupMatrixStore needs), 4 Params (uniform).
 // Dispatch: (ceil(N / BN), ceil(M / BM), splits) workgroups of 32 SGR SGC invocations.
 
 const SGR: u32 = {{SGR}}u;
