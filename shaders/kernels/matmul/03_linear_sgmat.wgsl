@@ -177,36 +177,36 @@ fn fetch_b(t: u32, lid: u32, n0: u32, k0: u32, k_end: u32) -> vec4<u32> {
     let i = lid + t * WG;
 // @if WIDE_B
     var w = vec4<u32>();
-    if (WHOLE_B || i < SLOTS_B) {
-        if (B_KMAJOR) {
-            let k = k0 + i / (BN / 8u);
-            let n = n0 + 8u * (i % (BN / 8u));
-            if (k < k_end && n < p.n) { w = b_in[(k * p.ldb + n) / 8u]; }
-        } else {
-            let n = n0 + i / (BK / 8u);
-            let k = k0 + 8u * (i % (BK / 8u));
-            if (n < p.n && k < k_end) { w = b_in[(n * p.ldb + k) / 8u]; }
-        }
-    }
-    return w;
 // @else
     var v0 = vec2<u32>();
     var v1 = vec2<u32>();
+// @endif
     if (WHOLE_B || i < SLOTS_B) {
         if (B_KMAJOR) {
             let k = k0 + i / (BN / 8u);
             let n = n0 + 8u * (i % (BN / 8u));
             let at = (k * p.ldb + n) / 4u;
+// @if WIDE_B
+            if (k < k_end && n < p.n) { w = b_in[at / 2u]; }
+// @else
             if (k < k_end && n < p.n) { v0 = load_b4(at); }
             if (k < k_end && n + 4u < p.n) { v1 = load_b4(at + 1u); }
+// @endif
         } else {
             let n = n0 + i / (BK / 8u);
             let k = k0 + 8u * (i % (BK / 8u));
             let at = (n * p.ldb + k) / 4u;
+// @if WIDE_B
+            if (n < p.n && k < k_end) { w = b_in[at / 2u]; }
+// @else
             if (n < p.n && k < k_end) { v0 = load_b4(at); }
             if (n < p.n && k + 4u < k_end) { v1 = load_b4(at + 1u); }
+// @endif
         }
     }
+// @if WIDE_B
+    return w;
+// @else
     return vec4<u32>(v0, v1);
 // @endif
 }
